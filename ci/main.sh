@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The main job: set up, then run every notebook in order through papermill on the CPU default,
+# writing executed copies to build/notebooks/ and figures to figures/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash ci/setup.sh
+exec .venv/bin/python ci/run_notebooks.py "$@"

@@ -1,0 +1,93 @@
+"""Run every notebook in ``notebooks/`` in reading order through papermill.
+
+    python ci/run_notebooks.py                      # notebooks' own (CPU) defaults
+    python ci/run_notebooks.py --params ci/parameters.json   # CI's smaller parameters
+    python ci/run_notebooks.py --only 01 -p CONTEXTS '[1024, 8192]'
+
+Executed copies go to build/notebooks/ (ignored by git); figures to figures/. Each notebook runs
+in its own process under a timeout; a failure names the notebook and the failing cell's error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+OUT = ROOT / "build" / "notebooks"
+
+
+def notebooks(only: list[str] | None = None) -> list[Path]:
+    found = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        found = [nb for nb in found if any(nb.name.startswith(o) for o in only)]
+    return found
+
+
+def run_one(nb: Path, parameters: dict) -> None:
+    """Execute ``nb`` in this process, writing its executed copy atomically."""
+    import papermill as pm
+    OUT.mkdir(parents=True, exist_ok=True)
+    final = OUT / nb.name
+    tmp = OUT / f".{nb.stem}.partial.ipynb"
+    try:
+        pm.execute_notebook(str(nb), str(tmp), parameters=parameters, kernel_name="python3",
+                            cwd=str(ROOT), progress_bar=False, log_output=False)
+    except pm.PapermillExecutionError as e:
+        raise SystemExit(f"notebook {nb.name} failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
+                         f"(executed copy with the traceback: {tmp})") from None
+    tmp.replace(final)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", type=Path, help="JSON file: {notebook-name-prefix: {PARAM: value}}")
+    ap.add_argument("--only", nargs="*", help="run only notebooks whose name starts with one of these")
+    ap.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "JSON"),
+                    help="override one parameter (value parsed as JSON) in every notebook run")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per notebook (default 1800)")
+    ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--one-params", default="{}", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+
+    if a.one:  # child mode: one notebook in this process
+        run_one(a.one, json.loads(a.one_params))
+        return 0
+
+    table = json.loads(a.params.read_text()) if a.params else {}
+    overrides = {name: json.loads(v) for name, v in a.p}
+    nbs = notebooks(a.only)
+    if not nbs:
+        print(f"no notebooks matched in {NOTEBOOKS}", file=sys.stderr)
+        return 1
+    env = dict(os.environ)
+    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    for nb in nbs:
+        params = {}
+        for prefix, p in table.items():
+            if nb.name.startswith(prefix):
+                params.update(p)
+        params.update(overrides)
+        t0 = time.time()
+        print(f"[{nb.name}] running{' with ' + json.dumps(params) if params else ''}", flush=True)
+        try:
+            r = subprocess.run([sys.executable, __file__, "--one", str(nb), "--one-params", json.dumps(params)],
+                               env=env, timeout=a.timeout, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            print(f"[{nb.name}] FAILED: timed out after {a.timeout} s", file=sys.stderr)
+            return 1
+        if r.returncode:
+            print(f"[{nb.name}] FAILED", file=sys.stderr)
+            return r.returncode
+        print(f"[{nb.name}] ok in {time.time() - t0:.0f} s -> {OUT / nb.name}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up .venv for mk on a fresh Debian machine with Python 3.11.
+#   bash ci/setup.sh          runtime only (the notebooks)
+#   bash ci/setup.sh dev      runtime + tests (torch CPU build, transformers, libtpu)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+if [ "${1:-}" = dev ]; then req=requirements-dev.txt; else req=requirements.txt; fi
+.venv/bin/python -m pip install -q -r "$req"
+# Static figure export (PNG/SVG) needs a Chromium; install Debian's when we can.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "setup: could not install chromium; figures will be written as HTML only" >&2
+fi
+echo "setup: .venv ready ($req)"

@@ -1,0 +1,95 @@
+"""The ``python -m mk`` command line. Each subcommand parses its arguments here and calls into ``mk``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _print(obj: dict, as_json: bool, text: str) -> None:
+    print(json.dumps(obj) if as_json else text)
+
+
+# sol ---------------------------------------------------------------------------------------------
+def _add_sol(sub) -> None:
+    from .sol import DTYPES
+    p = sub.add_parser("sol", help="speed of light: bytes read per token and the tokens/s they allow on a chip")
+    p.add_argument("--model", required=True, help="a preset name (python -m mk models lists them)")
+    p.add_argument("--chip", required=True, help="a chip (h100) or a slice (tpu-v5e-8)")
+    p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
+    p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weight data type policy")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run_sol)
+
+
+def _run_sol(a) -> None:
+    from .config import get_config
+    from .sol import speed_of_light
+    s = speed_of_light(get_config(a.model), a.chip, a.context, a.batch, a.dtype)
+    d = s.to_dict()
+    lines = [f"{s.model} on {s.chip}, context {s.context}, batch {s.batch}, {s.dtype} (modelled)",
+             f"  bytes per step  {s.bytes_per_token / 1e9:10.4f} GB",
+             f"  step            {d['step_ms']:10.4f} ms",
+             f"  tokens/s/user   {s.tokens_per_s:10.1f}",
+             f"  tokens/s total  {s.tokens_per_s_total:10.1f}"]
+    lines += [f"    {k:<18}{v / 1e9:10.4f} GB" for k, v in s.bytes_by_component.items()]
+    _print(d, a.json, "\n".join(lines))
+
+
+# models / chips ------------------------------------------------------------------------------------
+def _add_lists(sub) -> None:
+    sub.add_parser("models", help="list model presets").set_defaults(run=_run_models)
+    sub.add_parser("chips", help="list chips and their sources").set_defaults(run=_run_chips)
+
+
+def _run_models(a) -> None:
+    from .config import PRESETS
+    from .params import count_active_params, count_params
+    for name, c in PRESETS.items():
+        kind = f"MoE {c.num_experts}x top-{c.top_k}" if c.is_moe else "dense"
+        print(f"{name:<16} {c.num_layers:>3} layers  {kind:<18} {count_params(c):>16,} params "
+              f"({count_active_params(c):,} active)")
+
+
+def _run_chips(a) -> None:
+    from .chips import base_chips
+    for c in base_chips().values():
+        print(f"{c.name:<10} {c.hbm_bandwidth / 1e12:6.3f} TB/s  {c.bf16_flops / 1e12:7.0f} TFLOP/s  "
+              f"{c.hbm_bytes / 1e9:5.0f} GB  source: {c.source}")
+
+
+COMMANDS = (_add_sol, _add_lists)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mk", description="mk: decode megakernels for Gemma 4")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Chip and slice specs, read from ``data/chips.csv`` (every row names its source).
+
+A slice is a base chip name with ``-N`` appended (``tpu-v5e-8``): N chips whose HBM, bandwidth
+and FLOP/s add up. Interconnect bandwidth stays per link.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+CHIPS_CSV = DATA_DIR / "chips.csv"
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One chip, or a slice of ``chips`` identical chips."""
+
+    name: str
+    kind: str
+    chips: int
+    hbm_bytes: float
+    hbm_bandwidth: float  # bytes/s, all chips together
+    bf16_flops: float     # FLOP/s, all chips together
+    ici_bandwidth: float  # bytes/s one way per link (NaN where unknown)
+    vmem_bytes: float     # per core (NaN where not checked)
+    source: str
+
+    @property
+    def base(self) -> str:
+        return self.name if self.chips == 1 else self.name.rsplit("-", 1)[0]
+
+    @property
+    def per_chip_bandwidth(self) -> float:
+        return self.hbm_bandwidth / self.chips
+
+
+def _float(s: str) -> float:
+    return float(s) if s.strip() else math.nan
+
+
+@lru_cache(maxsize=None)
+def base_chips() -> dict[str, Chip]:
+    with open(CHIPS_CSV, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {
+        r["name"]: Chip(name=r["name"], kind=r["kind"], chips=1, hbm_bytes=float(r["hbm_bytes"]),
+                        hbm_bandwidth=float(r["hbm_bandwidth_Bps"]), bf16_flops=float(r["bf16_flops"]),
+                        ici_bandwidth=_float(r["ici_bandwidth_Bps"]), vmem_bytes=_float(r["vmem_bytes"]),
+                        source=r["source"])
+        for r in rows
+    }
+
+
+def known_chips() -> list[str]:
+    return list(base_chips())
+
+
+def get_chip(name: str) -> Chip:
+    """A chip (``h100``) or a slice (``tpu-v5e-8``); an unknown name lists the known ones."""
+    chips = base_chips()
+    key = name.strip().lower()
+    if key in chips:
+        return chips[key]
+    m = re.fullmatch(r"(.+)-(\d+)", key)
+    if m and m.group(1) in chips and int(m.group(2)) > 0:
+        c, n = chips[m.group(1)], int(m.group(2))
+        return Chip(name=key, kind=c.kind, chips=n, hbm_bytes=c.hbm_bytes * n, hbm_bandwidth=c.hbm_bandwidth * n,
+                    bf16_flops=c.bf16_flops * n, ici_bandwidth=c.ici_bandwidth, vmem_bytes=c.vmem_bytes,
+                    source=c.source)
+    raise ValueError(f"unknown chip {name!r}; known chips: {', '.join(chips)} "
+                     f"(append -N for a slice of N chips, e.g. tpu-v5e-8)")

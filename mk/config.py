@@ -1,0 +1,279 @@
+"""Gemma 4 text-model configurations: a frozen config type, exact presets, tiny test presets,
+and loading from a Hugging Face ``config.json``.
+
+Field names describe the model, not the checkpoint; ``from_hf_dict`` maps Hugging Face names
+onto them. Every derived quantity (heads per layer type, layer indices) is a property, so a
+config is just the numbers the architecture needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SLIDING = "sliding"
+FULL = "full"
+LAYER_TYPES = (SLIDING, FULL)
+
+
+@dataclass(frozen=True)
+class Gemma4Config:
+    """A Gemma 4 text decoder (26B-A4B / 31B family: no per-layer inputs, no KV sharing)."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    layer_types: tuple[str, ...]
+    num_heads: int
+    sliding_kv_heads: int
+    sliding_head_dim: int
+    full_kv_heads: int
+    full_head_dim: int
+    sliding_window: int
+    mlp_intermediate: int
+    num_experts: int = 0
+    top_k: int = 0
+    expert_intermediate: int = 0
+    sliding_rope_theta: float = 10_000.0
+    full_rope_theta: float = 1_000_000.0
+    full_partial_rotary: float = 0.25
+    rms_eps: float = 1e-6
+    final_softcap: float = 30.0
+    full_k_eq_v: bool = True
+
+    def __post_init__(self) -> None:
+        problems = []
+        for f in ("vocab_size", "hidden_size", "num_heads", "sliding_kv_heads", "sliding_head_dim",
+                  "full_kv_heads", "full_head_dim", "sliding_window", "mlp_intermediate"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                problems.append(f"{f} must be a positive integer, got {v!r}")
+        if not self.layer_types:
+            problems.append("layer_types is empty: a model needs at least one layer")
+        bad = sorted({t for t in self.layer_types if t not in LAYER_TYPES})
+        if bad:
+            problems.append(f"layer_types holds {bad}; each must be one of {LAYER_TYPES}")
+        if self.num_experts < 0 or self.top_k < 0 or self.expert_intermediate < 0:
+            problems.append("num_experts, top_k and expert_intermediate must not be negative")
+        if self.num_experts and not (0 < self.top_k <= self.num_experts and self.expert_intermediate > 0):
+            problems.append(f"an MoE model needs 0 < top_k <= num_experts and expert_intermediate > 0, "
+                            f"got top_k={self.top_k}, num_experts={self.num_experts}, "
+                            f"expert_intermediate={self.expert_intermediate}")
+        for t, kv in ((SLIDING, self.sliding_kv_heads), (FULL, self.full_kv_heads)):
+            if kv > 0 and self.num_heads % kv:
+                problems.append(f"num_heads={self.num_heads} is not a multiple of the {t} KV heads ({kv})")
+        rot = self.full_head_dim * self.full_partial_rotary
+        if not (0 < self.full_partial_rotary <= 1) or rot != int(rot) or int(rot) % 2:
+            problems.append(f"full_partial_rotary={self.full_partial_rotary} must give an even number of "
+                            f"rotated dims of full_head_dim={self.full_head_dim}")
+        if problems:
+            raise ValueError(f"invalid Gemma4Config {self.name!r}: " + "; ".join(problems))
+
+    # Derived structure -------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def sliding_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == SLIDING)
+
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == FULL)
+
+    def kv_heads(self, layer_type: str) -> int:
+        return self.sliding_kv_heads if layer_type == SLIDING else self.full_kv_heads
+
+    def head_dim(self, layer_type: str) -> int:
+        return self.sliding_head_dim if layer_type == SLIDING else self.full_head_dim
+
+    def has_v_proj(self, layer_type: str) -> bool:
+        """Full layers with K=V have no ``v_proj``: V is the normed K projection."""
+        return not (layer_type == FULL and self.full_k_eq_v)
+
+    def rope_theta(self, layer_type: str) -> float:
+        return self.sliding_rope_theta if layer_type == SLIDING else self.full_rope_theta
+
+    def rotary_dims(self, layer_type: str) -> int:
+        """Number of leading dims (of head_dim) whose RoPE frequency is non-zero."""
+        hd = self.head_dim(layer_type)
+        return hd if layer_type == SLIDING else int(hd * self.full_partial_rotary)
+
+    def cache_positions(self, layer_type: str, context: int) -> int:
+        """Positions of the KV cache read by one decode step at this context length."""
+        return min(context, self.sliding_window) if layer_type == SLIDING else context
+
+    def replace(self, **changes) -> "Gemma4Config":
+        return dataclasses.replace(self, **changes)
+
+    def truncated(self, num_layers: int) -> "Gemma4Config":
+        """The same shapes cut to the first ``num_layers`` layers (for compiling a slice of a big model)."""
+        if not 0 < num_layers <= self.num_layers:
+            raise ValueError(f"num_layers must be in 1..{self.num_layers}, got {num_layers}")
+        return self.replace(name=f"{self.name}[:{num_layers}]", layer_types=self.layer_types[:num_layers])
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _pattern(num_layers: int, period: int = 6) -> tuple[str, ...]:
+    """Gemma 4's 5 sliding + 1 full pattern; the last layer of each period is full."""
+    return tuple(FULL if (i + 1) % period == 0 else SLIDING for i in range(num_layers))
+
+
+PRESETS: dict[str, Gemma4Config] = {}
+
+
+def _register(cfg: Gemma4Config) -> Gemma4Config:
+    PRESETS[cfg.name] = cfg
+    return cfg
+
+
+GEMMA4_26B_A4B = _register(Gemma4Config(
+    name="gemma4-26b-a4b", vocab_size=262_144, hidden_size=2816, layer_types=_pattern(30),
+    num_heads=16, sliding_kv_heads=8, sliding_head_dim=256, full_kv_heads=2, full_head_dim=512,
+    sliding_window=1024, mlp_intermediate=2112, num_experts=128, top_k=8, expert_intermediate=704,
+))
+GEMMA4_31B = _register(Gemma4Config(
+    name="gemma4-31b", vocab_size=262_144, hidden_size=5376, layer_types=_pattern(60),
+    num_heads=32, sliding_kv_heads=16, sliding_head_dim=256, full_kv_heads=4, full_head_dim=512,
+    sliding_window=1024, mlp_intermediate=21504,
+))
+# Tiny presets for tests: two sliding + one full layer, a window shorter than the test context,
+# head dims and widths that are multiples of 128 so the same shapes lower on a real TPU.
+TINY_DENSE = _register(Gemma4Config(
+    name="tiny-dense", vocab_size=512, hidden_size=128, layer_types=(SLIDING, SLIDING, FULL),
+    num_heads=2, sliding_kv_heads=1, sliding_head_dim=128, full_kv_heads=1, full_head_dim=256,
+    sliding_window=16, mlp_intermediate=256,
+))
+TINY_MOE = _register(Gemma4Config(
+    name="tiny-moe", vocab_size=512, hidden_size=128, layer_types=(SLIDING, SLIDING, FULL),
+    num_heads=2, sliding_kv_heads=1, sliding_head_dim=128, full_kv_heads=1, full_head_dim=256,
+    sliding_window=16, mlp_intermediate=256, num_experts=8, top_k=2, expert_intermediate=128,
+))
+# Gemma-4-shaped but small enough for a CPU: 26B-A4B's wiring (5:1 sliding/full pattern, shared
+# MLP beside routed experts, K=V full layers) with narrower widths and fewer experts, so one decode
+# step reads a few hundred MB of weights and weight reads dominate, yet it fits a 24 GiB machine.
+CPU_MOE = _register(Gemma4Config(
+    name="cpu-moe", vocab_size=32_768, hidden_size=1024, layer_types=_pattern(12),
+    num_heads=8, sliding_kv_heads=4, sliding_head_dim=128, full_kv_heads=1, full_head_dim=256,
+    sliding_window=256, mlp_intermediate=1024, num_experts=32, top_k=4, expert_intermediate=256,
+))
+
+
+def get_config(name: str) -> Gemma4Config:
+    """A preset by name; an unknown name lists the known ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known presets: {', '.join(PRESETS)}") from None
+
+
+# Loading from Hugging Face -----------------------------------------------------------------
+_HF_LAYER_TYPE = {"sliding_attention": SLIDING, "full_attention": FULL}
+_HF_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "sliding_window")
+
+
+def from_hf_dict(d: dict, name: str = "hf") -> Gemma4Config:
+    """Build a config from a Hugging Face config dict (a Gemma4 config with ``text_config``, or a text config)."""
+    if "text_config" in d:
+        d = d["text_config"]
+    if d.get("model_type") not in (None, "gemma4_text", "gemma4"):
+        raise ValueError(f"config model_type is {d.get('model_type')!r}, expected 'gemma4_text': "
+                         "this is not a Gemma 4 text model")
+    missing = [k for k in _HF_REQUIRED if k not in d]
+    if missing:
+        raise ValueError(f"Gemma 4 config is missing {missing}")
+    unsupported = []
+    if d.get("hidden_size_per_layer_input"):
+        unsupported.append("hidden_size_per_layer_input (per-layer input embeddings)")
+    if d.get("num_kv_shared_layers"):
+        unsupported.append("num_kv_shared_layers (cross-layer KV sharing)")
+    if d.get("use_double_wide_mlp"):
+        unsupported.append("use_double_wide_mlp")
+    if not d.get("tie_word_embeddings", True):
+        unsupported.append("untied word embeddings")
+    if unsupported:
+        raise ValueError("mk models the 26B-A4B / 31B family only; this config uses " + ", ".join(unsupported))
+    n = d["num_hidden_layers"]
+    hf_types = d.get("layer_types")
+    if hf_types is None:
+        layer_types = _pattern(n)
+    else:
+        bad = sorted({t for t in hf_types if t not in _HF_LAYER_TYPE})
+        if bad or len(hf_types) != n:
+            raise ValueError(f"layer_types must list {n} entries from {list(_HF_LAYER_TYPE)}, got {hf_types}")
+        layer_types = tuple(_HF_LAYER_TYPE[t] for t in hf_types)
+    k_eq_v = bool(d.get("attention_k_eq_v", False))
+    full_hd = d.get("global_head_dim", 512)
+    full_kv = d.get("num_global_key_value_heads") if k_eq_v else None
+    # save_pretrained writes the full-layer overrides as per_layer_config instead of the global_* keys
+    for layer, over in (d.get("per_layer_config") or {}).items():
+        if layer_types[int(layer)] == FULL:
+            full_hd = over.get("head_dim", full_hd)
+            full_kv = over.get("num_key_value_heads", full_kv)
+    rope = d.get("rope_parameters") or {}
+    sl_rope = rope.get("sliding_attention", {})
+    fu_rope = rope.get("full_attention", {})
+    if fu_rope.get("rope_type", "proportional") != "proportional" or sl_rope.get("rope_type", "default") != "default":
+        raise ValueError(f"unsupported rope_parameters {rope}: expected default (sliding) and proportional (full)")
+    moe = bool(d.get("enable_moe_block", False))
+    return Gemma4Config(
+        name=name,
+        vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], layer_types=layer_types,
+        num_heads=d["num_attention_heads"], sliding_kv_heads=d["num_key_value_heads"],
+        sliding_head_dim=d["head_dim"], full_kv_heads=full_kv or d["num_key_value_heads"],
+        full_head_dim=full_hd, sliding_window=d["sliding_window"], mlp_intermediate=d["intermediate_size"],
+        num_experts=d.get("num_experts") or 0 if moe else 0,
+        top_k=d.get("top_k_experts") or 0 if moe else 0,
+        expert_intermediate=d.get("moe_intermediate_size") or 0 if moe else 0,
+        sliding_rope_theta=float(sl_rope.get("rope_theta", 10_000.0)),
+        full_rope_theta=float(fu_rope.get("rope_theta", 1_000_000.0)),
+        full_partial_rotary=float(fu_rope.get("partial_rotary_factor", 0.25)),
+        rms_eps=float(d.get("rms_norm_eps", 1e-6)),
+        final_softcap=float(d.get("final_logit_softcapping") or 0.0),
+        full_k_eq_v=k_eq_v,
+    )
+
+
+def load_hf_config(path: str | Path) -> Gemma4Config:
+    """Read ``config.json`` (or the folder holding it)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.exists():
+        raise FileNotFoundError(f"no config.json at {p}")
+    return from_hf_dict(json.loads(p.read_text()), name=p.parent.name or "hf")
+
+
+def to_hf_dict(cfg: Gemma4Config) -> dict:
+    """The Hugging Face text config for ``cfg`` (what ``save_pretrained`` of Gemma4ForCausalLM writes)."""
+    inv = {v: k for k, v in _HF_LAYER_TYPE.items()}
+    d = {
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.mlp_intermediate,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.sliding_kv_heads, "head_dim": cfg.sliding_head_dim,
+        "global_head_dim": cfg.full_head_dim, "num_global_key_value_heads": cfg.full_kv_heads,
+        "attention_k_eq_v": cfg.full_k_eq_v, "sliding_window": cfg.sliding_window,
+        "layer_types": [inv[t] for t in cfg.layer_types], "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": cfg.rms_eps, "final_logit_softcapping": cfg.final_softcap or None,
+        "tie_word_embeddings": True, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+        "enable_moe_block": cfg.is_moe,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.sliding_rope_theta},
+            "full_attention": {"rope_type": "proportional", "rope_theta": cfg.full_rope_theta,
+                               "partial_rotary_factor": cfg.full_partial_rotary},
+        },
+    }
+    if cfg.is_moe:
+        d.update(num_experts=cfg.num_experts, top_k_experts=cfg.top_k, moe_intermediate_size=cfg.expert_intermediate)
+    return d

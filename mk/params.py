@@ -1,0 +1,125 @@
+"""mk's parameter tree: every tensor of a Gemma 4 text model with its shape and the component it
+belongs to.
+
+This one list is the truth for shapes (random init, checkpoint checks), for bytes (``mk.sol``) and
+for knock-outs, so the byte count and the model can never disagree about what exists.
+
+The tree is a flat dict keyed by path: ``embed``, ``final_norm`` and ``layers.{i}.{name}``.
+Matrices are stored ``[in, out]`` (activations multiply from the left); experts ``[E, in, out]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import SLIDING, Gemma4Config
+
+# Component names: the same in byte counts, knock-outs, the reference, the kernel and the timing model.
+SLIDING_ATTENTION = "sliding_attention"
+FULL_ATTENTION = "full_attention"
+SHARED_MLP = "shared_mlp"
+EXPERTS = "experts"
+ROUTER = "router"
+NORMS = "norms"
+HEAD = "head"
+WEIGHT_COMPONENTS = (SLIDING_ATTENTION, FULL_ATTENTION, SHARED_MLP, EXPERTS, ROUTER, NORMS, HEAD)
+KNOCKOUTS = WEIGHT_COMPONENTS
+
+
+def attention_component(layer_type: str) -> str:
+    return SLIDING_ATTENTION if layer_type == SLIDING else FULL_ATTENTION
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    path: str
+    shape: tuple[int, ...]
+    component: str
+    matrix: bool  # a matmul weight (quantisable); vectors and scales are not
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def layer_param_specs(cfg: Gemma4Config, i: int) -> list[ParamSpec]:
+    t = cfg.layer_types[i]
+    H, hd, kv, nh = cfg.hidden_size, cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
+    att = attention_component(t)
+    p = f"layers.{i}."
+    specs = [
+        ParamSpec(p + "input_norm", (H,), NORMS, False),
+        ParamSpec(p + "q", (H, nh * hd), att, True),
+        ParamSpec(p + "k", (H, kv * hd), att, True),
+    ]
+    if cfg.has_v_proj(t):
+        specs.append(ParamSpec(p + "v", (H, kv * hd), att, True))
+    specs += [
+        ParamSpec(p + "o", (nh * hd, H), att, True),
+        ParamSpec(p + "q_norm", (hd,), NORMS, False),
+        ParamSpec(p + "k_norm", (hd,), NORMS, False),
+        ParamSpec(p + "post_attn_norm", (H,), NORMS, False),
+        ParamSpec(p + "pre_ffn_norm", (H,), NORMS, False),
+        ParamSpec(p + "mlp_gate", (H, cfg.mlp_intermediate), SHARED_MLP, True),
+        ParamSpec(p + "mlp_up", (H, cfg.mlp_intermediate), SHARED_MLP, True),
+        ParamSpec(p + "mlp_down", (cfg.mlp_intermediate, H), SHARED_MLP, True),
+        ParamSpec(p + "post_ffn_norm", (H,), NORMS, False),
+        ParamSpec(p + "layer_scalar", (1,), NORMS, False),
+    ]
+    if cfg.is_moe:
+        E, I = cfg.num_experts, cfg.expert_intermediate
+        specs += [
+            ParamSpec(p + "router_scale", (H,), ROUTER, False),
+            ParamSpec(p + "router_proj", (H, E), ROUTER, True),
+            ParamSpec(p + "expert_scale", (E,), ROUTER, False),
+            ParamSpec(p + "pre_ffn_norm_2", (H,), NORMS, False),
+            ParamSpec(p + "expert_gate", (E, H, I), EXPERTS, True),
+            ParamSpec(p + "expert_up", (E, H, I), EXPERTS, True),
+            ParamSpec(p + "expert_down", (E, I, H), EXPERTS, True),
+            ParamSpec(p + "post_ffn_norm_1", (H,), NORMS, False),
+            ParamSpec(p + "post_ffn_norm_2", (H,), NORMS, False),
+        ]
+    return specs
+
+
+def param_specs(cfg: Gemma4Config) -> list[ParamSpec]:
+    """Every tensor of the model, in the order a decode step reads them."""
+    specs = [ParamSpec("embed", (cfg.vocab_size, cfg.hidden_size), HEAD, True)]
+    for i in range(cfg.num_layers):
+        specs += layer_param_specs(cfg, i)
+    specs.append(ParamSpec("final_norm", (cfg.hidden_size,), NORMS, False))
+    return specs
+
+
+def layer_params(params: dict, i: int) -> dict:
+    """The tensors of layer ``i`` keyed by their short name (``q``, ``mlp_gate``, ...)."""
+    prefix = f"layers.{i}."
+    return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+
+
+def count_params(cfg: Gemma4Config) -> int:
+    """All parameters, the tied embedding counted once."""
+    return sum(s.size for s in param_specs(cfg))
+
+
+def count_active_params(cfg: Gemma4Config) -> int:
+    """Parameters read for one token: the top-k experts of each layer instead of all of them."""
+    total = 0
+    for s in param_specs(cfg):
+        if s.component == EXPERTS:
+            total += s.size // cfg.num_experts * cfg.top_k
+        else:
+            total += s.size
+    return total
+
+
+def check_knockout(knockout) -> frozenset[str]:
+    """Validate a set of component names to switch off."""
+    ko = frozenset(knockout or ())
+    bad = sorted(ko - set(KNOCKOUTS))
+    if bad:
+        raise ValueError(f"unknown component(s) to knock out {bad}; known: {', '.join(KNOCKOUTS)}")
+    return ko
