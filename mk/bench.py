@@ -1,0 +1,122 @@
+"""The decode benchmark: time an engine's compiled step at a context and batch, count its kernels,
+set it against the measured speed of light, and append a row with its provenance to
+``data/measured/bench.csv``.
+
+The step is timed at position ``context - 1`` of a cache sized to ``context``, so it reads the
+KV cache ``mk.sol`` counts for that context. Decode time does not depend on what the cache holds
+(the shapes are fixed and masked), so the cache is left zero rather than filled by a prefill.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from . import profiling
+from .chips import DATA_DIR
+from .config import Gemma4Config
+from .sol import bytes_per_token
+
+MEASURED_DIR = DATA_DIR / "measured"
+BENCH_CSV = MEASURED_DIR / "bench.csv"
+COLUMNS = ("date", "device", "backend", "jax_version", "engine", "model", "dtype", "context", "batch", "steps",
+           "step_ms", "spread", "tokens_per_s", "tokens_per_s_total", "kernels_per_step", "bytes_per_token",
+           "bandwidth_GBps", "sol_tokens_per_s", "sol_fraction", "weights")
+# The data type a run's arrays use, and the mk.sol policy that counts its bytes.
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+
+
+def provenance(device=None) -> dict:
+    """Where and when a measurement was taken: date (UTC), device, backend and JAX version."""
+    device = device or jax.devices()[0]
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "device": profiling.device_name(device), "backend": device.platform, "jax_version": jax.__version__}
+
+
+def append_row(row: dict, path: Path = BENCH_CSV) -> Path:
+    """Append ``row`` to the CSV at ``path`` atomically: the whole file is rewritten to a temporary
+    name in the same folder and renamed over the old one, so a crash leaves the old file or the new."""
+    path = Path(path)
+    missing = [c for c in COLUMNS if c not in row]
+    extra = [c for c in row if c not in COLUMNS]
+    if missing or extra:
+        raise ValueError(f"a bench row needs exactly the columns {COLUMNS}; missing {missing}, unexpected {extra}")
+    rows = []
+    if path.exists():
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            if tuple(reader.fieldnames or ()) != COLUMNS:
+                raise ValueError(f"{path} has columns {reader.fieldnames}, expected {list(COLUMNS)}: "
+                                 "move the old file aside (it was written by another version of mk)")
+            rows = list(reader)
+    rows.append(row)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """One benchmark run: the step timing, kernels, bytes and the measured speed of light."""
+
+    cfg: Gemma4Config
+    engine: str
+    dtype: str
+    context: int
+    batch: int
+    timing: profiling.Timing
+    kernels: profiling.KernelCount
+    bytes_per_token: float
+    bandwidth: profiling.Bandwidth
+    weights: str  # "random (seed N)" or the checkpoint's path
+    provenance: dict
+
+    @property
+    def step_s(self) -> float:
+        return self.timing.median_s
+
+    @property
+    def sol_fraction(self) -> float:
+        return profiling.sol_fraction(self.step_s, self.bytes_per_token, self.bandwidth.best)
+
+    def row(self) -> dict:
+        sol_step = self.bytes_per_token / self.bandwidth.best
+        return {**self.provenance, "engine": self.engine, "model": self.cfg.name, "dtype": self.dtype,
+                "context": self.context, "batch": self.batch, "steps": len(self.timing.times_s),
+                "step_ms": round(self.step_s * 1e3, 4), "spread": round(self.timing.spread, 4),
+                "tokens_per_s": round(1 / self.step_s, 2), "tokens_per_s_total": round(self.batch / self.step_s, 2),
+                "kernels_per_step": self.kernels.total, "bytes_per_token": int(self.bytes_per_token),
+                "bandwidth_GBps": round(self.bandwidth.best / 1e9, 3), "sol_tokens_per_s": round(1 / sol_step, 2),
+                "sol_fraction": round(self.sol_fraction, 4), "weights": self.weights}
+
+    def text(self) -> str:
+        r = self.row()
+        return "\n".join([
+            f"{r['model']} / {r['engine']} on {r['device']}, {r['dtype']}, context {r['context']}, "
+            f"batch {r['batch']} (measured {r['date']}, JAX {r['jax_version']})",
+            f"  step              {r['step_ms']:10.3f} ms  (median of {r['steps']}, IQR {r['spread']:.1%})",
+            f"  tokens/s/user     {r['tokens_per_s']:10.1f}",
+            f"  tokens/s total    {r['tokens_per_s_total']:10.1f}",
+            f"  kernels per step  {r['kernels_per_step']:10.0f}  (compiled program)",
+            f"  bytes per token   {r['bytes_per_token'] / 1e6:10.1f} MB  (modelled, mk.sol '{r['dtype']}')",
+            f"  bandwidth         {r['bandwidth_GBps']:10.2f} GB/s  (measured, {self.bandwidth.best_probe})",
+            f"  speed of light    {r['sol_tokens_per_s']:10.1f} tok/s  -> {r['sol_fraction']:.1%} reached",
+        ])

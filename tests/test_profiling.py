@@ -1,0 +1,144 @@
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from mk import profiling as P
+from mk.profiling import Timing
+
+
+def test_time_call_warms_up_then_times_each_run():
+    calls = []
+
+    def call():
+        calls.append(1)
+        time.sleep(0.002)
+        return jnp.zeros(())
+
+    t = P.time_call(call, warmup=2, runs=5)
+    assert len(calls) == 7 and len(t.times_s) == 5
+    assert 0.002 <= t.min_s <= t.median_s
+    assert t.iqr_s >= 0 and t.spread == pytest.approx(t.iqr_s / t.median_s)
+
+
+@pytest.mark.parametrize("kw", [{"runs": 0}, {"warmup": -1}, {"runs": True}])
+def test_time_call_rejects_bad_counts(kw):
+    with pytest.raises(ValueError, match="must be"):
+        P.time_call(lambda: None, **kw)
+
+
+def test_timing_spread_is_iqr_over_median():
+    t = Timing((1.0, 2.0, 3.0, 4.0, 5.0))
+    assert t.median_s == 3.0 and t.iqr_s == 2.0 and t.spread == pytest.approx(2 / 3)
+
+
+HLO = """HloModule jit_step, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
+
+%fused_computation (p0: f32[8]) -> f32[8] {
+  %p0 = f32[8]{0} parameter(0)
+  ROOT %neg = f32[8]{0} negate(%p0)
+}
+
+%body (t: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %t = (s32[], f32[8]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[8]{0} get-tuple-element(%t), index=1
+  %f = f32[8]{0} fusion(%x), kind=kLoop, calls=%fused_computation
+  %d = f32[8]{0} dot(%f, %f)
+  ROOT %r = (s32[], f32[8]{0}) tuple(%i, %d)
+}
+
+%cond (t.1: (s32[], f32[8])) -> pred[] {
+  %t.1 = (s32[], f32[8]{0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %k = s32[] constant(0)
+  %cc = f32[8]{0} custom-call(%a), custom_call_target="tpu_custom_call"
+  %ars = f32[8]{0} all-reduce-start(%cc), replica_groups={}, to_apply=%fused_computation
+  %ard = f32[8]{0} all-reduce-done(%ars)
+  %tp = (s32[], f32[8]{0}) tuple(%k, %ard)
+  %w = (s32[], f32[8]{0}) while(%tp), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  %g = f32[8]{0} get-tuple-element(%w), index=1
+  ROOT %out = f32[8]{0} fusion(%g), kind=kLoop, calls=%fused_computation
+}
+"""
+
+
+def test_count_kernels_on_handwritten_hlo():
+    kc = P.count_kernels(HLO)
+    # entry: custom-call, all-reduce (start counted, done not), final fusion; the loop body
+    # (a fusion and a dot) runs 5 times.
+    assert kc.by_kind == {"fusion": 6.0, "custom-call": 1.0, "collective": 1.0, "other": 5.0}
+    assert kc.total == 13 and kc.unknown_trip_loops == 0
+    assert kc.by_opcode["dot"] == 5 and kc.names == {"cc", "ars", "out", "f", "d"}
+
+
+def test_count_kernels_flags_loops_without_trip_count():
+    kc = P.count_kernels(HLO.replace(', backend_config={"known_trip_count":{"n":"5"}}', ""))
+    assert kc.total == 5 and kc.unknown_trip_loops == 1
+
+
+def test_count_kernels_needs_an_entry():
+    with pytest.raises(ValueError, match="no ENTRY"):
+        P.count_kernels("HloModule m\n")
+
+
+def _layers(w, x):
+    h, _ = jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi) + 1, None), x, w)
+    return jax.nn.softmax(h @ w[0]).sum()
+
+
+def test_compiled_kernel_count_scales_with_loop_and_matches_the_trace():
+    x = jnp.ones((1, 128))
+    k4 = P.compiled_kernels(_layers, jnp.ones((4, 128, 128)), x)
+    k8 = P.compiled_kernels(_layers, jnp.ones((8, 128, 128)), x)
+    per_layer = (k8.total - k4.total) / 4
+    assert per_layer >= 1 and k4.total > 4 * per_layer
+    w = jnp.ones((4, 128, 128))
+    f = jax.jit(_layers)
+    traced = P.trace_kernels(lambda: f(w, x), 3, k4.names)
+    if jax.devices()[0].platform == "cpu":  # XLA:CPU records one event per executed instruction
+        assert traced == k4.total
+
+
+def test_count_eager_ops_unrolls_scans_and_inlines_jit():
+    def f(x):
+        y = jax.lax.scan(lambda c, _: (jnp.sin(c) * 2, None), x, None, length=3)[0]
+        return jax.jit(jnp.cos)(y) + 1
+
+    assert P.count_eager_ops(f, jnp.ones(3)) == 3 * 2 + 1 + 1
+
+
+def test_knockout_table_reports_shrink_and_seed_columns():
+    steps = {frozenset(): 10.0, frozenset({"experts"}): 6.0, frozenset({"router"}): 9.5}
+    table = P.knockout_table(lambda ko: Timing((steps[ko],) * 3), ["experts", "router"])
+    assert list(table["component"]) == ["(whole step)", "experts", "router"]
+    assert list(table["shrink_s"]) == [0.0, 4.0, 0.5]
+    assert table["shrink_fraction"].iloc[1] == pytest.approx(0.4)
+    seeded = P.with_seed_columns(table)
+    assert seeded["seed_vllm_h100_s"].iloc[1] == pytest.approx(1.76e-3)
+    assert seeded["seed_megakernel_v5e8_s"].iloc[2] == pytest.approx(0.02e-3)
+    assert seeded["seed_vllm_h100_s"].iloc[0] == pytest.approx(5.77e-3)
+
+
+def test_bandwidth_probe_measures_both_probes():
+    bw = P.measure_bandwidth(nbytes=16 * 2**20, runs=2)
+    assert set(bw.by_probe) == {"reduce_sum", "matvec"}
+    assert bw.best == max(bw.by_probe.values()) > 1e8
+    assert bw.nbytes == 16 * 2**20 and bw.device.startswith(jax.devices()[0].platform)
+
+
+def test_bandwidth_probe_rejects_a_tiny_array():
+    with pytest.raises(ValueError, match="at least 1 MiB"):
+        P.measure_bandwidth(nbytes=1000)
+
+
+def test_sol_fraction():
+    # 1 GB at 10 GB/s is 0.1 s at best; a 0.2 s step reaches half of it
+    assert P.sol_fraction(0.2, 1e9, 1e10) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="positive"):
+        P.sol_fraction(0.0, 1e9, 1e10)
