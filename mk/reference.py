@@ -1,0 +1,318 @@
+"""The reference Gemma 4 text decoder in plain JAX: prefill, one-token decode with a KV cache, any batch.
+
+This is the "general stack": ordinary XLA ops, one compiled program per decode step. It follows
+transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to that):
+
+- embeddings times sqrt(hidden), the scale rounded to the weights' dtype first (as transformers does);
+- per layer: ``x = x + post_attn_norm(attn(input_norm(x)))``; then the FFN block
+  ``x = x + post_ffn_norm(ffn)`` where ffn is ``mlp(pre_ffn_norm(x))`` for a dense model and, for MoE,
+  ``post_ffn_norm_1(mlp(pre_ffn_norm(x))) + post_ffn_norm_2(experts(pre_ffn_norm_2(x)))`` with the
+  router reading the same ``x``; finally the whole stream is multiplied by ``layer_scalar``;
+- attention: q/k RMSNorm over head_dim (learned), V RMSNorm without weight, RoPE on q and k, scaling
+  1.0, no attention softcap; full layers with K=V take V from the k projection before its norm;
+- RoPE: sliding layers rotate all of head_dim (theta 1e4); full layers "proportional": the first
+  ``partial*head_dim/2`` frequency pairs use theta^(-2i/head_dim), the rest have frequency 0;
+- a sliding layer at position p sees positions p-W+1..p; the final norm, the tied head, then
+  ``softcap * tanh(logits / softcap)``.
+
+RMSNorms and softmaxes run in float32 and cast back to the activations' dtype, as transformers does.
+
+Knock-outs (``decode_step(knockout=...)``; names from mk.params), for measuring what each part costs:
+
+- ``sliding_attention`` / ``full_attention``: those layers' attention block is skipped: its output is
+  zero, the residual stream passes through, and their KV cache is left as it was.
+- ``shared_mlp``: the shared (dense) MLP's output is zero (dense model: the FFN block adds nothing).
+- ``experts``: the routed experts' output is zero (the router still runs, unless knocked out too).
+- ``router``: no routing: every user takes experts 0..k-1 with weight 1/k each, so the experts'
+  weight reads stay but the router's work goes.
+- ``norms``: every RMSNorm (learned or not, incl. q/k/v norms, the router's and the final norm) is a
+  plain pass-through and ``layer_scalar`` is not applied.
+- ``head``: no output head: the logits are zeros (the embedding lookup of the input token stays).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .config import SLIDING, Gemma4Config
+from .params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, check_knockout, layer_params
+
+
+# Cache ------------------------------------------------------------------------------------------
+def cache_len(cfg: Gemma4Config, layer_type: str, max_len: int) -> int:
+    """Slots of a layer's KV cache: a ring of ``sliding_window`` for sliding layers, ``max_len`` for full."""
+    return cfg.sliding_window if layer_type == SLIDING else max_len
+
+
+def init_cache(cfg: Gemma4Config, batch: int, max_len: int, dtype=jnp.float32) -> dict[str, jax.Array]:
+    """An empty KV cache for ``batch`` users and up to ``max_len`` positions.
+
+    ``layers.{i}.k`` / ``.v``: ``[batch, kv_heads, slots, head_dim]``; a sliding layer's position p lives
+    in slot ``p % sliding_window``, a full layer's in slot p. K is stored after k_norm and RoPE, V after
+    its weightless norm.
+    """
+    if not isinstance(batch, (int, np.integer)) or batch <= 0:
+        raise ValueError(f"batch must be a positive number of users, got {batch!r}")
+    if not isinstance(max_len, (int, np.integer)) or max_len <= 0:
+        raise ValueError(f"max_len must be a positive number of positions, got {max_len!r}")
+    cache = {}
+    for i, t in enumerate(cfg.layer_types):
+        shape = (batch, cfg.kv_heads(t), cache_len(cfg, t, max_len), cfg.head_dim(t))
+        cache[f"layers.{i}.k"] = jnp.zeros(shape, dtype)
+        cache[f"layers.{i}.v"] = jnp.zeros(shape, dtype)
+    return cache
+
+
+def cache_capacity(cfg: Gemma4Config, cache: dict) -> int | None:
+    """Positions the cache can hold (its full layers' slots); None when every layer slides."""
+    full = cfg.full_layers
+    return cache[f"layers.{full[0]}.k"].shape[2] if full else None
+
+
+def check_tokens(cfg: Gemma4Config, tokens) -> np.ndarray:
+    """Concrete token ids as int32, with a clear error for ids outside the vocabulary."""
+    t = np.asarray(tokens)
+    if t.size and not np.issubdtype(t.dtype, np.integer):
+        raise ValueError(f"token ids must be integers, got dtype {t.dtype}")
+    bad = t[(t < 0) | (t >= cfg.vocab_size)]
+    if bad.size:
+        raise ValueError(f"token id(s) {sorted(set(bad.tolist()))[:8]} outside the vocabulary "
+                         f"0..{cfg.vocab_size - 1} of {cfg.name!r}")
+    return t.astype(np.int32)
+
+
+# Building blocks ------------------------------------------------------------------------------------
+def rms_norm(x, w, eps: float, on: bool = True):
+    """transformers' Gemma4RMSNorm: float32 ``x * (mean(x^2) + eps)^-0.5 * w``, cast back. ``w=None``: no weight."""
+    if not on:
+        return x
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.pow(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps, -0.5)
+    if w is not None:
+        y = y * w.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def inv_freq(cfg: Gemma4Config, layer_type: str) -> np.ndarray:
+    """RoPE inverse frequencies [head_dim/2]; a full layer's non-rotated pairs have frequency 0."""
+    hd = cfg.head_dim(layer_type)
+    rot = cfg.rotary_dims(layer_type) // 2
+    f = 1.0 / (cfg.rope_theta(layer_type) ** (np.arange(0, 2 * rot, 2, dtype=np.float32) / hd))
+    return np.concatenate([f, np.zeros(hd // 2 - rot, np.float32)]).astype(np.float32)
+
+
+def rope(x, positions, cfg: Gemma4Config, layer_type: str):
+    """Rotate ``x [..., T, heads, head_dim]`` at ``positions [T]`` (rotate-half convention, as transformers)."""
+    freqs = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq(cfg, layer_type))[None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    cos = jnp.cos(emb).astype(x.dtype)[:, None, :]
+    sin = jnp.sin(emb).astype(x.dtype)[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def _mlp(x, gate, up, down):
+    return (jax.nn.gelu(x @ gate, approximate=True) * (x @ up)) @ down
+
+
+def route(p: dict, cfg: Gemma4Config, x, ko: frozenset):
+    """Top-k experts and their weights for each row of ``x [N, H]``: (weights [N, k], ids [N, k])."""
+    if ROUTER in ko:
+        n = x.shape[0]
+        ids = jnp.broadcast_to(jnp.arange(cfg.top_k, dtype=jnp.int32), (n, cfg.top_k))
+        return jnp.full((n, cfg.top_k), 1.0 / cfg.top_k, x.dtype), ids
+    h = rms_norm(x, None, cfg.rms_eps, NORMS not in ko)
+    h = h * p["router_scale"] * jnp.asarray(cfg.hidden_size ** -0.5, x.dtype)
+    probs = jax.nn.softmax((h @ p["router_proj"]).astype(jnp.float32), axis=-1)
+    w, ids = jax.lax.top_k(probs, cfg.top_k)
+    w = w / jnp.sum(w, axis=-1, keepdims=True)
+    w = w * p["expert_scale"][ids].astype(jnp.float32)
+    return w.astype(x.dtype), ids
+
+
+def experts_gathered(p: dict, x, w, ids):
+    """Decode path: gather only the selected experts' weights (N*k of them) and apply them. x [N, H]."""
+    g, u, d = p["expert_gate"][ids], p["expert_up"][ids], p["expert_down"][ids]  # [N, k, H, I] ...
+    h = jax.nn.gelu(jnp.einsum("nh,nkhi->nki", x, g), approximate=True) * jnp.einsum("nh,nkhi->nki", x, u)
+    y = jnp.einsum("nki,nkih->nkh", h, d)
+    return jnp.einsum("nkh,nk->nh", y, w)
+
+
+def experts_dense(p: dict, cfg: Gemma4Config, x, w, ids):
+    """Prefill path: every expert on every row, weighted by a combine matrix that is zero off the top-k.
+
+    For many rows this reads each expert once instead of gathering N*k copies; the unselected
+    experts add exact zeros.
+    """
+    combine = jnp.sum(jax.nn.one_hot(ids, cfg.num_experts, dtype=x.dtype) * w[..., None], axis=1)  # [N, E]
+    h = jax.nn.gelu(jnp.einsum("nh,ehi->nei", x, p["expert_gate"]), approximate=True)
+    h = h * jnp.einsum("nh,ehi->nei", x, p["expert_up"])
+    return jnp.einsum("nei,eih,ne->nh", h, p["expert_down"], combine)
+
+
+# One layer ------------------------------------------------------------------------------------------
+def _qkv(p, cfg: Gemma4Config, t: str, h, positions, ko):
+    """q [B, T, nh, hd], k and v [B, T, kv, hd] after their norms and RoPE."""
+    B, T, _ = h.shape
+    hd, kv, on = cfg.head_dim(t), cfg.kv_heads(t), NORMS not in ko
+    q = (h @ p["q"]).reshape(B, T, cfg.num_heads, hd)
+    k = (h @ p["k"]).reshape(B, T, kv, hd)
+    v = (h @ p["v"]).reshape(B, T, kv, hd) if cfg.has_v_proj(t) else k
+    q = rope(rms_norm(q, p["q_norm"], cfg.rms_eps, on), positions, cfg, t)
+    k = rope(rms_norm(k, p["k_norm"], cfg.rms_eps, on), positions, cfg, t)
+    v = rms_norm(v, None, cfg.rms_eps, on)
+    return q, k, v
+
+
+def _attend(q, k, v, mask):
+    """Grouped-query attention, scaling 1.0. q [B, T, nh, hd]; k, v [B, kv, S, hd]; mask [T, S] or [S]."""
+    B, T, nh, hd = q.shape
+    kv = k.shape[1]
+    qg = q.reshape(B, T, kv, nh // kv, hd)  # head h reads KV head h // (nh // kv), as repeat_kv
+    s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32)
+    s = jnp.where(mask, s, -jnp.inf)
+    a = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    o = jnp.einsum("bkgts,bksd->btkgd", a, v.astype(q.dtype))
+    return o.reshape(B, T, nh * hd)
+
+
+def _ffn(p, cfg: Gemma4Config, x, ko, dense_experts: bool):
+    """The FFN block's output (before post_ffn_norm) for ``x [B, T, H]``, the residual stream."""
+    on = NORMS not in ko
+    h = rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, on)
+    mlp = jnp.zeros_like(x) if SHARED_MLP in ko else _mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"])
+    if not cfg.is_moe:
+        return mlp
+    if EXPERTS in ko:
+        moe = jnp.zeros_like(x)
+    else:
+        flat = x.reshape(-1, x.shape[-1])
+        w, ids = route(p, cfg, flat, ko)
+        h2 = rms_norm(flat, p["pre_ffn_norm_2"], cfg.rms_eps, on)
+        moe = (experts_dense(p, cfg, h2, w, ids) if dense_experts else experts_gathered(p, h2, w, ids))
+        moe = moe.reshape(x.shape)
+    return rms_norm(mlp, p["post_ffn_norm_1"], cfg.rms_eps, on) + rms_norm(moe, p["post_ffn_norm_2"], cfg.rms_eps, on)
+
+
+def _layer(p, cfg: Gemma4Config, i: int, x, attn_out, ko, dense_experts: bool):
+    """Residual wiring of one layer given its attention output (o-projected, None when knocked out)."""
+    on = NORMS not in ko
+    if attn_out is not None:
+        x = x + rms_norm(attn_out, p["post_attn_norm"], cfg.rms_eps, on)
+    x = x + rms_norm(_ffn(p, cfg, x, ko, dense_experts), p["post_ffn_norm"], cfg.rms_eps, on)
+    if on:
+        x = x * p["layer_scalar"].astype(x.dtype)
+    return x
+
+
+def _embed(params, cfg: Gemma4Config, tokens):
+    e = params["embed"]
+    return e[tokens] * jnp.asarray(cfg.hidden_size ** 0.5, e.dtype)
+
+
+def _head(params, cfg: Gemma4Config, x, ko):
+    """Logits [B, V] float32 for the hidden states ``x [B, H]``."""
+    if HEAD in ko:
+        return jnp.zeros((x.shape[0], cfg.vocab_size), jnp.float32)
+    h = rms_norm(x, params["final_norm"], cfg.rms_eps, NORMS not in ko)
+    logits = (h @ params["embed"].T).astype(jnp.float32)
+    if cfg.final_softcap:
+        logits = cfg.final_softcap * jnp.tanh(logits / cfg.final_softcap)
+    return logits
+
+
+# Prefill ------------------------------------------------------------------------------------------
+@partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
+def _prefill(params, cfg: Gemma4Config, tokens, cache):
+    B, T = tokens.shape
+    ko = frozenset()
+    positions = jnp.arange(T, dtype=jnp.int32)
+    causal = positions[None, :] <= positions[:, None]
+    window = positions[None, :] > positions[:, None] - cfg.sliding_window
+    x = _embed(params, cfg, tokens)
+    cache = dict(cache)
+    for i, t in enumerate(cfg.layer_types):
+        p = layer_params(params, i)
+        h = rms_norm(x, p["input_norm"], cfg.rms_eps)
+        q, k, v = _qkv(p, cfg, t, h, positions, ko)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv, T, hd]
+        mask = causal & window if t == SLIDING else causal
+        attn = _attend(q, k, v, mask) @ p["o"]
+        # Keep what decode reads: a sliding layer's last W positions in their ring slots.
+        keep = np.arange(max(0, T - cfg.sliding_window), T) if t == SLIDING else np.arange(T)
+        slots = keep % cfg.sliding_window if t == SLIDING else keep
+        for name, val in (("k", k), ("v", v)):
+            c = cache[f"layers.{i}.{name}"]
+            cache[f"layers.{i}.{name}"] = c.at[:, :, slots].set(val[:, :, keep].astype(c.dtype))
+        x = _layer(p, cfg, i, x, attn, ko, dense_experts=True)
+    return _head(params, cfg, x[:, -1], ko), cache
+
+
+def prefill(params: dict, cfg: Gemma4Config, tokens, cache: dict):
+    """Run the prompt ``tokens [B, T]`` (positions 0..T-1) and fill ``cache``.
+
+    Returns (logits [B, V] float32 of the last position, the cache). The cache passed in is donated:
+    use the returned one.
+    """
+    tokens = check_tokens(cfg, tokens)
+    if tokens.ndim != 2 or tokens.shape[1] == 0:
+        raise ValueError(f"tokens must be [batch, length] with length >= 1, got shape {tokens.shape}")
+    B = next(iter(cache.values())).shape[0]
+    if tokens.shape[0] != B:
+        raise ValueError(f"tokens are for {tokens.shape[0]} users but the cache holds {B}")
+    cap = cache_capacity(cfg, cache)
+    if cap is not None and tokens.shape[1] > cap:
+        raise ValueError(f"prompt of {tokens.shape[1]} tokens is longer than the cache ({cap} positions); "
+                         "make the cache with a larger max_len")
+    return _prefill(params, cfg, jnp.asarray(tokens), cache)
+
+
+# Decode -------------------------------------------------------------------------------------------
+@partial(jax.jit, static_argnames=("cfg", "knockout"), donate_argnames=("cache",))
+def _decode_step(params, cfg: Gemma4Config, cache, tokens, pos, knockout: frozenset):
+    ko = knockout
+    x = _embed(params, cfg, tokens)[:, None, :]  # [B, 1, H]
+    positions = pos[None]
+    cache = dict(cache)
+    for i, t in enumerate(cfg.layer_types):
+        p = layer_params(params, i)
+        attn = None
+        if attention_component(t) not in ko:
+            h = rms_norm(x, p["input_norm"], cfg.rms_eps, NORMS not in ko)
+            q, k, v = _qkv(p, cfg, t, h, positions, ko)
+            slot = pos % cfg.sliding_window if t == SLIDING else pos
+            for name, val in (("k", k), ("v", v)):
+                c = cache[f"layers.{i}.{name}"]
+                val = val.transpose(0, 2, 1, 3).astype(c.dtype)  # [B, kv, 1, hd]
+                cache[f"layers.{i}.{name}"] = jax.lax.dynamic_update_slice_in_dim(c, val, slot, axis=2)
+            # Slot s holds a position <= pos exactly when s <= pos; for a sliding ring that is also
+            # the newest position == s (mod W), inside the window.
+            S = cache[f"layers.{i}.k"].shape[2]
+            mask = jnp.arange(S) <= pos
+            attn = _attend(q, cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], mask) @ p["o"]
+        x = _layer(p, cfg, i, x, attn, ko, dense_experts=False)
+    return _head(params, cfg, x[:, 0], ko), cache
+
+
+def decode_step(params: dict, cfg: Gemma4Config, cache: dict, tokens, pos, knockout=frozenset()):
+    """Decode one token per user: ``tokens [B]`` at position ``pos`` (shared by all users).
+
+    The new K/V are written at ``pos``; returns (logits [B, V] float32, the cache). One compiled XLA
+    program per (cfg, knockout, shapes). The cache passed in is donated: use the returned one.
+    Token ids given as NumPy / lists and a Python ``pos`` are checked; device arrays are not (that
+    would wait for the device every step).
+    """
+    ko = check_knockout(knockout)
+    if isinstance(tokens, (list, tuple, np.ndarray)):
+        tokens = check_tokens(cfg, tokens)
+    if isinstance(pos, (int, np.integer)):
+        cap = cache_capacity(cfg, cache)
+        if pos < 0 or (cap is not None and pos >= cap):
+            raise ValueError(f"position {pos} is outside the cache (0..{cap - 1}); make a larger cache")
+    return _decode_step(params, cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32), ko)
+

@@ -1,0 +1,354 @@
+"""Weights for mk's parameter tree: seeded random initialisation, and loading and saving checkpoints
+in the Hugging Face Gemma 4 layout.
+
+Hugging Face stores Linear weights ``[out, in]`` and the experts as ``gate_up_proj [E, 2I, H]`` (gate rows
+first) and ``down_proj [E, H, I]``; mk stores ``[in, out]`` (``mk.params``). ``hf_tensor_map`` is the one
+place the two are tied together, used both ways, so a save and a load round-trip exactly.
+
+Loading is lazy: ``safe_open`` memory-maps each file and one tensor at a time is read, transposed and
+cast, so a 52 GB checkpoint never needs twice its size in RAM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from .config import Gemma4Config, from_hf_dict, to_hf_dict
+from .params import NORMS, ROUTER, param_specs
+
+# Prefixes of the text model: a Gemma4ForConditionalGeneration export, then a text-only Gemma4ForCausalLM.
+TEXT_PREFIXES = ("model.language_model.", "model.")
+# Tensors of a multimodal export that a text decoder never reads.
+_NON_TEXT = re.compile(r"^(model\.)?(vision_tower|audio_tower|embed_vision|embed_audio|multi_modal_projector)\.")
+# Files a text-only download needs; the shards are narrowed further by the index (see _hub_snapshot).
+_HUB_META = ["config.json", "model.safetensors.index.json"]
+
+
+# Random initialisation -------------------------------------------------------------------------
+EMBED_STD = 0.25  # times hidden^-0.5; see random_params
+NORM_STD = 0.1  # spread of norm weights and scales around 1
+
+def random_params(cfg: Gemma4Config, seed: int, dtype=jnp.float32) -> dict[str, jax.Array]:
+    """The full parameter tree of ``cfg``, seeded and deterministic.
+
+    Matrices are N(0, 1/fan_in) so every projection keeps its input's scale. The embedding is
+    N(0, EMBED_STD^2/hidden): with a tied head, a larger embedding makes each token's own row win the
+    argmax (greedy output repeats its input); at this scale the layers steer the next token and the
+    logits spread over about +-0.25 (N(0, EMBED_STD)). Norm weights, ``layer_scalar``, ``router_scale``
+    and ``expert_scale`` are 1 + N(0, 0.1): near 1 as in a trained model, but not all equal, so a
+    wrong wiring shows.
+    """
+    key = jax.random.key(seed)
+    out = {}
+    for idx, s in enumerate(param_specs(cfg)):
+        k = jax.random.fold_in(key, idx)
+        if s.path == "embed":
+            x = jax.random.normal(k, s.shape, jnp.float32) * (EMBED_STD * s.shape[1] ** -0.5)
+        elif s.matrix:
+            fan_in = s.shape[-2]
+            x = jax.random.normal(k, s.shape, jnp.float32) * fan_in ** -0.5
+        elif s.component in (NORMS, ROUTER):
+            x = 1.0 + NORM_STD * jax.random.normal(k, s.shape, jnp.float32)
+        else:
+            raise AssertionError(f"no initialiser for {s.path} ({s.component})")
+        out[s.path] = x.astype(dtype)
+    return out
+
+
+# The Hugging Face <-> mk name map -----------------------------------------------------------------
+@dataclass(frozen=True)
+class HFTensor:
+    """Where an mk tensor lives in a Hugging Face checkpoint and how it is laid out there.
+
+    ``kind``: ``same`` (identical layout), ``linear`` (stored [out, in], transpose), ``gate``/``up``
+    (rows :I / I: of ``gate_up_proj [E, 2I, H]``, then [E, H, I]), ``down`` (``[E, H, I]`` -> [E, I, H]).
+    ``names`` lists the accepted suffixes after the text prefix, the current name first.
+    """
+    names: tuple[str, ...]
+    kind: str
+
+
+_LAYER_NAMES = {
+    "input_norm": ("input_layernorm.weight", "same"),
+    "q": ("self_attn.q_proj.weight", "linear"),
+    "k": ("self_attn.k_proj.weight", "linear"),
+    "v": ("self_attn.v_proj.weight", "linear"),
+    "o": ("self_attn.o_proj.weight", "linear"),
+    "q_norm": ("self_attn.q_norm.weight", "same"),
+    "k_norm": ("self_attn.k_norm.weight", "same"),
+    "post_attn_norm": ("post_attention_layernorm.weight", "same"),
+    "pre_ffn_norm": ("pre_feedforward_layernorm.weight", "same"),
+    "mlp_gate": ("mlp.gate_proj.weight", "linear"),
+    "mlp_up": ("mlp.up_proj.weight", "linear"),
+    "mlp_down": ("mlp.down_proj.weight", "linear"),
+    "post_ffn_norm": ("post_feedforward_layernorm.weight", "same"),
+    "layer_scalar": ("layer_scalar", "same"),
+    "router_scale": ("router.scale", "same"),
+    "router_proj": ("router.proj.weight", "linear"),
+    "expert_scale": ("router.per_expert_scale", "same"),
+    "pre_ffn_norm_2": ("pre_feedforward_layernorm_2.weight", "same"),
+    "expert_gate": ("experts.gate_up_proj", "gate"),
+    "expert_up": ("experts.gate_up_proj", "up"),
+    "expert_down": ("experts.down_proj", "down"),
+    "post_ffn_norm_1": ("post_feedforward_layernorm_1.weight", "same"),
+    "post_ffn_norm_2": ("post_feedforward_layernorm_2.weight", "same"),
+}
+# Older exports keep the experts and the per-expert scale under ``.moe.``.
+_OLDER = {"experts.gate_up_proj": "moe.gate_up_proj", "experts.down_proj": "moe.down_proj",
+          "router.per_expert_scale": "moe.per_expert_scale"}
+
+
+def hf_tensor_map(cfg: Gemma4Config) -> dict[str, HFTensor]:
+    """For every mk path of ``cfg``, its Hugging Face name(s) (without the text prefix) and layout."""
+    out = {"embed": HFTensor(("embed_tokens.weight",), "same"), "final_norm": HFTensor(("norm.weight",), "same")}
+    for s in param_specs(cfg):
+        if not s.path.startswith("layers."):
+            continue
+        _, i, short = s.path.split(".", 2)
+        name, kind = _LAYER_NAMES[short]
+        names = (f"layers.{i}.{name}",)
+        if name in _OLDER:
+            names += (f"layers.{i}.{_OLDER[name]}",)
+        out[s.path] = HFTensor(names, kind)
+    return out
+
+
+def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape the checkpoint stores for an mk tensor of ``shape``."""
+    if kind == "linear":
+        return shape[::-1]
+    if kind in ("gate", "up"):
+        E, H, I = shape
+        return (E, 2 * I, H)
+    if kind == "down":
+        E, I, H = shape
+        return (E, H, I)
+    return shape
+
+
+def _from_hf(kind: str, a: np.ndarray) -> np.ndarray:
+    """A checkpoint array as mk lays it out (a view; the caller copies once while casting)."""
+    if kind == "linear":
+        return a.T
+    if kind in ("gate", "up"):
+        half = a.shape[1] // 2
+        part = a[:, :half] if kind == "gate" else a[:, half:]
+        return part.transpose(0, 2, 1)
+    if kind == "down":
+        return a.transpose(0, 2, 1)
+    return a
+
+
+# Loading ------------------------------------------------------------------------------------------
+_FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of a checkpoint folder: those its index names, else a single model.safetensors."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f"{index} is not a safetensors index (needs a 'weight_map'): {e}") from None
+        files = [folder / f for f in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint shard(s) missing: {missing}; download the whole checkpoint again")
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {folder}; expected model.safetensors or shards "
+                                "with model.safetensors.index.json")
+    return files
+
+
+class _Checkpoint:
+    """Lazy view of a set of safetensors files: name -> (file, shape, dtype), tensors read on demand."""
+
+    def __init__(self, files: list[Path]):
+        from safetensors import SafetensorError, safe_open
+        self._handles = {}
+        self.where: dict[str, Path] = {}
+        self.info: dict[str, tuple[tuple[int, ...], str]] = {}
+        for f in files:
+            try:
+                h = safe_open(str(f), framework="np")
+            except SafetensorError as e:
+                raise ValueError(f"{f} is not a readable safetensors file ({e}); it may be truncated or "
+                                 "corrupt: download or save it again") from None
+            self._handles[f] = h
+            for name in h.keys():
+                sl = h.get_slice(name)
+                self.where[name] = f
+                self.info[name] = (tuple(sl.get_shape()), sl.get_dtype())
+
+    def read(self, name: str) -> np.ndarray:
+        return self._handles[self.where[name]].get_tensor(name)
+
+
+def _text_prefix(names) -> str:
+    for p in TEXT_PREFIXES:
+        if any(n.startswith(p + "embed_tokens.") or n.startswith(p + "layers.") for n in names):
+            return p
+    return TEXT_PREFIXES[-1]
+
+
+def _plan_load(cfg: Gemma4Config, ckpt: _Checkpoint) -> tuple[dict[str, tuple[str, str]], str]:
+    """Resolve each mk path to a checkpoint name and check presence, shape and dtype of all of them.
+
+    Returns ``{mk_path: (checkpoint_name, kind)}`` and the prefix, or raises one error listing every problem.
+    """
+    prefix = _text_prefix(ckpt.info)
+    plan, problems, used = {}, [], set()
+    shapes = {s.path: s.shape for s in param_specs(cfg)}
+    for path, t in hf_tensor_map(cfg).items():
+        found = next((prefix + n for n in t.names if prefix + n in ckpt.info), None)
+        if found is None:
+            problems.append(f"missing {prefix + t.names[0]} (for {path})")
+            continue
+        used.add(found)
+        shape, dtype = ckpt.info[found]
+        want = _hf_shape(t.kind, shapes[path])
+        if shape != want:
+            problems.append(f"{found} has shape {list(shape)}, expected {list(want)} for this config")
+        if dtype not in _FLOAT_DTYPES:
+            problems.append(f"{found} has dtype {dtype}, expected one of {_FLOAT_DTYPES}")
+        plan[path] = (found, t.kind)
+    # Tied embeddings: an lm_head.weight, if saved, is the embedding again and is not read.
+    extra = sorted(n for n in ckpt.info if n not in used and not _NON_TEXT.match(n) and n != "lm_head.weight")
+    if extra:
+        more = f" (and {len(extra) - 8} more)" if len(extra) > 8 else ""
+        problems.append(f"unexpected tensors {extra[:8]}{more}: the checkpoint has parts this config does not")
+    if problems:
+        raise ValueError(f"checkpoint does not match config {cfg.name!r} ({len(problems)} problem(s)):\n  "
+                         + "\n  ".join(problems))
+    return plan, prefix
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    """Download (or find in the local cache when HF_HUB_OFFLINE is set) the text weights of a hub repo."""
+    from huggingface_hub import snapshot_download
+    folder = Path(snapshot_download(repo_id, allow_patterns=_HUB_META))
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        # Only the shards holding text tensors: a multimodal export also ships vision/audio shards.
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = sorted({f for n, f in weight_map.items() if not _NON_TEXT.match(n)})
+    else:
+        shards = ["model.safetensors"]
+    return Path(snapshot_download(repo_id, allow_patterns=_HUB_META + shards))
+
+
+def _resolve(path_or_repo_id: str | os.PathLike) -> Path:
+    p = Path(path_or_repo_id)
+    if p.exists():
+        if not p.is_dir():
+            raise ValueError(f"{p} is a file; pass the checkpoint folder (with config.json and *.safetensors)")
+        return p
+    s = str(path_or_repo_id)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", s):
+        return _hub_snapshot(s)
+    raise FileNotFoundError(f"no checkpoint folder {s!r}, and it is not a hub repo id (owner/name)")
+
+
+def load_checkpoint(path_or_repo_id, cfg: Gemma4Config | None = None, dtype=None
+                    ) -> tuple[Gemma4Config, dict[str, jax.Array]]:
+    """Load a Gemma 4 text checkpoint (folder, sharded folder, or hub repo id) into mk's parameter tree.
+
+    ``cfg`` defaults to the checkpoint's ``config.json``; when given, it must describe the same model.
+    ``dtype`` casts every tensor on the way (default: keep the stored dtype). Every tensor's presence,
+    shape and dtype is checked before any is read, and all problems are reported in one error.
+    """
+    folder = _resolve(path_or_repo_id)
+    cfg_file = folder / "config.json"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"no config.json in {folder}: not a Hugging Face checkpoint folder")
+    try:
+        hf = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_file} is not valid JSON: {e}") from None
+    file_cfg = from_hf_dict(hf, name=folder.name or "hf")
+    if cfg is None:
+        cfg = file_cfg
+    elif cfg.replace(name=file_cfg.name) != file_cfg:
+        diff = {k: (v, getattr(file_cfg, k)) for k, v in cfg.to_dict().items()
+                if k != "name" and getattr(file_cfg, k) != v}
+        raise ValueError(f"config {cfg.name!r} differs from {cfg_file} in {{field: (given, file)}} {diff}")
+    ckpt = _Checkpoint(_safetensors_files(folder))
+    plan, _ = _plan_load(cfg, ckpt)
+    params, cache = {}, {}
+    for path, (name, kind) in tqdm(plan.items(), desc=f"loading {folder.name}", leave=False):
+        # gate_up_proj feeds two mk tensors: keep it until its second half is taken.
+        a = cache.pop(name, None)
+        if a is None:
+            a = ckpt.read(name)
+            if kind in ("gate", "up"):
+                cache[name] = a
+        a = _from_hf(kind, a)
+        params[path] = jnp.asarray(np.ascontiguousarray(a, dtype=dtype or a.dtype))
+    return cfg, params
+
+
+# Saving -------------------------------------------------------------------------------------------
+def save_checkpoint(params: dict[str, jax.Array], cfg: Gemma4Config, folder) -> Path:
+    """Write ``params`` as a Hugging Face Gemma4ForCausalLM checkpoint (config.json + model.safetensors).
+
+    Each file is written under a temporary name and renamed, so a crash never leaves a half-written file
+    under the real name. Returns the folder.
+    """
+    from safetensors.numpy import save_file
+    check_params(params, cfg)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dtypes = {str(v.dtype) for v in params.values()}
+    tensors = {}
+    for path, t in hf_tensor_map(cfg).items():
+        name = TEXT_PREFIXES[-1] + t.names[0]
+        if t.kind == "up":
+            continue  # written with its gate half
+        a = np.asarray(params[path])
+        if t.kind == "gate":
+            up = np.asarray(params[path.replace("expert_gate", "expert_up")])
+            tensors[name] = np.concatenate([a, up], axis=2).transpose(0, 2, 1)
+        elif t.kind == "linear":
+            tensors[name] = a.T
+        elif t.kind == "down":
+            tensors[name] = a.transpose(0, 2, 1)
+        else:
+            tensors[name] = a
+    tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    hf = to_hf_dict(cfg)
+    hf["dtype"] = dtypes.pop() if len(dtypes) == 1 else "float32"
+    _write_atomic(folder / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    _write_atomic(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(hf, indent=2) + "\n"))
+    return folder
+
+
+def _write_atomic(dest: Path, write) -> None:
+    tmp = dest.with_name(dest.name + ".tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_params(params: dict, cfg: Gemma4Config) -> None:
+    """Raise one error listing every missing, unexpected or wrongly shaped tensor of ``params``."""
+    specs = {s.path: s.shape for s in param_specs(cfg)}
+    problems = [f"missing {p}" for p in specs if p not in params]
+    problems += [f"unexpected {p}" for p in params if p not in specs]
+    problems += [f"{p} has shape {list(params[p].shape)}, expected {list(s)}"
+                 for p, s in specs.items() if p in params and tuple(params[p].shape) != s]
+    if problems:
+        raise ValueError(f"parameters do not match config {cfg.name!r}: " + "; ".join(problems))
