@@ -70,7 +70,66 @@ def _run_chips(a) -> None:
               f"{c.hbm_bytes / 1e9:5.0f} GB  source: {c.source}")
 
 
-COMMANDS = (_add_sol, _add_lists)
+# generate ----------------------------------------------------------------------------------------
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="greedy generation from a checkpoint or a preset with random weights")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a Hugging Face checkpoint folder or hub repo id")
+    src.add_argument("--preset", help="a model preset with seeded random weights (python -m mk models)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights of --preset (default 0)")
+    p.add_argument("--prompt-ids", required=True,
+                   help="comma-separated token ids; ';' separates one prompt per user (all the same length)")
+    p.add_argument("--new-tokens", type=_positive_int, required=True, help="tokens to generate per user")
+    p.add_argument("--engine", default="reference", help="a registered decode engine (default reference)")
+    p.add_argument("--batch", type=_positive_int, default=None,
+                   help="users: a single prompt is replicated for each (default: one per prompt)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="weight dtype (default: the checkpoint's own; float32 for a preset)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run_generate)
+
+
+def _prompts(text: str, batch: int | None) -> list[list[int]]:
+    """'1,2,3' or '1,2;3,4' -> one list of ids per user; a single prompt is replicated ``batch`` times."""
+    prompts = []
+    for part in text.split(";"):
+        try:
+            ids = [int(t) for t in part.split(",") if t.strip()]
+        except ValueError:
+            raise ValueError(f"--prompt-ids must be integers separated by ',' (and ';' between users), "
+                             f"got {part!r}") from None
+        if not ids:
+            raise ValueError(f"--prompt-ids has an empty prompt in {text!r}")
+        prompts.append(ids)
+    if len({len(q) for q in prompts}) > 1:
+        raise ValueError(f"all prompts must have the same length, got lengths {[len(q) for q in prompts]}")
+    if batch is not None and len(prompts) == 1:
+        prompts *= batch
+    elif batch is not None and batch != len(prompts):
+        raise ValueError(f"--batch {batch} does not match the {len(prompts)} prompts given")
+    return prompts
+
+
+def _run_generate(a) -> None:
+    import jax.numpy as jnp
+    from .config import get_config
+    from .generate import generate, get_step
+    from .weights import load_checkpoint, random_params
+    prompts = _prompts(a.prompt_ids, a.batch)
+    dtype = getattr(jnp, a.dtype) if a.dtype else None
+    if a.checkpoint:
+        cfg, params = load_checkpoint(a.checkpoint, dtype=dtype)
+    else:
+        cfg = get_config(a.preset)
+        params = random_params(cfg, a.seed, dtype or jnp.float32)
+    get_step(a.engine, cfg)  # an unknown engine fails before any work
+    tokens = generate(params, cfg, prompts, a.new_tokens, engine=a.engine, progress=not a.json)
+    d = {"engine": a.engine, "model": cfg.name, "batch": len(prompts), "prompt_ids": prompts,
+         "tokens": tokens.tolist()}
+    _print(d, a.json, "\n".join(f"user {u}: {' '.join(map(str, t))}" for u, t in enumerate(d["tokens"])))
+
+
+COMMANDS = (_add_sol, _add_lists, _add_generate)
 
 
 def build_parser() -> argparse.ArgumentParser:
