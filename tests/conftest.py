@@ -1,0 +1,83 @@
+"""Shared test setup: JAX on the CPU with 8 simulated devices, tiny configs, and tiny checkpoints written
+by transformers itself (an implementation we did not write) for the parity and loading tests."""
+
+import os
+
+# Before JAX is imported anywhere: CPU only, 8 host devices for the sharded/collective tests.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_enable_x64", False)
+
+from mk.config import TINY_DENSE, TINY_MOE, to_hf_dict  # noqa: E402
+from mk.weights import EMBED_STD, NORM_STD  # noqa: E402
+
+# A config written the way a transformers user would (the issue's snippet): sliding and full layers
+# with different KV head counts and head dims, a short window. Built by transformers, not by mk.
+HF_SNIPPET = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+    hidden_size_per_layer_input=0, sliding_window=8,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=24, final_logit_softcapping=30.0,
+)
+HF_CONFIGS = {"tiny-dense": to_hf_dict(TINY_DENSE), "tiny-moe": to_hf_dict(TINY_MOE), "hf-snippet": HF_SNIPPET}
+
+
+@pytest.fixture(params=[TINY_DENSE, TINY_MOE], ids=lambda c: c.name)
+def tiny_cfg(request):
+    """Each tiny preset in turn (dense, MoE)."""
+    return request.param
+
+
+def init_hf_weights(model, seed: int) -> None:
+    """Random weights for a transformers Gemma 4, set by parameter name only (independent of mk's name map).
+
+    Same distributions as mk.weights.random_params, so logits are not degenerate: matrices N(0, 1/fan_in)
+    (fan_in is the last axis in transformers' [out, in] / [E, out, in] layout), the embedding
+    N(0, EMBED_STD^2/hidden), every norm weight and scale (incl. layer_scalar) 1 + N(0, NORM_STD^2).
+    """
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if name.endswith("inv_freq") or name.endswith("embed_scale"):
+                continue  # derived from the config, not weights
+            if name.endswith("embed_tokens.weight"):
+                t.copy_(torch.randn(t.shape, generator=gen) * (EMBED_STD * t.shape[1] ** -0.5))
+            elif t.ndim >= 2:
+                t.copy_(torch.randn(t.shape, generator=gen) * t.shape[-1] ** -0.5)
+            else:
+                t.copy_(1.0 + NORM_STD * torch.randn(t.shape, generator=gen))
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory):
+    """Factory ``hf_checkpoint(name) -> (folder, model)``: a tiny transformers Gemma4ForCausalLM with random
+    weights (names in HF_CONFIGS), saved with ``save_pretrained``; ``model`` is it reloaded from the folder
+    with eager attention, in eval mode. Built once per test session."""
+    made = {}
+
+    def make(name: str):
+        if name not in made:
+            import torch
+            from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+            torch.manual_seed(0)
+            model = Gemma4ForCausalLM(Gemma4TextConfig(**HF_CONFIGS[name]))
+            init_hf_weights(model, seed=sum(map(ord, name)))
+            folder = tmp_path_factory.mktemp(name)
+            model.save_pretrained(folder)
+            model = Gemma4ForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+            made[name] = (folder, model)
+        return made[name]
+
+    return make
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
