@@ -1,0 +1,193 @@
+"""Random init, checkpoint save/load round trips, the Hugging Face name map, and bad checkpoints."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from mk.config import TINY_DENSE, TINY_MOE, to_hf_dict
+from mk.params import param_specs
+from mk.weights import load_checkpoint, random_params, save_checkpoint
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+
+
+def test_random_params_tree_and_determinism(tiny_cfg):
+    p = random_params(tiny_cfg, seed=1)
+    assert {k: v.shape for k, v in p.items()} == {s.path: s.shape for s in param_specs(tiny_cfg)}
+    assert all(v.dtype == jnp.float32 for v in p.values())
+    assert _equal(p, random_params(tiny_cfg, seed=1))
+    other = random_params(tiny_cfg, seed=2)
+    assert not any(np.array_equal(p[k], other[k]) for k in p)
+    norms = np.concatenate([np.asarray(v).ravel() for k, v in p.items() if "norm" in k or "scal" in k])
+    assert 0.5 < norms.min() and norms.max() < 1.5 and norms.std() > 0.05  # near 1, not all equal
+    assert random_params(tiny_cfg, seed=1, dtype=jnp.bfloat16)["embed"].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_save_load_round_trip_is_exact(tiny_cfg, tmp_path, dtype):
+    p = random_params(tiny_cfg, seed=0, dtype=dtype)
+    save_checkpoint(p, tiny_cfg, tmp_path / "ckpt")
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["config.json", "model.safetensors"]
+    cfg, q = load_checkpoint(tmp_path / "ckpt")
+    assert cfg == tiny_cfg.replace(name="ckpt")
+    assert all(v.dtype == dtype for v in q.values())
+    assert _equal(p, q)
+    # Cast on the way: a bf16 checkpoint loads as f32 exactly (bf16 -> f32 is exact).
+    _, q32 = load_checkpoint(tmp_path / "ckpt", cfg=tiny_cfg, dtype=jnp.float32)
+    assert q32["embed"].dtype == jnp.float32 and np.array_equal(np.asarray(q32["embed"], np.float32),
+                                                                np.asarray(p["embed"], np.float32))
+
+
+def test_saved_layout_is_hugging_face(tmp_path):
+    """Names, [out, in] layouts and gate-rows-first gate_up_proj, as transformers' save_pretrained writes them."""
+    cfg = TINY_MOE
+    p = random_params(cfg, seed=0)
+    save_checkpoint(p, cfg, tmp_path)
+    t = load_file(tmp_path / "model.safetensors")
+    assert "lm_head.weight" not in t
+    np.testing.assert_array_equal(t["model.layers.0.self_attn.q_proj.weight"], np.asarray(p["layers.0.q"]).T)
+    gu = t["model.layers.1.experts.gate_up_proj"]
+    assert gu.shape == (cfg.num_experts, 2 * cfg.expert_intermediate, cfg.hidden_size)
+    np.testing.assert_array_equal(gu[3, :cfg.expert_intermediate], np.asarray(p["layers.1.expert_gate"][3]).T)
+    np.testing.assert_array_equal(gu[3, cfg.expert_intermediate:], np.asarray(p["layers.1.expert_up"][3]).T)
+    np.testing.assert_array_equal(t["model.layers.1.experts.down_proj"][5], np.asarray(p["layers.1.expert_down"][5]).T)
+    assert "model.layers.2.self_attn.v_proj.weight" not in t  # K=V full layer
+    assert t["model.layers.2.layer_scalar"].shape == (1,)
+
+
+def test_loads_transformers_checkpoint(hf_checkpoint):
+    folder, model = hf_checkpoint("tiny-moe")
+    cfg, p = load_checkpoint(folder)
+    sd = model.state_dict()
+    np.testing.assert_array_equal(np.asarray(p["layers.0.mlp_down"]), sd["model.layers.0.mlp.down_proj.weight"].numpy().T)
+    np.testing.assert_array_equal(np.asarray(p["layers.2.expert_scale"]), sd["model.layers.2.router.per_expert_scale"].numpy())
+
+
+def _rewrite(folder: Path, fn) -> None:
+    """Apply ``fn`` to the {name: array} of a single-file checkpoint and write it back."""
+    t = load_file(folder / "model.safetensors")
+    save_file(fn(t), folder / "model.safetensors")
+
+
+def test_sharded_multimodal_and_older_names(tmp_path):
+    """Shards with an index, the ``model.language_model.`` prefix next to vision tensors and a tied
+    ``lm_head.weight``, and the older ``.moe.`` expert names all load to the same parameters."""
+    cfg = TINY_MOE
+    p = random_params(cfg, seed=4)
+    save_checkpoint(p, cfg, tmp_path)
+    t = load_file(tmp_path / "model.safetensors")
+    renamed = {}
+    for k, v in t.items():
+        k = k.replace("model.", "model.language_model.", 1)
+        k = k.replace(".experts.", ".moe.").replace(".router.per_expert_scale", ".moe.per_expert_scale")
+        renamed[k] = v
+    renamed["model.vision_tower.patch.weight"] = np.ones((4, 4), np.float32)
+    renamed["lm_head.weight"] = t["model.embed_tokens.weight"]
+    names = sorted(renamed)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    (tmp_path / "model.safetensors").unlink()
+    for f, ks in shards.items():
+        save_file({k: renamed[k] for k in ks}, tmp_path / f)
+    index = {"metadata": {}, "weight_map": {k: f for f, ks in shards.items() for k in ks}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    hf = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": hf}))
+    _, q = load_checkpoint(tmp_path)
+    assert _equal(p, q)
+
+
+def test_load_from_hub_cache_offline(tmp_path):
+    """A repo id resolves through huggingface_hub; with HF_HUB_OFFLINE it is served from the local cache."""
+    snap = tmp_path / "hub" / "models--someone--tiny-gemma4" / "snapshots" / ("a" * 40)
+    save_checkpoint(random_params(TINY_DENSE, seed=0), TINY_DENSE, snap)
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("a" * 40)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"), JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-m", "mk", "generate", "--checkpoint", "someone/tiny-gemma4",
+                        "--prompt-ids", "5,6,7", "--new-tokens", "3", "--json"],
+                       cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["engine"] == "reference" and len(out["tokens"]) == 1 and len(out["tokens"][0]) == 3
+
+
+# Bad checkpoints -----------------------------------------------------------------------------------
+@pytest.fixture
+def saved(tmp_path):
+    save_checkpoint(random_params(TINY_MOE, seed=0), TINY_MOE, tmp_path)
+    return tmp_path
+
+
+def test_other_model_type_is_refused(saved):
+    d = to_hf_dict(TINY_MOE) | {"model_type": "llama"}
+    (saved / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="llama"):
+        load_checkpoint(saved)
+
+
+def test_every_tensor_problem_reported_at_once(saved):
+    def damage(t):
+        t["model.layers.0.self_attn.q_proj.weight"] = t["model.layers.0.self_attn.q_proj.weight"][:, :8]
+        t["model.layers.1.mlp.up_proj.weight"] = t["model.layers.1.mlp.up_proj.weight"].astype(np.int32)
+        del t["model.layers.2.router.scale"]
+        t["model.layers.2.self_attn.v_proj.weight"] = t["model.layers.0.self_attn.v_proj.weight"]
+        return t
+    _rewrite(saved, damage)
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(saved)
+    msg = str(e.value)
+    assert "4 problem(s)" in msg
+    for part in ("layers.0.self_attn.q_proj.weight has shape [256, 8], expected [256, 128]",
+                 "layers.1.mlp.up_proj.weight has dtype I32", "missing model.layers.2.router.scale",
+                 "unexpected tensors ['model.layers.2.self_attn.v_proj.weight']"):
+        assert part in msg
+
+
+def test_truncated_file_is_a_clear_error(saved):
+    f = saved / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])
+    with pytest.raises(ValueError, match="truncated"):
+        load_checkpoint(saved)
+
+
+def test_missing_pieces_and_wrong_config(saved, tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a hub repo id"):
+        load_checkpoint(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="differs"):
+        load_checkpoint(saved, cfg=TINY_DENSE)
+    (saved / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_checkpoint(saved)
+    (saved / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_checkpoint(saved)
+
+
+def test_failed_save_leaves_nothing_half_written(tmp_path, monkeypatch):
+    p = random_params(TINY_DENSE, seed=0)
+    bad = dict(p)
+    del bad["layers.1.q"]
+    with pytest.raises(ValueError, match="missing layers.1.q"):
+        save_checkpoint(bad, TINY_DENSE, tmp_path / "a")
+    assert not (tmp_path / "a").exists() or not os.listdir(tmp_path / "a")
+
+    import safetensors.numpy
+
+    def crash(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise OSError("disk full")
+    monkeypatch.setattr(safetensors.numpy, "save_file", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(p, TINY_DENSE, tmp_path / "b")
+    assert os.listdir(tmp_path / "b") == []
