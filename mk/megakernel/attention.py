@@ -1,0 +1,135 @@
+"""Decode attention inside the kernel: q/k/v norms and RoPE, then, per user, an online softmax over
+the KV cache read in double-buffered tiles, and the new K/V written back to the cache in HBM.
+
+The new token's K/V seed the softmax (they are in VMEM already); cache tiles are read only up to
+the tile holding ``pos``, and the slot being overwritten (the token that left a sliding window, or
+nothing yet in a full layer) is masked out. Scaling 1.0 and no softcap, as Gemma 4.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from ..config import SLIDING
+
+NEG = -1e30  # a finite "minus infinity": exp(NEG - m) is exactly 0 and never NaN
+
+
+def rms(x, eps, w=None, on=True):
+    """RMSNorm in float32, weight as a plain multiply (Gemma 4); ``on=False`` passes ``x`` through."""
+    if not on:
+        return x
+    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if w is None else y * w
+
+
+def rope(x, cos, sin, sign):
+    """Rotate-half RoPE on ``x [rows, head_dim]``: x*cos + [-x2, x1]*sin (a lane roll by half)."""
+    half = x.shape[-1] // 2
+    return x * cos + pltpu.roll(x, half, 1) * sign * sin
+
+
+def qkv_norm_rope(k_, cfg, t, i, pos_f, norms_on):
+    """In place on the q, k, v activations of layer ``i``: q/k norms + RoPE, v's weightless norm
+    (for K=V layers, v is taken from the k projection before its norm)."""
+    hd, kv, nh, eps = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads, cfg.rms_eps
+    inv = k_.inv_freq[0:1, :hd] if t == SLIDING else k_.inv_freq[1:2, :hd]
+    ang = pos_f * inv
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    lane = jax.lax.broadcasted_iota(jnp.int32, (1, hd), 1)
+    sign = jnp.where(lane < hd // 2, -1.0, 1.0).astype(jnp.float32)
+    qn, kn = k_.vec(f"layers.{i}.q_norm", hd), k_.vec(f"layers.{i}.k_norm", hd)
+    q, kr, vr = k_.act["q"], k_.act["k"], k_.act["v"]
+    for h in range(nh):
+        s = slice(h * hd, (h + 1) * hd)
+        q[:, s] = rope(rms(q[:, s], eps, qn, norms_on), cos, sin, sign)
+    for g in range(kv):
+        s = slice(g * hd, (g + 1) * hd)
+        kg = kr[:, s]
+        vg = vr[:, s] if cfg.has_v_proj(t) else kg
+        vr[:, s] = rms(vg, eps, None, norms_on)
+        kr[:, s] = rope(rms(kg, eps, kn, norms_on), cos, sin, sign)
+
+
+def attend(k_, cfg, t, i, pos, batch):
+    """attn[b, heads] for every user b, reading layer ``i``'s cache in tiles; writes the new K/V."""
+    hd, kv, nh = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
+    rep = nh // kv
+    T = k_.plan.kv_tile(t)
+    S = k_.plan.cache_len(t)
+    kc, vc = k_.cache[f"layers.{i}.k"], k_.cache[f"layers.{i}.v"]
+    kbuf, vbuf, sem = k_.kv_bufs[t]
+    qblk = k_.qblk
+    slot_new = pos % cfg.sliding_window if t == SLIDING else pos
+    n_tiles = jnp.minimum(pos // T + 1, S // T)
+    q, knew, vnew, out = k_.act["q"], k_.act["k"], k_.act["v"], k_.act["attn"]
+    stage_k, stage_v, wsem = k_.stage[t]
+
+    def tile_copies(b, tix, slot):
+        src = pl.ds(pl.multiple_of(tix * T, T), T)
+        return (pltpu.make_async_copy(kc.at[b, :, src, :], kbuf.at[slot], sem.at[0, slot]),
+                pltpu.make_async_copy(vc.at[b, :, src, :], vbuf.at[slot], sem.at[1, slot]))
+
+    writes = []
+    for b in range(batch):
+        for c in tile_copies(b, 0, 0):
+            c.start()
+        state = []
+        for g in range(kv):
+            for r in range(rep):
+                h = g * rep + r
+                qblk[g, r:r + 1, :hd] = q[b:b + 1, h * hd:(h + 1) * hd]
+            qg = qblk[g, :, :hd]
+            k0 = knew[b:b + 1, g * hd:(g + 1) * hd]
+            v0 = vnew[b:b + 1, g * hd:(g + 1) * hd]
+            m = jnp.sum(qg * k0, axis=1, keepdims=True)
+            state.append((m, jnp.ones_like(m), jnp.broadcast_to(v0, qg.shape)))
+
+        def body(tix, carry, b=b):
+            slot = tix % 2
+
+            @pl.when(tix + 1 < n_tiles)
+            def _():
+                for c in tile_copies(b, tix + 1, 1 - slot):
+                    c.start()
+
+            for c in tile_copies(b, tix, slot):
+                c.wait()
+            s_idx = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
+            valid = (s_idx <= pos) & (s_idx != slot_new)
+            new = []
+            for g in range(kv):
+                m, l, acc = carry[g]
+                qg = qblk[g, :, :hd]
+                kt = kbuf[slot, g].astype(jnp.float32)
+                vt = vbuf[slot, g].astype(jnp.float32)
+                s = jax.lax.dot_general(qg, kt, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+                s = jnp.where(valid, s, NEG)
+                m2 = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+                alpha = jnp.exp(m - m2)
+                p = jnp.exp(s - m2)
+                l2 = l * alpha + jnp.sum(p, axis=1, keepdims=True)
+                acc2 = acc * alpha + jnp.dot(p, vt, preferred_element_type=jnp.float32)
+                new.append((m2, l2, acc2))
+            return tuple(new)
+
+        state = jax.lax.fori_loop(0, n_tiles, body, tuple(state))
+        for g in range(kv):
+            _, l, acc = state[g]
+            o = acc / l
+            for r in range(rep):
+                h = g * rep + r
+                out[b:b + 1, h * hd:(h + 1) * hd] = o[r:r + 1]
+            stage_k[b, g, :, :] = knew[b:b + 1, g * hd:(g + 1) * hd].astype(stage_k.dtype)
+            stage_v[b, g, :, :] = vnew[b:b + 1, g * hd:(g + 1) * hd].astype(stage_v.dtype)
+        # every read of this user's cache is done: write the new position back
+        dst = pl.ds(slot_new, 1)
+        for n, (stage, cache) in enumerate(((stage_k, kc), (stage_v, vc))):
+            w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, dst, :], wsem.at[n, b])
+            w.start()
+            writes.append(w)
+    for w in writes:
+        w.wait()

@@ -1,0 +1,490 @@
+"""The step plan: one decode step as an ordered list of small records, built in Python.
+
+A plan holds the weight tiles a step streams from HBM (``Load``), the compute it does (``Op``),
+and, placed by a small offline scheduler, when each tile's DMA is issued (``Start``) and when the
+compute waits for it (``Wait``). The megakernel's Python trace walks ``plan.items`` and emits
+exactly that code, so the kernel and the plan cannot drift; tests and the timing model read the
+same records for bytes, FLOPs and order.
+
+Weights stream through per-role VMEM buffers with ``Tiles.slots`` slots each (two: double
+buffering). A tile's DMA is issued as soon as its slot is free (the tile that used the slot
+before has been computed on) and, for experts, as soon as routing has picked the expert. So
+the next tiles are always in flight while the current one is computed on, across layer
+boundaries, and expert tiles start right after the router.
+
+TPU layout rules applied here: every weight tile's last two dims are multiples of (8, 128)
+(16 sublanes in bf16); dims that are not multiples of 128 are padded (the MLP and expert
+intermediates, e.g. 704 -> 768, and the expert count of the router); users pad to 8 rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from .config import FULL, SLIDING, Gemma4Config
+from .params import (EXPERTS, FULL_ATTENTION, HEAD, NORMS, ROUTER, SHARED_MLP, SLIDING_ATTENTION,
+                     attention_component, check_knockout, param_specs)
+
+LANE = 128
+ROWS = 8  # users pad to one f32 sublane tile
+MIB = 2 ** 20
+
+
+def round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Tile sizes: the largest weight tile (bytes), KV positions per tile, and slots per buffer."""
+
+    weight_tile_bytes: int = 2 * MIB
+    kv_tile: int = 512
+    slots: int = 2
+
+    def __post_init__(self):
+        if self.weight_tile_bytes < LANE * 4 * 16:
+            raise ValueError(f"weight_tile_bytes={self.weight_tile_bytes} is below one (16, 128) tile")
+        if self.kv_tile <= 0 or self.kv_tile % 16:
+            raise ValueError(f"kv_tile={self.kv_tile} must be a positive multiple of 16 (bf16 sublanes)")
+        if self.slots < 2:
+            raise ValueError(f"slots={self.slots}: the weight stream needs at least 2 (double buffering)")
+
+
+# Records ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Buffer:
+    """A VMEM weight buffer: ``slots`` tiles of ``shape``."""
+
+    name: str
+    shape: tuple[int, int]
+    itemsize: int
+    slots: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.slots * self.shape[0] * self.shape[1] * self.itemsize
+
+
+@dataclass(frozen=True)
+class Load:
+    """One weight tile's DMA, HBM -> VMEM: ``tensor[rows, cols]`` (of expert ``experts[j]`` when
+    ``expert`` is the routed slot j) into ``buffer`` slot ``slot``."""
+
+    id: int
+    tensor: str
+    layer: int          # -1 for the head
+    component: str
+    buffer: str
+    slot: int
+    rows: tuple[int, int]   # (start, size) in the padded tensor
+    cols: tuple[int, int]
+    nbytes: int
+    expert: int | None = None
+
+
+@dataclass(frozen=True)
+class Start:
+    load: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    load: int
+
+
+@dataclass(frozen=True)
+class Op:
+    """One compute step. ``name`` picks the emitter; matmuls read ``load`` and write ``dst``.
+
+    matmul modes: ``cols``: dst[:, dst_off:+n] = src @ tile; ``rows``: dst (+)= src[:, src_off:+n] @ tile
+    (``accumulate`` False on the first tile); ``head``: dst[:, dst_off:+n] = src @ tile.T.
+    """
+
+    name: str
+    layer: int
+    component: str
+    flops: int = 0
+    kv_bytes: int = 0     # KV cache bytes read at the plan's context (attention)
+    load: int | None = None
+    src: str = ""
+    dst: str = ""
+    mode: str = ""
+    src_off: int = 0
+    dst_off: int = 0
+    n: int = 0
+    accumulate: bool = False
+    expert: int | None = None   # routed slot j (the op runs only if slot j holds a new expert)
+
+
+Item = Start | Wait | Op
+
+
+# Layout ----------------------------------------------------------------------------------------
+def padded_shape(cfg: Gemma4Config, path: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape a tensor has in the kernel's HBM layout (intermediates and expert count padded to 128)."""
+    name = path.rsplit(".", 1)[-1]
+    mi, ei, ep = round_up(cfg.mlp_intermediate, LANE), round_up(cfg.expert_intermediate, LANE), \
+        round_up(max(cfg.num_experts, 1), LANE)
+    if name in ("mlp_gate", "mlp_up"):
+        return (shape[0], mi)
+    if name == "mlp_down":
+        return (mi, shape[1])
+    if name in ("expert_gate", "expert_up"):
+        return (shape[0], shape[1], ei)
+    if name == "expert_down":
+        return (shape[0], ei, shape[2])
+    if name == "router_proj":
+        return (shape[0], ep)
+    return shape
+
+
+def _spans(total: int, other: int, itemsize: int, budget: int) -> list[tuple[int, int]]:
+    """Split ``total`` (a multiple of 128) into (start, size) tiles of the widest multiple of 128 with
+    other x width x itemsize <= budget; the last tile may be narrower (it fills part of a slot)."""
+    width = max(1, min(total // LANE, budget // (other * LANE * itemsize))) * LANE
+    return [(s, min(width, total - s)) for s in range(0, total, width)]
+
+
+# The plan --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepPlan:
+    cfg: Gemma4Config
+    batch: int
+    max_len: int
+    context: int
+    weight_itemsize: int
+    kv_itemsize: int
+    tiles: Tiles
+    knockout: frozenset
+    buffers: dict[str, Buffer]
+    loads: tuple[Load, ...]
+    items: tuple[Item, ...]
+    activations: dict[str, tuple[int, int]] = field(default_factory=dict)  # f32 VMEM scratch
+
+    @property
+    def rows(self) -> int:
+        return round_up(self.batch, ROWS)
+
+    @property
+    def ops(self) -> list[Op]:
+        return [i for i in self.items if isinstance(i, Op)]
+
+    def kv_tile(self, layer_type: str) -> int:
+        s = self.cache_len(layer_type)
+        return min(s, self.tiles.kv_tile)
+
+    def cache_len(self, layer_type: str) -> int:
+        return self.cfg.sliding_window if layer_type == SLIDING else self.max_len
+
+    @cached_property
+    def weight_bytes(self) -> int:
+        """Weight bytes streamed when every routed slot holds a distinct expert (the upper bound)."""
+        return sum(ld.nbytes for ld in self.loads)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(op.kv_bytes for op in self.ops)
+
+    @property
+    def flops(self) -> int:
+        return sum(op.flops for op in self.ops)
+
+    def bytes_by_component(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for ld in self.loads:
+            out[ld.component] = out.get(ld.component, 0) + ld.nbytes
+        return out
+
+    # VMEM ------------------------------------------------------------------------------------
+    def vmem_breakdown(self) -> dict[str, int]:
+        """Bytes of VMEM the kernel allocates, by use (weight buffers, KV tiles, activations, ...)."""
+        cfg, r = self.cfg, self.rows
+        kv = 0
+        for t in set(cfg.layer_types):
+            # K and V tiles, double-buffered, all KV heads of one user
+            kv = max(kv, 2 * 2 * cfg.kv_heads(t) * self.kv_tile(t) * cfg.head_dim(t) * self.kv_itemsize)
+        stage = 2 * max(self.batch * cfg.kv_heads(t) * ROWS * cfg.head_dim(t) * self.kv_itemsize
+                        for t in set(cfg.layer_types))
+        vec_rows, vec_width = vector_table_shape(cfg)
+        return {
+            "weight buffers": sum(b.nbytes for b in self.buffers.values()),
+            "kv tiles": kv,
+            "new k/v staging": stage,
+            "activations": sum(a * b * 4 for a, b in self.activations.values()),
+            "norm and scale vectors": round_up(vec_rows, ROWS) * vec_width * 4,
+            "embedding rows": r * cfg.hidden_size * self.weight_itemsize,
+        }
+
+    @property
+    def vmem_bytes(self) -> int:
+        return sum(self.vmem_breakdown().values())
+
+    def check_vmem(self, chip) -> int:
+        """Raise if the plan's VMEM does not fit one core of ``chip`` (a Chip or a name)."""
+        from .chips import get_chip
+        chip = get_chip(chip) if isinstance(chip, str) else chip
+        if chip.vmem_bytes != chip.vmem_bytes:  # NaN: not checked for this chip
+            raise ValueError(f"{chip.name} has no checked VMEM size in data/chips.csv; check it with the "
+                             "AOT compiler (mk.tpu) before budgeting a kernel for it")
+        need = self.vmem_bytes
+        if need > chip.vmem_bytes:
+            parts = ", ".join(f"{k} {v / MIB:.1f}" for k, v in self.vmem_breakdown().items())
+            raise ValueError(
+                f"the step plan for {self.cfg.name} (batch {self.batch}, max_len {self.max_len}) needs "
+                f"{need / MIB:.1f} MiB of VMEM ({parts} MiB) but {chip.name} has {chip.vmem_bytes / MIB:.0f} MiB "
+                f"per core ({chip.source}); lower Tiles.weight_tile_bytes (now {self.tiles.weight_tile_bytes}) "
+                f"or Tiles.kv_tile (now {self.tiles.kv_tile}), or the batch")
+        return need
+
+    def table(self) -> list[dict]:
+        """The items as rows (for a DataFrame): kind, layer, what, bytes, flops."""
+        loads = {ld.id: ld for ld in self.loads}
+        rows = []
+        for i, it in enumerate(self.items):
+            if isinstance(it, Op):
+                rows.append(dict(step=i, kind="compute", layer=it.layer, component=it.component,
+                                 what=it.name + (f" {it.dst}" if it.dst else ""), bytes=it.kv_bytes,
+                                 flops=it.flops, expert=it.expert))
+            else:
+                ld = loads[it.load]
+                rows.append(dict(step=i, kind="dma start" if isinstance(it, Start) else "dma wait",
+                                 layer=ld.layer, component=ld.component,
+                                 what=f"{ld.tensor}[{ld.rows[0]}:+{ld.rows[1]}, {ld.cols[0]}:+{ld.cols[1]}]",
+                                 bytes=ld.nbytes if isinstance(it, Start) else 0, flops=0, expert=ld.expert))
+        return rows
+
+
+def vector_table_shape(cfg: Gemma4Config) -> tuple[int, int]:
+    """Rows and width of the packed table of norm weights and scales (one vector a row)."""
+    n = 1 + len(vector_rows(cfg))
+    width = round_up(max(cfg.hidden_size, cfg.full_head_dim, cfg.sliding_head_dim, cfg.num_experts, 1), LANE)
+    return n, width
+
+
+def vector_rows(cfg: Gemma4Config) -> dict[str, int]:
+    """Row of each vector parameter in the packed table (``final_norm`` and every layer's norms/scales)."""
+    out = {}
+    for s in param_specs(cfg):
+        if len(s.shape) == 1:
+            out[s.path] = len(out)
+    return out
+
+
+class _Builder:
+    def __init__(self, cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, knockout):
+        self.cfg, self.batch, self.max_len, self.context = cfg, batch, max_len, context
+        self.wb, self.kvb, self.tiles, self.ko = weight_itemsize, kv_itemsize, tiles, knockout
+        self.shapes = {s.path: padded_shape(cfg, s.path, s.shape) for s in param_specs(cfg)}
+        self.buffers: dict[str, Buffer] = {}
+        self.loads: list[Load] = []
+        self.ops: list[tuple[Op, int | None]] = []  # (op, index of the route op it waits for)
+        self.acts: dict[str, tuple[int, int]] = {}
+        self._slot_count: dict[str, int] = {}
+        self.route_op: dict[int, int] = {}
+
+    def act(self, name: str, width: int) -> str:
+        self.acts[name] = (round_up(self.batch, ROWS), max(self.acts.get(name, (0, 0))[1], width))
+        return name
+
+    def load(self, tensor, layer, component, buffer, rows, cols, expert=None, slot_shape=None) -> int:
+        shape = (rows[1], cols[1])
+        slot_shape = slot_shape or shape
+        b = self.buffers.get(buffer)
+        if b is None:
+            self.buffers[buffer] = Buffer(buffer, slot_shape, self.wb, self.tiles.slots)
+        elif b.shape != slot_shape:
+            raise AssertionError(f"buffer {buffer} holds {b.shape}, tile slot is {slot_shape}")
+        n = self._slot_count.get(buffer, 0)
+        self._slot_count[buffer] = n + 1
+        ld = Load(len(self.loads), tensor, layer, component, buffer, n % self.tiles.slots, rows, cols,
+                  shape[0] * shape[1] * self.wb, expert)
+        self.loads.append(ld)
+        return ld.id
+
+    def op(self, name, layer, component, **kw) -> None:
+        self.ops.append((Op(name, layer, component, **kw), None))
+
+    # matmul helpers -----------------------------------------------------------------------------
+    def proj_cols(self, tensor, layer, component, buffer, src, dst, expert=None, dst_base=0):
+        """dst[:, c] = src @ W[:, c], W [K, N] streamed in column tiles."""
+        k, n = self.shapes[tensor][-2:]
+        spans = _spans(n, k, self.wb, self.tiles.weight_tile_bytes)
+        for c, tn in spans:
+            lid = self.load(tensor, layer, component, buffer, (0, k), (c, tn), expert, (k, spans[0][1]))
+            self.op("matmul", layer, component, flops=2 * self.batch * k * tn, load=lid, src=src, dst=dst,
+                    mode="cols", dst_off=dst_base + c, n=tn, expert=expert)
+
+    def proj_rows(self, tensor, layer, component, buffer, src, dst, expert=None, accumulate=False):
+        """dst (+)= src @ W, W [K, N] streamed in row tiles."""
+        k, n = self.shapes[tensor][-2:]
+        spans = _spans(k, n, self.wb, self.tiles.weight_tile_bytes)
+        for r, tk in spans:
+            lid = self.load(tensor, layer, component, buffer, (r, tk), (0, n), expert, (spans[0][1], n))
+            self.op("matmul", layer, component, flops=2 * self.batch * tk * n, load=lid, src=src, dst=dst,
+                    mode="rows", src_off=r, n=tk, accumulate=accumulate or r > 0, expert=expert)
+
+    def mlp(self, prefix, layer, component, src, dst, names, buffers, expert=None):
+        """A GeGLU MLP chunked over its (padded) intermediate: per chunk gate, up, act, down."""
+        g, u, d = (prefix + n for n in names)
+        h, inter = self.shapes[g][-2:]
+        spans = _spans(inter, h, self.wb, self.tiles.weight_tile_bytes)
+        w = spans[0][1]
+        gate, up = self.act("gate", w), self.act("up", w)
+        for c, tc in spans:
+            for tensor, buf, act_dst in ((g, buffers[0], gate), (u, buffers[1], up)):
+                lid = self.load(tensor, layer, component, buf, (0, h), (c, tc), expert, (h, w))
+                self.op("matmul", layer, component, flops=2 * self.batch * h * tc, load=lid, src=src,
+                        dst=act_dst, mode="cols", dst_off=0, n=tc, expert=expert)
+            self.op("gelu_mul", layer, component, flops=10 * self.batch * tc, src=gate, dst=up, n=tc, expert=expert)
+            lid = self.load(d, layer, component, buffers[2], (c, tc), (0, h), expert, (w, h))
+            self.op("matmul", layer, component, flops=2 * self.batch * tc * h, load=lid, src=up, dst=dst,
+                    mode="rows", src_off=0, n=tc, accumulate=c > 0, expert=expert)
+
+    # the step ---------------------------------------------------------------------------------
+    def build(self):
+        cfg, B = self.cfg, self.batch
+        H = cfg.hidden_size
+        for name, w in (("x", H), ("xn", H), ("attn_out", H), ("ffn", H)):
+            self.act(name, w)
+        self.op("embed", -1, HEAD)
+        for i, t in enumerate(cfg.layer_types):
+            self.layer(i, t)
+        self.op("final_norm", -1, NORMS, src="x", dst="xn")
+        if HEAD not in self.ko:
+            spans = _spans(cfg.vocab_size, H, self.wb, self.tiles.weight_tile_bytes)
+            for r, tv in spans:
+                lid = self.load("embed", -1, HEAD, "head", (r, tv), (0, H), None, (spans[0][1], H))
+                self.op("matmul", -1, HEAD, flops=2 * B * tv * H, load=lid, src="xn", dst="logits", mode="head",
+                        dst_off=r, n=tv)
+        self.op("softcap", -1, HEAD, flops=3 * B * cfg.vocab_size)
+
+    def layer(self, i: int, t: str):
+        cfg, B, p = self.cfg, self.batch, f"layers.{i}."
+        H, hd, kv, nh = cfg.hidden_size, cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
+        att = attention_component(t)
+        if att not in self.ko:
+            self.op("input_norm", i, NORMS, src="x", dst="xn")
+            q, k, v = self.act("q", nh * max(cfg.sliding_head_dim, cfg.full_head_dim)), \
+                self.act("k", kv * hd), self.act("v", kv * hd)
+            self.act("k", max(cfg.sliding_kv_heads * cfg.sliding_head_dim, cfg.full_kv_heads * cfg.full_head_dim))
+            self.act("v", self.acts["k"][1])
+            self.proj_cols(p + "q", i, att, f"q.{t}", "xn", q)
+            self.proj_cols(p + "k", i, att, f"k.{t}", "xn", k)
+            if cfg.has_v_proj(t):
+                self.proj_cols(p + "v", i, att, f"v.{t}", "xn", v)
+            self.op("qkv_norm_rope", i, att, flops=12 * B * (nh + 2 * kv) * hd)
+            positions = cfg.cache_positions(t, self.context)
+            self.op("attention", i, att, flops=4 * B * nh * hd * positions,
+                    kv_bytes=2 * B * kv * hd * (positions - 1) * self.kvb)
+            self.act("attn", nh * max(cfg.sliding_head_dim, cfg.full_head_dim))
+            self.proj_rows(p + "o", i, att, f"o.{t}", "attn", "attn_out")
+        self.op("post_attention", i, NORMS, flops=8 * B * H)
+        if cfg.is_moe:
+            # with the router knocked out, "route" only sets the fixed experts 0..k-1
+            E = self.shapes[p + "router_proj"][1]
+            self.act("router", E)
+            if ROUTER not in self.ko:
+                self.proj_cols(p + "router_proj", i, ROUTER, "router", "rin", "router")
+            self.op("route", i, ROUTER, flops=0 if ROUTER in self.ko else (4 + 2 * cfg.top_k) * B * E)
+            self.route_op[i] = len(self.ops) - 1
+        if SHARED_MLP not in self.ko:
+            self.mlp(p, i, SHARED_MLP, "xn", "ffn", ("mlp_gate", "mlp_up", "mlp_down"),
+                     ("mlp_gate", "mlp_up", "mlp_down"))
+        if cfg.is_moe and EXPERTS not in self.ko:
+            self.act("eo", H)
+            self.act("moe", H)
+            for j in range(B * cfg.top_k):
+                first = len(self.ops)
+                self.mlp(p, i, EXPERTS, "x2", "eo", ("expert_gate", "expert_up", "expert_down"),
+                         ("expert_gate", "expert_up", "expert_down"), expert=j)
+                self.op("expert_combine", i, EXPERTS, flops=2 * B * H, expert=j)
+                for n in range(first, len(self.ops)):
+                    self.ops[n] = (self.ops[n][0], self.route_op[i])
+        self.op("ffn_out", i, NORMS, flops=10 * B * H)
+
+    def schedule(self) -> list[Item]:
+        """Place Start/Wait around the ops: every load starts as early as its slot (and, for
+        experts, the route) allows; a compute waits for its own load just before it runs."""
+        slots = self.tiles.slots
+        consumer = {}  # load id -> op index
+        for n, (op, _) in enumerate(self.ops):
+            if op.load is not None:
+                consumer[op.load] = n
+        by_buffer: dict[str, list[int]] = {}
+        for ld in self.loads:
+            by_buffer.setdefault(ld.buffer, []).append(ld.id)
+        # a load may start once the op that consumed the previous user of its slot has run
+        after_op = {}
+        for ids in by_buffer.values():
+            for k, lid in enumerate(ids):
+                after_op[lid] = consumer[ids[k - slots]] if k >= slots else -1
+        route_dep = {}
+        for n, (op, route) in enumerate(self.ops):
+            if op.load is not None and route is not None:
+                route_dep[op.load] = route
+        ready: dict[int, list[int]] = {}  # op index after which a load may start -> loads
+        for ld in self.loads:
+            ready.setdefault(max(after_op[ld.id], route_dep.get(ld.id, -1)), []).append(ld.id)
+        started = [False] * len(self.loads)
+        items: list[Item] = []
+
+        def start_ready(done: int):
+            for lid in ready.get(done, ()):
+                started[lid] = True
+                items.append(Start(lid))
+
+        start_ready(-1)
+        for n, (op, _) in enumerate(self.ops):
+            if op.load is not None:
+                assert started[op.load], "a load must be issued before its consumer"
+                items.append(Wait(op.load))
+            items.append(op)
+            start_ready(n)
+        assert all(started)
+        return items
+
+
+def build_plan(cfg: Gemma4Config, batch: int, max_len: int, context: int | None = None, *,
+               weight_itemsize: int = 4, kv_itemsize: int = 4, tiles: Tiles = Tiles(),
+               knockout=frozenset()) -> StepPlan:
+    """The plan of one decode step for ``batch`` users with caches of ``max_len`` positions.
+
+    ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
+    and attention FLOPs recorded for timing; the kernel itself reads the tiles the position needs.
+    """
+    for name, v in (("batch", batch), ("max_len", max_len)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    context = max_len if context is None else context
+    if not 0 < context <= max_len:
+        raise ValueError(f"context={context} must be in 1..max_len={max_len}")
+    for t in set(cfg.layer_types):
+        s = cfg.sliding_window if t == SLIDING else max_len
+        tile = min(s, tiles.kv_tile)
+        if s % tile or tile % ROWS:
+            raise ValueError(f"the {t} cache has {s} positions, which {tile}-position KV tiles do not divide "
+                             f"(or the tile is not a multiple of {ROWS}); pick max_len a multiple of "
+                             f"{tiles.kv_tile} or a kv_tile that divides {s}")
+    for t in set(cfg.layer_types):
+        if cfg.head_dim(t) % LANE:
+            raise ValueError(f"{t} head_dim {cfg.head_dim(t)} is not a multiple of {LANE}: the kernel keeps a "
+                             "head in whole lanes")
+    if cfg.hidden_size % LANE or cfg.vocab_size % LANE:
+        raise ValueError(f"hidden_size ({cfg.hidden_size}) and vocab_size ({cfg.vocab_size}) must be multiples "
+                         f"of {LANE} for the kernel's tiles")
+    ko = check_knockout(knockout)
+    b = _Builder(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko)
+    b.build()
+    items = b.schedule()
+    if cfg.is_moe:
+        b.act("x2", cfg.hidden_size)
+        b.act("rin", cfg.hidden_size)
+    b.act("logits", cfg.vocab_size)
+    return StepPlan(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, dict(b.buffers),
+                    tuple(b.loads), tuple(items), dict(b.acts))
+
+
+__all__ = ["Tiles", "Buffer", "Load", "Start", "Wait", "Op", "StepPlan", "build_plan", "padded_shape",
+           "vector_rows", "vector_table_shape", "round_up", "FULL", "SLIDING_ATTENTION", "FULL_ATTENTION"]

@@ -1,0 +1,78 @@
+"""The TPU side of the kernel: which backend runs it, when Pallas runs in interpret mode, and
+ahead-of-time compilation for TPU topologies on a machine without a TPU.
+
+Interpret mode is chosen by backend only: on a TPU the kernel compiles with Mosaic; anywhere else
+(the CPU in CI, a GPU) it runs in Pallas's TPU interpreter, which simulates DMAs, semaphores and
+VMEM and, with ``detect_races``, checks every DMA against the reads and writes around it.
+
+AOT: with libtpu installed (``jax[tpu]``), ``jax.experimental.topologies`` describes a TPU slice
+without one; lowering a step inside ``jax.shard_map`` over that topology's devices and calling
+``.compile()`` runs libtpu's real Mosaic compiler, which refuses bad layouts, primitives with no
+TPU lowering and VMEM overflow (REFERENCE.md section 6). ``v5e:1x1`` is refused by libtpu; the
+smallest topology used here is ``2x2``.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.experimental.pallas import tpu as pltpu
+
+
+def on_tpu() -> bool:
+    return jax.default_backend() == "tpu"
+
+
+def interpret_params(detect_races: bool = False):
+    """``None`` (compile with Mosaic) on a TPU, else TPU interpret-mode parameters."""
+    if on_tpu():
+        return None
+    return pltpu.InterpretParams(detect_races=detect_races)
+
+
+def races_detected() -> bool:
+    """Whether the interpreter saw a race in the kernels run since the last reset."""
+    # No public API for this yet: the interpreter prints races and records them in this module state.
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+    return ipc.races is not None and bool(ipc.races.races_found)
+
+
+def reset_interpreter() -> None:
+    """Clear the interpreter's simulated memory and race state (needed after an exception)."""
+    pltpu.reset_tpu_interpret_mode_state()
+
+
+TOPOLOGIES = {"tpu-v5e": "v5e:2x2", "tpu-v6e": "v6e:2x2"}
+
+
+def topology(chip: str):
+    """A TPU topology description for ``chip`` (``tpu-v5e`` or ``tpu-v6e``); needs libtpu."""
+    from jax.experimental import topologies
+    if chip not in TOPOLOGIES:
+        raise ValueError(f"no AOT topology for {chip!r}; known: {', '.join(TOPOLOGIES)}")
+    try:
+        return topologies.get_topology_desc(platform="tpu", topology_name=TOPOLOGIES[chip])
+    except Exception as e:  # libtpu missing or refusing: say how to get it
+        raise RuntimeError(f"cannot describe a {TOPOLOGIES[chip]} TPU topology ({e}); AOT compilation needs "
+                           "libtpu: pip install 'jax[tpu]' matching your jax version") from e
+
+
+def aot_compile(fn, chip: str, *shapes):
+    """Compile ``fn`` (one chip's program, e.g. a decode step) for every chip of a small ``chip``
+    slice, ahead of time on this machine. ``shapes`` are per-chip ``jax.ShapeDtypeStruct``s (pytrees);
+    each chip gets its own copy (the inputs gain a leading mesh axis). Returns the compiled object."""
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    topo = topology(chip)
+    devices = np.array(topo.devices)
+    mesh = Mesh(devices, ("x",))
+    n = devices.size
+
+    def per_chip(*args):
+        squeezed = jax.tree.map(lambda a: a[0], args)
+        out = fn(*squeezed)
+        return jax.tree.map(lambda a: a[None], out)
+
+    stacked = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct((n, *s.shape), s.dtype, sharding=NamedSharding(mesh, P("x"))), shapes)
+    mapped = jax.shard_map(per_chip, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    return jax.jit(mapped).lower(*stacked).compile()
