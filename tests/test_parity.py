@@ -34,7 +34,7 @@ def hf_greedy(model, prompt: np.ndarray, n: int):
     return out.sequences[:, prompt.shape[1]:].numpy(), torch.stack(out.logits, 1).float().numpy()
 
 
-@pytest.mark.parametrize("name,batch", [("tiny-dense", 1), ("tiny-dense", 3), ("tiny-moe", 1), ("tiny-moe", 3),
+@pytest.mark.parametrize("name,batch", [("tiny-dense", 3), ("tiny-moe", 1), ("tiny-moe", 3),
                                         ("hf-snippet", 2)])
 def test_greedy_parity(hf_checkpoint, name, batch):
     folder, model = hf_checkpoint(name)

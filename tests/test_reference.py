@@ -1,0 +1,180 @@
+"""The reference model's own behaviour: cache layout, decode against prefill, MoE paths, knock-outs,
+one program per step, the engine registry, the generate CLI and bad input. Parity with transformers
+lives in test_parity.py."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mk import generate as gen
+from mk.__main__ import main
+from mk.config import TINY_DENSE, TINY_MOE
+from mk.params import KNOCKOUTS, layer_params
+from mk.reference import (_decode_step, decode_step, experts_dense, experts_gathered, init_cache, prefill,
+                          route)
+from mk.weights import random_params
+
+# Decode and prefill compute the same f32 sums in a different order (one position against a
+# masked block): round-off only, well under the 1e-2 a wiring error would make.
+STEP_ATOL = 1e-5
+# Most tests share these shapes so the jitted prefill/decode compile once per config (compiles dominate).
+B, T, NEW = 2, 20, 16
+MAX_LEN = T + NEW - 1  # what generate allocates for T + NEW
+
+
+@pytest.fixture(scope="module")
+def moe_params():
+    return random_params(TINY_MOE, seed=0)
+
+
+def test_cache_layout(tiny_cfg):
+    c = init_cache(tiny_cfg, batch=3, max_len=40)
+    assert c["layers.0.k"].shape == (3, 1, tiny_cfg.sliding_window, 128)  # a ring of the window
+    assert c["layers.2.v"].shape == (3, 1, 40, 256)  # full layer: every position
+    assert set(c) == {f"layers.{i}.{kv}" for i in range(3) for kv in "kv"}
+
+
+def test_decode_continues_prefill(tiny_cfg):
+    """Prefill T tokens then decode k more gives the logits of prefilling all T+k at once, past the window."""
+    p = random_params(tiny_cfg, seed=1)
+    toks = np.random.default_rng(0).integers(0, tiny_cfg.vocab_size, (B, T + 3))
+    want, _ = prefill(p, tiny_cfg, toks, init_cache(tiny_cfg, B, MAX_LEN))
+    logits, cache = prefill(p, tiny_cfg, toks[:, :T], init_cache(tiny_cfg, B, MAX_LEN))
+    for pos in range(T, T + 3):
+        logits, cache = decode_step(p, tiny_cfg, cache, toks[:, pos], pos)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(want), atol=STEP_ATOL, rtol=0)
+
+
+def test_moe_gathered_equals_dense(moe_params):
+    """Decode gathers only the B*k selected experts; prefill runs all experts with zero weights off the top-k."""
+    p = layer_params(moe_params, 1)
+    x = jax.random.normal(jax.random.key(0), (5, TINY_MOE.hidden_size))
+    w, ids = route(p, TINY_MOE, x, frozenset())
+    assert ids.shape == (5, TINY_MOE.top_k)
+    # Renormalised to 1 before the per-expert scale: undo the scale to check.
+    np.testing.assert_allclose(np.sum(w / p["expert_scale"][ids], -1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(experts_gathered(p, x, w, ids), experts_dense(p, TINY_MOE, x, w, ids), atol=1e-5)
+
+
+def test_knockouts(moe_params):
+    cfg, p = TINY_MOE, moe_params
+    toks = np.random.default_rng(0).integers(0, cfg.vocab_size, (B, T))
+    _, cache = prefill(p, cfg, toks, init_cache(cfg, B, MAX_LEN))
+    base, _ = decode_step(p, cfg, jax.tree.map(jnp.copy, cache), toks[:, -1], T)
+    for ko in KNOCKOUTS:
+        c = jax.tree.map(jnp.copy, cache)
+        logits, c2 = decode_step(p, cfg, c, toks[:, -1], T, knockout={ko})
+        logits = np.asarray(logits)
+        assert np.isfinite(logits).all(), ko
+        if ko == "head":
+            assert not logits.any()
+        else:
+            assert np.abs(logits - np.asarray(base)).max() > 1e-3, f"knocking out {ko} changed nothing"
+        if ko == "full_attention":  # a skipped attention block writes nothing to its cache
+            np.testing.assert_array_equal(c2["layers.2.k"], cache["layers.2.k"])
+    # A dense model has no experts: knocking them out changes nothing.
+    pd = random_params(TINY_DENSE, seed=0)
+    _, cd = prefill(pd, TINY_DENSE, toks, init_cache(TINY_DENSE, B, MAX_LEN))
+    a, _ = decode_step(pd, TINY_DENSE, jax.tree.map(jnp.copy, cd), toks[:, -1], T)
+    b, _ = decode_step(pd, TINY_DENSE, cd, toks[:, -1], T, knockout={"experts", "router"})
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="unknown component"):
+        decode_step(p, cfg, cache, toks[:, -1], T, knockout={"attention"})
+
+
+def test_one_program_per_step(moe_params):
+    """Every position reuses one compiled program (pos is traced, not static)."""
+    cfg = TINY_MOE
+    cache = init_cache(cfg, B, 8)
+    before = _decode_step._cache_size()
+    for pos in range(4):
+        _, cache = decode_step(moe_params, cfg, cache, np.array([pos + 1] * B), pos)
+    assert _decode_step._cache_size() == before + 1
+
+
+def test_engine_registry(moe_params):
+    calls = []
+
+    def make_step(cfg):
+        def step(params, cfg, cache, tokens, pos, knockout=frozenset()):
+            calls.append(pos)
+            return decode_step(params, cfg, cache, tokens, pos, knockout)
+        return step
+
+    gen.register_engine("counting", make_step)
+    try:
+        prompt = np.array([[1, 2, 3], [4, 5, 6]])
+        want = gen.generate(moe_params, TINY_MOE, prompt, 4)
+        got = gen.generate(moe_params, TINY_MOE, prompt, 4, engine="counting")
+        np.testing.assert_array_equal(got, want)
+        assert calls == [3, 4, 5]  # prefill gives the first token; the engine decodes the rest
+        assert "counting" in gen.engine_names() and "reference" in gen.engine_names()
+    finally:
+        del gen._ENGINES["counting"]
+    with pytest.raises(ValueError, match="registered engines: reference"):
+        gen.generate(moe_params, TINY_MOE, prompt, 5, engine="nope")
+
+
+def test_bad_input(moe_params):
+    cfg, p = TINY_MOE, moe_params
+    with pytest.raises(ValueError, match="longer than the cache"):
+        prefill(p, cfg, np.ones((1, 10), int), init_cache(cfg, 1, 8))
+    with pytest.raises(ValueError, match="needs 12 cache positions"):
+        gen.generate(p, cfg, np.ones((1, 10), int), 3, max_len=8)
+    with pytest.raises(ValueError, match=r"\[512\] outside the vocabulary 0..511"):
+        gen.generate(p, cfg, [[1, 512]], 3)
+    with pytest.raises(ValueError, match=r"\[-1\] outside the vocabulary"):
+        decode_step(p, cfg, init_cache(cfg, 1, 8), [-1], 0)
+    with pytest.raises(ValueError, match="outside the cache"):
+        decode_step(p, cfg, init_cache(cfg, 1, 8), [1], 8)
+    with pytest.raises(ValueError, match="batch must be a positive"):
+        init_cache(cfg, 0, 8)
+    with pytest.raises(ValueError, match="batch >= 1"):
+        gen.generate(p, cfg, np.zeros((0, 4), int), 3)
+    with pytest.raises(ValueError, match="new_tokens"):
+        gen.generate(p, cfg, [[1, 2]], 0)
+
+
+def test_generate_varies_and_users_are_independent(moe_params):
+    prompt = np.random.default_rng(5).integers(0, TINY_MOE.vocab_size, (B, T))
+    out = gen.generate(moe_params, TINY_MOE, prompt, NEW)
+    assert out.shape == (B, NEW) and out.dtype == np.int32
+    assert all(len(set(row)) >= NEW // 4 for row in out.tolist())
+    # Swapping the users swaps their outputs: nothing leaks between rows of the batch.
+    np.testing.assert_array_equal(out[::-1], gen.generate(moe_params, TINY_MOE, prompt[::-1], NEW))
+
+
+# CLI ------------------------------------------------------------------------------------------------
+def test_cli_generate_json(capsys):
+    assert main(["generate", "--preset", "tiny-moe", "--seed", "0", "--prompt-ids", "1,2,3",
+                 "--new-tokens", "4", "--batch", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine"] == "reference" and out["batch"] == 2 and out["prompt_ids"] == [[1, 2, 3]] * 2
+    assert len(out["tokens"]) == 2 and out["tokens"][0] == out["tokens"][1] and len(out["tokens"][0]) == 4
+    want = gen.generate(random_params(TINY_MOE, 0), TINY_MOE, [[1, 2, 3]] * 2, 4)
+    assert out["tokens"] == want.tolist()
+    assert main(["generate", "--preset", "tiny-moe", "--prompt-ids", "1,2,3;4,5,6", "--new-tokens", "4",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == gen.generate(
+        random_params(TINY_MOE, 0), TINY_MOE, [[1, 2, 3], [4, 5, 6]], 4).tolist()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt-ids", "1,2,600"], "outside the vocabulary"),
+    (["--prompt-ids", "1,x"], "must be integers"),
+    (["--prompt-ids", "1,2;3"], "same length"),
+    (["--prompt-ids", "1,2;3,4", "--batch", "3"], "does not match"),
+    (["--prompt-ids", "1,2", "--engine", "nope"], "unknown engine"),
+])
+def test_cli_generate_errors(capsys, args, message):
+    assert main(["generate", "--preset", "tiny-moe", "--new-tokens", "2", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_batch_zero(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--preset", "tiny-moe", "--prompt-ids", "1", "--new-tokens", "2", "--batch", "0"])
+    assert "positive integer" in capsys.readouterr().err
