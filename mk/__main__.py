@@ -113,8 +113,9 @@ def _prompts(text: str, batch: int | None) -> list[list[int]]:
 def _run_generate(a) -> None:
     import jax.numpy as jnp
     from .config import get_config
-    from .generate import generate, get_step
+    from .generate import check_engine, generate
     from .weights import load_checkpoint, random_params
+    check_engine(a.engine)  # an unknown engine fails before any weights are read
     prompts = _prompts(a.prompt_ids, a.batch)
     dtype = getattr(jnp, a.dtype) if a.dtype else None
     if a.checkpoint:
@@ -122,7 +123,6 @@ def _run_generate(a) -> None:
     else:
         cfg = get_config(a.preset)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
-    get_step(a.engine, cfg)  # an unknown engine fails before any work
     tokens = generate(params, cfg, prompts, a.new_tokens, engine=a.engine, progress=not a.json)
     d = {"engine": a.engine, "model": cfg.name, "batch": len(prompts), "prompt_ids": prompts,
          "tokens": tokens.tolist()}

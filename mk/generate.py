@@ -42,11 +42,15 @@ def engine_names() -> tuple[str, ...]:
     return tuple(_ENGINES)
 
 
-def get_step(engine: str, cfg: Gemma4Config) -> Step:
+def check_engine(engine: str) -> str:
     names = engine_names()
-    if engine not in _ENGINES:
+    if engine not in names:
         raise ValueError(f"unknown engine {engine!r}; registered engines: {', '.join(names)}")
-    return _ENGINES[engine](cfg)
+    return engine
+
+
+def get_step(engine: str, cfg: Gemma4Config) -> Step:
+    return _ENGINES[check_engine(engine)](cfg)
 
 
 register_engine("reference", lambda cfg: decode_step)

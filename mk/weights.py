@@ -152,15 +152,20 @@ def _from_hf(kind: str, a: np.ndarray) -> np.ndarray:
 _FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
 
 
+def _text_shards(index: Path) -> list[str]:
+    """The shard files an index names for text tensors (a text-only download leaves vision/audio shards out)."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError) as e:
+        raise ValueError(f"{index} is not a safetensors index (needs a 'weight_map'): {e}") from None
+    return sorted({f for n, f in weight_map.items() if not _NON_TEXT.match(n)})
+
+
 def _safetensors_files(folder: Path) -> list[Path]:
-    """The weight files of a checkpoint folder: those its index names, else a single model.safetensors."""
+    """The weight files of a checkpoint folder: the text shards its index names, else its *.safetensors."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ValueError(f"{index} is not a safetensors index (needs a 'weight_map'): {e}") from None
-        files = [folder / f for f in sorted(set(weight_map.values()))]
+        files = [folder / f for f in _text_shards(index)]
     else:
         files = sorted(folder.glob("*.safetensors"))
     missing = [str(f) for f in files if not f.exists()]
@@ -240,12 +245,7 @@ def _hub_snapshot(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
     folder = Path(snapshot_download(repo_id, allow_patterns=_HUB_META))
     index = folder / "model.safetensors.index.json"
-    if index.exists():
-        # Only the shards holding text tensors: a multimodal export also ships vision/audio shards.
-        weight_map = json.loads(index.read_text())["weight_map"]
-        shards = sorted({f for n, f in weight_map.items() if not _NON_TEXT.match(n)})
-    else:
-        shards = ["model.safetensors"]
+    shards = _text_shards(index) if index.exists() else ["model.safetensors"]
     return Path(snapshot_download(repo_id, allow_patterns=_HUB_META + shards))
 
 

@@ -81,8 +81,8 @@ def _rewrite(folder: Path, fn) -> None:
 
 
 def test_sharded_multimodal_and_older_names(tmp_path):
-    """Shards with an index, the ``model.language_model.`` prefix next to vision tensors and a tied
-    ``lm_head.weight``, and the older ``.moe.`` expert names all load to the same parameters."""
+    """Shards with an index (a vision-only shard absent), the ``model.language_model.`` prefix next to
+    vision tensors and a tied ``lm_head.weight``, and the older ``.moe.`` expert names all load the same."""
     cfg = TINY_MOE
     p = random_params(cfg, seed=4)
     save_checkpoint(p, cfg, tmp_path)
@@ -92,13 +92,16 @@ def test_sharded_multimodal_and_older_names(tmp_path):
         k = k.replace("model.", "model.language_model.", 1)
         k = k.replace(".experts.", ".moe.").replace(".router.per_expert_scale", ".moe.per_expert_scale")
         renamed[k] = v
-    renamed["model.vision_tower.patch.weight"] = np.ones((4, 4), np.float32)
     renamed["lm_head.weight"] = t["model.embed_tokens.weight"]
     names = sorted(renamed)
-    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    shards = {"model-00001-of-00003.safetensors": names[::2] + ["model.vision_tower.patch.weight"],
+              "model-00002-of-00003.safetensors": names[1::2]}
+    renamed["model.vision_tower.patch.weight"] = np.ones((4, 4), np.float32)
     (tmp_path / "model.safetensors").unlink()
     for f, ks in shards.items():
         save_file({k: renamed[k] for k in ks}, tmp_path / f)
+    # A vision-only shard the index names but a text-only download left out.
+    shards["model-00003-of-00003.safetensors"] = ["model.vision_tower.other.weight"]
     index = {"metadata": {}, "weight_map": {k: f for f, ks in shards.items() for k in ks}}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     hf = json.loads((tmp_path / "config.json").read_text())
