@@ -7,11 +7,15 @@ to), the KV cache once per user.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import pandas as pd
+
 from .chips import Chip, get_chip
-from .config import FULL, SLIDING, Gemma4Config
+from .config import FULL, SLIDING, Gemma4Config, get_config
 from .params import EXPERTS, param_specs
+from .published import published_table
 
 KV_SLIDING = "kv_sliding"
 KV_FULL = "kv_full"
@@ -152,3 +156,91 @@ def speed_of_light(cfg: Gemma4Config, chip: Chip | str, context: int, batch: int
     bc = bytes_per_token(cfg, context, batch, dtype)
     return SpeedOfLight(cfg.name, chip.name, context, batch, dtype, bc.total, chip.hbm_bandwidth,
                         bc.by_component)
+
+
+# Tables for the notebooks: long DataFrames in bytes, bytes/s and tokens/s, each row with its kind. --------
+MODELLED = "modelled (mk.sol)"
+
+
+def _cfg(model: Gemma4Config | str) -> Gemma4Config:
+    return get_config(model) if isinstance(model, str) else model
+
+
+def sol_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "bf16") -> pd.DataFrame:
+    """The speed of light of each model on each chip, beside the seed's published value where it has one."""
+    pub = published_table()
+    pub = pub[(pub["quantity"] == "speed_of_light") & (pub["context"] == context) & (pub["batch"] == batch)
+              & (pub["dtype"] == dtype)]
+    rows = []
+    for m in models:
+        for c in chips:
+            s = speed_of_light(_cfg(m), c, context, batch, dtype)
+            hit = pub[(pub["model"] == s.model) & (pub["chip"] == s.chip)]
+            published = float(hit["value"].iloc[0]) if len(hit) else math.nan
+            rows.append(dict(model=s.model, chip=s.chip, bandwidth_Bps=s.bandwidth, bytes_per_token=s.bytes_per_token,
+                             tokens_per_s=s.tokens_per_s, published_tokens_per_s=published,
+                             diff_pct=100 * (s.tokens_per_s / published - 1),
+                             source=hit["source"].iloc[0] if len(hit) else "",
+                             kind=MODELLED + ("; published: the seed" if len(hit) else "")))
+    return pd.DataFrame(rows)
+
+
+def published_vs_sol(keys=None) -> pd.DataFrame:
+    """The seed's measured tokens/s (``quantity == tokens_per_s`` in data/published.csv, or ``keys``)
+    against the speed of light under the same model, chip, context, batch and data type."""
+    t = published_table()
+    runs = t[t["quantity"] == "tokens_per_s"] if keys is None else t.set_index("key").loc[list(keys)].reset_index()
+    fractions = t[t["quantity"] == "fraction_of_sol"]
+    rows = []
+    for r in runs.itertuples():
+        s = speed_of_light(get_config(r.model), r.chip, int(r.context), int(r.batch), r.dtype)
+        f = fractions[(fractions["model"] == r.model) & (fractions["chip"] == r.chip)
+                      & (fractions["dtype"] == r.dtype) & (fractions["engine"] == r.engine)]
+        rows.append(dict(key=r.key, engine=r.engine, model=r.model, chip=r.chip, dtype=r.dtype,
+                         published_tokens_per_s=r.value, sol_tokens_per_s=s.tokens_per_s,
+                         fraction_of_sol=r.value / s.tokens_per_s,
+                         published_fraction=float(f["value"].iloc[0]) if len(f) else math.nan,
+                         source=r.source, kind="published (the seed) vs modelled SoL"))
+    return pd.DataFrame(rows)
+
+
+def component_table(models, context: int = 1024, batch: int = 1, dtype: str = "bf16") -> pd.DataFrame:
+    """Bytes read per step by component, one row per (model, component)."""
+    rows = []
+    for m in models:
+        bc = bytes_per_token(_cfg(m), context, batch, dtype)
+        rows += [dict(model=bc.model, component=k, bytes=v, share=v / bc.total, kind=MODELLED)
+                 for k, v in bc.by_component.items()]
+    return pd.DataFrame(rows)
+
+
+def context_sweep(models, chips, contexts, batch: int = 1, dtype: str = "bf16") -> pd.DataFrame:
+    """Speed of light against context length: the full layers' KV grows with the context, the sliding
+    layers' stops growing at the window."""
+    rows = []
+    for m in models:
+        cfg = _cfg(m)
+        for n in contexts:
+            bc = bytes_per_token(cfg, n, batch, dtype)
+            for c in chips:
+                chip = get_chip(c)
+                rows.append(dict(model=cfg.name, chip=chip.name, context=n, bytes_per_token=bc.total,
+                                 kv_sliding_bytes=bc.by_component[KV_SLIDING], kv_full_bytes=bc.by_component[KV_FULL],
+                                 tokens_per_s=chip.hbm_bandwidth / bc.total, kind=MODELLED))
+    return pd.DataFrame(rows)
+
+
+def batch_sweep(model, chips, batches, context: int = 1024, dtype: str = "bf16") -> pd.DataFrame:
+    """Speed of light against batch: more users touch more distinct experts and read more KV."""
+    cfg = _cfg(model)
+    rows = []
+    for b in batches:
+        bc = bytes_per_token(cfg, context, b, dtype)
+        for c in chips:
+            chip = get_chip(c)
+            step_s = bc.total / chip.hbm_bandwidth
+            rows.append(dict(model=cfg.name, chip=chip.name, batch=b,
+                             expected_experts=expected_distinct_experts(cfg.num_experts, cfg.top_k, b),
+                             bytes_per_token=bc.total, tokens_per_s=1 / step_s, tokens_per_s_total=b / step_s,
+                             kind=MODELLED))
+    return pd.DataFrame(rows)

@@ -1,0 +1,62 @@
+"""Small helpers for the notebooks: checking papermill parameters and showing tables with a kind.
+
+No analysis here: the numbers come from ``mk.sol`` and friends.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+
+import pandas as pd
+
+
+def _type_name(t) -> str:
+    return getattr(t, "__name__", None) if typing.get_origin(t) is None else str(t).replace("typing.", "")
+
+
+def _matches(value, t) -> bool:
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple)) and all(_matches(v, args[0]) for v in value)
+    if t is float:  # papermill and JSON write 2 for 2.0
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, t)
+
+
+def check_parameters(namespace: dict, **expected) -> None:
+    """Check a notebook's parameters (``globals()`` after the parameters cell) against their types.
+
+        check_parameters(globals(), MODELS=list[str], CONTEXTS=list[int], DTYPE=str)
+
+    A wrong type raises a TypeError naming the parameter, the type expected and the value given;
+    a list parameter must not be empty.
+    """
+    problems = []
+    for name, t in expected.items():
+        if name not in namespace:
+            problems.append(f"{name} is not set (expected {_type_name(t)})")
+            continue
+        v = namespace[name]
+        if not _matches(v, t):
+            problems.append(f"{name} must be {_type_name(t)}, got {v!r} ({type(v).__name__})")
+        elif typing.get_origin(t) in (list, tuple) and len(v) == 0:
+            problems.append(f"{name} must not be empty")
+    if problems:
+        raise TypeError("bad notebook parameter(s): " + "; ".join(problems))
+
+
+def show(df: pd.DataFrame, kind: str | None = None, digits: int = 3) -> None:
+    """Display ``df`` rounded, with its ``kind`` column last (set to ``kind`` when given). Every
+    table a notebook shows says whether its numbers are published, modelled or measured."""
+    if kind is not None:
+        df = df.assign(kind=kind)
+    if "kind" not in df.columns:
+        raise ValueError("a table shown in a notebook needs a 'kind' column (published, modelled or measured)")
+    df = df[[c for c in df.columns if c != "kind"] + ["kind"]].round(digits)
+    from IPython.display import display
+    display(df)
