@@ -1,0 +1,56 @@
+"""Chip specs from data/chips.csv, slices derived from them, and errors for unknown names."""
+
+import csv
+import math
+
+import pytest
+
+from mk.chips import CHIPS_CSV, base_chips, get_chip, known_chips
+
+
+def test_required_chips_with_sources():
+    chips = base_chips()
+    for name in ("tpu-v5e", "tpu-v6e", "tpu-v7x", "h100", "h200", "b200"):
+        assert name in chips
+    for c in chips.values():
+        assert c.source.strip(), f"{c.name} has no source"
+        assert c.hbm_bandwidth > 0 and c.hbm_bytes > 0 and c.bf16_flops > 0 and c.chips == 1
+
+
+def test_values_read_from_the_csv_not_typed_in_code():
+    with open(CHIPS_CSV, newline="") as f:
+        rows = {r["name"]: r for r in csv.DictReader(f)}
+    assert get_chip("h100").hbm_bandwidth == float(rows["h100"]["hbm_bandwidth_Bps"])
+    assert get_chip("tpu-v5e").vmem_bytes == float(rows["tpu-v5e"]["vmem_bytes"])
+
+
+@pytest.mark.parametrize("name, n", [("tpu-v5e-8", 8), ("tpu-v6e-8", 8), ("h100-8", 8), ("tpu-v7x-4", 4)])
+def test_slices_add_up_per_chip_values(name, n):
+    s, base = get_chip(name), get_chip(name.rsplit("-", 1)[0])
+    assert s.chips == n and s.base == base.name and s.name == name
+    assert s.hbm_bandwidth == pytest.approx(n * base.hbm_bandwidth)
+    assert s.hbm_bytes == pytest.approx(n * base.hbm_bytes)
+    assert s.bf16_flops == pytest.approx(n * base.bf16_flops)
+    assert s.per_chip_bandwidth == pytest.approx(base.hbm_bandwidth)
+    assert (math.isnan(s.ici_bandwidth) and math.isnan(base.ici_bandwidth)) or s.ici_bandwidth == base.ici_bandwidth
+
+
+def test_seed_slice_bandwidths():
+    # The seed: "Google TPU v5e, 8 chips | 6.55 TB/s", "TPU v6e, 8 chips | 13.1 TB/s".
+    assert get_chip("tpu-v5e-8").hbm_bandwidth == pytest.approx(6.55e12, rel=1e-3)
+    assert get_chip("tpu-v6e-8").hbm_bandwidth == pytest.approx(13.1e12, rel=2e-3)
+
+
+def test_names_are_case_and_space_insensitive():
+    assert get_chip(" H100 ") == get_chip("h100")
+    assert get_chip("TPU-V5E-8").chips == 8
+
+
+@pytest.mark.parametrize("name", ["a100", "tpu-v5e-0", "tpu-v9-8", "", "h100-x"])
+def test_unknown_chip_lists_known_ones(name):
+    with pytest.raises(ValueError) as e:
+        get_chip(name)
+    msg = str(e.value)
+    assert f"unknown chip {name!r}" in msg
+    assert all(k in msg for k in known_chips())
+    assert "tpu-v5e-8" in msg  # says how to ask for a slice

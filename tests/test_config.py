@@ -1,0 +1,113 @@
+"""Gemma 4 configs: exact parameter counts, loading Hugging Face configs, and clear validation errors."""
+
+import json
+
+import pytest
+
+from mk.config import (FULL, GEMMA4_26B_A4B, GEMMA4_31B, PRESETS, SLIDING, TINY_MOE, Gemma4Config, from_hf_dict,
+                       get_config, load_hf_config, to_hf_dict)
+from mk.params import count_active_params, count_params
+
+
+# Published totals (REFERENCE.md section 1: transformers' conversion script and real checkpoint listings).
+@pytest.mark.parametrize("cfg, total, active", [
+    (GEMMA4_26B_A4B, 25_233_141_790, 3_822_530_590),
+    (GEMMA4_31B, 30_697_345_340, 30_697_345_340),
+], ids=["26b-a4b", "31b"])
+def test_parameter_counts_match_published_totals(cfg, total, active):
+    assert count_params(cfg) == total
+    assert count_active_params(cfg) == active
+
+
+def test_layer_pattern_five_sliding_one_full():
+    assert GEMMA4_26B_A4B.full_layers == (5, 11, 17, 23, 29)
+    assert GEMMA4_31B.full_layers == tuple(range(5, 60, 6))
+    assert GEMMA4_26B_A4B.layer_types.count(SLIDING) == 25
+
+
+def test_cache_positions_saturate_at_window_on_sliding_layers_only():
+    c = GEMMA4_26B_A4B
+    assert c.cache_positions(SLIDING, 500) == 500
+    assert c.cache_positions(SLIDING, 100_000) == c.sliding_window == 1024
+    assert c.cache_positions(FULL, 100_000) == 100_000
+
+
+@pytest.mark.parametrize("cfg", list(PRESETS.values()), ids=list(PRESETS))
+def test_hf_round_trip_plain_and_nested(cfg):
+    d = to_hf_dict(cfg)
+    assert from_hf_dict(d, name=cfg.name) == cfg
+    nested = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": d,
+              "vision_config": {"hidden_size": 1152}}
+    assert from_hf_dict(nested, name=cfg.name) == cfg
+
+
+def test_load_hf_config_reads_a_folder_or_file(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": to_hf_dict(GEMMA4_26B_A4B)}))
+    assert load_hf_config(tmp_path).replace(name=GEMMA4_26B_A4B.name) == GEMMA4_26B_A4B
+    assert load_hf_config(tmp_path / "config.json").name == tmp_path.name
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_hf_config(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("multimodal", [False, True], ids=["Gemma4TextConfig", "Gemma4Config"])
+def test_reads_what_transformers_save_pretrained_writes(tmp_path, multimodal):
+    """transformers writes the full-layer shapes as per_layer_config, and nests text_config in the multimodal config."""
+    gemma4 = pytest.importorskip("transformers.models.gemma4")
+    d = {k: v for k, v in to_hf_dict(TINY_MOE).items() if k not in ("architectures", "model_type")}
+    text = gemma4.Gemma4TextConfig(**d)
+    hf = gemma4.Gemma4Config(text_config=text.to_dict()) if multimodal else text
+    hf.save_pretrained(tmp_path)
+    assert ("text_config" in json.loads((tmp_path / "config.json").read_text())) == multimodal
+    assert load_hf_config(tmp_path) == TINY_MOE.replace(name=tmp_path.name)
+
+
+def test_hf_config_without_layer_types_gets_the_5_1_pattern():
+    d = to_hf_dict(GEMMA4_31B)
+    del d["layer_types"]
+    assert from_hf_dict(d).layer_types == GEMMA4_31B.layer_types
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(model_type="llama"), "not a Gemma 4 text model"),
+    (dict(hidden_size_per_layer_input=256), "per-layer input embeddings"),
+    (dict(num_kv_shared_layers=4), "KV sharing"),
+    (dict(tie_word_embeddings=False), "untied"),
+    (dict(layer_types=["sliding_attention", "chunked"]), "layer_types must list"),
+])
+def test_hf_dict_rejects_unsupported_configs(change, message):
+    d = {**to_hf_dict(TINY_MOE), **change}
+    with pytest.raises(ValueError, match=message):
+        from_hf_dict(d)
+
+
+def test_hf_dict_missing_keys_are_named():
+    d = to_hf_dict(TINY_MOE)
+    del d["hidden_size"], d["sliding_window"]
+    with pytest.raises(ValueError, match=r"missing \['hidden_size', 'sliding_window'\]"):
+        from_hf_dict(d)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(hidden_size=0), "hidden_size must be a positive integer, got 0"),
+    (dict(sliding_kv_heads=3), r"num_heads=2 is not a multiple of the sliding KV heads \(3\)"),
+    (dict(layer_types=()), "layer_types is empty"),
+    (dict(layer_types=("sliding", "global")), "each must be one of"),
+    (dict(top_k=9), "top_k <= num_experts"),
+    (dict(sliding_window=2.5), "sliding_window must be a positive integer"),
+])
+def test_invalid_config_names_the_problem(change, message):
+    with pytest.raises(ValueError, match=message):
+        TINY_MOE.replace(**change)
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(ValueError, match="unknown model 'gemma5'.*gemma4-26b-a4b.*gemma4-31b"):
+        get_config("gemma5")
+
+
+def test_truncated_keeps_shapes():
+    t = GEMMA4_31B.truncated(6)
+    assert t.num_layers == 6 and t.full_layers == (5,) and t.hidden_size == GEMMA4_31B.hidden_size
+    with pytest.raises(ValueError, match="1..60"):
+        GEMMA4_31B.truncated(0)
+    assert isinstance(t, Gemma4Config)
