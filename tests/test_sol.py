@@ -1,0 +1,176 @@
+"""Bytes per token against counts written out by hand, the seed's speed-of-light table, and the sweeps."""
+
+import math
+
+import pytest
+
+from mk import sol
+from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_MOE
+from mk.published import published, published_table
+
+SEED_CHIPS = ["h100", "h200", "b200", "tpu-v5e-8", "tpu-v6e-8"]
+
+
+def hand_count_26b(context: int) -> dict[str, int]:
+    """Elements (weights) and positions x values (KV) read at batch 1, from REFERENCE.md section 1 alone."""
+    H, V = 2816, 262_144
+    sliding_layers, full_layers = 25, 5
+    sliding_attn = H * 16 * 256 + H * 8 * 256 + H * 8 * 256 + 16 * 256 * H   # q, k, v, o
+    full_attn = H * 16 * 512 + H * 2 * 512 + 16 * 512 * H                   # q, k (K=V: no v), o
+    return {
+        "sliding_attention": sliding_layers * sliding_attn,
+        "full_attention": full_layers * full_attn,
+        "shared_mlp": 30 * 3 * H * 2112,
+        "experts": 30 * 8 * 3 * H * 704,                                     # top-8 of 128 experts
+        "router": 30 * (H * 128 + H + 128),                                  # proj, scale, per-expert scale
+        # input, post-attn, pre-ffn, post-ffn, pre-ffn-2, post-ffn-1, post-ffn-2 norms; q/k norms; layer scalar
+        "norms": sliding_layers * (7 * H + 2 * 256 + 1) + full_layers * (7 * H + 2 * 512 + 1) + H,
+        "head": V * H,                                                       # tied embedding, read once
+        "kv_sliding": sliding_layers * min(context, 1024) * 2 * 8 * 256,    # K and V
+        "kv_full": full_layers * context * 2 * 2 * 512,
+    }
+
+
+def hand_count_31b(context: int) -> dict[str, int]:
+    H, V = 5376, 262_144
+    return {
+        "sliding_attention": 50 * (H * 32 * 256 + 2 * H * 16 * 256 + 32 * 256 * H),
+        "full_attention": 10 * (H * 32 * 512 + H * 4 * 512 + 32 * 512 * H),
+        "shared_mlp": 60 * 3 * H * 21504,
+        "experts": 0, "router": 0,
+        "norms": 50 * (4 * H + 2 * 256 + 1) + 10 * (4 * H + 2 * 512 + 1) + H,
+        "head": V * H,
+        "kv_sliding": 50 * min(context, 1024) * 2 * 16 * 256,
+        "kv_full": 10 * context * 2 * 4 * 512,
+    }
+
+
+def test_hand_count_agrees_with_published_active_params():
+    weights = sum(v for k, v in hand_count_26b(1024).items() if not k.startswith("kv_"))
+    assert weights == 3_822_530_590
+
+
+@pytest.mark.parametrize("cfg, hand", [(GEMMA4_26B_A4B, hand_count_26b), (GEMMA4_31B, hand_count_31b)],
+                         ids=["26b-a4b", "31b"])
+@pytest.mark.parametrize("context", [1, 1024, 8192, 131_072])
+def test_bf16_bytes_by_component_match_hand_count(cfg, hand, context):
+    bc = sol.bytes_per_token(cfg, context)
+    expected = {k: 2 * v for k, v in hand(context).items()}  # BF16: 2 bytes per element
+    assert bc.by_component == pytest.approx(expected, rel=1e-12)
+    assert bc.total == pytest.approx(sum(expected.values()), rel=1e-12)
+
+
+def test_reference_totals_at_1k():
+    # REFERENCE.md section 2: 7.645 GB of weights + 0.231 GB of KV = 7.876 GB; 31B: 61.39 + 0.923 GB.
+    moe, dense = sol.bytes_per_token(GEMMA4_26B_A4B, 1024), sol.bytes_per_token(GEMMA4_31B, 1024)
+    assert (moe.weights, moe.kv, moe.total) == pytest.approx((7.645e9, 0.2307e9, 7.876e9), rel=1e-3)
+    assert (dense.weights, dense.kv) == pytest.approx((61.39e9, 0.923e9), rel=1e-3)
+
+
+def test_fp8_and_int8_experts_bytes():
+    h = hand_count_26b(1024)
+    matrices = sum(h[k] for k in ("sliding_attention", "full_attention", "shared_mlp", "experts", "head"))
+    router_matrix = 30 * 2816 * 128
+    vectors = h["norms"] + h["router"] - router_matrix
+    kv = h["kv_sliding"] + h["kv_full"]
+    fp8 = sol.bytes_per_token(GEMMA4_26B_A4B, 1024, dtype="fp8")
+    assert fp8.total == pytest.approx(1 * (matrices + router_matrix) + 2 * vectors + 2 * kv, rel=1e-12)
+    int8 = sol.bytes_per_token(GEMMA4_26B_A4B, 1024, dtype="int8-experts")
+    assert int8.total == pytest.approx(sol.bytes_per_token(GEMMA4_26B_A4B, 1024).total - h["experts"], rel=1e-12)
+    f32 = sol.bytes_per_token(GEMMA4_26B_A4B, 1024, dtype="f32")
+    assert f32.total == pytest.approx(2 * sol.bytes_per_token(GEMMA4_26B_A4B, 1024).total, rel=1e-12)
+
+
+def test_batch_reads_expected_distinct_experts_and_kv_per_user():
+    E, k, B = 128, 8, 8
+    expected_experts = E * (1 - (1 - k / E) ** B)
+    assert sol.expected_distinct_experts(E, k, B) == pytest.approx(expected_experts)
+    assert sol.expected_distinct_experts(E, k, 1) == pytest.approx(k)
+    one, eight = sol.bytes_per_token(GEMMA4_26B_A4B, 1024), sol.bytes_per_token(GEMMA4_26B_A4B, 1024, batch=B)
+    assert eight.by_component["experts"] == pytest.approx(one.by_component["experts"] * expected_experts / k)
+    assert eight.kv == pytest.approx(B * one.kv)
+    assert eight.by_component["head"] == one.by_component["head"]  # weights read once for all users
+    # never more than all experts
+    assert sol.expected_distinct_experts(E, k, 10_000) <= E
+
+
+def test_seed_speed_of_light_table_within_1_5_percent():
+    pub = published_table()
+    rows = pub[pub["quantity"] == "speed_of_light"]
+    assert sorted(rows["chip"]) == sorted(SEED_CHIPS)
+    for r in rows.itertuples():
+        s = sol.speed_of_light(GEMMA4_26B_A4B, r.chip, int(r.context), int(r.batch), r.dtype)
+        assert s.tokens_per_s == pytest.approx(r.value, rel=0.015), r.chip
+    # and the seed's bytes per token ("7.8 GB")
+    assert sol.bytes_per_token(GEMMA4_26B_A4B, 1024).total == pytest.approx(published("bytes_per_token_moe"), rel=0.015)
+
+
+def test_sol_table_compares_with_published():
+    t = sol.sol_table([GEMMA4_26B_A4B.name, GEMMA4_31B.name], SEED_CHIPS)
+    assert len(t) == 10 and set(t["model"]) == {"gemma4-26b-a4b", "gemma4-31b"}
+    moe = t[t["model"] == "gemma4-26b-a4b"]
+    assert moe["diff_pct"].abs().max() < 1.5
+    assert moe["published_tokens_per_s"].notna().all() and t[t["model"] == "gemma4-31b"]["published_tokens_per_s"].isna().all()
+    assert t["tokens_per_s"].tolist() == pytest.approx((t["bandwidth_Bps"] / t["bytes_per_token"]).tolist(), rel=1e-12)
+    assert t["kind"].str.startswith("modelled").all()
+
+
+def test_fp8_h100_speed_of_light_and_vllm():
+    # The seed: vLLM 0.30 on an H100 with FP8 reaches 173 tok/s, "21% of the speed of light".
+    runs = sol.published_vs_sol().set_index("key")
+    vllm = runs.loc["vllm_h100_moe_tps"]
+    assert vllm["published_tokens_per_s"] == published("vllm_h100_moe_tps")
+    assert vllm["sol_tokens_per_s"] == pytest.approx(sol.speed_of_light(GEMMA4_26B_A4B, "h100", 1024, 1, "fp8").tokens_per_s)
+    assert vllm["fraction_of_sol"] == pytest.approx(published("vllm_h100_moe_sol_fraction"), abs=0.005)
+    # against BF16 the same number would be about twice that fraction: the 21% holds only against FP8
+    bf16 = sol.speed_of_light(GEMMA4_26B_A4B, "h100", 1024).tokens_per_s
+    assert published("vllm_h100_moe_tps") / bf16 > 0.35
+    mk = runs.loc["mk_v5e8_moe_tps"]
+    assert mk["fraction_of_sol"] == pytest.approx(published("mk_v5e8_moe_sol_fraction"), abs=0.005)
+
+
+def test_context_sweep_sliding_kv_saturates_at_window():
+    ctx = sol.context_sweep([GEMMA4_26B_A4B], ["h100"], [512, 1024, 4096, 131_072])
+    sliding = ctx.set_index("context")["kv_sliding_bytes"]
+    assert sliding[512] < sliding[1024] == sliding[4096] == sliding[131_072]
+    full = ctx.set_index("context")["kv_full_bytes"]
+    assert full[131_072] == pytest.approx(128 * full[1024])
+    assert ctx["tokens_per_s"].is_monotonic_decreasing
+
+
+def test_batch_sweep_per_user_falls_total_rises():
+    b = sol.batch_sweep(GEMMA4_26B_A4B.name, ["tpu-v5e-8"], [1, 2, 8, 64])
+    assert b["tokens_per_s"].is_monotonic_decreasing and b["tokens_per_s_total"].is_monotonic_increasing
+    assert b["tokens_per_s_total"].tolist() == pytest.approx((b["batch"] * b["tokens_per_s"]).tolist(), rel=1e-12)
+    assert b["expected_experts"].iloc[0] == pytest.approx(8) and b["expected_experts"].iloc[-1] < 128
+
+
+def test_component_table_shares_sum_to_one():
+    c = sol.component_table([GEMMA4_26B_A4B, TINY_MOE])
+    assert c.groupby("model")["share"].sum().tolist() == pytest.approx([1, 1])
+    assert list(c[c.model == GEMMA4_26B_A4B.name]["component"]) == list(sol.COMPONENT_ORDER)
+
+
+def test_speed_of_light_dict():
+    s = sol.speed_of_light(GEMMA4_26B_A4B, "h100", 1024, batch=4)
+    d = s.to_dict()
+    assert d["step_ms"] == pytest.approx(1e3 * s.bytes_per_token / 3.35e12)
+    assert d["tokens_per_s_total"] == pytest.approx(4 * d["tokens_per_s"])
+    assert math.isclose(sum(d["bytes_by_component"].values()), d["bytes_per_token"])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(context=0), "context must be a positive integer, got 0"),
+    (dict(context=-5), "context must be a positive integer, got -5"),
+    (dict(context=1024, batch=0), "batch must be a positive integer, got 0"),
+    (dict(context=1024.0), "context must be a positive integer"),
+    (dict(context=1024, dtype="fp4"), "unknown dtype 'fp4'; known: bf16, fp8, int8-experts, f32"),
+])
+def test_bad_input_is_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        sol.bytes_per_token(GEMMA4_26B_A4B, **kwargs)
+
+
+def test_unknown_chip_in_speed_of_light():
+    with pytest.raises(ValueError, match="unknown chip 'a100'"):
+        sol.speed_of_light(GEMMA4_26B_A4B, "a100", 1024)
