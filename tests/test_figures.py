@@ -1,0 +1,87 @@
+"""mk.figures: the provenance footer, HTML + PNG export, and HTML only (with one clear warning) without a Chromium."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import plotly.graph_objects as go
+import pytest
+
+from mk.figures import FOOTER_NAME, facet_titles, provenance, save_figure
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def small_figure():
+    return go.Figure(go.Scatter(x=[1, 2], y=[3, 4]), layout=dict(title="t"))
+
+
+def footer(fig):
+    return [a.text for a in fig.layout.annotations if a.name == FOOTER_NAME]
+
+
+def test_footer_says_kind_hardware_and_source():
+    fig = provenance(small_figure(), "published", "TPU v5e-8", "seed")
+    assert footer(fig) == ["<b>published</b> · TPU v5e-8 · seed"]
+    provenance(fig, "modelled", "h100", "mk.sol")  # replaces, never stacks
+    assert footer(fig) == ["<b>modelled</b> · h100 · mk.sol"]
+
+
+def test_measured_footer_defaults_to_jax_version_and_date():
+    import datetime
+
+    import jax
+    (text,) = footer(provenance(small_figure(), "measured", "cpu"))
+    assert f"JAX {jax.__version__}" in text and datetime.date.today().isoformat() in text
+
+
+@pytest.mark.parametrize("kind, source, message", [("guessed", "x", "kind must be one of"),
+                                                   ("modelled", None, "needs its source")])
+def test_footer_rejects_bad_provenance(kind, source, message):
+    with pytest.raises(ValueError, match=message):
+        provenance(small_figure(), kind, "h100", source)
+
+
+def test_save_refuses_a_figure_without_footer(tmp_path):
+    with pytest.raises(ValueError, match="no provenance footer"):
+        save_figure(small_figure(), "x", out_dir=tmp_path)
+
+
+def test_facet_titles_keep_the_footer():
+    import plotly.express as px
+    fig = px.line(x=[1, 2, 1, 2], y=[1, 2, 3, 4], facet_col=["a", "a", "b", "b"])
+    fig = facet_titles(provenance(fig, "modelled", "h100", "a=b"))
+    texts = [a.text for a in fig.layout.annotations]
+    assert "a" in texts and "b" in texts and footer(fig) == ["<b>modelled</b> · h100 · a=b"]
+
+
+@pytest.mark.skipif(not os.access("/usr/bin/chromium", os.X_OK), reason="needs Debian's chromium (apt-get install chromium)")
+def test_html_png_and_svg_with_chromium(tmp_path):
+    written = save_figure(provenance(small_figure(), "modelled", "h100", "test"), "fig", svg=True, out_dir=tmp_path)
+    assert sorted(p.name for p in written) == ["fig.html", "fig.png", "fig.svg"]
+    assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*partial"))  # temporary names renamed away
+
+
+def test_without_chromium_html_only_and_one_warning(tmp_path):
+    # A fresh process: the exporter is set up once per process. kaleido would wait forever on a missing browser.
+    code = textwrap.dedent(f"""
+        import warnings
+        import plotly.graph_objects as go
+        from mk.figures import provenance, save_figure
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for name in ("a", "b"):
+                out = save_figure(provenance(go.Figure(), "modelled", "h100", "test"), name, out_dir={str(tmp_path)!r})
+                print([p.name for p in out])
+        print(len(w), w[0].message)
+    """)
+    env = dict(os.environ, BROWSER_PATH="/nonexistent/chromium")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["['a.html']", "['b.html']"]
+    assert lines[2].startswith("1 no Chromium found") and "apt-get install chromium" in lines[2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html", "b.html"]
