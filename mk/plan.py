@@ -28,6 +28,7 @@ from .params import (EXPERTS, FULL_ATTENTION, HEAD, NORMS, ROUTER, SHARED_MLP, S
 
 LANE = 128
 ROWS = 8  # users pad to one f32 sublane tile
+BLOCK = 16  # rows a DMA moves at a dynamic offset: one bf16 sublane tile (embedding rows, new K/V)
 MIB = 2 ** 20
 
 
@@ -205,7 +206,7 @@ class StepPlan:
         for t in set(cfg.layer_types):
             # K and V tiles, double-buffered, all KV heads of one user
             kv = max(kv, 2 * 2 * cfg.kv_heads(t) * self.kv_tile(t) * cfg.head_dim(t) * self.kv_itemsize)
-        stage = 2 * max(self.batch * cfg.kv_heads(t) * ROWS * cfg.head_dim(t) * self.kv_itemsize
+        stage = 2 * max(self.batch * cfg.kv_heads(t) * BLOCK * cfg.head_dim(t) * self.kv_itemsize
                         for t in set(cfg.layer_types))
         vec_rows, vec_width = vector_table_shape(cfg)
         return {
@@ -214,7 +215,8 @@ class StepPlan:
             "new k/v staging": stage,
             "activations": sum(a * b * 4 for a, b in self.activations.values()),
             "norm and scale vectors": round_up(vec_rows, ROWS) * vec_width * 4,
-            "embedding rows": r * cfg.hidden_size * self.weight_itemsize,
+            "embedding rows": self.batch * BLOCK * cfg.hidden_size * self.weight_itemsize,
+            "logits staging": self.batch * ROWS * cfg.vocab_size * 4,
         }
 
     @property
@@ -385,6 +387,7 @@ class _Builder:
             # with the router knocked out, "route" only sets the fixed experts 0..k-1
             E = self.shapes[p + "router_proj"][1]
             self.act("router", E)
+            self.act("moe", H)
             if ROUTER not in self.ko:
                 self.proj_cols(p + "router_proj", i, ROUTER, "router", "rin", "router")
             self.op("route", i, ROUTER, flops=0 if ROUTER in self.ko else (4 + 2 * cfg.top_k) * B * E)
@@ -394,7 +397,6 @@ class _Builder:
                      ("mlp_gate", "mlp_up", "mlp_down"))
         if cfg.is_moe and EXPERTS not in self.ko:
             self.act("eo", H)
-            self.act("moe", H)
             for j in range(B * cfg.top_k):
                 first = len(self.ops)
                 self.mlp(p, i, EXPERTS, "x2", "eo", ("expert_gate", "expert_up", "expert_down"),

@@ -14,6 +14,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..config import SLIDING
+from ..plan import BLOCK
 
 NEG = -1e30  # a finite "minus infinity": exp(NEG - m) is exactly 0 and never NaN
 
@@ -123,12 +124,22 @@ def attend(k_, cfg, t, i, pos, batch):
             for r in range(rep):
                 h = g * rep + r
                 out[b:b + 1, h * hd:(h + 1) * hd] = o[r:r + 1]
-            stage_k[b, g, :, :] = knew[b:b + 1, g * hd:(g + 1) * hd].astype(stage_k.dtype)
-            stage_v[b, g, :, :] = vnew[b:b + 1, g * hd:(g + 1) * hd].astype(stage_v.dtype)
-        # every read of this user's cache is done: write the new position back
-        dst = pl.ds(slot_new, 1)
-        for n, (stage, cache) in enumerate(((stage_k, kc), (stage_v, vc))):
-            w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, dst, :], wsem.at[n, b])
+        # Every read of this user's cache is done: write the new position back. A DMA may not cut a
+        # (16, 128) bf16 tile, so read the aligned block of BLOCK slots around it, set the row, write back.
+        blk = pl.ds(pl.multiple_of(slot_new // BLOCK * BLOCK, BLOCK), BLOCK)
+        row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, hd), 0) == slot_new % BLOCK
+        pairs = ((stage_k, kc, knew), (stage_v, vc, vnew))
+        reads = [pltpu.make_async_copy(cache.at[b, :, blk, :], stage.at[b], wsem.at[n, b])
+                 for n, (stage, cache, _) in enumerate(pairs)]
+        for c in reads:
+            c.start()
+        for c in reads:
+            c.wait()
+        for n, (stage, cache, new) in enumerate(pairs):
+            for g in range(kv):
+                block = stage[b, g].astype(jnp.float32)
+                stage[b, g] = jnp.where(row, new[b:b + 1, g * hd:(g + 1) * hd], block).astype(stage.dtype)
+            w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, blk, :], wsem.at[n, b])
             w.start()
             writes.append(w)
     for w in writes:

@@ -81,7 +81,7 @@ def _body(plan: StepPlan, names: list[str], cache_names: list[str], *refs):
     refs = list(refs)
     k_ = _Kernel()
     k_.plan = plan
-    tokens, pos_ref, k_.vectors, k_.inv_freq = refs[:4]
+    tokens_hbm, pos_hbm, vectors_hbm, freq_hbm = refs[:4]
     refs = refs[4:]
     hbm = dict(zip(names, refs[:len(names)]))
     refs = refs[len(names):]
@@ -103,9 +103,17 @@ def _body(plan: StepPlan, names: list[str], cache_names: list[str], *refs):
         k_.kv_bufs[t] = tuple(refs[:3])
         k_.stage[t] = tuple(refs[3:6])
         refs = refs[6:]
-    k_.qblk, erows, esem, k_.gates, k_.ids_vmem, k_.ids_smem, k_.ids_sem = refs
+    (k_.qblk, erows, esem, k_.gates, k_.ids_vmem, k_.ids_smem, k_.ids_sem,
+     tokens, pos_ref, k_.vectors, k_.inv_freq, logits_stage, io_sem) = refs
     k_.vec_rows = vector_rows(cfg)
 
+    # Everything enters from HBM, so XLA adds no copies around the kernel: the step is one launch.
+    prologue = [pltpu.make_async_copy(src, dst, io_sem.at[n]) for n, (src, dst) in enumerate(
+        ((tokens_hbm, tokens), (pos_hbm, pos_ref), (vectors_hbm, k_.vectors), (freq_hbm, k_.inv_freq)))]
+    for c in prologue:
+        c.start()
+    for c in prologue:
+        c.wait()
     pos = pos_ref[0]
     pos_f = pos.astype(jnp.float32)
     routed: dict[int, list] = {}
@@ -134,15 +142,24 @@ def _body(plan: StepPlan, names: list[str], cache_names: list[str], *refs):
         t = cfg.layer_types[i] if i >= 0 else None
         vec = (lambda name, w=H: k_.vec(f"layers.{i}.{name}", w))
         if op.name == "embed":
-            erows[...] = jnp.zeros(erows.shape, erows.dtype)
-            copies = [pltpu.make_async_copy(hbm["embed"].at[pl.ds(tokens[b], 1), :], erows.at[pl.ds(b, 1), :],
-                                            esem.at[0]) for b in range(B)]
+            # A DMA may not cut a (16, 128) bf16 tile: fetch the aligned block of rows holding each
+            # user's token and pick the row out in VMEM.
+            toks = [tokens[b] for b in range(B)]
+            copies = [pltpu.make_async_copy(
+                hbm["embed"].at[pl.ds(pl.multiple_of(toks[b] // attention.BLOCK * attention.BLOCK,
+                                                     attention.BLOCK), attention.BLOCK), :],
+                erows.at[b], esem.at[0]) for b in range(B)]
             for c in copies:
                 c.start()
             for c in copies:
                 c.wait()
-            scale = jnp.asarray(H ** 0.5, erows.dtype)
-            k_.act["x"][...] = (erows[...] * scale).astype(jnp.float32)
+            scale = float(np.asarray(H ** 0.5, erows.dtype))  # the scale rounded as the reference does
+            k_.act["x"][...] = jnp.zeros(k_.act["x"].shape, jnp.float32)
+            row = jax.lax.broadcasted_iota(jnp.int32, (attention.BLOCK, H), 0)
+            for b in range(B):
+                e = jnp.sum(jnp.where(row == toks[b] % attention.BLOCK, erows[b].astype(jnp.float32), 0.0),
+                            axis=0, keepdims=True)
+                k_.act["x"][b:b + 1, :] = (e * scale).astype(erows.dtype).astype(jnp.float32)
         elif op.name in ("input_norm", "final_norm"):
             w = k_.vec("final_norm", H) if op.name == "final_norm" else vec("input_norm")
             k_.act[op.dst][...] = attention.rms(k_.act[op.src][...], eps, w, norms_on)
@@ -186,12 +203,19 @@ def _body(plan: StepPlan, names: list[str], cache_names: list[str], *refs):
             k_.act["x"][...] = x
         elif op.name == "softcap":
             if HEAD in ko:
-                logits_out[...] = jnp.zeros(logits_out.shape, jnp.float32)
+                lg = jnp.zeros((plan.rows, cfg.vocab_size), jnp.float32)
             else:
                 lg = k_.act["logits"][...]
                 if cfg.final_softcap:
                     lg = cfg.final_softcap * jnp.tanh(lg / cfg.final_softcap)
-                logits_out[...] = lg[:B]
+            # one [1, V] buffer per user (a DMA may not cut a sublane tile), then into the HBM output
+            outs = []
+            for b in range(B):
+                logits_stage[b] = lg[b:b + 1]
+                outs.append(pltpu.make_async_copy(logits_stage.at[b], logits_out.at[pl.ds(b, 1), :], io_sem.at[4]))
+                outs[-1].start()
+            for c in outs:
+                c.wait()
         else:
             raise AssertionError(f"no emitter for op {op.name!r}")
 
@@ -237,19 +261,23 @@ def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limi
         kv, hd, T = cfg.kv_heads(t), cfg.head_dim(t), plan.kv_tile(t)
         scratch += [pltpu.VMEM((2, kv, T, hd), kv_dtype), pltpu.VMEM((2, kv, T, hd), kv_dtype),
                     pltpu.SemaphoreType.DMA((2, 2)),
-                    pltpu.VMEM((B, kv, 1, hd), kv_dtype), pltpu.VMEM((B, kv, 1, hd), kv_dtype),
+                    pltpu.VMEM((B, kv, attention.BLOCK, hd), kv_dtype),
+                    pltpu.VMEM((B, kv, attention.BLOCK, hd), kv_dtype),
                     pltpu.SemaphoreType.DMA((2, B))]
     hd = max(cfg.sliding_head_dim, cfg.full_head_dim)
     rep = max(cfg.num_heads // cfg.kv_heads(t) for t in set(cfg.layer_types))
     kvmax = max(cfg.kv_heads(t) for t in set(cfg.layer_types))
     ep = round_up(max(cfg.num_experts, 1), LANE)
     scratch += [pltpu.VMEM((kvmax, round_up(rep, ROWS), hd), jnp.float32),
-                pltpu.VMEM((rows, cfg.hidden_size), weight_dtype), pltpu.SemaphoreType.DMA((1,)),
+                pltpu.VMEM((B, attention.BLOCK, cfg.hidden_size), weight_dtype), pltpu.SemaphoreType.DMA((1,)),
                 pltpu.VMEM((rows, ep), jnp.float32), pltpu.VMEM((rows, LANE), jnp.int32),
-                pltpu.SMEM((rows, LANE), jnp.int32), pltpu.SemaphoreType.DMA((1,))]
-    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
-    anyspace = pl.BlockSpec(memory_space=pl.ANY)
+                pltpu.SMEM((rows, LANE), jnp.int32), pltpu.SemaphoreType.DMA((1,)),
+                pltpu.SMEM((B,), jnp.int32), pltpu.SMEM((1,), jnp.int32),
+                pltpu.VMEM(packed_shapes(cfg, weight_dtype)["vectors"].shape, jnp.float32),
+                pltpu.VMEM(packed_shapes(cfg, weight_dtype)["inv_freq"].shape, jnp.float32),
+                pltpu.VMEM((B, 1, cfg.vocab_size), jnp.float32), pltpu.SemaphoreType.DMA((5,))]
+    # HBM, not ANY: with ANY, XLA may place small operands in VMEM and copy them around the kernel
+    hbm_spec = pl.BlockSpec(memory_space=pltpu.HBM)
     n_in = 4 + len(names) + len(cache_names)
     kernel = partial(_body, plan, names, cache_names)
 
@@ -261,8 +289,8 @@ def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limi
         outs = pl.pallas_call(
             kernel,
             out_shape=out_shape,
-            in_specs=[smem, smem, vmem, vmem] + [anyspace] * (len(names) + len(cache_names)),
-            out_specs=[vmem] + [anyspace] * len(cache_names),
+            in_specs=[hbm_spec] * n_in,
+            out_specs=[hbm_spec] * (1 + len(cache_names)),
             scratch_shapes=scratch,
             input_output_aliases={4 + len(names) + n: 1 + n for n in range(len(cache_names))},
             compiler_params=pltpu.CompilerParams(vmem_limit_bytes=vmem_limit_bytes, has_side_effects=False),
@@ -323,3 +351,41 @@ class MegakernelEngine:
 
 def make_step(cfg: Gemma4Config, tiles: Tiles = Tiles(), detect_races: bool = False) -> MegakernelEngine:
     return MegakernelEngine(cfg, tiles, detect_races)
+
+
+# Ahead-of-time compilation for a TPU -----------------------------------------------------------------
+def packed_shapes(cfg: Gemma4Config, weight_dtype) -> dict:
+    """``jax.ShapeDtypeStruct``s of ``pack``'s output, without any weights."""
+    out = {s.path: jax.ShapeDtypeStruct(padded_shape(cfg, s.path, s.shape), weight_dtype)
+           for s in param_specs(cfg) if len(s.shape) >= 2}
+    n, width = vector_table_shape(cfg)
+    out["vectors"] = jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32)
+    out["inv_freq"] = jax.ShapeDtypeStruct((ROWS, max(cfg.sliding_head_dim, cfg.full_head_dim)), jnp.float32)
+    return out
+
+
+def compile_for_tpu(cfg: Gemma4Config, chip: str, batch: int, max_len: int, weight_dtype=jnp.bfloat16,
+                    kv_dtype=jnp.bfloat16, tiles: Tiles = Tiles(), knockout=frozenset(),
+                    compiler_options: dict | None = None):
+    """Compile one decode step for ``chip`` ahead of time with libtpu's Mosaic compiler (see mk.tpu).
+
+    The plan's VMEM budget is checked against the chip first and given to the compiler as its VMEM
+    limit. Returns (plan, compiled)."""
+    from ..chips import get_chip
+    from ..reference import cache_len
+    from ..tpu import aot_compile
+    plan = build_plan(cfg, batch, max_len, weight_itemsize=jnp.dtype(weight_dtype).itemsize,
+                      kv_itemsize=jnp.dtype(kv_dtype).itemsize, tiles=tiles, knockout=check_knockout(knockout))
+    vmem = get_chip(chip).vmem_bytes
+    need = plan.check_vmem(chip)
+    limit = int(min(vmem, need + need // 4 + 8 * 2 ** 20))  # headroom for Mosaic's own scratch
+    fn = build_call(plan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes=limit)
+    cache = {}
+    for i, t in enumerate(cfg.layer_types):
+        shape = (batch, cfg.kv_heads(t), cache_len(cfg, t, max_len), cfg.head_dim(t))
+        for n in ("k", "v"):
+            cache[f"layers.{i}.{n}"] = jax.ShapeDtypeStruct(shape, kv_dtype)
+    compiled = aot_compile(fn, chip, packed_shapes(cfg, weight_dtype), cache,
+                           jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32),
+                           donate_argnums=(1,), compiler_options=compiler_options)
+    return plan, compiled
