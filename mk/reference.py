@@ -199,7 +199,7 @@ def _ffn(p, cfg: Gemma4Config, x, ko, dense_experts: bool):
     return rms_norm(mlp, p["post_ffn_norm_1"], cfg.rms_eps, on) + rms_norm(moe, p["post_ffn_norm_2"], cfg.rms_eps, on)
 
 
-def _layer(p, cfg: Gemma4Config, i: int, x, attn_out, ko, dense_experts: bool):
+def _layer(p, cfg: Gemma4Config, x, attn_out, ko, dense_experts: bool):
     """Residual wiring of one layer given its attention output (o-projected, None when knocked out)."""
     on = NORMS not in ko
     if attn_out is not None:
@@ -249,7 +249,7 @@ def _prefill(params, cfg: Gemma4Config, tokens, cache):
         for name, val in (("k", k), ("v", v)):
             c = cache[f"layers.{i}.{name}"]
             cache[f"layers.{i}.{name}"] = c.at[:, :, slots].set(val[:, :, keep].astype(c.dtype))
-        x = _layer(p, cfg, i, x, attn, ko, dense_experts=True)
+        x = _layer(p, cfg, x, attn, ko, dense_experts=True)
     return _head(params, cfg, x[:, -1], ko), cache
 
 
@@ -295,7 +295,7 @@ def _decode_step(params, cfg: Gemma4Config, cache, tokens, pos, knockout: frozen
             S = cache[f"layers.{i}.k"].shape[2]
             mask = jnp.arange(S) <= pos
             attn = _attend(q, cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], mask) @ p["o"]
-        x = _layer(p, cfg, i, x, attn, ko, dense_experts=False)
+        x = _layer(p, cfg, x, attn, ko, dense_experts=False)
     return _head(params, cfg, x[:, 0], ko), cache
 
 

@@ -208,10 +208,10 @@ def _text_prefix(names) -> str:
     return TEXT_PREFIXES[-1]
 
 
-def _plan_load(cfg: Gemma4Config, ckpt: _Checkpoint) -> tuple[dict[str, tuple[str, str]], str]:
+def _plan_load(cfg: Gemma4Config, ckpt: _Checkpoint) -> dict[str, tuple[str, str]]:
     """Resolve each mk path to a checkpoint name and check presence, shape and dtype of all of them.
 
-    Returns ``{mk_path: (checkpoint_name, kind)}`` and the prefix, or raises one error listing every problem.
+    Returns ``{mk_path: (checkpoint_name, kind)}``, or raises one error listing every problem.
     """
     prefix = _text_prefix(ckpt.info)
     plan, problems, used = {}, [], set()
@@ -237,7 +237,7 @@ def _plan_load(cfg: Gemma4Config, ckpt: _Checkpoint) -> tuple[dict[str, tuple[st
     if problems:
         raise ValueError(f"checkpoint does not match config {cfg.name!r} ({len(problems)} problem(s)):\n  "
                          + "\n  ".join(problems))
-    return plan, prefix
+    return plan
 
 
 def _hub_snapshot(repo_id: str) -> Path:
@@ -285,7 +285,7 @@ def load_checkpoint(path_or_repo_id, cfg: Gemma4Config | None = None, dtype=None
                 if k != "name" and getattr(file_cfg, k) != v}
         raise ValueError(f"config {cfg.name!r} differs from {cfg_file} in {{field: (given, file)}} {diff}")
     ckpt = _Checkpoint(_safetensors_files(folder))
-    plan, _ = _plan_load(cfg, ckpt)
+    plan = _plan_load(cfg, ckpt)
     params, cache = {}, {}
     for path, (name, kind) in tqdm(plan.items(), desc=f"loading {folder.name}", leave=False):
         # gate_up_proj feeds two mk tensors: keep it until its second half is taken.

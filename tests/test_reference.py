@@ -13,8 +13,7 @@ from mk import generate as gen
 from mk.__main__ import main
 from mk.config import TINY_DENSE, TINY_MOE
 from mk.params import KNOCKOUTS, layer_params
-from mk.reference import (_decode_step, decode_step, experts_dense, experts_gathered, init_cache, prefill,
-                          route)
+from mk.reference import decode_step, experts_dense, experts_gathered, init_cache, prefill, route
 from mk.weights import random_params
 
 # Decode and prefill compute the same f32 sums in a different order (one position against a
@@ -86,13 +85,23 @@ def test_knockouts(moe_params):
 
 
 def test_one_program_per_step(moe_params):
-    """Every position reuses one compiled program (pos is traced, not static)."""
+    """Every position reuses the one compiled program of the first step (pos is traced, not static)."""
     cfg = TINY_MOE
     cache = init_cache(cfg, B, 8)
-    before = _decode_step._cache_size()
-    for pos in range(4):
-        _, cache = decode_step(moe_params, cfg, cache, np.array([pos + 1] * B), pos)
-    assert _decode_step._cache_size() == before + 1
+    _, cache = decode_step(moe_params, cfg, cache, np.array([1] * B), 0)
+    compiles = []
+
+    def listener(name, secs, **kw):
+        if name == "/jax/core/compile/backend_compile_duration":
+            compiles.append(name)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for pos in range(1, 4):
+            _, cache = decode_step(moe_params, cfg, cache, np.array([pos + 1] * B), pos)
+        jax.block_until_ready(cache)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
 
 
 def test_engine_registry(moe_params):
