@@ -21,14 +21,20 @@ from .params import check_knockout
 from .reference import check_tokens, decode_step, init_cache, prefill
 
 Step = Callable[..., tuple]
-_ENGINES: dict[str, Callable[[Gemma4Config], Step]] = {}
+_ENGINES: dict[str, tuple[Callable[[Gemma4Config], Step], int]] = {}
 # Modules that register engines when imported (the megakernel lives outside this module on purpose).
 ENGINE_MODULES = ("mk.megakernel",)
 
 
-def register_engine(name: str, make_step: Callable[[Gemma4Config], Step]) -> None:
-    """Make ``name`` usable as ``generate(engine=name)`` and ``python -m mk generate --engine name``."""
-    _ENGINES[name] = make_step
+def register_engine(name: str, make_step: Callable[[Gemma4Config], Step], cache_multiple: int = 1) -> None:
+    """Make ``name`` usable as ``generate(engine=name)`` and ``python -m mk generate --engine name``.
+
+    ``cache_multiple``: the engine reads full-layer caches in blocks of this many positions, so generate
+    rounds the cache length up to a multiple of it (the extra slots are masked: results do not change).
+    """
+    if not isinstance(cache_multiple, int) or cache_multiple <= 0:
+        raise ValueError(f"cache_multiple must be a positive integer, got {cache_multiple!r}")
+    _ENGINES[name] = (make_step, cache_multiple)
 
 
 def engine_names() -> tuple[str, ...]:
@@ -50,7 +56,7 @@ def check_engine(engine: str) -> str:
 
 
 def get_step(engine: str, cfg: Gemma4Config) -> Step:
-    return _ENGINES[check_engine(engine)](cfg)
+    return _ENGINES[check_engine(engine)][0](cfg)
 
 
 register_engine("reference", lambda cfg: decode_step)
@@ -63,7 +69,8 @@ def generate(params: dict, cfg: Gemma4Config, prompt, new_tokens: int, engine: s
 
     Returns the new token ids ``np.ndarray [B, new_tokens]`` int32, and with ``return_logits`` also the
     logits that chose them, ``[B, new_tokens, V]`` float32. The cache holds ``max_len`` positions
-    (default: prompt plus new tokens). ``knockout`` applies to the decode steps only.
+    (default: prompt plus new tokens), rounded up to the engine's ``cache_multiple``. ``knockout``
+    applies to the decode steps only.
     """
     ko = check_knockout(knockout)
     prompt = check_tokens(cfg, prompt)
@@ -78,7 +85,8 @@ def generate(params: dict, cfg: Gemma4Config, prompt, new_tokens: int, engine: s
         raise ValueError(f"a prompt of {T} plus {new_tokens} new tokens needs {need} cache positions, "
                          f"the cache holds {max_len}")
     step = get_step(engine, cfg)
-    cache = init_cache(cfg, B, max_len, cache_dtype)
+    multiple = _ENGINES[engine][1]
+    cache = init_cache(cfg, B, -(-max_len // multiple) * multiple, cache_dtype)
     logits, cache = prefill(params, cfg, prompt, cache)
     tokens, all_logits = [], []
     for n in tqdm(range(new_tokens), desc=f"generate ({engine})", disable=not progress):

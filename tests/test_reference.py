@@ -113,16 +113,24 @@ def test_engine_registry(moe_params):
             return decode_step(params, cfg, cache, tokens, pos, knockout)
         return step
 
+    def make_blocked_step(cfg):
+        def step(params, cfg, cache, tokens, pos, knockout=frozenset()):
+            assert cache["layers.2.k"].shape[2] == 16  # 6 positions needed, rounded up to the block
+            return decode_step(params, cfg, cache, tokens, pos, knockout)
+        return step
+
     gen.register_engine("counting", make_step)
+    gen.register_engine("blocked", make_blocked_step, cache_multiple=16)
     try:
         prompt = np.array([[1, 2, 3], [4, 5, 6]])
         want = gen.generate(moe_params, TINY_MOE, prompt, 4)
         got = gen.generate(moe_params, TINY_MOE, prompt, 4, engine="counting")
         np.testing.assert_array_equal(got, want)
         assert calls == [3, 4, 5]  # prefill gives the first token; the engine decodes the rest
+        np.testing.assert_array_equal(gen.generate(moe_params, TINY_MOE, prompt, 4, engine="blocked"), want)
         assert "counting" in gen.engine_names() and "reference" in gen.engine_names()
     finally:
-        del gen._ENGINES["counting"]
+        del gen._ENGINES["counting"], gen._ENGINES["blocked"]
     with pytest.raises(ValueError, match="registered engines: reference"):
         gen.generate(moe_params, TINY_MOE, prompt, 5, engine="nope")
 
