@@ -30,6 +30,7 @@ LANE = 128
 ROWS = 8  # users pad to one f32 sublane tile
 BLOCK = 16  # rows a DMA moves at a dynamic offset: one bf16 sublane tile (embedding rows, new K/V)
 MIB = 2 ** 20
+LOGITS_CHUNK = 16_384
 
 
 def round_up(n: int, m: int) -> int:
@@ -38,9 +39,12 @@ def round_up(n: int, m: int) -> int:
 
 @dataclass(frozen=True)
 class Tiles:
-    """Tile sizes: the largest weight tile (bytes), KV positions per tile, and slots per buffer."""
+    """Tile sizes: the largest weight tile and head tile (bytes), KV positions per tile, and slots per
+    buffer. Bigger tiles mean fewer DMAs and less kernel code (compile time); the VMEM budget bounds them.
+    The head gets its own size: it is one long run of identical tiles (262,144 vocabulary rows)."""
 
-    weight_tile_bytes: int = 2 * MIB
+    weight_tile_bytes: int = 4 * MIB + 512 * 1024  # one whole 26B-A4B expert matrix (2816 x 768 bf16)
+    head_tile_bytes: int = 8 * MIB
     kv_tile: int = 512
     slots: int = 2
 
@@ -169,6 +173,11 @@ class StepPlan:
         return round_up(self.batch, ROWS)
 
     @property
+    def logits_chunk(self) -> int:
+        """Vocabulary entries per DMA of the logits out of VMEM."""
+        return min(self.cfg.vocab_size, LOGITS_CHUNK)
+
+    @property
     def ops(self) -> list[Op]:
         return [i for i in self.items if isinstance(i, Op)]
 
@@ -216,7 +225,7 @@ class StepPlan:
             "activations": sum(a * b * 4 for a, b in self.activations.values()),
             "norm and scale vectors": round_up(vec_rows, ROWS) * vec_width * 4,
             "embedding rows": self.batch * BLOCK * cfg.hidden_size * self.weight_itemsize,
-            "logits staging": self.batch * ROWS * cfg.vocab_size * 4,
+            "logits staging": 2 * self.batch * ROWS * self.logits_chunk * 4,
         }
 
     @property
@@ -290,9 +299,12 @@ class _Builder:
         self.acts[name] = (round_up(self.batch, ROWS), max(self.acts.get(name, (0, 0))[1], width))
         return name
 
-    def load(self, tensor, layer, component, buffer, rows, cols, expert=None, slot_shape=None) -> int:
+    def load(self, tensor, layer, component, rows, cols, expert=None, slot_shape=None) -> int:
         shape = (rows[1], cols[1])
         slot_shape = slot_shape or shape
+        # tiles of one shape share a buffer (q, k, v, gate, up, expert gate/up are all [H, w]):
+        # fewer buffers, less VMEM, and still the next tile of each shape in flight
+        buffer = f"{slot_shape[0]}x{slot_shape[1]}"
         b = self.buffers.get(buffer)
         if b is None:
             self.buffers[buffer] = Buffer(buffer, slot_shape, self.wb, self.tiles.slots)
@@ -309,25 +321,25 @@ class _Builder:
         self.ops.append((Op(name, layer, component, **kw), None))
 
     # matmul helpers -----------------------------------------------------------------------------
-    def proj_cols(self, tensor, layer, component, buffer, src, dst, expert=None, dst_base=0):
+    def proj_cols(self, tensor, layer, component, src, dst, expert=None, dst_base=0):
         """dst[:, c] = src @ W[:, c], W [K, N] streamed in column tiles."""
         k, n = self.shapes[tensor][-2:]
         spans = _spans(n, k, self.wb, self.tiles.weight_tile_bytes)
         for c, tn in spans:
-            lid = self.load(tensor, layer, component, buffer, (0, k), (c, tn), expert, (k, spans[0][1]))
+            lid = self.load(tensor, layer, component, (0, k), (c, tn), expert, (k, spans[0][1]))
             self.op("matmul", layer, component, flops=2 * self.batch * k * tn, load=lid, src=src, dst=dst,
                     mode="cols", dst_off=dst_base + c, n=tn, expert=expert)
 
-    def proj_rows(self, tensor, layer, component, buffer, src, dst, expert=None, accumulate=False):
+    def proj_rows(self, tensor, layer, component, src, dst, expert=None, accumulate=False):
         """dst (+)= src @ W, W [K, N] streamed in row tiles."""
         k, n = self.shapes[tensor][-2:]
         spans = _spans(k, n, self.wb, self.tiles.weight_tile_bytes)
         for r, tk in spans:
-            lid = self.load(tensor, layer, component, buffer, (r, tk), (0, n), expert, (spans[0][1], n))
+            lid = self.load(tensor, layer, component, (r, tk), (0, n), expert, (spans[0][1], n))
             self.op("matmul", layer, component, flops=2 * self.batch * tk * n, load=lid, src=src, dst=dst,
                     mode="rows", src_off=r, n=tk, accumulate=accumulate or r > 0, expert=expert)
 
-    def mlp(self, prefix, layer, component, src, dst, names, buffers, expert=None):
+    def mlp(self, prefix, layer, component, src, dst, names, expert=None):
         """A GeGLU MLP chunked over its (padded) intermediate: per chunk gate, up, act, down."""
         g, u, d = (prefix + n for n in names)
         h, inter = self.shapes[g][-2:]
@@ -335,12 +347,12 @@ class _Builder:
         w = spans[0][1]
         gate, up = self.act("gate", w), self.act("up", w)
         for c, tc in spans:
-            for tensor, buf, act_dst in ((g, buffers[0], gate), (u, buffers[1], up)):
-                lid = self.load(tensor, layer, component, buf, (0, h), (c, tc), expert, (h, w))
+            for tensor, act_dst in ((g, gate), (u, up)):
+                lid = self.load(tensor, layer, component, (0, h), (c, tc), expert, (h, w))
                 self.op("matmul", layer, component, flops=2 * self.batch * h * tc, load=lid, src=src,
                         dst=act_dst, mode="cols", dst_off=0, n=tc, expert=expert)
             self.op("gelu_mul", layer, component, flops=10 * self.batch * tc, src=gate, dst=up, n=tc, expert=expert)
-            lid = self.load(d, layer, component, buffers[2], (c, tc), (0, h), expert, (w, h))
+            lid = self.load(d, layer, component, (c, tc), (0, h), expert, (w, h))
             self.op("matmul", layer, component, flops=2 * self.batch * tc * h, load=lid, src=up, dst=dst,
                     mode="rows", src_off=0, n=tc, accumulate=c > 0, expert=expert)
 
@@ -355,9 +367,9 @@ class _Builder:
             self.layer(i, t)
         self.op("final_norm", -1, NORMS, src="x", dst="xn")
         if HEAD not in self.ko:
-            spans = _spans(cfg.vocab_size, H, self.wb, self.tiles.weight_tile_bytes)
+            spans = _spans(cfg.vocab_size, H, self.wb, self.tiles.head_tile_bytes)
             for r, tv in spans:
-                lid = self.load("embed", -1, HEAD, "head", (r, tv), (0, H), None, (spans[0][1], H))
+                lid = self.load("embed", -1, HEAD, (r, tv), (0, H), None, (spans[0][1], H))
                 self.op("matmul", -1, HEAD, flops=2 * B * tv * H, load=lid, src="xn", dst="logits", mode="head",
                         dst_off=r, n=tv)
         self.op("softcap", -1, HEAD, flops=3 * B * cfg.vocab_size)
@@ -372,16 +384,16 @@ class _Builder:
                 self.act("k", kv * hd), self.act("v", kv * hd)
             self.act("k", max(cfg.sliding_kv_heads * cfg.sliding_head_dim, cfg.full_kv_heads * cfg.full_head_dim))
             self.act("v", self.acts["k"][1])
-            self.proj_cols(p + "q", i, att, f"q.{t}", "xn", q)
-            self.proj_cols(p + "k", i, att, f"k.{t}", "xn", k)
+            self.proj_cols(p + "q", i, att, "xn", q)
+            self.proj_cols(p + "k", i, att, "xn", k)
             if cfg.has_v_proj(t):
-                self.proj_cols(p + "v", i, att, f"v.{t}", "xn", v)
+                self.proj_cols(p + "v", i, att, "xn", v)
             self.op("qkv_norm_rope", i, att, flops=12 * B * (nh + 2 * kv) * hd)
             positions = cfg.cache_positions(t, self.context)
             self.op("attention", i, att, flops=4 * B * nh * hd * positions,
                     kv_bytes=2 * B * kv * hd * (positions - 1) * self.kvb)
             self.act("attn", nh * max(cfg.sliding_head_dim, cfg.full_head_dim))
-            self.proj_rows(p + "o", i, att, f"o.{t}", "attn", "attn_out")
+            self.proj_rows(p + "o", i, att, "attn", "attn_out")
         self.op("post_attention", i, NORMS, flops=8 * B * H)
         if cfg.is_moe:
             # with the router knocked out, "route" only sets the fixed experts 0..k-1
@@ -389,18 +401,16 @@ class _Builder:
             self.act("router", E)
             self.act("moe", H)
             if ROUTER not in self.ko:
-                self.proj_cols(p + "router_proj", i, ROUTER, "router", "rin", "router")
+                self.proj_cols(p + "router_proj", i, ROUTER, "rin", "router")
             self.op("route", i, ROUTER, flops=0 if ROUTER in self.ko else (4 + 2 * cfg.top_k) * B * E)
             self.route_op[i] = len(self.ops) - 1
         if SHARED_MLP not in self.ko:
-            self.mlp(p, i, SHARED_MLP, "xn", "ffn", ("mlp_gate", "mlp_up", "mlp_down"),
-                     ("mlp_gate", "mlp_up", "mlp_down"))
+            self.mlp(p, i, SHARED_MLP, "xn", "ffn", ("mlp_gate", "mlp_up", "mlp_down"))
         if cfg.is_moe and EXPERTS not in self.ko:
             self.act("eo", H)
             for j in range(B * cfg.top_k):
                 first = len(self.ops)
-                self.mlp(p, i, EXPERTS, "x2", "eo", ("expert_gate", "expert_up", "expert_down"),
-                         ("expert_gate", "expert_up", "expert_down"), expert=j)
+                self.mlp(p, i, EXPERTS, "x2", "eo", ("expert_gate", "expert_up", "expert_down"), expert=j)
                 self.op("expert_combine", i, EXPERTS, flops=2 * B * H, expert=j)
                 for n in range(first, len(self.ops)):
                     self.ops[n] = (self.ops[n][0], self.route_op[i])
@@ -488,5 +498,18 @@ def build_plan(cfg: Gemma4Config, batch: int, max_len: int, context: int | None 
                     tuple(b.loads), tuple(items), dict(b.acts))
 
 
-__all__ = ["Tiles", "Buffer", "Load", "Start", "Wait", "Op", "StepPlan", "build_plan", "padded_shape",
+__all__ = ["Tiles", "Buffer", "Load", "Start", "Wait", "Op", "StepPlan", "build_plan", "padded_shape", "layers_in_hbm",
            "vector_rows", "vector_table_shape", "round_up", "FULL", "SLIDING_ATTENTION", "FULL_ATTENTION"]
+
+
+def layers_in_hbm(cfg: Gemma4Config, hbm_bytes: float, batch: int, max_len: int, itemsize: int = 2) -> int:
+    """How many of ``cfg``'s first layers (every expert included), with the embedding/head and their
+    KV caches, fit in ``hbm_bytes`` (one chip's HBM)."""
+    from .params import layer_param_specs
+    used = cfg.vocab_size * cfg.hidden_size * itemsize
+    for i, t in enumerate(cfg.layer_types):
+        kv = 2 * batch * cfg.kv_heads(t) * (cfg.sliding_window if t == SLIDING else max_len) * cfg.head_dim(t)
+        used += (sum(s.size for s in layer_param_specs(cfg, i)) + kv) * itemsize
+        if used > hbm_bytes:
+            return i
+    return cfg.num_layers

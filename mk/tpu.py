@@ -69,3 +69,29 @@ def aot_compile(fn, chip: str, *shapes, donate_argnums=(), compiler_options: dic
     specs = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
     mapped = jax.shard_map(fn, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
     return jax.jit(mapped, donate_argnums=donate_argnums).lower(*specs).compile(compiler_options)
+
+
+def probe_vmem(chip: str, nbytes: int = 200 * 2 ** 20) -> int | None:
+    """VMEM per core of ``chip`` as libtpu's compiler states it when refusing a kernel with an
+    ``nbytes`` scratch buffer (``None`` if that compiled: the VMEM is larger)."""
+    import re
+
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, o_ref, buf):
+        buf[0:8, :] = x_ref[...]
+        o_ref[...] = buf[0:8, :]
+
+    def f(x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                              scratch_shapes=[pltpu.VMEM((nbytes // 512, 128), jnp.float32)],
+                              compiler_params=pltpu.CompilerParams(vmem_limit_bytes=nbytes + 2 ** 20))(x)
+    try:
+        aot_compile(f, chip, jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    except Exception as e:  # libtpu reports the refusal as a runtime error with the sizes in it
+        m = re.search(r"would exceed memory \(size=(\d+)\)", str(e))
+        if m is None:
+            raise
+        return int(m.group(1))
+    return None

@@ -208,14 +208,24 @@ def _body(plan: StepPlan, names: list[str], cache_names: list[str], *refs):
                 lg = k_.act["logits"][...]
                 if cfg.final_softcap:
                     lg = cfg.final_softcap * jnp.tanh(lg / cfg.final_softcap)
-            # one [1, V] buffer per user (a DMA may not cut a sublane tile), then into the HBM output
-            outs = []
-            for b in range(B):
-                logits_stage[b] = lg[b:b + 1]
-                outs.append(pltpu.make_async_copy(logits_stage.at[b], logits_out.at[pl.ds(b, 1), :], io_sem.at[4]))
-                outs[-1].start()
-            for c in outs:
-                c.wait()
+            # Out to HBM in chunks through a double-buffered [1, chunk] stage per user (a DMA may not
+            # cut a sublane tile, so each user's row is its own buffer).
+            C = plan.logits_chunk
+            pending = {}
+            for n, c0 in enumerate(range(0, cfg.vocab_size, C)):
+                s = n % 2
+                for c in pending.pop(s, ()):
+                    c.wait()
+                outs = []
+                for b in range(B):
+                    logits_stage[s, b] = lg[b:b + 1, c0:c0 + C]
+                    outs.append(pltpu.make_async_copy(logits_stage.at[s, b], logits_out.at[pl.ds(b, 1), pl.ds(c0, C)],
+                                                      io_sem.at[4 + s]))
+                    outs[-1].start()
+                pending[s] = outs
+            for outs in pending.values():
+                for c in outs:
+                    c.wait()
         else:
             raise AssertionError(f"no emitter for op {op.name!r}")
 
@@ -275,7 +285,7 @@ def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limi
                 pltpu.SMEM((B,), jnp.int32), pltpu.SMEM((1,), jnp.int32),
                 pltpu.VMEM(packed_shapes(cfg, weight_dtype)["vectors"].shape, jnp.float32),
                 pltpu.VMEM(packed_shapes(cfg, weight_dtype)["inv_freq"].shape, jnp.float32),
-                pltpu.VMEM((B, 1, cfg.vocab_size), jnp.float32), pltpu.SemaphoreType.DMA((5,))]
+                pltpu.VMEM((2, B, 1, plan.logits_chunk), jnp.float32), pltpu.SemaphoreType.DMA((6,))]
     # HBM, not ANY: with ANY, XLA may place small operands in VMEM and copy them around the kernel
     hbm_spec = pl.BlockSpec(memory_space=pltpu.HBM)
     n_in = 4 + len(names) + len(cache_names)
