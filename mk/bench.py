@@ -15,6 +15,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -120,3 +121,52 @@ class BenchResult:
             f"  bandwidth         {r['bandwidth_GBps']:10.2f} GB/s  (measured, {self.bandwidth.best_probe})",
             f"  speed of light    {r['sol_tokens_per_s']:10.1f} tok/s  -> {r['sol_fraction']:.1%} reached",
         ])
+
+
+def decode_call(step, params: dict, cfg: Gemma4Config, context: int, batch: int, dtype: str,
+                knockout=frozenset()) -> Callable[[], jax.Array]:
+    """A no-argument call that runs one decode step of ``batch`` users at position ``context - 1``
+    of a zero cache of ``context`` positions, threading the (donated) cache from call to call."""
+    from .reference import init_cache
+    tokens = jnp.zeros((batch,), jnp.int32)
+    pos = jnp.asarray(context - 1, jnp.int32)
+    state = {"cache": init_cache(cfg, batch, context, DTYPES[dtype])}
+
+    def call():
+        logits, state["cache"] = step(params, cfg, state["cache"], tokens, pos, knockout)
+        return logits
+
+    call.args = lambda: (params, state["cache"], tokens, pos)  # for compiling the same step
+    return call
+
+
+def step_program(step, cfg: Gemma4Config, knockout=frozenset()):
+    """The decode step as one jitted program with the cache donated, as an engine runs it."""
+    return jax.jit(lambda p, c, t, i: step(p, cfg, c, t, i, knockout), donate_argnums=(1,))
+
+
+def run_bench(cfg: Gemma4Config, context: int, batch: int = 1, steps: int = 10, dtype: str = "f32",
+              engine: str = "reference", params: dict | None = None, weights: str | None = None,
+              bandwidth: profiling.Bandwidth | None = None, warmup: int = 2, seed: int = 0) -> BenchResult:
+    """Benchmark ``engine``'s decode step for ``cfg`` at ``context`` positions and ``batch`` users.
+
+    ``params`` default to random weights (seeded: timing does not depend on the values);
+    ``bandwidth`` to a fresh probe of this device. ``steps`` timed steps follow ``warmup`` untimed ones.
+    """
+    from .generate import get_step
+    from .weights import random_params
+    for name, v in (("context", context), ("batch", batch), ("steps", steps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    step = get_step(engine, cfg)
+    if params is None:
+        params, weights = random_params(cfg, seed, DTYPES[dtype]), f"random (seed {seed})"
+    call = decode_call(step, params, cfg, context, batch, dtype)
+    timing = profiling.time_call(call, warmup=warmup, runs=steps)
+    kernels = profiling.compiled_kernels(step_program(step, cfg), *call.args())
+    bandwidth = bandwidth or profiling.measure_bandwidth()
+    return BenchResult(cfg, engine, dtype, context, batch, timing, kernels,
+                       bytes_per_token(cfg, context, batch, dtype).total, bandwidth, weights or "given",
+                       provenance())

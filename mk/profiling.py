@@ -361,22 +361,25 @@ class Bandwidth:
                 "kind": "measured (best of runs of each probe)"}
 
 
-def measure_bandwidth(nbytes: int = DEFAULT_PROBE_BYTES, runs: int = 5, device=None) -> Bandwidth:
+def measure_bandwidth(nbytes: int = DEFAULT_PROBE_BYTES, runs: int = 5, device=None,
+                      dtype=jnp.float32) -> Bandwidth:
     """Measure how fast this device reads memory, in bytes/s.
 
-    Two read-only kernels over an f32 array of ``nbytes``: a full sum (XLA's reduction) and a
+    Two read-only kernels over an array of ``nbytes`` (f32 by default): a full sum (XLA's reduction) and a
     matrix-vector product (the library GEMV a decode step's weight reads use). Each probe's best
     run counts, and the better probe is the device's measured limit: taking the best keeps the
     fraction of the speed of light computed against it honest (never flattered by a slow probe).
+    Another ``dtype`` measures how fast the device streams that type through the same kernels
+    (XLA:CPU's BF16 GEMV is far slower than its F32 one: the way to choose a CPU data type).
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 2**20:
         raise ValueError(f"nbytes must be an integer of at least 1 MiB (use hundreds of MiB so the array "
                          f"does not fit in a cache), got {nbytes!r}")
     device = device or jax.devices()[0]
     cols = 4096
-    rows = max(1, nbytes // (4 * cols))
-    x = jax.device_put(jnp.ones((rows, cols), jnp.float32), device)
-    v = jax.device_put(jnp.ones((cols,), jnp.float32), device)
+    rows = max(1, nbytes // (jnp.dtype(dtype).itemsize * cols))
+    x = jax.device_put(jnp.ones((rows, cols), dtype), device)
+    v = jax.device_put(jnp.ones((cols,), dtype), device)
     probes = {"reduce_sum": (jax.jit(jnp.sum), (x,)), "matvec": (jax.jit(jnp.matmul), (x, v))}
     by_probe = {}
     for name, (f, args) in probes.items():

@@ -1,0 +1,92 @@
+import csv
+import json
+
+import pytest
+
+from mk import bench
+from mk.__main__ import main
+from mk.config import get_config
+from mk.profiling import Bandwidth
+
+
+def _row(**over):
+    row = {c: "x" for c in bench.COLUMNS}
+    row.update(over)
+    return row
+
+
+def test_append_row_writes_header_then_appends(tmp_path):
+    path = tmp_path / "m" / "bench.csv"
+    bench.append_row(_row(model="a"), path)
+    bench.append_row(_row(model="b"), path)
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["model"] for r in rows] == ["a", "b"]
+    assert list(rows[0]) == list(bench.COLUMNS)
+    assert [p.name for p in path.parent.iterdir()] == ["bench.csv"]  # no temporary file left behind
+
+
+def test_append_row_leaves_the_old_file_whole_when_writing_fails(tmp_path, monkeypatch):
+    path = tmp_path / "bench.csv"
+    bench.append_row(_row(model="a"), path)
+    before = path.read_bytes()
+
+    def boom(self, rows):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", boom)
+    with pytest.raises(OSError, match="disk full"):
+        bench.append_row(_row(model="b"), path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.csv"]
+
+
+def test_append_row_checks_columns(tmp_path):
+    with pytest.raises(ValueError, match="missing \\['date'\\]"):
+        bench.append_row({k: v for k, v in _row().items() if k != "date"}, tmp_path / "b.csv")
+    old = tmp_path / "old.csv"
+    old.write_text("date,model\n1,a\n")
+    with pytest.raises(ValueError, match="move the old file aside"):
+        bench.append_row(_row(), old)
+
+
+FAKE_BW = Bandwidth("cpu: test", 2**20, {"reduce_sum": 1e10, "matvec": 2e10})
+
+
+def test_run_bench_on_a_tiny_moe():
+    cfg = get_config("tiny-moe")
+    r = bench.run_bench(cfg, context=32, batch=2, steps=3, bandwidth=FAKE_BW)
+    row = r.row()
+    assert set(row) == set(bench.COLUMNS)
+    assert row["model"] == "tiny-moe" and row["batch"] == 2 and row["steps"] == 3 and row["dtype"] == "f32"
+    assert row["kernels_per_step"] > 10 and r.kernels.unknown_trip_loops == 0
+    assert row["bandwidth_GBps"] == 20.0
+    # the fraction of the speed of light is the SoL step (bytes / bandwidth) over the measured step
+    assert r.sol_fraction == pytest.approx(r.bytes_per_token / 2e10 / r.step_s)
+    assert row["tokens_per_s_total"] == pytest.approx(2 * row["tokens_per_s"], rel=1e-3)
+    assert "step" in r.text() and "speed of light" in r.text()
+
+
+def test_run_bench_rejects_bad_arguments():
+    cfg = get_config("tiny-moe")
+    with pytest.raises(ValueError, match="context must be a positive integer"):
+        bench.run_bench(cfg, context=0, bandwidth=FAKE_BW)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        bench.run_bench(cfg, context=8, dtype="fp8", bandwidth=FAKE_BW)
+
+
+def test_bench_cli_prints_json_and_appends_a_row(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench.profiling, "measure_bandwidth", lambda: FAKE_BW)
+    out = tmp_path / "bench.csv"
+    rc = main(["bench", "--preset", "tiny-dense", "--context", "16", "--batch", "1", "--steps", "2",
+               "--json", "--csv", str(out)])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["model"] == "tiny-dense" and d["csv"] == str(out) and d["engine"] == "reference"
+    with open(out, newline="") as f:
+        assert [r["model"] for r in csv.DictReader(f)] == ["tiny-dense"]
+
+
+def test_bench_cli_needs_a_model(capsys):
+    assert main(["bench", "--context", "16"]) == 2
+    assert "--preset" in capsys.readouterr().err
