@@ -129,7 +129,45 @@ def _run_generate(a) -> None:
     _print(d, a.json, "\n".join(f"user {u}: {' '.join(map(str, t))}" for u, t in enumerate(d["tokens"])))
 
 
-COMMANDS = (_add_sol, _add_lists, _add_generate)
+# bench -------------------------------------------------------------------------------------------
+def _add_bench(sub) -> None:
+    from .bench import BENCH_CSV, DTYPES
+    p = sub.add_parser("bench", help="time the compiled decode step against this device's measured speed of light")
+    p.add_argument("--preset", help="a model preset (random weights unless --checkpoint is given)")
+    p.add_argument("--checkpoint", help="a Hugging Face checkpoint folder or hub repo id (checked against --preset)")
+    p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
+    p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
+    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps (default 10)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="f32",
+                   help="weights and KV cache data type (default f32: XLA:CPU runs f32 matvecs fastest)")
+    p.add_argument("--engine", default="reference", help="a registered decode engine (default reference)")
+    p.add_argument("--csv", default=str(BENCH_CSV), help=f"CSV to append the row to (default {BENCH_CSV})")
+    p.add_argument("--no-csv", action="store_true", help="do not append a row")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(a) -> None:
+    from .bench import DTYPES, append_row, run_bench
+    from .config import get_config
+    from .generate import check_engine
+    from .weights import load_checkpoint
+    if not a.preset and not a.checkpoint:
+        raise ValueError("bench needs --preset NAME (random weights) or --checkpoint DIR")
+    check_engine(a.engine)
+    cfg = get_config(a.preset) if a.preset else None
+    params = weights = None
+    if a.checkpoint:
+        cfg, params = load_checkpoint(a.checkpoint, cfg, dtype=DTYPES[a.dtype])
+        weights = str(a.checkpoint)
+    r = run_bench(cfg, a.context, a.batch, a.steps, a.dtype, a.engine, params=params, weights=weights)
+    row = r.row()
+    if not a.no_csv:
+        row["csv"] = str(append_row(row, a.csv))
+    _print(row, a.json, r.text() + (f"\n  appended to {row['csv']}" if "csv" in row else ""))
+
+
+COMMANDS = (_add_sol, _add_lists, _add_generate, _add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
