@@ -182,8 +182,7 @@ class StepPlan:
         return [i for i in self.items if isinstance(i, Op)]
 
     def kv_tile(self, layer_type: str) -> int:
-        s = self.cache_len(layer_type)
-        return min(s, self.tiles.kv_tile)
+        return kv_tile(self.cache_len(layer_type), self.tiles.kv_tile)
 
     def cache_len(self, layer_type: str) -> int:
         return self.cfg.sliding_window if layer_type == SLIDING else self.max_len
@@ -265,6 +264,11 @@ class StepPlan:
                                  what=f"{ld.tensor}[{ld.rows[0]}:+{ld.rows[1]}, {ld.cols[0]}:+{ld.cols[1]}]",
                                  bytes=ld.nbytes if isinstance(it, Start) else 0, flops=0, expert=ld.expert))
         return rows
+
+
+def kv_tile(positions: int, largest: int) -> int:
+    """KV positions per tile: the largest multiple of BLOCK that divides ``positions`` and is <= ``largest``."""
+    return max(t for t in range(BLOCK, min(positions, largest) + 1, BLOCK) if positions % t == 0)
 
 
 def vector_table_shape(cfg: Gemma4Config) -> tuple[int, int]:
@@ -474,11 +478,10 @@ def build_plan(cfg: Gemma4Config, batch: int, max_len: int, context: int | None 
         raise ValueError(f"context={context} must be in 1..max_len={max_len}")
     for t in set(cfg.layer_types):
         s = cfg.sliding_window if t == SLIDING else max_len
-        tile = min(s, tiles.kv_tile)
-        if s % tile or tile % ROWS:
-            raise ValueError(f"the {t} cache has {s} positions, which {tile}-position KV tiles do not divide "
-                             f"(or the tile is not a multiple of {ROWS}); pick max_len a multiple of "
-                             f"{tiles.kv_tile} or a kv_tile that divides {s}")
+        if s % BLOCK:
+            raise ValueError(f"the {t} layers' cache has {s} positions, not a multiple of {BLOCK}: the kernel reads "
+                             f"and writes the cache in aligned blocks of {BLOCK}; make the cache with max_len a "
+                             f"multiple of {BLOCK} (mk.generate rounds it up for engines that ask)")
     for t in set(cfg.layer_types):
         if cfg.head_dim(t) % LANE:
             raise ValueError(f"{t} head_dim {cfg.head_dim(t)} is not a multiple of {LANE}: the kernel keeps a "

@@ -114,7 +114,7 @@ def _body(plan: StepPlan, names: list[str], cache_names: list[str], *refs):
         c.start()
     for c in prologue:
         c.wait()
-    pos = pos_ref[0]
+    pos = pos_ref[0, 0]
     pos_f = pos.astype(jnp.float32)
     routed: dict[int, list] = {}
     stream = WeightStream(hbm, bufs, sems, lambda layer, j: routed[layer][j][0])
@@ -144,7 +144,7 @@ def _body(plan: StepPlan, names: list[str], cache_names: list[str], *refs):
         if op.name == "embed":
             # A DMA may not cut a (16, 128) bf16 tile: fetch the aligned block of rows holding each
             # user's token and pick the row out in VMEM.
-            toks = [tokens[b] for b in range(B)]
+            toks = [tokens[0, b] for b in range(B)]
             copies = [pltpu.make_async_copy(
                 hbm["embed"].at[pl.ds(pl.multiple_of(toks[b] // attention.BLOCK * attention.BLOCK,
                                                      attention.BLOCK), attention.BLOCK), :],
@@ -282,7 +282,7 @@ def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limi
                 pltpu.VMEM((B, attention.BLOCK, cfg.hidden_size), weight_dtype), pltpu.SemaphoreType.DMA((1,)),
                 pltpu.VMEM((rows, ep), jnp.float32), pltpu.VMEM((rows, LANE), jnp.int32),
                 pltpu.SMEM((rows, LANE), jnp.int32), pltpu.SemaphoreType.DMA((1,)),
-                pltpu.SMEM((B,), jnp.int32), pltpu.SMEM((1,), jnp.int32),
+                pltpu.SMEM((1, B), jnp.int32), pltpu.SMEM((1, 1), jnp.int32),
                 pltpu.VMEM(packed_shapes(cfg, weight_dtype)["vectors"].shape, jnp.float32),
                 pltpu.VMEM(packed_shapes(cfg, weight_dtype)["inv_freq"].shape, jnp.float32),
                 pltpu.VMEM((2, B, 1, plan.logits_chunk), jnp.float32), pltpu.SemaphoreType.DMA((6,))]
@@ -306,7 +306,7 @@ def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limi
             compiler_params=pltpu.CompilerParams(vmem_limit_bytes=vmem_limit_bytes, has_side_effects=False),
             name=f"megakernel_{cfg.name.replace('-', '_').replace('[', '_').replace(']', '').replace(':', '_')}",
             **params,
-        )(tokens, pos, packed["vectors"], packed["inv_freq"], *[packed[n] for n in names], *cache_in)
+        )(tokens.reshape(1, B), pos.reshape(1, 1), packed["vectors"], packed["inv_freq"], *[packed[n] for n in names], *cache_in)
         return outs[0], dict(zip(cache_names, outs[1:]))
 
     assert n_in == 4 + len(names) + len(cache_names)

@@ -1,0 +1,126 @@
+"""The step plan: order, slots, expert dependencies, bytes, TPU-legal tiles and the VMEM budget."""
+
+import pytest
+
+from mk.chips import get_chip
+from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_DENSE, TINY_MOE
+from mk.params import EXPERTS, KNOCKOUTS, param_specs
+from mk.plan import Op, Start, Tiles, Wait, build_plan, layers_in_hbm
+
+
+def _positions(plan):
+    start, wait, use, op_at = {}, {}, {}, {}
+    for n, it in enumerate(plan.items):
+        if isinstance(it, Start):
+            start[it.load] = n
+        elif isinstance(it, Wait):
+            wait[it.load] = n
+        else:
+            op_at[id(it)] = n
+            if it.load is not None:
+                use[it.load] = n
+    return start, wait, use
+
+
+@pytest.mark.parametrize("cfg,batch", [(TINY_DENSE, 1), (TINY_MOE, 4), (GEMMA4_26B_A4B.truncated(6), 2)],
+                         ids=lambda x: getattr(x, "name", str(x)))
+def test_every_load_started_then_waited_then_used_and_slots_respected(cfg, batch):
+    plan = build_plan(cfg, batch, 2048 if cfg.sliding_window > 16 else 64, weight_itemsize=2, kv_itemsize=2)
+    start, wait, use = _positions(plan)
+    assert set(start) == set(wait) == set(use) == {ld.id for ld in plan.loads}
+    for ld in plan.loads:
+        assert start[ld.id] < wait[ld.id] < use[ld.id]
+    # a slot is reused only after the tile that held it was computed on
+    by_buffer = {}
+    for ld in plan.loads:
+        by_buffer.setdefault(ld.buffer, []).append(ld)
+    for loads in by_buffer.values():
+        for k, ld in enumerate(loads):
+            assert ld.slot == k % plan.tiles.slots
+            if k >= plan.tiles.slots:
+                assert use[loads[k - plan.tiles.slots].id] < start[ld.id]
+
+
+def test_weight_dmas_stay_ahead_of_compute_across_layers():
+    plan = build_plan(TINY_DENSE, 1, 64)
+    start, _, use = _positions(plan)
+    for i in range(TINY_DENSE.num_layers - 1):
+        last_use = max(use[ld.id] for ld in plan.loads if ld.layer == i)
+        first_next = min(start[ld.id] for ld in plan.loads if ld.layer == i + 1)
+        assert first_next < last_use, f"layer {i + 1}'s first tile is not in flight before layer {i} ends"
+    # and every compute but the first waits on a tile that was started before the previous compute
+    ops = [n for n, it in enumerate(plan.items) if isinstance(it, Op) and it.load is not None]
+    for a, b in zip(ops, ops[1:]):
+        assert start[plan.items[b].load] < a
+
+
+def test_expert_dmas_start_right_after_routing_and_only_then():
+    plan = build_plan(TINY_MOE, 2, 64)
+    route_at = {it.layer: n for n, it in enumerate(plan.items) if isinstance(it, Op) and it.name == "route"}
+    start, _, _ = _positions(plan)
+    for ld in plan.loads:
+        if ld.component == EXPERTS:
+            assert start[ld.id] > route_at[ld.layer]
+    for layer, n in route_at.items():
+        first = min(start[ld.id] for ld in plan.loads if ld.component == EXPERTS and ld.layer == layer)
+        assert first == n + 1, "the first expert DMA is issued right after the route op"
+    # B users x top-k routed slots, each fetching gate, up and down
+    assert {ld.expert for ld in plan.loads if ld.component == EXPERTS} == set(range(2 * TINY_MOE.top_k))
+
+
+def test_dense_plan_streams_every_matrix_once():
+    plan = build_plan(TINY_DENSE, 1, 64, weight_itemsize=2)
+    matrices = sum(s.size for s in param_specs(TINY_DENSE) if len(s.shape) >= 2)
+    assert plan.weight_bytes == matrices * 2
+
+
+def test_knockout_drops_its_loads_and_context_sets_kv_bytes():
+    full = build_plan(TINY_MOE, 1, 64)
+    for c in KNOCKOUTS:
+        ko = build_plan(TINY_MOE, 1, 64, knockout={c})
+        assert all(ld.component != c for ld in ko.loads), c
+        assert ko.weight_bytes < full.weight_bytes or c == "norms", c
+    short, long_ = build_plan(TINY_DENSE, 1, 64, context=8), build_plan(TINY_DENSE, 1, 64, context=64)
+    assert short.kv_bytes < long_.kv_bytes
+    with pytest.raises(ValueError, match="unknown component"):
+        build_plan(TINY_DENSE, 1, 64, knockout={"mlp"})
+
+
+@pytest.mark.parametrize("cfg", [GEMMA4_26B_A4B, GEMMA4_31B], ids=lambda c: c.name)
+def test_full_size_tiles_are_tpu_legal_and_fit_v5e(cfg):
+    plan = build_plan(cfg.truncated(6), 1, 2048, weight_itemsize=2, kv_itemsize=2)
+    for b in plan.buffers.values():
+        assert b.shape[0] % 16 == 0 and b.shape[1] % 128 == 0, b
+    for ld in plan.loads:
+        assert ld.rows[1] % 16 == 0 and ld.cols[1] % 128 == 0, ld
+    for chip in ("tpu-v5e", "tpu-v6e"):
+        assert plan.check_vmem(chip) == plan.vmem_bytes <= get_chip(chip).vmem_bytes
+
+
+def test_vmem_overflow_is_a_clear_error():
+    plan = build_plan(GEMMA4_31B.truncated(6), 1, 2048, weight_itemsize=2, kv_itemsize=2,
+                      tiles=Tiles(weight_tile_bytes=64 * 2 ** 20, head_tile_bytes=64 * 2 ** 20))
+    with pytest.raises(ValueError, match=r"needs .* MiB of VMEM .* has 128 MiB .*weight_tile_bytes"):
+        plan.check_vmem("tpu-v5e")
+    with pytest.raises(ValueError, match="no checked VMEM"):
+        plan.check_vmem("tpu-v7x")
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="not a multiple of 16"):
+        build_plan(TINY_DENSE, 1, 40)
+    assert build_plan(TINY_DENSE, 1, 48, tiles=Tiles(kv_tile=32)).kv_tile("full") == 16
+    with pytest.raises(ValueError, match="batch"):
+        build_plan(TINY_DENSE, 0, 64)
+    with pytest.raises(ValueError, match="kv_tile"):
+        Tiles(kv_tile=100)
+
+
+def test_layers_in_hbm_and_table():
+    n = layers_in_hbm(GEMMA4_26B_A4B, get_chip("tpu-v5e").hbm_bytes, 1, 2048)
+    assert 1 < n < GEMMA4_26B_A4B.num_layers
+    assert layers_in_hbm(GEMMA4_31B, get_chip("tpu-v6e").hbm_bytes, 1, 2048) > \
+        layers_in_hbm(GEMMA4_31B, get_chip("tpu-v5e").hbm_bytes, 1, 2048)
+    rows = build_plan(TINY_MOE, 1, 64).table()
+    assert {r["kind"] for r in rows} == {"dma start", "dma wait", "compute"}
+    assert sum(r["bytes"] for r in rows if r["kind"] == "dma start") == build_plan(TINY_MOE, 1, 64).weight_bytes
