@@ -124,10 +124,19 @@ class BenchResult:
 
 
 def decode_call(step, params: dict, cfg: Gemma4Config, context: int, batch: int, dtype: str,
-                knockout=frozenset()) -> Callable[[], jax.Array]:
+                knockout=frozenset(), program: bool = False) -> Callable[[], jax.Array]:
     """A no-argument call that runs one decode step of ``batch`` users at position ``context - 1``
-    of a zero cache of ``context`` positions, threading the (donated) cache from call to call."""
+    of a zero cache of ``context`` positions, threading the (donated) cache from call to call.
+
+    ``program=True`` runs the step as :func:`step_program`, kept as ``call.program``: the program
+    ``compiled_kernels(call.program, *call.args())`` counts (compiled once, shared with the calls),
+    and whose instruction names a profiler trace of the call shows.
+    """
     from .reference import init_cache
+    prog = step_program(step, cfg, knockout) if program else None
+    if program:
+        def step(p, _cfg, cache, t, i, _knockout):
+            return prog(p, cache, t, i)
     tokens = jnp.zeros((batch,), jnp.int32)
     pos = jnp.asarray(context - 1, jnp.int32)
     state = {"cache": init_cache(cfg, batch, context, DTYPES[dtype])}
@@ -137,6 +146,7 @@ def decode_call(step, params: dict, cfg: Gemma4Config, context: int, batch: int,
         return logits
 
     call.args = lambda: (params, state["cache"], tokens, pos)  # for compiling the same step
+    call.program = prog
     return call
 
 
@@ -163,9 +173,9 @@ def run_bench(cfg: Gemma4Config, context: int, batch: int = 1, steps: int = 10, 
     step = get_step(engine, cfg)
     if params is None:
         params, weights = random_params(cfg, seed, DTYPES[dtype]), f"random (seed {seed})"
-    call = decode_call(step, params, cfg, context, batch, dtype)
+    call = decode_call(step, params, cfg, context, batch, dtype, program=True)
     timing = profiling.time_call(call, warmup=warmup, runs=steps)
-    kernels = profiling.compiled_kernels(step_program(step, cfg), *call.args())
+    kernels = profiling.compiled_kernels(call.program, *call.args())
     bandwidth = bandwidth or profiling.measure_bandwidth()
     return BenchResult(cfg, engine, dtype, context, batch, timing, kernels,
                        bytes_per_token(cfg, context, batch, dtype).total, bandwidth, weights or "given",

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 # Timing ----------------------------------------------------------------------------------------
 
@@ -311,7 +312,7 @@ def knockout_table(time_for: Callable[[frozenset[str]], Timing], components) -> 
     """
     whole = time_for(frozenset())
     rows = [{"component": "(whole step)", "step_s": whole.median_s, "spread": whole.spread, "shrink_s": 0.0}]
-    for c in components:
+    for c in tqdm(components, desc="knock-outs", leave=False):
         t = time_for(frozenset({c}))
         rows.append({"component": c, "step_s": t.median_s, "spread": t.spread, "shrink_s": whole.median_s - t.median_s})
     df = pd.DataFrame(rows)
