@@ -249,17 +249,17 @@ class StepPlan:
         return need
 
     def table(self) -> list[dict]:
-        """The items as rows (for a DataFrame): kind, layer, what, bytes, flops."""
+        """The items as rows (for a DataFrame): item (dma start, dma wait, compute), layer, what, bytes, flops."""
         loads = {ld.id: ld for ld in self.loads}
         rows = []
         for i, it in enumerate(self.items):
             if isinstance(it, Op):
-                rows.append(dict(step=i, kind="compute", layer=it.layer, component=it.component,
+                rows.append(dict(step=i, item="compute", layer=it.layer, component=it.component,
                                  what=it.name + (f" {it.dst}" if it.dst else ""), bytes=it.kv_bytes,
                                  flops=it.flops, expert=it.expert))
             else:
                 ld = loads[it.load]
-                rows.append(dict(step=i, kind="dma start" if isinstance(it, Start) else "dma wait",
+                rows.append(dict(step=i, item="dma start" if isinstance(it, Start) else "dma wait",
                                  layer=ld.layer, component=ld.component,
                                  what=f"{ld.tensor}[{ld.rows[0]}:+{ld.rows[1]}, {ld.cols[0]}:+{ld.cols[1]}]",
                                  bytes=ld.nbytes if isinstance(it, Start) else 0, flops=0, expert=ld.expert))
@@ -502,6 +502,7 @@ def build_plan(cfg: Gemma4Config, batch: int, max_len: int, context: int | None 
 
 
 __all__ = ["Tiles", "Buffer", "Load", "Start", "Wait", "Op", "StepPlan", "build_plan", "padded_shape", "layers_in_hbm",
+           "timeline", "memory_busy_fraction", "kv_tile",
            "vector_rows", "vector_table_shape", "round_up", "FULL", "SLIDING_ATTENTION", "FULL_ATTENTION"]
 
 
@@ -516,3 +517,45 @@ def layers_in_hbm(cfg: Gemma4Config, hbm_bytes: float, batch: int, max_len: int,
         if used > hbm_bytes:
             return i
     return cfg.num_layers
+
+
+def timeline(plan: StepPlan, chip) -> list[dict]:
+    """A modelled timeline of one step on one chip: the DMA engine serves weight tiles in the order the
+    plan issues them at the chip's HBM bandwidth; compute runs the ops in order, each waiting for its
+    tile, at the chip's bf16 FLOP/s (attention also streams its KV tiles). Rows: lane ("dma" or
+    "compute"), what, layer, component, start_s, end_s. A first-order model, not a measurement."""
+    from .chips import get_chip
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    bw, flops = chip.per_chip_bandwidth, chip.bf16_flops / chip.chips
+    loads = {ld.id: ld for ld in plan.loads}
+    dma_free, compute_free, arrive, rows = 0.0, 0.0, {}, []
+    issued_at = 0.0
+    for it in plan.items:
+        if isinstance(it, Start):
+            ld = loads[it.load]
+            s = max(dma_free, issued_at)
+            dma_free = s + ld.nbytes / bw
+            arrive[it.load] = dma_free
+            rows.append(dict(lane="dma", what=ld.tensor, layer=ld.layer, component=ld.component, start_s=s,
+                             end_s=dma_free))
+        elif isinstance(it, Wait):
+            compute_free = max(compute_free, arrive[it.load])
+        else:
+            s = compute_free
+            if it.kv_bytes:  # the KV tiles share the DMA engine with the weight stream
+                ks = max(dma_free, s)
+                dma_free = ks + it.kv_bytes / bw
+                rows.append(dict(lane="dma", what=f"kv cache {it.layer}", layer=it.layer, component=it.component,
+                                 start_s=ks, end_s=dma_free))
+                s = max(s, dma_free)
+            compute_free = s + it.flops / flops
+            issued_at = compute_free  # the next Start is issued after this op
+            rows.append(dict(lane="compute", what=it.name, layer=it.layer, component=it.component, start_s=s,
+                             end_s=compute_free))
+    return rows
+
+
+def memory_busy_fraction(rows: list[dict]) -> float:
+    """Share of the modelled step during which the DMA engine is moving bytes."""
+    end = max(r["end_s"] for r in rows)
+    return sum(r["end_s"] - r["start_s"] for r in rows if r["lane"] == "dma") / end

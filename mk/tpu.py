@@ -46,7 +46,12 @@ TOPOLOGIES = {"tpu-v5e": "v5e:2x2", "tpu-v6e": "v6e:2x2"}
 
 def topology(chip: str):
     """A TPU topology description for ``chip`` (``tpu-v5e`` or ``tpu-v6e``); needs libtpu."""
+    import os
+
     from jax.experimental import topologies
+    # libtpu takes a machine-wide lock by default; compiling ahead of time touches no TPU, so
+    # several processes (parallel tests, notebooks) may hold it together.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     if chip not in TOPOLOGIES:
         raise ValueError(f"no AOT topology for {chip!r}; known: {', '.join(TOPOLOGIES)}")
     try:

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -16,10 +15,9 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from mk import reference as R
 from mk.config import TINY_DENSE, TINY_MOE
 from mk.generate import generate
-from mk.megakernel import make_step
+from mk.megakernel.parity import compare_with_reference
 from mk.params import KNOCKOUTS
 from mk.tpu import races_detected, reset_interpreter
 from mk.weights import random_params
@@ -36,30 +34,11 @@ def _fresh_interpreter():
     reset_interpreter()
 
 
-def run_both(cfg, batch, steps, knockout=frozenset(), max_len=32, seed=0):
-    """Greedy decode with the reference and the megakernel, each feeding back its own tokens."""
-    params = random_params(cfg, seed)
-    prompt = np.random.RandomState(seed + 1).randint(0, cfg.vocab_size, (batch, PROMPT)).astype(np.int32)
-    cache = R.init_cache(cfg, batch, max_len)
-    logits, cache = R.prefill(params, cfg, prompt, cache)
-    mk_cache = {k: v + 0 for k, v in cache.items()}
-    engine = make_step(cfg, detect_races=True)
-    tok_ref = tok_mk = jnp.argmax(logits, -1).astype(jnp.int32)
-    out = dict(diff=0.0, ref=[], mk=[], cache_diff=0.0, step_s=[])
-    for n in range(steps):
-        pos = PROMPT + n
-        l_ref, cache = R.decode_step(params, cfg, cache, tok_ref, pos, knockout)
-        t0 = time.perf_counter()
-        l_mk, mk_cache = engine(params, cfg, mk_cache, tok_mk, pos, knockout)
-        l_mk.block_until_ready()
-        out["step_s"].append(time.perf_counter() - t0)
-        out["diff"] = max(out["diff"], float(jnp.max(jnp.abs(l_ref - l_mk))))
-        tok_ref, tok_mk = jnp.argmax(l_ref, -1).astype(jnp.int32), jnp.argmax(l_mk, -1).astype(jnp.int32)
-        out["ref"].append(np.asarray(tok_ref))
-        out["mk"].append(np.asarray(tok_mk))
-    out["cache_diff"] = max(float(jnp.max(jnp.abs(cache[k] - mk_cache[k]))) for k in cache)
-    out["races"] = races_detected()
-    return out
+def run_both(cfg, batch, steps, knockout=frozenset()):
+    df = compare_with_reference(cfg, batch, steps, knockout, prompt_len=PROMPT, max_len=32)
+    return dict(diff=df.max_logit_diff.max(), cache_diff=df.max_cache_diff.max(), races=bool(df.races.any()),
+                ref=[np.array(t) for t in df.tokens_reference], mk=[np.array(t) for t in df.tokens_megakernel],
+                step_s=list(df.step_s))
 
 
 @pytest.mark.parametrize("batch", [1, 4])

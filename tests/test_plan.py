@@ -122,5 +122,5 @@ def test_layers_in_hbm_and_table():
     assert layers_in_hbm(GEMMA4_31B, get_chip("tpu-v6e").hbm_bytes, 1, 2048) > \
         layers_in_hbm(GEMMA4_31B, get_chip("tpu-v5e").hbm_bytes, 1, 2048)
     rows = build_plan(TINY_MOE, 1, 64).table()
-    assert {r["kind"] for r in rows} == {"dma start", "dma wait", "compute"}
-    assert sum(r["bytes"] for r in rows if r["kind"] == "dma start") == build_plan(TINY_MOE, 1, 64).weight_bytes
+    assert {r["item"] for r in rows} == {"dma start", "dma wait", "compute"}
+    assert sum(r["bytes"] for r in rows if r["item"] == "dma start") == build_plan(TINY_MOE, 1, 64).weight_bytes

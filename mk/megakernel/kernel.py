@@ -257,7 +257,8 @@ def _cache_names(cfg: Gemma4Config) -> list[str]:
 
 
 def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes: int | None = None):
-    """The step as a function ``(packed, cache, tokens[B], pos[1]) -> (logits[B, V], cache)``."""
+    """The step as a function ``(packed, cache, tokens[1, B], pos[1, 1]) -> (logits[B, V], cache)``
+    (int32 ids and position shaped as the kernel reads them, so XLA has nothing to reshape)."""
     cfg, B = plan.cfg, plan.batch
     rows = plan.rows
     names = matrix_names(cfg)
@@ -306,7 +307,7 @@ def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limi
             compiler_params=pltpu.CompilerParams(vmem_limit_bytes=vmem_limit_bytes, has_side_effects=False),
             name=f"megakernel_{cfg.name.replace('-', '_').replace('[', '_').replace(']', '').replace(':', '_')}",
             **params,
-        )(tokens.reshape(1, B), pos.reshape(1, 1), packed["vectors"], packed["inv_freq"], *[packed[n] for n in names], *cache_in)
+        )(tokens, pos, packed["vectors"], packed["inv_freq"], *[packed[n] for n in names], *cache_in)
         return outs[0], dict(zip(cache_names, outs[1:]))
 
     assert n_in == 4 + len(names) + len(cache_names)
@@ -354,8 +355,8 @@ class MegakernelEngine:
         if not cfg.full_layers:
             max_len = cfg.sliding_window
         c = self.compiled(batch, max_len, params["embed"].dtype, k0.dtype, ko)
-        tokens = jnp.asarray(tokens, jnp.int32).reshape(batch)
-        pos = jnp.asarray(pos, jnp.int32).reshape(1)
+        tokens = jnp.asarray(tokens, jnp.int32).reshape(1, batch)
+        pos = jnp.asarray(pos, jnp.int32).reshape(1, 1)
         return c.fn(self.packed(params), cache, tokens, pos)
 
 
@@ -396,6 +397,6 @@ def compile_for_tpu(cfg: Gemma4Config, chip: str, batch: int, max_len: int, weig
         for n in ("k", "v"):
             cache[f"layers.{i}.{n}"] = jax.ShapeDtypeStruct(shape, kv_dtype)
     compiled = aot_compile(fn, chip, packed_shapes(cfg, weight_dtype), cache,
-                           jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32),
+                           jax.ShapeDtypeStruct((1, batch), jnp.int32), jax.ShapeDtypeStruct((1, 1), jnp.int32),
                            donate_argnums=(1,), compiler_options=compiler_options)
     return plan, compiled
