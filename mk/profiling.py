@@ -161,8 +161,9 @@ def _kind(opcode: str) -> str | None:
 
 
 def _callee(rest: str, attr: str) -> list[str]:
-    m = re.search(attr + r"=\{?([^}]*?)\}?(?:,\s|$)", rest)
-    return [c.strip().lstrip("%") for c in m.group(1).split(",")] if m else []
+    """The computations an attribute names: ``body=%b`` or ``branch_computations={%a, %b}``."""
+    m = re.search(r"\b" + attr + r"=(\{[^}]*\}|[^,\s]+)", rest)
+    return [c.strip().lstrip("%") for c in m.group(1).strip("{}").split(",")] if m else []
 
 
 @dataclass(frozen=True)
@@ -195,15 +196,16 @@ def count_kernels(hlo_text: str) -> KernelCount:
         for ins in comps[comp]:
             if ins.opcode == "while":
                 m = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', ins.rest)
-                if m is None:
+                if m is None and times:
                     unknown += 1
                 for body in _callee(ins.rest, "body"):
                     walk(body, times * (int(m.group(1)) if m else 1))
             elif ins.opcode == "conditional":
                 branches = _callee(ins.rest, "branch_computations") or (
                     _callee(ins.rest, "true_computation") + _callee(ins.rest, "false_computation"))
-                if branches:
-                    walk(max(branches, key=lambda b: _flat_size(comps, b)), times)
+                largest = max(branches, key=lambda b: _flat_size(comps, b), default=None)
+                for b in branches:  # every branch's kernels are named (a trace shows whichever ran)
+                    walk(b, times if b == largest else 0)
             elif ins.opcode == "call":
                 for c in _callee(ins.rest, "to_apply"):
                     walk(c, times)
@@ -215,8 +217,8 @@ def count_kernels(hlo_text: str) -> KernelCount:
                     names.add(ins.name)
 
     walk(entry, 1)
-    return KernelCount({k: float(kinds.get(k, 0)) for k in KERNEL_KINDS}, {k: float(v) for k, v in ops.items()},
-                       unknown, frozenset(names))
+    return KernelCount({k: float(kinds.get(k, 0)) for k in KERNEL_KINDS},
+                       {k: float(v) for k, v in ops.items() if v}, unknown, frozenset(names))
 
 
 def _flat_size(comps: dict, comp: str) -> int:

@@ -105,6 +105,18 @@ def test_compiled_kernel_count_scales_with_loop_and_matches_the_trace():
         assert traced == k4.total
 
 
+def test_a_switch_counts_its_largest_branch_and_names_every_branch():
+    def f(x, i):
+        return jax.lax.switch(i, [lambda x: jnp.sin(x @ x.T) * 2, lambda x: jnp.cos(x @ x.T) + 1], x)
+
+    x, i = jnp.ones((64, 64)), jnp.int32(1)
+    kc = P.compiled_kernels(f, x, i)
+    f = jax.jit(f)
+    traced = P.trace_kernels(lambda: f(x, i), 2, kc.names)
+    if jax.devices()[0].platform == "cpu":  # the branch that ran is as large as the one counted
+        assert traced == kc.total
+
+
 def test_count_eager_ops_unrolls_scans_and_inlines_jit():
     def f(x):
         y = jax.lax.scan(lambda c, _: (jnp.sin(c) * 2, None), x, None, length=3)[0]
