@@ -30,7 +30,6 @@ LANE = 128
 ROWS = 8  # users pad to one f32 sublane tile
 BLOCK = 16  # rows a DMA moves at a dynamic offset: one bf16 sublane tile (embedding rows, new K/V)
 MIB = 2 ** 20
-LOGITS_CHUNK = 16_384
 
 
 def round_up(n: int, m: int) -> int:
@@ -104,7 +103,8 @@ class Op:
     """One compute step. ``name`` picks the emitter; matmuls read ``load`` and write ``dst``.
 
     matmul modes: ``cols``: dst[:, dst_off:+n] = src @ tile; ``rows``: dst (+)= src[:, src_off:+n] @ tile
-    (``accumulate`` False on the first tile); ``head``: dst[:, dst_off:+n] = src @ tile.T.
+    (``accumulate`` False on the first tile); ``head``: logits[:, dst_off:+n] = softcap(src @ tile.T), sent
+    straight to the HBM output.
     """
 
     name: str
@@ -145,6 +145,12 @@ def padded_shape(cfg: Gemma4Config, path: str, shape: tuple[int, ...]) -> tuple[
     return shape
 
 
+def _even_width(total: int, other: int, itemsize: int, budget: int) -> int:
+    """The widest multiple of 128 that divides ``total`` with other x width x itemsize <= budget."""
+    units = total // LANE
+    return max(d for d in range(1, units + 1) if units % d == 0 and (d == 1 or other * d * LANE * itemsize <= budget)) * LANE
+
+
 def _spans(total: int, other: int, itemsize: int, budget: int) -> list[tuple[int, int]]:
     """Split ``total`` (a multiple of 128) into (start, size) tiles of the widest multiple of 128 with
     other x width x itemsize <= budget; the last tile may be narrower (it fills part of a slot)."""
@@ -173,9 +179,10 @@ class StepPlan:
         return round_up(self.batch, ROWS)
 
     @property
-    def logits_chunk(self) -> int:
-        """Vocabulary entries per DMA of the logits out of VMEM."""
-        return min(self.cfg.vocab_size, LOGITS_CHUNK)
+    def head_tile(self) -> int:
+        """Vocabulary rows per head tile (they divide the vocabulary: the head runs as one loop)."""
+        return _even_width(self.cfg.vocab_size, self.cfg.hidden_size, self.weight_itemsize,
+                           self.tiles.head_tile_bytes)
 
     @property
     def ops(self) -> list[Op]:
@@ -224,7 +231,7 @@ class StepPlan:
             "activations": sum(a * b * 4 for a, b in self.activations.values()),
             "norm and scale vectors": round_up(vec_rows, ROWS) * vec_width * 4,
             "embedding rows": self.batch * BLOCK * cfg.hidden_size * self.weight_itemsize,
-            "logits staging": 2 * self.batch * ROWS * self.logits_chunk * 4,
+            "logits staging": 2 * self.batch * ROWS * self.head_tile * 4,
         }
 
     @property
@@ -370,13 +377,15 @@ class _Builder:
         for i, t in enumerate(cfg.layer_types):
             self.layer(i, t)
         self.op("final_norm", -1, NORMS, src="x", dst="xn")
+        # The head: equal tiles (one loop in the kernel), each computed, soft-capped and sent to HBM.
+        tv = _even_width(cfg.vocab_size, H, self.wb, self.tiles.head_tile_bytes)
         if HEAD not in self.ko:
-            spans = _spans(cfg.vocab_size, H, self.wb, self.tiles.head_tile_bytes)
-            for r, tv in spans:
-                lid = self.load("embed", -1, HEAD, (r, tv), (0, H), None, (spans[0][1], H))
-                self.op("matmul", -1, HEAD, flops=2 * B * tv * H, load=lid, src="xn", dst="logits", mode="head",
+            for r in range(0, cfg.vocab_size, tv):
+                lid = self.load("embed", -1, HEAD, (r, tv), (0, H))
+                self.op("matmul", -1, HEAD, flops=2 * B * tv * H + 3 * B * tv, load=lid, src="xn", mode="head",
                         dst_off=r, n=tv)
-        self.op("softcap", -1, HEAD, flops=3 * B * cfg.vocab_size)
+        else:
+            self.op("zero_logits", -1, HEAD)
 
     def layer(self, i: int, t: str):
         cfg, B, p = self.cfg, self.batch, f"layers.{i}."
@@ -496,7 +505,6 @@ def build_plan(cfg: Gemma4Config, batch: int, max_len: int, context: int | None 
     if cfg.is_moe:
         b.act("x2", cfg.hidden_size)
         b.act("rin", cfg.hidden_size)
-    b.act("logits", cfg.vocab_size)
     return StepPlan(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, dict(b.buffers),
                     tuple(b.loads), tuple(items), dict(b.acts))
 

@@ -19,6 +19,7 @@ from mk.config import TINY_DENSE, TINY_MOE
 from mk.generate import generate
 from mk.megakernel.parity import compare_with_reference
 from mk.params import KNOCKOUTS
+from mk.plan import Tiles
 from mk.tpu import races_detected, reset_interpreter
 from mk.weights import random_params
 
@@ -61,6 +62,16 @@ def test_knocked_out_kernel_matches_knocked_out_reference(knockout):
     assert r["diff"] < LOGIT_ATOL, (knockout, r["diff"])
     assert r["cache_diff"] < LOGIT_ATOL, (knockout, r["cache_diff"])
     np.testing.assert_array_equal(np.stack(r["mk"]), np.stack(r["ref"]))
+
+
+@pytest.mark.parametrize("cfg", [TINY_DENSE, TINY_MOE], ids=lambda c: c.name)
+def test_small_tiles_many_dmas_per_tensor_and_a_looped_head(cfg):
+    """Tiles of 128 x 128: every matrix is several DMAs, the head a loop of 4 tiles sharing a buffer
+    with other (128, 128) tiles, the KV cache read in 16-position tiles."""
+    tiles = Tiles(weight_tile_bytes=128 * 128 * 4, head_tile_bytes=128 * 128 * 4, kv_tile=16)
+    df = compare_with_reference(cfg, 2, 3, prompt_len=PROMPT, max_len=32, tiles=tiles)
+    assert not df.races.any() and df.same_tokens.all()
+    assert df.max_logit_diff.max() < LOGIT_ATOL
 
 
 def test_dense_attention_knockouts():

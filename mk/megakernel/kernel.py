@@ -130,7 +130,15 @@ def _body(plan: StepPlan, names: list[str], cache_names: list[str], *refs):
         pl.when(runs)(fn)
 
     k_.qblk[...] = jnp.zeros(k_.qblk.shape, jnp.float32)
-    for item in plan.items:
+    stage_io = (logits_stage, io_sem)
+    items = list(plan.items)
+    head = [ld for ld in plan.loads if ld.tensor == "embed"]
+    head_at = next((n for n, it in enumerate(items) if isinstance(it, Wait) and loads[it.load].tensor == "embed"),
+                   None)
+    if head_at is not None:
+        _check_head_pattern(items[head_at:], head)
+        items = items[:head_at]
+    for item in items:
         if isinstance(item, (Start, Wait)):
             ld = loads[item.load]
             copy = lambda ld=ld, start=isinstance(item, Start): (  # noqa: E731
@@ -201,33 +209,91 @@ def _body(plan: StepPlan, names: list[str], cache_names: list[str], *refs):
             if norms_on:
                 x = x * vec("layer_scalar")
             k_.act["x"][...] = x
-        elif op.name == "softcap":
-            if HEAD in ko:
-                lg = jnp.zeros((plan.rows, cfg.vocab_size), jnp.float32)
-            else:
-                lg = k_.act["logits"][...]
-                if cfg.final_softcap:
-                    lg = cfg.final_softcap * jnp.tanh(lg / cfg.final_softcap)
-            # Out to HBM in chunks through a double-buffered [1, chunk] stage per user (a DMA may not
-            # cut a sublane tile, so each user's row is its own buffer).
-            C = plan.logits_chunk
-            pending = {}
-            for n, c0 in enumerate(range(0, cfg.vocab_size, C)):
-                s = n % 2
-                for c in pending.pop(s, ()):
-                    c.wait()
-                outs = []
-                for b in range(B):
-                    logits_stage[s, b] = lg[b:b + 1, c0:c0 + C]
-                    outs.append(pltpu.make_async_copy(logits_stage.at[s, b], logits_out.at[pl.ds(b, 1), pl.ds(c0, C)],
-                                                      io_sem.at[4 + s]))
-                    outs[-1].start()
-                pending[s] = outs
-            for outs in pending.values():
-                for c in outs:
-                    c.wait()
+        elif op.name == "zero_logits":
+            tv = plan.head_tile
+            for r in range(0, cfg.vocab_size, tv):
+                _send_logits(k_, jnp.zeros((plan.rows, tv), jnp.float32), r // tv, tv, B, logits_out, stage_io)
+            _drain_logits(k_, cfg.vocab_size // tv, tv, B, logits_out, stage_io)
         else:
             raise AssertionError(f"no emitter for op {op.name!r}")
+    if head_at is not None:
+        _head_loop(k_, cfg, plan, stream, head, logits_out, stage_io)
+
+
+def _check_head_pattern(items, head):
+    """The kernel runs the head as a loop: the plan must hold, from the first head wait on, exactly
+    wait(t), compute(t), start(t + slots) for every tile t (the head is the step's last stretch)."""
+    slots = len({ld.slot for ld in head}) if len(head) > 1 else 2
+    expect = []
+    for t, ld in enumerate(head):
+        expect += [("wait", ld.id), ("op", ld.id)]
+        if t + slots < len(head):
+            expect.append(("start", head[t + slots].id))
+    got = [("wait", it.load) if isinstance(it, Wait) else ("start", it.load) if isinstance(it, Start)
+           else ("op", it.load) for it in items]
+    if got != expect or any(ld.rows[1] != head[0].rows[1] for ld in head):
+        raise AssertionError("the plan's head is not the regular run of tiles the kernel loops over")
+
+
+def _send_logits(k_, y, t, tv, B, logits_out, stage_io):
+    """Logits [rows, tv] of head tile ``t`` to HBM through a double-buffered [1, tv] stage per user
+    (a DMA may not cut a sublane tile); waits for the DMAs that used the stage two tiles ago."""
+    stage, sem = stage_io
+    s = t % 2
+    def wait_previous():
+        for b in range(B):
+            _logits_copy(stage, sem, logits_out, t - 2, s, b, tv).wait()
+
+    if isinstance(t, int):
+        if t >= 2:
+            wait_previous()
+    else:
+        pl.when(t >= 2)(wait_previous)
+    for b in range(B):
+        stage[s, b] = y[b:b + 1]
+        _logits_copy(stage, sem, logits_out, t, s, b, tv).start()
+
+
+def _logits_copy(stage, sem, logits_out, t, s, b, tv):
+    return pltpu.make_async_copy(stage.at[s, b], logits_out.at[pl.ds(b, 1), pl.ds(pl.multiple_of(t * tv, LANE), tv)],
+                                 sem.at[4 + s])
+
+
+def _drain_logits(k_, n, tv, B, logits_out, stage_io):
+    stage, sem = stage_io
+    for t in range(max(0, n - 2), n):
+        for b in range(B):
+            _logits_copy(stage, sem, logits_out, t, t % 2, b, tv).wait()
+
+
+def _head_loop(k_, cfg, plan, stream, head, logits_out, stage_io):
+    """logits = softcap(final-normed x @ embed.T), tile by tile in a loop (one copy of the code, not
+    one per tile), the next tiles' DMAs kept in flight, each tile's logits sent to HBM as it is done."""
+    n, tv, B = len(head), head[0].rows[1], plan.batch
+    slots, s0 = plan.tiles.slots, head[0].slot
+    buf, sem = stream.buffers[head[0].buffer], stream.sems[head[0].buffer]
+    x = k_.act["xn"][...]
+
+    def copy(t):
+        slot = (s0 + t) % slots
+        src = stream.hbm["embed"].at[pl.ds(pl.multiple_of(t * tv, tv), tv), :]
+        return pltpu.make_async_copy(src, buf.at[slot, pl.ds(0, tv), :], sem.at[slot])
+
+    def body(t, carry):
+        copy(t).wait()
+        w = buf[(s0 + t) % slots, :tv, :]
+        y = jax.lax.dot_general(x.astype(w.dtype), w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        if cfg.final_softcap:
+            y = cfg.final_softcap * jnp.tanh(y / cfg.final_softcap)
+        _send_logits(k_, y, t, tv, B, logits_out, stage_io)
+
+        @pl.when(t + slots < n)
+        def _():
+            copy(t + slots).start()
+        return carry
+
+    jax.lax.fori_loop(0, n, body, 0)
+    _drain_logits(k_, n, tv, B, logits_out, stage_io)
 
 
 def _matmul(k_, stream, ld, op: Op):
@@ -243,10 +309,6 @@ def _matmul(k_, stream, ld, op: Op):
             k_.act[op.dst][...] += y
         else:
             k_.act[op.dst][...] = y
-    elif op.mode == "head":
-        x = k_.act[op.src][...]
-        k_.act[op.dst][:, op.dst_off:op.dst_off + op.n] = jax.lax.dot_general(
-            x.astype(w.dtype), w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     else:
         raise AssertionError(op.mode)
 
@@ -286,7 +348,7 @@ def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limi
                 pltpu.SMEM((1, B), jnp.int32), pltpu.SMEM((1, 1), jnp.int32),
                 pltpu.VMEM(packed_shapes(cfg, weight_dtype)["vectors"].shape, jnp.float32),
                 pltpu.VMEM(packed_shapes(cfg, weight_dtype)["inv_freq"].shape, jnp.float32),
-                pltpu.VMEM((2, B, 1, plan.logits_chunk), jnp.float32), pltpu.SemaphoreType.DMA((6,))]
+                pltpu.VMEM((2, B, 1, plan.head_tile), jnp.float32), pltpu.SemaphoreType.DMA((6,))]
     # HBM, not ANY: with ANY, XLA may place small operands in VMEM and copy them around the kernel
     hbm_spec = pl.BlockSpec(memory_space=pltpu.HBM)
     n_in = 4 + len(names) + len(cache_names)

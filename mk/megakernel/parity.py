@@ -10,13 +10,15 @@ import numpy as np
 import pandas as pd
 
 from .. import reference as R
+from ..plan import Tiles
 from ..tpu import races_detected
 from ..weights import random_params
 from .kernel import make_step
 
 
 def compare_with_reference(cfg, batch: int, steps: int, knockout=frozenset(), prompt_len: int = 12,
-                           max_len: int = 32, seed: int = 0, detect_races: bool = True) -> pd.DataFrame:
+                           max_len: int = 32, seed: int = 0, detect_races: bool = True,
+                           tiles: Tiles = Tiles()) -> pd.DataFrame:
     """One row per step: position, max |logit difference|, max |cache difference|, both engines' tokens,
     the megakernel step's wall time (interpret mode off a TPU), and whether the race detector fired."""
     params = random_params(cfg, seed)
@@ -24,7 +26,7 @@ def compare_with_reference(cfg, batch: int, steps: int, knockout=frozenset(), pr
     cache = R.init_cache(cfg, batch, max_len)
     logits, cache = R.prefill(params, cfg, prompt, cache)
     mk_cache = {k: v + 0 for k, v in cache.items()}
-    engine = make_step(cfg, detect_races=detect_races)
+    engine = make_step(cfg, tiles, detect_races=detect_races)
     tok_ref = tok_mk = jnp.argmax(logits, -1).astype(jnp.int32)
     rows = []
     for n in range(steps):
