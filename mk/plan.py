@@ -126,6 +126,25 @@ class Op:
 Item = Start | Wait | Op
 
 
+@dataclass(frozen=True)
+class Loop:
+    """Groups ``start .. start + period * count`` of ``StepPlan.groups`` as ``count`` repeats of a
+    ``period``-group body. A group is one compute op with the Wait before it and the Starts issued
+    after it. The compute (and its Wait) repeats with fixed strides (tile offsets, routed slot, FLOPs)
+    and a buffer slot that steps modulo ``Tiles.slots``; a row-tile accumulation may begin on the second
+    repeat. The Starts may change between repeats (the last tiles of a matrix start the next matrix's):
+    a DMA start is a few instructions, a tile's matmul is most of the code. The kernel emits the run as
+    one loop, so its code does not grow with the number of tiles."""
+
+    start: int
+    period: int
+    count: int
+
+
+LOOPABLE = ("matmul", "gelu_mul", "expert_combine")  # the ops a loop body may hold
+MAX_PERIOD = 8  # longest body searched for, in groups (an expert slot is 5: gate, up, act, down, combine)
+
+
 # Layout ----------------------------------------------------------------------------------------
 def padded_shape(cfg: Gemma4Config, path: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape a tensor has in the kernel's HBM layout (intermediates and expert count padded to 128)."""
@@ -183,6 +202,21 @@ class StepPlan:
         """Vocabulary rows per head tile (they divide the vocabulary: the head runs as one loop)."""
         return _even_width(self.cfg.vocab_size, self.cfg.hidden_size, self.weight_itemsize,
                            self.tiles.head_tile_bytes)
+
+    @cached_property
+    def folded(self) -> tuple[int | Loop, ...]:
+        """The items as the kernel emits them: an item index, or a ``Loop`` over a regular run."""
+        return fold(self.items, {ld.id: ld for ld in self.loads}, self.tiles.slots)
+
+    @cached_property
+    def groups(self) -> tuple[tuple[int, int], ...]:
+        return groups(self.items)
+
+    @property
+    def emitted_ops(self) -> int:
+        """Compute ops the kernel writes code for (a loop's body once): what its code size follows."""
+        return sum(s.period if isinstance(s, Loop) else int(any(isinstance(it, Op) for it in
+                   self.items[slice(*self.groups[s])])) for s in self.folded)
 
     @property
     def ops(self) -> list[Op]:
@@ -271,6 +305,99 @@ class StepPlan:
                                  what=f"{ld.tensor}[{ld.rows[0]}:+{ld.rows[1]}, {ld.cols[0]}:+{ld.cols[1]}]",
                                  bytes=ld.nbytes if isinstance(it, Start) else 0, flops=0, expert=ld.expert))
         return rows
+
+
+def groups(items) -> tuple[tuple[int, int], ...]:
+    """Item ranges [a, b): each compute op with the Wait just before it and the Starts just after it
+    (the Starts before the first op are a group of their own)."""
+    cuts = [0] + [n for n, it in enumerate(items)
+                  if n and (isinstance(it, Wait) or (isinstance(it, Op) and not isinstance(items[n - 1], Wait)))]
+    return tuple(zip(cuts, cuts[1:] + [len(items)]))
+
+
+def _varying(items, group, loads: dict):
+    """A group's compute as (what must be equal between repeats, integers that may step by a stride,
+    buffer slot, accumulate); ``None`` if no loop may hold it."""
+    op = next((it for it in items[group[0]:group[1]] if isinstance(it, Op)), None)
+    if op is None or op.name not in LOOPABLE:
+        return None
+    ld = loads[op.load] if op.load is not None else None
+    key = (op.name, op.layer, op.component, op.src, op.dst, op.mode, op.n, op.kv_bytes, op.expert is None,
+           ld and (ld.tensor, ld.layer, ld.component, ld.buffer, ld.rows[1], ld.cols[1], ld.nbytes, ld.expert is None))
+    ints = (op.src_off, op.dst_off, op.expert or 0, op.flops) + (ld and (ld.rows[0], ld.cols[0], ld.expert or 0) or ())
+    return key, ints, ld.slot if ld else 0, op.accumulate
+
+
+def _repeats(v: list, a: int, period: int, slots: int) -> int:
+    """How many times the ``period`` groups from ``a`` repeat with fixed strides (1 if not at all)."""
+    n = 1
+    while a + period * (n + 1) <= len(v):
+        for k in range(period):
+            first, second, this = v[a + k], v[a + k + period], v[a + k + period * n]
+            if first is None or this is None or this[0] != first[0]:
+                return n
+            if any(x0 + (x1 - x0) * n != x for x0, x1, x in zip(first[1], second[1], this[1])):
+                return n
+            if this[2] != (first[2] + (second[2] - first[2]) % slots * n) % slots:
+                return n
+            if this[3] != first[3] and not (not first[3] and second[3]):  # equal, or off on the first repeat only
+                return n
+        n += 1
+    return n
+
+
+def fold(items, loads: dict, slots: int) -> tuple[int | Loop, ...]:
+    """Cover the groups of ``items`` greedily with the longest regular runs (``Loop``); the rest stay
+    single groups (their index)."""
+    gs = groups(items)
+    v = [_varying(items, g, loads) for g in gs]
+    out: list[int | Loop] = []
+    a = 0
+    while a < len(gs):
+        best = None
+        if v[a] is not None:
+            for period in range(1, min(MAX_PERIOD, (len(gs) - a) // 2) + 1):
+                n = _repeats(v, a, period, slots)
+                if n >= 2 and (best is None or period * n > best.period * best.count):
+                    best = Loop(a, period, n)
+        if best is None:
+            out.append(a)
+            a += 1
+        else:
+            out.append(best)
+            a += best.period * best.count
+    return tuple(out)
+
+
+def start_runs(starts: list[list[Load]], slots: int) -> list[tuple[int, int, Load, Load | None]]:
+    """The Starts of one body position over a loop's repeats (``starts[j]``: the loads started in
+    repeat j) as runs (lo, hi, first load, second load or None): in repeats lo..hi-1 the load steps
+    from the first by a fixed stride, like a loop body's compute."""
+    def key(ld):
+        return ld.tensor, ld.layer, ld.component, ld.buffer, ld.rows[1], ld.cols[1], ld.nbytes, ld.expert is None
+
+    def ints(ld):
+        return ld.rows[0], ld.cols[0], ld.expert or 0
+
+    done: list = []
+    open_: dict = {}
+    for j, lds in enumerate(starts):
+        still = {}
+        for m, ld in enumerate(lds):
+            r = open_.get(m)
+            if r is not None and key(r[2]) == key(ld):
+                lo, _, first, second = r
+                step = j - lo
+                if second is None or (all(a + (b - a) * step == c for a, b, c in zip(ints(first), ints(second), ints(ld)))
+                                      and ld.slot == (first.slot + (second.slot - first.slot) % slots * step) % slots):
+                    still[m] = (lo, j + 1, first, second or ld)
+                    continue
+            if r is not None:
+                done.append(r)
+            still[m] = (j, j + 1, ld, None)
+        done += [r for m, r in open_.items() if m not in still]
+        open_ = still
+    return done + list(open_.values())
 
 
 def kv_tile(positions: int, largest: int) -> int:
@@ -509,7 +636,7 @@ def build_plan(cfg: Gemma4Config, batch: int, max_len: int, context: int | None 
                     tuple(b.loads), tuple(items), dict(b.acts))
 
 
-__all__ = ["Tiles", "Buffer", "Load", "Start", "Wait", "Op", "StepPlan", "build_plan", "padded_shape", "layers_in_hbm",
+__all__ = ["Tiles", "Buffer", "Load", "Start", "Wait", "Op", "Loop", "StepPlan", "build_plan", "fold", "groups", "start_runs", "padded_shape", "layers_in_hbm",
            "timeline", "memory_busy_fraction", "kv_tile",
            "vector_rows", "vector_table_shape", "round_up", "FULL", "SLIDING_ATTENTION", "FULL_ATTENTION"]
 

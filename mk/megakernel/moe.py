@@ -61,17 +61,19 @@ def route(k_, cfg, i, router_on):
     k_.act["moe"][...] = jnp.zeros(k_.act["moe"].shape, jnp.float32)
 
 
-def expert_ids(k_, batch, top_k):
-    """(expert id, runs) for every routed slot j = b * k + r: ``runs`` is false when an earlier
-    slot holds the same expert (it was fetched and applied already)."""
+REPEAT_FLAGS = 64  # column of ids_smem where routed slot j's "holds a new expert" flag starts
+
+
+def mark_repeats(k_, batch, top_k):
+    """Flag in SMEM, for every routed slot j = b * k + r, whether it holds an expert no earlier slot
+    holds (a repeat was fetched and applied already): loops over slots read the flag by index."""
+    assert top_k <= REPEAT_FLAGS
     ids = [k_.ids_smem[b, r] for b in range(batch) for r in range(top_k)]
-    out = []
     for j, e in enumerate(ids):
-        runs = True
+        new = jnp.bool_(True)
         for e2 in ids[:j]:
-            runs = jnp.logical_and(runs, e != e2)
-        out.append((e, runs))
-    return out
+            new = jnp.logical_and(new, e != e2)
+        k_.ids_smem[j // top_k, REPEAT_FLAGS + j % top_k] = new.astype(jnp.int32)
 
 
 def combine(k_, e):

@@ -20,6 +20,7 @@ class WeightStream:
         src = self.hbm[ld.tensor]
         if ld.expert is not None:
             src = src.at[self.expert_id(ld.layer, ld.expert)]
+        # offsets and slot may be traced (a loop over tiles)
         src = src.at[pl.ds(ld.rows[0], ld.rows[1]), pl.ds(ld.cols[0], ld.cols[1])]
         dst = self.buffers[ld.buffer].at[ld.slot, pl.ds(0, ld.rows[1]), pl.ds(0, ld.cols[1])]
         return pltpu.make_async_copy(src, dst, self.sems[ld.buffer].at[ld.slot])
