@@ -136,11 +136,30 @@ def route(p: dict, cfg: Gemma4Config, x, ko: frozenset):
 
 
 def experts_gathered(p: dict, x, w, ids):
-    """Decode path: gather only the selected experts' weights (N*k of them) and apply them. x [N, H]."""
-    g, u, d = p["expert_gate"][ids], p["expert_up"][ids], p["expert_down"][ids]  # [N, k, H, I] ...
-    h = jax.nn.gelu(jnp.einsum("nh,nkhi->nki", x, g), approximate=True) * jnp.einsum("nh,nkhi->nki", x, u)
-    y = jnp.einsum("nki,nkih->nkh", h, d)
-    return jnp.einsum("nkh,nk->nh", y, w)
+    """Decode path: apply only the selected experts (N*k of them) to ``x [N, H]``, reading each one's
+    weights in place.
+
+    A loop over the (row, slot) pairs runs a ``lax.switch`` over the experts whose branch slices its
+    expert *statically*: XLA:CPU runs gathers, dynamic slices and even copies of static slices of the
+    [E, ...] expert arrays at ~1.5 GB/s (measured), and a dot on a static slice at full GEMV speed
+    (~8x faster step for the experts). The loop keeps one switch per layer: a switch per slot
+    unrolled compiles E branches each (cpu-moe: 4x the compile time for the same speed). The slots
+    are summed in order; the sums differ from the dense path only by round-off.
+    """
+    gate, up, down = p["expert_gate"], p["expert_up"], p["expert_down"]
+    branches = [partial(_expert_branch, gate, up, down, e) for e in range(gate.shape[0])]
+    k = ids.shape[1]
+
+    def slot(s, y):
+        n, j = s // k, s % k
+        out = jax.lax.switch(ids[n, j], branches, x[n])
+        return y.at[n].add(w[n, j] * out)
+
+    return jax.lax.fori_loop(0, ids.size, slot, jnp.zeros_like(x))
+
+
+def _expert_branch(gate, up, down, e: int, x):
+    return _mlp(x, gate[e], up[e], down[e])
 
 
 def experts_dense(p: dict, cfg: Gemma4Config, x, w, ids):
@@ -178,6 +197,22 @@ def _attend(q, k, v, mask):
     s = jnp.where(mask, s, -jnp.inf)
     a = jax.nn.softmax(s, axis=-1).astype(q.dtype)
     o = jnp.einsum("bkgts,bksd->btkgd", a, v.astype(q.dtype))
+    return o.reshape(B, T, nh * hd)
+
+
+def _attend_one(q, k, v, mask):
+    """Decode attention: :func:`_attend` for one new position (q [B, 1, nh, hd]; k, v the cache
+    [B, kv, S, hd]; mask [S]) with the weighted sum of V written as a multiply-reduce, which XLA:CPU
+    runs on the cache in place; as a dot it copies (transposes) every layer's probabilities and
+    output each step (measured). The scores stay a dot: the same sums as prefill in the same order.
+    """
+    B, T, nh, hd = q.shape
+    kv = k.shape[1]
+    qg = q.reshape(B, T, kv, nh // kv, hd)
+    s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32)
+    s = jnp.where(mask, s, -jnp.inf)
+    a = jax.nn.softmax(s, axis=-1).astype(q.dtype)[:, :, :, 0]  # [B, kv, g, S]
+    o = jnp.sum(a[..., None] * v[:, :, None].astype(q.dtype), axis=-2)  # [B, kv, g, hd]
     return o.reshape(B, T, nh * hd)
 
 
@@ -294,7 +329,7 @@ def _decode_step(params, cfg: Gemma4Config, cache, tokens, pos, knockout: frozen
             # the newest position == s (mod W), inside the window.
             S = cache[f"layers.{i}.k"].shape[2]
             mask = jnp.arange(S) <= pos
-            attn = _attend(q, cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], mask) @ p["o"]
+            attn = _attend_one(q, cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], mask) @ p["o"]
         x = _layer(p, cfg, x, attn, ko, dense_experts=False)
     return _head(params, cfg, x[:, 0], ko), cache
 
