@@ -171,9 +171,12 @@ def _even_width(total: int, other: int, itemsize: int, budget: int) -> int:
 
 
 def _spans(total: int, other: int, itemsize: int, budget: int) -> list[tuple[int, int]]:
-    """Split ``total`` (a multiple of 128) into (start, size) tiles of the widest multiple of 128 with
-    other x width x itemsize <= budget; the last tile may be narrower (it fills part of a slot)."""
-    width = max(1, min(total // LANE, budget // (other * LANE * itemsize))) * LANE
+    """Split ``total`` (a multiple of 128) into (start, size) tiles with other x width x itemsize <= budget:
+    equal tiles (one loop in the kernel) if a multiple of 128 that divides ``total`` is at least half the
+    widest that fits, else tiles of the widest with a narrower last one (it fills part of a slot)."""
+    widest = max(1, min(total // LANE, budget // (other * LANE * itemsize))) * LANE
+    even = _even_width(total, other, itemsize, budget)
+    width = even if 2 * even >= widest else widest
     return [(s, min(width, total - s)) for s in range(0, total, width)]
 
 
@@ -217,6 +220,19 @@ class StepPlan:
         """Compute ops the kernel writes code for (a loop's body once): what its code size follows."""
         return sum(s.period if isinstance(s, Loop) else int(any(isinstance(it, Op) for it in
                    self.items[slice(*self.groups[s])])) for s in self.folded)
+
+    def loop_table(self) -> list[dict]:
+        """The plan's loops as rows: layer, component, the tensors a repeat reads, repeats, ops per repeat."""
+        loads = {ld.id: ld for ld in self.loads}
+        rows = []
+        for s in self.folded:
+            if isinstance(s, Loop):
+                ops = [it for g in self.groups[s.start:s.start + s.period] for it in self.items[slice(*g)]
+                       if isinstance(it, Op)]
+                rows.append(dict(layer=ops[0].layer, component=ops[0].component, repeats=s.count, ops_per_repeat=s.period,
+                                 tensors=" ".join(dict.fromkeys(loads[o.load].tensor.rsplit(".", 1)[-1]
+                                                                for o in ops if o.load is not None))))
+        return rows
 
     @property
     def ops(self) -> list[Op]:

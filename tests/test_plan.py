@@ -124,3 +124,74 @@ def test_layers_in_hbm_and_table():
     rows = build_plan(TINY_MOE, 1, 64).table()
     assert {r["item"] for r in rows} == {"dma start", "dma wait", "compute"}
     assert sum(r["bytes"] for r in rows if r["item"] == "dma start") == build_plan(TINY_MOE, 1, 64).weight_bytes
+
+
+def _loop_ops(plan, loop):
+    """The compute op of every group of ``loop``, as [repeat][body position]."""
+    def op(g):
+        return next(it for it in plan.items[slice(*plan.groups[g])] if isinstance(it, Op))
+    return [[op(loop.start + k + loop.period * j) for k in range(loop.period)] for j in range(loop.count)]
+
+
+@pytest.mark.parametrize("cfg,tiles", [(TINY_MOE, Tiles(weight_tile_bytes=128 * 128 * 4, head_tile_bytes=128 * 128 * 4)),
+                                       (GEMMA4_26B_A4B.truncated(6), Tiles()), (GEMMA4_31B.truncated(6), Tiles())],
+                         ids=["tiny-moe-small-tiles", "26b-a4b", "31b"])
+def test_folded_plan_covers_every_item_once_and_loops_repeat_with_fixed_strides(cfg, tiles):
+    from dataclasses import replace
+
+    from mk.plan import Loop, start_runs
+    plan = build_plan(cfg, 2, 2048 if cfg.sliding_window > 16 else 64, weight_itemsize=2, kv_itemsize=2, tiles=tiles)
+    covered = []
+    loads = {ld.id: ld for ld in plan.loads}
+    for s in plan.folded:
+        covered += list(range(s.start, s.start + s.period * s.count)) if isinstance(s, Loop) else [s]
+    assert covered == list(range(len(plan.groups)))
+    assert [n for g in plan.groups for n in range(*g)] == list(range(len(plan.items)))
+    loops = [s for s in plan.folded if isinstance(s, Loop)]
+    assert loops and {it.name for s in loops for rep in _loop_ops(plan, s) for it in rep} <= \
+        {"matmul", "gelu_mul", "expert_combine"}
+    for s in loops:
+        reps = _loop_ops(plan, s)
+        for j, rep in enumerate(reps):
+            for a, b, op in zip(reps[0], reps[1], rep):
+                lin = {f: getattr(a, f) + (getattr(b, f) - getattr(a, f)) * j for f in ("src_off", "dst_off", "flops")}
+                if a.expert is not None:
+                    lin["expert"] = a.expert + (b.expert - a.expert) * j
+                assert replace(a, load=op.load, accumulate=op.accumulate, **lin) == op
+                assert op.accumulate == a.accumulate or (not a.accumulate and j >= 1 and op.accumulate)
+                if op.load is not None:
+                    la, lb, lo = loads[a.load], loads[b.load], loads[op.load]
+                    assert lo.slot == (la.slot + (lb.slot - la.slot) % plan.tiles.slots * j) % plan.tiles.slots
+                    assert replace(la, id=lo.id, slot=lo.slot, rows=(la.rows[0] + (lb.rows[0] - la.rows[0]) * j,
+                                   la.rows[1]), cols=(la.cols[0] + (lb.cols[0] - la.cols[0]) * j, la.cols[1]),
+                                   expert=lo.expert) == lo
+        # the Starts of each body position, as runs, are exactly the plan's Starts
+        for k in range(s.period):
+            starts = [[loads[it.load] for it in plan.items[slice(*plan.groups[s.start + k + s.period * j])]
+                       if isinstance(it, Start)] for j in range(s.count)]
+            def where(ld):
+                return ld.tensor, ld.rows, ld.cols, ld.slot, ld.expert
+
+            got = []
+            for lo, hi, a, b in start_runs(starts, plan.tiles.slots):
+                assert b is not None or hi == lo + 1
+                b = b or a
+                got += [(j, a.tensor, (a.rows[0] + (b.rows[0] - a.rows[0]) * (j - lo), a.rows[1]),
+                         (a.cols[0] + (b.cols[0] - a.cols[0]) * (j - lo), a.cols[1]),
+                         (a.slot + (b.slot - a.slot) % plan.tiles.slots * (j - lo)) % plan.tiles.slots,
+                         None if a.expert is None else a.expert + (b.expert - a.expert) * (j - lo))
+                        for j in range(lo, hi)]
+            assert sorted(got, key=str) == sorted(((j, *where(ld)) for j, lds in enumerate(starts) for ld in lds), key=str)
+
+
+def test_emitted_code_does_not_grow_with_the_tiles():
+    """Halving the tiles doubles the DMAs and matmuls of a full-size step, not the ops the kernel writes
+    code for (every regular run of tiles is one loop)."""
+    cut = GEMMA4_31B.truncated(6)
+    big, small = (build_plan(cut, 1, 2048, weight_itemsize=2, kv_itemsize=2,
+                             tiles=Tiles(weight_tile_bytes=b, head_tile_bytes=b)) for b in (4 * 2 ** 20, 2 * 2 ** 20))
+    assert len(small.ops) > 1.5 * len(big.ops)
+    assert small.emitted_ops == big.emitted_ops < len(big.ops) / 10
+    moe = build_plan(GEMMA4_26B_A4B.truncated(6), 4, 2048, weight_itemsize=2, kv_itemsize=2)
+    experts = [r for r in moe.loop_table() if r["component"] == EXPERTS]
+    assert len(experts) == 6 and all(r["repeats"] == 4 * GEMMA4_26B_A4B.top_k for r in experts)
