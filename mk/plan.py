@@ -30,6 +30,7 @@ LANE = 128
 ROWS = 8  # users pad to one f32 sublane tile
 BLOCK = 16  # rows a DMA moves at a dynamic offset: one bf16 sublane tile (embedding rows, new K/V)
 MIB = 2 ** 20
+VREG_BYTES = 64 * 4096  # a TensorCore's vector register file: 64 registers of 8 x 128 x 4 bytes
 
 
 def round_up(n: int, m: int) -> int:
@@ -271,12 +272,18 @@ class StepPlan:
         for t in set(cfg.layer_types):
             # K and V tiles, double-buffered, all KV heads of one user
             kv = max(kv, 2 * 2 * cfg.kv_heads(t) * self.kv_tile(t) * cfg.head_dim(t) * self.kv_itemsize)
+        # Attention's f32 copy of one K (or V) tile, all KV heads: past the vector registers (64 x 4 KiB)
+        # Mosaic keeps it in its own scratch. The compiler's VMEM figure exceeds the explicit buffers by
+        # this and it grows with kv_tile (v5e/v6e AOT, full-size steps); tiny tiles stay in registers.
+        upcast = max(cfg.kv_heads(t) * self.kv_tile(t) * cfg.head_dim(t) * 4 for t in set(cfg.layer_types))
+        upcast = upcast if upcast > VREG_BYTES else 0
         stage = 2 * max(self.batch * cfg.kv_heads(t) * BLOCK * cfg.head_dim(t) * self.kv_itemsize
                         for t in set(cfg.layer_types))
         vec_rows, vec_width = vector_table_shape(cfg)
         return {
             "weight buffers": sum(b.nbytes for b in self.buffers.values()),
             "kv tiles": kv,
+            "f32 k/v tile (compiler scratch)": upcast,
             "new k/v staging": stage,
             "activations": sum(a * b * 4 for a, b in self.activations.values()),
             "norm and scale vectors": round_up(vec_rows, ROWS) * vec_width * 4,

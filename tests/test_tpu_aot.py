@@ -16,15 +16,17 @@ from mk.profiling import count_kernels
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install -r requirements-tpu.txt)")
 
 CHIPS = ("tpu-v5e", "tpu-v6e")
-# Full-size steps are compiled with full-size shapes, tiles and VMEM budget but cut to one sliding and
-# one full layer: the kernel's code grows with the weights it streams (Mosaic unrolls each tile's
-# matmul), so a cut to as many layers as one chip's HBM holds (mk.plan.layers_in_hbm: 8 to 29 layers)
-# takes tens of minutes on 2 cores. MK_AOT_HBM_LAYERS=1 compiles those cuts instead; MK_AOT_ALL=1 every
-# model on every chip (CI: 26B-A4B on v5e and 31B on v6e).
-HBM_LAYERS = os.environ.get("MK_AOT_HBM_LAYERS") == "1"
+# Full-size steps (full-size shapes, tiles and VMEM budget) cut to as many layers as one chip's HBM holds
+# (mk.plan.layers_in_hbm, batch 1, 2048 positions: 8 layers of 26B-A4B on v5e, 29 of 31B on v6e). The
+# kernel emits each regular run of tiles as one loop (StepPlan.folded), so its code grows with the layers,
+# not with the tiles. MK_AOT_ALL=1 compiles every model on every chip.
 FULL_SIZE = [(GEMMA4_26B_A4B, "tpu-v5e"), (GEMMA4_31B, "tpu-v6e")]
-if os.environ.get("MK_AOT_ALL") == "1" or HBM_LAYERS:
+if os.environ.get("MK_AOT_ALL") == "1":
     FULL_SIZE = [(m, c) for m in (GEMMA4_26B_A4B, GEMMA4_31B) for c in CHIPS]
+
+
+def _hbm_cut(cfg, chip):
+    return cfg.truncated(layers_in_hbm(cfg, get_chip(chip).hbm_bytes, 1, 2048))
 
 
 def _check(plan, compiled, chip):
@@ -47,14 +49,28 @@ def test_tiny_step_compiles_for_tpu(cfg, batch, chip):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cfg,chip", FULL_SIZE, ids=lambda x: getattr(x, "name", str(x)))
-def test_full_size_step_compiles_for_tpu(cfg, chip):
-    if HBM_LAYERS:
-        cut = cfg.truncated(layers_in_hbm(cfg, get_chip(chip).hbm_bytes, 1, 2048))
-    else:
-        cut = cfg.replace(name=f"{cfg.name}[sliding+full]", layer_types=(SLIDING, FULL))
+def test_full_size_step_cut_to_one_chips_hbm_compiles_for_tpu(cfg, chip):
+    cut = _hbm_cut(cfg, chip)
     assert cut.sliding_layers and cut.full_layers
     plan, compiled = compile_for_tpu(cut, chip, 1, 2048, jnp.bfloat16, jnp.bfloat16)
     _check(plan, compiled, chip)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg,chip", FULL_SIZE, ids=lambda x: getattr(x, "name", str(x)))
+def test_full_size_plan_vmem_agrees_with_the_compiler(cfg, chip):
+    """The compiler's VMEM figure for a full-size step against the plan's budget. Only the table of norm
+    vectors (one row per layer vector) grows with the layers: one sliding + one full layer stand for the
+    HBM-sized cut (same tiles, buffers and activations) and compile in seconds, not minutes."""
+    from mk.megakernel.kernel import compiler_vmem_bytes
+    from mk.plan import build_plan
+    pair = cfg.replace(name=f"{cfg.name}[sliding+full]", layer_types=(SLIDING, FULL))
+    parts = [build_plan(c, 1, 2048, weight_itemsize=2, kv_itemsize=2).vmem_breakdown() for c in (pair, _hbm_cut(cfg, chip))]
+    vectors = "norm and scale vectors"
+    assert {k: v for k, v in parts[0].items() if k != vectors} == {k: v for k, v in parts[1].items() if k != vectors}
+    plan_bytes, compiler_bytes = compiler_vmem_bytes(pair, chip, 1, 2048)
+    assert plan_bytes <= compiler_bytes * 1.01  # (the compiler rounds to three digits)
+    assert compiler_bytes <= plan_bytes * 1.05 + 64 * 1024, (plan_bytes, compiler_bytes)
 
 
 def test_vmem_overflow_fails_in_the_compiler_too():
