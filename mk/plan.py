@@ -4,7 +4,9 @@ A plan holds the weight tiles a step streams from HBM (``Load``), the compute it
 and, placed by a small offline scheduler, when each tile's DMA is issued (``Start``) and when the
 compute waits for it (``Wait``). The megakernel's Python trace walks ``plan.items`` and emits
 exactly that code, so the kernel and the plan cannot drift; tests and the timing model read the
-same records for bytes, FLOPs and order.
+same records for bytes, FLOPs and order. ``fold`` finds the regular runs among the records (the
+tiles of one matrix, MLP chunks, routed expert slots, the head) and the kernel emits each as one
+loop (``Loop``), so its code, and Mosaic's compile time, do not grow with the tiles.
 
 Weights stream through per-role VMEM buffers with ``Tiles.slots`` slots each (two: double
 buffering). A tile's DMA is issued as soon as its slot is free (the tile that used the slot
