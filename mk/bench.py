@@ -133,6 +133,9 @@ def decode_call(step, params: dict, cfg: Gemma4Config, context: int, batch: int,
     and whose instruction names a profiler trace of the call shows.
     """
     from .reference import init_cache
+    prepare = getattr(step, "prepare", None)
+    if prepare is not None:  # the engine's own layout, made once outside the timed (and jitted) step
+        params = prepare(params, cfg)
     prog = step_program(step, cfg, knockout) if program else None
     if program:
         def step(p, _cfg, cache, t, i, _knockout):

@@ -1,9 +1,10 @@
 """Greedy generation with a pluggable decode engine.
 
 An engine is a name and a ``make_step(cfg)`` returning a step with ``mk.reference.decode_step``'s
-signature: ``step(params, cfg, cache, tokens[B], pos, knockout) -> (logits[B, V], cache)``. The prompt
-is always prefilled by the reference (engines are decode engines); the engine then decodes every new
-token after the first. Engines living in other modules register themselves on import; the modules
+signature: ``step(params, cfg, cache, tokens[B], pos, knockout) -> (logits[B, V], cache)``; a step may
+offer ``step.prepare(params, cfg)``, the parameter layout it runs on, made once per tree (mk.bench
+times the step on it). The prompt is always prefilled by the reference (engines are decode engines);
+the engine then decodes every new token after the first. Engines living in other modules register themselves on import; the modules
 listed in ``ENGINE_MODULES`` are imported (when present) before the registry is read.
 """
 

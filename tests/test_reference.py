@@ -13,7 +13,7 @@ from mk import generate as gen
 from mk.__main__ import main
 from mk.config import TINY_DENSE, TINY_MOE
 from mk.params import KNOCKOUTS, layer_params
-from mk.reference import decode_step, experts_dense, experts_gathered, init_cache, prefill, route
+from mk.reference import decode_step, experts_dense, experts_gathered, init_cache, prefill, prepare, route
 from mk.weights import random_params
 
 # Decode and prefill compute the same f32 sums in a different order (one position against a
@@ -56,6 +56,23 @@ def test_moe_gathered_equals_dense(moe_params):
     # Renormalised to 1 before the per-expert scale: undo the scale to check.
     np.testing.assert_allclose(np.sum(w / p["expert_scale"][ids], -1), 1.0, rtol=1e-6)
     np.testing.assert_allclose(experts_gathered(p, x, w, ids), experts_dense(p, TINY_MOE, x, w, ids), atol=1e-5)
+
+
+def test_prepared_layout(moe_params):
+    """Decode runs on a layout made once per tree (matrices [out, in], experts split into their own
+    arrays); a plain tree, a prepared one and a plain one traced by an outer jit give the same logits."""
+    cfg, p = TINY_MOE, moe_params
+    pp = prepare(p, cfg)
+    assert prepare(pp, cfg) is pp
+    assert pp["layers.0.q"].shape == p["layers.0.q"].shape[::-1] and pp["embed"] is p["embed"]
+    assert len(pp["layers.1.expert_down"]) == cfg.num_experts
+    np.testing.assert_array_equal(pp["layers.1.expert_down"][3], p["layers.1.expert_down"][3].T)
+    toks = np.array([3] * B)
+    want, _ = decode_step(p, cfg, init_cache(cfg, B, 8), toks, 0)
+    got, _ = decode_step(pp, cfg, init_cache(cfg, B, 8), toks, 0)
+    np.testing.assert_array_equal(got, want)
+    traced = jax.jit(lambda q, c: decode_step(q, cfg, c, jnp.asarray(toks), 0)[0])(p, init_cache(cfg, B, 8))
+    np.testing.assert_allclose(traced, want, atol=STEP_ATOL, rtol=0)
 
 
 def test_knockouts(moe_params):
