@@ -58,7 +58,9 @@ def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.
     from ..tpu import aot_compile
     from .kernel import compile_for_tpu
 
-    param_shapes = {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)}
+    # The reference step runs on its prepared (decode) layout, as decode_step does.
+    param_shapes = jax.eval_shape(partial(R.prepare, cfg=cfg),
+                                  {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)})
     cache_shapes = jax.eval_shape(partial(R.init_cache, cfg, batch, max_len, dtype))
     ref = aot_compile(lambda p, c, t, pos: _decode_step(p, cfg, c, t, pos, frozenset()), chip, param_shapes,
                       cache_shapes, jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32),
