@@ -89,3 +89,12 @@ def test_plan_vmem_agrees_with_the_compiler(cfg, batch):
     plan_bytes, compiler_bytes = compiler_vmem_bytes(cfg, "tpu-v5e", batch, 64)
     assert plan_bytes <= compiler_bytes * 1.01  # (the compiler rounds to three digits)
     assert compiler_bytes <= plan_bytes * 1.05 + 64 * 1024, (plan_bytes, compiler_bytes)
+
+
+def test_kernels_per_step_reference_against_megakernel():
+    """The table notebook 03 shows: the reference's TPU program launches many kernels, the megakernel's
+    one Mosaic custom call (counted, not assumed)."""
+    from mk.megakernel.parity import kernels_per_step_on_tpu
+    t = kernels_per_step_on_tpu(TINY_MOE, "tpu-v5e", 1, 32).set_index("engine")
+    assert t.loc["megakernel", "by_custom-call"] == 1
+    assert t.loc["reference (XLA)", "kernels"] > 10 * t.loc["megakernel", "kernels"]
