@@ -77,3 +77,24 @@ def test_mk_save_loads_in_transformers(tmp_path):
         want = model.eval()(torch.tensor(prompt, dtype=torch.long)).logits[:, -1].float().numpy()
     got, _ = prefill(params, cfg, prompt, init_cache(cfg, 2, 20))
     assert np.abs(np.asarray(got) - want).max() <= LOGIT_ATOL
+
+
+@pytest.mark.parametrize("engine", ["reference", "megakernel"])
+def test_cli_generate_on_a_transformers_checkpoint_gives_its_greedy_tokens(hf_checkpoint, engine):
+    """``python -m mk generate --checkpoint`` on the folder transformers saved: transformers' own tokens."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder, model = hf_checkpoint("tiny-moe")
+    prompt = np.random.default_rng(7).integers(0, TINY_MOE.vocab_size, (1, PROMPT_LEN))
+    want, _ = hf_greedy(model, prompt, 12)
+    out = subprocess.run([sys.executable, "-m", "mk", "generate", "--checkpoint", str(folder), "--prompt-ids",
+                          ",".join(map(str, prompt[0])), "--new-tokens", "12", "--engine", engine, "--json"],
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["engine"] == engine
+    assert got["tokens"] == want.tolist()
