@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import datetime
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,6 +22,7 @@ import jax.numpy as jnp
 from . import profiling
 from .chips import DATA_DIR
 from .config import Gemma4Config
+from .files import write_atomic
 from .sol import bytes_per_token
 
 MEASURED_DIR = DATA_DIR / "measured"
@@ -58,19 +58,16 @@ def append_row(row: dict, path: Path = BENCH_CSV) -> Path:
                                  "move the old file aside (it was written by another version of mk)")
             rows = list(reader)
     rows.append(row)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)
             w.writeheader()
             w.writerows(rows)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+
+    write_atomic(path, write)
     return path
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from .files import write_atomic
+
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"
 KINDS = ("published", "modelled", "measured")
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
@@ -84,12 +86,6 @@ def _start_exporter() -> bool:
     return True
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
-
 def save_figure(fig: go.Figure, name: str, svg: bool = False, out_dir: Path | None = None) -> list[Path]:
     """Write ``figures/NAME.html`` and, when a Chromium is available, ``NAME.png`` (and ``NAME.svg``).
 
@@ -100,13 +96,15 @@ def save_figure(fig: go.Figure, name: str, svg: bool = False, out_dir: Path | No
     out = Path(out_dir) if out_dir is not None else FIGURES_DIR
     out.mkdir(parents=True, exist_ok=True)
     html = out / f"{name}.html"  # self-contained (plotly.js inside) so it opens offline
-    _write_atomic(html, fig.to_html(include_plotlyjs=True, full_html=True).encode())
+    page = fig.to_html(include_plotlyjs=True, full_html=True)
+    write_atomic(html, lambda tmp: tmp.write_text(page, encoding="utf-8"))
     written = [html]
     if _start_exporter():
         with warnings.catch_warnings():  # plotly notes that per-call kaleido options are unused with a server
             warnings.filterwarnings("ignore", message="The kopts argument is ignored")
             for fmt in ("png", "svg") if svg else ("png",):
                 path = out / f"{name}.{fmt}"
-                _write_atomic(path, pio.to_image(fig, format=fmt, scale=2 if fmt == "png" else 1, **EXPORT_SIZE))
+                image = pio.to_image(fig, format=fmt, scale=2 if fmt == "png" else 1, **EXPORT_SIZE)
+                write_atomic(path, lambda tmp: tmp.write_bytes(image))
                 written.append(path)
     return written

@@ -23,6 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .config import Gemma4Config, from_hf_dict, to_hf_dict
+from .files import write_atomic
 from .params import NORMS, ROUTER, param_specs
 
 # Prefixes of the text model: a Gemma4ForConditionalGeneration export, then a text-only Gemma4ForCausalLM.
@@ -329,18 +330,9 @@ def save_checkpoint(params: dict[str, jax.Array], cfg: Gemma4Config, folder) -> 
     tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     hf = to_hf_dict(cfg)
     hf["dtype"] = dtypes.pop() if len(dtypes) == 1 else "float32"
-    _write_atomic(folder / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
-    _write_atomic(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(hf, indent=2) + "\n"))
+    write_atomic(folder / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    write_atomic(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(hf, indent=2) + "\n"))
     return folder
-
-
-def _write_atomic(dest: Path, write) -> None:
-    tmp = dest.with_name(dest.name + ".tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def check_params(params: dict, cfg: Gemma4Config) -> None:
