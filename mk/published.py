@@ -31,4 +31,5 @@ def published(key: str) -> float:
 def published_speed_of_light() -> pd.DataFrame:
     """The seed's speed-of-light table: chip and tok/s."""
     t = published_table()
-    return t[t["quantity"] == "speed_of_light"][["key", "model", "chip", "context", "batch", "dtype", "value", "source"]]
+    columns = ["key", "model", "chip", "context", "batch", "dtype", "value", "source"]
+    return t[t["quantity"] == "speed_of_light"][columns]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .chips import Chip, get_chip
-from .config import FULL, SLIDING, Gemma4Config, get_config
+from .config import SLIDING, Gemma4Config, get_config
 from .params import EXPERTS, param_specs
 from .published import published_table
 

@@ -20,7 +20,8 @@ def test_sol_json(capsys):
     d = json.loads(capsys.readouterr().out)
     assert {"bytes_per_token", "tokens_per_s", "step_ms", "bytes_by_component"} <= set(d)
     s = speed_of_light(GEMMA4_26B_A4B, "h100", 1024)
-    assert d["tokens_per_s"] == pytest.approx(s.tokens_per_s) and d["bytes_per_token"] == pytest.approx(s.bytes_per_token)
+    assert d["tokens_per_s"] == pytest.approx(s.tokens_per_s)
+    assert d["bytes_per_token"] == pytest.approx(s.bytes_per_token)
     assert d["step_ms"] == pytest.approx(1e3 / s.tokens_per_s)
     assert sum(d["bytes_by_component"].values()) == pytest.approx(d["bytes_per_token"])
     assert d["kind"].startswith("modelled")
@@ -57,7 +58,8 @@ BASE = ["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "1024
     (BASE + ["--dtype", "fp4"], "invalid choice: 'fp4'"),
     (["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "0"], "expected a positive integer, got 0"),
     (["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "-5"], "expected a positive integer, got -5"),
-    (["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "1k"], "expected a positive integer, got '1k'"),
+    (["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "1k"],
+     "expected a positive integer, got '1k'"),
     (BASE + ["--batch", "0"], "expected a positive integer, got 0"),
     (["sol", "--model", "gemma4-26b-a4b", "--chip", "h100"], "required: --context"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),

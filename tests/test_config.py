@@ -4,8 +4,19 @@ import json
 
 import pytest
 
-from mk.config import (FULL, GEMMA4_26B_A4B, GEMMA4_31B, PRESETS, SLIDING, TINY_MOE, Gemma4Config, from_hf_dict,
-                       get_config, load_hf_config, to_hf_dict)
+from mk.config import (
+    FULL,
+    GEMMA4_26B_A4B,
+    GEMMA4_31B,
+    PRESETS,
+    SLIDING,
+    TINY_MOE,
+    Gemma4Config,
+    from_hf_dict,
+    get_config,
+    load_hf_config,
+    to_hf_dict,
+)
 from mk.params import count_active_params, count_params
 
 

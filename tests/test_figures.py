@@ -57,7 +57,8 @@ def test_facet_titles_keep_the_footer():
     assert "a" in texts and "b" in texts and footer(fig) == ["<b>modelled</b> · h100 · a=b"]
 
 
-@pytest.mark.skipif(not os.access("/usr/bin/chromium", os.X_OK), reason="needs Debian's chromium (apt-get install chromium)")
+@pytest.mark.skipif(not os.access("/usr/bin/chromium", os.X_OK),
+                    reason="needs Debian's chromium (apt-get install chromium)")
 def test_html_png_and_svg_with_chromium(tmp_path):
     written = save_figure(provenance(small_figure(), "modelled", "h100", "test"), "fig", svg=True, out_dir=tmp_path)
     assert sorted(p.name for p in written) == ["fig.html", "fig.png", "fig.svg"]

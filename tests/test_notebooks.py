@@ -42,7 +42,8 @@ def test_check_parameters_accepts_good_values():
 
 
 @pytest.mark.parametrize("ns, expected, message", [
-    (dict(CONTEXTS=[1024, "2K"]), dict(CONTEXTS=list[int]), r"CONTEXTS must be list\[int\], got \[1024, '2K'\] \(list\)"),
+    (dict(CONTEXTS=[1024, "2K"]), dict(CONTEXTS=list[int]),
+     r"CONTEXTS must be list\[int\], got \[1024, '2K'\] \(list\)"),
     (dict(CONTEXT="1024"), dict(CONTEXT=int), r"CONTEXT must be int, got '1024' \(str\)"),
     (dict(CONTEXT=True), dict(CONTEXT=int), r"CONTEXT must be int, got True \(bool\)"),
     (dict(MODELS="gemma4-31b"), dict(MODELS=list[str]), r"MODELS must be list\[str\], got 'gemma4-31b' \(str\)"),

@@ -133,9 +133,10 @@ def _loop_ops(plan, loop):
     return [[op(loop.start + k + loop.period * j) for k in range(loop.period)] for j in range(loop.count)]
 
 
-@pytest.mark.parametrize("cfg,tiles", [(TINY_MOE, Tiles(weight_tile_bytes=128 * 128 * 4, head_tile_bytes=128 * 128 * 4)),
-                                       (GEMMA4_26B_A4B.truncated(6), Tiles()), (GEMMA4_31B.truncated(6), Tiles())],
-                         ids=["tiny-moe-small-tiles", "26b-a4b", "31b"])
+@pytest.mark.parametrize("cfg,tiles", [
+    (TINY_MOE, Tiles(weight_tile_bytes=128 * 128 * 4, head_tile_bytes=128 * 128 * 4)),
+    (GEMMA4_26B_A4B.truncated(6), Tiles()), (GEMMA4_31B.truncated(6), Tiles()),
+], ids=["tiny-moe-small-tiles", "26b-a4b", "31b"])
 def test_folded_plan_covers_every_item_once_and_loops_repeat_with_fixed_strides(cfg, tiles):
     from dataclasses import replace
 
@@ -181,7 +182,8 @@ def test_folded_plan_covers_every_item_once_and_loops_repeat_with_fixed_strides(
                          (a.slot + (b.slot - a.slot) % plan.tiles.slots * (j - lo)) % plan.tiles.slots,
                          None if a.expert is None else a.expert + (b.expert - a.expert) * (j - lo))
                         for j in range(lo, hi)]
-            assert sorted(got, key=str) == sorted(((j, *where(ld)) for j, lds in enumerate(starts) for ld in lds), key=str)
+            want = [(j, *where(ld)) for j, lds in enumerate(starts) for ld in lds]
+            assert sorted(got, key=str) == sorted(want, key=str)
 
 
 def test_emitted_code_does_not_grow_with_the_tiles():

@@ -60,7 +60,8 @@ def test_full_size_plan_vmem_agrees_with_the_compiler(cfg, chip):
     from mk.megakernel.kernel import compiler_vmem_bytes
     from mk.plan import build_plan
     pair = cfg.replace(name=f"{cfg.name}[sliding+full]", layer_types=(SLIDING, FULL))
-    parts = [build_plan(c, 1, 2048, weight_itemsize=2, kv_itemsize=2).vmem_breakdown() for c in (pair, _hbm_cut(cfg, chip))]
+    parts = [build_plan(c, 1, 2048, weight_itemsize=2, kv_itemsize=2).vmem_breakdown()
+             for c in (pair, _hbm_cut(cfg, chip))]
     vectors = "norm and scale vectors"
     assert {k: v for k, v in parts[0].items() if k != vectors} == {k: v for k, v in parts[1].items() if k != vectors}
     plan_bytes, compiler_bytes = compiler_vmem_bytes(pair, chip, 1, 2048)

@@ -70,8 +70,10 @@ def test_loads_transformers_checkpoint(hf_checkpoint):
     folder, model = hf_checkpoint("tiny-moe")
     cfg, p = load_checkpoint(folder)
     sd = model.state_dict()
-    np.testing.assert_array_equal(np.asarray(p["layers.0.mlp_down"]), sd["model.layers.0.mlp.down_proj.weight"].numpy().T)
-    np.testing.assert_array_equal(np.asarray(p["layers.2.expert_scale"]), sd["model.layers.2.router.per_expert_scale"].numpy())
+    np.testing.assert_array_equal(np.asarray(p["layers.0.mlp_down"]),
+                                  sd["model.layers.0.mlp.down_proj.weight"].numpy().T)
+    np.testing.assert_array_equal(np.asarray(p["layers.2.expert_scale"]),
+                                  sd["model.layers.2.router.per_expert_scale"].numpy())
 
 
 def _rewrite(folder: Path, fn) -> None:
