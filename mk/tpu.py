@@ -8,7 +8,7 @@ VMEM and, with ``detect_races``, checks every DMA against the reads and writes a
 AOT: with libtpu installed (``jax[tpu]``), ``jax.experimental.topologies`` describes a TPU slice
 without one; lowering a step inside ``jax.shard_map`` over that topology's devices and calling
 ``.compile()`` runs libtpu's real Mosaic compiler, which refuses bad layouts, primitives with no
-TPU lowering and VMEM overflow (REFERENCE.md section 6). ``v5e:1x1`` is refused by libtpu; the
+TPU lowering and VMEM overflow. libtpu refuses the single-chip ``v5e:1x1`` topology, so the
 smallest topology used here is ``2x2``.
 """
 

@@ -20,7 +20,7 @@ from mk.config import (
 from mk.params import count_active_params, count_params
 
 
-# Published totals (REFERENCE.md section 1: transformers' conversion script and real checkpoint listings).
+# Published totals (transformers' Gemma 4 conversion script and the real checkpoints' tensor listings).
 @pytest.mark.parametrize("cfg, total, active", [
     (GEMMA4_26B_A4B, 25_233_141_790, 3_822_530_590),
     (GEMMA4_31B, 30_697_345_340, 30_697_345_340),
