@@ -64,6 +64,25 @@ def expected_distinct_experts(num_experts: int, top_k: int, batch: int) -> float
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** batch)
 
 
+def distinct_experts_distribution(num_experts: int, top_k: int, batch: int) -> dict[int, float]:
+    """The exact distribution of the number of distinct experts ``batch`` users touch in one layer,
+    each routing to ``top_k`` distinct experts of ``num_experts`` uniformly and independently: user by
+    user, m of the k picks are new with probability C(E - d, m) C(d, k - m) / C(E, k) when d are taken."""
+    _positive_int("batch", batch)
+    if num_experts == 0:
+        return {0: 1.0}
+    E, k = num_experts, top_k
+    dist = {0: 1.0}
+    for _ in range(batch):
+        nxt: dict[int, float] = {}
+        for d, p in dist.items():
+            for m in range(max(0, k - d), min(k, E - d) + 1):
+                q = math.comb(E - d, m) * math.comb(d, k - m) / math.comb(E, k)
+                nxt[d + m] = nxt.get(d + m, 0.0) + p * q
+        dist = nxt
+    return dict(sorted(dist.items()))
+
+
 @dataclass(frozen=True)
 class ByteCount:
     model: str

@@ -1,9 +1,12 @@
-"""Decode attention inside the kernel: q/k/v norms and RoPE, then, per user, an online softmax over
-the KV cache read in double-buffered tiles, and the new K/V written back to the cache in HBM.
+"""Decode attention inside the kernel: q/k/v norms and RoPE at each user's own position, then, per
+user, an online softmax over the KV cache read in double-buffered tiles, and the new K/V written back
+to the cache in HBM.
 
-The new token's K/V seed the softmax (they are in VMEM already); cache tiles are read only up to
-the tile holding ``pos``, and the slot being overwritten (the token that left a sliding window, or
-nothing yet in a full layer) is masked out. Scaling 1.0 and no softcap, as Gemma 4.
+The new token's K/V seed the softmax (they are in VMEM already); cache tiles are read only up to the
+tile holding the user's position, and slots that hold nothing for this user are masked out: the slot
+being overwritten (the token that left a sliding window, or nothing yet in a full layer), slots past
+the position, and a sliding cache's padding slots (the window rounded up to whole blocks). Scaling 1.0
+and no softcap, as Gemma 4.
 """
 
 from __future__ import annotations
@@ -15,16 +18,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..config import SLIDING
 from ..plan import BLOCK
-
-NEG = -1e30  # a finite "minus infinity": exp(NEG - m) is exactly 0 and never NaN
-
-
-def rms(x, eps, w=None, on=True):
-    """RMSNorm in float32, weight as a plain multiply (Gemma 4); ``on=False`` passes ``x`` through."""
-    if not on:
-        return x
-    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
-    return y if w is None else y * w
+from .dense import NEG, rms
+from .refs import POSITION
 
 
 def rope(x, cos, sin, sign):
@@ -33,49 +28,55 @@ def rope(x, cos, sin, sign):
     return x * cos + pltpu.roll(x, half, 1) * sign * sin
 
 
-def qkv_norm_rope(k_, cfg, t, i, pos_f, norms_on):
-    """In place on the q, k, v activations of layer ``i``: q/k norms + RoPE, v's weightless norm
-    (for K=V layers, v is taken from the k projection before its norm)."""
+def emit_qkv_norm_rope(k, op):
+    """In place on the q, k, v activations of layer ``op.layer``: q/k norms + RoPE at each user's
+    position, v's weightless norm (for K=V layers, v is the k projection before its norm)."""
+    cfg, t, i, on = k.cfg, op.layer_type, op.layer, k.norms_on
     hd, kv, nh, eps = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads, cfg.rms_eps
-    inv = k_.inv_freq[0:1, :hd] if t == SLIDING else k_.inv_freq[1:2, :hd]
-    ang = pos_f * inv
+    s = k.scratch
+    inv = s.inv_freq[0:1, :hd] if t == SLIDING else s.inv_freq[1:2, :hd]
+    pos = s.users_vmem[:, POSITION:POSITION + 1].astype(jnp.float32)  # [rows, 1]
+    ang = pos * inv
     cos, sin = jnp.cos(ang), jnp.sin(ang)
     lane = jax.lax.broadcasted_iota(jnp.int32, (1, hd), 1)
     sign = jnp.where(lane < hd // 2, -1.0, 1.0).astype(jnp.float32)
-    qn, kn = k_.vec(f"layers.{i}.q_norm", hd), k_.vec(f"layers.{i}.k_norm", hd)
-    q, kr, vr = k_.act["q"], k_.act["k"], k_.act["v"]
+    qn, kn = k.layer_vec(i, "q_norm", hd), k.layer_vec(i, "k_norm", hd)
+    q, kr, vr = s.acts["q"], s.acts["k"], s.acts["v"]
     for h in range(nh):
-        s = slice(h * hd, (h + 1) * hd)
-        q[:, s] = rope(rms(q[:, s], eps, qn, norms_on), cos, sin, sign)
+        c = slice(h * hd, (h + 1) * hd)
+        q[:, c] = rope(rms(q[:, c], eps, qn, on), cos, sin, sign)
     for g in range(kv):
-        s = slice(g * hd, (g + 1) * hd)
-        kg = kr[:, s]
-        vg = vr[:, s] if cfg.has_v_proj(t) else kg
-        vr[:, s] = rms(vg, eps, None, norms_on)
-        kr[:, s] = rope(rms(kg, eps, kn, norms_on), cos, sin, sign)
+        c = slice(g * hd, (g + 1) * hd)
+        kg = kr[:, c]
+        vg = vr[:, c] if cfg.has_v_proj(t) else kg
+        vr[:, c] = rms(vg, eps, None, on)
+        kr[:, c] = rope(rms(kg, eps, kn, on), cos, sin, sign)
 
 
-def attend(k_, cfg, t, i, pos, batch):
-    """attn[b, heads] for every user b, reading layer ``i``'s cache in tiles; writes the new K/V."""
+def emit_attend(k, op):
+    """attn[b, heads] for every user b, reading layer ``op.layer``'s cache in tiles; writes the new K/V."""
+    cfg, t, i, B = k.cfg, op.layer_type, op.layer, k.plan.batch
     hd, kv, nh = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
     rep = nh // kv
-    T = k_.plan.kv_tile(t)
-    S = k_.plan.cache_len(t)
-    kc, vc = k_.cache[f"layers.{i}.k"], k_.cache[f"layers.{i}.v"]
-    kbuf, vbuf, sem = k_.kv_bufs[t]
-    qblk = k_.qblk
-    slot_new = pos % cfg.sliding_window if t == SLIDING else pos
-    n_tiles = jnp.minimum(pos // T + 1, S // T)
-    q, knew, vnew, out = k_.act["q"], k_.act["k"], k_.act["v"], k_.act["attn"]
-    stage_k, stage_v, wsem = k_.stage[t]
+    T = k.plan.kv_tile(t)
+    S = k.plan.cache_len(t)
+    W = cfg.sliding_window if t == SLIDING else S  # slots that can hold a position
+    kc, vc = k.outputs.cache[f"layers.{i}.k"], k.outputs.cache[f"layers.{i}.v"]
+    buf = k.scratch.kv[t]
+    qblk = k.scratch.qblk
+    a = k.scratch.acts
+    q, knew, vnew, out = a["q"], a["k"], a["v"], a["attn"]
 
     def tile_copies(b, tix, slot):
         src = pl.ds(pl.multiple_of(tix * T, T), T)
-        return (pltpu.make_async_copy(kc.at[b, :, src, :], kbuf.at[slot], sem.at[0, slot]),
-                pltpu.make_async_copy(vc.at[b, :, src, :], vbuf.at[slot], sem.at[1, slot]))
+        return (pltpu.make_async_copy(kc.at[b, :, src, :], buf.k.at[slot], buf.sem.at[0, slot]),
+                pltpu.make_async_copy(vc.at[b, :, src, :], buf.v.at[slot], buf.sem.at[1, slot]))
 
     writes = []
-    for b in range(batch):
+    for b in range(B):
+        pos = k.position(b)
+        slot_new = pos % cfg.sliding_window if t == SLIDING else pos
+        n_tiles = jnp.minimum(pos // T + 1, S // T)
         for c in tile_copies(b, 0, 0):
             c.start()
         state = []
@@ -89,7 +90,7 @@ def attend(k_, cfg, t, i, pos, batch):
             m = jnp.sum(qg * k0, axis=1, keepdims=True)
             state.append((m, jnp.ones_like(m), jnp.broadcast_to(v0, qg.shape)))
 
-        def body(tix, carry, b=b):
+        def body(tix, carry, b=b, pos=pos, slot_new=slot_new, n_tiles=n_tiles):
             slot = tix % 2
 
             @pl.when(tix + 1 < n_tiles)
@@ -100,13 +101,13 @@ def attend(k_, cfg, t, i, pos, batch):
             for c in tile_copies(b, tix, slot):
                 c.wait()
             s_idx = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
-            valid = (s_idx <= pos) & (s_idx != slot_new)
+            valid = (s_idx <= pos) & (s_idx < W) & (s_idx != slot_new)
             new = []
             for g in range(kv):
                 m, l, acc = carry[g]
                 qg = qblk[g, :, :hd]
-                kt = kbuf[slot, g].astype(jnp.float32)
-                vt = vbuf[slot, g].astype(jnp.float32)
+                kt = buf.k[slot, g].astype(jnp.float32)
+                vt = buf.v[slot, g].astype(jnp.float32)
                 s = jax.lax.dot_general(qg, kt, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
                 s = jnp.where(valid, s, NEG)
                 m2 = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
@@ -128,8 +129,8 @@ def attend(k_, cfg, t, i, pos, batch):
         # (16, 128) bf16 tile, so read the aligned block of BLOCK slots around it, set the row, write back.
         blk = pl.ds(pl.multiple_of(slot_new // BLOCK * BLOCK, BLOCK), BLOCK)
         row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, hd), 0) == slot_new % BLOCK
-        pairs = ((stage_k, kc, knew), (stage_v, vc, vnew))
-        reads = [pltpu.make_async_copy(cache.at[b, :, blk, :], stage.at[b], wsem.at[n, b])
+        pairs = ((buf.stage_k, kc, knew), (buf.stage_v, vc, vnew))
+        reads = [pltpu.make_async_copy(cache.at[b, :, blk, :], stage.at[b], buf.stage_sem.at[n, b])
                  for n, (stage, cache, _) in enumerate(pairs)]
         for c in reads:
             c.start()
@@ -139,7 +140,7 @@ def attend(k_, cfg, t, i, pos, batch):
             for g in range(kv):
                 block = stage[b, g].astype(jnp.float32)
                 stage[b, g] = jnp.where(row, new[b:b + 1, g * hd:(g + 1) * hd], block).astype(stage.dtype)
-            w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, blk, :], wsem.at[n, b])
+            w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, blk, :], buf.stage_sem.at[n, b])
             w.start()
             writes.append(w)
     for w in writes:

@@ -1,10 +1,11 @@
-"""Routing and expert combination inside the kernel.
+"""Routing and the routed experts inside the kernel.
 
-``lax.top_k`` and sort have no Mosaic lowering, so top-k is k rounds of max + lowest index among
-the maxima (the tie-break ``lax.top_k`` uses) + mask. The chosen ids go VMEM -> SMEM by DMA so
-the expert DMAs can address the HBM expert tensors with them as scalars; each routed slot (user b,
-rank r) whose expert an earlier slot already fetched is skipped, so each selected expert is read
-once and applied to every user with that user's weight (zero for users that did not pick it).
+``lax.top_k`` and sort have no Mosaic lowering, so top-k is k rounds of max + lowest index among the
+maxima (the tie-break ``lax.top_k`` uses) + mask. The experts any user routed to are flagged in a
+vector, which goes VMEM -> SMEM by DMA; a scalar loop over the experts gathers the distinct ones into
+a list in SMEM, in expert order, with their count. Expert slot j then runs (its DMAs and matmuls) only
+when more than j distinct experts were routed, so each routed expert is read once and applied to every
+user with that user's weight (zero for users that did not pick it).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
-from .attention import NEG
+from .dense import NEG
+
+COUNT = 1  # row of Scratch.experts whose lane 0 holds how many distinct experts were routed
 
 
 def gelu_tanh(x):
@@ -21,64 +24,63 @@ def gelu_tanh(x):
     return x * (0.5 * (1.0 + jnp.tanh(jnp.sqrt(2.0 / jnp.pi).astype(x.dtype) * (x + 0.044715 * (x * x * x)))))
 
 
-def route(k_, cfg, i, router_on):
-    """Top-k routing of every row: the combine weights [rows, E_pad] into ``k_.gates`` and the ids
-    [rows, k] into SMEM (``k_.ids_smem``)."""
+def emit_route(k, op):
+    """Top-k routing of every user: the combine weights [rows, E_pad] into ``gates``; the distinct
+    routed experts into SMEM (``experts``: row 0 the ids, [COUNT, 0] how many)."""
+    cfg, s, B = k.cfg, k.scratch, k.plan.batch
     E, K = cfg.num_experts, cfg.top_k
-    rows, ep = k_.gates.shape
+    rows, ep = s.gates.shape
     lane = jax.lax.broadcasted_iota(jnp.int32, (rows, ep), 1)
-    id_lane = jax.lax.broadcasted_iota(jnp.int32, k_.ids_vmem.shape, 1)
-    ids = jnp.zeros(k_.ids_vmem.shape, jnp.int32)
-    gates = jnp.zeros((rows, ep), jnp.float32)
-    if not router_on:  # the reference's knock-out: experts 0..k-1, weight 1/k each
-        for r in range(K):
-            ids = jnp.where(id_lane == r, r, ids)
+    if not op.router_on:  # the reference's knock-out: experts 0..k-1, weight 1/k each
         gates = jnp.where(lane < K, 1.0 / K, 0.0).astype(jnp.float32)
+        picked = lane < K
     else:
-        logits = jnp.where(lane < E, k_.act["router"][...], NEG)
+        logits = jnp.where(lane < E, s.acts["router"][...], NEG)
         p = jnp.exp(logits - jnp.max(logits, axis=1, keepdims=True))
         p = p / jnp.sum(p, axis=1, keepdims=True)
-        picked = []
-        for r in range(K):
+        chosen = []
+        for _ in range(K):
             m = jnp.max(p, axis=1, keepdims=True)
             idx = jnp.min(jnp.where(p == m, lane, ep), axis=1, keepdims=True)
-            picked.append((m, idx))
-            ids = jnp.where(id_lane == r, idx, ids)
+            chosen.append((m, idx))
             p = jnp.where(lane == idx, -1.0, p)
-        total = picked[0][0]
-        for m, _ in picked[1:]:
+        total = chosen[0][0]
+        for m, _ in chosen[1:]:
             total = total + m
-        scale = k_.vec(f"layers.{i}.expert_scale", ep)
-        for m, idx in picked:
+        scale = k.layer_vec(op.layer, "expert_scale", ep)
+        gates = jnp.zeros((rows, ep), jnp.float32)
+        picked = jnp.zeros((rows, ep), jnp.bool_)
+        for m, idx in chosen:
             hit = lane == idx
             w = m / total * jnp.sum(jnp.where(hit, scale, 0.0), axis=1, keepdims=True)
             gates = jnp.where(hit, w, gates)
-    k_.gates[...] = gates
-    k_.ids_vmem[...] = ids
-    c = pltpu.make_async_copy(k_.ids_vmem, k_.ids_smem, k_.ids_sem.at[0])
+            picked = picked | hit
+    s.gates[...] = gates
+    user = jax.lax.broadcasted_iota(jnp.int32, (rows, ep), 0) < B  # padding rows route too: ignore them
+    used = jnp.max(jnp.where(picked & user, 1, 0), axis=0, keepdims=True)  # [1, ep]
+    s.used[...] = jnp.broadcast_to(used, s.used.shape)
+    c = pltpu.make_async_copy(s.used, s.used_smem, s.route_sem.at[0])
     c.start()
     c.wait()
-    k_.act["moe"][...] = jnp.zeros(k_.act["moe"].shape, jnp.float32)
+
+    def gather(e, n):
+        s.experts[0, n] = e  # overwritten by the next expert unless this one is used
+        return n + s.used_smem[0, e]
+
+    s.experts[COUNT, 0] = jax.lax.fori_loop(0, E, gather, jnp.int32(0))
+    s.acts["moe"][...] = jnp.zeros(s.acts["moe"].shape, jnp.float32)
 
 
-REPEAT_FLAGS = 64  # column of ids_smem where routed slot j's "holds a new expert" flag starts
+def emit_gelu_mul(k, op):
+    a = k.scratch.acts
+    a[op.dst][:, :op.n] = gelu_tanh(a[op.src][:, :op.n]) * a[op.dst][:, :op.n]
 
 
-def mark_repeats(k_, batch, top_k):
-    """Flag in SMEM, for every routed slot j = b * k + r, whether it holds an expert no earlier slot
-    holds (a repeat was fetched and applied already): loops over slots read the flag by index."""
-    assert top_k <= REPEAT_FLAGS
-    ids = [k_.ids_smem[b, r] for b in range(batch) for r in range(top_k)]
-    for j, e in enumerate(ids):
-        new = jnp.bool_(True)
-        for e2 in ids[:j]:
-            new = jnp.logical_and(new, e != e2)
-        k_.ids_smem[j // top_k, REPEAT_FLAGS + j % top_k] = new.astype(jnp.int32)
-
-
-def combine(k_, e):
-    """moe += gate[:, e] * (expert e's output)."""
-    g = k_.gates[...]
+def emit_expert_combine(k, op):
+    """moe += gate[:, e] * (expert e's output), e the expert in slot ``op.expert``."""
+    s = k.scratch
+    e = k.expert_id(op.expert)
+    g = s.gates[...]
     lane = jax.lax.broadcasted_iota(jnp.int32, g.shape, 1)
     w = jnp.sum(jnp.where(lane == e, g, 0.0), axis=1, keepdims=True)
-    k_.act["moe"][...] += w * k_.act["eo"][...]
+    s.acts["moe"][...] += w * s.acts["eo"][...]

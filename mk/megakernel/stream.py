@@ -13,13 +13,13 @@ from ..plan import Load
 class WeightStream:
     def __init__(self, hbm: dict, buffers: dict, sems: dict, expert_id):
         """``hbm``: tensor path -> HBM ref; ``buffers``/``sems``: buffer name -> VMEM slots / DMA
-        semaphores; ``expert_id(layer, j)``: the expert routed slot j holds (a scalar)."""
+        semaphores; ``expert_id(j)``: the expert routed slot j holds (a scalar)."""
         self.hbm, self.buffers, self.sems, self.expert_id = hbm, buffers, sems, expert_id
 
     def copy(self, ld: Load):
         src = self.hbm[ld.tensor]
         if ld.expert is not None:
-            src = src.at[self.expert_id(ld.layer, ld.expert)]
+            src = src.at[self.expert_id(ld.expert)]
         # offsets and slot may be traced (a loop over tiles)
         src = src.at[pl.ds(ld.rows[0], ld.rows[1]), pl.ds(ld.cols[0], ld.cols[1])]
         dst = self.buffers[ld.buffer].at[ld.slot, pl.ds(0, ld.rows[1]), pl.ds(0, ld.cols[1])]

@@ -1,0 +1,112 @@
+"""Emitters of the ops around the matmuls: the prologue, the embedding lookup, RMSNorms, the weight
+tiles' matmuls and the residual wiring of a layer."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from ..params import EXPERTS, NORMS, SHARED_MLP
+from ..plan import BLOCK, MatmulMode
+NEG = -1e30  # a finite "minus infinity": exp(NEG - m) is exactly 0 and never NaN
+SET, ADD = False, True
+
+
+def rms(x, eps, w=None, on=True):
+    """RMSNorm in float32, weight as a plain multiply (Gemma 4); ``on=False`` passes ``x`` through."""
+    if not on:
+        return x
+    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if w is None else y * w
+
+
+def emit_prologue(k, op):
+    """Users block, vector table and RoPE frequencies in; the running argmax reset."""
+    s = k.scratch
+    copies = [pltpu.make_async_copy(src, dst, s.prologue_sem.at[n]) for n, (src, dst) in enumerate(
+        ((k.inputs.users, s.users), (k.inputs.users, s.users_vmem), (k.inputs.vectors, s.vectors),
+         (k.inputs.inv_freq, s.inv_freq)))]
+    for c in copies:
+        c.start()
+    for c in copies:
+        c.wait()
+    s.best[...] = jnp.full(s.best.shape, NEG, jnp.float32)
+    s.best_id[...] = jnp.zeros(s.best_id.shape, jnp.int32)
+    s.qblk[...] = jnp.zeros(s.qblk.shape, jnp.float32)
+    if k.outputs.dma_counts is not None:
+        for n in range(k.outputs.dma_counts.shape[1]):
+            k.outputs.dma_counts[0, n] = 0
+
+
+def emit_embed(k, op):
+    """x = embed[token] * sqrt(H). A DMA may not cut a (16, 128) bf16 tile: fetch the aligned block of
+    rows holding each user's token and pick the row out in VMEM."""
+    s, B, H = k.scratch, k.plan.batch, k.cfg.hidden_size
+    toks = [k.token(b) for b in range(B)]
+    copies = [pltpu.make_async_copy(
+        k.inputs.weights["embed"].at[pl.ds(pl.multiple_of(toks[b] // BLOCK * BLOCK, BLOCK), BLOCK), :],
+        s.embed_rows.at[b], s.embed_sem.at[0]) for b in range(B)]
+    for c in copies:
+        c.start()
+    for c in copies:
+        c.wait()
+    scale = float(np.asarray(H ** 0.5, s.embed_rows.dtype))  # the scale rounded as the reference does
+    x = k.scratch.acts["x"]
+    x[...] = jnp.zeros(x.shape, jnp.float32)
+    row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, H), 0)
+    for b in range(B):
+        e = jnp.sum(jnp.where(row == toks[b] % BLOCK, s.embed_rows[b].astype(jnp.float32), 0.0), axis=0,
+                    keepdims=True)
+        x[b:b + 1, :] = (e * scale).astype(s.embed_rows.dtype).astype(jnp.float32)
+
+
+def emit_norm(k, op):
+    a = k.scratch.acts
+    a[op.dst][...] = rms(a[op.src][...], k.cfg.rms_eps, k.vec(op.vector, k.cfg.hidden_size), k.norms_on)
+
+
+def emit_matmul(k, op):
+    """dst[:, off:+n] = src @ tile (COLS), or dst (+)= src[:, off:+n] @ tile (ROWS)."""
+    a = k.scratch.acts
+    w = k.stream.tile(k.load_of(op))
+    if op.mode == MatmulMode.COLS:
+        x = a[op.src][...]
+        a[op.dst][:, pl.ds(op.dst_off, op.n)] = jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+        return
+    y = jnp.dot(a[op.src][:, pl.ds(op.src_off, op.n)].astype(w.dtype), w, preferred_element_type=jnp.float32)
+    dst = a[op.dst]
+    if op.accumulate is ADD:
+        dst[...] += y
+    elif op.accumulate is SET:
+        dst[...] = y
+    else:  # in a loop: the first repeat sets, the others add
+        pl.when(op.accumulate)(lambda: dst.__setitem__(Ellipsis, dst[...] + y))
+        pl.when(jnp.logical_not(op.accumulate))(lambda: dst.__setitem__(Ellipsis, y))
+
+
+def emit_attention_residual(k, op):
+    a, cfg, eps, on, i = k.scratch.acts, k.cfg, k.cfg.rms_eps, k.norms_on, op.layer
+    x = a["x"][...]
+    if op.attention_on:
+        x = x + rms(a["attn_out"][...], eps, k.layer_vec(i, "post_attn_norm"), on)
+        a["x"][...] = x
+    a["xn"][...] = rms(x, eps, k.layer_vec(i, "pre_ffn_norm"), on)
+    if cfg.is_moe:
+        a["x2"][...] = rms(x, eps, k.layer_vec(i, "pre_ffn_norm_2"), on)
+        a["rin"][...] = rms(x, eps, None, on) * k.layer_vec(i, "router_scale") * jnp.float32(cfg.hidden_size ** -0.5)
+
+
+def emit_ffn_residual(k, op):
+    a, cfg, eps, on, i, ko = k.scratch.acts, k.cfg, k.cfg.rms_eps, k.norms_on, op.layer, k.plan.knockout
+    x = a["x"][...]
+    h = a["ffn"][...] if SHARED_MLP not in ko else jnp.zeros_like(x)
+    if cfg.is_moe:
+        m = a["moe"][...] if EXPERTS not in ko else jnp.zeros_like(x)
+        h = rms(h, eps, k.layer_vec(i, "post_ffn_norm_1"), on) + rms(m, eps, k.layer_vec(i, "post_ffn_norm_2"), on)
+    x = x + rms(h, eps, k.layer_vec(i, "post_ffn_norm"), on)
+    if NORMS not in ko:
+        x = x * k.layer_vec(i, "layer_scalar")
+    a["x"][...] = x

@@ -1,0 +1,88 @@
+"""The output head inside the kernel: softcapped logits tile by tile, folded into a running argmax per
+user (the greedy pick), sent to HBM only when the caller asks for logits; then the step's output, each
+user's token and next position."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from ..plan import LANE
+from .refs import POSITION, TOKEN
+
+
+def emit_head_tile(k, op):
+    """y = softcap(xn @ tile.T) for vocabulary rows row_off..+n; best/best_id keep the first maximum."""
+    s, cfg = k.scratch, k.cfg
+    w = k.stream.tile(k.load_of(op))
+    x = s.acts[op.src][...]
+    y = jax.lax.dot_general(x.astype(w.dtype), w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    if cfg.final_softcap:
+        y = cfg.final_softcap * jnp.tanh(y / cfg.final_softcap)
+    if k.outputs.logits is not None:
+        send_logits(k, y, op.row_off // op.n, op.n)
+    m = jnp.max(y, axis=1, keepdims=True)
+    ids = op.row_off + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
+    at = jnp.min(jnp.where(y == m, ids, jnp.iinfo(jnp.int32).max), axis=1, keepdims=True)
+    better = m > s.best[...]  # strictly: an equal maximum in a later tile is not the first
+    s.best[...] = jnp.where(better, m, s.best[...])
+    s.best_id[...] = jnp.where(better, at, s.best_id[...])
+
+
+def emit_no_head(k, op):
+    """The head knocked out: every logit is zero, so every user's greedy pick is token 0."""
+    k.scratch.best_id[...] = jnp.zeros(k.scratch.best_id.shape, jnp.int32)
+    if k.outputs.logits is not None:
+        tv = k.plan.head_tile
+        for t in range(k.cfg.vocab_size // tv):
+            send_logits(k, jnp.zeros((k.plan.rows, tv), jnp.float32), t, tv)
+
+
+def emit_tokens(k, op):
+    """The next users block (lane 0 the greedy token, lane 1 the position + 1) to HBM."""
+    s = k.scratch
+    if k.outputs.logits is not None:
+        drain_logits(k)
+    lane = jax.lax.broadcasted_iota(jnp.int32, s.users_out.shape, 1)
+    users = s.users_vmem[...]
+    s.users_out[...] = jnp.where(lane == TOKEN, s.best_id[...], jnp.where(lane == POSITION, users + 1, users))
+    c = pltpu.make_async_copy(s.users_out, k.outputs.users, s.out_sem.at[0])
+    c.start()
+    c.wait()
+
+
+def _logits_copy(k, t, slot, b, tv):
+    s = k.scratch
+    return pltpu.make_async_copy(s.logits_stage.at[slot, b],
+                                 k.outputs.logits.at[pl.ds(b, 1), pl.ds(pl.multiple_of(t * tv, LANE), tv)],
+                                 s.logits_sem.at[slot])
+
+
+def send_logits(k, y, t, tv):
+    """Logits [rows, tv] of head tile ``t`` to HBM through a double-buffered [1, tv] stage per user
+    (a DMA may not cut a sublane tile); waits for the DMAs that used the stage two tiles ago."""
+    stage, B = k.scratch.logits_stage, k.plan.batch
+    slot = t % 2
+
+    def wait_previous():
+        for b in range(B):
+            _logits_copy(k, t - 2, slot, b, tv).wait()
+
+    if isinstance(t, int):
+        if t >= 2:
+            wait_previous()
+    else:
+        pl.when(t >= 2)(wait_previous)
+    for b in range(B):
+        stage[slot, b] = y[b:b + 1]
+        _logits_copy(k, t, slot, b, tv).start()
+
+
+def drain_logits(k):
+    tv = k.plan.head_tile
+    n = k.cfg.vocab_size // tv
+    for t in range(max(0, n - 2), n):
+        for b in range(k.plan.batch):
+            _logits_copy(k, t, t % 2, b, tv).wait()

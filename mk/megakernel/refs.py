@@ -1,0 +1,146 @@
+"""The kernel's refs as one named layout, built once from the plan and used by both the call builder
+and the body: inputs, outputs and scratch are pytrees (NamedTuples of arrays and dicts), flattened
+for ``pallas_call`` and unflattened in the body, so no ref is found by its position."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
+
+from ..config import Gemma4Config
+from ..params import param_specs
+from ..plan import BLOCK, LANE, ROWS, StepPlan, padded_shape, round_up, vector_table_shape
+
+TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
+
+
+class Inputs(NamedTuple):
+    users: Any      # [rows, 128] int32, HBM: lane 0 the token of user b (row b), lane 1 its position
+    vectors: Any    # [n_vectors, width] f32: every norm weight and scale, one a row
+    inv_freq: Any   # [8, head_dim] f32: RoPE inverse frequencies, row 0 sliding, row 1 full
+    weights: dict   # path -> [.., K, N]: every matrix in the padded HBM layout (mk.plan.padded_shape)
+    cache: dict     # layers.{i}.k|v -> [B, kv_heads, slots, head_dim]: aliased to Outputs.cache
+
+
+class Outputs(NamedTuple):
+    users: Any      # [rows, 128] int32: lane 0 each user's greedy token, lane 1 its next position
+    cache: dict     # the KV cache with this step's K/V written in place
+    logits: Any = None       # [B, V] f32, only when asked for (parity tests, notebooks)
+    dma_counts: Any = None   # [1, 128] int32 in SMEM, only when asked for: [0, 0] expert tile DMAs issued
+
+
+class KV(NamedTuple):
+    """One layer type's attention scratch."""
+
+    k: Any          # [2, kv_heads, T, head_dim]: K tiles, double-buffered
+    v: Any          # [2, kv_heads, T, head_dim]
+    sem: Any        # DMA [2 (k, v), 2 (slot)]
+    stage_k: Any    # [B, kv_heads, 16, head_dim]: the block around each user's write-back slot
+    stage_v: Any
+    stage_sem: Any  # DMA [2 (k, v), B]
+
+
+class Scratch(NamedTuple):
+    weights: dict       # buffer name -> [slots, rows, cols]: the weight stream's VMEM slots
+    weight_sems: dict   # buffer name -> DMA [slots]
+    acts: dict          # activation name -> [rows, width] f32
+    kv: dict            # layer type -> KV
+    qblk: Any           # [kv_heads, 8k, head_dim] f32: the query heads that share one KV head
+    embed_rows: Any     # [B, 16, H]: the aligned block of embedding rows around each user's token
+    embed_sem: Any      # DMA [1]
+    gates: Any          # [rows, E_pad] f32: each user's combine weight of every expert
+    used: Any           # [8, E_pad] int32: row 0 flags the experts any user routed to
+    experts: Any        # SMEM [8, E_pad] int32: row 0 the distinct routed experts, [1, 0] how many
+    used_smem: Any      # SMEM [8, E_pad] int32: ``used`` as scalars
+    route_sem: Any      # DMA [1]
+    users: Any          # SMEM [rows, 128] int32: the users block as scalars
+    users_vmem: Any     # [rows, 128] int32: the users block as vectors
+    vectors: Any        # VMEM copy of Inputs.vectors
+    inv_freq: Any       # VMEM copy of Inputs.inv_freq
+    prologue_sem: Any   # DMA [4]
+    best: Any           # [rows, 128] f32: the running maximum of each user's logits
+    best_id: Any        # [rows, 128] int32: where it is
+    users_out: Any      # [rows, 128] int32: the next users block, staged for its DMA out
+    out_sem: Any        # DMA [1]
+    logits_stage: Any   # [2, B, 1, head_tile] f32: logits of a head tile on their way to HBM
+    logits_sem: Any     # DMA [2]
+
+
+def matrix_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
+    """Every matrix of the parameter tree and its (unpadded) shape."""
+    return {s.path: s.shape for s in param_specs(cfg) if len(s.shape) >= 2}
+
+
+def matrix_names(cfg: Gemma4Config) -> list[str]:
+    return list(matrix_shapes(cfg))
+
+
+def cache_names(cfg: Gemma4Config) -> list[str]:
+    return [f"layers.{i}.{n}" for i in range(cfg.num_layers) for n in ("k", "v")]
+
+
+def input_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Inputs:
+    """``jax.ShapeDtypeStruct``s of the kernel's inputs, without any weights."""
+    cfg = plan.cfg
+    n, width = vector_table_shape(cfg)
+    cache = {}
+    for i, t in enumerate(cfg.layer_types):
+        shape = (plan.batch, cfg.kv_heads(t), plan.cache_len(t), cfg.head_dim(t))
+        for name in ("k", "v"):
+            cache[f"layers.{i}.{name}"] = jax.ShapeDtypeStruct(shape, kv_dtype)
+    return Inputs(
+        users=jax.ShapeDtypeStruct((plan.rows, LANE), jnp.int32),
+        vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
+        inv_freq=jax.ShapeDtypeStruct((ROWS, max(cfg.sliding_head_dim, cfg.full_head_dim)), jnp.float32),
+        weights={path: jax.ShapeDtypeStruct(padded_shape(cfg, path, shape), weight_dtype)
+                 for path, shape in matrix_shapes(cfg).items()},
+        cache=cache)
+
+
+def output_shapes(plan: StepPlan, inputs: Inputs, with_logits: bool, count_dmas: bool) -> Outputs:
+    return Outputs(
+        users=inputs.users, cache=dict(inputs.cache),
+        logits=jax.ShapeDtypeStruct((plan.batch, plan.cfg.vocab_size), jnp.float32) if with_logits else None,
+        dma_counts=jax.ShapeDtypeStruct((1, LANE), jnp.int32) if count_dmas else None)
+
+
+def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Scratch:
+    cfg, B, rows = plan.cfg, plan.batch, plan.rows
+    types = sorted(set(cfg.layer_types))
+    kv = {}
+    for t in types:
+        heads, hd, T = cfg.kv_heads(t), cfg.head_dim(t), plan.kv_tile(t)
+        kv[t] = KV(pltpu.VMEM((2, heads, T, hd), kv_dtype), pltpu.VMEM((2, heads, T, hd), kv_dtype),
+                   pltpu.SemaphoreType.DMA((2, 2)), pltpu.VMEM((B, heads, BLOCK, hd), kv_dtype),
+                   pltpu.VMEM((B, heads, BLOCK, hd), kv_dtype), pltpu.SemaphoreType.DMA((2, B)))
+    hd = max(cfg.sliding_head_dim, cfg.full_head_dim)
+    rep = max(cfg.num_heads // cfg.kv_heads(t) for t in types)
+    ep = round_up(max(cfg.num_experts, 1), LANE)
+    shapes = input_shapes(plan, weight_dtype, kv_dtype)
+    return Scratch(
+        weights={b.name: pltpu.VMEM((b.slots, *b.shape), weight_dtype) for b in plan.buffers.values()},
+        weight_sems={b.name: pltpu.SemaphoreType.DMA((b.slots,)) for b in plan.buffers.values()},
+        acts={name: pltpu.VMEM(shape, jnp.float32) for name, shape in plan.activations.items()},
+        kv=kv,
+        qblk=pltpu.VMEM((max(cfg.kv_heads(t) for t in types), round_up(rep, ROWS), hd), jnp.float32),
+        embed_rows=pltpu.VMEM((B, BLOCK, cfg.hidden_size), weight_dtype),
+        embed_sem=pltpu.SemaphoreType.DMA((1,)),
+        gates=pltpu.VMEM((rows, ep), jnp.float32),
+        used=pltpu.VMEM((ROWS, ep), jnp.int32),
+        experts=pltpu.SMEM((ROWS, ep), jnp.int32),
+        used_smem=pltpu.SMEM((ROWS, ep), jnp.int32),
+        route_sem=pltpu.SemaphoreType.DMA((1,)),
+        users=pltpu.SMEM((rows, LANE), jnp.int32),
+        users_vmem=pltpu.VMEM((rows, LANE), jnp.int32),
+        vectors=pltpu.VMEM(shapes.vectors.shape, jnp.float32),
+        inv_freq=pltpu.VMEM(shapes.inv_freq.shape, jnp.float32),
+        prologue_sem=pltpu.SemaphoreType.DMA((4,)),
+        best=pltpu.VMEM((rows, LANE), jnp.float32),
+        best_id=pltpu.VMEM((rows, LANE), jnp.int32),
+        users_out=pltpu.VMEM((rows, LANE), jnp.int32),
+        out_sem=pltpu.SemaphoreType.DMA((1,)),
+        logits_stage=pltpu.VMEM((2, B, 1, plan.head_tile), jnp.float32),
+        logits_sem=pltpu.SemaphoreType.DMA((2,)))

@@ -1,0 +1,204 @@
+"""Building the step plan: the weight tiles a decode step streams (``Load``) and its compute ops, in
+order, from a config, a batch and the tile sizes; ``build_plan`` then schedules the DMAs (mk.plan.schedule).
+
+Weights stream through VMEM buffers of ``Tiles.slots`` slots; tiles of one shape share a buffer. The
+routed experts are emitted as ``min(B * k, E)`` expert slots: the kernel gathers the distinct experts
+the batch routed to and runs slot j only when at least j + 1 distinct experts were picked, so the
+plan's expected bytes use the expected number of distinct experts (exact under uniform routing).
+"""
+
+from __future__ import annotations
+
+from ..config import Gemma4Config
+from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs
+from .layout import BLOCK, LANE, ROWS, padded_shape, round_up, sublanes, vector_table_shape
+from .records import (Attend, AttentionResidual, Buffer, Embed, EmitTokens, ExpertCombine, FfnResidual, GeluMul,
+                      HeadTile, Load, MatmulMode, MatmulTile, NoHead, Norm, Op, Prologue, QKVNormRope, Route, Tiles)
+
+
+def even_width(total: int, other: int, itemsize: int, budget: int) -> int:
+    """The widest multiple of 128 that divides ``total`` with other x width x itemsize <= budget."""
+    units = total // LANE
+    return max(d for d in range(1, units + 1)
+               if units % d == 0 and (d == 1 or other * d * LANE * itemsize <= budget)) * LANE
+
+
+def spans(total: int, other: int, itemsize: int, budget: int) -> list[tuple[int, int]]:
+    """Split ``total`` (a multiple of 128) into (start, size) tiles with other x width x itemsize <= budget:
+    equal tiles (one loop in the kernel) if a multiple of 128 that divides ``total`` is at least half the
+    widest that fits, else tiles of the widest with a narrower last one (it fills part of a slot)."""
+    widest = max(1, min(total // LANE, budget // (other * LANE * itemsize))) * LANE
+    even = even_width(total, other, itemsize, budget)
+    width = even if 2 * even >= widest else widest
+    return [(s, min(width, total - s)) for s in range(0, total, width)]
+
+
+def expert_slots(cfg: Gemma4Config, batch: int) -> int:
+    """Expert slots per layer: at most B x k distinct experts are routed, and never more than E."""
+    return min(batch * cfg.top_k, cfg.num_experts)
+
+
+class Builder:
+    """Appends loads and ops in step order; ``route_of[n]`` is the route op an expert op waits for."""
+
+    def __init__(self, cfg: Gemma4Config, batch: int, max_len: int, context: int, weight_itemsize: int,
+                 kv_itemsize: int, tiles: Tiles, knockout: frozenset):
+        self.cfg, self.batch, self.max_len, self.context = cfg, batch, max_len, context
+        self.wb, self.kvb, self.tiles, self.ko = weight_itemsize, kv_itemsize, tiles, knockout
+        self.specs = {s.path: s for s in param_specs(cfg)}
+        self.shapes = {s.path: padded_shape(cfg, s.path, s.shape) for s in param_specs(cfg)}
+        self.buffers: dict[str, Buffer] = {}
+        self.loads: list[Load] = []
+        self.ops: list[Op] = []
+        self.route_of: dict[int, int] = {}
+        self.acts: dict[str, tuple[int, int]] = {}
+        self._slot_count: dict[str, int] = {}
+        self._route: int | None = None
+
+    def act(self, name: str, width: int) -> str:
+        """An f32 VMEM activation of at least ``width`` lanes (users padded to 8 rows)."""
+        self.acts[name] = (round_up(self.batch, ROWS), max(self.acts.get(name, (0, 0))[1], width))
+        return name
+
+    def op(self, op: Op) -> None:
+        if getattr(op, "expert", None) is not None:
+            self.route_of[len(self.ops)] = self._route
+        self.ops.append(op)
+
+    def load(self, tensor, layer, component, rows, cols, expert=None, slot_shape=None) -> int:
+        shape = (rows[1], cols[1])
+        slot_shape = slot_shape or shape
+        # tiles of one shape share a buffer (q, k, v, gate, up, expert gate/up are all [H, w]):
+        # fewer buffers, less VMEM, and still the next tile of each shape in flight
+        buffer = f"{slot_shape[0]}x{slot_shape[1]}"
+        b = self.buffers.get(buffer)
+        if b is None:
+            self.buffers[buffer] = Buffer(buffer, slot_shape, self.wb, self.tiles.slots)
+        n = self._slot_count.get(buffer, 0)
+        self._slot_count[buffer] = n + 1
+        real = self.specs[tensor].shape[-2:]  # the unpadded matrix: what of the tile holds weights
+        payload = max(0, min(rows[1], real[0] - rows[0])) * max(0, min(cols[1], real[1] - cols[0]))
+        ld = Load(len(self.loads), tensor, layer, component, buffer, n % self.tiles.slots, rows, cols,
+                  shape[0] * shape[1] * self.wb, payload * self.wb, expert)
+        self.loads.append(ld)
+        return ld.id
+
+    # matmul helpers -----------------------------------------------------------------------------
+    def proj_cols(self, tensor, layer, component, src, dst, expert=None):
+        """dst[:, c] = src @ W[:, c], W [K, N] streamed in column tiles."""
+        k, n = self.shapes[tensor][-2:]
+        sp = spans(n, k, self.wb, self.tiles.weight_tile_bytes)
+        for c, tn in sp:
+            lid = self.load(tensor, layer, component, (0, k), (c, tn), expert, (k, sp[0][1]))
+            self.op(MatmulTile(layer, component, 2 * self.batch * k * tn, load=lid, src=src, dst=dst,
+                               mode=MatmulMode.COLS, dst_off=c, n=tn, expert=expert))
+
+    def proj_rows(self, tensor, layer, component, src, dst, expert=None):
+        """dst = src @ W, W [K, N] streamed in row tiles summed into dst."""
+        k, n = self.shapes[tensor][-2:]
+        sp = spans(k, n, self.wb, self.tiles.weight_tile_bytes)
+        for r, tk in sp:
+            lid = self.load(tensor, layer, component, (r, tk), (0, n), expert, (sp[0][1], n))
+            self.op(MatmulTile(layer, component, 2 * self.batch * tk * n, load=lid, src=src, dst=dst,
+                               mode=MatmulMode.ROWS, src_off=r, n=tk, accumulate=r > 0, expert=expert))
+
+    def mlp(self, prefix, layer, component, src, dst, names, expert=None):
+        """A GeGLU MLP chunked over its (padded) intermediate: per chunk gate, up, act, down."""
+        g, u, d = (prefix + n for n in names)
+        h, inter = self.shapes[g][-2:]
+        sp = spans(inter, h, self.wb, self.tiles.weight_tile_bytes)
+        w = sp[0][1]
+        gate, up = self.act("gate", w), self.act("up", w)
+        B = self.batch
+        for c, tc in sp:
+            for tensor, act_dst in ((g, gate), (u, up)):
+                lid = self.load(tensor, layer, component, (0, h), (c, tc), expert, (h, w))
+                self.op(MatmulTile(layer, component, 2 * B * h * tc, load=lid, src=src, dst=act_dst,
+                                   mode=MatmulMode.COLS, n=tc, expert=expert))
+            self.op(GeluMul(layer, component, 10 * B * tc, src=gate, dst=up, n=tc, expert=expert))
+            lid = self.load(d, layer, component, (c, tc), (0, h), expert, (w, h))
+            self.op(MatmulTile(layer, component, 2 * B * tc * h, load=lid, src=up, dst=dst, mode=MatmulMode.ROWS,
+                               n=tc, accumulate=c > 0, expert=expert))
+
+    # the step ---------------------------------------------------------------------------------
+    def build(self):
+        cfg, B, H = self.cfg, self.batch, self.cfg.hidden_size
+        for name in ("x", "xn", "attn_out", "ffn"):
+            self.act(name, H)
+        if cfg.is_moe:
+            for name in ("x2", "rin", "moe"):
+                self.act(name, H)
+        vec_rows, vec_width = vector_table_shape(cfg)
+        self.op(Prologue(-1, NORMS, 0, serial_bytes=round_up(vec_rows, ROWS) * vec_width * 4))
+        self.op(Embed(-1, HEAD, 0, serial_bytes=B * BLOCK * H * self.wb))
+        for i, t in enumerate(cfg.layer_types):
+            self.layer(i, t)
+        self.op(Norm(-1, NORMS, 4 * B * H, src="x", dst="xn", vector="final_norm"))
+        # The head: equal tiles (one loop in the kernel), each softcapped and folded into the running argmax.
+        tv = even_width(cfg.vocab_size, H, self.wb, self.tiles.head_tile_bytes)
+        if HEAD not in self.ko:
+            for r in range(0, cfg.vocab_size, tv):
+                lid = self.load("embed", -1, HEAD, (r, tv), (0, H))
+                self.op(HeadTile(-1, HEAD, 2 * B * tv * H + 6 * B * tv, load=lid, src="xn", row_off=r, n=tv))
+        else:
+            self.op(NoHead(-1, HEAD, 0))
+        self.op(EmitTokens(-1, HEAD, 0, serial_bytes=ROWS * LANE * 4))
+
+    def layer(self, i: int, t: str):
+        cfg, B, p = self.cfg, self.batch, f"layers.{i}."
+        H, hd, kv, nh = cfg.hidden_size, cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
+        att = attention_component(t)
+        if att not in self.ko:
+            self.op(Norm(i, NORMS, 4 * B * H, src="x", dst="xn", vector=p + "input_norm"))
+            qkw = max(cfg.sliding_kv_heads * cfg.sliding_head_dim, cfg.full_kv_heads * cfg.full_head_dim)
+            q, k, v = self.act("q", nh * max(cfg.sliding_head_dim, cfg.full_head_dim)), self.act("k", qkw), \
+                self.act("v", qkw)
+            self.proj_cols(p + "q", i, att, "xn", q)
+            self.proj_cols(p + "k", i, att, "xn", k)
+            if cfg.has_v_proj(t):
+                self.proj_cols(p + "v", i, att, "xn", v)
+            self.op(QKVNormRope(i, att, 12 * B * (nh + 2 * kv) * hd, layer_type=t))
+            positions = cfg.cache_positions(t, self.context)
+            T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
+            per_pos = 2 * kv * hd * self.kvb  # K and V
+            self.op(Attend(i, att, 4 * B * nh * hd * positions, layer_type=t,
+                           kv_bytes=B * per_pos * max(0, positions - 1 - T),
+                           serial_bytes=B * per_pos * (min(T, positions - 1) + BLOCK)))
+            self.act("attn", nh * max(cfg.sliding_head_dim, cfg.full_head_dim))
+            self.proj_rows(p + "o", i, att, "attn", "attn_out")
+        self.op(AttentionResidual(i, NORMS, 8 * B * H, attention_on=att not in self.ko))
+        if cfg.is_moe:
+            E = self.shapes[p + "router_proj"][1]
+            self.act("router", E)
+            if ROUTER not in self.ko:
+                self.proj_cols(p + "router_proj", i, ROUTER, "rin", "router")
+            self._route = len(self.ops)
+            # with the router knocked out, Route only sets the fixed experts 0..k-1
+            self.op(Route(i, ROUTER, 0 if ROUTER in self.ko else (4 + 2 * cfg.top_k) * B * E,
+                          router_on=ROUTER not in self.ko, serial_bytes=2 * ROWS * E * 4))
+        if SHARED_MLP not in self.ko:
+            self.mlp(p, i, SHARED_MLP, "xn", "ffn", ("mlp_gate", "mlp_up", "mlp_down"))
+        if cfg.is_moe and EXPERTS not in self.ko:
+            self.act("eo", H)
+            for j in range(expert_slots(cfg, B)):
+                self.mlp(p, i, EXPERTS, "x2", "eo", ("expert_gate", "expert_up", "expert_down"), expert=j)
+                self.op(ExpertCombine(i, EXPERTS, 2 * B * H, expert=j))
+        self.op(FfnResidual(i, NORMS, 10 * B * H))
+
+
+def check_shapes(cfg: Gemma4Config, batch: int, max_len: int, context: int, kv_itemsize: int, tiles: Tiles):
+    for name, v in (("batch", batch), ("max_len", max_len)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not 0 < context <= max_len:
+        raise ValueError(f"context={context} must be in 1..max_len={max_len}")
+    if tiles.kv_tile % sublanes(kv_itemsize):
+        raise ValueError(f"kv_tile={tiles.kv_tile} cuts a ({sublanes(kv_itemsize)}, 128) tile of a "
+                         f"{kv_itemsize}-byte KV cache; use a multiple of {sublanes(kv_itemsize)}")
+    for t in set(cfg.layer_types):
+        if cfg.head_dim(t) % LANE:
+            raise ValueError(f"{t} head_dim {cfg.head_dim(t)} is not a multiple of {LANE}: the kernel keeps a "
+                             "head in whole lanes")
+    if cfg.hidden_size % LANE or cfg.vocab_size % LANE:
+        raise ValueError(f"hidden_size ({cfg.hidden_size}) and vocab_size ({cfg.vocab_size}) must be multiples "
+                         f"of {LANE} for the kernel's tiles")

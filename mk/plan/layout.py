@@ -1,0 +1,89 @@
+"""The kernel's memory layout rules: TPU tile sizes, the padded HBM shapes of the weights, the packed
+table of small vectors, KV tiles, and how many layers fit one chip's HBM.
+
+TPU layout rules applied here: every weight tile's last two dims are multiples of (8, 128) (16
+sublanes in bf16); dims that are not multiples of 128 are padded with zeros (the MLP and expert
+intermediates, e.g. 704 -> 768, and the router's expert count), which leaves every result exact;
+users pad to 8 rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..config import SLIDING, Gemma4Config
+from ..params import layer_param_specs, param_specs
+
+LANE = 128
+ROWS = 8  # users pad to one f32 sublane tile
+BLOCK = 16  # rows a DMA moves at a dynamic offset: one bf16 sublane tile (embedding rows, new K/V)
+MIB = 2 ** 20
+VREG_BYTES = 64 * 4096  # a TensorCore's vector register file: 64 registers of 8 x 128 x 4 bytes
+
+
+def round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def sublanes(itemsize: int) -> int:
+    """Rows of one (sublane, 128) tile for this item size: 8 in f32, 16 in bf16, 32 in int8."""
+    return 8 * 4 // itemsize
+
+
+def padded_shape(cfg: Gemma4Config, path: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape a tensor has in the kernel's HBM layout (intermediates and expert count padded to 128)."""
+    name = path.rsplit(".", 1)[-1]
+    mi, ei, ep = round_up(cfg.mlp_intermediate, LANE), round_up(cfg.expert_intermediate, LANE), \
+        round_up(max(cfg.num_experts, 1), LANE)
+    if name in ("mlp_gate", "mlp_up"):
+        return (shape[0], mi)
+    if name == "mlp_down":
+        return (mi, shape[1])
+    if name in ("expert_gate", "expert_up"):
+        return (shape[0], shape[1], ei)
+    if name == "expert_down":
+        return (shape[0], ei, shape[2])
+    if name == "router_proj":
+        return (shape[0], ep)
+    return shape
+
+
+def cache_slots(cfg: Gemma4Config, layer_type: str, max_len: int) -> int:
+    """Slots of a layer's KV cache in the kernel's layout: the window (sliding) or ``max_len`` (full),
+    rounded up to whole ``BLOCK``s (the extra slots are never valid and are masked)."""
+    return round_up(cfg.sliding_window if layer_type == SLIDING else max_len, BLOCK)
+
+
+def kv_tile(positions: int, largest: int, multiple: int = BLOCK) -> int:
+    """KV positions per tile: the largest multiple of ``multiple`` that divides ``positions`` and is <= ``largest``."""
+    return max(t for t in range(multiple, min(positions, largest) + 1, multiple) if positions % t == 0)
+
+
+def vector_rows(cfg: Gemma4Config) -> dict[str, int]:
+    """Row of each vector parameter in the packed table (``final_norm`` and every layer's norms/scales)."""
+    out = {}
+    for s in param_specs(cfg):
+        if len(s.shape) == 1:
+            out[s.path] = len(out)
+    return out
+
+
+def vector_table_shape(cfg: Gemma4Config) -> tuple[int, int]:
+    """Rows and width of the packed table of norm weights and scales (one vector a row)."""
+    n = 1 + len(vector_rows(cfg))
+    width = round_up(max(cfg.hidden_size, cfg.full_head_dim, cfg.sliding_head_dim, cfg.num_experts, 1), LANE)
+    return n, width
+
+
+def layers_in_hbm(cfg: Gemma4Config, hbm_bytes: float, batch: int, max_len: int, itemsize: int = 2) -> int:
+    """How many of ``cfg``'s first layers (every expert included), with the embedding/head and their
+    KV caches, fit in ``hbm_bytes`` (one chip's HBM), in the kernel's padded layout (the compiler
+    refused a 26B-A4B cut counted unpadded for v6e: its 704 -> 768 expert padding is ~9% of a layer)."""
+    used = cfg.vocab_size * cfg.hidden_size * itemsize
+    for i, t in enumerate(cfg.layer_types):
+        kv = 2 * batch * cfg.kv_heads(t) * cache_slots(cfg, t, max_len) * cfg.head_dim(t)
+        weights = sum(math.prod(padded_shape(cfg, s.path, s.shape)) for s in layer_param_specs(cfg, i))
+        used += (weights + kv) * itemsize
+        if used > hbm_bytes:
+            return i
+    return cfg.num_layers

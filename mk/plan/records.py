@@ -1,0 +1,260 @@
+"""The step plan's records: tile sizes, VMEM buffers, weight-tile DMAs (``Load``, ``Start``, ``Wait``)
+and one small frozen record per kind of compute op.
+
+Each op kind carries what it costs (``flops``; the bytes it reads beside its weight tile: ``kv_bytes``
+streamed behind compute, ``serial_bytes`` read while compute waits) and names the fields that may
+change between the repeats of a loop (``STRIDED``: integers that step by a fixed stride, booleans that
+turn on after the first repeat). The kernel emits an op through one table from its type to an emit
+function (mk.megakernel.kernel.EMIT); the timeline reads each op's own cost. A new kind of op is a new
+record here, its emit function, and its test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import ClassVar
+
+from .layout import LANE, MIB
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Tile sizes: the largest weight tile and head tile (bytes), KV positions per tile, and slots per
+    weight buffer (the prefetch depth: 2 is double buffering). Bigger tiles mean fewer DMAs and less
+    kernel code; the VMEM budget bounds them. The head gets its own size: it is one long run of
+    identical tiles (262,144 vocabulary rows)."""
+
+    weight_tile_bytes: int = 4 * MIB + 512 * 1024  # one whole 26B-A4B expert matrix (2816 x 768 bf16)
+    head_tile_bytes: int = 8 * MIB
+    kv_tile: int = 512
+    slots: int = 2
+
+    def __post_init__(self):
+        if self.weight_tile_bytes < LANE * 4 * 16:
+            raise ValueError(f"weight_tile_bytes={self.weight_tile_bytes} is below one (16, 128) tile")
+        if self.kv_tile <= 0 or self.kv_tile % 8:
+            raise ValueError(f"kv_tile={self.kv_tile} must be a positive multiple of 8 (f32 sublanes; "
+                             "16 for a bf16 cache)")
+        if self.slots < 2:
+            raise ValueError(f"slots={self.slots}: the weight stream needs at least 2 (double buffering)")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A VMEM weight buffer: ``slots`` tiles of ``shape``."""
+
+    name: str
+    shape: tuple[int, int]
+    itemsize: int
+    slots: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.slots * self.shape[0] * self.shape[1] * self.itemsize
+
+
+@dataclass(frozen=True)
+class Load:
+    """One weight tile's DMA, HBM -> VMEM: ``tensor[rows, cols]`` (of the expert in routed slot
+    ``expert``, when set) into ``buffer`` slot ``slot``. ``nbytes`` is what the DMA moves (padding
+    included), ``payload_bytes`` the part that holds real weights."""
+
+    id: int
+    tensor: str
+    layer: int          # -1 for the head
+    component: str
+    buffer: str
+    slot: int
+    rows: tuple[int, int]   # (start, size) in the padded tensor
+    cols: tuple[int, int]
+    nbytes: int
+    payload_bytes: int
+    expert: int | None = None
+
+
+@dataclass(frozen=True)
+class Start:
+    load: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    load: int
+
+
+class MatmulMode(str, Enum):
+    """How a weight tile meets the activations."""
+
+    COLS = "cols"  # dst[:, dst_off:+n] = src @ tile (a column tile of W [K, N])
+    ROWS = "rows"  # dst (+)= src[:, src_off:+n] @ tile (a row tile of W [K, N], summed over tiles)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One compute step. Subclasses are the op kinds; ``layer`` is -1 outside the layers."""
+
+    layer: int
+    component: str
+    flops: int
+
+    STRIDED: ClassVar[tuple[str, ...]] = ()  # fields that may change between repeats of a loop
+    LOOPABLE: ClassVar[bool] = False        # may be the body of a loop over tiles
+    load: ClassVar[int | None] = None        # the weight tile it reads (matmul kinds set it)
+    expert: ClassVar[int | None] = None      # routed slot j: runs only if slot j holds a new expert
+    kv_bytes: ClassVar[int] = 0              # bytes it streams besides its weight tile (KV cache)
+    serial_bytes: ClassVar[int] = 0          # bytes it reads while the compute waits for them
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class Prologue(Op):
+    """Token ids, positions, the vector table and RoPE frequencies, HBM -> VMEM/SMEM before anything."""
+
+    serial_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Embed(Op):
+    """x = embed[token] * sqrt(H) for every user (one aligned block of rows per user)."""
+
+    serial_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Norm(Op):
+    """dst = rms_norm(src) * weight (``vector``: the path of the weight in the vector table)."""
+
+    src: str = ""
+    dst: str = ""
+    vector: str = ""
+
+
+@dataclass(frozen=True)
+class MatmulTile(Op):
+    """A weight tile times the activations (see MatmulMode); ``accumulate`` False sets dst."""
+
+    load: int = 0
+    src: str = ""
+    dst: str = ""
+    mode: MatmulMode = MatmulMode.COLS
+    src_off: int = 0
+    dst_off: int = 0
+    n: int = 0
+    accumulate: bool = False
+    expert: int | None = None
+
+    STRIDED: ClassVar = ("src_off", "dst_off", "accumulate", "expert")
+    LOOPABLE: ClassVar = True
+
+
+@dataclass(frozen=True)
+class GeluMul(Op):
+    """dst[:, :n] = gelu_tanh(src[:, :n]) * dst[:, :n]: the GeGLU of one MLP (or expert) chunk."""
+
+    src: str = ""
+    dst: str = ""
+    n: int = 0
+    expert: int | None = None
+
+    STRIDED: ClassVar = ("expert",)
+    LOOPABLE: ClassVar = True
+
+
+@dataclass(frozen=True)
+class ExpertCombine(Op):
+    """moe += gate[:, e] * expert_out for the expert in routed slot ``expert``."""
+
+    expert: int = 0
+
+    STRIDED: ClassVar = ("expert",)
+    LOOPABLE: ClassVar = True
+
+
+@dataclass(frozen=True)
+class QKVNormRope(Op):
+    """q/k norms and RoPE at each user's position, v's weightless norm, in place."""
+
+    layer_type: str = ""
+
+
+@dataclass(frozen=True)
+class Attend(Op):
+    """Per user: online softmax over the KV cache in tiles, then the new K/V written back in place.
+    ``kv_bytes``: the cache read at the plan's context; ``serial_bytes``: the first tile of every user
+    and the block read around the write-back position, which compute waits for."""
+
+    layer_type: str = ""
+    kv_bytes: int = 0
+    serial_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class AttentionResidual(Op):
+    """x += post_attn_norm(attn_out); the FFN inputs (pre_ffn_norm(x); for MoE also the experts' and
+    the router's normed inputs)."""
+
+    attention_on: bool = True
+
+
+@dataclass(frozen=True)
+class Route(Op):
+    """Router softmax and top-k in VMEM; ids to SMEM (a serial DMA: expert DMAs address by them); flags
+    for routed slots whose expert an earlier slot already holds (fetched once)."""
+
+    router_on: bool = True
+    serial_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class FfnResidual(Op):
+    """x = (x + post_ffn_norm(mlp [+ experts])) * layer_scalar."""
+
+
+@dataclass(frozen=True)
+class HeadTile(Op):
+    """Softcapped logits of ``n`` vocabulary rows from ``row_off``, folded into a running argmax per user;
+    sent to HBM only when the kernel writes logits."""
+
+    load: int = 0
+    src: str = ""
+    row_off: int = 0
+    n: int = 0
+
+    STRIDED: ClassVar = ("row_off",)
+    LOOPABLE: ClassVar = True
+
+
+@dataclass(frozen=True)
+class NoHead(Op):
+    """The head knocked out: logits are zeros, so every user's greedy pick is token 0."""
+
+
+@dataclass(frozen=True)
+class EmitTokens(Op):
+    """Write each user's greedy token and next position to HBM (the step's output)."""
+
+    serial_bytes: int = 0
+
+
+OP_KINDS = (Prologue, Embed, Norm, MatmulTile, GeluMul, ExpertCombine, QKVNormRope, Attend, AttentionResidual,
+            Route, FfnResidual, HeadTile, NoHead, EmitTokens)
+
+Item = Start | Wait | Op
+
+
+@dataclass(frozen=True)
+class Loop:
+    """Groups ``start .. start + period * count`` of ``StepPlan.groups`` as ``count`` repeats of a
+    ``period``-group body. A group is one compute op with the Wait before it and the Starts issued
+    after it. The compute (and its Wait) repeats with fixed strides (its STRIDED fields, tile offsets)
+    and a buffer slot that steps modulo ``Tiles.slots``. The Starts may change between repeats (the last
+    tiles of a matrix start the next matrix's): a DMA start is a few instructions, a tile's matmul is
+    most of the code. The kernel emits the run as one loop, so its code does not grow with the tiles."""
+
+    start: int
+    period: int
+    count: int

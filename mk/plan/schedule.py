@@ -1,0 +1,157 @@
+"""Scheduling and folding: when each weight tile's DMA is issued and waited for, and which regular
+runs of the resulting items the kernel emits as one loop.
+
+``schedule`` places a ``Start`` for every load as early as its slot (and, for experts, the route)
+allows, and a ``Wait`` just before the op that reads it, so the next tiles are always in flight while
+the current one is computed on, across layer boundaries. ``fold`` finds the regular runs (the tiles
+of one matrix, MLP chunks, expert slots, the head): runs of groups whose ops differ only in their
+STRIDED fields, by a fixed stride.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from .records import Item, Load, Loop, Op, Start, Wait
+
+MAX_PERIOD = 8  # longest body searched for, in groups (an expert slot is 5: gate, up, act, down, combine)
+
+
+def schedule(ops: list[Op], loads: list[Load], route_of: dict[int, int], slots: int) -> list[Item]:
+    """Place Start/Wait around the ops: every load starts as early as its slot (and, for experts, the
+    route) allows; a compute waits for its own load just before it runs."""
+    consumer = {op.load: n for n, op in enumerate(ops) if op.load is not None}
+    by_buffer: dict[str, list[int]] = {}
+    for ld in loads:
+        by_buffer.setdefault(ld.buffer, []).append(ld.id)
+    # a load may start once the op that consumed the previous user of its slot has run
+    after_op = {}
+    for ids in by_buffer.values():
+        for k, lid in enumerate(ids):
+            after_op[lid] = consumer[ids[k - slots]] if k >= slots else -1
+    ready: dict[int, list[int]] = {}  # op index after which a load may start -> loads
+    for ld in loads:
+        n = consumer[ld.id]
+        ready.setdefault(max(after_op[ld.id], route_of.get(n, -1)), []).append(ld.id)
+    items: list[Item] = [Start(lid) for lid in ready.get(-1, ())]
+    for n, op in enumerate(ops):
+        if op.load is not None:
+            items.append(Wait(op.load))
+        items.append(op)
+        items += [Start(lid) for lid in ready.get(n, ())]
+    return items
+
+
+def groups(items) -> tuple[tuple[int, int], ...]:
+    """Item ranges [a, b): each compute op with the Wait just before it and the Starts just after it
+    (the Starts before the first op are a group of their own)."""
+    cuts = [0] + [n for n, it in enumerate(items)
+                  if n and (isinstance(it, Wait) or (isinstance(it, Op) and not isinstance(items[n - 1], Wait)))]
+    return tuple(zip(cuts, cuts[1:] + [len(items)]))
+
+
+def split_fields(op: Op) -> tuple[tuple, tuple[int, ...], tuple[bool, ...]]:
+    """(what must be equal between repeats of a loop, the integers that may step by a stride, the flags
+    that may turn on after the first repeat): from the op kind's STRIDED fields."""
+    key, ints, flags = [type(op)], [], []
+    for f in fields(op):
+        v = getattr(op, f.name)
+        if f.name == "load":  # the tile's own id: compared as a Load (load_key, load_ints)
+            continue
+        if f.name not in op.STRIDED:
+            key.append(v)
+        elif isinstance(v, bool):
+            flags.append(v)
+        else:
+            key.append(v is None)
+            if v is not None:
+                ints.append(v)
+    return tuple(key), tuple(ints), tuple(flags)
+
+
+def load_key(ld: Load):
+    return ld.tensor, ld.layer, ld.component, ld.buffer, ld.rows[1], ld.cols[1], ld.nbytes, ld.expert is None
+
+
+def load_ints(ld: Load) -> tuple[int, ...]:
+    return ld.rows[0], ld.cols[0], ld.expert or 0
+
+
+def _varying(items, group, loads: dict):
+    """A group's compute as (equal part, strided integers, buffer slot, flags); None if no loop may hold it."""
+    op = next((it for it in items[group[0]:group[1]] if isinstance(it, Op)), None)
+    if op is None or not op.LOOPABLE:
+        return None
+    key, ints, flags = split_fields(op)
+    if op.load is not None:
+        ld = loads[op.load]
+        key, ints = key + load_key(ld), ints + load_ints(ld)
+    return key, ints, loads[op.load].slot if op.load is not None else 0, flags
+
+
+def _repeats(v: list, a: int, period: int, slots: int) -> int:
+    """How many times the ``period`` groups from ``a`` repeat with fixed strides (1 if not at all)."""
+    n = 1
+    while a + period * (n + 1) <= len(v):
+        for k in range(period):
+            first, second, this = v[a + k], v[a + k + period], v[a + k + period * n]
+            if first is None or this is None or this[0] != first[0]:
+                return n
+            if any(x0 + (x1 - x0) * n != x for x0, x1, x in zip(first[1], second[1], this[1])):
+                return n
+            if this[2] != (first[2] + (second[2] - first[2]) % slots * n) % slots:
+                return n
+            # each flag: equal throughout, or off on the first repeat only
+            if any(f != f0 and not (not f0 and f1) for f0, f1, f in zip(first[3], second[3], this[3])):
+                return n
+        n += 1
+    return n
+
+
+def fold(items, loads: dict, slots: int) -> tuple[int | Loop, ...]:
+    """Cover the groups of ``items`` greedily with the longest regular runs (``Loop``); the rest stay
+    single groups (their index)."""
+    gs = groups(items)
+    v = [_varying(items, g, loads) for g in gs]
+    out: list[int | Loop] = []
+    a = 0
+    while a < len(gs):
+        best = None
+        if v[a] is not None:
+            for period in range(1, min(MAX_PERIOD, (len(gs) - a) // 2) + 1):
+                n = _repeats(v, a, period, slots)
+                if n >= 2 and (best is None or period * n > best.period * best.count):
+                    best = Loop(a, period, n)
+        if best is None:
+            out.append(a)
+            a += 1
+        else:
+            out.append(best)
+            a += best.period * best.count
+    return tuple(out)
+
+
+def start_runs(starts: list[list[Load]], slots: int) -> list[tuple[int, int, Load, Load | None]]:
+    """The Starts of one body position over a loop's repeats (``starts[j]``: the loads started in
+    repeat j) as runs (lo, hi, first load, second load or None): in repeats lo..hi-1 the load steps
+    from the first by a fixed stride, like a loop body's compute."""
+    done: list = []
+    open_: dict = {}
+    for j, lds in enumerate(starts):
+        still = {}
+        for m, ld in enumerate(lds):
+            r = open_.get(m)
+            if r is not None and load_key(r[2]) == load_key(ld):
+                lo, _, first, second = r
+                step = j - lo
+                if second is None or (all(a + (b - a) * step == c for a, b, c in
+                                          zip(load_ints(first), load_ints(second), load_ints(ld)))
+                                      and ld.slot == (first.slot + (second.slot - first.slot) % slots * step) % slots):
+                    still[m] = (lo, j + 1, first, second or ld)
+                    continue
+            if r is not None:
+                done.append(r)
+            still[m] = (j, j + 1, ld, None)
+        done += [r for m, r in open_.items() if m not in still]
+        open_ = still
+    return done + list(open_.values())

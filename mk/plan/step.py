@@ -1,0 +1,189 @@
+"""The step plan: one decode step as an ordered list of small records, and ``build_plan``.
+
+A plan holds the weight tiles a step streams from HBM (``Load``), its compute ops (mk.plan.records),
+and, placed by the scheduler, when each tile's DMA is issued (``Start``) and waited for (``Wait``).
+The megakernel's Python trace walks the plan and emits exactly that code, so the kernel and the plan
+cannot drift; tests and the timing model read the same records for bytes, FLOPs and order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from ..config import Gemma4Config
+from ..params import EXPERTS, check_knockout
+from ..sol import distinct_experts_distribution
+from .builder import Builder, check_shapes, even_width, expert_slots
+from .layout import ROWS, cache_slots, kv_tile, round_up
+from .records import Buffer, Item, Load, Loop, Op, Start, Tiles, Wait
+from .schedule import fold, groups, schedule
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    cfg: Gemma4Config
+    batch: int
+    max_len: int
+    context: int
+    weight_itemsize: int
+    kv_itemsize: int
+    tiles: Tiles
+    knockout: frozenset
+    buffers: dict[str, Buffer]
+    loads: tuple[Load, ...]
+    items: tuple[Item, ...]
+    activations: dict[str, tuple[int, int]] = field(default_factory=dict)  # f32 VMEM scratch
+
+    @property
+    def rows(self) -> int:
+        return round_up(self.batch, ROWS)
+
+    @property
+    def head_tile(self) -> int:
+        """Vocabulary rows per head tile (they divide the vocabulary: the head runs as one loop)."""
+        return even_width(self.cfg.vocab_size, self.cfg.hidden_size, self.weight_itemsize,
+                          self.tiles.head_tile_bytes)
+
+    @property
+    def expert_slots(self) -> int:
+        return expert_slots(self.cfg, self.batch) if self.cfg.is_moe and EXPERTS not in self.knockout else 0
+
+    @cached_property
+    def folded(self) -> tuple[int | Loop, ...]:
+        """The items as the kernel emits them: an item index, or a ``Loop`` over a regular run."""
+        return fold(self.items, {ld.id: ld for ld in self.loads}, self.tiles.slots)
+
+    @cached_property
+    def groups(self) -> tuple[tuple[int, int], ...]:
+        return groups(self.items)
+
+    @property
+    def emitted_ops(self) -> int:
+        """Compute ops the kernel writes code for (a loop's body once): what its code size follows."""
+        return sum(s.period if isinstance(s, Loop) else int(any(isinstance(it, Op) for it in
+                   self.items[slice(*self.groups[s])])) for s in self.folded)
+
+    def loop_table(self) -> list[dict]:
+        """The plan's loops as rows: layer, component, the tensors a repeat reads, repeats, ops per repeat."""
+        loads = {ld.id: ld for ld in self.loads}
+        rows = []
+        for s in self.folded:
+            if isinstance(s, Loop):
+                ops = [it for g in self.groups[s.start:s.start + s.period] for it in self.items[slice(*g)]
+                       if isinstance(it, Op)]
+                rows.append(dict(layer=ops[0].layer, component=ops[0].component, repeats=s.count,
+                                 ops_per_repeat=s.period,
+                                 tensors=" ".join(dict.fromkeys(loads[o.load].tensor.rsplit(".", 1)[-1]
+                                                                for o in ops if o.load is not None))))
+        return rows
+
+    @property
+    def ops(self) -> list[Op]:
+        return [i for i in self.items if isinstance(i, Op)]
+
+    def cache_len(self, layer_type: str) -> int:
+        """Slots of the layer type's KV cache in the kernel's layout (padded to whole blocks)."""
+        return cache_slots(self.cfg, layer_type, self.max_len)
+
+    def kv_tile(self, layer_type: str) -> int:
+        return kv_tile(self.cache_len(layer_type), self.tiles.kv_tile, 8 * 4 // self.kv_itemsize)
+
+    # Bytes -------------------------------------------------------------------------------------
+    @cached_property
+    def distinct_experts(self) -> dict[int, float]:
+        """Distribution of the distinct experts a layer fetches, uniform routing (exact)."""
+        return distinct_experts_distribution(self.cfg.num_experts, self.cfg.top_k, self.batch)
+
+    def fetch_probability(self, ld: Load) -> float:
+        """Probability that the kernel issues ``ld``: 1, or for routed slot j, P(more than j distinct experts)."""
+        if ld.expert is None:
+            return 1.0
+        return sum(p for n, p in self.distinct_experts.items() if n > ld.expert)
+
+    def _bytes(self, attr: str, distinct: dict[int, int] | None = None) -> int | float:
+        if distinct is None:
+            return sum(getattr(ld, attr) * self.fetch_probability(ld) for ld in self.loads)
+        return sum(getattr(ld, attr) for ld in self.loads if ld.expert is None or ld.expert < distinct[ld.layer])
+
+    @cached_property
+    def weight_bytes(self) -> float:
+        """Weight bytes the DMAs move in one step, expected under uniform routing (padding included)."""
+        return self._bytes("nbytes")
+
+    @cached_property
+    def payload_bytes(self) -> float:
+        """Of ``weight_bytes``, the bytes that hold real weights (the rest is the layout's padding)."""
+        return self._bytes("payload_bytes")
+
+    @cached_property
+    def weight_bytes_max(self) -> int:
+        """Weight bytes when every expert slot holds a distinct expert (the upper bound)."""
+        return sum(ld.nbytes for ld in self.loads)
+
+    def weight_bytes_for(self, distinct: dict[int, int]) -> int:
+        """Weight bytes the DMAs move for a given routing: ``distinct[layer]`` experts fetched per layer."""
+        return self._bytes("nbytes", distinct)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(op.kv_bytes + (op.serial_bytes if op.kind == "Attend" else 0) for op in self.ops)
+
+    @property
+    def flops(self) -> int:
+        return sum(op.flops for op in self.ops)
+
+    def bytes_by_component(self, payload: bool = False) -> dict[str, float]:
+        """Expected weight bytes by component (``payload``: without the layout's padding)."""
+        out: dict[str, float] = {}
+        for ld in self.loads:
+            out[ld.component] = out.get(ld.component, 0) + (ld.payload_bytes if payload else ld.nbytes) * \
+                self.fetch_probability(ld)
+        return out
+
+    # VMEM (mk.plan.vmem) -------------------------------------------------------------------------
+    def vmem_breakdown(self) -> dict[str, int]:
+        from .vmem import vmem_breakdown
+        return vmem_breakdown(self)
+
+    @property
+    def vmem_bytes(self) -> int:
+        return sum(self.vmem_breakdown().values())
+
+    def check_vmem(self, chip) -> int:
+        from .vmem import check_vmem
+        return check_vmem(self, chip)
+
+    def table(self) -> list[dict]:
+        """The items as rows (for a DataFrame): item (dma start, dma wait, compute), layer, what, bytes, flops."""
+        loads = {ld.id: ld for ld in self.loads}
+        rows = []
+        for i, it in enumerate(self.items):
+            if isinstance(it, Op):
+                rows.append(dict(step=i, item="compute", layer=it.layer, component=it.component, what=it.kind,
+                                 bytes=it.kv_bytes + it.serial_bytes, flops=it.flops, expert=it.expert))
+            else:
+                ld = loads[it.load]
+                rows.append(dict(step=i, item="dma start" if isinstance(it, Start) else "dma wait",
+                                 layer=ld.layer, component=ld.component,
+                                 what=f"{ld.tensor}[{ld.rows[0]}:+{ld.rows[1]}, {ld.cols[0]}:+{ld.cols[1]}]",
+                                 bytes=ld.nbytes if isinstance(it, Start) else 0, flops=0, expert=ld.expert))
+        return rows
+
+
+def build_plan(cfg: Gemma4Config, batch: int, max_len: int, context: int | None = None, *,
+               weight_itemsize: int = 4, kv_itemsize: int = 4, tiles: Tiles = Tiles(),
+               knockout=frozenset()) -> StepPlan:
+    """The plan of one decode step for ``batch`` users with caches of ``max_len`` positions.
+
+    ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
+    and attention FLOPs recorded for timing; the kernel itself reads the tiles each user's position needs.
+    """
+    context = max_len if context is None else context
+    check_shapes(cfg, batch, max_len, context, kv_itemsize, tiles)
+    ko = check_knockout(knockout)
+    b = Builder(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko)
+    b.build()
+    items = schedule(b.ops, b.loads, b.route_of, tiles.slots)
+    return StepPlan(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, dict(b.buffers),
+                    tuple(b.loads), tuple(items), dict(b.acts))

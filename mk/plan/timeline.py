@@ -1,0 +1,64 @@
+"""A modelled timeline of one step on one chip, read off the plan's records and their own costs."""
+
+from __future__ import annotations
+
+from .records import Op, Start, Wait
+
+
+def timeline(plan, chip, distinct: dict[int, int] | None = None) -> list[dict]:
+    """The DMA engine serves weight tiles in the order the plan issues them at the chip's HBM bandwidth;
+    compute runs the ops in order, each waiting for its tile, at the chip's bf16 FLOP/s. An op's
+    ``kv_bytes`` share the DMA engine with the weights; its ``serial_bytes`` are read while compute
+    waits (lane "dma (serial)": the prologue, the first KV tile of each user and layer, the router ids,
+    the write-back block, the token ids out). ``distinct[layer]``: experts fetched per layer (default:
+    the expected number under uniform routing, rounded). Rows: lane, what, layer, component, start_s,
+    end_s. A first-order model of one chip, not a measurement."""
+    from ..chips import get_chip
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    bw, flops = chip.per_chip_bandwidth, chip.bf16_flops / chip.chips
+    if distinct is None:
+        n = round(sum(k * p for k, p in plan.distinct_experts.items()))
+        distinct = {i: n for i in range(plan.cfg.num_layers)}
+    loads = {ld.id: ld for ld in plan.loads}
+
+    def fetched(ld):
+        return ld is None or ld.expert is None or ld.expert < distinct[ld.layer]
+
+    dma_free, compute_free, issued_at, arrive, rows = 0.0, 0.0, 0.0, {}, []
+    for it in plan.items:
+        if isinstance(it, Start):
+            ld = loads[it.load]
+            if not fetched(ld):
+                continue
+            s = max(dma_free, issued_at)
+            dma_free = s + ld.nbytes / bw
+            arrive[it.load] = dma_free
+            rows.append(dict(lane="dma", what=ld.tensor, layer=ld.layer, component=ld.component, start_s=s,
+                             end_s=dma_free))
+        elif isinstance(it, Wait):
+            if it.load in arrive:
+                compute_free = max(compute_free, arrive[it.load])
+        else:
+            op: Op = it
+            if op.load is not None and not fetched(loads[op.load]) or \
+                    (op.expert is not None and op.expert >= distinct[op.layer]):
+                continue
+            s = compute_free
+            for lane, nbytes in (("dma (serial)", op.serial_bytes), ("dma", op.kv_bytes)):
+                if nbytes:
+                    ks = max(dma_free, s)
+                    dma_free = ks + nbytes / bw
+                    rows.append(dict(lane=lane, what=f"{op.kind} {op.layer}", layer=op.layer,
+                                     component=op.component, start_s=ks, end_s=dma_free))
+                    s = max(s, dma_free)
+            compute_free = s + op.flops / flops
+            issued_at = compute_free  # the next Start is issued after this op
+            rows.append(dict(lane="compute", what=op.kind, layer=op.layer, component=op.component, start_s=s,
+                             end_s=compute_free))
+    return rows
+
+
+def memory_busy_fraction(rows: list[dict]) -> float:
+    """Share of the modelled step during which the DMA engine is moving bytes."""
+    end = max(r["end_s"] for r in rows)
+    return sum(r["end_s"] - r["start_s"] for r in rows if r["lane"].startswith("dma")) / end

@@ -1,0 +1,54 @@
+"""The VMEM budget of a step plan: every buffer the kernel allocates, by use, checked against a chip."""
+
+from __future__ import annotations
+
+from .layout import BLOCK, LANE, MIB, ROWS, VREG_BYTES, round_up, vector_table_shape
+
+
+def vmem_breakdown(plan) -> dict[str, int]:
+    """Bytes of VMEM the kernel allocates, by use (weight buffers, KV tiles, activations, ...)."""
+    cfg, r = plan.cfg, plan.rows
+    types = set(cfg.layer_types)
+    # K and V tiles, double-buffered, all KV heads of one user
+    kv = sum(2 * 2 * cfg.kv_heads(t) * plan.kv_tile(t) * cfg.head_dim(t) * plan.kv_itemsize for t in types)
+    # Attention's f32 copy of one K (or V) tile, all KV heads: past the vector registers (64 x 4 KiB)
+    # Mosaic keeps it in its own scratch. The compiler's VMEM figure exceeds the explicit buffers by
+    # this and it grows with kv_tile (v5e/v6e AOT, full-size steps); tiny tiles stay in registers.
+    upcast = max(cfg.kv_heads(t) * plan.kv_tile(t) * cfg.head_dim(t) * 4 for t in types)
+    upcast = upcast if upcast > VREG_BYTES else 0
+    stage = sum(2 * plan.batch * cfg.kv_heads(t) * BLOCK * cfg.head_dim(t) * plan.kv_itemsize for t in types)
+    vec_rows, vec_width = vector_table_shape(cfg)
+    ep = round_up(max(cfg.num_experts, 1), LANE)
+    rep = max(cfg.num_heads // cfg.kv_heads(t) for t in types)
+    hd = max(cfg.sliding_head_dim, cfg.full_head_dim)
+    return {
+        "weight buffers": sum(b.nbytes for b in plan.buffers.values()),
+        "kv tiles": kv,
+        "f32 k/v tile (compiler scratch)": upcast,
+        "new k/v staging": stage,
+        "activations": sum(a * b * 4 for a, b in plan.activations.values()),
+        "query block": max(cfg.kv_heads(t) for t in types) * round_up(rep, ROWS) * hd * 4,
+        "norm and scale vectors": round_up(vec_rows, ROWS) * vec_width * 4 + ROWS * hd * 4,
+        "embedding rows": plan.batch * BLOCK * cfg.hidden_size * plan.weight_itemsize,
+        "routing": r * ep * 4 * 2 + r * LANE * 4,
+        "greedy pick and users": 3 * r * LANE * 4,
+        "logits staging": 2 * plan.batch * ROWS * plan.head_tile * 4,
+    }
+
+
+def check_vmem(plan, chip) -> int:
+    """Raise if the plan's VMEM does not fit one core of ``chip`` (a Chip or a name)."""
+    from ..chips import get_chip
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    if chip.vmem_bytes != chip.vmem_bytes:  # NaN: not checked for this chip
+        raise ValueError(f"{chip.name} has no checked VMEM size in data/chips.csv; check it with the "
+                         "AOT compiler (mk.tpu) before budgeting a kernel for it")
+    need = plan.vmem_bytes
+    if need > chip.vmem_bytes:
+        parts = ", ".join(f"{k} {v / MIB:.1f}" for k, v in plan.vmem_breakdown().items())
+        raise ValueError(
+            f"the step plan for {plan.cfg.name} (batch {plan.batch}, max_len {plan.max_len}) needs "
+            f"{need / MIB:.1f} MiB of VMEM ({parts} MiB) but {chip.name} has {chip.vmem_bytes / MIB:.0f} MiB "
+            f"per core ({chip.source}); lower Tiles.weight_tile_bytes (now {plan.tiles.weight_tile_bytes}) "
+            f"or Tiles.kv_tile (now {plan.tiles.kv_tile}), or the batch")
+    return need
