@@ -10,15 +10,66 @@ without one; lowering a step inside ``jax.shard_map`` over that topology's devic
 ``.compile()`` runs libtpu's real Mosaic compiler, which refuses bad layouts, primitives with no
 TPU lowering and VMEM overflow. libtpu refuses the single-chip ``v5e:1x1`` topology, so the
 smallest topology used here is ``2x2``.
+
+Start-up noise: on a machine with no TPU, loading libtpu (JAX's backend initialisation tries the TPU
+when libtpu is installed; :func:`topology` always loads it) asks the TPU VM's metadata for the host's
+accelerator type and worker host names and, finding none, prints "could not determine TPU accelerator
+type" and an ``E0000 ... INVALID_ARGUMENT`` line to stderr before its logging starts, so no log level
+quiets them. :func:`quiet_libtpu`, called when ``mk`` is imported, describes this host to libtpu as the
+single host it is instead; on a TPU VM it changes nothing.
+
+JAX is imported inside the functions: ``import mk`` stays light (the command line needs no JAX).
 """
 
 from __future__ import annotations
 
-import jax
-from jax.experimental.pallas import tpu as pltpu
+import glob
+import os
+from pathlib import Path
+
+GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips are PCI devices of Google's vendor id
+# Google PCI devices that are not TPUs (gVNIC network, NVMe disks); any other Google device counts as a
+# TPU, so a TPU generation newer than this list is never mistaken for no TPU.
+_GOOGLE_NON_TPU_DEVICES = {"0x0042", "0x001f"}
+# Variables that describe the TPU host to libtpu; if the user set any, they are theirs.
+_LIBTPU_HOST_VARS = ("TPU_ACCELERATOR_TYPE", "TPU_HOST_BOUNDS", "TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES",
+                     "TPU_WORKER_ID", "TPU_CHIPS_PER_HOST_BOUNDS")
+
+
+def tpu_chips_present() -> bool:
+    """Whether this machine may have a TPU chip attached (an ``/dev/accel*`` node, or a Google PCI
+    device other than a network card or disk), read from the file system without loading JAX or libtpu."""
+    if glob.glob("/dev/accel*"):
+        return True
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            if Path(vendor).read_text().strip() != GOOGLE_PCI_VENDOR:
+                continue
+            device = (Path(vendor).parent / "device").read_text().strip()
+        except OSError:
+            return True  # unreadable: assume a TPU, and leave libtpu's start-up alone
+        if device not in _GOOGLE_NON_TPU_DEVICES:
+            return True
+    return False
+
+
+def quiet_libtpu() -> None:
+    """On a machine with no TPU, tell libtpu it runs on one host (``TPU_HOST_BOUNDS=1,1,1``,
+    ``TPU_WORKER_HOSTNAMES=localhost``), so loading it prints no accelerator-type warning and no
+    ``E0000 ... INVALID_ARGUMENT`` line; it needs nothing else to compile ahead of time. Must run before
+    libtpu loads (``mk/__init__`` calls it). Does nothing on a TPU VM (the VM's metadata describes it),
+    nor when the user describes the host or forces TPU initialisation themselves. Platform choice
+    (``JAX_PLATFORMS``) is left alone."""
+    if tpu_chips_present() or "JAX_FORCE_TPU_INIT" in os.environ:
+        return
+    if any(v in os.environ for v in _LIBTPU_HOST_VARS):
+        return
+    os.environ["TPU_HOST_BOUNDS"] = "1,1,1"
+    os.environ["TPU_WORKER_HOSTNAMES"] = "localhost"
 
 
 def on_tpu() -> bool:
+    import jax
     return jax.default_backend() == "tpu"
 
 
@@ -26,6 +77,7 @@ def interpret_params(detect_races: bool = False):
     """``None`` (compile with Mosaic) on a TPU, else TPU interpret-mode parameters."""
     if on_tpu():
         return None
+    from jax.experimental.pallas import tpu as pltpu
     return pltpu.InterpretParams(detect_races=detect_races)
 
 
@@ -38,6 +90,7 @@ def races_detected() -> bool:
 
 def reset_interpreter() -> None:
     """Clear the interpreter's simulated memory and race state (needed after an exception)."""
+    from jax.experimental.pallas import tpu as pltpu
     pltpu.reset_tpu_interpret_mode_state()
 
 
@@ -46,8 +99,6 @@ TOPOLOGIES = {"tpu-v5e": "v5e:2x2", "tpu-v6e": "v6e:2x2"}
 
 def topology(chip: str):
     """A TPU topology description for ``chip`` (``tpu-v5e`` or ``tpu-v6e``); needs libtpu."""
-    import os
-
     from jax.experimental import topologies
     # libtpu takes a machine-wide lock by default; compiling ahead of time touches no TPU, so
     # several processes (parallel tests, notebooks) may hold it together.
@@ -66,6 +117,7 @@ def aot_compile(fn, chip: str, *shapes, donate_argnums=(), compiler_options: dic
     slice, ahead of time on this machine. ``shapes`` are one chip's ``jax.ShapeDtypeStruct``s
     (pytrees); every chip gets the same (replicated) inputs, so the per-chip program is exactly
     ``fn``'s. Returns the compiled object."""
+    import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     topo = topology(chip)
@@ -81,8 +133,10 @@ def probe_vmem(chip: str, nbytes: int = 200 * 2 ** 20) -> int | None:
     ``nbytes`` scratch buffer (``None`` if that compiled: the VMEM is larger)."""
     import re
 
+    import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
 
     def kernel(x_ref, o_ref, buf):
         buf[0:8, :] = x_ref[...]

@@ -20,11 +20,11 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from .config import Gemma4Config, from_hf_dict, to_hf_dict
 from .files import write_atomic
 from .params import NORMS, ROUTER, param_specs
+from .progress import tqdm
 
 # Prefixes of the text model: a Gemma4ForConditionalGeneration export, then a text-only Gemma4ForCausalLM.
 TEXT_PREFIXES = ("model.language_model.", "model.")
