@@ -5,7 +5,9 @@ import pytest
 from mk.chips import get_chip
 from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_DENSE, TINY_MOE
 from mk.params import EXPERTS, KNOCKOUTS, param_specs
-from mk.plan import Op, Start, Tiles, Wait, build_plan, layers_in_hbm
+from mk.plan import (OP_KINDS, Attend, ExpertCombine, GeluMul, HeadTile, MatmulTile, NoHead, Op, Route, Start, Tiles,
+                     Wait, build_plan, layers_in_hbm)
+from mk.sol import bytes_per_token, expected_distinct_experts
 
 
 def _positions(plan):
@@ -56,7 +58,7 @@ def test_weight_dmas_stay_ahead_of_compute_across_layers():
 
 def test_expert_dmas_start_right_after_routing_and_only_then():
     plan = build_plan(TINY_MOE, 2, 64)
-    route_at = {it.layer: n for n, it in enumerate(plan.items) if isinstance(it, Op) and it.name == "route"}
+    route_at = {it.layer: n for n, it in enumerate(plan.items) if isinstance(it, Route)}
     start, _, _ = _positions(plan)
     for ld in plan.loads:
         if ld.component == EXPERTS:
@@ -64,14 +66,15 @@ def test_expert_dmas_start_right_after_routing_and_only_then():
     for layer, n in route_at.items():
         first = min(start[ld.id] for ld in plan.loads if ld.component == EXPERTS and ld.layer == layer)
         assert first == n + 1, "the first expert DMA is issued right after the route op"
-    # B users x top-k routed slots, each fetching gate, up and down
+    # min(B x k, E) expert slots, each fetching gate, up and down
     assert {ld.expert for ld in plan.loads if ld.component == EXPERTS} == set(range(2 * TINY_MOE.top_k))
+    assert build_plan(TINY_MOE, 8, 64).expert_slots == TINY_MOE.num_experts
 
 
 def test_dense_plan_streams_every_matrix_once():
     plan = build_plan(TINY_DENSE, 1, 64, weight_itemsize=2)
     matrices = sum(s.size for s in param_specs(TINY_DENSE) if len(s.shape) >= 2)
-    assert plan.weight_bytes == matrices * 2
+    assert plan.weight_bytes == plan.payload_bytes == matrices * 2
 
 
 def test_knockout_drops_its_loads_and_context_sets_kv_bytes():
@@ -107,13 +110,18 @@ def test_vmem_overflow_is_a_clear_error():
 
 
 def test_bad_sizes_are_refused():
-    with pytest.raises(ValueError, match="not a multiple of 16"):
-        build_plan(TINY_DENSE, 1, 40)
-    assert build_plan(TINY_DENSE, 1, 48, tiles=Tiles(kv_tile=32)).kv_tile("full") == 16
+    # caches are padded to whole 16-slot blocks; KV tiles divide the padded cache
+    assert build_plan(TINY_DENSE, 1, 40).cache_len("full") == 48
+    assert build_plan(TINY_DENSE, 1, 48, tiles=Tiles(kv_tile=32)).kv_tile("full") == 24
+    assert build_plan(TINY_DENSE, 1, 48, tiles=Tiles(kv_tile=8)).kv_tile("sliding") == 8
+    with pytest.raises(ValueError, match="cuts a .16, 128. tile"):
+        build_plan(TINY_DENSE, 1, 48, kv_itemsize=2, tiles=Tiles(kv_tile=8))
     with pytest.raises(ValueError, match="batch"):
         build_plan(TINY_DENSE, 0, 64)
     with pytest.raises(ValueError, match="kv_tile"):
         Tiles(kv_tile=100)
+    with pytest.raises(ValueError, match="slots"):
+        Tiles(slots=1)
 
 
 def test_layers_in_hbm_and_table():
@@ -149,17 +157,19 @@ def test_folded_plan_covers_every_item_once_and_loops_repeat_with_fixed_strides(
     assert covered == list(range(len(plan.groups)))
     assert [n for g in plan.groups for n in range(*g)] == list(range(len(plan.items)))
     loops = [s for s in plan.folded if isinstance(s, Loop)]
-    assert loops and {it.name for s in loops for rep in _loop_ops(plan, s) for it in rep} <= \
-        {"matmul", "gelu_mul", "expert_combine"}
+    assert loops and {type(it) for s in loops for rep in _loop_ops(plan, s) for it in rep} <= \
+        {MatmulTile, GeluMul, ExpertCombine, HeadTile}
     for s in loops:
         reps = _loop_ops(plan, s)
         for j, rep in enumerate(reps):
             for a, b, op in zip(reps[0], reps[1], rep):
-                lin = {f: getattr(a, f) + (getattr(b, f) - getattr(a, f)) * j for f in ("src_off", "dst_off", "flops")}
-                if a.expert is not None:
-                    lin["expert"] = a.expert + (b.expert - a.expert) * j
-                assert replace(a, load=op.load, accumulate=op.accumulate, **lin) == op
-                assert op.accumulate == a.accumulate or (not a.accumulate and j >= 1 and op.accumulate)
+                lin = {f: getattr(a, f) + (getattr(b, f) - getattr(a, f)) * j for f in a.STRIDED
+                       if getattr(a, f) is not None and not isinstance(getattr(a, f), bool)}
+                flags = {f: getattr(op, f) for f in a.STRIDED if isinstance(getattr(a, f), bool)}
+                if a.load is not None:
+                    lin["load"] = op.load
+                assert replace(a, **lin, **flags) == op
+                assert all(getattr(a, f) == v or (not getattr(a, f) and j >= 1 and v) for f, v in flags.items())
                 if op.load is not None:
                     la, lb, lo = loads[a.load], loads[b.load], loads[op.load]
                     assert lo.slot == (la.slot + (lb.slot - la.slot) % plan.tiles.slots * j) % plan.tiles.slots
@@ -197,3 +207,31 @@ def test_emitted_code_does_not_grow_with_the_tiles():
     moe = build_plan(GEMMA4_26B_A4B.truncated(6), 4, 2048, weight_itemsize=2, kv_itemsize=2)
     experts = [r for r in moe.loop_table() if r["component"] == EXPERTS]
     assert len(experts) == 6 and all(r["repeats"] == 4 * GEMMA4_26B_A4B.top_k for r in experts)
+
+
+def test_expert_bytes_count_the_distinct_experts_the_kernel_fetches():
+    """The plan's expected expert bytes use the expected number of distinct experts (exact under uniform
+    routing); at B = 8 the plan's real-weight bytes agree with mk.sol's within 1%."""
+    cfg = GEMMA4_26B_A4B
+    plan = build_plan(cfg, 8, 1024, weight_itemsize=2, kv_itemsize=2)
+    sol = bytes_per_token(cfg, 1024, 8, "bf16")
+    assert abs(plan.payload_bytes + plan.kv_bytes - sol.total) / sol.total < 0.01
+    assert plan.bytes_by_component(payload=True)[EXPERTS] == pytest.approx(sol.by_component[EXPERTS], rel=1e-9)
+    # the upper bound (every slot a distinct expert) overstates by the duplicates: ~27% at B = 8
+    per_slot = sum(ld.nbytes for ld in plan.loads if ld.expert == 0)
+    n = expected_distinct_experts(cfg.num_experts, cfg.top_k, 8)
+    assert plan.weight_bytes_max - plan.weight_bytes == pytest.approx(per_slot * (plan.expert_slots - n), rel=1e-9)
+    # a realised routing: 10 distinct experts in every layer
+    realised = plan.weight_bytes_for({i: 10 for i in range(cfg.num_layers)})
+    assert realised == plan.weight_bytes_max - per_slot * (plan.expert_slots - 10)
+
+
+def test_every_op_kind_has_its_cost_and_an_emitter():
+    from mk.megakernel.kernel import EMIT
+    assert set(EMIT) == set(OP_KINDS)
+    plan = build_plan(TINY_MOE, 2, 64, context=40)
+    kinds = {type(op) for op in plan.ops}
+    assert kinds == set(OP_KINDS) - {NoHead}
+    assert NoHead in {type(op) for op in build_plan(TINY_MOE, 2, 64, knockout={"head"}).ops}
+    att = [op for op in plan.ops if isinstance(op, Attend)]
+    assert all(op.kv_bytes + op.serial_bytes > 0 and op.flops > 0 for op in att)

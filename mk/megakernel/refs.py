@@ -65,8 +65,8 @@ class Scratch(NamedTuple):
     best_id: Any        # [rows, 128] int32: where it is
     users_out: Any      # [rows, 128] int32: the next users block, staged for its DMA out
     out_sem: Any        # DMA [1]
-    logits_stage: Any   # [2, B, 1, head_tile] f32: logits of a head tile on their way to HBM
-    logits_sem: Any     # DMA [2]
+    logits_stage: Any = None   # [2, B, 1, head_tile] f32: a head tile's logits on their way to HBM (if asked)
+    logits_sem: Any = None     # DMA [2]
 
 
 def matrix_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
@@ -107,7 +107,7 @@ def output_shapes(plan: StepPlan, inputs: Inputs, with_logits: bool, count_dmas:
         dma_counts=jax.ShapeDtypeStruct((1, LANE), jnp.int32) if count_dmas else None)
 
 
-def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Scratch:
+def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) -> Scratch:
     cfg, B, rows = plan.cfg, plan.batch, plan.rows
     types = sorted(set(cfg.layer_types))
     kv = {}
@@ -142,5 +142,5 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Scratch:
         best_id=pltpu.VMEM((rows, LANE), jnp.int32),
         users_out=pltpu.VMEM((rows, LANE), jnp.int32),
         out_sem=pltpu.SemaphoreType.DMA((1,)),
-        logits_stage=pltpu.VMEM((2, B, 1, plan.head_tile), jnp.float32),
-        logits_sem=pltpu.SemaphoreType.DMA((2,)))
+        logits_stage=pltpu.VMEM((2, B, 1, plan.head_tile), jnp.float32) if with_logits else None,
+        logits_sem=pltpu.SemaphoreType.DMA((2,)) if with_logits else None)

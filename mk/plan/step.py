@@ -142,9 +142,9 @@ class StepPlan:
         return out
 
     # VMEM (mk.plan.vmem) -------------------------------------------------------------------------
-    def vmem_breakdown(self) -> dict[str, int]:
+    def vmem_breakdown(self, with_logits: bool = False) -> dict[str, int]:
         from .vmem import vmem_breakdown
-        return vmem_breakdown(self)
+        return vmem_breakdown(self, with_logits)
 
     @property
     def vmem_bytes(self) -> int:

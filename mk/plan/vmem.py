@@ -5,8 +5,9 @@ from __future__ import annotations
 from .layout import BLOCK, LANE, MIB, ROWS, VREG_BYTES, round_up, vector_table_shape
 
 
-def vmem_breakdown(plan) -> dict[str, int]:
-    """Bytes of VMEM the kernel allocates, by use (weight buffers, KV tiles, activations, ...)."""
+def vmem_breakdown(plan, with_logits: bool = False) -> dict[str, int]:
+    """Bytes of VMEM the kernel allocates, by use (weight buffers, KV tiles, activations, ...);
+    ``with_logits``: the kernel also writes the logits (a staging buffer for them)."""
     cfg, r = plan.cfg, plan.rows
     types = set(cfg.layer_types)
     # K and V tiles, double-buffered, all KV heads of one user
@@ -32,7 +33,7 @@ def vmem_breakdown(plan) -> dict[str, int]:
         "embedding rows": plan.batch * BLOCK * cfg.hidden_size * plan.weight_itemsize,
         "routing": r * ep * 4 * 2 + r * LANE * 4,
         "greedy pick and users": 3 * r * LANE * 4,
-        "logits staging": 2 * plan.batch * ROWS * plan.head_tile * 4,
+        "logits staging": 2 * plan.batch * ROWS * plan.head_tile * 4 if with_logits else 0,
     }
 
 
