@@ -18,6 +18,9 @@ type" and an ``E0000 ... INVALID_ARGUMENT`` line to stderr before its logging st
 quiets them. :func:`quiet_libtpu`, called when ``mk`` is imported, describes this host to libtpu as the
 single host it is instead; on a TPU VM it changes nothing.
 
+Every use of JAX internals that a JAX upgrade may change is in this module (:func:`races_detected`);
+tests/test_tpu.py fails loudly when one changes.
+
 JAX is imported inside the functions: ``import mk`` stays light (the command line needs no JAX).
 """
 
@@ -82,10 +85,32 @@ def interpret_params(detect_races: bool = False):
 
 
 def races_detected() -> bool:
-    """Whether the interpreter saw a race in the kernels run since the last reset."""
-    # No public API for this yet: the interpreter prints races and records them in this module state.
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
-    return ipc.races is not None and bool(ipc.races.races_found)
+    """Whether Pallas's TPU interpreter saw a race in the kernels run with ``detect_races`` since the
+    last :func:`reset_interpreter`.
+
+    JAX has no public API for this: the interpreter prints each race and records it in its module
+    state (``interpret_pallas_call.races``, ``None`` until a race-checking kernel runs, then an object
+    whose ``races_found`` is a bool). This is the only place mk reads it; if a JAX version moves or
+    reshapes it, this raises a RuntimeError naming that version rather than answering wrongly."""
+    import jax
+    where = "jax._src.pallas.mosaic.interpret.interpret_pallas_call.races"
+    try:
+        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+    except ImportError as e:
+        raise RuntimeError(f"mk.tpu.races_detected: JAX {jax.__version__} has no {where.rsplit('.', 1)[0]} "
+                           f"({e}); the race record moved, update mk/tpu.py for this JAX version") from e
+    if not hasattr(ipc, "races"):
+        raise RuntimeError(f"mk.tpu.races_detected: JAX {jax.__version__} has no {where}; the interpreter's "
+                           "race record moved, update mk/tpu.py for this JAX version")
+    state = ipc.races
+    if state is None:
+        return False
+    found = getattr(state, "races_found", None)
+    if not isinstance(found, bool):
+        raise RuntimeError(f"mk.tpu.races_detected: in JAX {jax.__version__}, {where} is a "
+                           f"{type(state).__name__} whose races_found is {found!r}, not a bool; the race "
+                           "record changed shape, update mk/tpu.py for this JAX version")
+    return found
 
 
 def reset_interpreter() -> None:
