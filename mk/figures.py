@@ -2,6 +2,10 @@
 
 Static images (PNG, SVG) go through kaleido 1.x, which drives a Chromium. Without one the HTML is
 still written and a single warning says how to get PNGs.
+
+Layout: a horizontal legend above the plot (``orientation="h"``) is placed under the title rather than
+over it (:func:`legend_below_title`, applied by :func:`provenance` and :func:`save_figure`); a vertical
+legend stays at the right of the plot, beside any title.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ KINDS = ("published", "modelled", "measured")
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
 FOOTER_NAME = "provenance"  # the annotation's name, so a figure is never saved without one
 EXPORT_SIZE = dict(width=1000, height=600)  # layout pixels of PNG/SVG exports (PNG at twice that)
+FONT_SIZE = 13  # the template's base font; plotly draws titles at 1.4 times it
+TITLE_PAD = 15  # pixels above the title
 
 pio.templates["mk"] = go.layout.Template(layout=dict(
-    font=dict(family="DejaVu Sans, Arial, sans-serif", size=13),
+    font=dict(family="DejaVu Sans, Arial, sans-serif", size=FONT_SIZE),
     colorway=["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
               "#9c755f", "#bab0ac"],  # Tableau 10: ten distinct colours (bytes come in nine components)
     margin=dict(l=70, r=30, t=70, b=110),  # room at the bottom for the footer
@@ -52,6 +58,27 @@ def provenance(fig: go.Figure, kind: str, hardware: str, source: str | None = No
     fig.layout.annotations = others + [go.layout.Annotation(
         name=FOOTER_NAME, text=text, showarrow=False, xref="paper", yref="paper", x=0, y=0,
         xanchor="left", yanchor="top", yshift=-75, align="left", font=dict(size=11, color="#555"))]
+    return legend_below_title(fig)
+
+
+def legend_below_title(fig: go.Figure) -> go.Figure:
+    """Keep a horizontal legend above the plot clear of the title, however many rows it wraps to.
+
+    Plotly puts the title in the middle of the top margin and a legend anchored above the plot grows
+    upwards into it. Here the title hangs from the top of the figure, the legend hangs from just below
+    the title (both in container coordinates, so at a fixed height: ``layout.height``, by default the
+    export height), and plotly pushes the plot area down below the legend. Other legends are left alone.
+    """
+    legend, title = fig.layout.legend, fig.layout.title
+    if legend.orientation != "h" or (legend.y is not None and legend.y < 1 and legend.yref != "container"):
+        return fig  # vertical (right of the plot), or horizontal inside/below the plot: not over the title
+    height = fig.layout.height or EXPORT_SIZE["height"]
+    top = TITLE_PAD
+    if title.text:
+        size = title.font.size or 1.4 * (fig.layout.font.size or FONT_SIZE)
+        top += (title.text.count("<br>") + 1) * size * 1.3 + 8
+    fig.update_layout(height=height, title=dict(yref="container", y=1, yanchor="top", pad=dict(t=TITLE_PAD)),
+                      legend=dict(yref="container", y=1 - top / height, yanchor="top"))
     return fig
 
 
@@ -93,6 +120,7 @@ def save_figure(fig: go.Figure, name: str, svg: bool = False, out_dir: Path | No
     """
     if not any(a.name == FOOTER_NAME for a in fig.layout.annotations):
         raise ValueError(f"figure {name!r} has no provenance footer: call mk.figures.provenance(fig, ...) first")
+    legend_below_title(fig)  # again: the layout may have changed since provenance()
     out = Path(out_dir) if out_dir is not None else FIGURES_DIR
     out.mkdir(parents=True, exist_ok=True)
     html = out / f"{name}.html"  # self-contained (plotly.js inside) so it opens offline

@@ -57,6 +57,27 @@ def test_facet_titles_keep_the_footer():
     assert "a" in texts and "b" in texts and footer(fig) == ["<b>modelled</b> · h100 · a=b"]
 
 
+def test_a_horizontal_legend_above_the_plot_hangs_below_the_title():
+    import plotly.express as px
+    names = [f"a long series name, number {i} (measured, this CPU)" for i in range(4)]  # wraps to two rows
+    fig = px.bar(x=["a"] * 4, y=[1, 2, 3, 4], color=names, barmode="group", title="A title")
+    fig.update_layout(legend=dict(orientation="h", y=1.02, yanchor="bottom"))  # the notebooks' request
+    provenance(fig, "modelled", "h100", "test")
+    lay = fig.layout
+    assert (lay.title.yref, lay.title.y, lay.title.yanchor) == ("container", 1, "top")
+    assert (lay.legend.yref, lay.legend.yanchor) == ("container", "top")
+    title_bottom_px = lay.title.pad.t + 1.4 * 13 * 1.2  # the title's pad and one line of its font
+    assert (1 - lay.legend.y) * lay.height > title_bottom_px  # the legend starts under the title
+    assert lay.height == 600  # a fixed height, so the container coordinates are fixed pixels
+
+
+def test_a_vertical_legend_is_left_beside_the_title():
+    import plotly.express as px
+    fig = provenance(px.line(x=[1, 2, 1, 2], y=[1, 2, 3, 4], color=["a", "a", "b", "b"], title="t"),
+                     "modelled", "h100", "test")
+    assert fig.layout.legend.yref is None and fig.layout.title.yref is None and fig.layout.height is None
+
+
 @pytest.mark.skipif(not os.access("/usr/bin/chromium", os.X_OK),
                     reason="needs Debian's chromium (apt-get install chromium)")
 def test_html_png_and_svg_with_chromium(tmp_path):
