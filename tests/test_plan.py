@@ -5,8 +5,22 @@ import pytest
 from mk.chips import get_chip
 from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_DENSE, TINY_MOE
 from mk.params import EXPERTS, KNOCKOUTS, param_specs
-from mk.plan import (OP_KINDS, Attend, ExpertCombine, GeluMul, HeadTile, MatmulTile, NoHead, Op, Route, Start, Tiles,
-                     Wait, build_plan, layers_in_hbm)
+from mk.plan import (
+    OP_KINDS,
+    Attend,
+    ExpertCombine,
+    GeluMul,
+    HeadTile,
+    MatmulTile,
+    NoHead,
+    Op,
+    Route,
+    Start,
+    Tiles,
+    Wait,
+    build_plan,
+    layers_in_hbm,
+)
 from mk.sol import bytes_per_token, expected_distinct_experts
 
 
