@@ -11,6 +11,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..params import EXPERTS, NORMS, SHARED_MLP
 from ..plan import BLOCK, MatmulMode
+
 NEG = -1e30  # a finite "minus infinity": exp(NEG - m) is exactly 0 and never NaN
 SET, ADD = False, True
 

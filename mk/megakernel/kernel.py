@@ -28,14 +28,51 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..config import Gemma4Config
 from ..params import NORMS, check_knockout
-from ..plan import (BLOCK, LANE, ROWS, Attend, AttentionResidual, Embed, EmitTokens, ExpertCombine, FfnResidual,
-                    GeluMul, HeadTile, Load, Loop, MatmulTile, NoHead, Norm, Op, Prologue, QKVNormRope, Route, Start,
-                    StepPlan, Tiles, Wait, build_plan, padded_shape, round_up, start_runs, vector_rows,
-                    vector_table_shape)
+from ..plan import (
+    BLOCK,
+    LANE,
+    ROWS,
+    Attend,
+    AttentionResidual,
+    Embed,
+    EmitTokens,
+    ExpertCombine,
+    FfnResidual,
+    GeluMul,
+    HeadTile,
+    Load,
+    Loop,
+    MatmulTile,
+    NoHead,
+    Norm,
+    Op,
+    Prologue,
+    QKVNormRope,
+    Route,
+    Start,
+    StepPlan,
+    Tiles,
+    Wait,
+    build_plan,
+    padded_shape,
+    round_up,
+    start_runs,
+    vector_rows,
+    vector_table_shape,
+)
 from ..tpu import interpret_params
 from . import attention, dense, head, moe
-from .refs import (POSITION, TOKEN, Inputs, Outputs, input_shapes, matrix_names, matrix_shapes, output_shapes,
-                   scratch_shapes)
+from .refs import (
+    POSITION,
+    TOKEN,
+    Inputs,
+    Outputs,
+    input_shapes,
+    matrix_names,
+    matrix_shapes,
+    output_shapes,
+    scratch_shapes,
+)
 from .stream import WeightStream
 
 # One emit function per op kind: adding a kind means its record (mk.plan.records), an entry here, a test.

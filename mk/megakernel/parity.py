@@ -1,5 +1,6 @@
 """The megakernel against the reference: both decode greedily from the same prefilled cache, each
-feeding back its own tokens, so equal token streams mean equal greedy generation."""
+feeding back its own tokens (the kernel's own greedy pick), so equal token streams mean equal greedy
+generation; users may have prompts of different lengths."""
 
 from __future__ import annotations
 
@@ -10,38 +11,72 @@ import numpy as np
 import pandas as pd
 
 from .. import reference as R
-from ..plan import Tiles
+from ..plan import BLOCK, Tiles
 from ..tpu import races_detected
 from ..weights import random_params
 from .kernel import make_step
+from .refs import TOKEN
 
 
-def compare_with_reference(cfg, batch: int, steps: int, knockout=frozenset(), prompt_len: int = 12,
-                           max_len: int = 32, seed: int = 0, detect_races: bool = True,
-                           tiles: Tiles = Tiles()) -> pd.DataFrame:
-    """One row per step: position, max |logit difference|, max |cache difference|, both engines' tokens,
-    the megakernel step's wall time (interpret mode off a TPU), and whether the race detector fired."""
+def compare_with_reference(cfg, batch: int, steps: int, knockout=frozenset(), prompt_len=12, max_len: int = 32,
+                           seed: int = 0, detect_races: bool = True, tiles: Tiles = Tiles(), dtype=jnp.float32,
+                           teacher_forced: bool = False) -> pd.DataFrame:
+    """One row per step: each user's position, max |logit difference|, max |cache difference|, both
+    engines' tokens, whether the kernel's own greedy pick is the argmax of its logits, the expert
+    weight DMAs the kernel issued, the megakernel step's wall time (interpret mode off a TPU), and
+    whether the race detector fired. ``prompt_len``: one length for every user, or one per user.
+
+    The reference runs in float32. ``dtype``: the kernel's weights and KV cache (the reference's,
+    rounded to it; the kernel computes in f32 from them). ``teacher_forced``: the kernel is fed the
+    reference's tokens rather than its own, so each step compares the same inputs (for a lower precision,
+    whose greedy stream may leave the reference's at a near-tie). For a ``dtype`` other than float32,
+    ``rounding_logit_diff`` and ``tokens_rounding`` give what the rounding alone costs: the float32
+    reference against itself run on the rounded weights, its cache rounded to ``dtype`` after every
+    step, fed the same tokens.
+
+    Where the kernel rounds, beyond the weights and cache: the embedding row times sqrt(H) is rounded
+    to the weight dtype (as the reference does), and every matmul's activations are rounded to the
+    weight dtype before the MXU pass (bf16 x bf16, f32 accumulation); norms, softmax, RoPE and the
+    residual stream stay f32. The f32 reference rounds nothing."""
     params = random_params(cfg, seed)
-    prompt = np.random.RandomState(seed + 1).randint(0, cfg.vocab_size, (batch, prompt_len)).astype(np.int32)
-    cache = R.init_cache(cfg, batch, max_len)
-    logits, cache = R.prefill(params, cfg, prompt, cache)
-    mk_cache = {k: v + 0 for k, v in cache.items()}
+    mk_params = {k: v.astype(dtype) for k, v in params.items()}
+    lengths = np.broadcast_to(np.asarray(prompt_len, np.int32), (batch,)).copy()
+    prompt = np.random.RandomState(seed + 1).randint(0, cfg.vocab_size, (batch, int(lengths.max()))).astype(np.int32)
+    cache = R.init_cache(cfg, batch, max_len, multiple=BLOCK)
+    logits, cache = R.prefill(params, cfg, prompt, cache, lengths)
+    mk_cache = {k: v.astype(dtype) for k, v in cache.items()}
+    rounded = jnp.dtype(dtype) != jnp.float32
+    r_params = {k: v.astype(jnp.float32) for k, v in mk_params.items()}
+    r_cache = {k: v.astype(jnp.float32) for k, v in mk_cache.items()}
     engine = make_step(cfg, tiles, detect_races=detect_races)
     tok_ref = tok_mk = jnp.argmax(logits, -1).astype(jnp.int32)
+    pos = jnp.asarray(lengths)
     rows = []
     for n in range(steps):
-        pos = prompt_len + n
         l_ref, cache = R.decode_step(params, cfg, cache, tok_ref, pos, knockout)
         t0 = time.perf_counter()
-        l_mk, mk_cache = engine(params, cfg, mk_cache, tok_mk, pos, knockout)
-        l_mk.block_until_ready()
+        out = engine.run(mk_params, cfg, mk_cache, tok_ref if teacher_forced else tok_mk, pos, knockout,
+                         with_logits=True, count_dmas=True)
+        out.logits.block_until_ready()
         dt = time.perf_counter() - t0
-        tok_ref, tok_mk = jnp.argmax(l_ref, -1).astype(jnp.int32), jnp.argmax(l_mk, -1).astype(jnp.int32)
-        rows.append(dict(
-            step=n, position=pos, max_logit_diff=float(jnp.max(jnp.abs(l_ref - l_mk))),
-            max_cache_diff=max(float(jnp.max(jnp.abs(cache[k] - mk_cache[k]))) for k in cache),
+        mk_cache = out.cache
+        if rounded:
+            l_rounded, r_cache = R.decode_step(r_params, cfg, r_cache, tok_ref if teacher_forced else tok_mk, pos,
+                                               knockout)
+            r_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in r_cache.items()}
+        tok_ref, tok_mk = jnp.argmax(l_ref, -1).astype(jnp.int32), out.users[:batch, TOKEN]
+        rows.append(dict(max_logit=float(jnp.max(jnp.abs(l_ref))),
+            step=n, positions=np.asarray(pos).tolist(),
+            max_logit_diff=float(jnp.max(jnp.abs(l_ref - out.logits))),
+            max_cache_diff=max(float(jnp.max(jnp.abs(cache[k].astype(jnp.float32) - mk_cache[k].astype(jnp.float32))))
+                               for k in cache),
             tokens_reference=np.asarray(tok_ref).tolist(), tokens_megakernel=np.asarray(tok_mk).tolist(),
-            same_tokens=bool(jnp.all(tok_ref == tok_mk)), step_s=dt, races=races_detected()))
+            same_tokens=bool(jnp.all(tok_ref == tok_mk)),
+            kernel_pick_is_argmax=bool(jnp.all(tok_mk == jnp.argmax(out.logits, -1))),
+            rounding_logit_diff=float(jnp.max(jnp.abs(l_rounded - l_ref))) if rounded else np.nan,
+            tokens_rounding=np.asarray(jnp.argmax(l_rounded, -1)).tolist() if rounded else None,
+            expert_dmas=int(out.dma_counts[0, 0]), step_s=dt, races=races_detected()))
+        pos = pos + 1
     return pd.DataFrame(rows)
 
 
@@ -63,7 +98,7 @@ def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.
                                   {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)})
     cache_shapes = jax.eval_shape(partial(R.init_cache, cfg, batch, max_len, dtype))
     ref = aot_compile(lambda p, c, t, pos: _decode_step(p, cfg, c, t, pos, frozenset()), chip, param_shapes,
-                      cache_shapes, jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32),
+                      cache_shapes, jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.int32),
                       donate_argnums=(1,))
     _, mk = compile_for_tpu(cfg, chip, batch, max_len, dtype, dtype)
     rows = []

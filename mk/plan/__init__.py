@@ -9,11 +9,44 @@ timing model.
 - ``vmem``: the VMEM budget; ``timeline``: a modelled timeline on one chip.
 """
 
-from .layout import (BLOCK, LANE, MIB, ROWS, cache_slots, kv_tile, layers_in_hbm, padded_shape, round_up,
-                     vector_rows, vector_table_shape)
-from .records import (OP_KINDS, Attend, AttentionResidual, Buffer, Embed, EmitTokens, ExpertCombine, FfnResidual,
-                      GeluMul, HeadTile, Load, Loop, MatmulMode, MatmulTile, NoHead, Norm, Op, Prologue, QKVNormRope,
-                      Route, Start, Tiles, Wait)
+from .layout import (
+                     BLOCK,
+                     LANE,
+                     MIB,
+                     ROWS,
+                     cache_slots,
+                     kv_tile,
+                     layers_in_hbm,
+                     padded_shape,
+                     round_up,
+                     vector_rows,
+                     vector_table_shape,
+)
+from .records import (
+                     OP_KINDS,
+                     Attend,
+                     AttentionResidual,
+                     Buffer,
+                     Embed,
+                     EmitTokens,
+                     ExpertCombine,
+                     FfnResidual,
+                     GeluMul,
+                     HeadTile,
+                     Load,
+                     Loop,
+                     MatmulMode,
+                     MatmulTile,
+                     NoHead,
+                     Norm,
+                     Op,
+                     Prologue,
+                     QKVNormRope,
+                     Route,
+                     Start,
+                     Tiles,
+                     Wait,
+)
 from .schedule import fold, groups, start_runs
 from .step import StepPlan, build_plan
 from .timeline import memory_busy_fraction, timeline

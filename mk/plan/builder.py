@@ -12,8 +12,27 @@ from __future__ import annotations
 from ..config import Gemma4Config
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs
 from .layout import BLOCK, LANE, ROWS, padded_shape, round_up, sublanes, vector_table_shape
-from .records import (Attend, AttentionResidual, Buffer, Embed, EmitTokens, ExpertCombine, FfnResidual, GeluMul,
-                      HeadTile, Load, MatmulMode, MatmulTile, NoHead, Norm, Op, Prologue, QKVNormRope, Route, Tiles)
+from .records import (
+    Attend,
+    AttentionResidual,
+    Buffer,
+    Embed,
+    EmitTokens,
+    ExpertCombine,
+    FfnResidual,
+    GeluMul,
+    HeadTile,
+    Load,
+    MatmulMode,
+    MatmulTile,
+    NoHead,
+    Norm,
+    Op,
+    Prologue,
+    QKVNormRope,
+    Route,
+    Tiles,
+)
 
 
 def even_width(total: int, other: int, itemsize: int, budget: int) -> int:

@@ -16,7 +16,7 @@ from ..params import EXPERTS, check_knockout
 from ..sol import distinct_experts_distribution
 from .builder import Builder, check_shapes, even_width, expert_slots
 from .layout import ROWS, cache_slots, kv_tile, round_up
-from .records import Buffer, Item, Load, Loop, Op, Start, Tiles, Wait
+from .records import Buffer, Item, Load, Loop, Op, Start, Tiles
 from .schedule import fold, groups, schedule
 
 
