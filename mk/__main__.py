@@ -78,19 +78,22 @@ def _add_generate(sub) -> None:
     src.add_argument("--preset", help="a model preset with seeded random weights (python -m mk models)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights of --preset (default 0)")
     p.add_argument("--prompt-ids", required=True,
-                   help="comma-separated token ids; ';' separates one prompt per user (all the same length)")
+                   help="comma-separated token ids; ';' separates one prompt per user (of any lengths)")
     p.add_argument("--new-tokens", type=_positive_int, required=True, help="tokens to generate per user")
     p.add_argument("--engine", default="reference", help="a registered decode engine (default reference)")
     p.add_argument("--batch", type=_positive_int, default=None,
                    help="users: a single prompt is replicated for each (default: one per prompt)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="weight dtype (default: the checkpoint's own; float32 for a preset)")
+    p.add_argument("--max-len", type=_positive_int, default=None,
+                   help="KV cache positions (default: the longest prompt plus --new-tokens, less one)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_generate)
 
 
 def _prompts(text: str, batch: int | None) -> list[list[int]]:
-    """'1,2,3' or '1,2;3,4' -> one list of ids per user; a single prompt is replicated ``batch`` times."""
+    """'1,2,3' or '1,2;3,4,5' -> one list of ids per user (lengths may differ); a single prompt is
+    replicated ``batch`` times."""
     prompts = []
     for part in text.split(";"):
         try:
@@ -101,8 +104,6 @@ def _prompts(text: str, batch: int | None) -> list[list[int]]:
         if not ids:
             raise ValueError(f"--prompt-ids has an empty prompt in {text!r}")
         prompts.append(ids)
-    if len({len(q) for q in prompts}) > 1:
-        raise ValueError(f"all prompts must have the same length, got lengths {[len(q) for q in prompts]}")
     if batch is not None and len(prompts) == 1:
         prompts *= batch
     elif batch is not None and batch != len(prompts):
@@ -123,7 +124,8 @@ def _run_generate(a) -> None:
     else:
         cfg = get_config(a.preset)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
-    tokens = generate(params, cfg, prompts, a.new_tokens, engine=a.engine, progress=not a.json)
+    tokens = generate(params, cfg, prompts, a.new_tokens, engine=a.engine, max_len=a.max_len,
+                      progress=not a.json)
     d = {"engine": a.engine, "model": cfg.name, "batch": len(prompts), "prompt_ids": prompts,
          "tokens": tokens.tolist()}
     _print(d, a.json, "\n".join(f"user {u}: {' '.join(map(str, t))}" for u, t in enumerate(d["tokens"])))

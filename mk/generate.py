@@ -1,11 +1,17 @@
 """Greedy generation with a pluggable decode engine.
 
+Users may bring prompts of different lengths; each decodes from its own position.
+
 An engine is a name and a ``make_step(cfg)`` returning a step with ``mk.reference.decode_step``'s
-signature: ``step(params, cfg, cache, tokens[B], pos, knockout) -> (logits[B, V], cache)``; a step may
-offer ``step.prepare(params, cfg)``, the parameter layout it runs on, made once per tree (mk.bench
-times the step on it). The prompt is always prefilled by the reference (engines are decode engines);
-the engine then decodes every new token after the first. Engines living in other modules register themselves on import; the modules
-listed in ``ENGINE_MODULES`` are imported (when present) before the registry is read.
+signature: ``step(params, cfg, cache, tokens[B], pos[B], knockout) -> (logits[B, V], cache)``, where
+generate always passes ``pos`` as a ``[B]`` int32 device array, user b's position; a step may offer
+``step.prepare(params, cfg)``, the parameter layout it runs on, made once per tree (mk.bench times the
+step on it). An engine registers with a ``cache_multiple``: generate makes every layer's cache a
+multiple of it in slots (``mk.reference.init_cache(multiple=...)``; the extra slots are masked). The
+prompt is always prefilled by the reference (engines are decode engines), right-padded to the longest
+prompt; the engine then decodes every new token after the first. Engines living in other modules
+register themselves on import; the modules listed in ``ENGINE_MODULES`` are imported (when present)
+before the registry is read.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ ENGINE_MODULES = ("mk.megakernel",)
 def register_engine(name: str, make_step: Callable[[Gemma4Config], Step], cache_multiple: int = 1) -> None:
     """Make ``name`` usable as ``generate(engine=name)`` and ``python -m mk generate --engine name``.
 
-    ``cache_multiple``: the engine reads full-layer caches in blocks of this many positions, so generate
-    rounds the cache length up to a multiple of it (the extra slots are masked: results do not change).
+    ``cache_multiple``: the engine reads caches in blocks of this many slots, so generate rounds every
+    layer's slot count up to a multiple of it (full layers: the positions; sliding layers: the window;
+    the extra slots are masked: results do not change).
     """
     if not isinstance(cache_multiple, int) or cache_multiple <= 0:
         raise ValueError(f"cache_multiple must be a positive integer, got {cache_multiple!r}")
@@ -63,41 +70,67 @@ def get_step(engine: str, cfg: Gemma4Config) -> Step:
 register_engine("reference", lambda cfg: decode_step)
 
 
+def prompt_batch(cfg: Gemma4Config, prompt) -> tuple[np.ndarray, np.ndarray]:
+    """A prompt as (tokens [B, T] int32 right-padded with 0, lengths [B]): ``prompt`` is a ``[B, T]``
+    array (every user T tokens) or a list of per-user lists of token ids, of any lengths >= 1."""
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, (list, tuple, np.ndarray)) for p in prompt):
+        rows = [check_tokens(cfg, p) for p in prompt]
+        for b, r in enumerate(rows):
+            if r.ndim != 1 or r.size == 0:
+                raise ValueError(f"the prompt of user {b} must be a list of >= 1 token ids, got shape {r.shape}")
+        lengths = np.array([len(r) for r in rows], np.int32)
+        tokens = np.zeros((len(rows), int(lengths.max())), np.int32)
+        for b, r in enumerate(rows):
+            tokens[b, :len(r)] = r
+        return tokens, lengths
+    tokens = check_tokens(cfg, prompt)
+    if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
+        raise ValueError(f"prompt must be [batch >= 1, length >= 1] token ids, got shape {tokens.shape}")
+    return tokens, np.full(tokens.shape[0], tokens.shape[1], np.int32)
+
+
 def generate(params: dict, cfg: Gemma4Config, prompt, new_tokens: int, engine: str = "reference",
              knockout=frozenset(), max_len: int | None = None, cache_dtype=jnp.float32,
              return_logits: bool = False, progress: bool = False):
-    """Greedy-decode ``new_tokens`` tokens for each user after ``prompt [B, T]`` (every user its own prompt).
+    """Greedy-decode ``new_tokens`` tokens for each user after its prompt.
 
+    ``prompt``: a ``[B, T]`` array (every user its own prompt of T tokens) or a list of B per-user
+    lists of token ids of different lengths. User b with a prompt of L_b tokens decodes its n-th new
+    token (n >= 1) at position ``L_b + n - 1``: its tokens are those it would get decoded alone.
     Returns the new token ids ``np.ndarray [B, new_tokens]`` int32, and with ``return_logits`` also the
     logits that chose them, ``[B, new_tokens, V]`` float32. The cache holds ``max_len`` positions
-    (default: prompt plus new tokens), rounded up to the engine's ``cache_multiple``. ``knockout``
-    applies to the decode steps only.
+    (default: the longest prompt plus new tokens, less one), every layer's slots rounded up to the
+    engine's ``cache_multiple``. ``knockout`` applies to the decode steps only.
     """
     ko = check_knockout(knockout)
-    prompt = check_tokens(cfg, prompt)
-    if prompt.ndim != 2 or prompt.shape[0] == 0 or prompt.shape[1] == 0:
-        raise ValueError(f"prompt must be [batch >= 1, length >= 1] token ids, got shape {prompt.shape}")
+    tokens, lengths = prompt_batch(cfg, prompt)
     if not isinstance(new_tokens, (int, np.integer)) or new_tokens <= 0:
         raise ValueError(f"new_tokens must be a positive integer, got {new_tokens!r}")
-    B, T = prompt.shape
-    need = T + new_tokens - 1  # positions written: the prompt, then every new token but the last
+    B = tokens.shape[0]
+    # positions written: the prompt, then every new token but the last
+    need = int(lengths.max()) + new_tokens - 1
     max_len = need if max_len is None else max_len
     if cfg.full_layers and max_len < need:
-        raise ValueError(f"a prompt of {T} plus {new_tokens} new tokens needs {need} cache positions, "
-                         f"the cache holds {max_len}")
+        b = int(np.argmax(lengths))
+        if lengths[b] > max_len:
+            raise ValueError(f"prompt of {int(lengths[b])} tokens for user {b} is longer than the cache "
+                             f"({max_len} positions); make the cache with a larger max_len")
+        who = f" (user {b})" if len(set(lengths.tolist())) > 1 else ""
+        raise ValueError(f"a prompt of {int(lengths[b])} tokens{who} plus {new_tokens} new tokens needs {need} "
+                         f"cache positions, the cache holds {max_len}")
     step = get_step(engine, cfg)
-    multiple = _ENGINES[engine][1]
-    cache = init_cache(cfg, B, -(-max_len // multiple) * multiple, cache_dtype)
-    logits, cache = prefill(params, cfg, prompt, cache)
-    tokens, all_logits = [], []
+    cache = init_cache(cfg, B, max_len, cache_dtype, multiple=_ENGINES[engine][1])
+    logits, cache = prefill(params, cfg, tokens, cache, lengths)
+    pos = jnp.asarray(lengths, jnp.int32)  # step n decodes at lengths + n - 1
+    out, all_logits = [], []
     for n in tqdm(range(new_tokens), desc=f"generate ({engine})", disable=not progress):
         if n:
-            logits, cache = step(params, cfg, cache, tok, T + n - 1, ko)
-        tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        tokens.append(tok)
+            logits, cache = step(params, cfg, cache, out[-1], pos, ko)
+            pos = pos + 1
+        out.append(jnp.argmax(logits, axis=-1).astype(jnp.int32))
         if return_logits:
             all_logits.append(logits)
-    out = np.stack([np.asarray(t) for t in tokens], axis=1)
+    out = np.stack([np.asarray(t) for t in out], axis=1)
     if return_logits:
         return out, np.stack([np.asarray(x) for x in all_logits], axis=1)
     return out

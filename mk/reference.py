@@ -1,6 +1,13 @@
 """The reference Gemma 4 text decoder in plain JAX: prefill, one-token decode with a KV cache, any batch.
 
-This is the "general stack": ordinary XLA ops, one compiled program per decode step. It follows
+This is the "general stack": ordinary XLA ops, one compiled program per decode step. Users need not
+be in step: :func:`prefill` takes right-padded prompts of different lengths (``lengths [B]``; padding
+is never attended to nor written to the cache, and each user gets the logits of its own last prompt
+position), and :func:`decode_step` takes one position per user (``pos [B]``; a shared int is
+broadcast): each user's K/V go to its own slot, its RoPE and attention mask follow its own position.
+The KV cache (:func:`init_cache`) may be padded for engines that read it in blocks: every layer's
+slot count rounded up to a ``multiple`` (a sliding layer's ring stays ``sliding_window`` slots long;
+its extra slots are masked). It follows
 transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to that):
 
 - embeddings times sqrt(hidden), the scale rounded to the weights' dtype first (as transformers does);
@@ -43,25 +50,36 @@ from .params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_componen
 
 
 # Cache ------------------------------------------------------------------------------------------
-def cache_len(cfg: Gemma4Config, layer_type: str, max_len: int) -> int:
-    """Slots of a layer's KV cache: a ring of ``sliding_window`` for sliding layers, ``max_len`` for full."""
-    return cfg.sliding_window if layer_type == SLIDING else max_len
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
-def init_cache(cfg: Gemma4Config, batch: int, max_len: int, dtype=jnp.float32) -> dict[str, jax.Array]:
+def cache_len(cfg: Gemma4Config, layer_type: str, max_len: int, multiple: int = 1) -> int:
+    """Slots of a layer's KV cache: a ring of ``sliding_window`` for sliding layers, ``max_len`` for full,
+    each rounded up to a multiple of ``multiple`` (a sliding layer uses only its first ``sliding_window``
+    slots; the rest stay empty and masked)."""
+    return round_up(cfg.sliding_window if layer_type == SLIDING else max_len, multiple)
+
+
+def init_cache(cfg: Gemma4Config, batch: int, max_len: int, dtype=jnp.float32,
+               multiple: int = 1) -> dict[str, jax.Array]:
     """An empty KV cache for ``batch`` users and up to ``max_len`` positions.
 
     ``layers.{i}.k`` / ``.v``: ``[batch, kv_heads, slots, head_dim]``; a sliding layer's position p lives
     in slot ``p % sliding_window``, a full layer's in slot p. K is stored after k_norm and RoPE, V after
-    its weightless norm.
+    its weightless norm. ``multiple``: every layer's slot count is rounded up to a multiple of it (for
+    engines that read the cache in blocks): full layers ``round_up(max_len)``, sliding layers
+    ``round_up(sliding_window)``, of which only the first ``sliding_window`` slots are used.
     """
     if not isinstance(batch, (int, np.integer)) or batch <= 0:
         raise ValueError(f"batch must be a positive number of users, got {batch!r}")
     if not isinstance(max_len, (int, np.integer)) or max_len <= 0:
         raise ValueError(f"max_len must be a positive number of positions, got {max_len!r}")
+    if isinstance(multiple, bool) or not isinstance(multiple, (int, np.integer)) or multiple <= 0:
+        raise ValueError(f"multiple must be a positive integer, got {multiple!r}")
     cache = {}
     for i, t in enumerate(cfg.layer_types):
-        shape = (batch, cfg.kv_heads(t), cache_len(cfg, t, max_len), cfg.head_dim(t))
+        shape = (batch, cfg.kv_heads(t), cache_len(cfg, t, int(max_len), int(multiple)), cfg.head_dim(t))
         cache[f"layers.{i}.k"] = jnp.zeros(shape, dtype)
         cache[f"layers.{i}.v"] = jnp.zeros(shape, dtype)
     return cache
@@ -71,6 +89,11 @@ def cache_capacity(cfg: Gemma4Config, cache: dict) -> int | None:
     """Positions the cache can hold (its full layers' slots); None when every layer slides."""
     full = cfg.full_layers
     return cache[f"layers.{full[0]}.k"].shape[2] if full else None
+
+
+def cache_batch(cache: dict) -> int:
+    """Users the cache holds."""
+    return next(iter(cache.values())).shape[0]
 
 
 def check_tokens(cfg: Gemma4Config, tokens) -> np.ndarray:
@@ -106,11 +129,12 @@ def inv_freq(cfg: Gemma4Config, layer_type: str) -> np.ndarray:
 
 
 def rope(x, positions, cfg: Gemma4Config, layer_type: str):
-    """Rotate ``x [..., T, heads, head_dim]`` at ``positions [T]`` (rotate-half convention, as transformers)."""
-    freqs = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq(cfg, layer_type))[None, :]
+    """Rotate ``x [B, T, heads, head_dim]`` at ``positions`` (rotate-half convention, as transformers):
+    ``[T]`` shared by every user, or ``[B, T]`` each user its own."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq(cfg, layer_type))
     emb = jnp.concatenate([freqs, freqs], axis=-1)
-    cos = jnp.cos(emb).astype(x.dtype)[:, None, :]
-    sin = jnp.sin(emb).astype(x.dtype)[:, None, :]
+    cos = jnp.cos(emb).astype(x.dtype)[..., None, :]
+    sin = jnp.sin(emb).astype(x.dtype)[..., None, :]
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated * sin
@@ -156,9 +180,9 @@ def experts_gathered(p: dict, x, w, ids, mm=matmul):
     gather or dynamic slice of an [E, ...] array runs at ~1.5 GB/s (the whole step ~2x slower), and
     even a static slice ``gate[e]`` in the branch is copied first (~72 copies, ~12 ms of a ~47 ms
     cpu-moe step; the split layout removes them). Given the plain [E, ...] arrays (a traced tree, or
-    a test's) the branches slice statically. The loop keeps one switch per layer: unrolling the k slots compiles k times the
-    branches (cpu-moe: ~19 s against ~7 s) for the same speed. The slots are summed in order: the sums
-    differ from the dense path by round-off.
+    a test's) the branches slice statically. The loop keeps one switch per layer: unrolling the k
+    slots compiles k times the branches (cpu-moe: ~19 s against ~7 s) for the same speed. The slots
+    are summed in order: the sums differ from the dense path by round-off.
     """
     gate, up, down = p["expert_gate"], p["expert_up"], p["expert_down"]
     branches = [partial(_expert_branch, gate, up, down, mm, e) for e in range(len(gate))]
@@ -216,17 +240,17 @@ def _attend(q, k, v, mask):
 
 def _attend_one(q, k, v, mask):
     """Decode attention: :func:`_attend` for one new position (q [B, 1, nh, hd]; k, v the cache
-    [B, kv, S, hd]; mask [S]) with the weighted sum of V written as a multiply-reduce, which XLA:CPU
-    runs on the V cache in place; as a dot it transposes the probabilities, the output and the V
-    cache through copies every layer (measured: about half the step's copy time goes). The scores
-    stay a dot, summed as prefill sums them (a multiply-reduce there too would drop the K cache
-    copies but moves decode's logits ~1e-5 away from prefill's).
+    [B, kv, S, hd]; mask [B, S], each user's own) with the weighted sum of V written as a
+    multiply-reduce, which XLA:CPU runs on the V cache in place; as a dot it transposes the
+    probabilities, the output and the V cache through copies every layer (measured: about half the
+    step's copy time goes). The scores stay a dot, summed as prefill sums them (a multiply-reduce
+    there too would drop the K cache copies but moves decode's logits ~1e-5 away from prefill's).
     """
     B, T, nh, hd = q.shape
     kv = k.shape[1]
     qg = q.reshape(B, T, kv, nh // kv, hd)
     s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32)
-    s = jnp.where(mask, s, -jnp.inf)
+    s = jnp.where(mask[:, None, None, None, :], s, -jnp.inf)
     a = jax.nn.softmax(s, axis=-1).astype(q.dtype)[:, :, :, 0]  # [B, kv, g, S]
     o = jnp.sum(a[..., None] * v[:, :, None].astype(q.dtype), axis=-2)  # [B, kv, g, hd]
     return o.reshape(B, T, nh * hd)
@@ -283,12 +307,20 @@ def _head(params, cfg: Gemma4Config, x, ko):
 
 # Prefill ------------------------------------------------------------------------------------------
 @partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
-def _prefill(params, cfg: Gemma4Config, tokens, cache):
+def _prefill(params, cfg: Gemma4Config, tokens, lengths, cache):
     B, T = tokens.shape
+    W = cfg.sliding_window
     ko = frozenset()
     positions = jnp.arange(T, dtype=jnp.int32)
     causal = positions[None, :] <= positions[:, None]
-    window = positions[None, :] > positions[:, None] - cfg.sliding_window
+    window = positions[None, :] > positions[:, None] - W
+    last = lengths[:, None] - 1  # [B, 1]: each user's last prompt position
+    # A full layer keeps positions 0..length-1 of each user in their slots; padding writes nothing.
+    real = positions[None, :] <= last  # [B, T]
+    # A sliding layer's slot s (s < W) keeps each user's newest prompt position p == s (mod W), when
+    # there is one (p >= 0): the last W positions of its own prompt, not of the padded block.
+    ring = jnp.arange(W, dtype=jnp.int32)[None, :]
+    newest = last - jnp.mod(last - ring, W)  # [B, W]
     x = _embed(params, cfg, tokens)
     cache = dict(cache)
     for i, t in enumerate(cfg.layer_types):
@@ -298,33 +330,55 @@ def _prefill(params, cfg: Gemma4Config, tokens, cache):
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv, T, hd]
         mask = causal & window if t == SLIDING else causal
         attn = _attend(q, k, v, mask) @ p["o"]
-        # Keep what decode reads: a sliding layer's last W positions in their ring slots.
-        keep = np.arange(max(0, T - cfg.sliding_window), T) if t == SLIDING else np.arange(T)
-        slots = keep % cfg.sliding_window if t == SLIDING else keep
         for name, val in (("k", k), ("v", v)):
             c = cache[f"layers.{i}.{name}"]
-            cache[f"layers.{i}.{name}"] = c.at[:, :, slots].set(val[:, :, keep].astype(c.dtype))
+            if t == SLIDING:
+                kept = jnp.take_along_axis(val, jnp.clip(newest, 0, T - 1)[:, None, :, None], axis=2)
+                keep, n = (newest >= 0)[:, None, :, None], W
+            else:
+                kept, keep, n = val, real[:, None, :, None], T
+            cache[f"layers.{i}.{name}"] = c.at[:, :, :n].set(jnp.where(keep, kept.astype(c.dtype), c[:, :, :n]))
         x = _layer(p, cfg, x, attn, ko, dense_experts=True)
-    return _head(params, cfg, x[:, -1], ko), cache
+    return _head(params, cfg, x[jnp.arange(B), lengths - 1], ko), cache
 
 
-def prefill(params: dict, cfg: Gemma4Config, tokens, cache: dict):
-    """Run the prompt ``tokens [B, T]`` (positions 0..T-1) and fill ``cache``.
+def prefill(params: dict, cfg: Gemma4Config, tokens, cache: dict, lengths=None):
+    """Run the prompts ``tokens [B, T]`` (positions 0..T-1) and fill ``cache``.
 
-    Returns (logits [B, V] float32 of the last position, the cache). The cache passed in is donated:
-    use the returned one.
+    ``lengths [B]`` (default: all T): user b's prompt is ``tokens[b, :lengths[b]]``, right-padded to T.
+    Padding changes nothing: the causal mask keeps it out of every real position, it is never written
+    to the cache (a sliding layer keeps each user's own last ``sliding_window`` positions), and its
+    ids are not read (any value will do). Returns (logits [B, V] float32 of each user's last prompt
+    position, ``lengths[b] - 1``; the cache). The cache passed in is donated: use the returned one.
+    The cache may be padded (``init_cache(multiple=...)``).
     """
-    tokens = check_tokens(cfg, tokens)
-    if tokens.ndim != 2 or tokens.shape[1] == 0:
-        raise ValueError(f"tokens must be [batch, length] with length >= 1, got shape {tokens.shape}")
-    B = next(iter(cache.values())).shape[0]
-    if tokens.shape[0] != B:
-        raise ValueError(f"tokens are for {tokens.shape[0]} users but the cache holds {B}")
+    t = np.asarray(tokens)
+    if t.ndim != 2 or t.shape[1] == 0:
+        raise ValueError(f"tokens must be [batch, length] with length >= 1, got shape {t.shape}")
+    B, T = t.shape
+    if cache_batch(cache) != B:
+        raise ValueError(f"tokens are for {B} users but the cache holds {cache_batch(cache)}")
+    if lengths is None:
+        lengths = np.full(B, T, np.int64)
+    else:
+        lengths = np.asarray(lengths)
+        if lengths.shape != (B,) or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
+            raise ValueError(f"lengths must be {B} integers (one per user), got {lengths.tolist()!r}")
+        for b, n in enumerate(lengths.tolist()):
+            if not 1 <= n <= T:
+                raise ValueError(f"length {n} of user {b} is outside 1..{T} (the tokens' length)")
+    # Only the real tokens are checked; padding is replaced by id 0 (never read into anything kept).
+    real = np.arange(T)[None, :] < lengths[:, None]
+    check_tokens(cfg, t[real])
     cap = cache_capacity(cfg, cache)
-    if cap is not None and tokens.shape[1] > cap:
-        raise ValueError(f"prompt of {tokens.shape[1]} tokens is longer than the cache ({cap} positions); "
-                         "make the cache with a larger max_len")
-    return _prefill(params, cfg, jnp.asarray(tokens), cache)
+    if cap is not None:
+        for b, n in enumerate(lengths.tolist()):
+            if n > cap:
+                raise ValueError(f"prompt of {n} tokens for user {b} is longer than the cache ({cap} positions); "
+                                 "make the cache with a larger max_len")
+    Tmax = int(lengths.max())  # columns past every prompt are padding only
+    t = np.where(real, t, 0)[:, :Tmax].astype(np.int32)
+    return _prefill(params, cfg, jnp.asarray(t), jnp.asarray(lengths, jnp.int32), cache)
 
 
 # Decode -------------------------------------------------------------------------------------------
@@ -373,11 +427,19 @@ def _prepared_for(params: dict, cfg: Gemma4Config) -> dict:
     return _prepared[key][1]
 
 
+def _write_slots(c, val, slot):
+    """``c [B, kv, S, hd]`` with user b's ``val[b] [kv, 1, hd]`` written at slot ``slot[b]``: a
+    dynamic-update-slice per user (one in-place scatter of B rows)."""
+    return jax.vmap(lambda cb, vb, sb: jax.lax.dynamic_update_slice_in_dim(cb, vb, sb, axis=1))(c, val, slot)
+
+
 @partial(jax.jit, static_argnames=("cfg", "knockout"), donate_argnames=("cache",))
 def _decode_step(params, cfg: Gemma4Config, cache, tokens, pos, knockout: frozenset):
     ko = knockout
+    B = tokens.shape[0]
+    pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (B,))  # a shared position, or each user's own
     x = _embed(params, cfg, tokens)[:, None, :]  # [B, 1, H]
-    positions = pos[None]
+    positions = pos[:, None]  # [B, 1]
     cache = dict(cache)
     for i, t in enumerate(cfg.layer_types):
         p = layer_params(params, i)
@@ -385,39 +447,64 @@ def _decode_step(params, cfg: Gemma4Config, cache, tokens, pos, knockout: frozen
         if attention_component(t) not in ko:
             h = rms_norm(x, p["input_norm"], cfg.rms_eps, NORMS not in ko)
             q, k, v = _qkv(p, cfg, t, h, positions, ko, matmul_t)
-            slot = pos % cfg.sliding_window if t == SLIDING else pos
+            slot = pos % cfg.sliding_window if t == SLIDING else pos  # [B]
             for name, val in (("k", k), ("v", v)):
                 c = cache[f"layers.{i}.{name}"]
                 val = val.transpose(0, 2, 1, 3).astype(c.dtype)  # [B, kv, 1, hd]
-                cache[f"layers.{i}.{name}"] = jax.lax.dynamic_update_slice_in_dim(c, val, slot, axis=2)
+                cache[f"layers.{i}.{name}"] = _write_slots(c, val, slot)
             # Slot s holds a position <= pos exactly when s <= pos; for a sliding ring that is also
-            # the newest position == s (mod W), inside the window.
+            # the newest position == s (mod W), inside the window. A padded ring's slots >= W are unused.
             S = cache[f"layers.{i}.k"].shape[2]
-            mask = jnp.arange(S) <= pos
+            mask = jnp.arange(S)[None, :] <= pos[:, None]  # [B, S]
+            if t == SLIDING and S > cfg.sliding_window:
+                mask = mask & (jnp.arange(S) < cfg.sliding_window)[None, :]
             attn = matmul_t(_attend_one(q, cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], mask), p["o"])
         x = _layer(p, cfg, x, attn, ko, dense_experts=False, mm=matmul_t)
     return _head(params, cfg, x[:, 0], ko), cache
 
 
 def decode_step(params: dict, cfg: Gemma4Config, cache: dict, tokens, pos, knockout=frozenset()):
-    """Decode one token per user: ``tokens [B]`` at position ``pos`` (shared by all users).
+    """Decode one token per user: ``tokens [B]``, user b's at position ``pos[b]``.
 
-    The new K/V are written at ``pos``; returns (logits [B, V] float32, the cache). One compiled XLA
-    program per (cfg, knockout, shapes). The cache passed in is donated: use the returned one.
+    ``pos``: an int (every user at that position) or ``[B]`` ints (each user its own); inside it is
+    always a ``[B]`` int32 vector. User b's new K/V are written at its own slot (``pos[b]``, or
+    ``pos[b] % sliding_window`` in a sliding ring), rotated at its own position, and it attends to its
+    own positions ``<= pos[b]`` (the last ``sliding_window`` of them in sliding layers). Returns
+    (logits [B, V] float32, the cache). One compiled XLA program per (cfg, knockout, shapes), whatever
+    the positions. The cache passed in is donated: use the returned one.
     ``params`` is mk's tree (its :func:`prepare` layout is made on the first call and kept for that
     tree) or that layout itself.
-    Token ids given as NumPy / lists and a Python ``pos`` are checked; device arrays are not (that
+    Token ids and positions given as Python / NumPy values are checked; device arrays are not (that
     would wait for the device every step).
     """
     ko = check_knockout(knockout)
     if isinstance(tokens, (list, tuple, np.ndarray)):
         tokens = check_tokens(cfg, tokens)
-    if isinstance(pos, (int, np.integer)):
-        cap = cache_capacity(cfg, cache)
-        if pos < 0 or (cap is not None and pos >= cap):
-            raise ValueError(f"position {pos} is outside the cache (0..{cap - 1}); make a larger cache")
+    B = cache_batch(cache)
+    if isinstance(pos, (int, np.integer, list, tuple, np.ndarray)):
+        pos = np.broadcast_to(check_positions(cfg, cache, pos), (B,))
+    elif jnp.ndim(pos) == 0:
+        pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (B,))
+    # pos is [B] either way: one program for a shared position and for each user's own
     return _decode_step(_prepared_for(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32),
                         jnp.asarray(pos, jnp.int32), ko)
+
+
+def check_positions(cfg: Gemma4Config, cache: dict, pos) -> np.ndarray:
+    """Concrete decode positions as int32 (a scalar or one per user), each inside the cache."""
+    p = np.asarray(pos)
+    B = cache_batch(cache)
+    if p.size and not np.issubdtype(p.dtype, np.integer):
+        raise ValueError(f"positions must be integers, got dtype {p.dtype}")
+    if p.ndim > 1 or (p.ndim == 1 and p.shape[0] != B):
+        raise ValueError(f"pos must be one position or one per user ({B} users), got shape {p.shape}")
+    cap = cache_capacity(cfg, cache)
+    for b, q in enumerate(p.reshape(-1).tolist()):
+        if q < 0 or (cap is not None and q >= cap):
+            who = f" of user {b}" if p.ndim else ""
+            inside = f"0..{cap - 1}" if cap is not None else "0.."
+            raise ValueError(f"position {q}{who} is outside the cache ({inside}); make a larger cache")
+    return p.astype(np.int32)
 
 
 # Engines may offer ``step.prepare(params, cfg)``: the layout their step runs on, made once at load

@@ -25,7 +25,17 @@ HF_SNIPPET = dict(
     layer_types=["sliding_attention", "sliding_attention", "full_attention"],
     enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=24, final_logit_softcapping=30.0,
 )
-HF_CONFIGS = {"tiny-dense": to_hf_dict(TINY_DENSE), "tiny-moe": to_hf_dict(TINY_MOE), "hf-snippet": HF_SNIPPET}
+# Odd shapes: a window of 7 (not a block multiple), head dims 48 / 64 and widths that are not multiples
+# of 128, 6 experts; MoE and dense.
+HF_ODD = dict(
+    vocab_size=500, hidden_size=96, intermediate_size=80, num_hidden_layers=3, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=48, global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True,
+    hidden_size_per_layer_input=0, sliding_window=7,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    enable_moe_block=True, num_experts=6, top_k_experts=2, moe_intermediate_size=40, final_logit_softcapping=30.0,
+)
+HF_CONFIGS = {"tiny-dense": to_hf_dict(TINY_DENSE), "tiny-moe": to_hf_dict(TINY_MOE), "hf-snippet": HF_SNIPPET,
+              "hf-odd": HF_ODD, "hf-odd-dense": {**HF_ODD, "enable_moe_block": False}}
 
 
 @pytest.fixture(params=[TINY_DENSE, TINY_MOE], ids=lambda c: c.name)

@@ -19,8 +19,9 @@ from mk.reference import init_cache, prefill
 from mk.weights import load_checkpoint, random_params, save_checkpoint
 
 LOGIT_ATOL = 1e-4
-PROMPT_LEN = 24  # longer than every sliding window here (16 and 8): the ring cache wraps
+PROMPT_LEN = 24  # longer than every sliding window here (16, 8 and 7): the ring cache wraps
 NEW_TOKENS = 32
+RAGGED_NEW_TOKENS = 16
 
 
 def hf_greedy(model, prompt: np.ndarray, n: int):
@@ -51,7 +52,25 @@ def test_greedy_parity(hf_checkpoint, name, batch):
         assert len({tuple(row) for row in tokens.tolist()}) == batch  # users decode independently
 
 
-@pytest.mark.parametrize("name", ["tiny-dense", "tiny-moe", "hf-snippet"])
+@pytest.mark.parametrize("name", ["tiny-moe", "tiny-dense", "hf-odd", "hf-odd-dense"])
+def test_ragged_greedy_parity(hf_checkpoint, name):
+    """Prompts of different lengths (shorter than and past the sliding window) generated together: each
+    user gets transformers' greedy tokens (and logits) for its prompt run alone. hf-odd: a window of 7,
+    head dims 48 / 64, widths and expert counts that are not powers of two."""
+    folder, model = hf_checkpoint(name)
+    cfg, params = load_checkpoint(folder)
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (5, PROMPT_LEN, 11)]
+    tokens, logits = generate(params, cfg, prompts, RAGGED_NEW_TOKENS, return_logits=True)
+    for b, prompt in enumerate(prompts):
+        want_tokens, want_logits = hf_greedy(model, np.array([prompt]), RAGGED_NEW_TOKENS)
+        diff = np.abs(logits[b] - want_logits[0]).max()
+        assert diff <= LOGIT_ATOL, f"user {b}: max logit difference {diff:.2e}"
+        np.testing.assert_array_equal(tokens[b], want_tokens[0], f"user {b}")
+    assert all(len(set(row)) >= RAGGED_NEW_TOKENS // 4 for row in tokens.tolist())
+
+
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-moe", "hf-snippet", "hf-odd"])
 def test_config_round_trips_through_transformers(hf_checkpoint, name):
     """The config transformers writes (per_layer_config for full layers) reads back to the config it came from."""
     folder, _ = hf_checkpoint(name)

@@ -1,8 +1,12 @@
 """The reference model's own behaviour: cache layout, decode against prefill, MoE paths, knock-outs,
-one program per step, the engine registry, the generate CLI and bad input. Parity with transformers
-lives in test_parity.py."""
+one program per step, the engine registry, users at their own positions (ragged prompts, padded caches),
+the generate CLI and bad input. Parity with transformers lives in test_parity.py."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +17,7 @@ from mk import generate as gen
 from mk.__main__ import main
 from mk.config import TINY_DENSE, TINY_MOE
 from mk.params import KNOCKOUTS, layer_params
-from mk.reference import decode_step, experts_dense, experts_gathered, init_cache, prefill, prepare, route
+from mk.reference import _prefill, decode_step, experts_dense, experts_gathered, init_cache, prefill, prepare, route
 from mk.weights import random_params
 
 # Decode and prefill compute the same f32 sums in a different order (one position against a
@@ -22,6 +26,11 @@ STEP_ATOL = 1e-5
 # Most tests share these shapes so the jitted prefill/decode compile once per config (compiles dominate).
 B, T, NEW = 2, 20, 16
 MAX_LEN = T + NEW - 1  # what generate allocates for T + NEW
+# Odd shapes: a window of 7 (not a multiple of a 16-slot block), head dims 48 / 64, 6 experts.
+ODD_MOE = TINY_MOE.replace(name="odd-moe", vocab_size=500, hidden_size=96, sliding_head_dim=48, full_head_dim=64,
+                           sliding_window=7, mlp_intermediate=80, num_experts=6, top_k=2, expert_intermediate=40)
+ODD_DENSE = ODD_MOE.replace(name="odd-dense", num_experts=0, top_k=0, expert_intermediate=0)
+LENGTHS = (3, 17, 9)  # ragged prompts: shorter than, over twice and about the window of 7
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +124,9 @@ def test_one_program_per_step(moe_params):
     try:
         for pos in range(1, 4):
             _, cache = decode_step(moe_params, cfg, cache, np.array([pos + 1] * B), pos)
+        # each user at its own position: the same program (pos is always a [B] vector inside)
+        _, cache = decode_step(moe_params, cfg, cache, np.array([1] * B), np.array([4, 6]))
+        _, cache = decode_step(moe_params, cfg, cache, np.array([1] * B), jnp.array([5, 7]))
         jax.block_until_ready(cache)
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
@@ -143,7 +155,8 @@ def test_engine_registry(moe_params):
         want = gen.generate(moe_params, TINY_MOE, prompt, 4)
         got = gen.generate(moe_params, TINY_MOE, prompt, 4, engine="counting")
         np.testing.assert_array_equal(got, want)
-        assert calls == [3, 4, 5]  # prefill gives the first token; the engine decodes the rest
+        # prefill gives the first token; the engine decodes the rest, given each user's position
+        assert [np.asarray(p).tolist() for p in calls] == [[3, 3], [4, 4], [5, 5]]
         np.testing.assert_array_equal(gen.generate(moe_params, TINY_MOE, prompt, 4, engine="blocked"), want)
         assert "counting" in gen.engine_names() and "reference" in gen.engine_names()
     finally:
@@ -156,14 +169,24 @@ def test_bad_input(moe_params):
     cfg, p = TINY_MOE, moe_params
     with pytest.raises(ValueError, match="longer than the cache"):
         prefill(p, cfg, np.ones((1, 10), int), init_cache(cfg, 1, 8))
-    with pytest.raises(ValueError, match="needs 12 cache positions"):
+    with pytest.raises(ValueError, match=r"prompt of 10 tokens for user 0 is longer than the cache \(8 positions\)"):
         gen.generate(p, cfg, np.ones((1, 10), int), 3, max_len=8)
+    with pytest.raises(ValueError, match="a prompt of 7 tokens plus 3 new tokens needs 9 cache positions"):
+        gen.generate(p, cfg, np.ones((1, 7), int), 3, max_len=8)
     with pytest.raises(ValueError, match=r"\[512\] outside the vocabulary 0..511"):
         gen.generate(p, cfg, [[1, 512]], 3)
     with pytest.raises(ValueError, match=r"\[-1\] outside the vocabulary"):
         decode_step(p, cfg, init_cache(cfg, 1, 8), [-1], 0)
     with pytest.raises(ValueError, match="outside the cache"):
         decode_step(p, cfg, init_cache(cfg, 1, 8), [1], 8)
+    with pytest.raises(ValueError, match=r"position -1 of user 1 is outside the cache \(0..7\)"):
+        decode_step(p, cfg, init_cache(cfg, 2, 8), [1, 1], np.array([0, -1]))
+    with pytest.raises(ValueError, match=r"position 8 of user 1 is outside the cache \(0..7\)"):
+        decode_step(p, cfg, init_cache(cfg, 2, 8), [1, 1], [7, 8])
+    with pytest.raises(ValueError, match=r"one position or one per user \(2 users\), got shape \(3,\)"):
+        decode_step(p, cfg, init_cache(cfg, 2, 8), [1, 1], [1, 2, 3])
+    with pytest.raises(ValueError, match="multiple must be a positive"):
+        init_cache(cfg, 1, 8, multiple=0)
     with pytest.raises(ValueError, match="batch must be a positive"):
         init_cache(cfg, 0, 8)
     with pytest.raises(ValueError, match="batch >= 1"):
@@ -199,16 +222,148 @@ def test_cli_generate_json(capsys):
 @pytest.mark.parametrize("args,message", [
     (["--prompt-ids", "1,2,600"], "outside the vocabulary"),
     (["--prompt-ids", "1,x"], "must be integers"),
-    (["--prompt-ids", "1,2;3"], "same length"),
+    (["--prompt-ids", "1,2;3,4,5,6,7", "--max-len", "4"],
+     "prompt of 5 tokens for user 1 is longer than the cache (4 positions)"),
     (["--prompt-ids", "1,2;3,4", "--batch", "3"], "does not match"),
     (["--prompt-ids", "1,2", "--engine", "nope"], "unknown engine"),
 ])
 def test_cli_generate_errors(capsys, args, message):
     assert main(["generate", "--preset", "tiny-moe", "--new-tokens", "2", *args]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_cli_batch_zero(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--preset", "tiny-moe", "--prompt-ids", "1", "--new-tokens", "2", "--batch", "0"])
     assert "positive integer" in capsys.readouterr().err
+
+
+def test_cli_generate_ragged_json_equals_each_user_alone(capsys):
+    """``--prompt-ids`` with prompts of different lengths (one past the window of 16): each user's tokens
+    are those of its prompt run alone."""
+    prompts = ["5,9,2", ",".join(str(i * 7 % 512) for i in range(1, 21))]
+    out = subprocess.run([sys.executable, "-m", "mk", "generate", "--preset", "tiny-moe", "--prompt-ids",
+                          ";".join(prompts), "--new-tokens", "6", "--json"],
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    ragged = json.loads(out.stdout.strip().splitlines()[-1])
+    assert ragged["batch"] == 2 and [len(q) for q in ragged["prompt_ids"]] == [3, 20]
+    for b, prompt in enumerate(prompts):
+        assert main(["generate", "--preset", "tiny-moe", "--prompt-ids", prompt, "--new-tokens", "6", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["tokens"] == [ragged["tokens"][b]]
+
+
+# Users at their own positions ------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg", [ODD_DENSE, ODD_MOE], ids=lambda c: c.name)
+def test_ragged_generate_equals_each_user_alone(cfg):
+    """Prompts of different lengths (past the window of 7) decoded together: every user's tokens are
+    those it gets decoded alone."""
+    p = random_params(cfg, seed=4)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in LENGTHS]
+    out = gen.generate(p, cfg, prompts, NEW)
+    assert out.shape == (len(LENGTHS), NEW)
+    max_len = max(LENGTHS) + NEW - 1  # the same cache alone: one decode program for the three solo runs
+    for b, prompt in enumerate(prompts):
+        np.testing.assert_array_equal(out[b], gen.generate(p, cfg, [prompt], NEW, max_len=max_len)[0], f"user {b}")
+    assert len({tuple(r) for r in out.tolist()}) == len(LENGTHS)
+    assert all(len(set(row)) >= NEW // 4 for row in out.tolist())
+
+
+def test_padded_cache_changes_nothing():
+    """Every layer's cache rounded up to 16 slots (a sliding ring of 7 in 16 slots, 23 positions in 32):
+    prefill and decode at each user's own position give the logits of the unpadded cache, and the
+    unused ring slots stay empty. generate with an engine that reads 16-slot blocks gets those caches."""
+    cfg = ODD_MOE
+    p = random_params(cfg, seed=4)
+    lengths = np.array([10, 4])
+    toks = np.random.default_rng(4).integers(0, cfg.vocab_size, (2, 22))
+    runs = {}
+    for m in (1, 16):
+        cache = init_cache(cfg, 2, 23, multiple=m)
+        assert (cache["layers.0.k"].shape[2], cache["layers.2.k"].shape[2]) == ((7, 23) if m == 1 else (16, 32))
+        logits, cache = prefill(p, cfg, toks[:, :10], cache, lengths)
+        steps = [logits]
+        for n in range(12):  # past the window and the end of the 16-slot ring for both users
+            pos = lengths + n
+            logits, cache = decode_step(p, cfg, cache, toks[np.arange(2), pos], pos)
+            steps.append(logits)
+        runs[m] = np.stack(steps), cache
+    np.testing.assert_allclose(runs[16][0], runs[1][0], atol=1e-6, rtol=0)
+    for i in range(cfg.num_layers):
+        padded, plain = runs[16][1][f"layers.{i}.k"], runs[1][1][f"layers.{i}.k"]
+        n = plain.shape[2]
+        np.testing.assert_allclose(padded[:, :, :n], plain, atol=1e-6, rtol=0)
+        if i in cfg.sliding_layers:
+            assert not np.asarray(padded[:, :, n:]).any()
+
+    def make_step(cfg):
+        def step(params, cfg, cache, tokens, pos, knockout=frozenset()):
+            assert cache["layers.0.k"].shape[2] == 16 and cache["layers.2.k"].shape[2] % 16 == 0
+            assert pos.shape == (3,) and pos.dtype == jnp.int32
+            return decode_step(params, cfg, cache, tokens, pos, knockout)
+        return step
+
+    gen.register_engine("blocked16", make_step, cache_multiple=16)
+    try:
+        prompts = [toks[0, :n].tolist() for n in LENGTHS]
+        np.testing.assert_array_equal(gen.generate(p, cfg, prompts, 8, engine="blocked16"),
+                                      gen.generate(p, cfg, prompts, 8))
+    finally:
+        del gen._ENGINES["blocked16"]
+
+
+def test_ragged_prefill():
+    """Right-padded prompts: each user's logits and cache are those of its prompt alone (the sliding
+    ring holds its own last 7 positions, none of the padding); the padding ids change nothing."""
+    cfg = ODD_MOE
+    p = random_params(cfg, seed=5)
+    lengths = np.array([3, 12, 9])
+    toks = np.random.default_rng(5).integers(0, cfg.vocab_size, (3, 12))
+    logits, cache = prefill(p, cfg, toks, init_cache(cfg, 3, 16), lengths)
+    for b, n in enumerate(lengths):
+        want, alone = prefill(p, cfg, toks[b:b + 1, :n], init_cache(cfg, 1, 16))
+        np.testing.assert_allclose(logits[b], want[0], atol=STEP_ATOL, rtol=0)
+        for name, c in alone.items():
+            np.testing.assert_allclose(cache[name][b], c[0], atol=STEP_ATOL, rtol=0, err_msg=f"user {b} {name}")
+    # Other padding ids (even outside the vocabulary: they are not read) change nothing.
+    padded = np.where(np.arange(12) < lengths[:, None], toks, -1)
+    logits2, cache2 = prefill(p, cfg, padded, init_cache(cfg, 3, 16), lengths)
+    np.testing.assert_array_equal(logits2, logits)
+    # ... nor inside the compiled prefill, which sees them: masked, never written.
+    other = np.where(np.arange(12) < lengths[:, None], toks, (toks + 17) % cfg.vocab_size)
+    logits3, cache3 = _prefill(p, cfg, jnp.asarray(other, jnp.int32), jnp.asarray(lengths, jnp.int32),
+                               init_cache(cfg, 3, 16))
+    np.testing.assert_array_equal(logits3, logits)
+    for name in cache:
+        np.testing.assert_array_equal(cache3[name], cache[name])
+        np.testing.assert_array_equal(cache2[name], cache[name])
+    # Columns past every prompt are dropped: a 12-column block with prompts of <= 8 fits a cache of 8.
+    short, _ = prefill(p, cfg, toks, init_cache(cfg, 3, 8), [3, 8, 5])
+    assert np.isfinite(short).all()
+
+
+@pytest.mark.parametrize("lengths,message", [
+    ([0, 12], r"length 0 of user 0 is outside 1..12"),
+    ([3, 13], r"length 13 of user 1 is outside 1..12"),
+    ([3], r"lengths must be 2 integers"),
+    ([3, 12.0], r"lengths must be 2 integers"),
+    ([3, 9], r"prompt of 9 tokens for user 1 is longer than the cache \(8 positions\); make the cache "
+             r"with a larger max_len"),
+])
+def test_ragged_prefill_errors(moe_params, lengths, message):
+    toks = np.ones((2, 12), int)
+    with pytest.raises(ValueError, match=message):
+        prefill(moe_params, TINY_MOE, toks, init_cache(TINY_MOE, 2, 8), lengths)
+
+
+def test_ragged_generate_errors(moe_params):
+    with pytest.raises(ValueError, match=r"prompt of 9 tokens for user 1 is longer than the cache \(8 positions\)"):
+        gen.generate(moe_params, TINY_MOE, [[1, 2], [1] * 9], 3, max_len=8)
+    with pytest.raises(ValueError, match=r"a prompt of 7 tokens \(user 1\) plus 3 new tokens needs 9"):
+        gen.generate(moe_params, TINY_MOE, [[1, 2], [1] * 7], 3, max_len=8)
+    with pytest.raises(ValueError, match="the prompt of user 1 must be a list of >= 1 token ids"):
+        gen.generate(moe_params, TINY_MOE, [[1, 2], []], 3)
+    with pytest.raises(ValueError, match=r"\[512\] outside the vocabulary"):
+        gen.generate(moe_params, TINY_MOE, [[1, 2], [3, 512, 4]], 3)
