@@ -4,14 +4,16 @@ Users may bring prompts of different lengths; each decodes from its own position
 
 An engine is a name and a ``make_step(cfg)`` returning a step with ``mk.reference.decode_step``'s
 signature: ``step(params, cfg, cache, tokens[B], pos[B], knockout) -> (logits[B, V], cache)``, where
-generate always passes ``pos`` as a ``[B]`` int32 device array, user b's position; a step may offer
+generate always passes ``pos`` as a ``[B]`` int32 device array, user b's position. A step may offer
 ``step.prepare(params, cfg)``, the parameter layout it runs on, made once per tree (mk.bench times the
-step on it). An engine registers with a ``cache_multiple``: generate makes every layer's cache a
-multiple of it in slots (``mk.reference.init_cache(multiple=...)``; the extra slots are masked). The
-prompt is always prefilled by the reference (engines are decode engines), right-padded to the longest
-prompt; the engine then decodes every new token after the first. Engines living in other modules
-register themselves on import; the modules listed in ``ENGINE_MODULES`` are imported (when present)
-before the registry is read.
+step on it), and ``step.adopt_cache(cache)``, its own layout of the reference's cache, which generate
+calls once after prefill (the step then receives and returns caches in that layout). An engine
+registers with a ``cache_multiple``: generate makes every layer's cache a multiple of it in slots
+(``mk.reference.init_cache(multiple=...)``; the extra slots are masked). The prompt is always
+prefilled by the reference (engines are decode engines), right-padded to the longest prompt; the
+engine then decodes every new token after the first. Engines living in other modules register
+themselves on import; the modules listed in ``ENGINE_MODULES`` are imported (when present) before
+the registry is read.
 """
 
 from __future__ import annotations
@@ -121,6 +123,9 @@ def generate(params: dict, cfg: Gemma4Config, prompt, new_tokens: int, engine: s
     step = get_step(engine, cfg)
     cache = init_cache(cfg, B, max_len, cache_dtype, multiple=_ENGINES[engine][1])
     logits, cache = prefill(params, cfg, tokens, cache, lengths)
+    adopt = getattr(step, "adopt_cache", None)
+    if adopt is not None:  # the engine's own cache layout, made once
+        cache = adopt(cache)
     pos = jnp.asarray(lengths, jnp.int32)  # step n decodes at lengths + n - 1
     out, all_logits = [], []
     for n in tqdm(range(new_tokens), desc=f"generate ({engine})", disable=not progress):

@@ -145,7 +145,10 @@ def test_engine_registry(moe_params):
     def make_blocked_step(cfg):
         def step(params, cfg, cache, tokens, pos, knockout=frozenset()):
             assert cache["layers.2.k"].shape[2] == 16  # 6 positions needed, rounded up to the block
-            return decode_step(params, cfg, cache, tokens, pos, knockout)
+            assert cache.pop("adopted")  # the engine's own layout, from adopt_cache
+            out = decode_step(params, cfg, cache, tokens, pos, knockout)
+            return out[0], {**out[1], "adopted": True}
+        step.adopt_cache = lambda cache: calls.append("adopt") or {**cache, "adopted": True}
         return step
 
     gen.register_engine("counting", make_step)
@@ -158,6 +161,7 @@ def test_engine_registry(moe_params):
         # prefill gives the first token; the engine decodes the rest, given each user's position
         assert [np.asarray(p).tolist() for p in calls] == [[3, 3], [4, 4], [5, 5]]
         np.testing.assert_array_equal(gen.generate(moe_params, TINY_MOE, prompt, 4, engine="blocked"), want)
+        assert calls[3:] == ["adopt"]  # once, after prefill
         assert "counting" in gen.engine_names() and "reference" in gen.engine_names()
     finally:
         del gen._ENGINES["counting"], gen._ENGINES["blocked"]
