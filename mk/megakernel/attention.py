@@ -55,13 +55,13 @@ def emit_qkv_norm_rope(k, op):
 
 def emit_attend(k, op):
     """attn[b, heads] for every user b, reading layer ``op.layer``'s cache in tiles; writes the new K/V."""
-    cfg, t, i, B = k.cfg, op.layer_type, op.layer, k.plan.batch
+    cfg, t, B = k.cfg, op.layer_type, k.plan.batch
     hd, kv, nh = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
     rep = nh // kv
     T = k.plan.kv_tile(t)
     S = k.plan.cache_len(t)
     W = cfg.sliding_window if t == SLIDING else S  # slots that can hold a position
-    kc, vc = k.outputs.cache[f"layers.{i}.k"], k.outputs.cache[f"layers.{i}.v"]
+    kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
     buf = k.scratch.kv[t]
     qblk = k.scratch.qblk
     a = k.scratch.acts

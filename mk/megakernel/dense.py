@@ -66,7 +66,9 @@ def emit_embed(k, op):
 
 def emit_norm(k, op):
     a = k.scratch.acts
-    a[op.dst][...] = rms(a[op.src][...], k.cfg.rms_eps, k.vec(op.vector, k.cfg.hidden_size), k.norms_on)
+    final = isinstance(op.layer, int) and op.layer < 0  # the final norm (a layer's may be traced)
+    w = k.vec(op.vector, k.cfg.hidden_size) if final else k.layer_vec(op.layer, op.vector)
+    a[op.dst][...] = rms(a[op.src][...], k.cfg.rms_eps, w, k.norms_on)
 
 
 def emit_matmul(k, op):

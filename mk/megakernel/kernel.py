@@ -28,51 +28,14 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..config import Gemma4Config
 from ..params import NORMS, check_knockout
-from ..plan import (
-    BLOCK,
-    LANE,
-    ROWS,
-    Attend,
-    AttentionResidual,
-    Embed,
-    EmitTokens,
-    ExpertCombine,
-    FfnResidual,
-    GeluMul,
-    HeadTile,
-    Load,
-    Loop,
-    MatmulTile,
-    NoHead,
-    Norm,
-    Op,
-    Prologue,
-    QKVNormRope,
-    Route,
-    Start,
-    StepPlan,
-    Tiles,
-    Wait,
-    build_plan,
-    padded_shape,
-    round_up,
-    start_runs,
-    vector_rows,
-    vector_table_shape,
-)
+from ..plan import (BLOCK, LANE, ROWS, Attend, AttentionResidual, Embed, EmitTokens, ExpertCombine, FfnResidual,
+                    GeluMul, HeadTile, LayerLoop, Load, Loop, MatmulTile, NoHead, Norm, Op, Prologue, QKVNormRope,
+                    Route, Start, StepPlan, Tiles, Wait, build_plan, groups, padded_shape, round_up, stacked,
+                    start_runs, type_index, vector_rows, vector_stride, vector_table_shape)
 from ..tpu import interpret_params
 from . import attention, dense, head, moe
-from .refs import (
-    POSITION,
-    TOKEN,
-    Inputs,
-    Outputs,
-    input_shapes,
-    matrix_names,
-    matrix_shapes,
-    output_shapes,
-    scratch_shapes,
-)
+from .refs import (POSITION, TOKEN, Inputs, Outputs, input_shapes, matrix_shapes, output_shapes,
+                   scratch_shapes, weight_shapes)
 from .stream import WeightStream
 
 # One emit function per op kind: adding a kind means its record (mk.plan.records), an entry here, a test.
@@ -99,13 +62,14 @@ def pack(params: dict, cfg: Gemma4Config) -> dict:
     """The kernel's inputs from the reference parameter tree: padded matrices (their own dtype),
     the vector table (f32) and the RoPE inverse frequencies (f32)."""
     from ..reference import inv_freq
-    weights = {}
-    for path in matrix_names(cfg):
+    parts: dict[str, list] = {}
+    for path in matrix_shapes(cfg):
         a = params[path]
         target = padded_shape(cfg, path, a.shape)
         if target != a.shape:
             a = jnp.pad(a, [(0, t - s) for s, t in zip(a.shape, target)])
-        weights[path] = a
+        parts.setdefault(stacked(cfg, path)[0], []).append(a)
+    weights = {name: a[0] if name == "embed" else jnp.stack(a) for name, a in parts.items()}
     n, width = vector_table_shape(cfg)
     table = np.zeros((round_up(n, ROWS), width), np.float32)
     for path, row in vector_rows(cfg).items():
@@ -137,8 +101,16 @@ class Kernel:
         r = self._vec_rows[path]
         return self.scratch.vectors[r:r + 1, :width]
 
-    def layer_vec(self, layer: int, name: str, width: int | None = None):
-        return self.vec(f"layers.{layer}.{name}", width or self.cfg.hidden_size)
+    def layer_vec(self, layer, name: str, width: int | None = None):
+        """Layer ``layer``'s vector ``name`` (the layer may be traced: a loop over layers)."""
+        width = width or self.cfg.hidden_size
+        if isinstance(layer, int):
+            return self.vec(f"layers.{layer}.{name}", width)
+        row = self._vec_rows[f"layers.0.{name}"] + layer * vector_stride(self.cfg)
+        # Mosaic loads whole (8, 128) tiles at a dynamic row: take the tile holding the row, pick it out
+        block = self.scratch.vectors[pl.ds(pl.multiple_of(row // ROWS * ROWS, ROWS), ROWS), :width]
+        pick = jax.lax.broadcasted_iota(jnp.int32, block.shape, 0) == row % ROWS
+        return jnp.sum(jnp.where(pick, block, 0.0), axis=0, keepdims=True)
 
     def token(self, b: int):
         return self.scratch.users[b, TOKEN]
@@ -175,35 +147,72 @@ class Kernel:
             self.guarded(item.expert, partial(EMIT[type(item)], self, item))
 
 
+@dataclass
+class Seq:
+    """Items to emit: ``items`` as emitted (inside a loop over layers their integers may be traced),
+    ``groups`` of them, the ``folded`` segments, and ``loads`` (id -> Load as emitted)."""
+
+    items: list
+    groups: tuple
+    folded: tuple
+    loads: dict
+
+
 def _body(plan: StepPlan, trees, *refs):
     in_tree, out_tree, scratch_tree = trees
     n_in, n_out = in_tree.num_leaves, out_tree.num_leaves
     k = Kernel(plan, jax.tree.unflatten(in_tree, refs[:n_in]), jax.tree.unflatten(out_tree, refs[n_in:n_in + n_out]),
                jax.tree.unflatten(scratch_tree, refs[n_in + n_out:]))
-    for seg in plan.folded:
-        if isinstance(seg, Loop):
-            _emit_loop(k, seg)
+    _emit(k, Seq(list(plan.items), plan.groups, plan.folded, k.loads))
+
+
+def _emit(k: Kernel, seq: Seq):
+    for seg in seq.folded:
+        if isinstance(seg, LayerLoop):
+            _emit_layer_loop(k, seq, seg)
+        elif isinstance(seg, Loop):
+            _emit_loop(k, seq, seg)
         else:
-            for item in plan.items[slice(*plan.groups[seg])]:
-                k.emit(item, _load(k, item))
+            for item in seq.items[slice(*seq.groups[seg])]:
+                k.emit(item, _load(seq, item))
 
 
-def _load(k: Kernel, item) -> Load | None:
-    lid = item.load
-    return k.loads[lid] if lid is not None else None
+def _load(seq: Seq, item) -> Load | None:
+    return seq.loads[item.load] if item.load is not None else None
 
 
-def _emit_loop(k: Kernel, loop: Loop):
+def _emit_layer_loop(k: Kernel, seq: Seq, ll: LayerLoop):
+    """One ``fori_loop`` over the repeats of a run of whole layers: in repeat r every item and load is
+    the first repeat's with its integers stepped r times by their difference to the second repeat."""
+    a0, width = seq.groups[ll.start][0], seq.groups[ll.start + ll.period][0] - seq.groups[ll.start][0]
+    first, second = seq.items[a0:a0 + width], seq.items[a0 + width:a0 + 2 * width]
+    slots = k.plan.tiles.slots
+    body_groups = groups(first)
+
+    def step(r, carry):
+        loads = dict(seq.loads)
+        items = []
+        for a, b in zip(first, second):
+            if a.load is not None:
+                loads[a.load] = _at_load(seq.loads[a.load], seq.loads[b.load], r, slots)
+            items.append(a if isinstance(a, (Start, Wait)) else _shift_op(a, b, r))
+        _emit(k, Seq(items, body_groups, ll.body, loads))
+        return carry
+
+    jax.lax.fori_loop(0, ll.count, step, 0)
+
+
+def _emit_loop(k: Kernel, seq: Seq, loop: Loop):
     """One ``fori_loop`` for the run of groups ``loop``: each body group's Wait and compute with the
     strides of its first two repeats applied to the loop index; each body position's Starts as runs
-    (mk.plan.start_runs), each issued in the repeats it covers."""
-    plan, slots = k.plan, k.plan.tiles.slots
-    items, gs, P = plan.items, plan.groups, loop.period
+    (mk.plan.start_runs, found on the planned loads), each issued in the repeats it covers."""
+    slots = k.plan.tiles.slots
+    items, gs, P = seq.items, seq.groups, loop.period
     body = [[items[n] for n in range(*gs[loop.start + j])] for j in range(P)]
     nxt = [[items[n] for n in range(*gs[loop.start + P + j])] for j in range(P)]
     runs = []
     for j in range(P):
-        starts = [[_load(k, it) for it in items[slice(*gs[loop.start + j + P * r])] if isinstance(it, Start)]
+        starts = [[k.loads[it.load] for it in items[slice(*gs[loop.start + j + P * r])] if isinstance(it, Start)]
                   for r in range(loop.count)]
         runs.append(start_runs(starts, slots))
 
@@ -212,11 +221,14 @@ def _emit_loop(k: Kernel, loop: Loop):
             for a, b in zip(body[j], nxt[j]):
                 if isinstance(a, Start):
                     continue
-                ld = _at_load(_load(k, a), _load(k, b), r, slots)
+                ld = _at_load(_load(seq, a), _load(seq, b), r, slots) if a.load is not None else None
                 k.emit(_at_op(a, b, r) if isinstance(a, Op) else a, ld)
             for lo, hi, first, second in runs[j]:
                 def start(lo=lo, first=first, second=second):
-                    k.emit(Start(first.id), first if second is None else _at_load(first, second, r - lo, slots))
+                    ld = seq.loads[first.id]
+                    if second is not None:
+                        ld = _at_load(ld, seq.loads[second.id], r - lo, slots)
+                    k.emit(Start(first.id), ld)
                 if (lo, hi) == (0, loop.count):
                     start()
                 else:
@@ -226,25 +238,34 @@ def _emit_loop(k: Kernel, loop: Loop):
     jax.lax.fori_loop(0, loop.count, step, 0)
 
 
-def _lin(a, b, r, align):
-    """a + (b - a) * r, kept static when a == b; ``align`` is a hint for the compiler."""
-    if a == b:
+def _static(*xs) -> bool:
+    return all(isinstance(x, int) for x in xs)
+
+
+def _lin(a, b, r, align=1):
+    """a + (b - a) * r: kept static when a == b; ``align`` is a hint for the compiler (static a, b)."""
+    if _static(a, b):
+        return a if a == b else pl.multiple_of(a + (b - a) * r, align)
+    return a + (b - a) * r
+
+
+def _at_slot(a, b, r, slots):
+    if _static(a, b) and a == b:
         return a
-    return pl.multiple_of(a + (b - a) * r, align)
+    return (a + (b - a) % slots * r) % slots
 
 
-def _at_load(a: Load | None, b: Load | None, r, slots):
+def _at_load(a: Load, b: Load, r, slots) -> Load:
     """Load ``a`` in repeat r of a loop whose next repeat holds ``b``."""
-    if a is None:
-        return None
     return replace(a, rows=(_lin(a.rows[0], b.rows[0], r, BLOCK), a.rows[1]),
                    cols=(_lin(a.cols[0], b.cols[0], r, LANE), a.cols[1]),
-                   slot=a.slot if a.slot == b.slot else (a.slot + (b.slot - a.slot) % slots * r) % slots,
-                   expert=None if a.expert is None else _lin(a.expert, b.expert, r, 1))
+                   slot=_at_slot(a.slot, b.slot, r, slots), layer=_lin(a.layer, b.layer, r),
+                   index=None if a.index is None else _lin(a.index, b.index, r),
+                   expert=None if a.expert is None else _lin(a.expert, b.expert, r))
 
 
 def _at_op(a: Op, b: Op, r) -> Op:
-    """Op ``a`` in repeat r: its STRIDED integers stepped, its STRIDED flags on from the second repeat."""
+    """Op ``a`` in repeat r of a loop over tiles: STRIDED integers stepped, STRIDED flags on after repeat 0."""
     changes = {}
     for f in fields(a):
         if f.name not in a.STRIDED:
@@ -254,6 +275,13 @@ def _at_op(a: Op, b: Op, r) -> Op:
             changes[f.name] = x if x == y else r >= 1
         elif x is not None:
             changes[f.name] = _lin(x, y, r, LANE if f.name.endswith("_off") else 1)
+    return replace(a, **changes)
+
+
+def _shift_op(a: Op, b: Op, r) -> Op:
+    """Op ``a`` in repeat r of a loop over layers: every integer field but its load stepped."""
+    changes = {f.name: _lin(getattr(a, f.name), getattr(b, f.name), r) for f in fields(a)
+               if f.name != "load" and isinstance(getattr(a, f.name), int) and not isinstance(getattr(a, f.name), bool)}
     return replace(a, **changes)
 
 
@@ -344,17 +372,31 @@ class MegakernelEngine:
             self._steps[key] = _Compiled(plan, jax.jit(run, donate_argnums=(1,)))
         return self._steps[key]
 
+    def adopt_cache(self, cache: dict) -> dict:
+        """The kernel's cache layout from the reference's (mk.reference.init_cache, every layer's slots a
+        multiple of BLOCK): each layer type's K and V stacked over its layers. Once, after prefill."""
+        return {f"{t}.{n}": jnp.stack([cache[f"layers.{i}.{n}"] for i, u in enumerate(self.cfg.layer_types) if u == t])
+                for t in sorted(set(self.cfg.layer_types)) for n in ("k", "v")}
+
+    def reference_cache(self, cache: dict) -> dict:
+        """The reference's cache layout from the kernel's (to compare them)."""
+        return {f"layers.{i}.{n}": cache[f"{t}.{n}"][type_index(self.cfg, i)]
+                for i, t in enumerate(self.cfg.layer_types) for n in ("k", "v")}
+
     def run(self, params, cfg, cache, tokens, pos, knockout=frozenset(), with_logits=True,
             count_dmas=False) -> Outputs:
-        """One step: the kernel's Outputs (users block, cache, and logits / DMA counts on request)."""
+        """One step on the kernel's cache layout (``adopt_cache``): the kernel's Outputs (users block,
+        cache, and logits / DMA counts on request)."""
         if cfg != self.cfg:
             raise ValueError(f"this megakernel step was made for {self.cfg.name}, called with {cfg.name}")
+        if "layers.0.k" in cache:
+            raise ValueError("the megakernel reads its own cache layout: convert a reference cache once with "
+                             "adopt_cache(cache) (mk.generate does)")
         ko = check_knockout(knockout)
-        k0 = cache["layers.0.k"]
-        batch = k0.shape[0]
-        full = cfg.full_layers
-        max_len = cache[f"layers.{full[0]}.k"].shape[2] if full else cfg.sliding_window
-        c = self.compiled(batch, max_len, params["embed"].dtype, k0.dtype, ko, with_logits, count_dmas)
+        t0 = cfg.layer_types[0]
+        batch = cache[f"{t0}.k"].shape[1]
+        max_len = cache["full.k"].shape[3] if cfg.full_layers else cfg.sliding_window
+        c = self.compiled(batch, max_len, params["embed"].dtype, cache[f"{t0}.k"].dtype, ko, with_logits, count_dmas)
         return c.fn(self.packed(params), cache, tokens, pos)
 
     def __call__(self, params, cfg, cache, tokens, pos, knockout=frozenset()):
@@ -364,7 +406,7 @@ class MegakernelEngine:
     def greedy(self, params, cfg, cache, tokens, pos, knockout=frozenset()):
         """(each user's greedy token [B], the cache): the kernel picks them; no logits are written."""
         out = self.run(params, cfg, cache, tokens, pos, knockout, with_logits=False)
-        return out.users[:cache["layers.0.k"].shape[0], TOKEN], out.cache
+        return out.users[:jnp.shape(tokens)[0], TOKEN], out.cache
 
 
 def make_step(cfg: Gemma4Config, tiles: Tiles = Tiles(), detect_races: bool = False) -> MegakernelEngine:
@@ -377,20 +419,21 @@ def packed_shapes(cfg: Gemma4Config, weight_dtype) -> dict:
     n, width = vector_table_shape(cfg)
     return dict(vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
                 inv_freq=jax.ShapeDtypeStruct((ROWS, max(cfg.sliding_head_dim, cfg.full_head_dim)), jnp.float32),
-                weights={path: jax.ShapeDtypeStruct(padded_shape(cfg, path, shape), weight_dtype)
-                         for path, shape in matrix_shapes(cfg).items()})
+                weights={name: jax.ShapeDtypeStruct(shape, weight_dtype) for name, shape in weight_shapes(cfg).items()})
 
 
 def compile_for_tpu(cfg: Gemma4Config, chip: str, batch: int, max_len: int, weight_dtype=jnp.bfloat16,
                     kv_dtype=jnp.bfloat16, tiles: Tiles = Tiles(), knockout=frozenset(),
-                    compiler_options: dict | None = None, vmem_limit_bytes: int | None = None):
+                    compiler_options: dict | None = None, vmem_limit_bytes: int | None = None,
+                    loop_layers: bool = True):
     """Compile one decode step (users block in, users block out) for ``chip`` ahead of time with
     libtpu's Mosaic compiler (see mk.tpu). The plan's VMEM budget is checked against the chip first and
     given to the compiler as its VMEM limit. Returns (plan, compiled)."""
     from ..chips import get_chip
     from ..tpu import aot_compile
     plan = build_plan(cfg, batch, max_len, weight_itemsize=jnp.dtype(weight_dtype).itemsize,
-                      kv_itemsize=jnp.dtype(kv_dtype).itemsize, tiles=tiles, knockout=check_knockout(knockout))
+                      kv_itemsize=jnp.dtype(kv_dtype).itemsize, tiles=tiles, knockout=check_knockout(knockout),
+                      loop_layers=loop_layers)
     vmem = get_chip(chip).vmem_bytes
     need = plan.check_vmem(chip)
     # headroom for Mosaic's own internal scratch, unless the caller sets the limit

@@ -12,7 +12,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..config import Gemma4Config
 from ..params import param_specs
-from ..plan import BLOCK, LANE, ROWS, StepPlan, padded_shape, round_up, vector_table_shape
+from ..plan import BLOCK, LANE, ROWS, StepPlan, padded_shape, round_up, stacked, vector_table_shape
 
 TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
 
@@ -21,8 +21,8 @@ class Inputs(NamedTuple):
     users: Any      # [rows, 128] int32, HBM: lane 0 the token of user b (row b), lane 1 its position
     vectors: Any    # [n_vectors, width] f32: every norm weight and scale, one a row
     inv_freq: Any   # [8, head_dim] f32: RoPE inverse frequencies, row 0 sliding, row 1 full
-    weights: dict   # path -> [.., K, N]: every matrix in the padded HBM layout (mk.plan.padded_shape)
-    cache: dict     # layers.{i}.k|v -> [B, kv_heads, slots, head_dim]: aliased to Outputs.cache
+    weights: dict   # embed [V, H]; {type}.{name} -> [layers of the type, (E,) K, N]: padded, stacked
+    cache: dict     # {type}.k|v -> [layers of the type, B, kv_heads, slots, head_dim]: aliased to Outputs.cache
 
 
 class Outputs(NamedTuple):
@@ -74,30 +74,36 @@ def matrix_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
     return {s.path: s.shape for s in param_specs(cfg) if len(s.shape) >= 2}
 
 
-def matrix_names(cfg: Gemma4Config) -> list[str]:
-    return list(matrix_shapes(cfg))
+def weight_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
+    """The kernel's HBM weights: ``embed`` and each layer matrix stacked by layer type, padded."""
+    out: dict[str, tuple[int, ...]] = {}
+    for path, shape in matrix_shapes(cfg).items():
+        name, index = stacked(cfg, path)
+        padded = padded_shape(cfg, path, shape)
+        out[name] = padded if index is None else (index + 1, *padded)
+    return out
 
 
-def cache_names(cfg: Gemma4Config) -> list[str]:
-    return [f"layers.{i}.{n}" for i in range(cfg.num_layers) for n in ("k", "v")]
+def cache_shapes(cfg: Gemma4Config, batch: int, slots) -> dict[str, tuple[int, ...]]:
+    """The kernel's KV cache: per layer type, K and V stacked over its layers; ``slots(t)`` per layer."""
+    out = {}
+    for t in sorted(set(cfg.layer_types)):
+        shape = (cfg.layer_types.count(t), batch, cfg.kv_heads(t), slots(t), cfg.head_dim(t))
+        out[f"{t}.k"] = out[f"{t}.v"] = shape
+    return out
 
 
 def input_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Inputs:
     """``jax.ShapeDtypeStruct``s of the kernel's inputs, without any weights."""
     cfg = plan.cfg
     n, width = vector_table_shape(cfg)
-    cache = {}
-    for i, t in enumerate(cfg.layer_types):
-        shape = (plan.batch, cfg.kv_heads(t), plan.cache_len(t), cfg.head_dim(t))
-        for name in ("k", "v"):
-            cache[f"layers.{i}.{name}"] = jax.ShapeDtypeStruct(shape, kv_dtype)
     return Inputs(
         users=jax.ShapeDtypeStruct((plan.rows, LANE), jnp.int32),
         vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
         inv_freq=jax.ShapeDtypeStruct((ROWS, max(cfg.sliding_head_dim, cfg.full_head_dim)), jnp.float32),
-        weights={path: jax.ShapeDtypeStruct(padded_shape(cfg, path, shape), weight_dtype)
-                 for path, shape in matrix_shapes(cfg).items()},
-        cache=cache)
+        weights={name: jax.ShapeDtypeStruct(shape, weight_dtype) for name, shape in weight_shapes(cfg).items()},
+        cache={name: jax.ShapeDtypeStruct(shape, kv_dtype)
+               for name, shape in cache_shapes(cfg, plan.batch, plan.cache_len).items()})
 
 
 def output_shapes(plan: StepPlan, inputs: Inputs, with_logits: bool, count_dmas: bool) -> Outputs:

@@ -18,6 +18,8 @@ class WeightStream:
 
     def copy(self, ld: Load):
         src = self.hbm[ld.tensor]
+        if ld.index is not None:  # the layer's place in a stacked tensor (traced in a loop over layers)
+            src = src.at[ld.index]
         if ld.expert is not None:
             src = src.at[self.expert_id(ld.expert)]
         # offsets and slot may be traced (a loop over tiles)

@@ -2,57 +2,25 @@
 timing model.
 
 - ``records``: tile sizes, VMEM buffers, weight-tile DMAs and one record per kind of compute op;
-- ``layout``: the kernel's padded HBM layout, the vector table, KV tiles, layers that fit one chip;
+- ``layout``: the kernel's padded, layer-stacked HBM layout, the vector table, KV tiles, layers that fit one chip;
 - ``builder``: the loads and ops of a step in order;
-- ``schedule``: when each DMA starts and is waited for; the regular runs the kernel emits as loops;
+- ``schedule``: when each DMA starts and is waited for; the regular runs (tiles, layers) the kernel loops over;
 - ``step``: ``StepPlan`` and ``build_plan``;
 - ``vmem``: the VMEM budget; ``timeline``: a modelled timeline on one chip.
 """
 
-from .layout import (
-                     BLOCK,
-                     LANE,
-                     MIB,
-                     ROWS,
-                     cache_slots,
-                     kv_tile,
-                     layers_in_hbm,
-                     padded_shape,
-                     round_up,
-                     vector_rows,
-                     vector_table_shape,
-)
-from .records import (
-                     OP_KINDS,
-                     Attend,
-                     AttentionResidual,
-                     Buffer,
-                     Embed,
-                     EmitTokens,
-                     ExpertCombine,
-                     FfnResidual,
-                     GeluMul,
-                     HeadTile,
-                     Load,
-                     Loop,
-                     MatmulMode,
-                     MatmulTile,
-                     NoHead,
-                     Norm,
-                     Op,
-                     Prologue,
-                     QKVNormRope,
-                     Route,
-                     Start,
-                     Tiles,
-                     Wait,
-)
+from .layout import (BLOCK, LANE, MIB, ROWS, cache_slots, kv_tile, layers_in_hbm, padded_shape, round_up, stacked,
+                     type_index, vector_rows, vector_stride, vector_table_shape)
+from .records import (OP_KINDS, Attend, AttentionResidual, Buffer, Embed, EmitTokens, ExpertCombine, FfnResidual,
+                      GeluMul, HeadTile, LayerLoop, Load, Loop, MatmulMode, MatmulTile, NoHead, Norm, Op, Prologue,
+                      QKVNormRope, Route, Start, Tiles, Wait)
 from .schedule import fold, groups, start_runs
 from .step import StepPlan, build_plan
 from .timeline import memory_busy_fraction, timeline
 
 __all__ = ["BLOCK", "LANE", "MIB", "ROWS", "OP_KINDS", "Attend", "AttentionResidual", "Buffer", "Embed",
-           "EmitTokens", "ExpertCombine", "FfnResidual", "GeluMul", "HeadTile", "Load", "Loop", "MatmulMode",
-           "MatmulTile", "NoHead", "Norm", "Op", "Prologue", "QKVNormRope", "Route", "Start", "StepPlan", "Tiles",
-           "Wait", "build_plan", "cache_slots", "fold", "groups", "kv_tile", "layers_in_hbm", "memory_busy_fraction",
-           "padded_shape", "round_up", "start_runs", "timeline", "vector_rows", "vector_table_shape"]
+           "EmitTokens", "ExpertCombine", "FfnResidual", "GeluMul", "HeadTile", "LayerLoop", "Load", "Loop",
+           "MatmulMode", "MatmulTile", "NoHead", "Norm", "Op", "Prologue", "QKVNormRope", "Route", "Start",
+           "StepPlan", "Tiles", "Wait", "build_plan", "cache_slots", "fold", "groups", "kv_tile", "layers_in_hbm",
+           "memory_busy_fraction", "padded_shape", "round_up", "stacked", "start_runs", "timeline", "type_index",
+           "vector_rows", "vector_stride", "vector_table_shape"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..config import Gemma4Config
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs
-from .layout import BLOCK, LANE, ROWS, padded_shape, round_up, sublanes, vector_table_shape
+from .layout import BLOCK, LANE, ROWS, padded_shape, round_up, stacked, sublanes, type_index, vector_table_shape
 from .records import (
     Attend,
     AttentionResidual,
@@ -97,7 +97,8 @@ class Builder:
         self._slot_count[buffer] = n + 1
         real = self.specs[tensor].shape[-2:]  # the unpadded matrix: what of the tile holds weights
         payload = max(0, min(rows[1], real[0] - rows[0])) * max(0, min(cols[1], real[1] - cols[0]))
-        ld = Load(len(self.loads), tensor, layer, component, buffer, n % self.tiles.slots, rows, cols,
+        name, index = stacked(self.cfg, tensor)
+        ld = Load(len(self.loads), name, index, layer, component, buffer, n % self.tiles.slots, rows, cols,
                   shape[0] * shape[1] * self.wb, payload * self.wb, expert)
         self.loads.append(ld)
         return ld.id
@@ -168,7 +169,7 @@ class Builder:
         H, hd, kv, nh = cfg.hidden_size, cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
         att = attention_component(t)
         if att not in self.ko:
-            self.op(Norm(i, NORMS, 4 * B * H, src="x", dst="xn", vector=p + "input_norm"))
+            self.op(Norm(i, NORMS, 4 * B * H, src="x", dst="xn", vector="input_norm"))
             qkw = max(cfg.sliding_kv_heads * cfg.sliding_head_dim, cfg.full_kv_heads * cfg.full_head_dim)
             q, k, v = self.act("q", nh * max(cfg.sliding_head_dim, cfg.full_head_dim)), self.act("k", qkw), \
                 self.act("v", qkw)
@@ -180,7 +181,7 @@ class Builder:
             positions = cfg.cache_positions(t, self.context)
             T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
             per_pos = 2 * kv * hd * self.kvb  # K and V
-            self.op(Attend(i, att, 4 * B * nh * hd * positions, layer_type=t,
+            self.op(Attend(i, att, 4 * B * nh * hd * positions, layer_type=t, index=type_index(cfg, i),
                            kv_bytes=B * per_pos * max(0, positions - 1 - T),
                            serial_bytes=B * per_pos * (min(T, positions - 1) + BLOCK)))
             self.act("attn", nh * max(cfg.sliding_head_dim, cfg.full_head_dim))

@@ -1,6 +1,10 @@
 """The kernel's memory layout rules: TPU tile sizes, the padded HBM shapes of the weights, the packed
 table of small vectors, KV tiles, and how many layers fit one chip's HBM.
 
+Layers of one type are stacked: the kernel's HBM holds ``sliding.q`` [n_sliding, H, nh * hd] rather
+than one ``layers.{i}.q`` per layer, and the cache ``sliding.k`` [n_sliding, B, kv, slots, hd], so
+one loop over the layers can address layer i's weights and cache with an index.
+
 TPU layout rules applied here: every weight tile's last two dims are multiples of (8, 128) (16
 sublanes in bf16); dims that are not multiples of 128 are padded with zeros (the MLP and expert
 intermediates, e.g. 704 -> 768, and the router's expert count), which leaves every result exact;
@@ -48,6 +52,21 @@ def padded_shape(cfg: Gemma4Config, path: str, shape: tuple[int, ...]) -> tuple[
     return shape
 
 
+def type_index(cfg: Gemma4Config, i: int) -> int:
+    """Layer i's place among the layers of its type (its index in the stacked tensors)."""
+    return cfg.layer_types[:i].count(cfg.layer_types[i])
+
+
+def stacked(cfg: Gemma4Config, path: str) -> tuple[str, int | None]:
+    """The kernel's HBM tensor holding ``path`` and the index in it: ``layers.{i}.{name}`` lives at
+    ``{layer type}.{name}[type_index(i)]``; ``embed`` is not stacked (index None)."""
+    if not path.startswith("layers."):
+        return path, None
+    _, i, name = path.split(".", 2)
+    i = int(i)
+    return f"{cfg.layer_types[i]}.{name}", type_index(cfg, i)
+
+
 def cache_slots(cfg: Gemma4Config, layer_type: str, max_len: int) -> int:
     """Slots of a layer's KV cache in the kernel's layout: the window (sliding) or ``max_len`` (full),
     rounded up to whole ``BLOCK``s (the extra slots are never valid and are masked)."""
@@ -66,6 +85,12 @@ def vector_rows(cfg: Gemma4Config) -> dict[str, int]:
         if len(s.shape) == 1:
             out[s.path] = len(out)
     return out
+
+
+def vector_stride(cfg: Gemma4Config) -> int:
+    """Rows between a vector of layer i and the same vector of layer i + 1 (every layer has the same vectors)."""
+    rows = vector_rows(cfg)
+    return rows["layers.1.input_norm"] - rows["layers.0.input_norm"] if cfg.num_layers > 1 else 0
 
 
 def vector_table_shape(cfg: Gemma4Config) -> tuple[int, int]:

@@ -56,12 +56,13 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Load:
-    """One weight tile's DMA, HBM -> VMEM: ``tensor[rows, cols]`` (of the expert in routed slot
+    """One weight tile's DMA, HBM -> VMEM: ``tensor[index][rows, cols]`` (of the expert in routed slot
     ``expert``, when set) into ``buffer`` slot ``slot``. ``nbytes`` is what the DMA moves (padding
     included), ``payload_bytes`` the part that holds real weights."""
 
     id: int
-    tensor: str
+    tensor: str         # the kernel's HBM tensor (mk.plan.layout.stacked): ``sliding.q``, ``embed``, ...
+    index: int | None   # the layer's place in the stacked tensor (None: not stacked)
     layer: int          # -1 for the head
     component: str
     buffer: str
@@ -126,7 +127,7 @@ class Embed(Op):
 
 @dataclass(frozen=True)
 class Norm(Op):
-    """dst = rms_norm(src) * weight (``vector``: the path of the weight in the vector table)."""
+    """dst = rms_norm(src) * weight (``vector``: the weight's name, in the layer or, at layer -1, the model)."""
 
     src: str = ""
     dst: str = ""
@@ -188,6 +189,7 @@ class Attend(Op):
     and the block read around the write-back position, which compute waits for."""
 
     layer_type: str = ""
+    index: int = 0      # the layer's place in its type's stacked cache
     kv_bytes: int = 0
     serial_bytes: int = 0
 
@@ -244,6 +246,20 @@ OP_KINDS = (Prologue, Embed, Norm, MatmulTile, GeluMul, ExpertCombine, QKVNormRo
             Route, FfnResidual, HeadTile, NoHead, EmitTokens)
 
 Item = Start | Wait | Op
+
+
+@dataclass(frozen=True)
+class LayerLoop:
+    """Groups ``start .. start + period * count`` as ``count`` repeats of a run of whole layers (one
+    period of the sliding/full pattern): every item of repeat r is the item of repeat 0 with its
+    integers (layer, stacked index, buffer slot modulo ``Tiles.slots``, ...) stepped r times by their
+    difference to repeat 1. ``body`` folds repeat 0 (group indices relative to ``start``). The kernel
+    emits it as one loop, so its code and compile time do not grow with the layers."""
+
+    start: int
+    period: int
+    count: int
+    body: tuple
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from .records import Item, Load, Loop, Op, Start, Wait
+from .records import Item, LayerLoop, Load, Loop, Op, Start, Wait
 
 MAX_PERIOD = 8  # longest body searched for, in groups (an expert slot is 5: gate, up, act, down, combine)
 
@@ -70,11 +70,12 @@ def split_fields(op: Op) -> tuple[tuple, tuple[int, ...], tuple[bool, ...]]:
 
 
 def load_key(ld: Load):
-    return ld.tensor, ld.layer, ld.component, ld.buffer, ld.rows[1], ld.cols[1], ld.nbytes, ld.expert is None
+    return ld.tensor, ld.component, ld.buffer, ld.rows[1], ld.cols[1], ld.nbytes, ld.expert is None, \
+        ld.index is None
 
 
 def load_ints(ld: Load) -> tuple[int, ...]:
-    return ld.rows[0], ld.cols[0], ld.expert or 0
+    return ld.layer, ld.index or 0, ld.rows[0], ld.cols[0], ld.expert or 0
 
 
 def _varying(items, group, loads: dict):
@@ -155,3 +156,92 @@ def start_runs(starts: list[list[Load]], slots: int) -> list[tuple[int, int, Loa
         done += [r for m, r in open_.items() if m not in still]
         open_ = still
     return done + list(open_.values())
+
+
+def _item_shape(item, loads: dict):
+    """An item as (equal part, integers, buffer slot) for comparing whole layers: every integer field
+    (layer, stacked index, offsets, expert slot) may step between repeats; flags and names may not."""
+    if isinstance(item, (Start, Wait)):
+        ld = loads[item.load]
+        return (type(item),) + load_key(ld), load_ints(ld), ld.slot
+    key, ints = [type(item)], []
+    for f in fields(item):
+        v = getattr(item, f.name)
+        if f.name == "load":
+            continue
+        if isinstance(v, int) and not isinstance(v, bool):
+            ints.append(v)
+        else:
+            key.append(v)
+    if item.load is not None:
+        ld = loads[item.load]
+        return tuple(key) + load_key(ld), tuple(ints) + load_ints(ld), ld.slot
+    return tuple(key), tuple(ints), 0
+
+
+def layer_loop(items, loads: dict, slots: int, layers: int, period: int) -> LayerLoop | None:
+    """The longest run of at least two whole ``period``-layer repeats whose items step linearly, as a
+    LayerLoop with its body folded; None if there is none. The first period issues some of its DMAs
+    before the step's first op and the last prefetches the head's tiles, so the run often starts at the
+    second period and ends before the last."""
+    if period <= 0 or layers < 2 * period:
+        return None
+    gs = groups(items)
+    first = {}
+    for n, (a, b) in enumerate(gs):
+        op = next((it for it in items[a:b] if isinstance(it, Op)), None)
+        if op is not None and op.layer >= 0:
+            first.setdefault(op.layer, n)
+    shapes = [_item_shape(it, loads) for it in items]
+    best = None
+    for p0 in range(layers // period - 1):
+        if p0 * period not in first or (p0 + 1) * period not in first:
+            continue
+        start, per = first[p0 * period], first[(p0 + 1) * period] - first[p0 * period]
+        lo, width = gs[start][0], gs[start + per][0] - gs[start][0]
+        count = 1
+        while p0 + count < layers // period and lo + width * (count + 1) <= len(items) \
+                and first.get((p0 + count) * period) == start + per * count \
+                and _linear(shapes, lo, width, count, slots):
+            count += 1
+        if count >= 2 and (best is None or count > best[2]):
+            best = (start, per, count, lo, width)
+    if best is None:
+        return None
+    start, per, count, lo, width = best
+    return LayerLoop(start, per, count, fold(items[lo:lo + width], loads, slots))
+
+
+def _linear(shapes, lo: int, width: int, n: int, slots: int) -> bool:
+    """Whether repeat n of the ``width`` items from ``lo`` steps linearly from repeats 0 and 1."""
+    for m in range(width):
+        a, b, c = shapes[lo + m], shapes[lo + width + m], shapes[lo + width * n + m]
+        if c[0] != a[0] or any(x0 + (x1 - x0) * n != x for x0, x1, x in zip(a[1], b[1], c[1])) or \
+                c[2] != (a[2] + (b[2] - a[2]) % slots * n) % slots:
+            return False
+    return True
+
+
+def fold_step(items, loads: dict, slots: int, layers: int, period: int) -> tuple:
+    """``fold``, with the repeats of whole layer periods (``layer_loop``) as one LayerLoop."""
+    ll = layer_loop(items, loads, slots, layers, period)
+    if ll is None:
+        return fold(items, loads, slots)
+    gs = groups(items)
+    before = fold(items[:gs[ll.start][0]], loads, slots)
+    end = ll.start + ll.period * ll.count
+    after = fold(items[gs[end][0]:], loads, slots) if end < len(gs) else ()
+    return before + (ll,) + tuple(_shift(s, end) for s in after)
+
+
+def _shift(seg, by: int):
+    return seg + by if isinstance(seg, int) else Loop(seg.start + by, seg.period, seg.count)
+
+
+def pattern_period(layer_types: tuple[str, ...]) -> int:
+    """The shortest period of the layer-type pattern that repeats at least twice (0 if none)."""
+    n = len(layer_types)
+    for p in range(1, n // 2 + 1):
+        if all(layer_types[i] == layer_types[i + p] for i in range(n - p)):
+            return p
+    return 0

@@ -16,8 +16,8 @@ from ..params import EXPERTS, check_knockout
 from ..sol import distinct_experts_distribution
 from .builder import Builder, check_shapes, even_width, expert_slots
 from .layout import ROWS, cache_slots, kv_tile, round_up
-from .records import Buffer, Item, Load, Loop, Op, Start, Tiles
-from .schedule import fold, groups, schedule
+from .records import Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
+from .schedule import fold_step, groups, pattern_period, schedule
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class StepPlan:
     loads: tuple[Load, ...]
     items: tuple[Item, ...]
     activations: dict[str, tuple[int, int]] = field(default_factory=dict)  # f32 VMEM scratch
+    loop_layers: bool = True  # emit repeats of the layer pattern as one loop (False: every layer's own code)
 
     @property
     def rows(self) -> int:
@@ -50,33 +51,60 @@ class StepPlan:
         return expert_slots(self.cfg, self.batch) if self.cfg.is_moe and EXPERTS not in self.knockout else 0
 
     @cached_property
-    def folded(self) -> tuple[int | Loop, ...]:
-        """The items as the kernel emits them: an item index, or a ``Loop`` over a regular run."""
-        return fold(self.items, {ld.id: ld for ld in self.loads}, self.tiles.slots)
+    def folded(self) -> tuple[int | Loop | LayerLoop, ...]:
+        """The items as the kernel emits them: a group index, a ``Loop`` over a regular run of tiles, or
+        a ``LayerLoop`` over repeats of the layer pattern (whose body holds groups and Loops)."""
+        return fold_step(self.items, {ld.id: ld for ld in self.loads}, self.tiles.slots, self.cfg.num_layers,
+                         pattern_period(self.cfg.layer_types) if self.loop_layers else 0)
 
     @cached_property
     def groups(self) -> tuple[tuple[int, int], ...]:
         return groups(self.items)
 
+    def _emitted(self, segments, base: int = 0) -> int:
+        n = 0
+        for s in segments:
+            if isinstance(s, LayerLoop):
+                n += self._emitted(s.body, base + s.start)
+            elif isinstance(s, Loop):
+                n += s.period
+            else:
+                n += int(any(isinstance(it, Op) for it in self.items[slice(*self.groups[base + s])]))
+        return n
+
     @property
     def emitted_ops(self) -> int:
         """Compute ops the kernel writes code for (a loop's body once): what its code size follows."""
-        return sum(s.period if isinstance(s, Loop) else int(any(isinstance(it, Op) for it in
-                   self.items[slice(*self.groups[s])])) for s in self.folded)
+        return self._emitted(self.folded)
 
     def loop_table(self) -> list[dict]:
-        """The plan's loops as rows: layer, component, the tensors a repeat reads, repeats, ops per repeat."""
+        """The plan's loops as rows: layer, component, the tensors a repeat reads, repeats, ops per repeat
+        (a loop inside the loop over layers is listed for its first repeat, ``in_layer_loop``)."""
         loads = {ld.id: ld for ld in self.loads}
         rows = []
-        for s in self.folded:
-            if isinstance(s, Loop):
-                ops = [it for g in self.groups[s.start:s.start + s.period] for it in self.items[slice(*g)]
-                       if isinstance(it, Op)]
-                rows.append(dict(layer=ops[0].layer, component=ops[0].component, repeats=s.count,
-                                 ops_per_repeat=s.period,
-                                 tensors=" ".join(dict.fromkeys(loads[o.load].tensor.rsplit(".", 1)[-1]
-                                                                for o in ops if o.load is not None))))
+
+        def add(segments, base, inside):
+            for s in segments:
+                if isinstance(s, LayerLoop):
+                    rows.append(dict(layer=f"0..{s.count * len(self._layers(s)) - 1}", component="layers",
+                                     repeats=s.count, ops_per_repeat=self._emitted(s.body, s.start),
+                                     tensors="", in_layer_loop=False))
+                    add(s.body, base + s.start, True)
+                elif isinstance(s, Loop):
+                    ops = [it for g in self.groups[base + s.start:base + s.start + s.period]
+                           for it in self.items[slice(*g)] if isinstance(it, Op)]
+                    rows.append(dict(layer=ops[0].layer, component=ops[0].component, repeats=s.count,
+                                     ops_per_repeat=s.period, in_layer_loop=inside,
+                                     tensors=" ".join(dict.fromkeys(loads[o.load].tensor.rsplit(".", 1)[-1]
+                                                                    for o in ops if o.load is not None))))
+
+        add(self.folded, 0, False)
         return rows
+
+    def _layers(self, ll: LayerLoop) -> set[int]:
+        """The layers of a LayerLoop's first repeat."""
+        return {it.layer for g in self.groups[ll.start:ll.start + ll.period] for it in self.items[slice(*g)]
+                if isinstance(it, Op)}
 
     @property
     def ops(self) -> list[Op]:
@@ -173,7 +201,7 @@ class StepPlan:
 
 def build_plan(cfg: Gemma4Config, batch: int, max_len: int, context: int | None = None, *,
                weight_itemsize: int = 4, kv_itemsize: int = 4, tiles: Tiles = Tiles(),
-               knockout=frozenset()) -> StepPlan:
+               knockout=frozenset(), loop_layers: bool = True) -> StepPlan:
     """The plan of one decode step for ``batch`` users with caches of ``max_len`` positions.
 
     ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
@@ -186,4 +214,4 @@ def build_plan(cfg: Gemma4Config, batch: int, max_len: int, context: int | None 
     b.build()
     items = schedule(b.ops, b.loads, b.route_of, tiles.slots)
     return StepPlan(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, dict(b.buffers),
-                    tuple(b.loads), tuple(items), dict(b.acts))
+                    tuple(b.loads), tuple(items), dict(b.acts), loop_layers)
