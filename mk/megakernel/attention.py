@@ -33,6 +33,7 @@ def emit_qkv_norm_rope(k, op):
     position, v's weightless norm (for K=V layers, v is the k projection before its norm)."""
     cfg, t, i, on = k.cfg, op.layer_type, op.layer, k.norms_on
     hd, kv, nh, eps = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads, cfg.rms_eps
+    n = k.model.head_dim(t)  # the head's own dims (a padded head has zero lanes)
     s = k.scratch
     inv = s.inv_freq[0:1, :hd] if t == SLIDING else s.inv_freq[1:2, :hd]
     pos = s.users_vmem[:, POSITION:POSITION + 1].astype(jnp.float32)  # [rows, 1]
@@ -44,13 +45,13 @@ def emit_qkv_norm_rope(k, op):
     q, kr, vr = s.acts["q"], s.acts["k"], s.acts["v"]
     for h in range(nh):
         c = slice(h * hd, (h + 1) * hd)
-        q[:, c] = rope(rms(q[:, c], eps, qn, on), cos, sin, sign)
+        q[:, c] = rope(rms(q[:, c], eps, qn, on, n), cos, sin, sign)
     for g in range(kv):
         c = slice(g * hd, (g + 1) * hd)
         kg = kr[:, c]
         vg = vr[:, c] if cfg.has_v_proj(t) else kg
-        vr[:, c] = rms(vg, eps, None, on)
-        kr[:, c] = rope(rms(kg, eps, kn, on), cos, sin, sign)
+        vr[:, c] = rms(vg, eps, None, on, n)
+        kr[:, c] = rope(rms(kg, eps, kn, on, n), cos, sin, sign)
 
 
 def emit_attend(k, op):

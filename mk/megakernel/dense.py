@@ -3,6 +3,8 @@ tiles' matmuls and the residual wiring of a layer."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,11 +18,13 @@ NEG = -1e30  # a finite "minus infinity": exp(NEG - m) is exactly 0 and never Na
 SET, ADD = False, True
 
 
-def rms(x, eps, w=None, on=True):
-    """RMSNorm in float32, weight as a plain multiply (Gemma 4); ``on=False`` passes ``x`` through."""
+def rms(x, eps, w=None, on=True, n=None):
+    """RMSNorm in float32, weight as a plain multiply (Gemma 4); ``on=False`` passes ``x`` through. ``n``:
+    the vector's own width when ``x`` carries zero padding (the mean is over the real dims)."""
     if not on:
         return x
-    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    ms = jnp.mean(x * x, axis=-1, keepdims=True) if n is None else jnp.sum(x * x, axis=-1, keepdims=True) / n
+    y = x * jax.lax.rsqrt(ms + eps)
     return y if w is None else y * w
 
 
@@ -54,7 +58,7 @@ def emit_embed(k, op):
         c.start()
     for c in copies:
         c.wait()
-    scale = float(np.asarray(H ** 0.5, s.embed_rows.dtype))  # the scale rounded as the reference does
+    scale = float(np.asarray(k.model.hidden_size ** 0.5, s.embed_rows.dtype))  # rounded as the reference does
     x = k.scratch.acts["x"]
     x[...] = jnp.zeros(x.shape, jnp.float32)
     row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, H), 0)
@@ -68,7 +72,7 @@ def emit_norm(k, op):
     a = k.scratch.acts
     final = isinstance(op.layer, int) and op.layer < 0  # the final norm (a layer's may be traced)
     w = k.vec(op.vector, k.cfg.hidden_size) if final else k.layer_vec(op.layer, op.vector)
-    a[op.dst][...] = rms(a[op.src][...], k.cfg.rms_eps, w, k.norms_on)
+    a[op.dst][...] = rms(a[op.src][...], k.cfg.rms_eps, w, k.norms_on, k.model.hidden_size)
 
 
 def emit_matmul(k, op):
@@ -91,25 +95,27 @@ def emit_matmul(k, op):
 
 
 def emit_attention_residual(k, op):
-    a, cfg, eps, on, i = k.scratch.acts, k.cfg, k.cfg.rms_eps, k.norms_on, op.layer
+    a, cfg, i = k.scratch.acts, k.cfg, op.layer
+    norm = partial(rms, eps=cfg.rms_eps, on=k.norms_on, n=k.model.hidden_size)
     x = a["x"][...]
     if op.attention_on:
-        x = x + rms(a["attn_out"][...], eps, k.layer_vec(i, "post_attn_norm"), on)
+        x = x + norm(a["attn_out"][...], w=k.layer_vec(i, "post_attn_norm"))
         a["x"][...] = x
-    a["xn"][...] = rms(x, eps, k.layer_vec(i, "pre_ffn_norm"), on)
+    a["xn"][...] = norm(x, w=k.layer_vec(i, "pre_ffn_norm"))
     if cfg.is_moe:
-        a["x2"][...] = rms(x, eps, k.layer_vec(i, "pre_ffn_norm_2"), on)
-        a["rin"][...] = rms(x, eps, None, on) * k.layer_vec(i, "router_scale") * jnp.float32(cfg.hidden_size ** -0.5)
+        a["x2"][...] = norm(x, w=k.layer_vec(i, "pre_ffn_norm_2"))
+        a["rin"][...] = norm(x) * k.layer_vec(i, "router_scale") * jnp.float32(k.model.hidden_size ** -0.5)
 
 
 def emit_ffn_residual(k, op):
-    a, cfg, eps, on, i, ko = k.scratch.acts, k.cfg, k.cfg.rms_eps, k.norms_on, op.layer, k.plan.knockout
+    a, cfg, i, ko = k.scratch.acts, k.cfg, op.layer, k.plan.knockout
+    norm = partial(rms, eps=cfg.rms_eps, on=k.norms_on, n=k.model.hidden_size)
     x = a["x"][...]
     h = a["ffn"][...] if SHARED_MLP not in ko else jnp.zeros_like(x)
     if cfg.is_moe:
         m = a["moe"][...] if EXPERTS not in ko else jnp.zeros_like(x)
-        h = rms(h, eps, k.layer_vec(i, "post_ffn_norm_1"), on) + rms(m, eps, k.layer_vec(i, "post_ffn_norm_2"), on)
-    x = x + rms(h, eps, k.layer_vec(i, "post_ffn_norm"), on)
+        h = norm(h, w=k.layer_vec(i, "post_ffn_norm_1")) + norm(m, w=k.layer_vec(i, "post_ffn_norm_2"))
+    x = x + norm(h, w=k.layer_vec(i, "post_ffn_norm"))
     if NORMS not in ko:
         x = x * k.layer_vec(i, "layer_scalar")
     a["x"][...] = x

@@ -10,6 +10,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..plan import LANE
+from .dense import NEG
 from .refs import POSITION, TOKEN
 
 
@@ -23,8 +24,10 @@ def emit_head_tile(k, op):
         y = cfg.final_softcap * jnp.tanh(y / cfg.final_softcap)
     if k.outputs.logits is not None:
         send_logits(k, y, op.row_off // op.n, op.n)
-    m = jnp.max(y, axis=1, keepdims=True)
     ids = op.row_off + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
+    if k.model.vocab_size != cfg.vocab_size:  # padded vocabulary rows are no tokens
+        y = jnp.where(ids < k.model.vocab_size, y, NEG)
+    m = jnp.max(y, axis=1, keepdims=True)
     at = jnp.min(jnp.where(y == m, ids, jnp.iinfo(jnp.int32).max), axis=1, keepdims=True)
     better = m > s.best[...]  # strictly: an equal maximum in a later tile is not the first
     s.best[...] = jnp.where(better, m, s.best[...])

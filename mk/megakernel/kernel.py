@@ -22,20 +22,55 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..config import Gemma4Config
 from ..params import NORMS, check_knockout
-from ..plan import (BLOCK, LANE, ROWS, Attend, AttentionResidual, Embed, EmitTokens, ExpertCombine, FfnResidual,
-                    GeluMul, HeadTile, LayerLoop, Load, Loop, MatmulTile, NoHead, Norm, Op, Prologue, QKVNormRope,
-                    Route, Start, StepPlan, Tiles, Wait, build_plan, groups, padded_shape, round_up, stacked,
-                    start_runs, type_index, vector_rows, vector_stride, vector_table_shape)
+from ..plan import (
+    BLOCK,
+    LANE,
+    ROWS,
+    Attend,
+    AttentionResidual,
+    Embed,
+    EmitTokens,
+    ExpertCombine,
+    FfnResidual,
+    GeluMul,
+    HeadTile,
+    LayerLoop,
+    Load,
+    Loop,
+    MatmulTile,
+    NoHead,
+    Norm,
+    Op,
+    Prologue,
+    QKVNormRope,
+    Route,
+    Start,
+    StepPlan,
+    Tiles,
+    Wait,
+    build_plan,
+    groups,
+    start_runs,
+    vector_rows,
+    vector_stride,
+)
 from ..tpu import interpret_params
 from . import attention, dense, head, moe
-from .refs import (POSITION, TOKEN, Inputs, Outputs, input_shapes, matrix_shapes, output_shapes,
-                   scratch_shapes, weight_shapes)
+from .pack import adopt_cache, pack, packed_shapes, reference_cache
+from .refs import (
+    POSITION,
+    TOKEN,
+    Inputs,
+    Outputs,
+    input_shapes,
+    output_shapes,
+    scratch_shapes,
+)
 from .stream import WeightStream
 
 # One emit function per op kind: adding a kind means its record (mk.plan.records), an entry here, a test.
@@ -57,42 +92,15 @@ EMIT = {
 }
 
 
-# Packing -----------------------------------------------------------------------------------------
-def pack(params: dict, cfg: Gemma4Config) -> dict:
-    """The kernel's inputs from the reference parameter tree: padded matrices (their own dtype),
-    the vector table (f32) and the RoPE inverse frequencies (f32)."""
-    from ..reference import inv_freq
-    parts: dict[str, list] = {}
-    for path in matrix_shapes(cfg):
-        a = params[path]
-        target = padded_shape(cfg, path, a.shape)
-        if target != a.shape:
-            a = jnp.pad(a, [(0, t - s) for s, t in zip(a.shape, target)])
-        parts.setdefault(stacked(cfg, path)[0], []).append(a)
-    weights = {name: a[0] if name == "embed" else jnp.stack(a) for name, a in parts.items()}
-    n, width = vector_table_shape(cfg)
-    table = np.zeros((round_up(n, ROWS), width), np.float32)
-    for path, row in vector_rows(cfg).items():
-        v = np.asarray(params[path], np.float32).reshape(-1)
-        table[row, :v.size] = v
-        if path.endswith("layer_scalar"):
-            table[row, :] = v[0]  # broadcast, so x * row multiplies every lane
-    freqs = np.zeros((ROWS, max(cfg.sliding_head_dim, cfg.full_head_dim)), np.float32)
-    for r, t in enumerate(("sliding", "full")):
-        f = inv_freq(cfg, t)
-        freqs[r, :2 * f.size] = np.concatenate([f, f])
-    return dict(vectors=jnp.asarray(table), inv_freq=jnp.asarray(freqs), weights=weights)
-
-
 # The kernel body -----------------------------------------------------------------------------------
 class Kernel:
     """What every emit function reads: the plan, the refs by name, the weight stream, small accessors."""
 
     def __init__(self, plan: StepPlan, inputs: Inputs, outputs: Outputs, scratch):
-        self.plan, self.cfg = plan, plan.cfg
+        self.plan, self.cfg, self.model = plan, plan.layout, plan.cfg  # kernel sizes; the model's own
         self.inputs, self.outputs, self.scratch = inputs, outputs, scratch
         self.norms_on = NORMS not in plan.knockout
-        self._vec_rows = vector_rows(plan.cfg)
+        self._vec_rows = vector_rows(plan.layout)
         self.loads = {ld.id: ld for ld in plan.loads}
         self.stream = WeightStream(inputs.weights, scratch.weights, scratch.weight_sems, self.expert_id)
         self.current_load: Load | None = None  # the load of the op being emitted (offsets may be traced)
@@ -321,7 +329,10 @@ def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limi
 
     def step(packed, cache, users) -> Outputs:
         inputs = Inputs(users, packed["vectors"], packed["inv_freq"], packed["weights"], cache)
-        return jax.tree.unflatten(out_tree, call(*jax.tree.leaves(inputs)))
+        out = jax.tree.unflatten(out_tree, call(*jax.tree.leaves(inputs)))
+        if with_logits and plan.layout.vocab_size != cfg.vocab_size:  # the padded rows are no tokens
+            out = out._replace(logits=out.logits[:, :cfg.vocab_size])
+        return out
 
     return step
 
@@ -373,15 +384,12 @@ class MegakernelEngine:
         return self._steps[key]
 
     def adopt_cache(self, cache: dict) -> dict:
-        """The kernel's cache layout from the reference's (mk.reference.init_cache, every layer's slots a
-        multiple of BLOCK): each layer type's K and V stacked over its layers. Once, after prefill."""
-        return {f"{t}.{n}": jnp.stack([cache[f"layers.{i}.{n}"] for i, u in enumerate(self.cfg.layer_types) if u == t])
-                for t in sorted(set(self.cfg.layer_types)) for n in ("k", "v")}
+        """The kernel's cache from the reference's (mk.megakernel.pack): once, after prefill (mk.generate)."""
+        return adopt_cache(self.cfg, cache)
 
     def reference_cache(self, cache: dict) -> dict:
         """The reference's cache layout from the kernel's (to compare them)."""
-        return {f"layers.{i}.{n}": cache[f"{t}.{n}"][type_index(self.cfg, i)]
-                for i, t in enumerate(self.cfg.layer_types) for n in ("k", "v")}
+        return reference_cache(self.cfg, cache)
 
     def run(self, params, cfg, cache, tokens, pos, knockout=frozenset(), with_logits=True,
             count_dmas=False) -> Outputs:
@@ -414,14 +422,6 @@ def make_step(cfg: Gemma4Config, tiles: Tiles = Tiles(), detect_races: bool = Fa
 
 
 # Ahead-of-time compilation for a TPU -----------------------------------------------------------------
-def packed_shapes(cfg: Gemma4Config, weight_dtype) -> dict:
-    """``jax.ShapeDtypeStruct``s of ``pack``'s output, without any weights."""
-    n, width = vector_table_shape(cfg)
-    return dict(vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
-                inv_freq=jax.ShapeDtypeStruct((ROWS, max(cfg.sliding_head_dim, cfg.full_head_dim)), jnp.float32),
-                weights={name: jax.ShapeDtypeStruct(shape, weight_dtype) for name, shape in weight_shapes(cfg).items()})
-
-
 def compile_for_tpu(cfg: Gemma4Config, chip: str, batch: int, max_len: int, weight_dtype=jnp.bfloat16,
                     kv_dtype=jnp.bfloat16, tiles: Tiles = Tiles(), knockout=frozenset(),
                     compiler_options: dict | None = None, vmem_limit_bytes: int | None = None,

@@ -95,7 +95,7 @@ def cache_shapes(cfg: Gemma4Config, batch: int, slots) -> dict[str, tuple[int, .
 
 def input_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Inputs:
     """``jax.ShapeDtypeStruct``s of the kernel's inputs, without any weights."""
-    cfg = plan.cfg
+    cfg = plan.layout
     n, width = vector_table_shape(cfg)
     return Inputs(
         users=jax.ShapeDtypeStruct((plan.rows, LANE), jnp.int32),
@@ -109,12 +109,12 @@ def input_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Inputs:
 def output_shapes(plan: StepPlan, inputs: Inputs, with_logits: bool, count_dmas: bool) -> Outputs:
     return Outputs(
         users=inputs.users, cache=dict(inputs.cache),
-        logits=jax.ShapeDtypeStruct((plan.batch, plan.cfg.vocab_size), jnp.float32) if with_logits else None,
+        logits=jax.ShapeDtypeStruct((plan.batch, plan.layout.vocab_size), jnp.float32) if with_logits else None,
         dma_counts=jax.ShapeDtypeStruct((1, LANE), jnp.int32) if count_dmas else None)
 
 
 def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) -> Scratch:
-    cfg, B, rows = plan.cfg, plan.batch, plan.rows
+    cfg, B, rows = plan.layout, plan.batch, plan.rows
     types = sorted(set(cfg.layer_types))
     kv = {}
     for t in types:

@@ -9,11 +9,50 @@ timing model.
 - ``vmem``: the VMEM budget; ``timeline``: a modelled timeline on one chip.
 """
 
-from .layout import (BLOCK, LANE, MIB, ROWS, cache_slots, kv_tile, layers_in_hbm, padded_shape, round_up, stacked,
-                     type_index, vector_rows, vector_stride, vector_table_shape)
-from .records import (OP_KINDS, Attend, AttentionResidual, Buffer, Embed, EmitTokens, ExpertCombine, FfnResidual,
-                      GeluMul, HeadTile, LayerLoop, Load, Loop, MatmulMode, MatmulTile, NoHead, Norm, Op, Prologue,
-                      QKVNormRope, Route, Start, Tiles, Wait)
+from .layout import (
+                     BLOCK,
+                     LANE,
+                     MIB,
+                     ROWS,
+                     cache_slots,
+                     head_lanes,
+                     kv_tile,
+                     layers_in_hbm,
+                     layout_config,
+                     padded_shape,
+                     round_up,
+                     stacked,
+                     type_index,
+                     vector_rows,
+                     vector_stride,
+                     vector_table_shape,
+)
+from .records import (
+                     OP_KINDS,
+                     Attend,
+                     AttentionResidual,
+                     Buffer,
+                     Embed,
+                     EmitTokens,
+                     ExpertCombine,
+                     FfnResidual,
+                     GeluMul,
+                     HeadTile,
+                     LayerLoop,
+                     Load,
+                     Loop,
+                     MatmulMode,
+                     MatmulTile,
+                     NoHead,
+                     Norm,
+                     Op,
+                     Prologue,
+                     QKVNormRope,
+                     Route,
+                     Start,
+                     Tiles,
+                     Wait,
+)
 from .schedule import fold, groups, start_runs
 from .step import StepPlan, build_plan
 from .timeline import memory_busy_fraction, timeline
@@ -21,6 +60,6 @@ from .timeline import memory_busy_fraction, timeline
 __all__ = ["BLOCK", "LANE", "MIB", "ROWS", "OP_KINDS", "Attend", "AttentionResidual", "Buffer", "Embed",
            "EmitTokens", "ExpertCombine", "FfnResidual", "GeluMul", "HeadTile", "LayerLoop", "Load", "Loop",
            "MatmulMode", "MatmulTile", "NoHead", "Norm", "Op", "Prologue", "QKVNormRope", "Route", "Start",
-           "StepPlan", "Tiles", "Wait", "build_plan", "cache_slots", "fold", "groups", "kv_tile", "layers_in_hbm",
+           "StepPlan", "Tiles", "Wait", "build_plan", "cache_slots", "fold", "groups", "head_lanes", "kv_tile", "layout_config", "layers_in_hbm",
            "memory_busy_fraction", "padded_shape", "round_up", "stacked", "start_runs", "timeline", "type_index",
            "vector_rows", "vector_stride", "vector_table_shape"]

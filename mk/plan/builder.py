@@ -11,7 +11,18 @@ from __future__ import annotations
 
 from ..config import Gemma4Config
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs
-from .layout import BLOCK, LANE, ROWS, padded_shape, round_up, stacked, sublanes, type_index, vector_table_shape
+from .layout import (
+    BLOCK,
+    LANE,
+    ROWS,
+    layout_config,
+    padded_shape,
+    round_up,
+    stacked,
+    sublanes,
+    type_index,
+    vector_table_shape,
+)
 from .records import (
     Attend,
     AttentionResidual,
@@ -62,10 +73,11 @@ class Builder:
 
     def __init__(self, cfg: Gemma4Config, batch: int, max_len: int, context: int, weight_itemsize: int,
                  kv_itemsize: int, tiles: Tiles, knockout: frozenset):
-        self.cfg, self.batch, self.max_len, self.context = cfg, batch, max_len, context
+        self.cfg = layout_config(cfg)  # the shapes the kernel moves; the model's own for payload bytes
+        self.batch, self.max_len, self.context = batch, max_len, context
         self.wb, self.kvb, self.tiles, self.ko = weight_itemsize, kv_itemsize, tiles, knockout
         self.specs = {s.path: s for s in param_specs(cfg)}
-        self.shapes = {s.path: padded_shape(cfg, s.path, s.shape) for s in param_specs(cfg)}
+        self.shapes = {s.path: padded_shape(self.cfg, s.path, s.shape) for s in param_specs(self.cfg)}
         self.buffers: dict[str, Buffer] = {}
         self.loads: list[Load] = []
         self.ops: list[Op] = []
@@ -215,10 +227,3 @@ def check_shapes(cfg: Gemma4Config, batch: int, max_len: int, context: int, kv_i
     if tiles.kv_tile % sublanes(kv_itemsize):
         raise ValueError(f"kv_tile={tiles.kv_tile} cuts a ({sublanes(kv_itemsize)}, 128) tile of a "
                          f"{kv_itemsize}-byte KV cache; use a multiple of {sublanes(kv_itemsize)}")
-    for t in set(cfg.layer_types):
-        if cfg.head_dim(t) % LANE:
-            raise ValueError(f"{t} head_dim {cfg.head_dim(t)} is not a multiple of {LANE}: the kernel keeps a "
-                             "head in whole lanes")
-    if cfg.hidden_size % LANE or cfg.vocab_size % LANE:
-        raise ValueError(f"hidden_size ({cfg.hidden_size}) and vocab_size ({cfg.vocab_size}) must be multiples "
-                         f"of {LANE} for the kernel's tiles")

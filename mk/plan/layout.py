@@ -29,6 +29,26 @@ def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def layout_config(cfg: Gemma4Config) -> Gemma4Config:
+    """The model as the kernel lays it out: hidden size, head dims and vocabulary rounded up to whole
+    lanes. The padding is zeros, so every product is exact; where it would count (a norm's mean, the
+    greedy pick over the vocabulary) the kernel uses the model's own sizes. A head of hd < 128 lanes keeps
+    its two RoPE halves at lanes 0 and 64 (``head_lanes``), so the rotate-half is still a roll by half."""
+    padded = dict(hidden_size=round_up(cfg.hidden_size, LANE), vocab_size=round_up(cfg.vocab_size, LANE),
+                  sliding_head_dim=round_up(cfg.sliding_head_dim, LANE), full_head_dim=round_up(cfg.full_head_dim, LANE))
+    if all(getattr(cfg, k) == v for k, v in padded.items()):
+        return cfg
+    return cfg.replace(**padded)
+
+
+def head_lanes(hd: int) -> "np.ndarray":
+    """Where each of a head's ``hd`` dims sits in its ``round_up(hd, 128)`` lanes: the first half from lane
+    0, the second half from the middle lane (the pairs RoPE rotates stay half a head apart)."""
+    import numpy as np
+    half, mid = hd // 2, round_up(hd, LANE) // 2
+    return np.concatenate([np.arange(half), mid + np.arange(hd - half)])
+
+
 def sublanes(itemsize: int) -> int:
     """Rows of one (sublane, 128) tile for this item size: 8 in f32, 16 in bf16, 32 in int8."""
     return 8 * 4 // itemsize

@@ -15,7 +15,7 @@ from ..config import Gemma4Config
 from ..params import EXPERTS, check_knockout
 from ..sol import distinct_experts_distribution
 from .builder import Builder, check_shapes, even_width, expert_slots
-from .layout import ROWS, cache_slots, kv_tile, round_up
+from .layout import ROWS, cache_slots, kv_tile, layout_config, round_up
 from .records import Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
 
@@ -40,10 +40,15 @@ class StepPlan:
     def rows(self) -> int:
         return round_up(self.batch, ROWS)
 
+    @cached_property
+    def layout(self) -> Gemma4Config:
+        """The model with the sizes the kernel lays out (mk.plan.layout.layout_config)."""
+        return layout_config(self.cfg)
+
     @property
     def head_tile(self) -> int:
-        """Vocabulary rows per head tile (they divide the vocabulary: the head runs as one loop)."""
-        return even_width(self.cfg.vocab_size, self.cfg.hidden_size, self.weight_itemsize,
+        """Vocabulary rows per head tile (they divide the padded vocabulary: the head runs as one loop)."""
+        return even_width(self.layout.vocab_size, self.layout.hidden_size, self.weight_itemsize,
                           self.tiles.head_tile_bytes)
 
     @property

@@ -8,7 +8,7 @@ from .layout import BLOCK, LANE, MIB, ROWS, VREG_BYTES, round_up, vector_table_s
 def vmem_breakdown(plan, with_logits: bool = False) -> dict[str, int]:
     """Bytes of VMEM the kernel allocates, by use (weight buffers, KV tiles, activations, ...);
     ``with_logits``: the kernel also writes the logits (a staging buffer for them)."""
-    cfg, r = plan.cfg, plan.rows
+    cfg, r = plan.layout, plan.rows
     types = set(cfg.layer_types)
     # K and V tiles, double-buffered, all KV heads of one user
     kv = sum(2 * 2 * cfg.kv_heads(t) * plan.kv_tile(t) * cfg.head_dim(t) * plan.kv_itemsize for t in types)

@@ -1,0 +1,120 @@
+"""The kernel's HBM layout, made from the reference's parameter tree and KV cache (and back).
+
+Once per parameter tree (``pack``) and once per generation (``adopt_cache``), never per step:
+
+- matrices padded with zeros to the kernel's layout (mk.plan.layout): hidden size, head dims and the
+  vocabulary to whole lanes (a head's two RoPE halves at lanes 0 and 64 when hd < 128), intermediates
+  and the expert count to multiples of 128; then each layer type's matrices stacked over its layers;
+- the vector table: every norm weight and scale a row (f32), head vectors in the same head lanes;
+- the RoPE inverse frequencies, one row per layer type, in the same head lanes;
+- the cache: per layer type, K and V stacked over its layers, head dims in the same lanes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..config import Gemma4Config
+from ..plan import ROWS, layout_config, padded_shape, round_up, stacked, type_index, vector_rows, vector_table_shape
+from ..plan.layout import head_lanes
+from .refs import matrix_shapes, weight_shapes
+
+HIDDEN, VOCAB = "hidden", "vocab"
+
+
+def _axes(cfg: Gemma4Config, path: str) -> tuple:
+    """What each axis of a matrix is: HIDDEN, VOCAB, (heads, head_dim) or None (padded by padded_shape)."""
+    name = path.rsplit(".", 1)[-1]
+    if name == "embed":
+        return VOCAB, HIDDEN
+    t = cfg.layer_types[int(path.split(".")[1])]
+    heads = {"q": (cfg.num_heads, cfg.head_dim(t)), "k": (cfg.kv_heads(t), cfg.head_dim(t)),
+             "v": (cfg.kv_heads(t), cfg.head_dim(t)), "o": (cfg.num_heads, cfg.head_dim(t))}
+    if name in ("q", "k", "v"):
+        return HIDDEN, heads[name]
+    if name == "o":
+        return heads[name], HIDDEN
+    if name in ("mlp_down", "expert_down"):
+        return (None,) * (len(matrix_shapes(cfg)[path]) - 1) + (HIDDEN,)
+    return (None,) * (len(matrix_shapes(cfg)[path]) - 2) + (HIDDEN, None)
+
+
+def _spread_heads(a, axis: int, heads: int, hd: int):
+    """Axis ``axis`` of ``a`` (heads x hd) as heads x round_up(hd, 128), each head in ``head_lanes``."""
+    lanes = head_lanes(hd)
+    if lanes[-1] == hd - 1:  # hd is a multiple of 128 already
+        return a
+    a = jnp.moveaxis(a, axis, -1)
+    split = a.reshape(*a.shape[:-1], heads, hd)
+    out = jnp.zeros((*split.shape[:-1], round_up(hd, 128)), a.dtype).at[..., lanes].set(split)
+    return jnp.moveaxis(out.reshape(*a.shape[:-1], -1), -1, axis)
+
+
+def to_layout(a, cfg: Gemma4Config, path: str):
+    """One matrix of the reference tree in the kernel's layout (before stacking)."""
+    lay = layout_config(cfg)
+    for axis, kind in enumerate(_axes(cfg, path)):
+        if isinstance(kind, tuple):
+            a = _spread_heads(a, axis, *kind)
+    target = padded_shape(lay, path, tuple(
+        {HIDDEN: lay.hidden_size, VOCAB: lay.vocab_size}.get(kind, a.shape[axis]) if not isinstance(kind, tuple)
+        else a.shape[axis] for axis, kind in enumerate(_axes(cfg, path))))
+    if target != a.shape:
+        a = jnp.pad(a, [(0, t - s) for s, t in zip(a.shape, target)])
+    return a
+
+
+def pack(params: dict, cfg: Gemma4Config) -> dict:
+    """The kernel's inputs from the reference parameter tree: stacked matrices in the kernel's layout
+    (their own dtype), the vector table (f32) and the RoPE inverse frequencies (f32)."""
+    from ..reference import inv_freq
+    lay = layout_config(cfg)
+    parts: dict[str, list] = {}
+    for path in matrix_shapes(cfg):
+        parts.setdefault(stacked(cfg, path)[0], []).append(to_layout(params[path], cfg, path))
+    weights = {name: a[0] if name == "embed" else jnp.stack(a) for name, a in parts.items()}
+    n, width = vector_table_shape(lay)
+    table = np.zeros((round_up(n, ROWS), width), np.float32)
+    for path, row in vector_rows(cfg).items():
+        v = np.asarray(params[path], np.float32).reshape(-1)
+        name = path.rsplit(".", 1)[-1]
+        if name == "layer_scalar":
+            table[row, :] = v[0]  # broadcast, so x * row multiplies every lane
+        elif name in ("q_norm", "k_norm"):
+            table[row, head_lanes(v.size)] = v
+        else:
+            table[row, :v.size] = v
+    freqs = np.zeros((ROWS, max(lay.sliding_head_dim, lay.full_head_dim)), np.float32)
+    for r, t in enumerate(("sliding", "full")):
+        f = inv_freq(cfg, t)
+        freqs[r, head_lanes(2 * f.size)] = np.concatenate([f, f])
+    return dict(vectors=jnp.asarray(table), inv_freq=jnp.asarray(freqs), weights=weights)
+
+
+def packed_shapes(cfg: Gemma4Config, weight_dtype) -> dict:
+    """``jax.ShapeDtypeStruct``s of ``pack``'s output, without any weights."""
+    lay = layout_config(cfg)
+    n, width = vector_table_shape(lay)
+    return dict(vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
+                inv_freq=jax.ShapeDtypeStruct((ROWS, max(lay.sliding_head_dim, lay.full_head_dim)), jnp.float32),
+                weights={name: jax.ShapeDtypeStruct(shape, weight_dtype) for name, shape in weight_shapes(lay).items()})
+
+
+def adopt_cache(cfg: Gemma4Config, cache: dict) -> dict:
+    """The kernel's cache from the reference's (mk.reference.init_cache with every layer's slots a
+    multiple of the kernel's block): head dims in the kernel's lanes, each layer type's K and V stacked."""
+    out = {}
+    for t in sorted(set(cfg.layer_types)):
+        for n in ("k", "v"):
+            layers = [_spread_heads(cache[f"layers.{i}.{n}"], 3, 1, cfg.head_dim(t))
+                      for i, u in enumerate(cfg.layer_types) if u == t]
+            out[f"{t}.{n}"] = jnp.stack(layers)
+    return out
+
+
+def reference_cache(cfg: Gemma4Config, cache: dict) -> dict:
+    """The reference's cache layout from the kernel's (to compare them)."""
+    return {f"layers.{i}.{n}": cache[f"{t}.{n}"][type_index(cfg, i)][..., head_lanes(cfg.head_dim(t))]
+            for i, t in enumerate(cfg.layer_types) for n in ("k", "v")}
