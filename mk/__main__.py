@@ -87,6 +87,10 @@ def _add_generate(sub) -> None:
                    help="weight dtype (default: the checkpoint's own; float32 for a preset)")
     p.add_argument("--max-len", type=_positive_int, default=None,
                    help="KV cache positions (default: the longest prompt plus --new-tokens, less one)")
+    p.add_argument("--kv-tile", type=_positive_int, default=None,
+                   help="megakernel: KV cache positions per tile (a multiple of 8 in f32, 16 in bf16)")
+    p.add_argument("--detect-races", action="store_true",
+                   help="megakernel off a TPU: run the interpreter's race detector (exit 1 if it fires)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_generate)
 
@@ -117,6 +121,9 @@ def _run_generate(a) -> None:
     from .generate import check_engine, generate
     from .weights import load_checkpoint, random_params
     check_engine(a.engine)  # an unknown engine fails before any weights are read
+    options = {k: v for k, v in (("kv_tile", a.kv_tile), ("detect_races", a.detect_races or None)) if v is not None}
+    if options and a.engine != "megakernel":
+        raise ValueError(f"--kv-tile and --detect-races are megakernel options, not {a.engine!r}'s")
     prompts = _prompts(a.prompt_ids, a.batch)
     dtype = getattr(jnp, a.dtype) if a.dtype else None
     if a.checkpoint:
@@ -125,9 +132,15 @@ def _run_generate(a) -> None:
         cfg = get_config(a.preset)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
     tokens = generate(params, cfg, prompts, a.new_tokens, engine=a.engine, max_len=a.max_len,
-                      progress=not a.json)
+                      progress=not a.json, engine_options=options)
     d = {"engine": a.engine, "model": cfg.name, "batch": len(prompts), "prompt_ids": prompts,
          "tokens": tokens.tolist()}
+    if a.detect_races:
+        from .tpu import races_detected
+        d["races"] = races_detected()
+        if d["races"]:
+            _print(d, a.json, "the race detector fired")
+            raise SystemExit(1)
     _print(d, a.json, "\n".join(f"user {u}: {' '.join(map(str, t))}" for u, t in enumerate(d["tokens"])))
 
 

@@ -65,8 +65,9 @@ def check_engine(engine: str) -> str:
     return engine
 
 
-def get_step(engine: str, cfg: Gemma4Config) -> Step:
-    return _ENGINES[check_engine(engine)][0](cfg)
+def get_step(engine: str, cfg: Gemma4Config, **options) -> Step:
+    """The engine's step for ``cfg``; ``options`` go to its ``make_step`` (e.g. the megakernel's kv_tile)."""
+    return _ENGINES[check_engine(engine)][0](cfg, **options)
 
 
 register_engine("reference", lambda cfg: decode_step)
@@ -93,7 +94,7 @@ def prompt_batch(cfg: Gemma4Config, prompt) -> tuple[np.ndarray, np.ndarray]:
 
 def generate(params: dict, cfg: Gemma4Config, prompt, new_tokens: int, engine: str = "reference",
              knockout=frozenset(), max_len: int | None = None, cache_dtype=jnp.float32,
-             return_logits: bool = False, progress: bool = False):
+             return_logits: bool = False, progress: bool = False, engine_options: dict | None = None):
     """Greedy-decode ``new_tokens`` tokens for each user after its prompt.
 
     ``prompt``: a ``[B, T]`` array (every user its own prompt of T tokens) or a list of B per-user
@@ -102,7 +103,10 @@ def generate(params: dict, cfg: Gemma4Config, prompt, new_tokens: int, engine: s
     Returns the new token ids ``np.ndarray [B, new_tokens]`` int32, and with ``return_logits`` also the
     logits that chose them, ``[B, new_tokens, V]`` float32. The cache holds ``max_len`` positions
     (default: the longest prompt plus new tokens, less one), every layer's slots rounded up to the
-    engine's ``cache_multiple``. ``knockout`` applies to the decode steps only.
+    engine's ``cache_multiple``. ``knockout`` applies to the decode steps only. ``engine_options`` go to
+    the engine's ``make_step`` (the megakernel's: ``kv_tile``, ``detect_races``). An engine whose step has
+    ``greedy`` picks the tokens itself (the megakernel: inside the kernel, no logits written) unless
+    ``return_logits``.
     """
     ko = check_knockout(knockout)
     tokens, lengths = prompt_batch(cfg, prompt)
@@ -120,7 +124,7 @@ def generate(params: dict, cfg: Gemma4Config, prompt, new_tokens: int, engine: s
         who = f" (user {b})" if len(set(lengths.tolist())) > 1 else ""
         raise ValueError(f"a prompt of {int(lengths[b])} tokens{who} plus {new_tokens} new tokens needs {need} "
                          f"cache positions, the cache holds {max_len}")
-    step = get_step(engine, cfg)
+    step = get_step(engine, cfg, **(engine_options or {}))
     cache = init_cache(cfg, B, max_len, cache_dtype, multiple=_ENGINES[engine][1])
     logits, cache = prefill(params, cfg, tokens, cache, lengths)
     adopt = getattr(step, "adopt_cache", None)
@@ -128,7 +132,13 @@ def generate(params: dict, cfg: Gemma4Config, prompt, new_tokens: int, engine: s
         cache = adopt(cache)
     pos = jnp.asarray(lengths, jnp.int32)  # step n decodes at lengths + n - 1
     out, all_logits = [], []
+    greedy = None if return_logits else getattr(step, "greedy", None)  # the engine picks the tokens itself
     for n in tqdm(range(new_tokens), desc=f"generate ({engine})", disable=not progress):
+        if n and greedy is not None:
+            tok, cache = greedy(params, cfg, cache, out[-1], pos, ko)
+            out.append(tok)
+            pos = pos + 1
+            continue
         if n:
             logits, cache = step(params, cfg, cache, out[-1], pos, ko)
             pos = pos + 1

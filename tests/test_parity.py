@@ -25,13 +25,18 @@ RAGGED_NEW_TOKENS = 16
 
 
 def hf_greedy(model, prompt: np.ndarray, n: int):
-    """transformers' greedy tokens [B, n] and the logits [B, n, V] that chose them."""
+    """transformers' greedy tokens [B, n] and the logits [B, n, V] that chose them. Plain greedy: no end of
+    sequence (with one, generate stops there, and min_new_tokens would instead forbid picking it)."""
+    import copy
+
     import torch
     ids = torch.tensor(prompt, dtype=torch.long)
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id, config.pad_token_id = None, 0
     with torch.no_grad():
         # An explicit all-ones mask: otherwise generate masks every prompt token equal to pad_token_id (0).
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                             min_new_tokens=n, output_logits=True, return_dict_in_generate=True)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, do_sample=False,
+                             max_new_tokens=n, output_logits=True, return_dict_in_generate=True)
     return out.sequences[:, prompt.shape[1]:].numpy(), torch.stack(out.logits, 1).float().numpy()
 
 
@@ -98,22 +103,31 @@ def test_mk_save_loads_in_transformers(tmp_path):
     assert np.abs(np.asarray(got) - want).max() <= LOGIT_ATOL
 
 
+@pytest.mark.parametrize("name", ["tiny-moe", "tiny-dense", "hf-odd", "hf-odd-dense"])
 @pytest.mark.parametrize("engine", ["reference", "megakernel"])
-def test_cli_generate_on_a_transformers_checkpoint_gives_its_greedy_tokens(hf_checkpoint, engine):
-    """``python -m mk generate --checkpoint`` on the folder transformers saved: transformers' own tokens."""
+def test_cli_generate_ragged_on_a_transformers_checkpoint_gives_its_greedy_tokens(hf_checkpoint, engine, name):
+    """``python -m mk generate --checkpoint`` on the folder transformers saved, prompts of different lengths
+    (one past the window) in one batch, the megakernel reading the KV cache in tiles of 8 positions with
+    the race detector on: each user gets transformers' own greedy tokens for its prompt alone. hf-odd: a
+    window of 7, head dims 48 / 64, hidden 96, vocabulary 500 (none a multiple of the kernel's tiles)."""
     import json
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    folder, model = hf_checkpoint("tiny-moe")
-    prompt = np.random.default_rng(7).integers(0, TINY_MOE.vocab_size, (1, PROMPT_LEN))
-    want, _ = hf_greedy(model, prompt, 12)
+    folder, model = hf_checkpoint(name)
+    cfg = load_hf_config(folder)
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (PROMPT_LEN, 3, 9)]
+    extra = ["--kv-tile", "8", "--detect-races"] if engine == "megakernel" else []
     out = subprocess.run([sys.executable, "-m", "mk", "generate", "--checkpoint", str(folder), "--prompt-ids",
-                          ",".join(map(str, prompt[0])), "--new-tokens", "12", "--engine", engine, "--json"],
+                          ";".join(",".join(map(str, p)) for p in prompts), "--new-tokens", "10", "--engine", engine,
+                          "--json", *extra],
                          capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["engine"] == engine
-    assert got["tokens"] == want.tolist()
+    assert got["engine"] == engine and not got.get("races")
+    for b, prompt in enumerate(prompts):
+        want, _ = hf_greedy(model, np.array([prompt]), 10)
+        assert got["tokens"][b] == want[0].tolist(), f"user {b}"

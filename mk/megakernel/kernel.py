@@ -417,7 +417,11 @@ class MegakernelEngine:
         return out.users[:jnp.shape(tokens)[0], TOKEN], out.cache
 
 
-def make_step(cfg: Gemma4Config, tiles: Tiles = Tiles(), detect_races: bool = False) -> MegakernelEngine:
+def make_step(cfg: Gemma4Config, tiles: Tiles = Tiles(), detect_races: bool = False,
+              kv_tile: int | None = None) -> MegakernelEngine:
+    """The megakernel engine for mk.generate; ``kv_tile``: KV positions per tile (overrides ``tiles``)."""
+    if kv_tile is not None:
+        tiles = replace(tiles, kv_tile=kv_tile)
     return MegakernelEngine(cfg, tiles, detect_races)
 
 
