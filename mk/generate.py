@@ -23,7 +23,7 @@ from typing import Callable
 
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
+from .progress import tqdm
 
 from .config import Gemma4Config
 from .params import check_knockout

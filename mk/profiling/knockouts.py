@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 import pandas as pd
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .timing import Timing
 
