@@ -184,3 +184,16 @@ def test_race_detector_catches_a_read_before_the_dma_wait():
                    scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))],
                    interpret=pltpu.InterpretParams(detect_races=True))(x).block_until_ready()
     assert races_detected()
+
+
+@pytest.mark.parametrize("name", ["tiny-dense", "tiny-moe"])
+def test_twelve_layers_through_the_loop_over_layers(name):
+    """The layer pattern repeated 4 times: the middle repeats run as one loop over stacked layers (layer
+    index, stacked index and buffer slots from the loop index), exact against the reference."""
+    from mk.plan import LayerLoop, build_plan
+    base = {"tiny-dense": TINY_DENSE, "tiny-moe": TINY_MOE}[name]
+    cfg = base.replace(name=name + "-x4", layer_types=base.layer_types * 4)
+    assert any(isinstance(s, LayerLoop) for s in build_plan(cfg, 2, 32).folded)
+    r = run_both(cfg, 2, 3, prompt_len=[12, 7], max_len=32)
+    assert not r["races"] and r["diff"] < LOGIT_ATOL and r["cache_diff"] < LOGIT_ATOL
+    np.testing.assert_array_equal(np.stack(r["mk"]), np.stack(r["ref"]))

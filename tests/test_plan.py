@@ -249,3 +249,26 @@ def test_every_op_kind_has_its_cost_and_an_emitter():
     assert NoHead in {type(op) for op in build_plan(TINY_MOE, 2, 64, knockout={"head"}).ops}
     att = [op for op in plan.ops if isinstance(op, Attend)]
     assert all(op.kv_bytes + op.serial_bytes > 0 and op.flops > 0 for op in att)
+
+
+def test_the_layer_pattern_is_one_loop_and_code_stops_growing_with_depth():
+    """Repeats of the sliding/full pattern fold into one LayerLoop whose every repeat is the first stepped
+    linearly; past the repeats the loop holds, more layers add no emitted code (loop_layers=False: they do)."""
+    from mk.plan import LayerLoop
+    pattern = TINY_MOE.layer_types
+    emitted, unrolled = [], []
+    for reps in (4, 8, 16):
+        cfg = TINY_MOE.replace(name=f"x{reps}", layer_types=pattern * reps)
+        plan = build_plan(cfg, 2, 64)
+        ll = [s for s in plan.folded if isinstance(s, LayerLoop)]
+        assert len(ll) == 1 and ll[0].count >= reps - 2
+        emitted.append(plan.emitted_ops)
+        unrolled.append(build_plan(cfg, 2, 64, loop_layers=False).emitted_ops)
+    assert emitted[0] == emitted[1] == emitted[2]
+    assert unrolled[0] < unrolled[1] < unrolled[2]
+    # the real models: their layer patterns loop too
+    for cfg in (GEMMA4_26B_A4B, GEMMA4_31B):
+        plan = build_plan(cfg, 1, 2048, weight_itemsize=2, kv_itemsize=2)
+        assert any(isinstance(s, LayerLoop) for s in plan.folded)
+        assert plan.emitted_ops < build_plan(cfg, 1, 2048, weight_itemsize=2, kv_itemsize=2,
+                                             loop_layers=False).emitted_ops / 2

@@ -7,7 +7,7 @@ import pytest
 
 from mk.chips import get_chip
 from mk.config import FULL, GEMMA4_26B_A4B, GEMMA4_31B, SLIDING, TINY_DENSE, TINY_MOE
-from mk.megakernel.kernel import compile_for_tpu
+from mk.megakernel.aot import compile_for_tpu
 from mk.plan import layers_in_hbm
 from mk.profiling import count_kernels
 
@@ -37,8 +37,13 @@ def _check(plan, compiled, chip, max_copies=None):
     return kc
 
 
+# twelve layers (the pattern four times): the loop over stacked layers compiles too
+TINY_MOE_X4 = TINY_MOE.replace(name="tiny-moe-x4", layer_types=TINY_MOE.layer_types * 4)
+
+
 @pytest.mark.parametrize("chip", CHIPS)
-@pytest.mark.parametrize("cfg,batch", [(TINY_DENSE, 1), (TINY_MOE, 4)], ids=lambda x: getattr(x, "name", str(x)))
+@pytest.mark.parametrize("cfg,batch", [(TINY_DENSE, 1), (TINY_MOE, 4), (TINY_MOE_X4, 2)],
+                         ids=lambda x: getattr(x, "name", str(x)))
 def test_tiny_step_compiles_for_tpu(cfg, batch, chip):
     plan, compiled = compile_for_tpu(cfg, chip, batch, 64)
     _check(plan, compiled, chip)
@@ -59,7 +64,7 @@ def test_full_size_plan_vmem_agrees_with_the_compiler(cfg, chip):
     """The compiler's VMEM figure for a full-size step against the plan's budget. Only the table of norm
     vectors (one row per layer vector) grows with the layers: one sliding + one full layer stand for the
     HBM-sized cut (same tiles, buffers and activations) and compile in seconds, not minutes."""
-    from mk.megakernel.kernel import compiler_vmem_bytes
+    from mk.megakernel.aot import compiler_vmem_bytes
     from mk.plan import build_plan
     pair = cfg.replace(name=f"{cfg.name}[sliding+full]", layer_types=(SLIDING, FULL))
     parts = [build_plan(c, 1, 2048, weight_itemsize=2, kv_itemsize=2).vmem_breakdown()
@@ -83,7 +88,7 @@ def test_vmem_overflow_fails_in_the_compiler_too():
 def test_plan_vmem_agrees_with_the_compiler(cfg, batch):
     """The compiler's own VMEM figure for the kernel (from its refusal at half the plan) is the plan's
     budget within a few percent (Mosaic adds a little internal scratch)."""
-    from mk.megakernel.kernel import compiler_vmem_bytes
+    from mk.megakernel.aot import compiler_vmem_bytes
     plan_bytes, compiler_bytes = compiler_vmem_bytes(cfg, "tpu-v5e", batch, 64)
     assert plan_bytes <= compiler_bytes * 1.01  # (the compiler rounds to three digits)
     assert compiler_bytes <= plan_bytes * 1.05 + 64 * 1024, (plan_bytes, compiler_bytes)

@@ -92,7 +92,7 @@ def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.
     from ..profiling import count_kernels
     from ..reference import _decode_step
     from ..tpu import aot_compile
-    from .kernel import compile_for_tpu
+    from .aot import compile_for_tpu
 
     # The reference step runs on its prepared (decode) layout, as decode_step does.
     param_shapes = jax.eval_shape(partial(R.prepare, cfg=cfg),
