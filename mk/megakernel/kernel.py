@@ -62,15 +62,8 @@ from ..plan import (
 from ..tpu import interpret_params
 from . import attention, dense, head, moe
 from .pack import adopt_cache, pack, reference_cache
-from .refs import (
-    POSITION,
-    TOKEN,
-    Inputs,
-    Outputs,
-    input_shapes,
-    output_shapes,
-    scratch_shapes,
-)
+from .refs import (POSITION, TOKEN, Inputs, Outputs, activation_shapes, input_shapes, matrix_shapes, output_shapes,
+                   scratch_shapes)
 from .stream import WeightStream
 
 # One emit function per op kind: adding a kind means its record (mk.plan.records), an entry here, a test.
@@ -171,7 +164,19 @@ def _body(plan: StepPlan, trees, *refs):
     n_in, n_out = in_tree.num_leaves, out_tree.num_leaves
     k = Kernel(plan, jax.tree.unflatten(in_tree, refs[:n_in]), jax.tree.unflatten(out_tree, refs[n_in:n_in + n_out]),
                jax.tree.unflatten(scratch_tree, refs[n_in + n_out:]))
+    if k.inputs.acts is not None:  # a probe: run the plan's items from given activations
+        _copy_all([(k.inputs.acts[n], k.scratch.acts[n]) for n in k.scratch.acts], k.scratch.out_sem)
     _emit(k, Seq(list(plan.items), plan.groups, plan.folded, k.loads))
+    if k.outputs.acts is not None:
+        pairs = [(k.scratch.acts[n], k.outputs.acts[n]) for n in k.scratch.acts]
+        _copy_all(pairs + [(k.scratch.gates, k.outputs.acts["gates"])], k.scratch.out_sem)
+
+
+def _copy_all(pairs, sem):
+    for src, dst in pairs:
+        c = pltpu.make_async_copy(src, dst, sem.at[0])
+        c.start()
+        c.wait()
 
 
 def _emit(k: Kernel, seq: Seq):
@@ -295,20 +300,26 @@ def _shift_op(a: Op, b: Op, r) -> Op:
 
 # The pallas_call ---------------------------------------------------------------------------------
 def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes: int | None = None,
-               with_logits: bool = False, count_dmas: bool = False):
-    """The step as a function ``(packed, cache, users[rows, 128]) -> Outputs`` (mk.megakernel.refs):
-    the next users block (each user's greedy token and next position), the cache, and on request
-    the logits [B, V] and the DMA counts."""
+               with_logits: bool = False, count_dmas: bool = False, probe: bool = False):
+    """The step as a function ``(packed, cache, users[rows, 128], acts=None) -> Outputs``
+    (mk.megakernel.refs): the next users block (each user's greedy token and next position), the cache,
+    and on request the logits [B, V] and the DMA counts. ``probe``: the step takes the activations'
+    values before its first op and returns them after its last (to test a plan cut to a few ops)."""
     cfg = plan.cfg
     in_shapes = input_shapes(plan, weight_dtype, kv_dtype)
-    out_shapes = output_shapes(plan, in_shapes, with_logits, count_dmas)
+    if probe:
+        in_shapes = in_shapes._replace(acts=activation_shapes(plan))
+    out_shapes = output_shapes(plan, in_shapes, with_logits, count_dmas, probe)
     scratch = scratch_shapes(plan, weight_dtype, kv_dtype, with_logits)
     in_leaves, in_tree = jax.tree.flatten(in_shapes)
     out_leaves, out_tree = jax.tree.flatten(out_shapes)
     scratch_leaves, scratch_tree = jax.tree.flatten(scratch)
-    # The cache is the inputs' last field and the outputs' second (dict leaves in sorted key order).
+    # The cache's leaves follow the users, vectors, frequencies and weights in the inputs, and the
+    # probe's activations (if any) and the users block in the outputs.
     n_cache = len(in_shapes.cache)
-    aliases = {len(in_leaves) - n_cache + n: 1 + n for n in range(n_cache)}
+    first_in = len(jax.tree.leaves(in_shapes._replace(cache={}, acts=None)))
+    first_out = len(jax.tree.leaves(out_shapes.users))
+    aliases = {first_in + n: first_out + n for n in range(n_cache)}
     # HBM, not ANY: with ANY, XLA may place small operands in VMEM and copy them around the kernel
     hbm = pl.BlockSpec(memory_space=pltpu.HBM)
     out_specs = jax.tree.unflatten(out_tree, [hbm] * len(out_leaves))
@@ -327,8 +338,8 @@ def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limi
         **(dict(interpret=interpret) if interpret is not None else {}),
     )
 
-    def step(packed, cache, users) -> Outputs:
-        inputs = Inputs(users, packed["vectors"], packed["inv_freq"], packed["weights"], cache)
+    def step(packed, cache, users, acts=None) -> Outputs:
+        inputs = Inputs(users, packed["vectors"], packed["inv_freq"], packed["weights"], cache, acts)
         out = jax.tree.unflatten(out_tree, call(*jax.tree.leaves(inputs)))
         if with_logits and plan.layout.vocab_size != cfg.vocab_size:  # the padded rows are no tokens
             out = out._replace(logits=out.logits[:, :cfg.vocab_size])

@@ -23,6 +23,7 @@ class Inputs(NamedTuple):
     inv_freq: Any   # [8, head_dim] f32: RoPE inverse frequencies, row 0 sliding, row 1 full
     weights: dict   # embed [V, H]; {type}.{name} -> [layers of the type, (E,) K, N]: padded, stacked
     cache: dict     # {type}.k|v -> [layers of the type, B, kv_heads, slots, head_dim]: aliased to Outputs.cache
+    acts: Any = None  # probe: name -> [rows, width] f32, the activations' values before the first op
 
 
 class Outputs(NamedTuple):
@@ -30,6 +31,7 @@ class Outputs(NamedTuple):
     cache: dict     # the KV cache with this step's K/V written in place
     logits: Any = None       # [B, V] f32, only when asked for (parity tests, notebooks)
     dma_counts: Any = None   # [1, 128] int32 in SMEM, only when asked for: [0, 0] expert tile DMAs issued
+    acts: Any = None         # probe: the activations (and "gates") after the last op
 
 
 class KV(NamedTuple):
@@ -106,8 +108,14 @@ def input_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Inputs:
                for name, shape in cache_shapes(cfg, plan.batch, plan.cache_len).items()})
 
 
-def output_shapes(plan: StepPlan, inputs: Inputs, with_logits: bool, count_dmas: bool) -> Outputs:
+def activation_shapes(plan: StepPlan) -> dict:
+    return {name: jax.ShapeDtypeStruct(shape, jnp.float32) for name, shape in plan.activations.items()}
+
+
+def output_shapes(plan: StepPlan, inputs: Inputs, with_logits: bool, count_dmas: bool, probe: bool = False) -> Outputs:
+    ep = round_up(max(plan.cfg.num_experts, 1), LANE)
     return Outputs(
+        acts={**activation_shapes(plan), "gates": jax.ShapeDtypeStruct((plan.rows, ep), jnp.float32)} if probe else None,
         users=inputs.users, cache=dict(inputs.cache),
         logits=jax.ShapeDtypeStruct((plan.batch, plan.layout.vocab_size), jnp.float32) if with_logits else None,
         dma_counts=jax.ShapeDtypeStruct((1, LANE), jnp.int32) if count_dmas else None)
