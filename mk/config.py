@@ -11,11 +11,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
-SLIDING = "sliding"
-FULL = "full"
-LAYER_TYPES = (SLIDING, FULL)
+class LayerType(StrEnum):
+    """A layer's attention: a sliding window or the full context (equal to the strings "sliding", "full")."""
+
+    SLIDING = "sliding"
+    FULL = "full"
+
+
+SLIDING, FULL = LayerType.SLIDING, LayerType.FULL
+LAYER_TYPES = tuple(LayerType)
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,9 @@ class Gemma4Config:
             problems.append("layer_types is empty: a model needs at least one layer")
         bad = sorted({t for t in self.layer_types if t not in LAYER_TYPES})
         if bad:
-            problems.append(f"layer_types holds {bad}; each must be one of {LAYER_TYPES}")
+            problems.append(f"layer_types holds {bad}; each must be one of {[str(t) for t in LAYER_TYPES]}")
+        else:  # plain strings become LayerType members (equal to them)
+            object.__setattr__(self, "layer_types", tuple(LayerType(t) for t in self.layer_types))
         if self.num_experts < 0 or self.top_k < 0 or self.expert_intermediate < 0:
             problems.append("num_experts, top_k and expert_intermediate must not be negative")
         if self.num_experts and not (0 < self.top_k <= self.num_experts and self.expert_intermediate > 0):

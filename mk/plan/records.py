@@ -12,7 +12,7 @@ record here, its emit function, and its test.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import ClassVar
 
 from .layout import LANE, MIB
@@ -84,7 +84,7 @@ class Wait:
     load: int
 
 
-class MatmulMode(str, Enum):
+class MatmulMode(StrEnum):
     """How a weight tile meets the activations."""
 
     COLS = "cols"  # dst[:, dst_off:+n] = src @ tile (a column tile of W [K, N])
