@@ -33,15 +33,25 @@ def notebooks(only: list[str] | None = None) -> list[Path]:
 def run_one(nb: Path, parameters: dict) -> None:
     """Execute ``nb`` in this process, writing its executed copy atomically."""
     import papermill as pm
+
     OUT.mkdir(parents=True, exist_ok=True)
     final = OUT / nb.name
     tmp = OUT / f".{nb.stem}.partial.ipynb"
     try:
-        pm.execute_notebook(str(nb), str(tmp), parameters=parameters, kernel_name="python3",
-                            cwd=str(ROOT), progress_bar=False, log_output=False)
+        pm.execute_notebook(
+            str(nb),
+            str(tmp),
+            parameters=parameters,
+            kernel_name="python3",
+            cwd=str(ROOT),
+            progress_bar=False,
+            log_output=False,
+        )
     except pm.PapermillExecutionError as e:
-        raise SystemExit(f"notebook {nb.name} failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
-                         f"(executed copy with the traceback: {tmp})") from None
+        raise SystemExit(
+            f"notebook {nb.name} failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
+            f"(executed copy with the traceback: {tmp})"
+        ) from None
     tmp.replace(final)
 
 
@@ -49,8 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", type=Path, help="JSON file: {notebook-name-prefix: {PARAM: value}}")
     ap.add_argument("--only", nargs="*", help="run only notebooks whose name starts with one of these")
-    ap.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "JSON"),
-                    help="override one parameter (value parsed as JSON) in every notebook run")
+    ap.add_argument(
+        "-p",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "JSON"),
+        help="override one parameter (value parsed as JSON) in every notebook run",
+    )
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per notebook (default 1800)")
     ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--one-params", default="{}", help=argparse.SUPPRESS)
@@ -77,8 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         print(f"[{nb.name}] running{' with ' + json.dumps(params) if params else ''}", flush=True)
         try:
-            r = subprocess.run([sys.executable, __file__, "--one", str(nb), "--one-params", json.dumps(params)],
-                               env=env, timeout=a.timeout, cwd=ROOT)
+            r = subprocess.run(
+                [sys.executable, __file__, "--one", str(nb), "--one-params", json.dumps(params)],
+                env=env,
+                timeout=a.timeout,
+                cwd=ROOT,
+            )
         except subprocess.TimeoutExpired:
             print(f"[{nb.name}] FAILED: timed out after {a.timeout} s", file=sys.stderr)
             return 1

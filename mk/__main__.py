@@ -24,6 +24,7 @@ def _print(obj: dict, as_json: bool, text: str) -> None:
 # sol ---------------------------------------------------------------------------------------------
 def _add_sol(sub) -> None:
     from .sol import DTYPES
+
     p = sub.add_parser("sol", help="speed of light: bytes read per token and the tokens/s they allow on a chip")
     p.add_argument("--model", required=True, help="a preset name (python -m mk models lists them)")
     p.add_argument("--chip", required=True, help="a chip (h100) or a slice (tpu-v5e-8)")
@@ -37,13 +38,16 @@ def _add_sol(sub) -> None:
 def _run_sol(a) -> None:
     from .config import get_config
     from .sol import speed_of_light
+
     s = speed_of_light(get_config(a.model), a.chip, a.context, a.batch, a.dtype)
     d = s.to_dict()
-    lines = [f"{s.model} on {s.chip}, context {s.context}, batch {s.batch}, {s.dtype} (modelled)",
-             f"  bytes per step  {s.bytes_per_token / 1e9:10.4f} GB",
-             f"  step            {d['step_ms']:10.4f} ms",
-             f"  tokens/s/user   {s.tokens_per_s:10.1f}",
-             f"  tokens/s total  {s.tokens_per_s_total:10.1f}"]
+    lines = [
+        f"{s.model} on {s.chip}, context {s.context}, batch {s.batch}, {s.dtype} (modelled)",
+        f"  bytes per step  {s.bytes_per_token / 1e9:10.4f} GB",
+        f"  step            {d['step_ms']:10.4f} ms",
+        f"  tokens/s/user   {s.tokens_per_s:10.1f}",
+        f"  tokens/s total  {s.tokens_per_s_total:10.1f}",
+    ]
     lines += [f"    {k:<18}{v / 1e9:10.4f} GB" for k, v in s.bytes_by_component.items()]
     _print(d, a.json, "\n".join(lines))
 
@@ -57,17 +61,23 @@ def _add_lists(sub) -> None:
 def _run_models(a) -> None:
     from .config import PRESETS
     from .params import count_active_params, count_params
+
     for name, c in PRESETS.items():
         kind = f"MoE {c.num_experts}x top-{c.top_k}" if c.is_moe else "dense"
-        print(f"{name:<16} {c.num_layers:>3} layers  {kind:<18} {count_params(c):>16,} params "
-              f"({count_active_params(c):,} active)")
+        print(
+            f"{name:<16} {c.num_layers:>3} layers  {kind:<18} {count_params(c):>16,} params "
+            f"({count_active_params(c):,} active)"
+        )
 
 
 def _run_chips(a) -> None:
     from .chips import base_chips
+
     for c in base_chips().values():
-        print(f"{c.name:<10} {c.hbm_bandwidth / 1e12:6.3f} TB/s  {c.bf16_flops / 1e12:7.0f} TFLOP/s  "
-              f"{c.hbm_bytes / 1e9:5.0f} GB  source: {c.source}")
+        print(
+            f"{c.name:<10} {c.hbm_bandwidth / 1e12:6.3f} TB/s  {c.bf16_flops / 1e12:7.0f} TFLOP/s  "
+            f"{c.hbm_bytes / 1e9:5.0f} GB  source: {c.source}"
+        )
 
 
 # generate ----------------------------------------------------------------------------------------
@@ -77,20 +87,42 @@ def _add_generate(sub) -> None:
     src.add_argument("--checkpoint", help="a Hugging Face checkpoint folder or hub repo id")
     src.add_argument("--preset", help="a model preset with seeded random weights (python -m mk models)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights of --preset (default 0)")
-    p.add_argument("--prompt-ids", required=True,
-                   help="comma-separated token ids; ';' separates one prompt per user (of any lengths)")
+    p.add_argument(
+        "--prompt-ids",
+        required=True,
+        help="comma-separated token ids; ';' separates one prompt per user (of any lengths)",
+    )
     p.add_argument("--new-tokens", type=_positive_int, required=True, help="tokens to generate per user")
     p.add_argument("--engine", default="reference", help="a registered decode engine (default reference)")
-    p.add_argument("--batch", type=_positive_int, default=None,
-                   help="users: a single prompt is replicated for each (default: one per prompt)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                   help="weight dtype (default: the checkpoint's own; float32 for a preset)")
-    p.add_argument("--max-len", type=_positive_int, default=None,
-                   help="KV cache positions (default: the longest prompt plus --new-tokens, less one)")
-    p.add_argument("--kv-tile", type=_positive_int, default=None,
-                   help="megakernel: KV cache positions per tile (a multiple of 8 in f32, 16 in bf16)")
-    p.add_argument("--detect-races", action="store_true",
-                   help="megakernel off a TPU: run the interpreter's race detector (exit 1 if it fires)")
+    p.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=None,
+        help="users: a single prompt is replicated for each (default: one per prompt)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="weight dtype (default: the checkpoint's own; float32 for a preset)",
+    )
+    p.add_argument(
+        "--max-len",
+        type=_positive_int,
+        default=None,
+        help="KV cache positions (default: the longest prompt plus --new-tokens, less one)",
+    )
+    p.add_argument(
+        "--kv-tile",
+        type=_positive_int,
+        default=None,
+        help="megakernel: KV cache positions per tile (a multiple of 8 in f32, 16 in bf16)",
+    )
+    p.add_argument(
+        "--detect-races",
+        action="store_true",
+        help="megakernel off a TPU: run the interpreter's race detector (exit 1 if it fires)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_generate)
 
@@ -103,8 +135,9 @@ def _prompts(text: str, batch: int | None) -> list[list[int]]:
         try:
             ids = [int(t) for t in part.split(",") if t.strip()]
         except ValueError:
-            raise ValueError(f"--prompt-ids must be integers separated by ',' (and ';' between users), "
-                             f"got {part!r}") from None
+            raise ValueError(
+                f"--prompt-ids must be integers separated by ',' (and ';' between users), got {part!r}"
+            ) from None
         if not ids:
             raise ValueError(f"--prompt-ids has an empty prompt in {text!r}")
         prompts.append(ids)
@@ -117,9 +150,11 @@ def _prompts(text: str, batch: int | None) -> list[list[int]]:
 
 def _run_generate(a) -> None:
     import jax.numpy as jnp
+
     from .config import get_config
     from .generate import check_engine, generate
     from .weights import load_checkpoint, random_params
+
     check_engine(a.engine)  # an unknown engine fails before any weights are read
     options = {k: v for k, v in (("kv_tile", a.kv_tile), ("detect_races", a.detect_races or None)) if v is not None}
     if options and a.engine != "megakernel":
@@ -131,12 +166,20 @@ def _run_generate(a) -> None:
     else:
         cfg = get_config(a.preset)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
-    tokens = generate(params, cfg, prompts, a.new_tokens, engine=a.engine, max_len=a.max_len,
-                      progress=not a.json, engine_options=options)
-    d = {"engine": a.engine, "model": cfg.name, "batch": len(prompts), "prompt_ids": prompts,
-         "tokens": tokens.tolist()}
+    tokens = generate(
+        params,
+        cfg,
+        prompts,
+        a.new_tokens,
+        engine=a.engine,
+        max_len=a.max_len,
+        progress=not a.json,
+        engine_options=options,
+    )
+    d = {"engine": a.engine, "model": cfg.name, "batch": len(prompts), "prompt_ids": prompts, "tokens": tokens.tolist()}
     if a.detect_races:
         from .tpu import races_detected
+
         d["races"] = races_detected()
         if d["races"]:
             _print(d, a.json, "the race detector fired")
@@ -147,14 +190,19 @@ def _run_generate(a) -> None:
 # bench -------------------------------------------------------------------------------------------
 def _add_bench(sub) -> None:
     from .bench import BENCH_CSV, DTYPES
+
     p = sub.add_parser("bench", help="time the compiled decode step against this device's measured speed of light")
     p.add_argument("--preset", help="a model preset (random weights unless --checkpoint is given)")
     p.add_argument("--checkpoint", help="a Hugging Face checkpoint folder or hub repo id (checked against --preset)")
     p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
     p.add_argument("--steps", type=_positive_int, default=10, help="timed steps (default 10)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="f32",
-                   help="weights and KV cache data type (default f32: XLA:CPU runs f32 matvecs fastest)")
+    p.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default="f32",
+        help="weights and KV cache data type (default f32: XLA:CPU runs f32 matvecs fastest)",
+    )
     p.add_argument("--engine", default="reference", help="a registered decode engine (default reference)")
     p.add_argument("--csv", default=str(BENCH_CSV), help=f"CSV to append the row to (default {BENCH_CSV})")
     p.add_argument("--no-csv", action="store_true", help="do not append a row")
@@ -167,6 +215,7 @@ def _run_bench(a) -> None:
     from .config import get_config
     from .generate import check_engine
     from .weights import load_checkpoint
+
     if not a.preset and not a.checkpoint:
         raise ValueError("bench needs --preset NAME (random weights) or --checkpoint DIR")
     check_engine(a.engine)

@@ -26,9 +26,9 @@ class Chip:
     chips: int
     hbm_bytes: float
     hbm_bandwidth: float  # bytes/s, all chips together
-    bf16_flops: float     # FLOP/s, all chips together
+    bf16_flops: float  # FLOP/s, all chips together
     ici_bandwidth: float  # bytes/s one way per link (NaN where unknown)
-    vmem_bytes: float     # per core (NaN where not checked)
+    vmem_bytes: float  # per core (NaN where not checked)
     source: str
 
     @property
@@ -49,10 +49,17 @@ def base_chips() -> dict[str, Chip]:
     with open(CHIPS_CSV, newline="") as f:
         rows = list(csv.DictReader(f))
     return {
-        r["name"]: Chip(name=r["name"], kind=r["kind"], chips=1, hbm_bytes=float(r["hbm_bytes"]),
-                        hbm_bandwidth=float(r["hbm_bandwidth_Bps"]), bf16_flops=float(r["bf16_flops"]),
-                        ici_bandwidth=_float(r["ici_bandwidth_Bps"]), vmem_bytes=_float(r["vmem_bytes"]),
-                        source=r["source"])
+        r["name"]: Chip(
+            name=r["name"],
+            kind=r["kind"],
+            chips=1,
+            hbm_bytes=float(r["hbm_bytes"]),
+            hbm_bandwidth=float(r["hbm_bandwidth_Bps"]),
+            bf16_flops=float(r["bf16_flops"]),
+            ici_bandwidth=_float(r["ici_bandwidth_Bps"]),
+            vmem_bytes=_float(r["vmem_bytes"]),
+            source=r["source"],
+        )
         for r in rows
     }
 
@@ -70,8 +77,17 @@ def get_chip(name: str) -> Chip:
     m = re.fullmatch(r"(.+)-(\d+)", key)
     if m and m.group(1) in chips and int(m.group(2)) > 0:
         c, n = chips[m.group(1)], int(m.group(2))
-        return Chip(name=key, kind=c.kind, chips=n, hbm_bytes=c.hbm_bytes * n, hbm_bandwidth=c.hbm_bandwidth * n,
-                    bf16_flops=c.bf16_flops * n, ici_bandwidth=c.ici_bandwidth, vmem_bytes=c.vmem_bytes,
-                    source=c.source)
-    raise ValueError(f"unknown chip {name!r}; known chips: {', '.join(chips)} "
-                     f"(append -N for a slice of N chips, e.g. tpu-v5e-8)")
+        return Chip(
+            name=key,
+            kind=c.kind,
+            chips=n,
+            hbm_bytes=c.hbm_bytes * n,
+            hbm_bandwidth=c.hbm_bandwidth * n,
+            bf16_flops=c.bf16_flops * n,
+            ici_bandwidth=c.ici_bandwidth,
+            vmem_bytes=c.vmem_bytes,
+            source=c.source,
+        )
+    raise ValueError(
+        f"unknown chip {name!r}; known chips: {', '.join(chips)} (append -N for a slice of N chips, e.g. tpu-v5e-8)"
+    )

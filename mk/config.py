@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+
 class LayerType(StrEnum):
     """A layer's attention: a sliding window or the full context (equal to the strings "sliding", "full")."""
 
@@ -52,8 +53,17 @@ class Gemma4Config:
 
     def __post_init__(self) -> None:
         problems = []
-        for f in ("vocab_size", "hidden_size", "num_heads", "sliding_kv_heads", "sliding_head_dim",
-                  "full_kv_heads", "full_head_dim", "sliding_window", "mlp_intermediate"):
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "num_heads",
+            "sliding_kv_heads",
+            "sliding_head_dim",
+            "full_kv_heads",
+            "full_head_dim",
+            "sliding_window",
+            "mlp_intermediate",
+        ):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 problems.append(f"{f} must be a positive integer, got {v!r}")
@@ -67,16 +77,20 @@ class Gemma4Config:
         if self.num_experts < 0 or self.top_k < 0 or self.expert_intermediate < 0:
             problems.append("num_experts, top_k and expert_intermediate must not be negative")
         if self.num_experts and not (0 < self.top_k <= self.num_experts and self.expert_intermediate > 0):
-            problems.append(f"an MoE model needs 0 < top_k <= num_experts and expert_intermediate > 0, "
-                            f"got top_k={self.top_k}, num_experts={self.num_experts}, "
-                            f"expert_intermediate={self.expert_intermediate}")
+            problems.append(
+                f"an MoE model needs 0 < top_k <= num_experts and expert_intermediate > 0, "
+                f"got top_k={self.top_k}, num_experts={self.num_experts}, "
+                f"expert_intermediate={self.expert_intermediate}"
+            )
         for t, kv in ((SLIDING, self.sliding_kv_heads), (FULL, self.full_kv_heads)):
             if kv > 0 and self.num_heads % kv:
                 problems.append(f"num_heads={self.num_heads} is not a multiple of the {t} KV heads ({kv})")
         rot = self.full_head_dim * self.full_partial_rotary
         if not (0 < self.full_partial_rotary <= 1) or rot != int(rot) or int(rot) % 2:
-            problems.append(f"full_partial_rotary={self.full_partial_rotary} must give an even number of "
-                            f"rotated dims of full_head_dim={self.full_head_dim}")
+            problems.append(
+                f"full_partial_rotary={self.full_partial_rotary} must give an even number of "
+                f"rotated dims of full_head_dim={self.full_head_dim}"
+            )
         if problems:
             raise ValueError(f"invalid Gemma4Config {self.name!r}: " + "; ".join(problems))
 
@@ -145,28 +159,74 @@ def _register(cfg: Gemma4Config) -> Gemma4Config:
     return cfg
 
 
-GEMMA4_26B_A4B = _register(Gemma4Config(
-    name="gemma4-26b-a4b", vocab_size=262_144, hidden_size=2816, layer_types=_pattern(30),
-    num_heads=16, sliding_kv_heads=8, sliding_head_dim=256, full_kv_heads=2, full_head_dim=512,
-    sliding_window=1024, mlp_intermediate=2112, num_experts=128, top_k=8, expert_intermediate=704,
-))
-GEMMA4_31B = _register(Gemma4Config(
-    name="gemma4-31b", vocab_size=262_144, hidden_size=5376, layer_types=_pattern(60),
-    num_heads=32, sliding_kv_heads=16, sliding_head_dim=256, full_kv_heads=4, full_head_dim=512,
-    sliding_window=1024, mlp_intermediate=21504,
-))
+GEMMA4_26B_A4B = _register(
+    Gemma4Config(
+        name="gemma4-26b-a4b",
+        vocab_size=262_144,
+        hidden_size=2816,
+        layer_types=_pattern(30),
+        num_heads=16,
+        sliding_kv_heads=8,
+        sliding_head_dim=256,
+        full_kv_heads=2,
+        full_head_dim=512,
+        sliding_window=1024,
+        mlp_intermediate=2112,
+        num_experts=128,
+        top_k=8,
+        expert_intermediate=704,
+    )
+)
+GEMMA4_31B = _register(
+    Gemma4Config(
+        name="gemma4-31b",
+        vocab_size=262_144,
+        hidden_size=5376,
+        layer_types=_pattern(60),
+        num_heads=32,
+        sliding_kv_heads=16,
+        sliding_head_dim=256,
+        full_kv_heads=4,
+        full_head_dim=512,
+        sliding_window=1024,
+        mlp_intermediate=21504,
+    )
+)
 # Tiny presets for tests: two sliding + one full layer, a window shorter than the test context,
 # head dims and widths that are multiples of 128 so the same shapes lower on a real TPU.
-TINY_DENSE = _register(Gemma4Config(
-    name="tiny-dense", vocab_size=512, hidden_size=128, layer_types=(SLIDING, SLIDING, FULL),
-    num_heads=2, sliding_kv_heads=1, sliding_head_dim=128, full_kv_heads=1, full_head_dim=256,
-    sliding_window=16, mlp_intermediate=256,
-))
-TINY_MOE = _register(Gemma4Config(
-    name="tiny-moe", vocab_size=512, hidden_size=128, layer_types=(SLIDING, SLIDING, FULL),
-    num_heads=2, sliding_kv_heads=1, sliding_head_dim=128, full_kv_heads=1, full_head_dim=256,
-    sliding_window=16, mlp_intermediate=256, num_experts=8, top_k=2, expert_intermediate=128,
-))
+TINY_DENSE = _register(
+    Gemma4Config(
+        name="tiny-dense",
+        vocab_size=512,
+        hidden_size=128,
+        layer_types=(SLIDING, SLIDING, FULL),
+        num_heads=2,
+        sliding_kv_heads=1,
+        sliding_head_dim=128,
+        full_kv_heads=1,
+        full_head_dim=256,
+        sliding_window=16,
+        mlp_intermediate=256,
+    )
+)
+TINY_MOE = _register(
+    Gemma4Config(
+        name="tiny-moe",
+        vocab_size=512,
+        hidden_size=128,
+        layer_types=(SLIDING, SLIDING, FULL),
+        num_heads=2,
+        sliding_kv_heads=1,
+        sliding_head_dim=128,
+        full_kv_heads=1,
+        full_head_dim=256,
+        sliding_window=16,
+        mlp_intermediate=256,
+        num_experts=8,
+        top_k=2,
+        expert_intermediate=128,
+    )
+)
 # Gemma-4-shaped but small enough for a CPU: 26B-A4B's wiring (5:1 sliding/full pattern, shared
 # MLP beside routed experts, K=V full layers) with narrower widths and fewer experts, so one decode
 # step reads ~640 MB of f32 weights (weight reads dominate) and all of it ~1.1 GB (fits a 24 GiB machine).
@@ -174,11 +234,24 @@ TINY_MOE = _register(Gemma4Config(
 # the kernels, and 16 experts rather than 32: the decode step switches over the experts per layer, so
 # its compile time grows with layers x experts (measured on a 2-core EPYC: ~24 s -> ~7 s, same step
 # speed). Expert width H/4 and head share of the bytes (~16%) near 26B-A4B's (H/4, ~19%).
-CPU_MOE = _register(Gemma4Config(
-    name="cpu-moe", vocab_size=16_384, hidden_size=1536, layer_types=_pattern(6),
-    num_heads=12, sliding_kv_heads=6, sliding_head_dim=128, full_kv_heads=2, full_head_dim=256,
-    sliding_window=256, mlp_intermediate=1536, num_experts=16, top_k=4, expert_intermediate=384,
-))
+CPU_MOE = _register(
+    Gemma4Config(
+        name="cpu-moe",
+        vocab_size=16_384,
+        hidden_size=1536,
+        layer_types=_pattern(6),
+        num_heads=12,
+        sliding_kv_heads=6,
+        sliding_head_dim=128,
+        full_kv_heads=2,
+        full_head_dim=256,
+        sliding_window=256,
+        mlp_intermediate=1536,
+        num_experts=16,
+        top_k=4,
+        expert_intermediate=384,
+    )
+)
 
 
 def get_config(name: str) -> Gemma4Config:
@@ -191,8 +264,16 @@ def get_config(name: str) -> Gemma4Config:
 
 # Loading from Hugging Face -----------------------------------------------------------------
 _HF_LAYER_TYPE = {"sliding_attention": SLIDING, "full_attention": FULL}
-_HF_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "sliding_window")
+_HF_REQUIRED = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "sliding_window",
+)
 
 
 def from_hf_dict(d: dict, name: str = "hf") -> Gemma4Config:
@@ -200,8 +281,9 @@ def from_hf_dict(d: dict, name: str = "hf") -> Gemma4Config:
     if "text_config" in d:
         d = d["text_config"]
     if d.get("model_type") not in (None, "gemma4_text", "gemma4"):
-        raise ValueError(f"config model_type is {d.get('model_type')!r}, expected 'gemma4_text': "
-                         "this is not a Gemma 4 text model")
+        raise ValueError(
+            f"config model_type is {d.get('model_type')!r}, expected 'gemma4_text': this is not a Gemma 4 text model"
+        )
     missing = [k for k in _HF_REQUIRED if k not in d]
     if missing:
         raise ValueError(f"Gemma 4 config is missing {missing}")
@@ -241,10 +323,16 @@ def from_hf_dict(d: dict, name: str = "hf") -> Gemma4Config:
     moe = bool(d.get("enable_moe_block", False))
     return Gemma4Config(
         name=name,
-        vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], layer_types=layer_types,
-        num_heads=d["num_attention_heads"], sliding_kv_heads=d["num_key_value_heads"],
-        sliding_head_dim=d["head_dim"], full_kv_heads=full_kv or d["num_key_value_heads"],
-        full_head_dim=full_hd, sliding_window=d["sliding_window"], mlp_intermediate=d["intermediate_size"],
+        vocab_size=d["vocab_size"],
+        hidden_size=d["hidden_size"],
+        layer_types=layer_types,
+        num_heads=d["num_attention_heads"],
+        sliding_kv_heads=d["num_key_value_heads"],
+        sliding_head_dim=d["head_dim"],
+        full_kv_heads=full_kv or d["num_key_value_heads"],
+        full_head_dim=full_hd,
+        sliding_window=d["sliding_window"],
+        mlp_intermediate=d["intermediate_size"],
         num_experts=d.get("num_experts") or 0 if moe else 0,
         top_k=d.get("top_k_experts") or 0 if moe else 0,
         expert_intermediate=d.get("moe_intermediate_size") or 0 if moe else 0,
@@ -271,20 +359,34 @@ def to_hf_dict(cfg: Gemma4Config) -> dict:
     """The Hugging Face text config for ``cfg`` (what ``save_pretrained`` of Gemma4ForCausalLM writes)."""
     inv = {v: k for k, v in _HF_LAYER_TYPE.items()}
     d = {
-        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.mlp_intermediate,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.sliding_kv_heads, "head_dim": cfg.sliding_head_dim,
-        "global_head_dim": cfg.full_head_dim, "num_global_key_value_heads": cfg.full_kv_heads,
-        "attention_k_eq_v": cfg.full_k_eq_v, "sliding_window": cfg.sliding_window,
-        "layer_types": [inv[t] for t in cfg.layer_types], "hidden_activation": "gelu_pytorch_tanh",
-        "rms_norm_eps": cfg.rms_eps, "final_logit_softcapping": cfg.final_softcap or None,
-        "tie_word_embeddings": True, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+        "architectures": ["Gemma4ForCausalLM"],
+        "model_type": "gemma4_text",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.mlp_intermediate,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.sliding_kv_heads,
+        "head_dim": cfg.sliding_head_dim,
+        "global_head_dim": cfg.full_head_dim,
+        "num_global_key_value_heads": cfg.full_kv_heads,
+        "attention_k_eq_v": cfg.full_k_eq_v,
+        "sliding_window": cfg.sliding_window,
+        "layer_types": [inv[t] for t in cfg.layer_types],
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": cfg.rms_eps,
+        "final_logit_softcapping": cfg.final_softcap or None,
+        "tie_word_embeddings": True,
+        "hidden_size_per_layer_input": 0,
+        "num_kv_shared_layers": 0,
         "enable_moe_block": cfg.is_moe,
         "rope_parameters": {
             "sliding_attention": {"rope_type": "default", "rope_theta": cfg.sliding_rope_theta},
-            "full_attention": {"rope_type": "proportional", "rope_theta": cfg.full_rope_theta,
-                               "partial_rotary_factor": cfg.full_partial_rotary},
+            "full_attention": {
+                "rope_type": "proportional",
+                "rope_theta": cfg.full_rope_theta,
+                "partial_rotary_factor": cfg.full_partial_rotary,
+            },
         },
     }
     if cfg.is_moe:

@@ -30,13 +30,25 @@ EXPORT_SIZE = dict(width=1000, height=600)  # layout pixels of PNG/SVG exports (
 FONT_SIZE = 13  # the template's base font; plotly draws titles at 1.4 times it
 TITLE_PAD = 15  # pixels above the title
 
-pio.templates["mk"] = go.layout.Template(layout=dict(
-    font=dict(family="DejaVu Sans, Arial, sans-serif", size=FONT_SIZE),
-    colorway=["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-              "#9c755f", "#bab0ac"],  # Tableau 10: ten distinct colours (bytes come in nine components)
-    margin=dict(l=70, r=30, t=70, b=110),  # room at the bottom for the footer
-    legend=dict(bgcolor="rgba(255,255,255,0.8)"),
-))
+pio.templates["mk"] = go.layout.Template(
+    layout=dict(
+        font=dict(family="DejaVu Sans, Arial, sans-serif", size=FONT_SIZE),
+        colorway=[
+            "#4e79a7",
+            "#f28e2b",
+            "#e15759",
+            "#76b7b2",
+            "#59a14f",
+            "#edc948",
+            "#b07aa1",
+            "#ff9da7",
+            "#9c755f",
+            "#bab0ac",
+        ],  # Tableau 10: ten distinct colours (bytes come in nine components)
+        margin=dict(l=70, r=30, t=70, b=110),  # room at the bottom for the footer
+        legend=dict(bgcolor="rgba(255,255,255,0.8)"),
+    )
+)
 pio.templates.default = "plotly_white+mk"
 
 _exporter: bool | None = None  # None: not tried yet; False: no Chromium, PNGs skipped
@@ -51,13 +63,27 @@ def provenance(fig: go.Figure, kind: str, hardware: str, source: str | None = No
         if kind != "measured":
             raise ValueError(f"a {kind} figure needs its source (the seed, or which model)")
         import jax
+
         source = f"JAX {jax.__version__}, {datetime.date.today().isoformat()}"
     # Annotations cannot wrap themselves: break long footers by hand so they stay inside the image.
     text = "<br>".join(textwrap.wrap(f"<b>{kind}</b> · {hardware} · {source}", 130))
     others = [a for a in fig.layout.annotations if a.name != FOOTER_NAME]
-    fig.layout.annotations = others + [go.layout.Annotation(
-        name=FOOTER_NAME, text=text, showarrow=False, xref="paper", yref="paper", x=0, y=0,
-        xanchor="left", yanchor="top", yshift=-75, align="left", font=dict(size=11, color="#555"))]
+    fig.layout.annotations = others + [
+        go.layout.Annotation(
+            name=FOOTER_NAME,
+            text=text,
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=0,
+            xanchor="left",
+            yanchor="top",
+            yshift=-75,
+            align="left",
+            font=dict(size=11, color="#555"),
+        )
+    ]
     return legend_below_title(fig)
 
 
@@ -77,8 +103,11 @@ def legend_below_title(fig: go.Figure) -> go.Figure:
     if title.text:
         size = title.font.size or 1.4 * (fig.layout.font.size or FONT_SIZE)
         top += (title.text.count("<br>") + 1) * size * 1.3 + 8
-    fig.update_layout(height=height, title=dict(yref="container", y=1, yanchor="top", pad=dict(t=TITLE_PAD)),
-                      legend=dict(yref="container", y=1 - top / height, yanchor="top"))
+    fig.update_layout(
+        height=height,
+        title=dict(yref="container", y=1, yanchor="top", pad=dict(t=TITLE_PAD)),
+        legend=dict(yref="container", y=1 - top / height, yanchor="top"),
+    )
     return fig
 
 
@@ -96,17 +125,22 @@ def _start_exporter() -> bool:
         os.environ["BROWSER_PATH"] = DEBIAN_CHROMIUM
     try:  # kaleido's own search: BROWSER_PATH, PATH, usual places, a `plotly_get_chrome` download
         from choreographer.browsers.chromium import Chromium
+
         browser = Chromium.find_browser(skip_local=False)
     except ImportError:
         browser = os.environ.get("BROWSER_PATH")
     # Check it ourselves: kaleido waits forever on a browser path that does not exist.
     _exporter = bool(browser) and os.access(browser, os.X_OK)
     if not _exporter:
-        warnings.warn("no Chromium found, so figures are written as HTML only. For PNG/SVG install one "
-                      "(as root: `apt-get install chromium`, or `bash ci/setup.sh`) or point BROWSER_PATH "
-                      "at a Chrome/Chromium binary.", stacklevel=3)
+        warnings.warn(
+            "no Chromium found, so figures are written as HTML only. For PNG/SVG install one "
+            "(as root: `apt-get install chromium`, or `bash ci/setup.sh`) or point BROWSER_PATH "
+            "at a Chrome/Chromium binary.",
+            stacklevel=3,
+        )
         return False
     import kaleido
+
     if hasattr(kaleido, "start_sync_server"):
         kaleido.start_sync_server(silence_warnings=True)
         atexit.register(kaleido.stop_sync_server)

@@ -23,10 +23,10 @@ from typing import Callable
 
 import jax.numpy as jnp
 import numpy as np
-from .progress import tqdm
 
 from .config import Gemma4Config
 from .params import check_knockout
+from .progress import tqdm
 from .reference import check_tokens, decode_step, init_cache, prefill
 
 Step = Callable[..., tuple]
@@ -84,7 +84,7 @@ def prompt_batch(cfg: Gemma4Config, prompt) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.array([len(r) for r in rows], np.int32)
         tokens = np.zeros((len(rows), int(lengths.max())), np.int32)
         for b, r in enumerate(rows):
-            tokens[b, :len(r)] = r
+            tokens[b, : len(r)] = r
         return tokens, lengths
     tokens = check_tokens(cfg, prompt)
     if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
@@ -92,9 +92,19 @@ def prompt_batch(cfg: Gemma4Config, prompt) -> tuple[np.ndarray, np.ndarray]:
     return tokens, np.full(tokens.shape[0], tokens.shape[1], np.int32)
 
 
-def generate(params: dict, cfg: Gemma4Config, prompt, new_tokens: int, engine: str = "reference",
-             knockout=frozenset(), max_len: int | None = None, cache_dtype=jnp.float32,
-             return_logits: bool = False, progress: bool = False, engine_options: dict | None = None):
+def generate(
+    params: dict,
+    cfg: Gemma4Config,
+    prompt,
+    new_tokens: int,
+    engine: str = "reference",
+    knockout=frozenset(),
+    max_len: int | None = None,
+    cache_dtype=jnp.float32,
+    return_logits: bool = False,
+    progress: bool = False,
+    engine_options: dict | None = None,
+):
     """Greedy-decode ``new_tokens`` tokens for each user after its prompt.
 
     ``prompt``: a ``[B, T]`` array (every user its own prompt of T tokens) or a list of B per-user
@@ -119,11 +129,15 @@ def generate(params: dict, cfg: Gemma4Config, prompt, new_tokens: int, engine: s
     if cfg.full_layers and max_len < need:
         b = int(np.argmax(lengths))
         if lengths[b] > max_len:
-            raise ValueError(f"prompt of {int(lengths[b])} tokens for user {b} is longer than the cache "
-                             f"({max_len} positions); make the cache with a larger max_len")
+            raise ValueError(
+                f"prompt of {int(lengths[b])} tokens for user {b} is longer than the cache "
+                f"({max_len} positions); make the cache with a larger max_len"
+            )
         who = f" (user {b})" if len(set(lengths.tolist())) > 1 else ""
-        raise ValueError(f"a prompt of {int(lengths[b])} tokens{who} plus {new_tokens} new tokens needs {need} "
-                         f"cache positions, the cache holds {max_len}")
+        raise ValueError(
+            f"a prompt of {int(lengths[b])} tokens{who} plus {new_tokens} new tokens needs {need} "
+            f"cache positions, the cache holds {max_len}"
+        )
     step = get_step(engine, cfg, **(engine_options or {}))
     cache = init_cache(cfg, B, max_len, cache_dtype, multiple=_ENGINES[engine][1])
     logits, cache = prefill(params, cfg, tokens, cache, lengths)

@@ -59,4 +59,5 @@ def show(df: pd.DataFrame, kind: str | None = None, digits: int = 3) -> None:
         raise ValueError("a table shown in a notebook needs a 'kind' column (published, modelled or measured)")
     df = df[[c for c in df.columns if c != "kind"] + ["kind"]].round(digits)
     from IPython.display import display
+
     display(df)

@@ -97,7 +97,7 @@ def param_specs(cfg: Gemma4Config) -> list[ParamSpec]:
 def layer_params(params: dict, i: int) -> dict:
     """The tensors of layer ``i`` keyed by their short name (``q``, ``mlp_gate``, ...)."""
     prefix = f"layers.{i}."
-    return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
 
 
 def count_params(cfg: Gemma4Config) -> int:

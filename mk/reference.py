@@ -61,8 +61,9 @@ def cache_len(cfg: Gemma4Config, layer_type: str, max_len: int, multiple: int = 
     return round_up(cfg.sliding_window if layer_type == SLIDING else max_len, multiple)
 
 
-def init_cache(cfg: Gemma4Config, batch: int, max_len: int, dtype=jnp.float32,
-               multiple: int = 1) -> dict[str, jax.Array]:
+def init_cache(
+    cfg: Gemma4Config, batch: int, max_len: int, dtype=jnp.float32, multiple: int = 1
+) -> dict[str, jax.Array]:
     """An empty KV cache for ``batch`` users and up to ``max_len`` positions.
 
     ``layers.{i}.k`` / ``.v``: ``[batch, kv_heads, slots, head_dim]``; a sliding layer's position p lives
@@ -103,8 +104,10 @@ def check_tokens(cfg: Gemma4Config, tokens) -> np.ndarray:
         raise ValueError(f"token ids must be integers, got dtype {t.dtype}")
     bad = t[(t < 0) | (t >= cfg.vocab_size)]
     if bad.size:
-        raise ValueError(f"token id(s) {sorted(set(bad.tolist()))[:8]} outside the vocabulary "
-                         f"0..{cfg.vocab_size - 1} of {cfg.name!r}")
+        raise ValueError(
+            f"token id(s) {sorted(set(bad.tolist()))[:8]} outside the vocabulary "
+            f"0..{cfg.vocab_size - 1} of {cfg.name!r}"
+        )
     return t.astype(np.int32)
 
 
@@ -163,7 +166,7 @@ def route(p: dict, cfg: Gemma4Config, x, ko: frozenset, mm=matmul):
         ids = jnp.broadcast_to(jnp.arange(cfg.top_k, dtype=jnp.int32), (n, cfg.top_k))
         return jnp.full((n, cfg.top_k), 1.0 / cfg.top_k, x.dtype), ids
     h = rms_norm(x, None, cfg.rms_eps, NORMS not in ko)
-    h = h * p["router_scale"] * jnp.asarray(cfg.hidden_size ** -0.5, x.dtype)
+    h = h * p["router_scale"] * jnp.asarray(cfg.hidden_size**-0.5, x.dtype)
     probs = jax.nn.softmax(mm(h, p["router_proj"]).astype(jnp.float32), axis=-1)
     w, ids = jax.lax.top_k(probs, cfg.top_k)
     w = w / jnp.sum(w, axis=-1, keepdims=True)
@@ -269,7 +272,7 @@ def _ffn(p, cfg: Gemma4Config, x, ko, dense_experts: bool, mm=matmul):
         flat = x.reshape(-1, x.shape[-1])
         w, ids = route(p, cfg, flat, ko, mm)
         h2 = rms_norm(flat, p["pre_ffn_norm_2"], cfg.rms_eps, on)
-        moe = (experts_dense(p, cfg, h2, w, ids) if dense_experts else experts_gathered(p, h2, w, ids, mm))
+        moe = experts_dense(p, cfg, h2, w, ids) if dense_experts else experts_gathered(p, h2, w, ids, mm)
         moe = moe.reshape(x.shape)
     return rms_norm(mlp, p["post_ffn_norm_1"], cfg.rms_eps, on) + rms_norm(moe, p["post_ffn_norm_2"], cfg.rms_eps, on)
 
@@ -287,7 +290,7 @@ def _layer(p, cfg: Gemma4Config, x, attn_out, ko, dense_experts: bool, mm=matmul
 
 def _embed(params, cfg: Gemma4Config, tokens):
     e = params["embed"]
-    return e[tokens] * jnp.asarray(cfg.hidden_size ** 0.5, e.dtype)
+    return e[tokens] * jnp.asarray(cfg.hidden_size**0.5, e.dtype)
 
 
 def _head(params, cfg: Gemma4Config, x, ko):
@@ -374,8 +377,10 @@ def prefill(params: dict, cfg: Gemma4Config, tokens, cache: dict, lengths=None):
     if cap is not None:
         for b, n in enumerate(lengths.tolist()):
             if n > cap:
-                raise ValueError(f"prompt of {n} tokens for user {b} is longer than the cache ({cap} positions); "
-                                 "make the cache with a larger max_len")
+                raise ValueError(
+                    f"prompt of {n} tokens for user {b} is longer than the cache ({cap} positions); "
+                    "make the cache with a larger max_len"
+                )
     Tmax = int(lengths.max())  # columns past every prompt are padding only
     t = np.where(real, t, 0)[:, :Tmax].astype(np.int32)
     return _prefill(params, cfg, jnp.asarray(t), jnp.asarray(lengths, jnp.int32), cache)
@@ -486,8 +491,9 @@ def decode_step(params: dict, cfg: Gemma4Config, cache: dict, tokens, pos, knock
     elif jnp.ndim(pos) == 0:
         pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (B,))
     # pos is [B] either way: one program for a shared position and for each user's own
-    return _decode_step(_prepared_for(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32),
-                        jnp.asarray(pos, jnp.int32), ko)
+    return _decode_step(
+        _prepared_for(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32), ko
+    )
 
 
 def check_positions(cfg: Gemma4Config, cache: dict, pos) -> np.ndarray:

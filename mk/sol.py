@@ -19,8 +19,17 @@ from .published import published_table
 
 KV_SLIDING = "kv_sliding"
 KV_FULL = "kv_full"
-COMPONENT_ORDER = ("sliding_attention", "full_attention", "shared_mlp", EXPERTS, "router", "norms", "head",
-                   KV_SLIDING, KV_FULL)
+COMPONENT_ORDER = (
+    "sliding_attention",
+    "full_attention",
+    "shared_mlp",
+    EXPERTS,
+    "router",
+    "norms",
+    "head",
+    KV_SLIDING,
+    KV_FULL,
+)
 
 
 @dataclass(frozen=True)
@@ -28,19 +37,22 @@ class DtypePolicy:
     """Bytes per element for each kind of tensor."""
 
     name: str
-    matrix: float   # attention, shared MLP, router and head matrices
-    expert: float   # expert matrices
-    vector: float   # norms and scales
-    kv: float       # the KV cache
+    matrix: float  # attention, shared MLP, router and head matrices
+    expert: float  # expert matrices
+    vector: float  # norms and scales
+    kv: float  # the KV cache
     description: str
 
 
-DTYPES: dict[str, DtypePolicy] = {p.name: p for p in (
-    DtypePolicy("bf16", 2, 2, 2, 2, "all weights and the KV cache in BF16"),
-    DtypePolicy("fp8", 1, 1, 2, 2, "FP8 matrices (head included), BF16 norms and KV cache"),
-    DtypePolicy("int8-experts", 2, 1, 2, 2, "INT8 expert matrices, everything else BF16"),
-    DtypePolicy("f32", 4, 4, 4, 4, "all weights and the KV cache in F32"),
-)}
+DTYPES: dict[str, DtypePolicy] = {
+    p.name: p
+    for p in (
+        DtypePolicy("bf16", 2, 2, 2, 2, "all weights and the KV cache in BF16"),
+        DtypePolicy("fp8", 1, 1, 2, 2, "FP8 matrices (head included), BF16 norms and KV cache"),
+        DtypePolicy("int8-experts", 2, 1, 2, 2, "INT8 expert matrices, everything else BF16"),
+        DtypePolicy("f32", 4, 4, 4, 4, "all weights and the KV cache in F32"),
+    )
+}
 
 
 def get_dtype(name: str) -> DtypePolicy:
@@ -160,21 +172,28 @@ class SpeedOfLight:
 
     def to_dict(self) -> dict:
         return {
-            "model": self.model, "chip": self.chip, "context": self.context, "batch": self.batch,
-            "dtype": self.dtype, "bytes_per_token": self.bytes_per_token, "bandwidth_Bps": self.bandwidth,
-            "step_ms": self.step_s * 1e3, "tokens_per_s": self.tokens_per_s,
-            "tokens_per_s_total": self.tokens_per_s_total, "bytes_by_component": dict(self.bytes_by_component),
+            "model": self.model,
+            "chip": self.chip,
+            "context": self.context,
+            "batch": self.batch,
+            "dtype": self.dtype,
+            "bytes_per_token": self.bytes_per_token,
+            "bandwidth_Bps": self.bandwidth,
+            "step_ms": self.step_s * 1e3,
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_total": self.tokens_per_s_total,
+            "bytes_by_component": dict(self.bytes_by_component),
             "kind": "modelled (speed of light: bandwidth / bytes read per step)",
         }
 
 
-def speed_of_light(cfg: Gemma4Config, chip: Chip | str, context: int, batch: int = 1,
-                   dtype: str = "bf16") -> SpeedOfLight:
+def speed_of_light(
+    cfg: Gemma4Config, chip: Chip | str, context: int, batch: int = 1, dtype: str = "bf16"
+) -> SpeedOfLight:
     """The fastest a decode step can go on ``chip``: all its bytes read at full memory bandwidth."""
     chip = get_chip(chip) if isinstance(chip, str) else chip
     bc = bytes_per_token(cfg, context, batch, dtype)
-    return SpeedOfLight(cfg.name, chip.name, context, batch, dtype, bc.total, chip.hbm_bandwidth,
-                        bc.by_component)
+    return SpeedOfLight(cfg.name, chip.name, context, batch, dtype, bc.total, chip.hbm_bandwidth, bc.by_component)
 
 
 # Tables for the notebooks: long DataFrames in bytes, bytes/s and tokens/s, each row with its kind. --------
@@ -188,19 +207,31 @@ def _cfg(model: Gemma4Config | str) -> Gemma4Config:
 def sol_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "bf16") -> pd.DataFrame:
     """The speed of light of each model on each chip, beside the seed's published value where it has one."""
     pub = published_table()
-    pub = pub[(pub["quantity"] == "speed_of_light") & (pub["context"] == context) & (pub["batch"] == batch)
-              & (pub["dtype"] == dtype)]
+    pub = pub[
+        (pub["quantity"] == "speed_of_light")
+        & (pub["context"] == context)
+        & (pub["batch"] == batch)
+        & (pub["dtype"] == dtype)
+    ]
     rows = []
     for m in models:
         for c in chips:
             s = speed_of_light(_cfg(m), c, context, batch, dtype)
             hit = pub[(pub["model"] == s.model) & (pub["chip"] == s.chip)]
             published = float(hit["value"].iloc[0]) if len(hit) else math.nan
-            rows.append(dict(model=s.model, chip=s.chip, bandwidth_Bps=s.bandwidth, bytes_per_token=s.bytes_per_token,
-                             tokens_per_s=s.tokens_per_s, published_tokens_per_s=published,
-                             diff_pct=100 * (s.tokens_per_s / published - 1),
-                             source=hit["source"].iloc[0] if len(hit) else "",
-                             kind=MODELLED + ("; published: the seed" if len(hit) else "")))
+            rows.append(
+                dict(
+                    model=s.model,
+                    chip=s.chip,
+                    bandwidth_Bps=s.bandwidth,
+                    bytes_per_token=s.bytes_per_token,
+                    tokens_per_s=s.tokens_per_s,
+                    published_tokens_per_s=published,
+                    diff_pct=100 * (s.tokens_per_s / published - 1),
+                    source=hit["source"].iloc[0] if len(hit) else "",
+                    kind=MODELLED + ("; published: the seed" if len(hit) else ""),
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -213,13 +244,27 @@ def published_vs_sol(keys=None) -> pd.DataFrame:
     rows = []
     for r in runs.itertuples():
         s = speed_of_light(get_config(r.model), r.chip, int(r.context), int(r.batch), r.dtype)
-        f = fractions[(fractions["model"] == r.model) & (fractions["chip"] == r.chip)
-                      & (fractions["dtype"] == r.dtype) & (fractions["engine"] == r.engine)]
-        rows.append(dict(key=r.key, engine=r.engine, model=r.model, chip=r.chip, dtype=r.dtype,
-                         published_tokens_per_s=r.value, sol_tokens_per_s=s.tokens_per_s,
-                         fraction_of_sol=r.value / s.tokens_per_s,
-                         published_fraction=float(f["value"].iloc[0]) if len(f) else math.nan,
-                         source=r.source, kind="published (the seed) vs modelled SoL"))
+        f = fractions[
+            (fractions["model"] == r.model)
+            & (fractions["chip"] == r.chip)
+            & (fractions["dtype"] == r.dtype)
+            & (fractions["engine"] == r.engine)
+        ]
+        rows.append(
+            dict(
+                key=r.key,
+                engine=r.engine,
+                model=r.model,
+                chip=r.chip,
+                dtype=r.dtype,
+                published_tokens_per_s=r.value,
+                sol_tokens_per_s=s.tokens_per_s,
+                fraction_of_sol=r.value / s.tokens_per_s,
+                published_fraction=float(f["value"].iloc[0]) if len(f) else math.nan,
+                source=r.source,
+                kind="published (the seed) vs modelled SoL",
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -228,8 +273,10 @@ def component_table(models, context: int = 1024, batch: int = 1, dtype: str = "b
     rows = []
     for m in models:
         bc = bytes_per_token(_cfg(m), context, batch, dtype)
-        rows += [dict(model=bc.model, component=k, bytes=v, share=v / bc.total, kind=MODELLED)
-                 for k, v in bc.by_component.items()]
+        rows += [
+            dict(model=bc.model, component=k, bytes=v, share=v / bc.total, kind=MODELLED)
+            for k, v in bc.by_component.items()
+        ]
     return pd.DataFrame(rows)
 
 
@@ -243,9 +290,18 @@ def context_sweep(models, chips, contexts, batch: int = 1, dtype: str = "bf16") 
             bc = bytes_per_token(cfg, n, batch, dtype)
             for c in chips:
                 chip = get_chip(c)
-                rows.append(dict(model=cfg.name, chip=chip.name, context=n, bytes_per_token=bc.total,
-                                 kv_sliding_bytes=bc.by_component[KV_SLIDING], kv_full_bytes=bc.by_component[KV_FULL],
-                                 tokens_per_s=chip.hbm_bandwidth / bc.total, kind=MODELLED))
+                rows.append(
+                    dict(
+                        model=cfg.name,
+                        chip=chip.name,
+                        context=n,
+                        bytes_per_token=bc.total,
+                        kv_sliding_bytes=bc.by_component[KV_SLIDING],
+                        kv_full_bytes=bc.by_component[KV_FULL],
+                        tokens_per_s=chip.hbm_bandwidth / bc.total,
+                        kind=MODELLED,
+                    )
+                )
     return pd.DataFrame(rows)
 
 
@@ -258,8 +314,16 @@ def batch_sweep(model, chips, batches, context: int = 1024, dtype: str = "bf16")
         for c in chips:
             chip = get_chip(c)
             step_s = bc.total / chip.hbm_bandwidth
-            rows.append(dict(model=cfg.name, chip=chip.name, batch=b,
-                             expected_experts=expected_distinct_experts(cfg.num_experts, cfg.top_k, b),
-                             bytes_per_token=bc.total, tokens_per_s=1 / step_s, tokens_per_s_total=b / step_s,
-                             kind=MODELLED))
+            rows.append(
+                dict(
+                    model=cfg.name,
+                    chip=chip.name,
+                    batch=b,
+                    expected_experts=expected_distinct_experts(cfg.num_experts, cfg.top_k, b),
+                    bytes_per_token=bc.total,
+                    tokens_per_s=1 / step_s,
+                    tokens_per_s_total=b / step_s,
+                    kind=MODELLED,
+                )
+            )
     return pd.DataFrame(rows)

@@ -35,8 +35,14 @@ GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips are PCI devices of Google's vendor id
 # TPU, so a TPU generation newer than this list is never mistaken for no TPU.
 _GOOGLE_NON_TPU_DEVICES = {"0x0042", "0x001f"}
 # Variables that describe the TPU host to libtpu; if the user set any, they are theirs.
-_LIBTPU_HOST_VARS = ("TPU_ACCELERATOR_TYPE", "TPU_HOST_BOUNDS", "TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES",
-                     "TPU_WORKER_ID", "TPU_CHIPS_PER_HOST_BOUNDS")
+_LIBTPU_HOST_VARS = (
+    "TPU_ACCELERATOR_TYPE",
+    "TPU_HOST_BOUNDS",
+    "TPU_WORKER_HOSTNAMES",
+    "TPU_PROCESS_ADDRESSES",
+    "TPU_WORKER_ID",
+    "TPU_CHIPS_PER_HOST_BOUNDS",
+)
 
 
 def tpu_chips_present() -> bool:
@@ -73,6 +79,7 @@ def quiet_libtpu() -> None:
 
 def on_tpu() -> bool:
     import jax
+
     return jax.default_backend() == "tpu"
 
 
@@ -81,6 +88,7 @@ def interpret_params(detect_races: bool = False):
     if on_tpu():
         return None
     from jax.experimental.pallas import tpu as pltpu
+
     return pltpu.InterpretParams(detect_races=detect_races)
 
 
@@ -93,29 +101,37 @@ def races_detected() -> bool:
     whose ``races_found`` is a bool). This is the only place mk reads it; if a JAX version moves or
     reshapes it, this raises a RuntimeError naming that version rather than answering wrongly."""
     import jax
+
     where = "jax._src.pallas.mosaic.interpret.interpret_pallas_call.races"
     try:
         from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
     except ImportError as e:
-        raise RuntimeError(f"mk.tpu.races_detected: JAX {jax.__version__} has no {where.rsplit('.', 1)[0]} "
-                           f"({e}); the race record moved, update mk/tpu.py for this JAX version") from e
+        raise RuntimeError(
+            f"mk.tpu.races_detected: JAX {jax.__version__} has no {where.rsplit('.', 1)[0]} "
+            f"({e}); the race record moved, update mk/tpu.py for this JAX version"
+        ) from e
     if not hasattr(ipc, "races"):
-        raise RuntimeError(f"mk.tpu.races_detected: JAX {jax.__version__} has no {where}; the interpreter's "
-                           "race record moved, update mk/tpu.py for this JAX version")
+        raise RuntimeError(
+            f"mk.tpu.races_detected: JAX {jax.__version__} has no {where}; the interpreter's "
+            "race record moved, update mk/tpu.py for this JAX version"
+        )
     state = ipc.races
     if state is None:
         return False
     found = getattr(state, "races_found", None)
     if not isinstance(found, bool):
-        raise RuntimeError(f"mk.tpu.races_detected: in JAX {jax.__version__}, {where} is a "
-                           f"{type(state).__name__} whose races_found is {found!r}, not a bool; the race "
-                           "record changed shape, update mk/tpu.py for this JAX version")
+        raise RuntimeError(
+            f"mk.tpu.races_detected: in JAX {jax.__version__}, {where} is a "
+            f"{type(state).__name__} whose races_found is {found!r}, not a bool; the race "
+            "record changed shape, update mk/tpu.py for this JAX version"
+        )
     return found
 
 
 def reset_interpreter() -> None:
     """Clear the interpreter's simulated memory and race state (needed after an exception)."""
     from jax.experimental.pallas import tpu as pltpu
+
     pltpu.reset_tpu_interpret_mode_state()
 
 
@@ -125,6 +141,7 @@ TOPOLOGIES = {"tpu-v5e": "v5e:2x2", "tpu-v6e": "v6e:2x2"}
 def topology(chip: str):
     """A TPU topology description for ``chip`` (``tpu-v5e`` or ``tpu-v6e``); needs libtpu."""
     from jax.experimental import topologies
+
     # libtpu takes a machine-wide lock by default; compiling ahead of time touches no TPU, so
     # several processes (parallel tests, notebooks) may hold it together.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -133,8 +150,10 @@ def topology(chip: str):
     try:
         return topologies.get_topology_desc(platform="tpu", topology_name=TOPOLOGIES[chip])
     except Exception as e:  # libtpu missing or refusing: say how to get it
-        raise RuntimeError(f"cannot describe a {TOPOLOGIES[chip]} TPU topology ({e}); AOT compilation needs "
-                           "libtpu: pip install 'jax[tpu]' matching your jax version") from e
+        raise RuntimeError(
+            f"cannot describe a {TOPOLOGIES[chip]} TPU topology ({e}); AOT compilation needs "
+            "libtpu: pip install 'jax[tpu]' matching your jax version"
+        ) from e
 
 
 def aot_compile(fn, chip: str, *shapes, donate_argnums=(), compiler_options: dict | None = None):
@@ -145,6 +164,7 @@ def aot_compile(fn, chip: str, *shapes, donate_argnums=(), compiler_options: dic
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
     topo = topology(chip)
     mesh = Mesh(np.array(topo.devices), ("x",))
     replicated = NamedSharding(mesh, P())
@@ -153,7 +173,7 @@ def aot_compile(fn, chip: str, *shapes, donate_argnums=(), compiler_options: dic
     return jax.jit(mapped, donate_argnums=donate_argnums).lower(*specs).compile(compiler_options)
 
 
-def probe_vmem(chip: str, nbytes: int = 200 * 2 ** 20) -> int | None:
+def probe_vmem(chip: str, nbytes: int = 200 * 2**20) -> int | None:
     """VMEM per core of ``chip`` as libtpu's compiler states it when refusing a kernel with an
     ``nbytes`` scratch buffer (``None`` if that compiled: the VMEM is larger)."""
     import re
@@ -168,9 +188,13 @@ def probe_vmem(chip: str, nbytes: int = 200 * 2 ** 20) -> int | None:
         o_ref[...] = buf[0:8, :]
 
     def f(x):
-        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-                              scratch_shapes=[pltpu.VMEM((nbytes // 512, 128), jnp.float32)],
-                              compiler_params=pltpu.CompilerParams(vmem_limit_bytes=nbytes + 2 ** 20))(x)
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            scratch_shapes=[pltpu.VMEM((nbytes // 512, 128), jnp.float32)],
+            compiler_params=pltpu.CompilerParams(vmem_limit_bytes=nbytes + 2**20),
+        )(x)
+
     try:
         aot_compile(f, chip, jax.ShapeDtypeStruct((8, 128), jnp.float32))
     except Exception as e:  # libtpu reports the refusal as a runtime error with the sizes in it

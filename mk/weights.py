@@ -38,6 +38,7 @@ _HUB_META = ["config.json", "model.safetensors.index.json"]
 EMBED_STD = 0.25  # times hidden^-0.5; see random_params
 NORM_STD = 0.1  # spread of norm weights and scales around 1
 
+
 def random_params(cfg: Gemma4Config, seed: int, dtype=jnp.float32) -> dict[str, jax.Array]:
     """The full parameter tree of ``cfg``, seeded and deterministic.
 
@@ -56,7 +57,7 @@ def random_params(cfg: Gemma4Config, seed: int, dtype=jnp.float32) -> dict[str, 
             x = jax.random.normal(k, s.shape, jnp.float32) * (EMBED_STD * s.shape[1] ** -0.5)
         elif s.matrix:
             fan_in = s.shape[-2]
-            x = jax.random.normal(k, s.shape, jnp.float32) * fan_in ** -0.5
+            x = jax.random.normal(k, s.shape, jnp.float32) * fan_in**-0.5
         elif s.component in (NORMS, ROUTER):
             x = 1.0 + NORM_STD * jax.random.normal(k, s.shape, jnp.float32)
         else:
@@ -74,6 +75,7 @@ class HFTensor:
     (rows :I / I: of ``gate_up_proj [E, 2I, H]``, then [E, H, I]), ``down`` (``[E, H, I]`` -> [E, I, H]).
     ``names`` lists the accepted suffixes after the text prefix, the current name first.
     """
+
     names: tuple[str, ...]
     kind: str
 
@@ -104,8 +106,11 @@ _LAYER_NAMES = {
     "post_ffn_norm_2": ("post_feedforward_layernorm_2.weight", "same"),
 }
 # Older exports keep the experts and the per-expert scale under ``.moe.``.
-_OLDER = {"experts.gate_up_proj": "moe.gate_up_proj", "experts.down_proj": "moe.down_proj",
-          "router.per_expert_scale": "moe.per_expert_scale"}
+_OLDER = {
+    "experts.gate_up_proj": "moe.gate_up_proj",
+    "experts.down_proj": "moe.down_proj",
+    "router.per_expert_scale": "moe.per_expert_scale",
+}
 
 
 def hf_tensor_map(cfg: Gemma4Config) -> dict[str, HFTensor]:
@@ -173,8 +178,9 @@ def _safetensors_files(folder: Path) -> list[Path]:
     if missing:
         raise FileNotFoundError(f"checkpoint shard(s) missing: {missing}; download the whole checkpoint again")
     if not files:
-        raise FileNotFoundError(f"no *.safetensors file in {folder}; expected model.safetensors or shards "
-                                "with model.safetensors.index.json")
+        raise FileNotFoundError(
+            f"no *.safetensors file in {folder}; expected model.safetensors or shards with model.safetensors.index.json"
+        )
     return files
 
 
@@ -183,6 +189,7 @@ class _Checkpoint:
 
     def __init__(self, files: list[Path]):
         from safetensors import SafetensorError, safe_open
+
         self._handles = {}
         self.where: dict[str, Path] = {}
         self.info: dict[str, tuple[tuple[int, ...], str]] = {}
@@ -190,8 +197,10 @@ class _Checkpoint:
             try:
                 h = safe_open(str(f), framework="np")
             except SafetensorError as e:
-                raise ValueError(f"{f} is not a readable safetensors file ({e}); it may be truncated or "
-                                 "corrupt: download or save it again") from None
+                raise ValueError(
+                    f"{f} is not a readable safetensors file ({e}); it may be truncated or "
+                    "corrupt: download or save it again"
+                ) from None
             self._handles[f] = h
             for name in h.keys():
                 sl = h.get_slice(name)
@@ -236,14 +245,16 @@ def _plan_load(cfg: Gemma4Config, ckpt: _Checkpoint) -> dict[str, tuple[str, str
         more = f" (and {len(extra) - 8} more)" if len(extra) > 8 else ""
         problems.append(f"unexpected tensors {extra[:8]}{more}: the checkpoint has parts this config does not")
     if problems:
-        raise ValueError(f"checkpoint does not match config {cfg.name!r} ({len(problems)} problem(s)):\n  "
-                         + "\n  ".join(problems))
+        raise ValueError(
+            f"checkpoint does not match config {cfg.name!r} ({len(problems)} problem(s)):\n  " + "\n  ".join(problems)
+        )
     return plan
 
 
 def _hub_snapshot(repo_id: str) -> Path:
     """Download (or find in the local cache when HF_HUB_OFFLINE is set) the text weights of a hub repo."""
     from huggingface_hub import snapshot_download
+
     folder = Path(snapshot_download(repo_id, allow_patterns=_HUB_META))
     index = folder / "model.safetensors.index.json"
     shards = _text_shards(index) if index.exists() else ["model.safetensors"]
@@ -262,8 +273,9 @@ def _resolve(path_or_repo_id: str | os.PathLike) -> Path:
     raise FileNotFoundError(f"no checkpoint folder {s!r}, and it is not a hub repo id (owner/name)")
 
 
-def load_checkpoint(path_or_repo_id, cfg: Gemma4Config | None = None, dtype=None
-                    ) -> tuple[Gemma4Config, dict[str, jax.Array]]:
+def load_checkpoint(
+    path_or_repo_id, cfg: Gemma4Config | None = None, dtype=None
+) -> tuple[Gemma4Config, dict[str, jax.Array]]:
     """Load a Gemma 4 text checkpoint (folder, sharded folder, or hub repo id) into mk's parameter tree.
 
     ``cfg`` defaults to the checkpoint's ``config.json``; when given, it must describe the same model.
@@ -282,8 +294,9 @@ def load_checkpoint(path_or_repo_id, cfg: Gemma4Config | None = None, dtype=None
     if cfg is None:
         cfg = file_cfg
     elif cfg.replace(name=file_cfg.name) != file_cfg:
-        diff = {k: (v, getattr(file_cfg, k)) for k, v in cfg.to_dict().items()
-                if k != "name" and getattr(file_cfg, k) != v}
+        diff = {
+            k: (v, getattr(file_cfg, k)) for k, v in cfg.to_dict().items() if k != "name" and getattr(file_cfg, k) != v
+        }
         raise ValueError(f"config {cfg.name!r} differs from {cfg_file} in {{field: (given, file)}} {diff}")
     ckpt = _Checkpoint(_safetensors_files(folder))
     plan = _plan_load(cfg, ckpt)
@@ -308,6 +321,7 @@ def save_checkpoint(params: dict[str, jax.Array], cfg: Gemma4Config, folder) -> 
     under the real name. Returns the folder.
     """
     from safetensors.numpy import save_file
+
     check_params(params, cfg)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -340,7 +354,10 @@ def check_params(params: dict, cfg: Gemma4Config) -> None:
     specs = {s.path: s.shape for s in param_specs(cfg)}
     problems = [f"missing {p}" for p in specs if p not in params]
     problems += [f"unexpected {p}" for p in params if p not in specs]
-    problems += [f"{p} has shape {list(params[p].shape)}, expected {list(s)}"
-                 for p, s in specs.items() if p in params and tuple(params[p].shape) != s]
+    problems += [
+        f"{p} has shape {list(params[p].shape)}, expected {list(s)}"
+        for p, s in specs.items()
+        if p in params and tuple(params[p].shape) != s
+    ]
     if problems:
         raise ValueError(f"parameters do not match config {cfg.name!r}: " + "; ".join(problems))

@@ -19,23 +19,54 @@ from mk.weights import EMBED_STD, NORM_STD  # noqa: E402
 # A config written the way a transformers user would (the issue's snippet): sliding and full layers
 # with different KV head counts and head dims, a short window. Built by transformers, not by mk.
 HF_SNIPPET = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
-    hidden_size_per_layer_input=0, sliding_window=8,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    global_head_dim=32,
+    num_global_key_value_heads=1,
+    attention_k_eq_v=True,
+    hidden_size_per_layer_input=0,
+    sliding_window=8,
     layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-    enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=24, final_logit_softcapping=30.0,
+    enable_moe_block=True,
+    num_experts=8,
+    top_k_experts=2,
+    moe_intermediate_size=24,
+    final_logit_softcapping=30.0,
 )
 # Odd shapes: a window of 7 (not a block multiple), head dims 48 / 64 and widths that are not multiples
 # of 128, 6 experts; MoE and dense.
 HF_ODD = dict(
-    vocab_size=500, hidden_size=96, intermediate_size=80, num_hidden_layers=3, num_attention_heads=2,
-    num_key_value_heads=1, head_dim=48, global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True,
-    hidden_size_per_layer_input=0, sliding_window=7,
+    vocab_size=500,
+    hidden_size=96,
+    intermediate_size=80,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=48,
+    global_head_dim=64,
+    num_global_key_value_heads=1,
+    attention_k_eq_v=True,
+    hidden_size_per_layer_input=0,
+    sliding_window=7,
     layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-    enable_moe_block=True, num_experts=6, top_k_experts=2, moe_intermediate_size=40, final_logit_softcapping=30.0,
+    enable_moe_block=True,
+    num_experts=6,
+    top_k_experts=2,
+    moe_intermediate_size=40,
+    final_logit_softcapping=30.0,
 )
-HF_CONFIGS = {"tiny-dense": to_hf_dict(TINY_DENSE), "tiny-moe": to_hf_dict(TINY_MOE), "hf-snippet": HF_SNIPPET,
-              "hf-odd": HF_ODD, "hf-odd-dense": {**HF_ODD, "enable_moe_block": False}}
+HF_CONFIGS = {
+    "tiny-dense": to_hf_dict(TINY_DENSE),
+    "tiny-moe": to_hf_dict(TINY_MOE),
+    "hf-snippet": HF_SNIPPET,
+    "hf-odd": HF_ODD,
+    "hf-odd-dense": {**HF_ODD, "enable_moe_block": False},
+}
 
 
 @pytest.fixture(params=[TINY_DENSE, TINY_MOE], ids=lambda c: c.name)
@@ -52,6 +83,7 @@ def init_hf_weights(model, seed: int) -> None:
     N(0, EMBED_STD^2/hidden), every norm weight and scale (incl. layer_scalar) 1 + N(0, NORM_STD^2).
     """
     import torch
+
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, t in list(model.named_parameters()) + list(model.named_buffers()):
@@ -76,6 +108,7 @@ def hf_checkpoint(tmp_path_factory):
         if name not in made:
             import torch
             from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
             torch.manual_seed(0)
             model = Gemma4ForCausalLM(Gemma4TextConfig(**HF_CONFIGS[name]))
             init_hf_weights(model, seed=sum(map(ord, name)))

@@ -78,8 +78,22 @@ def test_run_bench_rejects_bad_arguments():
 def test_bench_cli_prints_json_and_appends_a_row(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench.profiling, "measure_bandwidth", lambda: FAKE_BW)
     out = tmp_path / "bench.csv"
-    rc = main(["bench", "--preset", "tiny-dense", "--context", "16", "--batch", "1", "--steps", "2",
-               "--json", "--csv", str(out)])
+    rc = main(
+        [
+            "bench",
+            "--preset",
+            "tiny-dense",
+            "--context",
+            "16",
+            "--batch",
+            "1",
+            "--steps",
+            "2",
+            "--json",
+            "--csv",
+            str(out),
+        ]
+    )
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     assert d["model"] == "tiny-dense" and d["csv"] == str(out) and d["engine"] == "reference"

@@ -28,8 +28,24 @@ def test_sol_json(capsys):
 
 
 def test_sol_text_with_batch_and_dtype(capsys):
-    assert main(["sol", "--model", "gemma4-26b-a4b", "--chip", "tpu-v5e-8", "--context", "8192", "--batch", "8",
-                 "--dtype", "int8-experts"]) == 0
+    assert (
+        main(
+            [
+                "sol",
+                "--model",
+                "gemma4-26b-a4b",
+                "--chip",
+                "tpu-v5e-8",
+                "--context",
+                "8192",
+                "--batch",
+                "8",
+                "--dtype",
+                "int8-experts",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "tpu-v5e-8" in out and "batch 8" in out and "int8-experts" in out and "experts" in out
 
@@ -52,18 +68,33 @@ def test_models_and_chips_listings(capsys):
 BASE = ["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "1024"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["sol", "--model", "gemma4-26b-a4b", "--chip", "a100", "--context", "1024"], "unknown chip 'a100'; known chips:"),
-    (["sol", "--model", "llama", "--chip", "h100", "--context", "1024"], "unknown model 'llama'; known presets:"),
-    (BASE + ["--dtype", "fp4"], "invalid choice: 'fp4'"),
-    (["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "0"], "expected a positive integer, got 0"),
-    (["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "-5"], "expected a positive integer, got -5"),
-    (["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "1k"],
-     "expected a positive integer, got '1k'"),
-    (BASE + ["--batch", "0"], "expected a positive integer, got 0"),
-    (["sol", "--model", "gemma4-26b-a4b", "--chip", "h100"], "required: --context"),
-    (["frobnicate"], "invalid choice: 'frobnicate'"),
-], ids=["chip", "model", "dtype", "context0", "context-neg", "context-text", "batch0", "missing", "command"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["sol", "--model", "gemma4-26b-a4b", "--chip", "a100", "--context", "1024"],
+            "unknown chip 'a100'; known chips:",
+        ),
+        (["sol", "--model", "llama", "--chip", "h100", "--context", "1024"], "unknown model 'llama'; known presets:"),
+        (BASE + ["--dtype", "fp4"], "invalid choice: 'fp4'"),
+        (
+            ["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "0"],
+            "expected a positive integer, got 0",
+        ),
+        (
+            ["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "-5"],
+            "expected a positive integer, got -5",
+        ),
+        (
+            ["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "1k"],
+            "expected a positive integer, got '1k'",
+        ),
+        (BASE + ["--batch", "0"], "expected a positive integer, got 0"),
+        (["sol", "--model", "gemma4-26b-a4b", "--chip", "h100"], "required: --context"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+    ids=["chip", "model", "dtype", "context0", "context-neg", "context-text", "batch0", "missing", "command"],
+)
 def test_bad_input_exits_2_with_a_message(args, message):
     r = run_cli(*args)
     assert r.returncode == 2, r.stderr

@@ -21,10 +21,14 @@ from mk.params import count_active_params, count_params
 
 
 # Published totals (transformers' Gemma 4 conversion script and the real checkpoints' tensor listings).
-@pytest.mark.parametrize("cfg, total, active", [
-    (GEMMA4_26B_A4B, 25_233_141_790, 3_822_530_590),
-    (GEMMA4_31B, 30_697_345_340, 30_697_345_340),
-], ids=["26b-a4b", "31b"])
+@pytest.mark.parametrize(
+    "cfg, total, active",
+    [
+        (GEMMA4_26B_A4B, 25_233_141_790, 3_822_530_590),
+        (GEMMA4_31B, 30_697_345_340, 30_697_345_340),
+    ],
+    ids=["26b-a4b", "31b"],
+)
 def test_parameter_counts_match_published_totals(cfg, total, active):
     assert count_params(cfg) == total
     assert count_active_params(cfg) == active
@@ -47,8 +51,12 @@ def test_cache_positions_saturate_at_window_on_sliding_layers_only():
 def test_hf_round_trip_plain_and_nested(cfg):
     d = to_hf_dict(cfg)
     assert from_hf_dict(d, name=cfg.name) == cfg
-    nested = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": d,
-              "vision_config": {"hidden_size": 1152}}
+    nested = {
+        "model_type": "gemma4",
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "text_config": d,
+        "vision_config": {"hidden_size": 1152},
+    }
     assert from_hf_dict(nested, name=cfg.name) == cfg
 
 
@@ -78,13 +86,16 @@ def test_hf_config_without_layer_types_gets_the_5_1_pattern():
     assert from_hf_dict(d).layer_types == GEMMA4_31B.layer_types
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(model_type="llama"), "not a Gemma 4 text model"),
-    (dict(hidden_size_per_layer_input=256), "per-layer input embeddings"),
-    (dict(num_kv_shared_layers=4), "KV sharing"),
-    (dict(tie_word_embeddings=False), "untied"),
-    (dict(layer_types=["sliding_attention", "chunked"]), "layer_types must list"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(model_type="llama"), "not a Gemma 4 text model"),
+        (dict(hidden_size_per_layer_input=256), "per-layer input embeddings"),
+        (dict(num_kv_shared_layers=4), "KV sharing"),
+        (dict(tie_word_embeddings=False), "untied"),
+        (dict(layer_types=["sliding_attention", "chunked"]), "layer_types must list"),
+    ],
+)
 def test_hf_dict_rejects_unsupported_configs(change, message):
     d = {**to_hf_dict(TINY_MOE), **change}
     with pytest.raises(ValueError, match=message):
@@ -98,14 +109,17 @@ def test_hf_dict_missing_keys_are_named():
         from_hf_dict(d)
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(hidden_size=0), "hidden_size must be a positive integer, got 0"),
-    (dict(sliding_kv_heads=3), r"num_heads=2 is not a multiple of the sliding KV heads \(3\)"),
-    (dict(layer_types=()), "layer_types is empty"),
-    (dict(layer_types=("sliding", "global")), "each must be one of"),
-    (dict(top_k=9), "top_k <= num_experts"),
-    (dict(sliding_window=2.5), "sliding_window must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(hidden_size=0), "hidden_size must be a positive integer, got 0"),
+        (dict(sliding_kv_heads=3), r"num_heads=2 is not a multiple of the sliding KV heads \(3\)"),
+        (dict(layer_types=()), "layer_types is empty"),
+        (dict(layer_types=("sliding", "global")), "each must be one of"),
+        (dict(top_k=9), "top_k <= num_experts"),
+        (dict(sliding_window=2.5), "sliding_window must be a positive integer"),
+    ],
+)
 def test_invalid_config_names_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
         TINY_MOE.replace(**change)

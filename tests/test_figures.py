@@ -33,12 +33,14 @@ def test_measured_footer_defaults_to_jax_version_and_date():
     import datetime
 
     import jax
+
     (text,) = footer(provenance(small_figure(), "measured", "cpu"))
     assert f"JAX {jax.__version__}" in text and datetime.date.today().isoformat() in text
 
 
-@pytest.mark.parametrize("kind, source, message", [("guessed", "x", "kind must be one of"),
-                                                   ("modelled", None, "needs its source")])
+@pytest.mark.parametrize(
+    "kind, source, message", [("guessed", "x", "kind must be one of"), ("modelled", None, "needs its source")]
+)
 def test_footer_rejects_bad_provenance(kind, source, message):
     with pytest.raises(ValueError, match=message):
         provenance(small_figure(), kind, "h100", source)
@@ -51,6 +53,7 @@ def test_save_refuses_a_figure_without_footer(tmp_path):
 
 def test_facet_titles_keep_the_footer():
     import plotly.express as px
+
     fig = px.line(x=[1, 2, 1, 2], y=[1, 2, 3, 4], facet_col=["a", "a", "b", "b"])
     fig = facet_titles(provenance(fig, "modelled", "h100", "a=b"))
     texts = [a.text for a in fig.layout.annotations]
@@ -59,6 +62,7 @@ def test_facet_titles_keep_the_footer():
 
 def test_a_horizontal_legend_above_the_plot_hangs_below_the_title():
     import plotly.express as px
+
     names = [f"a long series name, number {i} (measured, this CPU)" for i in range(4)]  # wraps to two rows
     fig = px.bar(x=["a"] * 4, y=[1, 2, 3, 4], color=names, barmode="group", title="A title")
     fig.update_layout(legend=dict(orientation="h", y=1.02, yanchor="bottom"))  # the notebooks' request
@@ -73,13 +77,16 @@ def test_a_horizontal_legend_above_the_plot_hangs_below_the_title():
 
 def test_a_vertical_legend_is_left_beside_the_title():
     import plotly.express as px
-    fig = provenance(px.line(x=[1, 2, 1, 2], y=[1, 2, 3, 4], color=["a", "a", "b", "b"], title="t"),
-                     "modelled", "h100", "test")
+
+    fig = provenance(
+        px.line(x=[1, 2, 1, 2], y=[1, 2, 3, 4], color=["a", "a", "b", "b"], title="t"), "modelled", "h100", "test"
+    )
     assert fig.layout.legend.yref is None and fig.layout.title.yref is None and fig.layout.height is None
 
 
-@pytest.mark.skipif(not os.access("/usr/bin/chromium", os.X_OK),
-                    reason="needs Debian's chromium (apt-get install chromium)")
+@pytest.mark.skipif(
+    not os.access("/usr/bin/chromium", os.X_OK), reason="needs Debian's chromium (apt-get install chromium)"
+)
 def test_html_png_and_svg_with_chromium(tmp_path):
     written = save_figure(provenance(small_figure(), "modelled", "h100", "test"), "fig", svg=True, out_dir=tmp_path)
     assert sorted(p.name for p in written) == ["fig.html", "fig.png", "fig.svg"]

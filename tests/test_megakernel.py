@@ -25,7 +25,7 @@ from mk.tpu import races_detected, reset_interpreter
 from mk.weights import random_params
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPT = 12     # the prompt fills positions 0..11; 16 steps then run to 27, past the window of 16
+PROMPT = 12  # the prompt fills positions 0..11; 16 steps then run to 27, past the window of 16
 LOGIT_ATOL = 1e-4  # f32 throughout; the kernel's online softmax sums in another order (seen: <= 2e-5)
 
 
@@ -37,12 +37,17 @@ def _fresh_interpreter():
 
 
 def run_both(cfg, batch, steps, knockout=frozenset(), prompt_len=PROMPT, **kw):
-    df = compare_with_reference(cfg, batch, steps, knockout, prompt_len=prompt_len, max_len=kw.pop("max_len", 32),
-                                **kw)
+    df = compare_with_reference(cfg, batch, steps, knockout, prompt_len=prompt_len, max_len=kw.pop("max_len", 32), **kw)
     assert df.kernel_pick_is_argmax.all(), "the kernel's greedy pick differs from the argmax of its own logits"
-    return dict(diff=df.max_logit_diff.max(), cache_diff=df.max_cache_diff.max(), races=bool(df.races.any()),
-                ref=[np.array(t) for t in df.tokens_reference], mk=[np.array(t) for t in df.tokens_megakernel],
-                step_s=list(df.step_s), df=df)
+    return dict(
+        diff=df.max_logit_diff.max(),
+        cache_diff=df.max_cache_diff.max(),
+        races=bool(df.races.any()),
+        ref=[np.array(t) for t in df.tokens_reference],
+        mk=[np.array(t) for t in df.tokens_megakernel],
+        step_s=list(df.step_s),
+        df=df,
+    )
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -109,8 +114,16 @@ BF16_PICKS_MARGIN = 0.05
 @pytest.mark.parametrize("name", ["tiny-dense", "tiny-moe"])
 def test_bf16_weights_and_cache_as_on_a_tpu(name):
     cfg = WIDE[name]
-    r = run_both(cfg, 4, 32, prompt_len=[20, 11, 30, 5], max_len=64, tiles=Tiles(kv_tile=16), dtype=jnp.bfloat16,
-                 teacher_forced=True)
+    r = run_both(
+        cfg,
+        4,
+        32,
+        prompt_len=[20, 11, 30, 5],
+        max_len=64,
+        tiles=Tiles(kv_tile=16),
+        dtype=jnp.bfloat16,
+        teacher_forced=True,
+    )
     df = r["df"]
     assert not r["races"]
     assert r["diff"] <= BF16_ERROR_RATIO * df.rounding_logit_diff.max(), (r["diff"], df.rounding_logit_diff.max())
@@ -124,6 +137,7 @@ def test_duplicate_experts_are_fetched_once():
     distinct expert routed (counted inside the kernel), not one per slot. With the router knocked out every
     user takes experts 0 and 1, so exactly 2 experts per layer are fetched; with routing, between k and E."""
     from mk.plan import build_plan
+
     cfg, B = TINY_MOE, 8
     plan = build_plan(cfg, B, 32)
     per_expert = sum(1 for ld in plan.loads if ld.expert == 0) // cfg.num_layers  # tile DMAs of one expert
@@ -160,11 +174,30 @@ def test_generate_engine_gives_the_reference_tokens():
 
 def test_cli_generate_megakernel_json_equals_reference():
     def run(engine):
-        out = subprocess.run([sys.executable, "-m", "mk", "generate", "--preset", "tiny-dense", "--prompt-ids",
-                              "5,9,2;7,1,3", "--new-tokens", "4", "--engine", engine, "--json"],
-                             capture_output=True, text=True, check=True, cwd=ROOT,
-                             env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mk",
+                "generate",
+                "--preset",
+                "tiny-dense",
+                "--prompt-ids",
+                "5,9,2;7,1,3",
+                "--new-tokens",
+                "4",
+                "--engine",
+                engine,
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        )
         return json.loads(out.stdout.strip().splitlines()[-1])
+
     ref, mk = run("reference"), run("megakernel")
     assert mk.pop("engine") == "megakernel" and ref.pop("engine") == "reference"
     assert mk == ref
@@ -172,6 +205,7 @@ def test_cli_generate_megakernel_json_equals_reference():
 
 def test_race_detector_catches_a_read_before_the_dma_wait():
     """The detector the tests rely on is live: reading a buffer a DMA is still writing is flagged."""
+
     def kernel(x_hbm, o_ref, buf, sem):
         c = pltpu.make_async_copy(x_hbm, buf, sem.at[0])
         c.start()
@@ -179,10 +213,13 @@ def test_race_detector_catches_a_read_before_the_dma_wait():
         c.wait()
 
     x = jnp.ones((8, 128), jnp.float32)
-    pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-                   in_specs=[pl.BlockSpec(memory_space=pltpu.HBM)],
-                   scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))],
-                   interpret=pltpu.InterpretParams(detect_races=True))(x).block_until_ready()
+    pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.HBM)],
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))],
+        interpret=pltpu.InterpretParams(detect_races=True),
+    )(x).block_until_ready()
     assert races_detected()
 
 
@@ -191,6 +228,7 @@ def test_twelve_layers_through_the_loop_over_layers(name):
     """The layer pattern repeated 4 times: the middle repeats run as one loop over stacked layers (layer
     index, stacked index and buffer slots from the loop index), exact against the reference."""
     from mk.plan import LayerLoop, build_plan
+
     base = {"tiny-dense": TINY_DENSE, "tiny-moe": TINY_MOE}[name]
     cfg = base.replace(name=name + "-x4", layer_types=base.layer_types * 4)
     assert any(isinstance(s, LayerLoop) for s in build_plan(cfg, 2, 32).folded)

@@ -41,15 +41,21 @@ def test_check_parameters_accepts_good_values():
     check_parameters(ns, MODELS=list[str], CONTEXTS=list[int], DTYPE=str, SCALE=float, MAYBE=int | None)
 
 
-@pytest.mark.parametrize("ns, expected, message", [
-    (dict(CONTEXTS=[1024, "2K"]), dict(CONTEXTS=list[int]),
-     r"CONTEXTS must be list\[int\], got \[1024, '2K'\] \(list\)"),
-    (dict(CONTEXT="1024"), dict(CONTEXT=int), r"CONTEXT must be int, got '1024' \(str\)"),
-    (dict(CONTEXT=True), dict(CONTEXT=int), r"CONTEXT must be int, got True \(bool\)"),
-    (dict(MODELS="gemma4-31b"), dict(MODELS=list[str]), r"MODELS must be list\[str\], got 'gemma4-31b' \(str\)"),
-    (dict(MODELS=[]), dict(MODELS=list[str]), "MODELS must not be empty"),
-    (dict(), dict(DTYPE=str), r"DTYPE is not set \(expected str\)"),
-])
+@pytest.mark.parametrize(
+    "ns, expected, message",
+    [
+        (
+            dict(CONTEXTS=[1024, "2K"]),
+            dict(CONTEXTS=list[int]),
+            r"CONTEXTS must be list\[int\], got \[1024, '2K'\] \(list\)",
+        ),
+        (dict(CONTEXT="1024"), dict(CONTEXT=int), r"CONTEXT must be int, got '1024' \(str\)"),
+        (dict(CONTEXT=True), dict(CONTEXT=int), r"CONTEXT must be int, got True \(bool\)"),
+        (dict(MODELS="gemma4-31b"), dict(MODELS=list[str]), r"MODELS must be list\[str\], got 'gemma4-31b' \(str\)"),
+        (dict(MODELS=[]), dict(MODELS=list[str]), "MODELS must not be empty"),
+        (dict(), dict(DTYPE=str), r"DTYPE is not set \(expected str\)"),
+    ],
+)
 def test_check_parameters_names_parameter_type_and_value(ns, expected, message):
     with pytest.raises(TypeError, match=message):
         check_parameters(ns, **expected)
@@ -58,15 +64,20 @@ def test_check_parameters_names_parameter_type_and_value(ns, expected, message):
 @pytest.mark.slow
 def test_runner_runs_every_notebook_with_ci_parameters():
     start = time.time()
-    r = subprocess.run([sys.executable, "ci/run_notebooks.py", "--params", "ci/parameters.json"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=3600)
+    r = subprocess.run(
+        [sys.executable, "ci/run_notebooks.py", "--params", "ci/parameters.json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for nb in NOTEBOOKS:
         assert (ROOT / "build" / "notebooks" / nb.name).stat().st_mtime >= start
     # Notebook 01 writes each of its figures as HTML, and as PNG where a Chromium exists (CI installs one).
     nb = nbformat.read(ROOT / "notebooks" / "01_speed_of_light.ipynb", as_version=4)
     names = set(re.findall(r'"(01_[a-z_]+)"\)', "\n".join(c.source for c in nb.cells)))
-    assert names, "no save_figure(..., \"01_...\") calls found in notebook 01"
+    assert names, 'no save_figure(..., "01_...") calls found in notebook 01'
     kinds = ["html", "png"] if os.access("/usr/bin/chromium", os.X_OK) else ["html"]
     for name in names:
         for ext in kinds:

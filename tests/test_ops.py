@@ -13,8 +13,26 @@ from mk import reference as R
 from mk.config import TINY_MOE
 from mk.megakernel.kernel import build_call, users_block
 from mk.megakernel.pack import adopt_cache, pack, reference_cache
-from mk.plan import (Attend, AttentionResidual, Embed, EmitTokens, ExpertCombine, FfnResidual, GeluMul, HeadTile,
-                     MatmulMode, MatmulTile, NoHead, Norm, Prologue, QKVNormRope, Route, Start, Wait, build_plan)
+from mk.plan import (
+    Attend,
+    AttentionResidual,
+    Embed,
+    EmitTokens,
+    ExpertCombine,
+    FfnResidual,
+    GeluMul,
+    HeadTile,
+    MatmulMode,
+    MatmulTile,
+    NoHead,
+    Norm,
+    Prologue,
+    QKVNormRope,
+    Route,
+    Start,
+    Wait,
+    build_plan,
+)
 from mk.tpu import interpret_params, races_detected, reset_interpreter
 from mk.weights import random_params
 
@@ -48,13 +66,14 @@ def probe(ops, seeds, knockout=frozenset(), with_logits=False, cache=None):
     for op in ops:
         items += ([Wait(op.load)] if op.load is not None else []) + [op]
     cut = replace(plan, items=tuple(items))
-    fn = build_call(cut, jnp.float32, jnp.float32, interpret_params(detect_races=True), with_logits=with_logits,
-                    probe=True)
+    fn = build_call(
+        cut, jnp.float32, jnp.float32, interpret_params(detect_races=True), with_logits=with_logits, probe=True
+    )
     acts = {}
     for name, (rows, width) in cut.activations.items():
         a = np.zeros((rows, width), np.float32)
         if name in seeds:
-            a[:B, :seeds[name].shape[1]] = seeds[name]
+            a[:B, : seeds[name].shape[1]] = seeds[name]
         acts[name] = jnp.asarray(a)
     cache = cache if cache is not None else R.init_cache(CFG, B, MAX_LEN, multiple=16)
     return fn(pack(PARAMS, CFG), adopt_cache(CFG, cache), users_block(cut, TOKENS, POSITIONS), acts)
@@ -92,9 +111,9 @@ def test_matmul_tile(mode):
     src = _rand((B, w.shape[0]), 2)
     out = probe(op, {op.src: src})
     if mode == MatmulMode.COLS:
-        close(out.acts[op.dst][:B, op.dst_off:op.dst_off + op.n], src @ w[:, op.dst_off:op.dst_off + op.n])
+        close(out.acts[op.dst][:B, op.dst_off : op.dst_off + op.n], src @ w[:, op.dst_off : op.dst_off + op.n])
     else:
-        close(out.acts[op.dst][:B, :H], src[:, op.src_off:op.src_off + op.n] @ w[op.src_off:op.src_off + op.n])
+        close(out.acts[op.dst][:B, :H], src[:, op.src_off : op.src_off + op.n] @ w[op.src_off : op.src_off + op.n])
 
 
 def test_qkv_norm_rope():
@@ -106,9 +125,9 @@ def test_qkv_norm_rope():
     pos = jnp.asarray(POSITIONS)[:, None]
     want_q = R.rope(R.rms_norm(q.reshape(B, 1, nh, hd), p["q_norm"], CFG.rms_eps), pos, CFG, t)
     want_k = R.rope(R.rms_norm(k.reshape(B, 1, kv, hd), p["k_norm"], CFG.rms_eps), pos, CFG, t)
-    close(out.acts["q"][:B, :nh * hd], want_q.reshape(B, -1))
-    close(out.acts["k"][:B, :kv * hd], want_k.reshape(B, -1))
-    close(out.acts["v"][:B, :kv * hd], R.rms_norm(v, None, CFG.rms_eps))
+    close(out.acts["q"][:B, : nh * hd], want_q.reshape(B, -1))
+    close(out.acts["k"][:B, : kv * hd], want_k.reshape(B, -1))
+    close(out.acts["v"][:B, : kv * hd], R.rms_norm(v, None, CFG.rms_eps))
 
 
 @pytest.mark.parametrize("layer", [0, 2], ids=["sliding", "full"])
@@ -126,9 +145,11 @@ def test_attend(layer):
         kc[b, :, slot[b]] = k[b].reshape(kv, hd)
         vc[b, :, slot[b]] = v[b].reshape(kv, hd)
     S = kc.shape[2]
-    mask = (np.arange(S)[None] <= POSITIONS[:, None]) & (np.arange(S)[None] < (CFG.sliding_window if t == "sliding" else S))
+    mask = (np.arange(S)[None] <= POSITIONS[:, None]) & (
+        np.arange(S)[None] < (CFG.sliding_window if t == "sliding" else S)
+    )
     want = R._attend_one(jnp.asarray(q.reshape(B, 1, nh, hd)), jnp.asarray(kc), jnp.asarray(vc), jnp.asarray(mask))
-    close(out.acts["attn"][:B, :nh * hd], want.reshape(B, -1))
+    close(out.acts["attn"][:B, : nh * hd], want.reshape(B, -1))
     written = reference_cache(CFG, out.cache)
     close(written[f"layers.{layer}.k"], kc)
     close(written[f"layers.{layer}.v"], vc)
@@ -141,27 +162,31 @@ def _residual_inputs(seed):
 def test_attention_residual():
     x, attn_out = _residual_inputs(10)
     out = probe(plan_ops(AttentionResidual, layer=1), {"x": x, "attn_out": attn_out})
-    p, eps = {k[len("layers.1."):]: v for k, v in PARAMS.items() if k.startswith("layers.1.")}, CFG.rms_eps
+    p, eps = {k[len("layers.1.") :]: v for k, v in PARAMS.items() if k.startswith("layers.1.")}, CFG.rms_eps
     x2 = x + R.rms_norm(attn_out, p["post_attn_norm"], eps)
     close(out.acts["x"][:B], x2)
     close(out.acts["xn"][:B], R.rms_norm(x2, p["pre_ffn_norm"], eps))
     close(out.acts["x2"][:B], R.rms_norm(x2, p["pre_ffn_norm_2"], eps))
-    close(out.acts["rin"][:B], R.rms_norm(x2, None, eps) * p["router_scale"] * H ** -0.5)
+    close(out.acts["rin"][:B], R.rms_norm(x2, None, eps) * p["router_scale"] * H**-0.5)
 
 
 def test_route_and_expert_combine():
     """The router's input, its projection tile, routing and two expert slots' combine: gates equal
     mk.reference.route's weights at its ids, and slots 0 and 1 are the two lowest routed experts."""
     x, eo = _rand((B, H), 12), _rand((B, H), 13)
-    ops = plan_ops(AttentionResidual, layer=0) + plan_ops(MatmulTile, layer=0, component="router") + \
-        plan_ops(Route, layer=0) + plan_ops(ExpertCombine, layer=0)[:2]
+    ops = (
+        plan_ops(AttentionResidual, layer=0)
+        + plan_ops(MatmulTile, layer=0, component="router")
+        + plan_ops(Route, layer=0)
+        + plan_ops(ExpertCombine, layer=0)[:2]
+    )
     out = probe(ops, {"x": x, "attn_out": np.zeros((B, H), np.float32), "eo": eo})
-    p = {k[len("layers.0."):]: v for k, v in PARAMS.items() if k.startswith("layers.0.")}
+    p = {k[len("layers.0.") :]: v for k, v in PARAMS.items() if k.startswith("layers.0.")}
     w, ids = R.route(p, CFG, jnp.asarray(x), frozenset())
     gates = np.zeros((B, CFG.num_experts), np.float32)
     for b in range(B):
         gates[b, np.asarray(ids[b])] = np.asarray(w[b])
-    close(out.acts["gates"][:B, :CFG.num_experts], gates)
+    close(out.acts["gates"][:B, : CFG.num_experts], gates)
     first_two = sorted(set(np.asarray(ids).ravel().tolist()))[:2]
     close(out.acts["moe"][:B], gates[:, first_two].sum(1, keepdims=True) * eo)
 
@@ -170,14 +195,14 @@ def test_gelu_mul():
     op = plan_ops(GeluMul, layer=0, component="shared_mlp")[0]
     gate, up = _rand((B, op.n), 14), _rand((B, op.n), 15)
     out = probe(op, {"gate": gate, "up": up})
-    close(out.acts["up"][:B, :op.n], jax.nn.gelu(gate, approximate=True) * up)
+    close(out.acts["up"][:B, : op.n], jax.nn.gelu(gate, approximate=True) * up)
 
 
 def test_ffn_residual():
     x, ffn = _residual_inputs(16)
     moe = _rand((B, H), 18)
     out = probe(plan_ops(FfnResidual, layer=2), {"x": x, "ffn": ffn, "moe": moe})
-    p, eps = {k[len("layers.2."):]: v for k, v in PARAMS.items() if k.startswith("layers.2.")}, CFG.rms_eps
+    p, eps = {k[len("layers.2.") :]: v for k, v in PARAMS.items() if k.startswith("layers.2.")}, CFG.rms_eps
     h = R.rms_norm(ffn, p["post_ffn_norm_1"], eps) + R.rms_norm(moe, p["post_ffn_norm_2"], eps)
     close(out.acts["x"][:B], (x + R.rms_norm(h, p["post_ffn_norm"], eps)) * p["layer_scalar"])
 
@@ -199,6 +224,21 @@ def test_no_head():
 
 def test_every_op_kind_has_a_test_here():
     from mk.plan import OP_KINDS
-    tested = {Prologue, EmitTokens, Embed, Norm, MatmulTile, QKVNormRope, Attend, AttentionResidual, Route,
-              ExpertCombine, GeluMul, FfnResidual, HeadTile, NoHead}
+
+    tested = {
+        Prologue,
+        EmitTokens,
+        Embed,
+        Norm,
+        MatmulTile,
+        QKVNormRope,
+        Attend,
+        AttentionResidual,
+        Route,
+        ExpertCombine,
+        GeluMul,
+        FfnResidual,
+        HeadTile,
+        NoHead,
+    }
     assert tested == set(OP_KINDS)

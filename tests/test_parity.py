@@ -30,18 +30,25 @@ def hf_greedy(model, prompt: np.ndarray, n: int):
     import copy
 
     import torch
+
     ids = torch.tensor(prompt, dtype=torch.long)
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id, config.pad_token_id = None, 0
     with torch.no_grad():
         # An explicit all-ones mask: otherwise generate masks every prompt token equal to pad_token_id (0).
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, do_sample=False,
-                             max_new_tokens=n, output_logits=True, return_dict_in_generate=True)
-    return out.sequences[:, prompt.shape[1]:].numpy(), torch.stack(out.logits, 1).float().numpy()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            generation_config=config,
+            do_sample=False,
+            max_new_tokens=n,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return out.sequences[:, prompt.shape[1] :].numpy(), torch.stack(out.logits, 1).float().numpy()
 
 
-@pytest.mark.parametrize("name,batch", [("tiny-dense", 3), ("tiny-moe", 1), ("tiny-moe", 3),
-                                        ("hf-snippet", 2)])
+@pytest.mark.parametrize("name,batch", [("tiny-dense", 3), ("tiny-moe", 1), ("tiny-moe", 3), ("hf-snippet", 2)])
 def test_greedy_parity(hf_checkpoint, name, batch):
     folder, model = hf_checkpoint(name)
     cfg, params = load_checkpoint(folder)
@@ -91,6 +98,7 @@ def test_mk_save_loads_in_transformers(tmp_path):
     """mk's save_checkpoint is a real Hugging Face checkpoint: transformers loads every tensor and agrees."""
     import torch
     from transformers import Gemma4ForCausalLM
+
     cfg = TINY_MOE
     params = random_params(cfg, seed=3)
     save_checkpoint(params, cfg, tmp_path)
@@ -121,11 +129,29 @@ def test_cli_generate_ragged_on_a_transformers_checkpoint_gives_its_greedy_token
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (PROMPT_LEN, 3, 9)]
     extra = ["--kv-tile", "8", "--detect-races"] if engine == "megakernel" else []
-    out = subprocess.run([sys.executable, "-m", "mk", "generate", "--checkpoint", str(folder), "--prompt-ids",
-                          ";".join(",".join(map(str, p)) for p in prompts), "--new-tokens", "10", "--engine", engine,
-                          "--json", *extra],
-                         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
-                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mk",
+            "generate",
+            "--checkpoint",
+            str(folder),
+            "--prompt-ids",
+            ";".join(",".join(map(str, p)) for p in prompts),
+            "--new-tokens",
+            "10",
+            "--engine",
+            engine,
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["engine"] == engine and not got.get("races")
     for b, prompt in enumerate(prompts):

@@ -38,8 +38,11 @@ def _positions(plan):
     return start, wait, use
 
 
-@pytest.mark.parametrize("cfg,batch", [(TINY_DENSE, 1), (TINY_MOE, 4), (GEMMA4_26B_A4B.truncated(6), 2)],
-                         ids=lambda x: getattr(x, "name", str(x)))
+@pytest.mark.parametrize(
+    "cfg,batch",
+    [(TINY_DENSE, 1), (TINY_MOE, 4), (GEMMA4_26B_A4B.truncated(6), 2)],
+    ids=lambda x: getattr(x, "name", str(x)),
+)
 def test_every_load_started_then_waited_then_used_and_slots_respected(cfg, batch):
     plan = build_plan(cfg, batch, 2048 if cfg.sliding_window > 16 else 64, weight_itemsize=2, kv_itemsize=2)
     start, wait, use = _positions(plan)
@@ -115,8 +118,14 @@ def test_full_size_tiles_are_tpu_legal_and_fit_v5e(cfg):
 
 
 def test_vmem_overflow_is_a_clear_error():
-    plan = build_plan(GEMMA4_31B.truncated(6), 1, 2048, weight_itemsize=2, kv_itemsize=2,
-                      tiles=Tiles(weight_tile_bytes=64 * 2 ** 20, head_tile_bytes=64 * 2 ** 20))
+    plan = build_plan(
+        GEMMA4_31B.truncated(6),
+        1,
+        2048,
+        weight_itemsize=2,
+        kv_itemsize=2,
+        tiles=Tiles(weight_tile_bytes=64 * 2**20, head_tile_bytes=64 * 2**20),
+    )
     with pytest.raises(ValueError, match=r"needs .* MiB of VMEM .* has 128 MiB .*weight_tile_bytes"):
         plan.check_vmem("tpu-v5e")
     with pytest.raises(ValueError, match="no checked VMEM"):
@@ -141,8 +150,9 @@ def test_bad_sizes_are_refused():
 def test_layers_in_hbm_and_table():
     n = layers_in_hbm(GEMMA4_26B_A4B, get_chip("tpu-v5e").hbm_bytes, 1, 2048)
     assert 1 < n < GEMMA4_26B_A4B.num_layers
-    assert layers_in_hbm(GEMMA4_31B, get_chip("tpu-v6e").hbm_bytes, 1, 2048) > \
-        layers_in_hbm(GEMMA4_31B, get_chip("tpu-v5e").hbm_bytes, 1, 2048)
+    assert layers_in_hbm(GEMMA4_31B, get_chip("tpu-v6e").hbm_bytes, 1, 2048) > layers_in_hbm(
+        GEMMA4_31B, get_chip("tpu-v5e").hbm_bytes, 1, 2048
+    )
     rows = build_plan(TINY_MOE, 1, 64).table()
     assert {r["item"] for r in rows} == {"dma start", "dma wait", "compute"}
     assert sum(r["bytes"] for r in rows if r["item"] == "dma start") == build_plan(TINY_MOE, 1, 64).weight_bytes
@@ -150,19 +160,27 @@ def test_layers_in_hbm_and_table():
 
 def _loop_ops(plan, loop):
     """The compute op of every group of ``loop``, as [repeat][body position]."""
+
     def op(g):
         return next(it for it in plan.items[slice(*plan.groups[g])] if isinstance(it, Op))
+
     return [[op(loop.start + k + loop.period * j) for k in range(loop.period)] for j in range(loop.count)]
 
 
-@pytest.mark.parametrize("cfg,tiles", [
-    (TINY_MOE, Tiles(weight_tile_bytes=128 * 128 * 4, head_tile_bytes=128 * 128 * 4)),
-    (GEMMA4_26B_A4B.truncated(6), Tiles()), (GEMMA4_31B.truncated(6), Tiles()),
-], ids=["tiny-moe-small-tiles", "26b-a4b", "31b"])
+@pytest.mark.parametrize(
+    "cfg,tiles",
+    [
+        (TINY_MOE, Tiles(weight_tile_bytes=128 * 128 * 4, head_tile_bytes=128 * 128 * 4)),
+        (GEMMA4_26B_A4B.truncated(6), Tiles()),
+        (GEMMA4_31B.truncated(6), Tiles()),
+    ],
+    ids=["tiny-moe-small-tiles", "26b-a4b", "31b"],
+)
 def test_folded_plan_covers_every_item_once_and_loops_repeat_with_fixed_strides(cfg, tiles):
     from dataclasses import replace
 
     from mk.plan import Loop, start_runs
+
     plan = build_plan(cfg, 2, 2048 if cfg.sliding_window > 16 else 64, weight_itemsize=2, kv_itemsize=2, tiles=tiles)
     covered = []
     loads = {ld.id: ld for ld in plan.loads}
@@ -171,14 +189,21 @@ def test_folded_plan_covers_every_item_once_and_loops_repeat_with_fixed_strides(
     assert covered == list(range(len(plan.groups)))
     assert [n for g in plan.groups for n in range(*g)] == list(range(len(plan.items)))
     loops = [s for s in plan.folded if isinstance(s, Loop)]
-    assert loops and {type(it) for s in loops for rep in _loop_ops(plan, s) for it in rep} <= \
-        {MatmulTile, GeluMul, ExpertCombine, HeadTile}
+    assert loops and {type(it) for s in loops for rep in _loop_ops(plan, s) for it in rep} <= {
+        MatmulTile,
+        GeluMul,
+        ExpertCombine,
+        HeadTile,
+    }
     for s in loops:
         reps = _loop_ops(plan, s)
         for j, rep in enumerate(reps):
             for a, b, op in zip(reps[0], reps[1], rep):
-                lin = {f: getattr(a, f) + (getattr(b, f) - getattr(a, f)) * j for f in a.STRIDED
-                       if getattr(a, f) is not None and not isinstance(getattr(a, f), bool)}
+                lin = {
+                    f: getattr(a, f) + (getattr(b, f) - getattr(a, f)) * j
+                    for f in a.STRIDED
+                    if getattr(a, f) is not None and not isinstance(getattr(a, f), bool)
+                }
                 flags = {f: getattr(op, f) for f in a.STRIDED if isinstance(getattr(a, f), bool)}
                 if a.load is not None:
                     lin["load"] = op.load
@@ -187,13 +212,28 @@ def test_folded_plan_covers_every_item_once_and_loops_repeat_with_fixed_strides(
                 if op.load is not None:
                     la, lb, lo = loads[a.load], loads[b.load], loads[op.load]
                     assert lo.slot == (la.slot + (lb.slot - la.slot) % plan.tiles.slots * j) % plan.tiles.slots
-                    assert replace(la, id=lo.id, slot=lo.slot, rows=(la.rows[0] + (lb.rows[0] - la.rows[0]) * j,
-                                   la.rows[1]), cols=(la.cols[0] + (lb.cols[0] - la.cols[0]) * j, la.cols[1]),
-                                   expert=lo.expert) == lo
+                    assert (
+                        replace(
+                            la,
+                            id=lo.id,
+                            slot=lo.slot,
+                            rows=(la.rows[0] + (lb.rows[0] - la.rows[0]) * j, la.rows[1]),
+                            cols=(la.cols[0] + (lb.cols[0] - la.cols[0]) * j, la.cols[1]),
+                            expert=lo.expert,
+                        )
+                        == lo
+                    )
         # the Starts of each body position, as runs, are exactly the plan's Starts
         for k in range(s.period):
-            starts = [[loads[it.load] for it in plan.items[slice(*plan.groups[s.start + k + s.period * j])]
-                       if isinstance(it, Start)] for j in range(s.count)]
+            starts = [
+                [
+                    loads[it.load]
+                    for it in plan.items[slice(*plan.groups[s.start + k + s.period * j])]
+                    if isinstance(it, Start)
+                ]
+                for j in range(s.count)
+            ]
+
             def where(ld):
                 return ld.tensor, ld.rows, ld.cols, ld.slot, ld.expert
 
@@ -201,11 +241,17 @@ def test_folded_plan_covers_every_item_once_and_loops_repeat_with_fixed_strides(
             for lo, hi, a, b in start_runs(starts, plan.tiles.slots):
                 assert b is not None or hi == lo + 1
                 b = b or a
-                got += [(j, a.tensor, (a.rows[0] + (b.rows[0] - a.rows[0]) * (j - lo), a.rows[1]),
-                         (a.cols[0] + (b.cols[0] - a.cols[0]) * (j - lo), a.cols[1]),
-                         (a.slot + (b.slot - a.slot) % plan.tiles.slots * (j - lo)) % plan.tiles.slots,
-                         None if a.expert is None else a.expert + (b.expert - a.expert) * (j - lo))
-                        for j in range(lo, hi)]
+                got += [
+                    (
+                        j,
+                        a.tensor,
+                        (a.rows[0] + (b.rows[0] - a.rows[0]) * (j - lo), a.rows[1]),
+                        (a.cols[0] + (b.cols[0] - a.cols[0]) * (j - lo), a.cols[1]),
+                        (a.slot + (b.slot - a.slot) % plan.tiles.slots * (j - lo)) % plan.tiles.slots,
+                        None if a.expert is None else a.expert + (b.expert - a.expert) * (j - lo),
+                    )
+                    for j in range(lo, hi)
+                ]
             want = [(j, *where(ld)) for j, lds in enumerate(starts) for ld in lds]
             assert sorted(got, key=str) == sorted(want, key=str)
 
@@ -214,8 +260,10 @@ def test_emitted_code_does_not_grow_with_the_tiles():
     """Halving the tiles doubles the DMAs and matmuls of a full-size step, not the ops the kernel writes
     code for (every regular run of tiles is one loop)."""
     cut = GEMMA4_31B.truncated(6)
-    big, small = (build_plan(cut, 1, 2048, weight_itemsize=2, kv_itemsize=2,
-                             tiles=Tiles(weight_tile_bytes=b, head_tile_bytes=b)) for b in (4 * 2 ** 20, 2 * 2 ** 20))
+    big, small = (
+        build_plan(cut, 1, 2048, weight_itemsize=2, kv_itemsize=2, tiles=Tiles(weight_tile_bytes=b, head_tile_bytes=b))
+        for b in (4 * 2**20, 2 * 2**20)
+    )
     assert len(small.ops) > 1.5 * len(big.ops)
     assert small.emitted_ops == big.emitted_ops < len(big.ops) / 10
     moe = build_plan(GEMMA4_26B_A4B.truncated(6), 4, 2048, weight_itemsize=2, kv_itemsize=2)
@@ -242,6 +290,7 @@ def test_expert_bytes_count_the_distinct_experts_the_kernel_fetches():
 
 def test_every_op_kind_has_its_cost_and_an_emitter():
     from mk.megakernel.kernel import EMIT
+
     assert set(EMIT) == set(OP_KINDS)
     plan = build_plan(TINY_MOE, 2, 64, context=40)
     kinds = {type(op) for op in plan.ops}
@@ -255,6 +304,7 @@ def test_the_layer_pattern_is_one_loop_and_code_stops_growing_with_depth():
     """Repeats of the sliding/full pattern fold into one LayerLoop whose every repeat is the first stepped
     linearly; past the repeats the loop holds, more layers add no emitted code (loop_layers=False: they do)."""
     from mk.plan import LayerLoop
+
     pattern = TINY_MOE.layer_types
     emitted, unrolled = [], []
     for reps in (4, 8, 16):
@@ -270,5 +320,7 @@ def test_the_layer_pattern_is_one_loop_and_code_stops_growing_with_depth():
     for cfg in (GEMMA4_26B_A4B, GEMMA4_31B):
         plan = build_plan(cfg, 1, 2048, weight_itemsize=2, kv_itemsize=2)
         assert any(isinstance(s, LayerLoop) for s in plan.folded)
-        assert plan.emitted_ops < build_plan(cfg, 1, 2048, weight_itemsize=2, kv_itemsize=2,
-                                             loop_layers=False).emitted_ops / 2
+        assert (
+            plan.emitted_ops
+            < build_plan(cfg, 1, 2048, weight_itemsize=2, kv_itemsize=2, loop_layers=False).emitted_ops / 2
+        )

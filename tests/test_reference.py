@@ -27,8 +27,18 @@ STEP_ATOL = 1e-5
 B, T, NEW = 2, 20, 16
 MAX_LEN = T + NEW - 1  # what generate allocates for T + NEW
 # Odd shapes: a window of 7 (not a multiple of a 16-slot block), head dims 48 / 64, 6 experts.
-ODD_MOE = TINY_MOE.replace(name="odd-moe", vocab_size=500, hidden_size=96, sliding_head_dim=48, full_head_dim=64,
-                           sliding_window=7, mlp_intermediate=80, num_experts=6, top_k=2, expert_intermediate=40)
+ODD_MOE = TINY_MOE.replace(
+    name="odd-moe",
+    vocab_size=500,
+    hidden_size=96,
+    sliding_head_dim=48,
+    full_head_dim=64,
+    sliding_window=7,
+    mlp_intermediate=80,
+    num_experts=6,
+    top_k=2,
+    expert_intermediate=40,
+)
 ODD_DENSE = ODD_MOE.replace(name="odd-dense", num_experts=0, top_k=0, expert_intermediate=0)
 LENGTHS = (3, 17, 9)  # ragged prompts: shorter than, over twice and about the window of 7
 
@@ -120,6 +130,7 @@ def test_one_program_per_step(moe_params):
     def listener(name, secs, **kw):
         if name == "/jax/core/compile/backend_compile_duration":
             compiles.append(name)
+
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         for pos in range(1, 4):
@@ -140,6 +151,7 @@ def test_engine_registry(moe_params):
         def step(params, cfg, cache, tokens, pos, knockout=frozenset()):
             calls.append(pos)
             return decode_step(params, cfg, cache, tokens, pos, knockout)
+
         return step
 
     def make_blocked_step(cfg):
@@ -148,6 +160,7 @@ def test_engine_registry(moe_params):
             assert cache.pop("adopted")  # the engine's own layout, from adopt_cache
             out = decode_step(params, cfg, cache, tokens, pos, knockout)
             return out[0], {**out[1], "adopted": True}
+
         step.adopt_cache = lambda cache: calls.append("adopt") or {**cache, "adopted": True}
         return step
 
@@ -210,27 +223,50 @@ def test_generate_varies_and_users_are_independent(moe_params):
 
 # CLI ------------------------------------------------------------------------------------------------
 def test_cli_generate_json(capsys):
-    assert main(["generate", "--preset", "tiny-moe", "--seed", "0", "--prompt-ids", "1,2,3",
-                 "--new-tokens", "4", "--batch", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--preset",
+                "tiny-moe",
+                "--seed",
+                "0",
+                "--prompt-ids",
+                "1,2,3",
+                "--new-tokens",
+                "4",
+                "--batch",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["engine"] == "reference" and out["batch"] == 2 and out["prompt_ids"] == [[1, 2, 3]] * 2
     assert len(out["tokens"]) == 2 and out["tokens"][0] == out["tokens"][1] and len(out["tokens"][0]) == 4
     want = gen.generate(random_params(TINY_MOE, 0), TINY_MOE, [[1, 2, 3]] * 2, 4)
     assert out["tokens"] == want.tolist()
-    assert main(["generate", "--preset", "tiny-moe", "--prompt-ids", "1,2,3;4,5,6", "--new-tokens", "4",
-                 "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["tokens"] == gen.generate(
-        random_params(TINY_MOE, 0), TINY_MOE, [[1, 2, 3], [4, 5, 6]], 4).tolist()
+    assert main(["generate", "--preset", "tiny-moe", "--prompt-ids", "1,2,3;4,5,6", "--new-tokens", "4", "--json"]) == 0
+    assert (
+        json.loads(capsys.readouterr().out)["tokens"]
+        == gen.generate(random_params(TINY_MOE, 0), TINY_MOE, [[1, 2, 3], [4, 5, 6]], 4).tolist()
+    )
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--prompt-ids", "1,2,600"], "outside the vocabulary"),
-    (["--prompt-ids", "1,x"], "must be integers"),
-    (["--prompt-ids", "1,2;3,4,5,6,7", "--max-len", "4"],
-     "prompt of 5 tokens for user 1 is longer than the cache (4 positions)"),
-    (["--prompt-ids", "1,2;3,4", "--batch", "3"], "does not match"),
-    (["--prompt-ids", "1,2", "--engine", "nope"], "unknown engine"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--prompt-ids", "1,2,600"], "outside the vocabulary"),
+        (["--prompt-ids", "1,x"], "must be integers"),
+        (
+            ["--prompt-ids", "1,2;3,4,5,6,7", "--max-len", "4"],
+            "prompt of 5 tokens for user 1 is longer than the cache (4 positions)",
+        ),
+        (["--prompt-ids", "1,2;3,4", "--batch", "3"], "does not match"),
+        (["--prompt-ids", "1,2", "--engine", "nope"], "unknown engine"),
+    ],
+)
 def test_cli_generate_errors(capsys, args, message):
     assert main(["generate", "--preset", "tiny-moe", "--new-tokens", "2", *args]) == 2
     err = capsys.readouterr().err
@@ -247,10 +283,26 @@ def test_cli_generate_ragged_json_equals_each_user_alone(capsys):
     """``--prompt-ids`` with prompts of different lengths (one past the window of 16): each user's tokens
     are those of its prompt run alone."""
     prompts = ["5,9,2", ",".join(str(i * 7 % 512) for i in range(1, 21))]
-    out = subprocess.run([sys.executable, "-m", "mk", "generate", "--preset", "tiny-moe", "--prompt-ids",
-                          ";".join(prompts), "--new-tokens", "6", "--json"],
-                         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
-                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mk",
+            "generate",
+            "--preset",
+            "tiny-moe",
+            "--prompt-ids",
+            ";".join(prompts),
+            "--new-tokens",
+            "6",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     ragged = json.loads(out.stdout.strip().splitlines()[-1])
     assert ragged["batch"] == 2 and [len(q) for q in ragged["prompt_ids"]] == [3, 20]
     for b, prompt in enumerate(prompts):
@@ -307,13 +359,15 @@ def test_padded_cache_changes_nothing():
             assert cache["layers.0.k"].shape[2] == 16 and cache["layers.2.k"].shape[2] % 16 == 0
             assert pos.shape == (3,) and pos.dtype == jnp.int32
             return decode_step(params, cfg, cache, tokens, pos, knockout)
+
         return step
 
     gen.register_engine("blocked16", make_step, cache_multiple=16)
     try:
         prompts = [toks[0, :n].tolist() for n in LENGTHS]
-        np.testing.assert_array_equal(gen.generate(p, cfg, prompts, 8, engine="blocked16"),
-                                      gen.generate(p, cfg, prompts, 8))
+        np.testing.assert_array_equal(
+            gen.generate(p, cfg, prompts, 8, engine="blocked16"), gen.generate(p, cfg, prompts, 8)
+        )
     finally:
         del gen._ENGINES["blocked16"]
 
@@ -327,7 +381,7 @@ def test_ragged_prefill():
     toks = np.random.default_rng(5).integers(0, cfg.vocab_size, (3, 12))
     logits, cache = prefill(p, cfg, toks, init_cache(cfg, 3, 16), lengths)
     for b, n in enumerate(lengths):
-        want, alone = prefill(p, cfg, toks[b:b + 1, :n], init_cache(cfg, 1, 16))
+        want, alone = prefill(p, cfg, toks[b : b + 1, :n], init_cache(cfg, 1, 16))
         np.testing.assert_allclose(logits[b], want[0], atol=STEP_ATOL, rtol=0)
         for name, c in alone.items():
             np.testing.assert_allclose(cache[name][b], c[0], atol=STEP_ATOL, rtol=0, err_msg=f"user {b} {name}")
@@ -337,8 +391,9 @@ def test_ragged_prefill():
     np.testing.assert_array_equal(logits2, logits)
     # ... nor inside the compiled prefill, which sees them: masked, never written.
     other = np.where(np.arange(12) < lengths[:, None], toks, (toks + 17) % cfg.vocab_size)
-    logits3, cache3 = _prefill(p, cfg, jnp.asarray(other, jnp.int32), jnp.asarray(lengths, jnp.int32),
-                               init_cache(cfg, 3, 16))
+    logits3, cache3 = _prefill(
+        p, cfg, jnp.asarray(other, jnp.int32), jnp.asarray(lengths, jnp.int32), init_cache(cfg, 3, 16)
+    )
     np.testing.assert_array_equal(logits3, logits)
     for name in cache:
         np.testing.assert_array_equal(cache3[name], cache[name])
@@ -348,14 +403,20 @@ def test_ragged_prefill():
     assert np.isfinite(short).all()
 
 
-@pytest.mark.parametrize("lengths,message", [
-    ([0, 12], r"length 0 of user 0 is outside 1..12"),
-    ([3, 13], r"length 13 of user 1 is outside 1..12"),
-    ([3], r"lengths must be 2 integers"),
-    ([3, 12.0], r"lengths must be 2 integers"),
-    ([3, 9], r"prompt of 9 tokens for user 1 is longer than the cache \(8 positions\); make the cache "
-             r"with a larger max_len"),
-])
+@pytest.mark.parametrize(
+    "lengths,message",
+    [
+        ([0, 12], r"length 0 of user 0 is outside 1..12"),
+        ([3, 13], r"length 13 of user 1 is outside 1..12"),
+        ([3], r"lengths must be 2 integers"),
+        ([3, 12.0], r"lengths must be 2 integers"),
+        (
+            [3, 9],
+            r"prompt of 9 tokens for user 1 is longer than the cache \(8 positions\); make the cache "
+            r"with a larger max_len",
+        ),
+    ],
+)
 def test_ragged_prefill_errors(moe_params, lengths, message):
     toks = np.ones((2, 12), int)
     with pytest.raises(ValueError, match=message):

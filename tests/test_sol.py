@@ -16,18 +16,18 @@ def hand_count_26b(context: int) -> dict[str, int]:
     config's sizes alone (not from mk.config)."""
     H, V = 2816, 262_144
     sliding_layers, full_layers = 25, 5
-    sliding_attn = H * 16 * 256 + H * 8 * 256 + H * 8 * 256 + 16 * 256 * H   # q, k, v, o
-    full_attn = H * 16 * 512 + H * 2 * 512 + 16 * 512 * H                   # q, k (K=V: no v), o
+    sliding_attn = H * 16 * 256 + H * 8 * 256 + H * 8 * 256 + 16 * 256 * H  # q, k, v, o
+    full_attn = H * 16 * 512 + H * 2 * 512 + 16 * 512 * H  # q, k (K=V: no v), o
     return {
         "sliding_attention": sliding_layers * sliding_attn,
         "full_attention": full_layers * full_attn,
         "shared_mlp": 30 * 3 * H * 2112,
-        "experts": 30 * 8 * 3 * H * 704,                                     # top-8 of 128 experts
-        "router": 30 * (H * 128 + H + 128),                                  # proj, scale, per-expert scale
+        "experts": 30 * 8 * 3 * H * 704,  # top-8 of 128 experts
+        "router": 30 * (H * 128 + H + 128),  # proj, scale, per-expert scale
         # input, post-attn, pre-ffn, post-ffn, pre-ffn-2, post-ffn-1, post-ffn-2 norms; q/k norms; layer scalar
         "norms": sliding_layers * (7 * H + 2 * 256 + 1) + full_layers * (7 * H + 2 * 512 + 1) + H,
-        "head": V * H,                                                       # tied embedding, read once
-        "kv_sliding": sliding_layers * min(context, 1024) * 2 * 8 * 256,    # K and V
+        "head": V * H,  # tied embedding, read once
+        "kv_sliding": sliding_layers * min(context, 1024) * 2 * 8 * 256,  # K and V
         "kv_full": full_layers * context * 2 * 2 * 512,
     }
 
@@ -38,7 +38,8 @@ def hand_count_31b(context: int) -> dict[str, int]:
         "sliding_attention": 50 * (H * 32 * 256 + 2 * H * 16 * 256 + 32 * 256 * H),
         "full_attention": 10 * (H * 32 * 512 + H * 4 * 512 + 32 * 512 * H),
         "shared_mlp": 60 * 3 * H * 21504,
-        "experts": 0, "router": 0,
+        "experts": 0,
+        "router": 0,
         "norms": 50 * (4 * H + 2 * 256 + 1) + 10 * (4 * H + 2 * 512 + 1) + H,
         "head": V * H,
         "kv_sliding": 50 * min(context, 1024) * 2 * 16 * 256,
@@ -51,8 +52,9 @@ def test_hand_count_agrees_with_published_active_params():
     assert weights == 3_822_530_590
 
 
-@pytest.mark.parametrize("cfg, hand", [(GEMMA4_26B_A4B, hand_count_26b), (GEMMA4_31B, hand_count_31b)],
-                         ids=["26b-a4b", "31b"])
+@pytest.mark.parametrize(
+    "cfg, hand", [(GEMMA4_26B_A4B, hand_count_26b), (GEMMA4_31B, hand_count_31b)], ids=["26b-a4b", "31b"]
+)
 @pytest.mark.parametrize("context", [1, 1024, 8192, 131_072])
 def test_bf16_bytes_by_component_match_hand_count(cfg, hand, context):
     bc = sol.bytes_per_token(cfg, context)
@@ -162,13 +164,16 @@ def test_speed_of_light_dict():
     assert math.isclose(sum(d["bytes_by_component"].values()), d["bytes_per_token"])
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(context=0), "context must be a positive integer, got 0"),
-    (dict(context=-5), "context must be a positive integer, got -5"),
-    (dict(context=1024, batch=0), "batch must be a positive integer, got 0"),
-    (dict(context=1024.0), "context must be a positive integer"),
-    (dict(context=1024, dtype="fp4"), "unknown dtype 'fp4'; known: bf16, fp8, int8-experts, f32"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(context=0), "context must be a positive integer, got 0"),
+        (dict(context=-5), "context must be a positive integer, got -5"),
+        (dict(context=1024, batch=0), "batch must be a positive integer, got 0"),
+        (dict(context=1024.0), "context must be a positive integer"),
+        (dict(context=1024, dtype="fp4"), "unknown dtype 'fp4'; known: bf16, fp8, int8-experts, f32"),
+    ],
+)
 def test_bad_input_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         sol.bytes_per_token(GEMMA4_26B_A4B, **kwargs)

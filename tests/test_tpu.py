@@ -23,15 +23,19 @@ def _copy_kernel(wait_before_read: bool):
         else:
             o_ref[...] = buf[...]  # reads the buffer the DMA is still writing: a race
             c.wait()
+
     return kernel
 
 
 def _run(wait_before_read: bool) -> jax.Array:
     x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
-    return pl.pallas_call(_copy_kernel(wait_before_read), out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-                          in_specs=[pl.BlockSpec(memory_space=pltpu.HBM)],
-                          scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))],
-                          interpret=pltpu.InterpretParams(detect_races=True))(x).block_until_ready()
+    return pl.pallas_call(
+        _copy_kernel(wait_before_read),
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.HBM)],
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))],
+        interpret=pltpu.InterpretParams(detect_races=True),
+    )(x).block_until_ready()
 
 
 @pytest.fixture(autouse=True)
@@ -67,6 +71,7 @@ def test_reset_clears_a_race():
 
 def test_a_moved_or_reshaped_record_is_a_clear_error(monkeypatch):
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
+
     monkeypatch.setattr(ipc, "races", object())  # reshaped: no races_found
     with pytest.raises(RuntimeError, match=rf"JAX {jax.__version__}.*changed shape"):
         tpu.races_detected()

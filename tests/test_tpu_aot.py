@@ -42,8 +42,9 @@ TINY_MOE_X4 = TINY_MOE.replace(name="tiny-moe-x4", layer_types=TINY_MOE.layer_ty
 
 
 @pytest.mark.parametrize("chip", CHIPS)
-@pytest.mark.parametrize("cfg,batch", [(TINY_DENSE, 1), (TINY_MOE, 4), (TINY_MOE_X4, 2)],
-                         ids=lambda x: getattr(x, "name", str(x)))
+@pytest.mark.parametrize(
+    "cfg,batch", [(TINY_DENSE, 1), (TINY_MOE, 4), (TINY_MOE_X4, 2)], ids=lambda x: getattr(x, "name", str(x))
+)
 def test_tiny_step_compiles_for_tpu(cfg, batch, chip):
     plan, compiled = compile_for_tpu(cfg, chip, batch, 64)
     _check(plan, compiled, chip)
@@ -66,9 +67,11 @@ def test_full_size_plan_vmem_agrees_with_the_compiler(cfg, chip):
     HBM-sized cut (same tiles, buffers and activations) and compile in seconds, not minutes."""
     from mk.megakernel.aot import compiler_vmem_bytes
     from mk.plan import build_plan
+
     pair = cfg.replace(name=f"{cfg.name}[sliding+full]", layer_types=(SLIDING, FULL))
-    parts = [build_plan(c, 1, 2048, weight_itemsize=2, kv_itemsize=2).vmem_breakdown()
-             for c in (pair, _hbm_cut(cfg, chip))]
+    parts = [
+        build_plan(c, 1, 2048, weight_itemsize=2, kv_itemsize=2).vmem_breakdown() for c in (pair, _hbm_cut(cfg, chip))
+    ]
     vectors = "norm and scale vectors"
     assert {k: v for k, v in parts[0].items() if k != vectors} == {k: v for k, v in parts[1].items() if k != vectors}
     plan_bytes, compiler_bytes = compiler_vmem_bytes(pair, chip, 1, 2048)
@@ -80,6 +83,7 @@ def test_vmem_overflow_fails_in_the_compiler_too():
     """The plan's VMEM budget is the compiler's: a step whose weight tiles cannot fit is refused by
     libtpu's compiler itself when the plan's own check is bypassed."""
     from mk.tpu import probe_vmem
+
     assert probe_vmem("tpu-v5e") == get_chip("tpu-v5e").vmem_bytes
     assert probe_vmem("tpu-v6e") == get_chip("tpu-v6e").vmem_bytes
 
@@ -89,6 +93,7 @@ def test_plan_vmem_agrees_with_the_compiler(cfg, batch):
     """The compiler's own VMEM figure for the kernel (from its refusal at half the plan) is the plan's
     budget within a few percent (Mosaic adds a little internal scratch)."""
     from mk.megakernel.aot import compiler_vmem_bytes
+
     plan_bytes, compiler_bytes = compiler_vmem_bytes(cfg, "tpu-v5e", batch, 64)
     assert plan_bytes <= compiler_bytes * 1.01  # (the compiler rounds to three digits)
     assert compiler_bytes <= plan_bytes * 1.05 + 64 * 1024, (plan_bytes, compiler_bytes)
@@ -98,6 +103,7 @@ def test_kernels_per_step_reference_against_megakernel():
     """The table notebook 03 shows: the reference's TPU program launches many kernels, the megakernel's
     one Mosaic custom call (counted, not assumed)."""
     from mk.megakernel.parity import kernels_per_step_on_tpu
+
     t = kernels_per_step_on_tpu(TINY_MOE, "tpu-v5e", 1, 32).set_index("engine")
     assert t.loc["megakernel", "by_custom-call"] == 1
     assert t.loc["reference (XLA)", "kernels"] > 10 * t.loc["megakernel", "kernels"]

@@ -11,8 +11,14 @@ import pytest
 
 from mk import tpu
 
-NOISE = ("E0000", "INVALID_ARGUMENT", "TPU accelerator type", "worker hostname", "Logging before InitGoogle",
-         "IProgress not found")
+NOISE = (
+    "E0000",
+    "INVALID_ARGUMENT",
+    "TPU accelerator type",
+    "worker hostname",
+    "Logging before InitGoogle",
+    "IProgress not found",
+)
 
 pytestmark = pytest.mark.skipif(tpu.tpu_chips_present(), reason="a TPU is attached: libtpu has real metadata")
 

@@ -45,8 +45,9 @@ def test_save_load_round_trip_is_exact(tiny_cfg, tmp_path, dtype):
     assert _equal(p, q)
     # Cast on the way: a bf16 checkpoint loads as f32 exactly (bf16 -> f32 is exact).
     _, q32 = load_checkpoint(tmp_path / "ckpt", cfg=tiny_cfg, dtype=jnp.float32)
-    assert q32["embed"].dtype == jnp.float32 and np.array_equal(np.asarray(q32["embed"], np.float32),
-                                                                np.asarray(p["embed"], np.float32))
+    assert q32["embed"].dtype == jnp.float32 and np.array_equal(
+        np.asarray(q32["embed"], np.float32), np.asarray(p["embed"], np.float32)
+    )
 
 
 def test_saved_layout_is_hugging_face(tmp_path):
@@ -59,8 +60,8 @@ def test_saved_layout_is_hugging_face(tmp_path):
     np.testing.assert_array_equal(t["model.layers.0.self_attn.q_proj.weight"], np.asarray(p["layers.0.q"]).T)
     gu = t["model.layers.1.experts.gate_up_proj"]
     assert gu.shape == (cfg.num_experts, 2 * cfg.expert_intermediate, cfg.hidden_size)
-    np.testing.assert_array_equal(gu[3, :cfg.expert_intermediate], np.asarray(p["layers.1.expert_gate"][3]).T)
-    np.testing.assert_array_equal(gu[3, cfg.expert_intermediate:], np.asarray(p["layers.1.expert_up"][3]).T)
+    np.testing.assert_array_equal(gu[3, : cfg.expert_intermediate], np.asarray(p["layers.1.expert_gate"][3]).T)
+    np.testing.assert_array_equal(gu[3, cfg.expert_intermediate :], np.asarray(p["layers.1.expert_up"][3]).T)
     np.testing.assert_array_equal(t["model.layers.1.experts.down_proj"][5], np.asarray(p["layers.1.expert_down"][5]).T)
     assert "model.layers.2.self_attn.v_proj.weight" not in t  # K=V full layer
     assert t["model.layers.2.layer_scalar"].shape == (1,)
@@ -70,10 +71,12 @@ def test_loads_transformers_checkpoint(hf_checkpoint):
     folder, model = hf_checkpoint("tiny-moe")
     cfg, p = load_checkpoint(folder)
     sd = model.state_dict()
-    np.testing.assert_array_equal(np.asarray(p["layers.0.mlp_down"]),
-                                  sd["model.layers.0.mlp.down_proj.weight"].numpy().T)
-    np.testing.assert_array_equal(np.asarray(p["layers.2.expert_scale"]),
-                                  sd["model.layers.2.router.per_expert_scale"].numpy())
+    np.testing.assert_array_equal(
+        np.asarray(p["layers.0.mlp_down"]), sd["model.layers.0.mlp.down_proj.weight"].numpy().T
+    )
+    np.testing.assert_array_equal(
+        np.asarray(p["layers.2.expert_scale"]), sd["model.layers.2.router.per_expert_scale"].numpy()
+    )
 
 
 def _rewrite(folder: Path, fn) -> None:
@@ -96,8 +99,10 @@ def test_sharded_multimodal_and_older_names(tmp_path):
         renamed[k] = v
     renamed["lm_head.weight"] = t["model.embed_tokens.weight"]
     names = sorted(renamed)
-    shards = {"model-00001-of-00003.safetensors": names[::2] + ["model.vision_tower.patch.weight"],
-              "model-00002-of-00003.safetensors": names[1::2]}
+    shards = {
+        "model-00001-of-00003.safetensors": names[::2] + ["model.vision_tower.patch.weight"],
+        "model-00002-of-00003.safetensors": names[1::2],
+    }
     renamed["model.vision_tower.patch.weight"] = np.ones((4, 4), np.float32)
     (tmp_path / "model.safetensors").unlink()
     for f, ks in shards.items():
@@ -119,9 +124,26 @@ def test_load_from_hub_cache_offline(tmp_path):
     (snap.parents[1] / "refs").mkdir()
     (snap.parents[1] / "refs" / "main").write_text("a" * 40)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"), JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-m", "mk", "generate", "--checkpoint", "someone/tiny-gemma4",
-                        "--prompt-ids", "5,6,7", "--new-tokens", "3", "--json"],
-                       cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mk",
+            "generate",
+            "--checkpoint",
+            "someone/tiny-gemma4",
+            "--prompt-ids",
+            "5,6,7",
+            "--new-tokens",
+            "3",
+            "--json",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["engine"] == "reference" and len(out["tokens"]) == 1 and len(out["tokens"][0]) == 3
@@ -148,14 +170,18 @@ def test_every_tensor_problem_reported_at_once(saved):
         del t["model.layers.2.router.scale"]
         t["model.layers.2.self_attn.v_proj.weight"] = t["model.layers.0.self_attn.v_proj.weight"]
         return t
+
     _rewrite(saved, damage)
     with pytest.raises(ValueError) as e:
         load_checkpoint(saved)
     msg = str(e.value)
     assert "4 problem(s)" in msg
-    for part in ("layers.0.self_attn.q_proj.weight has shape [256, 8], expected [256, 128]",
-                 "layers.1.mlp.up_proj.weight has dtype I32", "missing model.layers.2.router.scale",
-                 "unexpected tensors ['model.layers.2.self_attn.v_proj.weight']"):
+    for part in (
+        "layers.0.self_attn.q_proj.weight has shape [256, 8], expected [256, 128]",
+        "layers.1.mlp.up_proj.weight has dtype I32",
+        "missing model.layers.2.router.scale",
+        "unexpected tensors ['model.layers.2.self_attn.v_proj.weight']",
+    ):
         assert part in msg
 
 
@@ -192,6 +218,7 @@ def test_failed_save_leaves_nothing_half_written(tmp_path, monkeypatch):
     def crash(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"partial")
         raise OSError("disk full")
+
     monkeypatch.setattr(safetensors.numpy, "save_file", crash)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(p, TINY_DENSE, tmp_path / "b")

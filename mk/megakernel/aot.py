@@ -16,27 +16,50 @@ from .pack import packed_shapes
 from .refs import input_shapes
 
 
-def compile_for_tpu(cfg: Gemma4Config, chip: str, batch: int, max_len: int, weight_dtype=jnp.bfloat16,
-                    kv_dtype=jnp.bfloat16, tiles: Tiles = Tiles(), knockout=frozenset(),
-                    compiler_options: dict | None = None, vmem_limit_bytes: int | None = None,
-                    loop_layers: bool = True):
+def compile_for_tpu(
+    cfg: Gemma4Config,
+    chip: str,
+    batch: int,
+    max_len: int,
+    weight_dtype=jnp.bfloat16,
+    kv_dtype=jnp.bfloat16,
+    tiles: Tiles = Tiles(),
+    knockout=frozenset(),
+    compiler_options: dict | None = None,
+    vmem_limit_bytes: int | None = None,
+    loop_layers: bool = True,
+):
     """Compile one decode step (users block in, users block out) for ``chip`` ahead of time with
     libtpu's Mosaic compiler (see mk.tpu). The plan's VMEM budget is checked against the chip first and
     given to the compiler as its VMEM limit. Returns (plan, compiled)."""
     from ..chips import get_chip
     from ..tpu import aot_compile
-    plan = build_plan(cfg, batch, max_len, weight_itemsize=jnp.dtype(weight_dtype).itemsize,
-                      kv_itemsize=jnp.dtype(kv_dtype).itemsize, tiles=tiles, knockout=check_knockout(knockout),
-                      loop_layers=loop_layers)
+
+    plan = build_plan(
+        cfg,
+        batch,
+        max_len,
+        weight_itemsize=jnp.dtype(weight_dtype).itemsize,
+        kv_itemsize=jnp.dtype(kv_dtype).itemsize,
+        tiles=tiles,
+        knockout=check_knockout(knockout),
+        loop_layers=loop_layers,
+    )
     vmem = get_chip(chip).vmem_bytes
     need = plan.check_vmem(chip)
     # headroom for Mosaic's own internal scratch, unless the caller sets the limit
-    limit = vmem_limit_bytes or int(min(vmem, need + need // 4 + 8 * 2 ** 20))
+    limit = vmem_limit_bytes or int(min(vmem, need + need // 4 + 8 * 2**20))
     fn = build_call(plan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes=limit)
     shapes = input_shapes(plan, weight_dtype, kv_dtype)
-    compiled = aot_compile(lambda p, c, u: tuple(fn(p, c, u)[:2]), chip, packed_shapes(cfg, weight_dtype),
-                           shapes.cache, shapes.users,
-                           donate_argnums=(1,), compiler_options=compiler_options)
+    compiled = aot_compile(
+        lambda p, c, u: tuple(fn(p, c, u)[:2]),
+        chip,
+        packed_shapes(cfg, weight_dtype),
+        shapes.cache,
+        shapes.users,
+        donate_argnums=(1,),
+        compiler_options=compiler_options,
+    )
     return plan, compiled
 
 
@@ -45,20 +68,28 @@ def compiler_vmem_bytes(cfg: Gemma4Config, chip: str, batch: int, max_len: int, 
     of half the plan, the compiler refuses it and states the size of its scoped allocation (rounded
     by the compiler to three digits)."""
     import re
-    plan = build_plan(cfg, batch, max_len, weight_itemsize=jnp.dtype(kw.get("weight_dtype", jnp.bfloat16)).itemsize,
-                      kv_itemsize=jnp.dtype(kw.get("kv_dtype", jnp.bfloat16)).itemsize, tiles=kw.get("tiles", Tiles()))
+
+    plan = build_plan(
+        cfg,
+        batch,
+        max_len,
+        weight_itemsize=jnp.dtype(kw.get("weight_dtype", jnp.bfloat16)).itemsize,
+        kv_itemsize=jnp.dtype(kw.get("kv_dtype", jnp.bfloat16)).itemsize,
+        tiles=kw.get("tiles", Tiles()),
+    )
     try:
         compile_for_tpu(cfg, chip, batch, max_len, vmem_limit_bytes=plan.vmem_bytes // 2, **kw)
     except Exception as e:  # libtpu raises a runtime error naming the allocation
         m = re.search(r"Scoped allocation with size ([\d.]+)([KMG]?)", str(e))
         if m is None:
             raise
-        return plan.vmem_bytes, float(m.group(1)) * {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}[m.group(2)]
+        return plan.vmem_bytes, float(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
     raise AssertionError("the kernel compiled with half the plan's VMEM: the plan over-counts")
 
 
-def compile_times(cfg: Gemma4Config, chip: str, layer_counts, batch: int = 1, max_len: int = 256,
-                  dtype=jnp.bfloat16) -> pd.DataFrame:
+def compile_times(
+    cfg: Gemma4Config, chip: str, layer_counts, batch: int = 1, max_len: int = 256, dtype=jnp.bfloat16
+) -> pd.DataFrame:
     """Seconds libtpu takes to compile the step of ``cfg`` cut to each layer count, with the layer pattern
     emitted as one loop and with every layer's own code (``loop_layers``), interleaved after one warm-up
     compile (the first pays for libtpu's start): rows layers,
@@ -69,6 +100,13 @@ def compile_times(cfg: Gemma4Config, chip: str, layer_counts, batch: int = 1, ma
         for loop in (False, True):
             t0 = time.perf_counter()
             plan, _ = compile_for_tpu(cfg.truncated(n), chip, batch, max_len, dtype, dtype, loop_layers=loop)
-            rows.append(dict(layers=n, loop_layers=loop, emitted_ops=plan.emitted_ops, plan_ops=len(plan.ops),
-                             compile_s=time.perf_counter() - t0))
+            rows.append(
+                dict(
+                    layers=n,
+                    loop_layers=loop,
+                    emitted_ops=plan.emitted_ops,
+                    plan_ops=len(plan.ops),
+                    compile_s=time.perf_counter() - t0,
+                )
+            )
     return pd.DataFrame(rows)

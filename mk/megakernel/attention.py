@@ -36,7 +36,7 @@ def emit_qkv_norm_rope(k, op):
     n = k.model.head_dim(t)  # the head's own dims (a padded head has zero lanes)
     s = k.scratch
     inv = s.inv_freq[0:1, :hd] if t == SLIDING else s.inv_freq[1:2, :hd]
-    pos = s.users_vmem[:, POSITION:POSITION + 1].astype(jnp.float32)  # [rows, 1]
+    pos = s.users_vmem[:, POSITION : POSITION + 1].astype(jnp.float32)  # [rows, 1]
     ang = pos * inv
     cos, sin = jnp.cos(ang), jnp.sin(ang)
     lane = jax.lax.broadcasted_iota(jnp.int32, (1, hd), 1)
@@ -70,8 +70,10 @@ def emit_attend(k, op):
 
     def tile_copies(b, tix, slot):
         src = pl.ds(pl.multiple_of(tix * T, T), T)
-        return (pltpu.make_async_copy(kc.at[b, :, src, :], buf.k.at[slot], buf.sem.at[0, slot]),
-                pltpu.make_async_copy(vc.at[b, :, src, :], buf.v.at[slot], buf.sem.at[1, slot]))
+        return (
+            pltpu.make_async_copy(kc.at[b, :, src, :], buf.k.at[slot], buf.sem.at[0, slot]),
+            pltpu.make_async_copy(vc.at[b, :, src, :], buf.v.at[slot], buf.sem.at[1, slot]),
+        )
 
     writes = []
     for b in range(B):
@@ -84,10 +86,10 @@ def emit_attend(k, op):
         for g in range(kv):
             for r in range(rep):
                 h = g * rep + r
-                qblk[g, r:r + 1, :hd] = q[b:b + 1, h * hd:(h + 1) * hd]
+                qblk[g, r : r + 1, :hd] = q[b : b + 1, h * hd : (h + 1) * hd]
             qg = qblk[g, :, :hd]
-            k0 = knew[b:b + 1, g * hd:(g + 1) * hd]
-            v0 = vnew[b:b + 1, g * hd:(g + 1) * hd]
+            k0 = knew[b : b + 1, g * hd : (g + 1) * hd]
+            v0 = vnew[b : b + 1, g * hd : (g + 1) * hd]
             m = jnp.sum(qg * k0, axis=1, keepdims=True)
             state.append((m, jnp.ones_like(m), jnp.broadcast_to(v0, qg.shape)))
 
@@ -125,14 +127,16 @@ def emit_attend(k, op):
             o = acc / l
             for r in range(rep):
                 h = g * rep + r
-                out[b:b + 1, h * hd:(h + 1) * hd] = o[r:r + 1]
+                out[b : b + 1, h * hd : (h + 1) * hd] = o[r : r + 1]
         # Every read of this user's cache is done: write the new position back. A DMA may not cut a
         # (16, 128) bf16 tile, so read the aligned block of BLOCK slots around it, set the row, write back.
         blk = pl.ds(pl.multiple_of(slot_new // BLOCK * BLOCK, BLOCK), BLOCK)
         row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, hd), 0) == slot_new % BLOCK
         pairs = ((buf.stage_k, kc, knew), (buf.stage_v, vc, vnew))
-        reads = [pltpu.make_async_copy(cache.at[b, :, blk, :], stage.at[b], buf.stage_sem.at[n, b])
-                 for n, (stage, cache, _) in enumerate(pairs)]
+        reads = [
+            pltpu.make_async_copy(cache.at[b, :, blk, :], stage.at[b], buf.stage_sem.at[n, b])
+            for n, (stage, cache, _) in enumerate(pairs)
+        ]
         for c in reads:
             c.start()
         for c in reads:
@@ -140,7 +144,7 @@ def emit_attend(k, op):
         for n, (stage, cache, new) in enumerate(pairs):
             for g in range(kv):
                 block = stage[b, g].astype(jnp.float32)
-                stage[b, g] = jnp.where(row, new[b:b + 1, g * hd:(g + 1) * hd], block).astype(stage.dtype)
+                stage[b, g] = jnp.where(row, new[b : b + 1, g * hd : (g + 1) * hd], block).astype(stage.dtype)
             w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, blk, :], buf.stage_sem.at[n, b])
             w.start()
             writes.append(w)

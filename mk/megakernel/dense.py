@@ -31,9 +31,17 @@ def rms(x, eps, w=None, on=True, n=None):
 def emit_prologue(k, op):
     """Users block, vector table and RoPE frequencies in; the running argmax reset."""
     s = k.scratch
-    copies = [pltpu.make_async_copy(src, dst, s.prologue_sem.at[n]) for n, (src, dst) in enumerate(
-        ((k.inputs.users, s.users), (k.inputs.users, s.users_vmem), (k.inputs.vectors, s.vectors),
-         (k.inputs.inv_freq, s.inv_freq)))]
+    copies = [
+        pltpu.make_async_copy(src, dst, s.prologue_sem.at[n])
+        for n, (src, dst) in enumerate(
+            (
+                (k.inputs.users, s.users),
+                (k.inputs.users, s.users_vmem),
+                (k.inputs.vectors, s.vectors),
+                (k.inputs.inv_freq, s.inv_freq),
+            )
+        )
+    ]
     for c in copies:
         c.start()
     for c in copies:
@@ -51,21 +59,25 @@ def emit_embed(k, op):
     rows holding each user's token and pick the row out in VMEM."""
     s, B, H = k.scratch, k.plan.batch, k.cfg.hidden_size
     toks = [k.token(b) for b in range(B)]
-    copies = [pltpu.make_async_copy(
-        k.inputs.weights["embed"].at[pl.ds(pl.multiple_of(toks[b] // BLOCK * BLOCK, BLOCK), BLOCK), :],
-        s.embed_rows.at[b], s.embed_sem.at[0]) for b in range(B)]
+    copies = [
+        pltpu.make_async_copy(
+            k.inputs.weights["embed"].at[pl.ds(pl.multiple_of(toks[b] // BLOCK * BLOCK, BLOCK), BLOCK), :],
+            s.embed_rows.at[b],
+            s.embed_sem.at[0],
+        )
+        for b in range(B)
+    ]
     for c in copies:
         c.start()
     for c in copies:
         c.wait()
-    scale = float(np.asarray(k.model.hidden_size ** 0.5, s.embed_rows.dtype))  # rounded as the reference does
+    scale = float(np.asarray(k.model.hidden_size**0.5, s.embed_rows.dtype))  # rounded as the reference does
     x = k.scratch.acts["x"]
     x[...] = jnp.zeros(x.shape, jnp.float32)
     row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, H), 0)
     for b in range(B):
-        e = jnp.sum(jnp.where(row == toks[b] % BLOCK, s.embed_rows[b].astype(jnp.float32), 0.0), axis=0,
-                    keepdims=True)
-        x[b:b + 1, :] = (e * scale).astype(s.embed_rows.dtype).astype(jnp.float32)
+        e = jnp.sum(jnp.where(row == toks[b] % BLOCK, s.embed_rows[b].astype(jnp.float32), 0.0), axis=0, keepdims=True)
+        x[b : b + 1, :] = (e * scale).astype(s.embed_rows.dtype).astype(jnp.float32)
 
 
 def emit_norm(k, op):
@@ -104,7 +116,7 @@ def emit_attention_residual(k, op):
     a["xn"][...] = norm(x, w=k.layer_vec(i, "pre_ffn_norm"))
     if cfg.is_moe:
         a["x2"][...] = norm(x, w=k.layer_vec(i, "pre_ffn_norm_2"))
-        a["rin"][...] = norm(x) * k.layer_vec(i, "router_scale") * jnp.float32(k.model.hidden_size ** -0.5)
+        a["rin"][...] = norm(x) * k.layer_vec(i, "router_scale") * jnp.float32(k.model.hidden_size**-0.5)
 
 
 def emit_ffn_residual(k, op):

@@ -58,9 +58,11 @@ def emit_tokens(k, op):
 
 def _logits_copy(k, t, slot, b, tv):
     s = k.scratch
-    return pltpu.make_async_copy(s.logits_stage.at[slot, b],
-                                 k.outputs.logits.at[pl.ds(b, 1), pl.ds(pl.multiple_of(t * tv, LANE), tv)],
-                                 s.logits_sem.at[slot])
+    return pltpu.make_async_copy(
+        s.logits_stage.at[slot, b],
+        k.outputs.logits.at[pl.ds(b, 1), pl.ds(pl.multiple_of(t * tv, LANE), tv)],
+        s.logits_sem.at[slot],
+    )
 
 
 def send_logits(k, y, t, tv):
@@ -79,7 +81,7 @@ def send_logits(k, y, t, tv):
     else:
         pl.when(t >= 2)(wait_previous)
     for b in range(B):
-        stage[slot, b] = y[b:b + 1]
+        stage[slot, b] = y[b : b + 1]
         _logits_copy(k, t, slot, b, tv).start()
 
 

@@ -62,8 +62,16 @@ from ..plan import (
 from ..tpu import interpret_params
 from . import attention, dense, head, moe
 from .pack import adopt_cache, pack, reference_cache
-from .refs import (POSITION, TOKEN, Inputs, Outputs, activation_shapes, input_shapes, matrix_shapes, output_shapes,
-                   scratch_shapes)
+from .refs import (
+    POSITION,
+    TOKEN,
+    Inputs,
+    Outputs,
+    activation_shapes,
+    input_shapes,
+    output_shapes,
+    scratch_shapes,
+)
 from .stream import WeightStream
 
 # One emit function per op kind: adding a kind means its record (mk.plan.records), an entry here, a test.
@@ -100,7 +108,7 @@ class Kernel:
 
     def vec(self, path: str, width: int):
         r = self._vec_rows[path]
-        return self.scratch.vectors[r:r + 1, :width]
+        return self.scratch.vectors[r : r + 1, :width]
 
     def layer_vec(self, layer, name: str, width: int | None = None):
         """Layer ``layer``'s vector ``name`` (the layer may be traced: a loop over layers)."""
@@ -136,10 +144,12 @@ class Kernel:
     def emit(self, item, ld: Load | None):
         """Code for one item; ``ld`` is its load, with offsets and slot possibly traced (in a loop)."""
         if isinstance(item, Start):
+
             def start():
                 self.stream.copy(ld).start()
                 if self.outputs.dma_counts is not None and ld.expert is not None:
                     self.outputs.dma_counts[0, 0] += 1
+
             self.guarded(ld.expert, start)
         elif isinstance(item, Wait):
             self.guarded(ld.expert, lambda: self.stream.copy(ld).wait())
@@ -162,8 +172,12 @@ class Seq:
 def _body(plan: StepPlan, trees, *refs):
     in_tree, out_tree, scratch_tree = trees
     n_in, n_out = in_tree.num_leaves, out_tree.num_leaves
-    k = Kernel(plan, jax.tree.unflatten(in_tree, refs[:n_in]), jax.tree.unflatten(out_tree, refs[n_in:n_in + n_out]),
-               jax.tree.unflatten(scratch_tree, refs[n_in + n_out:]))
+    k = Kernel(
+        plan,
+        jax.tree.unflatten(in_tree, refs[:n_in]),
+        jax.tree.unflatten(out_tree, refs[n_in : n_in + n_out]),
+        jax.tree.unflatten(scratch_tree, refs[n_in + n_out :]),
+    )
     if k.inputs.acts is not None:  # a probe: run the plan's items from given activations
         _copy_all([(k.inputs.acts[n], k.scratch.acts[n]) for n in k.scratch.acts], k.scratch.out_sem)
     _emit(k, Seq(list(plan.items), plan.groups, plan.folded, k.loads))
@@ -198,7 +212,7 @@ def _emit_layer_loop(k: Kernel, seq: Seq, ll: LayerLoop):
     """One ``fori_loop`` over the repeats of a run of whole layers: in repeat r every item and load is
     the first repeat's with its integers stepped r times by their difference to the second repeat."""
     a0, width = seq.groups[ll.start][0], seq.groups[ll.start + ll.period][0] - seq.groups[ll.start][0]
-    first, second = seq.items[a0:a0 + width], seq.items[a0 + width:a0 + 2 * width]
+    first, second = seq.items[a0 : a0 + width], seq.items[a0 + width : a0 + 2 * width]
     slots = k.plan.tiles.slots
     body_groups = groups(first)
 
@@ -225,8 +239,10 @@ def _emit_loop(k: Kernel, seq: Seq, loop: Loop):
     nxt = [[items[n] for n in range(*gs[loop.start + P + j])] for j in range(P)]
     runs = []
     for j in range(P):
-        starts = [[k.loads[it.load] for it in items[slice(*gs[loop.start + j + P * r])] if isinstance(it, Start)]
-                  for r in range(loop.count)]
+        starts = [
+            [k.loads[it.load] for it in items[slice(*gs[loop.start + j + P * r])] if isinstance(it, Start)]
+            for r in range(loop.count)
+        ]
         runs.append(start_runs(starts, slots))
 
     def step(r, carry):
@@ -237,11 +253,13 @@ def _emit_loop(k: Kernel, seq: Seq, loop: Loop):
                 ld = _at_load(_load(seq, a), _load(seq, b), r, slots) if a.load is not None else None
                 k.emit(_at_op(a, b, r) if isinstance(a, Op) else a, ld)
             for lo, hi, first, second in runs[j]:
+
                 def start(lo=lo, first=first, second=second):
                     ld = seq.loads[first.id]
                     if second is not None:
                         ld = _at_load(ld, seq.loads[second.id], r - lo, slots)
                     k.emit(Start(first.id), ld)
+
                 if (lo, hi) == (0, loop.count):
                     start()
                 else:
@@ -270,11 +288,15 @@ def _at_slot(a, b, r, slots):
 
 def _at_load(a: Load, b: Load, r, slots) -> Load:
     """Load ``a`` in repeat r of a loop whose next repeat holds ``b``."""
-    return replace(a, rows=(_lin(a.rows[0], b.rows[0], r, BLOCK), a.rows[1]),
-                   cols=(_lin(a.cols[0], b.cols[0], r, LANE), a.cols[1]),
-                   slot=_at_slot(a.slot, b.slot, r, slots), layer=_lin(a.layer, b.layer, r),
-                   index=None if a.index is None else _lin(a.index, b.index, r),
-                   expert=None if a.expert is None else _lin(a.expert, b.expert, r))
+    return replace(
+        a,
+        rows=(_lin(a.rows[0], b.rows[0], r, BLOCK), a.rows[1]),
+        cols=(_lin(a.cols[0], b.cols[0], r, LANE), a.cols[1]),
+        slot=_at_slot(a.slot, b.slot, r, slots),
+        layer=_lin(a.layer, b.layer, r),
+        index=None if a.index is None else _lin(a.index, b.index, r),
+        expert=None if a.expert is None else _lin(a.expert, b.expert, r),
+    )
 
 
 def _at_op(a: Op, b: Op, r) -> Op:
@@ -293,14 +315,25 @@ def _at_op(a: Op, b: Op, r) -> Op:
 
 def _shift_op(a: Op, b: Op, r) -> Op:
     """Op ``a`` in repeat r of a loop over layers: every integer field but its load stepped."""
-    changes = {f.name: _lin(getattr(a, f.name), getattr(b, f.name), r) for f in fields(a)
-               if f.name != "load" and isinstance(getattr(a, f.name), int) and not isinstance(getattr(a, f.name), bool)}
+    changes = {
+        f.name: _lin(getattr(a, f.name), getattr(b, f.name), r)
+        for f in fields(a)
+        if f.name != "load" and isinstance(getattr(a, f.name), int) and not isinstance(getattr(a, f.name), bool)
+    }
     return replace(a, **changes)
 
 
 # The pallas_call ---------------------------------------------------------------------------------
-def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes: int | None = None,
-               with_logits: bool = False, count_dmas: bool = False, probe: bool = False):
+def build_call(
+    plan: StepPlan,
+    weight_dtype,
+    kv_dtype,
+    interpret=None,
+    vmem_limit_bytes: int | None = None,
+    with_logits: bool = False,
+    count_dmas: bool = False,
+    probe: bool = False,
+):
     """The step as a function ``(packed, cache, users[rows, 128], acts=None) -> Outputs``
     (mk.megakernel.refs): the next users block (each user's greedy token and next position), the cache,
     and on request the logits [B, V] and the DMA counts. ``probe``: the step takes the activations'
@@ -342,7 +375,7 @@ def build_call(plan: StepPlan, weight_dtype, kv_dtype, interpret=None, vmem_limi
         inputs = Inputs(users, packed["vectors"], packed["inv_freq"], packed["weights"], cache, acts)
         out = jax.tree.unflatten(out_tree, call(*jax.tree.leaves(inputs)))
         if with_logits and plan.layout.vocab_size != cfg.vocab_size:  # the padded rows are no tokens
-            out = out._replace(logits=out.logits[:, :cfg.vocab_size])
+            out = out._replace(logits=out.logits[:, : cfg.vocab_size])
         return out
 
     return step
@@ -379,14 +412,35 @@ class MegakernelEngine:
             self._packed, self._packed_key = pack(params, self.cfg), key
         return self._packed
 
-    def compiled(self, batch: int, max_len: int, weight_dtype, kv_dtype, knockout: frozenset,
-                 with_logits: bool, count_dmas: bool = False) -> _Compiled:
+    def compiled(
+        self,
+        batch: int,
+        max_len: int,
+        weight_dtype,
+        kv_dtype,
+        knockout: frozenset,
+        with_logits: bool,
+        count_dmas: bool = False,
+    ) -> _Compiled:
         key = (batch, max_len, jnp.dtype(weight_dtype), jnp.dtype(kv_dtype), knockout, with_logits, count_dmas)
         if key not in self._steps:
-            plan = build_plan(self.cfg, batch, max_len, weight_itemsize=jnp.dtype(weight_dtype).itemsize,
-                              kv_itemsize=jnp.dtype(kv_dtype).itemsize, tiles=self.tiles, knockout=knockout)
-            fn = build_call(plan, weight_dtype, kv_dtype, interpret_params(self.detect_races), with_logits=with_logits,
-                            count_dmas=count_dmas)
+            plan = build_plan(
+                self.cfg,
+                batch,
+                max_len,
+                weight_itemsize=jnp.dtype(weight_dtype).itemsize,
+                kv_itemsize=jnp.dtype(kv_dtype).itemsize,
+                tiles=self.tiles,
+                knockout=knockout,
+            )
+            fn = build_call(
+                plan,
+                weight_dtype,
+                kv_dtype,
+                interpret_params(self.detect_races),
+                with_logits=with_logits,
+                count_dmas=count_dmas,
+            )
 
             def run(packed, cache, tokens, pos, plan=plan, fn=fn):
                 return fn(packed, cache, users_block(plan, tokens, pos))
@@ -402,15 +456,16 @@ class MegakernelEngine:
         """The reference's cache layout from the kernel's (to compare them)."""
         return reference_cache(self.cfg, cache)
 
-    def run(self, params, cfg, cache, tokens, pos, knockout=frozenset(), with_logits=True,
-            count_dmas=False) -> Outputs:
+    def run(self, params, cfg, cache, tokens, pos, knockout=frozenset(), with_logits=True, count_dmas=False) -> Outputs:
         """One step on the kernel's cache layout (``adopt_cache``): the kernel's Outputs (users block,
         cache, and logits / DMA counts on request)."""
         if cfg != self.cfg:
             raise ValueError(f"this megakernel step was made for {self.cfg.name}, called with {cfg.name}")
         if "layers.0.k" in cache:
-            raise ValueError("the megakernel reads its own cache layout: convert a reference cache once with "
-                             "adopt_cache(cache) (mk.generate does)")
+            raise ValueError(
+                "the megakernel reads its own cache layout: convert a reference cache once with "
+                "adopt_cache(cache) (mk.generate does)"
+            )
         ko = check_knockout(knockout)
         t0 = cfg.layer_types[0]
         batch = cache[f"{t0}.k"].shape[1]
@@ -425,11 +480,12 @@ class MegakernelEngine:
     def greedy(self, params, cfg, cache, tokens, pos, knockout=frozenset()):
         """(each user's greedy token [B], the cache): the kernel picks them; no logits are written."""
         out = self.run(params, cfg, cache, tokens, pos, knockout, with_logits=False)
-        return out.users[:jnp.shape(tokens)[0], TOKEN], out.cache
+        return out.users[: jnp.shape(tokens)[0], TOKEN], out.cache
 
 
-def make_step(cfg: Gemma4Config, tiles: Tiles = Tiles(), detect_races: bool = False,
-              kv_tile: int | None = None) -> MegakernelEngine:
+def make_step(
+    cfg: Gemma4Config, tiles: Tiles = Tiles(), detect_races: bool = False, kv_tile: int | None = None
+) -> MegakernelEngine:
     """The megakernel engine for mk.generate; ``kv_tile``: KV positions per tile (overrides ``tiles``)."""
     if kv_tile is not None:
         tiles = replace(tiles, kv_tile=kv_tile)

@@ -73,7 +73,7 @@ def emit_route(k, op):
 
 def emit_gelu_mul(k, op):
     a = k.scratch.acts
-    a[op.dst][:, :op.n] = gelu_tanh(a[op.src][:, :op.n]) * a[op.dst][:, :op.n]
+    a[op.dst][:, : op.n] = gelu_tanh(a[op.src][:, : op.n]) * a[op.dst][:, : op.n]
 
 
 def emit_expert_combine(k, op):

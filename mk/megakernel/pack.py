@@ -30,8 +30,12 @@ def _axes(cfg: Gemma4Config, path: str) -> tuple:
     if name == "embed":
         return VOCAB, HIDDEN
     t = cfg.layer_types[int(path.split(".")[1])]
-    heads = {"q": (cfg.num_heads, cfg.head_dim(t)), "k": (cfg.kv_heads(t), cfg.head_dim(t)),
-             "v": (cfg.kv_heads(t), cfg.head_dim(t)), "o": (cfg.num_heads, cfg.head_dim(t))}
+    heads = {
+        "q": (cfg.num_heads, cfg.head_dim(t)),
+        "k": (cfg.kv_heads(t), cfg.head_dim(t)),
+        "v": (cfg.kv_heads(t), cfg.head_dim(t)),
+        "o": (cfg.num_heads, cfg.head_dim(t)),
+    }
     if name in ("q", "k", "v"):
         return HIDDEN, heads[name]
     if name == "o":
@@ -58,9 +62,16 @@ def to_layout(a, cfg: Gemma4Config, path: str):
     for axis, kind in enumerate(_axes(cfg, path)):
         if isinstance(kind, tuple):
             a = _spread_heads(a, axis, *kind)
-    target = padded_shape(lay, path, tuple(
-        {HIDDEN: lay.hidden_size, VOCAB: lay.vocab_size}.get(kind, a.shape[axis]) if not isinstance(kind, tuple)
-        else a.shape[axis] for axis, kind in enumerate(_axes(cfg, path))))
+    target = padded_shape(
+        lay,
+        path,
+        tuple(
+            {HIDDEN: lay.hidden_size, VOCAB: lay.vocab_size}.get(kind, a.shape[axis])
+            if not isinstance(kind, tuple)
+            else a.shape[axis]
+            for axis, kind in enumerate(_axes(cfg, path))
+        ),
+    )
     if target != a.shape:
         a = jnp.pad(a, [(0, t - s) for s, t in zip(a.shape, target)])
     return a
@@ -70,6 +81,7 @@ def pack(params: dict, cfg: Gemma4Config) -> dict:
     """The kernel's inputs from the reference parameter tree: stacked matrices in the kernel's layout
     (their own dtype), the vector table (f32) and the RoPE inverse frequencies (f32)."""
     from ..reference import inv_freq
+
     lay = layout_config(cfg)
     parts: dict[str, list] = {}
     for path in matrix_shapes(cfg):
@@ -85,7 +97,7 @@ def pack(params: dict, cfg: Gemma4Config) -> dict:
         elif name in ("q_norm", "k_norm"):
             table[row, head_lanes(v.size)] = v
         else:
-            table[row, :v.size] = v
+            table[row, : v.size] = v
     freqs = np.zeros((ROWS, max(lay.sliding_head_dim, lay.full_head_dim)), np.float32)
     for r, t in enumerate(("sliding", "full")):
         f = inv_freq(cfg, t)
@@ -97,9 +109,11 @@ def packed_shapes(cfg: Gemma4Config, weight_dtype) -> dict:
     """``jax.ShapeDtypeStruct``s of ``pack``'s output, without any weights."""
     lay = layout_config(cfg)
     n, width = vector_table_shape(lay)
-    return dict(vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
-                inv_freq=jax.ShapeDtypeStruct((ROWS, max(lay.sliding_head_dim, lay.full_head_dim)), jnp.float32),
-                weights={name: jax.ShapeDtypeStruct(shape, weight_dtype) for name, shape in weight_shapes(lay).items()})
+    return dict(
+        vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
+        inv_freq=jax.ShapeDtypeStruct((ROWS, max(lay.sliding_head_dim, lay.full_head_dim)), jnp.float32),
+        weights={name: jax.ShapeDtypeStruct(shape, weight_dtype) for name, shape in weight_shapes(lay).items()},
+    )
 
 
 def adopt_cache(cfg: Gemma4Config, cache: dict) -> dict:
@@ -108,13 +122,19 @@ def adopt_cache(cfg: Gemma4Config, cache: dict) -> dict:
     out = {}
     for t in sorted(set(cfg.layer_types)):
         for n in ("k", "v"):
-            layers = [_spread_heads(cache[f"layers.{i}.{n}"], 3, 1, cfg.head_dim(t))
-                      for i, u in enumerate(cfg.layer_types) if u == t]
+            layers = [
+                _spread_heads(cache[f"layers.{i}.{n}"], 3, 1, cfg.head_dim(t))
+                for i, u in enumerate(cfg.layer_types)
+                if u == t
+            ]
             out[f"{t}.{n}"] = jnp.stack(layers)
     return out
 
 
 def reference_cache(cfg: Gemma4Config, cache: dict) -> dict:
     """The reference's cache layout from the kernel's (to compare them)."""
-    return {f"layers.{i}.{n}": cache[f"{t}.{n}"][type_index(cfg, i)][..., head_lanes(cfg.head_dim(t))]
-            for i, t in enumerate(cfg.layer_types) for n in ("k", "v")}
+    return {
+        f"layers.{i}.{n}": cache[f"{t}.{n}"][type_index(cfg, i)][..., head_lanes(cfg.head_dim(t))]
+        for i, t in enumerate(cfg.layer_types)
+        for n in ("k", "v")
+    }

@@ -18,9 +18,19 @@ from .kernel import make_step
 from .refs import TOKEN
 
 
-def compare_with_reference(cfg, batch: int, steps: int, knockout=frozenset(), prompt_len=12, max_len: int = 32,
-                           seed: int = 0, detect_races: bool = True, tiles: Tiles = Tiles(), dtype=jnp.float32,
-                           teacher_forced: bool = False) -> pd.DataFrame:
+def compare_with_reference(
+    cfg,
+    batch: int,
+    steps: int,
+    knockout=frozenset(),
+    prompt_len=12,
+    max_len: int = 32,
+    seed: int = 0,
+    detect_races: bool = True,
+    tiles: Tiles = Tiles(),
+    dtype=jnp.float32,
+    teacher_forced: bool = False,
+) -> pd.DataFrame:
     """One row per step: each user's position, max |logit difference|, max |cache difference|, both
     engines' tokens, whether the kernel's own greedy pick is the argmax of its logits, the expert
     weight DMAs the kernel issued, the megakernel step's wall time (interpret mode off a TPU), and
@@ -55,28 +65,47 @@ def compare_with_reference(cfg, batch: int, steps: int, knockout=frozenset(), pr
     for n in range(steps):
         l_ref, cache = R.decode_step(params, cfg, cache, tok_ref, pos, knockout)
         t0 = time.perf_counter()
-        out = engine.run(mk_params, cfg, mk_cache, tok_ref if teacher_forced else tok_mk, pos, knockout,
-                         with_logits=True, count_dmas=True)
+        out = engine.run(
+            mk_params,
+            cfg,
+            mk_cache,
+            tok_ref if teacher_forced else tok_mk,
+            pos,
+            knockout,
+            with_logits=True,
+            count_dmas=True,
+        )
         out.logits.block_until_ready()
         dt = time.perf_counter() - t0
         mk_cache = out.cache
         mk_as_reference = engine.reference_cache(mk_cache)
         if rounded:
-            l_rounded, r_cache = R.decode_step(r_params, cfg, r_cache, tok_ref if teacher_forced else tok_mk, pos,
-                                               knockout)
+            l_rounded, r_cache = R.decode_step(
+                r_params, cfg, r_cache, tok_ref if teacher_forced else tok_mk, pos, knockout
+            )
             r_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in r_cache.items()}
         tok_ref, tok_mk = jnp.argmax(l_ref, -1).astype(jnp.int32), out.users[:batch, TOKEN]
-        rows.append(dict(max_logit=float(jnp.max(jnp.abs(l_ref))),
-            step=n, positions=np.asarray(pos).tolist(),
-            max_logit_diff=float(jnp.max(jnp.abs(l_ref - out.logits))),
-            max_cache_diff=max(float(jnp.max(jnp.abs(cache[k].astype(jnp.float32) - mk_as_reference[k].astype(jnp.float32))))
-                               for k in cache),
-            tokens_reference=np.asarray(tok_ref).tolist(), tokens_megakernel=np.asarray(tok_mk).tolist(),
-            same_tokens=bool(jnp.all(tok_ref == tok_mk)),
-            kernel_pick_is_argmax=bool(jnp.all(tok_mk == jnp.argmax(out.logits, -1))),
-            rounding_logit_diff=float(jnp.max(jnp.abs(l_rounded - l_ref))) if rounded else np.nan,
-            tokens_rounding=np.asarray(jnp.argmax(l_rounded, -1)).tolist() if rounded else None,
-            expert_dmas=int(out.dma_counts[0, 0]), step_s=dt, races=races_detected()))
+        rows.append(
+            dict(
+                max_logit=float(jnp.max(jnp.abs(l_ref))),
+                step=n,
+                positions=np.asarray(pos).tolist(),
+                max_logit_diff=float(jnp.max(jnp.abs(l_ref - out.logits))),
+                max_cache_diff=max(
+                    float(jnp.max(jnp.abs(cache[k].astype(jnp.float32) - mk_as_reference[k].astype(jnp.float32))))
+                    for k in cache
+                ),
+                tokens_reference=np.asarray(tok_ref).tolist(),
+                tokens_megakernel=np.asarray(tok_mk).tolist(),
+                same_tokens=bool(jnp.all(tok_ref == tok_mk)),
+                kernel_pick_is_argmax=bool(jnp.all(tok_mk == jnp.argmax(out.logits, -1))),
+                rounding_logit_diff=float(jnp.max(jnp.abs(l_rounded - l_ref))) if rounded else np.nan,
+                tokens_rounding=np.asarray(jnp.argmax(l_rounded, -1)).tolist() if rounded else None,
+                expert_dmas=int(out.dma_counts[0, 0]),
+                step_s=dt,
+                races=races_detected(),
+            )
+        )
         pos = pos + 1
     return pd.DataFrame(rows)
 
@@ -95,12 +124,19 @@ def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.
     from .aot import compile_for_tpu
 
     # The reference step runs on its prepared (decode) layout, as decode_step does.
-    param_shapes = jax.eval_shape(partial(R.prepare, cfg=cfg),
-                                  {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)})
+    param_shapes = jax.eval_shape(
+        partial(R.prepare, cfg=cfg), {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)}
+    )
     cache_shapes = jax.eval_shape(partial(R.init_cache, cfg, batch, max_len, dtype))
-    ref = aot_compile(lambda p, c, t, pos: _decode_step(p, cfg, c, t, pos, frozenset()), chip, param_shapes,
-                      cache_shapes, jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.int32),
-                      donate_argnums=(1,))
+    ref = aot_compile(
+        lambda p, c, t, pos: _decode_step(p, cfg, c, t, pos, frozenset()),
+        chip,
+        param_shapes,
+        cache_shapes,
+        jax.ShapeDtypeStruct((batch,), jnp.int32),
+        jax.ShapeDtypeStruct((batch,), jnp.int32),
+        donate_argnums=(1,),
+    )
     _, mk = compile_for_tpu(cfg, chip, batch, max_len, dtype, dtype)
     rows = []
     for engine, compiled in (("reference (XLA)", ref), ("megakernel", mk)):

@@ -18,57 +18,57 @@ TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its
 
 
 class Inputs(NamedTuple):
-    users: Any      # [rows, 128] int32, HBM: lane 0 the token of user b (row b), lane 1 its position
-    vectors: Any    # [n_vectors, width] f32: every norm weight and scale, one a row
-    inv_freq: Any   # [8, head_dim] f32: RoPE inverse frequencies, row 0 sliding, row 1 full
-    weights: dict   # embed [V, H]; {type}.{name} -> [layers of the type, (E,) K, N]: padded, stacked
-    cache: dict     # {type}.k|v -> [layers of the type, B, kv_heads, slots, head_dim]: aliased to Outputs.cache
+    users: Any  # [rows, 128] int32, HBM: lane 0 the token of user b (row b), lane 1 its position
+    vectors: Any  # [n_vectors, width] f32: every norm weight and scale, one a row
+    inv_freq: Any  # [8, head_dim] f32: RoPE inverse frequencies, row 0 sliding, row 1 full
+    weights: dict  # embed [V, H]; {type}.{name} -> [layers of the type, (E,) K, N]: padded, stacked
+    cache: dict  # {type}.k|v -> [layers of the type, B, kv_heads, slots, head_dim]: aliased to Outputs.cache
     acts: Any = None  # probe: name -> [rows, width] f32, the activations' values before the first op
 
 
 class Outputs(NamedTuple):
-    users: Any      # [rows, 128] int32: lane 0 each user's greedy token, lane 1 its next position
-    cache: dict     # the KV cache with this step's K/V written in place
-    logits: Any = None       # [B, V] f32, only when asked for (parity tests, notebooks)
-    dma_counts: Any = None   # [1, 128] int32 in SMEM, only when asked for: [0, 0] expert tile DMAs issued
-    acts: Any = None         # probe: the activations (and "gates") after the last op
+    users: Any  # [rows, 128] int32: lane 0 each user's greedy token, lane 1 its next position
+    cache: dict  # the KV cache with this step's K/V written in place
+    logits: Any = None  # [B, V] f32, only when asked for (parity tests, notebooks)
+    dma_counts: Any = None  # [1, 128] int32 in SMEM, only when asked for: [0, 0] expert tile DMAs issued
+    acts: Any = None  # probe: the activations (and "gates") after the last op
 
 
 class KV(NamedTuple):
     """One layer type's attention scratch."""
 
-    k: Any          # [2, kv_heads, T, head_dim]: K tiles, double-buffered
-    v: Any          # [2, kv_heads, T, head_dim]
-    sem: Any        # DMA [2 (k, v), 2 (slot)]
-    stage_k: Any    # [B, kv_heads, 16, head_dim]: the block around each user's write-back slot
+    k: Any  # [2, kv_heads, T, head_dim]: K tiles, double-buffered
+    v: Any  # [2, kv_heads, T, head_dim]
+    sem: Any  # DMA [2 (k, v), 2 (slot)]
+    stage_k: Any  # [B, kv_heads, 16, head_dim]: the block around each user's write-back slot
     stage_v: Any
     stage_sem: Any  # DMA [2 (k, v), B]
 
 
 class Scratch(NamedTuple):
-    weights: dict       # buffer name -> [slots, rows, cols]: the weight stream's VMEM slots
-    weight_sems: dict   # buffer name -> DMA [slots]
-    acts: dict          # activation name -> [rows, width] f32
-    kv: dict            # layer type -> KV
-    qblk: Any           # [kv_heads, 8k, head_dim] f32: the query heads that share one KV head
-    embed_rows: Any     # [B, 16, H]: the aligned block of embedding rows around each user's token
-    embed_sem: Any      # DMA [1]
-    gates: Any          # [rows, E_pad] f32: each user's combine weight of every expert
-    used: Any           # [8, E_pad] int32: row 0 flags the experts any user routed to
-    experts: Any        # SMEM [8, E_pad] int32: row 0 the distinct routed experts, [1, 0] how many
-    used_smem: Any      # SMEM [8, E_pad] int32: ``used`` as scalars
-    route_sem: Any      # DMA [1]
-    users: Any          # SMEM [rows, 128] int32: the users block as scalars
-    users_vmem: Any     # [rows, 128] int32: the users block as vectors
-    vectors: Any        # VMEM copy of Inputs.vectors
-    inv_freq: Any       # VMEM copy of Inputs.inv_freq
-    prologue_sem: Any   # DMA [4]
-    best: Any           # [rows, 128] f32: the running maximum of each user's logits
-    best_id: Any        # [rows, 128] int32: where it is
-    users_out: Any      # [rows, 128] int32: the next users block, staged for its DMA out
-    out_sem: Any        # DMA [1]
-    logits_stage: Any = None   # [2, B, 1, head_tile] f32: a head tile's logits on their way to HBM (if asked)
-    logits_sem: Any = None     # DMA [2]
+    weights: dict  # buffer name -> [slots, rows, cols]: the weight stream's VMEM slots
+    weight_sems: dict  # buffer name -> DMA [slots]
+    acts: dict  # activation name -> [rows, width] f32
+    kv: dict  # layer type -> KV
+    qblk: Any  # [kv_heads, 8k, head_dim] f32: the query heads that share one KV head
+    embed_rows: Any  # [B, 16, H]: the aligned block of embedding rows around each user's token
+    embed_sem: Any  # DMA [1]
+    gates: Any  # [rows, E_pad] f32: each user's combine weight of every expert
+    used: Any  # [8, E_pad] int32: row 0 flags the experts any user routed to
+    experts: Any  # SMEM [8, E_pad] int32: row 0 the distinct routed experts, [1, 0] how many
+    used_smem: Any  # SMEM [8, E_pad] int32: ``used`` as scalars
+    route_sem: Any  # DMA [1]
+    users: Any  # SMEM [rows, 128] int32: the users block as scalars
+    users_vmem: Any  # [rows, 128] int32: the users block as vectors
+    vectors: Any  # VMEM copy of Inputs.vectors
+    inv_freq: Any  # VMEM copy of Inputs.inv_freq
+    prologue_sem: Any  # DMA [4]
+    best: Any  # [rows, 128] f32: the running maximum of each user's logits
+    best_id: Any  # [rows, 128] int32: where it is
+    users_out: Any  # [rows, 128] int32: the next users block, staged for its DMA out
+    out_sem: Any  # DMA [1]
+    logits_stage: Any = None  # [2, B, 1, head_tile] f32: a head tile's logits on their way to HBM (if asked)
+    logits_sem: Any = None  # DMA [2]
 
 
 def matrix_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
@@ -104,8 +104,11 @@ def input_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Inputs:
         vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
         inv_freq=jax.ShapeDtypeStruct((ROWS, max(cfg.sliding_head_dim, cfg.full_head_dim)), jnp.float32),
         weights={name: jax.ShapeDtypeStruct(shape, weight_dtype) for name, shape in weight_shapes(cfg).items()},
-        cache={name: jax.ShapeDtypeStruct(shape, kv_dtype)
-               for name, shape in cache_shapes(cfg, plan.batch, plan.cache_len).items()})
+        cache={
+            name: jax.ShapeDtypeStruct(shape, kv_dtype)
+            for name, shape in cache_shapes(cfg, plan.batch, plan.cache_len).items()
+        },
+    )
 
 
 def activation_shapes(plan: StepPlan) -> dict:
@@ -115,10 +118,14 @@ def activation_shapes(plan: StepPlan) -> dict:
 def output_shapes(plan: StepPlan, inputs: Inputs, with_logits: bool, count_dmas: bool, probe: bool = False) -> Outputs:
     ep = round_up(max(plan.cfg.num_experts, 1), LANE)
     return Outputs(
-        acts={**activation_shapes(plan), "gates": jax.ShapeDtypeStruct((plan.rows, ep), jnp.float32)} if probe else None,
-        users=inputs.users, cache=dict(inputs.cache),
+        acts={**activation_shapes(plan), "gates": jax.ShapeDtypeStruct((plan.rows, ep), jnp.float32)}
+        if probe
+        else None,
+        users=inputs.users,
+        cache=dict(inputs.cache),
         logits=jax.ShapeDtypeStruct((plan.batch, plan.layout.vocab_size), jnp.float32) if with_logits else None,
-        dma_counts=jax.ShapeDtypeStruct((1, LANE), jnp.int32) if count_dmas else None)
+        dma_counts=jax.ShapeDtypeStruct((1, LANE), jnp.int32) if count_dmas else None,
+    )
 
 
 def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) -> Scratch:
@@ -127,9 +134,14 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
     kv = {}
     for t in types:
         heads, hd, T = cfg.kv_heads(t), cfg.head_dim(t), plan.kv_tile(t)
-        kv[t] = KV(pltpu.VMEM((2, heads, T, hd), kv_dtype), pltpu.VMEM((2, heads, T, hd), kv_dtype),
-                   pltpu.SemaphoreType.DMA((2, 2)), pltpu.VMEM((B, heads, BLOCK, hd), kv_dtype),
-                   pltpu.VMEM((B, heads, BLOCK, hd), kv_dtype), pltpu.SemaphoreType.DMA((2, B)))
+        kv[t] = KV(
+            pltpu.VMEM((2, heads, T, hd), kv_dtype),
+            pltpu.VMEM((2, heads, T, hd), kv_dtype),
+            pltpu.SemaphoreType.DMA((2, 2)),
+            pltpu.VMEM((B, heads, BLOCK, hd), kv_dtype),
+            pltpu.VMEM((B, heads, BLOCK, hd), kv_dtype),
+            pltpu.SemaphoreType.DMA((2, B)),
+        )
     hd = max(cfg.sliding_head_dim, cfg.full_head_dim)
     rep = max(cfg.num_heads // cfg.kv_heads(t) for t in types)
     ep = round_up(max(cfg.num_experts, 1), LANE)
@@ -157,4 +169,5 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
         users_out=pltpu.VMEM((rows, LANE), jnp.int32),
         out_sem=pltpu.SemaphoreType.DMA((1,)),
         logits_stage=pltpu.VMEM((2, B, 1, plan.head_tile), jnp.float32) if with_logits else None,
-        logits_sem=pltpu.SemaphoreType.DMA((2,)) if with_logits else None)
+        logits_sem=pltpu.SemaphoreType.DMA((2,)) if with_logits else None,
+    )

@@ -29,4 +29,4 @@ class WeightStream:
 
     def tile(self, ld: Load):
         """The tile ``ld`` brought in, as a value (its slot may be larger than the tile)."""
-        return self.buffers[ld.buffer][ld.slot, :ld.rows[1], :ld.cols[1]]
+        return self.buffers[ld.buffer][ld.slot, : ld.rows[1], : ld.cols[1]]

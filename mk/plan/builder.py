@@ -49,8 +49,10 @@ from .records import (
 def even_width(total: int, other: int, itemsize: int, budget: int) -> int:
     """The widest multiple of 128 that divides ``total`` with other x width x itemsize <= budget."""
     units = total // LANE
-    return max(d for d in range(1, units + 1)
-               if units % d == 0 and (d == 1 or other * d * LANE * itemsize <= budget)) * LANE
+    return (
+        max(d for d in range(1, units + 1) if units % d == 0 and (d == 1 or other * d * LANE * itemsize <= budget))
+        * LANE
+    )
 
 
 def spans(total: int, other: int, itemsize: int, budget: int) -> list[tuple[int, int]]:
@@ -71,8 +73,17 @@ def expert_slots(cfg: Gemma4Config, batch: int) -> int:
 class Builder:
     """Appends loads and ops in step order; ``route_of[n]`` is the route op an expert op waits for."""
 
-    def __init__(self, cfg: Gemma4Config, batch: int, max_len: int, context: int, weight_itemsize: int,
-                 kv_itemsize: int, tiles: Tiles, knockout: frozenset):
+    def __init__(
+        self,
+        cfg: Gemma4Config,
+        batch: int,
+        max_len: int,
+        context: int,
+        weight_itemsize: int,
+        kv_itemsize: int,
+        tiles: Tiles,
+        knockout: frozenset,
+    ):
         self.cfg = layout_config(cfg)  # the shapes the kernel moves; the model's own for payload bytes
         self.batch, self.max_len, self.context = batch, max_len, context
         self.wb, self.kvb, self.tiles, self.ko = weight_itemsize, kv_itemsize, tiles, knockout
@@ -110,8 +121,20 @@ class Builder:
         real = self.specs[tensor].shape[-2:]  # the unpadded matrix: what of the tile holds weights
         payload = max(0, min(rows[1], real[0] - rows[0])) * max(0, min(cols[1], real[1] - cols[0]))
         name, index = stacked(self.cfg, tensor)
-        ld = Load(len(self.loads), name, index, layer, component, buffer, n % self.tiles.slots, rows, cols,
-                  shape[0] * shape[1] * self.wb, payload * self.wb, expert)
+        ld = Load(
+            len(self.loads),
+            name,
+            index,
+            layer,
+            component,
+            buffer,
+            n % self.tiles.slots,
+            rows,
+            cols,
+            shape[0] * shape[1] * self.wb,
+            payload * self.wb,
+            expert,
+        )
         self.loads.append(ld)
         return ld.id
 
@@ -122,8 +145,20 @@ class Builder:
         sp = spans(n, k, self.wb, self.tiles.weight_tile_bytes)
         for c, tn in sp:
             lid = self.load(tensor, layer, component, (0, k), (c, tn), expert, (k, sp[0][1]))
-            self.op(MatmulTile(layer, component, 2 * self.batch * k * tn, load=lid, src=src, dst=dst,
-                               mode=MatmulMode.COLS, dst_off=c, n=tn, expert=expert))
+            self.op(
+                MatmulTile(
+                    layer,
+                    component,
+                    2 * self.batch * k * tn,
+                    load=lid,
+                    src=src,
+                    dst=dst,
+                    mode=MatmulMode.COLS,
+                    dst_off=c,
+                    n=tn,
+                    expert=expert,
+                )
+            )
 
     def proj_rows(self, tensor, layer, component, src, dst, expert=None):
         """dst = src @ W, W [K, N] streamed in row tiles summed into dst."""
@@ -131,8 +166,21 @@ class Builder:
         sp = spans(k, n, self.wb, self.tiles.weight_tile_bytes)
         for r, tk in sp:
             lid = self.load(tensor, layer, component, (r, tk), (0, n), expert, (sp[0][1], n))
-            self.op(MatmulTile(layer, component, 2 * self.batch * tk * n, load=lid, src=src, dst=dst,
-                               mode=MatmulMode.ROWS, src_off=r, n=tk, accumulate=r > 0, expert=expert))
+            self.op(
+                MatmulTile(
+                    layer,
+                    component,
+                    2 * self.batch * tk * n,
+                    load=lid,
+                    src=src,
+                    dst=dst,
+                    mode=MatmulMode.ROWS,
+                    src_off=r,
+                    n=tk,
+                    accumulate=r > 0,
+                    expert=expert,
+                )
+            )
 
     def mlp(self, prefix, layer, component, src, dst, names, expert=None):
         """A GeGLU MLP chunked over its (padded) intermediate: per chunk gate, up, act, down."""
@@ -145,12 +193,35 @@ class Builder:
         for c, tc in sp:
             for tensor, act_dst in ((g, gate), (u, up)):
                 lid = self.load(tensor, layer, component, (0, h), (c, tc), expert, (h, w))
-                self.op(MatmulTile(layer, component, 2 * B * h * tc, load=lid, src=src, dst=act_dst,
-                                   mode=MatmulMode.COLS, n=tc, expert=expert))
+                self.op(
+                    MatmulTile(
+                        layer,
+                        component,
+                        2 * B * h * tc,
+                        load=lid,
+                        src=src,
+                        dst=act_dst,
+                        mode=MatmulMode.COLS,
+                        n=tc,
+                        expert=expert,
+                    )
+                )
             self.op(GeluMul(layer, component, 10 * B * tc, src=gate, dst=up, n=tc, expert=expert))
             lid = self.load(d, layer, component, (c, tc), (0, h), expert, (w, h))
-            self.op(MatmulTile(layer, component, 2 * B * tc * h, load=lid, src=up, dst=dst, mode=MatmulMode.ROWS,
-                               n=tc, accumulate=c > 0, expert=expert))
+            self.op(
+                MatmulTile(
+                    layer,
+                    component,
+                    2 * B * tc * h,
+                    load=lid,
+                    src=up,
+                    dst=dst,
+                    mode=MatmulMode.ROWS,
+                    n=tc,
+                    accumulate=c > 0,
+                    expert=expert,
+                )
+            )
 
     # the step ---------------------------------------------------------------------------------
     def build(self):
@@ -183,8 +254,11 @@ class Builder:
         if att not in self.ko:
             self.op(Norm(i, NORMS, 4 * B * H, src="x", dst="xn", vector="input_norm"))
             qkw = max(cfg.sliding_kv_heads * cfg.sliding_head_dim, cfg.full_kv_heads * cfg.full_head_dim)
-            q, k, v = self.act("q", nh * max(cfg.sliding_head_dim, cfg.full_head_dim)), self.act("k", qkw), \
-                self.act("v", qkw)
+            q, k, v = (
+                self.act("q", nh * max(cfg.sliding_head_dim, cfg.full_head_dim)),
+                self.act("k", qkw),
+                self.act("v", qkw),
+            )
             self.proj_cols(p + "q", i, att, "xn", q)
             self.proj_cols(p + "k", i, att, "xn", k)
             if cfg.has_v_proj(t):
@@ -193,9 +267,17 @@ class Builder:
             positions = cfg.cache_positions(t, self.context)
             T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
             per_pos = 2 * kv * hd * self.kvb  # K and V
-            self.op(Attend(i, att, 4 * B * nh * hd * positions, layer_type=t, index=type_index(cfg, i),
-                           kv_bytes=B * per_pos * max(0, positions - 1 - T),
-                           serial_bytes=B * per_pos * (min(T, positions - 1) + BLOCK)))
+            self.op(
+                Attend(
+                    i,
+                    att,
+                    4 * B * nh * hd * positions,
+                    layer_type=t,
+                    index=type_index(cfg, i),
+                    kv_bytes=B * per_pos * max(0, positions - 1 - T),
+                    serial_bytes=B * per_pos * (min(T, positions - 1) + BLOCK),
+                )
+            )
             self.act("attn", nh * max(cfg.sliding_head_dim, cfg.full_head_dim))
             self.proj_rows(p + "o", i, att, "attn", "attn_out")
         self.op(AttentionResidual(i, NORMS, 8 * B * H, attention_on=att not in self.ko))
@@ -206,8 +288,15 @@ class Builder:
                 self.proj_cols(p + "router_proj", i, ROUTER, "rin", "router")
             self._route = len(self.ops)
             # with the router knocked out, Route only sets the fixed experts 0..k-1
-            self.op(Route(i, ROUTER, 0 if ROUTER in self.ko else (4 + 2 * cfg.top_k) * B * E,
-                          router_on=ROUTER not in self.ko, serial_bytes=2 * ROWS * E * 4))
+            self.op(
+                Route(
+                    i,
+                    ROUTER,
+                    0 if ROUTER in self.ko else (4 + 2 * cfg.top_k) * B * E,
+                    router_on=ROUTER not in self.ko,
+                    serial_bytes=2 * ROWS * E * 4,
+                )
+            )
         if SHARED_MLP not in self.ko:
             self.mlp(p, i, SHARED_MLP, "xn", "ffn", ("mlp_gate", "mlp_up", "mlp_down"))
         if cfg.is_moe and EXPERTS not in self.ko:
@@ -225,5 +314,7 @@ def check_shapes(cfg: Gemma4Config, batch: int, max_len: int, context: int, kv_i
     if not 0 < context <= max_len:
         raise ValueError(f"context={context} must be in 1..max_len={max_len}")
     if tiles.kv_tile % sublanes(kv_itemsize):
-        raise ValueError(f"kv_tile={tiles.kv_tile} cuts a ({sublanes(kv_itemsize)}, 128) tile of a "
-                         f"{kv_itemsize}-byte KV cache; use a multiple of {sublanes(kv_itemsize)}")
+        raise ValueError(
+            f"kv_tile={tiles.kv_tile} cuts a ({sublanes(kv_itemsize)}, 128) tile of a "
+            f"{kv_itemsize}-byte KV cache; use a multiple of {sublanes(kv_itemsize)}"
+        )

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..config import SLIDING, Gemma4Config
 from ..params import layer_param_specs, param_specs
 
 LANE = 128
 ROWS = 8  # users pad to one f32 sublane tile
 BLOCK = 16  # rows a DMA moves at a dynamic offset: one bf16 sublane tile (embedding rows, new K/V)
-MIB = 2 ** 20
+MIB = 2**20
 VREG_BYTES = 64 * 4096  # a TensorCore's vector register file: 64 registers of 8 x 128 x 4 bytes
 
 
@@ -34,17 +36,20 @@ def layout_config(cfg: Gemma4Config) -> Gemma4Config:
     lanes. The padding is zeros, so every product is exact; where it would count (a norm's mean, the
     greedy pick over the vocabulary) the kernel uses the model's own sizes. A head of hd < 128 lanes keeps
     its two RoPE halves at lanes 0 and 64 (``head_lanes``), so the rotate-half is still a roll by half."""
-    padded = dict(hidden_size=round_up(cfg.hidden_size, LANE), vocab_size=round_up(cfg.vocab_size, LANE),
-                  sliding_head_dim=round_up(cfg.sliding_head_dim, LANE), full_head_dim=round_up(cfg.full_head_dim, LANE))
+    padded = dict(
+        hidden_size=round_up(cfg.hidden_size, LANE),
+        vocab_size=round_up(cfg.vocab_size, LANE),
+        sliding_head_dim=round_up(cfg.sliding_head_dim, LANE),
+        full_head_dim=round_up(cfg.full_head_dim, LANE),
+    )
     if all(getattr(cfg, k) == v for k, v in padded.items()):
         return cfg
     return cfg.replace(**padded)
 
 
-def head_lanes(hd: int) -> "np.ndarray":
+def head_lanes(hd: int) -> np.ndarray:
     """Where each of a head's ``hd`` dims sits in its ``round_up(hd, 128)`` lanes: the first half from lane
     0, the second half from the middle lane (the pairs RoPE rotates stay half a head apart)."""
-    import numpy as np
     half, mid = hd // 2, round_up(hd, LANE) // 2
     return np.concatenate([np.arange(half), mid + np.arange(hd - half)])
 
@@ -57,8 +62,11 @@ def sublanes(itemsize: int) -> int:
 def padded_shape(cfg: Gemma4Config, path: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape a tensor has in the kernel's HBM layout (intermediates and expert count padded to 128)."""
     name = path.rsplit(".", 1)[-1]
-    mi, ei, ep = round_up(cfg.mlp_intermediate, LANE), round_up(cfg.expert_intermediate, LANE), \
-        round_up(max(cfg.num_experts, 1), LANE)
+    mi, ei, ep = (
+        round_up(cfg.mlp_intermediate, LANE),
+        round_up(cfg.expert_intermediate, LANE),
+        round_up(max(cfg.num_experts, 1), LANE),
+    )
     if name in ("mlp_gate", "mlp_up"):
         return (shape[0], mi)
     if name == "mlp_down":

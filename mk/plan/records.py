@@ -34,8 +34,9 @@ class Tiles:
         if self.weight_tile_bytes < LANE * 4 * 16:
             raise ValueError(f"weight_tile_bytes={self.weight_tile_bytes} is below one (16, 128) tile")
         if self.kv_tile <= 0 or self.kv_tile % 8:
-            raise ValueError(f"kv_tile={self.kv_tile} must be a positive multiple of 8 (f32 sublanes; "
-                             "16 for a bf16 cache)")
+            raise ValueError(
+                f"kv_tile={self.kv_tile} must be a positive multiple of 8 (f32 sublanes; 16 for a bf16 cache)"
+            )
         if self.slots < 2:
             raise ValueError(f"slots={self.slots}: the weight stream needs at least 2 (double buffering)")
 
@@ -61,13 +62,13 @@ class Load:
     included), ``payload_bytes`` the part that holds real weights."""
 
     id: int
-    tensor: str         # the kernel's HBM tensor (mk.plan.layout.stacked): ``sliding.q``, ``embed``, ...
-    index: int | None   # the layer's place in the stacked tensor (None: not stacked)
-    layer: int          # -1 for the head
+    tensor: str  # the kernel's HBM tensor (mk.plan.layout.stacked): ``sliding.q``, ``embed``, ...
+    index: int | None  # the layer's place in the stacked tensor (None: not stacked)
+    layer: int  # -1 for the head
     component: str
     buffer: str
     slot: int
-    rows: tuple[int, int]   # (start, size) in the padded tensor
+    rows: tuple[int, int]  # (start, size) in the padded tensor
     cols: tuple[int, int]
     nbytes: int
     payload_bytes: int
@@ -100,11 +101,11 @@ class Op:
     flops: int
 
     STRIDED: ClassVar[tuple[str, ...]] = ()  # fields that may change between repeats of a loop
-    LOOPABLE: ClassVar[bool] = False        # may be the body of a loop over tiles
-    load: ClassVar[int | None] = None        # the weight tile it reads (matmul kinds set it)
-    expert: ClassVar[int | None] = None      # routed slot j: runs only if slot j holds a new expert
-    kv_bytes: ClassVar[int] = 0              # bytes it streams besides its weight tile (KV cache)
-    serial_bytes: ClassVar[int] = 0          # bytes it reads while the compute waits for them
+    LOOPABLE: ClassVar[bool] = False  # may be the body of a loop over tiles
+    load: ClassVar[int | None] = None  # the weight tile it reads (matmul kinds set it)
+    expert: ClassVar[int | None] = None  # routed slot j: runs only if slot j holds a new expert
+    kv_bytes: ClassVar[int] = 0  # bytes it streams besides its weight tile (KV cache)
+    serial_bytes: ClassVar[int] = 0  # bytes it reads while the compute waits for them
 
     @property
     def kind(self) -> str:
@@ -189,7 +190,7 @@ class Attend(Op):
     and the block read around the write-back position, which compute waits for."""
 
     layer_type: str = ""
-    index: int = 0      # the layer's place in its type's stacked cache
+    index: int = 0  # the layer's place in its type's stacked cache
     kv_bytes: int = 0
     serial_bytes: int = 0
 
@@ -242,8 +243,22 @@ class EmitTokens(Op):
     serial_bytes: int = 0
 
 
-OP_KINDS = (Prologue, Embed, Norm, MatmulTile, GeluMul, ExpertCombine, QKVNormRope, Attend, AttentionResidual,
-            Route, FfnResidual, HeadTile, NoHead, EmitTokens)
+OP_KINDS = (
+    Prologue,
+    Embed,
+    Norm,
+    MatmulTile,
+    GeluMul,
+    ExpertCombine,
+    QKVNormRope,
+    Attend,
+    AttentionResidual,
+    Route,
+    FfnResidual,
+    HeadTile,
+    NoHead,
+    EmitTokens,
+)
 
 Item = Start | Wait | Op
 

@@ -45,8 +45,11 @@ def schedule(ops: list[Op], loads: list[Load], route_of: dict[int, int], slots: 
 def groups(items) -> tuple[tuple[int, int], ...]:
     """Item ranges [a, b): each compute op with the Wait just before it and the Starts just after it
     (the Starts before the first op are a group of their own)."""
-    cuts = [0] + [n for n, it in enumerate(items)
-                  if n and (isinstance(it, Wait) or (isinstance(it, Op) and not isinstance(items[n - 1], Wait)))]
+    cuts = [0] + [
+        n
+        for n, it in enumerate(items)
+        if n and (isinstance(it, Wait) or (isinstance(it, Op) and not isinstance(items[n - 1], Wait)))
+    ]
     return tuple(zip(cuts, cuts[1:] + [len(items)]))
 
 
@@ -70,8 +73,7 @@ def split_fields(op: Op) -> tuple[tuple, tuple[int, ...], tuple[bool, ...]]:
 
 
 def load_key(ld: Load):
-    return ld.tensor, ld.component, ld.buffer, ld.rows[1], ld.cols[1], ld.nbytes, ld.expert is None, \
-        ld.index is None
+    return ld.tensor, ld.component, ld.buffer, ld.rows[1], ld.cols[1], ld.nbytes, ld.expert is None, ld.index is None
 
 
 def load_ints(ld: Load) -> tuple[int, ...]:
@@ -80,7 +82,7 @@ def load_ints(ld: Load) -> tuple[int, ...]:
 
 def _varying(items, group, loads: dict):
     """A group's compute as (equal part, strided integers, buffer slot, flags); None if no loop may hold it."""
-    op = next((it for it in items[group[0]:group[1]] if isinstance(it, Op)), None)
+    op = next((it for it in items[group[0] : group[1]] if isinstance(it, Op)), None)
     if op is None or not op.LOOPABLE:
         return None
     key, ints, flags = split_fields(op)
@@ -145,9 +147,10 @@ def start_runs(starts: list[list[Load]], slots: int) -> list[tuple[int, int, Loa
             if r is not None and load_key(r[2]) == load_key(ld):
                 lo, _, first, second = r
                 step = j - lo
-                if second is None or (all(a + (b - a) * step == c for a, b, c in
-                                          zip(load_ints(first), load_ints(second), load_ints(ld)))
-                                      and ld.slot == (first.slot + (second.slot - first.slot) % slots * step) % slots):
+                if second is None or (
+                    all(a + (b - a) * step == c for a, b, c in zip(load_ints(first), load_ints(second), load_ints(ld)))
+                    and ld.slot == (first.slot + (second.slot - first.slot) % slots * step) % slots
+                ):
                     still[m] = (lo, j + 1, first, second or ld)
                     continue
             if r is not None:
@@ -200,24 +203,30 @@ def layer_loop(items, loads: dict, slots: int, layers: int, period: int) -> Laye
         start, per = first[p0 * period], first[(p0 + 1) * period] - first[p0 * period]
         lo, width = gs[start][0], gs[start + per][0] - gs[start][0]
         count = 1
-        while p0 + count < layers // period and lo + width * (count + 1) <= len(items) \
-                and first.get((p0 + count) * period) == start + per * count \
-                and _linear(shapes, lo, width, count, slots):
+        while (
+            p0 + count < layers // period
+            and lo + width * (count + 1) <= len(items)
+            and first.get((p0 + count) * period) == start + per * count
+            and _linear(shapes, lo, width, count, slots)
+        ):
             count += 1
         if count >= 2 and (best is None or count > best[2]):
             best = (start, per, count, lo, width)
     if best is None:
         return None
     start, per, count, lo, width = best
-    return LayerLoop(start, per, count, fold(items[lo:lo + width], loads, slots))
+    return LayerLoop(start, per, count, fold(items[lo : lo + width], loads, slots))
 
 
 def _linear(shapes, lo: int, width: int, n: int, slots: int) -> bool:
     """Whether repeat n of the ``width`` items from ``lo`` steps linearly from repeats 0 and 1."""
     for m in range(width):
         a, b, c = shapes[lo + m], shapes[lo + width + m], shapes[lo + width * n + m]
-        if c[0] != a[0] or any(x0 + (x1 - x0) * n != x for x0, x1, x in zip(a[1], b[1], c[1])) or \
-                c[2] != (a[2] + (b[2] - a[2]) % slots * n) % slots:
+        if (
+            c[0] != a[0]
+            or any(x0 + (x1 - x0) * n != x for x0, x1, x in zip(a[1], b[1], c[1]))
+            or c[2] != (a[2] + (b[2] - a[2]) % slots * n) % slots
+        ):
             return False
     return True
 
@@ -228,9 +237,9 @@ def fold_step(items, loads: dict, slots: int, layers: int, period: int) -> tuple
     if ll is None:
         return fold(items, loads, slots)
     gs = groups(items)
-    before = fold(items[:gs[ll.start][0]], loads, slots)
+    before = fold(items[: gs[ll.start][0]], loads, slots)
     end = ll.start + ll.period * ll.count
-    after = fold(items[gs[end][0]:], loads, slots) if end < len(gs) else ()
+    after = fold(items[gs[end][0] :], loads, slots) if end < len(gs) else ()
     return before + (ll,) + tuple(_shift(s, end) for s in after)
 
 

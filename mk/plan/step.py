@@ -48,8 +48,9 @@ class StepPlan:
     @property
     def head_tile(self) -> int:
         """Vocabulary rows per head tile (they divide the padded vocabulary: the head runs as one loop)."""
-        return even_width(self.layout.vocab_size, self.layout.hidden_size, self.weight_itemsize,
-                          self.tiles.head_tile_bytes)
+        return even_width(
+            self.layout.vocab_size, self.layout.hidden_size, self.weight_itemsize, self.tiles.head_tile_bytes
+        )
 
     @property
     def expert_slots(self) -> int:
@@ -59,8 +60,13 @@ class StepPlan:
     def folded(self) -> tuple[int | Loop | LayerLoop, ...]:
         """The items as the kernel emits them: a group index, a ``Loop`` over a regular run of tiles, or
         a ``LayerLoop`` over repeats of the layer pattern (whose body holds groups and Loops)."""
-        return fold_step(self.items, {ld.id: ld for ld in self.loads}, self.tiles.slots, self.cfg.num_layers,
-                         pattern_period(self.cfg.layer_types) if self.loop_layers else 0)
+        return fold_step(
+            self.items,
+            {ld.id: ld for ld in self.loads},
+            self.tiles.slots,
+            self.cfg.num_layers,
+            pattern_period(self.cfg.layer_types) if self.loop_layers else 0,
+        )
 
     @cached_property
     def groups(self) -> tuple[tuple[int, int], ...]:
@@ -91,25 +97,50 @@ class StepPlan:
         def add(segments, base, inside):
             for s in segments:
                 if isinstance(s, LayerLoop):
-                    rows.append(dict(layer=f"0..{s.count * len(self._layers(s)) - 1}", component="layers",
-                                     repeats=s.count, ops_per_repeat=self._emitted(s.body, s.start),
-                                     tensors="", in_layer_loop=False))
+                    rows.append(
+                        dict(
+                            layer=f"0..{s.count * len(self._layers(s)) - 1}",
+                            component="layers",
+                            repeats=s.count,
+                            ops_per_repeat=self._emitted(s.body, s.start),
+                            tensors="",
+                            in_layer_loop=False,
+                        )
+                    )
                     add(s.body, base + s.start, True)
                 elif isinstance(s, Loop):
-                    ops = [it for g in self.groups[base + s.start:base + s.start + s.period]
-                           for it in self.items[slice(*g)] if isinstance(it, Op)]
-                    rows.append(dict(layer=ops[0].layer, component=ops[0].component, repeats=s.count,
-                                     ops_per_repeat=s.period, in_layer_loop=inside,
-                                     tensors=" ".join(dict.fromkeys(loads[o.load].tensor.rsplit(".", 1)[-1]
-                                                                    for o in ops if o.load is not None))))
+                    ops = [
+                        it
+                        for g in self.groups[base + s.start : base + s.start + s.period]
+                        for it in self.items[slice(*g)]
+                        if isinstance(it, Op)
+                    ]
+                    rows.append(
+                        dict(
+                            layer=ops[0].layer,
+                            component=ops[0].component,
+                            repeats=s.count,
+                            ops_per_repeat=s.period,
+                            in_layer_loop=inside,
+                            tensors=" ".join(
+                                dict.fromkeys(
+                                    loads[o.load].tensor.rsplit(".", 1)[-1] for o in ops if o.load is not None
+                                )
+                            ),
+                        )
+                    )
 
         add(self.folded, 0, False)
         return rows
 
     def _layers(self, ll: LayerLoop) -> set[int]:
         """The layers of a LayerLoop's first repeat."""
-        return {it.layer for g in self.groups[ll.start:ll.start + ll.period] for it in self.items[slice(*g)]
-                if isinstance(it, Op)}
+        return {
+            it.layer
+            for g in self.groups[ll.start : ll.start + ll.period]
+            for it in self.items[slice(*g)]
+            if isinstance(it, Op)
+        }
 
     @property
     def ops(self) -> list[Op]:
@@ -170,13 +201,15 @@ class StepPlan:
         """Expected weight bytes by component (``payload``: without the layout's padding)."""
         out: dict[str, float] = {}
         for ld in self.loads:
-            out[ld.component] = out.get(ld.component, 0) + (ld.payload_bytes if payload else ld.nbytes) * \
-                self.fetch_probability(ld)
+            out[ld.component] = out.get(ld.component, 0) + (
+                ld.payload_bytes if payload else ld.nbytes
+            ) * self.fetch_probability(ld)
         return out
 
     # VMEM (mk.plan.vmem) -------------------------------------------------------------------------
     def vmem_breakdown(self, with_logits: bool = False) -> dict[str, int]:
         from .vmem import vmem_breakdown
+
         return vmem_breakdown(self, with_logits)
 
     @property
@@ -185,6 +218,7 @@ class StepPlan:
 
     def check_vmem(self, chip) -> int:
         from .vmem import check_vmem
+
         return check_vmem(self, chip)
 
     def table(self) -> list[dict]:
@@ -193,20 +227,47 @@ class StepPlan:
         rows = []
         for i, it in enumerate(self.items):
             if isinstance(it, Op):
-                rows.append(dict(step=i, item="compute", layer=it.layer, component=it.component, what=it.kind,
-                                 bytes=it.kv_bytes + it.serial_bytes, flops=it.flops, expert=it.expert))
+                rows.append(
+                    dict(
+                        step=i,
+                        item="compute",
+                        layer=it.layer,
+                        component=it.component,
+                        what=it.kind,
+                        bytes=it.kv_bytes + it.serial_bytes,
+                        flops=it.flops,
+                        expert=it.expert,
+                    )
+                )
             else:
                 ld = loads[it.load]
-                rows.append(dict(step=i, item="dma start" if isinstance(it, Start) else "dma wait",
-                                 layer=ld.layer, component=ld.component,
-                                 what=f"{ld.tensor}[{ld.rows[0]}:+{ld.rows[1]}, {ld.cols[0]}:+{ld.cols[1]}]",
-                                 bytes=ld.nbytes if isinstance(it, Start) else 0, flops=0, expert=ld.expert))
+                rows.append(
+                    dict(
+                        step=i,
+                        item="dma start" if isinstance(it, Start) else "dma wait",
+                        layer=ld.layer,
+                        component=ld.component,
+                        what=f"{ld.tensor}[{ld.rows[0]}:+{ld.rows[1]}, {ld.cols[0]}:+{ld.cols[1]}]",
+                        bytes=ld.nbytes if isinstance(it, Start) else 0,
+                        flops=0,
+                        expert=ld.expert,
+                    )
+                )
         return rows
 
 
-def build_plan(cfg: Gemma4Config, batch: int, max_len: int, context: int | None = None, *,
-               weight_itemsize: int = 4, kv_itemsize: int = 4, tiles: Tiles = Tiles(),
-               knockout=frozenset(), loop_layers: bool = True) -> StepPlan:
+def build_plan(
+    cfg: Gemma4Config,
+    batch: int,
+    max_len: int,
+    context: int | None = None,
+    *,
+    weight_itemsize: int = 4,
+    kv_itemsize: int = 4,
+    tiles: Tiles = Tiles(),
+    knockout=frozenset(),
+    loop_layers: bool = True,
+) -> StepPlan:
     """The plan of one decode step for ``batch`` users with caches of ``max_len`` positions.
 
     ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
@@ -218,5 +279,18 @@ def build_plan(cfg: Gemma4Config, batch: int, max_len: int, context: int | None 
     b = Builder(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko)
     b.build()
     items = schedule(b.ops, b.loads, b.route_of, tiles.slots)
-    return StepPlan(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, dict(b.buffers),
-                    tuple(b.loads), tuple(items), dict(b.acts), loop_layers)
+    return StepPlan(
+        cfg,
+        batch,
+        max_len,
+        context,
+        weight_itemsize,
+        kv_itemsize,
+        tiles,
+        ko,
+        dict(b.buffers),
+        tuple(b.loads),
+        tuple(items),
+        dict(b.acts),
+        loop_layers,
+    )

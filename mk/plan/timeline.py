@@ -14,6 +14,7 @@ def timeline(plan, chip, distinct: dict[int, int] | None = None) -> list[dict]:
     the expected number under uniform routing, rounded). Rows: lane, what, layer, component, start_s,
     end_s. A first-order model of one chip, not a measurement."""
     from ..chips import get_chip
+
     chip = get_chip(chip) if isinstance(chip, str) else chip
     bw, flops = chip.per_chip_bandwidth, chip.bf16_flops / chip.chips
     if distinct is None:
@@ -33,28 +34,43 @@ def timeline(plan, chip, distinct: dict[int, int] | None = None) -> list[dict]:
             s = max(dma_free, issued_at)
             dma_free = s + ld.nbytes / bw
             arrive[it.load] = dma_free
-            rows.append(dict(lane="dma", what=ld.tensor, layer=ld.layer, component=ld.component, start_s=s,
-                             end_s=dma_free))
+            rows.append(
+                dict(lane="dma", what=ld.tensor, layer=ld.layer, component=ld.component, start_s=s, end_s=dma_free)
+            )
         elif isinstance(it, Wait):
             if it.load in arrive:
                 compute_free = max(compute_free, arrive[it.load])
         else:
             op: Op = it
-            if op.load is not None and not fetched(loads[op.load]) or \
-                    (op.expert is not None and op.expert >= distinct[op.layer]):
+            if (
+                op.load is not None
+                and not fetched(loads[op.load])
+                or (op.expert is not None and op.expert >= distinct[op.layer])
+            ):
                 continue
             s = compute_free
             for lane, nbytes in (("dma (serial)", op.serial_bytes), ("dma", op.kv_bytes)):
                 if nbytes:
                     ks = max(dma_free, s)
                     dma_free = ks + nbytes / bw
-                    rows.append(dict(lane=lane, what=f"{op.kind} {op.layer}", layer=op.layer,
-                                     component=op.component, start_s=ks, end_s=dma_free))
+                    rows.append(
+                        dict(
+                            lane=lane,
+                            what=f"{op.kind} {op.layer}",
+                            layer=op.layer,
+                            component=op.component,
+                            start_s=ks,
+                            end_s=dma_free,
+                        )
+                    )
                     s = max(s, dma_free)
             compute_free = s + op.flops / flops
             issued_at = compute_free  # the next Start is issued after this op
-            rows.append(dict(lane="compute", what=op.kind, layer=op.layer, component=op.component, start_s=s,
-                             end_s=compute_free))
+            rows.append(
+                dict(
+                    lane="compute", what=op.kind, layer=op.layer, component=op.component, start_s=s, end_s=compute_free
+                )
+            )
     return rows
 
 

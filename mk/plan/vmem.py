@@ -40,10 +40,13 @@ def vmem_breakdown(plan, with_logits: bool = False) -> dict[str, int]:
 def check_vmem(plan, chip) -> int:
     """Raise if the plan's VMEM does not fit one core of ``chip`` (a Chip or a name)."""
     from ..chips import get_chip
+
     chip = get_chip(chip) if isinstance(chip, str) else chip
     if chip.vmem_bytes != chip.vmem_bytes:  # NaN: not checked for this chip
-        raise ValueError(f"{chip.name} has no checked VMEM size in data/chips.csv; check it with the "
-                         "AOT compiler (mk.tpu) before budgeting a kernel for it")
+        raise ValueError(
+            f"{chip.name} has no checked VMEM size in data/chips.csv; check it with the "
+            "AOT compiler (mk.tpu) before budgeting a kernel for it"
+        )
     need = plan.vmem_bytes
     if need > chip.vmem_bytes:
         parts = ", ".join(f"{k} {v / MIB:.1f}" for k, v in plan.vmem_breakdown().items())
@@ -51,5 +54,6 @@ def check_vmem(plan, chip) -> int:
             f"the step plan for {plan.cfg.name} (batch {plan.batch}, max_len {plan.max_len}) needs "
             f"{need / MIB:.1f} MiB of VMEM ({parts} MiB) but {chip.name} has {chip.vmem_bytes / MIB:.0f} MiB "
             f"per core ({chip.source}); lower Tiles.weight_tile_bytes (now {plan.tiles.weight_tile_bytes}) "
-            f"or Tiles.kv_tile (now {plan.tiles.kv_tile}), or the batch")
+            f"or Tiles.kv_tile (now {plan.tiles.kv_tile}), or the batch"
+        )
     return need

@@ -31,13 +31,17 @@ class Bandwidth:
         return max(self.by_probe, key=self.by_probe.get)
 
     def to_dict(self) -> dict:
-        return {"device": self.device, "nbytes": self.nbytes, "bandwidth_Bps": self.best,
-                "best_probe": self.best_probe, "by_probe_Bps": dict(self.by_probe),
-                "kind": "measured (best of runs of each probe)"}
+        return {
+            "device": self.device,
+            "nbytes": self.nbytes,
+            "bandwidth_Bps": self.best,
+            "best_probe": self.best_probe,
+            "by_probe_Bps": dict(self.by_probe),
+            "kind": "measured (best of runs of each probe)",
+        }
 
 
-def measure_bandwidth(nbytes: int = DEFAULT_PROBE_BYTES, runs: int = 5, device=None,
-                      dtype=jnp.float32) -> Bandwidth:
+def measure_bandwidth(nbytes: int = DEFAULT_PROBE_BYTES, runs: int = 5, device=None, dtype=jnp.float32) -> Bandwidth:
     """Measure how fast this device reads memory, in bytes/s.
 
     Two read-only kernels over an array of ``nbytes`` (f32 by default): a full sum (XLA's reduction) and a
@@ -48,8 +52,10 @@ def measure_bandwidth(nbytes: int = DEFAULT_PROBE_BYTES, runs: int = 5, device=N
     (XLA:CPU's BF16 GEMV is far slower than its F32 one: the way to choose a CPU data type).
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 2**20:
-        raise ValueError(f"nbytes must be an integer of at least 1 MiB (use hundreds of MiB so the array "
-                         f"does not fit in a cache), got {nbytes!r}")
+        raise ValueError(
+            f"nbytes must be an integer of at least 1 MiB (use hundreds of MiB so the array "
+            f"does not fit in a cache), got {nbytes!r}"
+        )
     device = device or jax.devices()[0]
     cols = 4096
     rows = max(1, nbytes // (jnp.dtype(dtype).itemsize * cols))
@@ -83,6 +89,7 @@ def device_name(device=None) -> str:
 def sol_fraction(step_s: float, bytes_per_step: float, bandwidth: float) -> float:
     """The speed of light's step time (bytes / bandwidth) over the measured step time."""
     if step_s <= 0 or bytes_per_step <= 0 or bandwidth <= 0:
-        raise ValueError(f"step_s, bytes_per_step and bandwidth must be positive, got "
-                         f"{step_s}, {bytes_per_step}, {bandwidth}")
+        raise ValueError(
+            f"step_s, bytes_per_step and bandwidth must be positive, got {step_s}, {bytes_per_step}, {bandwidth}"
+        )
     return bytes_per_step / bandwidth / step_s

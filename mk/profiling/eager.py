@@ -10,7 +10,7 @@ import jax
 def _sub_jaxprs(eqn) -> list:
     out = []
     for v in eqn.params.values():
-        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+        for x in v if isinstance(v, (tuple, list)) else (v,):
             j = getattr(x, "jaxpr", x)
             if hasattr(j, "eqns"):
                 out.append(j)

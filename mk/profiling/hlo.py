@@ -25,7 +25,7 @@ def _split_type(s: str) -> str:
             depth += ch == "("
             depth -= ch == ")"
             if depth == 0:
-                return s[i + 1:].lstrip()
+                return s[i + 1 :].lstrip()
     return s.split(" ", 1)[1] if " " in s else ""
 
 
@@ -51,8 +51,10 @@ def parse_hlo(text: str) -> tuple[dict[str, list[_Instr]], str]:
             opcode = rest.split("(", 1)[0].strip()
             comps[current].append(_Instr(m.group(1), opcode, rest))
     if entry is None:
-        raise ValueError("no ENTRY computation in this text: pass the optimised HLO of a compiled program "
-                         "(jax.jit(f).lower(*args).compile().as_text())")
+        raise ValueError(
+            "no ENTRY computation in this text: pass the optimised HLO of a compiled program "
+            "(jax.jit(f).lower(*args).compile().as_text())"
+        )
     return comps, entry
 
 

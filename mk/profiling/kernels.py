@@ -28,11 +28,29 @@ CUSTOM_CALL = "custom-call"
 COLLECTIVE = "collective"
 OTHER = "other"
 KERNEL_KINDS = (FUSION, CUSTOM_CALL, COLLECTIVE, OTHER)
-_COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-                "collective-broadcast", "ragged-all-to-all"}
+_COLLECTIVES = {
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+    "ragged-all-to-all",
+}
 # Instructions that launch no work: values that already exist, views and bookkeeping.
-_FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "partition-id",
-         "replica-id", "add-dependency", "opt-barrier", "domain"}
+_FREE = {
+    "parameter",
+    "constant",
+    "tuple",
+    "get-tuple-element",
+    "bitcast",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "add-dependency",
+    "opt-barrier",
+    "domain",
+}
 _CONTROL = {"while", "conditional", "call"}
 
 
@@ -86,7 +104,8 @@ def count_kernels(hlo_text: str) -> KernelCount:
                     walk(body, times * (int(m.group(1)) if m else 1))
             elif ins.opcode == "conditional":
                 branches = callees(ins.rest, "branch_computations") or (
-                    callees(ins.rest, "true_computation") + callees(ins.rest, "false_computation"))
+                    callees(ins.rest, "true_computation") + callees(ins.rest, "false_computation")
+                )
                 largest = max(branches, key=lambda b: _flat_size(comps, b), default=None)
                 for b in branches:  # every branch's kernels are named (a trace shows whichever ran)
                     walk(b, times if b == largest else 0)
@@ -101,8 +120,12 @@ def count_kernels(hlo_text: str) -> KernelCount:
                     names.add(ins.name)
 
     walk(entry, 1)
-    return KernelCount({k: float(kinds.get(k, 0)) for k in KERNEL_KINDS},
-                       {k: float(v) for k, v in ops.items() if v}, unknown, frozenset(names))
+    return KernelCount(
+        {k: float(kinds.get(k, 0)) for k in KERNEL_KINDS},
+        {k: float(v) for k, v in ops.items() if v},
+        unknown,
+        frozenset(names),
+    )
 
 
 def _flat_size(comps: dict, comp: str) -> int:

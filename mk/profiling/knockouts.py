@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Callable
 
 import pandas as pd
-from ..progress import tqdm
 
+from ..progress import tqdm
 from .timing import Timing
 
 
@@ -31,11 +31,12 @@ def knockout_table(time_for: Callable[[frozenset[str]], Timing], components) -> 
 def with_seed_columns(table: pd.DataFrame) -> pd.DataFrame:
     """Add the seed's published component table (vLLM H100 kernel time, megakernel v5e-8 shrink)."""
     from ..published import published, published_table
+
     pub = published_table()
     pub = pub[pub["quantity"] == "knockout_time"]
     out = table.copy()
     for prefix, col in (("ko_vllm_", "seed_vllm_h100_s"), ("ko_mk_", "seed_megakernel_v5e8_s")):
-        vals = {k[len(prefix):]: v for k, v in zip(pub["key"], pub["value"]) if k.startswith(prefix)}
+        vals = {k[len(prefix) :]: v for k, v in zip(pub["key"], pub["value"]) if k.startswith(prefix)}
         out[col] = out["component"].map(vals)
     whole = table.loc[table["component"] == "(whole step)"].index
     out.loc[whole, "seed_vllm_h100_s"] = published("vllm_h100_moe_step")

@@ -37,8 +37,13 @@ class Timing:
         return self.iqr_s / self.median_s
 
     def to_dict(self) -> dict:
-        return {"median_s": self.median_s, "min_s": self.min_s, "iqr_s": self.iqr_s, "spread": self.spread,
-                "runs": len(self.times_s)}
+        return {
+            "median_s": self.median_s,
+            "min_s": self.min_s,
+            "iqr_s": self.iqr_s,
+            "spread": self.spread,
+            "runs": len(self.times_s),
+        }
 
 
 def time_call(call: Callable[[], Any], warmup: int = 2, runs: int = 10) -> Timing:
