@@ -65,6 +65,11 @@ def check_engine(engine: str) -> str:
     return engine
 
 
+def cache_multiple(engine: str) -> int:
+    """The slot multiple the engine reads caches in (``register_engine``)."""
+    return _ENGINES[check_engine(engine)][1]
+
+
 def get_step(engine: str, cfg: Gemma4Config, **options) -> Step:
     """The engine's step for ``cfg``; ``options`` go to its ``make_step`` (e.g. the megakernel's kv_tile)."""
     return _ENGINES[check_engine(engine)][0](cfg, **options)
@@ -139,7 +144,7 @@ def generate(
             f"cache positions, the cache holds {max_len}"
         )
     step = get_step(engine, cfg, **(engine_options or {}))
-    cache = init_cache(cfg, B, max_len, cache_dtype, multiple=_ENGINES[engine][1])
+    cache = init_cache(cfg, B, max_len, cache_dtype, multiple=cache_multiple(engine))
     logits, cache = prefill(params, cfg, tokens, cache, lengths)
     adopt = getattr(step, "adopt_cache", None)
     if adopt is not None:  # the engine's own cache layout, made once

@@ -406,7 +406,14 @@ class MegakernelEngine:
         self._packed_key, self._packed = None, None
         self._steps: dict = {}
 
+    def prepare(self, params: dict, cfg: Gemma4Config) -> dict:
+        """The kernel's layout of ``params`` (``pack``), made once: a step given it reads it as it is
+        (mk.bench times the step on it, so the timed program holds no re-layout)."""
+        return self.packed(params)
+
     def packed(self, params: dict) -> dict:
+        if "weights" in params and "vectors" in params:  # packed already
+            return params
         key = tuple(id(v) for v in params.values())
         if key != self._packed_key:
             self._packed, self._packed_key = pack(params, self.cfg), key
@@ -470,8 +477,10 @@ class MegakernelEngine:
         t0 = cfg.layer_types[0]
         batch = cache[f"{t0}.k"].shape[1]
         max_len = cache["full.k"].shape[3] if cfg.full_layers else cfg.sliding_window
-        c = self.compiled(batch, max_len, params["embed"].dtype, cache[f"{t0}.k"].dtype, ko, with_logits, count_dmas)
-        return c.fn(self.packed(params), cache, tokens, pos)
+        packed = self.packed(params)
+        weight_dtype = packed["weights"]["embed"].dtype
+        c = self.compiled(batch, max_len, weight_dtype, cache[f"{t0}.k"].dtype, ko, with_logits, count_dmas)
+        return c.fn(packed, cache, tokens, pos)
 
     def __call__(self, params, cfg, cache, tokens, pos, knockout=frozenset()):
         out = self.run(params, cfg, cache, tokens, pos, knockout)
