@@ -196,7 +196,13 @@ def _add_bench(sub) -> None:
     p.add_argument("--checkpoint", help="a Hugging Face checkpoint folder or hub repo id (checked against --preset)")
     p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
-    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps (default 10)")
+    p.add_argument(
+        "--precision",
+        type=float,
+        default=0.02,
+        help="stop once the fraction of the speed of light is known to +- this (95%% interval; default 0.02)",
+    )
+    p.add_argument("--budget", type=float, default=30.0, help="seconds of interleaved rounds at most (default 30)")
     p.add_argument(
         "--dtype",
         choices=list(DTYPES),
@@ -224,7 +230,19 @@ def _run_bench(a) -> None:
     if a.checkpoint:
         cfg, params = load_checkpoint(a.checkpoint, cfg, dtype=DTYPES[a.dtype])
         weights = str(a.checkpoint)
-    r = run_bench(cfg, a.context, a.batch, a.steps, a.dtype, a.engine, params=params, weights=weights)
+    if not 0 < a.precision < 1 or a.budget <= 0:
+        raise ValueError(f"--precision must be in (0, 1) and --budget positive, got {a.precision} and {a.budget}")
+    r = run_bench(
+        cfg,
+        a.context,
+        a.batch,
+        a.dtype,
+        a.engine,
+        params=params,
+        weights=weights,
+        precision=a.precision,
+        budget_s=a.budget,
+    )
     row = r.row()
     if not a.no_csv:
         row["csv"] = str(append_row(row, a.csv))

@@ -2,6 +2,12 @@
 set it against the measured speed of light, and append a row with its provenance to
 ``data/measured/bench.csv``.
 
+The step and a bandwidth probe (a GEMV streaming an array once) run interleaved, round after round
+(mk.profiling.interleaved), so both see the same load; each round gives a fraction of the speed of light
+(the probe's bandwidth over the bytes per step, against the step), and the run reports the median of
+those with its 95% interval, the step's and the bandwidth's, and the machine's load: rounds go on until
+the fraction is known to +-``precision`` or the time budget runs out.
+
 The step is timed at position ``context - 1`` of a cache sized to ``context``, so it reads the
 KV cache ``mk.sol`` counts for that context. Decode time does not depend on what the cache holds
 (the shapes are fixed and masked), so the cache is left zero rather than filled by a prefill.
@@ -37,18 +43,30 @@ COLUMNS = (
     "dtype",
     "context",
     "batch",
-    "steps",
+    "rounds",
     "step_ms",
-    "spread",
+    "step_low_ms",
+    "step_high_ms",
     "tokens_per_s",
     "tokens_per_s_total",
     "kernels_per_step",
     "bytes_per_token",
     "bandwidth_GBps",
+    "bandwidth_low_GBps",
+    "bandwidth_high_GBps",
     "sol_tokens_per_s",
     "sol_fraction",
+    "sol_fraction_low",
+    "sol_fraction_high",
+    "load_before",
+    "load_after",
     "weights",
 )
+# Reruns of the same bench on this 2-core machine agree within +-RERUN_BAND of their median fraction of the speed
+# of light: measured, five consecutive cpu-moe runs at context 1024 gave 0.640, 0.638, 0.627, 0.626, 0.594
+# (data/measured/bench.csv), each with a 95% interval of about +-0.02, while the load drifted from 1.0 to
+# 1.7: between runs the machine changes more than within one.
+RERUN_BAND = 0.05
 # The data type a run's arrays use, and the mk.sol policy that counts its bytes.
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 
@@ -98,30 +116,32 @@ def append_row(row: dict, path: Path = BENCH_CSV) -> Path:
 
 @dataclass(frozen=True)
 class BenchResult:
-    """One benchmark run: the step timing, kernels, bytes and the measured speed of light."""
+    """One benchmark run: the step, the probe's bandwidth and the fraction of the speed of light, each a
+    median with its interval over interleaved rounds; kernels, bytes and the method's provenance."""
 
     cfg: Gemma4Config
     engine: str
     dtype: str
     context: int
     batch: int
-    timing: profiling.Timing
+    step: profiling.Estimate  # seconds
+    bandwidth: profiling.Estimate  # bytes/s, the probe's in the same rounds
+    fraction: profiling.Estimate  # of the speed of light, round by round
     kernels: profiling.KernelCount
     bytes_per_token: float
-    bandwidth: profiling.Bandwidth
     weights: str  # "random (seed N)" or the checkpoint's path
     provenance: dict
+    method: dict  # rounds, elapsed_s, confidence, load_before, load_after
 
     @property
     def step_s(self) -> float:
-        return self.timing.median_s
+        return self.step.median
 
     @property
     def sol_fraction(self) -> float:
-        return profiling.sol_fraction(self.step_s, self.bytes_per_token, self.bandwidth.best)
+        return self.fraction.median
 
     def row(self) -> dict:
-        sol_step = self.bytes_per_token / self.bandwidth.best
         return {
             **self.provenance,
             "engine": self.engine,
@@ -129,16 +149,23 @@ class BenchResult:
             "dtype": self.dtype,
             "context": self.context,
             "batch": self.batch,
-            "steps": len(self.timing.times_s),
-            "step_ms": round(self.step_s * 1e3, 4),
-            "spread": round(self.timing.spread, 4),
+            "rounds": self.method["rounds"],
+            "step_ms": round(self.step.median * 1e3, 4),
+            "step_low_ms": round(self.step.low * 1e3, 4),
+            "step_high_ms": round(self.step.high * 1e3, 4),
             "tokens_per_s": round(1 / self.step_s, 2),
             "tokens_per_s_total": round(self.batch / self.step_s, 2),
             "kernels_per_step": self.kernels.total,
             "bytes_per_token": int(self.bytes_per_token),
-            "bandwidth_GBps": round(self.bandwidth.best / 1e9, 3),
-            "sol_tokens_per_s": round(1 / sol_step, 2),
-            "sol_fraction": round(self.sol_fraction, 4),
+            "bandwidth_GBps": round(self.bandwidth.median / 1e9, 3),
+            "bandwidth_low_GBps": round(self.bandwidth.low / 1e9, 3),
+            "bandwidth_high_GBps": round(self.bandwidth.high / 1e9, 3),
+            "sol_tokens_per_s": round(self.bandwidth.median / self.bytes_per_token, 2),
+            "sol_fraction": round(self.fraction.median, 4),
+            "sol_fraction_low": round(self.fraction.low, 4),
+            "sol_fraction_high": round(self.fraction.high, 4),
+            "load_before": round(self.method["load_before"], 2),
+            "load_after": round(self.method["load_after"], 2),
             "weights": self.weights,
         }
 
@@ -148,13 +175,17 @@ class BenchResult:
             [
                 f"{r['model']} / {r['engine']} on {r['device']}, {r['dtype']}, context {r['context']}, "
                 f"batch {r['batch']} (measured {r['date']}, JAX {r['jax_version']})",
-                f"  step              {r['step_ms']:10.3f} ms  (median of {r['steps']}, IQR {r['spread']:.1%})",
+                f"  step              {r['step_ms']:10.3f} ms  (median of {r['rounds']} interleaved rounds, "
+                f"95% interval {r['step_low_ms']:.3f}-{r['step_high_ms']:.3f})",
                 f"  tokens/s/user     {r['tokens_per_s']:10.1f}",
                 f"  tokens/s total    {r['tokens_per_s_total']:10.1f}",
                 f"  kernels per step  {r['kernels_per_step']:10.0f}  (compiled program)",
                 f"  bytes per token   {r['bytes_per_token'] / 1e6:10.1f} MB  (modelled, mk.sol '{r['dtype']}')",
-                f"  bandwidth         {r['bandwidth_GBps']:10.2f} GB/s  (measured, {self.bandwidth.best_probe})",
-                f"  speed of light    {r['sol_tokens_per_s']:10.1f} tok/s  -> {r['sol_fraction']:.1%} reached",
+                f"  bandwidth         {r['bandwidth_GBps']:10.2f} GB/s  (measured, GEMV probe in the same rounds, "
+                f"{r['bandwidth_low_GBps']:.2f}-{r['bandwidth_high_GBps']:.2f})",
+                f"  speed of light    {r['sol_tokens_per_s']:10.1f} tok/s  -> {r['sol_fraction']:.1%} reached "
+                f"(95% interval {r['sol_fraction_low']:.1%}-{r['sol_fraction_high']:.1%})",
+                f"  machine load      {r['load_before']:10.2f} -> {r['load_after']:.2f}  (1-minute average)",
             ]
         )
 
@@ -168,9 +199,11 @@ def decode_call(
     dtype: str,
     knockout=frozenset(),
     program: bool = False,
+    cache_multiple: int = 1,
 ) -> Callable[[], jax.Array]:
     """A no-argument call that runs one decode step of ``batch`` users at position ``context - 1``
-    of a zero cache of ``context`` positions, threading the (donated) cache from call to call.
+    of a zero cache of ``context`` positions (slots rounded up to ``cache_multiple``, in the engine's own
+    layout when its step has ``adopt_cache``), threading the (donated) cache from call to call.
 
     ``program=True`` runs the step as :func:`step_program`, kept as ``call.program``: the program
     ``compiled_kernels(call.program, *call.args())`` counts (compiled once, shared with the calls),
@@ -178,7 +211,7 @@ def decode_call(
     """
     from .reference import init_cache
 
-    prepare = getattr(step, "prepare", None)
+    prepare, adopt = getattr(step, "prepare", None), getattr(step, "adopt_cache", None)
     if prepare is not None:  # the engine's own layout, made once outside the timed (and jitted) step
         params = prepare(params, cfg)
     prog = step_program(step, cfg, knockout) if program else None
@@ -189,7 +222,8 @@ def decode_call(
 
     tokens = jnp.zeros((batch,), jnp.int32)
     pos = jnp.asarray(context - 1, jnp.int32)
-    state = {"cache": init_cache(cfg, batch, context, DTYPES[dtype])}
+    cache = init_cache(cfg, batch, context, DTYPES[dtype], multiple=cache_multiple)
+    state = {"cache": adopt(cache) if adopt is not None else cache}
 
     def call():
         logits, state["cache"] = step(params, cfg, state["cache"], tokens, pos, knockout)
@@ -198,6 +232,25 @@ def decode_call(
     call.args = lambda: (params, state["cache"], tokens, pos)  # for compiling the same step
     call.program = prog
     return call
+
+
+def kernels_per_step(
+    step, params: dict, cfg: Gemma4Config, context: int, batch: int, dtype: str, knockout=frozenset()
+) -> float:
+    """Kernels the compiled step (with ``knockout``) launches, counted in its optimised program."""
+    call = decode_call(step, params, cfg, context, batch, dtype, knockout, program=True)
+    return profiling.compiled_kernels(call.program, *call.args()).total
+
+
+def op_by_op(call: Callable[[], jax.Array]) -> Callable[[], jax.Array]:
+    """``call`` with every primitive dispatched as its own program (``jax.disable_jit``), as an eager
+    framework runs it: to time beside the compiled step, interleaved."""
+
+    def eager():
+        with jax.disable_jit():
+            return jax.block_until_ready(call())
+
+    return eager
 
 
 def step_program(step, cfg: Gemma4Config, knockout=frozenset()):
@@ -209,24 +262,25 @@ def run_bench(
     cfg: Gemma4Config,
     context: int,
     batch: int = 1,
-    steps: int = 10,
     dtype: str = "f32",
     engine: str = "reference",
     params: dict | None = None,
     weights: str | None = None,
-    bandwidth: profiling.Bandwidth | None = None,
-    warmup: int = 2,
+    precision: float = 0.02,
+    budget_s: float = 30.0,
+    probe_bytes: int = profiling.DEFAULT_PROBE_BYTES,
     seed: int = 0,
 ) -> BenchResult:
-    """Benchmark ``engine``'s decode step for ``cfg`` at ``context`` positions and ``batch`` users.
+    """Benchmark ``engine``'s decode step for ``cfg`` at ``context`` positions and ``batch`` users: the
+    step and the bandwidth probe interleaved until the fraction of the speed of light is known to
+    +-``precision`` (its 95% interval's half-width) or ``budget_s`` is spent.
 
-    ``params`` default to random weights (seeded: timing does not depend on the values);
-    ``bandwidth`` to a fresh probe of this device. ``steps`` timed steps follow ``warmup`` untimed ones.
+    ``params`` default to random weights (seeded: timing does not depend on the values).
     """
-    from .generate import get_step
+    from .generate import cache_multiple, get_step
     from .weights import random_params
 
-    for name, v in (("context", context), ("batch", batch), ("steps", steps)):
+    for name, v in (("context", context), ("batch", batch)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if dtype not in DTYPES:
@@ -234,20 +288,30 @@ def run_bench(
     step = get_step(engine, cfg)
     if params is None:
         params, weights = random_params(cfg, seed, DTYPES[dtype]), f"random (seed {seed})"
-    call = decode_call(step, params, cfg, context, batch, dtype, program=True)
-    timing = profiling.time_call(call, warmup=warmup, runs=steps)
+    call = decode_call(step, params, cfg, context, batch, dtype, program=True, cache_multiple=cache_multiple(engine))
     kernels = profiling.compiled_kernels(call.program, *call.args())
-    bandwidth = bandwidth or profiling.measure_bandwidth()
+    probe, nbytes = profiling.gemv_probe(probe_bytes, dtype=DTYPES[dtype])
+    per_token = bytes_per_token(cfg, context, batch, dtype).total
+
+    def fractions(times):
+        return [per_token * tp / (nbytes * ts) for ts, tp in zip(times["step"], times["probe"])]
+
+    def precise(times):
+        return profiling.Estimate.of(fractions(times), 0.95).halfwidth <= precision
+
+    cmp = profiling.interleaved({"step": call, "probe": probe}, "step", budget_s=budget_s, precise=precise)
     return BenchResult(
         cfg,
         engine,
         dtype,
         context,
         batch,
-        timing,
+        cmp.times["step"],
+        profiling.Estimate.of([nbytes / t for t in cmp.raw["probe"]], cmp.confidence),
+        profiling.Estimate.of(fractions(cmp.raw), cmp.confidence),
         kernels,
-        bytes_per_token(cfg, context, batch, dtype).total,
-        bandwidth,
+        per_token,
         weights or "given",
         provenance(),
+        cmp.provenance(),
     )

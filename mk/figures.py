@@ -56,9 +56,10 @@ _exporter: bool | None = None  # None: not tried yet; False: no Chromium, PNGs s
 
 def provenance(fig: go.Figure, kind: str, hardware: str, source: str | None = None) -> go.Figure:
     """Add (or replace) the footer saying what the numbers are: their kind, the hardware, and the
-    source (for measured numbers, by default the JAX version and today's date)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    source (for measured numbers, by default the JAX version and today's date). A figure that shows
+    several kinds names them all, joined by " + " (``"published + modelled"``)."""
+    if not kind or any(k not in KINDS for k in kind.split(" + ")):
+        raise ValueError(f"kind must be one of {KINDS}, or several joined by ' + ', got {kind!r}")
     if source is None:
         if kind != "measured":
             raise ValueError(f"a {kind} figure needs its source (the seed, or which model)")
@@ -111,6 +112,39 @@ def legend_below_title(fig: go.Figure) -> go.Figure:
     return fig
 
 
+def log_ticks(fig: go.Figure) -> go.Figure:
+    """Label every logarithmic axis at 1, 2 and 5 times the powers of ten its data spans, with whole
+    numbers (plotly's own minor labels read "2", "5" for 20, 50, 200, ...)."""
+    import numpy as np
+
+    names = [k for k in fig.layout if k.startswith(("xaxis", "yaxis"))]
+
+    def root(name):  # facet axes that match another share its ticks and its data
+        return fig.layout[name].matches or name[0] + name[5:]
+
+    for name in names:
+        axis = fig.layout[name]
+        if axis.type != "log" or axis.tickvals is not None:
+            continue
+        letter = name[0]
+        refs = {n[0] + n[5:] for n in names if n[0] == letter and root(n) == root(name)}
+        values = [
+            _numbers(getattr(t, letter))
+            for t in fig.data
+            if getattr(t, letter) is not None and (getattr(t, letter + "axis") or letter) in refs
+        ]
+        v = np.concatenate(values) if values else np.array([])
+        v = v[np.isfinite(v) & (v > 0)]
+        if v.size == 0:
+            continue
+        lo, hi = np.floor(np.log10(v.min())), np.ceil(np.log10(v.max()))
+        ticks = [
+            m * 10.0**k for k in np.arange(lo, hi + 1) for m in (1, 2, 5) if v.min() / 2 <= m * 10.0**k <= v.max() * 2
+        ]
+        axis.update(tickvals=ticks, ticktext=[f"{t:,.6g}" for t in ticks])
+    return fig
+
+
 def facet_titles(fig: go.Figure) -> go.Figure:
     """Plotly Express labels facets ``model=gemma4-31b``; keep just the value."""
     return fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]) if a.name != FOOTER_NAME else None)
@@ -148,19 +182,24 @@ def _start_exporter() -> bool:
 
 
 def save_figure(fig: go.Figure, name: str, svg: bool = False, out_dir: Path | None = None) -> list[Path]:
-    """Write ``figures/NAME.html`` and, when a Chromium is available, ``NAME.png`` (and ``NAME.svg``).
+    """Write ``figures/NAME.html``, ``NAME.json`` (the figure, for ``plotly.io.read_json``) and, when a
+    Chromium is available, ``NAME.png`` (and ``NAME.svg``).
 
     The figure must carry a footer from :func:`provenance`. Returns the paths written.
     """
     if not any(a.name == FOOTER_NAME for a in fig.layout.annotations):
         raise ValueError(f"figure {name!r} has no provenance footer: call mk.figures.provenance(fig, ...) first")
     legend_below_title(fig)  # again: the layout may have changed since provenance()
+    log_ticks(fig)
     out = Path(out_dir) if out_dir is not None else FIGURES_DIR
     out.mkdir(parents=True, exist_ok=True)
     html = out / f"{name}.html"  # self-contained (plotly.js inside) so it opens offline
     page = fig.to_html(include_plotlyjs=True, full_html=True)
     write_atomic(html, lambda tmp: tmp.write_text(page, encoding="utf-8"))
-    written = [html]
+    spec = out / f"{name}.json"
+    doc = fig.to_json()
+    write_atomic(spec, lambda tmp: tmp.write_text(doc, encoding="utf-8"))
+    written = [html, spec]
     if _start_exporter():
         with warnings.catch_warnings():  # plotly notes that per-call kaleido options are unused with a server
             warnings.filterwarnings("ignore", message="The kopts argument is ignored")
@@ -170,3 +209,112 @@ def save_figure(fig: go.Figure, name: str, svg: bool = False, out_dir: Path | No
                 write_atomic(path, lambda tmp: tmp.write_bytes(image))
                 written.append(path)
     return written
+
+
+def knockout_figure(table, model: str, hardware: str) -> go.Figure:
+    """Knock-outs in two panels, each on its own axis so every bar shows: this machine's shrinks with
+    their intervals beside each component's bytes over the measured bandwidth; and the seed's
+    published columns (26B-A4B: vLLM kernel time on an H100, the megakernel's shrink on a v5e-8) on a
+    logarithmic axis, whose bars span two orders of magnitude."""
+    from plotly.subplots import make_subplots
+
+    rows = table[table["component"] != "(whole step)"]
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        horizontal_spacing=0.12,
+        subplot_titles=(f"{model}, this machine (measured; bytes modelled)", "the seed, 26B-A4B (published)"),
+    )
+    ms = 1e3
+    fig.add_bar(
+        x=rows["component"],
+        y=rows["shrink_s"] * ms,
+        name="shrink when off (median, 95% interval)",
+        error_y=dict(
+            type="data",
+            symmetric=False,
+            array=(rows["shrink_high_s"] - rows["shrink_s"]) * ms,
+            arrayminus=(rows["shrink_s"] - rows["shrink_low_s"]) * ms,
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_bar(x=rows["component"], y=rows["bytes_time_s"] * ms, name="its bytes / measured bandwidth", row=1, col=1)
+    for col, label in (
+        ("seed_vllm_h100_s", "vLLM kernel time, H100"),
+        ("seed_megakernel_v5e8_s", "megakernel shrink, v5e-8"),
+    ):
+        seed = rows.dropna(subset=[col])
+        fig.add_bar(x=seed["component"], y=seed[col] * ms, name=label, row=1, col=2)
+    fig.update_yaxes(title_text="ms per step", row=1, col=1)
+    fig.update_yaxes(title_text="ms per step (log)", type="log", row=1, col=2)
+    fig.update_layout(
+        barmode="group",
+        title="Component costs: what switching each off saves",
+        legend=dict(orientation="h", y=1.02, yanchor="bottom"),
+    )
+    return fig
+
+
+def check_figure(fig: go.Figure) -> list[str]:
+    """What a reader could not see in ``fig``: a horizontal legend above the plot that is not hung below
+    the title (:func:`legend_below_title`), several series without a legend, a series with no mark inside
+    its axis' range (a bar shorter than 0.5% of the axis is no mark), a line drawn exactly under another.
+    Axis ranges are plotly's own (``full_figure_for_development``, which needs a Chromium)."""
+    import numpy as np
+
+    problems = []
+    full = fig.full_figure_for_development(warn=False)
+    legend, title = full.layout.legend, full.layout.title
+    traces = [t for t in full.data if t.visible is not False]
+    if legend.orientation == "h" and (legend.y is None or legend.y >= 1 or legend.yref == "container"):
+        height = full.layout.height or EXPORT_SIZE["height"]
+        size = title.font.size or 1.4 * FONT_SIZE
+        title_bottom = 1 - (TITLE_PAD + (title.text or "").count("<br>") * size * 1.3 + size * 1.3) / height
+        if title.text and (legend.yref != "container" or legend.y > title_bottom):
+            problems.append("the legend sits over the title")
+    shown = [t for t in traces if t.showlegend is not False and t.name]
+    if len(traces) > 1 and (full.layout.showlegend is False or not shown):
+        problems.append(f"{len(traces)} series but no legend")
+    for t in traces:
+        horizontal = getattr(t, "orientation", None) == "h"
+        values = t.x if horizontal else t.y
+        if values is None:
+            continue
+        axis = full.layout[("xaxis" if horizontal else "yaxis") + ((t.xaxis if horizontal else t.yaxis) or "")[1:]]
+        v = _numbers(values)
+        v = v[np.isfinite(v)]
+        if axis.type == "log":
+            v = np.log10(v[v > 0])
+        lo, hi = sorted(axis.range)
+        if t.type == "bar":  # bars from the axis' foot (or their own base): seen if they cover 0.5% of it together
+            lengths = np.clip(v, lo, hi) - lo if axis.type == "log" else np.minimum(np.abs(v), hi - lo)
+            visible = lengths.sum() >= 0.005 * (hi - lo)
+        else:
+            visible = bool(np.any((v >= lo) & (v <= hi)))
+        if not visible:
+            problems.append(f"series {t.name!r} has no visible mark")
+    lines = [t for t in traces if t.type == "scatter" and t.x is not None and t.y is not None]
+    for i, a in enumerate(lines):
+        for b in lines[i + 1 :]:
+            same = all(np.array_equal(_numbers(p), _numbers(q)) for p, q in ((a.x, b.x), (a.y, b.y)))
+            if a.xaxis == b.xaxis and a.yaxis == b.yaxis and same:
+                problems.append(f"series {b.name!r} is drawn exactly over {a.name!r}")
+    return problems
+
+
+def _numbers(values):
+    """A trace's values as floats (non-numbers NaN), from a list or plotly's typed-array JSON (``bdata``)."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(values, dict) and "bdata" in values:
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).astype(float)
+    out = []
+    for x in values:
+        try:
+            out.append(float(x))
+        except (TypeError, ValueError):
+            out.append(float("nan"))
+    return np.asarray(out)

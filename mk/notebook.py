@@ -51,8 +51,9 @@ def check_parameters(namespace: dict, **expected) -> None:
 
 
 def show(df: pd.DataFrame, kind: str | None = None, digits: int = 3) -> None:
-    """Display ``df`` rounded, with its ``kind`` column last (set to ``kind`` when given). Every
-    table a notebook shows says whether its numbers are published, modelled or measured."""
+    """Display ``df`` whole (no rows or columns elided) and rounded, with its ``kind`` column last (set to
+    ``kind`` when given). Every table a notebook shows says whether its numbers are published, modelled or
+    measured."""
     if kind is not None:
         df = df.assign(kind=kind)
     if "kind" not in df.columns:
@@ -60,4 +61,7 @@ def show(df: pd.DataFrame, kind: str | None = None, digits: int = 3) -> None:
     df = df[[c for c in df.columns if c != "kind"] + ["kind"]].round(digits)
     from IPython.display import display
 
-    display(df)
+    with pd.option_context(
+        "display.max_rows", None, "display.max_columns", None, "display.width", None, "display.max_colwidth", None
+    ):
+        display(df)

@@ -14,7 +14,7 @@ import pandas as pd
 
 from .chips import Chip, get_chip
 from .config import SLIDING, Gemma4Config, get_config
-from .params import EXPERTS, param_specs
+from .params import EXPERTS, ROUTER, SHARED_MLP, param_specs
 from .published import published_table
 
 KV_SLIDING = "kv_sliding"
@@ -269,13 +269,22 @@ def published_vs_sol(keys=None) -> pd.DataFrame:
 
 
 def component_table(models, context: int = 1024, batch: int = 1, dtype: str = "bf16") -> pd.DataFrame:
-    """Bytes read per step by component, one row per (model, component)."""
+    """Bytes read per step by component, one row per (model, component). A dense model's MLP is its only
+    one: it is called ``mlp`` here (``shared_mlp`` beside the routed experts of an MoE model)."""
     rows = []
     for m in models:
-        bc = bytes_per_token(_cfg(m), context, batch, dtype)
+        cfg = _cfg(m)
+        bc = bytes_per_token(cfg, context, batch, dtype)
         rows += [
-            dict(model=bc.model, component=k, bytes=v, share=v / bc.total, kind=MODELLED)
+            dict(
+                model=bc.model,
+                component="mlp" if k == SHARED_MLP and not cfg.is_moe else k,
+                bytes=v,
+                share=v / bc.total,
+                kind=MODELLED,
+            )
             for k, v in bc.by_component.items()
+            if cfg.is_moe or k not in (EXPERTS, ROUTER)
         ]
     return pd.DataFrame(rows)
 

@@ -89,7 +89,7 @@ def test_a_vertical_legend_is_left_beside_the_title():
 )
 def test_html_png_and_svg_with_chromium(tmp_path):
     written = save_figure(provenance(small_figure(), "modelled", "h100", "test"), "fig", svg=True, out_dir=tmp_path)
-    assert sorted(p.name for p in written) == ["fig.html", "fig.png", "fig.svg"]
+    assert sorted(p.name for p in written) == ["fig.html", "fig.json", "fig.png", "fig.svg"]
     assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*partial"))  # temporary names renamed away
 
@@ -111,6 +111,31 @@ def test_without_chromium_html_only_and_one_warning(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[:2] == ["['a.html']", "['b.html']"]
+    assert lines[:2] == ["['a.html', 'a.json']", "['b.html', 'b.json']"]
     assert lines[2].startswith("1 no Chromium found") and "apt-get install chromium" in lines[2]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html", "b.html"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html", "a.json", "b.html", "b.json"]
+
+
+def test_check_figure_finds_what_a_reader_cannot_see():
+    """A bar too short to see on its axis, several series without a legend, a line under another, a legend
+    over the title: each reported; a clean figure passes."""
+    import shutil
+
+    if not (shutil.which("chromium") or os.environ.get("BROWSER_PATH")):
+        pytest.skip("plotly lays out figures in a Chromium")
+    from mk.figures import check_figure
+
+    good = go.Figure([go.Bar(x=["a", "b"], y=[3, 5], name="one"), go.Bar(x=["a", "b"], y=[2, 4], name="two")])
+    good.update_layout(title="clean", legend=dict(orientation="h", y=1.02, yanchor="bottom"))
+    provenance(good, "modelled", "none", "a test")
+    assert check_figure(good) == []
+    tiny = go.Figure([go.Bar(x=["a"], y=[1000], name="big"), go.Bar(x=["a"], y=[0.5], name="tiny")])
+    assert any("'tiny' has no visible mark" in p for p in check_figure(tiny))
+    hidden = go.Figure([go.Scatter(x=[1, 2], y=[1, 2], name="a"), go.Scatter(x=[1, 2], y=[1, 2], name="b")])
+    assert any("drawn exactly over" in p for p in check_figure(hidden))
+    unnamed = go.Figure([go.Scatter(x=[1, 2], y=[1, 2]), go.Scatter(x=[1, 2], y=[2, 3])])
+    unnamed.update_layout(showlegend=False)
+    assert any("no legend" in p for p in check_figure(unnamed))
+    over = go.Figure([go.Bar(x=["a"], y=[1], name="one"), go.Bar(x=["a"], y=[2], name="two")])
+    over.update_layout(title="a title", legend=dict(orientation="h", y=1.02, yanchor="bottom"))
+    assert "the legend sits over the title" in check_figure(over)

@@ -83,3 +83,29 @@ def test_runner_runs_every_notebook_with_ci_parameters():
         for ext in kinds:
             f = ROOT / "figures" / f"{name}.{ext}"
             assert f.exists() and f.stat().st_mtime >= start and f.stat().st_size > 0, f"{f} was not written"
+    # Every figure the run wrote can be read whole: legends clear of titles, a legend for several series,
+    # every series with a visible mark, no line hidden under another (laid out by plotly in a Chromium).
+    if "png" in kinds:
+        import plotly.io as pio
+
+        from mk.figures import check_figure
+
+        specs = [f for f in sorted((ROOT / "figures").glob("*.json")) if f.stat().st_mtime >= start]
+        assert specs
+        problems = {f.stem: check_figure(pio.read_json(f)) for f in specs}
+        assert not any(problems.values()), {k: v for k, v in problems.items() if v}
+    # A healthy run is quiet: no output line of any notebook looks like an error or a warning.
+    noisy = []
+    for path in NOTEBOOKS:
+        executed = nbformat.read(ROOT / "build" / "notebooks" / path.name, as_version=4)
+        for i, cell in enumerate(executed.cells):
+            for out in cell.get("outputs", []):
+                text = out.get("text", "") if out.get("output_type") == "stream" else ""
+                if out.get("output_type") == "error" or (out.get("name") == "stderr" and text.strip()):
+                    noisy.append((path.name, i, text[:200] or out.get("ename")))
+                noisy += [(path.name, i, line[:200]) for line in text.splitlines() if NOISE.search(line)]
+    assert not noisy, noisy
+
+
+# What an error or warning line looks like (libtpu's E0000/W0000 logs, Python warnings, tracebacks).
+NOISE = re.compile(r"\b(E|W)\d{4} |Traceback|Warning:|WARNING|ERROR|IProgress")

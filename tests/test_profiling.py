@@ -2,6 +2,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from mk import profiling as P
@@ -125,12 +126,48 @@ def test_count_eager_ops_unrolls_scans_and_inlines_jit():
     assert P.count_eager_ops(f, jnp.ones(3)) == 3 * 2 + 1 + 1
 
 
-def test_knockout_table_reports_shrink_and_seed_columns():
-    steps = {frozenset(): 10.0, frozenset({"experts"}): 6.0, frozenset({"router"}): 9.5}
-    table = P.knockout_table(lambda ko: Timing((steps[ko],) * 3), ["experts", "router"])
+def _sleeper(seconds):
+    return lambda: time.sleep(seconds)
+
+
+def test_median_interval_is_the_order_statistic_interval():
+    assert P.median_interval(list(range(1, 21))) == (6, 15)  # n = 20, 95%: ranks 6 and 15
+    assert P.median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few values: the whole range
+    rng = np.random.default_rng(0)
+    hits = np.mean([lo <= 0 <= hi for lo, hi in (P.median_interval(rng.standard_normal(15)) for _ in range(2000))])
+    assert 0.94 <= hits <= 0.99  # it covers the true median as often as it says
+
+
+def test_interleaved_resolves_a_real_difference_and_bounds_a_null_one():
+    cmp = P.interleaved(
+        {"a": _sleeper(0.010), "b": _sleeper(0.013), "a2": _sleeper(0.010)}, "a", precision=0.05, budget_s=10, warmup=1
+    )
+    assert cmp.rounds >= 7 and cmp.load[0] == cmp.load[0]
+    d = cmp.differences["b"]
+    assert not d.holds_zero and 0.002 < d.median < 0.004 and d.low <= d.median <= d.high
+    assert abs(cmp.differences["a2"].median) < 0.001 and cmp.differences["a2"].halfwidth < 0.001
+    table = cmp.table().set_index("variant")
+    assert table.loc["b", "resolved"] and table.loc["a", "diff_s"] == 0
+    with pytest.raises(ValueError, match="baseline"):
+        P.interleaved({"a": _sleeper(0)}, "z")
+
+
+def test_knockout_table_reports_shrinks_with_intervals_and_seed_columns():
+    steps = {frozenset(): 0.012, frozenset({"experts"}): 0.006, frozenset({"router"}): 0.012}
+    table = P.knockout_table(
+        lambda ko: _sleeper(steps[ko]),
+        ["experts", "router"],
+        bytes_time_s={"experts": 0.001, "router": 0.0},
+        budget_s=10,
+        warmup=1,
+    )
     assert list(table["component"]) == ["(whole step)", "experts", "router"]
-    assert list(table["shrink_s"]) == [0.0, 4.0, 0.5]
-    assert table["shrink_fraction"].iloc[1] == pytest.approx(0.4)
+    experts = table.iloc[1]
+    assert experts.shrink_low_s <= experts.shrink_s <= experts.shrink_high_s
+    assert experts.shrink_s == pytest.approx(0.006, abs=0.001)
+    assert experts.verdict.startswith("above its bytes")  # 6 ms shrink against 1 ms of bytes
+    assert table.iloc[2].shrink_low_s < 0.001  # no change: a shrink about zero
+    assert table["shrink_fraction"].iloc[1] == pytest.approx(0.5, abs=0.1)
     seeded = P.with_seed_columns(table)
     assert seeded["seed_vllm_h100_s"].iloc[1] == pytest.approx(1.76e-3)
     assert seeded["seed_megakernel_v5e8_s"].iloc[2] == pytest.approx(0.02e-3)

@@ -5,14 +5,18 @@ from __future__ import annotations
 from .records import Op, Start, Wait
 
 
-def timeline(plan, chip, distinct: dict[int, int] | None = None) -> list[dict]:
+def timeline(
+    plan, chip, distinct: dict[int, int] | None = None, op_overhead_s: float = 0.0, dma_issue_s: float = 0.0
+) -> list[dict]:
     """The DMA engine serves weight tiles in the order the plan issues them at the chip's HBM bandwidth;
-    compute runs the ops in order, each waiting for its tile, at the chip's bf16 FLOP/s. An op's
+    compute runs the ops in order, each waiting for its tile, at the chip's bf16 FLOP/s plus a fixed
+    ``op_overhead_s`` per op (loop step, semaphore wait, vector setup) and ``dma_issue_s`` per DMA it
+    issues (assumed costs, not measured: with both zero the model has no cost but bytes and FLOPs). An op's
     ``kv_bytes`` share the DMA engine with the weights; its ``serial_bytes`` are read while compute
     waits (lane "dma (serial)": the prologue, the first KV tile of each user and layer, the router ids,
     the write-back block, the token ids out). ``distinct[layer]``: experts fetched per layer (default:
-    the expected number under uniform routing, rounded). Rows: lane, what, layer, component, start_s,
-    end_s. A first-order model of one chip, not a measurement."""
+    the expected number under uniform routing, rounded). Rows: lane, stream (weights, kv cache, serial,
+    compute), what, layer, component, start_s, end_s. A first-order model of one chip, not a measurement."""
     from ..chips import get_chip
 
     chip = get_chip(chip) if isinstance(chip, str) else chip
@@ -31,11 +35,21 @@ def timeline(plan, chip, distinct: dict[int, int] | None = None) -> list[dict]:
             ld = loads[it.load]
             if not fetched(ld):
                 continue
+            issued_at += dma_issue_s  # the core spends this issuing the DMA
+            compute_free = max(compute_free, issued_at)
             s = max(dma_free, issued_at)
             dma_free = s + ld.nbytes / bw
             arrive[it.load] = dma_free
             rows.append(
-                dict(lane="dma", what=ld.tensor, layer=ld.layer, component=ld.component, start_s=s, end_s=dma_free)
+                dict(
+                    lane="dma",
+                    stream="weights",
+                    what=ld.tensor,
+                    layer=ld.layer,
+                    component=ld.component,
+                    start_s=s,
+                    end_s=dma_free,
+                )
             )
         elif isinstance(it, Wait):
             if it.load in arrive:
@@ -56,6 +70,7 @@ def timeline(plan, chip, distinct: dict[int, int] | None = None) -> list[dict]:
                     rows.append(
                         dict(
                             lane=lane,
+                            stream="serial" if lane == "dma (serial)" else "kv cache",
                             what=f"{op.kind} {op.layer}",
                             layer=op.layer,
                             component=op.component,
@@ -64,11 +79,17 @@ def timeline(plan, chip, distinct: dict[int, int] | None = None) -> list[dict]:
                         )
                     )
                     s = max(s, dma_free)
-            compute_free = s + op.flops / flops
+            compute_free = s + op.flops / flops + op_overhead_s
             issued_at = compute_free  # the next Start is issued after this op
             rows.append(
                 dict(
-                    lane="compute", what=op.kind, layer=op.layer, component=op.component, start_s=s, end_s=compute_free
+                    lane="compute",
+                    stream="compute",
+                    what=op.kind,
+                    layer=op.layer,
+                    component=op.component,
+                    start_s=s,
+                    end_s=compute_free,
                 )
             )
     return rows

@@ -1,5 +1,7 @@
 """Measuring a decode step, so a step time can be set against this device's own measured limit.
 
+- ``compare``: the measurement method: variants interleaved in one run, medians with confidence
+  intervals, differences from a baseline that say when they are noise (``interleaved``);
 - ``timing``: the step timer (``time_call``, ``Timing``);
 - ``hlo``: reading optimised HLO text (``parse_hlo``);
 - ``kernels``: kernels per step in the compiled program, and what counts as a kernel (``count_kernels``);
@@ -9,7 +11,8 @@
 - ``bandwidth``: the memory bandwidth probe and the fraction of the speed of light (``measure_bandwidth``).
 """
 
-from .bandwidth import DEFAULT_PROBE_BYTES, Bandwidth, device_name, measure_bandwidth, sol_fraction
+from .bandwidth import DEFAULT_PROBE_BYTES, Bandwidth, device_name, gemv_probe, measure_bandwidth, sol_fraction
+from .compare import Comparison, Estimate, interleaved, median_interval
 from .eager import count_eager_ops
 from .hlo import parse_hlo
 from .kernels import (
@@ -28,6 +31,10 @@ from .timing import Timing, time_call
 from .trace import trace_kernels
 
 __all__ = [
+    "Comparison",
+    "Estimate",
+    "interleaved",
+    "median_interval",
     "Timing",
     "time_call",
     "parse_hlo",
@@ -47,6 +54,7 @@ __all__ = [
     "DEFAULT_PROBE_BYTES",
     "Bandwidth",
     "measure_bandwidth",
+    "gemv_probe",
     "device_name",
     "sol_fraction",
 ]

@@ -69,6 +69,18 @@ def measure_bandwidth(nbytes: int = DEFAULT_PROBE_BYTES, runs: int = 5, device=N
     return Bandwidth(device_name(device), int(x.nbytes), by_probe)
 
 
+def gemv_probe(nbytes: int = DEFAULT_PROBE_BYTES, device=None, dtype=jnp.float32):
+    """A no-argument call streaming an array of ``nbytes`` once through a matrix-vector product (the
+    kernel a decode step's weight reads use), and the bytes it reads: to time beside a step, interleaved."""
+    device = device or jax.devices()[0]
+    cols = 4096
+    rows = max(1, nbytes // (jnp.dtype(dtype).itemsize * cols))
+    x = jax.device_put(jnp.ones((rows, cols), dtype), device)
+    v = jax.device_put(jnp.ones((cols,), dtype), device)
+    f = jax.jit(jnp.matmul)
+    return (lambda: f(x, v)), int(x.nbytes)
+
+
 def device_name(device=None) -> str:
     """A readable name for a device; for a CPU, the processor model and its core count."""
     device = device or jax.devices()[0]

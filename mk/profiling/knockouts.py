@@ -3,28 +3,65 @@ seed's published component table."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import pandas as pd
 
-from ..progress import tqdm
-from .timing import Timing
+from .compare import interleaved
+
+WHOLE = "(whole step)"
 
 
-def knockout_table(time_for: Callable[[frozenset[str]], Timing], components) -> pd.DataFrame:
-    """Time the step whole and with each component switched off in turn.
+def knockout_table(
+    call_for: Callable[[frozenset[str]], Callable[[], Any]],
+    components,
+    bytes_time_s: dict[str, float] | None = None,
+    **method,
+) -> pd.DataFrame:
+    """Time the whole step and the step with each component switched off, interleaved in one run
+    (mk.profiling.compare.interleaved; ``method`` sets its precision, budget, ...).
 
-    ``time_for(knockout)`` times the step with the components in ``knockout`` off. The shrink is
-    how much faster the step gets without the component, as in the seed's megakernel column: it
-    is not that component's share of the step, and the rows need not add up to it.
+    ``call_for(knockout)`` gives a no-argument call running the step with the components in ``knockout``
+    off. The shrink is how much faster the step gets without the component (the median of the paired
+    per-round differences, with its interval), as in the seed's megakernel column: not that component's
+    share of the step, and the rows need not add up to it. ``bytes_time_s``: each component's bytes over
+    the measured bandwidth; a shrink well above it (more than twice, beyond its interval) is flagged: the
+    knock-out removed more than reads (kernels, fusions), and a shrink whose interval holds zero is noise.
     """
-    whole = time_for(frozenset())
-    rows = [{"component": "(whole step)", "step_s": whole.median_s, "spread": whole.spread, "shrink_s": 0.0}]
-    for c in tqdm(components, desc="knock-outs", leave=False):
-        t = time_for(frozenset({c}))
-        rows.append({"component": c, "step_s": t.median_s, "spread": t.spread, "shrink_s": whole.median_s - t.median_s})
+    calls = {WHOLE: call_for(frozenset())}
+    for c in components:
+        calls[c] = call_for(frozenset({c}))
+    cmp = interleaved(calls, WHOLE, **method)
+    whole = cmp.times[WHOLE]
+    rows = []
+    for name in calls:
+        t, d = cmp.times[name], cmp.differences[name]
+        byte_s = (bytes_time_s or {}).get(name)
+        shrink = (-d.median, -d.high, -d.low)
+        if name == WHOLE:
+            verdict = "baseline"
+        elif d.holds_zero:
+            verdict = "noise: the interval holds zero"
+        elif byte_s is not None and shrink[1] > 2 * byte_s:
+            verdict = "above its bytes' time: more than reads removed (kernels, fusions)"
+        else:
+            verdict = "resolved"
+        rows.append(
+            dict(
+                component=name,
+                step_s=t.median,
+                step_low_s=t.low,
+                step_high_s=t.high,
+                shrink_s=0.0 if name == WHOLE else shrink[0],
+                shrink_low_s=0.0 if name == WHOLE else shrink[1],
+                shrink_high_s=0.0 if name == WHOLE else shrink[2],
+                bytes_time_s=byte_s,
+                verdict=verdict,
+            )
+        )
     df = pd.DataFrame(rows)
-    df["shrink_fraction"] = df["shrink_s"] / whole.median_s
+    df["shrink_fraction"] = df["shrink_s"] / whole.median
+    df.attrs.update(cmp.provenance())
     return df
 
 
@@ -38,7 +75,7 @@ def with_seed_columns(table: pd.DataFrame) -> pd.DataFrame:
     for prefix, col in (("ko_vllm_", "seed_vllm_h100_s"), ("ko_mk_", "seed_megakernel_v5e8_s")):
         vals = {k[len(prefix) :]: v for k, v in zip(pub["key"], pub["value"]) if k.startswith(prefix)}
         out[col] = out["component"].map(vals)
-    whole = table.loc[table["component"] == "(whole step)"].index
+    whole = table.loc[table["component"] == WHOLE].index
     out.loc[whole, "seed_vllm_h100_s"] = published("vllm_h100_moe_step")
     out.loc[whole, "seed_megakernel_v5e8_s"] = published("mk_v5e8_moe_step")
     return out
