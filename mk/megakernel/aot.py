@@ -88,25 +88,45 @@ def compiler_vmem_bytes(cfg: Gemma4Config, chip: str, batch: int, max_len: int, 
 
 
 def compile_times(
-    cfg: Gemma4Config, chip: str, layer_counts, batch: int = 1, max_len: int = 256, dtype=jnp.bfloat16
+    cfg: Gemma4Config,
+    chip: str,
+    layer_counts,
+    batch: int = 1,
+    max_len: int = 256,
+    dtype=jnp.bfloat16,
+    repeats: int = 3,
+    confidence: float = 0.95,
 ) -> pd.DataFrame:
     """Seconds libtpu takes to compile the step of ``cfg`` cut to each layer count, with the layer pattern
-    emitted as one loop and with every layer's own code (``loop_layers``), interleaved after one warm-up
-    compile (the first pays for libtpu's start): rows layers,
-    loop_layers, emitted_ops (what the kernel writes code for), compile_s (measured here, wall time)."""
-    compile_for_tpu(cfg.truncated(min(layer_counts)), chip, batch, max_len, dtype, dtype)  # warm-up: libtpu's start
-    rows = []
-    for n in layer_counts:
-        for loop in (False, True):
+    emitted as one loop and with every layer's own code (``loop_layers``): every configuration compiled
+    ``repeats`` times, round by round (after one warm-up compile: the first pays for libtpu's start).
+    Rows: layers, loop_layers, emitted_ops (what the kernel writes code for), compile_s (median) with its
+    interval (mk.profiling.median_interval: with 3 repeats, the whole range)."""
+    from ..profiling import Estimate
+
+    compile_for_tpu(cfg.truncated(min(layer_counts)), chip, batch, max_len, dtype, dtype)
+    configs = [(n, loop) for n in layer_counts for loop in (False, True)]
+    times: dict = {c: [] for c in configs}
+    ops: dict = {}
+    for _ in range(repeats):
+        for n, loop in configs:
             t0 = time.perf_counter()
             plan, _ = compile_for_tpu(cfg.truncated(n), chip, batch, max_len, dtype, dtype, loop_layers=loop)
-            rows.append(
-                dict(
-                    layers=n,
-                    loop_layers=loop,
-                    emitted_ops=plan.emitted_ops,
-                    plan_ops=len(plan.ops),
-                    compile_s=time.perf_counter() - t0,
-                )
+            times[(n, loop)].append(time.perf_counter() - t0)
+            ops[(n, loop)] = (plan.emitted_ops, len(plan.ops))
+    rows = []
+    for (n, loop), ts in times.items():
+        e = Estimate.of(ts, confidence)
+        rows.append(
+            dict(
+                layers=n,
+                loop_layers=loop,
+                emitted_ops=ops[(n, loop)][0],
+                plan_ops=ops[(n, loop)][1],
+                compile_s=e.median,
+                low_s=e.low,
+                high_s=e.high,
+                repeats=len(ts),
             )
+        )
     return pd.DataFrame(rows)

@@ -11,7 +11,15 @@
 - ``bandwidth``: the memory bandwidth probe and the fraction of the speed of light (``measure_bandwidth``).
 """
 
-from .bandwidth import DEFAULT_PROBE_BYTES, Bandwidth, device_name, gemv_probe, measure_bandwidth, sol_fraction
+from .bandwidth import (
+    DEFAULT_PROBE_BYTES,
+    Bandwidth,
+    device_name,
+    gemv_probe,
+    measure_bandwidth,
+    probe_table,
+    sol_fraction,
+)
 from .compare import Comparison, Estimate, interleaved, median_interval
 from .eager import count_eager_ops
 from .hlo import parse_hlo
@@ -55,6 +63,7 @@ __all__ = [
     "Bandwidth",
     "measure_bandwidth",
     "gemv_probe",
+    "probe_table",
     "device_name",
     "sol_fraction",
 ]

@@ -105,3 +105,43 @@ def sol_fraction(step_s: float, bytes_per_step: float, bandwidth: float) -> floa
             f"step_s, bytes_per_step and bandwidth must be positive, got {step_s}, {bytes_per_step}, {bandwidth}"
         )
     return bytes_per_step / bandwidth / step_s
+
+
+def probe_table(nbytes: int, dtypes: dict, budget_s: float = 20.0):
+    """How fast this device streams each data type through both probes (a full sum, a GEMV), every
+    (dtype, probe) pair interleaved in one run (mk.profiling.interleaved): one row per pair with its
+    bandwidth's median and 95% interval, in bytes/s."""
+    import pandas as pd
+
+    from .compare import Estimate, interleaved
+
+    calls, sizes = {}, {}
+    for name, dtype in dtypes.items():
+        cols = 4096
+        rows = max(1, nbytes // (jnp.dtype(dtype).itemsize * cols))
+        x, v = jnp.ones((rows, cols), dtype), jnp.ones((cols,), dtype)
+        for probe, f, args in (("reduce_sum", jax.jit(jnp.sum), (x,)), ("matvec", jax.jit(jnp.matmul), (x, v))):
+            calls[(name, probe)] = lambda f=f, args=args: f(*args)
+            sizes[(name, probe)] = x.nbytes
+    keys = list(calls)
+    cmp = interleaved(
+        {f"{d} {p}": calls[(d, p)] for d, p in keys},
+        f"{keys[0][0]} {keys[0][1]}",
+        budget_s=budget_s,
+        precise=lambda times: False,
+        max_rounds=50,
+    )
+    out = []
+    for d, p in keys:
+        bw = Estimate.of([sizes[(d, p)] / t for t in cmp.raw[f"{d} {p}"]], cmp.confidence)
+        out.append(
+            dict(
+                dtype=d,
+                probe=p,
+                GBps=bw.median / 1e9,
+                low_GBps=bw.low / 1e9,
+                high_GBps=bw.high / 1e9,
+                rounds=cmp.rounds,
+            )
+        )
+    return pd.DataFrame(out)
