@@ -229,7 +229,7 @@ def sol_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "
                     published_tokens_per_s=published,
                     diff_pct=100 * (s.tokens_per_s / published - 1),
                     source=hit["source"].iloc[0] if len(hit) else "",
-                    kind=MODELLED + ("; published: the seed" if len(hit) else ""),
+                    kind=MODELLED + (f"; published: data/published.csv row {hit['key'].iloc[0]}" if len(hit) else ""),
                 )
             )
     return pd.DataFrame(rows)
