@@ -1,7 +1,11 @@
 """Shared test setup: JAX on the CPU with 8 simulated devices, tiny configs, and tiny checkpoints written
 by transformers itself (an implementation we did not write) for the parity and loading tests."""
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 # Before JAX is imported anywhere: CPU only, 8 host devices for the sharded/collective tests.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -124,3 +128,22 @@ def hf_checkpoint(tmp_path_factory):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def mk_json():
+    """``mk_json(*args)``: ``python -m mk ARGS`` run in a fresh process on the CPU, as a user runs it; its JSON
+    output (the last line of stdout). A non-zero exit fails the test with the command's stderr."""
+
+    def run(*args):
+        out = subprocess.run(
+            [sys.executable, "-m", "mk", *map(str, args)],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    return run

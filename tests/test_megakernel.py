@@ -3,12 +3,6 @@ both tiny presets at B=1 and B=4, 16 greedy steps past the sliding window, users
 positions, the KV cache read in many tiles, bf16, duplicate experts fetched once, every knock-out, the
 generate engine and the CLI."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,7 +18,6 @@ from mk.plan import Tiles
 from mk.tpu import races_detected, reset_interpreter
 from mk.weights import random_params
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPT = 12  # the prompt fills positions 0..11; 16 steps then run to 27, past the window of 16
 LOGIT_ATOL = 1e-4  # f32 throughout; the kernel's online softmax sums in another order (seen: <= 2e-5)
 
@@ -172,31 +165,20 @@ def test_generate_engine_gives_the_reference_tokens():
     np.testing.assert_array_equal(mk, ref)
 
 
-def test_cli_generate_megakernel_json_equals_reference():
+def test_cli_generate_megakernel_json_equals_reference(mk_json):
     def run(engine):
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "mk",
-                "generate",
-                "--preset",
-                "tiny-dense",
-                "--prompt-ids",
-                "5,9,2;7,1,3",
-                "--new-tokens",
-                "4",
-                "--engine",
-                engine,
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=ROOT,
-            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        return mk_json(
+            "generate",
+            "--preset",
+            "tiny-dense",
+            "--prompt-ids",
+            "5,9,2;7,1,3",
+            "--new-tokens",
+            4,
+            "--engine",
+            engine,
+            "--json",
         )
-        return json.loads(out.stdout.strip().splitlines()[-1])
 
     ref, mk = run("reference"), run("megakernel")
     assert mk.pop("engine") == "megakernel" and ref.pop("engine") == "reference"

@@ -113,46 +113,29 @@ def test_mk_save_loads_in_transformers(tmp_path):
 
 @pytest.mark.parametrize("name", ["tiny-moe", "tiny-dense", "hf-odd", "hf-odd-dense"])
 @pytest.mark.parametrize("engine", ["reference", "megakernel"])
-def test_cli_generate_ragged_on_a_transformers_checkpoint_gives_its_greedy_tokens(hf_checkpoint, engine, name):
+def test_cli_generate_ragged_on_a_transformers_checkpoint_gives_its_greedy_tokens(hf_checkpoint, mk_json, engine, name):
     """``python -m mk generate --checkpoint`` on the folder transformers saved, prompts of different lengths
     (one past the window) in one batch, the megakernel reading the KV cache in tiles of 8 positions with
     the race detector on: each user gets transformers' own greedy tokens for its prompt alone. hf-odd: a
     window of 7, head dims 48 / 64, hidden 96, vocabulary 500 (none a multiple of the kernel's tiles)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     folder, model = hf_checkpoint(name)
     cfg = load_hf_config(folder)
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (PROMPT_LEN, 3, 9)]
     extra = ["--kv-tile", "8", "--detect-races"] if engine == "megakernel" else []
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mk",
-            "generate",
-            "--checkpoint",
-            str(folder),
-            "--prompt-ids",
-            ";".join(",".join(map(str, p)) for p in prompts),
-            "--new-tokens",
-            "10",
-            "--engine",
-            engine,
-            "--json",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=Path(__file__).resolve().parent.parent,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    got = mk_json(
+        "generate",
+        "--checkpoint",
+        folder,
+        "--prompt-ids",
+        ";".join(",".join(map(str, p)) for p in prompts),
+        "--new-tokens",
+        10,
+        "--engine",
+        engine,
+        "--json",
+        *extra,
     )
-    got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["engine"] == engine and not got.get("races")
     for b, prompt in enumerate(prompts):
         want, _ = hf_greedy(model, np.array([prompt]), 10)

@@ -3,10 +3,6 @@ one program per step, the engine registry, users at their own positions (ragged 
 the generate CLI and bad input. Parity with transformers lives in test_parity.py."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -279,31 +275,11 @@ def test_cli_batch_zero(capsys):
     assert "positive integer" in capsys.readouterr().err
 
 
-def test_cli_generate_ragged_json_equals_each_user_alone(capsys):
+def test_cli_generate_ragged_json_equals_each_user_alone(capsys, mk_json):
     """``--prompt-ids`` with prompts of different lengths (one past the window of 16): each user's tokens
     are those of its prompt run alone."""
     prompts = ["5,9,2", ",".join(str(i * 7 % 512) for i in range(1, 21))]
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mk",
-            "generate",
-            "--preset",
-            "tiny-moe",
-            "--prompt-ids",
-            ";".join(prompts),
-            "--new-tokens",
-            "6",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=Path(__file__).resolve().parent.parent,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    ragged = json.loads(out.stdout.strip().splitlines()[-1])
+    ragged = mk_json("generate", "--preset", "tiny-moe", "--prompt-ids", ";".join(prompts), "--new-tokens", 6, "--json")
     assert ragged["batch"] == 2 and [len(q) for q in ragged["prompt_ids"]] == [3, 20]
     for b, prompt in enumerate(prompts):
         assert main(["generate", "--preset", "tiny-moe", "--prompt-ids", prompt, "--new-tokens", "6", "--json"]) == 0
