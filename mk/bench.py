@@ -293,8 +293,8 @@ def run_bench(
     probe, nbytes = profiling.gemv_probe(probe_bytes, dtype=DTYPES[dtype])
     per_token = bytes_per_token(cfg, context, batch, dtype).total
 
-    def fractions(times):
-        return [per_token * tp / (nbytes * ts) for ts, tp in zip(times["step"], times["probe"])]
+    def fractions(times):  # round by round: the step against the probe's bandwidth in the same round
+        return [profiling.sol_fraction(ts, per_token, nbytes / tp) for ts, tp in zip(times["step"], times["probe"])]
 
     def precise(times):
         return profiling.Estimate.of(fractions(times), 0.95).halfwidth <= precision

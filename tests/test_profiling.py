@@ -6,33 +6,6 @@ import numpy as np
 import pytest
 
 from mk import profiling as P
-from mk.profiling import Timing
-
-
-def test_time_call_warms_up_then_times_each_run():
-    calls = []
-
-    def call():
-        calls.append(1)
-        time.sleep(0.002)
-        return jnp.zeros(())
-
-    t = P.time_call(call, warmup=2, runs=5)
-    assert len(calls) == 7 and len(t.times_s) == 5
-    assert 0.002 <= t.min_s <= t.median_s
-    assert t.iqr_s >= 0 and t.spread == pytest.approx(t.iqr_s / t.median_s)
-
-
-@pytest.mark.parametrize("kw", [{"runs": 0}, {"warmup": -1}, {"runs": True}])
-def test_time_call_rejects_bad_counts(kw):
-    with pytest.raises(ValueError, match="must be"):
-        P.time_call(lambda: None, **kw)
-
-
-def test_timing_spread_is_iqr_over_median():
-    t = Timing((1.0, 2.0, 3.0, 4.0, 5.0))
-    assert t.median_s == 3.0 and t.iqr_s == 2.0 and t.spread == pytest.approx(2 / 3)
-
 
 HLO = """HloModule jit_step, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
 
@@ -174,16 +147,21 @@ def test_knockout_table_reports_shrinks_with_intervals_and_seed_columns():
     assert seeded["seed_vllm_h100_s"].iloc[0] == pytest.approx(5.77e-3)
 
 
-def test_bandwidth_probe_measures_both_probes():
-    bw = P.measure_bandwidth(nbytes=16 * 2**20, runs=2)
-    assert set(bw.by_probe) == {"reduce_sum", "matvec"}
-    assert bw.best == max(bw.by_probe.values()) > 1e8
-    assert bw.nbytes == 16 * 2**20 and bw.device.startswith(jax.devices()[0].platform)
+def test_bandwidth_probes_both_kernels_in_each_type_interleaved():
+    table = P.probe_table(16 * 2**20, {"f32": jnp.float32, "bf16": jnp.bfloat16}, budget_s=2)
+    assert set(zip(table.dtype, table.probe)) == {(d, p) for d in ("f32", "bf16") for p in ("reduce_sum", "matvec")}
+    assert (table.GBps > 0.1).all() and (table.low_GBps <= table.GBps).all() and (table.GBps <= table.high_GBps).all()
+    assert table.rounds.nunique() == 1 and table.rounds.iloc[0] >= 7
+    call, nbytes = P.gemv_probe(16 * 2**20)
+    assert nbytes == 16 * 2**20 and call().shape == (nbytes // (4 * 4096),)
+    assert P.device_name().startswith(jax.devices()[0].platform)
 
 
 def test_bandwidth_probe_rejects_a_tiny_array():
     with pytest.raises(ValueError, match="at least 1 MiB"):
-        P.measure_bandwidth(nbytes=1000)
+        P.probe_table(1000, {"f32": jnp.float32})
+    with pytest.raises(ValueError, match="at least 1 MiB"):
+        P.gemv_probe(1000)
 
 
 def test_sol_fraction():

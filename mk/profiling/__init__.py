@@ -2,21 +2,19 @@
 
 - ``compare``: the measurement method: variants interleaved in one run, medians with confidence
   intervals, differences from a baseline that say when they are noise (``interleaved``);
-- ``timing``: the step timer (``time_call``, ``Timing``);
 - ``hlo``: reading optimised HLO text (``parse_hlo``);
 - ``kernels``: kernels per step in the compiled program, and what counts as a kernel (``count_kernels``);
 - ``trace``: kernels per step in a profiler trace of the running program (``trace_kernels``);
 - ``eager``: primitives dispatched one by one without ``jit`` (``count_eager_ops``);
 - ``knockouts``: the step timed with each component switched off (``knockout_table``);
-- ``bandwidth``: the memory bandwidth probe and the fraction of the speed of light (``measure_bandwidth``).
+- ``bandwidth``: the memory bandwidth probes and the fraction of the speed of light (``probe_table``,
+  ``gemv_probe``, ``sol_fraction``).
 """
 
 from .bandwidth import (
     DEFAULT_PROBE_BYTES,
-    Bandwidth,
     device_name,
     gemv_probe,
-    measure_bandwidth,
     probe_table,
     sol_fraction,
 )
@@ -35,7 +33,6 @@ from .kernels import (
     count_kernels,
 )
 from .knockouts import knockout_table, with_seed_columns
-from .timing import Timing, time_call
 from .trace import trace_kernels
 
 __all__ = [
@@ -43,8 +40,6 @@ __all__ = [
     "Estimate",
     "interleaved",
     "median_interval",
-    "Timing",
-    "time_call",
     "parse_hlo",
     "FUSION",
     "CUSTOM_CALL",
@@ -60,8 +55,6 @@ __all__ = [
     "knockout_table",
     "with_seed_columns",
     "DEFAULT_PROBE_BYTES",
-    "Bandwidth",
-    "measure_bandwidth",
     "gemv_probe",
     "probe_table",
     "device_name",

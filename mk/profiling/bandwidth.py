@@ -1,56 +1,21 @@
-"""A memory bandwidth probe, so a step time can be set against this device's own measured limit (the
-fraction of the speed of light)."""
+"""Memory bandwidth probes, so a step time can be set against this device's own measured limit (the
+fraction of the speed of light): a full sum (XLA's reduction) and a matrix-vector product (the library GEMV
+a decode step's weight reads use), each streaming an array once."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
-from .timing import time_call
-
 DEFAULT_PROBE_BYTES = 512 * 2**20  # far beyond any CPU cache, small beside an accelerator's memory
+PROBES = {"reduce_sum": jnp.sum, "matvec": jnp.matmul}
 
 
-@dataclass(frozen=True)
-class Bandwidth:
-    """Read bandwidth measured on one device: the best of several kernels that stream an array once."""
-
-    device: str
-    nbytes: int
-    by_probe: dict[str, float]  # bytes/s, best run of each probe
-
-    @property
-    def best(self) -> float:
-        return max(self.by_probe.values())
-
-    @property
-    def best_probe(self) -> str:
-        return max(self.by_probe, key=self.by_probe.get)
-
-    def to_dict(self) -> dict:
-        return {
-            "device": self.device,
-            "nbytes": self.nbytes,
-            "bandwidth_Bps": self.best,
-            "best_probe": self.best_probe,
-            "by_probe_Bps": dict(self.by_probe),
-            "kind": "measured (best of runs of each probe)",
-        }
-
-
-def measure_bandwidth(nbytes: int = DEFAULT_PROBE_BYTES, runs: int = 5, device=None, dtype=jnp.float32) -> Bandwidth:
-    """Measure how fast this device reads memory, in bytes/s.
-
-    Two read-only kernels over an array of ``nbytes`` (f32 by default): a full sum (XLA's reduction) and a
-    matrix-vector product (the library GEMV a decode step's weight reads use). Each probe's best
-    run counts, and the better probe is the device's measured limit: taking the best keeps the
-    fraction of the speed of light computed against it honest (never flattered by a slow probe).
-    Another ``dtype`` measures how fast the device streams that type through the same kernels
-    (XLA:CPU's BF16 GEMV is far slower than its F32 one: the way to choose a CPU data type).
-    """
+def _probe_calls(nbytes: int, dtype=jnp.float32, device=None) -> tuple[dict, int]:
+    """No-argument calls of each probe over one array of about ``nbytes`` (and a vector for the GEMV),
+    and the bytes the array holds."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 2**20:
         raise ValueError(
             f"nbytes must be an integer of at least 1 MiB (use hundreds of MiB so the array "
@@ -61,24 +26,51 @@ def measure_bandwidth(nbytes: int = DEFAULT_PROBE_BYTES, runs: int = 5, device=N
     rows = max(1, nbytes // (jnp.dtype(dtype).itemsize * cols))
     x = jax.device_put(jnp.ones((rows, cols), dtype), device)
     v = jax.device_put(jnp.ones((cols,), dtype), device)
-    probes = {"reduce_sum": (jax.jit(jnp.sum), (x,)), "matvec": (jax.jit(jnp.matmul), (x, v))}
-    by_probe = {}
-    for name, (f, args) in probes.items():
-        t = time_call(lambda: f(*args), warmup=1, runs=runs)
-        by_probe[name] = x.nbytes / t.min_s
-    return Bandwidth(device_name(device), int(x.nbytes), by_probe)
+    calls = {}
+    for name, f in PROBES.items():
+        f = jax.jit(f)
+        calls[name] = (lambda f=f: f(x)) if name == "reduce_sum" else (lambda f=f: f(x, v))
+    return calls, int(x.nbytes)
 
 
 def gemv_probe(nbytes: int = DEFAULT_PROBE_BYTES, device=None, dtype=jnp.float32):
     """A no-argument call streaming an array of ``nbytes`` once through a matrix-vector product (the
     kernel a decode step's weight reads use), and the bytes it reads: to time beside a step, interleaved."""
-    device = device or jax.devices()[0]
-    cols = 4096
-    rows = max(1, nbytes // (jnp.dtype(dtype).itemsize * cols))
-    x = jax.device_put(jnp.ones((rows, cols), dtype), device)
-    v = jax.device_put(jnp.ones((cols,), dtype), device)
-    f = jax.jit(jnp.matmul)
-    return (lambda: f(x, v)), int(x.nbytes)
+    calls, size = _probe_calls(nbytes, dtype, device)
+    return calls["matvec"], size
+
+
+def probe_table(nbytes: int, dtypes: dict, budget_s: float = 20.0):
+    """How fast this device streams each data type through both probes, every (dtype, probe) pair
+    interleaved in one run (mk.profiling.interleaved): one row per pair with its bandwidth's median and
+    95% interval in GB/s. Another data type's probe shows how fast the device streams that type through
+    the same kernels (XLA:CPU's BF16 GEMV is far slower than its F32 one: the way to choose a CPU type)."""
+    import pandas as pd
+
+    from .compare import Estimate, interleaved
+
+    calls, sizes = {}, {}
+    for name, dtype in dtypes.items():
+        probes, size = _probe_calls(nbytes, dtype)
+        for probe, call in probes.items():
+            calls[f"{name} {probe}"], sizes[f"{name} {probe}"] = call, size
+    first = next(iter(calls))
+    cmp = interleaved(calls, first, budget_s=budget_s, precise=lambda times: False, max_rounds=50)
+    out = []
+    for key in calls:
+        d, p = key.split(" ")
+        bw = Estimate.of([sizes[key] / t for t in cmp.raw[key]], cmp.confidence)
+        out.append(
+            dict(
+                dtype=d,
+                probe=p,
+                GBps=bw.median / 1e9,
+                low_GBps=bw.low / 1e9,
+                high_GBps=bw.high / 1e9,
+                rounds=cmp.rounds,
+            )
+        )
+    return pd.DataFrame(out)
 
 
 def device_name(device=None) -> str:
@@ -105,43 +97,3 @@ def sol_fraction(step_s: float, bytes_per_step: float, bandwidth: float) -> floa
             f"step_s, bytes_per_step and bandwidth must be positive, got {step_s}, {bytes_per_step}, {bandwidth}"
         )
     return bytes_per_step / bandwidth / step_s
-
-
-def probe_table(nbytes: int, dtypes: dict, budget_s: float = 20.0):
-    """How fast this device streams each data type through both probes (a full sum, a GEMV), every
-    (dtype, probe) pair interleaved in one run (mk.profiling.interleaved): one row per pair with its
-    bandwidth's median and 95% interval, in bytes/s."""
-    import pandas as pd
-
-    from .compare import Estimate, interleaved
-
-    calls, sizes = {}, {}
-    for name, dtype in dtypes.items():
-        cols = 4096
-        rows = max(1, nbytes // (jnp.dtype(dtype).itemsize * cols))
-        x, v = jnp.ones((rows, cols), dtype), jnp.ones((cols,), dtype)
-        for probe, f, args in (("reduce_sum", jax.jit(jnp.sum), (x,)), ("matvec", jax.jit(jnp.matmul), (x, v))):
-            calls[(name, probe)] = lambda f=f, args=args: f(*args)
-            sizes[(name, probe)] = x.nbytes
-    keys = list(calls)
-    cmp = interleaved(
-        {f"{d} {p}": calls[(d, p)] for d, p in keys},
-        f"{keys[0][0]} {keys[0][1]}",
-        budget_s=budget_s,
-        precise=lambda times: False,
-        max_rounds=50,
-    )
-    out = []
-    for d, p in keys:
-        bw = Estimate.of([sizes[(d, p)] / t for t in cmp.raw[f"{d} {p}"]], cmp.confidence)
-        out.append(
-            dict(
-                dtype=d,
-                probe=p,
-                GBps=bw.median / 1e9,
-                low_GBps=bw.low / 1e9,
-                high_GBps=bw.high / 1e9,
-                rounds=cmp.rounds,
-            )
-        )
-    return pd.DataFrame(out)
