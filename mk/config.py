@@ -209,24 +209,7 @@ TINY_DENSE = _register(
         mlp_intermediate=256,
     )
 )
-TINY_MOE = _register(
-    Gemma4Config(
-        name="tiny-moe",
-        vocab_size=512,
-        hidden_size=128,
-        layer_types=(SLIDING, SLIDING, FULL),
-        num_heads=2,
-        sliding_kv_heads=1,
-        sliding_head_dim=128,
-        full_kv_heads=1,
-        full_head_dim=256,
-        sliding_window=16,
-        mlp_intermediate=256,
-        num_experts=8,
-        top_k=2,
-        expert_intermediate=128,
-    )
-)
+TINY_MOE = _register(TINY_DENSE.replace(name="tiny-moe", num_experts=8, top_k=2, expert_intermediate=128))
 # Gemma-4-shaped but small enough for a CPU: 26B-A4B's wiring (5:1 sliding/full pattern, shared
 # MLP beside routed experts, K=V full layers) with narrower widths and fewer experts, so one decode
 # step reads ~640 MB of f32 weights (weight reads dominate) and all of it ~1.1 GB (fits a 24 GiB machine).

@@ -56,12 +56,11 @@ def test_run_bench_on_a_tiny_moe():
     assert set(row) == set(bench.COLUMNS)
     assert row["model"] == "tiny-moe" and row["batch"] == 2 and row["rounds"] >= 7 and row["dtype"] == "f32"
     assert row["kernels_per_step"] > 10 and r.kernels.unknown_trip_loops == 0
-    for what in ("step_ms", "bandwidth_GBps", "sol_fraction"):
-        low, high = what.replace("_ms", "_low_ms").replace("_GBps", "_low_GBps"), None
-        low = {"step_ms": "step_low_ms", "bandwidth_GBps": "bandwidth_low_GBps", "sol_fraction": "sol_fraction_low"}[
-            what
-        ]
-        high = low.replace("low", "high")
+    for what, low, high in (
+        ("step_ms", "step_low_ms", "step_high_ms"),
+        ("bandwidth_GBps", "bandwidth_low_GBps", "bandwidth_high_GBps"),
+        ("sol_fraction", "sol_fraction_low", "sol_fraction_high"),
+    ):
         assert row[low] <= row[what] <= row[high], what
     # each round's fraction is the speed of light's step (bytes / that round's probe bandwidth) over its step
     assert r.bytes_per_token / r.bandwidth.high / r.step.high <= r.sol_fraction * 1.5

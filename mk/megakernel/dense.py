@@ -90,7 +90,7 @@ def emit_norm(k, op):
 def emit_matmul(k, op):
     """dst[:, off:+n] = src @ tile (COLS), or dst (+)= src[:, off:+n] @ tile (ROWS)."""
     a = k.scratch.acts
-    w = k.stream.tile(k.load_of(op))
+    w = k.weight_tile()
     if op.mode == MatmulMode.COLS:
         x = a[op.src][...]
         a[op.dst][:, pl.ds(op.dst_off, op.n)] = jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32)

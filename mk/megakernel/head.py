@@ -17,7 +17,7 @@ from .refs import POSITION, TOKEN
 def emit_head_tile(k, op):
     """y = softcap(xn @ tile.T) for vocabulary rows row_off..+n; best/best_id keep the first maximum."""
     s, cfg = k.scratch, k.cfg
-    w = k.stream.tile(k.load_of(op))
+    w = k.weight_tile()
     x = s.acts[op.src][...]
     y = jax.lax.dot_general(x.astype(w.dtype), w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     if cfg.final_softcap:

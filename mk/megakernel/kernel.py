@@ -131,8 +131,9 @@ class Kernel:
         """The expert routed slot ``slot`` holds (the slot-th distinct expert, in expert order)."""
         return self.scratch.experts[0, slot]
 
-    def load_of(self, op: Op) -> Load:
-        return self.current_load
+    def weight_tile(self):
+        """The weight tile of the op being emitted, as a value (its load's offsets and slot may be traced)."""
+        return self.stream.tile(self.current_load)
 
     def guarded(self, slot, fn):
         """Run ``fn`` now, or, for expert slot ``slot`` > 0, only if more than ``slot`` distinct experts

@@ -24,7 +24,7 @@ from .refs import matrix_shapes, weight_shapes
 HIDDEN, VOCAB = "hidden", "vocab"
 
 
-def _axes(cfg: Gemma4Config, path: str) -> tuple:
+def _axes(cfg: Gemma4Config, path: str, ndim: int) -> tuple:
     """What each axis of a matrix is: HIDDEN, VOCAB, (heads, head_dim) or None (padded by padded_shape)."""
     name = path.rsplit(".", 1)[-1]
     if name == "embed":
@@ -41,8 +41,8 @@ def _axes(cfg: Gemma4Config, path: str) -> tuple:
     if name == "o":
         return heads[name], HIDDEN
     if name in ("mlp_down", "expert_down"):
-        return (None,) * (len(matrix_shapes(cfg)[path]) - 1) + (HIDDEN,)
-    return (None,) * (len(matrix_shapes(cfg)[path]) - 2) + (HIDDEN, None)
+        return (None,) * (ndim - 1) + (HIDDEN,)
+    return (None,) * (ndim - 2) + (HIDDEN, None)
 
 
 def _spread_heads(a, axis: int, heads: int, hd: int):
@@ -56,22 +56,14 @@ def _spread_heads(a, axis: int, heads: int, hd: int):
     return jnp.moveaxis(out.reshape(*a.shape[:-1], -1), -1, axis)
 
 
-def to_layout(a, cfg: Gemma4Config, path: str):
-    """One matrix of the reference tree in the kernel's layout (before stacking)."""
-    lay = layout_config(cfg)
-    for axis, kind in enumerate(_axes(cfg, path)):
+def to_layout(a, cfg: Gemma4Config, path: str, lay: Gemma4Config):
+    """One matrix of the reference tree in the kernel's layout ``lay`` (before stacking)."""
+    axes = _axes(cfg, path, a.ndim)
+    for axis, kind in enumerate(axes):
         if isinstance(kind, tuple):
             a = _spread_heads(a, axis, *kind)
-    target = padded_shape(
-        lay,
-        path,
-        tuple(
-            {HIDDEN: lay.hidden_size, VOCAB: lay.vocab_size}.get(kind, a.shape[axis])
-            if not isinstance(kind, tuple)
-            else a.shape[axis]
-            for axis, kind in enumerate(_axes(cfg, path))
-        ),
-    )
+    sizes = {HIDDEN: lay.hidden_size, VOCAB: lay.vocab_size}  # other axes: as spread, or padded_shape's
+    target = padded_shape(lay, path, tuple(sizes.get(kind, n) for kind, n in zip(axes, a.shape)))
     if target != a.shape:
         a = jnp.pad(a, [(0, t - s) for s, t in zip(a.shape, target)])
     return a
@@ -85,7 +77,7 @@ def pack(params: dict, cfg: Gemma4Config) -> dict:
     lay = layout_config(cfg)
     parts: dict[str, list] = {}
     for path in matrix_shapes(cfg):
-        parts.setdefault(stacked(cfg, path)[0], []).append(to_layout(params[path], cfg, path))
+        parts.setdefault(stacked(cfg, path)[0], []).append(to_layout(params[path], cfg, path, lay))
     weights = {name: a[0] if name == "embed" else jnp.stack(a) for name, a in parts.items()}
     n, width = vector_table_shape(lay)
     table = np.zeros((round_up(n, ROWS), width), np.float32)

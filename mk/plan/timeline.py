@@ -26,72 +26,53 @@ def timeline(
         distinct = {i: n for i in range(plan.cfg.num_layers)}
     loads = {ld.id: ld for ld in plan.loads}
 
-    def fetched(ld):
-        return ld is None or ld.expert is None or ld.expert < distinct[ld.layer]
+    def fetched(slot, layer) -> bool:  # expert slot j runs only when more than j experts were routed
+        return slot is None or slot < distinct[layer]
 
-    dma_free, compute_free, issued_at, arrive, rows = 0.0, 0.0, 0.0, {}, []
+    rows = []
+
+    def row(lane, stream, what, op_or_load, start, end):
+        rows.append(
+            dict(
+                lane=lane,
+                stream=stream,
+                what=what,
+                layer=op_or_load.layer,
+                component=op_or_load.component,
+                start_s=start,
+                end_s=end,
+            )
+        )
+
+    dma_free, compute_free, issued_at, arrive = 0.0, 0.0, 0.0, {}
     for it in plan.items:
         if isinstance(it, Start):
             ld = loads[it.load]
-            if not fetched(ld):
+            if not fetched(ld.expert, ld.layer):
                 continue
             issued_at += dma_issue_s  # the core spends this issuing the DMA
             compute_free = max(compute_free, issued_at)
             s = max(dma_free, issued_at)
             dma_free = s + ld.nbytes / bw
             arrive[it.load] = dma_free
-            rows.append(
-                dict(
-                    lane="dma",
-                    stream="weights",
-                    what=ld.tensor,
-                    layer=ld.layer,
-                    component=ld.component,
-                    start_s=s,
-                    end_s=dma_free,
-                )
-            )
+            row("dma", "weights", ld.tensor, ld, s, dma_free)
         elif isinstance(it, Wait):
             if it.load in arrive:
                 compute_free = max(compute_free, arrive[it.load])
         else:
             op: Op = it
-            if (
-                op.load is not None
-                and not fetched(loads[op.load])
-                or (op.expert is not None and op.expert >= distinct[op.layer])
-            ):
+            if not fetched(op.expert, op.layer):  # its tile (same slot) was not fetched either
                 continue
             s = compute_free
-            for lane, nbytes in (("dma (serial)", op.serial_bytes), ("dma", op.kv_bytes)):
+            for lane, stream, nbytes in (("dma (serial)", "serial", op.serial_bytes), ("dma", "kv cache", op.kv_bytes)):
                 if nbytes:
                     ks = max(dma_free, s)
                     dma_free = ks + nbytes / bw
-                    rows.append(
-                        dict(
-                            lane=lane,
-                            stream="serial" if lane == "dma (serial)" else "kv cache",
-                            what=f"{op.kind} {op.layer}",
-                            layer=op.layer,
-                            component=op.component,
-                            start_s=ks,
-                            end_s=dma_free,
-                        )
-                    )
+                    row(lane, stream, f"{op.kind} {op.layer}", op, ks, dma_free)
                     s = max(s, dma_free)
             compute_free = s + op.flops / flops + op_overhead_s
             issued_at = compute_free  # the next Start is issued after this op
-            rows.append(
-                dict(
-                    lane="compute",
-                    stream="compute",
-                    what=op.kind,
-                    layer=op.layer,
-                    component=op.component,
-                    start_s=s,
-                    end_s=compute_free,
-                )
-            )
+            row("compute", "compute", op.kind, op, s, compute_free)
     return rows
 
 
