@@ -249,7 +249,38 @@ def _run_bench(a) -> None:
     _print(row, a.json, r.text() + (f"\n  appended to {row['csv']}" if "csv" in row else ""))
 
 
-COMMANDS = (_add_sol, _add_lists, _add_generate, _add_bench)
+# straggler ---------------------------------------------------------------------------------------
+def _add_straggler(sub) -> None:
+    p = sub.add_parser(
+        "straggler",
+        help="the busiest chip's experts per layer with experts placed whole over chips (exact, uniform routing)",
+    )
+    p.add_argument("--experts", type=_positive_int, required=True, help="experts per layer (E)")
+    p.add_argument("--chips", type=_positive_int, required=True, help="chips the experts are placed over (C divides E)")
+    p.add_argument("--top-k", type=_positive_int, required=True, help="experts each user routes to (k)")
+    p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run_straggler)
+
+
+def _run_straggler(a) -> None:
+    from .sharding.straggler import busiest_chip
+
+    s = busiest_chip(a.experts, a.chips, a.top_k, a.batch)
+    lines = [
+        f"{s.experts} experts placed whole over {s.chips} chips ({s.experts // s.chips} each), top-{s.top_k}, "
+        f"batch {s.batch} (modelled: exact under uniform routing)",
+        "  busiest chip's distinct experts   probability",
+    ]
+    lines += [f"  {m:>30}   {p:11.4g}" for m, p in s.distribution.items()]
+    lines += [
+        f"  expected busiest chip  {s.expected_max:8.4f} experts per layer",
+        f"  mean per chip          {s.mean:8.4f} experts per layer (what split placement loads on every chip)",
+    ]
+    _print(s.to_dict(), a.json, "\n".join(lines))
+
+
+COMMANDS = (_add_sol, _add_lists, _add_generate, _add_bench, _add_straggler)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -386,6 +386,40 @@ def prefill(params: dict, cfg: Gemma4Config, tokens, cache: dict, lengths=None):
     return _prefill(params, cfg, jnp.asarray(t), jnp.asarray(lengths, jnp.int32), cache)
 
 
+# Routing ------------------------------------------------------------------------------------------
+def routed_experts(params: dict, cfg: Gemma4Config, tokens) -> np.ndarray:
+    """The experts each position of the token streams ``tokens [B, T]`` routes to in every layer: int32
+    ``[layers, B, T, top_k]``, by :func:`route` on the residual stream of one causal pass (prefill's
+    masks, no cache). Position p's routes are those the decode step that reads token p takes (the same
+    arithmetic; summed in another order, so a near tie in the top-k may rarely break the other way)."""
+    if not cfg.is_moe:
+        raise ValueError(f"{cfg.name} is a dense model: it routes to no experts")
+    t = check_tokens(cfg, tokens)
+    if t.ndim != 2 or t.size == 0:
+        raise ValueError(f"tokens must be [batch, length] with both >= 1, got shape {t.shape}")
+    return np.asarray(_routed_experts(params, cfg, jnp.asarray(t, jnp.int32)))
+
+
+@partial(jax.jit, static_argnames=("cfg",))
+def _routed_experts(params, cfg: Gemma4Config, tokens):
+    B, T = tokens.shape
+    ko = frozenset()
+    positions = jnp.arange(T, dtype=jnp.int32)
+    causal = positions[None, :] <= positions[:, None]
+    window = positions[None, :] > positions[:, None] - cfg.sliding_window
+    x = _embed(params, cfg, tokens)
+    ids = []
+    for i, t in enumerate(cfg.layer_types):
+        p = layer_params(params, i)
+        q, k, v = _qkv(p, cfg, t, rms_norm(x, p["input_norm"], cfg.rms_eps), positions, ko)
+        mask = causal & window if t == SLIDING else causal
+        attn = _attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask) @ p["o"]
+        routed = x + rms_norm(attn, p["post_attn_norm"], cfg.rms_eps)  # the stream the router reads (_layer)
+        ids.append(route(p, cfg, routed.reshape(B * T, -1), ko)[1].reshape(B, T, cfg.top_k))
+        x = _layer(p, cfg, x, attn, ko, dense_experts=True)
+    return jnp.stack(ids)
+
+
 # Decode -------------------------------------------------------------------------------------------
 PREPARED = "prepared"  # marks a tree in the decode layout (its value, None, holds no arrays)
 

@@ -1,0 +1,431 @@
+"""The straggler expert: the busiest chip of an MoE layer whose experts are placed whole over chips.
+
+E experts over C chips, whole: chip c holds experts c*E/C .. (c+1)*E/C - 1. B users each route to k
+distinct experts; a chip loads each distinct expert routed to it once per layer, and the busiest chip
+sets the layer's time. Split placement (every expert's intermediate cut over all C chips) has no
+straggler: each chip loads 1/C of every distinct routed expert.
+
+Under uniform routing the distribution of the busiest chip is exact here: the union of the users' picks
+has the size distribution of ``mk.sol.distinct_experts_distribution`` and, given its size n, is a
+uniformly random n-set of experts, so the chips' shares of it are multivariate hypergeometric. Skewed
+routing is sampled (:func:`sample_busiest`), and the model's own router is measured on token streams
+(:func:`measured_busiest`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from ..chips import Chip, get_chip
+from ..config import Gemma4Config, get_config
+from ..params import EXPERTS, param_specs
+from ..sol import distinct_experts_distribution, get_dtype
+
+EXACT = "modelled (exact under uniform routing: mk.sharding.straggler)"
+SAMPLED = "modelled (sampled routing: mk.sharding.straggler)"
+MEASURED = "measured (the model's router on generated token streams)"
+SAMPLE_CHUNK = 4096  # rounds drawn at once: bounds the [rounds, users, experts] noise array
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The busiest chip's distinct experts per layer (``distribution``: count -> probability) and the mean
+    per chip (distinct experts / C, what every chip loads under split placement), in experts per layer.
+    ``samples`` is None when exact, else the number of (layer, step) draws behind the numbers."""
+
+    experts: int
+    chips: int
+    top_k: int
+    batch: int
+    distribution: dict[int, float]
+    expected_max: float
+    mean: float
+    routing: str
+    kind: str
+    samples: int | None = None
+
+    @property
+    def std(self) -> float:
+        """Standard deviation of the busiest chip's count."""
+        return math.sqrt(sum(p * (m - self.expected_max) ** 2 for m, p in self.distribution.items()))
+
+    @property
+    def standard_error(self) -> float:
+        """Of ``expected_max``, for independent draws (0 when exact)."""
+        return 0.0 if self.samples is None else self.std / math.sqrt(self.samples)
+
+    def to_dict(self) -> dict:
+        return {
+            "experts": self.experts,
+            "chips": self.chips,
+            "top_k": self.top_k,
+            "batch": self.batch,
+            "expected_max": self.expected_max,
+            "mean": self.mean,
+            "distribution": {str(m): p for m, p in self.distribution.items()},
+            "routing": self.routing,
+            "samples": self.samples,
+            "kind": self.kind,
+        }
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_placement(experts: int, chips: int, top_k: int, batch: int = 1) -> None:
+    """Positive integers, top_k <= experts, and C dividing E (whole placement)."""
+    for name, value in (("experts", experts), ("chips", chips), ("top_k", top_k), ("batch", batch)):
+        _positive_int(name, value)
+    if top_k > experts:
+        raise ValueError(f"top_k ({top_k}) must not exceed experts ({experts}): users route to distinct experts")
+    if experts % chips:
+        divisors = ", ".join(str(c) for c in range(1, experts + 1) if experts % c == 0)
+        raise ValueError(
+            f"whole placement needs E divisible by C: {experts} experts do not split evenly over {chips} chips; "
+            f"use split placement (every expert's intermediate over all chips) or a chip count of {divisors}"
+        )
+
+
+@lru_cache(maxsize=None)
+def _placements_with_max(experts: int, chips: int, most: int) -> tuple[tuple[int, ...], ...]:
+    """``ways[m][n]``: how many n-sets of experts have at most m on any chip, for m = 0..E/C and n = 0..most:
+    the x^n coefficient of (sum_{j<=m} C(E/C, j) x^j)^C, in exact integers."""
+    per_chip = experts // chips
+    ways = []
+    for m in range(per_chip + 1):
+        one_chip = [math.comb(per_chip, j) for j in range(m + 1)]
+        poly = [1]
+        for _ in range(chips):
+            nxt = [0] * min(len(poly) + m, most + 1)
+            for i, a in enumerate(poly):
+                for j, b in enumerate(one_chip[: len(nxt) - i]):
+                    nxt[i + j] += a * b
+            poly = nxt
+        ways.append(tuple(poly + [0] * (most + 1 - len(poly))))
+    return tuple(ways)
+
+
+def busiest_chip_distribution(experts: int, chips: int, top_k: int, batch: int = 1) -> dict[int, float]:
+    """The exact distribution of the most distinct experts any one chip loads in a layer (whole placement,
+    uniform routing): count -> probability, counts with probability 0 left out."""
+    check_placement(experts, chips, top_k, batch)
+    distinct = distinct_experts_distribution(experts, top_k, batch)
+    ways = _placements_with_max(experts, chips, max(distinct))
+    out = {}
+    for m in range(1, experts // chips + 1):
+        # P(max = m | n) = (ways[m][n] - ways[m-1][n]) / C(E, n), exact before it becomes a float
+        p = sum(pn * float(Fraction(ways[m][n] - ways[m - 1][n], math.comb(experts, n))) for n, pn in distinct.items())
+        if p > 0:
+            out[m] = p
+    return out
+
+
+def busiest_chip(experts: int, chips: int, top_k: int, batch: int = 1) -> Straggler:
+    """:func:`busiest_chip_distribution` with its expectation and the mean per chip."""
+    dist = busiest_chip_distribution(experts, chips, top_k, batch)
+    distinct = distinct_experts_distribution(experts, top_k, batch)
+    return Straggler(
+        experts,
+        chips,
+        top_k,
+        batch,
+        dist,
+        expected_max=sum(m * p for m, p in dist.items()),
+        mean=sum(n * p for n, p in distinct.items()) / chips,
+        routing="uniform",
+        kind=EXACT,
+    )
+
+
+# Sampled and measured routing --------------------------------------------------------------------
+def busiest_counts(ids: np.ndarray, experts: int, chips: int) -> tuple[np.ndarray, np.ndarray]:
+    """For routes ``ids [draws, users, k]`` (expert ids): each draw's busiest chip count and its distinct
+    experts, both ``[draws]``."""
+    draws = ids.shape[0]
+    touched = np.zeros((draws, experts), bool)
+    touched[np.arange(draws)[:, None], ids.reshape(draws, -1)] = True
+    per_chip = touched.reshape(draws, chips, experts // chips).sum(axis=-1)
+    return per_chip.max(axis=-1), touched.sum(axis=-1)
+
+
+def _straggler(maxima, distinct, experts, chips, top_k, batch, routing, kind) -> Straggler:
+    values, counts = np.unique(maxima, return_counts=True)
+    return Straggler(
+        experts,
+        chips,
+        top_k,
+        batch,
+        {int(v): int(c) / len(maxima) for v, c in zip(values, counts)},
+        expected_max=float(np.mean(maxima)),
+        mean=float(np.mean(distinct)) / chips,
+        routing=routing,
+        kind=kind,
+        samples=len(maxima),
+    )
+
+
+def zipf_weights(experts: int, exponent: float, seed: int = 0, spread_over: int | None = None) -> np.ndarray:
+    """Skewed routing: the expert of popularity rank r (from 1) is picked with weight r^-exponent (0:
+    uniform). The ranks go to experts in a random order by ``seed``, or, with ``spread_over=C``,
+    round-robin over C chips (the hottest expert on chip 0, the next on chip 1, ...), as a placement
+    that knows the popularity would put them. Returns probabilities summing to 1, indexed by expert."""
+    _positive_int("experts", experts)
+    if exponent < 0:
+        raise ValueError(f"exponent must be >= 0, got {exponent}")
+    by_rank = np.arange(1, experts + 1, dtype=float) ** -float(exponent)
+    if spread_over is None:
+        order = np.random.default_rng(seed).permutation(experts)
+    else:
+        check_placement(experts, spread_over, 1)
+        rank = np.arange(experts)
+        order = rank % spread_over * (experts // spread_over) + rank // spread_over
+    w = np.empty(experts)
+    w[order] = by_rank
+    return w / w.sum()
+
+
+def sample_busiest(
+    experts: int,
+    chips: int,
+    top_k: int,
+    batch: int,
+    rounds: int,
+    seed: int,
+    weights=None,
+    routing: str | None = None,
+) -> Straggler:
+    """Monte Carlo of the busiest chip over ``rounds`` layers: each user draws k distinct experts, with
+    probability proportional to ``weights`` (length E; default uniform) one after another without
+    replacement. Drawn as the top k of log(weight) plus Gumbel noise, which has that distribution."""
+    check_placement(experts, chips, top_k, batch)
+    _positive_int("rounds", rounds)
+    if weights is None:
+        log_w = np.zeros(experts)
+    else:
+        w = np.asarray(weights, float)
+        if w.shape != (experts,) or np.any(w < 0) or np.count_nonzero(w) < top_k:
+            raise ValueError(f"weights must be {experts} non-negative numbers, at least top_k={top_k} of them > 0")
+        with np.errstate(divide="ignore"):
+            log_w = np.log(w)
+    rng = np.random.default_rng(seed)
+    maxima, distinct = [], []
+    for start in range(0, rounds, SAMPLE_CHUNK):
+        n = min(SAMPLE_CHUNK, rounds - start)
+        keys = log_w + rng.gumbel(size=(n, batch, experts))
+        ids = np.argpartition(-keys, top_k - 1, axis=-1)[..., :top_k]
+        m, d = busiest_counts(ids, experts, chips)
+        maxima.append(m)
+        distinct.append(d)
+    label = routing or ("uniform" if weights is None else "weighted")
+    return _straggler(np.concatenate(maxima), np.concatenate(distinct), experts, chips, top_k, batch, label, SAMPLED)
+
+
+def measured_busiest(
+    params: dict,
+    cfg: Gemma4Config,
+    chips: int,
+    batch: int = 1,
+    streams: int = 16,
+    prompt_len: int = 8,
+    new_tokens: int = 24,
+    seed: int = 0,
+) -> Straggler:
+    """The busiest chip under the model's own router: ``streams * batch`` users with random prompts of
+    ``prompt_len`` tokens (by ``seed``) run ``new_tokens`` greedy decode steps each (mk.generate, the
+    reference engine); the routes each step took (at the position of the token it read, in every layer:
+    mk.reference.routed_experts) are grouped ``batch`` users at a time. One draw per (layer, step, group):
+    the draws of one stream are not independent."""
+    from ..generate import generate
+    from ..reference import routed_experts
+
+    check_placement(cfg.num_experts, chips, cfg.top_k, batch)
+    for name, value in (("streams", streams), ("prompt_len", prompt_len), ("new_tokens", new_tokens)):
+        _positive_int(name, value)
+    users = streams * batch
+    prompts = np.random.default_rng(seed).integers(0, cfg.vocab_size, (users, prompt_len), dtype=np.int32)
+    # The first new token comes from the prefill; each decode step reads one new token and picks the next.
+    read = generate(params, cfg, prompts, new_tokens + 1)[:, :-1]
+    ids = routed_experts(params, cfg, np.concatenate([prompts, read], axis=1))[:, :, prompt_len:]  # [L, users, S, k]
+    layers, _, steps, k = ids.shape
+    ids = ids.reshape(layers, streams, batch, steps, k).transpose(0, 1, 3, 2, 4).reshape(-1, batch, k)
+    maxima, distinct = busiest_counts(ids, cfg.num_experts, chips)
+    routing = f"{cfg.name} router"
+    return _straggler(maxima, distinct, cfg.num_experts, chips, cfg.top_k, batch, routing, MEASURED)
+
+
+def summary_table(results) -> pd.DataFrame:
+    """One row per result: its inputs, expected busiest chip (with its standard error) and mean per chip."""
+    return pd.DataFrame(
+        [
+            {k: v for k, v in s.to_dict().items() if k != "distribution"} | {"standard_error": s.standard_error}
+            for s in results
+        ]
+    )
+
+
+def distribution_table(results) -> pd.DataFrame:
+    """One row per (result, busiest chip count) with its probability."""
+    return pd.DataFrame(
+        [
+            dict(
+                routing=s.routing,
+                experts=s.experts,
+                chips=s.chips,
+                top_k=s.top_k,
+                batch=s.batch,
+                busiest=m,
+                probability=p,
+                kind=s.kind,
+            )
+            for s in results
+            for m, p in s.distribution.items()
+        ]
+    )
+
+
+# What the straggler costs ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StragglerCost:
+    """Expert bytes the busiest chip loads per decode step (all layers), whole against split placement,
+    and their time at one chip's HBM bandwidth. Modelled: uniform routing, experts only."""
+
+    model: str
+    chip: str
+    chips: int
+    batch: int
+    dtype: str
+    expert_bytes: float  # one expert's gate, up and down matrices, summed over the layers
+    expected_max: float  # experts per layer on the busiest chip, whole placement
+    mean: float  # experts per layer on every chip, split placement
+    bandwidth: float  # bytes/s of one chip
+
+    @property
+    def whole_bytes(self) -> float:
+        return self.expected_max * self.expert_bytes
+
+    @property
+    def split_bytes(self) -> float:
+        return self.mean * self.expert_bytes
+
+    @property
+    def whole_ms(self) -> float:
+        return self.whole_bytes / self.bandwidth * 1e3
+
+    @property
+    def split_ms(self) -> float:
+        return self.split_bytes / self.bandwidth * 1e3
+
+    @property
+    def straggler_ms(self) -> float:
+        return self.whole_ms - self.split_ms
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "chip": self.chip,
+            "chips": self.chips,
+            "batch": self.batch,
+            "dtype": self.dtype,
+            "expert_bytes": self.expert_bytes,
+            "expected_max": self.expected_max,
+            "mean": self.mean,
+            "bandwidth_Bps": self.bandwidth,
+            "whole_bytes": self.whole_bytes,
+            "split_bytes": self.split_bytes,
+            "whole_ms": self.whole_ms,
+            "split_ms": self.split_ms,
+            "straggler_ms": self.straggler_ms,
+            "kind": "modelled (expert bytes of the busiest chip / one chip's HBM bandwidth, uniform routing)",
+        }
+
+
+def straggler_cost(
+    cfg: Gemma4Config | str, chip: Chip | str, chips: int, batch: int = 1, dtype: str = "bf16"
+) -> StragglerCost:
+    """The busiest chip's expert bytes per step under whole placement (expected max x one expert's bytes,
+    every layer) against split placement (expected distinct / C x one expert's bytes), and the time each
+    takes at one chip's bandwidth. ``chip``: a chip (``tpu-v5e``) or a slice of ``chips`` of them."""
+    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    if not cfg.is_moe:
+        raise ValueError(f"{cfg.name} is a dense model: it has no experts to place")
+    if chip.chips not in (1, chips):
+        raise ValueError(f"{chip.name} is a slice of {chip.chips} chips, not {chips}; name the base chip {chip.base}")
+    s = busiest_chip(cfg.num_experts, chips, cfg.top_k, batch)
+    per_expert = sum(p.size for p in param_specs(cfg) if p.component == EXPERTS) / cfg.num_experts
+    return StragglerCost(
+        cfg.name,
+        chip.base,
+        chips,
+        batch,
+        dtype,
+        expert_bytes=per_expert * get_dtype(dtype).expert,
+        expected_max=s.expected_max,
+        mean=s.mean,
+        bandwidth=chip.per_chip_bandwidth,
+    )
+
+
+def cost_table(cfg: Gemma4Config | str, chip: str, chip_counts, batches, dtype: str = "bf16") -> pd.DataFrame:
+    """:func:`straggler_cost` for every chip count and batch, one row each."""
+    return pd.DataFrame([straggler_cost(cfg, chip, c, b, dtype).to_dict() for c in chip_counts for b in batches])
+
+
+# Reading a published number against the model ----------------------------------------------------
+def skew_sweep(
+    experts: int,
+    chips: int,
+    top_k: int,
+    batch: int,
+    exponents,
+    rounds: int,
+    placements: int = 8,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Sampled expected busiest chip against the Zipf exponent of :func:`zipf_weights`, for the hottest
+    experts spread round-robin over the chips and for ``placements`` random placements (one row each)."""
+    rows = []
+    for s in exponents:
+        cases = [("spread", None, zipf_weights(experts, s, spread_over=chips))]
+        cases += [("random", p, zipf_weights(experts, s, seed=seed + p)) for p in range(placements)]
+        for n, (placement, placement_seed, w) in enumerate(cases):
+            r = sample_busiest(experts, chips, top_k, batch, rounds, seed + 1000 * n, w, f"zipf {s:g}, {placement}")
+            rows.append(
+                dict(
+                    exponent=s,
+                    placement=placement,
+                    placement_seed=placement_seed,
+                    expected_max=r.expected_max,
+                    standard_error=r.standard_error,
+                    mean=r.mean,
+                    kind=SAMPLED,
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def crossing(x, y, target: float) -> float | None:
+    """The first x at which the piecewise-linear curve through (x, y) reaches ``target``; None if it never does."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    for i in range(len(x)):
+        if y[i] == target:
+            return float(x[i])
+        if i + 1 < len(x) and (y[i] - target) * (y[i + 1] - target) < 0:
+            return float(x[i] + (target - y[i]) * (x[i + 1] - x[i]) / (y[i + 1] - y[i]))
+    return None
+
+
+def draws_to_distinguish(s: Straggler, value: float, z: float = 2.0) -> float:
+    """Independent layer draws whose average of the busiest chip tells ``s.expected_max`` from ``value``
+    at ``z`` standard errors (at fewer, ``value`` is within the noise of ``s``; infinite when they are equal)."""
+    gap = abs(s.expected_max - value)
+    return math.inf if gap == 0 else math.ceil((z * s.std / gap) ** 2)
