@@ -123,6 +123,16 @@ def _add_generate(sub) -> None:
         action="store_true",
         help="megakernel off a TPU: run the interpreter's race detector (exit 1 if it fires)",
     )
+    chips = p.add_argument_group("megakernel over several chips (simulated CPU devices off a TPU)")
+    chips.add_argument("--chips", type=_positive_int, default=None, help="chips to split the step over (default 1)")
+    chips.add_argument(
+        "--placement", choices=("whole", "split"), default=None, help="routed experts: whole per chip, or split"
+    )
+    chips.add_argument(
+        "--no-overlap", action="store_true", help="issue no weight DMA while an all-reduce runs (default: overlap)"
+    )
+    chips.add_argument("--bf16-payload", action="store_true", help="all-reduce partial sums in bf16")
+    chips.add_argument("--reduce-scatter", action="store_true", help="all-reduce as reduce-scatter then all-gather")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_generate)
 
@@ -156,9 +166,23 @@ def _run_generate(a) -> None:
     from .weights import load_checkpoint, random_params
 
     check_engine(a.engine)  # an unknown engine fails before any weights are read
-    options = {k: v for k, v in (("kv_tile", a.kv_tile), ("detect_races", a.detect_races or None)) if v is not None}
+    given = dict(
+        kv_tile=a.kv_tile,
+        detect_races=a.detect_races or None,
+        chips=a.chips,
+        placement=a.placement,
+        overlap=False if a.no_overlap else None,
+        bf16_payload=a.bf16_payload or None,
+        reduce_scatter=a.reduce_scatter or None,
+    )
+    options = {k: v for k, v in given.items() if v is not None}
     if options and a.engine != "megakernel":
-        raise ValueError(f"--kv-tile and --detect-races are megakernel options, not {a.engine!r}'s")
+        flags = " ".join("--" + k.replace("_", "-") for k in options)
+        raise ValueError(f"{flags}: megakernel options, not {a.engine!r}'s")
+    if (a.chips or 1) > 1:
+        from .sharding import simulate_chips
+
+        simulate_chips(a.chips)  # off a TPU: the CPU's simulated devices (before JAX starts its backends)
     prompts = _prompts(a.prompt_ids, a.batch)
     dtype = getattr(jnp, a.dtype) if a.dtype else None
     if a.checkpoint:

@@ -270,12 +270,16 @@ def run_bench(
     budget_s: float = 30.0,
     probe_bytes: int = profiling.DEFAULT_PROBE_BYTES,
     seed: int = 0,
+    engine_options: dict | None = None,
 ) -> BenchResult:
     """Benchmark ``engine``'s decode step for ``cfg`` at ``context`` positions and ``batch`` users: the
     step and the bandwidth probe interleaved until the fraction of the speed of light is known to
     +-``precision`` (its 95% interval's half-width) or ``budget_s`` is spent.
 
     ``params`` default to random weights (seeded: timing does not depend on the values).
+    ``engine_options`` go to the engine's ``make_step`` (the megakernel's ``chips=8, placement="split"``):
+    over C chips the speed of light is C times one chip's probed bandwidth, and the row's engine names
+    the options (``megakernel[chips=8,placement=split]``).
     """
     from .generate import cache_multiple, get_step
     from .weights import random_params
@@ -285,16 +289,21 @@ def run_bench(
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
-    step = get_step(engine, cfg)
+    options = dict(engine_options or {})
+    step = get_step(engine, cfg, **options)
+    chips, multiple = options.get("chips", 1), cache_multiple(engine)
+    label = f"{engine}[{','.join(f'{k}={v}' for k, v in options.items())}]" if options else engine
     if params is None:
         params, weights = random_params(cfg, seed, DTYPES[dtype]), f"random (seed {seed})"
-    call = decode_call(step, params, cfg, context, batch, dtype, program=True, cache_multiple=cache_multiple(engine))
+    call = decode_call(step, params, cfg, context, batch, dtype, program=True, cache_multiple=multiple)
     kernels = profiling.compiled_kernels(call.program, *call.args())
     probe, nbytes = profiling.gemv_probe(probe_bytes, dtype=DTYPES[dtype])
     per_token = bytes_per_token(cfg, context, batch, dtype).total
 
     def fractions(times):  # round by round: the step against the probe's bandwidth in the same round
-        return [profiling.sol_fraction(ts, per_token, nbytes / tp) for ts, tp in zip(times["step"], times["probe"])]
+        return [
+            profiling.sol_fraction(ts, per_token, chips * nbytes / tp) for ts, tp in zip(times["step"], times["probe"])
+        ]
 
     def precise(times):
         return profiling.Estimate.of(fractions(times), 0.95).halfwidth <= precision
@@ -302,7 +311,7 @@ def run_bench(
     cmp = profiling.interleaved({"step": call, "probe": probe}, "step", budget_s=budget_s, precise=precise)
     return BenchResult(
         cfg,
-        engine,
+        label,
         dtype,
         context,
         batch,

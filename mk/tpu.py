@@ -135,11 +135,12 @@ def reset_interpreter() -> None:
     pltpu.reset_tpu_interpret_mode_state()
 
 
-TOPOLOGIES = {"tpu-v5e": "v5e:2x2", "tpu-v6e": "v6e:2x2"}
+# A chip compiles as one of a 2x2 slice (libtpu refuses 1x1); a slice of 8 as the 2x4 it is.
+TOPOLOGIES = {"tpu-v5e": "v5e:2x2", "tpu-v6e": "v6e:2x2", "tpu-v5e-8": "v5e:2x4", "tpu-v6e-8": "v6e:2x4"}
 
 
 def topology(chip: str):
-    """A TPU topology description for ``chip`` (``tpu-v5e`` or ``tpu-v6e``); needs libtpu."""
+    """A TPU topology description for ``chip`` (``tpu-v5e``, ``tpu-v6e`` or their 8-chip slices); needs libtpu."""
     from jax.experimental import topologies
 
     # libtpu takes a machine-wide lock by default; compiling ahead of time touches no TPU, so

@@ -10,6 +10,9 @@ from pathlib import Path
 # Before JAX is imported anywhere: CPU only, 8 host devices for the sharded/collective tests.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# XLA:CPU runs at most NPROC device programs at once (default: the cores); the 8-chip kernels' collectives
+# need all 8 in the kernel together (mk.sharding.simulate_chips)
+os.environ.setdefault("NPROC", "16")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -64,12 +67,24 @@ HF_ODD = dict(
     moe_intermediate_size=40,
     final_logit_softcapping=30.0,
 )
+# Eight query heads, so attention splits over 8 chips, with fewer KV heads than chips (2 sliding, 1 full:
+# each KV head kept on 4 and 8 chips) and 8 experts (one whole expert per chip, or each split in 8).
+HF_EIGHT_HEADS = dict(
+    HF_SNIPPET,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    num_global_key_value_heads=1,
+    intermediate_size=80,
+    moe_intermediate_size=40,
+)
 HF_CONFIGS = {
     "tiny-dense": to_hf_dict(TINY_DENSE),
     "tiny-moe": to_hf_dict(TINY_MOE),
     "hf-snippet": HF_SNIPPET,
     "hf-odd": HF_ODD,
     "hf-odd-dense": {**HF_ODD, "enable_moe_block": False},
+    "hf-eight-heads": HF_EIGHT_HEADS,
+    "hf-eight-heads-dense": {**HF_EIGHT_HEADS, "enable_moe_block": False},
 }
 
 

@@ -11,15 +11,17 @@ import pytest
 
 from mk import reference as R
 from mk.config import TINY_MOE
-from mk.megakernel.kernel import build_call, users_block
+from mk.megakernel.kernel import MegakernelEngine, build_call, users_block
 from mk.megakernel.pack import adopt_cache, pack, reference_cache
 from mk.plan import (
+    AllReduce,
     Attend,
     AttentionResidual,
     Embed,
     EmitTokens,
     ExpertCombine,
     FfnResidual,
+    GatherBest,
     GeluMul,
     HeadTile,
     MatmulMode,
@@ -33,6 +35,7 @@ from mk.plan import (
     Wait,
     build_plan,
 )
+from mk.sharding import Collective, Shard
 from mk.tpu import interpret_params, races_detected, reset_interpreter
 from mk.weights import random_params
 
@@ -222,6 +225,84 @@ def test_no_head():
     np.testing.assert_array_equal(np.asarray(out.users[:B, 0]), 0)
 
 
+# The cross-chip ops, on 8 simulated chips: a model whose 8 query heads split over them.
+CFG8 = TINY_MOE.replace(name="tiny-moe-8h", num_heads=8, sliding_kv_heads=2, full_kv_heads=1)
+CHIPS = 8
+PARAMS8 = random_params(CFG8, 1)
+
+
+def probe_chips(shard, ops_of, seeds, with_logits=False):
+    """``probe`` over the chips of ``shard``: ``seeds`` name -> [C, B, width], each chip's own activations;
+    the Outputs' acts hold each chip's after the ops, one block of rows per chip."""
+    plan = build_plan(CFG8, B, MAX_LEN, shard=shard)
+    ops = ops_of(plan)
+    items = [Start(op.load) for op in ops if op.load is not None] + [plan.ops[0]]
+    for op in ops:
+        items += ([Wait(op.load)] if op.load is not None else []) + [op]
+    cut = replace(plan, items=tuple(items))
+    engine = MegakernelEngine(CFG8, shard=shard)
+    fn = build_call(
+        cut,
+        jnp.float32,
+        jnp.float32,
+        interpret_params(detect_races=True),
+        with_logits=with_logits,
+        probe=True,
+        mesh=engine.mesh,
+    )
+    acts = {}
+    for name, (rows, width) in cut.activations.items():
+        a = np.zeros((CHIPS, rows, width), np.float32)
+        if name in seeds:
+            a[:, :B, : seeds[name].shape[2]] = seeds[name]
+        acts[name] = jnp.asarray(a.reshape(CHIPS * rows, width))
+    cache = engine.adopt_cache(R.init_cache(CFG8, B, MAX_LEN, multiple=16))
+    out = fn(engine.packed(PARAMS8), cache, users_block(cut, TOKENS, POSITIONS), acts)
+    return out, cut.rows
+
+
+def _bf16(a):
+    return np.asarray(jnp.asarray(a).astype(jnp.bfloat16).astype(jnp.float32))
+
+
+@pytest.mark.parametrize(
+    "collective",
+    [Collective(), Collective(reduce_scatter=True), Collective(bf16_payload=True), Collective(False, True, True)],
+    ids=["all-to-all", "reduce-scatter", "bf16", "reduce-scatter-bf16"],
+)
+def test_all_reduce(collective):
+    """Attention's partial output projections summed over 8 chips: every chip holds the sum of all the
+    chips' partials (rounded to bf16 on the wire when asked; reduce-scatter rounds the sum again), and all
+    chips hold exactly the same values."""
+    shard = Shard(CHIPS, collective=collective)
+    parts = np.stack([_rand((B, H), 40 + c) for c in range(CHIPS)])
+
+    def ops_of(plan):
+        return [op for op in plan.ops if isinstance(op, AllReduce) and op.acts == ("attn_out",) and op.layer == 0]
+
+    out, rows = probe_chips(shard, ops_of, {"attn_out": parts})
+    got = np.asarray(out.acts["attn_out"]).reshape(CHIPS, rows, -1)[:, :B, :H]
+    want = (_bf16(parts) if collective.bf16_payload else parts).sum(0)
+    if collective.bf16_payload and collective.reduce_scatter:
+        want = _bf16(want)
+    close(got[0], want, atol=1e-5)
+    assert all(np.array_equal(got[0], got[c]) for c in range(CHIPS))
+
+
+def test_gather_best():
+    """Each chip's head tiles cover its 1/8 of the vocabulary; the gathered pick is the argmax over all."""
+    shard = Shard(CHIPS)
+    xn = _rand((B, H), 21)
+
+    def ops_of(plan):
+        return [op for op in plan.ops if isinstance(op, (HeadTile, GatherBest, EmitTokens))]
+
+    out, _ = probe_chips(shard, ops_of, {"xn": np.broadcast_to(xn, (CHIPS, B, H))}, with_logits=True)
+    want = CFG8.final_softcap * jnp.tanh((xn @ PARAMS8["embed"].T) / CFG8.final_softcap)
+    close(out.logits, want)
+    np.testing.assert_array_equal(np.asarray(out.users[:B, 0]), np.argmax(np.asarray(want), -1))
+
+
 def test_every_op_kind_has_a_test_here():
     from mk.plan import OP_KINDS
 
@@ -240,5 +321,7 @@ def test_every_op_kind_has_a_test_here():
         FfnResidual,
         HeadTile,
         NoHead,
+        AllReduce,
+        GatherBest,
     }
     assert tested == set(OP_KINDS)

@@ -107,3 +107,19 @@ def test_kernels_per_step_reference_against_megakernel():
     t = kernels_per_step_on_tpu(TINY_MOE, "tpu-v5e", 1, 32).set_index("engine")
     assert t.loc["megakernel", "by_custom-call"] == 1
     assert t.loc["reference (XLA)", "kernels"] > 10 * t.loc["megakernel", "kernels"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chip", ("tpu-v5e-8", "tpu-v6e-8"))
+def test_whole_models_compile_sharded_over_eight_chips(chip):
+    """Both models whole (every layer, full size, bf16) split over the slice's 8 chips, both expert
+    placements for the MoE model: one Mosaic kernel per chip; each chip's arguments, as the compiler lays
+    them out, are the plan's sharded weights and cache (not the whole model replicated) and fit its HBM."""
+    from mk.megakernel.aot import sharded_compiles
+
+    table = sharded_compiles([GEMMA4_26B_A4B, GEMMA4_31B], [chip])
+    assert list(table["placement"]) == ["whole", "split", "-"]
+    assert (table["mosaic_calls"] == 1).all(), table
+    assert (abs(table["compiler_hbm_gb"] / table["plan_hbm_gb"] - 1) < 0.01).all(), table
+    assert (table["compiler_hbm_gb"] < table["hbm_per_chip_gb"]).all(), table
+    assert (table["plan_vmem_mib"] <= table["vmem_limit_mib"]).all()

@@ -5,7 +5,8 @@ Importing this package registers the ``megakernel`` engine with mk.generate.
 
 from ..generate import register_engine
 from ..plan import BLOCK
-from .kernel import MegakernelEngine, build_call, make_step, pack
+from .kernel import MegakernelEngine, build_call, make_step
+from .pack import pack
 
 # the kernel reads and writes the cache in aligned blocks of BLOCK positions
 register_engine("megakernel", make_step, cache_multiple=BLOCK)

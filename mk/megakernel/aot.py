@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import time
 
+import jax
 import jax.numpy as jnp
 import pandas as pd
 
 from ..config import Gemma4Config
 from ..params import check_knockout
 from ..plan import Tiles, build_plan
-from .kernel import build_call
+from ..sharding import ONE_CHIP, Shard
+from .kernel import build_call, global_shapes, partition_specs
 from .pack import packed_shapes
 from .refs import input_shapes
 
@@ -28,10 +30,13 @@ def compile_for_tpu(
     compiler_options: dict | None = None,
     vmem_limit_bytes: int | None = None,
     loop_layers: bool = True,
+    shard: Shard = ONE_CHIP,
 ):
     """Compile one decode step (users block in, users block out) for ``chip`` ahead of time with
     libtpu's Mosaic compiler (see mk.tpu). The plan's VMEM budget is checked against the chip first and
-    given to the compiler as its VMEM limit. Returns (plan, compiled)."""
+    given to the compiler as its VMEM limit. With ``shard`` the step is split over the slice's chips
+    (``chip`` a slice of ``shard.chips``: ``tpu-v5e-8``), each weight and cache sharded on its split
+    axis. Returns (plan, compiled): one chip's plan, the program of every chip."""
     from ..chips import get_chip
     from ..tpu import aot_compile
 
@@ -44,13 +49,16 @@ def compile_for_tpu(
         tiles=tiles,
         knockout=check_knockout(knockout),
         loop_layers=loop_layers,
+        shard=shard,
     )
     vmem = get_chip(chip).vmem_bytes
     need = plan.check_vmem(chip)
     # headroom for Mosaic's own internal scratch, unless the caller sets the limit
     limit = vmem_limit_bytes or int(min(vmem, need + need // 4 + 8 * 2**20))
-    fn = build_call(plan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes=limit)
     shapes = input_shapes(plan, weight_dtype, kv_dtype)
+    if shard.sharded:
+        return plan, _compile_sharded(plan, chip, shapes, weight_dtype, kv_dtype, limit, compiler_options)
+    fn = build_call(plan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes=limit)
     compiled = aot_compile(
         lambda p, c, u: tuple(fn(p, c, u)[:2]),
         chip,
@@ -61,6 +69,29 @@ def compile_for_tpu(
         compiler_options=compiler_options,
     )
     return plan, compiled
+
+
+def _compile_sharded(plan, chip: str, shapes, weight_dtype, kv_dtype, limit: int, compiler_options):
+    """The step over the slice's chips, compiled from global shapes that carry their sharding."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+
+    from ..tpu import topology
+
+    devices = topology(chip).devices
+    if len(devices) != plan.chips:
+        raise ValueError(f"{chip} has {len(devices)} chips, the plan is split over {plan.chips}")
+    mesh = Mesh(np.array(devices), (plan.shard.axis,))
+    fn = build_call(plan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes=limit, mesh=mesh)
+    spec = jax.tree.map(
+        lambda s, p: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, p)),
+        global_shapes(plan, shapes),
+        partition_specs(plan, shapes),
+    )
+    packed = dict(vectors=spec.vectors, inv_freq=spec.inv_freq, weights=spec.weights)
+    step = jax.jit(lambda p, c, u: tuple(fn(p, c, u)[:2]), donate_argnums=(1,))
+    return step.lower(packed, spec.cache, spec.users).compile(compiler_options)
 
 
 def compiler_vmem_bytes(cfg: Gemma4Config, chip: str, batch: int, max_len: int, **kw) -> tuple[int, float]:
@@ -129,4 +160,43 @@ def compile_times(
                 repeats=len(ts),
             )
         )
+    return pd.DataFrame(rows)
+
+
+def sharded_compiles(models, chips, placements=("whole", "split"), batch: int = 1, max_len: int = 1024) -> pd.DataFrame:
+    """Each model's whole decode step (every layer, full size, bf16) split over each 8-chip slice, compiled
+    ahead of time by libtpu (both expert placements for an MoE model): per chip, the HBM its arguments
+    take as the compiler reports it beside the plan's (weights and cache, sharded), the plan's VMEM and
+    the limit the compiler accepted it under, and the compile time."""
+    from ..chips import get_chip
+    from ..config import get_config
+    from ..profiling import count_kernels
+    from ..sharding import Shard
+
+    rows = []
+    for model in models:
+        cfg = get_config(model) if isinstance(model, str) else model
+        for chip in chips:
+            n = get_chip(chip).chips
+            for placement in placements if cfg.is_moe else ("split",):
+                t0 = time.perf_counter()
+                plan, compiled = compile_for_tpu(cfg, chip, batch, max_len, shard=Shard(n, placement))
+                seconds = time.perf_counter() - t0
+                shapes = input_shapes(plan, jnp.bfloat16, jnp.bfloat16)
+                plan_hbm = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(shapes))
+                need = plan.vmem_bytes
+                rows.append(
+                    dict(
+                        model=cfg.name,
+                        chip=chip,
+                        placement=placement if cfg.is_moe else "-",
+                        compiler_hbm_gb=compiled.memory_analysis().argument_size_in_bytes / 1e9,
+                        plan_hbm_gb=plan_hbm / 1e9,
+                        hbm_per_chip_gb=get_chip(chip).hbm_bytes / n / 1e9,
+                        plan_vmem_mib=need / 2**20,
+                        vmem_limit_mib=min(get_chip(chip).vmem_bytes, need + need // 4 + 8 * 2**20) / 2**20,
+                        compile_s=seconds,
+                        mosaic_calls=count_kernels(compiled.as_text()).by_opcode.get("custom-call", 0),
+                    )
+                )
     return pd.DataFrame(rows)

@@ -56,9 +56,13 @@ def emit_prologue(k, op):
 
 def emit_embed(k, op):
     """x = embed[token] * sqrt(H). A DMA may not cut a (16, 128) bf16 tile: fetch the aligned block of
-    rows holding each user's token and pick the row out in VMEM."""
+    rows holding each user's token and pick the row out in VMEM. Over several chips each holds a range
+    of the vocabulary: a token outside this chip's gives zeros (the all-reduce after it sums the rows)."""
     s, B, H = k.scratch, k.plan.batch, k.cfg.hidden_size
-    toks = [k.token(b) for b in range(B)]
+    rows = k.cfg.vocab_size
+    local = [k.token(b) - k.vocab_base for b in range(B)]
+    mine = [(t >= 0) & (t < rows) for t in local]
+    toks = [jnp.clip(t, 0, rows - 1) for t in local]
     copies = [
         pltpu.make_async_copy(
             k.inputs.weights["embed"].at[pl.ds(pl.multiple_of(toks[b] // BLOCK * BLOCK, BLOCK), BLOCK), :],
@@ -76,7 +80,11 @@ def emit_embed(k, op):
     x[...] = jnp.zeros(x.shape, jnp.float32)
     row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, H), 0)
     for b in range(B):
-        e = jnp.sum(jnp.where(row == toks[b] % BLOCK, s.embed_rows[b].astype(jnp.float32), 0.0), axis=0, keepdims=True)
+        e = jnp.sum(
+            jnp.where((row == toks[b] % BLOCK) & mine[b], s.embed_rows[b].astype(jnp.float32), 0.0),
+            axis=0,
+            keepdims=True,
+        )
         x[b : b + 1, :] = (e * scale).astype(s.embed_rows.dtype).astype(jnp.float32)
 
 

@@ -24,9 +24,9 @@ def emit_head_tile(k, op):
         y = cfg.final_softcap * jnp.tanh(y / cfg.final_softcap)
     if k.outputs.logits is not None:
         send_logits(k, y, op.row_off // op.n, op.n)
-    ids = op.row_off + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
-    if k.model.vocab_size != cfg.vocab_size:  # padded vocabulary rows are no tokens
-        y = jnp.where(ids < k.model.vocab_size, y, NEG)
+    ids = k.vocab_base + op.row_off + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
+    if k.vocab != k.plan.chips * cfg.vocab_size:  # padded vocabulary rows are no tokens
+        y = jnp.where(ids < k.vocab, y, NEG)
     m = jnp.max(y, axis=1, keepdims=True)
     at = jnp.min(jnp.where(y == m, ids, jnp.iinfo(jnp.int32).max), axis=1, keepdims=True)
     better = m > s.best[...]  # strictly: an equal maximum in a later tile is not the first

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..config import Gemma4Config
 from ..params import NORMS, check_knockout
@@ -31,12 +32,14 @@ from ..plan import (
     BLOCK,
     LANE,
     ROWS,
+    AllReduce,
     Attend,
     AttentionResidual,
     Embed,
     EmitTokens,
     ExpertCombine,
     FfnResidual,
+    GatherBest,
     GeluMul,
     HeadTile,
     LayerLoop,
@@ -59,9 +62,10 @@ from ..plan import (
     vector_rows,
     vector_stride,
 )
+from ..sharding import ONE_CHIP, Collective, Shard, chip_config, make_mesh, split_axis
 from ..tpu import interpret_params
-from . import attention, dense, head, moe
-from .pack import adopt_cache, pack, reference_cache
+from . import attention, collective, dense, head, moe
+from .pack import adopt_cache_chips, pack_chips, reference_cache_chips
 from .refs import (
     POSITION,
     TOKEN,
@@ -90,6 +94,8 @@ EMIT = {
     HeadTile: head.emit_head_tile,
     NoHead: head.emit_no_head,
     EmitTokens: head.emit_tokens,
+    AllReduce: collective.emit_all_reduce,
+    GatherBest: collective.emit_gather_best,
 }
 
 
@@ -100,6 +106,12 @@ class Kernel:
     def __init__(self, plan: StepPlan, inputs: Inputs, outputs: Outputs, scratch):
         self.plan, self.cfg, self.model = plan, plan.layout, plan.cfg  # kernel sizes; the model's own
         self.inputs, self.outputs, self.scratch = inputs, outputs, scratch
+        # over several chips: this chip's index (traced), where its vocabulary rows and experts start
+        self.chip = jax.lax.axis_index(plan.shard.axis) if plan.chips > 1 else 0
+        self.vocab = plan.whole_model.vocab_size  # the real vocabulary (the layout pads it)
+        self.vocab_base = self.chip * plan.layout.vocab_size
+        whole = plan.cfg.is_moe and plan.experts_held < plan.cfg.num_experts
+        self.expert_base = self.chip * plan.experts_held if whole else 0
         self.norms_on = NORMS not in plan.knockout
         self._vec_rows = vector_rows(plan.layout)
         self.loads = {ld.id: ld for ld in plan.loads}
@@ -128,7 +140,8 @@ class Kernel:
         return self.scratch.users[b, POSITION]
 
     def expert_id(self, slot):
-        """The expert routed slot ``slot`` holds (the slot-th distinct expert, in expert order)."""
+        """The expert routed slot ``slot`` holds (the slot-th distinct expert of this chip's, in expert
+        order), as its index among this chip's experts (add ``expert_base`` for the model's index)."""
         return self.scratch.experts[0, slot]
 
     def weight_tile(self):
@@ -179,6 +192,8 @@ def _body(plan: StepPlan, trees, *refs):
         jax.tree.unflatten(out_tree, refs[n_in : n_in + n_out]),
         jax.tree.unflatten(scratch_tree, refs[n_in + n_out :]),
     )
+    if plan.chips > 1:
+        collective.barrier(k)
     if k.inputs.acts is not None:  # a probe: run the plan's items from given activations
         _copy_all([(k.inputs.acts[n], k.scratch.acts[n]) for n in k.scratch.acts], k.scratch.out_sem)
     _emit(k, Seq(list(plan.items), plan.groups, plan.folded, k.loads))
@@ -334,6 +349,7 @@ def build_call(
     with_logits: bool = False,
     count_dmas: bool = False,
     probe: bool = False,
+    mesh=None,
 ):
     """The step as a function ``(packed, cache, users[rows, 128], acts=None) -> Outputs``
     (mk.megakernel.refs): the next users block (each user's greedy token and next position), the cache,
@@ -360,6 +376,7 @@ def build_call(
     if count_dmas:
         out_specs = out_specs._replace(dma_counts=pl.BlockSpec(memory_space=pltpu.SMEM))
     name = "megakernel_" + "".join(c if c.isalnum() else "_" for c in cfg.name)
+    sharded = plan.chips > 1
     call = pl.pallas_call(
         partial(_body, plan, (in_tree, out_tree, scratch_tree)),
         out_shape=out_leaves,
@@ -367,19 +384,74 @@ def build_call(
         out_specs=jax.tree.leaves(out_specs),
         scratch_shapes=scratch_leaves,
         input_output_aliases=aliases,
-        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=vmem_limit_bytes, has_side_effects=False),
+        compiler_params=pltpu.CompilerParams(
+            vmem_limit_bytes=vmem_limit_bytes,
+            has_side_effects=False,
+            **(dict(collective_id=0) if sharded else {}),  # the barrier semaphore's
+        ),
         name=name,
         **(dict(interpret=interpret) if interpret is not None else {}),
     )
 
+    def local(*leaves):
+        return list(call(*leaves))
+
+    if sharded:
+        if mesh is None:
+            raise ValueError(f"a step over {plan.chips} chips needs a mesh (mk.sharding.make_mesh({plan.chips}))")
+        local = jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=tuple(jax.tree.leaves(partition_specs(plan, in_shapes), is_leaf=_is_spec)),
+            out_specs=jax.tree.leaves(partition_specs(plan, out_shapes), is_leaf=_is_spec),
+            check_vma=False,
+        )
+    vocab = plan.whole_model.vocab_size
+
     def step(packed, cache, users, acts=None) -> Outputs:
         inputs = Inputs(users, packed["vectors"], packed["inv_freq"], packed["weights"], cache, acts)
-        out = jax.tree.unflatten(out_tree, call(*jax.tree.leaves(inputs)))
-        if with_logits and plan.layout.vocab_size != cfg.vocab_size:  # the padded rows are no tokens
-            out = out._replace(logits=out.logits[:, : cfg.vocab_size])
+        out = jax.tree.unflatten(out_tree, local(*jax.tree.leaves(inputs)))
+        if with_logits and out.logits.shape[1] != vocab:  # the padded rows are no tokens
+            out = out._replace(logits=out.logits[:, :vocab])
         return out
 
     return step
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, P)
+
+
+def partition_specs(plan: StepPlan, tree):
+    """A ``PartitionSpec`` for each leaf of the kernel's Inputs or Outputs (shapes): weights and caches
+    split on their ``mk.sharding.split_axis``, logits on the vocabulary, DMA counts and a probe's
+    activations one block of rows per chip, the rest whole on every chip."""
+    axis, model, shard = plan.shard.axis, plan.whole_model, plan.shard
+
+    def spec(x, ax=None):
+        return P(*[axis if i == ax else None for i in range(len(x.shape))])
+
+    parts = {}
+    for f in tree._fields:
+        v = getattr(tree, f)
+        if v is None:
+            parts[f] = None
+        elif f in ("weights", "cache"):
+            parts[f] = {name: spec(x, split_axis(model, shard, name)) for name, x in v.items()}
+        else:
+            # a probe's activations: each chip's own rows (its partial sums differ)
+            parts[f] = jax.tree.map(partial(spec, ax={"logits": 1, "dma_counts": 0, "acts": 0}.get(f)), v)
+    return type(tree)(**parts)
+
+
+def global_shapes(plan: StepPlan, tree):
+    """The shapes of ``tree``'s leaves over all chips: each split axis (``partition_specs``) times C."""
+    specs = partition_specs(plan, tree)
+
+    def grow(x, sp):
+        return jax.ShapeDtypeStruct(tuple(n * plan.chips if a else n for n, a in zip(x.shape, sp)), x.dtype)
+
+    return jax.tree.map(grow, tree, specs)
 
 
 def users_block(plan: StepPlan, tokens, positions):
@@ -402,10 +474,27 @@ class MegakernelEngine:
     ``greedy`` (token ids out, no logits written), packing the parameters once per parameter tree and
     compiling one kernel per (batch, cache length, dtypes, knock-out, logits or not)."""
 
-    def __init__(self, cfg: Gemma4Config, tiles: Tiles = Tiles(), detect_races: bool = False):
-        self.cfg, self.tiles, self.detect_races = cfg, tiles, detect_races
+    def __init__(
+        self, cfg: Gemma4Config, tiles: Tiles = Tiles(), detect_races: bool = False, shard: Shard = ONE_CHIP, mesh=None
+    ):
+        self.cfg, self.tiles, self.detect_races, self.shard = cfg, tiles, detect_races, shard
+        if shard.sharded:
+            chip_config(cfg, shard)  # refuses a placement the model cannot take, before any weights move
+            self.mesh = mesh if mesh is not None else make_mesh(shard.chips, jax.devices()[: shard.chips], shard.axis)
         self._packed_key, self._packed = None, None
         self._steps: dict = {}
+
+    def _place(self, tree: dict, part: str) -> dict:
+        """Over several chips: each array of ``tree`` (the kernel's ``weights`` or ``cache``) split over
+        the mesh on its split axis (a step's inputs must carry the sharding its shard_map names)."""
+        if not self.shard.sharded:
+            return tree
+        out = {}
+        for name, a in tree.items():
+            axis = split_axis(self.cfg, self.shard, name)
+            spec = P(*[self.shard.axis if i == axis else None for i in range(a.ndim)])
+            out[name] = jax.device_put(a, NamedSharding(self.mesh, spec))
+        return out
 
     def prepare(self, params: dict, cfg: Gemma4Config) -> dict:
         """The kernel's layout of ``params`` (``pack``), made once: a step given it reads it as it is
@@ -417,7 +506,9 @@ class MegakernelEngine:
             return params
         key = tuple(id(v) for v in params.values())
         if key != self._packed_key:
-            self._packed, self._packed_key = pack(params, self.cfg), key
+            packed = pack_chips(params, self.cfg, self.shard)
+            self._packed = dict(packed, weights=self._place(packed["weights"], "weights"))
+            self._packed_key = key
         return self._packed
 
     def compiled(
@@ -440,6 +531,7 @@ class MegakernelEngine:
                 kv_itemsize=jnp.dtype(kv_dtype).itemsize,
                 tiles=self.tiles,
                 knockout=knockout,
+                shard=self.shard,
             )
             fn = build_call(
                 plan,
@@ -448,6 +540,7 @@ class MegakernelEngine:
                 interpret_params(self.detect_races),
                 with_logits=with_logits,
                 count_dmas=count_dmas,
+                mesh=self.mesh if self.shard.sharded else None,
             )
 
             def run(packed, cache, tokens, pos, plan=plan, fn=fn):
@@ -458,11 +551,11 @@ class MegakernelEngine:
 
     def adopt_cache(self, cache: dict) -> dict:
         """The kernel's cache from the reference's (mk.megakernel.pack): once, after prefill (mk.generate)."""
-        return adopt_cache(self.cfg, cache)
+        return self._place(adopt_cache_chips(self.cfg, cache, self.shard), "cache")
 
     def reference_cache(self, cache: dict) -> dict:
         """The reference's cache layout from the kernel's (to compare them)."""
-        return reference_cache(self.cfg, cache)
+        return reference_cache_chips(self.cfg, cache, self.shard)
 
     def run(self, params, cfg, cache, tokens, pos, knockout=frozenset(), with_logits=True, count_dmas=False) -> Outputs:
         """One step on the kernel's cache layout (``adopt_cache``): the kernel's Outputs (users block,
@@ -494,9 +587,20 @@ class MegakernelEngine:
 
 
 def make_step(
-    cfg: Gemma4Config, tiles: Tiles = Tiles(), detect_races: bool = False, kv_tile: int | None = None
+    cfg: Gemma4Config,
+    tiles: Tiles = Tiles(),
+    detect_races: bool = False,
+    kv_tile: int | None = None,
+    chips: int = 1,
+    placement: str = "split",
+    overlap: bool = True,
+    bf16_payload: bool = False,
+    reduce_scatter: bool = False,
 ) -> MegakernelEngine:
-    """The megakernel engine for mk.generate; ``kv_tile``: KV positions per tile (overrides ``tiles``)."""
+    """The megakernel engine for mk.generate; ``kv_tile``: KV positions per tile (overrides ``tiles``);
+    over ``chips`` chips (the first ``chips`` devices), experts ``placement`` whole or split, and the
+    all-reduce's switches (mk.sharding.Collective)."""
     if kv_tile is not None:
         tiles = replace(tiles, kv_tile=kv_tile)
-    return MegakernelEngine(cfg, tiles, detect_races)
+    shard = Shard(chips, placement, Collective(overlap, bf16_payload, reduce_scatter))
+    return MegakernelEngine(cfg, tiles, detect_races, shard)

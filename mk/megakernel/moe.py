@@ -63,11 +63,11 @@ def emit_route(k, op):
     c.start()
     c.wait()
 
-    def gather(e, n):
+    def gather(e, n):  # over this chip's experts (all E unless they are placed whole over chips)
         s.experts[0, n] = e  # overwritten by the next expert unless this one is used
-        return n + s.used_smem[0, e]
+        return n + s.used_smem[0, k.expert_base + e]
 
-    s.experts[COUNT, 0] = jax.lax.fori_loop(0, E, gather, jnp.int32(0))
+    s.experts[COUNT, 0] = jax.lax.fori_loop(0, k.plan.experts_held, gather, jnp.int32(0))
     s.acts["moe"][...] = jnp.zeros(s.acts["moe"].shape, jnp.float32)
 
 
@@ -79,7 +79,7 @@ def emit_gelu_mul(k, op):
 def emit_expert_combine(k, op):
     """moe += gate[:, e] * (expert e's output), e the expert in slot ``op.expert``."""
     s = k.scratch
-    e = k.expert_id(op.expert)
+    e = k.expert_base + k.expert_id(op.expert)
     g = s.gates[...]
     lane = jax.lax.broadcasted_iota(jnp.int32, g.shape, 1)
     w = jnp.sum(jnp.where(lane == e, g, 0.0), axis=1, keepdims=True)

@@ -130,3 +130,57 @@ def reference_cache(cfg: Gemma4Config, cache: dict) -> dict:
         for i, t in enumerate(cfg.layer_types)
         for n in ("k", "v")
     }
+
+
+# Over several chips: each chip's slice packed as above, the slices joined on the axis split over the chips.
+def _join(parts: list[dict], cfg: Gemma4Config, shard) -> dict:
+    from ..sharding import split_axis
+
+    out = {}
+    for name in parts[0]:
+        axis = split_axis(cfg, shard, name)
+        out[name] = parts[0][name] if axis is None else jnp.concatenate([p[name] for p in parts], axis)
+    return out
+
+
+def pack_chips(params: dict, cfg: Gemma4Config, shard) -> dict:
+    """``pack`` over ``shard.chips`` chips: every split tensor holds chip c's slice (mk.sharding.chip_params,
+    packed for mk.sharding.chip_config) at the c-th of C equal parts of its split axis."""
+    from ..sharding import chip_config, chip_params
+
+    if not shard.sharded:
+        return pack(params, cfg)
+    local = chip_config(cfg, shard)
+    parts = [pack(chip_params(params, cfg, shard, c), local) for c in range(shard.chips)]
+    return dict(parts[0], weights=_join([p["weights"] for p in parts], cfg, shard))
+
+
+def adopt_cache_chips(cfg: Gemma4Config, cache: dict, shard) -> dict:
+    """``adopt_cache`` over several chips: each chip's KV heads (mk.sharding.chip_cache) side by side."""
+    from ..sharding import chip_cache, chip_config
+
+    if not shard.sharded:
+        return adopt_cache(cfg, cache)
+    local = chip_config(cfg, shard)
+    return _join([adopt_cache(local, chip_cache(cache, cfg, shard, c)) for c in range(shard.chips)], cfg, shard)
+
+
+def reference_cache_chips(cfg: Gemma4Config, cache: dict, shard) -> dict:
+    """The reference's cache from ``adopt_cache_chips``'s layout (a KV head kept on several chips is
+    the same on each: the first copy is taken)."""
+    from ..sharding import chip_config, first_kv_head, heads_split
+
+    if not shard.sharded or not heads_split(cfg, shard.chips):
+        return reference_cache(cfg, cache)
+    local, C = chip_config(cfg, shard), shard.chips
+    out = {}
+    for i, t in enumerate(cfg.layer_types):
+        kv = local.kv_heads(t)
+        for n in ("k", "v"):
+            a = cache[f"{t}.{n}"][type_index(cfg, i)][..., head_lanes(cfg.head_dim(t))]  # [B, C * kv, S, hd]
+            heads = {}
+            for c in range(C):
+                for h in range(kv):
+                    heads.setdefault(first_kv_head(cfg, t, C, c) + h, a[:, c * kv + h])
+            out[f"layers.{i}.{n}"] = jnp.stack([heads[h] for h in range(cfg.kv_heads(t))], axis=1)
+    return out

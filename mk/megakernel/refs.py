@@ -69,6 +69,26 @@ class Scratch(NamedTuple):
     out_sem: Any  # DMA [1]
     logits_stage: Any = None  # [2, B, 1, head_tile] f32: a head tile's logits on their way to HBM (if asked)
     logits_sem: Any = None  # DMA [2]
+    collective: Any = None  # over several chips: Collective scratch
+
+
+class Exchange(NamedTuple):
+    """One payload type's all-reduce buffers (mk.megakernel.collective); C chips, n activations."""
+
+    stage: Any  # [n, rows, width]: this chip's partial sums as sent (width: C chunks with reduce-scatter)
+    recv: Any  # [2 (parity), C, n, rows, width or chunk]: what each chip sent here (own partial at [me])
+    gathered: Any  # reduce-scatter: [2, C, n, rows, chunk], each chip's summed chunk; else None
+    send_sem: Any  # DMA [2 (round), C]
+    recv_sem: Any  # DMA [2 (round), C]
+
+
+class Collective(NamedTuple):
+    """Scratch of the cross-chip ops: an Exchange per payload item size, and the argmax gather."""
+
+    exchange: dict  # str(itemsize) -> Exchange
+    best: Any  # [C, rows, 128] f32: every chip's running maximum
+    best_id: Any  # [C, rows, 128] int32
+    sems: Any  # DMA [2 (send, receive), 2 (best, best_id), C]
 
 
 def matrix_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
@@ -76,12 +96,15 @@ def matrix_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
     return {s.path: s.shape for s in param_specs(cfg) if len(s.shape) >= 2}
 
 
-def weight_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
-    """The kernel's HBM weights: ``embed`` and each layer matrix stacked by layer type, padded."""
+def weight_shapes(cfg: Gemma4Config, experts: int | None = None) -> dict[str, tuple[int, ...]]:
+    """The kernel's HBM weights: ``embed`` and each layer matrix stacked by layer type, padded;
+    ``experts``: the routed experts a chip holds (default all)."""
     out: dict[str, tuple[int, ...]] = {}
     for path, shape in matrix_shapes(cfg).items():
         name, index = stacked(cfg, path)
         padded = padded_shape(cfg, path, shape)
+        if experts is not None and path.rsplit(".", 1)[-1].startswith("expert_"):
+            padded = (experts, *padded[1:])
         out[name] = padded if index is None else (index + 1, *padded)
     return out
 
@@ -103,7 +126,10 @@ def input_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Inputs:
         users=jax.ShapeDtypeStruct((plan.rows, LANE), jnp.int32),
         vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
         inv_freq=jax.ShapeDtypeStruct((ROWS, max(cfg.sliding_head_dim, cfg.full_head_dim)), jnp.float32),
-        weights={name: jax.ShapeDtypeStruct(shape, weight_dtype) for name, shape in weight_shapes(cfg).items()},
+        weights={
+            name: jax.ShapeDtypeStruct(shape, weight_dtype)
+            for name, shape in weight_shapes(cfg, plan.experts_held or None).items()
+        },
         cache={
             name: jax.ShapeDtypeStruct(shape, kv_dtype)
             for name, shape in cache_shapes(cfg, plan.batch, plan.cache_len).items()
@@ -170,4 +196,31 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
         out_sem=pltpu.SemaphoreType.DMA((1,)),
         logits_stage=pltpu.VMEM((2, B, 1, plan.head_tile), jnp.float32) if with_logits else None,
         logits_sem=pltpu.SemaphoreType.DMA((2,)) if with_logits else None,
+        collective=collective_shapes(plan) if plan.chips > 1 else None,
+    )
+
+
+def collective_shapes(plan: StepPlan) -> Collective:
+    from ..plan import AllReduce
+    from ..sharding import chunk_width
+
+    C, rows, width = plan.chips, plan.rows, plan.layout.hidden_size
+    reduce_scatter = plan.shard.collective.reduce_scatter
+    chunk = chunk_width(width, C)
+    exchange = {}
+    for itemsize in sorted({op.itemsize for op in plan.ops if isinstance(op, AllReduce)}):
+        n = max(len(op.acts) for op in plan.ops if isinstance(op, AllReduce) and op.itemsize == itemsize)
+        dtype = {2: jnp.bfloat16, 4: jnp.float32}[itemsize]
+        exchange[str(itemsize)] = Exchange(
+            stage=pltpu.VMEM((n, rows, C * chunk if reduce_scatter else width), dtype),
+            recv=pltpu.VMEM((2, C, n, rows, chunk if reduce_scatter else width), dtype),
+            gathered=pltpu.VMEM((2, C, n, rows, chunk), dtype) if reduce_scatter else None,
+            send_sem=pltpu.SemaphoreType.DMA((2, C)),
+            recv_sem=pltpu.SemaphoreType.DMA((2, C)),
+        )
+    return Collective(
+        exchange=exchange,
+        best=pltpu.VMEM((C, rows, LANE), jnp.float32),
+        best_id=pltpu.VMEM((C, rows, LANE), jnp.int32),
+        sems=pltpu.SemaphoreType.DMA((2, 2, C)),
     )

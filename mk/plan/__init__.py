@@ -29,6 +29,7 @@ from .layout import (
 )
 from .records import (
     OP_KINDS,
+    AllReduce,
     Attend,
     AttentionResidual,
     Buffer,
@@ -36,6 +37,7 @@ from .records import (
     EmitTokens,
     ExpertCombine,
     FfnResidual,
+    GatherBest,
     GeluMul,
     HeadTile,
     LayerLoop,
@@ -63,6 +65,7 @@ __all__ = [
     "MIB",
     "ROWS",
     "OP_KINDS",
+    "AllReduce",
     "Attend",
     "AttentionResidual",
     "Buffer",
@@ -70,6 +73,7 @@ __all__ = [
     "EmitTokens",
     "ExpertCombine",
     "FfnResidual",
+    "GatherBest",
     "GeluMul",
     "HeadTile",
     "LayerLoop",

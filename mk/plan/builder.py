@@ -24,6 +24,7 @@ from .layout import (
     vector_table_shape,
 )
 from .records import (
+    AllReduce,
     Attend,
     AttentionResidual,
     Buffer,
@@ -31,6 +32,7 @@ from .records import (
     EmitTokens,
     ExpertCombine,
     FfnResidual,
+    GatherBest,
     GeluMul,
     HeadTile,
     Load,
@@ -65,13 +67,15 @@ def spans(total: int, other: int, itemsize: int, budget: int) -> list[tuple[int,
     return [(s, min(width, total - s)) for s in range(0, total, width)]
 
 
-def expert_slots(cfg: Gemma4Config, batch: int) -> int:
-    """Expert slots per layer: at most B x k distinct experts are routed, and never more than E."""
-    return min(batch * cfg.top_k, cfg.num_experts)
+def expert_slots(cfg: Gemma4Config, batch: int, held: int | None = None) -> int:
+    """Expert slots per layer: at most B x k distinct experts are routed, and never more than the
+    ``held`` experts a chip holds (default all E)."""
+    return min(batch * cfg.top_k, cfg.num_experts if held is None else held)
 
 
 class Builder:
-    """Appends loads and ops in step order; ``route_of[n]`` is the route op an expert op waits for."""
+    """Appends loads and ops in step order; ``route_of[n]`` is the route op an expert op waits for.
+    ``cfg`` is the slice one chip computes (mk.sharding.chip_config; the model itself on one chip)."""
 
     def __init__(
         self,
@@ -83,7 +87,11 @@ class Builder:
         kv_itemsize: int,
         tiles: Tiles,
         knockout: frozenset,
+        shard,
+        experts_held: int,
+        split_heads: bool,
     ):
+        self.shard, self.experts_held, self.split_heads = shard, experts_held, split_heads
         self.cfg = layout_config(cfg)  # the shapes the kernel moves; the model's own for payload bytes
         self.batch, self.max_len, self.context = batch, max_len, context
         self.wb, self.kvb, self.tiles, self.ko = weight_itemsize, kv_itemsize, tiles, knockout
@@ -101,6 +109,29 @@ class Builder:
         """An f32 VMEM activation of at least ``width`` lanes (users padded to 8 rows)."""
         self.acts[name] = (round_up(self.batch, ROWS), max(self.acts.get(name, (0, 0))[1], width))
         return name
+
+    def all_reduce(self, layer: int, acts: list[str], itemsize: int) -> None:
+        """Sum ``acts`` over the chips (nothing on one chip, or with nothing to sum)."""
+        from ..sharding import sent_bytes
+
+        if not self.shard.sharded or not acts:
+            return
+        coll, rows, width = self.shard.collective, round_up(self.batch, ROWS) * len(acts), self.cfg.hidden_size
+        seq = sum(isinstance(o, AllReduce) for o in self.ops)
+        self.op(
+            AllReduce(
+                layer,
+                "collectives",
+                len(acts) * self.shard.chips * round_up(self.batch, ROWS) * width,  # the sum's adds
+                acts=tuple(acts),
+                rows=rows,
+                width=width,
+                itemsize=itemsize,
+                seq=seq,
+                sent_bytes=sent_bytes(coll, rows, width, self.shard.chips, itemsize),
+                rounds=coll.rounds,
+            )
+        )
 
     def op(self, op: Op) -> None:
         if getattr(op, "expert", None) is not None:
@@ -234,6 +265,7 @@ class Builder:
         vec_rows, vec_width = vector_table_shape(cfg)
         self.op(Prologue(-1, NORMS, 0, serial_bytes=round_up(vec_rows, ROWS) * vec_width * 4))
         self.op(Embed(-1, HEAD, 0, serial_bytes=B * BLOCK * H * self.wb))
+        self.all_reduce(-1, ["x"], 4)  # each chip looked up the tokens in its vocabulary rows (exact in f32)
         for i, t in enumerate(cfg.layer_types):
             self.layer(i, t)
         self.op(Norm(-1, NORMS, 4 * B * H, src="x", dst="xn", vector="final_norm"))
@@ -245,6 +277,9 @@ class Builder:
                 self.op(HeadTile(-1, HEAD, 2 * B * tv * H + 6 * B * tv, load=lid, src="xn", row_off=r, n=tv))
         else:
             self.op(NoHead(-1, HEAD, 0))
+        if self.shard.sharded:
+            C = self.shard.chips
+            self.op(GatherBest(-1, "collectives", C * ROWS * LANE, sent_bytes=(C - 1) * 2 * ROWS * LANE * 4))
         self.op(EmitTokens(-1, HEAD, 0, serial_bytes=ROWS * LANE * 4))
 
     def layer(self, i: int, t: str):
@@ -280,6 +315,8 @@ class Builder:
             )
             self.act("attn", nh * max(cfg.sliding_head_dim, cfg.full_head_dim))
             self.proj_rows(p + "o", i, att, "attn", "attn_out")
+            if self.split_heads:  # each chip computed its heads' share of the output projection
+                self.all_reduce(i, ["attn_out"], self.shard.collective.payload_itemsize())
         self.op(AttentionResidual(i, NORMS, 8 * B * H, attention_on=att not in self.ko))
         if cfg.is_moe:
             E = self.shapes[p + "router_proj"][1]
@@ -301,9 +338,13 @@ class Builder:
             self.mlp(p, i, SHARED_MLP, "xn", "ffn", ("mlp_gate", "mlp_up", "mlp_down"))
         if cfg.is_moe and EXPERTS not in self.ko:
             self.act("eo", H)
-            for j in range(expert_slots(cfg, B)):
+            for j in range(expert_slots(cfg, B, self.experts_held)):
                 self.mlp(p, i, EXPERTS, "x2", "eo", ("expert_gate", "expert_up", "expert_down"), expert=j)
                 self.op(ExpertCombine(i, EXPERTS, 2 * B * H, expert=j))
+        partial_sums = [
+            a for a, on in (("ffn", SHARED_MLP not in self.ko), ("moe", cfg.is_moe and EXPERTS not in self.ko)) if on
+        ]
+        self.all_reduce(i, partial_sums, self.shard.collective.payload_itemsize())
         self.op(FfnResidual(i, NORMS, 10 * B * H))
 
 

@@ -106,6 +106,8 @@ class Op:
     expert: ClassVar[int | None] = None  # routed slot j: runs only if slot j holds a new expert
     kv_bytes: ClassVar[int] = 0  # bytes it streams besides its weight tile (KV cache)
     serial_bytes: ClassVar[int] = 0  # bytes it reads while the compute waits for them
+    sent_bytes: ClassVar[int] = 0  # bytes it sends to other chips (over ICI or NVLink)
+    rounds: ClassVar[int] = 0  # rounds of remote DMAs it waits for (each pays the link latency)
 
     @property
     def kind(self) -> str:
@@ -243,6 +245,31 @@ class EmitTokens(Op):
     serial_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class AllReduce(Op):
+    """Sum the partial activations ``acts`` ([rows, width] f32 each) over the chips, in place, inside
+    the kernel (mk.megakernel.collective; the algorithm and switches: mk.sharding.collective).
+    ``itemsize``: bytes per element on the wire; ``seq``: this step's n-th all-reduce (its receive
+    buffers alternate, so a fast chip's next all-reduce never lands in a buffer still being summed)."""
+
+    acts: tuple[str, ...] = ()
+    rows: int = 0
+    width: int = 0
+    itemsize: int = 4
+    seq: int = 0
+    sent_bytes: int = 0
+    rounds: int = 1
+
+
+@dataclass(frozen=True)
+class GatherBest(Op):
+    """Each chip's running argmax over its vocabulary rows, gathered from every chip: the first
+    maximum over chips (in chip order, which is vocabulary order) is the greedy pick."""
+
+    sent_bytes: int = 0
+    rounds: int = 1
+
+
 OP_KINDS = (
     Prologue,
     Embed,
@@ -258,6 +285,8 @@ OP_KINDS = (
     HeadTile,
     NoHead,
     EmitTokens,
+    AllReduce,
+    GatherBest,
 )
 
 Item = Start | Wait | Op

@@ -17,9 +17,13 @@ from .records import Item, LayerLoop, Load, Loop, Op, Start, Wait
 MAX_PERIOD = 8  # longest body searched for, in groups (an expert slot is 5: gate, up, act, down, combine)
 
 
-def schedule(ops: list[Op], loads: list[Load], route_of: dict[int, int], slots: int) -> list[Item]:
+def schedule(
+    ops: list[Op], loads: list[Load], route_of: dict[int, int], slots: int, fences: tuple[int, ...] = ()
+) -> list[Item]:
     """Place Start/Wait around the ops: every load starts as early as its slot (and, for experts, the
-    route) allows; a compute waits for its own load just before it runs."""
+    route) allows; a compute waits for its own load just before it runs. No load an op after a fence
+    (op index in ``fences``) reads starts before the fence has run (an all-reduce not overlapped with
+    the weight stream)."""
     consumer = {op.load: n for n, op in enumerate(ops) if op.load is not None}
     by_buffer: dict[str, list[int]] = {}
     for ld in loads:
@@ -30,9 +34,14 @@ def schedule(ops: list[Op], loads: list[Load], route_of: dict[int, int], slots: 
         for k, lid in enumerate(ids):
             after_op[lid] = consumer[ids[k - slots]] if k >= slots else -1
     ready: dict[int, list[int]] = {}  # op index after which a load may start -> loads
+    fence_before, last = [], -1
+    for n in range(len(ops)):
+        fence_before.append(last)
+        if n in fences:
+            last = n
     for ld in loads:
         n = consumer[ld.id]
-        ready.setdefault(max(after_op[ld.id], route_of.get(n, -1)), []).append(ld.id)
+        ready.setdefault(max(after_op[ld.id], route_of.get(n, -1), fence_before[n]), []).append(ld.id)
     items: list[Item] = [Start(lid) for lid in ready.get(-1, ())]
     for n, op in enumerate(ops):
         if op.load is not None:

@@ -16,7 +16,7 @@ from ..params import EXPERTS, check_knockout
 from ..sol import distinct_experts_distribution
 from .builder import Builder, check_shapes, even_width, expert_slots
 from .layout import ROWS, cache_slots, kv_tile, layout_config, round_up
-from .records import Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
+from .records import AllReduce, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
 
 
@@ -35,6 +35,20 @@ class StepPlan:
     items: tuple[Item, ...]
     activations: dict[str, tuple[int, int]] = field(default_factory=dict)  # f32 VMEM scratch
     loop_layers: bool = True  # emit repeats of the layer pattern as one loop (False: every layer's own code)
+    # Over several chips ``cfg`` is the slice one chip computes (mk.sharding.chip_config) and ``model``
+    # the whole model; ``shard`` says how it is cut (None: one chip); ``chip``: whose plan this is.
+    model: Gemma4Config | None = None
+    shard: object = None
+    chip: int = 0
+    experts_held: int = 0  # routed experts (or expert slices) this chip holds
+
+    @property
+    def chips(self) -> int:
+        return 1 if self.shard is None else self.shard.chips
+
+    @property
+    def whole_model(self) -> Gemma4Config:
+        return self.model or self.cfg
 
     @property
     def rows(self) -> int:
@@ -54,7 +68,8 @@ class StepPlan:
 
     @property
     def expert_slots(self) -> int:
-        return expert_slots(self.cfg, self.batch) if self.cfg.is_moe and EXPERTS not in self.knockout else 0
+        on = self.cfg.is_moe and EXPERTS not in self.knockout
+        return expert_slots(self.cfg, self.batch, self.experts_held) if on else 0
 
     @cached_property
     def folded(self) -> tuple[int | Loop | LayerLoop, ...]:
@@ -156,8 +171,14 @@ class StepPlan:
     # Bytes -------------------------------------------------------------------------------------
     @cached_property
     def distinct_experts(self) -> dict[int, float]:
-        """Distribution of the distinct experts a layer fetches, uniform routing (exact)."""
-        return distinct_experts_distribution(self.cfg.num_experts, self.cfg.top_k, self.batch)
+        """Distribution of the distinct experts this chip fetches in a layer, uniform routing (exact):
+        of all E (one chip, or every expert split over the chips), or of the E/C this chip holds."""
+        E, k = self.cfg.num_experts, self.cfg.top_k
+        if self.cfg.is_moe and self.experts_held < E:
+            from ..sharding.placement import chip_distinct_experts_distribution
+
+            return chip_distinct_experts_distribution(E, self.chips, k, self.batch)
+        return distinct_experts_distribution(E, k, self.batch)
 
     def fetch_probability(self, ld: Load) -> float:
         """Probability that the kernel issues ``ld``: 1, or for routed slot j, P(more than j distinct experts)."""
@@ -267,20 +288,32 @@ def build_plan(
     tiles: Tiles = Tiles(),
     knockout=frozenset(),
     loop_layers: bool = True,
+    shard=None,
+    chip: int = 0,
 ) -> StepPlan:
-    """The plan of one decode step for ``batch`` users with caches of ``max_len`` positions.
+    """The plan of one decode step for ``batch`` users with caches of ``max_len`` positions, on one
+    chip or, with ``shard`` (mk.sharding.Shard), chip ``chip``'s share of it.
 
     ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
     and attention FLOPs recorded for timing; the kernel itself reads the tiles each user's position needs.
     """
+    from ..sharding import Shard, chip_config, experts_per_chip, heads_split
+
+    shard = shard or Shard()
+    if not 0 <= chip < shard.chips:
+        raise ValueError(f"chip {chip} is not one of the {shard.chips} chips (0..{shard.chips - 1})")
     context = max_len if context is None else context
     check_shapes(cfg, batch, max_len, context, kv_itemsize, tiles)
     ko = check_knockout(knockout)
-    b = Builder(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko)
+    local, held = chip_config(cfg, shard), experts_per_chip(cfg, shard)
+    split = heads_split(cfg, shard.chips)
+    b = Builder(local, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, shard, held, split)
     b.build()
-    items = schedule(b.ops, b.loads, b.route_of, tiles.slots)
+    # without overlap, no weight DMA is in flight across an all-reduce
+    fences = () if shard.collective.overlap else {n for n, op in enumerate(b.ops) if isinstance(op, AllReduce)}
+    items = schedule(b.ops, b.loads, b.route_of, tiles.slots, fences)
     return StepPlan(
-        cfg,
+        local,
         batch,
         max_len,
         context,
@@ -293,4 +326,8 @@ def build_plan(
         tuple(items),
         dict(b.acts),
         loop_layers,
+        cfg if shard.sharded else None,
+        shard if shard.sharded else None,
+        chip,
+        held,
     )

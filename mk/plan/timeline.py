@@ -6,7 +6,12 @@ from .records import Op, Start, Wait
 
 
 def timeline(
-    plan, chip, distinct: dict[int, int] | None = None, op_overhead_s: float = 0.0, dma_issue_s: float = 0.0
+    plan,
+    chip,
+    distinct: dict[int, int] | None = None,
+    op_overhead_s: float = 0.0,
+    dma_issue_s: float = 0.0,
+    ici_latency_s: float = 0.0,
 ) -> list[dict]:
     """The DMA engine serves weight tiles in the order the plan issues them at the chip's HBM bandwidth;
     compute runs the ops in order, each waiting for its tile, at the chip's bf16 FLOP/s plus a fixed
@@ -14,7 +19,10 @@ def timeline(
     issues (assumed costs, not measured: with both zero the model has no cost but bytes and FLOPs). An op's
     ``kv_bytes`` share the DMA engine with the weights; its ``serial_bytes`` are read while compute
     waits (lane "dma (serial)": the prologue, the first KV tile of each user and layer, the router ids,
-    the write-back block, the token ids out). ``distinct[layer]``: experts fetched per layer (default:
+    the write-back block, the token ids out). A cross-chip op's ``sent_bytes`` leave over one link at the
+    chip's ICI bandwidth plus ``ici_latency_s`` per round while compute waits (lane "ici"); the weight
+    DMAs already issued go on meanwhile (an all-reduce without overlap has none issued: mk.plan.schedule).
+    ``distinct[layer]``: experts fetched per layer (default:
     the expected number under uniform routing, rounded). Rows: lane, stream (weights, kv cache, serial,
     compute), what, layer, component, start_s, end_s. A first-order model of one chip, not a measurement."""
     from ..chips import get_chip
@@ -70,6 +78,10 @@ def timeline(
                     dma_free = ks + nbytes / bw
                     row(lane, stream, f"{op.kind} {op.layer}", op, ks, dma_free)
                     s = max(s, dma_free)
+            if op.sent_bytes:
+                e = s + op.rounds * ici_latency_s + op.sent_bytes / chip.ici_bandwidth
+                row("ici", "collective", f"{op.kind} {op.layer}", op, s, e)
+                s = e
             compute_free = s + op.flops / flops + op_overhead_s
             issued_at = compute_free  # the next Start is issued after this op
             row("compute", "compute", op.kind, op, s, compute_free)

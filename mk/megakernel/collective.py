@@ -1,0 +1,135 @@
+"""The cross-chip ops inside the kernel, over remote DMAs with semaphores (the algorithms and their
+switches: mk.sharding.collective): a barrier at kernel start, the all-reduce of partial sums, and the
+gather of every chip's running argmax.
+
+Every chip waits for what it receives and for its own sends before it goes on, and sums the chips'
+partials in chip order, so all chips hold the same activations after every all-reduce. Receive
+buffers alternate between successive all-reduces (``AllReduce.seq``): a chip that has finished one
+all-reduce may already send the next into a chip still summing this one.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from ..plan import LANE
+from ..sharding import chunk_width
+
+
+def _peers(k):
+    """(d, the chip d steps ahead of this one, the chip d steps behind): who I send to and hear from."""
+    C, me = k.plan.chips, k.chip
+    return [(d, (me + d) % C, (me - d) % C) for d in range(1, C)]
+
+
+def _device(k, chip):
+    return {k.plan.shard.axis: chip}
+
+
+def barrier(k):
+    """No chip writes into another's VMEM before that chip has entered the kernel."""
+    sem = pltpu.get_barrier_semaphore()
+    for _, peer, _ in _peers(k):
+        pl.semaphore_signal(sem, 1, device_id=_device(k, peer), device_id_type=pltpu.DeviceIdType.MESH)
+    pl.semaphore_wait(sem, k.plan.chips - 1)
+
+
+def _exchange(k, src, dst_at, round_: int, ex):
+    """Send ``src`` (a ref, or ``src(peer)``) to every peer's ``dst_at(me)``; wait until every peer's
+    has arrived here in ``dst_at(sender)`` and this chip's sends are done."""
+    sends = []
+    for d, peer, _ in _peers(k):
+        s = src(peer) if callable(src) else src
+        c = pltpu.make_async_remote_copy(
+            s, dst_at(k.chip), ex.send_sem.at[round_, d], ex.recv_sem.at[round_, k.chip], device_id=_device(k, peer)
+        )
+        c.start()
+        sends.append(c)
+    for d, _, sender in _peers(k):
+        s = src(sender) if callable(src) else src
+        pltpu.make_async_remote_copy(
+            s, dst_at(sender), ex.send_sem.at[round_, d], ex.recv_sem.at[round_, sender], device_id=_device(k, k.chip)
+        ).wait_recv()
+    for c in sends:
+        c.wait_send()
+
+
+def emit_all_reduce(k, op):
+    """Each of ``op.acts`` summed over the chips, in place (all to all, or reduce-scatter then all-gather)."""
+    ex = k.scratch.collective.exchange[str(op.itemsize)]
+    acts, C, n = k.scratch.acts, k.plan.chips, len(op.acts)
+    W = k.cfg.hidden_size
+    parity = op.seq % 2
+    stage, recv = ex.stage, ex.recv.at[parity]
+    for j, name in enumerate(op.acts):
+        stage[j, :, :W] = acts[name][:, :W].astype(stage.dtype)
+    if not k.plan.shard.collective.reduce_scatter:
+        for j in range(n):
+            recv[k.chip, j] = stage[j]  # this chip's own partial, rounded as the others receive it
+        _exchange(k, stage.at[pl.ds(0, n)], lambda c: recv.at[c, pl.ds(0, n)], 0, ex)
+        for j, name in enumerate(op.acts):
+            total = recv[0, j].astype(jnp.float32)
+            for p in range(1, C):
+                total = total + recv[p, j].astype(jnp.float32)
+            acts[name][:, :W] = total
+        return
+    w = chunk_width(W, C)
+    if stage.shape[2] > W:
+        stage[:, :, W:] = jnp.zeros((stage.shape[0], stage.shape[1], stage.shape[2] - W), stage.dtype)
+
+    def chunk(c):
+        return stage.at[pl.ds(0, n), :, pl.ds(pl.multiple_of(c * w, LANE), w)]
+
+    own = pltpu.make_async_copy(chunk(k.chip), recv.at[k.chip, pl.ds(0, n)], ex.recv_sem.at[1, k.chip])
+    own.start()
+    own.wait()
+    # reduce-scatter: chip c receives chunk c of every chip's partial and sums it
+    _exchange(k, chunk, lambda c: recv.at[c, pl.ds(0, n)], 0, ex)
+    gathered = ex.gathered.at[parity]
+    for j in range(n):
+        total = recv[0, j].astype(jnp.float32)
+        for p in range(1, C):
+            total = total + recv[p, j].astype(jnp.float32)
+        gathered[k.chip, j] = total.astype(gathered.dtype)
+    # all-gather: every chip's summed chunk to every chip
+    _exchange(k, gathered.at[k.chip, pl.ds(0, n)], lambda c: gathered.at[c, pl.ds(0, n)], 1, ex)
+    for j, name in enumerate(op.acts):
+        for p in range(C):
+            lo, hi = p * w, min((p + 1) * w, W)
+            if lo < W:
+                acts[name][:, lo:hi] = gathered[p, j, :, : hi - lo].astype(jnp.float32)
+
+
+def emit_gather_best(k, op):
+    """The greedy pick over the whole vocabulary: every chip's (maximum, first index) gathered, the
+    first chip holding the largest wins (chips hold the vocabulary in order)."""
+    s, coll = k.scratch, k.scratch.collective
+    coll.best[k.chip] = s.best[...]
+    coll.best_id[k.chip] = s.best_id[...]
+    sends = []
+    for d, peer, _ in _peers(k):
+        for n, (mine, all_) in enumerate(((s.best, coll.best), (s.best_id, coll.best_id))):
+            c = pltpu.make_async_remote_copy(
+                mine, all_.at[k.chip], coll.sems.at[0, n, d], coll.sems.at[1, n, k.chip], device_id=_device(k, peer)
+            )
+            c.start()
+            sends.append(c)
+    for d, _, sender in _peers(k):
+        for n, (mine, all_) in enumerate(((s.best, coll.best), (s.best_id, coll.best_id))):
+            pltpu.make_async_remote_copy(
+                mine,
+                all_.at[sender],
+                coll.sems.at[0, n, d],
+                coll.sems.at[1, n, sender],
+                device_id=_device(k, k.chip),
+            ).wait_recv()
+    for c in sends:
+        c.wait_send()
+    best, best_id = coll.best[0], coll.best_id[0]
+    for p in range(1, k.plan.chips):
+        better = coll.best[p] > best  # strictly: an equal maximum on a later chip is a later token
+        best, best_id = jnp.where(better, coll.best[p], best), jnp.where(better, coll.best_id[p], best_id)
+    s.best[...] = best
+    s.best_id[...] = best_id

@@ -1,0 +1,43 @@
+"""The step over several chips: meshes (``mesh``), what slice of the model each chip holds
+(``placement``), the in-kernel all-reduce's configuration (``collective``), and the straggler expert
+of a whole-expert placement (``straggler``)."""
+
+from .collective import Collective, chunk_width, peers, sent_bytes
+from .mesh import make_mesh, simulate_chips
+from .placement import (
+    ONE_CHIP,
+    Placement,
+    Shard,
+    chip_cache,
+    chip_config,
+    chip_distinct_experts_distribution,
+    chip_params,
+    experts_per_chip,
+    first_kv_head,
+    heads_split,
+    kv_replication,
+    split_axis,
+    vocab_per_chip,
+)
+
+__all__ = [
+    "ONE_CHIP",
+    "Collective",
+    "Placement",
+    "Shard",
+    "chip_cache",
+    "chip_config",
+    "chip_distinct_experts_distribution",
+    "chip_params",
+    "chunk_width",
+    "experts_per_chip",
+    "first_kv_head",
+    "heads_split",
+    "kv_replication",
+    "make_mesh",
+    "peers",
+    "sent_bytes",
+    "simulate_chips",
+    "split_axis",
+    "vocab_per_chip",
+]

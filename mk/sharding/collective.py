@@ -1,0 +1,56 @@
+"""The in-kernel all-reduce as configuration and topology, pure Python: its switches, which peer each
+chip sends to, and the bytes it moves. The kernel's code for it is mk.megakernel.collective.
+
+Two algorithms over C chips, both with direct remote DMAs (a TPU slice's ICI routes any chip to any):
+
+- all to all (default): every chip sends its whole partial sum [rows, width] to every other chip, then
+  each sums the C partials in chip order: one round, (C - 1) x payload sent per chip;
+- reduce-scatter then all-gather: the payload's lanes are cut in C chunks; chip j sums chunk j of every
+  chip's partial and sends the sum back to all: two rounds, 2 (C - 1) / C x payload sent per chip.
+
+Every chip sums in the same (chip) order, so all chips hold bit-identical activations after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan.layout import LANE, round_up
+
+
+@dataclass(frozen=True)
+class Collective:
+    """The all-reduce's switches (each compared in the notebooks)."""
+
+    overlap: bool = True  # the next weight tiles' DMAs stay in flight across it (False: issued after it)
+    bf16_payload: bool = False  # partial sums travel in bf16 (half the bytes; the sum is in f32)
+    reduce_scatter: bool = False  # reduce-scatter then all-gather, instead of all to all
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of remote DMAs one all-reduce waits for (each pays the link latency once)."""
+        return 2 if self.reduce_scatter else 1
+
+    def payload_itemsize(self) -> int:
+        return 2 if self.bf16_payload else 4
+
+
+def peers(chip: int, chips: int) -> list[int]:
+    """The chips ``chip`` sends to, in order: the next one round the ring first (every chip's d-th send
+    goes to a different chip, so no chip receives two at once)."""
+    return [(chip + d) % chips for d in range(1, chips)]
+
+
+def chunk_width(width: int, chips: int) -> int:
+    """Lanes of one reduce-scatter chunk: ``width`` cut in ``chips`` equal whole-lane chunks (padded)."""
+    return round_up(-(-width // chips), LANE)
+
+
+def sent_bytes(collective: Collective, rows: int, width: int, chips: int, itemsize: int | None = None) -> int:
+    """Bytes one chip sends for one all-reduce of a [rows, width] partial sum."""
+    if chips == 1:
+        return 0
+    itemsize = itemsize or collective.payload_itemsize()
+    if collective.reduce_scatter:
+        return 2 * (chips - 1) * rows * chunk_width(width, chips) * itemsize
+    return (chips - 1) * rows * width * itemsize

@@ -1,0 +1,252 @@
+"""How one decode step is cut over C chips: which slice of the model each chip holds and computes.
+
+Every chip runs the same kernel on its own slice (tensor parallel):
+
+- the vocabulary (embedding and head) is split in C equal row ranges; the embedding lookup is a
+  masked local lookup whose sum over chips is the embedding, the head a local argmax gathered over chips;
+- attention heads are split where they divide the chips: chip c computes query heads
+  ``c * nh/C ..``; the KV heads those query heads read are the chip's own (a model with fewer KV heads
+  than chips, e.g. 2 or 4 on 8 chips, keeps each KV head's projection and cache on C/kv chips: the
+  replication ``kv_replication`` reports). Where heads do not divide the chips, attention is
+  replicated: every chip computes all heads and no all-reduce follows it;
+- the shared MLP's intermediate is split in C equal parts (zero-padded to equal);
+- the routed experts: ``whole`` places E/C whole experts on each chip (a chip loads the distinct experts
+  routed to it: the busiest chip is the straggler), ``split`` cuts every expert's intermediate over all
+  chips (every chip loads 1/C of every routed expert);
+- the router, norms and scales are replicated (the routing is the same on every chip).
+
+Partial sums (after attention's output projection, after the FFN, and the embedding) are all-reduced
+inside the kernel (mk.sharding.collective). ``chip_config`` is the slice one chip computes, as a
+config; ``chip_params`` cuts a parameter tree to it; ``SPLIT_AXES`` says which axis of each of the
+kernel's HBM tensors is split over the chips, so packing, ``shard_map`` specs and the AOT shapes agree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from ..config import LAYER_TYPES, Gemma4Config
+from ..plan.layout import LANE, round_up
+from .collective import Collective
+
+
+class Placement(StrEnum):
+    """Where the routed experts live."""
+
+    WHOLE = "whole"  # E/C whole experts per chip
+    SPLIT = "split"  # every expert's intermediate split over all chips
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A step over ``chips`` chips (mesh axis ``axis``), experts placed by ``placement``, partial sums
+    all-reduced as ``collective`` says. ``Shard()`` is one chip: nothing is split or communicated."""
+
+    chips: int = 1
+    placement: Placement = Placement.SPLIT
+    collective: Collective = field(default_factory=Collective)
+    axis: str = "x"
+
+    def __post_init__(self):
+        if isinstance(self.chips, bool) or not isinstance(self.chips, int) or self.chips <= 0:
+            raise ValueError(f"chips must be a positive integer, got {self.chips!r}")
+        try:
+            object.__setattr__(self, "placement", Placement(self.placement))
+        except ValueError:
+            raise ValueError(
+                f"unknown expert placement {self.placement!r}; use one of {[str(p) for p in Placement]}"
+            ) from None
+
+    @property
+    def sharded(self) -> bool:
+        return self.chips > 1
+
+
+ONE_CHIP = Shard()
+
+
+def heads_split(cfg: Gemma4Config, chips: int) -> bool:
+    """Whether attention heads are split over ``chips``: the query heads divide the chips, and each chip's
+    query heads read whole KV heads of its own (kv divides the chips, or one KV head serves them all)."""
+    if chips == 1 or cfg.num_heads % chips:
+        return False
+    per_chip = cfg.num_heads // chips
+    for t in set(cfg.layer_types):
+        kv = cfg.kv_heads(t)
+        group = cfg.num_heads // kv  # query heads per KV head
+        if kv % chips and group % per_chip:
+            return False
+    return True
+
+
+def kv_heads_per_chip(cfg: Gemma4Config, layer_type: str, chips: int) -> int:
+    kv = cfg.kv_heads(layer_type)
+    return kv // chips if kv % chips == 0 else 1
+
+
+def first_kv_head(cfg: Gemma4Config, layer_type: str, chips: int, chip: int) -> int:
+    """The first KV head chip ``chip``'s query heads read."""
+    return chip * (cfg.num_heads // chips) // (cfg.num_heads // cfg.kv_heads(layer_type))
+
+
+def kv_replication(cfg: Gemma4Config, chips: int) -> dict[str, int]:
+    """Copies of each KV head (its k/v projections and cache) over the chips, by layer type: 1 when the
+    KV heads divide the chips, C/kv when fewer KV heads than chips, C when attention is replicated."""
+    if not heads_split(cfg, chips):
+        return {str(t): chips for t in LAYER_TYPES}
+    return {str(t): chips * kv_heads_per_chip(cfg, t, chips) // cfg.kv_heads(t) for t in LAYER_TYPES}
+
+
+def vocab_per_chip(cfg: Gemma4Config, chips: int) -> int:
+    """Vocabulary rows each chip holds: the vocabulary padded to C whole-lane blocks, divided."""
+    return round_up(cfg.vocab_size, LANE * chips) // chips if chips > 1 else cfg.vocab_size
+
+
+def experts_per_chip(cfg: Gemma4Config, shard: Shard) -> int:
+    """Routed experts whose weights (or slices) one chip holds."""
+    if not cfg.is_moe or shard.placement == Placement.SPLIT or not shard.sharded:
+        return cfg.num_experts
+    if cfg.num_experts % shard.chips:
+        raise ValueError(
+            f"whole-expert placement puts E/C experts on each chip, but {cfg.name} has {cfg.num_experts} "
+            f"experts for {shard.chips} chips; use placement 'split' or a chip count that divides {cfg.num_experts}"
+        )
+    return cfg.num_experts // shard.chips
+
+
+def chip_distinct_experts_distribution(experts: int, chips: int, top_k: int, batch: int) -> dict[int, float]:
+    """Distribution of the distinct routed experts one chip holding E/C whole experts must load in a layer,
+    uniform routing (exact): given n distinct experts in all, a uniformly random n-set, so the chip's
+    share is hypergeometric."""
+    from ..sol import distinct_experts_distribution
+
+    held = experts // chips
+    out: dict[int, float] = {}
+    for n, p in distinct_experts_distribution(experts, top_k, batch).items():
+        for m in range(max(0, n - (experts - held)), min(n, held) + 1):
+            q = math.comb(held, m) * math.comb(experts - held, n - m) / math.comb(experts, n)
+            out[m] = out.get(m, 0.0) + p * q
+    return dict(sorted(out.items()))
+
+
+def chip_config(cfg: Gemma4Config, shard: Shard) -> Gemma4Config:
+    """The slice of ``cfg`` one chip computes, as a config (``cfg`` itself on one chip). Its expert count
+    stays the model's (the router is replicated); ``experts_per_chip`` says how many a chip holds."""
+    if not shard.sharded:
+        return cfg
+    C = shard.chips
+    experts_per_chip(cfg, shard)  # refuses a whole placement that does not divide
+    changes = dict(
+        name=f"{cfg.name}-chip-of-{C}",
+        vocab_size=vocab_per_chip(cfg, C),
+        mlp_intermediate=-(-cfg.mlp_intermediate // C),
+    )
+    if heads_split(cfg, C):
+        changes.update(
+            num_heads=cfg.num_heads // C,
+            sliding_kv_heads=kv_heads_per_chip(cfg, "sliding", C),
+            full_kv_heads=kv_heads_per_chip(cfg, "full", C),
+        )
+    if cfg.is_moe and shard.placement == Placement.SPLIT:
+        changes["expert_intermediate"] = -(-cfg.expert_intermediate // C)
+    return cfg.replace(**changes)
+
+
+def _cut(a, axis: int, start: int, size: int):
+    """``a[start:start+size]`` along ``axis``, zero-padded where it runs past the end."""
+    a = np.asarray(a)
+    end = max(start, min(start + size, a.shape[axis]))
+    part = np.take(a, np.arange(start, end), axis=axis)
+    if end - start < size:
+        pad = [(0, 0)] * a.ndim
+        pad[axis] = (0, size - (end - start))
+        part = np.pad(part, pad)
+    return part
+
+
+# Which axis of a reference matrix (mk.params names) holds what a chip takes a slice of.
+_HEAD_AXIS = {"q": 1, "k": 1, "v": 1, "o": 0}
+_MLP_AXIS = {"mlp_gate": 1, "mlp_up": 1, "mlp_down": 0}
+_EXPERT_INTER_AXIS = {"expert_gate": 2, "expert_up": 2, "expert_down": 1}
+
+
+def chip_params(params: dict, cfg: Gemma4Config, shard: Shard, chip: int) -> dict:
+    """Chip ``chip``'s slice of the reference parameter tree: the parameters of ``chip_config`` (with
+    E/C experts for a whole placement)."""
+    if not shard.sharded:
+        return params
+    C, local = shard.chips, chip_config(cfg, shard)
+    split_heads = heads_split(cfg, C)
+    out = {}
+    for path, a in params.items():
+        name = path.rsplit(".", 1)[-1]
+        if name == "embed":
+            out[path] = _cut(a, 0, chip * local.vocab_size, local.vocab_size)
+            continue
+        if not path.startswith("layers."):
+            out[path] = a
+            continue
+        t = cfg.layer_types[int(path.split(".")[1])]
+        if name in _HEAD_AXIS and split_heads:
+            if name in ("q", "o"):
+                hd, first, n = cfg.head_dim(t), chip * local.num_heads, local.num_heads
+            else:
+                hd, first, n = cfg.head_dim(t), first_kv_head(cfg, t, C, chip), local.kv_heads(t)
+            out[path] = _cut(a, _HEAD_AXIS[name], first * hd, n * hd)
+        elif name in _MLP_AXIS:
+            w = local.mlp_intermediate
+            out[path] = _cut(a, _MLP_AXIS[name], chip * w, w)
+        elif name in _EXPERT_INTER_AXIS and shard.placement == Placement.SPLIT:
+            w = local.expert_intermediate
+            out[path] = _cut(a, _EXPERT_INTER_AXIS[name], chip * w, w)
+        elif name in _EXPERT_INTER_AXIS:
+            n = experts_per_chip(cfg, shard)
+            out[path] = _cut(a, 0, chip * n, n)
+        else:
+            out[path] = a
+    return out
+
+
+def chip_cache(cache: dict, cfg: Gemma4Config, shard: Shard, chip: int) -> dict:
+    """Chip ``chip``'s KV heads of a reference cache (``layers.{i}.k|v`` [B, kv, slots, hd])."""
+    if not shard.sharded or not heads_split(cfg, shard.chips):
+        return cache
+    local = chip_config(cfg, shard)
+    out = {}
+    for path, a in cache.items():
+        t = cfg.layer_types[int(path.split(".")[1])]
+        out[path] = _cut(a, 1, first_kv_head(cfg, t, shard.chips, chip), local.kv_heads(t))
+    return out
+
+
+def split_axis(cfg: Gemma4Config, shard: Shard, tensor: str) -> int | None:
+    """The axis of the kernel's HBM tensor ``tensor`` (``embed``, ``sliding.q``, a cache's ``full.k``,
+    ``vectors``, ...) that is split over the chips (None: every chip holds all of it). The kernel's
+    tensors are layer-stacked (mk.plan.layout.stacked): matrices [layers, (E,) K, N], caches
+    [layers, B, kv, slots, hd]."""
+    if not shard.sharded:
+        return None
+    if tensor == "embed":
+        return 0
+    if "." not in tensor:
+        return None
+    _, name = tensor.split(".", 1)
+    heads = heads_split(cfg, shard.chips)
+    if name in ("q", "k", "v"):
+        # the heads axis both of a matrix [layers, H, heads x hd] and of a cache [layers, B, kv, slots, hd]
+        return 2 if heads else None
+    if name == "o":
+        return 1 if heads else None
+    if name in ("mlp_gate", "mlp_up"):
+        return 2
+    if name == "mlp_down":
+        return 1
+    if name in _EXPERT_INTER_AXIS:
+        if shard.placement == Placement.WHOLE:
+            return 1
+        return 3 if name != "expert_down" else 2
+    return None

@@ -1,0 +1,170 @@
+"""Eight chips: what each chip holds (pure Python), the step plan of a chip, and the step over 8 simulated
+chips against transformers' greedy tokens (the cross-chip ops one by one: tests/test_ops.py)."""
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+from test_parity import hf_greedy
+
+from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_MOE, load_hf_config
+from mk.params import EXPERTS
+from mk.plan import AllReduce, Op, Start, build_plan
+from mk.sharding import (
+    Collective,
+    Shard,
+    chip_config,
+    chip_distinct_experts_distribution,
+    chip_params,
+    heads_split,
+    kv_replication,
+    make_mesh,
+    sent_bytes,
+)
+from mk.sol import distinct_experts_distribution
+from mk.weights import random_params
+
+CFG8 = TINY_MOE.replace(name="tiny-moe-8h", num_heads=8, sliding_kv_heads=2, full_kv_heads=1)
+
+
+def test_heads_split_where_they_divide_and_kv_heads_are_replicated_where_fewer_than_chips():
+    assert heads_split(GEMMA4_26B_A4B, 8) and heads_split(GEMMA4_31B, 8)
+    # 26B-A4B: 8 sliding KV heads (one a chip), 2 full (each on 4 chips); 31B: 16 and 4
+    assert kv_replication(GEMMA4_26B_A4B, 8) == {"sliding": 1, "full": 4}
+    assert kv_replication(GEMMA4_31B, 8) == {"sliding": 1, "full": 2}
+    assert not heads_split(TINY_MOE, 8)  # 2 query heads: attention replicated on every chip
+    assert kv_replication(TINY_MOE, 8) == {"sliding": 8, "full": 8}
+
+
+@pytest.mark.parametrize("placement", ["whole", "split"])
+def test_the_chips_slices_put_together_give_the_model_back(placement):
+    params = {k: np.asarray(v) for k, v in random_params(CFG8, 0).items()}
+    shard = Shard(8, placement)
+    parts = [chip_params(params, CFG8, shard, c) for c in range(8)]
+    cat = lambda name, axis: np.concatenate([p[name] for p in parts], axis)  # noqa: E731
+    np.testing.assert_array_equal(cat("embed", 0)[: CFG8.vocab_size], params["embed"])
+    np.testing.assert_array_equal(cat("layers.0.q", 1), params["layers.0.q"])
+    np.testing.assert_array_equal(cat("layers.0.o", 0), params["layers.0.o"])
+    np.testing.assert_array_equal(cat("layers.0.mlp_gate", 1)[:, : CFG8.mlp_intermediate], params["layers.0.mlp_gate"])
+    np.testing.assert_array_equal(cat("layers.0.mlp_down", 0)[: CFG8.mlp_intermediate], params["layers.0.mlp_down"])
+    if placement == "whole":
+        np.testing.assert_array_equal(cat("layers.0.expert_up", 0), params["layers.0.expert_up"])
+    else:
+        ei = CFG8.expert_intermediate
+        np.testing.assert_array_equal(cat("layers.0.expert_up", 2)[..., :ei], params["layers.0.expert_up"])
+        np.testing.assert_array_equal(cat("layers.0.expert_down", 1)[:, :ei], params["layers.0.expert_down"])
+    # 2 sliding KV heads for 8 chips: chips 0-3 hold KV head 0, chips 4-7 head 1 (the one their query head reads)
+    hd = CFG8.sliding_head_dim
+    for c in range(8):
+        np.testing.assert_array_equal(parts[c]["layers.0.k"], params["layers.0.k"][:, c // 4 * hd : (c // 4 + 1) * hd])
+    assert parts[3]["layers.0.router_proj"] is params["layers.0.router_proj"]  # replicated
+
+
+def test_clear_errors_for_placements_and_meshes_that_do_not_fit():
+    with pytest.raises(ValueError, match="placement 'split'"):
+        chip_config(TINY_MOE.replace(num_experts=6), Shard(4, "whole"))
+    with pytest.raises(ValueError, match="unknown expert placement"):
+        Shard(8, "scattered")
+    with pytest.raises(ValueError, match="needs 4 devices, but 2"):
+        make_mesh(4, jax.devices()[:2])
+    assert make_mesh(8).shape == {"x": 8}
+    with pytest.raises(ValueError, match="chip 8 is not one of the 8 chips"):
+        build_plan(CFG8, 1, 64, shard=Shard(8), chip=8)
+
+
+def test_busiest_share_of_a_chip_is_hypergeometric_over_the_distinct_experts():
+    """One chip of 4 holding 2 of 8 experts, 2 users of top-2: the distribution of the distinct experts it
+    loads, against counting every pair of picks."""
+    E, C, k, B = 8, 4, 2, 2
+    counts: dict[int, int] = {}
+    picks = list(itertools.combinations(range(E), k))
+    for users in itertools.product(picks, repeat=B):
+        m = len({e for u in users for e in u if e < E // C})
+        counts[m] = counts.get(m, 0) + 1
+    total = len(picks) ** B
+    got = chip_distinct_experts_distribution(E, C, k, B)
+    assert got == pytest.approx({m: n / total for m, n in counts.items()}, abs=1e-12)
+    mean = sum(n * p for n, p in distinct_experts_distribution(E, k, B).items()) / C
+    assert sum(m * p for m, p in got.items()) == pytest.approx(mean, rel=1e-12)
+
+
+@pytest.mark.parametrize("placement", ["whole", "split"])
+def test_a_chips_plan_carries_its_share_of_the_bytes_and_the_all_reduces(placement):
+    """26B-A4B over 8 chips: a chip's expected expert bytes are 1/8 of one chip's (exactly, as real weights);
+    one all-reduce after the embedding, two per layer, each with the payload mk.sharding.sent_bytes gives."""
+    cfg = GEMMA4_26B_A4B
+    one = build_plan(cfg, 1, 1024, weight_itemsize=2, kv_itemsize=2)
+    plan = build_plan(cfg, 1, 1024, weight_itemsize=2, kv_itemsize=2, shard=Shard(8, placement))
+    want = one.bytes_by_component(payload=True)[EXPERTS] / 8
+    assert plan.bytes_by_component(payload=True)[EXPERTS] == pytest.approx(want, rel=1e-9)
+    ars = [op for op in plan.ops if isinstance(op, AllReduce)]
+    assert len(ars) == 1 + 2 * cfg.num_layers
+    assert [op.seq for op in ars] == list(range(len(ars)))
+    ffn = ars[2]
+    assert ffn.acts == ("ffn", "moe") and ffn.sent_bytes == 7 * 16 * cfg.hidden_size * 4
+    rs = Collective(reduce_scatter=True, bf16_payload=True)
+    assert sent_bytes(rs, 16, cfg.hidden_size, 8) == 2 * 7 * 16 * 384 * 2  # 2816 lanes: 8 chunks of 384
+    # the head's rows are split: a chip streams 1/8 of the vocabulary
+    assert plan.bytes_by_component()["head"] == pytest.approx(one.bytes_by_component()["head"] / 8, rel=1e-9)
+
+
+def test_without_overlap_no_weight_dma_is_in_flight_across_an_all_reduce():
+    def crossing(plan):
+        """Starts issued before an all-reduce for a tile read after it."""
+        consumer = {it.load: n for n, it in enumerate(plan.items) if isinstance(it, Op) and it.load is not None}
+        ars = [n for n, it in enumerate(plan.items) if isinstance(it, AllReduce)]
+        return [
+            (n, a) for n, it in enumerate(plan.items) if isinstance(it, Start) for a in ars if n < a < consumer[it.load]
+        ]
+
+    on = build_plan(CFG8, 2, 64, shard=Shard(8))
+    off = build_plan(CFG8, 2, 64, shard=Shard(8, collective=Collective(overlap=False)))
+    assert len(crossing(on)) > 0 and crossing(off) == []
+    assert {ld.id for ld in on.loads} == {ld.id for ld in off.loads}
+
+
+@pytest.mark.parametrize(
+    "name, placement, prompts, switches",
+    [
+        ("hf-eight-heads", "whole", (9, 3, 12, 5), ["--bf16-payload", "--reduce-scatter"]),
+        ("hf-eight-heads", "split", (9,), ["--no-overlap"]),
+        ("hf-eight-heads-dense", "split", (9, 3, 12, 5), []),
+        ("hf-snippet", "whole", (9,), ["--reduce-scatter"]),
+    ],
+    ids=["moe-whole-b4-bf16-rs", "moe-split-b1-no-overlap", "dense-b4", "moe-4-heads-replicated"],
+)
+def test_cli_generate_on_8_chips_gives_transformers_greedy_tokens(
+    hf_checkpoint, mk_json, name, placement, prompts, switches
+):
+    """``python -m mk generate --engine megakernel --chips 8`` on checkpoints transformers saved, the race
+    detector on: 8 query heads split over the chips with 2 and 1 KV heads (each kept on 4 and 8 chips), or
+    4 query heads (attention replicated); experts whole (one a chip) or split in 8; prompts of different
+    lengths (one past the window); each user gets transformers' greedy tokens for its prompt alone."""
+    folder, model = hf_checkpoint(name)
+    cfg = load_hf_config(folder)
+    rng = np.random.default_rng(11)
+    ids = [rng.integers(0, cfg.vocab_size, n).tolist() for n in prompts]
+    new = 4
+    got = mk_json(
+        "generate",
+        "--checkpoint",
+        folder,
+        "--prompt-ids",
+        ";".join(",".join(map(str, p)) for p in ids),
+        "--new-tokens",
+        new,
+        "--engine",
+        "megakernel",
+        "--chips",
+        8,
+        "--placement",
+        placement,
+        "--detect-races",
+        "--json",
+        *switches,
+    )
+    assert not got["races"]
+    for b, prompt in enumerate(ids):
+        want, _ = hf_greedy(model, np.array([prompt]), new)
+        assert got["tokens"][b] == want[0].tolist(), f"user {b}"
