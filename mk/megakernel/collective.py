@@ -32,7 +32,7 @@ def barrier(k):
     """No chip writes into another's VMEM before that chip has entered the kernel."""
     sem = pltpu.get_barrier_semaphore()
     for _, peer, _ in _peers(k):
-        pl.semaphore_signal(sem, 1, device_id=_device(k, peer), device_id_type=pltpu.DeviceIdType.MESH)
+        pl.semaphore_signal(sem, 1, device_id=_device(k, peer), device_id_type=pl.DeviceIdType.MESH)
     pl.semaphore_wait(sem, k.plan.chips - 1)
 
 
