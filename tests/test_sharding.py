@@ -173,7 +173,8 @@ def test_cli_generate_on_8_chips_gives_transformers_greedy_tokens(
 
 def test_a_bf16_payload_moves_logits_by_its_rounding_only():
     """One step of 4 users at ragged positions over a random cache, 8 chips: with an f32 payload the logits
-    are the reference's up to summation order (about 2e-6 measured); a bf16 payload rounds every partial sum
+    are the reference's up to summation order (about 2e-6 measured; exact tokens: the test above); a bf16
+    payload rounds every partial sum
     to 8 significant bits (relative 2^-9), which moved logits by up to about 7e-3 here (both placements,
     with and without reduce-scatter), so 2e-2 is the bound; the greedy pick is the reference's wherever the
     reference's two best logits are further apart than twice that."""
@@ -193,9 +194,9 @@ def test_a_bf16_payload_moves_logits_by_its_rounding_only():
     want, _ = decode_step(params, cfg, {k: jnp.asarray(v) for k, v in cache.items()}, tokens, pos)
     want = np.asarray(want)
     top2 = np.sort(want, axis=-1)[:, -2:]
-    for bf16, atol in ((False, 1e-5), (True, 2e-2)):
-        step = make_step(cfg, chips=8, placement="whole", reduce_scatter=True, bf16_payload=bf16)
-        got = np.asarray(step.run(params, cfg, step.adopt_cache(cache), tokens, pos).logits)
-        assert np.abs(got - want).max() <= atol, bf16
-        clear = top2[:, 1] - top2[:, 0] > 2 * atol
-        np.testing.assert_array_equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+    atol = 2e-2
+    step = make_step(cfg, chips=8, placement="whole", reduce_scatter=True, bf16_payload=True)
+    got = np.asarray(step.run(params, cfg, step.adopt_cache(cache), tokens, pos).logits)
+    assert 0 < np.abs(got - want).max() <= atol  # rounded, but no further than that
+    clear = top2[:, 1] - top2[:, 0] > 2 * atol
+    np.testing.assert_array_equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
