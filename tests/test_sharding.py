@@ -19,6 +19,7 @@ from mk.sharding import (
     chip_params,
     heads_split,
     kv_replication,
+    kv_replication_bytes,
     make_mesh,
     sent_bytes,
 )
@@ -35,6 +36,11 @@ def test_heads_split_where_they_divide_and_kv_heads_are_replicated_where_fewer_t
     assert kv_replication(GEMMA4_31B, 8) == {"sliding": 1, "full": 2}
     assert not heads_split(TINY_MOE, 8)  # 2 query heads: attention replicated on every chip
     assert kv_replication(TINY_MOE, 8) == {"sliding": 8, "full": 8}
+    # what the copies cost a chip: 26B-A4B's full layers' K projection (K = V) and cache, 3/8 of them more
+    cfg, full = GEMMA4_26B_A4B, GEMMA4_26B_A4B.full_layers
+    kv_bytes = len(full) * 2 * (cfg.hidden_size + 2 * 1024) * cfg.full_head_dim * 2
+    extra = kv_replication_bytes(cfg, 8, 1024)
+    assert extra == {"full": pytest.approx(kv_bytes * 3 / 8), "sliding": 0}
 
 
 @pytest.mark.parametrize("placement", ["whole", "split"])

@@ -16,6 +16,7 @@ from .placement import (
     first_kv_head,
     heads_split,
     kv_replication,
+    kv_replication_bytes,
     split_axis,
     vocab_per_chip,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "first_kv_head",
     "heads_split",
     "kv_replication",
+    "kv_replication_bytes",
     "make_mesh",
     "peers",
     "sent_bytes",

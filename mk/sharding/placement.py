@@ -101,6 +101,19 @@ def kv_replication(cfg: Gemma4Config, chips: int) -> dict[str, int]:
     return {str(t): chips * kv_heads_per_chip(cfg, t, chips) // cfg.kv_heads(t) for t in LAYER_TYPES}
 
 
+def kv_replication_bytes(cfg: Gemma4Config, chips: int, context: int, batch: int = 1, itemsize: int = 2) -> dict:
+    """Bytes one chip reads per step beyond an even 1/C share because its KV heads are kept on several
+    chips (``kv_replication``): their k/v projections and KV cache, by layer type."""
+    out = {}
+    for t in sorted(set(cfg.layer_types)):
+        hd, kv = cfg.head_dim(t), cfg.kv_heads(t)
+        weights = (2 if cfg.has_v_proj(t) else 1) * cfg.hidden_size * hd
+        cache = 2 * batch * cfg.cache_positions(t, context) * hd
+        total = cfg.layer_types.count(t) * kv * (weights + cache) * itemsize
+        out[str(t)] = total * (kv_replication(cfg, chips)[str(t)] - 1) / chips
+    return out
+
+
 def vocab_per_chip(cfg: Gemma4Config, chips: int) -> int:
     """Vocabulary rows each chip holds: the vocabulary padded to C whole-lane blocks, divided."""
     return round_up(cfg.vocab_size, LANE * chips) // chips if chips > 1 else cfg.vocab_size
