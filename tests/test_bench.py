@@ -130,4 +130,4 @@ def test_run_bench_over_eight_chips_runs_the_sharded_megakernel():
     row = r.row()
     assert row["engine"] == "megakernel[chips=8,placement=whole]"
     fraction = r.bytes_per_token / (8 * r.bandwidth.median) / r.step.median
-    assert r.sol_fraction.low <= fraction * 1.5 and r.sol_fraction.high >= fraction / 1.5
+    assert r.fraction.low <= fraction * 1.5 and r.fraction.high >= fraction / 1.5
