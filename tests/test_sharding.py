@@ -108,7 +108,7 @@ def test_a_chips_plan_carries_its_share_of_the_bytes_and_the_all_reduces(placeme
     assert len(ars) == 1 + 2 * cfg.num_layers
     assert [op.seq for op in ars] == list(range(len(ars)))
     ffn = ars[2]
-    assert ffn.acts == ("ffn", "moe") and ffn.sent_bytes == 7 * 16 * cfg.hidden_size * 4
+    assert ffn.acts == ("ffn", "moe") and ffn.sent_bytes == 7 * 2 * cfg.hidden_size * 4  # one user's rows
     rs = Collective(reduce_scatter=True, bf16_payload=True)
     assert sent_bytes(rs, 16, cfg.hidden_size, 8) == 2 * 7 * 16 * 384 * 2  # 2816 lanes: 8 chunks of 384
     # the head's rows are split: a chip streams 1/8 of the vocabulary

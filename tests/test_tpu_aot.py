@@ -8,8 +8,9 @@ import pytest
 from mk.chips import get_chip
 from mk.config import FULL, GEMMA4_26B_A4B, GEMMA4_31B, SLIDING, TINY_DENSE, TINY_MOE
 from mk.megakernel.aot import compile_for_tpu
-from mk.plan import layers_in_hbm
+from mk.plan import AllReduce, layers_in_hbm
 from mk.profiling import count_kernels
+from mk.sharding import Collective, Shard
 
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install -r requirements-tpu.txt)")
 
@@ -123,3 +124,18 @@ def test_whole_models_compile_sharded_over_eight_chips(chip):
     assert (abs(table["compiler_hbm_gb"] / table["plan_hbm_gb"] - 1) < 0.01).all(), table
     assert (table["compiler_hbm_gb"] < table["hbm_per_chip_gb"]).all(), table
     assert (table["plan_vmem_mib"] <= table["vmem_limit_mib"]).all()
+
+
+@pytest.mark.parametrize("chip", ("tpu-v5e-8", "tpu-v6e-8"))
+@pytest.mark.parametrize(
+    "collective",
+    [Collective(), Collective(overlap=False, bf16_payload=True, reduce_scatter=True)],
+    ids=["default", "bf16-reduce-scatter-no-overlap"],
+)
+def test_tiny_sharded_step_compiles_with_every_switch(collective, chip):
+    """The all-reduce's DMAs move only the users' rows (1 in f32, 2 in bf16: a DMA may not cut a packed
+    sublane word) at lane offsets computed from the chip's index: the Mosaic compiler takes them."""
+    cfg8 = TINY_MOE.replace(name="tiny-moe-8h", num_heads=8, sliding_kv_heads=2, full_kv_heads=1)
+    plan, compiled = compile_for_tpu(cfg8, chip, 1, 64, shard=Shard(8, "whole", collective))
+    assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
+    assert {op.rows for op in plan.ops if isinstance(op, AllReduce)} == ({1, 2} if collective.bf16_payload else {1})

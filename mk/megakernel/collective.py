@@ -10,6 +10,7 @@ all-reduce may already send the next into a chip still summing this one.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -59,47 +60,56 @@ def _exchange(k, src, dst_at, round_: int, ex):
 def emit_all_reduce(k, op):
     """Each of ``op.acts`` summed over the chips, in place (all to all, or reduce-scatter then all-gather)."""
     ex = k.scratch.collective.exchange[str(op.itemsize)]
-    acts, C, n = k.scratch.acts, k.plan.chips, len(op.acts)
+    acts, C, n, R = k.scratch.acts, k.plan.chips, len(op.acts), op.rows
     W = k.cfg.hidden_size
     parity = op.seq % 2
     stage, recv = ex.stage, ex.recv.at[parity]
+    # only rows < R travel; the rest of each buffer holds whatever it held, and is never kept
+    mine = jax.lax.broadcasted_iota(jnp.int32, stage.shape[1:], 0) < R
+
+    def keep(name, lanes, value):
+        acts[name][:, lanes] = jnp.where(mine[:, : value.shape[1]], value, acts[name][:, lanes])
+
+    def total(buf, j):
+        out = buf[0, j].astype(jnp.float32)
+        for p in range(1, C):
+            out = out + buf[p, j].astype(jnp.float32)
+        return out
+
     for j, name in enumerate(op.acts):
         stage[j, :, :W] = acts[name][:, :W].astype(stage.dtype)
     if not k.plan.shard.collective.reduce_scatter:
         for j in range(n):
             recv[k.chip, j] = stage[j]  # this chip's own partial, rounded as the others receive it
-        _exchange(k, stage.at[pl.ds(0, n)], lambda c: recv.at[c, pl.ds(0, n)], 0, ex)
+        _exchange(k, stage.at[pl.ds(0, n), pl.ds(0, R)], lambda c: recv.at[c, pl.ds(0, n), pl.ds(0, R)], 0, ex)
         for j, name in enumerate(op.acts):
-            total = recv[0, j].astype(jnp.float32)
-            for p in range(1, C):
-                total = total + recv[p, j].astype(jnp.float32)
-            acts[name][:, :W] = total
+            keep(name, slice(0, W), total(recv, j))
         return
     w = chunk_width(W, C)
     if stage.shape[2] > W:
         stage[:, :, W:] = jnp.zeros((stage.shape[0], stage.shape[1], stage.shape[2] - W), stage.dtype)
 
     def chunk(c):
-        return stage.at[pl.ds(0, n), :, pl.ds(pl.multiple_of(c * w, LANE), w)]
+        return stage.at[pl.ds(0, n), pl.ds(0, R), pl.ds(pl.multiple_of(c * w, LANE), w)]
 
-    own = pltpu.make_async_copy(chunk(k.chip), recv.at[k.chip, pl.ds(0, n)], ex.recv_sem.at[1, k.chip])
+    def rows_of(buf):
+        return lambda c: buf.at[c, pl.ds(0, n), pl.ds(0, R)]
+
+    own = pltpu.make_async_copy(chunk(k.chip), rows_of(recv)(k.chip), ex.recv_sem.at[1, k.chip])
     own.start()
     own.wait()
     # reduce-scatter: chip c receives chunk c of every chip's partial and sums it
-    _exchange(k, chunk, lambda c: recv.at[c, pl.ds(0, n)], 0, ex)
+    _exchange(k, chunk, rows_of(recv), 0, ex)
     gathered = ex.gathered.at[parity]
     for j in range(n):
-        total = recv[0, j].astype(jnp.float32)
-        for p in range(1, C):
-            total = total + recv[p, j].astype(jnp.float32)
-        gathered[k.chip, j] = total.astype(gathered.dtype)
+        gathered[k.chip, j] = total(recv, j).astype(gathered.dtype)
     # all-gather: every chip's summed chunk to every chip
-    _exchange(k, gathered.at[k.chip, pl.ds(0, n)], lambda c: gathered.at[c, pl.ds(0, n)], 1, ex)
+    _exchange(k, rows_of(gathered)(k.chip), rows_of(gathered), 1, ex)
     for j, name in enumerate(op.acts):
         for p in range(C):
             lo, hi = p * w, min((p + 1) * w, W)
             if lo < W:
-                acts[name][:, lo:hi] = gathered[p, j, :, : hi - lo].astype(jnp.float32)
+                keep(name, slice(lo, hi), gathered[p, j, :, : hi - lo].astype(jnp.float32))
 
 
 def emit_gather_best(k, op):

@@ -116,19 +116,20 @@ class Builder:
 
         if not self.shard.sharded or not acts:
             return
-        coll, rows, width = self.shard.collective, round_up(self.batch, ROWS) * len(acts), self.cfg.hidden_size
-        seq = sum(isinstance(o, AllReduce) for o in self.ops)
+        coll, width = self.shard.collective, self.cfg.hidden_size
+        # only the users' rows travel: whole rows of a packed (sublane) word, 1 in f32, 2 in bf16
+        rows = min(round_up(self.batch, 4 // itemsize), round_up(self.batch, ROWS))
         self.op(
             AllReduce(
                 layer,
                 "collectives",
-                len(acts) * self.shard.chips * round_up(self.batch, ROWS) * width,  # the sum's adds
+                len(acts) * self.shard.chips * rows * width,  # the sum's adds
                 acts=tuple(acts),
                 rows=rows,
                 width=width,
                 itemsize=itemsize,
-                seq=seq,
-                sent_bytes=sent_bytes(coll, rows, width, self.shard.chips, itemsize),
+                seq=sum(isinstance(o, AllReduce) for o in self.ops),
+                sent_bytes=sent_bytes(coll, len(acts) * rows, width, self.shard.chips, itemsize),
                 rounds=coll.rounds,
             )
         )

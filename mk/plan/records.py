@@ -247,8 +247,9 @@ class EmitTokens(Op):
 
 @dataclass(frozen=True)
 class AllReduce(Op):
-    """Sum the partial activations ``acts`` ([rows, width] f32 each) over the chips, in place, inside
-    the kernel (mk.megakernel.collective; the algorithm and switches: mk.sharding.collective).
+    """Sum the partial activations ``acts`` (f32, [users padded to 8, width] each) over the chips, in place,
+    inside the kernel (mk.megakernel.collective; the algorithm and switches: mk.sharding.collective).
+    ``rows``: the rows of each that travel (the users', rounded to whole packed rows of the payload type).
     ``itemsize``: bytes per element on the wire; ``seq``: this step's n-th all-reduce (its receive
     buffers alternate, so a fast chip's next all-reduce never lands in a buffer still being summed)."""
 

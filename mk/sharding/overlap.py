@@ -2,7 +2,7 @@
 
 Every number here is modelled from one chip's plan (``mk.plan.build_plan`` with a ``Shard``) and its
 timeline (``mk.plan.timeline``): the all-reduces' payloads and the bytes each chip sends (what the kernel
-sends: users padded to 8 rows), and the step time of the chip that sets the pace under each fix (whole ->
+sends: the users' rows, 2 at least in bf16; the head's argmax gather its whole 8-row block), and the step time of the chip that sets the pace under each fix (whole ->
 split experts, the weight DMAs kept in flight across the all-reduce, a bf16 payload, reduce-scatter +
 all-gather). A chip's sends leave over one link at its ICI bandwidth (a simplification: a slice's chip has
 several links; ``links`` scales it), and the per-op costs and link latency are assumed, not measured.
@@ -95,10 +95,11 @@ def payload_table(
     cfg: Gemma4Config, chip: Chip | str, batches, context: int = 1024, chips: int = CHIPS, ici_latency_s: float = 0.0
 ) -> pd.DataFrame:
     """Every cross-chip op of one chip's step under each switch (``SWITCHES``), one row per kind of op and
-    batch: the payload each chip contributes as the kernel sends it (users padded to 8 rows; the FFN's
-    shared MLP and experts travel together), the bytes one chip sends, the rounds, how often a step does
-    it, and the time at one link of ``chip``'s ICI bandwidth plus ``ici_latency_s`` per round. Also what
-    the users' own rows alone would send (``unpadded``)."""
+    batch: the payload each chip contributes as the kernel sends it (the users' rows, rounded to whole
+    packed rows in bf16; the FFN's shared MLP and experts travel together; the argmax gather's 8-row
+    blocks), the bytes one chip sends, the rounds, how often a step does it, and the time at one link of
+    ``chip``'s ICI bandwidth plus ``ici_latency_s`` per round. Also what the users' own rows alone would
+    send (``unpadded``)."""
     chip = get_chip(chip) if isinstance(chip, str) else chip
     rows = []
     for batch in batches:
@@ -109,8 +110,9 @@ def payload_table(
                 same = [op for op in ops if reduces(op) == what]
                 op = same[0]
                 if isinstance(op, AllReduce):
-                    shape, wire, padded = f"{op.rows} x {op.width}", "bf16" if op.itemsize == 2 else "f32", op.rows
-                    payload, users = op.rows * op.width * op.itemsize, len(op.acts) * batch
+                    n = len(op.acts)
+                    shape, wire, padded = f"{n} x {op.rows} x {op.width}", "bf16" if op.itemsize == 2 else "f32", op.rows
+                    payload, users = n * op.rows * op.width * op.itemsize, batch
                 else:  # each chip's best value and its index, one [8, 128] f32 block each
                     shape, wire, padded = f"2 x {ROWS} x {LANE}", "f32", ROWS
                     payload, users = op.sent_bytes // (chips - 1), batch
