@@ -1,11 +1,12 @@
 """The in-kernel all-reduce priced from the step plans, and what each fix of the eight-chip step buys.
 
-Every number here is modelled from one chip's plan (``mk.plan.build_plan`` with a ``Shard``) and its
-timeline (``mk.plan.timeline``): the all-reduces' payloads and the bytes each chip sends (what the kernel
-sends: the users' rows, 2 at least in bf16; the head's argmax gather its whole 8-row block), and the step time of the chip that sets the pace under each fix (whole ->
-split experts, the weight DMAs kept in flight across the all-reduce, a bf16 payload, reduce-scatter +
-all-gather). A chip's sends leave over one link at its ICI bandwidth (a simplification: a slice's chip has
-several links; ``links`` scales it), and the per-op costs and link latency are assumed, not measured.
+Every number here is modelled from one chip's plan (``mk.plan.build_plan`` with a ``Shard``) and its timeline
+(``mk.plan.timeline``): the all-reduces' payloads and the bytes each chip sends (what the kernel sends: the
+users' rows, 2 at least in bf16; the head's argmax gather its whole 8-row block), and the step time of the
+chip that sets the pace under each fix (whole -> split experts, the weight DMAs kept in flight across the all-
+reduce, a bf16 payload, reduce-scatter + all-gather). A chip's sends leave over one link at its ICI bandwidth
+(a simplification: a slice's chip has several links; ``links`` scales it), and the per-op costs and link
+latency are assumed, not measured.
 
 The step waits for every chip at each all-reduce, so each layer takes as long as its busiest chip: under
 whole placement the chip that sets the pace loads the busiest chip's experts in every layer
@@ -111,7 +112,11 @@ def payload_table(
                 op = same[0]
                 if isinstance(op, AllReduce):
                     n = len(op.acts)
-                    shape, wire, padded = f"{n} x {op.rows} x {op.width}", "bf16" if op.itemsize == 2 else "f32", op.rows
+                    shape, wire, padded = (
+                        f"{n} x {op.rows} x {op.width}",
+                        "bf16" if op.itemsize == 2 else "f32",
+                        op.rows,
+                    )
                     payload, users = n * op.rows * op.width * op.itemsize, batch
                 else:  # each chip's best value and its index, one [8, 128] f32 block each
                     shape, wire, padded = f"2 x {ROWS} x {LANE}", "f32", ROWS
