@@ -3,10 +3,10 @@
 Every number here is modelled from one chip's plan (``mk.plan.build_plan`` with a ``Shard``) and its timeline
 (``mk.plan.timeline``): the all-reduces' payloads and the bytes each chip sends (what the kernel sends: the
 users' rows, 2 at least in bf16; the head's argmax gather its whole 8-row block), and the step time of the
-chip that sets the pace under each fix (whole -> split experts, the weight DMAs kept in flight across the all-
-reduce, a bf16 payload, reduce-scatter + all-gather). A chip's sends leave over one link at its ICI bandwidth
-(a simplification: a slice's chip has several links; ``links`` scales it), and the per-op costs and link
-latency are assumed, not measured.
+chip that sets the pace under each fix (whole -> split experts, the weight DMAs kept in flight across the
+all-reduce, a bf16 payload, reduce-scatter + all-gather). A chip's sends leave over one link at its ICI
+bandwidth (a simplification: a slice's chip has several links; ``links`` scales it), and the per-op costs and
+link latency are assumed, not measured.
 
 The step waits for every chip at each all-reduce, so each layer takes as long as its busiest chip: under
 whole placement the chip that sets the pace loads the busiest chip's experts in every layer
