@@ -120,14 +120,14 @@ def test_reruns_of_the_bench_agree_within_the_stated_band():
     assert all(r.fraction.low <= r.sol_fraction <= r.fraction.high for r in runs)
 
 
-def test_run_bench_over_eight_chips_runs_the_sharded_megakernel():
-    """The path a TPU slice takes (notebook 05), here over 8 simulated chips in interpret mode (its timings
+def test_run_bench_over_several_chips_runs_the_sharded_megakernel():
+    """The path a TPU slice takes (notebook 05), here over 2 simulated chips in interpret mode (its timings
     and kernel count are the interpreter's, not a TPU's): the row names the engine's options, and the speed
-    of light counts all 8 chips' bandwidth."""
+    of light counts both chips' bandwidth."""
     cfg = get_config("tiny-moe")
-    options = dict(chips=8, placement="whole")
+    options = dict(chips=2, placement="whole")
     r = bench.run_bench(cfg, 32, 1, engine="megakernel", engine_options=options, budget_s=1, probe_bytes=2**20)
     row = r.row()
-    assert row["engine"] == "megakernel[chips=8,placement=whole]"
-    fraction = r.bytes_per_token / (8 * r.bandwidth.median) / r.step.median
+    assert row["engine"] == "megakernel[chips=2,placement=whole]"
+    fraction = r.bytes_per_token / (2 * r.bandwidth.median) / r.step.median
     assert r.fraction.low <= fraction * 1.5 and r.fraction.high >= fraction / 1.5

@@ -134,11 +134,10 @@ def test_without_overlap_no_weight_dma_is_in_flight_across_an_all_reduce():
     "name, placement, prompts, switches",
     [
         ("hf-eight-heads", "whole", (9, 3, 12, 5), ["--reduce-scatter"]),
-        ("hf-eight-heads", "split", (9,), ["--no-overlap"]),
-        ("hf-eight-heads-dense", "split", (9, 3, 12, 5), []),
-        ("hf-snippet", "whole", (9,), ["--reduce-scatter"]),
+        ("hf-eight-heads-dense", "split", (9, 3, 12, 5), ["--no-overlap"]),
+        ("hf-snippet", "split", (9,), []),
     ],
-    ids=["moe-whole-b4-reduce-scatter", "moe-split-b1-no-overlap", "dense-b4", "moe-4-heads-replicated"],
+    ids=["moe-whole-b4-reduce-scatter", "dense-b4-no-overlap", "moe-split-4-heads-replicated-b1"],
 )
 def test_cli_generate_on_8_chips_gives_transformers_greedy_tokens(
     hf_checkpoint, mk_json, name, placement, prompts, switches
@@ -152,7 +151,7 @@ def test_cli_generate_on_8_chips_gives_transformers_greedy_tokens(
     cfg = load_hf_config(folder)
     rng = np.random.default_rng(11)
     ids = [rng.integers(0, cfg.vocab_size, n).tolist() for n in prompts]
-    new = 4
+    new = 3
     got = mk_json(
         "generate",
         "--checkpoint",
@@ -178,12 +177,12 @@ def test_cli_generate_on_8_chips_gives_transformers_greedy_tokens(
 
 
 def test_a_bf16_payload_moves_logits_by_its_rounding_only():
-    """One step of 4 users at ragged positions over a random cache, 8 chips: with an f32 payload the logits
-    are the reference's up to summation order (about 2e-6 measured; exact tokens: the test above); a bf16
-    payload rounds every partial sum
-    to 8 significant bits (relative 2^-9), which moved logits by up to about 7e-3 here (both placements,
-    with and without reduce-scatter), so 2e-2 is the bound; the greedy pick is the reference's wherever the
-    reference's two best logits are further apart than twice that."""
+    """One step of 4 users at ragged positions over a random cache, on 2 chips (tests/test_ops.py holds the
+    8-chip all-reduce to the sum of the rounded partials). An f32 payload gives the reference's logits up to
+    summation order (2e-6 measured on 8 chips; exact tokens: the test above). A bf16 payload rounds each
+    partial sum to 8 significant bits (relative 2^-9): it moved logits by 5e-3 to 7e-3 on 8 chips (both
+    placements, with and without reduce-scatter), so 2e-2 is the bound; the greedy pick is the reference's
+    wherever the reference's two best logits are further apart than twice that."""
     import jax.numpy as jnp
     from conftest import HF_EIGHT_HEADS
 
@@ -201,7 +200,7 @@ def test_a_bf16_payload_moves_logits_by_its_rounding_only():
     want = np.asarray(want)
     top2 = np.sort(want, axis=-1)[:, -2:]
     atol = 2e-2
-    step = make_step(cfg, chips=8, placement="whole", reduce_scatter=True, bf16_payload=True)
+    step = make_step(cfg, chips=2, placement="whole", reduce_scatter=True, bf16_payload=True)
     got = np.asarray(step.run(params, cfg, step.adopt_cache(cache), tokens, pos).logits)
     assert 0 < np.abs(got - want).max() <= atol  # rounded, but no further than that
     clear = top2[:, 1] - top2[:, 0] > 2 * atol
