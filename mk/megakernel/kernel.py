@@ -422,14 +422,19 @@ def _is_spec(x) -> bool:
     return isinstance(x, P)
 
 
+def axis_spec(ndim: int, split: int | None, axis: str) -> P:
+    """The spec of an array of ``ndim`` axes whose axis ``split`` (None: none) is split over mesh ``axis``."""
+    return P(*[axis if i == split else None for i in range(ndim)])
+
+
 def partition_specs(plan: StepPlan, tree):
     """A ``PartitionSpec`` for each leaf of the kernel's Inputs or Outputs (shapes): weights and caches
     split on their ``mk.sharding.split_axis``, logits on the vocabulary, DMA counts and a probe's
     activations one block of rows per chip, the rest whole on every chip."""
-    axis, model, shard = plan.shard.axis, plan.whole_model, plan.shard
+    model, shard = plan.whole_model, plan.shard
 
     def spec(x, ax=None):
-        return P(*[axis if i == ax else None for i in range(len(x.shape))])
+        return axis_spec(len(x.shape), ax, shard.axis)
 
     parts = {}
     for f in tree._fields:
@@ -484,7 +489,7 @@ class MegakernelEngine:
         self._packed_key, self._packed = None, None
         self._steps: dict = {}
 
-    def _place(self, tree: dict, part: str) -> dict:
+    def _place(self, tree: dict) -> dict:
         """Over several chips: each array of ``tree`` (the kernel's ``weights`` or ``cache``) split over
         the mesh on its split axis (a step's inputs must carry the sharding its shard_map names)."""
         if not self.shard.sharded:
@@ -492,7 +497,7 @@ class MegakernelEngine:
         out = {}
         for name, a in tree.items():
             axis = split_axis(self.cfg, self.shard, name)
-            spec = P(*[self.shard.axis if i == axis else None for i in range(a.ndim)])
+            spec = axis_spec(a.ndim, axis, self.shard.axis)
             out[name] = jax.device_put(a, NamedSharding(self.mesh, spec))
         return out
 
@@ -507,7 +512,7 @@ class MegakernelEngine:
         key = tuple(id(v) for v in params.values())
         if key != self._packed_key:
             packed = pack_chips(params, self.cfg, self.shard)
-            self._packed = dict(packed, weights=self._place(packed["weights"], "weights"))
+            self._packed = dict(packed, weights=self._place(packed["weights"]))
             self._packed_key = key
         return self._packed
 
@@ -551,7 +556,7 @@ class MegakernelEngine:
 
     def adopt_cache(self, cache: dict) -> dict:
         """The kernel's cache from the reference's (mk.megakernel.pack): once, after prefill (mk.generate)."""
-        return self._place(adopt_cache_chips(self.cfg, cache, self.shard), "cache")
+        return self._place(adopt_cache_chips(self.cfg, cache, self.shard))
 
     def reference_cache(self, cache: dict) -> dict:
         """The reference's cache layout from the kernel's (to compare them)."""
