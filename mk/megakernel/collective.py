@@ -3,9 +3,10 @@ switches: mk.sharding.collective): a barrier at kernel start, the all-reduce of 
 gather of every chip's running argmax.
 
 Every chip waits for what it receives and for its own sends before it goes on, and sums the chips'
-partials in chip order, so all chips hold the same activations after every all-reduce. Receive
-buffers alternate between successive all-reduces (``AllReduce.seq``): a chip that has finished one
-all-reduce may already send the next into a chip still summing this one.
+partials in chip order, so all chips hold the same activations after every all-reduce. Receive buffers
+and receive semaphores alternate between successive all-reduces (``AllReduce.seq``): a chip that has
+finished one all-reduce may already send the next into a chip still waiting for this one, and its bytes
+must neither land in the buffer being summed nor count towards the wait for this one.
 """
 
 from __future__ import annotations
@@ -37,21 +38,22 @@ def barrier(k):
     pl.semaphore_wait(sem, k.plan.chips - 1)
 
 
-def _exchange(k, src, dst_at, round_: int, ex):
+def _exchange(k, src, dst_at, round_: int, parity, ex):
     """Send ``src`` (a ref, or ``src(peer)``) to every peer's ``dst_at(me)``; wait until every peer's
     has arrived here in ``dst_at(sender)`` and this chip's sends are done."""
+    recv = ex.recv_sem.at[round_, parity]
     sends = []
     for d, peer, _ in _peers(k):
         s = src(peer) if callable(src) else src
         c = pltpu.make_async_remote_copy(
-            s, dst_at(k.chip), ex.send_sem.at[round_, d], ex.recv_sem.at[round_, k.chip], device_id=_device(k, peer)
+            s, dst_at(k.chip), ex.send_sem.at[round_, d], recv.at[k.chip], device_id=_device(k, peer)
         )
         c.start()
         sends.append(c)
     for d, _, sender in _peers(k):
         s = src(sender) if callable(src) else src
         pltpu.make_async_remote_copy(
-            s, dst_at(sender), ex.send_sem.at[round_, d], ex.recv_sem.at[round_, sender], device_id=_device(k, k.chip)
+            s, dst_at(sender), ex.send_sem.at[round_, d], recv.at[sender], device_id=_device(k, k.chip)
         ).wait_recv()
     for c in sends:
         c.wait_send()
@@ -81,7 +83,7 @@ def emit_all_reduce(k, op):
     if not k.plan.shard.collective.reduce_scatter:
         for j in range(n):
             recv[k.chip, j] = stage[j]  # this chip's own partial, rounded as the others receive it
-        _exchange(k, stage.at[pl.ds(0, n), pl.ds(0, R)], lambda c: recv.at[c, pl.ds(0, n), pl.ds(0, R)], 0, ex)
+        _exchange(k, stage.at[pl.ds(0, n), pl.ds(0, R)], lambda c: recv.at[c, pl.ds(0, n), pl.ds(0, R)], 0, parity, ex)
         for j, name in enumerate(op.acts):
             keep(name, slice(0, W), total(recv, j))
         return
@@ -95,16 +97,16 @@ def emit_all_reduce(k, op):
     def rows_of(buf):
         return lambda c: buf.at[c, pl.ds(0, n), pl.ds(0, R)]
 
-    own = pltpu.make_async_copy(chunk(k.chip), rows_of(recv)(k.chip), ex.recv_sem.at[1, k.chip])
+    own = pltpu.make_async_copy(chunk(k.chip), rows_of(recv)(k.chip), ex.recv_sem.at[1, parity, k.chip])
     own.start()
     own.wait()
     # reduce-scatter: chip c receives chunk c of every chip's partial and sums it
-    _exchange(k, chunk, rows_of(recv), 0, ex)
+    _exchange(k, chunk, rows_of(recv), 0, parity, ex)
     gathered = ex.gathered.at[parity]
     for j in range(n):
         gathered[k.chip, j] = total(recv, j).astype(gathered.dtype)
     # all-gather: every chip's summed chunk to every chip
-    _exchange(k, rows_of(gathered)(k.chip), rows_of(gathered), 1, ex)
+    _exchange(k, rows_of(gathered)(k.chip), rows_of(gathered), 1, parity, ex)
     for j, name in enumerate(op.acts):
         for p in range(C):
             lo, hi = p * w, min((p + 1) * w, W)

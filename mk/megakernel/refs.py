@@ -79,7 +79,9 @@ class Exchange(NamedTuple):
     recv: Any  # [2 (parity), C, n, rows, width or chunk]: what each chip sent here (own partial at [me])
     gathered: Any  # reduce-scatter: [2, C, n, rows, chunk], each chip's summed chunk; else None
     send_sem: Any  # DMA [2 (round), C]
-    recv_sem: Any  # DMA [2 (round), C]
+    # DMA [2 (round), 2 (parity), C]: a fast chip's next all-reduce may land before this one's has: a
+    # semaphore of its own keeps its bytes from counting for this one's
+    recv_sem: Any
 
 
 class Collective(NamedTuple):
@@ -216,7 +218,7 @@ def collective_shapes(plan: StepPlan) -> Collective:
             recv=pltpu.VMEM((2, C, n, rows, chunk if reduce_scatter else width), dtype),
             gathered=pltpu.VMEM((2, C, n, rows, chunk), dtype) if reduce_scatter else None,
             send_sem=pltpu.SemaphoreType.DMA((2, C)),
-            recv_sem=pltpu.SemaphoreType.DMA((2, C)),
+            recv_sem=pltpu.SemaphoreType.DMA((2, 2, C)),
         )
     return Collective(
         exchange=exchange,
