@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .records import Op, Start, Wait
+from collections.abc import Callable
+
+from .records import Load, Op, Start, Wait
 
 
 def timeline(
@@ -12,6 +14,8 @@ def timeline(
     op_overhead_s: float = 0.0,
     dma_issue_s: float = 0.0,
     ici_latency_s: float = 0.0,
+    compute_s: Callable[[Op], float] | None = None,
+    load_bytes: Callable[[Load], float] | None = None,
 ) -> list[dict]:
     """The DMA engine serves weight tiles in the order the plan issues them at the chip's HBM bandwidth;
     compute runs the ops in order, each waiting for its tile, at the chip's bf16 FLOP/s plus a fixed
@@ -22,13 +26,16 @@ def timeline(
     the write-back block, the token ids out). A cross-chip op's ``sent_bytes`` leave over one link at the
     chip's ICI bandwidth plus ``ici_latency_s`` per round while compute waits (lane "ici"); the weight
     DMAs already issued go on meanwhile (an all-reduce without overlap has none issued: mk.plan.schedule).
-    ``distinct[layer]``: experts fetched per layer (default:
+    ``load_bytes(load)``: the bytes a weight DMA moves (default ``load.nbytes``; mk.timing scales it for
+    narrower weight types). ``distinct[layer]``: experts fetched per layer (default:
     the expected number under uniform routing, rounded). Rows: lane, stream (weights, kv cache, serial,
     compute), what, layer, component, start_s, end_s. A first-order model of one chip, not a measurement."""
     from ..chips import get_chip
 
     chip = get_chip(chip) if isinstance(chip, str) else chip
     bw, flops = chip.per_chip_bandwidth, chip.bf16_flops / chip.chips
+    compute_s = compute_s or (lambda op: op.flops / flops)
+    load_bytes = load_bytes or (lambda ld: ld.nbytes)
     if distinct is None:
         n = round(sum(k * p for k, p in plan.distinct_experts.items()))
         distinct = {i: n for i in range(plan.cfg.num_layers)}
@@ -61,7 +68,7 @@ def timeline(
             issued_at += dma_issue_s  # the core spends this issuing the DMA
             compute_free = max(compute_free, issued_at)
             s = max(dma_free, issued_at)
-            dma_free = s + ld.nbytes / bw
+            dma_free = s + load_bytes(ld) / bw
             arrive[it.load] = dma_free
             row("dma", "weights", ld.tensor, ld, s, dma_free)
         elif isinstance(it, Wait):
@@ -82,7 +89,7 @@ def timeline(
                 e = s + op.rounds * ici_latency_s + op.sent_bytes / chip.ici_bandwidth
                 row("ici", "collective", f"{op.kind} {op.layer}", op, s, e)
                 s = e
-            compute_free = s + op.flops / flops + op_overhead_s
+            compute_free = s + compute_s(op) + op_overhead_s
             issued_at = compute_free  # the next Start is issued after this op
             row("compute", "compute", op.kind, op, s, compute_free)
     return rows

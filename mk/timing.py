@@ -1,0 +1,521 @@
+"""Predicted decode-step time on a chip or a slice, from the step plans (mk.plan), for two engines.
+
+- **megakernel**: one kernel per step. Each chip follows its own plan (mk.plan.build_plan with a Shard
+  over the slice's chips): weight tiles stream at the chip's HBM bandwidth while compute runs behind
+  them (mk.plan.timeline), matrix work at the chip's FLOP/s with rows padded to what its matrix unit
+  takes at once, all-reduces over one link at the ICI bandwidth plus a per-hop latency, and the step
+  waits for the chip that sets the pace (the busiest chip under whole experts: mk.sharding.overlap.pace).
+- **general**: the general stack, the same work split into many kernels (mk.timing.general_kernels):
+  each kernel reads its bytes at HBM bandwidth or does its matrix work, whichever is longer, with
+  nothing in flight across kernel boundaries, plus a fixed cost per kernel.
+
+Every constant comes from ``data/timing.csv`` (or ``data/chips.csv``), each row naming its source and
+its kind: ``cited`` (a public source), ``published`` (the write-up's own numbers) or ``fitted`` (solved at
+run time so the model meets one published number: the general stack's per-kernel cost, once for GPUs
+and once for TPUs; the published numbers they are fitted to are not tests of the model). The megakernel
+has no fitted constant: it is bytes, FLOPs at padded rows and link costs, with a per-op overhead that is
+not modelled (0 unless given; mk.verdict shows how far it moves the fit).
+
+Data types: the plan is built in BF16 (F32 for ``f32``); narrower weights (``fp8``, ``int8-experts``)
+scale each weight tile's bytes by its component's bytes per element (mk.sol.DTYPES), their scales
+not counted, as mk.sol does not count them either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import pandas as pd
+
+from .chips import DATA_DIR, Chip, get_chip
+from .config import Gemma4Config, get_config
+from .params import EXPERTS, param_specs
+from .plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan
+from .sharding import Collective, Placement, Shard
+from .sol import get_dtype, speed_of_light
+
+TIMING_CSV = DATA_DIR / "timing.csv"
+ENGINES = ("megakernel", "general")
+PUBLISHED_CONFIG = Collective(bf16_payload=True)  # the write-up's kernel: overlap on, bf16 payload
+BEFORE_FIXES = Collective(overlap=False)  # and before its fixes (with whole experts)
+MODELLED = "modelled (mk.timing)"
+
+
+# Constants --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Constant:
+    """One row of data/timing.csv. ``value`` is None for a fitted or derived constant (see ``fit_to``)."""
+
+    name: str
+    applies_to: str  # tpu, gpu or all
+    value: float | None
+    unit: str
+    kind: str  # cited, published or fitted
+    fit_to: str | None  # the published key (data/published.csv) it is fitted to or read from
+    source: str
+
+
+@lru_cache(maxsize=None)
+def constants() -> tuple[Constant, ...]:
+    t = pd.read_csv(TIMING_CSV, dtype={"fit_to": str}, keep_default_na=False)
+    return tuple(
+        Constant(
+            r["name"],
+            r["applies_to"],
+            float(r["value"]) if str(r["value"]).strip() else None,
+            r["unit"],
+            r["kind"],
+            r["fit_to"] or None,
+            r["source"],
+        )
+        for _, r in t.iterrows()
+    )
+
+
+def constant(name: str, kind: str) -> Constant:
+    """The constant ``name`` for a chip kind (``tpu`` or ``gpu``): its own row, or the row for all."""
+    rows = [c for c in constants() if c.name == name and c.applies_to in (kind, "all")]
+    if not rows:
+        raise ValueError(
+            f"data/timing.csv has no {name!r} for {kind} chips; the timing model needs one (with its source)"
+        )
+    return min(rows, key=lambda c: c.applies_to == "all")  # the chip kind's own row first
+
+
+def constants_table() -> pd.DataFrame:
+    """data/timing.csv with the fitted constants' values filled in (fitted at run time)."""
+    rows = []
+    for c in constants():
+        value = c.value
+        if c.kind == "fitted":
+            value = kernel_cost(c.applies_to)
+        elif c.kind == "published":
+            from .published import published
+
+            value = published(c.fit_to)
+        rows.append(
+            dict(
+                name=c.name,
+                applies_to=c.applies_to,
+                value=value,
+                unit=c.unit,
+                kind=c.kind,
+                fit_to=c.fit_to or "",
+                source=c.source,
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+# Work on one chip ---------------------------------------------------------------------------------
+def plan_itemsizes(dtype: str) -> tuple[int, int]:
+    """Weight and KV bytes per element of the plan a data type is modelled with."""
+    get_dtype(dtype)
+    return (4, 4) if dtype == "f32" else (2, 2)
+
+
+def load_bytes(dtype: str, attr: str = "nbytes") -> Callable[[Load], float]:
+    """The bytes a weight tile's DMA moves under ``dtype`` (``attr``: ``nbytes`` with the layout's padding,
+    ``payload_bytes`` without): the plan's bytes scaled by the component's bytes per element."""
+    pol, (wi, _) = get_dtype(dtype), plan_itemsizes(dtype)
+    expert, matrix = pol.expert / wi, pol.matrix / wi
+    return lambda ld: getattr(ld, attr) * (expert if ld.component == EXPERTS else matrix)
+
+
+def compute_seconds(plan: StepPlan, chip: Chip) -> Callable[[Op], float]:
+    """An op's compute time on one chip of ``chip``: FLOPs at its bf16 rate, a matrix op's rows padded to
+    what the matrix unit takes at once (``matmul_rows``: the users for a weight tile, the query heads
+    sharing a KV head for attention). Vector work (norms, softmax, GeLU) is counted at the same rate,
+    unpadded: at decode it is a few thousand FLOPs an op."""
+    rows = constant("matmul_rows", chip.kind).value
+    peak = chip.bf16_flops / chip.chips
+    cfg = plan.cfg
+
+    def seconds(op: Op) -> float:
+        if isinstance(op, (MatmulTile, HeadTile)):
+            m = plan.batch
+        elif isinstance(op, Attend):
+            m = max(1, cfg.num_heads // cfg.kv_heads(op.layer_type))
+        else:
+            return op.flops / peak
+        return op.flops * max(m, rows) / m / peak
+
+    return seconds
+
+
+def link_latency(chip: Chip) -> float:
+    """Seconds per round of a cross-chip op on ``chip`` (0 on one chip); refuses a slice whose link is
+    not in the data."""
+    if chip.chips == 1:
+        return 0.0
+    if math.isnan(chip.ici_bandwidth):
+        raise ValueError(
+            f"{chip.name}: data/chips.csv has no interconnect bandwidth for {chip.base}; add it (with its "
+            "source) to model a slice of it"
+        )
+    return constant("ici_hop_latency_s", chip.kind).value
+
+
+def _shard(chip: Chip, placement: str, collective: Collective) -> Shard | None:
+    return Shard(chip.chips, Placement(placement), collective) if chip.chips > 1 else None
+
+
+def _plan(cfg, chip, context, batch, dtype, placement, collective, knockout) -> StepPlan:
+    wi, ki = plan_itemsizes(dtype)
+    shard = _shard(chip, placement, collective)
+    return build_plan(cfg, batch, context, context, weight_itemsize=wi, kv_itemsize=ki, knockout=knockout, shard=shard)
+
+
+# The general stack's kernels ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of the general stack: the plan's ops it runs, what it reads, its matrix time, its link time."""
+
+    name: str
+    layer: int
+    component: str
+    ops: int
+    nbytes: float
+    compute_s: float
+    ici_s: float
+
+    def seconds(self, bandwidth: float) -> float:
+        return max(self.nbytes / bandwidth, self.compute_s) + self.ici_s
+
+
+def _kernel_key(op: Op, plan: StepPlan) -> tuple:
+    """Which kernel of a general stack runs ``op``: one per weight matrix (its tiles together), one per
+    kind of routed-expert op in a layer (a grouped GEMM over the routed experts, however many), the head's
+    tiles together, and each other kind of op once per layer and role (a norm per weight vector, the
+    GeGLU of all of an MLP's chunks, each all-reduce)."""
+    loads = plan.loads
+    if isinstance(op, HeadTile):
+        return ("head",)
+    if op.expert is not None:
+        what = loads[op.load].tensor if isinstance(op, MatmulTile) else op.kind
+        return ("experts", op.layer, what)
+    if isinstance(op, MatmulTile):
+        return ("matmul", op.layer, loads[op.load].tensor)
+    return ("op", op.layer, op.kind, op.component, getattr(op, "vector", ""), getattr(op, "seq", 0))
+
+
+def plan_kernels(plan: StepPlan, chip: Chip, dtype: str) -> list[Kernel]:
+    """The general stack's kernels for one chip's plan, in order, with their expected bytes (routed experts
+    weighted by the probability that they are fetched, the payload without the kernel's layout padding)."""
+    loads = plan.loads
+    nbytes = load_bytes(dtype, "payload_bytes")
+    compute = compute_seconds(plan, chip)
+    latency = link_latency(chip)
+    groups: dict[tuple, list[Op]] = {}
+    for op in plan.ops:
+        groups.setdefault(_kernel_key(op, plan), []).append(op)
+    out = []
+    for key, ops in groups.items():
+        first = ops[0]
+        weights = sum(
+            nbytes(loads[op.load]) * plan.fetch_probability(loads[op.load]) for op in ops if op.load is not None
+        )
+        streamed = sum(op.kv_bytes + op.serial_bytes for op in ops)
+        ici = sum(op.sent_bytes / chip.ici_bandwidth + op.rounds * latency for op in ops if op.sent_bytes)
+        name = key[2] if key[0] in ("matmul", "experts") else first.kind
+        out.append(
+            Kernel(
+                str(name),
+                first.layer,
+                first.component,
+                len(ops),
+                weights + streamed,
+                sum(compute(op) for op in ops),
+                ici,
+            )
+        )
+    return out
+
+
+REFERENCE_KERNELS = dict(model="gemma4-26b-a4b", context=1024, batch=1, dtype="bf16")  # what the count scales from
+
+
+@lru_cache(maxsize=None)
+def _reference_kernel_count() -> int:
+    cfg, r = get_config(REFERENCE_KERNELS["model"]), REFERENCE_KERNELS
+    plan = _plan(cfg, get_chip("h100"), r["context"], r["batch"], r["dtype"], "split", PUBLISHED_CONFIG, frozenset())
+    return len(plan_kernels(plan, get_chip("h100"), r["dtype"]))
+
+
+def kernels_per_plan_kernel() -> float:
+    """The general stack's kernels for each kernel of the plan's split: the published count for vLLM on
+    gemma4-26b-a4b over the plan's count for the same step (data/timing.csv ``general_kernels``)."""
+    from .published import published
+
+    return published(constant("general_kernels", "all").fit_to) / _reference_kernel_count()
+
+
+# Fitting the general stack's per-kernel cost --------------------------------------------------------
+def _published_step(key: str) -> tuple[float, dict]:
+    """The step time a published row implies (its own, or from a fraction of the speed of light or tokens/s),
+    and the configuration it timed."""
+    from .published import published_table
+
+    row = published_table().set_index("key").loc[key]
+    cfg = dict(
+        model=row["model"], chip=row["chip"], context=int(row["context"]), batch=int(row["batch"]), dtype=row["dtype"]
+    )
+    value = float(row["value"])
+    if row["quantity"] == "step_time":
+        return value, cfg
+    if row["quantity"] == "fraction_of_sol":
+        sol = speed_of_light(get_config(cfg["model"]), cfg["chip"], cfg["context"], cfg["batch"], cfg["dtype"])
+        return sol.step_s / value, cfg
+    if row["quantity"] == "tokens_per_s":
+        return 1.0 / value, cfg
+    raise ValueError(f"published {key!r} is a {row['quantity']}, not a step time a kernel cost can be fitted to")
+
+
+@lru_cache(maxsize=None)
+def kernel_cost(kind: str) -> float:
+    """The general stack's fixed cost per kernel on ``kind`` (tpu or gpu) chips, fitted at run time to the
+    published number data/timing.csv names (not a test of the model): (published step - the model's kernel
+    work for that step) / the general stack's kernels."""
+    c = constant("kernel_s", kind)
+    target, at = _published_step(c.fit_to)
+    work = _general(get_config(at["model"]), get_chip(at["chip"]), at["context"], at["batch"], at["dtype"], 0.0)
+    cost = (target - work.step_s) / work.kernels_per_step
+    if cost < 0:
+        raise ValueError(
+            f"fitting the per-kernel cost to {c.fit_to}: the model's kernel work alone ({work.step_s * 1e3:.3f} ms) "
+            f"exceeds the published step ({target * 1e3:.3f} ms)"
+        )
+    return cost
+
+
+# Predictions ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Prediction:
+    """A modelled decode step (``step_s`` for one token per user) beside the speed of light."""
+
+    model: str
+    chip: str
+    context: int
+    batch: int
+    dtype: str
+    engine: str
+    placement: str
+    step_s: float
+    sol_step_s: float
+    kernels_per_step: float
+    models: str  # what is modelled, in words
+    fits_in_hbm: bool
+    components: dict[str, float] = field(default_factory=dict)  # seconds by component (general: kernel time)
+    constants: dict[str, str] = field(default_factory=dict)  # constant -> value and kind
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1.0 / self.step_s
+
+    @property
+    def tokens_per_s_total(self) -> float:
+        return self.batch / self.step_s
+
+    @property
+    def fraction_of_sol(self) -> float:
+        return self.sol_step_s / self.step_s
+
+    def to_dict(self) -> dict:
+        return dict(
+            model=self.model,
+            chip=self.chip,
+            context=self.context,
+            batch=self.batch,
+            dtype=self.dtype,
+            engine=self.engine,
+            placement=self.placement,
+            step_ms=self.step_s * 1e3,
+            tokens_per_s=self.tokens_per_s,
+            tokens_per_s_total=self.tokens_per_s_total,
+            fraction_of_sol=self.fraction_of_sol,
+            sol_tokens_per_s=1.0 / self.sol_step_s,
+            kernels_per_step=self.kernels_per_step,
+            fits_in_hbm=self.fits_in_hbm,
+            models=self.models,
+            components_ms={k: v * 1e3 for k, v in self.components.items()},
+            constants=dict(self.constants),
+            kind=MODELLED,
+        )
+
+
+def model_bytes(cfg: Gemma4Config, dtype: str) -> float:
+    """Bytes of every weight of the model under ``dtype`` (all experts)."""
+    pol = get_dtype(dtype)
+    return sum(
+        s.size * (pol.expert if s.component == EXPERTS else pol.matrix if s.matrix else pol.vector)
+        for s in param_specs(cfg)
+    )
+
+
+def fits_in_hbm(cfg: Gemma4Config, chip: Chip, context: int, batch: int, dtype: str) -> bool:
+    """Whether the weights and the users' caches fit the slice's HBM (spread evenly over its chips)."""
+    kv = sum(
+        v for k, v in speed_of_light(cfg, chip, context, batch, dtype).bytes_by_component.items() if k.startswith("kv")
+    )
+    return model_bytes(cfg, dtype) + kv <= chip.hbm_bytes
+
+
+def _check(cfg, chip, context, batch, engine, placement):
+    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    for name, v in (("context", context), ("batch", batch)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    if placement not in {p.value for p in Placement}:
+        raise ValueError(f"unknown placement {placement!r}; known: {', '.join(p.value for p in Placement)}")
+    return cfg, chip
+
+
+def _general(cfg, chip, context, batch, dtype, kernel_s, knockout=frozenset()) -> Prediction:
+    plan = _plan(cfg, chip, context, batch, dtype, "split", Collective(overlap=False), knockout)
+    ks = plan_kernels(plan, chip, dtype)
+    scale = kernels_per_plan_kernel()
+    bw = chip.per_chip_bandwidth
+    components: dict[str, float] = {}
+    for k in ks:
+        components[k.component] = components.get(k.component, 0.0) + k.seconds(bw) + scale * kernel_s
+    sol = speed_of_light(cfg, chip, context, batch, dtype)
+    where = f"chip 0 of {chip.chips}, tensor-parallel" if chip.chips > 1 else "one chip"
+    return Prediction(
+        cfg.name,
+        chip.name,
+        context,
+        batch,
+        dtype,
+        "general",
+        "split" if chip.chips > 1 else "-",
+        sum(components.values()),
+        sol.step_s,
+        scale * len(ks),
+        f"general stack on {chip.name} ({where}): {len(ks)} kernels of the plan's work x {scale:.2f} "
+        f"(the published count's ratio), {kernel_s * 1e6:.2f} us each, nothing in flight across them",
+        fits_in_hbm(cfg, chip, context, batch, dtype),
+        components,
+    )
+
+
+def predict(
+    model: Gemma4Config | str,
+    chip: Chip | str,
+    context: int,
+    batch: int = 1,
+    engine: str = "megakernel",
+    placement: str = "split",
+    dtype: str = "bf16",
+    *,
+    collective: Collective = PUBLISHED_CONFIG,
+    knockout=frozenset(),
+    op_overhead_s: float = 0.0,
+) -> Prediction:
+    """The modelled decode step of ``model`` on ``chip`` (a chip or a slice: ``tpu-v5e-8``) at ``context``
+    positions for ``batch`` users. ``placement`` and ``collective`` apply to the megakernel over a slice;
+    ``knockout``: components switched off (mk.params.KNOCKOUTS); ``op_overhead_s``: a fixed cost per
+    megakernel op (not modelled by default)."""
+    cfg, chip = _check(model, chip, context, batch, engine, placement)
+    if engine == "general":
+        kernel_s = kernel_cost(chip.kind)
+        p = _general(cfg, chip, context, batch, dtype, kernel_s, frozenset(knockout))
+        return _with_constants(p, chip, kernel_s)
+    from .sharding.overlap import pace
+
+    plan = _plan(cfg, chip, context, batch, dtype, placement, collective, frozenset(knockout))
+    costs = dict(
+        op_overhead_s=op_overhead_s,
+        ici_latency_s=link_latency(chip),
+        compute_s=compute_seconds(plan, chip),
+        load_bytes=load_bytes(dtype),
+    )
+    step = pace(plan, chip, **costs)["step_s"]
+    sol = speed_of_light(cfg, chip, context, batch, dtype)
+    if chip.chips > 1:
+        who = "the busiest chip (whole experts)" if plan.experts_held < cfg.num_experts else "every chip"
+        models = f"megakernel on {chip.chips} chips ({placement} experts), paced by {who}"
+    else:
+        models = "megakernel on one chip"
+    return _with_constants(
+        Prediction(
+            cfg.name,
+            chip.name,
+            context,
+            batch,
+            dtype,
+            "megakernel",
+            placement if chip.chips > 1 else "-",
+            step,
+            sol.step_s,
+            1,
+            models,
+            fits_in_hbm(cfg, chip, context, batch, dtype),
+        ),
+        chip,
+        None,
+        op_overhead_s,
+    )
+
+
+def _with_constants(p: Prediction, chip: Chip, kernel_s: float | None, op_overhead_s: float = 0.0) -> Prediction:
+    used = {"matmul_rows": f"{constant('matmul_rows', chip.kind).value:g} (cited)"}
+    if chip.chips > 1:
+        used["ici_hop_latency_s"] = f"{link_latency(chip):g} (cited)"
+    if kernel_s is not None:
+        used["kernel_s"] = f"{kernel_s:.3g} (fitted to {constant('kernel_s', chip.kind).fit_to})"
+        used["kernels_per_plan_kernel"] = f"{kernels_per_plan_kernel():.3f} (published count / plan count)"
+    else:
+        used["op_overhead_s"] = f"{op_overhead_s:g} ({'given' if op_overhead_s else 'not modelled'})"
+    return dataclasses.replace(p, constants=used)
+
+
+def knockouts(
+    model, chip, context: int, batch: int = 1, engine: str = "megakernel", dtype: str = "bf16", components=None, **kw
+) -> pd.DataFrame:
+    """Per component: how much the modelled step shrinks when it is switched off (the megakernel column of
+    the write-up's component table), and for the general stack also the time of its own kernels (the
+    profiler's column)."""
+    from .params import KNOCKOUTS
+
+    base = predict(model, chip, context, batch, engine, dtype=dtype, **kw)
+    rows = []
+    for c in components or KNOCKOUTS:
+        off = predict(model, chip, context, batch, engine, dtype=dtype, knockout={c}, **kw)
+        rows.append(
+            dict(
+                component=c,
+                step_ms=base.step_s * 1e3,
+                knocked_out_ms=off.step_s * 1e3,
+                shrink_ms=(base.step_s - off.step_s) * 1e3,
+                kernel_time_ms=base.components.get(c, float("nan")) * 1e3,
+            )
+        )
+    return pd.DataFrame(rows).assign(model=base.model, chip=base.chip, engine=engine, dtype=dtype, kind=MODELLED)
+
+
+def sweep(models, chips, contexts=(1024,), batches=(1,), engines=ENGINES, placements=("split",), dtype="bf16"):
+    """Predictions over every combination, one row each (Prediction.to_dict without its dicts), with the
+    speed of light's tokens/s."""
+    from .progress import tqdm
+
+    cases = [
+        (m, c, n, b, e, p)
+        for m in models
+        for c in chips
+        for n in contexts
+        for b in batches
+        for e in engines
+        for p in (placements if e == "megakernel" and get_chip(c).chips > 1 else ("split",))
+    ]
+    rows = []
+    for m, c, n, b, e, p in tqdm(cases, desc="predict", leave=False):
+        d = predict(m, c, n, b, e, p, dtype).to_dict()
+        rows.append({k: v for k, v in d.items() if not isinstance(v, dict)})
+    return pd.DataFrame(rows)

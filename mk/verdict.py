@@ -1,0 +1,271 @@
+"""The timing model (mk.timing) held against every published and measured number it can be compared with,
+and the write-up's verdict (when a megakernel pays off) computed from it.
+
+Every row carries the published value (data/published.csv), the modelled one and the error
+modelled / published - 1, and its role: ``fitted`` where the model was fitted to that very number (not a
+test), ``test`` otherwise, ``test (baseline fitted)`` where one side of a ratio is a fitted point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .config import get_config
+from .published import published_table
+from .timing import BEFORE_FIXES, MODELLED, PUBLISHED_CONFIG, Prediction, constant, kernel_cost, knockouts, predict
+
+PUBLISHED = "published (the write-up)"
+MEGAKERNEL_SLICE = "tpu-v5e-8"  # where the write-up's megakernel ran
+GENERAL_GPU = "h100"  # its general-stack baseline: vLLM 0.30 on one H100
+BASELINE_DTYPE = {"gemma4-26b-a4b": "fp8", "gemma4-31b": "bf16"}  # the baseline's weights, per model
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration the write-up timed, as the timing model runs it."""
+
+    model: str
+    chip: str
+    context: int = 1024
+    batch: int = 1
+    engine: str = "megakernel"
+    dtype: str = "bf16"
+    placement: str = "split"
+    before_fixes: bool = False
+
+    def predict(self, **kw) -> Prediction:
+        coll = BEFORE_FIXES if self.before_fixes else PUBLISHED_CONFIG
+        placement = "whole" if self.before_fixes else self.placement
+        return predict(
+            self.model, self.chip, self.context, self.batch, self.engine, placement, self.dtype, collective=coll, **kw
+        )
+
+    @property
+    def label(self) -> str:
+        eng = "megakernel (whole experts, before the fixes)" if self.before_fixes else self.engine
+        return f"{self.model}, {eng} on {self.chip}, {self.dtype}, {self.context} positions, {self.batch} user(s)"
+
+
+def _fitted_cases() -> set[Case]:
+    """The configurations the general stack's per-kernel costs were fitted to (data/timing.csv)."""
+    t = published_table().set_index("key")
+    return {_case(t.loc[constant("kernel_s", kind).fit_to]) for kind in ("gpu", "tpu")}
+
+
+def _case(row) -> Case | None:
+    """The Case a published row timed, from its engine, model, chip, context, batch and dtype columns."""
+    engine = str(row["engine"]).split(":")[0]
+    ctx, batch = int(row["context"]), int(row["batch"])
+    if engine in ("megakernel", "megakernel-whole-experts"):
+        return Case(
+            row["model"], row["chip"], ctx, batch, "megakernel", row["dtype"], before_fixes=engine.endswith("experts")
+        )
+    if engine.startswith("vllm"):
+        return Case(row["model"], row["chip"], ctx, batch, "general", row["dtype"])
+    return None
+
+
+def _value(quantity: str, p: Prediction, component: str | None, case: Case) -> float:
+    if quantity == "step_time":
+        return p.step_s
+    if quantity == "tokens_per_s":
+        return p.tokens_per_s
+    if quantity == "fraction_of_sol":
+        return p.fraction_of_sol
+    if quantity == "kernels_per_token":
+        return p.kernels_per_step
+    if quantity == "knockout_time":
+        t = knockouts(case.model, case.chip, case.context, case.batch, case.engine, case.dtype, [component])
+        return float(t[("kernel_time_ms" if case.engine == "general" else "shrink_ms")].iloc[0]) / 1e3
+    raise KeyError(quantity)
+
+
+def validation_table() -> pd.DataFrame:
+    """Every published number of a step the timing model can run: the megakernel on the v5e-8 (after and
+    before the fixes, INT8 experts, the dense model), the general stack (vLLM on the H100 and on the same
+    TPU), both columns of the component table, the kernels per token. Units as published (seconds, tok/s,
+    fractions, kernels)."""
+    fitted, rows, cache = _fitted_cases(), [], {}
+    for _, r in published_table().iterrows():
+        case = _case(r) if r["quantity"] in _QUANTITIES else None
+        if case is None:
+            continue
+        component = str(r["engine"]).split(":")[1] if ":" in str(r["engine"]) else None
+        if case not in cache:
+            cache[case] = case.predict()
+        p = cache[case]
+        modelled = _value(r["quantity"], p, component, case)
+        # knock-outs test how the time splits, which the fit does not set
+        role = "fitted" if case in fitted and r["quantity"] != "knockout_time" else "test"
+        if r["quantity"] == "kernels_per_token" and case.engine == "general":
+            role = "input"  # the published count is what the general stack's count scales from
+        rows.append(
+            dict(
+                key=r["key"],
+                quantity=r["quantity"],
+                case=case.label,
+                component=component or "",
+                published=float(r["value"]),
+                modelled=modelled,
+                unit=r["unit"] if isinstance(r["unit"], str) else "",
+                error=modelled / float(r["value"]) - 1,
+                role=role,
+            )
+        )
+    return pd.DataFrame(rows).assign(kind=f"{PUBLISHED} vs {MODELLED}")
+
+
+_QUANTITIES = ("step_time", "tokens_per_s", "fraction_of_sol", "knockout_time", "kernels_per_token")
+
+
+# The verdict -----------------------------------------------------------------------------------------
+VERDICTS = (
+    # key, situation, the megakernel's case, the general stack's case
+    ("verdict_moe_one_user", "MoE model, one user", Case("gemma4-26b-a4b", MEGAKERNEL_SLICE),
+     Case("gemma4-26b-a4b", GENERAL_GPU, engine="general", dtype="fp8")),
+    ("verdict_moe_eight_users", "MoE model, eight users", Case("gemma4-26b-a4b", MEGAKERNEL_SLICE, batch=8),
+     Case("gemma4-26b-a4b", GENERAL_GPU, batch=8, engine="general", dtype="fp8")),
+    ("verdict_long_prompt", "Long prompts (8K)", Case("gemma4-26b-a4b", MEGAKERNEL_SLICE, context=8192),
+     Case("gemma4-26b-a4b", GENERAL_GPU, context=8192, engine="general", dtype="fp8")),
+    ("verdict_dense_h100", "Large dense model, against vLLM on an H100", Case("gemma4-31b", MEGAKERNEL_SLICE),
+     Case("gemma4-31b", GENERAL_GPU, engine="general")),
+    ("verdict_dense_same_tpu", "Large dense model, against vLLM on the same TPU", Case("gemma4-31b", MEGAKERNEL_SLICE),
+     Case("gemma4-31b", MEGAKERNEL_SLICE, engine="general")),
+    ("verdict_small_model", "Small model, one user (Llama 1B)", None, None),
+)  # fmt: skip
+
+
+def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The write-up's verdict table: the published speed-up, the modelled one (megakernel tokens/s per user
+    over the general stack's, each on the hardware the write-up used) with its error, and a measured one
+    where ``measured`` (rows with key and speedup) has it. A situation the workbook has no model for (Llama
+    1B) says so."""
+    fitted = _fitted_cases()
+    rows = []
+    for key, situation, mk_case, gen_case in VERDICTS:
+        pub = float(published_table().set_index("key").loc[key, "value"])
+        got = measured.set_index("key")["speedup"].get(key, math.nan) if measured is not None else math.nan
+        if mk_case is None:
+            rows.append(
+                dict(
+                    key=key,
+                    situation=situation,
+                    published=pub,
+                    modelled=math.nan,
+                    error=math.nan,
+                    measured=got,
+                    megakernel="",
+                    general="",
+                    role="not modelled (no Llama config here)",
+                )
+            )
+            continue
+        m, g = mk_case.predict(), gen_case.predict()
+        modelled = m.tokens_per_s / g.tokens_per_s
+        role = "test (baseline fitted)" if gen_case in fitted else "test"
+        rows.append(
+            dict(
+                key=key,
+                situation=situation,
+                published=pub,
+                modelled=modelled,
+                error=modelled / pub - 1,
+                measured=got,
+                megakernel=f"{m.tokens_per_s:.0f} tok/s ({mk_case.chip}, {mk_case.dtype})",
+                general=f"{g.tokens_per_s:.0f} tok/s ({gen_case.chip}, {gen_case.dtype})",
+                role=role,
+            )
+        )
+    return pd.DataFrame(rows).assign(kind=f"{PUBLISHED} vs {MODELLED}")
+
+
+def component_table() -> pd.DataFrame:
+    """Both columns of the write-up's component table, modelled beside published: the general stack's kernel
+    time per component (vLLM on the H100 with FP8) and the megakernel's shrink when the component is
+    switched off (v5e-8, BF16), each with its error."""
+    t = validation_table()
+    t = t[t.quantity == "knockout_time"].copy()
+    t["column"] = t.key.map(
+        lambda k: "general stack (vLLM, H100, FP8)" if k.startswith("ko_vllm") else "megakernel (v5e-8)"
+    )
+    t["published_ms"], t["modelled_ms"] = t.published * 1e3, t.modelled * 1e3
+    return t[["column", "component", "published_ms", "modelled_ms", "error", "role", "kind"]].reset_index(drop=True)
+
+
+def overhead_sensitivity(overheads_s, cases=None) -> pd.DataFrame:
+    """The megakernel's published cases modelled with a fixed cost per op (the one cost the model leaves
+    out by default): how far each moves, beside its published step."""
+    cases = cases or {
+        "mk_v5e8_moe_step": Case("gemma4-26b-a4b", MEGAKERNEL_SLICE),
+        "mk_v5e8_moe_step_before": Case("gemma4-26b-a4b", MEGAKERNEL_SLICE, before_fixes=True),
+        "mk_v5e8_dense_sol_fraction": Case("gemma4-31b", MEGAKERNEL_SLICE),
+        "mk_v5e8_moe_int8_tps": Case("gemma4-26b-a4b", MEGAKERNEL_SLICE, dtype="int8-experts"),
+    }
+    t = published_table().set_index("key")
+    rows = []
+    for key, case in cases.items():
+        for o in overheads_s:
+            p = case.predict(op_overhead_s=o)
+            q = t.loc[key, "quantity"]
+            modelled = _value(q, p, None, case)
+            rows.append(
+                dict(
+                    key=key,
+                    case=case.label,
+                    op_overhead_us=o * 1e6,
+                    quantity=q,
+                    published=float(t.loc[key, "value"]),
+                    modelled=modelled,
+                    error=modelled / float(t.loc[key, "value"]) - 1,
+                )
+            )
+    return pd.DataFrame(rows).assign(kind=f"{PUBLISHED} vs {MODELLED}")
+
+
+# The rule of thumb ----------------------------------------------------------------------------------
+def rule_of_thumb(models, contexts, batches, general_chip: str = GENERAL_GPU) -> pd.DataFrame:
+    """The write-up's rule (a megakernel pays off for many small kernels, a general stack below half the
+    speed of light, low batch) against the model: for each model, context and batch, the megakernel on the
+    v5e-8 against the general stack on ``general_chip`` (the write-up's baseline data type) and on the same
+    TPU, with the general stack's kernels per step and fraction of the speed of light."""
+    from .progress import tqdm
+
+    rows = []
+    cases = [(m, n, b) for m in models for n in contexts for b in batches]
+    for m, n, b in tqdm(cases, desc="rule of thumb", leave=False):
+        mk = Case(m, MEGAKERNEL_SLICE, n, b).predict()
+        for chip, dtype in ((general_chip, BASELINE_DTYPE.get(m, "bf16")), (MEGAKERNEL_SLICE, "bf16")):
+            g = Case(m, chip, n, b, "general", dtype).predict()
+            rows.append(
+                dict(
+                    model=m,
+                    context=n,
+                    batch=b,
+                    general_on=f"{chip} ({dtype})",
+                    general_kernels=g.kernels_per_step,
+                    kernels_per_layer=g.kernels_per_step / get_config(m).num_layers,
+                    general_fraction_of_sol=g.fraction_of_sol,
+                    megakernel_fraction_of_sol=mk.fraction_of_sol,
+                    speedup=mk.tokens_per_s / g.tokens_per_s,
+                    same_hardware=chip == MEGAKERNEL_SLICE,
+                )
+            )
+    return pd.DataFrame(rows).assign(kind=MODELLED)
+
+
+def kernel_cost_table() -> pd.DataFrame:
+    """The general stack's fitted per-kernel costs, with what they were fitted to."""
+    return pd.DataFrame(
+        [
+            dict(
+                chips=kind,
+                kernel_us=kernel_cost(kind) * 1e6,
+                fitted_to=constant("kernel_s", kind).fit_to,
+                source=constant("kernel_s", kind).source,
+            )
+            for kind in ("gpu", "tpu")
+        ]
+    ).assign(kind="fitted (mk.timing)")

@@ -1,0 +1,132 @@
+"""The timing model: its constants, predictions below the speed of light for every chip and engine, the fits,
+knock-outs, data types and bad input."""
+
+import math
+
+import pytest
+
+from mk import timing
+from mk.chips import known_chips
+from mk.config import get_config
+from mk.params import KNOCKOUTS
+from mk.plan import MatmulTile, build_plan
+from mk.published import published
+from mk.sol import speed_of_light
+
+MOE = "gemma4-26b-a4b"
+
+
+def test_every_constant_names_its_source_and_kind():
+    for c in timing.constants():
+        assert c.source.strip(), c
+        assert c.kind in ("cited", "published", "fitted"), c
+        if c.kind == "cited":
+            assert c.value is not None and c.value > 0, c
+        else:  # fitted or published: read from data/published.csv at run time, never typed here
+            assert c.value is None and c.fit_to, c
+            published(c.fit_to)
+
+
+@pytest.mark.parametrize("chip", known_chips() + ["tpu-v5e-8", "tpu-v6e-8"])
+@pytest.mark.parametrize("engine", timing.ENGINES)
+def test_predictions_never_beat_the_speed_of_light(chip, engine):
+    for model, context, batch in ((MOE, 1024, 1), ("tiny-moe", 64, 3)):
+        p = timing.predict(model, chip, context, batch, engine)
+        sol = speed_of_light(get_config(model), chip, context, batch)
+        assert p.sol_step_s == pytest.approx(sol.step_s)
+        assert p.step_s >= sol.step_s
+        assert 0 < p.fraction_of_sol <= 1
+        assert p.tokens_per_s == pytest.approx(1 / p.step_s)
+        assert p.tokens_per_s_total == pytest.approx(batch / p.step_s)
+
+
+@pytest.mark.parametrize("chip", ["tpu-v5e-8", "tpu-v6e-8", "h100", "h200", "b200", "tpu-v7x"])
+def test_the_megakernel_beats_the_general_stack_for_the_moe_model_at_one_user(chip):
+    mk = timing.predict(MOE, chip, 1024, 1, "megakernel")
+    general = timing.predict(MOE, chip, 1024, 1, "general")
+    assert mk.step_s < general.step_s
+    assert mk.kernels_per_step == 1 < general.kernels_per_step
+
+
+def test_fitted_kernel_costs_meet_the_numbers_they_were_fitted_to():
+    vllm = timing.predict(MOE, "h100", 1024, 1, "general", dtype="fp8")
+    assert vllm.step_s == pytest.approx(published("vllm_h100_moe_step"), rel=1e-9)
+    assert vllm.kernels_per_step == pytest.approx(published("vllm_h100_moe_kernels"))
+    dense = timing.predict("gemma4-31b", "tpu-v5e-8", 1024, 1, "general")
+    assert dense.fraction_of_sol == pytest.approx(published("vllm_v5e8_dense_sol_fraction"), rel=1e-9)
+    assert 0 < timing.kernel_cost("tpu") < timing.kernel_cost("gpu")
+
+
+def test_general_stack_groups_routed_experts_into_a_few_kernels_whatever_the_batch():
+    one = timing.predict(MOE, "h100", 1024, 1, "general")
+    eight = timing.predict(MOE, "h100", 1024, 8, "general")
+    assert eight.kernels_per_step == one.kernels_per_step  # grouped GEMMs, not one kernel per expert
+    assert eight.step_s > one.step_s  # but more experts' bytes
+
+
+def test_knockouts_only_shrink_the_step_and_name_every_component():
+    t = timing.knockouts("tiny-moe", "tpu-v5e-8", 64, 2, "megakernel")
+    assert tuple(t.component) == KNOCKOUTS
+    assert (t.shrink_ms >= -1e-9).all()
+    assert (t.knocked_out_ms <= t.step_ms + 1e-9).all()
+    g = timing.knockouts("tiny-moe", "h100", 64, 2, "general")
+    assert (g.kernel_time_ms > 0).all()
+
+
+def test_int8_experts_read_fewer_bytes_and_step_faster():
+    bf16 = timing.predict(MOE, "tpu-v5e-8", 1024, 1)
+    int8 = timing.predict(MOE, "tpu-v5e-8", 1024, 1, dtype="int8-experts")
+    assert int8.step_s < bf16.step_s
+    assert int8.sol_step_s < bf16.sol_step_s
+
+
+def test_matrix_rows_are_padded_to_what_the_matrix_unit_takes():
+    cfg, chip = get_config("tiny-moe"), timing.get_chip("tpu-v5e-8")
+    rows = timing.constant("matmul_rows", "tpu").value
+    one, four = (build_plan(cfg, b, 64, weight_itemsize=2, kv_itemsize=2) for b in (1, 4))
+    m1 = next(op for op in one.ops if isinstance(op, MatmulTile))
+    m4 = next(op for op in four.ops if isinstance(op, MatmulTile))
+    assert m4.flops == 4 * m1.flops
+    t1, t4 = timing.compute_seconds(one, chip)(m1), timing.compute_seconds(four, chip)(m4)
+    assert t1 == pytest.approx(t4) == pytest.approx(m1.flops * rows / (chip.bf16_flops / chip.chips))
+
+
+def test_whole_experts_are_paced_by_the_busiest_chip():
+    split = timing.predict(MOE, "tpu-v5e-8", 1024, 1, "megakernel", "split")
+    whole = timing.predict(MOE, "tpu-v5e-8", 1024, 1, "megakernel", "whole")
+    assert "busiest" in whole.models and "every chip" in split.models
+    assert whole.step_s > split.step_s
+
+
+def test_fits_in_hbm_says_when_the_model_does_not():
+    assert not timing.predict(MOE, "tpu-v5e", 1024).fits_in_hbm  # 16 GB for 51 GB of weights
+    assert timing.predict(MOE, "tpu-v5e-8", 1024).fits_in_hbm
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(chip="tpu-v9"), "unknown chip"),
+        (dict(engine="vllm"), "unknown engine"),
+        (dict(placement="half"), "unknown placement"),
+        (dict(context=0), "context must be a positive integer"),
+        (dict(batch=1.5), "batch must be a positive integer"),
+        (dict(dtype="int4"), "unknown dtype"),
+        (dict(chip="tpu-v7x-8"), "no interconnect bandwidth for tpu-v7x"),
+    ],
+)
+def test_bad_input_is_refused_with_the_fix(kwargs, message):
+    args = dict(model="tiny-moe", chip="tpu-v5e-8", context=64, batch=1, engine="megakernel", placement="split")
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        timing.predict(**args)
+
+
+def test_sweep_has_a_row_per_case():
+    t = timing.sweep(
+        ["tiny-moe"], ["tpu-v5e-8", "h100"], contexts=(64, 128), batches=(1,), placements=("split", "whole")
+    )
+    # megakernel over the slice: 2 placements; general and one-chip cases: 1
+    assert len(t) == 2 * (2 + 1) + 2 * (1 + 1)
+    assert not t.step_ms.isna().any() and (t.fraction_of_sol <= 1).all()
+    assert math.isclose(t.tokens_per_s.iloc[0], 1e3 / t.step_ms.iloc[0])
