@@ -277,7 +277,9 @@ def check_figure(fig: go.Figure) -> list[str]:
     if len(traces) > 1 and (full.layout.showlegend is False or not shown):
         problems.append(f"{len(traces)} series but no legend")
     for t in traces:
-        horizontal = getattr(t, "orientation", None) == "h"
+        y_axis = full.layout["yaxis" + (t.yaxis or "")[1:]]
+        # horizontal bars, and points on a category y axis, have their values on x
+        horizontal = getattr(t, "orientation", None) == "h" or (t.type == "scatter" and y_axis.type == "category")
         values = t.x if horizontal else t.y
         if values is None:
             continue

@@ -97,12 +97,15 @@ def constants_table() -> pd.DataFrame:
             from .published import published
 
             value = published(c.fit_to)
+        unit = c.unit
+        if unit == "s":  # shown in microseconds: the constants are a few of them
+            value, unit = value * 1e6, "us"
         rows.append(
             dict(
                 name=c.name,
                 applies_to=c.applies_to,
                 value=value,
-                unit=c.unit,
+                unit=unit,
                 kind=c.kind,
                 fit_to=c.fit_to or "",
                 source=c.source,
@@ -164,7 +167,8 @@ def _shard(chip: Chip, placement: str, collective: Collective) -> Shard | None:
     return Shard(chip.chips, Placement(placement), collective) if chip.chips > 1 else None
 
 
-def _plan(cfg, chip, context, batch, dtype, placement, collective, knockout) -> StepPlan:
+def step_plan(cfg, chip, context, batch, dtype, placement, collective, knockout=frozenset()) -> StepPlan:
+    """The plan the model times: chip 0's over a slice, in the plan's data type for ``dtype``."""
     wi, ki = plan_itemsizes(dtype)
     shard = _shard(chip, placement, collective)
     return build_plan(cfg, batch, context, context, weight_itemsize=wi, kv_itemsize=ki, knockout=knockout, shard=shard)
@@ -242,7 +246,9 @@ REFERENCE_KERNELS = dict(model="gemma4-26b-a4b", context=1024, batch=1, dtype="b
 @lru_cache(maxsize=None)
 def _reference_kernel_count() -> int:
     cfg, r = get_config(REFERENCE_KERNELS["model"]), REFERENCE_KERNELS
-    plan = _plan(cfg, get_chip("h100"), r["context"], r["batch"], r["dtype"], "split", PUBLISHED_CONFIG, frozenset())
+    plan = step_plan(
+        cfg, get_chip("h100"), r["context"], r["batch"], r["dtype"], "split", PUBLISHED_CONFIG, frozenset()
+    )
     return len(plan_kernels(plan, get_chip("h100"), r["dtype"]))
 
 
@@ -378,7 +384,7 @@ def _check(cfg, chip, context, batch, engine, placement):
 
 
 def _general(cfg, chip, context, batch, dtype, kernel_s, knockout=frozenset()) -> Prediction:
-    plan = _plan(cfg, chip, context, batch, dtype, "split", Collective(overlap=False), knockout)
+    plan = step_plan(cfg, chip, context, batch, dtype, "split", Collective(overlap=False), knockout)
     ks = plan_kernels(plan, chip, dtype)
     scale = kernels_per_plan_kernel()
     bw = chip.per_chip_bandwidth
@@ -429,7 +435,7 @@ def predict(
         return _with_constants(p, chip, kernel_s)
     from .sharding.overlap import pace
 
-    plan = _plan(cfg, chip, context, batch, dtype, placement, collective, frozenset(knockout))
+    plan = step_plan(cfg, chip, context, batch, dtype, placement, collective, frozenset(knockout))
     costs = dict(
         op_overhead_s=op_overhead_s,
         ici_latency_s=link_latency(chip),

@@ -17,7 +17,17 @@ import plotly.graph_objects as go
 
 from .config import get_config
 from .published import published_table
-from .timing import BEFORE_FIXES, MODELLED, PUBLISHED_CONFIG, Prediction, constant, kernel_cost, knockouts, predict
+from .timing import (
+    BEFORE_FIXES,
+    MODELLED,
+    PUBLISHED_CONFIG,
+    Prediction,
+    constant,
+    kernel_cost,
+    knockouts,
+    predict,
+    step_plan,
+)
 
 PUBLISHED = "published (the write-up)"
 MEGAKERNEL_SLICE = "tpu-v5e-8"  # where the write-up's megakernel ran
@@ -44,6 +54,15 @@ class Case:
         return predict(
             self.model, self.chip, self.context, self.batch, self.engine, placement, self.dtype, collective=coll, **kw
         )
+
+    def plan(self):
+        """Chip 0's step plan for this case (mk.timing.step_plan)."""
+        from .chips import get_chip
+
+        coll = BEFORE_FIXES if self.before_fixes else PUBLISHED_CONFIG
+        placement = "whole" if self.before_fixes else self.placement
+        chip = get_chip(self.chip)
+        return step_plan(get_config(self.model), chip, self.context, self.batch, self.dtype, placement, coll)
 
     @property
     def label(self) -> str:
