@@ -4,8 +4,9 @@
     python ci/run_notebooks.py --params ci/parameters.json   # CI's smaller parameters
     python ci/run_notebooks.py --only 01 -p CONTEXTS '[1024, 8192]'
 
-Executed copies go to build/notebooks/ (ignored by git); figures to figures/. Each notebook runs
-in its own process under a timeout; a failure names the notebook and the failing cell's error.
+Executed copies go to build/notebooks/ (ignored by git); figures and exported tables to figures/, and
+after a successful run the report page gathering them, figures/index.html. Each notebook runs in its
+own process under a timeout; a failure names the notebook and the failing cell's error.
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{nb.name}] FAILED", file=sys.stderr)
             return r.returncode
         print(f"[{nb.name}] ok in {time.time() - t0:.0f} s -> {OUT / nb.name}", flush=True)
+    from mk.report import write_report
+
+    print(f"report: {write_report()}", flush=True)  # every figure and table in figures/, by notebook
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _positive_int(s: str) -> int:
@@ -304,7 +305,22 @@ def _run_straggler(a) -> None:
     _print(s.to_dict(), a.json, "\n".join(lines))
 
 
-COMMANDS = (_add_sol, _add_lists, _add_generate, _add_bench, _add_straggler)
+# report ------------------------------------------------------------------------------------------
+def _add_report(sub) -> None:
+    p = sub.add_parser(
+        "report", help="write figures/index.html: every exported figure and table by notebook, with provenance"
+    )
+    p.add_argument("--figures", type=Path, help="the figures folder (default: figures/ in the repository)")
+    p.set_defaults(run=_run_report)
+
+
+def _run_report(a) -> None:
+    from .report import FIGURES_DIR, write_report
+
+    print(write_report(a.figures or FIGURES_DIR))
+
+
+COMMANDS = (_add_sol, _add_lists, _add_generate, _add_bench, _add_straggler, _add_report)
 
 
 def build_parser() -> argparse.ArgumentParser:

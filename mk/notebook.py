@@ -50,15 +50,38 @@ def check_parameters(namespace: dict, **expected) -> None:
         raise TypeError("bad notebook parameter(s): " + "; ".join(problems))
 
 
-def show(df: pd.DataFrame, kind: str | None = None, digits: int = 3) -> None:
+def show(
+    df: pd.DataFrame,
+    kind: str | None = None,
+    digits: int = 3,
+    export: str | None = None,
+    hardware: str | None = None,
+    source: str | None = None,
+) -> None:
     """Display ``df`` whole (no rows or columns elided) and rounded, with its ``kind`` column last (set to
     ``kind`` when given). Every table a notebook shows says whether its numbers are published, modelled or
-    measured."""
+    measured.
+
+    With ``export`` (a name starting with the notebook's number, ``"04_straggler_cost"``) the table is also
+    written to ``figures/`` for the report page (:func:`mk.report.export_table`, full precision): its kind is
+    the kinds its ``kind`` column names, ``hardware`` is required, and ``source`` defaults to the ``kind``
+    column's label (or says the kind is given per row, when the rows differ)."""
     if kind is not None:
         df = df.assign(kind=kind)
     if "kind" not in df.columns:
         raise ValueError("a table shown in a notebook needs a 'kind' column (published, modelled or measured)")
-    df = df[[c for c in df.columns if c != "kind"] + ["kind"]].round(digits)
+    df = df[[c for c in df.columns if c != "kind"] + ["kind"]]
+    if export is not None:
+        from .figures import KINDS
+        from .report import export_table, kinds_named
+
+        labels = [str(k) for k in df["kind"].dropna().unique()]
+        if source is None and len(labels) > 1:
+            source = "per row, in the kind column"
+        elif source is None and labels and labels[0] not in KINDS:
+            source = labels[0]
+        export_table(df, export, kinds_named(labels), hardware, source, digits=digits)
+    df = df.round(digits)
     from IPython.display import display
 
     with pd.option_context(

@@ -1,0 +1,348 @@
+"""The report page: every exported figure and table in one offline HTML page, ``figures/index.html``.
+
+Figures are exported by :func:`mk.figures.save_figure` (``NAME.html``, ``NAME.json``, ``NAME.png``), tables
+by :func:`export_table` (``NAME.csv`` and its provenance, ``NAME.meta.json``). Every name starts with the
+number of the notebook that wrote it (``01_sol_by_chip``). :func:`write_report` gathers them by notebook,
+each with its kind (published, modelled, measured), hardware, source and date, into one page that needs no
+network: PNGs and interactive pages are relative links to the files beside it, and there is no script.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import math
+import re
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from .figures import FIGURES_DIR, FOOTER_NAME, KINDS
+from .files import write_atomic
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS_DIR = ROOT / "notebooks"
+REPORT_NAME = "index.html"
+NAME = re.compile(r"(\d\d)_[A-Za-z0-9_-]+")  # NN_name: the notebook's number, then a plain file name
+META_SUFFIX = ".meta.json"
+
+
+def check_name(name: str) -> str:
+    """The notebook number of an export name (``"01"`` for ``01_sol_table``); a ValueError otherwise."""
+    m = NAME.fullmatch(name) if isinstance(name, str) else None
+    if m is None:
+        raise ValueError(
+            f"an exported name must start with its notebook's two-digit number and an underscore, then only "
+            f"letters, digits, '_' or '-' (e.g. '01_sol_table'), got {name!r}"
+        )
+    return m.group(1)
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` if it is one of :data:`mk.figures.KINDS` or several joined by ``" + "``; a ValueError otherwise."""
+    if not isinstance(kind, str) or not kind or any(k not in KINDS for k in kind.split(" + ")):
+        raise ValueError(f"kind must be one of {KINDS}, or several joined by ' + ', got {kind!r}")
+    return kind
+
+
+def kinds_named(texts) -> str:
+    """The kinds that free-text ``kind`` labels name (a table's ``kind`` column), in :data:`KINDS` order,
+    joined by ``" + "``: ``"measured (cpu, JAX 0.6); seed_* published"`` gives ``"published + measured"``."""
+    texts = [str(t) for t in texts]
+    found = [k for k in KINDS if any(re.search(rf"\b{k}\b", t) for t in texts)]
+    if not found:
+        raise ValueError(f"the kind labels {sorted(set(texts))} name none of {KINDS}")
+    return " + ".join(found)
+
+
+def export_table(
+    df: pd.DataFrame,
+    name: str,
+    kind: str,
+    hardware: str,
+    source: str | None = None,
+    out_dir: Path | None = None,
+    digits: int | None = None,
+) -> list[Path]:
+    """Write ``figures/NAME.csv`` (the table at full precision) and ``NAME.meta.json`` (its kind, hardware,
+    source, date, columns, and the decimals it is shown with), each atomically. Returns both paths.
+
+    ``kind`` is one of :data:`mk.figures.KINDS` or several joined by ``" + "``; ``name`` starts with the
+    notebook's number (``"04_straggler_cost"``)."""
+    check_name(name)
+    check_kind(kind)
+    if not isinstance(hardware, str) or not hardware.strip():
+        raise ValueError(f"table {name!r} needs its hardware (a chip, a slice, this machine's device, or 'any chip')")
+    if not isinstance(df.index, pd.RangeIndex):
+        df = df.reset_index()  # a meaningful index becomes columns, as the notebook shows it
+    out = Path(out_dir) if out_dir is not None else FIGURES_DIR
+    csv = write_atomic(out / f"{name}.csv", lambda tmp: df.to_csv(tmp, index=False))
+    meta = {
+        "name": name,
+        "kind": kind,
+        "hardware": hardware,
+        "source": source,
+        "date": datetime.date.today().isoformat(),
+        "columns": [str(c) for c in df.columns],
+        "rows": len(df),
+        "digits": digits,
+    }
+    text = json.dumps(meta, indent=1, ensure_ascii=False) + "\n"
+    side = write_atomic(out / f"{name}{META_SUFFIX}", lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return [csv, side]
+
+
+# Reading what the notebooks exported. ---------------------------------------------------------------
+def _plain(text) -> str:
+    """Plotly's label markup (``<br>``, ``<b>``, entities) as plain text."""
+    text = re.sub(r"<br\s*/?>", " ", str(text or ""))
+    return html.unescape(re.sub(r"<[^>]+>", "", text)).strip()
+
+
+def _date(path: Path) -> str:
+    return datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
+
+
+def _notebooks(notebooks_dir: Path) -> dict[str, dict]:
+    """``{"01": {"file": "01_speed_of_light.ipynb", "title": ..., "source": all code}}`` for every notebook."""
+    books = {}
+    for path in sorted(Path(notebooks_dir).glob("[0-9][0-9]_*.ipynb")):
+        number = path.name[:2]
+        if number in books:
+            continue
+        cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+
+        def text(c):
+            return "".join(c.get("source", [])) if isinstance(c.get("source"), list) else c.get("source", "")
+
+        headings = [
+            line.lstrip("#").strip()
+            for c in cells
+            if c.get("cell_type") == "markdown"
+            for line in text(c).splitlines()
+            if line.startswith("#")
+        ]
+        code = "\n".join(text(c) for c in cells if c.get("cell_type") == "code")
+        books[number] = dict(file=path.name, title=headings[0] if headings else path.stem, source=code)
+    return books
+
+
+def _figure(path: Path) -> dict:
+    layout = json.loads(path.read_text(encoding="utf-8")).get("layout", {})
+    title = layout.get("title")
+    title = title.get("text") if isinstance(title, dict) else title
+    footers = [a.get("text") for a in layout.get("annotations", []) if a.get("name") == FOOTER_NAME]
+    parts = _plain(footers[0]).split(" · ", 2) if footers else []
+    name = path.stem
+    return dict(
+        type="figure",
+        name=name,
+        title=_plain(title) or name,
+        kind=parts[0] if parts else None,
+        hardware=parts[1] if len(parts) > 1 else None,
+        source=parts[2] if len(parts) > 2 else None,
+        date=_date(path),
+        png=(path.parent / f"{name}.png").exists(),
+        interactive=(path.parent / f"{name}.html").exists(),
+    )
+
+
+def _table(path: Path) -> dict:
+    name = path.name[: -len(META_SUFFIX)]
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    df = pd.read_csv(path.parent / f"{name}.csv")
+    return dict(
+        type="table",
+        name=name,
+        title=name[3:].replace("_", " "),
+        df=df,
+        **{k: meta.get(k) for k in ("kind", "hardware", "source", "date", "digits")},
+    )
+
+
+def _collect(figures_dir: Path, books: dict) -> tuple[dict[str, list[dict]], list[str]]:
+    """Figures and tables by notebook number, in the order the notebook writes them; and what was left out."""
+    items: dict[str, list[dict]] = {}
+    left_out = []
+    specs = [(p, _figure) for p in figures_dir.glob("*.json") if not p.name.endswith(META_SUFFIX)]
+    specs += [(p, _table) for p in figures_dir.glob(f"*{META_SUFFIX}")]
+    for path in sorted(figures_dir.glob("*.csv")):
+        if not path.with_name(path.stem + META_SUFFIX).exists():
+            left_out.append(f"{path.name} (no {path.stem}{META_SUFFIX}: its provenance is unknown)")
+    for path, read in sorted(specs, key=lambda spec: spec[0].name):
+        stem = path.name[: -len(META_SUFFIX)] if read is _table else path.stem
+        m = NAME.fullmatch(stem)
+        if m is None:
+            left_out.append(f"{path.name} (its name does not start with a notebook's number)")
+            continue
+        if m.group(1) not in books:
+            left_out.append(f"{path.name} (no notebook numbered {m.group(1)} in notebooks/)")
+            continue
+        try:
+            item = read(path)
+        except (OSError, ValueError, KeyError) as e:  # a CSV gone missing, a file that is not JSON
+            left_out.append(f"{path.name} (unreadable: {type(e).__name__}: {e})")
+            continue
+        items.setdefault(m.group(1), []).append(item)
+    for number, group in items.items():
+        code = books[number]["source"]
+        for item in group:  # where the notebook's code names it; a name it never spells out may be stale
+            item["at"] = code.find(f'"{item["name"]}"')
+        group.sort(key=lambda item: (item["at"] if item["at"] >= 0 else math.inf, item["name"]))
+    return items, left_out
+
+
+def _commit() -> str | None:
+    """This checkout's commit (short), marked when the working tree has uncommitted changes; None without git."""
+    try:
+        run = dict(cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], **run).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], **run).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{sha} (with uncommitted changes)" if dirty else sha
+
+
+# The page. ---------------------------------------------------------------------------------------------
+CSS = """
+body { font-family: "DejaVu Sans", Arial, sans-serif; font-size: 15px; color: #222; max-width: 1100px;
+       margin: 2em auto; padding: 0 1em; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2.2em; border-bottom: 1px solid #ccc; }
+h3 { margin: 1.6em 0 0.3em; font-size: 1.1em; }
+.meta, .prov { color: #555; font-size: 0.9em; }
+.kind { font-weight: bold; padding: 0 0.35em; border-radius: 3px; background: #eee; }
+.published { background: #e3ecf6; } .modelled { background: #fbe8d5; } .measured { background: #e2f0df; }
+img { max-width: 100%; border: 1px solid #ddd; }
+.item { margin-bottom: 2em; }
+.scroll { overflow-x: auto; }
+table.data { border-collapse: collapse; font-size: 0.85em; margin: 0.4em 0; }
+table.data th, table.data td { border-bottom: 1px solid #e4e4e4; padding: 0.2em 0.6em; vertical-align: top; }
+table.data th { background: #f4f4f4; }
+.num { text-align: right; white-space: nowrap; } .text { text-align: left; }
+ul.toc { columns: 2; }
+""".strip()
+
+
+def _esc(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _kind(kind: str | None) -> str:
+    if not kind:
+        return '<span class="kind">no provenance</span>'
+    return " + ".join(f'<span class="kind {_esc(k)}">{_esc(k)}</span>' for k in kind.split(" + "))
+
+
+def _provenance(item: dict) -> str:
+    parts = [_kind(item["kind"])] + [_esc(item[k]) for k in ("hardware", "source") if item.get(k)]
+    parts.append(f"written {_esc(item['date'])}")
+    if item.get("at", 0) < 0:
+        parts.append("<em>its name is not in the notebook's code: it may be left from an older version</em>")
+    return f'<p class="prov">{" · ".join(parts)}</p>'
+
+
+def _number(digits: int):
+    """Show a float with ``digits`` decimals (as the notebook did), a tiny non-zero one with 3 significant digits."""
+
+    def fmt(x):
+        if x is None or (isinstance(x, float) and math.isnan(x)):
+            return ""
+        if x != 0 and abs(x) < 0.5 * 10.0**-digits:
+            return f"{x:.3g}"
+        return f"{x:.{digits}f}"
+
+    return fmt
+
+
+def _html_table(df: pd.DataFrame, digits: int | None) -> str:
+    """``df`` as an HTML table: numbers right-aligned and rounded as the notebook showed them, text left-aligned."""
+    digits = 3 if digits is None else digits
+    columns = []
+    for c in df.columns:
+        col = df[c]
+        if pd.api.types.is_bool_dtype(col) or not pd.api.types.is_numeric_dtype(col):
+            columns.append(("text", lambda x: "" if pd.isna(x) else str(x)))
+            continue
+        values = col.dropna()
+        whole = len(values) > 0 and bool((values == values.round()).all()) and bool((values.abs() < 1e15).all())
+        columns.append(("num", (lambda x: "" if pd.isna(x) else f"{x:.0f}") if whole else _number(digits)))
+    head = "".join(f'<th class="{cls}">{_esc(c)}</th>' for c, (cls, _) in zip(df.columns, columns))
+    rows = [
+        "<tr>" + "".join(f'<td class="{cls}">{_esc(fmt(x))}</td>' for x, (cls, fmt) in zip(row, columns)) + "</tr>"
+        for row in df.itertuples(index=False)
+    ]
+    return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _figure_html(item: dict) -> str:
+    name = _esc(item["name"])
+    links = [f'<a href="{name}.html">interactive</a>'] if item["interactive"] else []
+    links.append(f'<a href="{name}.json">plotly JSON</a>')
+    if item["png"]:
+        links.append(f'<a href="{name}.png">PNG</a>')
+        body = f'<a href="{name}.png"><img src="{name}.png" alt="{_esc(item["title"])}" loading="lazy"></a>'
+    else:
+        body = '<p class="meta">no PNG (written without a Chromium): open the interactive page.</p>'
+    return (
+        f'<div class="item" id="{name}"><h3>{_esc(item["title"])}</h3>'
+        f'<p class="meta">figure <code>{name}</code> · {" · ".join(links)}</p>{body}{_provenance(item)}</div>'
+    )
+
+
+def _table_html(item: dict) -> str:
+    name, df = _esc(item["name"]), item["df"]
+    if "kind" in df.columns and df["kind"].nunique(dropna=False) == 1:
+        label = str(df["kind"].iloc[0])
+        if label in KINDS or label == item.get("source"):  # said once in the provenance line below the table
+            df = df.drop(columns="kind")
+    return (
+        f'<div class="item" id="{name}"><h3>Table: {_esc(item["title"])}</h3>'
+        f'<p class="meta">table <code>{name}</code> · {len(item["df"])} rows · <a href="{name}.csv">CSV</a></p>'
+        f'<div class="scroll">{_html_table(df, item.get("digits"))}</div>{_provenance(item)}</div>'
+    )
+
+
+def write_report(figures_dir: Path = FIGURES_DIR, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
+    """Write ``figures_dir/index.html``: per notebook (its number, file and first heading), every figure (its
+    title, PNG, interactive page, provenance footer) and every exported table (rounded as the notebook
+    showed it, with its kind, hardware, source and date), in the order the notebook writes them. Files
+    whose number matches no notebook in ``notebooks_dir`` are left out and listed. Returns the page's path."""
+    figures_dir, notebooks_dir = Path(figures_dir), Path(notebooks_dir)
+    if not figures_dir.is_dir():
+        raise FileNotFoundError(f"no figures folder at {figures_dir}: run the notebooks first (bash ci/main.sh)")
+    books = _notebooks(notebooks_dir)
+    items, left_out = _collect(figures_dir, books)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    commit = _commit()
+    n_fig = sum(i["type"] == "figure" for g in items.values() for i in g)
+    n_tab = sum(i["type"] == "table" for g in items.values() for i in g)
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>mk: figures and tables</title>",
+        f"<style>\n{CSS}\n</style></head><body>",
+        "<h1>mk: figures and tables</h1>",
+        f'<p class="meta">Generated {now} from commit <code>{_esc(commit or "unknown (no git)")}</code>; '
+        f"{n_fig} figures and {n_tab} tables from {len(items)} notebooks. Every item says whether its numbers are "
+        f"{_kind('published')} (the write-up's numbers and chip specs, with their source), {_kind('modelled')} "
+        f"(computed here from a model of the hardware) or {_kind('measured')} (timed by this code on the "
+        "hardware named), on what hardware, and when it was written.</p>",
+        '<ul class="toc">',
+    ]
+    for number, group in sorted(items.items()):
+        book = books[number]
+        out.append(f'<li><a href="#nb-{number}">{_esc(book["title"])}</a> ({len(group)})</li>')
+    out.append("</ul>")
+    for number, group in sorted(items.items()):
+        book = books[number]
+        out.append(f'<h2 id="nb-{number}">{_esc(book["title"])}</h2>')
+        out.append(f'<p class="meta">notebook <code>notebooks/{_esc(book["file"])}</code></p>')
+        out += [_figure_html(i) if i["type"] == "figure" else _table_html(i) for i in group]
+    if left_out:
+        out.append("<h2>Left out</h2><ul>" + "".join(f"<li>{_esc(x)}</li>" for x in left_out) + "</ul>")
+    out.append("</body></html>\n")
+    page = "\n".join(out)
+    return write_atomic(figures_dir / REPORT_NAME, lambda tmp: tmp.write_text(page, encoding="utf-8"))

@@ -1,0 +1,117 @@
+"""mk.report: tables exported with their provenance, and the one offline page gathering figures and tables."""
+
+import json
+import re
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+import mk.figures
+from mk.__main__ import main
+from mk.figures import provenance, save_figure
+from mk.notebook import show
+from mk.report import export_table, kinds_named, write_report
+
+
+def table():
+    return pd.DataFrame({"chip": ["h100", "tpu-v5e-8"], "tokens_per_s": [1234.56789, 0.000012345], "users": [1, 8]})
+
+
+def test_export_table_writes_csv_and_meta(tmp_path):
+    csv, meta = export_table(table(), "01_sol_table", "published + modelled", "h100, tpu-v5e-8", "mk.sol", tmp_path)
+    assert (csv.name, meta.name) == ("01_sol_table.csv", "01_sol_table.meta.json")
+    pd.testing.assert_frame_equal(pd.read_csv(csv), table())  # full precision
+    m = json.loads(meta.read_text())
+    assert m["kind"] == "published + modelled" and m["hardware"] == "h100, tpu-v5e-8" and m["source"] == "mk.sol"
+    assert m["columns"] == ["chip", "tokens_per_s", "users"] and re.fullmatch(r"\d{4}-\d\d-\d\d", m["date"])
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    "name, kind, hardware, message",
+    [
+        ("01_t", "guessed", "cpu", "kind must be one of"),
+        ("01_t", "modelled + guessed", "cpu", "kind must be one of"),
+        ("01_t", "", "cpu", "kind must be one of"),
+        ("sol_table", "modelled", "cpu", "two-digit number"),
+        ("1_t", "modelled", "cpu", "two-digit number"),
+        ("01_../x", "modelled", "cpu", "two-digit number"),
+        ("01_t", "modelled", None, "needs its hardware"),
+    ],
+)
+def test_export_table_rejects_bad_provenance(tmp_path, name, kind, hardware, message):
+    with pytest.raises(ValueError, match=message):
+        export_table(table(), name, kind, hardware, out_dir=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_kinds_named_reads_free_text_labels():
+    assert kinds_named(["measured (cpu, JAX 0.6); bytes_time modelled; seed_* published"]) == (
+        "published + modelled + measured"
+    )
+    assert kinds_named(["modelled (mk.sol)", "modelled (mk.sol)"]) == "modelled"
+    with pytest.raises(ValueError, match="name none of"):
+        kinds_named(["guessed"])
+
+
+def test_show_exports_what_it_shows(tmp_path, monkeypatch):
+    monkeypatch.setattr(mk.figures, "FIGURES_DIR", tmp_path)
+    monkeypatch.setattr("mk.report.FIGURES_DIR", tmp_path)
+    show(table(), kind="modelled (mk.sol)", export="02_t", hardware="h100")
+    m = json.loads((tmp_path / "02_t.meta.json").read_text())
+    assert (m["kind"], m["hardware"], m["source"], m["digits"]) == ("modelled", "h100", "modelled (mk.sol)", 3)
+    assert list(pd.read_csv(tmp_path / "02_t.csv").columns) == ["chip", "tokens_per_s", "users", "kind"]
+    with pytest.raises(ValueError, match="needs its hardware"):
+        show(table(), kind="modelled (mk.sol)", export="02_u")
+    show(table().assign(kind=["published (the seed)", "modelled (mk.sol)"]), export="02_v", hardware="h100")
+    m = json.loads((tmp_path / "02_v.meta.json").read_text())
+    assert (m["kind"], m["source"]) == ("published + modelled", "per row, in the kind column")
+
+
+@pytest.fixture
+def figures(tmp_path, monkeypatch):
+    """Two saved figures (one with a stand-in PNG), one table, and a stale figure of no notebook."""
+    monkeypatch.setattr(mk.figures, "_exporter", False)  # no PNG export here: fast, with or without a Chromium
+    books, out = tmp_path / "notebooks", tmp_path / "figures"
+    books.mkdir()
+    for number, title, code in (
+        ("01", "The speed of light", 'save_figure(fig, "01_bars")'),
+        ("02", "The general stack", 'show(df, export="02_speeds")'),  # 02_line: named nowhere, maybe stale
+    ):
+        nb = {"cells": [{"cell_type": "markdown", "source": [f"# {number} · {title}\n", "\n", "text"]}]}
+        nb["cells"].append({"cell_type": "code", "source": [code]})
+        (books / f"{number}_x.ipynb").write_text(json.dumps(nb))
+    fig = provenance(go.Figure(go.Bar(x=["a"], y=[1]), layout=dict(title="Bars of one")), "modelled", "h100", "mk.sol")
+    save_figure(fig, "01_bars", out_dir=out)
+    (out / "01_bars.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    fig = provenance(go.Figure(go.Scatter(x=[1], y=[2]), layout=dict(title="A <b>line</b>")), "measured", "cpu")
+    save_figure(fig, "02_line", out_dir=out)
+    save_figure(fig, "09_stale", out_dir=out)
+    export_table(table(), "02_speeds", "published", "tpu-v5e-8", "data/published.csv", out, digits=2)
+    return out, books
+
+
+def test_report_gathers_figures_and_tables_offline(figures):
+    out, books = figures
+    page = write_report(out, books).read_text()
+    for text in ("01 · The speed of light", "02 · The general stack", "Bars of one", "A line", "speeds"):
+        assert text in page
+    assert "mk.sol" in page and "h100" in page and "tpu-v5e-8" in page and "data/published.csv" in page
+    assert "JAX " in page  # a measured figure's default source
+    assert '<img src="01_bars.png"' in page and '<img src="02_line.png"' not in page
+    assert 'href="01_bars.html"' in page and 'href="02_line.html"' in page and 'href="02_speeds.csv"' in page
+    assert "1234.57" in page and "1.23e-05" in page  # two decimals as exported, a tiny value kept visible
+    assert "09_stale" not in page.split("<h2>Left out</h2>")[0] and "09_stale.json" in page
+    assert page.index("01 · The speed of light") < page.index("02 · The general stack")
+    assert page.index('id="02_speeds"') < page.index('id="02_line"')  # in the notebook's order, unnamed ones last
+    assert page.count("may be left from an older version") == 1
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "the page must not need the network"
+    assert "<script" not in page
+
+
+def test_cli_report(figures, capsys):
+    out, _ = figures
+    assert main(["report", "--figures", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out / "index.html")
+    assert main(["report", "--figures", str(out / "missing")]) == 2
