@@ -320,7 +320,67 @@ def _run_report(a) -> None:
     print(write_report(a.figures or FIGURES_DIR))
 
 
-COMMANDS = (_add_sol, _add_lists, _add_generate, _add_bench, _add_straggler, _add_report)
+# measure-gpu -------------------------------------------------------------------------------------
+def _add_measure(sub) -> None:
+    from .profiling.gpu import DEVICES, DTYPES, ENGINES, GPU_CSV
+
+    p = sub.add_parser(
+        "measure-gpu",
+        help="the reference's decode step and transformers' Gemma 4 timed interleaved on one device, with kernels "
+        "per step, beside the speed of light",
+    )
+    p.add_argument(
+        "--model", default="gemma4-26b-a4b", help="a model preset, random bf16 weights (default gemma4-26b-a4b)"
+    )
+    p.add_argument("--context", type=_positive_int, default=1024, help="positions in the KV cache (default 1024)")
+    p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
+    p.add_argument(
+        "--budget-s", type=float, default=300.0, help="seconds for the whole run, weight init included (default 300)"
+    )
+    p.add_argument("--device", choices=DEVICES, default="gpu", help="where to run both engines (default gpu)")
+    p.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help=f"comma-separated, some of {', '.join(ENGINES)} (default both, interleaved)",
+    )
+    p.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="weights and KV cache (default bf16)")
+    p.add_argument("--chip", default=None, help="the speed of light's chip (default: the device's, if a known chip)")
+    p.add_argument("--out", default=str(GPU_CSV), help=f"CSV to append the rows to (default {GPU_CSV})")
+    p.add_argument("--no-csv", action="store_true", help="do not append rows")
+    p.set_defaults(run=_run_measure)
+
+
+def _run_measure(a) -> None:
+    import os
+
+    from .config import get_config
+    from .profiling import gpu
+
+    cfg = get_config(a.model)
+    engines = tuple(e.strip() for e in a.engines.split(",") if e.strip())
+    if not a.budget_s > 0:
+        raise ValueError(f"--budget-s must be positive, got {a.budget_s}")
+    table = gpu.run(
+        cfg,
+        a.context,
+        a.batch,
+        a.budget_s,
+        a.device,
+        engines=engines,
+        dtype=a.dtype,
+        out=None if a.no_csv else a.out,
+        chip=a.chip,
+    )
+    print(gpu.text(table) + ("" if a.no_csv or not len(table) else f"\n  appended to {a.out}"), flush=True)
+    code = 0 if len(table) else 1  # nothing measured: the reference alone ran out of time compiling
+    if gpu.unfinished():  # an abandoned XLA compile is still running in a thread: do not wait for it
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        raise SystemExit(code)
+
+
+COMMANDS = (_add_sol, _add_lists, _add_generate, _add_bench, _add_straggler, _add_report, _add_measure)
 
 
 def build_parser() -> argparse.ArgumentParser:
