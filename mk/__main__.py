@@ -305,6 +305,46 @@ def _run_straggler(a) -> None:
     _print(s.to_dict(), a.json, "\n".join(lines))
 
 
+# predict -----------------------------------------------------------------------------------------
+def _add_predict(sub) -> None:
+    from .sol import DTYPES
+    from .timing import ENGINES
+
+    p = sub.add_parser(
+        "predict", help="modelled decode step: time, tokens/s and fraction of the speed of light (mk.timing)"
+    )
+    p.add_argument("--model", required=True, help="a preset name (python -m mk models lists them)")
+    p.add_argument("--chip", required=True, help="a chip (h100) or a slice (tpu-v5e-8)")
+    p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
+    p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
+    p.add_argument("--engine", default="megakernel", choices=ENGINES, help="one kernel per step, or a general stack")
+    p.add_argument(
+        "--placement", default="split", choices=("whole", "split"), help="experts over a slice's chips (megakernel)"
+    )
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weight data type policy")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run_predict)
+
+
+def _run_predict(a) -> None:
+    from .timing import predict
+
+    p = predict(a.model, a.chip, a.context, a.batch, a.engine, a.placement, a.dtype)
+    d = p.to_dict()
+    lines = [
+        f"{p.model} on {p.chip}, context {p.context}, batch {p.batch}, {p.dtype}, {p.engine} (modelled: {p.models})",
+        f"  step            {d['step_ms']:10.4f} ms",
+        f"  tokens/s/user   {d['tokens_per_s']:10.1f}",
+        f"  tokens/s total  {d['tokens_per_s_total']:10.1f}",
+        f"  speed of light  {d['sol_tokens_per_s']:10.1f} tokens/s/user ({d['fraction_of_sol']:.1%} of it)",
+        f"  kernels/step    {d['kernels_per_step']:10.0f}",
+    ]
+    if not p.fits_in_hbm:
+        lines.append(f"  note: the weights and caches do not fit {p.chip}'s HBM; the time assumes they did")
+    lines += [f"  constant {k}: {v}" for k, v in p.constants.items()]
+    _print(d, a.json, "\n".join(lines))
+
+
 # report ------------------------------------------------------------------------------------------
 def _add_report(sub) -> None:
     p = sub.add_parser(
@@ -380,7 +420,7 @@ def _run_measure(a) -> None:
         raise SystemExit(code)
 
 
-COMMANDS = (_add_sol, _add_lists, _add_generate, _add_bench, _add_straggler, _add_report, _add_measure)
+COMMANDS = (_add_sol, _add_lists, _add_generate, _add_bench, _add_straggler, _add_predict, _add_report, _add_measure)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """The timing model: its constants, predictions below the speed of light for every chip and engine, the fits,
 knock-outs, data types and bad input."""
 
+import json
 import math
 
 import pytest
@@ -130,3 +131,29 @@ def test_sweep_has_a_row_per_case():
     assert len(t) == 2 * (2 + 1) + 2 * (1 + 1)
     assert not t.step_ms.isna().any() and (t.fraction_of_sol <= 1).all()
     assert math.isclose(t.tokens_per_s.iloc[0], 1e3 / t.step_ms.iloc[0])
+
+
+@pytest.mark.parametrize("chip", known_chips() + ["tpu-v5e-8"])
+def test_cli_predict_answers_for_every_chip_and_engine_below_mk_sol(chip, capsys):
+    from mk.__main__ import main
+
+    args = ["--model", MOE, "--chip", chip, "--context", "4096", "--batch", "2", "--json"]
+    assert main(["sol", *args]) == 0
+    sol = json.loads(capsys.readouterr().out)
+    for engine in timing.ENGINES:
+        assert main(["predict", *args, "--engine", engine]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert {"step_ms", "tokens_per_s", "fraction_of_sol"} <= set(d)
+        assert d["engine"] == engine and d["kind"].startswith("modelled")
+        assert d["tokens_per_s"] <= sol["tokens_per_s"] * (1 + 1e-12)
+        assert d["step_ms"] >= sol["step_ms"] * (1 - 1e-12)
+        assert d["fraction_of_sol"] == pytest.approx(sol["step_ms"] / d["step_ms"])
+
+
+def test_cli_predict_refuses_bad_input_with_status_2(capsys):
+    from mk.__main__ import main
+
+    assert main(["predict", "--model", MOE, "--chip", "tpu-v7x-8", "--context", "1024"]) == 2
+    assert "no interconnect bandwidth" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["predict", "--model", MOE, "--chip", "h100", "--context", "0"])
