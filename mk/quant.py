@@ -1,0 +1,104 @@
+"""INT8 weights: symmetric, one scale per output channel (and per expert), made from a BF16 or F32 tree.
+
+A quantized matrix ``path`` ([..., in, out], as in mk.params) is stored as ``int8`` codes in ``params[path]``
+and its scales as ``float32`` in ``params[scale_path(path)]``, one per output channel: shape
+``[..., out]`` (``[out]`` for a layer's matrix, ``[E, out]`` for an expert tensor). Codes are
+``round(w / s)`` clipped to [-127, 127] with ``s = max|w| / 127`` over the input axis (1 where a column is
+all zeros), so a weight comes back as ``codes * s``.
+
+Dequantizing is the same everywhere: ``(codes as float32) * scale``, then rounded to the compute dtype.
+The reference dequantizes the whole tree that way (:func:`dequantize`) and the megakernel each weight tile
+in VMEM the same way, so both multiply by identical weights and the kernel is held to the reference as
+tightly as in BF16 or F32.
+
+Schemes: ``int8-experts`` quantizes the routed experts only; ``int8`` every matrix but the embedding (the
+tied head) and the vectors (norms, scales).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from .config import Gemma4Config
+from .params import EXPERTS, HEAD, param_specs
+
+SCHEMES = ("none", "int8-experts", "int8")
+SCALE_SUFFIX = "_qscale"
+QMAX = 127
+
+
+def check_scheme(scheme: str) -> str:
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown quantization {scheme!r}; known: {', '.join(SCHEMES)}")
+    return scheme
+
+
+def scale_path(path: str) -> str:
+    """Where a quantized matrix's per-output-channel scales live in the parameter tree."""
+    return path + SCALE_SUFFIX
+
+
+def quantized_paths(cfg: Gemma4Config, scheme: str) -> tuple[str, ...]:
+    """The matrices ``scheme`` stores as INT8, in mk.params order."""
+    check_scheme(scheme)
+    if scheme == "none":
+        return ()
+    return tuple(
+        s.path
+        for s in param_specs(cfg)
+        if s.matrix and s.component != HEAD and (scheme == "int8" or s.component == EXPERTS)
+    )
+
+
+def quantize_matrix(w) -> tuple[np.ndarray, np.ndarray]:
+    """INT8 codes and per-output-channel float32 scales of ``w`` [..., in, out] (symmetric, round to nearest)."""
+    w = np.asarray(w, np.float32)
+    amax = np.max(np.abs(w), axis=-2)
+    scale = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
+    codes = np.clip(np.rint(w / scale[..., None, :]), -QMAX, QMAX).astype(np.int8)
+    return codes, scale
+
+
+def quantize(params: dict, cfg: Gemma4Config, scheme: str) -> dict:
+    """``params`` with the matrices of ``scheme`` as INT8 codes plus their scales (a new dict; the others shared).
+    Already-quantized input is refused: quantize the float tree."""
+    out = dict(params)
+    for path in quantized_paths(cfg, scheme):
+        if jnp.asarray(params[path]).dtype == jnp.int8:
+            raise ValueError(f"{path} is already INT8: quantize a BF16 or F32 parameter tree")
+        codes, scale = quantize_matrix(params[path])
+        out[path], out[scale_path(path)] = jnp.asarray(codes), jnp.asarray(scale)
+    return out
+
+
+def scheme_of(params: dict, cfg: Gemma4Config) -> str:
+    """Which scheme a parameter tree is quantized with (``none`` for a float tree); a tree that matches no
+    scheme (scales missing, or INT8 where no scheme puts it) is refused with what is wrong."""
+    int8 = {s.path for s in param_specs(cfg) if s.path in params and jnp.asarray(params[s.path]).dtype == jnp.int8}
+    for scheme in SCHEMES:
+        if int8 == set(quantized_paths(cfg, scheme)):
+            missing = [scale_path(p) for p in sorted(int8) if scale_path(p) not in params]
+            if missing:
+                raise ValueError(f"INT8 matrices without their scales: {', '.join(missing[:3])}")
+            return scheme
+    raise ValueError(
+        f"the INT8 matrices ({len(int8)}) match no quantization scheme ({', '.join(SCHEMES[1:])}); "
+        "quantize the float tree with mk.quant.quantize"
+    )
+
+
+def dequantize_matrix(codes, scale, dtype):
+    """``codes * scale`` in float32, rounded to ``dtype``: what the kernel does to each INT8 weight tile."""
+    return (jnp.asarray(codes).astype(jnp.float32) * jnp.asarray(scale)[..., None, :]).astype(dtype)
+
+
+def dequantize(params: dict, cfg: Gemma4Config, dtype=None) -> dict:
+    """The float tree the quantized one stands for (every INT8 matrix dequantized to ``dtype``, by default the
+    embedding's, scales dropped): the weights the reference and the kernel both multiply by."""
+    scheme = scheme_of(params, cfg)
+    dtype = dtype or jnp.asarray(params["embed"]).dtype
+    out = {k: v for k, v in params.items() if not k.endswith(SCALE_SUFFIX)}
+    for path in quantized_paths(cfg, scheme):
+        out[path] = dequantize_matrix(params[path], params[scale_path(path)], dtype)
+    return out
