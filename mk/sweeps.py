@@ -1,0 +1,568 @@
+"""Notebook 06's sweeps: the modelled tokens/s of Gemma 4 26B-A4B (MoE) and 31B (dense) against context,
+batch, expert placement and chip, for the megakernel and the general stack (``mk.timing``) beside the speed
+of light (``mk.sol``), with the write-up's published points on them.
+
+Every table has a ``kind`` column. Published numbers are read from data/published.csv (``mk.published``),
+never typed; a published fraction of the speed of light is drawn as that fraction times the modelled speed
+of light at its configuration, and its label says so. The engines are the write-up's: the megakernel on its
+TPU slice (split experts, the published collective), the general stack on its baseline GPU in the baseline's
+data type (``mk.verdict.BASELINE_DTYPE``) and on the same TPU slice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .chips import get_chip
+from .config import Gemma4Config, get_config
+from .published import published_table
+from .sharding import kv_replication
+from .sharding.straggler import busiest_chip
+from .sol import MODELLED as SOL_MODELLED, bytes_per_token, expected_distinct_experts, speed_of_light
+from .timing import MODELLED, fits_in_hbm, model_bytes
+from .verdict import BASELINE_DTYPE, GENERAL_GPU, MEGAKERNEL_SLICE, Case, validation_table
+
+SOL = "speed of light"
+FRACTION_OF_SOL = "published fraction x modelled speed of light"
+# The write-up's points drawn on the sweeps: tokens/s where it gives them, else a fraction of the speed of light.
+PUBLISHED_POINTS = (
+    "mk_v5e8_moe_tps",
+    "vllm_h100_moe_tps",
+    "mk_v5e8_dense_sol_fraction",
+    "vllm_v5e8_dense_sol_fraction",
+)
+BEFORE_FIXES_KEY = "mk_v5e8_moe_step_before"  # the megakernel with whole experts, before the write-up's fixes
+COLOURS = {"megakernel": "#4e79a7", "general baseline": "#f28e2b", "general same chip": "#e15759", SOL: "#555555"}
+
+
+def _cfg(model: Gemma4Config | str) -> Gemma4Config:
+    return get_config(model) if isinstance(model, str) else model
+
+
+# The series -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Series:
+    """One line of the sweeps: an engine (``megakernel``, ``general`` or the speed of light) on a chip or
+    slice, in a data type; ``role`` keys its colour and legend entry across models."""
+
+    role: str
+    engine: str
+    chip: str
+    dtype: str
+    placement: str = "split"
+    before_fixes: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.engine == SOL:
+            return f"speed of light, {self.chip}"
+        if self.engine == "general":
+            return f"general stack, {self.chip}" + (
+                ", the write-up's baseline" if self.role == "general baseline" else ""
+            )
+        if self.before_fixes:
+            return f"megakernel, {self.chip}, whole experts before the fixes (no overlap, f32 payload)"
+        return f"megakernel, {self.chip}, {self.placement} experts"
+
+    def case(self, model: Gemma4Config | str, context: int, batch: int) -> Case:
+        return Case(model, self.chip, context, batch, self.engine, self.dtype, self.placement, self.before_fixes)
+
+
+def engine_series(
+    model: Gemma4Config | str, tpu_slice: str = MEGAKERNEL_SLICE, general_chip: str = GENERAL_GPU
+) -> tuple[Series, ...]:
+    """The write-up's engines for ``model``: the megakernel on ``tpu_slice`` (split experts, bf16), the general
+    stack on ``general_chip`` in the baseline's data type and on ``tpu_slice`` (bf16), the speed of light on
+    ``tpu_slice``."""
+    name = _cfg(model).name
+    return (
+        Series("megakernel", "megakernel", tpu_slice, "bf16"),
+        Series("general baseline", "general", general_chip, BASELINE_DTYPE.get(name, "bf16")),
+        Series("general same chip", "general", tpu_slice, "bf16"),
+        Series(SOL, SOL, tpu_slice, "bf16"),
+    )
+
+
+def _row(model: Gemma4Config | str, series: Series, context: int, batch: int) -> dict:
+    cfg = _cfg(model)
+    experts = expected_distinct_experts(cfg.num_experts, cfg.top_k, batch)
+    base = dict(
+        model=cfg.name,
+        series=series.label,
+        role=series.role,
+        engine=series.engine,
+        chip=series.chip,
+        dtype=series.dtype,
+        context=context,
+        batch=batch,
+        expected_experts=experts,
+    )
+    if series.engine == SOL:
+        s = speed_of_light(cfg, series.chip, context, batch, series.dtype)
+        return base | dict(
+            placement="-",
+            step_ms=s.step_s * 1e3,
+            tokens_per_s=s.tokens_per_s,
+            tokens_per_s_total=s.tokens_per_s_total,
+            fraction_of_sol=1.0,
+            fits_in_hbm=fits_in_hbm(cfg, get_chip(series.chip), context, batch, series.dtype),
+            kind=SOL_MODELLED,
+        )
+    p = series.case(cfg, context, batch).predict()
+    return base | dict(
+        placement=p.placement,
+        step_ms=p.step_s * 1e3,
+        tokens_per_s=p.tokens_per_s,
+        tokens_per_s_total=p.tokens_per_s_total,
+        fraction_of_sol=p.fraction_of_sol,
+        fits_in_hbm=p.fits_in_hbm,
+        kind=MODELLED,
+    )
+
+
+def engine_table(
+    models, contexts=(1024,), batches=(1,), tpu_slice: str = MEGAKERNEL_SLICE, general_chip: str = GENERAL_GPU
+) -> pd.DataFrame:
+    """Every model's engines (:func:`engine_series`) at every context and batch: tokens/s per user and in
+    total, the step, the fraction of the speed of light on the series' own chip and data type, the expected
+    distinct experts per layer (uniform routing) and whether weights and caches fit the chip's HBM."""
+    series = {m: engine_series(m, tpu_slice, general_chip) for m in models}
+    return pd.DataFrame([_row(m, s, n, b) for m in models for s in series[m] for n in contexts for b in batches])
+
+
+def speedup_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per model, context and batch of an :func:`engine_table`: the megakernel's tokens/s over each general
+    stack's (the baseline and the one on the same slice)."""
+    t = table.pivot_table(index=["model", "context", "batch"], columns="role", values="tokens_per_s", sort=False)
+    return pd.DataFrame(
+        dict(
+            megakernel_tokens_per_s=t["megakernel"],
+            over_general_baseline=t["megakernel"] / t["general baseline"],
+            over_general_same_chip=t["megakernel"] / t["general same chip"],
+            kind=f"{MODELLED}: the megakernel's tokens/s over the general stack's",
+        )
+    ).reset_index()
+
+
+def context_change(table: pd.DataFrame) -> pd.DataFrame:
+    """Per model and series of an :func:`engine_table` over contexts: tokens/s per user at the shortest and the
+    longest context and the change between them."""
+    rows = []
+    for (model, series), g in table.groupby(["model", "series"], sort=False):
+        g = g.sort_values("context")
+        lo, hi = g.iloc[0], g.iloc[-1]
+        rows.append(
+            dict(
+                model=model,
+                series=series,
+                from_context=lo.context,
+                to_context=hi.context,
+                from_tokens_per_s=lo.tokens_per_s,
+                to_tokens_per_s=hi.tokens_per_s,
+                change=hi.tokens_per_s / lo.tokens_per_s - 1,
+                from_fraction_of_sol=lo.fraction_of_sol,
+                to_fraction_of_sol=hi.fraction_of_sol,
+                kind=lo.kind,
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def kv_table(models, contexts, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
+    """Per model, layer type and context: the KV cache one step reads (bf16, one user), and what one chip of
+    ``chip`` reads of it when each KV head is kept on every chip whose query heads read it
+    (``mk.sharding.kv_replication``) against an even 1/C share, which the speed of light assumes."""
+    c = get_chip(chip)
+    rows = []
+    for m in models:
+        cfg = _cfg(m)
+        copies = kv_replication(cfg, c.chips) if c.chips > 1 else {}
+        for t in sorted(set(cfg.layer_types)):
+            per_pos = 2 * cfg.kv_heads(t) * cfg.head_dim(t) * 2  # K and V, bf16
+            for n in contexts:
+                total = cfg.layer_types.count(t) * cfg.cache_positions(t, n) * per_pos
+                k = copies.get(str(t), 1)
+                rows.append(
+                    dict(
+                        model=cfg.name,
+                        layer_type=str(t),
+                        layers=cfg.layer_types.count(t),
+                        kv_heads=cfg.kv_heads(t),
+                        window=cfg.sliding_window if t == "sliding" else None,
+                        context=n,
+                        positions_read=cfg.cache_positions(t, n),
+                        kv_GB=total / 1e9,
+                        copies_per_head=k,
+                        per_chip_GB=total * k / c.chips / 1e9,
+                        even_share_GB=total / c.chips / 1e9,
+                        chip=c.name,
+                        kind="modelled (mk.sol bytes, mk.sharding.placement)",
+                    )
+                )
+    return pd.DataFrame(rows)
+
+
+def bytes_share(models, contexts, dtype: str = "bf16") -> pd.DataFrame:
+    """The weights' and the KV cache's bytes per step (one user) by context, and the KV's share of them."""
+    rows = []
+    for m in models:
+        for n in contexts:
+            bc = bytes_per_token(_cfg(m), n, 1, dtype)
+            rows.append(
+                dict(
+                    model=bc.model,
+                    context=n,
+                    weights_GB=bc.weights / 1e9,
+                    kv_GB=bc.kv / 1e9,
+                    kv_share=bc.kv / bc.total,
+                    kind=SOL_MODELLED,
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+# Published points ---------------------------------------------------------------------------------------
+def published_points(models, keys=PUBLISHED_POINTS) -> pd.DataFrame:
+    """The write-up's points for ``models`` as tokens/s per user at their own configuration: tokens/s as
+    published, a step time as 1 / step, a fraction of the speed of light as that fraction times the
+    modelled speed of light (``how`` says which)."""
+    names = {_cfg(m).name for m in models}
+    t = published_table().set_index("key")
+    rows = []
+    for key in keys:
+        r = t.loc[key]
+        if r["model"] not in names:
+            continue
+        value, n, b = float(r["value"]), int(r["context"]), int(r["batch"])
+        engine = str(r["engine"])
+        if r["quantity"] == "tokens_per_s":
+            tps, how = value, "published tokens/s"
+        elif r["quantity"] == "step_time":
+            tps, how = 1 / value, "1 / published step"
+        elif r["quantity"] == "fraction_of_sol":
+            sol = speed_of_light(get_config(r["model"]), r["chip"], n, b, r["dtype"])
+            tps, how = value * sol.tokens_per_s, FRACTION_OF_SOL
+        else:
+            raise ValueError(f"published {key!r} is a {r['quantity']}, not a point on a tokens/s sweep")
+        rows.append(
+            dict(
+                key=key,
+                model=r["model"],
+                engine=engine,
+                series_engine="general" if engine.startswith("vllm") else "megakernel",
+                placement="whole" if engine.endswith("whole-experts") else "split",
+                chip=r["chip"],
+                dtype=r["dtype"],
+                context=n,
+                batch=b,
+                quantity=r["quantity"],
+                published=value,
+                tokens_per_s=tps,
+                how=how,
+                source=f"data/published.csv row {key}",
+                kind="published" if how != FRACTION_OF_SOL else f"published fraction x {SOL_MODELLED}",
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def point_label(p) -> str:
+    """A published point's legend entry: what ran where, and how its tokens/s were obtained."""
+    who = "vLLM" if p.series_engine == "general" else "megakernel"
+    if p.how == FRACTION_OF_SOL:
+        return f"published fraction {p.published:g} x modelled speed of light: {who}, {p.chip}"
+    if p.how == "1 / published step":
+        return f"published 1 / {p.published * 1e3:g} ms: {who} before the fixes, {p.chip}"
+    return f"published {p.published:g} tok/s: {who}, {p.chip}, {p.dtype}"
+
+
+def validation(models, keys=PUBLISHED_POINTS + (BEFORE_FIXES_KEY,)) -> pd.DataFrame:
+    """The published points beside the model's predictions for them (``mk.verdict.validation_table``; step times
+    in ms): the error modelled / published - 1 and whether the model was fitted to that number (``role``)."""
+    names = {_cfg(m).name for m in models}
+    t = validation_table()
+    model = published_table().set_index("key")["model"]
+    t = t[t.key.isin(keys) & t.key.map(model).isin(names)].copy()
+    steps = t.quantity == "step_time"  # seconds as milliseconds, a fraction named
+    t.loc[steps, ["published", "modelled"]] *= 1e3
+    t.loc[steps, "unit"] = "ms"
+    t.loc[t.quantity == "fraction_of_sol", "unit"] = "of the speed of light"
+    return t[["key", "quantity", "case", "published", "modelled", "unit", "error", "role", "kind"]].reset_index(
+        drop=True
+    )
+
+
+# Whole against split experts ------------------------------------------------------------------------------
+def placement_table(model: Gemma4Config | str, batches, context: int = 1024, tpu_slice: str = MEGAKERNEL_SLICE):
+    """The megakernel on ``tpu_slice`` with the routed experts split over its chips, placed whole (the published
+    collective), and whole before the write-up's fixes (overlap off, f32 payload), by batch: tokens/s per user
+    and in total, and the experts one chip loads per layer (split: 1/C of each distinct expert, counted in
+    whole experts; whole: the busiest chip's expected count, exact under uniform routing)."""
+    cfg, chip = _cfg(model), get_chip(tpu_slice)
+    if chip.chips == 1 or not cfg.is_moe:
+        raise ValueError(f"whole against split experts needs an MoE model on a slice, got {cfg.name} on {chip.name}")
+    series = (
+        Series("megakernel", "megakernel", chip.name, "bf16", "split"),
+        Series("whole", "megakernel", chip.name, "bf16", "whole"),
+        Series("before fixes", "megakernel", chip.name, "bf16", "whole", before_fixes=True),
+    )
+    rows = []
+    for b in batches:
+        distinct = expected_distinct_experts(cfg.num_experts, cfg.top_k, b)
+        busiest = busiest_chip(cfg.num_experts, chip.chips, cfg.top_k, b).expected_max
+        split_step = None
+        for s in series:
+            r = _row(cfg, s, context, b)
+            split_step = split_step or r["step_ms"]
+            loads = distinct / chip.chips if s.placement == "split" else busiest
+            rows.append(r | dict(experts_per_chip=loads, vs_split=r["step_ms"] / split_step))
+    return pd.DataFrame(rows)
+
+
+# Chips ----------------------------------------------------------------------------------------------------
+def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "bf16") -> pd.DataFrame:
+    """Per model and chip (a slice: split experts, the published collective): the megakernel, the general
+    stack and the speed of light in ``dtype``, with the model's weights and the chip's HBM and whether weights
+    and caches fit it (a prediction that does not fit still says how fast the step would be)."""
+    rows = []
+    for m in models:
+        cfg = _cfg(m)
+        for c in chips:
+            chip = get_chip(c)
+            extra = dict(weights_GB=model_bytes(cfg, dtype) / 1e9, hbm_GB=chip.hbm_bytes / 1e9)
+            for s in (
+                Series("megakernel", "megakernel", chip.name, dtype),
+                Series("general same chip", "general", chip.name, dtype),
+                Series(SOL, SOL, chip.name, dtype),
+            ):
+                rows.append(_row(cfg, s, context, batch) | extra)
+    t = pd.DataFrame(rows)
+    return t.assign(series=t.engine.map({"megakernel": "megakernel", "general": "general stack", SOL: SOL}))
+
+
+# Figures --------------------------------------------------------------------------------------------------
+LEGEND = dict(orientation="h", y=1.02, yanchor="bottom", x=0, font=dict(size=11))
+
+
+def _context_label(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def _legend_name(table: pd.DataFrame, role: str) -> str:
+    """A series' legend entry, with its data type per model when the models differ in it."""
+    g = table[table.role == role]
+    label = g.series.iloc[0]
+    dtypes = g.drop_duplicates("model")[["model", "dtype"]]
+    if dtypes.dtype.nunique() == 1:
+        return f"{label} ({dtypes.dtype.iloc[0]})"
+    kinds = ["MoE" if _cfg(m).is_moe else "dense" for m in dtypes.model]
+    names = kinds if len(set(kinds)) == len(kinds) else list(dtypes.model)
+    return f"{label} ({', '.join(f'{d} {n}' for d, n in zip(dtypes.dtype, names))})"
+
+
+def _facets(models, rows: int = 1, **kw) -> go.Figure:
+    titles = [_cfg(m).name for m in models]
+    return make_subplots(rows=rows, cols=len(titles), subplot_titles=titles * rows if rows > 1 else titles, **kw)
+
+
+def _add_points(fig, points: pd.DataFrame, models, x: str, symbols=("diamond", "star", "square", "cross")):
+    names = [_cfg(m).name for m in models]
+    for i, p in enumerate(points.itertuples()):
+        colour = COLOURS["megakernel"] if p.series_engine == "megakernel" else COLOURS["general baseline"]
+        if p.series_engine == "general" and p.chip != GENERAL_GPU:
+            colour = COLOURS["general same chip"]
+        fig.add_scatter(
+            x=[getattr(p, x)],
+            y=[p.tokens_per_s],
+            mode="markers",
+            name=point_label(p),
+            marker=dict(symbol=symbols[i % len(symbols)], size=14, color=colour, line=dict(color="black", width=1.5)),
+            hovertext=[f"{p.key}: {p.how}<br>{p.tokens_per_s:.1f} tok/s per user<br>{p.source}"],
+            hoverinfo="text",
+            row=1,
+            col=names.index(p.model) + 1,
+        )
+
+
+def _series_lines(fig, table, models, x: str, y: str, row: int = 1, legend: bool = True, hover=None):
+    names = [_cfg(m).name for m in models]
+    shown = set()
+    for role in dict.fromkeys(table.role):
+        for model, g in table[table.role == role].groupby("model", sort=False):
+            g = g.sort_values(x)
+            dash = "dash" if role == SOL else None
+            fig.add_scatter(
+                x=g[x],
+                y=g[y],
+                mode="lines+markers",
+                name=_legend_name(table, role),
+                legendgroup=role,
+                showlegend=legend and role not in shown,
+                line=dict(color=COLOURS.get(role), dash=dash),
+                hovertext=[hover(r) for r in g.itertuples()] if hover else None,
+                hoverinfo="text+y" if hover else None,
+                row=row,
+                col=names.index(model) + 1,
+            )
+            shown.add(role)
+
+
+def context_figure(table: pd.DataFrame, points: pd.DataFrame, models, title: str) -> go.Figure:
+    """Tokens/s per user against context, one panel per model (log axes), the published points on it."""
+    fig = _facets(models, horizontal_spacing=0.1)
+    _series_lines(
+        fig,
+        table,
+        models,
+        "context",
+        "tokens_per_s",
+        hover=lambda r: (
+            f"{r.series} ({r.dtype})<br>{r.context} positions<br>{r.fraction_of_sol:.2f} of its speed of light"
+        ),
+    )
+    _add_points(fig, points, models, "context")
+    contexts = sorted(set(table.context) | set(points.context))
+    fig.update_xaxes(
+        type="log", title_text="context (positions)", tickvals=contexts, ticktext=[_context_label(n) for n in contexts]
+    )
+    fig.update_yaxes(type="log", title_text="tokens/s per user (log)")
+    fig.update_layout(title=title, legend=LEGEND)
+    return fig
+
+
+def _batch_ticks(table: pd.DataFrame, model: str) -> tuple[list, list]:
+    g = table[table.model == model].drop_duplicates("batch").sort_values("batch")
+    if (g.expected_experts == 0).all():
+        return list(g.batch), [str(b) for b in g.batch]
+    return list(g.batch), [f"{b}<br>({e:.1f})" for b, e in zip(g.batch, g.expected_experts)]
+
+
+def batch_figure(table: pd.DataFrame, points: pd.DataFrame | None, models, title: str, total: bool = False):
+    """Tokens/s per user (``total``: for all users together) against the batch, one panel per model (log axes);
+    an MoE model's ticks carry the expected distinct experts per layer, every point's hover too."""
+    names = [_cfg(m).name for m in models]
+    fig = _facets(models, horizontal_spacing=0.1)
+
+    def hover(r):
+        experts = f"<br>{r.expected_experts:.1f} distinct experts per layer" if r.expected_experts else ""
+        return (
+            f"{r.series} ({r.dtype})<br>{r.batch} users{experts}<br>{r.tokens_per_s:.1f} tok/s per user, "
+            f"{r.tokens_per_s_total:.0f} in total<br>{r.fraction_of_sol:.2f} of its speed of light"
+        )
+
+    _series_lines(fig, table, models, "batch", "tokens_per_s_total" if total else "tokens_per_s", hover=hover)
+    if points is not None and len(points):
+        _add_points(fig, points[points.batch.isin(table.batch)], models, "batch")
+    for i, m in enumerate(names):
+        vals, text = _batch_ticks(table, m)
+        moe = text[0] != str(vals[0])
+        fig.update_xaxes(
+            type="log",
+            tickvals=vals,
+            ticktext=text,
+            tickangle=0,
+            col=i + 1,
+            title_text="users (batch)" + ("; below: expected distinct experts per layer" if moe else ""),
+        )
+    what = "tokens/s, all users together (log)" if total else "tokens/s per user (log)"
+    fig.update_yaxes(type="log", title_text=what)
+    fig.update_layout(title=title, legend=LEGEND)
+    return fig
+
+
+def placement_figure(table: pd.DataFrame, points: pd.DataFrame, title: str) -> go.Figure:
+    """Left: the megakernel's tokens/s per user against the batch for split and whole experts (and whole before
+    the fixes), the published after and before points on it. Right: the experts one chip loads per layer (the
+    same whole experts before and after the fixes)."""
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        horizontal_spacing=0.12,
+        column_widths=[0.6, 0.4],
+        subplot_titles=("tokens/s per user", "experts one chip loads per layer"),
+    )
+    colours = {"megakernel": COLOURS["megakernel"], "whole": "#59a14f", "before fixes": "#b07aa1"}
+    for role, g in table.groupby("role", sort=False):
+        g = g.sort_values("batch")
+        for col, y in ((1, "tokens_per_s"), (2, "experts_per_chip"))[: 1 if role == "before fixes" else 2]:
+            fig.add_scatter(
+                x=g.batch,
+                y=g[y],
+                mode="lines+markers",
+                name=g.series.iloc[0],
+                legendgroup=role,
+                showlegend=col == 1,
+                line=dict(color=colours[role], dash="dot" if col == 2 else None),
+                row=1,
+                col=col,
+            )
+    for p, symbol in zip(points.itertuples(), ("diamond", "star")):
+        colour = colours["megakernel"] if p.placement == "split" else colours["before fixes"]
+        fig.add_scatter(
+            x=[p.batch],
+            y=[p.tokens_per_s],
+            mode="markers",
+            name=point_label(p),
+            marker=dict(symbol=symbol, size=14, color=colour, line=dict(color="black", width=1.5)),
+            hovertext=[f"{p.key}: {p.how}<br>{p.tokens_per_s:.1f} tok/s per user"],
+            hoverinfo="text",
+            row=1,
+            col=1,
+        )
+    batches = sorted(set(table.batch))
+    fig.update_xaxes(title_text="users (batch)", tickvals=batches)
+    fig.update_yaxes(type="log", title_text="tokens/s per user (log)", col=1)
+    fig.update_yaxes(title_text="experts per layer (expected, uniform routing)", rangemode="tozero", col=2)
+    fig.update_layout(title=title, legend=LEGEND)
+    return fig
+
+
+def chip_figure(table: pd.DataFrame, models, title: str) -> go.Figure:
+    """Grouped bars per chip, one panel per model: the megakernel, the general stack and the speed of light;
+    a chip whose HBM the weights and caches do not fit is hatched and labelled."""
+    names = [_cfg(m).name for m in models]
+    fig = _facets(models, horizontal_spacing=0.1)
+    colours = {"megakernel": COLOURS["megakernel"], "general stack": COLOURS["general same chip"], SOL: "#bab0ac"}
+    for i, m in enumerate(names):
+        for series, g in table[table.model == m].groupby("series", sort=False):
+            fit = g.fits_in_hbm.astype(bool)
+            fig.add_bar(
+                x=g.chip,
+                y=g.tokens_per_s,
+                name=series,
+                legendgroup=series,
+                showlegend=i == 0,
+                marker=dict(color=colours[series], pattern=dict(shape=["" if f else "/" for f in fit])),
+                text=["" if f else "does not fit" for f in fit],
+                textposition="outside",
+                hovertext=[
+                    f"{r.chip}: {r.tokens_per_s:.0f} tok/s, {r.fraction_of_sol:.2f} of the speed of light; "
+                    f"weights {r.weights_GB:.0f} GB, HBM {r.hbm_GB:.0f} GB"
+                    for r in g.itertuples()
+                ],
+                hoverinfo="text",
+                row=1,
+                col=i + 1,
+            )
+    if not table.fits_in_hbm.all():
+        fig.add_bar(
+            x=[None],
+            y=[None],
+            name="hatched: weights + KV cache do not fit the chip's HBM",
+            marker=dict(color="white", line=dict(color="black", width=1), pattern=dict(shape="/")),
+        )
+    fig.update_xaxes(title_text="chip or slice")
+    fig.update_yaxes(title_text="tokens/s per user")
+    fig.update_layout(title=title, legend=LEGEND, barmode="group")
+    return fig
+
+
+def worst_error(validation_rows: pd.DataFrame) -> float:
+    """The largest |error| among the rows the model was not fitted to (nan if none)."""
+    tests = validation_rows[validation_rows.role.str.startswith("test")]
+    return float(tests.error.abs().max()) if len(tests) else math.nan

@@ -1,0 +1,155 @@
+"""Notebook 06's sweeps: the engines and the speed of light by context, batch, placement and chip, the published
+points read from data/published.csv (fractions drawn as fraction x the modelled speed of light), the KV read per
+chip, the published points against the model, and figures whose every series can be seen."""
+
+import os
+import shutil
+
+import pytest
+
+from mk import sweeps
+from mk.chips import get_chip
+from mk.config import get_config
+from mk.published import published
+from mk.sol import expected_distinct_experts, speed_of_light
+from mk.timing import MODELLED, predict
+
+TINY = ["tiny-moe", "tiny-dense"]
+FULL = ["gemma4-26b-a4b", "gemma4-31b"]
+
+
+@pytest.fixture(scope="module")
+def tiny_table():
+    return sweeps.engine_table(TINY, [16, 64], [1, 3])
+
+
+def test_engine_table_has_every_series_context_and_batch(tiny_table):
+    t = tiny_table
+    assert len(t) == len(TINY) * 4 * 2 * 2
+    assert set(t.role) == {"megakernel", "general baseline", "general same chip", sweeps.SOL}
+    assert set(t[t.role == "general baseline"].chip) == {"h100"}
+    assert set(t[t.role != "general baseline"].chip) == {"tpu-v5e-8"}
+    sol = t[t.engine == sweeps.SOL]
+    assert (sol.fraction_of_sol == 1).all() and sol.kind.str.contains("mk.sol").all()
+    engines = t[t.engine != sweeps.SOL]
+    assert ((engines.fraction_of_sol > 0) & (engines.fraction_of_sol <= 1)).all()
+    assert (engines.kind == MODELLED).all()
+    assert t.tokens_per_s_total.to_numpy() == pytest.approx((t.tokens_per_s * t.batch).to_numpy())
+    moe = t[t.model == "tiny-moe"]
+    cfg = get_config("tiny-moe")
+    assert (
+        moe.expected_experts == moe.batch.map(lambda b: expected_distinct_experts(cfg.num_experts, cfg.top_k, b))
+    ).all()
+    assert (t[t.model == "tiny-dense"].expected_experts == 0).all()
+
+
+def test_engine_rows_are_the_timing_models_predictions(tiny_table):
+    r = tiny_table.set_index(["model", "role", "context", "batch"]).loc[("tiny-moe", "megakernel", 64, 3)]
+    p = predict("tiny-moe", "tpu-v5e-8", 64, 3, "megakernel", "split")
+    assert r.tokens_per_s == pytest.approx(p.tokens_per_s)
+    s = tiny_table.set_index(["model", "role", "context", "batch"]).loc[("tiny-dense", sweeps.SOL, 16, 1)]
+    assert s.tokens_per_s == pytest.approx(speed_of_light(get_config("tiny-dense"), "tpu-v5e-8", 16).tokens_per_s)
+
+
+def test_the_baseline_is_in_the_write_ups_data_type_per_model():
+    series = {m: {s.role: s for s in sweeps.engine_series(m)} for m in FULL}
+    assert series["gemma4-26b-a4b"]["general baseline"].dtype == "fp8"
+    assert series["gemma4-31b"]["general baseline"].dtype == "bf16"
+    assert all(s.dtype == "bf16" for m in FULL for r, s in series[m].items() if r != "general baseline")
+
+
+def test_context_change_and_speedups(tiny_table):
+    change = sweeps.context_change(tiny_table[tiny_table.batch == 1])
+    assert len(change) == len(TINY) * 4
+    assert (change.from_context == 16).all() and (change.to_context == 64).all()
+    r = change.iloc[0]
+    assert r.change == pytest.approx(r.to_tokens_per_s / r.from_tokens_per_s - 1)
+    speed = sweeps.speedup_table(tiny_table)
+    assert len(speed) == len(TINY) * 2 * 2
+    assert (speed.over_general_baseline > 0).all() and speed.kind.str.contains("modelled").all()
+
+
+def test_published_points_are_read_and_fractions_scaled_by_the_modelled_speed_of_light():
+    points = sweeps.published_points(FULL).set_index("key")
+    assert list(points.index) == list(sweeps.PUBLISHED_POINTS)
+    assert points.loc["mk_v5e8_moe_tps", "tokens_per_s"] == published("mk_v5e8_moe_tps")
+    assert points.loc["vllm_h100_moe_tps", "chip"] == "h100"
+    for key in ("mk_v5e8_dense_sol_fraction", "vllm_v5e8_dense_sol_fraction"):
+        sol = speed_of_light(get_config("gemma4-31b"), "tpu-v5e-8", 1024)
+        assert points.loc[key, "tokens_per_s"] == pytest.approx(published(key) * sol.tokens_per_s)
+        assert points.loc[key, "how"] == sweeps.FRACTION_OF_SOL
+        label = sweeps.point_label(points.reset_index().set_index("key", drop=False).loc[key])
+        assert "published fraction" in label and "modelled speed of light" in label
+    assert points.source.str.startswith("data/published.csv").all()
+    before = sweeps.published_points(FULL, (sweeps.BEFORE_FIXES_KEY,)).iloc[0]
+    assert before.tokens_per_s == pytest.approx(1 / published(sweeps.BEFORE_FIXES_KEY))
+    assert before.placement == "whole"
+    assert sweeps.published_points(["gemma4-31b"]).model.eq("gemma4-31b").all()
+
+
+def test_kv_per_chip_counts_the_copies_of_full_layer_heads():
+    kv = sweeps.kv_table(["gemma4-26b-a4b"], [1024, 131072], "tpu-v5e-8").set_index(["layer_type", "context"])
+    full, sliding = kv.loc[("full", 131072)], kv.loc[("sliding", 131072)]
+    assert full.copies_per_head == 4 and sliding.copies_per_head == 1  # 2 KV heads, 8 KV heads, on 8 chips
+    assert full.per_chip_GB == pytest.approx(4 * full.even_share_GB)
+    assert sliding.positions_read == get_config("gemma4-26b-a4b").sliding_window
+    assert sliding.kv_GB == kv.loc[("sliding", 1024), "kv_GB"]  # the window caps what a sliding layer reads
+    share = sweeps.bytes_share(["gemma4-26b-a4b"], [1024, 131072])
+    assert share.kv_share.is_monotonic_increasing and share.weights_GB.nunique() == 1
+
+
+def test_whole_experts_wait_for_the_busiest_chip():
+    t = sweeps.placement_table("tiny-moe", [1, 3], 64, "tpu-v5e-8")
+    assert len(t) == 6 and set(t.role) == {"megakernel", "whole", "before fixes"}
+    for _, g in t.groupby("batch"):
+        r = g.set_index("role")
+        assert r.vs_split["megakernel"] == 1
+        assert r.experts_per_chip["whole"] >= r.experts_per_chip["megakernel"]
+        assert r.step_ms["before fixes"] >= r.step_ms["whole"] * (1 - 1e-9)
+    with pytest.raises(ValueError, match="MoE model on a slice"):
+        sweeps.placement_table("tiny-dense", [1])
+    with pytest.raises(ValueError, match="MoE model on a slice"):
+        sweeps.placement_table("tiny-moe", [1], tpu_slice="tpu-v5e")
+
+
+def test_chip_table_says_which_chips_the_weights_do_not_fit():
+    t = sweeps.chip_table(["gemma4-26b-a4b"], ["tpu-v5e", "tpu-v5e-8"])
+    assert len(t) == 2 * 3 and set(t.series) == {"megakernel", "general stack", sweeps.SOL}
+    fits = t.drop_duplicates("chip").set_index("chip").fits_in_hbm
+    assert not fits["tpu-v5e"] and fits["tpu-v5e-8"]  # about 50 GB of bf16 weights: 16 GB against 128 GB
+    assert t.set_index(["chip", "series"]).hbm_GB[("tpu-v5e", "megakernel")] == get_chip("tpu-v5e").hbm_bytes / 1e9
+    fig = sweeps.chip_figure(t, ["gemma4-26b-a4b"], "chips")
+    bars = [d for d in fig.data if d.type == "bar" and d.x[0] is not None]
+    assert all("/" in d.marker.pattern.shape[0] and d.text[0] == "does not fit" for d in bars)  # tpu-v5e first
+    assert any("do not fit" in (d.name or "") for d in fig.data)
+
+
+def test_validation_lists_the_published_points_with_errors_and_roles():
+    v = sweeps.validation(FULL).set_index("key")
+    assert set(v.index) == set(sweeps.PUBLISHED_POINTS) | {sweeps.BEFORE_FIXES_KEY}
+    assert v.loc["vllm_h100_moe_tps", "role"] == "fitted" and v.loc["mk_v5e8_moe_tps", "role"] == "test"
+    assert v.loc[sweeps.BEFORE_FIXES_KEY, "unit"] == "ms"
+    assert v.loc[sweeps.BEFORE_FIXES_KEY, "published"] == pytest.approx(published(sweeps.BEFORE_FIXES_KEY) * 1e3)
+    assert v.error.to_numpy() == pytest.approx((v.modelled / v.published - 1).to_numpy())
+    assert len(sweeps.validation(["gemma4-31b"])) == 2
+
+
+def test_context_figure_draws_every_series_and_labels_the_published_points(tiny_table):
+    points = sweeps.published_points(FULL)
+    t = sweeps.engine_table(FULL, [1024, 131072], [1])
+    fig = sweeps.context_figure(t, points, FULL, "context")
+    names = [d.name for d in fig.data if d.showlegend is not False]
+    assert len(names) == len(set(names)) == 4 + len(points)
+    assert any("fp8 MoE, bf16 dense" in n for n in names)
+    assert sum("published fraction" in n and "modelled speed of light" in n for n in names) == 2
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    assert "context (positions)" in fig.layout.xaxis.title.text and "tokens/s per user" in fig.layout.yaxis.title.text
+    batch = sweeps.batch_figure(tiny_table[tiny_table.context == 16], None, TINY, "batch", total=True)
+    assert "all users" in batch.layout.yaxis.title.text
+    assert batch.layout.xaxis.ticktext[1] == "3<br>(4.6)" and batch.layout.xaxis2.ticktext[1] == "3"  # 8 (1 - (6/8)^3)
+    assert "distinct experts" in batch.layout.xaxis.title.text and "experts" not in batch.layout.xaxis2.title.text
+    if os.access("/usr/bin/chromium", os.X_OK) or shutil.which("chromium") or os.environ.get("BROWSER_PATH"):
+        from mk.figures import check_figure, provenance
+
+        provenance(fig, "published + modelled", "tpu-v5e-8, h100", "a test")
+        assert check_figure(fig) == []
