@@ -16,9 +16,9 @@ and once for TPUs; the published numbers they are fitted to are not tests of the
 has no fitted constant: it is bytes, FLOPs at padded rows and link costs, with a per-op overhead that is
 not modelled (0 unless given; mk.verdict shows how far it moves the fit).
 
-Data types: the plan is built in BF16 (F32 for ``f32``); narrower weights (``fp8``, ``int8-experts``)
-scale each weight tile's bytes by its component's bytes per element (mk.sol.DTYPES), their scales
-not counted, as mk.sol does not count them either.
+Data types: the plan is built in BF16 (F32 for ``f32``); INT8 (``int8-experts``, ``int8``) is the plan's
+own (mk.quant: the kernel streams the codes and their scales); FP8, which no kernel here streams, scales
+each weight tile's bytes by its component's bytes per element (mk.sol.DTYPES).
 """
 
 from __future__ import annotations
@@ -125,8 +125,17 @@ def load_bytes(dtype: str, attr: str = "nbytes") -> Callable[[Load], float]:
     """The bytes a weight tile's DMA moves under ``dtype`` (``attr``: ``nbytes`` with the layout's padding,
     ``payload_bytes`` without): the plan's bytes scaled by the component's bytes per element."""
     pol, (wi, _) = get_dtype(dtype), plan_itemsizes(dtype)
+    if plan_quantize(dtype) != "none":  # the plan streams the INT8 codes and their scales itself
+        return lambda ld: getattr(ld, attr)
     expert, matrix = pol.expert / wi, pol.matrix / wi
     return lambda ld: getattr(ld, attr) * (expert if ld.component == EXPERTS else matrix)
+
+
+def plan_quantize(dtype: str) -> str:
+    """The mk.quant scheme the plan for ``dtype`` streams (``none`` for BF16, F32 and FP8, modelled by bytes)."""
+    from .quant import SCHEMES
+
+    return dtype if dtype in SCHEMES else "none"
 
 
 def compute_seconds(plan: StepPlan, chip: Chip) -> Callable[[Op], float]:
@@ -171,7 +180,17 @@ def step_plan(cfg, chip, context, batch, dtype, placement, collective, knockout=
     """The plan the model times: chip 0's over a slice, in the plan's data type for ``dtype``."""
     wi, ki = plan_itemsizes(dtype)
     shard = _shard(chip, placement, collective)
-    return build_plan(cfg, batch, context, context, weight_itemsize=wi, kv_itemsize=ki, knockout=knockout, shard=shard)
+    return build_plan(
+        cfg,
+        batch,
+        context,
+        context,
+        weight_itemsize=wi,
+        kv_itemsize=ki,
+        knockout=knockout,
+        shard=shard,
+        quantize=plan_quantize(dtype),
+    )
 
 
 # The general stack's kernels ------------------------------------------------------------------------

@@ -31,12 +31,14 @@ def compile_for_tpu(
     vmem_limit_bytes: int | None = None,
     loop_layers: bool = True,
     shard: Shard = ONE_CHIP,
+    quantize: str = "none",
 ):
     """Compile one decode step (users block in, users block out) for ``chip`` ahead of time with
     libtpu's Mosaic compiler (see mk.tpu). The plan's VMEM budget is checked against the chip first and
     given to the compiler as its VMEM limit. With ``shard`` the step is split over the slice's chips
     (``chip`` a slice of ``shard.chips``: ``tpu-v5e-8``), each weight and cache sharded on its split
-    axis. Returns (plan, compiled): one chip's plan, the program of every chip."""
+    axis. ``quantize``: the mk.quant scheme whose matrices stream as INT8 with their scales. Returns (plan,
+    compiled): one chip's plan, the program of every chip."""
     from ..chips import get_chip
     from ..tpu import aot_compile
 
@@ -50,6 +52,7 @@ def compile_for_tpu(
         knockout=check_knockout(knockout),
         loop_layers=loop_layers,
         shard=shard,
+        quantize=quantize,
     )
     vmem = get_chip(chip).vmem_bytes
     need = plan.check_vmem(chip)
@@ -62,7 +65,7 @@ def compile_for_tpu(
     compiled = aot_compile(
         lambda p, c, u: tuple(fn(p, c, u)[:2]),
         chip,
-        packed_shapes(cfg, weight_dtype),
+        packed_shapes(cfg, weight_dtype, quantize),
         shapes.cache,
         shapes.users,
         donate_argnums=(1,),
@@ -107,6 +110,7 @@ def compiler_vmem_bytes(cfg: Gemma4Config, chip: str, batch: int, max_len: int, 
         weight_itemsize=jnp.dtype(kw.get("weight_dtype", jnp.bfloat16)).itemsize,
         kv_itemsize=jnp.dtype(kw.get("kv_dtype", jnp.bfloat16)).itemsize,
         tiles=kw.get("tiles", Tiles()),
+        quantize=kw.get("quantize", "none"),
     )
     try:
         compile_for_tpu(cfg, chip, batch, max_len, vmem_limit_bytes=plan.vmem_bytes // 2, **kw)

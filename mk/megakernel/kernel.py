@@ -62,6 +62,7 @@ from ..plan import (
     vector_rows,
     vector_stride,
 )
+from ..quant import SCALE_SUFFIX
 from ..sharding import ONE_CHIP, Collective, Shard, chip_config, make_mesh, split_axis
 from ..tpu import interpret_params
 from . import attention, collective, dense, head, moe
@@ -160,13 +161,19 @@ class Kernel:
         if isinstance(item, Start):
 
             def start():
-                self.stream.copy(ld).start()
+                for c in self.stream.copies(ld):
+                    c.start()
                 if self.outputs.dma_counts is not None and ld.expert is not None:
                     self.outputs.dma_counts[0, 0] += 1
 
             self.guarded(ld.expert, start)
         elif isinstance(item, Wait):
-            self.guarded(ld.expert, lambda: self.stream.copy(ld).wait())
+
+            def wait():
+                for c in self.stream.copies(ld):
+                    c.wait()
+
+            self.guarded(ld.expert, wait)
         else:
             self.current_load = ld
             self.guarded(item.expert, partial(EMIT[type(item)], self, item))
@@ -459,6 +466,14 @@ def global_shapes(plan: StepPlan, tree):
     return jax.tree.map(grow, tree, specs)
 
 
+def packed_scheme(weights: dict) -> str:
+    """The mk.quant scheme of the kernel's packed weights: which matrices came with INT8 scales."""
+    scaled = [n.removesuffix(SCALE_SUFFIX).split(".", 1)[1] for n in weights if n.endswith(SCALE_SUFFIX)]
+    if not scaled:
+        return "none"
+    return "int8-experts" if all(n.startswith("expert_") for n in scaled) else "int8"
+
+
 def users_block(plan: StepPlan, tokens, positions):
     """The users block a step reads: row b holds user b's token (lane 0) and position (lane 1)."""
     B = plan.batch
@@ -525,8 +540,18 @@ class MegakernelEngine:
         knockout: frozenset,
         with_logits: bool,
         count_dmas: bool = False,
+        quantize: str = "none",
     ) -> _Compiled:
-        key = (batch, max_len, jnp.dtype(weight_dtype), jnp.dtype(kv_dtype), knockout, with_logits, count_dmas)
+        key = (
+            batch,
+            max_len,
+            jnp.dtype(weight_dtype),
+            jnp.dtype(kv_dtype),
+            knockout,
+            with_logits,
+            count_dmas,
+            quantize,
+        )
         if key not in self._steps:
             plan = build_plan(
                 self.cfg,
@@ -537,6 +562,7 @@ class MegakernelEngine:
                 tiles=self.tiles,
                 knockout=knockout,
                 shard=self.shard,
+                quantize=quantize,
             )
             fn = build_call(
                 plan,
@@ -578,7 +604,8 @@ class MegakernelEngine:
         max_len = cache["full.k"].shape[3] if cfg.full_layers else cfg.sliding_window
         packed = self.packed(params)
         weight_dtype = packed["weights"]["embed"].dtype
-        c = self.compiled(batch, max_len, weight_dtype, cache[f"{t0}.k"].dtype, ko, with_logits, count_dmas)
+        quantize = packed_scheme(packed["weights"])
+        c = self.compiled(batch, max_len, weight_dtype, cache[f"{t0}.k"].dtype, ko, with_logits, count_dmas, quantize)
         return c.fn(packed, cache, tokens, pos)
 
     def __call__(self, params, cfg, cache, tokens, pos, knockout=frozenset()):

@@ -5,6 +5,7 @@ Once per parameter tree (``pack``) and once per generation (``adopt_cache``), ne
 - matrices padded with zeros to the kernel's layout (mk.plan.layout): hidden size, head dims and the
   vocabulary to whole lanes (a head's two RoPE halves at lanes 0 and 64 when hd < 128), intermediates
   and the expert count to multiples of 128; then each layer type's matrices stacked over its layers;
+  INT8 matrices (mk.quant) as their codes, with their scales laid out as their output channels are;
 - the vector table: every norm weight and scale a row (f32), head vectors in the same head lanes;
 - the RoPE inverse frequencies, one row per layer type, in the same head lanes;
 - the cache: per layer type, K and V stacked over its layers, head dims in the same lanes.
@@ -18,8 +19,9 @@ import numpy as np
 
 from ..config import Gemma4Config
 from ..plan import ROWS, layout_config, padded_shape, round_up, stacked, type_index, vector_rows, vector_table_shape
-from ..plan.layout import head_lanes
-from .refs import matrix_shapes, weight_shapes
+from ..plan.layout import head_lanes, scale_rows
+from ..quant import quantized_paths, scale_path, scheme_of
+from .refs import matrix_shapes, weight_dtypes, weight_shapes
 
 HIDDEN, VOCAB = "hidden", "vocab"
 
@@ -56,17 +58,38 @@ def _spread_heads(a, axis: int, heads: int, hd: int):
     return jnp.moveaxis(out.reshape(*a.shape[:-1], -1), -1, axis)
 
 
+def _layout_shape(cfg: Gemma4Config, path: str, shape: tuple, lay: Gemma4Config) -> tuple:
+    """The shape of a matrix of the reference tree in the kernel's layout ``lay`` (before stacking)."""
+    axes = _axes(cfg, path, len(shape))
+    sizes = {HIDDEN: lay.hidden_size, VOCAB: lay.vocab_size}
+    spread = tuple(
+        kind[0] * round_up(kind[1], 128) if isinstance(kind, tuple) else sizes.get(kind, n)
+        for kind, n in zip(axes, shape)
+    )
+    return padded_shape(lay, path, spread)
+
+
+def _pad_to(a, target):
+    return a if tuple(target) == a.shape else jnp.pad(a, [(0, t - s) for s, t in zip(a.shape, target)])
+
+
 def to_layout(a, cfg: Gemma4Config, path: str, lay: Gemma4Config):
     """One matrix of the reference tree in the kernel's layout ``lay`` (before stacking)."""
-    axes = _axes(cfg, path, a.ndim)
-    for axis, kind in enumerate(axes):
+    target = _layout_shape(cfg, path, a.shape, lay)
+    for axis, kind in enumerate(_axes(cfg, path, a.ndim)):
         if isinstance(kind, tuple):
             a = _spread_heads(a, axis, *kind)
-    sizes = {HIDDEN: lay.hidden_size, VOCAB: lay.vocab_size}  # other axes: as spread, or padded_shape's
-    target = padded_shape(lay, path, tuple(sizes.get(kind, n) for kind, n in zip(axes, a.shape)))
-    if target != a.shape:
-        a = jnp.pad(a, [(0, t - s) for s, t in zip(a.shape, target)])
-    return a
+    return _pad_to(a, target)
+
+
+def scales_to_layout(scale, cfg: Gemma4Config, path: str, shape: tuple, lay: Gemma4Config):
+    """A quantized matrix's scales ([out] or [E, out], mk.quant) in the kernel's layout: the output channels
+    spread and padded as the matrix's are, as rows [experts or 1 padded to 8, out] (mk.plan.layout.scale_rows)."""
+    kind = _axes(cfg, path, len(shape))[-1]
+    s = jnp.asarray(scale, jnp.float32).reshape(-1, shape[-1])
+    if isinstance(kind, tuple):
+        s = _spread_heads(s, 1, *kind)
+    return _pad_to(s, (scale_rows(s.shape[0]), _layout_shape(cfg, path, shape, lay)[-1]))
 
 
 def pack(params: dict, cfg: Gemma4Config) -> dict:
@@ -75,9 +98,14 @@ def pack(params: dict, cfg: Gemma4Config) -> dict:
     from ..reference import inv_freq
 
     lay = layout_config(cfg)
+    quantized = set(quantized_paths(cfg, scheme_of(params, cfg)))
     parts: dict[str, list] = {}
-    for path in matrix_shapes(cfg):
-        parts.setdefault(stacked(cfg, path)[0], []).append(to_layout(params[path], cfg, path, lay))
+    for path, shape in matrix_shapes(cfg).items():
+        name = stacked(cfg, path)[0]
+        parts.setdefault(name, []).append(to_layout(params[path], cfg, path, lay))
+        if path in quantized:
+            s = scales_to_layout(params[scale_path(path)], cfg, path, shape, lay)
+            parts.setdefault(scale_path(name), []).append(s)
     weights = {name: a[0] if name == "embed" else jnp.stack(a) for name, a in parts.items()}
     n, width = vector_table_shape(lay)
     table = np.zeros((round_up(n, ROWS), width), np.float32)
@@ -97,14 +125,18 @@ def pack(params: dict, cfg: Gemma4Config) -> dict:
     return dict(vectors=jnp.asarray(table), inv_freq=jnp.asarray(freqs), weights=weights)
 
 
-def packed_shapes(cfg: Gemma4Config, weight_dtype) -> dict:
+def packed_shapes(cfg: Gemma4Config, weight_dtype, quantize: str = "none") -> dict:
     """``jax.ShapeDtypeStruct``s of ``pack``'s output, without any weights."""
     lay = layout_config(cfg)
     n, width = vector_table_shape(lay)
+    dtypes = weight_dtypes(lay, quantize, weight_dtype)
     return dict(
         vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
         inv_freq=jax.ShapeDtypeStruct((ROWS, max(lay.sliding_head_dim, lay.full_head_dim)), jnp.float32),
-        weights={name: jax.ShapeDtypeStruct(shape, weight_dtype) for name, shape in weight_shapes(lay).items()},
+        weights={
+            name: jax.ShapeDtypeStruct(shape, dtypes[name])
+            for name, shape in weight_shapes(lay, quantize=quantize).items()
+        },
     )
 
 

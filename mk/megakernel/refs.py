@@ -13,6 +13,8 @@ from jax.experimental.pallas import tpu as pltpu
 from ..config import Gemma4Config
 from ..params import param_specs
 from ..plan import BLOCK, LANE, ROWS, StepPlan, padded_shape, round_up, stacked, vector_table_shape
+from ..plan.layout import scale_rows
+from ..quant import SCALE_SUFFIX, quantized_paths, scale_path
 
 TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
 
@@ -21,7 +23,8 @@ class Inputs(NamedTuple):
     users: Any  # [rows, 128] int32, HBM: lane 0 the token of user b (row b), lane 1 its position
     vectors: Any  # [n_vectors, width] f32: every norm weight and scale, one a row
     inv_freq: Any  # [8, head_dim] f32: RoPE inverse frequencies, row 0 sliding, row 1 full
-    weights: dict  # embed [V, H]; {type}.{name} -> [layers of the type, (E,) K, N]: padded, stacked
+    weights: dict  # embed [V, H]; {type}.{name} -> [layers of the type, (E,) K, N]: padded, stacked; INT8 ones
+    # with {type}.{name}_qscale [layers, experts (or 1) padded to 8, N] f32
     cache: dict  # {type}.k|v -> [layers of the type, B, kv_heads, slots, head_dim]: aliased to Outputs.cache
     acts: Any = None  # probe: name -> [rows, width] f32, the activations' values before the first op
 
@@ -46,7 +49,7 @@ class KV(NamedTuple):
 
 
 class Scratch(NamedTuple):
-    weights: dict  # buffer name -> [slots, rows, cols]: the weight stream's VMEM slots
+    weights: dict  # buffer name -> [slots, rows, cols]: the weight stream's VMEM slots (INT8 ones: + ".scale")
     weight_sems: dict  # buffer name -> DMA [slots]
     acts: dict  # activation name -> [rows, width] f32
     kv: dict  # layer type -> KV
@@ -98,16 +101,34 @@ def matrix_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
     return {s.path: s.shape for s in param_specs(cfg) if len(s.shape) >= 2}
 
 
-def weight_shapes(cfg: Gemma4Config, experts: int | None = None) -> dict[str, tuple[int, ...]]:
+def weight_shapes(cfg: Gemma4Config, experts: int | None = None, quantize: str = "none") -> dict[str, tuple[int, ...]]:
     """The kernel's HBM weights: ``embed`` and each layer matrix stacked by layer type, padded;
-    ``experts``: the routed experts a chip holds (default all)."""
+    ``experts``: the routed experts a chip holds (default all). A quantized matrix (``quantize``: the
+    mk.quant scheme) also has its scales, ``{name}_qscale`` [layers, rows, N]: one row per expert (one
+    for a layer's matrix), padded to whole sublane tiles (mk.plan.layout.scale_rows)."""
     out: dict[str, tuple[int, ...]] = {}
+    quantized = set(quantized_paths(cfg, quantize))
     for path, shape in matrix_shapes(cfg).items():
         name, index = stacked(cfg, path)
         padded = padded_shape(cfg, path, shape)
         if experts is not None and path.rsplit(".", 1)[-1].startswith("expert_"):
             padded = (experts, *padded[1:])
         out[name] = padded if index is None else (index + 1, *padded)
+        if path in quantized:
+            rows = scale_rows(padded[0] if len(padded) == 3 else 1)
+            out[scale_path(name)] = (index + 1, rows, padded[-1])
+    return out
+
+
+def weight_dtypes(cfg: Gemma4Config, quantize: str, weight_dtype) -> dict[str, object]:
+    """The dtype of each of the kernel's HBM weights: INT8 codes, their float32 scales, the rest ``weight_dtype``."""
+    quantized = {stacked(cfg, p)[0] for p in quantized_paths(cfg, quantize)}
+    out = {}
+    for name in weight_shapes(cfg, quantize=quantize):
+        if name.endswith(SCALE_SUFFIX):
+            out[name] = jnp.float32
+        else:
+            out[name] = jnp.int8 if name in quantized else weight_dtype
     return out
 
 
@@ -124,13 +145,14 @@ def input_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Inputs:
     """``jax.ShapeDtypeStruct``s of the kernel's inputs, without any weights."""
     cfg = plan.layout
     n, width = vector_table_shape(cfg)
+    dtypes = weight_dtypes(cfg, plan.quantize, weight_dtype)
     return Inputs(
         users=jax.ShapeDtypeStruct((plan.rows, LANE), jnp.int32),
         vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
         inv_freq=jax.ShapeDtypeStruct((ROWS, max(cfg.sliding_head_dim, cfg.full_head_dim)), jnp.float32),
         weights={
-            name: jax.ShapeDtypeStruct(shape, weight_dtype)
-            for name, shape in weight_shapes(cfg, plan.experts_held or None).items()
+            name: jax.ShapeDtypeStruct(shape, dtypes[name])
+            for name, shape in weight_shapes(cfg, plan.experts_held or None, plan.quantize).items()
         },
         cache={
             name: jax.ShapeDtypeStruct(shape, kv_dtype)
@@ -175,7 +197,7 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
     ep = round_up(max(cfg.num_experts, 1), LANE)
     shapes = input_shapes(plan, weight_dtype, kv_dtype)
     return Scratch(
-        weights={b.name: pltpu.VMEM((b.slots, *b.shape), weight_dtype) for b in plan.buffers.values()},
+        weights={b.name: pltpu.VMEM((b.slots, *b.shape), b.dtype or weight_dtype) for b in plan.buffers.values()},
         weight_sems={b.name: pltpu.SemaphoreType.DMA((b.slots,)) for b in plan.buffers.values()},
         acts={name: pltpu.VMEM(shape, jnp.float32) for name, shape in plan.activations.items()},
         kv=kv,

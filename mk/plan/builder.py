@@ -18,6 +18,7 @@ from .layout import (
     layout_config,
     padded_shape,
     round_up,
+    scale_buffer,
     stacked,
     sublanes,
     type_index,
@@ -90,8 +91,10 @@ class Builder:
         shard,
         experts_held: int,
         split_heads: bool,
+        quantized: frozenset = frozenset(),
     ):
         self.shard, self.experts_held, self.split_heads = shard, experts_held, split_heads
+        self.quantized = quantized  # matrices streamed as INT8 codes with their scales (mk.quant)
         self.cfg = layout_config(cfg)  # the shapes the kernel moves; the model's own for payload bytes
         self.batch, self.max_len, self.context = batch, max_len, context
         self.wb, self.kvb, self.tiles, self.ko = weight_itemsize, kv_itemsize, tiles, knockout
@@ -139,19 +142,32 @@ class Builder:
             self.route_of[len(self.ops)] = self._route
         self.ops.append(op)
 
+    def itemsize(self, tensor: str) -> int:
+        """Bytes per element of ``tensor``'s tiles: 1 for INT8 codes, else the plan's weight item size."""
+        return 1 if tensor in self.quantized else self.wb
+
     def load(self, tensor, layer, component, rows, cols, expert=None, slot_shape=None) -> int:
         shape = (rows[1], cols[1])
         slot_shape = slot_shape or shape
-        # tiles of one shape share a buffer (q, k, v, gate, up, expert gate/up are all [H, w]):
+        scaled = tensor in self.quantized
+        wb = self.itemsize(tensor)
+        # tiles of one shape (and type) share a buffer (q, k, v, gate, up, expert gate/up are all [H, w]):
         # fewer buffers, less VMEM, and still the next tile of each shape in flight
-        buffer = f"{slot_shape[0]}x{slot_shape[1]}"
-        b = self.buffers.get(buffer)
-        if b is None:
-            self.buffers[buffer] = Buffer(buffer, slot_shape, self.wb, self.tiles.slots)
+        buffer = f"{slot_shape[0]}x{slot_shape[1]}" + ("i8" if scaled else "")
+        if buffer not in self.buffers:
+            self.buffers[buffer] = Buffer(buffer, slot_shape, wb, self.tiles.slots, "int8" if scaled else None)
+            if scaled:  # each slot's scales: the aligned f32 block holding the row of its expert (or matrix)
+                sb = scale_buffer(buffer)
+                self.buffers[sb] = Buffer(sb, (ROWS, slot_shape[1]), 4, self.tiles.slots, "float32")
         n = self._slot_count.get(buffer, 0)
         self._slot_count[buffer] = n + 1
         real = self.specs[tensor].shape[-2:]  # the unpadded matrix: what of the tile holds weights
-        payload = max(0, min(rows[1], real[0] - rows[0])) * max(0, min(cols[1], real[1] - cols[0]))
+        real_cols = max(0, min(cols[1], real[1] - cols[0]))
+        payload = max(0, min(rows[1], real[0] - rows[0])) * real_cols * wb
+        nbytes = shape[0] * shape[1] * wb
+        if scaled:  # the scale block moves with every tile; a matrix's scales are real bytes once
+            nbytes += ROWS * cols[1] * 4
+            payload += real_cols * 4 if rows[0] == 0 else 0
         name, index = stacked(self.cfg, tensor)
         ld = Load(
             len(self.loads),
@@ -163,9 +179,10 @@ class Builder:
             n % self.tiles.slots,
             rows,
             cols,
-            shape[0] * shape[1] * self.wb,
-            payload * self.wb,
+            nbytes,
+            payload,
             expert,
+            scaled,
         )
         self.loads.append(ld)
         return ld.id
@@ -174,7 +191,7 @@ class Builder:
     def proj_cols(self, tensor, layer, component, src, dst, expert=None):
         """dst[:, c] = src @ W[:, c], W [K, N] streamed in column tiles."""
         k, n = self.shapes[tensor][-2:]
-        sp = spans(n, k, self.wb, self.tiles.weight_tile_bytes)
+        sp = spans(n, k, self.itemsize(tensor), self.tiles.weight_tile_bytes)
         for c, tn in sp:
             lid = self.load(tensor, layer, component, (0, k), (c, tn), expert, (k, sp[0][1]))
             self.op(
@@ -195,7 +212,7 @@ class Builder:
     def proj_rows(self, tensor, layer, component, src, dst, expert=None):
         """dst = src @ W, W [K, N] streamed in row tiles summed into dst."""
         k, n = self.shapes[tensor][-2:]
-        sp = spans(k, n, self.wb, self.tiles.weight_tile_bytes)
+        sp = spans(k, n, self.itemsize(tensor), self.tiles.weight_tile_bytes)
         for r, tk in sp:
             lid = self.load(tensor, layer, component, (r, tk), (0, n), expert, (sp[0][1], n))
             self.op(
@@ -218,7 +235,7 @@ class Builder:
         """A GeGLU MLP chunked over its (padded) intermediate: per chunk gate, up, act, down."""
         g, u, d = (prefix + n for n in names)
         h, inter = self.shapes[g][-2:]
-        sp = spans(inter, h, self.wb, self.tiles.weight_tile_bytes)
+        sp = spans(inter, h, self.itemsize(g), self.tiles.weight_tile_bytes)
         w = sp[0][1]
         gate, up = self.act("gate", w), self.act("up", w)
         B = self.batch

@@ -54,6 +54,17 @@ def head_lanes(hd: int) -> np.ndarray:
     return np.concatenate([np.arange(half), mid + np.arange(hd - half)])
 
 
+def scale_buffer(buffer: str) -> str:
+    """The VMEM buffer of an INT8 weight buffer's scales."""
+    return buffer + ".scale"
+
+
+def scale_rows(rows: int) -> int:
+    """Rows of a stacked scale tensor in the kernel's HBM: one per expert (or one for a layer's matrix),
+    padded to whole f32 sublane tiles: a DMA takes the aligned block of ``ROWS`` holding a row."""
+    return round_up(rows, ROWS)
+
+
 def sublanes(itemsize: int) -> int:
     """Rows of one (sublane, 128) tile for this item size: 8 in f32, 16 in bf16, 32 in int8."""
     return 8 * 4 // itemsize

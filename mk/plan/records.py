@@ -43,12 +43,14 @@ class Tiles:
 
 @dataclass(frozen=True)
 class Buffer:
-    """A VMEM weight buffer: ``slots`` tiles of ``shape``."""
+    """A VMEM weight buffer: ``slots`` tiles of ``shape``, in the plan's weight dtype or, for INT8 tiles and
+    their scales, ``int8`` / ``float32`` (``dtype``)."""
 
     name: str
     shape: tuple[int, int]
     itemsize: int
     slots: int
+    dtype: str | None = None  # None: the plan's float weight dtype
 
     @property
     def nbytes(self) -> int:
@@ -59,7 +61,9 @@ class Buffer:
 class Load:
     """One weight tile's DMA, HBM -> VMEM: ``tensor[index][rows, cols]`` (of the expert in routed slot
     ``expert``, when set) into ``buffer`` slot ``slot``. ``nbytes`` is what the DMA moves (padding
-    included), ``payload_bytes`` the part that holds real weights."""
+    included), ``payload_bytes`` the part that holds real weights. A ``scaled`` (INT8) tile brings the
+    aligned block of its per-output-channel scales along, into ``scale_buffer(buffer)``: its bytes are
+    counted in both (a matrix's scales once in ``payload_bytes``, however many row tiles it has)."""
 
     id: int
     tensor: str  # the kernel's HBM tensor (mk.plan.layout.stacked): ``sliding.q``, ``embed``, ...
@@ -73,6 +77,7 @@ class Load:
     nbytes: int
     payload_bytes: int
     expert: int | None = None
+    scaled: bool = False  # an INT8 tile: the block of its scales comes with it (mk.plan.layout.scale_rows)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class StepPlan:
     shard: object = None
     chip: int = 0
     experts_held: int = 0  # routed experts (or expert slices) this chip holds
+    quantize: str = "none"  # mk.quant scheme: which matrices stream as INT8 codes with their scales
 
     @property
     def chips(self) -> int:
@@ -290,13 +291,16 @@ def build_plan(
     loop_layers: bool = True,
     shard=None,
     chip: int = 0,
+    quantize: str = "none",
 ) -> StepPlan:
     """The plan of one decode step for ``batch`` users with caches of ``max_len`` positions, on one
     chip or, with ``shard`` (mk.sharding.Shard), chip ``chip``'s share of it.
 
     ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
     and attention FLOPs recorded for timing; the kernel itself reads the tiles each user's position needs.
+    ``quantize`` (mk.quant.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales.
     """
+    from ..quant import quantized_paths
     from ..sharding import Shard, chip_config, experts_per_chip, heads_split
 
     shard = shard or Shard()
@@ -307,7 +311,8 @@ def build_plan(
     ko = check_knockout(knockout)
     local, held = chip_config(cfg, shard), experts_per_chip(cfg, shard)
     split = heads_split(cfg, shard.chips)
-    b = Builder(local, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, shard, held, split)
+    quantized = frozenset(quantized_paths(local, quantize))
+    b = Builder(local, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, shard, held, split, quantized)
     b.build()
     # without overlap, no weight DMA is in flight across an all-reduce
     fences = () if shard.collective.overlap else {n for n, op in enumerate(b.ops) if isinstance(op, AllReduce)}
@@ -330,4 +335,5 @@ def build_plan(
         shard if shard.sharded else None,
         chip,
         held,
+        quantize,
     )

@@ -187,40 +187,48 @@ _MLP_AXIS = {"mlp_gate": 1, "mlp_up": 1, "mlp_down": 0}
 _EXPERT_INTER_AXIS = {"expert_gate": 2, "expert_up": 2, "expert_down": 1}
 
 
+def _matrix_cut(cfg: Gemma4Config, shard: Shard, chip: int, path: str) -> tuple[int, int, int] | None:
+    """The (axis, start, size) of matrix ``path`` of the reference tree chip ``chip`` takes (None: all of it)."""
+    C, local = shard.chips, chip_config(cfg, shard)
+    name = path.rsplit(".", 1)[-1]
+    if name == "embed":
+        return 0, chip * local.vocab_size, local.vocab_size
+    if not path.startswith("layers."):
+        return None
+    t = cfg.layer_types[int(path.split(".")[1])]
+    if name in _HEAD_AXIS and heads_split(cfg, C):
+        if name in ("q", "o"):
+            first, n = chip * local.num_heads, local.num_heads
+        else:
+            first, n = first_kv_head(cfg, t, C, chip), local.kv_heads(t)
+        return _HEAD_AXIS[name], first * cfg.head_dim(t), n * cfg.head_dim(t)
+    if name in _MLP_AXIS:
+        return _MLP_AXIS[name], chip * local.mlp_intermediate, local.mlp_intermediate
+    if name in _EXPERT_INTER_AXIS and shard.placement == Placement.SPLIT:
+        return _EXPERT_INTER_AXIS[name], chip * local.expert_intermediate, local.expert_intermediate
+    if name in _EXPERT_INTER_AXIS:
+        n = experts_per_chip(cfg, shard)
+        return 0, chip * n, n
+    return None
+
+
 def chip_params(params: dict, cfg: Gemma4Config, shard: Shard, chip: int) -> dict:
     """Chip ``chip``'s slice of the reference parameter tree: the parameters of ``chip_config`` (with
-    E/C experts for a whole placement)."""
+    E/C experts for a whole placement). An INT8 matrix's scales (mk.quant, [..., out]) follow its cut:
+    sliced with its output channels or its experts, whole where its input axis is cut."""
+    from ..quant import SCALE_SUFFIX
+
     if not shard.sharded:
         return params
-    C, local = shard.chips, chip_config(cfg, shard)
-    split_heads = heads_split(cfg, C)
     out = {}
     for path, a in params.items():
-        name = path.rsplit(".", 1)[-1]
-        if name == "embed":
-            out[path] = _cut(a, 0, chip * local.vocab_size, local.vocab_size)
-            continue
-        if not path.startswith("layers."):
-            out[path] = a
-            continue
-        t = cfg.layer_types[int(path.split(".")[1])]
-        if name in _HEAD_AXIS and split_heads:
-            if name in ("q", "o"):
-                hd, first, n = cfg.head_dim(t), chip * local.num_heads, local.num_heads
-            else:
-                hd, first, n = cfg.head_dim(t), first_kv_head(cfg, t, C, chip), local.kv_heads(t)
-            out[path] = _cut(a, _HEAD_AXIS[name], first * hd, n * hd)
-        elif name in _MLP_AXIS:
-            w = local.mlp_intermediate
-            out[path] = _cut(a, _MLP_AXIS[name], chip * w, w)
-        elif name in _EXPERT_INTER_AXIS and shard.placement == Placement.SPLIT:
-            w = local.expert_intermediate
-            out[path] = _cut(a, _EXPERT_INTER_AXIS[name], chip * w, w)
-        elif name in _EXPERT_INTER_AXIS:
-            n = experts_per_chip(cfg, shard)
-            out[path] = _cut(a, 0, chip * n, n)
-        else:
-            out[path] = a
+        matrix = path.removesuffix(SCALE_SUFFIX)
+        cut = _matrix_cut(cfg, shard, chip, matrix)
+        if cut is not None and matrix != path:  # scales: the matrix's input axis (-2) is gone
+            ndim = a.ndim + 1
+            axis = cut[0] if cut[0] < ndim - 2 else (a.ndim - 1 if cut[0] == ndim - 1 else None)
+            cut = None if axis is None else (axis, *cut[1:])
+        out[path] = a if cut is None else _cut(a, *cut)
     return out
 
 
@@ -241,8 +249,14 @@ def split_axis(cfg: Gemma4Config, shard: Shard, tensor: str) -> int | None:
     ``vectors``, ...) that is split over the chips (None: every chip holds all of it). The kernel's
     tensors are layer-stacked (mk.plan.layout.stacked): matrices [layers, (E,) K, N], caches
     [layers, B, kv, slots, hd]."""
+    from ..quant import SCALE_SUFFIX
+
     if not shard.sharded:
         return None
+    if tensor.endswith(SCALE_SUFFIX):  # an INT8 matrix's scales [layers, rows, N]: split as its N or experts
+        matrix = tensor.removesuffix(SCALE_SUFFIX)
+        axis, ndim = split_axis(cfg, shard, matrix), 4 if matrix.split(".", 1)[1].startswith("expert_") else 3
+        return {ndim - 1: 2, 1: 1 if ndim == 4 else None}.get(axis)
     if tensor == "embed":
         return 0
     if "." not in tensor:
