@@ -3,6 +3,9 @@
 Speed of light = memory bandwidth / bytes read per step. One step decodes one token for each of
 B users: the weights are read once for all of them (the experts that at least one user routes
 to), the KV cache once per user.
+
+INT8 policies (mk.quant's schemes) also read each quantized matrix's scales: 4 bytes (float32) per output
+channel, per distinct routed expert for the experts, counted in that matrix's component.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import pandas as pd
 
 from .chips import Chip, get_chip
 from .config import SLIDING, Gemma4Config, get_config
-from .params import EXPERTS, ROUTER, SHARED_MLP, param_specs
+from .params import EXPERTS, HEAD, ROUTER, SHARED_MLP, param_specs
 from .published import published_table
 
 KV_SLIDING = "kv_sliding"
@@ -32,34 +35,65 @@ COMPONENT_ORDER = (
 )
 
 
+SCALE_BYTES = 4  # an INT8 matrix's scale per output channel (mk.quant: float32)
+
+
 @dataclass(frozen=True)
 class DtypePolicy:
-    """Bytes per element for each kind of tensor."""
+    """Bytes per element for each kind of tensor, and the mk.quant scheme whose matrices also read their
+    scales (``SCALE_BYTES`` per output channel)."""
 
     name: str
-    matrix: float  # attention, shared MLP, router and head matrices
+    matrix: float  # attention, shared MLP and router matrices
+    head: float  # the tied embedding, read as the output head
     expert: float  # expert matrices
-    vector: float  # norms and scales
+    vector: float  # norms and the vector scales (layer_scalar, router and per-expert scales)
     kv: float  # the KV cache
     description: str
+    quant: str = "none"  # the mk.quant scheme: its matrices carry per-output-channel scales
 
 
+_INT8_SCALES = "with F32 scales per output channel"
 DTYPES: dict[str, DtypePolicy] = {
     p.name: p
     for p in (
-        DtypePolicy("bf16", 2, 2, 2, 2, "all weights and the KV cache in BF16"),
-        DtypePolicy("fp8", 1, 1, 2, 2, "FP8 matrices (head included), BF16 norms and KV cache"),
-        DtypePolicy("int8-experts", 2, 1, 2, 2, "INT8 expert matrices, everything else BF16"),
-        DtypePolicy("f32", 4, 4, 4, 4, "all weights and the KV cache in F32"),
+        DtypePolicy("bf16", 2, 2, 2, 2, 2, "all weights and the KV cache in BF16"),
+        DtypePolicy("fp8", 1, 1, 1, 2, 2, "FP8 matrices (head included), BF16 norms and KV cache"),
+        DtypePolicy(
+            "int8-experts", 2, 2, 1, 2, 2, f"INT8 expert matrices {_INT8_SCALES}; the rest BF16", "int8-experts"
+        ),
+        DtypePolicy("f32", 4, 4, 4, 4, 4, "all weights and the KV cache in F32"),
+        DtypePolicy("int8", 1, 2, 1, 2, 2, f"INT8 matrices but the head {_INT8_SCALES}; the rest BF16", "int8"),
     )
 }
+# Floats an INT8 scheme can be combined with ("f32+int8-experts": what mk.bench times on a CPU in f32).
+BASES = ("bf16", "f32")
 
 
 def get_dtype(name: str) -> DtypePolicy:
+    """A policy by name: one of ``DTYPES``, or ``BASE+SCHEME`` (``f32+int8-experts``): the float ``BASE``
+    (bf16, f32) with the matrices of the mk.quant ``SCHEME`` in INT8 (``bf16+int8`` counts as ``int8``)."""
+    if "+" in name:
+        base, scheme = name.split("+", 1)
+        if base in BASES and scheme in ("int8-experts", "int8"):
+            b = DTYPES[base]
+            return DtypePolicy(
+                name,
+                1 if scheme == "int8" else b.matrix,
+                b.head,
+                1,
+                b.vector,
+                b.kv,
+                f"{DTYPES[scheme].description.split(';')[0]}; the rest {base.upper()}",
+                scheme,
+            )
     try:
         return DTYPES[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}") from None
+        raise ValueError(
+            f"unknown dtype {name!r}; known: {', '.join(DTYPES)} (or BASE+SCHEME, BASE one of {', '.join(BASES)}, "
+            "SCHEME int8-experts or int8)"
+        ) from None
 
 
 def _positive_int(name: str, value) -> int:
@@ -129,21 +163,36 @@ def bytes_per_token(cfg: Gemma4Config, context: int, batch: int = 1, dtype: str 
     """Bytes one decode step reads from memory, by component.
 
     ``context`` is the number of positions in the cache (the prompt plus tokens so far). The head
-    is the tied embedding, read once; the embedding lookup reads B rows and is not counted.
+    is the tied embedding, read once; the embedding lookup reads B rows and is not counted. Under an
+    INT8 policy each quantized matrix (``mk.quant.quantized_paths``) also reads ``SCALE_BYTES`` per output
+    channel (an expert's per distinct expert read), added to its component.
     """
     _positive_int("context", context)
     _positive_int("batch", batch)
     pol = get_dtype(dtype)
     comp = {c: 0.0 for c in COMPONENT_ORDER}
     experts_read = expected_distinct_experts(cfg.num_experts, cfg.top_k, batch)
+    scaled = _quantized_paths(cfg, pol.quant)
     for s in param_specs(cfg):
+        scales = s.size / s.shape[-2] * SCALE_BYTES if s.path in scaled else 0.0  # one per output channel
         if s.component == EXPERTS:
-            comp[EXPERTS] += s.size / cfg.num_experts * experts_read * pol.expert
+            comp[EXPERTS] += (s.size * pol.expert + scales) / cfg.num_experts * experts_read
+        elif s.component == HEAD:
+            comp[HEAD] += s.size * pol.head + scales
         else:
-            comp[s.component] += s.size * (pol.matrix if s.matrix else pol.vector)
+            comp[s.component] += s.size * (pol.matrix if s.matrix else pol.vector) + scales
     for k, v in kv_bytes_per_user(cfg, context, pol.kv).items():
         comp[k] = v * batch
     return ByteCount(cfg.name, context, batch, dtype, comp)
+
+
+def _quantized_paths(cfg: Gemma4Config, scheme: str) -> frozenset[str]:
+    """mk.quant's matrices of ``scheme`` (imported only for an INT8 policy: mk.quant brings JAX)."""
+    if scheme == "none":
+        return frozenset()
+    from .quant import quantized_paths
+
+    return frozenset(quantized_paths(cfg, scheme))
 
 
 @dataclass(frozen=True)
