@@ -22,6 +22,18 @@ def _print(obj: dict, as_json: bool, text: str) -> None:
     print(json.dumps(obj) if as_json else text)
 
 
+def _add_quantize(p) -> None:
+    from .quant import SCHEMES
+
+    p.add_argument(
+        "--quantize",
+        choices=SCHEMES,
+        default=None,
+        help="INT8 weights (mk.quant): quantize the float weights at load time, before any engine sees them "
+        "(default none); a quantized checkpoint is used as it is (give its own scheme or leave this out)",
+    )
+
+
 # sol ---------------------------------------------------------------------------------------------
 def _add_sol(sub) -> None:
     from .sol import DTYPES
@@ -107,6 +119,7 @@ def _add_generate(sub) -> None:
         default=None,
         help="weight dtype (default: the checkpoint's own; float32 for a preset)",
     )
+    _add_quantize(p)
     p.add_argument(
         "--max-len",
         type=_positive_int,
@@ -164,6 +177,7 @@ def _run_generate(a) -> None:
 
     from .config import get_config
     from .generate import check_engine, generate
+    from .quant import quantized_as, scheme_of
     from .weights import load_checkpoint, random_params
 
     check_engine(a.engine)  # an unknown engine fails before any weights are read
@@ -191,6 +205,7 @@ def _run_generate(a) -> None:
     else:
         cfg = get_config(a.preset)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
+    params = quantized_as(params, cfg, a.quantize)
     tokens = generate(
         params,
         cfg,
@@ -201,7 +216,14 @@ def _run_generate(a) -> None:
         progress=not a.json,
         engine_options=options,
     )
-    d = {"engine": a.engine, "model": cfg.name, "batch": len(prompts), "prompt_ids": prompts, "tokens": tokens.tolist()}
+    d = {
+        "engine": a.engine,
+        "model": cfg.name,
+        "quantize": scheme_of(params, cfg),
+        "batch": len(prompts),
+        "prompt_ids": prompts,
+        "tokens": tokens.tolist(),
+    }
     if a.detect_races:
         from .tpu import races_detected
 
@@ -234,6 +256,7 @@ def _add_bench(sub) -> None:
         default="f32",
         help="weights and KV cache data type (default f32: XLA:CPU runs f32 matvecs fastest)",
     )
+    _add_quantize(p)
     p.add_argument("--engine", default="reference", help="a registered decode engine (default reference)")
     p.add_argument("--csv", default=str(BENCH_CSV), help=f"CSV to append the row to (default {BENCH_CSV})")
     p.add_argument("--no-csv", action="store_true", help="do not append a row")
@@ -267,6 +290,7 @@ def _run_bench(a) -> None:
         weights=weights,
         precision=a.precision,
         budget_s=a.budget,
+        quantize=a.quantize,
     )
     row = r.row()
     if not a.no_csv:

@@ -11,6 +11,12 @@ the fraction is known to +-``precision`` or the time budget runs out.
 The step is timed at position ``context - 1`` of a cache sized to ``context``, so it reads the
 KV cache ``mk.sol`` counts for that context. Decode time does not depend on what the cache holds
 (the shapes are fixed and masked), so the cache is left zero rather than filled by a prefill.
+
+INT8 weights (``quantize``, mk.quant): the engine gets the quantized tree, and the row's ``dtype`` says so,
+``f32+int8-experts``: the float data type, then the scheme (a row without ``+`` is a float run, as every
+older row). Its bytes per token are mk.sol's for that policy (INT8 codes and their scales): the speed of
+light of the quantized model. The reference dequantizes the tree once at load time and so reads float
+weights every step: its fraction of that speed of light shows what it leaves on the table.
 """
 
 from __future__ import annotations
@@ -121,7 +127,7 @@ class BenchResult:
 
     cfg: Gemma4Config
     engine: str
-    dtype: str
+    dtype: str  # the float data type, then "+SCHEME" for INT8 weights (f32+int8-experts)
     context: int
     batch: int
     step: profiling.Estimate  # seconds
@@ -271,6 +277,7 @@ def run_bench(
     probe_bytes: int = profiling.DEFAULT_PROBE_BYTES,
     seed: int = 0,
     engine_options: dict | None = None,
+    quantize: str | None = None,
 ) -> BenchResult:
     """Benchmark ``engine``'s decode step for ``cfg`` at ``context`` positions and ``batch`` users: the
     step and the bandwidth probe interleaved until the fraction of the speed of light is known to
@@ -279,9 +286,12 @@ def run_bench(
     ``params`` default to random weights (seeded: timing does not depend on the values).
     ``engine_options`` go to the engine's ``make_step`` (the megakernel's ``chips=8, placement="split"``):
     over C chips the speed of light is C times one chip's probed bandwidth, and the row's engine names
-    the options (``megakernel[chips=8,placement=split]``).
+    the options (``megakernel[chips=8,placement=split]``). ``quantize`` (an mk.quant scheme) quantizes the
+    float ``params`` before the engine sees them; quantized ``params`` are used as they are (``quantize`` None
+    or their own scheme: ``mk.quant.quantized_as``). The result's ``dtype`` is then ``DTYPE+SCHEME``.
     """
     from .generate import cache_multiple, get_step
+    from .quant import quantized_as, scheme_of
     from .weights import random_params
 
     for name, v in (("context", context), ("batch", batch)):
@@ -295,10 +305,13 @@ def run_bench(
     label = f"{engine}[{','.join(f'{k}={v}' for k, v in options.items())}]" if options else engine
     if params is None:
         params, weights = random_params(cfg, seed, DTYPES[dtype]), f"random (seed {seed})"
+    params = quantized_as(params, cfg, quantize)
+    scheme = scheme_of(params, cfg)
+    label_dtype = dtype if scheme == "none" else f"{dtype}+{scheme}"
     call = decode_call(step, params, cfg, context, batch, dtype, program=True, cache_multiple=multiple)
     kernels = profiling.compiled_kernels(call.program, *call.args())
     probe, nbytes = profiling.gemv_probe(probe_bytes, dtype=DTYPES[dtype])
-    per_token = bytes_per_token(cfg, context, batch, dtype).total
+    per_token = bytes_per_token(cfg, context, batch, label_dtype).total
 
     def fractions(times):  # round by round: the step against the probe's bandwidth in the same round
         return [
@@ -312,7 +325,7 @@ def run_bench(
     return BenchResult(
         cfg,
         label,
-        dtype,
+        label_dtype,
         context,
         batch,
         cmp.times["step"],

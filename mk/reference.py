@@ -24,6 +24,11 @@ transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to th
 
 RMSNorms and softmaxes run in float32 and cast back to the activations' dtype, as transformers does.
 
+INT8 trees (mk.quant: int8 codes plus float32 scales per output channel) are accepted wherever a tree is:
+they are dequantized once (:func:`float_params`, ``mk.quant.dequantize``: codes x scale in float32, rounded
+to the embedding's dtype) and kept for that tree, beside its decode layout, so every step computes with
+exactly the weights the quantized tree stands for, and a float tree goes through untouched.
+
 Knock-outs (``decode_step(knockout=...)``; names from mk.params), for measuring what each part costs:
 
 - ``sliding_attention`` / ``full_attention``: those layers' attention block is skipped: its output is
@@ -47,6 +52,7 @@ import numpy as np
 
 from .config import SLIDING, Gemma4Config
 from .params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, check_knockout, layer_params
+from .quant import SCALE_SUFFIX, dequantize
 
 
 # Cache ------------------------------------------------------------------------------------------
@@ -353,7 +359,8 @@ def prefill(params: dict, cfg: Gemma4Config, tokens, cache: dict, lengths=None):
     to the cache (a sliding layer keeps each user's own last ``sliding_window`` positions), and its
     ids are not read (any value will do). Returns (logits [B, V] float32 of each user's last prompt
     position, ``lengths[b] - 1``; the cache). The cache passed in is donated: use the returned one.
-    The cache may be padded (``init_cache(multiple=...)``).
+    The cache may be padded (``init_cache(multiple=...)``). A quantized tree computes with its float tree
+    (:func:`float_params`).
     """
     t = np.asarray(tokens)
     if t.ndim != 2 or t.shape[1] == 0:
@@ -383,7 +390,7 @@ def prefill(params: dict, cfg: Gemma4Config, tokens, cache: dict, lengths=None):
                 )
     Tmax = int(lengths.max())  # columns past every prompt are padding only
     t = np.where(real, t, 0)[:, :Tmax].astype(np.int32)
-    return _prefill(params, cfg, jnp.asarray(t), jnp.asarray(lengths, jnp.int32), cache)
+    return _prefill(float_params(params, cfg), cfg, jnp.asarray(t), jnp.asarray(lengths, jnp.int32), cache)
 
 
 # Routing ------------------------------------------------------------------------------------------
@@ -397,7 +404,7 @@ def routed_experts(params: dict, cfg: Gemma4Config, tokens) -> np.ndarray:
     t = check_tokens(cfg, tokens)
     if t.ndim != 2 or t.size == 0:
         raise ValueError(f"tokens must be [batch, length] with both >= 1, got shape {t.shape}")
-    return np.asarray(_routed_experts(params, cfg, jnp.asarray(t, jnp.int32)))
+    return np.asarray(_routed_experts(float_params(params, cfg), cfg, jnp.asarray(t, jnp.int32)))
 
 
 @partial(jax.jit, static_argnames=("cfg",))
@@ -424,16 +431,49 @@ def _routed_experts(params, cfg: Gemma4Config, tokens):
 PREPARED = "prepared"  # marks a tree in the decode layout (its value, None, holds no arrays)
 
 
+def is_quantized(params: dict) -> bool:
+    """Whether ``params`` holds INT8 weights or their scales (mk.quant), i.e. is not a plain float tree."""
+    return any(k.endswith(SCALE_SUFFIX) for k in params) or any(
+        getattr(v, "dtype", None) == jnp.int8 for v in params.values()
+    )
+
+
+def _traced(params: dict) -> bool:
+    return any(isinstance(v, jax.core.Tracer) for v in params.values())
+
+
+_dequantized: dict = {}  # (cfg, ids of the quantized tree's arrays) -> (the arrays, kept; its float tree)
+
+
+def float_params(params: dict, cfg: Gemma4Config) -> dict:
+    """The float tree the reference computes with: ``params`` itself when it is a float tree (or a prepared
+    one), else ``mk.quant.dequantize(params, cfg)`` (every INT8 matrix as codes x scale in float32, rounded
+    to the embedding's dtype; a tree that matches no scheme is refused). The dequantized tree is made once
+    and kept for the last quantized tree seen (keyed by its arrays' ids), so prefill and every decode step
+    share it; a quantized tree traced by someone's jit is dequantized inside it."""
+    if PREPARED in params or not is_quantized(params):
+        return params
+    if _traced(params):
+        return dequantize(params, cfg)
+    key = (cfg, tuple(id(v) for v in params.values()))
+    if key not in _dequantized:
+        _dequantized.clear()
+        _dequantized[key] = (tuple(params.values()), dequantize(params, cfg))
+    return _dequantized[key][1]
+
+
 def prepare(params: dict, cfg: Gemma4Config) -> dict:
     """The decode step's layout of a parameter tree, made once at load time: every layer matrix
     transposed to ``[out, in]`` (see :func:`matmul_t`) and the experts' ``[E, in, out]`` arrays split
     into tuples of E ``[out, in]`` arrays, so each expert is its own buffer (see
     :func:`experts_gathered`). The embedding and the vectors are shared with ``params``; the layer
-    weights are a second copy, held beside ``params`` (which prefill reads). ``cfg`` is the engine
+    weights are a second copy, held beside ``params`` (which prefill reads). A quantized tree is
+    dequantized first (:func:`float_params`): the layout is always float. ``cfg`` is the engine
     interface's (mk.generate); the layout follows from the arrays. A prepared tree is returned as is.
     """
     if PREPARED in params:
         return params
+    params = float_params(params, cfg)
     out = {PREPARED: None}
     for path, a in params.items():
         if path.startswith("layers.") and a.ndim == 3:
@@ -455,9 +495,10 @@ _prepared: dict = {}  # (cfg, ids of the tree's arrays) -> (the arrays, kept so 
 
 
 def _prepared_for(params: dict, cfg: Gemma4Config) -> dict:
-    """:func:`prepare` of ``params``, cached for the last tree seen (keyed by its arrays' ids). A plain
-    tree traced by someone's jit is prepared inside it: right, but the re-layout is then in every step."""
-    if PREPARED in params or any(isinstance(v, jax.core.Tracer) for v in params.values()):
+    """:func:`prepare` of ``params``, cached for the last tree seen (keyed by its arrays' ids; a quantized
+    tree's float tree is made on a miss only, so a cached step pays nothing for it). A plain tree traced by
+    someone's jit is prepared inside it: right, but the re-layout is then in every step."""
+    if PREPARED in params or _traced(params):
         return prepare(params, cfg)
     key = (cfg, tuple(id(v) for v in params.values()))
     if key not in _prepared:
@@ -511,8 +552,8 @@ def decode_step(params: dict, cfg: Gemma4Config, cache: dict, tokens, pos, knock
     own positions ``<= pos[b]`` (the last ``sliding_window`` of them in sliding layers). Returns
     (logits [B, V] float32, the cache). One compiled XLA program per (cfg, knockout, shapes), whatever
     the positions. The cache passed in is donated: use the returned one.
-    ``params`` is mk's tree (its :func:`prepare` layout is made on the first call and kept for that
-    tree) or that layout itself.
+    ``params`` is mk's tree, float or quantized (its :func:`prepare` layout, float, is made on the first
+    call and kept for that tree) or that layout itself.
     Token ids and positions given as Python / NumPy values are checked; device arrays are not (that
     would wait for the device every step).
     """

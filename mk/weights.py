@@ -7,6 +7,14 @@ place the two are tied together, used both ways, so a save and a load round-trip
 
 Loading is lazy: ``safe_open`` memory-maps each file and one tensor at a time is read, transposed and
 cast, so a 52 GB checkpoint never needs twice its size in RAM.
+
+INT8 trees (mk.quant) are saved and loaded too. The codes take the float weight's place, under its Hugging
+Face name and layout, as ``I8``; the scales of the tensor ``N`` are ``N + "_qscale"`` (F32), shaped as ``N``
+without its last (input) axis: ``[out]`` for a Linear ``[out, in]``, ``[E, 2I]`` for ``gate_up_proj`` (the
+gate's scales first, as its rows), ``[E, H]`` for ``down_proj``. config.json names the scheme:
+``"quantization_config": {"quant_method": "mk-int8", "scheme": "int8-experts", "scale_suffix": "_qscale"}``.
+A load gives back the quantized tree exactly (codes and scales bit for bit). transformers cannot run such a
+checkpoint (it is mk's format, not one of transformers' quantization methods).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from .config import Gemma4Config, from_hf_dict, to_hf_dict
 from .files import write_atomic
 from .params import NORMS, ROUTER, param_specs
 from .progress import tqdm
+from .quant import SCALE_SUFFIX, SCHEMES, quantized_paths, scale_path, scheme_of
 
 # Prefixes of the text model: a Gemma4ForConditionalGeneration export, then a text-only Gemma4ForCausalLM.
 TEXT_PREFIXES = ("model.language_model.", "model.")
@@ -154,8 +163,54 @@ def _from_hf(kind: str, a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _hf_scale_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape the checkpoint stores the scales of an mk matrix of ``shape`` in: its HF shape less the
+    input axis (one scale per output row)."""
+    return _hf_shape(kind, shape)[:-1]
+
+
+def _scale_from_hf(kind: str, a: np.ndarray) -> np.ndarray:
+    """A checkpoint's scales as mk keeps them (``[..., out]``): ``gate_up_proj``'s are split in halves."""
+    if kind in ("gate", "up"):
+        half = a.shape[-1] // 2
+        return a[..., :half] if kind == "gate" else a[..., half:]
+    return a
+
+
+# Quantization in config.json --------------------------------------------------------------------
+QUANT_METHOD = "mk-int8"
+
+
+def quantization_config(scheme: str) -> dict | None:
+    """What config.json says about a tree quantized with ``scheme`` (None for a float tree)."""
+    if scheme == "none":
+        return None
+    return {"quant_method": QUANT_METHOD, "scheme": scheme, "scale_suffix": SCALE_SUFFIX}
+
+
+def _read_quantization(hf: dict, cfg_file: Path) -> tuple[str, str]:
+    """(scheme, scale suffix) of a checkpoint's config.json: ("none", ...) without a quantization_config."""
+    q = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
+    if not q:
+        return "none", SCALE_SUFFIX
+    if not isinstance(q, dict) or q.get("quant_method") != QUANT_METHOD:
+        method = q.get("quant_method") if isinstance(q, dict) else q
+        raise ValueError(
+            f"{cfg_file} has a quantization_config with quant_method {method!r}: mk reads float checkpoints and "
+            f"its own INT8 ones ({QUANT_METHOD!r}), not this format"
+        )
+    scheme = q.get("scheme")
+    if scheme not in SCHEMES[1:]:
+        raise ValueError(f"{cfg_file}: quantization_config scheme {scheme!r} is not one of {', '.join(SCHEMES[1:])}")
+    suffix = q.get("scale_suffix", SCALE_SUFFIX)
+    if not isinstance(suffix, str) or not suffix:
+        raise ValueError(f"{cfg_file}: quantization_config scale_suffix must be a non-empty string, got {suffix!r}")
+    return scheme, suffix
+
+
 # Loading ------------------------------------------------------------------------------------------
 _FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
+_CODE_DTYPE, _SCALE_DTYPE = "I8", "F32"
 
 
 def _text_shards(index: Path) -> list[str]:
@@ -218,27 +273,58 @@ def _text_prefix(names) -> str:
     return TEXT_PREFIXES[-1]
 
 
-def _plan_load(cfg: Gemma4Config, ckpt: _Checkpoint) -> dict[str, tuple[str, str]]:
-    """Resolve each mk path to a checkpoint name and check presence, shape and dtype of all of them.
+def _plan_load(
+    cfg: Gemma4Config, ckpt: _Checkpoint, scheme: str = "none", suffix: str = SCALE_SUFFIX
+) -> dict[str, tuple[str, str, str | None]]:
+    """Resolve each mk path to a checkpoint name and check presence, shape and dtype of all of them
+    (under ``scheme``, its matrices as I8 codes with their F32 scales under ``name + suffix``).
 
-    Returns ``{mk_path: (checkpoint_name, kind)}``, or raises one error listing every problem.
+    Returns ``{mk_path: (checkpoint_name, kind, scale_name or None)}``, or raises one error listing every
+    problem.
     """
     prefix = _text_prefix(ckpt.info)
     plan, problems, used = {}, [], set()
     shapes = {s.path: s.shape for s in param_specs(cfg)}
+    int8 = set(quantized_paths(cfg, scheme))
     for path, t in hf_tensor_map(cfg).items():
         found = next((prefix + n for n in t.names if prefix + n in ckpt.info), None)
         if found is None:
             problems.append(f"missing {prefix + t.names[0]} (for {path})")
             continue
+        first = found not in used  # gate_up_proj holds two mk tensors: check it once
         used.add(found)
         shape, dtype = ckpt.info[found]
         want = _hf_shape(t.kind, shapes[path])
-        if shape != want:
+        if first and shape != want:
             problems.append(f"{found} has shape {list(shape)}, expected {list(want)} for this config")
-        if dtype not in _FLOAT_DTYPES:
-            problems.append(f"{found} has dtype {dtype}, expected one of {_FLOAT_DTYPES}")
-        plan[path] = (found, t.kind)
+        scale = None
+        if path in int8:
+            scale = found + suffix
+            if first and dtype != _CODE_DTYPE:
+                problems.append(f"{found} has dtype {dtype}, expected {_CODE_DTYPE} (quantization scheme {scheme})")
+            if first and scale not in ckpt.info:
+                problems.append(f"missing {scale} (the scales of {found}, quantization scheme {scheme})")
+            elif first:
+                s_shape, s_dtype = ckpt.info[scale]
+                s_want = _hf_scale_shape(t.kind, shapes[path])
+                if s_shape != s_want:
+                    problems.append(
+                        f"{scale} has shape {list(s_shape)}, expected {list(s_want)} (one scale per output row "
+                        f"of {found})"
+                    )
+                if s_dtype != _SCALE_DTYPE:
+                    problems.append(f"{scale} has dtype {s_dtype}, expected {_SCALE_DTYPE}")
+            used.add(scale)
+        elif first and dtype not in _FLOAT_DTYPES:
+            hint = (
+                " (INT8 weights load only with the quantization_config mk writes in config.json)"
+                if dtype == _CODE_DTYPE and scheme == "none"
+                else f" (quantization scheme {scheme} keeps it in float)"
+                if dtype == _CODE_DTYPE
+                else ""
+            )
+            problems.append(f"{found} has dtype {dtype}, expected one of {_FLOAT_DTYPES}{hint}")
+        plan[path] = (found, t.kind, scale)
     # Tied embeddings: an lm_head.weight, if saved, is the embedding again and is not read.
     extra = sorted(n for n in ckpt.info if n not in used and not _NON_TEXT.match(n) and n != "lm_head.weight")
     if extra:
@@ -279,8 +365,12 @@ def load_checkpoint(
     """Load a Gemma 4 text checkpoint (folder, sharded folder, or hub repo id) into mk's parameter tree.
 
     ``cfg`` defaults to the checkpoint's ``config.json``; when given, it must describe the same model.
-    ``dtype`` casts every tensor on the way (default: keep the stored dtype). Every tensor's presence,
+    ``dtype`` casts every float tensor on the way (default: keep the stored dtype). Every tensor's presence,
     shape and dtype is checked before any is read, and all problems are reported in one error.
+
+    A checkpoint whose config.json has mk's ``quantization_config`` loads as the quantized tree it was saved
+    from (mk.quant): INT8 codes and float32 scales exactly as stored (``dtype`` does not touch them), the
+    scales after the other tensors, in ``mk.quant.quantized_paths`` order, as ``mk.quant.quantize`` makes them.
     """
     folder = _resolve(path_or_repo_id)
     cfg_file = folder / "config.json"
@@ -298,10 +388,11 @@ def load_checkpoint(
             k: (v, getattr(file_cfg, k)) for k, v in cfg.to_dict().items() if k != "name" and getattr(file_cfg, k) != v
         }
         raise ValueError(f"config {cfg.name!r} differs from {cfg_file} in {{field: (given, file)}} {diff}")
+    scheme, suffix = _read_quantization(hf, cfg_file)
     ckpt = _Checkpoint(_safetensors_files(folder))
-    plan = _plan_load(cfg, ckpt)
-    params, cache = {}, {}
-    for path, (name, kind) in tqdm(plan.items(), desc=f"loading {folder.name}", leave=False):
+    plan = _plan_load(cfg, ckpt, scheme, suffix)
+    params, scales, cache = {}, {}, {}
+    for path, (name, kind, scale) in tqdm(plan.items(), desc=f"loading {folder.name}", leave=False):
         # gate_up_proj feeds two mk tensors: keep it until its second half is taken.
         a = cache.pop(name, None)
         if a is None:
@@ -309,7 +400,12 @@ def load_checkpoint(
             if kind in ("gate", "up"):
                 cache[name] = a
         a = _from_hf(kind, a)
-        params[path] = jnp.asarray(np.ascontiguousarray(a, dtype=dtype or a.dtype))
+        if scale is None:
+            params[path] = jnp.asarray(np.ascontiguousarray(a, dtype=dtype or a.dtype))
+        else:  # INT8 codes and their scales, as stored
+            params[path] = jnp.asarray(np.ascontiguousarray(a))
+            scales[scale_path(path)] = jnp.asarray(np.ascontiguousarray(_scale_from_hf(kind, ckpt.read(scale))))
+    params.update((scale_path(p), scales[scale_path(p)]) for p in quantized_paths(cfg, scheme))
     return cfg, params
 
 
@@ -317,47 +413,76 @@ def load_checkpoint(
 def save_checkpoint(params: dict[str, jax.Array], cfg: Gemma4Config, folder) -> Path:
     """Write ``params`` as a Hugging Face Gemma4ForCausalLM checkpoint (config.json + model.safetensors).
 
-    Each file is written under a temporary name and renamed, so a crash never leaves a half-written file
-    under the real name. Returns the folder.
+    A quantized tree (mk.quant) is written as its INT8 codes and float32 scales (see the module's
+    docstring) with a ``quantization_config`` naming its scheme; :func:`load_checkpoint` reads it back
+    exactly. Each file is written under a temporary name and renamed, so a crash never leaves a
+    half-written file under the real name. Returns the folder.
     """
     from safetensors.numpy import save_file
 
     check_params(params, cfg)
+    scheme = scheme_of(params, cfg)
+    int8 = set(quantized_paths(cfg, scheme))
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    dtypes = {str(v.dtype) for v in params.values()}
+    dtypes = {str(params[s.path].dtype) for s in param_specs(cfg) if s.path not in int8}
     tensors = {}
     for path, t in hf_tensor_map(cfg).items():
         name = TEXT_PREFIXES[-1] + t.names[0]
         if t.kind == "up":
             continue  # written with its gate half
         a = np.asarray(params[path])
+        scale = np.asarray(params[scale_path(path)]) if path in int8 else None
         if t.kind == "gate":
-            up = np.asarray(params[path.replace("expert_gate", "expert_up")])
+            up_path = path.replace("expert_gate", "expert_up")
+            up = np.asarray(params[up_path])
             tensors[name] = np.concatenate([a, up], axis=2).transpose(0, 2, 1)
+            if scale is not None:
+                scale = np.concatenate([scale, np.asarray(params[scale_path(up_path)])], axis=-1)
         elif t.kind == "linear":
             tensors[name] = a.T
         elif t.kind == "down":
             tensors[name] = a.transpose(0, 2, 1)
         else:
             tensors[name] = a
+        if scale is not None:
+            tensors[name + SCALE_SUFFIX] = scale
     tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     hf = to_hf_dict(cfg)
     hf["dtype"] = dtypes.pop() if len(dtypes) == 1 else "float32"
+    if scheme != "none":
+        hf["quantization_config"] = quantization_config(scheme)
     write_atomic(folder / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     write_atomic(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(hf, indent=2) + "\n"))
     return folder
 
 
 def check_params(params: dict, cfg: Gemma4Config) -> None:
-    """Raise one error listing every missing, unexpected or wrongly shaped tensor of ``params``."""
+    """Raise one error listing every missing, unexpected or wrongly shaped tensor of ``params``; in a
+    quantized tree (mk.quant), also INT8 matrices outside every scheme and missing, misshapen or
+    non-float32 scales."""
     specs = {s.path: s.shape for s in param_specs(cfg)}
+    int8 = [p for p in specs if p in params and params[p].dtype == jnp.int8]
+    scheme = next((sc for sc in SCHEMES if set(quantized_paths(cfg, sc)) == set(int8)), None)
+    scales = {scale_path(p): specs[p][:-2] + specs[p][-1:] for p in int8}
     problems = [f"missing {p}" for p in specs if p not in params]
-    problems += [f"unexpected {p}" for p in params if p not in specs]
+    problems += [f"unexpected {p}" for p in params if p not in specs and p not in scales]
     problems += [
         f"{p} has shape {list(params[p].shape)}, expected {list(s)}"
         for p, s in specs.items()
         if p in params and tuple(params[p].shape) != s
     ]
+    if scheme is None:
+        problems.append(
+            f"the INT8 matrices ({len(int8)}) match no quantization scheme ({', '.join(SCHEMES[1:])}); "
+            "quantize the float tree with mk.quant.quantize"
+        )
+    for p, s in scales.items():
+        if p not in params:
+            problems.append(f"missing {p} (the scales of INT8 {p.removesuffix(SCALE_SUFFIX)})")
+        elif tuple(params[p].shape) != s:
+            problems.append(f"{p} has shape {list(params[p].shape)}, expected {list(s)} (one per output channel)")
+        elif params[p].dtype != jnp.float32:
+            problems.append(f"{p} has dtype {params[p].dtype}, expected float32")
     if problems:
         raise ValueError(f"parameters do not match config {cfg.name!r}: " + "; ".join(problems))
