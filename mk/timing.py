@@ -33,7 +33,7 @@ import pandas as pd
 
 from .chips import DATA_DIR, Chip, get_chip
 from .config import Gemma4Config, get_config
-from .params import EXPERTS, param_specs
+from .params import EXPERTS, HEAD, param_specs
 from .plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan
 from .sharding import Collective, Placement, Shard
 from .sol import get_dtype, speed_of_light
@@ -127,8 +127,8 @@ def load_bytes(dtype: str, attr: str = "nbytes") -> Callable[[Load], float]:
     pol, (wi, _) = get_dtype(dtype), plan_itemsizes(dtype)
     if plan_quantize(dtype) != "none":  # the plan streams the INT8 codes and their scales itself
         return lambda ld: getattr(ld, attr)
-    expert, matrix = pol.expert / wi, pol.matrix / wi
-    return lambda ld: getattr(ld, attr) * (expert if ld.component == EXPERTS else matrix)
+    per = {EXPERTS: pol.expert / wi, HEAD: pol.head / wi}
+    return lambda ld: getattr(ld, attr) * per.get(ld.component, pol.matrix / wi)
 
 
 def plan_quantize(dtype: str) -> str:
@@ -373,10 +373,16 @@ class Prediction:
 
 
 def model_bytes(cfg: Gemma4Config, dtype: str) -> float:
-    """Bytes of every weight of the model under ``dtype`` (all experts)."""
+    """Bytes of every weight of the model under ``dtype`` (all experts; INT8 matrices with their scales)."""
+    from .quant import quantized_paths
+    from .sol import SCALE_BYTES
+
     pol = get_dtype(dtype)
+    scaled = set(quantized_paths(cfg, pol.quant))
+    per = {EXPERTS: pol.expert, HEAD: pol.head}
     return sum(
-        s.size * (pol.expert if s.component == EXPERTS else pol.matrix if s.matrix else pol.vector)
+        s.size * (per.get(s.component, pol.matrix) if s.matrix else pol.vector)
+        + (s.size / s.shape[-2] * SCALE_BYTES if s.path in scaled else 0)
         for s in param_specs(cfg)
     )
 
@@ -544,3 +550,34 @@ def sweep(models, chips, contexts=(1024,), batches=(1,), engines=ENGINES, placem
         d = predict(m, c, n, b, e, p, dtype).to_dict()
         rows.append({k: v for k, v in d.items() if not isinstance(v, dict)})
     return pd.DataFrame(rows)
+
+
+def step_breakdown(model, chip, context: int, batch: int = 1, dtype: str = "bf16", placement: str = "split") -> dict:
+    """The megakernel's modelled step on ``chip`` in parts, per chip that sets the pace: the weight bytes
+    its DMAs move (padding and INT8 scale blocks included) and the real ones, the scale blocks' share, the
+    KV cache, the HBM floor those bytes set, and the time beyond it (serial reads, the link, compute),
+    beside the speed of light. Seconds and bytes."""
+    from .plan import ROWS
+    from .sharding.overlap import pace
+
+    cfg, chip = _check(model, chip, context, batch, "megakernel", placement)
+    plan = step_plan(cfg, chip, context, batch, dtype, placement, PUBLISHED_CONFIG)
+    costs = dict(ici_latency_s=link_latency(chip), compute_s=compute_seconds(plan, chip), load_bytes=load_bytes(dtype))
+    p = pace(plan, chip, **costs)
+    scales = sum(ROWS * ld.cols[1] * 4 * plan.fetch_probability(ld) for ld in plan.loads if ld.scaled)
+    sol = speed_of_light(cfg, chip, context, batch, dtype)
+    return dict(
+        model=cfg.name,
+        chip=chip.name,
+        dtype=dtype,
+        placement=placement if chip.chips > 1 else "-",
+        step_s=p["step_s"],
+        sol_step_s=sol.step_s,
+        fraction_of_sol=sol.step_s / p["step_s"],
+        weights_moved_bytes=p["weight_GB"] * 1e9,
+        weights_real_bytes=p["weight_payload_GB"] * 1e9,
+        scale_blocks_bytes=scales,
+        kv_bytes=p["kv_GB"] * 1e9,
+        hbm_floor_s=p["hbm_floor_s"],
+        beyond_floor_s=p["step_s"] - p["hbm_floor_s"],
+    )

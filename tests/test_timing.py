@@ -157,3 +157,13 @@ def test_cli_predict_refuses_bad_input_with_status_2(capsys):
     assert "no interconnect bandwidth" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["predict", "--model", MOE, "--chip", "h100", "--context", "0"])
+
+
+def test_step_breakdown_adds_up_and_names_the_int8_scale_blocks():
+    for dtype in ("bf16", "int8-experts"):
+        b = timing.step_breakdown(MOE, "tpu-v5e-8", 1024, 1, dtype)
+        p = timing.predict(MOE, "tpu-v5e-8", 1024, 1, dtype=dtype)
+        assert b["step_s"] == pytest.approx(p.step_s) and b["fraction_of_sol"] == pytest.approx(p.fraction_of_sol)
+        assert b["weights_moved_bytes"] >= b["weights_real_bytes"] > 0
+        assert 0 < b["hbm_floor_s"] <= b["step_s"]
+        assert (b["scale_blocks_bytes"] > 0) == (dtype != "bf16")

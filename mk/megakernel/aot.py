@@ -167,11 +167,14 @@ def compile_times(
     return pd.DataFrame(rows)
 
 
-def sharded_compiles(models, chips, placements=("whole", "split"), batch: int = 1, max_len: int = 1024) -> pd.DataFrame:
-    """Each model's whole decode step (every layer, full size, bf16) split over each 8-chip slice, compiled
-    ahead of time by libtpu (both expert placements for an MoE model): per chip, the HBM its arguments
-    take as the compiler reports it beside the plan's (weights and cache, sharded), the plan's VMEM and
-    the limit the compiler accepted it under, and the compile time."""
+def sharded_compiles(
+    models, chips, placements=("whole", "split"), batch: int = 1, max_len: int = 1024, quantize: str = "none"
+) -> pd.DataFrame:
+    """Each model's whole decode step (every layer, full size, bf16; ``quantize``: the mk.quant scheme's
+    matrices INT8) split over each 8-chip slice, compiled ahead of time by libtpu (both expert placements for
+    an MoE model): per chip, the HBM its arguments take as the compiler reports it beside the plan's
+    (weights and cache, sharded), the plan's VMEM and the limit the compiler accepted it under, and the
+    compile time."""
     from ..chips import get_chip
     from ..config import get_config
     from ..sharding import Shard
@@ -183,7 +186,9 @@ def sharded_compiles(models, chips, placements=("whole", "split"), batch: int = 
             n = get_chip(chip).chips
             for placement in placements if cfg.is_moe else ("split",):
                 t0 = time.perf_counter()
-                plan, compiled = compile_for_tpu(cfg, chip, batch, max_len, shard=Shard(n, placement))
+                plan, compiled = compile_for_tpu(
+                    cfg, chip, batch, max_len, shard=Shard(n, placement), quantize=quantize
+                )
                 seconds = time.perf_counter() - t0
                 shapes = input_shapes(plan, jnp.bfloat16, jnp.bfloat16)
                 plan_hbm = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(shapes))
@@ -193,6 +198,7 @@ def sharded_compiles(models, chips, placements=("whole", "split"), batch: int = 
                         model=cfg.name,
                         chip=chip,
                         placement=placement if cfg.is_moe else "-",
+                        quantize=quantize,
                         compiler_hbm_gb=compiled.memory_analysis().argument_size_in_bytes / 1e9,
                         plan_hbm_gb=plan_hbm / 1e9,
                         hbm_per_chip_gb=get_chip(chip).hbm_bytes / n / 1e9,
