@@ -90,17 +90,34 @@ def test_cli_generate_int8_experts_megakernel_gives_the_quantized_references_tok
     assert got["tokens"] == np.asarray(want).tolist()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("placement", ["whole", "split"])
-def test_kernel_over_8_chips_gives_the_quantized_references_tokens(placement):
-    """Every matrix INT8 over 8 simulated chips: query heads split (q/k/v scales cut with their heads, o's
-    whole), the shared MLP split (gate/up scales cut, down's whole), experts whole (scales cut with the
-    experts) or split (with the intermediate)."""
+def test_each_chips_scales_are_cut_with_its_matrix(placement):
+    """Every matrix INT8 over 8 chips: a chip's slice of the quantized tree dequantizes to its slice of the
+    dequantized tree (q/k/v scales cut with their heads, o's whole; the shared MLP's gate/up cut, down's whole;
+    experts' cut with the experts or with their intermediate)."""
+    from conftest import HF_EIGHT_HEADS
+
+    from mk.sharding import Shard, chip_config, chip_params
+
+    cfg, shard = from_hf_dict(HF_EIGHT_HEADS), Shard(8, placement)
+    q = quant.quantize(random_params(cfg, 2), cfg, "int8")
+    local = chip_config(cfg, shard)
+    for chip in range(8):
+        got = quant.dequantize(chip_params(q, cfg, shard, chip), local)
+        want = chip_params(quant.dequantize(q, cfg), cfg, shard, chip)
+        for path in quant.quantized_paths(cfg, "int8"):
+            np.testing.assert_array_equal(np.asarray(got[path]), np.asarray(want[path]), err_msg=path)
+
+
+@pytest.mark.slow
+def test_kernel_over_8_chips_gives_the_quantized_references_tokens():
+    """Every matrix INT8 over 8 simulated chips, experts split (the whole placement's scales: the test above;
+    both placements compile for v5e-8 and v6e-8: tests/test_tpu_aot.py)."""
     from conftest import HF_EIGHT_HEADS
 
     cfg = from_hf_dict(HF_EIGHT_HEADS)
     _kernel_against_quantized_reference(
-        cfg, "int8", [[1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1, 7]], 2, chips=8, placement=placement
+        cfg, "int8", [[1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1, 7]], 2, chips=8, placement="split"
     )
 
 
