@@ -531,7 +531,9 @@ def knockouts(
     return pd.DataFrame(rows).assign(model=base.model, chip=base.chip, engine=engine, dtype=dtype, kind=MODELLED)
 
 
-def sweep(models, chips, contexts=(1024,), batches=(1,), engines=ENGINES, placements=("split",), dtype="bf16"):
+def sweep(
+    models, chips, contexts=(1024,), batches=(1,), engines=ENGINES, placements=("split",), dtype="bf16", progress=False
+):
     """Predictions over every combination, one row each (Prediction.to_dict without its dicts), with the
     speed of light's tokens/s."""
     from .progress import tqdm
@@ -546,7 +548,7 @@ def sweep(models, chips, contexts=(1024,), batches=(1,), engines=ENGINES, placem
         for p in (placements if e == "megakernel" and get_chip(c).chips > 1 else ("split",))
     ]
     rows = []
-    for m, c, n, b, e, p in tqdm(cases, desc="predict", leave=False):
+    for m, c, n, b, e, p in tqdm(cases, desc="predict", leave=False, disable=not progress):
         d = predict(m, c, n, b, e, p, dtype).to_dict()
         rows.append({k: v for k, v in d.items() if not isinstance(v, dict)})
     return pd.DataFrame(rows)

@@ -247,7 +247,7 @@ def overhead_sensitivity(overheads_s, cases=None) -> pd.DataFrame:
 
 
 # The rule of thumb ----------------------------------------------------------------------------------
-def rule_of_thumb(models, contexts, batches, general_chip: str = GENERAL_GPU) -> pd.DataFrame:
+def rule_of_thumb(models, contexts, batches, general_chip: str = GENERAL_GPU, progress: bool = False) -> pd.DataFrame:
     """The write-up's rule (a megakernel pays off for many small kernels, a general stack below half the
     speed of light, low batch) against the model: for each model, context and batch, the megakernel on the
     v5e-8 against the general stack on ``general_chip`` (the write-up's baseline data type) and on the same
@@ -256,7 +256,7 @@ def rule_of_thumb(models, contexts, batches, general_chip: str = GENERAL_GPU) ->
 
     rows = []
     cases = [(m, n, b) for m in models for n in contexts for b in batches]
-    for m, n, b in tqdm(cases, desc="rule of thumb", leave=False):
+    for m, n, b in tqdm(cases, desc="rule of thumb", leave=False, disable=not progress):
         mk = Case(m, MEGAKERNEL_SLICE, n, b).predict()
         for chip, dtype in ((general_chip, BASELINE_DTYPE.get(m, "bf16")), (MEGAKERNEL_SLICE, "bf16")):
             g = Case(m, chip, n, b, "general", dtype).predict()
