@@ -115,8 +115,9 @@ def test_per_step_scales_by_layer_counts(tiny_moe_costs):
 
 @needs_libtpu
 @pytest.mark.slow
-@pytest.mark.parametrize("chip", ["tpu-v5e-8", "tpu-v6e-8"])
-@pytest.mark.parametrize("cfg", [GEMMA4_26B_A4B, GEMMA4_31B], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "cfg, chip", [(GEMMA4_26B_A4B, "tpu-v5e-8"), (GEMMA4_31B, "tpu-v6e-8")], ids=lambda x: getattr(x, "name", x)
+)
 def test_full_size_against_the_speed_of_light(cfg, chip):
     """Both models full size: every program has an estimate, compiles in seconds, and reads at least
     mk.sol's bytes; the step XLA's model adds up is the speed of light (mk.sol's bytes at the chip's HBM
