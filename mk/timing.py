@@ -164,6 +164,11 @@ def link_latency(chip: Chip) -> float:
     not in the data."""
     if chip.chips == 1:
         return 0.0
+    if not any(c.name == "ici_hop_latency_s" and c.applies_to in (chip.kind, "all") for c in constants()):
+        raise ValueError(
+            f"{chip.name}: data/timing.csv has no link latency for {chip.kind} chips (for GPUs: NVLink's), so a "
+            f"slice of them is not modelled; add one with its source, or model one {chip.base}"
+        )
     if math.isnan(chip.ici_bandwidth):
         raise ValueError(
             f"{chip.name}: data/chips.csv has no interconnect bandwidth for {chip.base}; add it (with its "

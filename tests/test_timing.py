@@ -114,6 +114,7 @@ def test_fits_in_hbm_says_when_the_model_does_not():
         (dict(batch=1.5), "batch must be a positive integer"),
         (dict(dtype="int4"), "unknown dtype"),
         (dict(chip="tpu-v7x-8"), "no interconnect bandwidth for tpu-v7x"),
+        (dict(chip="h100-8"), "no link latency for gpu chips"),
     ],
 )
 def test_bad_input_is_refused_with_the_fix(kwargs, message):
