@@ -21,9 +21,7 @@ weights every step: its fraction of that speed of light shows what it leaves on 
 
 from __future__ import annotations
 
-import csv
 import datetime
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -34,7 +32,7 @@ import jax.numpy as jnp
 from . import profiling
 from .chips import DATA_DIR
 from .config import Gemma4Config
-from .files import write_atomic
+from .files import append_csv_rows
 from .sol import bytes_per_token
 
 MEASURED_DIR = DATA_DIR / "measured"
@@ -89,35 +87,9 @@ def provenance(device=None) -> dict:
 
 
 def append_row(row: dict, path: Path = BENCH_CSV) -> Path:
-    """Append ``row`` to the CSV at ``path`` atomically: the whole file is rewritten to a temporary
-    name in the same folder and renamed over the old one, so a crash leaves the old file or the new."""
-    path = Path(path)
-    missing = [c for c in COLUMNS if c not in row]
-    extra = [c for c in row if c not in COLUMNS]
-    if missing or extra:
-        raise ValueError(f"a bench row needs exactly the columns {COLUMNS}; missing {missing}, unexpected {extra}")
-    rows = []
-    if path.exists():
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            if tuple(reader.fieldnames or ()) != COLUMNS:
-                raise ValueError(
-                    f"{path} has columns {reader.fieldnames}, expected {list(COLUMNS)}: "
-                    "move the old file aside (it was written by another version of mk)"
-                )
-            rows = list(reader)
-    rows.append(row)
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS)
-            w.writeheader()
-            w.writerows(rows)
-            f.flush()
-            os.fsync(f.fileno())
-
-    write_atomic(path, write)
-    return path
+    """Append ``row`` to the CSV at ``path`` atomically (mk.files.append_csv_rows): a crash leaves the old
+    file or the new."""
+    return append_csv_rows([row], path, COLUMNS, "a bench row")
 
 
 @dataclass(frozen=True)

@@ -19,3 +19,41 @@ def write_atomic(dest: Path, write: Callable[[Path], None]) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+def append_csv_rows(rows: list[dict], path: Path, columns: tuple[str, ...], what: str = "a row") -> Path:
+    """Append ``rows`` (each with exactly ``columns``; None and NaN written empty) to the CSV at ``path``
+    atomically: the whole file is rewritten under a temporary name and renamed over the old one, the header
+    with the first rows. A file with other columns is refused (it was written by another version of mk)."""
+    import csv
+
+    path = Path(path)
+    for row in rows:
+        missing = [c for c in columns if c not in row]
+        extra = [c for c in row if c not in columns]
+        if missing or extra:
+            raise ValueError(f"{what} needs exactly the columns {columns}; missing {missing}, unexpected {extra}")
+    old = []
+    if path.exists():
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            if tuple(reader.fieldnames or ()) != tuple(columns):
+                raise ValueError(
+                    f"{path} has columns {reader.fieldnames}, expected {list(columns)}: "
+                    "move the old file aside (it was written by another version of mk)"
+                )
+            old = list(reader)
+
+    def blank(v):
+        return "" if v is None or (isinstance(v, float) and v != v) else v
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=columns)
+            w.writeheader()
+            w.writerows(old)
+            w.writerows([{k: blank(v) for k, v in r.items()} for r in rows])
+            f.flush()
+            os.fsync(f.fileno())
+
+    return write_atomic(path, write)

@@ -48,7 +48,6 @@ gemma4-26b-a4b in bf16 at a 1K context, one user. Everything also runs on the CP
 
 from __future__ import annotations
 
-import csv
 import datetime
 import gc
 import inspect
@@ -67,7 +66,7 @@ import pandas as pd
 
 from ..chips import DATA_DIR, base_chips, get_chip
 from ..config import Gemma4Config, to_hf_dict
-from ..files import write_atomic
+from ..files import append_csv_rows
 from ..params import count_params, param_specs
 from ..sol import bytes_per_token, kv_bytes_per_user
 from .bandwidth import device_name, gemv_probe
@@ -735,33 +734,8 @@ def measure_transformers(
 
 
 def append_rows(rows: list[dict], path: Path | str = GPU_CSV) -> Path:
-    """Append ``rows`` to the CSV at ``path`` atomically (the whole file rewritten under a temporary
-    name and renamed over the old one, as mk.bench.append_row does); the header is written with the
-    first rows."""
-    path = Path(path)
-    for row in rows:
-        if set(row) != set(COLUMNS):
-            raise ValueError(f"a row needs exactly the columns {COLUMNS}; got {sorted(row)}")
-    old = []
-    if path.exists():
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            if tuple(reader.fieldnames or ()) != COLUMNS:
-                raise ValueError(
-                    f"{path} has columns {reader.fieldnames}, expected {list(COLUMNS)}: move the old file aside"
-                )
-            old = list(reader)
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS)
-            w.writeheader()
-            w.writerows(old)
-            w.writerows([{k: ("" if _missing(v) else v) for k, v in r.items()} for r in rows])
-            f.flush()
-            os.fsync(f.fileno())
-
-    return write_atomic(path, write)
+    """Append ``rows`` to the CSV at ``path`` atomically (mk.files.append_csv_rows, as mk.bench.append_row)."""
+    return append_csv_rows(rows, Path(path), COLUMNS)
 
 
 def _missing(v) -> bool:
