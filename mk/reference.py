@@ -53,13 +53,10 @@ import numpy as np
 from .config import SLIDING, Gemma4Config
 from .params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, check_knockout, layer_params
 from .quant import SCALE_SUFFIX, dequantize
+from .units import positive_int, round_up
 
 
 # Cache ------------------------------------------------------------------------------------------
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def cache_len(cfg: Gemma4Config, layer_type: str, max_len: int, multiple: int = 1) -> int:
     """Slots of a layer's KV cache: a ring of ``sliding_window`` for sliding layers, ``max_len`` for full,
     each rounded up to a multiple of ``multiple`` (a sliding layer uses only its first ``sliding_window``
@@ -78,12 +75,8 @@ def init_cache(
     engines that read the cache in blocks): full layers ``round_up(max_len)``, sliding layers
     ``round_up(sliding_window)``, of which only the first ``sliding_window`` slots are used.
     """
-    if not isinstance(batch, (int, np.integer)) or batch <= 0:
-        raise ValueError(f"batch must be a positive number of users, got {batch!r}")
-    if not isinstance(max_len, (int, np.integer)) or max_len <= 0:
-        raise ValueError(f"max_len must be a positive number of positions, got {max_len!r}")
-    if isinstance(multiple, bool) or not isinstance(multiple, (int, np.integer)) or multiple <= 0:
-        raise ValueError(f"multiple must be a positive integer, got {multiple!r}")
+    for name, v in (("batch", batch), ("max_len", max_len), ("multiple", multiple)):
+        positive_int(name, v)
     cache = {}
     for i, t in enumerate(cfg.layer_types):
         shape = (batch, cfg.kv_heads(t), cache_len(cfg, t, int(max_len), int(multiple)), cfg.head_dim(t))

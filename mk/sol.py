@@ -19,6 +19,9 @@ from .chips import Chip, get_chip
 from .config import SLIDING, Gemma4Config, get_config
 from .params import EXPERTS, HEAD, ROUTER, SHARED_MLP, param_specs
 from .published import published_table
+from .quant_schemes import SCALE_BYTES, quantized_paths
+from .routing import expected_distinct_experts
+from .units import positive_int
 
 KV_SLIDING = "kv_sliding"
 KV_FULL = "kv_full"
@@ -33,9 +36,6 @@ COMPONENT_ORDER = (
     KV_SLIDING,
     KV_FULL,
 )
-
-
-SCALE_BYTES = 4  # an INT8 matrix's scale per output channel (mk.quant: float32)
 
 
 @dataclass(frozen=True)
@@ -96,39 +96,6 @@ def get_dtype(name: str) -> DtypePolicy:
         ) from None
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def expected_distinct_experts(num_experts: int, top_k: int, batch: int) -> float:
-    """Expected number of distinct experts that ``batch`` users touch in one layer, each routing to
-    ``top_k`` of ``num_experts`` uniformly: E * (1 - (1 - k/E)^B)."""
-    if num_experts == 0:
-        return 0.0
-    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** batch)
-
-
-def distinct_experts_distribution(num_experts: int, top_k: int, batch: int) -> dict[int, float]:
-    """The exact distribution of the number of distinct experts ``batch`` users touch in one layer,
-    each routing to ``top_k`` distinct experts of ``num_experts`` uniformly and independently: user by
-    user, m of the k picks are new with probability C(E - d, m) C(d, k - m) / C(E, k) when d are taken."""
-    _positive_int("batch", batch)
-    if num_experts == 0:
-        return {0: 1.0}
-    E, k = num_experts, top_k
-    dist = {0: 1.0}
-    for _ in range(batch):
-        nxt: dict[int, float] = {}
-        for d, p in dist.items():
-            for m in range(max(0, k - d), min(k, E - d) + 1):
-                q = math.comb(E - d, m) * math.comb(d, k - m) / math.comb(E, k)
-                nxt[d + m] = nxt.get(d + m, 0.0) + p * q
-        dist = nxt
-    return dict(sorted(dist.items()))
-
-
 @dataclass(frozen=True)
 class ByteCount:
     model: str
@@ -164,15 +131,15 @@ def bytes_per_token(cfg: Gemma4Config, context: int, batch: int = 1, dtype: str 
 
     ``context`` is the number of positions in the cache (the prompt plus tokens so far). The head
     is the tied embedding, read once; the embedding lookup reads B rows and is not counted. Under an
-    INT8 policy each quantized matrix (``mk.quant.quantized_paths``) also reads ``SCALE_BYTES`` per output
+    INT8 policy each quantized matrix (``mk.quant_schemes.quantized_paths``) also reads ``SCALE_BYTES`` per output
     channel (an expert's per distinct expert read), added to its component.
     """
-    _positive_int("context", context)
-    _positive_int("batch", batch)
+    positive_int("context", context)
+    positive_int("batch", batch)
     pol = get_dtype(dtype)
     comp = {c: 0.0 for c in COMPONENT_ORDER}
     experts_read = expected_distinct_experts(cfg.num_experts, cfg.top_k, batch)
-    scaled = _quantized_paths(cfg, pol.quant)
+    scaled = frozenset(quantized_paths(cfg, pol.quant))
     for s in param_specs(cfg):
         scales = s.size / s.shape[-2] * SCALE_BYTES if s.path in scaled else 0.0  # one per output channel
         if s.component == EXPERTS:
@@ -184,15 +151,6 @@ def bytes_per_token(cfg: Gemma4Config, context: int, batch: int = 1, dtype: str 
     for k, v in kv_bytes_per_user(cfg, context, pol.kv).items():
         comp[k] = v * batch
     return ByteCount(cfg.name, context, batch, dtype, comp)
-
-
-def _quantized_paths(cfg: Gemma4Config, scheme: str) -> frozenset[str]:
-    """mk.quant's matrices of ``scheme`` (imported only for an INT8 policy: mk.quant brings JAX)."""
-    if scheme == "none":
-        return frozenset()
-    from .quant import quantized_paths
-
-    return frozenset(quantized_paths(cfg, scheme))
 
 
 @dataclass(frozen=True)

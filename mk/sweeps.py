@@ -21,9 +21,10 @@ from plotly.subplots import make_subplots
 from .chips import get_chip
 from .config import Gemma4Config, get_config
 from .published import published_table
+from .routing import expected_distinct_experts
 from .sharding import kv_replication
 from .sharding.straggler import busiest_chip
-from .sol import MODELLED as SOL_MODELLED, bytes_per_token, expected_distinct_experts, speed_of_light
+from .sol import MODELLED as SOL_MODELLED, bytes_per_token, speed_of_light
 from .timing import MODELLED, fits_in_hbm, model_bytes
 from .verdict import BASELINE_DTYPE, GENERAL_GPU, MEGAKERNEL_SLICE, Case, validation_table
 

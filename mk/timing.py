@@ -133,7 +133,7 @@ def load_bytes(dtype: str, attr: str = "nbytes") -> Callable[[Load], float]:
 
 def plan_quantize(dtype: str) -> str:
     """The mk.quant scheme the plan for ``dtype`` streams (``none`` for BF16, F32 and FP8, modelled by bytes)."""
-    from .quant import SCHEMES
+    from .quant_schemes import SCHEMES
 
     return dtype if dtype in SCHEMES else "none"
 
@@ -379,8 +379,7 @@ class Prediction:
 
 def model_bytes(cfg: Gemma4Config, dtype: str) -> float:
     """Bytes of every weight of the model under ``dtype`` (all experts; INT8 matrices with their scales)."""
-    from .quant import quantized_paths
-    from .sol import SCALE_BYTES
+    from .quant_schemes import SCALE_BYTES, quantized_paths
 
     pol = get_dtype(dtype)
     scaled = set(quantized_paths(cfg, pol.quant))

@@ -23,7 +23,8 @@ from mk.plan import (
     build_plan,
     layers_in_hbm,
 )
-from mk.sol import bytes_per_token, expected_distinct_experts
+from mk.routing import expected_distinct_experts
+from mk.sol import bytes_per_token
 
 
 def _positions(plan):

@@ -14,11 +14,10 @@ from mk import bench, reference, sol
 from mk.config import TINY_DENSE, TINY_MOE
 from mk.generate import generate
 from mk.params import EXPERTS, param_specs
+from mk.quality import quality, quality_summary
 from mk.quant import (
     SCALE_SUFFIX,
     dequantize,
-    quality,
-    quality_summary,
     quantize,
     quantize_matrix,
     quantized_as,

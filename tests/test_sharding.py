@@ -11,11 +11,11 @@ from test_parity import hf_greedy
 from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_MOE, load_hf_config
 from mk.params import EXPERTS
 from mk.plan import AllReduce, Op, Start, build_plan
+from mk.routing import chip_distinct_experts_distribution, distinct_experts_distribution
 from mk.sharding import (
     Collective,
     Shard,
     chip_config,
-    chip_distinct_experts_distribution,
     chip_params,
     heads_split,
     kv_replication,
@@ -23,7 +23,6 @@ from mk.sharding import (
     make_mesh,
     sent_bytes,
 )
-from mk.sol import distinct_experts_distribution
 from mk.weights import random_params
 
 CFG8 = TINY_MOE.replace(name="tiny-moe-8h", num_heads=8, sliding_kv_heads=2, full_kv_heads=1)

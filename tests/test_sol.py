@@ -7,6 +7,7 @@ import pytest
 from mk import sol
 from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_MOE
 from mk.published import published, published_table
+from mk.routing import expected_distinct_experts
 
 SEED_CHIPS = ["h100", "h200", "b200", "tpu-v5e-8", "tpu-v6e-8"]
 
@@ -118,14 +119,14 @@ def test_int8_bytes_keep_the_head_in_bf16_and_count_every_scale():
 def test_batch_reads_expected_distinct_experts_and_kv_per_user():
     E, k, B = 128, 8, 8
     expected_experts = E * (1 - (1 - k / E) ** B)
-    assert sol.expected_distinct_experts(E, k, B) == pytest.approx(expected_experts)
-    assert sol.expected_distinct_experts(E, k, 1) == pytest.approx(k)
+    assert expected_distinct_experts(E, k, B) == pytest.approx(expected_experts)
+    assert expected_distinct_experts(E, k, 1) == pytest.approx(k)
     one, eight = sol.bytes_per_token(GEMMA4_26B_A4B, 1024), sol.bytes_per_token(GEMMA4_26B_A4B, 1024, batch=B)
     assert eight.by_component["experts"] == pytest.approx(one.by_component["experts"] * expected_experts / k)
     assert eight.kv == pytest.approx(B * one.kv)
     assert eight.by_component["head"] == one.by_component["head"]  # weights read once for all users
     # never more than all experts
-    assert sol.expected_distinct_experts(E, k, 10_000) <= E
+    assert expected_distinct_experts(E, k, 10_000) <= E
 
 
 def test_seed_speed_of_light_table_within_1_5_percent():

@@ -11,16 +11,15 @@ import pytest
 from mk.__main__ import main
 from mk.config import GEMMA4_26B_A4B, TINY_MOE
 from mk.reference import routed_experts
+from mk.routing import busiest_chip_distribution, distinct_experts_distribution
 from mk.sharding.straggler import (
     busiest_chip,
-    busiest_chip_distribution,
     crossing,
     measured_busiest,
     sample_busiest,
     straggler_cost,
     zipf_weights,
 )
-from mk.sol import distinct_experts_distribution
 from mk.weights import load_checkpoint, random_params
 
 SIGMAS = 4  # sampled values must lie within this many standard errors of the exact ones

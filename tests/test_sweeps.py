@@ -11,7 +11,8 @@ from mk import sweeps
 from mk.chips import get_chip
 from mk.config import get_config
 from mk.published import published
-from mk.sol import expected_distinct_experts, speed_of_light
+from mk.routing import expected_distinct_experts
+from mk.sol import speed_of_light
 from mk.timing import MODELLED, predict
 
 TINY = ["tiny-moe", "tiny-dense"]

@@ -9,10 +9,9 @@ timing model.
 - ``vmem``: the VMEM budget; ``timeline``: a modelled timeline on one chip.
 """
 
+from ..units import LANE, MIB, round_up
 from .layout import (
     BLOCK,
-    LANE,
-    MIB,
     ROWS,
     cache_slots,
     head_lanes,
@@ -20,7 +19,6 @@ from .layout import (
     layers_in_hbm,
     layout_config,
     padded_shape,
-    round_up,
     stacked,
     type_index,
     vector_rows,

@@ -19,16 +19,11 @@ import numpy as np
 
 from ..config import SLIDING, Gemma4Config
 from ..params import layer_param_specs, param_specs
+from ..units import LANE, round_up
 
-LANE = 128
 ROWS = 8  # users pad to one f32 sublane tile
 BLOCK = 16  # rows a DMA moves at a dynamic offset: one bf16 sublane tile (embedding rows, new K/V)
-MIB = 2**20
 VREG_BYTES = 64 * 4096  # a TensorCore's vector register file: 64 registers of 8 x 128 x 4 bytes
-
-
-def round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
 
 
 def layout_config(cfg: Gemma4Config) -> Gemma4Config:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
-from .layout import LANE, MIB
+from ..units import LANE, MIB
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ from functools import cached_property
 
 from ..config import Gemma4Config
 from ..params import EXPERTS, check_knockout
-from ..sol import distinct_experts_distribution
+from ..routing import chip_distinct_experts_distribution, distinct_experts_distribution
+from ..units import round_up
 from .builder import Builder, check_shapes, even_width, expert_slots
-from .layout import ROWS, cache_slots, kv_tile, layout_config, round_up
+from .layout import ROWS, cache_slots, kv_tile, layout_config
 from .records import AllReduce, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
 
@@ -176,8 +177,6 @@ class StepPlan:
         of all E (one chip, or every expert split over the chips), or of the E/C this chip holds."""
         E, k = self.cfg.num_experts, self.cfg.top_k
         if self.cfg.is_moe and self.experts_held < E:
-            from ..sharding.placement import chip_distinct_experts_distribution
-
             return chip_distinct_experts_distribution(E, self.chips, k, self.batch)
         return distinct_experts_distribution(E, k, self.batch)
 
@@ -298,9 +297,9 @@ def build_plan(
 
     ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
     and attention FLOPs recorded for timing; the kernel itself reads the tiles each user's position needs.
-    ``quantize`` (mk.quant.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales.
+    ``quantize`` (mk.quant_schemes.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales.
     """
-    from ..quant import quantized_paths
+    from ..quant_schemes import quantized_paths
     from ..sharding import Shard, chip_config, experts_per_chip, heads_split
 
     shard = shard or Shard()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .layout import BLOCK, LANE, MIB, ROWS, VREG_BYTES, round_up, vector_table_shape
+from ..units import LANE, MIB, round_up
+from .layout import BLOCK, ROWS, VREG_BYTES, vector_table_shape
 
 
 def vmem_breakdown(plan, with_logits: bool = False) -> dict[str, int]:

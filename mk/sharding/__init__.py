@@ -1,6 +1,9 @@
 """The step over several chips: meshes (``mesh``), what slice of the model each chip holds
 (``placement``), the in-kernel all-reduce's configuration (``collective``), and the straggler expert
-of a whole-expert placement (``straggler``)."""
+of a whole-expert placement (``straggler``).
+
+The package itself holds only what the step plans read (pure records and index math, no JAX at import):
+importing it imports nothing of mk above its ground layer. ``straggler`` is imported by name."""
 
 from .collective import Collective, chunk_width, peers, sent_bytes
 from .mesh import make_mesh, simulate_chips
@@ -10,7 +13,6 @@ from .placement import (
     Shard,
     chip_cache,
     chip_config,
-    chip_distinct_experts_distribution,
     chip_params,
     experts_per_chip,
     first_kv_head,
@@ -28,7 +30,6 @@ __all__ = [
     "Shard",
     "chip_cache",
     "chip_config",
-    "chip_distinct_experts_distribution",
     "chip_params",
     "chunk_width",
     "experts_per_chip",

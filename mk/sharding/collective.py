@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan.layout import LANE, round_up
+from ..units import LANE, ceil_div, round_up
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def peers(chip: int, chips: int) -> list[int]:
 
 def chunk_width(width: int, chips: int) -> int:
     """Lanes of one reduce-scatter chunk: ``width`` cut in ``chips`` equal whole-lane chunks (padded)."""
-    return round_up(-(-width // chips), LANE)
+    return round_up(ceil_div(width, chips), LANE)
 
 
 def sent_bytes(collective: Collective, rows: int, width: int, chips: int, itemsize: int | None = None) -> int:

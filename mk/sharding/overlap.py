@@ -25,9 +25,9 @@ import plotly.graph_objects as go
 from ..chips import Chip, get_chip
 from ..config import Gemma4Config
 from ..plan import LANE, ROWS, AllReduce, GatherBest, StepPlan, build_plan, round_up, timeline
+from ..routing import busiest_chip_distribution
 from .collective import Collective
 from .placement import Placement, Shard
-from .straggler import busiest_chip_distribution
 
 CHIPS = 8
 ITEMSIZE = 2  # bf16 weights and KV cache: the step the published numbers time

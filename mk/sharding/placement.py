@@ -23,14 +23,14 @@ kernel's HBM tensors is split over the chips, so packing, ``shard_map`` specs an
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
 
 from ..config import LAYER_TYPES, Gemma4Config
-from ..plan.layout import LANE, round_up
+from ..quant_schemes import SCALE_SUFFIX
+from ..units import LANE, ceil_div, positive_int, round_up
 from .collective import Collective
 
 
@@ -52,8 +52,7 @@ class Shard:
     axis: str = "x"
 
     def __post_init__(self):
-        if isinstance(self.chips, bool) or not isinstance(self.chips, int) or self.chips <= 0:
-            raise ValueError(f"chips must be a positive integer, got {self.chips!r}")
+        positive_int("chips", self.chips)
         try:
             object.__setattr__(self, "placement", Placement(self.placement))
         except ValueError:
@@ -131,21 +130,6 @@ def experts_per_chip(cfg: Gemma4Config, shard: Shard) -> int:
     return cfg.num_experts // shard.chips
 
 
-def chip_distinct_experts_distribution(experts: int, chips: int, top_k: int, batch: int) -> dict[int, float]:
-    """Distribution of the distinct routed experts one chip holding E/C whole experts must load in a layer,
-    uniform routing (exact): given n distinct experts in all, a uniformly random n-set, so the chip's
-    share is hypergeometric."""
-    from ..sol import distinct_experts_distribution
-
-    held = experts // chips
-    out: dict[int, float] = {}
-    for n, p in distinct_experts_distribution(experts, top_k, batch).items():
-        for m in range(max(0, n - (experts - held)), min(n, held) + 1):
-            q = math.comb(held, m) * math.comb(experts - held, n - m) / math.comb(experts, n)
-            out[m] = out.get(m, 0.0) + p * q
-    return dict(sorted(out.items()))
-
-
 def chip_config(cfg: Gemma4Config, shard: Shard) -> Gemma4Config:
     """The slice of ``cfg`` one chip computes, as a config (``cfg`` itself on one chip). Its expert count
     stays the model's (the router is replicated); ``experts_per_chip`` says how many a chip holds."""
@@ -156,7 +140,7 @@ def chip_config(cfg: Gemma4Config, shard: Shard) -> Gemma4Config:
     changes = dict(
         name=f"{cfg.name}-chip-of-{C}",
         vocab_size=vocab_per_chip(cfg, C),
-        mlp_intermediate=-(-cfg.mlp_intermediate // C),
+        mlp_intermediate=ceil_div(cfg.mlp_intermediate, C),
     )
     if heads_split(cfg, C):
         changes.update(
@@ -165,7 +149,7 @@ def chip_config(cfg: Gemma4Config, shard: Shard) -> Gemma4Config:
             full_kv_heads=kv_heads_per_chip(cfg, "full", C),
         )
     if cfg.is_moe and shard.placement == Placement.SPLIT:
-        changes["expert_intermediate"] = -(-cfg.expert_intermediate // C)
+        changes["expert_intermediate"] = ceil_div(cfg.expert_intermediate, C)
     return cfg.replace(**changes)
 
 
@@ -216,8 +200,6 @@ def chip_params(params: dict, cfg: Gemma4Config, shard: Shard, chip: int) -> dic
     """Chip ``chip``'s slice of the reference parameter tree: the parameters of ``chip_config`` (with
     E/C experts for a whole placement). An INT8 matrix's scales (mk.quant, [..., out]) follow its cut:
     sliced with its output channels or its experts, whole where its input axis is cut."""
-    from ..quant import SCALE_SUFFIX
-
     if not shard.sharded:
         return params
     out = {}
@@ -249,8 +231,6 @@ def split_axis(cfg: Gemma4Config, shard: Shard, tensor: str) -> int | None:
     ``vectors``, ...) that is split over the chips (None: every chip holds all of it). The kernel's
     tensors are layer-stacked (mk.plan.layout.stacked): matrices [layers, (E,) K, N], caches
     [layers, B, kv, slots, hd]."""
-    from ..quant import SCALE_SUFFIX
-
     if not shard.sharded:
         return None
     if tensor.endswith(SCALE_SUFFIX):  # an INT8 matrix's scales [layers, rows, N]: split as its N or experts

@@ -6,7 +6,7 @@ sets the layer's time. Split placement (every expert's intermediate cut over all
 straggler: each chip loads 1/C of every distinct routed expert.
 
 Under uniform routing the distribution of the busiest chip is exact here: the union of the users' picks
-has the size distribution of ``mk.sol.distinct_experts_distribution`` and, given its size n, is a
+has the size distribution of ``mk.routing.distinct_experts_distribution`` and, given its size n, is a
 uniformly random n-set of experts, so the chips' shares of it are multivariate hypergeometric. Skewed
 routing is sampled (:func:`sample_busiest`), and the model's own router is measured on token streams
 (:func:`measured_busiest`).
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from fractions import Fraction
-from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -25,7 +23,9 @@ import pandas as pd
 from ..chips import Chip, get_chip
 from ..config import Gemma4Config, get_config
 from ..params import EXPERTS, param_specs
-from ..sol import distinct_experts_distribution, get_dtype
+from ..routing import busiest_chip_distribution, check_placement, distinct_experts_distribution
+from ..sol import get_dtype
+from ..units import positive_int
 
 EXACT = "modelled (exact under uniform routing: mk.sharding.straggler)"
 SAMPLED = "modelled (sampled routing: mk.sharding.straggler)"
@@ -73,60 +73,6 @@ class Straggler:
             "samples": self.samples,
             "kind": self.kind,
         }
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def check_placement(experts: int, chips: int, top_k: int, batch: int = 1) -> None:
-    """Positive integers, top_k <= experts, and C dividing E (whole placement)."""
-    for name, value in (("experts", experts), ("chips", chips), ("top_k", top_k), ("batch", batch)):
-        _positive_int(name, value)
-    if top_k > experts:
-        raise ValueError(f"top_k ({top_k}) must not exceed experts ({experts}): users route to distinct experts")
-    if experts % chips:
-        divisors = ", ".join(str(c) for c in range(1, experts + 1) if experts % c == 0)
-        raise ValueError(
-            f"whole placement needs E divisible by C: {experts} experts do not split evenly over {chips} chips; "
-            f"use split placement (every expert's intermediate over all chips) or a chip count of {divisors}"
-        )
-
-
-@lru_cache(maxsize=None)
-def _placements_with_max(experts: int, chips: int, most: int) -> tuple[tuple[int, ...], ...]:
-    """``ways[m][n]``: how many n-sets of experts have at most m on any chip, for m = 0..E/C and n = 0..most:
-    the x^n coefficient of (sum_{j<=m} C(E/C, j) x^j)^C, in exact integers."""
-    per_chip = experts // chips
-    ways = []
-    for m in range(per_chip + 1):
-        one_chip = [math.comb(per_chip, j) for j in range(m + 1)]
-        poly = [1]
-        for _ in range(chips):
-            nxt = [0] * min(len(poly) + m, most + 1)
-            for i, a in enumerate(poly):
-                for j, b in enumerate(one_chip[: len(nxt) - i]):
-                    nxt[i + j] += a * b
-            poly = nxt
-        ways.append(tuple(poly + [0] * (most + 1 - len(poly))))
-    return tuple(ways)
-
-
-def busiest_chip_distribution(experts: int, chips: int, top_k: int, batch: int = 1) -> dict[int, float]:
-    """The exact distribution of the most distinct experts any one chip loads in a layer (whole placement,
-    uniform routing): count -> probability, counts with probability 0 left out."""
-    check_placement(experts, chips, top_k, batch)
-    distinct = distinct_experts_distribution(experts, top_k, batch)
-    ways = _placements_with_max(experts, chips, max(distinct))
-    out = {}
-    for m in range(1, experts // chips + 1):
-        # P(max = m | n) = (ways[m][n] - ways[m-1][n]) / C(E, n), exact before it becomes a float
-        p = sum(pn * float(Fraction(ways[m][n] - ways[m - 1][n], math.comb(experts, n))) for n, pn in distinct.items())
-        if p > 0:
-            out[m] = p
-    return out
 
 
 def busiest_chip(experts: int, chips: int, top_k: int, batch: int = 1) -> Straggler:
@@ -178,7 +124,7 @@ def zipf_weights(experts: int, exponent: float, seed: int = 0, spread_over: int 
     uniform). The ranks go to experts in a random order by ``seed``, or, with ``spread_over=C``,
     round-robin over C chips (the hottest expert on chip 0, the next on chip 1, ...), as a placement
     that knows the popularity would put them. Returns probabilities summing to 1, indexed by expert."""
-    _positive_int("experts", experts)
+    positive_int("experts", experts)
     if exponent < 0:
         raise ValueError(f"exponent must be >= 0, got {exponent}")
     by_rank = np.arange(1, experts + 1, dtype=float) ** -float(exponent)
@@ -207,7 +153,7 @@ def sample_busiest(
     probability proportional to ``weights`` (length E; default uniform) one after another without
     replacement. Drawn as the top k of log(weight) plus Gumbel noise, which has that distribution."""
     check_placement(experts, chips, top_k, batch)
-    _positive_int("rounds", rounds)
+    positive_int("rounds", rounds)
     if weights is None:
         log_w = np.zeros(experts)
     else:
@@ -249,7 +195,7 @@ def measured_busiest(
 
     check_placement(cfg.num_experts, chips, cfg.top_k, batch)
     for name, value in (("streams", streams), ("prompt_len", prompt_len), ("new_tokens", new_tokens)):
-        _positive_int(name, value)
+        positive_int(name, value)
     users = streams * batch
     prompts = np.random.default_rng(seed).integers(0, cfg.vocab_size, (users, prompt_len), dtype=np.int32)
     # The first new token comes from the prefill; each decode step reads one new token and picks the next.

@@ -1,0 +1,34 @@
+"""INT8 schemes as names and paths, without JAX: which matrices a scheme stores as INT8 codes, where their
+scales live, and what a scale costs in bytes. The numerics (quantizing, dequantizing) are mk.quant's."""
+
+from __future__ import annotations
+
+from .config import Gemma4Config
+from .params import EXPERTS, HEAD, param_specs
+
+SCHEMES = ("none", "int8-experts", "int8")
+SCALE_SUFFIX = "_qscale"
+SCALE_BYTES = 4  # an INT8 matrix's scale per output channel: float32
+
+
+def check_scheme(scheme: str) -> str:
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown quantization {scheme!r}; known: {', '.join(SCHEMES)}")
+    return scheme
+
+
+def scale_path(path: str) -> str:
+    """Where a quantized matrix's per-output-channel scales live in the parameter tree."""
+    return path + SCALE_SUFFIX
+
+
+def quantized_paths(cfg: Gemma4Config, scheme: str) -> tuple[str, ...]:
+    """The matrices ``scheme`` stores as INT8, in mk.params order."""
+    check_scheme(scheme)
+    if scheme == "none":
+        return ()
+    return tuple(
+        s.path
+        for s in param_specs(cfg)
+        if s.matrix and s.component != HEAD and (scheme == "int8" or s.component == EXPERTS)
+    )

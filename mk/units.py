@@ -1,0 +1,26 @@
+"""What every layer of mk shares about sizes: the TPU's lane width, rounding up to a multiple, and the one
+check that a count is a positive integer (the error every entry point gives)."""
+
+from __future__ import annotations
+
+import numbers
+
+LANE = 128  # lanes of a TPU vector register: the last axis of every VMEM tile
+MIB = 2**20
+
+
+def ceil_div(n: int, m: int) -> int:
+    return -(-n // m)
+
+
+def round_up(n: int, m: int) -> int:
+    """``n`` rounded up to a multiple of ``m``."""
+    return ceil_div(n, m) * m
+
+
+def positive_int(name: str, value) -> int:
+    """``value`` as an int if it is a positive integer (numpy integers too, never a bool); else a ValueError
+    naming ``name`` and what was given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
