@@ -237,8 +237,10 @@ CPU_MOE = _register(
 )
 
 
-def get_config(name: str) -> Gemma4Config:
-    """A preset by name; an unknown name lists the known ones."""
+def get_config(name: "str | Gemma4Config") -> Gemma4Config:
+    """A preset by name (a config is returned as it is); an unknown name lists the known ones."""
+    if isinstance(name, Gemma4Config):
+        return name
     try:
         return PRESETS[name]
     except KeyError:

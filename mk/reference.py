@@ -154,7 +154,8 @@ def matmul_t(x, w):
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
 
 
-def _mlp(x, gate, up, down, mm=matmul):
+def mlp(x, gate, up, down, mm=matmul):
+    """A GeGLU MLP: ``down(gelu_tanh(gate(x)) * up(x))``, each product by ``mm``."""
     return mm(jax.nn.gelu(mm(x, gate), approximate=True) * mm(x, up), down)
 
 
@@ -199,7 +200,7 @@ def experts_gathered(p: dict, x, w, ids, mm=matmul):
 
 
 def _expert_branch(gate, up, down, mm, e: int, x):
-    return _mlp(x, gate[e], up[e], down[e], mm)
+    return mlp(x, gate[e], up[e], down[e], mm)
 
 
 def experts_dense(p: dict, cfg: Gemma4Config, x, w, ids):
@@ -215,7 +216,7 @@ def experts_dense(p: dict, cfg: Gemma4Config, x, w, ids):
 
 
 # One layer ------------------------------------------------------------------------------------------
-def _qkv(p, cfg: Gemma4Config, t: str, h, positions, ko, mm=matmul):
+def qkv(p, cfg: Gemma4Config, t: str, h, positions, ko, mm=matmul):
     """q [B, T, nh, hd], k and v [B, T, kv, hd] after their norms and RoPE."""
     B, T, _ = h.shape
     hd, kv, on = cfg.head_dim(t), cfg.kv_heads(t), NORMS not in ko
@@ -228,7 +229,7 @@ def _qkv(p, cfg: Gemma4Config, t: str, h, positions, ko, mm=matmul):
     return q, k, v
 
 
-def _attend(q, k, v, mask):
+def attend(q, k, v, mask):
     """Grouped-query attention, scaling 1.0. q [B, T, nh, hd]; k, v [B, kv, S, hd]; mask [T, S] or [S]."""
     B, T, nh, hd = q.shape
     kv = k.shape[1]
@@ -240,8 +241,8 @@ def _attend(q, k, v, mask):
     return o.reshape(B, T, nh * hd)
 
 
-def _attend_one(q, k, v, mask):
-    """Decode attention: :func:`_attend` for one new position (q [B, 1, nh, hd]; k, v the cache
+def attend_one(q, k, v, mask):
+    """Decode attention: :func:`attend` for one new position (q [B, 1, nh, hd]; k, v the cache
     [B, kv, S, hd]; mask [B, S], each user's own) with the weighted sum of V written as a
     multiply-reduce, which XLA:CPU runs on the V cache in place; as a dot it transposes the
     probabilities, the output and the V cache through copies every layer (measured: about half the
@@ -262,9 +263,9 @@ def _ffn(p, cfg: Gemma4Config, x, ko, dense_experts: bool, mm=matmul):
     """The FFN block's output (before post_ffn_norm) for ``x [B, T, H]``, the residual stream."""
     on = NORMS not in ko
     h = rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, on)
-    mlp = jnp.zeros_like(x) if SHARED_MLP in ko else _mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], mm)
+    shared = jnp.zeros_like(x) if SHARED_MLP in ko else mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], mm)
     if not cfg.is_moe:
-        return mlp
+        return shared
     if EXPERTS in ko:
         moe = jnp.zeros_like(x)
     else:
@@ -273,7 +274,8 @@ def _ffn(p, cfg: Gemma4Config, x, ko, dense_experts: bool, mm=matmul):
         h2 = rms_norm(flat, p["pre_ffn_norm_2"], cfg.rms_eps, on)
         moe = experts_dense(p, cfg, h2, w, ids) if dense_experts else experts_gathered(p, h2, w, ids, mm)
         moe = moe.reshape(x.shape)
-    return rms_norm(mlp, p["post_ffn_norm_1"], cfg.rms_eps, on) + rms_norm(moe, p["post_ffn_norm_2"], cfg.rms_eps, on)
+    shared = rms_norm(shared, p["post_ffn_norm_1"], cfg.rms_eps, on)
+    return shared + rms_norm(moe, p["post_ffn_norm_2"], cfg.rms_eps, on)
 
 
 def _layer(p, cfg: Gemma4Config, x, attn_out, ko, dense_experts: bool, mm=matmul):
@@ -287,12 +289,13 @@ def _layer(p, cfg: Gemma4Config, x, attn_out, ko, dense_experts: bool, mm=matmul
     return x
 
 
-def _embed(params, cfg: Gemma4Config, tokens):
+def embed(params, cfg: Gemma4Config, tokens):
+    """The tokens' embedding rows, scaled by sqrt(hidden)."""
     e = params["embed"]
     return e[tokens] * jnp.asarray(cfg.hidden_size**0.5, e.dtype)
 
 
-def _head(params, cfg: Gemma4Config, x, ko):
+def head(params, cfg: Gemma4Config, x, ko):
     """Logits [B, V] float32 for the hidden states ``x [B, H]``."""
     if HEAD in ko:
         return jnp.zeros((x.shape[0], cfg.vocab_size), jnp.float32)
@@ -323,15 +326,15 @@ def _prefill(params, cfg: Gemma4Config, tokens, lengths, cache):
     # there is one (p >= 0): the last W positions of its own prompt, not of the padded block.
     ring = jnp.arange(W, dtype=jnp.int32)[None, :]
     newest = last - jnp.mod(last - ring, W)  # [B, W]
-    x = _embed(params, cfg, tokens)
+    x = embed(params, cfg, tokens)
     cache = dict(cache)
     for i, t in enumerate(cfg.layer_types):
         p = layer_params(params, i)
         h = rms_norm(x, p["input_norm"], cfg.rms_eps)
-        q, k, v = _qkv(p, cfg, t, h, positions, ko)
+        q, k, v = qkv(p, cfg, t, h, positions, ko)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv, T, hd]
         mask = causal & window if t == SLIDING else causal
-        attn = _attend(q, k, v, mask) @ p["o"]
+        attn = attend(q, k, v, mask) @ p["o"]
         for name, val in (("k", k), ("v", v)):
             c = cache[f"layers.{i}.{name}"]
             if t == SLIDING:
@@ -341,7 +344,7 @@ def _prefill(params, cfg: Gemma4Config, tokens, lengths, cache):
                 kept, keep, n = val, real[:, None, :, None], T
             cache[f"layers.{i}.{name}"] = c.at[:, :, :n].set(jnp.where(keep, kept.astype(c.dtype), c[:, :, :n]))
         x = _layer(p, cfg, x, attn, ko, dense_experts=True)
-    return _head(params, cfg, x[jnp.arange(B), lengths - 1], ko), cache
+    return head(params, cfg, x[jnp.arange(B), lengths - 1], ko), cache
 
 
 def prefill(params: dict, cfg: Gemma4Config, tokens, cache: dict, lengths=None):
@@ -407,13 +410,13 @@ def _routed_experts(params, cfg: Gemma4Config, tokens):
     positions = jnp.arange(T, dtype=jnp.int32)
     causal = positions[None, :] <= positions[:, None]
     window = positions[None, :] > positions[:, None] - cfg.sliding_window
-    x = _embed(params, cfg, tokens)
+    x = embed(params, cfg, tokens)
     ids = []
     for i, t in enumerate(cfg.layer_types):
         p = layer_params(params, i)
-        q, k, v = _qkv(p, cfg, t, rms_norm(x, p["input_norm"], cfg.rms_eps), positions, ko)
+        q, k, v = qkv(p, cfg, t, rms_norm(x, p["input_norm"], cfg.rms_eps), positions, ko)
         mask = causal & window if t == SLIDING else causal
-        attn = _attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask) @ p["o"]
+        attn = attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask) @ p["o"]
         routed = x + rms_norm(attn, p["post_attn_norm"], cfg.rms_eps)  # the stream the router reads (_layer)
         ids.append(route(p, cfg, routed.reshape(B * T, -1), ko)[1].reshape(B, T, cfg.top_k))
         x = _layer(p, cfg, x, attn, ko, dense_experts=True)
@@ -500,18 +503,20 @@ def _prepared_for(params: dict, cfg: Gemma4Config) -> dict:
     return _prepared[key][1]
 
 
-def _write_slots(c, val, slot):
+def write_slots(c, val, slot):
     """``c [B, kv, S, hd]`` with user b's ``val[b] [kv, 1, hd]`` written at slot ``slot[b]``: a
     dynamic-update-slice per user (one in-place scatter of B rows)."""
     return jax.vmap(lambda cb, vb, sb: jax.lax.dynamic_update_slice_in_dim(cb, vb, sb, axis=1))(c, val, slot)
 
 
 @partial(jax.jit, static_argnames=("cfg", "knockout"), donate_argnames=("cache",))
-def _decode_step(params, cfg: Gemma4Config, cache, tokens, pos, knockout: frozenset):
+def decode_step_program(params, cfg: Gemma4Config, cache, tokens, pos, knockout: frozenset):
+    """:func:`decode_step`'s compiled program: ``params`` in :func:`prepare`'s layout, ``tokens`` and ``pos``
+    int32 ``[B]`` device arrays, nothing checked (what an ahead-of-time compile lowers)."""
     ko = knockout
     B = tokens.shape[0]
     pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (B,))  # a shared position, or each user's own
-    x = _embed(params, cfg, tokens)[:, None, :]  # [B, 1, H]
+    x = embed(params, cfg, tokens)[:, None, :]  # [B, 1, H]
     positions = pos[:, None]  # [B, 1]
     cache = dict(cache)
     for i, t in enumerate(cfg.layer_types):
@@ -519,21 +524,21 @@ def _decode_step(params, cfg: Gemma4Config, cache, tokens, pos, knockout: frozen
         attn = None
         if attention_component(t) not in ko:
             h = rms_norm(x, p["input_norm"], cfg.rms_eps, NORMS not in ko)
-            q, k, v = _qkv(p, cfg, t, h, positions, ko, matmul_t)
+            q, k, v = qkv(p, cfg, t, h, positions, ko, matmul_t)
             slot = pos % cfg.sliding_window if t == SLIDING else pos  # [B]
             for name, val in (("k", k), ("v", v)):
                 c = cache[f"layers.{i}.{name}"]
                 val = val.transpose(0, 2, 1, 3).astype(c.dtype)  # [B, kv, 1, hd]
-                cache[f"layers.{i}.{name}"] = _write_slots(c, val, slot)
+                cache[f"layers.{i}.{name}"] = write_slots(c, val, slot)
             # Slot s holds a position <= pos exactly when s <= pos; for a sliding ring that is also
             # the newest position == s (mod W), inside the window. A padded ring's slots >= W are unused.
             S = cache[f"layers.{i}.k"].shape[2]
             mask = jnp.arange(S)[None, :] <= pos[:, None]  # [B, S]
             if t == SLIDING and S > cfg.sliding_window:
                 mask = mask & (jnp.arange(S) < cfg.sliding_window)[None, :]
-            attn = matmul_t(_attend_one(q, cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], mask), p["o"])
+            attn = matmul_t(attend_one(q, cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], mask), p["o"])
         x = _layer(p, cfg, x, attn, ko, dense_experts=False, mm=matmul_t)
-    return _head(params, cfg, x[:, 0], ko), cache
+    return head(params, cfg, x[:, 0], ko), cache
 
 
 def decode_step(params: dict, cfg: Gemma4Config, cache: dict, tokens, pos, knockout=frozenset()):
@@ -559,7 +564,7 @@ def decode_step(params: dict, cfg: Gemma4Config, cache: dict, tokens, pos, knock
     elif jnp.ndim(pos) == 0:
         pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (B,))
     # pos is [B] either way: one program for a shared position and for each user's own
-    return _decode_step(
+    return decode_step_program(
         _prepared_for(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32), ko
     )
 

@@ -207,10 +207,6 @@ def speed_of_light(
 MODELLED = "modelled (mk.sol)"
 
 
-def _cfg(model: Gemma4Config | str) -> Gemma4Config:
-    return get_config(model) if isinstance(model, str) else model
-
-
 def sol_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "bf16") -> pd.DataFrame:
     """The speed of light of each model on each chip, beside the seed's published value where it has one."""
     pub = published_table()
@@ -223,7 +219,7 @@ def sol_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "
     rows = []
     for m in models:
         for c in chips:
-            s = speed_of_light(_cfg(m), c, context, batch, dtype)
+            s = speed_of_light(get_config(m), c, context, batch, dtype)
             hit = pub[(pub["model"] == s.model) & (pub["chip"] == s.chip)]
             published = float(hit["value"].iloc[0]) if len(hit) else math.nan
             rows.append(
@@ -280,7 +276,7 @@ def component_table(models, context: int = 1024, batch: int = 1, dtype: str = "b
     one: it is called ``mlp`` here (``shared_mlp`` beside the routed experts of an MoE model)."""
     rows = []
     for m in models:
-        cfg = _cfg(m)
+        cfg = get_config(m)
         bc = bytes_per_token(cfg, context, batch, dtype)
         rows += [
             dict(
@@ -301,7 +297,7 @@ def context_sweep(models, chips, contexts, batch: int = 1, dtype: str = "bf16") 
     layers' stops growing at the window."""
     rows = []
     for m in models:
-        cfg = _cfg(m)
+        cfg = get_config(m)
         for n in contexts:
             bc = bytes_per_token(cfg, n, batch, dtype)
             for c in chips:
@@ -323,7 +319,7 @@ def context_sweep(models, chips, contexts, batch: int = 1, dtype: str = "bf16") 
 
 def batch_sweep(model, chips, batches, context: int = 1024, dtype: str = "bf16") -> pd.DataFrame:
     """Speed of light against batch: more users touch more distinct experts and read more KV."""
-    cfg = _cfg(model)
+    cfg = get_config(model)
     rows = []
     for b in batches:
         bc = bytes_per_token(cfg, context, b, dtype)

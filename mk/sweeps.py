@@ -15,15 +15,12 @@ import math
 from dataclasses import dataclass
 
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from .chips import get_chip
 from .config import Gemma4Config, get_config
 from .published import published_table
 from .routing import expected_distinct_experts
 from .sharding import kv_replication
-from .sharding.straggler import busiest_chip
 from .sol import MODELLED as SOL_MODELLED, bytes_per_token, speed_of_light
 from .timing import MODELLED, fits_in_hbm, model_bytes
 from .verdict import BASELINE_DTYPE, GENERAL_GPU, MEGAKERNEL_SLICE, Case, validation_table
@@ -38,11 +35,6 @@ PUBLISHED_POINTS = (
     "vllm_v5e8_dense_sol_fraction",
 )
 BEFORE_FIXES_KEY = "mk_v5e8_moe_step_before"  # the megakernel with whole experts, before the write-up's fixes
-COLOURS = {"megakernel": "#4e79a7", "general baseline": "#f28e2b", "general same chip": "#e15759", SOL: "#555555"}
-
-
-def _cfg(model: Gemma4Config | str) -> Gemma4Config:
-    return get_config(model) if isinstance(model, str) else model
 
 
 # The series -------------------------------------------------------------------------------------------
@@ -80,7 +72,7 @@ def engine_series(
     """The write-up's engines for ``model``: the megakernel on ``tpu_slice`` (split experts, bf16), the general
     stack on ``general_chip`` in the baseline's data type and on ``tpu_slice`` (bf16), the speed of light on
     ``tpu_slice``."""
-    name = _cfg(model).name
+    name = get_config(model).name
     return (
         Series("megakernel", "megakernel", tpu_slice, "bf16"),
         Series("general baseline", "general", general_chip, BASELINE_DTYPE.get(name, "bf16")),
@@ -90,7 +82,7 @@ def engine_series(
 
 
 def _row(model: Gemma4Config | str, series: Series, context: int, batch: int) -> dict:
-    cfg = _cfg(model)
+    cfg = get_config(model)
     experts = expected_distinct_experts(cfg.num_experts, cfg.top_k, batch)
     base = dict(
         model=cfg.name,
@@ -115,8 +107,11 @@ def _row(model: Gemma4Config | str, series: Series, context: int, batch: int) ->
             kind=SOL_MODELLED,
         )
     p = series.case(cfg, context, batch).predict()
+    paced = p.breakdown
     return base | dict(
         placement=p.placement,
+        # whole experts' worth one chip loads per layer: the pacing chip's distinct experts x its share of each
+        experts_per_chip=paced["experts_per_layer"] * paced["expert_share"] if paced else math.nan,
         step_ms=p.step_s * 1e3,
         tokens_per_s=p.tokens_per_s,
         tokens_per_s_total=p.tokens_per_s_total,
@@ -181,7 +176,7 @@ def kv_table(models, contexts, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
     c = get_chip(chip)
     rows = []
     for m in models:
-        cfg = _cfg(m)
+        cfg = get_config(m)
         copies = kv_replication(cfg, c.chips) if c.chips > 1 else {}
         for t in sorted(set(cfg.layer_types)):
             per_pos = 2 * cfg.kv_heads(t) * cfg.head_dim(t) * 2  # K and V, bf16
@@ -213,7 +208,7 @@ def bytes_share(models, contexts, dtype: str = "bf16") -> pd.DataFrame:
     rows = []
     for m in models:
         for n in contexts:
-            bc = bytes_per_token(_cfg(m), n, 1, dtype)
+            bc = bytes_per_token(get_config(m), n, 1, dtype)
             rows.append(
                 dict(
                     model=bc.model,
@@ -232,7 +227,7 @@ def published_points(models, keys=PUBLISHED_POINTS) -> pd.DataFrame:
     """The write-up's points for ``models`` as tokens/s per user at their own configuration: tokens/s as
     published, a step time as 1 / step, a fraction of the speed of light as that fraction times the
     modelled speed of light (``how`` says which)."""
-    names = {_cfg(m).name for m in models}
+    names = {get_config(m).name for m in models}
     t = published_table().set_index("key")
     rows = []
     for key in keys:
@@ -272,20 +267,10 @@ def published_points(models, keys=PUBLISHED_POINTS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def point_label(p) -> str:
-    """A published point's legend entry: what ran where, and how its tokens/s were obtained."""
-    who = "vLLM" if p.series_engine == "general" else "megakernel"
-    if p.how == FRACTION_OF_SOL:
-        return f"published fraction {p.published:g} x modelled speed of light: {who}, {p.chip}"
-    if p.how == "1 / published step":
-        return f"published 1 / {p.published * 1e3:g} ms: {who} before the fixes, {p.chip}"
-    return f"published {p.published:g} tok/s: {who}, {p.chip}, {p.dtype}"
-
-
 def validation(models, keys=PUBLISHED_POINTS + (BEFORE_FIXES_KEY,)) -> pd.DataFrame:
     """The published points beside the model's predictions for them (``mk.verdict.validation_table``; step times
     in ms): the error modelled / published - 1 and whether the model was fitted to that number (``role``)."""
-    names = {_cfg(m).name for m in models}
+    names = {get_config(m).name for m in models}
     t = validation_table()
     model = published_table().set_index("key")["model"]
     t = t[t.key.isin(keys) & t.key.map(model).isin(names)].copy()
@@ -304,7 +289,7 @@ def placement_table(model: Gemma4Config | str, batches, context: int = 1024, tpu
     collective), and whole before the write-up's fixes (overlap off, f32 payload), by batch: tokens/s per user
     and in total, and the experts one chip loads per layer (split: 1/C of each distinct expert, counted in
     whole experts; whole: the busiest chip's expected count, exact under uniform routing)."""
-    cfg, chip = _cfg(model), get_chip(tpu_slice)
+    cfg, chip = get_config(model), get_chip(tpu_slice)
     if chip.chips == 1 or not cfg.is_moe:
         raise ValueError(f"whole against split experts needs an MoE model on a slice, got {cfg.name} on {chip.name}")
     series = (
@@ -314,14 +299,11 @@ def placement_table(model: Gemma4Config | str, batches, context: int = 1024, tpu
     )
     rows = []
     for b in batches:
-        distinct = expected_distinct_experts(cfg.num_experts, cfg.top_k, b)
-        busiest = busiest_chip(cfg.num_experts, chip.chips, cfg.top_k, b).expected_max
         split_step = None
         for s in series:
             r = _row(cfg, s, context, b)
             split_step = split_step or r["step_ms"]
-            loads = distinct / chip.chips if s.placement == "split" else busiest
-            rows.append(r | dict(experts_per_chip=loads, vs_split=r["step_ms"] / split_step))
+            rows.append(r | dict(vs_split=r["step_ms"] / split_step))
     return pd.DataFrame(rows)
 
 
@@ -332,7 +314,7 @@ def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = 
     and caches fit it (a prediction that does not fit still says how fast the step would be)."""
     rows = []
     for m in models:
-        cfg = _cfg(m)
+        cfg = get_config(m)
         for c in chips:
             chip = get_chip(c)
             extra = dict(weights_GB=model_bytes(cfg, dtype) / 1e9, hbm_GB=chip.hbm_bytes / 1e9)
@@ -344,223 +326,6 @@ def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = 
                 rows.append(_row(cfg, s, context, batch) | extra)
     t = pd.DataFrame(rows)
     return t.assign(series=t.engine.map({"megakernel": "megakernel", "general": "general stack", SOL: SOL}))
-
-
-# Figures --------------------------------------------------------------------------------------------------
-LEGEND = dict(orientation="h", y=1.02, yanchor="bottom", x=0, font=dict(size=11))
-
-
-def _context_label(n: int) -> str:
-    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
-
-
-def _legend_name(table: pd.DataFrame, role: str) -> str:
-    """A series' legend entry, with its data type per model when the models differ in it."""
-    g = table[table.role == role]
-    label = g.series.iloc[0]
-    dtypes = g.drop_duplicates("model")[["model", "dtype"]]
-    if dtypes.dtype.nunique() == 1:
-        return f"{label} ({dtypes.dtype.iloc[0]})"
-    kinds = ["MoE" if _cfg(m).is_moe else "dense" for m in dtypes.model]
-    names = kinds if len(set(kinds)) == len(kinds) else list(dtypes.model)
-    return f"{label} ({', '.join(f'{d} {n}' for d, n in zip(dtypes.dtype, names))})"
-
-
-def _facets(models, rows: int = 1, **kw) -> go.Figure:
-    titles = [_cfg(m).name for m in models]
-    return make_subplots(rows=rows, cols=len(titles), subplot_titles=titles * rows if rows > 1 else titles, **kw)
-
-
-def _add_points(fig, points: pd.DataFrame, models, x: str, symbols=("diamond", "star", "square", "cross")):
-    names = [_cfg(m).name for m in models]
-    for i, p in enumerate(points.itertuples()):
-        colour = COLOURS["megakernel"] if p.series_engine == "megakernel" else COLOURS["general baseline"]
-        if p.series_engine == "general" and p.chip != GENERAL_GPU:
-            colour = COLOURS["general same chip"]
-        fig.add_scatter(
-            x=[getattr(p, x)],
-            y=[p.tokens_per_s],
-            mode="markers",
-            name=point_label(p),
-            marker=dict(symbol=symbols[i % len(symbols)], size=14, color=colour, line=dict(color="black", width=1.5)),
-            hovertext=[f"{p.key}: {p.how}<br>{p.tokens_per_s:.1f} tok/s per user<br>{p.source}"],
-            hoverinfo="text",
-            row=1,
-            col=names.index(p.model) + 1,
-        )
-
-
-def _series_lines(fig, table, models, x: str, y: str, row: int = 1, legend: bool = True, hover=None):
-    names = [_cfg(m).name for m in models]
-    shown = set()
-    for role in dict.fromkeys(table.role):
-        for model, g in table[table.role == role].groupby("model", sort=False):
-            g = g.sort_values(x)
-            dash = "dash" if role == SOL else None
-            fig.add_scatter(
-                x=g[x],
-                y=g[y],
-                mode="lines+markers",
-                name=_legend_name(table, role),
-                legendgroup=role,
-                showlegend=legend and role not in shown,
-                line=dict(color=COLOURS.get(role), dash=dash),
-                hovertext=[hover(r) for r in g.itertuples()] if hover else None,
-                hoverinfo="text+y" if hover else None,
-                row=row,
-                col=names.index(model) + 1,
-            )
-            shown.add(role)
-
-
-def context_figure(table: pd.DataFrame, points: pd.DataFrame, models, title: str) -> go.Figure:
-    """Tokens/s per user against context, one panel per model (log axes), the published points on it."""
-    fig = _facets(models, horizontal_spacing=0.1)
-    _series_lines(
-        fig,
-        table,
-        models,
-        "context",
-        "tokens_per_s",
-        hover=lambda r: (
-            f"{r.series} ({r.dtype})<br>{r.context} positions<br>{r.fraction_of_sol:.2f} of its speed of light"
-        ),
-    )
-    _add_points(fig, points, models, "context")
-    contexts = sorted(set(table.context) | set(points.context))
-    fig.update_xaxes(
-        type="log", title_text="context (positions)", tickvals=contexts, ticktext=[_context_label(n) for n in contexts]
-    )
-    fig.update_yaxes(type="log", title_text="tokens/s per user (log)")
-    fig.update_layout(title=title, legend=LEGEND)
-    return fig
-
-
-def _batch_ticks(table: pd.DataFrame, model: str) -> tuple[list, list]:
-    g = table[table.model == model].drop_duplicates("batch").sort_values("batch")
-    if (g.expected_experts == 0).all():
-        return list(g.batch), [str(b) for b in g.batch]
-    return list(g.batch), [f"{b}<br>({e:.1f})" for b, e in zip(g.batch, g.expected_experts)]
-
-
-def batch_figure(table: pd.DataFrame, points: pd.DataFrame | None, models, title: str, total: bool = False):
-    """Tokens/s per user (``total``: for all users together) against the batch, one panel per model (log axes);
-    an MoE model's ticks carry the expected distinct experts per layer, every point's hover too."""
-    names = [_cfg(m).name for m in models]
-    fig = _facets(models, horizontal_spacing=0.1)
-
-    def hover(r):
-        experts = f"<br>{r.expected_experts:.1f} distinct experts per layer" if r.expected_experts else ""
-        return (
-            f"{r.series} ({r.dtype})<br>{r.batch} users{experts}<br>{r.tokens_per_s:.1f} tok/s per user, "
-            f"{r.tokens_per_s_total:.0f} in total<br>{r.fraction_of_sol:.2f} of its speed of light"
-        )
-
-    _series_lines(fig, table, models, "batch", "tokens_per_s_total" if total else "tokens_per_s", hover=hover)
-    if points is not None and len(points):
-        _add_points(fig, points[points.batch.isin(table.batch)], models, "batch")
-    for i, m in enumerate(names):
-        vals, text = _batch_ticks(table, m)
-        moe = text[0] != str(vals[0])
-        fig.update_xaxes(
-            type="log",
-            tickvals=vals,
-            ticktext=text,
-            tickangle=0,
-            col=i + 1,
-            title_text="users (batch)" + ("; below: expected distinct experts per layer" if moe else ""),
-        )
-    what = "tokens/s, all users together (log)" if total else "tokens/s per user (log)"
-    fig.update_yaxes(type="log", title_text=what)
-    fig.update_layout(title=title, legend=LEGEND)
-    return fig
-
-
-def placement_figure(table: pd.DataFrame, points: pd.DataFrame, title: str) -> go.Figure:
-    """Left: the megakernel's tokens/s per user against the batch for split and whole experts (and whole before
-    the fixes), the published after and before points on it. Right: the experts one chip loads per layer (the
-    same whole experts before and after the fixes)."""
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        horizontal_spacing=0.12,
-        column_widths=[0.6, 0.4],
-        subplot_titles=("tokens/s per user", "experts one chip loads per layer"),
-    )
-    colours = {"megakernel": COLOURS["megakernel"], "whole": "#59a14f", "before fixes": "#b07aa1"}
-    for role, g in table.groupby("role", sort=False):
-        g = g.sort_values("batch")
-        for col, y in ((1, "tokens_per_s"), (2, "experts_per_chip"))[: 1 if role == "before fixes" else 2]:
-            fig.add_scatter(
-                x=g.batch,
-                y=g[y],
-                mode="lines+markers",
-                name=g.series.iloc[0],
-                legendgroup=role,
-                showlegend=col == 1,
-                line=dict(color=colours[role], dash="dot" if col == 2 else None),
-                row=1,
-                col=col,
-            )
-    for p, symbol in zip(points.itertuples(), ("diamond", "star")):
-        colour = colours["megakernel"] if p.placement == "split" else colours["before fixes"]
-        fig.add_scatter(
-            x=[p.batch],
-            y=[p.tokens_per_s],
-            mode="markers",
-            name=point_label(p),
-            marker=dict(symbol=symbol, size=14, color=colour, line=dict(color="black", width=1.5)),
-            hovertext=[f"{p.key}: {p.how}<br>{p.tokens_per_s:.1f} tok/s per user"],
-            hoverinfo="text",
-            row=1,
-            col=1,
-        )
-    batches = sorted(set(table.batch))
-    fig.update_xaxes(title_text="users (batch)", tickvals=batches)
-    fig.update_yaxes(type="log", title_text="tokens/s per user (log)", col=1)
-    fig.update_yaxes(title_text="experts per layer (expected, uniform routing)", rangemode="tozero", col=2)
-    fig.update_layout(title=title, legend=LEGEND)
-    return fig
-
-
-def chip_figure(table: pd.DataFrame, models, title: str) -> go.Figure:
-    """Grouped bars per chip, one panel per model: the megakernel, the general stack and the speed of light;
-    a chip whose HBM the weights and caches do not fit is hatched and labelled."""
-    names = [_cfg(m).name for m in models]
-    fig = _facets(models, horizontal_spacing=0.1)
-    colours = {"megakernel": COLOURS["megakernel"], "general stack": COLOURS["general same chip"], SOL: "#bab0ac"}
-    for i, m in enumerate(names):
-        for series, g in table[table.model == m].groupby("series", sort=False):
-            fit = g.fits_in_hbm.astype(bool)
-            fig.add_bar(
-                x=g.chip,
-                y=g.tokens_per_s,
-                name=series,
-                legendgroup=series,
-                showlegend=i == 0,
-                marker=dict(color=colours[series], pattern=dict(shape=["" if f else "/" for f in fit])),
-                text=["" if f else "does not fit" for f in fit],
-                textposition="outside",
-                hovertext=[
-                    f"{r.chip}: {r.tokens_per_s:.0f} tok/s, {r.fraction_of_sol:.2f} of the speed of light; "
-                    f"weights {r.weights_GB:.0f} GB, HBM {r.hbm_GB:.0f} GB"
-                    for r in g.itertuples()
-                ],
-                hoverinfo="text",
-                row=1,
-                col=i + 1,
-            )
-    if not table.fits_in_hbm.all():
-        fig.add_bar(
-            x=[None],
-            y=[None],
-            name="hatched: weights + KV cache do not fit the chip's HBM",
-            marker=dict(color="white", line=dict(color="black", width=1), pattern=dict(shape="/")),
-        )
-    fig.update_xaxes(title_text="chip or slice")
-    fig.update_yaxes(title_text="tokens/s per user")
-    fig.update_layout(title=title, legend=LEGEND, barmode="group")
-    return fig
 
 
 def worst_error(validation_rows: pd.DataFrame) -> float:

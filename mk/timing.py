@@ -1,20 +1,23 @@
-"""Predicted decode-step time on a chip or a slice, from the step plans (mk.plan), for two engines.
+"""Predicted decode-step time on a chip or a slice, from the step plans (mk.plan), for two engines: the one
+path in mk from a step plan to seconds.
 
 - **megakernel**: one kernel per step. Each chip follows its own plan (mk.plan.build_plan with a Shard
   over the slice's chips): weight tiles stream at the chip's HBM bandwidth while compute runs behind
   them (mk.plan.timeline), matrix work at the chip's FLOP/s with rows padded to what its matrix unit
   takes at once, all-reduces over one link at the ICI bandwidth plus a per-hop latency, and the step
-  waits for the chip that sets the pace (the busiest chip under whole experts: mk.sharding.overlap.pace).
-- **general**: the general stack, the same work split into many kernels (mk.timing.general_kernels):
-  each kernel reads its bytes at HBM bandwidth or does its matrix work, whichever is longer, with
-  nothing in flight across kernel boundaries, plus a fixed cost per kernel.
+  waits for the chip that sets the pace (:func:`pace`: the busiest chip under whole experts, exact under
+  uniform routing). :data:`FIXES` are the write-up's eight-chip configurations in order, the last one the
+  workbook's kernel (every switch that helps on): what :func:`predict` models by default.
+- **general**: the general stack, the same work split into many kernels (:func:`plan_kernels`): each
+  kernel reads its bytes at HBM bandwidth or does its matrix work, whichever is longer, with nothing in
+  flight across kernel boundaries, plus a fixed cost per kernel.
 
 Every constant comes from ``data/timing.csv`` (or ``data/chips.csv``), each row naming its source and
-its kind: ``cited`` (a public source), ``published`` (the write-up's own numbers) or ``fitted`` (solved at
+its kind: ``cited`` (a public source), ``published`` (the write-up's own numbers), ``fitted`` (solved at
 run time so the model meets one published number: the general stack's per-kernel cost, once for GPUs
-and once for TPUs; the published numbers they are fitted to are not tests of the model). The megakernel
-has no fitted constant: it is bytes, FLOPs at padded rows and link costs, with a per-op overhead that is
-not modelled (0 unless given; mk.verdict shows how far it moves the fit).
+and once for TPUs; the published numbers they are fitted to are not tests of the model) or ``assumed``
+(a cost nothing public gives: the megakernel's per-op and per-DMA-issue costs, one default for the whole
+workbook, every notebook that shows a modelled megakernel step shows them as a sensitivity too).
 
 Data types: the plan is built in BF16 (F32 for ``f32``); INT8 (``int8-experts``, ``int8``) is the plan's
 own (mk.quant: the kernel streams the codes and their scales); FP8, which no kernel here streams, scales
@@ -34,15 +37,39 @@ import pandas as pd
 from .chips import DATA_DIR, Chip, get_chip
 from .config import Gemma4Config, get_config
 from .params import EXPERTS, HEAD, param_specs
-from .plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan
+from .plan import ROWS, Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan, step_end, timeline
+from .routing import busiest_chip_distribution
 from .sharding import Collective, Placement, Shard
 from .sol import get_dtype, speed_of_light
+from .units import positive_int
 
 TIMING_CSV = DATA_DIR / "timing.csv"
 ENGINES = ("megakernel", "general")
-PUBLISHED_CONFIG = Collective(bf16_payload=True)  # the write-up's kernel: overlap on, bf16 payload
-BEFORE_FIXES = Collective(overlap=False)  # and before its fixes (with whole experts)
 MODELLED = "modelled (mk.timing)"
+ASSUMED = ("op_overhead_s", "dma_issue_s")  # the megakernel's costs data/timing.csv gives as assumed
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One configuration of the megakernel over a slice: where the experts live and the all-reduce's
+    switches; ``published``: the key of data/published.csv that timed it, if any."""
+
+    name: str
+    placement: Placement
+    collective: Collective
+    published: str | None = None
+
+
+FIXES = (
+    Fix("(a) whole experts, no overlap, f32", Placement.WHOLE, Collective(overlap=False), "mk_v5e8_moe_step_before"),
+    Fix("(b) split experts, no overlap, f32", Placement.SPLIT, Collective(overlap=False)),
+    Fix("(c) split + overlap, f32", Placement.SPLIT, Collective()),
+    Fix("(d) split + overlap + bf16 payload", Placement.SPLIT, Collective(bf16_payload=True), "mk_v5e8_moe_step"),
+    Fix("(e) (d) + reduce-scatter", Placement.SPLIT, Collective(bf16_payload=True, reduce_scatter=True)),
+)
+BEFORE_FIXES = FIXES[0]  # the write-up's kernel before its fixes
+WRITE_UP = FIXES[3]  # the write-up's kernel as published (1.56 ms)
+KERNEL = FIXES[-1]  # the workbook's kernel, every fix on: what predict models unless told otherwise
 
 
 # Constants --------------------------------------------------------------------------------------
@@ -54,7 +81,7 @@ class Constant:
     applies_to: str  # tpu, gpu or all
     value: float | None
     unit: str
-    kind: str  # cited, published or fitted
+    kind: str  # cited, published, fitted or assumed
     fit_to: str | None  # the published key (data/published.csv) it is fitted to or read from
     source: str
 
@@ -84,6 +111,21 @@ def constant(name: str, kind: str) -> Constant:
             f"data/timing.csv has no {name!r} for {kind} chips; the timing model needs one (with its source)"
         )
     return min(rows, key=lambda c: c.applies_to == "all")  # the chip kind's own row first
+
+
+def assumed_costs(kind: str, **given) -> dict[str, float]:
+    """The megakernel's assumed costs for ``kind`` chips (``op_overhead_s``, ``dma_issue_s``): data/timing.csv's
+    defaults, each replaced by a value ``given`` (a sensitivity) unless that is None."""
+    unknown = set(given) - set(ASSUMED)
+    if unknown:
+        raise ValueError(f"unknown assumed cost(s) {sorted(unknown)}; known: {', '.join(ASSUMED)}")
+    return {n: constant(n, kind).value if given.get(n) is None else float(given[n]) for n in ASSUMED}
+
+
+def assumed_label(costs: dict[str, float]) -> str:
+    """The assumed costs in words, for a table's kind or a figure's footer."""
+    ns = {n: costs[n] * 1e9 for n in ASSUMED}
+    return f"assumed: {ns['op_overhead_s']:g} ns per op, {ns['dma_issue_s']:g} ns per DMA issued"
 
 
 def constants_table() -> pd.DataFrame:
@@ -181,6 +223,7 @@ def _shard(chip: Chip, placement: str, collective: Collective) -> Shard | None:
     return Shard(chip.chips, Placement(placement), collective) if chip.chips > 1 else None
 
 
+@lru_cache(maxsize=32)  # the sweeps and the pacing chip's variants time the same plan many ways
 def step_plan(cfg, chip, context, batch, dtype, placement, collective, knockout=frozenset()) -> StepPlan:
     """The plan the model times: chip 0's over a slice, in the plan's data type for ``dtype``."""
     wi, ki = plan_itemsizes(dtype)
@@ -196,6 +239,95 @@ def step_plan(cfg, chip, context, batch, dtype, placement, collective, knockout=
         shard=shard,
         quantize=plan_quantize(dtype),
     )
+
+
+# The chip that sets the pace ----------------------------------------------------------------------------
+def megakernel_costs(plan: StepPlan, chip: Chip, dtype: str = "bf16", **assumed) -> dict:
+    """What mk.plan.timeline charges on ``chip`` for ``plan`` under ``dtype``: the assumed per-op and
+    per-DMA-issue costs (data/timing.csv, or ``assumed``), the link latency, each op's compute time and each
+    weight tile's bytes."""
+    compute, nbytes = compute_seconds(plan, chip), load_bytes(dtype)
+    # each op's and tile's cost once: the pacing chip's variants walk the same plan many times
+    op_s = {id(op): compute(op) for op in plan.ops}
+    load_b = {id(ld): nbytes(ld) for ld in plan.loads}
+    return dict(
+        assumed_costs(chip.kind, **assumed),
+        ici_latency_s=link_latency(chip),
+        compute_s=lambda op: op_s[id(op)],
+        load_bytes=lambda ld: load_b[id(ld)],
+    )
+
+
+def pace_distribution(plan: StepPlan) -> dict[int, float]:
+    """Distinct experts per layer loaded by the chip that sets the pace, count -> probability (exact,
+    uniform routing): the busiest chip's under whole placement, every chip's otherwise."""
+    cfg = plan.cfg
+    if cfg.is_moe and plan.experts_held < cfg.num_experts:
+        return busiest_chip_distribution(cfg.num_experts, plan.chips, cfg.top_k, plan.batch)
+    return plan.distinct_experts
+
+
+def _likely(dist: dict[int, float], tail: float = 1e-9) -> dict[int, float]:
+    """The most likely counts of ``dist`` that hold all but ``tail`` of its probability, renormalised: the
+    counts :func:`pace` walks a timeline for (the rest moves an expected step by less than ``tail`` of it)."""
+    kept, mass = {}, 0.0
+    for m, p in sorted(dist.items(), key=lambda mp: -mp[1]):
+        if mass >= 1 - tail:
+            break
+        kept[m], mass = p, mass + p
+    return {m: p / mass for m, p in sorted(kept.items())}
+
+
+def _every_layer(plan: StepPlan, experts: int) -> dict[int, int]:
+    return {i: experts for i in range(plan.cfg.num_layers)}
+
+
+def _loaded(plan: StepPlan, experts: int, nbytes: Callable[[Load], float]) -> float:
+    """Weight bytes the DMAs move with ``experts`` fetched in every layer."""
+    return sum(nbytes(ld) for ld in plan.loads if ld.expert is None or ld.expert < experts)
+
+
+def pace(plan: StepPlan, chip: Chip, dtype: str = "bf16", distribution: dict[int, float] | None = None, **assumed):
+    """The step of the chip that sets the pace, expected over its experts per layer (``distribution``,
+    default :func:`pace_distribution`): each count m's timeline with m experts in every layer, weighted by
+    its probability (the counts that hold all but 1e-9 of it). Exact where a layer's time depends on its own
+    count only (layers add up); the all-reduce that closes each layer makes the slowest chip's layer
+    everyone's. Returns the distinct experts per layer the chip fetches and the share of each it holds (1/C
+    with split experts), bytes (weights as the DMAs move them, their payload without the layout's padding,
+    KV), bytes each chip sends, and the step and its floors in seconds."""
+    dist = {m: p for m, p in (distribution or pace_distribution(plan)).items() if p > 0}
+    costs = megakernel_costs(plan, chip, dtype, **assumed)
+    timed = _likely(dist)
+
+    def expect(f, over=timed):
+        return sum(p * f(m) for m, p in over.items())
+
+    moved, payload = load_bytes(dtype), load_bytes(dtype, "payload_bytes")
+    weights, real = expect(lambda m: _loaded(plan, m, moved)), expect(lambda m: _loaded(plan, m, payload))
+    ends = {m: step_end(plan, chip, _every_layer(plan, m), **costs) for m in dist}
+    cross = [op for op in plan.ops if op.sent_bytes]
+    bw = chip.per_chip_bandwidth
+    split = plan.cfg.is_moe and plan.chips > 1 and plan.experts_held == plan.cfg.num_experts
+    return dict(
+        experts_per_layer=expect(float, dist),
+        expert_share=1 / plan.chips if split else 1.0,  # of each fetched expert's bytes this chip holds
+        weight_bytes=weights,
+        weight_payload_bytes=real,
+        kv_bytes=plan.kv_bytes,
+        sent_bytes=sum(op.sent_bytes for op in cross),
+        hbm_floor_s=(weights + plan.kv_bytes) / bw,
+        payload_floor_s=(real + plan.kv_bytes) / bw,
+        ici_s=sum(op.sent_bytes / chip.ici_bandwidth + op.rounds * costs["ici_latency_s"] for op in cross),
+        step_s=expect(ends.__getitem__),
+    )
+
+
+def pace_timeline(plan: StepPlan, chip: Chip, dtype: str = "bf16", experts: int | None = None, **assumed):
+    """The timeline (mk.plan.timeline rows) of the chip that sets the pace, ``experts`` fetched in every layer
+    (default: the expected number, rounded), with the costs :func:`pace` charges."""
+    dist = pace_distribution(plan)
+    n = round(sum(m * p for m, p in dist.items())) if experts is None else experts
+    return timeline(plan, chip, _every_layer(plan, n), **megakernel_costs(plan, chip, dtype, **assumed))
 
 
 # The general stack's kernels ------------------------------------------------------------------------
@@ -270,9 +402,7 @@ REFERENCE_KERNELS = dict(model="gemma4-26b-a4b", context=1024, batch=1, dtype="b
 @lru_cache(maxsize=None)
 def _reference_kernel_count() -> int:
     cfg, r = get_config(REFERENCE_KERNELS["model"]), REFERENCE_KERNELS
-    plan = step_plan(
-        cfg, get_chip("h100"), r["context"], r["batch"], r["dtype"], "split", PUBLISHED_CONFIG, frozenset()
-    )
+    plan = step_plan(cfg, get_chip("h100"), r["context"], r["batch"], r["dtype"], "split", Collective(), frozenset())
     return len(plan_kernels(plan, get_chip("h100"), r["dtype"]))
 
 
@@ -341,6 +471,7 @@ class Prediction:
     fits_in_hbm: bool
     components: dict[str, float] = field(default_factory=dict)  # seconds by component (general: kernel time)
     constants: dict[str, str] = field(default_factory=dict)  # constant -> value and kind
+    breakdown: dict[str, float] = field(default_factory=dict)  # megakernel: the pacing chip's bytes and floors
 
     @property
     def tokens_per_s(self) -> float:
@@ -373,8 +504,14 @@ class Prediction:
             models=self.models,
             components_ms={k: v * 1e3 for k, v in self.components.items()},
             constants=dict(self.constants),
+            breakdown=dict(_in_ms(k, v) for k, v in self.breakdown.items()),
             kind=MODELLED,
         )
+
+
+def _in_ms(key: str, value: float) -> tuple[str, float]:
+    """A seconds entry (``*_s``) as milliseconds (``*_ms``), anything else as it is."""
+    return (key[:-2] + "_ms", value * 1e3) if key.endswith("_s") else (key, value)
 
 
 def model_bytes(cfg: Gemma4Config, dtype: str) -> float:
@@ -400,11 +537,10 @@ def fits_in_hbm(cfg: Gemma4Config, chip: Chip, context: int, batch: int, dtype: 
 
 
 def _check(cfg, chip, context, batch, engine, placement):
-    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    cfg = get_config(cfg)
     chip = get_chip(chip) if isinstance(chip, str) else chip
-    for name, v in (("context", context), ("batch", batch)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    positive_int("context", context)
+    positive_int("batch", batch)
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     if placement not in {p.value for p in Placement}:
@@ -446,68 +582,66 @@ def predict(
     context: int,
     batch: int = 1,
     engine: str = "megakernel",
-    placement: str = "split",
+    placement: str = KERNEL.placement,
     dtype: str = "bf16",
     *,
-    collective: Collective = PUBLISHED_CONFIG,
+    collective: Collective = KERNEL.collective,
     knockout=frozenset(),
-    op_overhead_s: float = 0.0,
+    op_overhead_s: float | None = None,
+    dma_issue_s: float | None = None,
+    kernel_s: float | None = None,
 ) -> Prediction:
     """The modelled decode step of ``model`` on ``chip`` (a chip or a slice: ``tpu-v5e-8``) at ``context``
-    positions for ``batch`` users. ``placement`` and ``collective`` apply to the megakernel over a slice;
-    ``knockout``: components switched off (mk.params.KNOCKOUTS); ``op_overhead_s``: a fixed cost per
-    megakernel op (not modelled by default)."""
+    positions for ``batch`` users. ``placement`` and ``collective`` apply to the megakernel over a slice
+    (default: :data:`KERNEL`, every fix on); ``knockout``: components switched off (mk.params.KNOCKOUTS);
+    ``op_overhead_s``, ``dma_issue_s``: the megakernel's assumed costs (default: data/timing.csv's);
+    ``kernel_s``: the general stack's cost per kernel (default: fitted; 0 gives its kernels' work alone)."""
     cfg, chip = _check(model, chip, context, batch, engine, placement)
     if engine == "general":
-        kernel_s = kernel_cost(chip.kind)
+        kernel_s = kernel_cost(chip.kind) if kernel_s is None else kernel_s
         p = _general(cfg, chip, context, batch, dtype, kernel_s, frozenset(knockout))
         return _with_constants(p, chip, kernel_s)
-    from .sharding.overlap import pace
-
     plan = step_plan(cfg, chip, context, batch, dtype, placement, collective, frozenset(knockout))
-    costs = dict(
-        op_overhead_s=op_overhead_s,
-        ici_latency_s=link_latency(chip),
-        compute_s=compute_seconds(plan, chip),
-        load_bytes=load_bytes(dtype),
-    )
-    step = pace(plan, chip, **costs)["step_s"]
+    costs = assumed_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
+    paced = pace(plan, chip, dtype, **costs)
     sol = speed_of_light(cfg, chip, context, batch, dtype)
     if chip.chips > 1:
         who = "the busiest chip (whole experts)" if plan.experts_held < cfg.num_experts else "every chip"
         models = f"megakernel on {chip.chips} chips ({placement} experts), paced by {who}"
     else:
         models = "megakernel on one chip"
-    return _with_constants(
-        Prediction(
-            cfg.name,
-            chip.name,
-            context,
-            batch,
-            dtype,
-            "megakernel",
-            placement if chip.chips > 1 else "-",
-            step,
-            sol.step_s,
-            1,
-            models,
-            fits_in_hbm(cfg, chip, context, batch, dtype),
-        ),
-        chip,
-        None,
-        op_overhead_s,
+    p = Prediction(
+        cfg.name,
+        chip.name,
+        context,
+        batch,
+        dtype,
+        "megakernel",
+        placement if chip.chips > 1 else "-",
+        paced["step_s"],
+        sol.step_s,
+        1,
+        models + f"; {assumed_label(costs)}",
+        fits_in_hbm(cfg, chip, context, batch, dtype),
+        breakdown=paced,
     )
+    return _with_constants(p, chip, None, costs)
 
 
-def _with_constants(p: Prediction, chip: Chip, kernel_s: float | None, op_overhead_s: float = 0.0) -> Prediction:
+def _with_constants(p: Prediction, chip: Chip, kernel_s: float | None, costs: dict | None = None) -> Prediction:
     used = {"matmul_rows": f"{constant('matmul_rows', chip.kind).value:g} (cited)"}
     if chip.chips > 1:
         used["ici_hop_latency_s"] = f"{link_latency(chip):g} (cited)"
     if kernel_s is not None:
-        used["kernel_s"] = f"{kernel_s:.3g} (fitted to {constant('kernel_s', chip.kind).fit_to})"
+        fitted = kernel_s == kernel_cost(chip.kind)
+        used["kernel_s"] = f"{kernel_s:.3g} " + (
+            f"(fitted to {constant('kernel_s', chip.kind).fit_to})" if fitted else "(given)"
+        )
         used["kernels_per_plan_kernel"] = f"{kernels_per_plan_kernel():.3f} (published count / plan count)"
     else:
-        used["op_overhead_s"] = f"{op_overhead_s:g} ({'given' if op_overhead_s else 'not modelled'})"
+        for name, value in costs.items():
+            default = value == constant(name, chip.kind).value
+            used[name] = f"{value:g} ({'assumed, data/timing.csv' if default else 'given'})"
     return dataclasses.replace(p, constants=used)
 
 
@@ -516,7 +650,7 @@ def knockouts(
 ) -> pd.DataFrame:
     """Per component: how much the modelled step shrinks when it is switched off (the megakernel column of
     the write-up's component table), and for the general stack also the time of its own kernels (the
-    profiler's column)."""
+    profiler's column). ``kw``: :func:`predict`'s keywords (placement, collective, assumed costs)."""
     from .params import KNOCKOUTS
 
     base = predict(model, chip, context, batch, engine, dtype=dtype, **kw)
@@ -558,32 +692,75 @@ def sweep(
     return pd.DataFrame(rows)
 
 
-def step_breakdown(model, chip, context: int, batch: int = 1, dtype: str = "bf16", placement: str = "split") -> dict:
+def step_breakdown(model, chip, context: int, batch: int = 1, dtype: str = "bf16", **kw) -> dict:
     """The megakernel's modelled step on ``chip`` in parts, per chip that sets the pace: the weight bytes
     its DMAs move (padding and INT8 scale blocks included) and the real ones, the scale blocks' share, the
     KV cache, the HBM floor those bytes set, and the time beyond it (serial reads, the link, compute),
-    beside the speed of light. Seconds and bytes."""
-    from .plan import ROWS
-    from .sharding.overlap import pace
-
-    cfg, chip = _check(model, chip, context, batch, "megakernel", placement)
-    plan = step_plan(cfg, chip, context, batch, dtype, placement, PUBLISHED_CONFIG)
-    costs = dict(ici_latency_s=link_latency(chip), compute_s=compute_seconds(plan, chip), load_bytes=load_bytes(dtype))
-    p = pace(plan, chip, **costs)
+    beside the speed of light. Seconds and bytes. ``kw``: :func:`predict`'s keywords."""
+    p = predict(model, chip, context, batch, "megakernel", dtype=dtype, **kw)
+    cfg, chip = _check(model, chip, context, batch, "megakernel", kw.get("placement", KERNEL.placement))
+    plan = step_plan(cfg, chip, context, batch, dtype, kw.get("placement", KERNEL.placement),
+                     kw.get("collective", KERNEL.collective))  # fmt: skip
     scales = sum(ROWS * ld.cols[1] * 4 * plan.fetch_probability(ld) for ld in plan.loads if ld.scaled)
-    sol = speed_of_light(cfg, chip, context, batch, dtype)
+    return dict(
+        model=p.model,
+        chip=p.chip,
+        dtype=dtype,
+        placement=p.placement,
+        step_s=p.step_s,
+        sol_step_s=p.sol_step_s,
+        fraction_of_sol=p.fraction_of_sol,
+        weights_moved_bytes=p.breakdown["weight_bytes"],
+        weights_real_bytes=p.breakdown["weight_payload_bytes"],
+        scale_blocks_bytes=scales,
+        kv_bytes=p.breakdown["kv_bytes"],
+        hbm_floor_s=p.breakdown["hbm_floor_s"],
+        beyond_floor_s=p.step_s - p.breakdown["hbm_floor_s"],
+    )
+
+
+def straggler_cost(model, chip, context: int = 1024, batch: int = 1, dtype: str = "bf16", **kw) -> dict:
+    """What the straggler of a whole-expert placement costs on the slice ``chip``: the modelled step paced
+    by the busiest chip (its exact distribution of experts per layer) against the same plan paced by an
+    average chip (one chip's own share of the distinct experts), and the step with split experts; seconds,
+    with the experts per layer behind each. ``kw``: the assumed costs (:func:`predict`)."""
+    cfg, chip = _check(model, chip, context, batch, "megakernel", "whole")
+    if not cfg.is_moe:
+        raise ValueError(f"{cfg.name} is a dense model: it has no experts to place")
+    if chip.chips == 1:
+        raise ValueError(f"{chip.name} is one chip: name a slice (e.g. {chip.name}-8) to place experts over")
+    coll = kw.pop("collective", KERNEL.collective)
+    plan = step_plan(cfg, chip, context, batch, dtype, "whole", coll)
+    busiest = pace(plan, chip, dtype, **kw)
+    average = pace(plan, chip, dtype, distribution=plan.distinct_experts, **kw)
+    split = pace(step_plan(cfg, chip, context, batch, dtype, "split", coll), chip, dtype, **kw)
     return dict(
         model=cfg.name,
         chip=chip.name,
+        chips=chip.chips,
+        context=context,
+        batch=batch,
         dtype=dtype,
-        placement=placement if chip.chips > 1 else "-",
-        step_s=p["step_s"],
-        sol_step_s=sol.step_s,
-        fraction_of_sol=sol.step_s / p["step_s"],
-        weights_moved_bytes=p["weight_GB"] * 1e9,
-        weights_real_bytes=p["weight_payload_GB"] * 1e9,
-        scale_blocks_bytes=scales,
-        kv_bytes=p["kv_GB"] * 1e9,
-        hbm_floor_s=p["hbm_floor_s"],
-        beyond_floor_s=p["step_s"] - p["hbm_floor_s"],
+        busiest_experts=busiest["experts_per_layer"],
+        average_experts=average["experts_per_layer"],
+        whole_step_s=busiest["step_s"],
+        average_chip_step_s=average["step_s"],
+        straggler_s=busiest["step_s"] - average["step_s"],
+        split_step_s=split["step_s"],
+        split_saves_s=busiest["step_s"] - split["step_s"],
+        kind=MODELLED,
     )
+
+
+def straggler_table(model, chip: str, chip_counts, batches, context: int = 1024, dtype: str = "bf16", **kw):
+    """:func:`straggler_cost` over slices of ``chip`` (a base chip: ``tpu-v5e``) of each of ``chip_counts`` chips
+    and each batch, one row each, times in ms."""
+    from .progress import tqdm
+
+    base = get_chip(chip).base
+    cases = [(c, b) for c in chip_counts for b in batches]
+    rows = []
+    for c, b in tqdm(cases, desc="straggler", leave=False, disable=not kw.pop("progress", False)):
+        r = straggler_cost(model, f"{base}-{c}", context, b, dtype, **kw)
+        rows.append(dict(_in_ms(k, v) for k, v in r.items() if k != "kind"))
+    return pd.DataFrame(rows).assign(kind=MODELLED)

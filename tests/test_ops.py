@@ -98,7 +98,7 @@ def test_prologue_and_emit_tokens():
 
 def test_embed():
     out = probe(plan_ops(Embed), {})
-    close(out.acts["x"][:B], R._embed(PARAMS, CFG, TOKENS))
+    close(out.acts["x"][:B], R.embed(PARAMS, CFG, TOKENS))
 
 
 def test_norm():
@@ -151,7 +151,7 @@ def test_attend(layer):
     mask = (np.arange(S)[None] <= POSITIONS[:, None]) & (
         np.arange(S)[None] < (CFG.sliding_window if t == "sliding" else S)
     )
-    want = R._attend_one(jnp.asarray(q.reshape(B, 1, nh, hd)), jnp.asarray(kc), jnp.asarray(vc), jnp.asarray(mask))
+    want = R.attend_one(jnp.asarray(q.reshape(B, 1, nh, hd)), jnp.asarray(kc), jnp.asarray(vc), jnp.asarray(mask))
     close(out.acts["attn"][:B, : nh * hd], want.reshape(B, -1))
     written = reference_cache(CFG, out.cache)
     close(written[f"layers.{layer}.k"], kc)

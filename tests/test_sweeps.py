@@ -13,7 +13,8 @@ from mk.config import get_config
 from mk.published import published
 from mk.routing import expected_distinct_experts
 from mk.sol import speed_of_light
-from mk.timing import MODELLED, predict
+from mk.timing import MODELLED, WRITE_UP, predict
+from mk.views import sweeps as views
 
 TINY = ["tiny-moe", "tiny-dense"]
 FULL = ["gemma4-26b-a4b", "gemma4-31b"]
@@ -46,7 +47,7 @@ def test_engine_table_has_every_series_context_and_batch(tiny_table):
 
 def test_engine_rows_are_the_timing_models_predictions(tiny_table):
     r = tiny_table.set_index(["model", "role", "context", "batch"]).loc[("tiny-moe", "megakernel", 64, 3)]
-    p = predict("tiny-moe", "tpu-v5e-8", 64, 3, "megakernel", "split")
+    p = predict("tiny-moe", "tpu-v5e-8", 64, 3, "megakernel", "split", collective=WRITE_UP.collective)  # as published
     assert r.tokens_per_s == pytest.approx(p.tokens_per_s)
     s = tiny_table.set_index(["model", "role", "context", "batch"]).loc[("tiny-dense", sweeps.SOL, 16, 1)]
     assert s.tokens_per_s == pytest.approx(speed_of_light(get_config("tiny-dense"), "tpu-v5e-8", 16).tokens_per_s)
@@ -79,7 +80,7 @@ def test_published_points_are_read_and_fractions_scaled_by_the_modelled_speed_of
         sol = speed_of_light(get_config("gemma4-31b"), "tpu-v5e-8", 1024)
         assert points.loc[key, "tokens_per_s"] == pytest.approx(published(key) * sol.tokens_per_s)
         assert points.loc[key, "how"] == sweeps.FRACTION_OF_SOL
-        label = sweeps.point_label(points.reset_index().set_index("key", drop=False).loc[key])
+        label = views.point_label(points.reset_index().set_index("key", drop=False).loc[key])
         assert "published fraction" in label and "modelled speed of light" in label
     assert points.source.str.startswith("data/published.csv").all()
     before = sweeps.published_points(FULL, (sweeps.BEFORE_FIXES_KEY,)).iloc[0]
@@ -119,7 +120,7 @@ def test_chip_table_says_which_chips_the_weights_do_not_fit():
     fits = t.drop_duplicates("chip").set_index("chip").fits_in_hbm
     assert not fits["tpu-v5e"] and fits["tpu-v5e-8"]  # about 50 GB of bf16 weights: 16 GB against 128 GB
     assert t.set_index(["chip", "series"]).hbm_GB[("tpu-v5e", "megakernel")] == get_chip("tpu-v5e").hbm_bytes / 1e9
-    fig = sweeps.chip_figure(t, ["gemma4-26b-a4b"], "chips")
+    fig = views.chip_figure(t, ["gemma4-26b-a4b"], "chips")
     bars = [d for d in fig.data if d.type == "bar" and d.x[0] is not None]
     assert all("/" in d.marker.pattern.shape[0] and d.text[0] == "does not fit" for d in bars)  # tpu-v5e first
     assert any("do not fit" in (d.name or "") for d in fig.data)
@@ -138,14 +139,14 @@ def test_validation_lists_the_published_points_with_errors_and_roles():
 def test_context_figure_draws_every_series_and_labels_the_published_points(tiny_table):
     points = sweeps.published_points(FULL)
     t = sweeps.engine_table(FULL, [1024, 131072], [1])
-    fig = sweeps.context_figure(t, points, FULL, "context")
+    fig = views.context_figure(t, points, FULL, "context")
     names = [d.name for d in fig.data if d.showlegend is not False]
     assert len(names) == len(set(names)) == 4 + len(points)
     assert any("fp8 MoE, bf16 dense" in n for n in names)
     assert sum("published fraction" in n and "modelled speed of light" in n for n in names) == 2
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     assert "context (positions)" in fig.layout.xaxis.title.text and "tokens/s per user" in fig.layout.yaxis.title.text
-    batch = sweeps.batch_figure(tiny_table[tiny_table.context == 16], None, TINY, "batch", total=True)
+    batch = views.batch_figure(tiny_table[tiny_table.context == 16], None, TINY, "batch", total=True)
     assert "all users" in batch.layout.yaxis.title.text
     assert batch.layout.xaxis.ticktext[1] == "3<br>(4.6)" and batch.layout.xaxis2.ticktext[1] == "3"  # 8 (1 - (6/8)^3)
     assert "distinct experts" in batch.layout.xaxis.title.text and "experts" not in batch.layout.xaxis2.title.text

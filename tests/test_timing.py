@@ -20,9 +20,11 @@ MOE = "gemma4-26b-a4b"
 def test_every_constant_names_its_source_and_kind():
     for c in timing.constants():
         assert c.source.strip(), c
-        assert c.kind in ("cited", "published", "fitted"), c
+        assert c.kind in ("cited", "published", "fitted", "assumed"), c
         if c.kind == "cited":
             assert c.value is not None and c.value > 0, c
+        elif c.kind == "assumed":  # one default for the workbook, given in the file, with no published key
+            assert c.value is not None and c.value >= 0 and c.fit_to is None, c
         else:  # fitted or published: read from data/published.csv at run time, never typed here
             assert c.value is None and c.fit_to, c
             published(c.fit_to)
@@ -168,3 +170,30 @@ def test_step_breakdown_adds_up_and_names_the_int8_scale_blocks():
         assert b["weights_moved_bytes"] >= b["weights_real_bytes"] > 0
         assert 0 < b["hbm_floor_s"] <= b["step_s"]
         assert (b["scale_blocks_bytes"] > 0) == (dtype != "bf16")
+
+
+def test_the_straggler_costs_the_busiest_chips_step_over_an_average_chips():
+    c = timing.straggler_cost(MOE, "tpu-v5e-8", 1024, 1)
+    assert c["busiest_experts"] > 2.5 and c["average_experts"] == pytest.approx(1.0)  # 128 experts, 8 chips, top-8
+    assert c["whole_step_s"] > c["average_chip_step_s"] > 0
+    assert c["straggler_s"] == pytest.approx(c["whole_step_s"] - c["average_chip_step_s"])
+    whole = timing.predict(MOE, "tpu-v5e-8", 1024, 1, placement="whole")
+    assert c["whole_step_s"] == pytest.approx(whole.step_s, rel=1e-12)  # the same step predict gives
+    assert c["split_step_s"] == pytest.approx(timing.predict(MOE, "tpu-v5e-8", 1024, 1).step_s, rel=1e-12)
+    t = timing.straggler_table(MOE, "tpu-v5e", [2, 8], [1])
+    assert t.chips.tolist() == [2, 8] and (t.straggler_ms > 0).all()
+    with pytest.raises(ValueError, match="dense model"):
+        timing.straggler_cost("gemma4-31b", "tpu-v5e-8")
+    with pytest.raises(ValueError, match="one chip"):
+        timing.straggler_cost(MOE, "tpu-v5e")
+
+
+def test_assumed_costs_come_from_the_data_file_and_a_given_one_is_said_so():
+    rows = [c for c in timing.constants() if c.kind == "assumed"]
+    assert {c.name for c in rows} == set(timing.ASSUMED) and all(c.source for c in rows)
+    default = timing.predict(MOE, "tpu-v5e-8", 1024)
+    assert default.constants["op_overhead_s"].endswith("(assumed, data/timing.csv)")
+    more = timing.predict(MOE, "tpu-v5e-8", 1024, op_overhead_s=1e-6, dma_issue_s=1e-6)
+    assert more.step_s > default.step_s and more.constants["op_overhead_s"].endswith("(given)")
+    with pytest.raises(ValueError, match="unknown assumed cost"):
+        timing.assumed_costs("tpu", per_layer_s=1.0)

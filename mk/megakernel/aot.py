@@ -181,7 +181,7 @@ def sharded_compiles(
 
     rows = []
     for model in models:
-        cfg = get_config(model) if isinstance(model, str) else model
+        cfg = get_config(model)
         for chip in chips:
             n = get_chip(chip).chips
             for placement in placements if cfg.is_moe else ("split",):

@@ -119,7 +119,7 @@ def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.
 
     from ..params import param_specs
     from ..profiling import count_kernels
-    from ..reference import _decode_step
+    from ..reference import decode_step_program
     from ..tpu import aot_compile
     from .aot import compile_for_tpu
 
@@ -129,7 +129,7 @@ def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.
     )
     cache_shapes = jax.eval_shape(partial(R.init_cache, cfg, batch, max_len, dtype))
     ref = aot_compile(
-        lambda p, c, t, pos: _decode_step(p, cfg, c, t, pos, frozenset()),
+        lambda p, c, t, pos: decode_step_program(p, cfg, c, t, pos, frozenset()),
         chip,
         param_shapes,
         cache_shapes,

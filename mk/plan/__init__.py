@@ -55,7 +55,7 @@ from .records import (
 )
 from .schedule import fold, groups, start_runs
 from .step import StepPlan, build_plan
-from .timeline import memory_busy_fraction, timeline
+from .timeline import memory_busy_fraction, step_end, timeline
 
 __all__ = [
     "BLOCK",
@@ -102,6 +102,7 @@ __all__ = [
     "round_up",
     "stacked",
     "start_runs",
+    "step_end",
     "timeline",
     "type_index",
     "vector_rows",

@@ -30,6 +30,25 @@ def timeline(
     narrower weight types). ``distinct[layer]``: experts fetched per layer (default:
     the expected number under uniform routing, rounded). Rows: lane, stream (weights, kv cache, serial,
     compute), what, layer, component, start_s, end_s. A first-order model of one chip, not a measurement."""
+    return _walk(plan, chip, distinct, op_overhead_s, dma_issue_s, ici_latency_s, compute_s, load_bytes, True)[0]
+
+
+def step_end(plan, chip, distinct: dict[int, int] | None = None, **costs) -> float:
+    """When :func:`timeline`'s step ends (seconds), without recording its rows."""
+    return _walk(plan, chip, distinct, record=False, **costs)[1]
+
+
+def _walk(
+    plan,
+    chip,
+    distinct=None,
+    op_overhead_s=0.0,
+    dma_issue_s=0.0,
+    ici_latency_s=0.0,
+    compute_s=None,
+    load_bytes=None,
+    record=True,
+) -> tuple[list[dict], float]:
     from ..chips import get_chip
 
     chip = get_chip(chip) if isinstance(chip, str) else chip
@@ -47,17 +66,18 @@ def timeline(
     rows = []
 
     def row(lane, stream, what, op_or_load, start, end):
-        rows.append(
-            dict(
-                lane=lane,
-                stream=stream,
-                what=what,
-                layer=op_or_load.layer,
-                component=op_or_load.component,
-                start_s=start,
-                end_s=end,
+        if record:
+            rows.append(
+                dict(
+                    lane=lane,
+                    stream=stream,
+                    what=what,
+                    layer=op_or_load.layer,
+                    component=op_or_load.component,
+                    start_s=start,
+                    end_s=end,
+                )
             )
-        )
 
     dma_free, compute_free, issued_at, arrive = 0.0, 0.0, 0.0, {}
     for it in plan.items:
@@ -92,7 +112,7 @@ def timeline(
             compute_free = s + compute_s(op) + op_overhead_s
             issued_at = compute_free  # the next Start is issued after this op
             row("compute", "compute", op.kind, op, s, compute_free)
-    return rows
+    return rows, max(dma_free, compute_free)
 
 
 def memory_busy_fraction(rows: list[dict]) -> float:

@@ -28,8 +28,8 @@ shapes in bf16 (weights, activations and the KV cache):
 - ``head`` (once per step): the tied embedding ``[vocab, hidden]`` times the normed hidden state, the
   logit softcap, the argmax (the greedy token).
 
-The math is mk.reference's own building blocks (``_qkv``, ``_write_slots``, ``_attend_one``, ``_mlp``,
-``route``, ``_head``, ``rms_norm``, ``matmul_t``) on the decode layout of :func:`mk.reference.prepare`
+The math is mk.reference's own building blocks (``qkv``, ``write_slots``, ``attend_one``, ``mlp``,
+``route``, ``head``, ``rms_norm``, ``matmul_t``) on the decode layout of :func:`mk.reference.prepare`
 (matrices ``[out, in]``). The q/k norm vectors are read by the attention programs (mk.plan's
 ``QKVNormRope`` is attention's too), though mk.params counts them under ``norms``. The embedding lookup of
 the input token is left out (mk.sol does not count it either), as are the collectives (one chip).
@@ -163,12 +163,12 @@ def component_programs(cfg: Gemma4Config, context: int = 1024, batch: int = 1) -
         kv_name = "kv_sliding" if t == SLIDING else "kv_full"
 
         def attention(p, xn, k_cache, v_cache, pos, t=t, S=S):
-            q, k, v = R._qkv(p, cfg, t, xn, pos[:, None], ko, R.matmul_t)
+            q, k, v = R.qkv(p, cfg, t, xn, pos[:, None], ko, R.matmul_t)
             slot = pos % S  # a sliding layer's ring (S = window once the context fills it); a full layer's pos
-            k_cache = R._write_slots(k_cache, k.transpose(0, 2, 1, 3).astype(k_cache.dtype), slot)
-            v_cache = R._write_slots(v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), slot)
+            k_cache = R.write_slots(k_cache, k.transpose(0, 2, 1, 3).astype(k_cache.dtype), slot)
+            v_cache = R.write_slots(v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), slot)
             mask = jnp.arange(S)[None, :] <= pos[:, None]
-            attn = R.matmul_t(R._attend_one(q, k_cache, v_cache, mask), p["o"])
+            attn = R.matmul_t(R.attend_one(q, k_cache, v_cache, mask), p["o"])
             return attn, k_cache, v_cache
 
         progs[comp] = Program(
@@ -187,7 +187,7 @@ def component_programs(cfg: Gemma4Config, context: int = 1024, batch: int = 1) -
     mlp = layer_shapes(0, SHARED_MLP)
 
     def shared_mlp(p, h):
-        return R._mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], R.matmul_t)
+        return R.mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], R.matmul_t)
 
     progs[SHARED_MLP] = Program(
         SHARED_MLP, SHARED_MLP, PER_LAYER, shared_mlp, (mlp, x), sol_weight_bytes=sol[SHARED_MLP] / L
@@ -213,7 +213,7 @@ def component_programs(cfg: Gemma4Config, context: int = 1024, batch: int = 1) -
                 for j in range(k):
                     e = ids[n, j]
                     g, u, d = (jax.lax.dynamic_index_in_dim(p[name], e, keepdims=False) for name in experts)
-                    y = y + w[n, j] * R._mlp(h[n], g, u, d, R.matmul_t)  # summed in slot order, as the reference
+                    y = y + w[n, j] * R.mlp(h[n], g, u, d, R.matmul_t)  # summed in slot order, as the reference
                 out.append(y)
             return jnp.stack(out)
 
@@ -267,7 +267,7 @@ def component_programs(cfg: Gemma4Config, context: int = 1024, batch: int = 1) -
     # The head: logits of the whole vocabulary, softcap, argmax ----------------------------------
     def head(embed, h):
         # the final norm is its own program above: mk.reference's _head with norms switched off
-        logits = R._head({"embed": embed, "final_norm": None}, cfg, h, frozenset({NORMS}))
+        logits = R.head({"embed": embed, "final_norm": None}, cfg, h, frozenset({NORMS}))
         return jnp.argmax(logits, axis=-1)
 
     progs[HEAD] = Program(HEAD, HEAD, PER_STEP, head, (sds((V, H)), sds((B, H))), sol_weight_bytes=sol[HEAD])

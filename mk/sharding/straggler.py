@@ -20,11 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..chips import Chip, get_chip
-from ..config import Gemma4Config, get_config
-from ..params import EXPERTS, param_specs
+from ..config import Gemma4Config
 from ..routing import busiest_chip_distribution, check_placement, distinct_experts_distribution
-from ..sol import get_dtype
 from ..units import positive_int
 
 EXACT = "modelled (exact under uniform routing: mk.sharding.straggler)"
@@ -236,94 +233,6 @@ def distribution_table(results) -> pd.DataFrame:
             for m, p in s.distribution.items()
         ]
     )
-
-
-# What the straggler costs ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StragglerCost:
-    """Expert bytes the busiest chip loads per decode step (all layers), whole against split placement,
-    and their time at one chip's HBM bandwidth. Modelled: uniform routing, experts only."""
-
-    model: str
-    chip: str
-    chips: int
-    batch: int
-    dtype: str
-    expert_bytes: float  # one expert's gate, up and down matrices, summed over the layers
-    expected_max: float  # experts per layer on the busiest chip, whole placement
-    mean: float  # experts per layer on every chip, split placement
-    bandwidth: float  # bytes/s of one chip
-
-    @property
-    def whole_bytes(self) -> float:
-        return self.expected_max * self.expert_bytes
-
-    @property
-    def split_bytes(self) -> float:
-        return self.mean * self.expert_bytes
-
-    @property
-    def whole_ms(self) -> float:
-        return self.whole_bytes / self.bandwidth * 1e3
-
-    @property
-    def split_ms(self) -> float:
-        return self.split_bytes / self.bandwidth * 1e3
-
-    @property
-    def straggler_ms(self) -> float:
-        return self.whole_ms - self.split_ms
-
-    def to_dict(self) -> dict:
-        return {
-            "model": self.model,
-            "chip": self.chip,
-            "chips": self.chips,
-            "batch": self.batch,
-            "dtype": self.dtype,
-            "expert_bytes": self.expert_bytes,
-            "expected_max": self.expected_max,
-            "mean": self.mean,
-            "bandwidth_Bps": self.bandwidth,
-            "whole_bytes": self.whole_bytes,
-            "split_bytes": self.split_bytes,
-            "whole_ms": self.whole_ms,
-            "split_ms": self.split_ms,
-            "straggler_ms": self.straggler_ms,
-            "kind": "modelled (expert bytes of the busiest chip / one chip's HBM bandwidth, uniform routing)",
-        }
-
-
-def straggler_cost(
-    cfg: Gemma4Config | str, chip: Chip | str, chips: int, batch: int = 1, dtype: str = "bf16"
-) -> StragglerCost:
-    """The busiest chip's expert bytes per step under whole placement (expected max x one expert's bytes,
-    every layer) against split placement (expected distinct / C x one expert's bytes), and the time each
-    takes at one chip's bandwidth. ``chip``: a chip (``tpu-v5e``) or a slice of ``chips`` of them."""
-    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
-    chip = get_chip(chip) if isinstance(chip, str) else chip
-    if not cfg.is_moe:
-        raise ValueError(f"{cfg.name} is a dense model: it has no experts to place")
-    if chip.chips not in (1, chips):
-        raise ValueError(f"{chip.name} is a slice of {chip.chips} chips, not {chips}; name the base chip {chip.base}")
-    s = busiest_chip(cfg.num_experts, chips, cfg.top_k, batch)
-    per_expert = sum(p.size for p in param_specs(cfg) if p.component == EXPERTS) / cfg.num_experts
-    return StragglerCost(
-        cfg.name,
-        chip.base,
-        chips,
-        batch,
-        dtype,
-        expert_bytes=per_expert * get_dtype(dtype).expert,
-        expected_max=s.expected_max,
-        mean=s.mean,
-        bandwidth=chip.per_chip_bandwidth,
-    )
-
-
-def cost_table(cfg: Gemma4Config | str, chip: str, chip_counts, batches, dtype: str = "bf16") -> pd.DataFrame:
-    """:func:`straggler_cost` for every chip count and batch, one row each."""
-    return pd.DataFrame([straggler_cost(cfg, chip, c, b, dtype).to_dict() for c in chip_counts for b in batches])
 
 
 # Reading a published number against the model ----------------------------------------------------

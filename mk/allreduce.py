@@ -1,0 +1,238 @@
+"""The in-kernel all-reduce priced from the step plans, and what each fix of the eight-chip step buys.
+
+Every number here is modelled from one chip's plan (``mk.plan.build_plan`` with a ``Shard``) and the timing
+model (``mk.timing``, the one path from a plan to seconds): the all-reduces' payloads and the bytes each chip
+sends (what the kernel sends: the users' rows, 2 at least in bf16; the head's argmax gather its whole 8-row
+block), how much of the time on the link the weight DMAs stream through, and the step of the chip that sets
+the pace after each fix (``mk.timing.FIXES``: whole -> split experts, the weight DMAs kept in flight across
+the all-reduce, a bf16 payload, reduce-scatter + all-gather). A chip's sends leave over one link at its ICI
+bandwidth (a simplification: a slice's chip has several links; ``links`` scales it as a sensitivity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from .chips import Chip, get_chip
+from .config import Gemma4Config
+from .plan import ROWS, AllReduce, GatherBest
+from .sharding import Collective, Placement
+from .timing import FIXES, MODELLED, assumed_costs, link_latency, predict, step_plan
+from .units import LANE, positive_int, round_up
+
+# Which partial sum each activation of an all-reduce is.
+_ACTS = {"x": "embedding", "attn_out": "attention", "ffn": "shared MLP", "moe": "experts"}
+
+# The all-reduce's algorithm and wire type, every combination: (algorithm, payload, switches).
+SWITCHES = tuple(
+    (algorithm, dtype, Collective(bf16_payload=bf16, reduce_scatter=rs))
+    for rs, algorithm in ((False, "all to all"), (True, "reduce-scatter + all-gather"))
+    for bf16, dtype in ((False, "f32"), (True, "bf16"))
+)
+
+
+def with_links(chip: Chip | str, links: int) -> Chip:
+    """``chip`` with its sends spread evenly over ``links`` links (ICI bandwidth x links)."""
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    positive_int("links", links)
+    return dataclasses.replace(chip, ici_bandwidth=chip.ici_bandwidth * links)
+
+
+# The collective's payload ---------------------------------------------------------------------------
+def reduces(op) -> str:
+    """What a cross-chip op sums (or gathers), in words."""
+    if isinstance(op, GatherBest):
+        return "head argmax (gather)"
+    return " + ".join(_ACTS.get(a, a) for a in op.acts)
+
+
+def payload_table(cfg: Gemma4Config, chip: Chip | str, batches, context: int = 1024) -> pd.DataFrame:
+    """Every cross-chip op of one chip's step under each switch (``SWITCHES``), one row per kind of op and
+    batch: the payload each chip contributes as the kernel sends it (the users' rows, rounded to whole
+    packed rows in bf16; the FFN's shared MLP and experts travel together; the argmax gather's 8-row
+    blocks), the bytes one chip sends, the rounds, how often a step does it, and the time at one link of
+    the slice ``chip``'s ICI bandwidth plus its link latency per round (mk.timing.link_latency). Also what the
+    users' own rows alone would send (``unpadded``)."""
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    chips, ici_latency_s = chip.chips, link_latency(chip)
+    rows = []
+    for batch in batches:
+        for algorithm, dtype, coll in SWITCHES:
+            plan = step_plan(cfg, chip, context, batch, "bf16", "split", coll)
+            ops = [op for op in plan.ops if isinstance(op, (AllReduce, GatherBest))]
+            for what in dict.fromkeys(reduces(op) for op in ops):
+                same = [op for op in ops if reduces(op) == what]
+                op = same[0]
+                if isinstance(op, AllReduce):
+                    n = len(op.acts)
+                    shape, wire, padded = (
+                        f"{n} x {op.rows} x {op.width}",
+                        "bf16" if op.itemsize == 2 else "f32",
+                        op.rows,
+                    )
+                    payload, users = n * op.rows * op.width * op.itemsize, batch
+                else:  # each chip's best value and its index, one [8, 128] f32 block each
+                    shape, wire, padded = f"2 x {ROWS} x {LANE}", "f32", ROWS
+                    payload, users = op.sent_bytes // (chips - 1), batch
+                each_s = op.sent_bytes / chip.ici_bandwidth + op.rounds * ici_latency_s
+                # the bytes sent are linear in the rows: what the users' own rows alone would send
+                unpadded_s = op.sent_bytes * min(1.0, users / padded) / chip.ici_bandwidth + op.rounds * ici_latency_s
+                rows.append(
+                    dict(
+                        model=cfg.name,
+                        batch=batch,
+                        algorithm=algorithm,
+                        payload=dtype,
+                        reduces=what,
+                        per_step=len(same),
+                        shape=shape,
+                        wire=wire,
+                        payload_bytes=payload,
+                        sent_bytes=op.sent_bytes,
+                        rounds=op.rounds,
+                        sent_MB_per_step=len(same) * op.sent_bytes / 1e6,
+                        ici_us_each=each_s * 1e6,
+                        ici_ms_per_step=len(same) * each_s * 1e3,
+                        unpadded_ms_per_step=len(same) * unpadded_s * 1e3,
+                    )
+                )
+    return pd.DataFrame(rows)
+
+
+def per_step(payloads: pd.DataFrame) -> pd.DataFrame:
+    """:func:`payload_table` summed over a step: cross-chip ops, MB each chip sends, ICI time (padded rows,
+    and the users' rows alone)."""
+    keys = ["model", "batch", "algorithm", "payload"]
+    return (
+        payloads.groupby(keys, sort=False, as_index=False)
+        .agg(
+            ops=("per_step", "sum"),
+            sent_MB_per_step=("sent_MB_per_step", "sum"),
+            ici_ms_per_step=("ici_ms_per_step", "sum"),
+            unpadded_ms_per_step=("unpadded_ms_per_step", "sum"),
+        )
+        .reset_index(drop=True)
+    )
+
+
+# How much of the link time the weight DMAs stream through -------------------------------------
+def link_overlap(rows: list[dict]) -> dict:
+    """Of a timeline's (mk.plan.timeline rows), the time on the link (lane "ici", compute waiting) and how
+    much of it the DMA engine spends streaming weights and KV meanwhile (lane "dma"): what the overlap
+    hides. Seconds, with the step."""
+    t = pd.DataFrame(rows)
+    ici, dma = t[t.lane == "ici"], t[t.lane == "dma"]
+    s = np.maximum.outer(ici.start_s.to_numpy(), dma.start_s.to_numpy())
+    e = np.minimum.outer(ici.end_s.to_numpy(), dma.end_s.to_numpy())
+    return dict(
+        step_s=t.end_s.max(),
+        link_s=(ici.end_s - ici.start_s).sum(),
+        dma_during_link_s=np.clip(e - s, 0, None).sum(),
+    )
+
+
+# The step after each fix ------------------------------------------------------------------------------
+def published_step(key: str, cfg: Gemma4Config, chip: Chip, context: int, batch: int) -> float:
+    """The published step time ``key`` (data/published.csv) when it timed this model, slice, context and
+    batch; NaN otherwise."""
+    from .published import published, published_table
+
+    row = published_table().set_index("key").loc[key]
+    same = (row.model, row.chip, int(row.context), int(row.batch)) == (cfg.name, chip.name, context, batch)
+    return published(key) if same else float("nan")
+
+
+def fix_steps(
+    cfg: Gemma4Config, chip: Chip | str, context: int, batch: int, fixes=FIXES, links: int = 1, **assumed
+) -> pd.DataFrame:
+    """The modelled step after each fix (``mk.timing.FIXES``: whole experts without overlap, then split
+    experts, the overlap, a bf16 payload, reduce-scatter) on the slice ``chip`` (``tpu-v5e-8``), one row each:
+    ``mk.timing.predict``'s step and the pacing chip's bytes and floors, beside its published time where
+    data/published.csv has one for this model, slice, context and batch, and the error modelled / published
+    - 1. ``links``: links a chip's sends spread over; ``assumed``: the assumed costs (default data/timing.csv's)."""
+    chip = with_links(chip, links)
+    rows = []
+    for fix in fixes:
+        p = predict(cfg, chip, context, batch, placement=fix.placement, collective=fix.collective, **assumed)
+        b = p.breakdown
+        published = published_step(fix.published, cfg, chip, context, batch) if fix.published else float("nan")
+        rows.append(
+            dict(
+                fix=fix.name,
+                placement=str(fix.placement),
+                overlap=fix.collective.overlap,
+                bf16_payload=fix.collective.bf16_payload,
+                reduce_scatter=fix.collective.reduce_scatter,
+                pace="busiest chip" if fix.placement == Placement.WHOLE and cfg.is_moe else "every chip",
+                experts_fetched=b["experts_per_layer"],
+                whole_experts_worth=b["experts_per_layer"] * b["expert_share"],
+                weight_GB=b["weight_bytes"] / 1e9,
+                weight_payload_GB=b["weight_payload_bytes"] / 1e9,
+                kv_GB=b["kv_bytes"] / 1e9,
+                sent_MB=b["sent_bytes"] / 1e6,
+                hbm_floor_ms=b["hbm_floor_s"] * 1e3,
+                payload_floor_ms=b["payload_floor_s"] * 1e3,
+                ici_ms=b["ici_s"] * 1e3,
+                step_ms=p.step_s * 1e3,
+                fraction_of_sol=p.fraction_of_sol,
+                published_ms=published * 1e3,
+                error=p.step_s / published - 1,
+            )
+        )
+    return pd.DataFrame(rows).assign(kind=MODELLED)
+
+
+def sensitivity(cfg: Gemma4Config, chip: Chip | str, context: int, batch: int, links, overheads_s) -> pd.DataFrame:
+    """:func:`fix_steps` for each number of ``links`` a chip's sends spread over and each assumed cost per op
+    and per DMA issued in ``overheads_s`` (seconds; the workbook's default from data/timing.csv among them):
+    how far the model's simplifications move each fix."""
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    default = assumed_costs(chip.kind)
+    runs = [
+        fix_steps(cfg, chip, context, batch, FIXES, n, op_overhead_s=o, dma_issue_s=o).assign(
+            links=n,
+            overhead_ns=o * 1e9,
+            default=n == 1 and all(v == o for v in default.values()),
+        )
+        for n in links
+        for o in sorted({*overheads_s, *default.values()})
+    ]
+    return pd.concat(runs, ignore_index=True)
+
+
+def best_fits(table: pd.DataFrame) -> pd.DataFrame:
+    """For each fix with a published time, the case of :func:`sensitivity` that comes closest to it."""
+    timed = table.dropna(subset=["published_ms"])
+    return timed.loc[timed.error.abs().groupby(timed.fix, sort=False).idxmin()].reset_index(drop=True)
+
+
+def padding_table(cfg: Gemma4Config, chip: Chip | str, context: int, batch: int) -> pd.DataFrame:
+    """Per chip and placement, expected weight bytes by component as the DMAs move them (the layout pads
+    every matrix's intermediate to whole 128-lane tiles) against the bytes that hold weights: the plan's
+    ``weight_bytes`` against its ``payload_bytes`` (average chip, uniform routing), with the intermediate
+    widths a chip holds and lays out."""
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    rows = []
+    for placement in Placement if cfg.is_moe else (Placement.SPLIT,):
+        plan = step_plan(cfg, chip, context, batch, "bf16", placement, Collective())
+        moved, payload = plan.bytes_by_component(), plan.bytes_by_component(payload=True)
+        widths = {"shared_mlp": plan.cfg.mlp_intermediate, "experts": plan.cfg.expert_intermediate}
+        for component in [*moved, "(all weights)"]:
+            m = plan.weight_bytes if component == "(all weights)" else moved[component]
+            p = plan.payload_bytes if component == "(all weights)" else payload[component]
+            w = widths.get(component)
+            rows.append(
+                dict(
+                    placement=str(placement),
+                    component=component,
+                    intermediate_per_chip=w,
+                    laid_out=None if w is None else round_up(w, LANE),
+                    moved_GB=m / 1e9,
+                    payload_GB=p / 1e9,
+                    padding=m / p - 1,
+                )
+            )
+    return pd.DataFrame(rows)
