@@ -1,0 +1,193 @@
+"""mk's import graph: no cycles, and every import (at module level or inside a function) goes down or across
+the declared layers, never up. Layers, from the ground up (the README's architecture section says the same):
+
+- ground: records, data files, arithmetic every layer shares, and measuring instruments that know no model;
+- arith: the speed of light;
+- model: weights, INT8 numerics, the reference decoder;
+- plan: the step plan;
+- kernel: the megakernel, the engines that generate, the straggler's sampling over a model's router;
+- cost: the timing model and what measures or prices a step;
+- analysis: the timing model held against published numbers, the sweeps;
+- views: figures and the report;
+- face: the command line and notebook helpers.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = {
+    "ground": [
+        "mk",
+        "mk.units",
+        "mk.config",
+        "mk.params",
+        "mk.chips",
+        "mk.files",
+        "mk.progress",
+        "mk.published",
+        "mk.routing",
+        "mk.quant_schemes",
+        "mk.tpu",
+        "mk.sharding",
+        "mk.sharding.collective",
+        "mk.sharding.placement",
+        "mk.sharding.mesh",
+        "mk.profiling",
+        "mk.profiling.bandwidth",
+        "mk.profiling.compare",
+        "mk.profiling.eager",
+        "mk.profiling.hlo",
+        "mk.profiling.kernels",
+        "mk.profiling.knockouts",
+        "mk.profiling.trace",
+    ],
+    "arith": ["mk.sol"],
+    "model": ["mk.weights", "mk.quant", "mk.reference"],
+    "plan": ["mk.plan", "mk.plan.*"],
+    "kernel": ["mk.megakernel", "mk.megakernel.*", "mk.generate", "mk.sharding.straggler"],
+    "cost": [
+        "mk.timing",
+        "mk.allreduce",
+        "mk.bench",
+        "mk.quality",
+        "mk.tpu_smoke",
+        "mk.sharding.overlap",
+        "mk.profiling.gpu",
+        "mk.profiling.xla_cost",
+    ],
+    "analysis": ["mk.verdict", "mk.sweeps"],
+    "views": ["mk.figures", "mk.report", "mk.views", "mk.views.*"],
+    "face": ["mk.__main__", "mk.notebook"],
+}
+ORDER = list(LAYERS)
+PLOTTING = ("plotly", "kaleido")  # only views and face may import these
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in (ROOT / "mk").rglob("*.py"):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def layer_of(name: str) -> int:
+    for i, (layer, names) in enumerate(LAYERS.items()):
+        for n in names:
+            if name == n or (n.endswith(".*") and name.startswith(n[:-1])):
+                return i
+    raise AssertionError(f"{name} is in no layer: add it to tests/test_layers.py (and the README's architecture)")
+
+
+def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
+    """Every mk module ``name`` imports, anywhere in the file, with the line: ``from x import y`` counts y
+    when y is a module, else x."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("mk"):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.append((sub if sub in known else target, node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "mk"]
+    return out
+
+
+def third_party(path: Path) -> set[str]:
+    tops = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            tops.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+    return tops
+
+
+def graph() -> dict[str, dict[str, int]]:
+    mods = modules()
+    return {name: {t: line for t, line in imports(name, path, set(mods)) if t != name} for name, path in mods.items()}
+
+
+def test_every_module_is_in_a_layer():
+    for name in modules():
+        layer_of(name)
+
+
+def test_no_import_goes_up_a_layer():
+    bad = []
+    for name, targets in graph().items():
+        for target, line in targets.items():
+            # importing mk.a.b runs mk.a's __init__ too: the package counts as imported
+            chain = [".".join(target.split(".")[: i + 1]) for i in range(target.count(".") + 1)]
+            for t in chain:
+                if layer_of(t) > layer_of(name):
+                    bad.append(f"{name} ({ORDER[layer_of(name)]}) line {line} imports {t} ({ORDER[layer_of(t)]})")
+    assert not bad, "imports against the layer order:\n" + "\n".join(sorted(set(bad)))
+
+
+def find_cycle(g: dict[str, dict[str, int]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in g.get(n, {}):
+            if state.get(m) == 1:
+                return stack[stack.index(m) :] + [m]
+            if m not in state and (c := visit(m)):
+                return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in g:
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    cycle = find_cycle(graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_checks_fail_on_what_they_guard_against():
+    """The walker finds a cycle like the one the reference once had (reference -> quant -> generate ->
+    reference), and a plan that imports the kernel is an import up the layers."""
+    g = {"mk.reference": {"mk.quant": 1}, "mk.quant": {"mk.generate": 1}, "mk.generate": {"mk.reference": 1}}
+    assert find_cycle(g) == ["mk.reference", "mk.quant", "mk.generate", "mk.reference"]
+    assert layer_of("mk.plan.step") < layer_of("mk.megakernel.kernel")
+    assert layer_of("mk.timing") < layer_of("mk.views.timeline") and layer_of("mk.sol") < layer_of("mk.reference")
+
+
+def test_only_views_and_the_face_import_plotting():
+    views = ORDER.index("views")
+    bad = [
+        f"{name} imports {sorted(third_party(path) & set(PLOTTING))}"
+        for name, path in modules().items()
+        if layer_of(name) < views and third_party(path) & set(PLOTTING)
+    ]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("module", ["mk.timing", "mk.sol", "mk.plan", "mk.verdict"])
+def test_the_cost_model_runs_without_plotting(module):
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in {PLOTTING!r}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
