@@ -87,6 +87,18 @@ def _fitted_cases() -> set[Case]:
     return {_case(t.loc[constant("kernel_s", kind).fit_to]) for kind in ("gpu", "tpu")}
 
 
+def _published_step_points() -> dict[Case, str]:
+    """Each case the write-up published a step, tokens/s or fraction of the speed of light for, with its key."""
+    out = {}
+    t = published_table()
+    for q in STEP_QUANTITIES:
+        for _, r in t[t.quantity == q].iterrows():
+            case = _case(r)
+            if case is not None:
+                out.setdefault(case, r["key"])
+    return out
+
+
 def _case(row) -> Case | None:
     """The Case a published row timed, from its engine, model, chip, context, batch and dtype columns."""
     engine = str(row["engine"]).split(":")[0]
@@ -110,7 +122,8 @@ def _value(quantity: str, p: Prediction, component: str | None, case: Case) -> f
     if quantity == "kernels_per_token":
         return p.kernels_per_step
     if quantity == "knockout_time":
-        t = knockouts(case.model, case.chip, case.context, case.batch, case.engine, case.dtype, [component])
+        kw = dict(placement=case.fix.placement, collective=case.fix.collective) if case.engine == "megakernel" else {}
+        t = knockouts(case.model, case.chip, case.context, case.batch, case.engine, case.dtype, [component], **kw)
         return float(t[("kernel_time_ms" if case.engine == "general" else "shrink_ms")].iloc[0]) / 1e3
     raise KeyError(quantity)
 
@@ -119,9 +132,16 @@ def validation_table() -> pd.DataFrame:
     """Every published number of a step the timing model can run: the megakernel on the v5e-8 (after and
     before the fixes, INT8 experts, the dense model), the general stack (vLLM on the H100 and on the same
     TPU), both columns of the component table, the kernels per token. Units as published (seconds, tok/s,
-    fractions, kernels)."""
-    fitted, rows, cache = _fitted_cases(), [], {}
-    for _, r in published_table().iterrows():
+    fractions, kernels).
+
+    A step, its tokens/s and its fraction of the speed of light are one published point: ``point`` names the
+    row that stands for it (its step where published, else its tokens/s, else its fraction), and the others
+    say ``same point as`` it in ``role``. Roles: ``test``, ``fitted`` (the model was fitted to it), ``input``
+    (the model scales from it), ``by construction`` (the model cannot give anything else)."""
+    fitted, rows, cache, primary = _fitted_cases(), [], {}, {}
+    table = published_table()
+    order = {q: i for i, q in enumerate(STEP_QUANTITIES)}
+    for _, r in table.sort_values("quantity", key=lambda q: q.map(order).fillna(len(order))).iterrows():
         case = _case(r) if r["quantity"] in _QUANTITIES else None
         if case is None:
             continue
@@ -130,13 +150,18 @@ def validation_table() -> pd.DataFrame:
             cache[case] = case.predict()
         p = cache[case]
         modelled = _value(r["quantity"], p, component, case)
+        point = primary.setdefault(case, r["key"]) if r["quantity"] in STEP_QUANTITIES else r["key"]
         # knock-outs test how the time splits, which the fit does not set
         role = "fitted" if case in fitted and r["quantity"] != "knockout_time" else "test"
-        if r["quantity"] == "kernels_per_token" and case.engine == "general":
-            role = "input"  # the published count is what the general stack's count scales from
+        if r["quantity"] == "kernels_per_token":
+            # the general stack's count is scaled from the published one; the megakernel is one kernel by design
+            role = "input" if case.engine == "general" else "by construction"
+        if point != r["key"]:
+            role = f"same point as {point}"
         rows.append(
             dict(
                 key=r["key"],
+                point=point,
                 quantity=r["quantity"],
                 case=case.label,
                 component=component or "",
@@ -147,10 +172,31 @@ def validation_table() -> pd.DataFrame:
                 role=role,
             )
         )
-    return pd.DataFrame(rows).assign(kind=f"{PUBLISHED} vs {MODELLED}")
+    out = pd.DataFrame(rows).set_index("key").loc[[k for k in table.key if k in {r["key"] for r in rows}]]
+    return out.reset_index().assign(kind=f"{PUBLISHED} vs {MODELLED}")
 
 
-_QUANTITIES = ("step_time", "tokens_per_s", "fraction_of_sol", "knockout_time", "kernels_per_token")
+STEP_QUANTITIES = ("step_time", "tokens_per_s", "fraction_of_sol")  # one published point, three ways to say it
+_QUANTITIES = (*STEP_QUANTITIES, "knockout_time", "kernels_per_token")
+
+
+def is_test(role: str) -> bool:
+    """Whether a row with ``role`` tests the model (``test``, or ``test (baseline fitted)``)."""
+    return role.startswith("test")
+
+
+def points_table(validation: pd.DataFrame | None = None, verdicts: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per published point the model is held against: the validation table's points (a step, its
+    tokens/s and its fraction counted once) and the verdict's speed-ups that are not a ratio of two of them,
+    with the error and the role of each. ``validation``, ``verdicts``: the tables, when already computed."""
+    v = validation_table() if validation is None else validation
+    d = verdict_table() if verdicts is None else verdicts
+    own = v[v.key == v.point][["key", "quantity", "case", "component", "published", "modelled", "error", "role"]]
+    ratios = d.dropna(subset=["modelled"])
+    ratios = ratios[~ratios.role.str.startswith("derived")].assign(
+        quantity="speedup", case=ratios.situation, component=""
+    )[["key", "quantity", "case", "component", "published", "modelled", "error", "role"]]
+    return pd.concat([own, ratios], ignore_index=True).assign(kind=f"{PUBLISHED} vs {MODELLED}")
 
 
 # The verdict -----------------------------------------------------------------------------------------
@@ -174,8 +220,9 @@ def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
     """The write-up's verdict table: the published speed-up, the modelled one (megakernel tokens/s per user
     over the general stack's, each on the hardware the write-up used) with its error, and a measured one
     where ``measured`` (rows with key and speedup) has it. A situation the workbook has no model for (Llama
-    1B) says so."""
-    fitted = _fitted_cases()
+    1B) says so; a speed-up that is the ratio of two published points (the write-up's 640 over 173 tok/s) is
+    ``derived`` from them, not a point of its own."""
+    fitted, published = _fitted_cases(), _published_step_points()
     rows = []
     for key, situation, mk_case, gen_case in VERDICTS:
         pub = float(published_table().set_index("key").loc[key, "value"])
@@ -198,6 +245,8 @@ def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
         m, g = mk_case.predict(), gen_case.predict()
         modelled = m.tokens_per_s / g.tokens_per_s
         role = "test (baseline fitted)" if gen_case in fitted else "test"
+        if mk_case in published and gen_case in published:  # a ratio of two published points, not a third
+            role = f"derived: {published[mk_case]} / {published[gen_case]}"
         rows.append(
             dict(
                 key=key,

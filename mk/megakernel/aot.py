@@ -39,7 +39,6 @@ def compile_for_tpu(
     (``chip`` a slice of ``shard.chips``: ``tpu-v5e-8``), each weight and cache sharded on its split
     axis. ``quantize``: the mk.quant scheme whose matrices stream as INT8 with their scales. Returns (plan,
     compiled): one chip's plan, the program of every chip."""
-    from ..chips import get_chip
     from ..tpu import aot_compile
 
     plan = build_plan(
@@ -54,10 +53,7 @@ def compile_for_tpu(
         shard=shard,
         quantize=quantize,
     )
-    vmem = get_chip(chip).vmem_bytes
-    need = plan.check_vmem(chip)
-    # headroom for Mosaic's own internal scratch, unless the caller sets the limit
-    limit = vmem_limit_bytes or int(min(vmem, need + need // 4 + 8 * 2**20))
+    limit = vmem_limit_bytes or plan.vmem_limit(chip)
     shapes = input_shapes(plan, weight_dtype, kv_dtype)
     if shard.sharded:
         return plan, _compile_sharded(plan, chip, shapes, weight_dtype, kv_dtype, limit, compiler_options)
@@ -167,6 +163,14 @@ def compile_times(
     return pd.DataFrame(rows)
 
 
+def compiled_kind(device: str) -> str:
+    """What a table of :func:`sharded_compiles` is, for its caption: compiled (not run) on ``device``."""
+    return (
+        f"compiled ahead of time by libtpu on {device}: compile_s measured there, compiler_hbm_gb read off the "
+        "compiled program, plan_* modelled (step plan); nothing ran on a TPU"
+    )
+
+
 def sharded_compiles(
     models, chips, placements=("whole", "split"), batch: int = 1, max_len: int = 1024, quantize: str = "none"
 ) -> pd.DataFrame:
@@ -203,7 +207,7 @@ def sharded_compiles(
                         plan_hbm_gb=plan_hbm / 1e9,
                         hbm_per_chip_gb=get_chip(chip).hbm_bytes / n / 1e9,
                         plan_vmem_mib=need / 2**20,
-                        vmem_limit_mib=min(get_chip(chip).vmem_bytes, need + need // 4 + 8 * 2**20) / 2**20,
+                        vmem_limit_mib=plan.vmem_limit(chip) / 2**20,
                         compile_s=seconds,
                         # Mosaic kernels; XLA's own custom calls (its layout plumbing, e.g. ConcatBitcast) aside
                         mosaic_calls=compiled.as_text().count('custom_call_target="tpu_custom_call"'),

@@ -242,6 +242,12 @@ class StepPlan:
 
         return check_vmem(self, chip)
 
+    def vmem_limit(self, chip) -> int:
+        """The VMEM limit a compile of this plan for ``chip`` is given (mk.plan.vmem.vmem_limit)."""
+        from .vmem import vmem_limit
+
+        return vmem_limit(self, chip)
+
     def table(self) -> list[dict]:
         """The items as rows (for a DataFrame): item (dma start, dma wait, compute), layer, what, bytes, flops."""
         loads = {ld.id: ld for ld in self.loads}

@@ -60,3 +60,13 @@ def check_vmem(plan, chip) -> int:
             f"or Tiles.kv_tile (now {plan.tiles.kv_tile}), or the batch"
         )
     return need
+
+
+def vmem_limit(plan, chip) -> int:
+    """The VMEM limit the compiler is given for ``plan`` on ``chip``: the plan's budget (checked to fit) plus a
+    quarter and 8 MiB of headroom for Mosaic's own internal scratch, at most the core's VMEM."""
+    from ..chips import get_chip
+
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    need = check_vmem(plan, chip)
+    return int(min(chip.vmem_bytes, need + need // 4 + 8 * MIB))
