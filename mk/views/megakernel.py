@@ -1,0 +1,28 @@
+"""Notebook 03's figure of compile time against layer count (mk.megakernel.aot.compile_times)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+
+def compile_time_figure(times: pd.DataFrame, model: str) -> go.Figure:
+    """Compile time of the step against its layers, with the layers looped over and with every layer emitted
+    (bars: the repeats' range)."""
+    fig = go.Figure()
+    for loop, g in times.groupby("loop_layers"):
+        fig.add_scatter(
+            x=g.layers,
+            y=g.compile_s,
+            mode="lines+markers",
+            error_y=dict(type="data", symmetric=False, array=g.high_s - g.compile_s, arrayminus=g.compile_s - g.low_s),
+            name="one loop over the layer pattern (after)" if loop else "every layer emitted (before)",
+        )
+    fig.update_layout(
+        title=f"{model}: compile time of the step against layers",
+        xaxis_title="layers",
+        yaxis_title="compile time (s)",
+        yaxis_rangemode="tozero",
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
+    )
+    return fig
