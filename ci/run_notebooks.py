@@ -6,7 +6,8 @@
 
 Executed copies go to build/notebooks/ (ignored by git); figures and exported tables to figures/, and
 after a successful run the report page gathering them, figures/index.html. Each notebook runs in its
-own process under a timeout; a failure names the notebook and the failing cell's error.
+own process under a timeout, ``--jobs`` of them at once (they share nothing but figures/, each under its own
+names); a failure names the notebook and the failing cell's error.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +31,24 @@ def notebooks(only: list[str] | None = None) -> list[Path]:
     if only:
         found = [nb for nb in found if any(nb.name.startswith(o) for o in only)]
     return found
+
+
+def kernel_manager_class():
+    """Jupyter's kernel manager with the kernel on local IPC sockets rather than TCP: the kernel then has no
+    unencrypted network port to warn about, and its socket files live in the temporary directory."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class IPCKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _transport_default(self):
+            return "ipc"
+
+        @default("ip")
+        def _ip_default(self):
+            return os.path.join(tempfile.gettempdir(), f"mk-kernel-{os.getpid()}")
+
+    return IPCKernelManager
 
 
 def run_one(nb: Path, parameters: dict) -> None:
@@ -47,6 +67,7 @@ def run_one(nb: Path, parameters: dict) -> None:
             cwd=str(ROOT),
             progress_bar=False,
             log_output=False,
+            kernel_manager_class=kernel_manager_class(),
         )
     except pm.PapermillExecutionError as e:
         raise SystemExit(
@@ -69,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         help="override one parameter (value parsed as JSON) in every notebook run",
     )
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per notebook (default 1800)")
+    ap.add_argument(
+        "--jobs", type=int, default=min(2, os.cpu_count() or 1), help="notebooks run at once (default: 2, or 1 core)"
+    )
     ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--one-params", default="{}", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -85,28 +109,39 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     env = dict(os.environ)
     env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    for nb in nbs:
-        params = {}
-        for prefix, p in table.items():
-            if nb.name.startswith(prefix):
-                params.update(p)
-        params.update(overrides)
-        t0 = time.time()
-        print(f"[{nb.name}] running{' with ' + json.dumps(params) if params else ''}", flush=True)
-        try:
-            r = subprocess.run(
-                [sys.executable, __file__, "--one", str(nb), "--one-params", json.dumps(params)],
-                env=env,
-                timeout=a.timeout,
-                cwd=ROOT,
-            )
-        except subprocess.TimeoutExpired:
-            print(f"[{nb.name}] FAILED: timed out after {a.timeout} s", file=sys.stderr)
-            return 1
-        if r.returncode:
-            print(f"[{nb.name}] FAILED", file=sys.stderr)
-            return r.returncode
-        print(f"[{nb.name}] ok in {time.time() - t0:.0f} s -> {OUT / nb.name}", flush=True)
+    pending = list(nbs)
+    running: dict[Path, tuple[subprocess.Popen, float]] = {}
+    failed = []
+    while pending or running:
+        while pending and len(running) < max(1, a.jobs) and not failed:
+            nb = pending.pop(0)
+            params = {}
+            for prefix, p in table.items():
+                if nb.name.startswith(prefix):
+                    params.update(p)
+            params.update(overrides)
+            print(f"[{nb.name}] running{' with ' + json.dumps(params) if params else ''}", flush=True)
+            cmd = [sys.executable, __file__, "--one", str(nb), "--one-params", json.dumps(params)]
+            running[nb] = (subprocess.Popen(cmd, env=env, cwd=ROOT), time.time())
+        if failed:
+            pending.clear()
+        time.sleep(0.5)
+        for nb, (proc, t0) in list(running.items()):
+            if proc.poll() is None and time.time() - t0 > a.timeout:
+                proc.kill()
+                proc.wait()
+                print(f"[{nb.name}] FAILED: timed out after {a.timeout} s", file=sys.stderr)
+                failed.append(nb)
+                del running[nb]
+            elif proc.poll() is not None:
+                del running[nb]
+                if proc.returncode:
+                    print(f"[{nb.name}] FAILED", file=sys.stderr)
+                    failed.append(nb)
+                else:
+                    print(f"[{nb.name}] ok in {time.time() - t0:.0f} s -> {OUT / nb.name}", flush=True)
+    if failed:
+        return 1
     from mk.report import write_report
 
     print(f"report: {write_report()}", flush=True)  # every figure and table in figures/, by notebook

@@ -9,11 +9,15 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 if [ "${1:-}" = dev ]; then req=requirements-dev.txt; else req=requirements.txt; fi
 .venv/bin/python -m pip install -q -r "$req"
-# mk itself, editable, so `import mk` works from any directory (its dependencies are the pins above).
-.venv/bin/python -m pip install -q --no-deps -e .
+# mk itself, editable, so `import mk` works from any directory (its dependencies are the pins above);
+# setuptools' build warns about every editable install, which says nothing about this one.
+PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q --no-deps -e .
 # Static figure export (PNG/SVG) needs a Chromium; install Debian's when we can.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-    || echo "setup: could not install chromium; figures will be written as HTML only" >&2
+  # apt's progress and debconf notes go to a log, shown only if the install fails
+  log=$(mktemp)
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >"$log" 2>&1 \
+    || { cat "$log" >&2; echo "setup: could not install chromium; figures will be written as HTML only" >&2; }
+  rm -f "$log"
 fi
 echo "setup: .venv ready ($req)"
