@@ -3,9 +3,6 @@ by transformers itself (an implementation we did not write) for the parity and l
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 # Before JAX is imported anywhere: CPU only, 8 host devices for the sharded/collective tests.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -146,19 +143,17 @@ def rng():
 
 
 @pytest.fixture
-def mk_json():
-    """``mk_json(*args)``: ``python -m mk ARGS`` run in a fresh process on the CPU, as a user runs it; its JSON
-    output (the last line of stdout). A non-zero exit fails the test with the command's stderr."""
+def mk_json(capsys):
+    """``mk_json(*args)``: ``python -m mk ARGS`` as a user runs it (mk.__main__.main, in this process: a fresh
+    one would add only JAX's start-up; tests/test_cli.py runs the command itself); its JSON output (the last
+    line of stdout). A non-zero exit fails the test with what the command printed on stderr."""
+    from mk.__main__ import main
 
     def run(*args):
-        out = subprocess.run(
-            [sys.executable, "-m", "mk", *map(str, args)],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parent.parent,
-            env={**os.environ, "JAX_PLATFORMS": "cpu"},
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        capsys.readouterr()  # what the test printed before
+        code = main([str(a) for a in args])
+        out = capsys.readouterr()
+        assert code == 0, out.err[-3000:]
+        return json.loads(out.out.strip().splitlines()[-1])
 
     return run
