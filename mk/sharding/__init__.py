@@ -3,7 +3,7 @@
 of a whole-expert placement (``straggler``)."""
 
 from .collective import Collective, chunk_width, peers, sent_bytes
-from .mesh import make_mesh, simulate_chips
+from .mesh import gspmd_sharding, make_mesh, simulate_chips
 from .placement import (
     ONE_CHIP,
     Placement,
@@ -33,6 +33,7 @@ __all__ = [
     "chunk_width",
     "experts_per_chip",
     "first_kv_head",
+    "gspmd_sharding",
     "heads_split",
     "kv_replication",
     "kv_replication_bytes",
