@@ -106,7 +106,10 @@ def pack(params: dict, cfg: Gemma4Config) -> dict:
         if path in quantized:
             s = scales_to_layout(params[scale_path(path)], cfg, path, shape, lay)
             parts.setdefault(scale_path(name), []).append(s)
-    weights = {name: a[0] if name == "embed" else jnp.stack(a) for name, a in parts.items()}
+    weights = {}
+    for name in list(parts):  # each name's layers dropped once stacked: the device holds the weights once, plus a stack
+        layers = parts.pop(name)
+        weights[name] = layers[0] if name == "embed" else jnp.stack(layers)
     n, width = vector_table_shape(lay)
     table = np.zeros((round_up(n, ROWS), width), np.float32)
     for path, row in vector_rows(cfg).items():
