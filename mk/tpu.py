@@ -93,6 +93,18 @@ def on_tpu() -> bool:
     return jax.default_backend() == "tpu"
 
 
+def libtpu_version() -> str:
+    """The installed libtpu's version (its package was libtpu-nightly before libtpu), "none" without one."""
+    from importlib import metadata
+
+    for name in ("libtpu", "libtpu-nightly"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "none"
+
+
 def interpret_params(detect_races: bool = False):
     """``None`` (compile with Mosaic) on a TPU, else TPU interpret-mode parameters."""
     if on_tpu():
