@@ -444,7 +444,74 @@ def _run_measure(a) -> None:
         raise SystemExit(code)
 
 
-COMMANDS = (_add_sol, _add_lists, _add_generate, _add_bench, _add_straggler, _add_predict, _add_report, _add_measure)
+# tpu-smoke ---------------------------------------------------------------------------------------
+def _add_tpu_smoke(sub) -> None:
+    from .tpu_smoke import PLACEMENTS, TPU_CSV
+
+    p = sub.add_parser(
+        "tpu-smoke",
+        help="on a TPU VM or slice: the megakernel's greedy tokens against the reference's on its chips, then both "
+        "decode steps timed interleaved beside the speed of light (exit 2 without a TPU)",
+    )
+    p.add_argument("--model", default="gemma4-26b-a4b", help="the timed model, random weights (default gemma4-26b-a4b)")
+    p.add_argument(
+        "--parity-model", default="cpu-moe", help="the model the tokens are checked on, f32 (default cpu-moe)"
+    )
+    p.add_argument("--context", type=_positive_int, default=1024, help="positions in the KV cache (default 1024)")
+    p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
+    p.add_argument(
+        "--placements",
+        default=",".join(PLACEMENTS),
+        help=f"expert placements to check and time, comma-separated, some of {', '.join(PLACEMENTS)} (default both)",
+    )
+    p.add_argument("--chips", type=_positive_int, default=None, help="the first N chips (default: all found)")
+    p.add_argument(
+        "--budget-s", type=float, default=300.0, help="seconds for the whole run, weights included (default 300)"
+    )
+    p.add_argument(
+        "--chip", default=None, help="the speed of light's chip (default: the device's, where data/chips.csv has it)"
+    )
+    p.add_argument("--out", default=str(TPU_CSV), help=f"CSV to append the rows to (default {TPU_CSV})")
+    p.add_argument("--no-csv", action="store_true", help="do not append rows")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run_tpu_smoke)
+
+
+def _run_tpu_smoke(a) -> None:
+    from . import tpu_smoke
+
+    placements = tuple(p.strip() for p in a.placements.split(",") if p.strip())
+    try:
+        r = tpu_smoke.run(
+            a.model,
+            a.parity_model,
+            a.context,
+            a.batch,
+            placements,
+            a.chips,
+            a.budget_s,
+            None if a.no_csv else a.out,
+            chip=a.chip,
+        )
+    except tpu_smoke.NoTPU as e:
+        print(e, file=sys.stderr)
+        raise SystemExit(2) from None
+    _print(r.to_dict(), a.json, tpu_smoke.text(r))
+    if r.failed:  # parity did not hold, an engine failed, or nothing was timed
+        raise SystemExit(1)
+
+
+COMMANDS = (
+    _add_sol,
+    _add_lists,
+    _add_generate,
+    _add_bench,
+    _add_straggler,
+    _add_predict,
+    _add_report,
+    _add_measure,
+    _add_tpu_smoke,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -68,6 +68,18 @@ def known_chips() -> list[str]:
     return list(base_chips())
 
 
+def known_chip(device) -> str | None:
+    """The chip of data/chips.csv a JAX device is (``NVIDIA H200`` -> ``h200``, a TPU's ``TPU v5 lite`` ->
+    ``tpu-v5e``: mk.tpu.DEVICE_KINDS), or None."""
+    if device.platform == "tpu":
+        from .tpu import DEVICE_KINDS
+
+        return DEVICE_KINDS.get(device.device_kind)
+    kind = device.device_kind.lower().replace(" ", "")
+    hits = [n for n, c in base_chips().items() if c.kind == device.platform and n.replace("-", "") in kind]
+    return max(hits, key=len) if hits else None
+
+
 def get_chip(name: str) -> Chip:
     """A chip (``h100``) or a slice (``tpu-v5e-8``); an unknown name lists the known ones."""
     chips = base_chips()

@@ -1,10 +1,13 @@
-"""Writing files so that nothing half-written is ever left behind."""
+"""Writing files so that nothing half-written is ever left behind, and the commit they were written from."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def write_atomic(dest: Path, write: Callable[[Path], None]) -> Path:
@@ -57,3 +60,14 @@ def append_csv_rows(rows: list[dict], path: Path, columns: tuple[str, ...], what
             os.fsync(f.fileno())
 
     return write_atomic(path, write)
+
+
+def git_commit(root: Path = ROOT) -> str | None:
+    """The checkout's commit (short), marked when the working tree has uncommitted changes; None without git."""
+    try:
+        run = dict(cwd=root, capture_output=True, text=True, timeout=10, check=True)
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], **run).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], **run).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{sha} (with uncommitted changes)" if dirty else sha

@@ -503,6 +503,13 @@ def _prepared_for(params: dict, cfg: Gemma4Config) -> dict:
     return _prepared[key][1]
 
 
+def forget_prepared() -> None:
+    """Drop the decode layout and the dequantized tree kept for the last tree seen (and the device memory
+    they hold): before other work needs that memory."""
+    _prepared.clear()
+    _dequantized.clear()
+
+
 def write_slots(c, val, slot):
     """``c [B, kv, S, hd]`` with user b's ``val[b] [kv, 1, hd]`` written at slot ``slot[b]``: a
     dynamic-update-slice per user (one in-place scatter of B rows)."""

@@ -14,13 +14,12 @@ import html
 import json
 import math
 import re
-import subprocess
 from pathlib import Path
 
 import pandas as pd
 
 from .figures import FIGURES_DIR, FOOTER_NAME, KINDS
-from .files import write_atomic
+from .files import git_commit, write_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -194,17 +193,6 @@ def _collect(figures_dir: Path, books: dict) -> tuple[dict[str, list[dict]], lis
     return items, left_out
 
 
-def _commit() -> str | None:
-    """This checkout's commit (short), marked when the working tree has uncommitted changes; None without git."""
-    try:
-        run = dict(cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], **run).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], **run).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{sha} (with uncommitted changes)" if dirty else sha
-
-
 # The page. ---------------------------------------------------------------------------------------------
 CSS = """
 body { font-family: "DejaVu Sans", Arial, sans-serif; font-size: 15px; color: #222; max-width: 1100px;
@@ -315,7 +303,7 @@ def write_report(figures_dir: Path = FIGURES_DIR, notebooks_dir: Path = NOTEBOOK
     books = _notebooks(notebooks_dir)
     items, left_out = _collect(figures_dir, books)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    commit = _commit()
+    commit = git_commit()
     n_fig = sum(i["type"] == "figure" for g in items.values() for i in g)
     n_tab = sum(i["type"] == "table" for g in items.values() for i in g)
     out = [

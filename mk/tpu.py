@@ -44,6 +44,16 @@ _LIBTPU_HOST_VARS = (
     "TPU_CHIPS_PER_HOST_BOUNDS",
 )
 
+# A TPU's ``device_kind`` as libtpu names each generation -> its row in data/chips.csv (the names JAX's own
+# table uses: jax._src.pallas.mosaic.tpu_info); a generation not listed is no known chip.
+DEVICE_KINDS = {
+    "TPU v5 lite": "tpu-v5e",
+    "TPU v5e": "tpu-v5e",
+    "TPU v6 lite": "tpu-v6e",
+    "TPU v6e": "tpu-v6e",
+    "TPU7x": "tpu-v7x",
+}
+
 
 def tpu_chips_present() -> bool:
     """Whether this machine may have a TPU chip attached (an ``/dev/accel*`` node, or a Google PCI
@@ -81,6 +91,18 @@ def on_tpu() -> bool:
     import jax
 
     return jax.default_backend() == "tpu"
+
+
+def libtpu_version() -> str:
+    """The installed libtpu's version (its package was libtpu-nightly before libtpu), "none" without one."""
+    from importlib import metadata
+
+    for name in ("libtpu", "libtpu-nightly"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "none"
 
 
 def interpret_params(detect_races: bool = False):

@@ -75,6 +75,70 @@ def random_params(cfg: Gemma4Config, seed: int, dtype=jnp.float32) -> dict[str, 
     return out
 
 
+# The same weights drawn where they are used, one tensor at a time ------------------------------------
+def _draw(key, shape: tuple[int, ...], kind: str, scale: float, dtype, sharding):
+    z = jax.random.normal(key, shape, jnp.float32)
+    x = (1.0 + scale * z if kind == "vector" else z * scale).astype(dtype)
+    # over a mesh each chip draws only its own part (JAX's threefry generator is partitionable)
+    return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
+
+
+_draw_jit = jax.jit(_draw, static_argnames=("shape", "kind", "scale", "dtype", "sharding"))
+
+
+def random_tensors(cfg: Gemma4Config, seed: int = 0, dtype=jnp.bfloat16, device=None, log=None):
+    """``random_params``' tensors one at a time, as ``(path, array)``: each drawn (the same distributions and
+    keys) and cast in one jitted program on ``device`` (a JAX device, default the first), or over a
+    ``jax.sharding.Mesh``, each tensor split as ``mk.sharding.mesh.gspmd_sharding`` says: no float32 copy of
+    the model is made, nor a whole model held by one chip of a mesh. The values are ``random_params``'
+    but for a few bf16 roundings (float32 rounding in a different fusion, then the cast). ``log``: a line
+    every fifth of the layers."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from .sharding.mesh import gspmd_sharding
+
+    mesh = device if isinstance(device, Mesh) else None
+    place = NamedSharding(mesh, P()) if mesh is not None else (device or jax.devices()[0])
+    key = jax.device_put(jax.random.key(seed), place)
+    layer = -1
+    for idx, s in enumerate(param_specs(cfg)):
+        if s.path == "embed":
+            kind, scale = "matrix", EMBED_STD * s.shape[1] ** -0.5
+        elif s.matrix:
+            kind, scale = "matrix", s.shape[-2] ** -0.5
+        else:
+            kind, scale = "vector", NORM_STD
+        sharding = None if mesh is None else gspmd_sharding(mesh, s.shape)
+        k = jax.random.fold_in(key, idx)
+        yield s.path, _draw_jit(k, shape=s.shape, kind=kind, scale=scale, dtype=jnp.dtype(dtype), sharding=sharding)
+        if log is not None and s.path.startswith("layers."):
+            i = int(s.path.split(".")[1])
+            if i != layer and (i + 1) % max(1, cfg.num_layers // 5) == 0:
+                log(f"weights: layer {i + 1}/{cfg.num_layers} drawn")
+            layer = i
+
+
+def device_params(cfg: Gemma4Config, seed: int = 0, dtype=jnp.bfloat16, device=None, log=None) -> dict:
+    """``mk.reference.prepare(random_params(cfg, seed, dtype))`` built on ``device`` (or over a mesh) from
+    ``random_tensors``, each tensor laid out for the decode step as it comes, so the device (each chip of the
+    mesh) never holds more than the model (its share) plus one tensor's two copies, and the host holds none of
+    it. Over a mesh every array of the layout is split as ``mk.sharding.mesh.gspmd_sharding`` says."""
+    from jax.sharding import Mesh
+
+    from .reference import prepare
+    from .sharding.mesh import gspmd_sharding
+
+    mesh = device if isinstance(device, Mesh) else None
+    out: dict = {}
+    for path, x in random_tensors(cfg, seed, dtype, device, log):
+        laid = prepare({path: x}, cfg)  # the decode layout, one tensor at a time
+        if mesh is not None:  # a transposed or split tensor keeps to the rule (a no-op where it already does)
+            laid = jax.tree.map(lambda a: jax.device_put(a, gspmd_sharding(mesh, a.shape)), laid)
+        out.update(laid)
+        del x
+    return out
+
+
 # The Hugging Face <-> mk name map -----------------------------------------------------------------
 @dataclass(frozen=True)
 class HFTensor:

@@ -2,10 +2,11 @@
 
 import csv
 import math
+from types import SimpleNamespace
 
 import pytest
 
-from mk.chips import CHIPS_CSV, base_chips, get_chip, known_chips
+from mk.chips import CHIPS_CSV, base_chips, get_chip, known_chip, known_chips
 
 
 def test_required_chips_with_sources():
@@ -54,3 +55,20 @@ def test_unknown_chip_lists_known_ones(name):
     assert f"unknown chip {name!r}" in msg
     assert all(k in msg for k in known_chips())
     assert "tpu-v5e-8" in msg  # says how to ask for a slice
+
+
+@pytest.mark.parametrize(
+    "platform, kind, chip",
+    [
+        ("gpu", "NVIDIA H200", "h200"),
+        ("gpu", "NVIDIA H100 80GB HBM3", "h100"),
+        ("tpu", "TPU v5 lite", "tpu-v5e"),
+        ("tpu", "TPU v6 lite", "tpu-v6e"),
+        ("tpu", "TPU7x", "tpu-v7x"),
+        ("tpu", "TPU v4", None),
+        ("cpu", "cpu", None),
+    ],
+)
+def test_the_chip_a_device_is(platform, kind, chip):
+    """A JAX device's kind as its platform names it, to its row of data/chips.csv (None: no known chip)."""
+    assert known_chip(SimpleNamespace(platform=platform, device_kind=kind)) == chip

@@ -66,6 +66,25 @@ def test_the_chips_slices_put_together_give_the_model_back(placement):
     assert parts[3]["layers.0.router_proj"] is params["layers.0.router_proj"]  # replicated
 
 
+@pytest.mark.parametrize("placement", ["whole", "split"])
+def test_each_chip_packs_and_holds_its_own_slice(placement):
+    """The engine packs chip c's slice of the model on chip c (mk.megakernel.pack of mk.sharding.chip_params):
+    every weight is one array over the mesh whose shard on chip c is that slice, and nothing more (a full-size
+    model packed on one device would not fit one chip of a slice)."""
+    from mk.megakernel import make_step, pack
+
+    params = random_params(CFG8, 1)
+    step = make_step(CFG8, chips=8, placement=placement)
+    packed = step.packed(params)
+    shard = Shard(8, placement)
+    for c, dev in enumerate(step.mesh.devices.flat):
+        want = pack(chip_params(params, CFG8, shard, c), chip_config(CFG8, shard))["weights"]
+        assert packed["weights"].keys() == want.keys()
+        for name, a in packed["weights"].items():
+            (held,) = [s.data for s in a.addressable_shards if s.device == dev]
+            np.testing.assert_array_equal(np.asarray(held), np.asarray(want[name]), err_msg=f"chip {c}: {name}")
+
+
 def test_clear_errors_for_placements_and_meshes_that_do_not_fit():
     with pytest.raises(ValueError, match="placement 'split'"):
         chip_config(TINY_MOE.replace(num_experts=6), Shard(4, "whole"))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,7 +14,9 @@ from safetensors.numpy import load_file, save_file
 
 from mk.config import TINY_DENSE, TINY_MOE, to_hf_dict
 from mk.params import param_specs
-from mk.weights import load_checkpoint, random_params, save_checkpoint
+from mk.reference import prepare
+from mk.sharding import make_mesh
+from mk.weights import device_params, load_checkpoint, random_params, save_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,6 +51,29 @@ def test_save_load_round_trip_is_exact(tiny_cfg, tmp_path, dtype):
     assert q32["embed"].dtype == jnp.float32 and np.array_equal(
         np.asarray(q32["embed"], np.float32), np.asarray(p["embed"], np.float32)
     )
+
+
+@pytest.mark.parametrize("chips", [None, 8], ids=["one-device", "mesh-of-8"])
+def test_device_params_are_random_params_in_the_decode_layout(chips):
+    """Drawn and cast in one program on the device, or each chip its part over a mesh: random_params' values in
+    prepare's layout, except for a few bf16 roundings (float32 rounding in a different fusion, then the cast).
+    Over the mesh, an array split on an axis the chips divide, else held whole by every chip."""
+    cfg = TINY_MOE
+    where = jax.devices("cpu")[0] if chips is None else make_mesh(chips, jax.devices()[:chips])
+    got = device_params(cfg, 0, jnp.bfloat16, where)
+    want = prepare(random_params(cfg, 0, jnp.bfloat16), cfg)
+    assert got.keys() == want.keys()
+    for path in want:
+        a, b = jax.tree.leaves(got[path]), jax.tree.leaves(want[path])
+        assert len(a) == len(b), path
+        for x, y in zip(a, b):
+            assert x.shape == y.shape and x.dtype == y.dtype == jnp.bfloat16, path
+            np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=2**-7, err_msg=path)
+            if chips is not None:
+                shard = x.sharding.shard_shape(x.shape)
+                split = any(n % chips == 0 for n in x.shape)
+                assert len(x.sharding.device_set) == chips
+                assert np.prod(shard) == (x.size // chips if split else x.size), (path, shard)
 
 
 def test_saved_layout_is_hugging_face(tmp_path):

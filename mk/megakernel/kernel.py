@@ -22,6 +22,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -63,10 +64,10 @@ from ..plan import (
     vector_stride,
 )
 from ..quant import SCALE_SUFFIX
-from ..sharding import ONE_CHIP, Collective, Shard, chip_config, make_mesh, split_axis
+from ..sharding import ONE_CHIP, Collective, Shard, chip_config, chip_params, make_mesh, split_axis
 from ..tpu import interpret_params
 from . import attention, collective, dense, head, moe
-from .pack import adopt_cache_chips, pack_chips, reference_cache_chips
+from .pack import adopt_cache_chips, pack, reference_cache_chips
 from .refs import (
     POSITION,
     TOKEN,
@@ -526,10 +527,31 @@ class MegakernelEngine:
             return params
         key = tuple(id(v) for v in params.values())
         if key != self._packed_key:
-            packed = pack_chips(params, self.cfg, self.shard)
-            self._packed = dict(packed, weights=self._place(packed["weights"]))
+            self._packed = self._pack_on_chips(params) if self.shard.sharded else pack(params, self.cfg)
             self._packed_key = key
         return self._packed
+
+    def _pack_on_chips(self, params: dict) -> dict:
+        """``pack`` over the chips: chip c's slice (mk.sharding.chip_params) packed on chip c, and each weight
+        one array over the mesh made of those slices, split on its ``split_axis`` as ``_place`` splits it. No
+        chip holds more than its share at any time: a full-size model packed on one device, then split,
+        would not fit one chip of a slice."""
+        host = {path: np.asarray(a) for path, a in params.items()}  # chip_params cuts on the host
+        local = chip_config(self.cfg, self.shard)
+        parts = {}
+        for c, dev in enumerate(self.mesh.devices.flat):
+            if dev.process_index == jax.process_index():  # a pod slice's other hosts pack their own chips
+                with jax.default_device(dev):
+                    parts[dev] = pack(chip_params(host, self.cfg, self.shard, c), local)
+        first = next(iter(parts.values()))
+        weights = {}
+        for name, a in first["weights"].items():
+            axis = split_axis(self.cfg, self.shard, name)
+            shape = tuple(n * self.shard.chips if i == axis else n for i, n in enumerate(a.shape))
+            sharding = NamedSharding(self.mesh, axis_spec(a.ndim, axis, self.shard.axis))
+            slices = [jax.device_put(p["weights"][name], dev) for dev, p in parts.items()]
+            weights[name] = jax.make_array_from_single_device_arrays(shape, sharding, slices)
+        return dict(first, weights=weights)
 
     def compiled(
         self,

@@ -106,7 +106,10 @@ def pack(params: dict, cfg: Gemma4Config) -> dict:
         if path in quantized:
             s = scales_to_layout(params[scale_path(path)], cfg, path, shape, lay)
             parts.setdefault(scale_path(name), []).append(s)
-    weights = {name: a[0] if name == "embed" else jnp.stack(a) for name, a in parts.items()}
+    weights = {}
+    for name in list(parts):  # each name's layers dropped once stacked: the device holds the weights once, plus a stack
+        layers = parts.pop(name)
+        weights[name] = layers[0] if name == "embed" else jnp.stack(layers)
     n, width = vector_table_shape(lay)
     table = np.zeros((round_up(n, ROWS), width), np.float32)
     for path, row in vector_rows(cfg).items():
@@ -164,7 +167,8 @@ def reference_cache(cfg: Gemma4Config, cache: dict) -> dict:
     }
 
 
-# Over several chips: each chip's slice packed as above, the slices joined on the axis split over the chips.
+# Over several chips: each chip's slice laid out as above, the slices joined on the axis split over the chips
+# (the weights: each chip's slice packed on that chip, mk.megakernel.kernel.MegakernelEngine.packed).
 def _join(parts: list[dict], cfg: Gemma4Config, shard) -> dict:
     from ..sharding import split_axis
 
@@ -173,18 +177,6 @@ def _join(parts: list[dict], cfg: Gemma4Config, shard) -> dict:
         axis = split_axis(cfg, shard, name)
         out[name] = parts[0][name] if axis is None else jnp.concatenate([p[name] for p in parts], axis)
     return out
-
-
-def pack_chips(params: dict, cfg: Gemma4Config, shard) -> dict:
-    """``pack`` over ``shard.chips`` chips: every split tensor holds chip c's slice (mk.sharding.chip_params,
-    packed for mk.sharding.chip_config) at the c-th of C equal parts of its split axis."""
-    from ..sharding import chip_config, chip_params
-
-    if not shard.sharded:
-        return pack(params, cfg)
-    local = chip_config(cfg, shard)
-    parts = [pack(chip_params(params, cfg, shard, c), local) for c in range(shard.chips)]
-    return dict(parts[0], weights=_join([p["weights"] for p in parts], cfg, shard))
 
 
 def adopt_cache_chips(cfg: Gemma4Config, cache: dict, shard) -> dict:

@@ -48,12 +48,10 @@ gemma4-26b-a4b in bf16 at a 1K context, one user. Everything also runs on the CP
 
 from __future__ import annotations
 
-import datetime
 import gc
 import inspect
 import os
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,11 +62,14 @@ import jax
 import jax.numpy as jnp
 import pandas as pd
 
-from ..chips import DATA_DIR, base_chips, get_chip
+from ..bench import provenance
+from ..chips import DATA_DIR, get_chip, known_chip
 from ..config import Gemma4Config, to_hf_dict
 from ..files import append_csv_rows
-from ..params import count_params, param_specs
+from ..params import count_params
+from ..progress import Log
 from ..sol import bytes_per_token, kv_bytes_per_user
+from ..weights import device_params
 from .bandwidth import device_name, gemv_probe
 from .compare import Estimate, interleaved
 from .kernels import count_kernels
@@ -131,20 +132,6 @@ def unfinished() -> bool:
     return any(t.is_alive() for t in _unfinished)
 
 
-class _Log:
-    """Progress lines on stderr, each with the seconds since the run began."""
-
-    def __init__(self, quiet: bool = False):
-        self.t0, self.quiet = time.perf_counter(), quiet
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def __call__(self, msg: str) -> None:
-        if not self.quiet:
-            print(f"[{self.elapsed():7.1f} s] {msg}", file=sys.stderr, flush=True)
-
-
 # Checks ---------------------------------------------------------------------------------------------
 def jax_device(device: str):
     """The first JAX device of ``device`` ("gpu" or "cpu"); a clear error where there is none."""
@@ -190,13 +177,6 @@ def torch_device(device: str) -> str:
     return "cuda:0"
 
 
-def known_chip(dev) -> str | None:
-    """The chip in data/chips.csv this JAX device is (``NVIDIA H200`` -> ``h200``), or None."""
-    kind = dev.device_kind.lower().replace(" ", "")
-    hits = [n for n, c in base_chips().items() if c.kind == dev.platform and n.replace("-", "") in kind]
-    return max(hits, key=len) if hits else None
-
-
 def model_bytes(cfg: Gemma4Config, context: int, batch: int, dtype: str) -> int:
     """What one engine holds on the device: the weights and the KV cache (each engine has its own)."""
     item = jnp.dtype(DTYPES[dtype]).itemsize
@@ -226,47 +206,6 @@ def free_bytes(device: str) -> int | None:
 
 
 # Weights --------------------------------------------------------------------------------------------
-def _draw(key, shape: tuple[int, ...], kind: str, scale: float, dtype):
-    z = jax.random.normal(key, shape, jnp.float32)
-    x = 1.0 + scale * z if kind == "vector" else z * scale
-    return x.astype(dtype)
-
-
-_draw_jit = jax.jit(_draw, static_argnames=("shape", "kind", "scale", "dtype"))
-
-
-def device_params(cfg: Gemma4Config, seed: int = 0, dtype=jnp.bfloat16, device=None, log=None) -> dict:
-    """``mk.reference.prepare(mk.weights.random_params(cfg, seed, dtype))``, built on ``device`` one
-    tensor at a time: each tensor is drawn (the same distributions and keys as ``random_params``) and
-    cast in one jitted program, then laid out for the decode step, so the device never holds more than
-    the model plus one tensor's two copies, and the host holds none of it."""
-    from ..reference import prepare
-    from ..weights import EMBED_STD, NORM_STD
-
-    device = device or jax.devices()[0]
-    out: dict[str, Any] = {}
-    specs = param_specs(cfg)
-    layer = -1
-    with jax.default_device(device):
-        key = jax.random.key(seed)
-        for idx, s in enumerate(specs):
-            if s.path == "embed":
-                kind, scale = "matrix", EMBED_STD * s.shape[1] ** -0.5
-            elif s.matrix:
-                kind, scale = "matrix", s.shape[-2] ** -0.5
-            else:
-                kind, scale = "vector", NORM_STD
-            x = _draw_jit(jax.random.fold_in(key, idx), shape=s.shape, kind=kind, scale=scale, dtype=jnp.dtype(dtype))
-            out.update(prepare({s.path: x}, cfg))  # the decode layout, one tensor at a time
-            del x
-            if log is not None and s.path.startswith("layers."):
-                i = int(s.path.split(".")[1])
-                if i != layer and (i + 1) % max(1, cfg.num_layers // 5) == 0:
-                    log(f"reference weights: layer {i + 1}/{cfg.num_layers}")
-                layer = i
-    return out
-
-
 def init_torch_weights(model, seed: int = 0) -> None:
     """Redraw a transformers Gemma 4's weights in place with mk's distributions (as tests/conftest.py
     does, on the model's own device): matrices N(0, 1/fan_in), the embedding N(0, EMBED_STD^2/hidden),
@@ -571,12 +510,7 @@ def time_engines(
     log(f"timed {cmp.rounds} rounds in {cmp.elapsed_s:.1f} s")
     rounds_bw = [probe_bytes / t for t in cmp.raw["probe"]] if sol.bandwidth is None else [sol.bandwidth] * cmp.rounds
     bandwidth = Estimate.of(rounds_bw, cmp.confidence)
-    prov = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "device": device_name(dev),
-        "backend": dev.platform,
-        **_versions(dev),
-    }
+    prov = {**provenance(dev), **_versions(dev)}
     rows = []
     for e in engines:
         step = cmp.times[e.name]
@@ -665,7 +599,7 @@ def run(
     ``budget_s`` seconds: interleaved in one run when both fit in memory together, else one after the
     other. Returns one row per engine measured and appends them to ``out`` (None: no file)."""
     engines = tuple(engines)
-    log = _Log(quiet)
+    log = Log(quiet)
     dev = _check(cfg, context, batch, dtype, engines, device, budget_s)
     deadline = log.t0 + budget_s
     timing_s = max(MIN_TIMING_S, TIMING_SHARE * budget_s)

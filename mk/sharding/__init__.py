@@ -6,7 +6,7 @@ The package itself holds only what the step plans read (pure records and index m
 importing it imports nothing of mk above its ground layer. ``straggler`` is imported by name."""
 
 from .collective import Collective, chunk_width, peers, sent_bytes
-from .mesh import make_mesh, simulate_chips
+from .mesh import gspmd_sharding, make_mesh, simulate_chips
 from .placement import (
     ONE_CHIP,
     Placement,
@@ -34,6 +34,7 @@ __all__ = [
     "chunk_width",
     "experts_per_chip",
     "first_kv_head",
+    "gspmd_sharding",
     "heads_split",
     "kv_replication",
     "kv_replication_bytes",

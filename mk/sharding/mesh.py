@@ -1,6 +1,7 @@
 """Meshes: a one-axis mesh of C chips over the simulated CPU devices, a TPU slice's chips, several
 hosts of a pod slice (after ``jax.distributed.initialize()``, ``jax.devices()`` lists every host's
-chips), or a TPU topology's devices for compiling ahead of time. The same call builds each."""
+chips), or a TPU topology's devices for compiling ahead of time. The same call builds each. And how the
+plain-JAX reference's arrays lie on such a mesh (``gspmd_sharding``)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,17 @@ def simulate_chips(chips: int) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} {flag}={chips}".strip()
     if int(os.environ.get("NPROC", "0") or 0) < 2 * chips:
         os.environ["NPROC"] = str(2 * chips)
+
+
+def gspmd_sharding(mesh, shape: tuple[int, ...]):
+    """How an array of ``shape`` lies on a one-axis ``mesh`` of C chips when XLA's GSPMD partitioner is left
+    to cut the program that reads it (the reference over a slice): split on its largest axis that C divides
+    (the last of equals), else replicated on every chip."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    (axis,) = mesh.axis_names
+    best = None
+    for i, n in enumerate(shape):
+        if n % mesh.size == 0 and (best is None or n >= shape[best]):
+            best = i
+    return NamedSharding(mesh, P(*(axis if i == best else None for i in range(len(shape)))))

@@ -1,0 +1,636 @@
+"""``python -m mk tpu-smoke``: the megakernel's first run on a TPU, prepared as one command.
+
+On a TPU VM or slice it finds the chips, checks the megakernel against the reference on them, times both
+decode steps interleaved, and appends one row per engine timed to ``data/measured/tpu.csv``:
+
+- **The chips**: ``jax.devices()``, all of them in a one-axis mesh (``chips``: the first N).
+- **Parity**: a small model that fits anywhere (``parity_model``, default ``cpu-moe``), random f32 weights
+  (``seed``), a few users with prompts of different lengths: the megakernel's greedy tokens over the chips
+  must be the reference's, for each expert placement asked (a dense model, or one chip, has none). Both run
+  with f32 matrix products at full precision (``jax.default_matmul_precision("highest")``: XLA on a TPU
+  otherwise multiplies f32 in one bf16 pass). Off a TPU the kernel runs in Pallas's TPU interpreter with its
+  race detector on, and a race fails the check.
+- **Timing**: the decode step of each engine at position ``context - 1`` of a zero cache of ``context``
+  positions (``mk.bench.decode_call``; decode time does not depend on what the cache holds), random weights
+  (seed 0, the same draws for both: ``mk.weights.random_tensors``), full size, bf16 by default, timed
+  interleaved round by round (``mk.profiling.interleaved``: medians with 95% intervals). The reference runs
+  as XLA compiles it, its parameters and cache split over the mesh for GSPMD to partition
+  (``mk.sharding.gspmd_sharding``); the megakernel as ``python -m mk generate --engine megakernel
+  --chips N`` runs it, each chip's slice packed on that chip.
+- **Memory**: what each engine holds per chip (the reference's arrays as split; the megakernel's inputs as
+  its plan lays them out, ``mk.megakernel.refs.input_shapes``, and its packing's transient copy) against
+  ``HBM_USE`` of a chip's HBM (the device's own figure, else ``data/chips.csv``'s). The engines that fit
+  together are timed together; where they do not, each megakernel placement beside the reference, else each
+  alone; an engine that does not fit even alone, or whose build runs out of memory all the same
+  (RESOURCE_EXHAUSTED), is skipped and the run says so.
+- **Speed of light**: ``mk.sol``'s bytes per step over the chips' spec HBM bandwidth from data/chips.csv,
+  where the device is a known chip (``mk.chips.known_chip``: tpu-v5e, tpu-v6e, tpu-v7x) or ``chip`` names
+  one; otherwise it is unknown and the row says so.
+- **Budget**: ``budget_s`` from start to rows; the check and each build run to their end (a compile cannot be
+  interrupted), the timing gets what is left, at least ``MIN_TIMING_S`` per group, and what is not started
+  by the deadline is skipped.
+
+``require_tpu=False`` runs the same path anywhere (the tests: the CPU's simulated devices, the kernel in
+interpret mode); every row names its device and how the kernel ran, so a CPU row is never taken for a TPU's.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .bench import DTYPES, MEASURED_DIR, decode_call, provenance
+from .chips import get_chip, known_chip
+from .config import Gemma4Config, get_config
+from .files import append_csv_rows, git_commit
+from .profiling import Estimate, device_name, interleaved
+from .progress import Log
+from .reference import forget_prepared
+from .sharding.mesh import gspmd_sharding, make_mesh
+from .sol import bytes_per_token, speed_of_light
+from .tpu import libtpu_version, on_tpu, races_detected, reset_interpreter
+
+TPU_CSV = MEASURED_DIR / "tpu.csv"
+COLUMNS = (
+    "date",
+    "device",
+    "chips",
+    "backend",
+    "jax_version",
+    "jaxlib_version",
+    "libtpu_version",
+    "commit",
+    "engine",
+    "placement",
+    "runs_as",
+    "model",
+    "dtype",
+    "context",
+    "batch",
+    "rounds",
+    "interleaved_with",
+    "compile_s",
+    "step_ms",
+    "step_low_ms",
+    "step_high_ms",
+    "tokens_per_s",
+    "tokens_per_s_total",
+    "bytes_per_token",
+    "sol_source",
+    "sol_tokens_per_s",
+    "fraction_of_sol",
+    "fraction_of_sol_low",
+    "fraction_of_sol_high",
+    "parity",
+    "parity_check",
+    "load_before",
+    "load_after",
+    "weights",
+)
+PLACEMENTS = ("whole", "split")
+NO_PLACEMENT = "-"  # a dense model, or one chip: experts are not placed
+PARITY_PROMPTS = (7, 3, 12)  # the parity users' prompt lengths: ragged, each decoding from its own position
+PARITY_NEW_TOKENS = 4
+PRECISION = 0.01  # stop once every engine's median step is known to +-1% (95% interval), or the budget ends
+MAX_ROUNDS = 200
+MIN_TIMING_S = 3.0
+# Of a chip's HBM, what the engines' arrays may take together; XLA's own buffers and the steps' temporaries
+# take the rest (an assumption: a build that runs out all the same is caught and skipped).
+HBM_USE = 0.85
+
+
+class NoTPU(RuntimeError):
+    """This process found no TPU (``run(require_tpu=True)``)."""
+
+
+def no_tpu_message() -> str:
+    return (
+        f"tpu-smoke: no TPU found (JAX backend: {jax.default_backend()}); run it on a TPU VM or slice "
+        "(pip install -r requirements-tpu.txt)"
+    )
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine to time: the reference, or the megakernel with its experts placed."""
+
+    name: str  # "reference" or "megakernel"
+    placement: str = NO_PLACEMENT
+
+    @property
+    def label(self) -> str:
+        return self.name if self.placement == NO_PLACEMENT else f"{self.name}[{self.placement}]"
+
+
+@dataclass
+class Built:
+    """An engine's step ready to time: ``call()`` runs one step (the call holds the engine's arrays)."""
+
+    engine: Engine
+    call: Callable[[], Any]
+    compile_s: float
+
+
+@dataclass
+class Result:
+    """A run: the rows written (or that would be), the parity check per placement, and what was skipped or
+    failed and why."""
+
+    rows: list[dict]
+    parity: list[dict]
+    notes: list[str]
+    failed: bool  # parity did not hold, or an engine failed (not for lack of memory)
+    csv: Path | None = None
+
+    def to_dict(self) -> dict:
+        return dict(
+            rows=self.rows, parity=self.parity, notes=self.notes, failed=self.failed, csv=self.csv and str(self.csv)
+        )
+
+
+# Checks -------------------------------------------------------------------------------------------------
+def _config(model: Gemma4Config | str) -> Gemma4Config:
+    return get_config(model) if isinstance(model, str) else model
+
+
+def placements_for(cfg: Gemma4Config, chips: int, asked) -> tuple[str, ...]:
+    """The expert placements to run ``cfg`` under on ``chips`` chips: those asked, for an MoE model over
+    several chips; none otherwise. A placement the chips do not divide is refused (mk.sharding.chip_config)."""
+    from .sharding import Shard, chip_config
+
+    if not cfg.is_moe or chips == 1:
+        return (NO_PLACEMENT,)
+    for p in asked:
+        chip_config(cfg, Shard(chips, p))
+    return tuple(asked)
+
+
+def check_args(cfg, parity_cfg, context, batch, placements, chips, budget_s, dtype) -> None:
+    for name, v in (("context", context), ("batch", batch)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if chips is not None and (isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0):
+        raise ValueError(f"chips must be a positive integer, got {chips!r}")
+    if not placements or any(p not in PLACEMENTS for p in placements) or len(set(placements)) != len(placements):
+        raise ValueError(f"placements must be some of {PLACEMENTS}, each once, got {placements!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    if not budget_s > 0:
+        raise ValueError(f"budget_s must be positive, got {budget_s!r}")
+    if chips is not None:  # refused before JAX looks for chips
+        for c in (cfg, parity_cfg):
+            placements_for(c, chips, placements)
+
+
+def versions() -> dict:
+    """The software a row was measured with, beside mk.bench.provenance's JAX version."""
+    from importlib import metadata
+
+    try:
+        jaxlib = metadata.version("jaxlib")
+    except metadata.PackageNotFoundError:
+        jaxlib = "unknown"
+    return dict(jaxlib_version=jaxlib, libtpu_version=libtpu_version(), commit=git_commit() or "unknown")
+
+
+# Parity ---------------------------------------------------------------------------------------------------
+def parity_prompts(cfg: Gemma4Config, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, cfg.vocab_size, n).tolist() for n in PARITY_PROMPTS]
+
+
+def check_parity(cfg: Gemma4Config, chips: int, placements, new_tokens: int, seed: int, log) -> list[dict]:
+    """The megakernel's greedy tokens over ``chips`` chips against the reference's, random f32 weights, ragged
+    prompts: one row per placement (same_tokens, the first token that differs, races off a TPU, an error)."""
+    from .generate import generate
+    from .weights import random_params
+
+    params = random_params(cfg, seed)
+    prompts = parity_prompts(cfg, seed)
+    interpret = not on_tpu()
+    rows = []
+    with jax.default_matmul_precision("highest"):
+        want = generate(params, cfg, prompts, new_tokens)
+        for placement in placements:
+            options = dict(chips=chips, detect_races=interpret)
+            if placement != NO_PLACEMENT:
+                options["placement"] = placement
+            row = dict(placement=placement, same_tokens=False, first_difference="", races=None, error="")
+            t = time.perf_counter()
+            try:
+                if interpret:
+                    reset_interpreter()
+                got = generate(params, cfg, prompts, new_tokens, engine="megakernel", engine_options=options)
+                row["races"] = races_detected() if interpret else None
+                row["same_tokens"] = bool(np.array_equal(got, want))
+                diff = np.argwhere(got != want)
+                if len(diff):
+                    u, n = diff[0]
+                    row["first_difference"] = f"user {u}, new token {n}: {got[u, n]} != {want[u, n]}"
+            except Exception as e:  # a kernel that does not compile or run here: the check fails, the run goes on
+                row["error"] = _first_line(e)
+            row["held"] = row["same_tokens"] and not row["races"]
+            rows.append(row)
+            why = row["error"] or row["first_difference"] or ("the race detector fired" if row["races"] else "")
+            log(
+                f"parity, {placement if placement != NO_PLACEMENT else 'no placement'}: "
+                f"{'held' if row['held'] else 'FAILED (' + why + ')'} in {time.perf_counter() - t:.1f} s"
+            )
+    return rows
+
+
+# Memory ---------------------------------------------------------------------------------------------------
+def _bytes(shapes) -> float:
+    return float(sum(math.prod(s.shape) * jnp.dtype(s.dtype).itemsize for s in jax.tree.leaves(shapes)))
+
+
+def _split_bytes(shape: tuple[int, ...], itemsize: int, chips: int) -> float:
+    """One chip's bytes of an array split as gspmd_sharding splits it."""
+    n = math.prod(shape) * itemsize
+    return n / chips if any(d % chips == 0 for d in shape) else n
+
+
+def hbm_per_chip_needed(cfg: Gemma4Config, engine: Engine, chips: int, context: int, batch: int, dtype: str):
+    """(bytes one chip holds for ``engine``'s step, bytes more while it is built). The reference: its
+    decode layout (every expert its own array, ``mk.reference.prepare``) and its cache, split as
+    gspmd_sharding splits them. The megakernel: its inputs as its plan lays them out on one chip (padded,
+    ``refs.input_shapes``), and while packing, one stacked weight beside the layers it is stacked from."""
+    from .params import param_specs
+    from .reference import init_cache
+
+    item = jnp.dtype(DTYPES[dtype]).itemsize
+    if engine.name == "reference":
+        weights = 0.0
+        for s in param_specs(cfg):
+            experts = s.path.startswith("layers.") and len(s.shape) == 3
+            shape = s.shape[1:] if experts else s.shape
+            weights += _split_bytes(shape, item, chips) * (s.shape[0] if experts else 1)
+        cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, DTYPES[dtype]))
+        kv = sum(_split_bytes(a.shape, item, chips) for a in cache.values())
+        return weights + kv, 0.0
+    from .generate import cache_multiple
+    from .megakernel.refs import input_shapes
+    from .plan import build_plan, round_up
+    from .sharding import Shard
+
+    shard = Shard(chips, PLACEMENTS[-1] if engine.placement == NO_PLACEMENT else engine.placement)
+    max_len = round_up(context, cache_multiple("megakernel"))
+    plan = build_plan(cfg, batch, max_len, context, weight_itemsize=item, kv_itemsize=item, shard=shard)
+    shapes = input_shapes(plan, DTYPES[dtype], DTYPES[dtype])
+    return _bytes(shapes), max(_bytes(w) for w in shapes.weights.values())
+
+
+def groups_that_fit(needs: dict[str, tuple[float, float]], capacity: float | None):
+    """Which engines to time together, given each one's (bytes per chip, extra bytes while built) and what a
+    chip may hold (None: unknown, all together): all of them if they fit; else each megakernel beside the
+    reference if every such pair fits; else each alone. Returns (groups of labels, {label: why skipped})
+    for the engines that do not fit even alone. A group fits when its engines' bytes, plus the largest extra
+    of a build, fit (the engines are built one after the other)."""
+
+    def fits(group) -> bool:
+        return capacity is None or sum(needs[e][0] for e in group) + max(needs[e][1] for e in group) <= capacity
+
+    skipped = {
+        e: f"needs {(n + extra) / 1e9:.1f} GB per chip, {capacity / 1e9:.1f} GB usable"
+        for e, (n, extra) in needs.items()
+        if not fits([e])
+    }
+    left = [e for e in needs if e not in skipped]
+    if not left:
+        return [], skipped
+    if fits(left):
+        return [left], skipped
+    ref, rest = "reference", [e for e in left if e != "reference"]
+    if ref in left and all(fits([ref, e]) for e in rest):
+        return [[ref, e] for e in rest], skipped
+    return [[e] for e in left], skipped
+
+
+def usable_hbm(dev) -> float | None:
+    """What the engines may hold on one chip: ``HBM_USE`` of its HBM (the device's own figure, else
+    data/chips.csv's for a known chip); None where unknown (a CPU)."""
+    try:
+        limit = (dev.memory_stats() or {}).get("bytes_limit")
+    except Exception:  # a backend without memory statistics
+        limit = None
+    if limit is None and known_chip(dev) is not None:
+        limit = get_chip(known_chip(dev)).hbm_bytes
+    return None if limit is None else HBM_USE * limit
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """XLA refusing an allocation: a runtime error with status RESOURCE_EXHAUSTED."""
+    return isinstance(e, RuntimeError) and "RESOURCE_EXHAUSTED" in str(e)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+# Engines ----------------------------------------------------------------------------------------------------
+def reference_step(mesh):
+    """``mk.reference.decode_step`` with its cache split over ``mesh`` (gspmd_sharding) once made, as
+    ``mk.bench.decode_call`` adopts an engine's cache; its parameters come split already."""
+    from .reference import decode_step, prepare
+
+    def step(params, cfg, cache, tokens, pos, knockout=frozenset()):
+        return decode_step(params, cfg, cache, tokens, pos, knockout)
+
+    step.prepare = prepare  # a prepared tree is used as it is
+    step.adopt_cache = lambda cache: {k: jax.device_put(a, gspmd_sharding(mesh, a.shape)) for k, a in cache.items()}
+    return step
+
+
+class _Builder:
+    """Builds each engine's step on the mesh: the reference's weights drawn split over it, the megakernel's
+    drawn there too and brought to the host, from where each chip packs its slice (kept for every placement
+    until the last megakernel is built)."""
+
+    def __init__(self, cfg, mesh, context, batch, dtype, seed, log, megakernels: int):
+        self.cfg, self.mesh, self.seed, self.log = cfg, mesh, seed, log
+        self.context, self.batch, self.dtype = context, batch, dtype
+        self.host: dict | None = None
+        self.megakernels_left = megakernels
+
+    def build(self, engine: Engine) -> Built:
+        from .weights import device_params, random_tensors
+
+        cfg, chips = self.cfg, self.mesh.size
+        t = time.perf_counter()
+
+        def log(msg: str) -> None:
+            self.log(f"{engine.label}: {msg}")
+
+        try:
+            if engine.name == "reference":
+                params = device_params(cfg, self.seed, DTYPES[self.dtype], self.mesh, log)
+                call = decode_call(reference_step(self.mesh), params, cfg, self.context, self.batch, self.dtype)
+            else:
+                from .generate import cache_multiple
+                from .megakernel import make_step
+
+                if self.host is None:
+                    tensors = random_tensors(cfg, self.seed, DTYPES[self.dtype], self.mesh, log)
+                    self.host = {path: np.asarray(x) for path, x in tensors}
+                    log(f"weights: {_bytes(self.host) / 1e9:.2f} GB on the host, each chip packs its slice")
+                options = dict(chips=chips, detect_races=not on_tpu())
+                if engine.placement != NO_PLACEMENT:
+                    options["placement"] = engine.placement
+                step = make_step(cfg, **options)
+                multiple = cache_multiple("megakernel")
+                call = decode_call(step, self.host, cfg, self.context, self.batch, self.dtype, cache_multiple=multiple)
+            log(f"weights and cache placed in {time.perf_counter() - t:.1f} s; compiling")
+            t = time.perf_counter()
+            jax.block_until_ready(call())
+        finally:
+            if engine.name == "megakernel":
+                self.megakernels_left -= 1
+                if not self.megakernels_left:
+                    self.host = None  # every placement has packed its own copy
+        compile_s = time.perf_counter() - t
+        log(f"compiled and run once in {compile_s:.1f} s")
+        return Built(engine, call, compile_s)
+
+
+# Timing -----------------------------------------------------------------------------------------------------
+def _sol(cfg, context, batch, dtype, dev, chips, chip):
+    """(where the speed of light comes from, its step in seconds or None where unknown)."""
+    name = chip or known_chip(dev)
+    if name is None:
+        return f"unknown: {device_name(dev)} is no chip in data/chips.csv", None
+    base = get_chip(name).base
+    c = get_chip(base if chips == 1 else f"{base}-{chips}")
+    s = speed_of_light(cfg, c, context, batch, dtype)
+    given = "" if name == known_chip(dev) else f"; given, the device is {device_name(dev)}"
+    return f"{c.name} spec ({c.hbm_bandwidth / 1e12:.2f} TB/s, mk.sol){given}", s.step_s
+
+
+def _runs_as(engine: Engine, dev, chips: int) -> str:
+    if engine.name == "reference":
+        return "XLA" + (f", GSPMD over {chips} chips" if chips > 1 else ", one chip")
+    if on_tpu():
+        return f"Pallas kernel compiled by Mosaic, {chips} chip(s)"
+    return f"Pallas TPU interpret mode on {chips} {dev.platform} device(s), races checked: no TPU's speed"
+
+
+def time_group(built: list[Built], seconds: float, min_rounds: int, max_rounds: int, log):
+    def precise(times):
+        return all(Estimate.of(ts, 0.95).halfwidth <= PRECISION * statistics.median(ts) for ts in times.values())
+
+    calls = {b.engine.label: b.call for b in built}
+    log(f"timing {', '.join(calls)} interleaved, up to {seconds:.0f} s")
+    cmp = interleaved(
+        calls,
+        built[0].engine.label,
+        budget_s=seconds,
+        precise=precise,
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        warmup=1,  # each has run once already (its compile)
+    )
+    log(f"timed {cmp.rounds} rounds in {cmp.elapsed_s:.1f} s")
+    return cmp
+
+
+# The run ------------------------------------------------------------------------------------------------------
+def run(
+    model: Gemma4Config | str = "gemma4-26b-a4b",
+    parity_model: Gemma4Config | str = "cpu-moe",
+    context: int = 1024,
+    batch: int = 1,
+    placements=PLACEMENTS,
+    chips: int | None = None,
+    budget_s: float = 300.0,
+    out: Path | str | None = TPU_CSV,
+    require_tpu: bool = True,
+    chip: str | None = None,
+    dtype: str = "bf16",
+    seed: int = 0,
+    parity_tokens: int = PARITY_NEW_TOKENS,
+    min_rounds: int = 7,
+    max_rounds: int = MAX_ROUNDS,
+    quiet: bool = False,
+) -> Result:
+    """Check the megakernel against the reference on this machine's chips and time both (module docstring);
+    append the rows to ``out`` (None: no file). ``require_tpu``: refuse (NoTPU) anywhere but on a TPU.
+    ``chip``: the speed of light's chip where the device is none of data/chips.csv's."""
+    cfg, parity_cfg = _config(model), _config(parity_model)
+    placements = tuple(placements)
+    check_args(cfg, parity_cfg, context, batch, placements, chips, budget_s, dtype)
+    if chip is not None:
+        get_chip(chip)
+    if require_tpu and not on_tpu():
+        raise NoTPU(no_tpu_message())
+    log = Log(quiet)
+    deadline = log.t0 + budget_s
+    devices = jax.devices()
+    n = chips or len(devices)
+    if n > len(devices):
+        raise ValueError(
+            f"chips: {n} asked, this process sees {len(devices)} {devices[0].platform} device(s) "
+            f"({devices[0].device_kind}); ask for at most {len(devices)}"
+        )
+    mesh = make_mesh(n, devices[:n])
+    dev = devices[0]
+    timed_places, parity_places = placements_for(cfg, n, placements), placements_for(parity_cfg, n, placements)
+    prov = {**provenance(dev), "chips": n, **versions()}
+    log(
+        f"{n} x {dev.device_kind} ({dev.platform}); JAX {prov['jax_version']}, jaxlib {prov['jaxlib_version']}, "
+        f"libtpu {prov['libtpu_version']}, commit {prov['commit']}; budget {budget_s:.0f} s"
+    )
+    check = (
+        f"{parity_cfg.name} f32, {len(PARITY_PROMPTS)} users (prompts of {', '.join(map(str, PARITY_PROMPTS))} "
+        f"tokens), {parity_tokens} new tokens, {n} chip(s), seed {seed}" + ("" if on_tpu() else ", races checked")
+    )
+    log(f"parity: {check}")
+    parity = check_parity(parity_cfg, n, parity_places, parity_tokens, seed, log)
+    forget_prepared()  # the reference kept the parity model's decode layout on the first chip
+    held = {r["placement"]: r["held"] for r in parity}
+    notes, failed = [], not all(held.values())
+
+    engines = [Engine("reference")] + [Engine("megakernel", p) for p in timed_places]
+    sol_source, sol_step = _sol(cfg, context, batch, dtype, dev, n, chip)
+    per_token = bytes_per_token(cfg, context, batch, dtype).total
+    capacity = usable_hbm(dev)
+    needs = {e.label: hbm_per_chip_needed(cfg, e, n, context, batch, dtype) for e in engines}
+    groups, skipped = groups_that_fit(needs, capacity)
+    log(
+        f"{cfg.name}, {dtype}, context {context}, batch {batch}; speed of light: {sol_source}; per chip "
+        + ", ".join(f"{k} {v[0] / 1e9:.2f} GB" for k, v in needs.items())
+        + (f" of {capacity / 1e9:.1f} GB usable" if capacity else " (HBM unknown: not checked)")
+        + f"; timed as {' then '.join('[' + ', '.join(g) + ']' for g in groups) or 'nothing'}"
+    )
+    for label, why in skipped.items():
+        notes.append(f"{label}: skipped, it does not fit the chips' HBM ({why})")
+        log(notes[-1])
+    by_label = {e.label: e for e in engines}
+    megakernels = sum(by_label[x].name == "megakernel" for g in groups for x in g)
+    builder = _Builder(cfg, mesh, context, batch, dtype, seed, log, megakernels)
+    built: dict[str, Built] = {}
+    gone: set[str] = set()  # failed to build: not tried again
+    rows = []
+    for i, group in enumerate(groups):
+        for label in [x for x in built if x not in group]:
+            del built[label]
+        gc.collect()
+        if time.perf_counter() >= deadline:
+            notes.append(f"{', '.join(group)}: not timed, the {budget_s:.0f} s budget was spent (a larger --budget-s)")
+            log(notes[-1])
+            continue
+        for label in group:
+            if label in built or label in gone:
+                continue
+            try:
+                built[label] = builder.build(by_label[label])
+            except Exception as e:
+                gone.add(label)
+                gc.collect()
+                if _out_of_memory(e):
+                    notes.append(f"{label}: skipped, it ran out of memory ({_first_line(e)})")
+                else:
+                    failed = True
+                    notes.append(f"{label}: failed ({_first_line(e)})")
+                log(notes[-1])
+        ready = [built[x] for x in group if x in built]
+        if not ready:
+            continue
+        seconds = max(MIN_TIMING_S, (deadline - time.perf_counter()) / (len(groups) - i))
+        cmp = time_group(ready, seconds, min_rounds, max_rounds, log)
+        for b in ready:
+            e, label, step = b.engine, b.engine.label, cmp.times[b.engine.label]
+            frac = Estimate.of([sol_step / t for t in cmp.raw[label]], cmp.confidence) if sol_step else None
+            rows.append(
+                {
+                    **prov,
+                    "engine": e.name,
+                    "placement": e.placement,
+                    "runs_as": _runs_as(e, dev, n),
+                    "model": cfg.name,
+                    "dtype": dtype,
+                    "context": context,
+                    "batch": batch,
+                    "rounds": cmp.rounds,
+                    "interleaved_with": ", ".join(x.engine.label for x in ready if x is not b),
+                    "compile_s": round(b.compile_s, 2),
+                    "step_ms": round(step.median * 1e3, 4),
+                    "step_low_ms": round(step.low * 1e3, 4),
+                    "step_high_ms": round(step.high * 1e3, 4),
+                    "tokens_per_s": round(1 / step.median, 2),
+                    "tokens_per_s_total": round(batch / step.median, 2),
+                    "bytes_per_token": int(per_token),
+                    "sol_source": sol_source,
+                    "sol_tokens_per_s": None if sol_step is None else round(1 / sol_step, 2),
+                    "fraction_of_sol": _significant(frac and frac.median),
+                    "fraction_of_sol_low": _significant(frac and frac.low),
+                    "fraction_of_sol_high": _significant(frac and frac.high),
+                    "parity": _parity_word(e, held),
+                    "parity_check": check,
+                    "load_before": round(cmp.load[0], 2),
+                    "load_after": round(cmp.load[1], 2),
+                    "weights": f"random (seed {seed})",
+                }
+            )
+    built.clear()
+    if not rows:
+        failed = True
+    written = None
+    if out is not None and rows:
+        written = append_csv_rows(rows, Path(out), COLUMNS, "a tpu-smoke row")
+        log(f"appended {len(rows)} rows to {written}")
+    return Result(rows, parity, notes, failed, written)
+
+
+def _significant(x: float | None) -> float | None:
+    """``x`` to 4 significant digits: an interpreted kernel's tiny fraction of a TPU's speed of light stays
+    readable, and above zero."""
+    return None if x is None else float(f"{x:.4g}")
+
+
+def _parity_word(engine: Engine, held: dict[str, bool]) -> str | None:
+    """For a megakernel row: whether its placement's check held on the parity model (a dense parity model,
+    or one chip, checks once for every placement; a dense timed model takes every placement's). None for the
+    reference: it is what the check holds to."""
+    if engine.name == "reference":
+        return None
+    ok = held.get(engine.placement, held.get(NO_PLACEMENT, all(held.values())))
+    return "held" if ok else "failed"
+
+
+def text(result: Result) -> str:
+    """The run as a few readable lines."""
+    lines = []
+    if result.rows:
+        r0 = result.rows[0]
+        lines.append(
+            f"{r0['model']}, {r0['dtype']}, context {r0['context']}, batch {r0['batch']} on {r0['chips']} x "
+            f"{r0['device']} (measured {r0['date']}; JAX {r0['jax_version']}, libtpu {r0['libtpu_version']}, "
+            f"commit {r0['commit']}; speed of light: {r0['sol_source']})"
+        )
+        for r in result.rows:
+            frac = "" if r["fraction_of_sol"] is None else f"  {100 * r['fraction_of_sol']:.3g}% of the speed of light"
+            label = r["engine"] + ("" if r["placement"] == NO_PLACEMENT else f"[{r['placement']}]")
+            lines.append(
+                f"  {label:<19} {r['step_ms']:10.3f} ms ({r['step_low_ms']:.3f}-{r['step_high_ms']:.3f}, "
+                f"{r['rounds']} rounds)  {r['tokens_per_s']:9.1f} tok/s{frac}"
+            )
+    else:
+        lines.append("nothing was timed")
+    checks = ", ".join(
+        f"{p['placement'] if p['placement'] != NO_PLACEMENT else 'one run'} {'held' if p['held'] else 'FAILED'}"
+        for p in result.parity
+    )
+    lines.append(f"  parity: {checks}")
+    lines += [f"  note: {n}" for n in result.notes]
+    if result.csv is not None:
+        lines.append(f"  appended to {result.csv}")
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""``python -m mk tpu-smoke`` (mk.tpu_smoke): refused in one line without a TPU; the whole path run once over 8
+simulated chips (the kernel in Pallas TPU interpret mode, races checked), its rows labelled as the CPU's; which
+engines are timed together; bad input refused."""
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from mk import tpu_smoke
+from mk.__main__ import main
+from mk.config import FULL, TINY_MOE
+
+ROOT = Path(__file__).resolve().parent.parent
+# One full layer of the tiny MoE: the interpreted 8-chip step is the run's cost (~5 s a call on 2 cores).
+ONE_LAYER = TINY_MOE.replace(name="tiny-moe-1-layer", layer_types=(FULL,))
+
+
+def test_without_a_tpu_the_command_says_so_in_one_line_and_exits_2():
+    out = subprocess.run(
+        [sys.executable, "-m", "mk", "tpu-smoke"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "tpu-smoke: no TPU found (JAX backend: cpu); run it on a TPU VM or slice (pip install -r requirements-tpu.txt)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "gemma5"], "unknown model 'gemma5'"),
+        (["--parity-model", "tiny"], "unknown model 'tiny'"),
+        (["--chips", "3"], "whole-expert placement puts E/C experts on each chip"),  # 128 experts, 3 chips
+        (["--placements", "whole,diagonal"], "placements must be some of"),
+        (["--budget-s", "0"], "budget_s must be positive"),
+        (["--chip", "tpu-v9"], "unknown chip 'tpu-v9'"),
+    ],
+)
+def test_bad_input_gets_one_line_and_exit_2(capsys, args, message):
+    assert main(["tpu-smoke", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_engines_are_timed_together_where_they_fit_else_beside_the_reference_else_alone():
+    gb = 1e9
+    needs = {"reference": (6 * gb, 0), "megakernel[whole]": (7 * gb, 2 * gb), "megakernel[split]": (9 * gb, 2 * gb)}
+    assert tpu_smoke.groups_that_fit(needs, None) == ([list(needs)], {})
+    assert tpu_smoke.groups_that_fit(needs, 24 * gb) == ([list(needs)], {})
+    pairs = [["reference", "megakernel[whole]"], ["reference", "megakernel[split]"]]
+    assert tpu_smoke.groups_that_fit(needs, 17 * gb) == (pairs, {})
+    assert tpu_smoke.groups_that_fit(needs, 13 * gb) == ([[e] for e in needs], {})
+    groups, skipped = tpu_smoke.groups_that_fit(needs, 10 * gb)
+    assert groups == [["reference"], ["megakernel[whole]"]]
+    assert skipped == {"megakernel[split]": "needs 11.0 GB per chip, 10.0 GB usable"}
+
+
+def test_a_run_over_8_simulated_chips_checks_times_and_writes_rows_labelled_as_the_cpu(tmp_path):
+    """The whole path once (~60-90 s on 2 cores): parity of the interpreted kernel (race detector on) with the
+    reference for ragged users, then both steps timed interleaved (the reference split over the 8 devices by
+    GSPMD), rows appended to a CSV. The speed of light is a v5e-8's, given: the CPU is no chip in chips.csv."""
+    out = tmp_path / "measured" / "tpu.csv"
+    r = tpu_smoke.run(
+        ONE_LAYER,
+        ONE_LAYER,
+        context=32,
+        placements=("whole",),
+        chips=8,
+        budget_s=600,
+        out=out,
+        require_tpu=False,
+        chip="tpu-v5e",
+        parity_tokens=2,
+        min_rounds=3,
+        max_rounds=3,
+        quiet=True,
+    )
+    assert not r.failed and not r.notes, r.notes
+    (check,) = r.parity
+    assert check["placement"] == "whole" and check["held"] and check["same_tokens"] and check["races"] is False
+
+    assert os.listdir(out.parent) == ["tpu.csv"]  # no temporary file left beside it
+    with open(out, newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == tpu_smoke.COLUMNS
+        rows = {row["engine"]: row for row in reader}
+    assert set(rows) == {"reference", "megakernel"}
+    ref, mk = rows["reference"], rows["megakernel"]
+    assert mk["parity"] == "held" and ref["parity"] == ""
+    assert mk["placement"] == "whole" and ref["placement"] == "-"
+    assert mk["interleaved_with"] == "reference" and ref["interleaved_with"] == "megakernel[whole]"
+    assert "interpret mode" in mk["runs_as"] and "GSPMD over 8 chips" in ref["runs_as"]
+    for row in rows.values():
+        assert row["device"].startswith("cpu") and row["backend"] == "cpu" and row["chips"] == "8"
+        assert row["libtpu_version"] == metadata.version("libtpu")
+        assert re.fullmatch(r"[0-9a-f]{12}( \(with uncommitted changes\))?", row["commit"]), row["commit"]
+        assert row["model"] == ONE_LAYER.name and row["dtype"] == "bf16" and row["context"] == "32"
+        assert row["rounds"] == "3" and row["weights"] == "random (seed 0)"
+        low, median, high = (float(row[k]) for k in ("step_low_ms", "step_ms", "step_high_ms"))
+        assert 0 < low <= median <= high
+        assert float(row["tokens_per_s"]) == pytest.approx(1e3 / median, rel=1e-3, abs=0.01)  # rounded to 0.01
+        assert row["sol_source"].startswith("tpu-v5e-8 spec") and "given, the device is cpu" in row["sol_source"]
+        assert 0 < float(row["fraction_of_sol_low"]) <= float(row["fraction_of_sol"]) <= 1
+        assert int(row["bytes_per_token"]) > 0
+    assert "tiny-moe-1-layer" in tpu_smoke.text(r) and "parity: whole held" in tpu_smoke.text(r)
+    assert json.loads(json.dumps(r.to_dict()))["csv"] == str(out)  # what --json prints
