@@ -85,6 +85,7 @@ COLUMNS = (
     "tokens_per_s",
     "tokens_per_s_total",
     "bytes_per_token",
+    "chip",
     "sol_source",
     "sol_tokens_per_s",
     "fraction_of_sol",
@@ -404,15 +405,16 @@ class _Builder:
 
 # Timing -----------------------------------------------------------------------------------------------------
 def _sol(cfg, context, batch, dtype, dev, chips, chip):
-    """(where the speed of light comes from, its step in seconds or None where unknown)."""
+    """(the chip or slice of data/chips.csv the run is, "" where unknown; where the speed of light comes from;
+    its step in seconds, or None where unknown)."""
     name = chip or known_chip(dev)
     if name is None:
-        return f"unknown: {device_name(dev)} is no chip in data/chips.csv", None
+        return "", f"unknown: {device_name(dev)} is no chip in data/chips.csv", None
     base = get_chip(name).base
     c = get_chip(base if chips == 1 else f"{base}-{chips}")
     s = speed_of_light(cfg, c, context, batch, dtype)
     given = "" if name == known_chip(dev) else f"; given, the device is {device_name(dev)}"
-    return f"{c.name} spec ({c.hbm_bandwidth / 1e12:.2f} TB/s, mk.sol){given}", s.step_s
+    return c.name, f"{c.name} spec ({c.hbm_bandwidth / 1e12:.2f} TB/s, mk.sol){given}", s.step_s
 
 
 def _runs_as(engine: Engine, dev, chips: int) -> str:
@@ -499,7 +501,7 @@ def run(
     notes, failed = [], not all(held.values())
 
     engines = [Engine("reference")] + [Engine("megakernel", p) for p in timed_places]
-    sol_source, sol_step = _sol(cfg, context, batch, dtype, dev, n, chip)
+    chip_name, sol_source, sol_step = _sol(cfg, context, batch, dtype, dev, n, chip)
     per_token = bytes_per_token(cfg, context, batch, dtype).total
     capacity = usable_hbm(dev)
     needs = {e.label: hbm_per_chip_needed(cfg, e, n, context, batch, dtype) for e in engines}
@@ -568,6 +570,7 @@ def run(
                     "tokens_per_s": round(1 / step.median, 2),
                     "tokens_per_s_total": round(batch / step.median, 2),
                     "bytes_per_token": int(per_token),
+                    "chip": chip_name,
                     "sol_source": sol_source,
                     "sol_tokens_per_s": None if sol_step is None else round(1 / sol_step, 2),
                     "fraction_of_sol": _significant(frac and frac.median),

@@ -425,3 +425,43 @@ def measured_comparison(paths=None) -> pd.DataFrame:
                 )
             )
     return pd.DataFrame(rows).assign(kind="measured vs modelled (mk.timing's general-stack form)")
+
+
+def measured_megakernel(path=None) -> pd.DataFrame:
+    """Every megakernel step measured on a TPU (data/measured/tpu.csv, written by python -m mk tpu-smoke) beside
+    the timing model's prediction for the same model, slice, context, batch, placement and data type (the
+    workbook's kernel, mk.timing.KERNEL's switches), with the error modelled / measured - 1. Empty (with its
+    columns) until a TPU has run it; rows whose device is not a chip of data/chips.csv are left out."""
+    from .tpu_smoke import TPU_CSV
+
+    path = TPU_CSV if path is None else path
+    columns = ["date", "device", "chip", "model", "placement", "dtype", "context", "batch", "measured_ms",
+               "measured_low_ms", "measured_high_ms", "modelled_ms", "error", "parity", "commit"]  # fmt: skip
+    if not path.exists():
+        return pd.DataFrame(columns=columns)
+    t = pd.read_csv(path, keep_default_na=False)
+    t = t[(t.engine == "megakernel") & (t.chip != "") & (t.backend == "tpu")]
+    rows = []
+    for _, r in t.iterrows():
+        placement = r["placement"] if r["placement"] in ("whole", "split") else "split"
+        p = predict(r["model"], r["chip"], int(r["context"]), int(r["batch"]), placement=placement, dtype=r["dtype"])
+        rows.append(
+            dict(
+                date=r["date"],
+                device=r["device"],
+                chip=r["chip"],
+                model=r["model"],
+                placement=r["placement"],
+                dtype=r["dtype"],
+                context=int(r["context"]),
+                batch=int(r["batch"]),
+                measured_ms=float(r["step_ms"]),
+                measured_low_ms=float(r["step_low_ms"]),
+                measured_high_ms=float(r["step_high_ms"]),
+                modelled_ms=p.step_s * 1e3,
+                error=p.step_s * 1e3 / float(r["step_ms"]) - 1,
+                parity=r["parity"],
+                commit=r["commit"],
+            )
+        )
+    return pd.DataFrame(rows, columns=columns).assign(kind="measured (TPU, python -m mk tpu-smoke) vs " + MODELLED)

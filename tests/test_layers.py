@@ -56,7 +56,6 @@ LAYERS = {
         "mk.bench",
         "mk.quality",
         "mk.tpu_smoke",
-        "mk.sharding.overlap",
         "mk.profiling.gpu",
         "mk.profiling.xla_cost",
     ],

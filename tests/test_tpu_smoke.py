@@ -113,6 +113,7 @@ def test_a_run_over_8_simulated_chips_checks_times_and_writes_rows_labelled_as_t
         assert 0 < low <= median <= high
         assert float(row["tokens_per_s"]) == pytest.approx(1e3 / median, rel=1e-3, abs=0.01)  # rounded to 0.01
         assert row["sol_source"].startswith("tpu-v5e-8 spec") and "given, the device is cpu" in row["sol_source"]
+        assert row["chip"] == "tpu-v5e-8"  # the slice the timing model predicts the row for (mk.verdict)
         assert 0 < float(row["fraction_of_sol_low"]) <= float(row["fraction_of_sol"]) <= 1
         assert int(row["bytes_per_token"]) > 0
     assert "tiny-moe-1-layer" in tpu_smoke.text(r) and "parity: whole held" in tpu_smoke.text(r)

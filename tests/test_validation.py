@@ -69,3 +69,30 @@ def test_fitted_points_are_marked_and_not_tests(points):
     assert points.loc["vllm_v5e8_dense_sol_fraction", "role"] == "fitted"
     assert points.loc["mk_v5e8_kernels", "role"] == "by construction"
     assert points.loc["vllm_h100_moe_kernels", "role"] == "input"
+
+
+def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
+    """A row python -m mk tpu-smoke appends on a TPU slice is set beside mk.timing's step for the same
+    configuration; rows from elsewhere (interpret mode on a CPU) are left out."""
+    import csv
+
+    from mk import timing
+    from mk.tpu_smoke import COLUMNS
+
+    path = tmp_path / "tpu.csv"
+    base = dict.fromkeys(COLUMNS, "")
+    rows = [
+        base | dict(engine="megakernel", backend="tpu", chip="tpu-v5e-8", placement="split", model="gemma4-26b-a4b",
+                    dtype="bf16", context=1024, batch=1, step_ms=2.0, step_low_ms=1.9, step_high_ms=2.1, parity="held"),
+        base | dict(engine="megakernel", backend="cpu", chip="tpu-v5e-8", placement="split", model="tiny-moe",
+                    dtype="bf16", context=32, batch=1, step_ms=900.0, step_low_ms=800, step_high_ms=1000),
+    ]  # fmt: skip
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    t = vd.measured_megakernel(path)
+    assert len(t) == 1 and t.iloc[0].measured_ms == 2.0
+    want = timing.predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1, placement="split").step_s * 1e3
+    assert t.iloc[0].modelled_ms == pytest.approx(want) and t.iloc[0].error == pytest.approx(want / 2.0 - 1)
+    assert vd.measured_megakernel(tmp_path / "none.csv").empty
