@@ -34,6 +34,7 @@ from .chips import DATA_DIR
 from .config import Gemma4Config
 from .files import append_csv_rows
 from .sol import bytes_per_token
+from .units import positive_int
 
 MEASURED_DIR = DATA_DIR / "measured"
 BENCH_CSV = MEASURED_DIR / "bench.csv"
@@ -66,11 +67,6 @@ COLUMNS = (
     "load_after",
     "weights",
 )
-# Reruns of the same bench on this 2-core machine agree within +-RERUN_BAND of their median fraction of the speed
-# of light: measured, five consecutive cpu-moe runs at context 1024 gave 0.640, 0.638, 0.627, 0.626, 0.594
-# (data/measured/bench.csv), each with a 95% interval of about +-0.02, while the load drifted from 1.0 to
-# 1.7: between runs the machine changes more than within one.
-RERUN_BAND = 0.05
 # The data type a run's arrays use, and the mk.sol policy that counts its bytes.
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 
@@ -110,6 +106,7 @@ class BenchResult:
     weights: str  # "random (seed N)" or the checkpoint's path
     provenance: dict
     method: dict  # rounds, elapsed_s, confidence, load_before, load_after
+    round_fractions: tuple[float, ...] = ()  # the fraction of the speed of light in each round, in order
 
     @property
     def step_s(self) -> float:
@@ -266,9 +263,8 @@ def run_bench(
     from .quant import quantized_as, scheme_of
     from .weights import random_params
 
-    for name, v in (("context", context), ("batch", batch)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    positive_int("context", context)
+    positive_int("batch", batch)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     options = dict(engine_options or {})
@@ -294,6 +290,7 @@ def run_bench(
         return profiling.Estimate.of(fractions(times), 0.95).halfwidth <= precision
 
     cmp = profiling.interleaved({"step": call, "probe": probe}, "step", budget_s=budget_s, precise=precise)
+    rounds = fractions(cmp.raw)
     return BenchResult(
         cfg,
         label,
@@ -302,10 +299,11 @@ def run_bench(
         batch,
         cmp.times["step"],
         profiling.Estimate.of([nbytes / t for t in cmp.raw["probe"]], cmp.confidence),
-        profiling.Estimate.of(fractions(cmp.raw), cmp.confidence),
+        profiling.Estimate.of(rounds, cmp.confidence),
         kernels,
         per_token,
         weights or "given",
         provenance(),
         cmp.provenance(),
+        tuple(rounds),
     )
