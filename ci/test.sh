@@ -7,4 +7,6 @@ bash ci/setup.sh dev
 .venv/bin/ruff check mk tests ci notebooks
 .venv/bin/ruff format --check mk tests ci
 export JAX_PLATFORMS=cpu
-exec .venv/bin/python -m pytest -q "$@"
+# Two workers (one per core here), each taking whole test files so a file's shared fixtures are built once;
+# the slowest tests are listed at the end, so the next cut is measured.
+exec .venv/bin/python -m pytest -q -n "${MK_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"

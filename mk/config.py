@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from .units import positive_int
+
 
 class LayerType(StrEnum):
     """A layer's attention: a sliding window or the full context (equal to the strings "sliding", "full")."""
@@ -64,9 +66,10 @@ class Gemma4Config:
             "sliding_window",
             "mlp_intermediate",
         ):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                problems.append(f"{f} must be a positive integer, got {v!r}")
+            try:
+                positive_int(f, getattr(self, f))
+            except ValueError as e:
+                problems.append(str(e))
         if not self.layer_types:
             problems.append("layer_types is empty: a model needs at least one layer")
         bad = sorted({t for t in self.layer_types if t not in LAYER_TYPES})

@@ -28,6 +28,7 @@ from .config import Gemma4Config
 from .params import check_knockout
 from .progress import tqdm
 from .reference import check_tokens, decode_step, init_cache, prefill
+from .units import positive_int
 
 Step = Callable[..., tuple]
 _ENGINES: dict[str, tuple[Callable[[Gemma4Config], Step], int]] = {}
@@ -42,8 +43,7 @@ def register_engine(name: str, make_step: Callable[[Gemma4Config], Step], cache_
     layer's slot count up to a multiple of it (full layers: the positions; sliding layers: the window;
     the extra slots are masked: results do not change).
     """
-    if not isinstance(cache_multiple, int) or cache_multiple <= 0:
-        raise ValueError(f"cache_multiple must be a positive integer, got {cache_multiple!r}")
+    positive_int("cache_multiple", cache_multiple)
     _ENGINES[name] = (make_step, cache_multiple)
 
 
@@ -125,8 +125,7 @@ def generate(
     """
     ko = check_knockout(knockout)
     tokens, lengths = prompt_batch(cfg, prompt)
-    if not isinstance(new_tokens, (int, np.integer)) or new_tokens <= 0:
-        raise ValueError(f"new_tokens must be a positive integer, got {new_tokens!r}")
+    positive_int("new_tokens", new_tokens)
     B = tokens.shape[0]
     # positions written: the prompt, then every new token but the last
     need = int(lengths.max()) + new_tokens - 1

@@ -58,6 +58,7 @@ from .reference import forget_prepared
 from .sharding.mesh import gspmd_sharding, make_mesh
 from .sol import bytes_per_token, speed_of_light
 from .tpu import libtpu_version, on_tpu, races_detected, reset_interpreter
+from .units import positive_int
 
 TPU_CSV = MEASURED_DIR / "tpu.csv"
 COLUMNS = (
@@ -176,11 +177,10 @@ def placements_for(cfg: Gemma4Config, chips: int, asked) -> tuple[str, ...]:
 
 
 def check_args(cfg, parity_cfg, context, batch, placements, chips, budget_s, dtype) -> None:
-    for name, v in (("context", context), ("batch", batch)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if chips is not None and (isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0):
-        raise ValueError(f"chips must be a positive integer, got {chips!r}")
+    positive_int("context", context)
+    positive_int("batch", batch)
+    if chips is not None:
+        positive_int("chips", chips)
     if not placements or any(p not in PLACEMENTS for p in placements) or len(set(placements)) != len(placements):
         raise ValueError(f"placements must be some of {PLACEMENTS}, each once, got {placements!r}")
     if dtype not in DTYPES:

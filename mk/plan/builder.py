@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..config import Gemma4Config
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs
+from ..units import positive_int
 from .layout import (
     BLOCK,
     LANE,
@@ -367,9 +368,8 @@ class Builder:
 
 
 def check_shapes(cfg: Gemma4Config, batch: int, max_len: int, context: int, kv_itemsize: int, tiles: Tiles):
-    for name, v in (("batch", batch), ("max_len", max_len)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    positive_int("batch", batch)
+    positive_int("max_len", max_len)
     if not 0 < context <= max_len:
         raise ValueError(f"context={context} must be in 1..max_len={max_len}")
     if tiles.kv_tile % sublanes(kv_itemsize):

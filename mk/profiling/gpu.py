@@ -69,6 +69,7 @@ from ..files import append_csv_rows
 from ..params import count_params
 from ..progress import Log
 from ..sol import bytes_per_token, kv_bytes_per_user
+from ..units import positive_int
 from ..weights import device_params
 from .bandwidth import device_name, gemv_probe
 from .compare import Estimate, interleaved
@@ -564,9 +565,8 @@ def speed_of_light_for(cfg: Gemma4Config, context: int, batch: int, dtype: str, 
 
 # The run ----------------------------------------------------------------------------------------------
 def _check(cfg, context, batch, dtype, engines, device, budget_s):
-    for name, v in (("context", context), ("batch", batch)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    positive_int("context", context)
+    positive_int("batch", batch)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     if not engines or any(e not in ENGINES for e in engines) or len(set(engines)) != len(engines):

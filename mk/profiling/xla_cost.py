@@ -72,6 +72,7 @@ from ..params import (
     attention_component,
     layer_param_specs,
 )
+from ..units import positive_int
 
 KIND = "modelled (XLA TPU cost model)"
 # libtpu's compile option switching memory-space assignment (HBM -> VMEM prefetches) on or off
@@ -100,9 +101,8 @@ class Program:
 
 
 def _check(cfg: Gemma4Config, context: int, batch: int) -> None:
-    for name, v in (("context", context), ("batch", batch)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    positive_int("context", context)
+    positive_int("batch", batch)
 
 
 def layer_counts(cfg: Gemma4Config) -> dict[str, int]:

@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 
+from ..units import positive_int
+
 
 def make_mesh(chips: int, devices=None, axis: str = "x"):
     """A ``jax.sharding.Mesh`` of ``chips`` devices along ``axis``. ``devices``: the devices to use
@@ -16,8 +18,7 @@ def make_mesh(chips: int, devices=None, axis: str = "x"):
     import jax
     from jax.sharding import Mesh
 
-    if isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0:
-        raise ValueError(f"chips must be a positive integer, got {chips!r}")
+    positive_int("chips", chips)
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) != chips:
         kind = devices[0].platform if devices else "no"
