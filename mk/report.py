@@ -27,6 +27,12 @@ NOTEBOOKS_DIR = ROOT / "notebooks"
 REPORT_NAME = "index.html"
 NAME = re.compile(r"(\d\d)_[A-Za-z0-9_-]+")  # NN_name: the notebook's number, then a plain file name
 META_SUFFIX = ".meta.json"
+SIGNIFICANT = 4  # figures an exported table's floats keep
+
+
+def _significant(x: float, figures: int) -> float:
+    """``x`` rounded to ``figures`` significant figures (0.000123456 -> 0.0001235: never to 0)."""
+    return x if not math.isfinite(x) or x == 0 else float(f"{x:.{figures}g}")
 
 
 def check_name(name: str) -> str:
@@ -65,9 +71,12 @@ def export_table(
     source: str | None = None,
     out_dir: Path | None = None,
     digits: int | None = None,
+    caption: str | None = None,
+    significant: int = SIGNIFICANT,
 ) -> list[Path]:
-    """Write ``figures/NAME.csv`` (the table at full precision) and ``NAME.meta.json`` (its kind, hardware,
-    source, date, columns, and the decimals it is shown with), each atomically. Returns both paths.
+    """Write ``figures/NAME.csv`` (the table, every float to ``significant`` figures: a small value keeps its
+    own) and ``NAME.meta.json`` (its kind, hardware, source, date, columns, the decimals it is shown with and
+    the caption it is shown under, e.g. ``"kind: modelled (mk.sol)"``), each atomically. Returns both paths.
 
     ``kind`` is one of :data:`mk.figures.KINDS` or several joined by ``" + "``; ``name`` starts with the
     notebook's number (``"04_straggler_cost"``)."""
@@ -78,6 +87,8 @@ def export_table(
     if not isinstance(df.index, pd.RangeIndex):
         df = df.reset_index()  # a meaningful index becomes columns, as the notebook shows it
     out = Path(out_dir) if out_dir is not None else FIGURES_DIR
+    df = df.assign(**{c: df[c].map(lambda x: _significant(x, significant)) for c in df.columns
+                      if pd.api.types.is_float_dtype(df[c])})  # fmt: skip
     csv = write_atomic(out / f"{name}.csv", lambda tmp: df.to_csv(tmp, index=False))
     meta = {
         "name": name,
@@ -88,6 +99,8 @@ def export_table(
         "columns": [str(c) for c in df.columns],
         "rows": len(df),
         "digits": digits,
+        "caption": caption,
+        "significant": significant,
     }
     text = json.dumps(meta, indent=1, ensure_ascii=False) + "\n"
     side = write_atomic(out / f"{name}{META_SUFFIX}", lambda tmp: tmp.write_text(text, encoding="utf-8"))
@@ -158,7 +171,7 @@ def _table(path: Path) -> dict:
         name=name,
         title=name[3:].replace("_", " "),
         df=df,
-        **{k: meta.get(k) for k in ("kind", "hardware", "source", "date", "digits")},
+        **{k: meta.get(k) for k in ("kind", "hardware", "source", "date", "digits", "caption")},
     )
 
 
@@ -212,6 +225,7 @@ body { font-family: "DejaVu Sans", Arial, sans-serif; font-size: 15px; color: #2
 h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2.2em; border-bottom: 1px solid #ccc; }
 h3 { margin: 1.6em 0 0.3em; font-size: 1.1em; }
 .meta, .prov { color: #555; font-size: 0.9em; }
+.caption { font-weight: bold; font-size: 0.9em; margin: 0.3em 0 0; color: #444; }
 .kind { font-weight: bold; padding: 0 0.35em; border-radius: 3px; background: #eee; }
 .published { background: #e3ecf6; } .modelled { background: #fbe8d5; } .measured { background: #e2f0df; }
 img { max-width: 100%; border: 1px solid #ddd; }
@@ -243,7 +257,7 @@ def _provenance(item: dict) -> str:
     return f'<p class="prov">{" · ".join(parts)}</p>'
 
 
-def _number(digits: int):
+def number_format(digits: int):
     """Show a float with ``digits`` decimals (as the notebook did), a tiny non-zero one with 3 significant digits."""
 
     def fmt(x):
@@ -256,7 +270,7 @@ def _number(digits: int):
     return fmt
 
 
-def _html_table(df: pd.DataFrame, digits: int | None) -> str:
+def html_table(df: pd.DataFrame, digits: int | None) -> str:
     """``df`` as an HTML table: numbers right-aligned and rounded as the notebook showed them, text left-aligned."""
     digits = 3 if digits is None else digits
     columns = []
@@ -267,7 +281,7 @@ def _html_table(df: pd.DataFrame, digits: int | None) -> str:
             continue
         values = col.dropna()
         whole = len(values) > 0 and bool((values == values.round()).all()) and bool((values.abs() < 1e15).all())
-        columns.append(("num", (lambda x: "" if pd.isna(x) else f"{x:.0f}") if whole else _number(digits)))
+        columns.append(("num", (lambda x: "" if pd.isna(x) else f"{x:.0f}") if whole else number_format(digits)))
     head = "".join(f'<th class="{cls}">{_esc(c)}</th>' for c, (cls, _) in zip(df.columns, columns))
     rows = [
         "<tr>" + "".join(f'<td class="{cls}">{_esc(fmt(x))}</td>' for x, (cls, fmt) in zip(row, columns)) + "</tr>"
@@ -297,10 +311,11 @@ def _table_html(item: dict) -> str:
         label = str(df["kind"].iloc[0])
         if label in KINDS or label == item.get("source"):  # said once in the provenance line below the table
             df = df.drop(columns="kind")
+    caption = f'<p class="caption">{_esc(item["caption"])}</p>' if item.get("caption") else ""
     return (
         f'<div class="item" id="{name}"><h3>Table: {_esc(item["title"])}</h3>'
         f'<p class="meta">table <code>{name}</code> · {len(item["df"])} rows · <a href="{name}.csv">CSV</a></p>'
-        f'<div class="scroll">{_html_table(df, item.get("digits"))}</div>{_provenance(item)}</div>'
+        f'{caption}<div class="scroll">{html_table(df, item.get("digits"))}</div>{_provenance(item)}</div>'
     )
 
 

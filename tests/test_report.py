@@ -10,7 +10,7 @@ import pytest
 import mk.figures
 from mk.__main__ import main
 from mk.figures import provenance, save_figure
-from mk.notebook import show
+from mk.notebook import Table, show
 from mk.report import export_table, kinds_named, write_report
 
 
@@ -21,7 +21,8 @@ def table():
 def test_export_table_writes_csv_and_meta(tmp_path):
     csv, meta = export_table(table(), "01_sol_table", "published + modelled", "h100, tpu-v5e-8", "mk.sol", tmp_path)
     assert (csv.name, meta.name) == ("01_sol_table.csv", "01_sol_table.meta.json")
-    pd.testing.assert_frame_equal(pd.read_csv(csv), table())  # full precision
+    back = pd.read_csv(csv)  # floats to 4 significant figures, a tiny value kept
+    assert back.tokens_per_s.tolist() == [1235.0, 1.234e-05] and back.users.tolist() == [1, 8]
     m = json.loads(meta.read_text())
     assert m["kind"] == "published + modelled" and m["hardware"] == "h100, tpu-v5e-8" and m["source"] == "mk.sol"
     assert m["columns"] == ["chip", "tokens_per_s", "users"] and re.fullmatch(r"\d{4}-\d\d-\d\d", m["date"])
@@ -61,12 +62,25 @@ def test_show_exports_what_it_shows(tmp_path, monkeypatch):
     show(table(), kind="modelled (mk.sol)", export="02_t", hardware="h100")
     m = json.loads((tmp_path / "02_t.meta.json").read_text())
     assert (m["kind"], m["hardware"], m["source"], m["digits"]) == ("modelled", "h100", "modelled (mk.sol)", 3)
-    assert list(pd.read_csv(tmp_path / "02_t.csv").columns) == ["chip", "tokens_per_s", "users", "kind"]
+    assert m["caption"] == "kind: modelled (mk.sol)"  # said once: the CSV has no constant kind column
+    assert list(pd.read_csv(tmp_path / "02_t.csv").columns) == ["chip", "tokens_per_s", "users"]
     with pytest.raises(ValueError, match="needs its hardware"):
         show(table(), kind="modelled (mk.sol)", export="02_u")
     show(table().assign(kind=["published (the seed)", "modelled (mk.sol)"]), export="02_v", hardware="h100")
     m = json.loads((tmp_path / "02_v.meta.json").read_text())
     assert (m["kind"], m["source"]) == ("published + modelled", "per row, in the kind column")
+    assert pd.read_csv(tmp_path / "02_v.csv").kind.tolist() == ["published (the seed)", "modelled (mk.sol)"]
+
+
+def test_show_says_the_kind_once_in_a_caption_above_the_table():
+    shown = Table(table().assign(kind="modelled (mk.sol)"), digits=2)
+    assert "kind" not in shown.df.columns and shown.caption == "kind: modelled (mk.sol)"
+    page = shown._repr_html_()
+    assert page.index("kind: modelled (mk.sol)") < page.index("<table") and ">kind<" not in page
+    assert "1234.57" in page and "1.23e-05" in page  # rounded, a tiny value kept
+    assert repr(shown).splitlines()[0] == "kind: modelled (mk.sol)"
+    mixed = Table(table().assign(kind=["published (the seed)", "modelled (mk.sol)"]))
+    assert list(mixed.df.columns)[-1] == "kind" and mixed.caption.startswith("kind: per row")
 
 
 @pytest.fixture
@@ -101,7 +115,7 @@ def test_report_gathers_figures_and_tables_offline(figures):
     assert "JAX " in page  # a measured figure's default source
     assert '<img src="01_bars.png"' in page and '<img src="02_line.png"' not in page
     assert 'href="01_bars.html"' in page and 'href="02_line.html"' in page and 'href="02_speeds.csv"' in page
-    assert "1234.57" in page and "1.23e-05" in page  # two decimals as exported, a tiny value kept visible
+    assert "1235.00" in page and "1.23e-05" in page  # two decimals of the 4 figures exported, a tiny value kept
     assert "09_stale" not in page.split("<h2>Left out</h2>")[0] and "09_stale.json" in page
     assert page.index("01 · The speed of light") < page.index("02 · The general stack")
     assert page.index('id="02_speeds"') < page.index('id="02_line"')  # in the notebook's order, unnamed ones last
