@@ -30,6 +30,8 @@ EXPORT_SIZE = dict(width=1000, height=600)  # layout pixels of PNG/SVG exports (
 FONT_SIZE = 13  # the template's base font; plotly draws titles at 1.4 times it
 TITLE_PAD = 15  # pixels above the title
 FOOTER_LEFT = 20  # pixels from the image's left edge to the footer
+FOOTER_CHARS = 150  # characters per footer line: 11-pixel text across a 1000-pixel image
+FOOTER_LINE = 15  # pixels per footer line
 
 pio.templates["mk"] = go.layout.Template(
     layout=dict(
@@ -79,7 +81,7 @@ def provenance(fig: go.Figure, kind: str, hardware: str, source: str | None = No
 
         source = f"JAX {jax.__version__}, {datetime.date.today().isoformat()}"
     # Annotations cannot wrap themselves: break long footers by hand so they stay inside the image.
-    text = "<br>".join(textwrap.wrap(f"<b>{kind}</b> · {hardware} · {source}", 130))
+    text = "<br>".join(textwrap.wrap(f"<b>{kind}</b> · {hardware} · {source}", FOOTER_CHARS))
     others = [a for a in fig.layout.annotations if a.name != FOOTER_NAME]
     fig.layout.annotations = others + [
         go.layout.Annotation(
@@ -101,12 +103,18 @@ def provenance(fig: go.Figure, kind: str, hardware: str, source: str | None = No
 
 
 def place_footer(fig: go.Figure) -> go.Figure:
-    """Start the footer near the image's left edge, not at the plot's: a plot pushed right by long axis labels
-    (its ``margin.l``) would push the footer out of the image."""
-    left = fig.layout.margin.l if fig.layout.margin.l is not None else pio.templates["mk"].layout.margin.l
+    """Start the footer near the image's left edge, not at the plot's (a plot pushed right by long axis labels,
+    its ``margin.l``, would push the footer out of the image), and keep the bottom margin tall enough for all
+    of its lines."""
+    template = pio.templates["mk"].layout.margin
+    left = fig.layout.margin.l if fig.layout.margin.l is not None else template.l
+    bottom = fig.layout.margin.b if fig.layout.margin.b is not None else template.b
     for a in fig.layout.annotations:
         if a.name == FOOTER_NAME:
             a.xshift = FOOTER_LEFT - left
+            needed = -a.yshift + FOOTER_LINE * (a.text.count("<br>") + 1) + 8
+            if bottom < needed:
+                fig.update_layout(margin_b=needed)
     return fig
 
 
@@ -136,7 +144,7 @@ def legend_below_title(fig: go.Figure) -> go.Figure:
 
 def log_ticks(fig: go.Figure) -> go.Figure:
     """Label every logarithmic axis at 1, 2 and 5 times the powers of ten its data spans (finer steps where
-    that would leave fewer than three labels), with whole numbers (plotly's own minor labels read "2", "5" for
+    that would leave fewer than four labels), with whole numbers (plotly's own minor labels read "2", "5" for
     20, 50, 200, ...). An axis with its own tick values is left alone; one with its own range is labelled over
     that range."""
     import numpy as np
@@ -172,13 +180,13 @@ def log_ticks(fig: go.Figure) -> go.Figure:
 
 def log_tick_values(lo: float, hi: float) -> list[float]:
     """Ticks for a logarithmic axis over ``lo``..``hi``: 1, 2 and 5 times powers of ten (and the next one out on
-    either side, for a little margin), or finer steps where those give fewer than three inside."""
+    either side, for a little margin), or finer steps where those give fewer than four inside."""
     import numpy as np
 
-    for steps in ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)):
+    for steps in ((1, 2, 5), (1, 1.5, 2, 3, 4, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)):
         every = [m * 10.0**k for k in np.arange(np.floor(np.log10(lo)) - 1, np.ceil(np.log10(hi)) + 1) for m in steps]
         inside = [t for t in every if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]
-        if len(inside) >= 3:
+        if len(inside) >= 4:
             break
     below = [t for t in every if t < lo * (1 - 1e-9)][-1:]
     above = [t for t in every if t > hi * (1 + 1e-9)][:1]
@@ -297,7 +305,8 @@ STUB = 1.8  # a floored bar's height, as a multiple of the floor: a few percent 
 def check_figure(fig: go.Figure) -> list[str]:
     """What a reader could not see in ``fig``: a horizontal legend above the plot that is not hung below
     the title (:func:`legend_below_title`), several series without a legend, a series with no mark inside
-    its axis' range (a bar shorter than 0.5% of the axis is no mark), a line drawn exactly under another.
+    its axis' range (a bar shorter than 0.5% of the axis is no mark; a legend key, a trace with no data at
+    all, is not a series), a line drawn exactly under another.
     Axis ranges are plotly's own (``full_figure_for_development``, which needs a Chromium)."""
     import numpy as np
 
@@ -319,7 +328,7 @@ def check_figure(fig: go.Figure) -> list[str]:
         # horizontal bars, and points on a category y axis, have their values on x
         horizontal = getattr(t, "orientation", None) == "h" or (t.type == "scatter" and y_axis.type == "category")
         values = t.x if horizontal else t.y
-        if values is None:
+        if values is None or _legend_key(t):
             continue
         axis = full.layout[("xaxis" if horizontal else "yaxis") + ((t.xaxis if horizontal else t.yaxis) or "")[1:]]
         v = _numbers(values)
@@ -341,6 +350,13 @@ def check_figure(fig: go.Figure) -> list[str]:
             if a.xaxis == b.xaxis and a.yaxis == b.yaxis and same:
                 problems.append(f"series {b.name!r} is drawn exactly over {a.name!r}")
     return problems
+
+
+def _legend_key(trace) -> bool:
+    """A trace with no data at all (``x=[None], y=[None]``): a legend entry that explains a style, not a series."""
+    import numpy as np
+
+    return all(v is not None and not np.isfinite(_numbers(v)).any() for v in (trace.x, trace.y))
 
 
 def _numbers(values):
