@@ -123,10 +123,16 @@ def show(
     display(table)
 
 
+UNITS = {"step_time": "s", "knockout_time": "s", "tokens_per_s": "tok/s", "fraction_of_sol": "", "speedup": "x"}
+
+
 def in_ms(df: pd.DataFrame, columns=("published", "modelled", "measured")) -> pd.DataFrame:
-    """``df`` with its rows in seconds (``unit`` "s") shown in milliseconds: ``columns`` times 1,000, unit "ms"."""
-    seconds = df["unit"] == "s"
+    """``df`` with its rows in seconds (``unit`` "s", or without a unit column a time ``quantity``) shown in
+    milliseconds: ``columns`` times 1,000, unit "ms" (a unit column is added after ``quantity`` where missing)."""
     out = df.copy()
+    if "unit" not in out.columns:
+        out.insert(out.columns.get_loc("quantity") + 1, "unit", out["quantity"].map(UNITS).fillna(""))
+    seconds = out["unit"] == "s"
     for c in columns:
         if c in out.columns:
             out[c] = out[c].astype(float).where(~seconds, out[c] * 1e3)

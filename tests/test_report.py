@@ -10,7 +10,7 @@ import pytest
 import mk.figures
 from mk.__main__ import main
 from mk.figures import provenance, save_figure
-from mk.notebook import Table, show
+from mk.notebook import Table, in_ms, show
 from mk.published import published
 from mk.report import CLAIMS, NOTEBOOKS_DIR, claims_table, export_table, kinds_named, write_report
 
@@ -169,3 +169,11 @@ def test_every_claim_links_to_a_figure_or_table_a_notebook_writes():
     code = "".join(path.read_text() for path in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
     missing = [name for names in CLAIMS.values() for name in names if f'\\"{name}\\"' not in code]
     assert not missing, missing
+
+
+def test_in_ms_shows_published_seconds_in_milliseconds():
+    t = pd.DataFrame(dict(quantity=["step_time", "tokens_per_s"], published=[1.56e-3, 640.0], modelled=[1.6e-3, 600.0]))
+    ms = in_ms(t)
+    assert list(ms.columns) == ["quantity", "unit", "published", "modelled"]
+    assert ms.unit.tolist() == ["ms", "tok/s"] and ms.published.tolist() == pytest.approx([1.56, 640.0])
+    assert in_ms(ms.assign(unit=["s", "tok/s"])).modelled.tolist() == pytest.approx([1600.0, 600.0])
