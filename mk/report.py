@@ -428,6 +428,11 @@ def number_format(digits: int):
     return fmt
 
 
+def _missing(x) -> bool:
+    """A cell with nothing in it (None, NaN, NA); a cell holding a list or tuple is not missing."""
+    return pd.api.types.is_scalar(x) and bool(pd.isna(x))
+
+
 def html_table(df: pd.DataFrame, digits: int | None) -> str:
     """``df`` as an HTML table: numbers right-aligned and rounded as the notebook showed them, text left-aligned."""
     digits = 3 if digits is None else digits
@@ -435,11 +440,11 @@ def html_table(df: pd.DataFrame, digits: int | None) -> str:
     for c in df.columns:
         col = df[c]
         if pd.api.types.is_bool_dtype(col) or not pd.api.types.is_numeric_dtype(col):
-            columns.append(("text", lambda x: "" if pd.isna(x) else str(x)))
+            columns.append(("text", lambda x: "" if _missing(x) else str(x)))
             continue
         values = col.dropna()
         whole = len(values) > 0 and bool((values == values.round()).all()) and bool((values.abs() < 1e15).all())
-        columns.append(("num", (lambda x: "" if pd.isna(x) else f"{x:.0f}") if whole else number_format(digits)))
+        columns.append(("num", (lambda x: "" if _missing(x) else f"{x:.0f}") if whole else number_format(digits)))
     head = "".join(f'<th class="{cls}">{_esc(c)}</th>' for c, (cls, _) in zip(df.columns, columns))
     rows = [
         "<tr>" + "".join(f'<td class="{cls}">{_esc(fmt(x))}</td>' for x, (cls, fmt) in zip(row, columns)) + "</tr>"
