@@ -352,7 +352,7 @@ def _claims_html(claims: pd.DataFrame, present: dict[str, str]) -> str:
     for c in claims.itertuples():
         shown = [n for n in c.shown_in if n in present]
         link = f'<a href="#{_esc(present[shown[0]])}">{_esc(shown[0])}</a>' if shown else "not on this page"
-        error = "" if pd.isna(c.error) else f"{c.error:+.1%}"
+        error = "" if pd.isna(c.error) else "0.0%" if abs(c.error) < 5e-4 else f"{c.error:+.1%}"
         rows.append(
             f'<tr id="claim-{_esc(c.key)}"><td class="text">{_esc(c.claim)}<br><code>{_esc(c.key)}</code></td>'
             f'<td class="num">{_esc(_value(c.published, c.unit))}</td>'
