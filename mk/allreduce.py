@@ -203,6 +203,20 @@ def sensitivity(cfg: Gemma4Config, chip: Chip | str, context: int, batch: int, l
     return pd.concat(runs, ignore_index=True)
 
 
+def sensitivity_grid(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`sensitivity` as one row per fix and one column per case (``1 link, 300 ns``: the modelled step in
+    ms; the workbook's own case marked ``(default)``), beside the published step: the cases read across."""
+
+    def case(r) -> str:
+        mark = " (default)" if r.default else ""
+        return f"{r.links} link{'s' if r.links > 1 else ''}, {r.overhead_ns:g} ns{mark}"
+
+    t = table.assign(case=[case(r) for r in table.itertuples()])
+    grid = t.pivot_table(index="fix", columns="case", values="step_ms", sort=False)
+    published = t.drop_duplicates("fix").set_index("fix").published_ms
+    return grid.assign(published_ms=published).reset_index().rename_axis(columns=None)
+
+
 def best_fits(table: pd.DataFrame) -> pd.DataFrame:
     """For each fix with a published time, the case of :func:`sensitivity` that comes closest to it."""
     timed = table.dropna(subset=["published_ms"])

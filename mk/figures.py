@@ -29,6 +29,9 @@ FOOTER_NAME = "provenance"  # the annotation's name, so a figure is never saved 
 EXPORT_SIZE = dict(width=1000, height=600)  # layout pixels of PNG/SVG exports (PNG at twice that)
 FONT_SIZE = 13  # the template's base font; plotly draws titles at 1.4 times it
 TITLE_PAD = 15  # pixels above the title
+FOOTER_LEFT = 20  # pixels from the image's left edge to the footer
+FOOTER_CHARS = 150  # characters per footer line: 11-pixel text across a 1000-pixel image
+FOOTER_LINE = 15  # pixels per footer line
 
 pio.templates["mk"] = go.layout.Template(
     layout=dict(
@@ -51,6 +54,17 @@ pio.templates["mk"] = go.layout.Template(
 )
 pio.templates.default = "plotly_white+mk"
 
+
+def template_colours() -> tuple[str, ...]:
+    """The template's colours in order, so a series keeps its colour in every panel and every figure."""
+    return tuple(pio.templates["mk"].layout.colorway)
+
+
+def context_label(n: int) -> str:
+    """A context length as a tick label: 1K, 8K, 128K (whole KiB), else the number."""
+    return f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}"
+
+
 _exporter: bool | None = None  # None: not tried yet; False: no Chromium, PNGs skipped
 
 
@@ -67,7 +81,7 @@ def provenance(fig: go.Figure, kind: str, hardware: str, source: str | None = No
 
         source = f"JAX {jax.__version__}, {datetime.date.today().isoformat()}"
     # Annotations cannot wrap themselves: break long footers by hand so they stay inside the image.
-    text = "<br>".join(textwrap.wrap(f"<b>{kind}</b> · {hardware} · {source}", 130))
+    text = "<br>".join(textwrap.wrap(f"<b>{kind}</b> · {hardware} · {source}", FOOTER_CHARS))
     others = [a for a in fig.layout.annotations if a.name != FOOTER_NAME]
     fig.layout.annotations = others + [
         go.layout.Annotation(
@@ -85,7 +99,23 @@ def provenance(fig: go.Figure, kind: str, hardware: str, source: str | None = No
             font=dict(size=11, color="#555"),
         )
     ]
-    return legend_below_title(fig)
+    return legend_below_title(place_footer(fig))
+
+
+def place_footer(fig: go.Figure) -> go.Figure:
+    """Start the footer near the image's left edge, not at the plot's (a plot pushed right by long axis labels,
+    its ``margin.l``, would push the footer out of the image), and keep the bottom margin tall enough for all
+    of its lines."""
+    template = pio.templates["mk"].layout.margin
+    left = fig.layout.margin.l if fig.layout.margin.l is not None else template.l
+    bottom = fig.layout.margin.b if fig.layout.margin.b is not None else template.b
+    for a in fig.layout.annotations:
+        if a.name == FOOTER_NAME:
+            a.xshift = FOOTER_LEFT - left
+            needed = -a.yshift + FOOTER_LINE * (a.text.count("<br>") + 1) + 8
+            if bottom < needed:
+                fig.update_layout(margin_b=needed)
+    return fig
 
 
 def legend_below_title(fig: go.Figure) -> go.Figure:
@@ -113,8 +143,10 @@ def legend_below_title(fig: go.Figure) -> go.Figure:
 
 
 def log_ticks(fig: go.Figure) -> go.Figure:
-    """Label every logarithmic axis at 1, 2 and 5 times the powers of ten its data spans, with whole
-    numbers (plotly's own minor labels read "2", "5" for 20, 50, 200, ...)."""
+    """Label every logarithmic axis at 1, 2 and 5 times the powers of ten its data spans (finer steps where
+    that would leave fewer than four labels), with whole numbers (plotly's own minor labels read "2", "5" for
+    20, 50, 200, ...). An axis with its own tick values is left alone; one with its own range is labelled over
+    that range."""
     import numpy as np
 
     names = [k for k in fig.layout if k.startswith(("xaxis", "yaxis"))]
@@ -126,23 +158,44 @@ def log_ticks(fig: go.Figure) -> go.Figure:
         axis = fig.layout[name]
         if axis.type != "log" or axis.tickvals is not None:
             continue
-        letter = name[0]
-        refs = {n[0] + n[5:] for n in names if n[0] == letter and root(n) == root(name)}
-        values = [
-            _numbers(getattr(t, letter))
-            for t in fig.data
-            if getattr(t, letter) is not None and (getattr(t, letter + "axis") or letter) in refs
-        ]
-        v = np.concatenate(values) if values else np.array([])
-        v = v[np.isfinite(v) & (v > 0)]
-        if v.size == 0:
-            continue
-        lo, hi = np.floor(np.log10(v.min())), np.ceil(np.log10(v.max()))
-        ticks = [
-            m * 10.0**k for k in np.arange(lo, hi + 1) for m in (1, 2, 5) if v.min() / 2 <= m * 10.0**k <= v.max() * 2
-        ]
-        axis.update(tickvals=ticks, ticktext=[f"{t:,.6g}" for t in ticks])
+        if axis.range is not None:
+            lo, hi = (10.0**r for r in sorted(axis.range))
+        else:
+            letter = name[0]
+            refs = {n[0] + n[5:] for n in names if n[0] == letter and root(n) == root(name)}
+            values = [
+                _numbers(getattr(t, letter))
+                for t in fig.data
+                if getattr(t, letter) is not None and (getattr(t, letter + "axis") or letter) in refs
+            ]
+            v = np.concatenate(values) if values else np.array([])
+            v = v[np.isfinite(v) & (v > 0)]
+            if v.size == 0:
+                continue
+            lo, hi = v.min(), v.max()
+        ticks = log_tick_values(lo, hi)
+        axis.update(tickvals=ticks, ticktext=[tick_label(t) for t in ticks])
     return fig
+
+
+def log_tick_values(lo: float, hi: float) -> list[float]:
+    """Ticks for a logarithmic axis over ``lo``..``hi``: 1, 2 and 5 times powers of ten (and the next one out on
+    either side, for a little margin), or finer steps where those give fewer than four inside."""
+    import numpy as np
+
+    for steps in ((1, 2, 5), (1, 1.5, 2, 3, 4, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)):
+        every = [m * 10.0**k for k in np.arange(np.floor(np.log10(lo)) - 1, np.ceil(np.log10(hi)) + 1) for m in steps]
+        inside = [t for t in every if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]
+        if len(inside) >= 4:
+            break
+    below = [t for t in every if t < lo * (1 - 1e-9)][-1:]
+    above = [t for t in every if t > hi * (1 + 1e-9)][:1]
+    return [float(t) for t in below + inside + above]
+
+
+def tick_label(t: float) -> str:
+    """A tick's number as a reader writes it: 0.005, 20, 1,000, 1.5."""
+    return f"{t:,.6g}"
 
 
 def facet_titles(fig: go.Figure) -> go.Figure:
@@ -189,7 +242,7 @@ def save_figure(fig: go.Figure, name: str, svg: bool = False, out_dir: Path | No
     """
     if not any(a.name == FOOTER_NAME for a in fig.layout.annotations):
         raise ValueError(f"figure {name!r} has no provenance footer: call mk.figures.provenance(fig, ...) first")
-    legend_below_title(fig)  # again: the layout may have changed since provenance()
+    legend_below_title(place_footer(fig))  # again: the layout may have changed since provenance()
     log_ticks(fig)
     out = Path(out_dir) if out_dir is not None else FIGURES_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -205,61 +258,55 @@ def save_figure(fig: go.Figure, name: str, svg: bool = False, out_dir: Path | No
             warnings.filterwarnings("ignore", message="The kopts argument is ignored")
             for fmt in ("png", "svg") if svg else ("png",):
                 path = out / f"{name}.{fmt}"
-                image = pio.to_image(fig, format=fmt, scale=2 if fmt == "png" else 1, **EXPORT_SIZE)
+                # a figure that sets its own size (a tall list of rows) is exported at it, never cropped to the default
+                size = dict(
+                    width=fig.layout.width or EXPORT_SIZE["width"], height=fig.layout.height or EXPORT_SIZE["height"]
+                )
+                image = pio.to_image(fig, format=fmt, scale=2 if fmt == "png" else 1, **size)
                 write_atomic(path, lambda tmp: tmp.write_bytes(image))
                 written.append(path)
     return written
 
 
-def knockout_figure(table, model: str, hardware: str) -> go.Figure:
-    """Knock-outs in two panels, each on its own axis so every bar shows: this machine's shrinks with
-    their intervals beside each component's bytes over the measured bandwidth; and the seed's
-    published columns (26B-A4B: vLLM kernel time on an H100, the megakernel's shrink on a v5e-8) on a
-    logarithmic axis, whose bars span two orders of magnitude."""
-    from plotly.subplots import make_subplots
+def log_floor(values, decades: float = 3.0) -> float:
+    """The floor of a logarithmic bar axis: the power of ten ``decades`` below the largest value, or the one
+    below the smallest positive value when that is higher. Bars start at it; see :func:`floored`."""
+    import numpy as np
 
-    rows = table[table["component"] != "(whole step)"]
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        horizontal_spacing=0.12,
-        subplot_titles=(f"{model}, this machine (measured; bytes modelled)", "the seed, 26B-A4B (published)"),
-    )
-    ms = 1e3
-    fig.add_bar(
-        x=rows["component"],
-        y=rows["shrink_s"] * ms,
-        name="shrink when off (median, 95% interval)",
-        error_y=dict(
-            type="data",
-            symmetric=False,
-            array=(rows["shrink_high_s"] - rows["shrink_s"]) * ms,
-            arrayminus=(rows["shrink_s"] - rows["shrink_low_s"]) * ms,
-        ),
-        row=1,
-        col=1,
-    )
-    fig.add_bar(x=rows["component"], y=rows["bytes_time_s"] * ms, name="its bytes / measured bandwidth", row=1, col=1)
-    for col, label in (
-        ("seed_vllm_h100_s", "vLLM kernel time, H100"),
-        ("seed_megakernel_v5e8_s", "megakernel shrink, v5e-8"),
-    ):
-        seed = rows.dropna(subset=[col])
-        fig.add_bar(x=seed["component"], y=seed[col] * ms, name=label, row=1, col=2)
-    fig.update_yaxes(title_text="ms per step", row=1, col=1)
-    fig.update_yaxes(title_text="ms per step (log)", type="log", row=1, col=2)
-    fig.update_layout(
-        barmode="group",
-        title="Component costs: what switching each off saves",
-        legend=dict(orientation="h", y=1.02, yanchor="bottom"),
-    )
-    return fig
+    v = _numbers(values)
+    v = v[np.isfinite(v) & (v > 0)]
+    if v.size == 0:
+        return 1.0
+    return 10.0 ** max(np.floor(np.log10(v.max())) - decades, np.floor(np.log10(v.min())))
+
+
+def floored(values, floor: float, unit: str = "") -> tuple[list, list, list]:
+    """Bars of ``values`` on a logarithmic axis that starts at ``floor``: the heights to draw, each bar's
+    pattern and its text. A value at or below the floor (zero, negative, or just tiny) is drawn as a short
+    hatched stub with its value written above it, a missing one (NaN) as a stub that says so, so every
+    bar of a group is seen; the others are drawn as they are, without text."""
+    import numpy as np
+
+    stub = floor * STUB
+    heights, patterns, texts = [], [], []
+    for x in _numbers(values):
+        if not np.isfinite(x):
+            heights.append(stub), patterns.append("."), texts.append("none")
+        elif x <= floor:
+            heights.append(stub), patterns.append("/"), texts.append("≤ 0" if x <= 0 else f"{x:.2g}{unit}")
+        else:
+            heights.append(x), patterns.append(""), texts.append("")
+    return heights, patterns, texts
+
+
+STUB = 1.8  # a floored bar's height, as a multiple of the floor: a few percent of a 3-4 decade axis
 
 
 def check_figure(fig: go.Figure) -> list[str]:
     """What a reader could not see in ``fig``: a horizontal legend above the plot that is not hung below
     the title (:func:`legend_below_title`), several series without a legend, a series with no mark inside
-    its axis' range (a bar shorter than 0.5% of the axis is no mark), a line drawn exactly under another.
+    its axis' range (a bar shorter than 0.5% of the axis is no mark; a legend key, a trace with no data at
+    all, is not a series), a line drawn exactly under another.
     Axis ranges are plotly's own (``full_figure_for_development``, which needs a Chromium)."""
     import numpy as np
 
@@ -281,7 +328,7 @@ def check_figure(fig: go.Figure) -> list[str]:
         # horizontal bars, and points on a category y axis, have their values on x
         horizontal = getattr(t, "orientation", None) == "h" or (t.type == "scatter" and y_axis.type == "category")
         values = t.x if horizontal else t.y
-        if values is None:
+        if values is None or _legend_key(t):
             continue
         axis = full.layout[("xaxis" if horizontal else "yaxis") + ((t.xaxis if horizontal else t.yaxis) or "")[1:]]
         v = _numbers(values)
@@ -303,6 +350,13 @@ def check_figure(fig: go.Figure) -> list[str]:
             if a.xaxis == b.xaxis and a.yaxis == b.yaxis and same:
                 problems.append(f"series {b.name!r} is drawn exactly over {a.name!r}")
     return problems
+
+
+def _legend_key(trace) -> bool:
+    """A trace with no data at all (``x=[None], y=[None]``): a legend entry that explains a style, not a series."""
+    import numpy as np
+
+    return all(v is not None and not np.isfinite(_numbers(v)).any() for v in (trace.x, trace.y))
 
 
 def _numbers(values):

@@ -5,6 +5,7 @@ No analysis here: the numbers come from ``mk.sol`` and friends.
 
 from __future__ import annotations
 
+import html
 import types
 import typing
 
@@ -50,6 +51,41 @@ def check_parameters(namespace: dict, **expected) -> None:
         raise TypeError("bad notebook parameter(s): " + "; ".join(problems))
 
 
+class Table:
+    """A table as a notebook shows it: its ``kind`` said once, in a caption above it, when every row has the
+    same one (else in a ``kind`` column, last), numbers rounded to ``digits`` decimals (a tiny non-zero one kept
+    at 3 significant figures), every row and column shown."""
+
+    def __init__(self, df: pd.DataFrame, digits: int = 3):
+        if "kind" not in df.columns:
+            raise ValueError("a table shown in a notebook needs a 'kind' column (published, modelled or measured)")
+        labels = [str(k) for k in dict.fromkeys(df["kind"].dropna())]
+        self.labels = labels
+        if len(labels) == 1 and df["kind"].notna().all():
+            self.caption, self.df = f"kind: {labels[0]}", df.drop(columns="kind")
+        else:
+            self.caption = "kind: per row (" + ", ".join(labels) + ")"
+            self.df = df[[c for c in df.columns if c != "kind"] + ["kind"]]
+        self.digits = digits
+
+    def _repr_html_(self) -> str:
+        from .report import html_table
+
+        body = html_table(self.df, self.digits)
+        return f'<p style="margin:0.2em 0;font-size:0.9em;color:#444"><b>{html.escape(self.caption)}</b></p>{body}'
+
+    def __repr__(self) -> str:
+        from .report import number_format
+
+        fmt = number_format(self.digits)
+        numbers = {c: fmt for c in self.df.columns if _is_float(self.df[c])}
+        return self.caption + "\n" + self.df.to_string(index=False, formatters=numbers)
+
+
+def _is_float(col: pd.Series) -> bool:
+    return pd.api.types.is_float_dtype(col)
+
+
 def show(
     df: pd.DataFrame,
     kind: str | None = None,
@@ -58,33 +94,47 @@ def show(
     hardware: str | None = None,
     source: str | None = None,
 ) -> None:
-    """Display ``df`` whole (no rows or columns elided) and rounded, with its ``kind`` column last (set to
-    ``kind`` when given). Every table a notebook shows says whether its numbers are published, modelled or
+    """Display ``df`` whole (no rows or columns elided) and rounded, with its kind (``kind``, or its ``kind``
+    column) in a caption above it when every row has the same one, else in a ``kind`` column last
+    (:class:`Table`). Every table a notebook shows says whether its numbers are published, modelled or
     measured.
 
     With ``export`` (a name starting with the notebook's number, ``"04_straggler_cost"``) the table is also
-    written to ``figures/`` for the report page (:func:`mk.report.export_table`, full precision): its kind is
-    the kinds its ``kind`` column names, ``hardware`` is required, and ``source`` defaults to the ``kind``
-    column's label (or says the kind is given per row, when the rows differ)."""
+    written to ``figures/`` for the report page (:func:`mk.report.export_table`, to 4 significant figures): its
+    kind is the kinds its ``kind`` column names, ``hardware`` is required, its caption goes with it into its
+    ``.meta.json`` (a constant ``kind`` column is not repeated in the CSV), and ``source`` defaults to the kind
+    label (or says the kind is given per row, when the rows differ). Returns nothing (a cell that ends with it
+    shows the table once)."""
     if kind is not None:
         df = df.assign(kind=kind)
-    if "kind" not in df.columns:
-        raise ValueError("a table shown in a notebook needs a 'kind' column (published, modelled or measured)")
-    df = df[[c for c in df.columns if c != "kind"] + ["kind"]]
+    table = Table(df, digits)
     if export is not None:
         from .figures import KINDS
         from .report import export_table, kinds_named
 
-        labels = [str(k) for k in df["kind"].dropna().unique()]
+        labels = table.labels
         if source is None and len(labels) > 1:
             source = "per row, in the kind column"
         elif source is None and labels and labels[0] not in KINDS:
             source = labels[0]
-        export_table(df, export, kinds_named(labels), hardware, source, digits=digits)
-    df = df.round(digits)
+        export_table(table.df, export, kinds_named(labels), hardware, source, digits=digits, caption=table.caption)
     from IPython.display import display
 
-    with pd.option_context(
-        "display.max_rows", None, "display.max_columns", None, "display.width", None, "display.max_colwidth", None
-    ):
-        display(df)
+    display(table)
+
+
+UNITS = {"step_time": "s", "knockout_time": "s", "tokens_per_s": "tok/s", "fraction_of_sol": "", "speedup": "x"}
+
+
+def in_ms(df: pd.DataFrame, columns=("published", "modelled", "measured")) -> pd.DataFrame:
+    """``df`` with its rows in seconds (``unit`` "s", or without a unit column a time ``quantity``) shown in
+    milliseconds: ``columns`` times 1,000, unit "ms" (a unit column is added after ``quantity`` where missing)."""
+    out = df.copy()
+    if "unit" not in out.columns:
+        out.insert(out.columns.get_loc("quantity") + 1, "unit", out["quantity"].map(UNITS).fillna(""))
+    seconds = out["unit"] == "s"
+    for c in columns:
+        if c in out.columns:
+            out[c] = out[c].astype(float).where(~seconds, out[c] * 1e3)
+    out["unit"] = out["unit"].where(~seconds, "ms")
+    return out

@@ -26,6 +26,12 @@ NOTEBOOKS_DIR = ROOT / "notebooks"
 REPORT_NAME = "index.html"
 NAME = re.compile(r"(\d\d)_[A-Za-z0-9_-]+")  # NN_name: the notebook's number, then a plain file name
 META_SUFFIX = ".meta.json"
+SIGNIFICANT = 4  # figures an exported table's floats keep
+
+
+def _significant(x: float, figures: int) -> float:
+    """``x`` rounded to ``figures`` significant figures (0.000123456 -> 0.0001235: never to 0)."""
+    return x if not math.isfinite(x) or x == 0 else float(f"{x:.{figures}g}")
 
 
 def check_name(name: str) -> str:
@@ -64,9 +70,12 @@ def export_table(
     source: str | None = None,
     out_dir: Path | None = None,
     digits: int | None = None,
+    caption: str | None = None,
+    significant: int = SIGNIFICANT,
 ) -> list[Path]:
-    """Write ``figures/NAME.csv`` (the table at full precision) and ``NAME.meta.json`` (its kind, hardware,
-    source, date, columns, and the decimals it is shown with), each atomically. Returns both paths.
+    """Write ``figures/NAME.csv`` (the table, every float to ``significant`` figures: a small value keeps its
+    own) and ``NAME.meta.json`` (its kind, hardware, source, date, columns, the decimals it is shown with and
+    the caption it is shown under, e.g. ``"kind: modelled (mk.sol)"``), each atomically. Returns both paths.
 
     ``kind`` is one of :data:`mk.figures.KINDS` or several joined by ``" + "``; ``name`` starts with the
     notebook's number (``"04_straggler_cost"``)."""
@@ -77,6 +86,8 @@ def export_table(
     if not isinstance(df.index, pd.RangeIndex):
         df = df.reset_index()  # a meaningful index becomes columns, as the notebook shows it
     out = Path(out_dir) if out_dir is not None else FIGURES_DIR
+    df = df.assign(**{c: df[c].map(lambda x: _significant(x, significant)) for c in df.columns
+                      if pd.api.types.is_float_dtype(df[c])})  # fmt: skip
     csv = write_atomic(out / f"{name}.csv", lambda tmp: df.to_csv(tmp, index=False))
     meta = {
         "name": name,
@@ -87,6 +98,8 @@ def export_table(
         "columns": [str(c) for c in df.columns],
         "rows": len(df),
         "digits": digits,
+        "caption": caption,
+        "significant": significant,
     }
     text = json.dumps(meta, indent=1, ensure_ascii=False) + "\n"
     side = write_atomic(out / f"{name}{META_SUFFIX}", lambda tmp: tmp.write_text(text, encoding="utf-8"))
@@ -157,7 +170,7 @@ def _table(path: Path) -> dict:
         name=name,
         title=name[3:].replace("_", " "),
         df=df,
-        **{k: meta.get(k) for k in ("kind", "hardware", "source", "date", "digits")},
+        **{k: meta.get(k) for k in ("kind", "hardware", "source", "date", "digits", "caption")},
     )
 
 
@@ -193,6 +206,164 @@ def _collect(figures_dir: Path, books: dict) -> tuple[dict[str, list[dict]], lis
     return items, left_out
 
 
+# The write-up's claims against the workbook. -------------------------------------------------------------
+# Each claim of the write-up (a key of data/published.csv), with the figures and tables that show it, best first.
+CLAIMS = {
+    **{k: ("01_sol_table", "01_sol_by_chip") for k in ("sol_h100", "sol_h200", "sol_b200", "sol_v5e8", "sol_v6e8")},
+    "bytes_per_token_moe": ("01_sol_table", "01_bytes_by_component"),
+    "mk_v5e8_moe_tps": ("07_validation", "06_context"),
+    "mk_v5e8_moe_step": ("07_validation", "05_fix_steps"),
+    "mk_v5e8_moe_sol_fraction": ("07_validation",),
+    "mk_v5e8_moe_step_before": ("05_fix_steps", "07_validation"),
+    "mk_v5e8_moe_int8_tps": ("07_validation", "08_int8_against_limit"),
+    "straggler_max_experts": ("04_busiest_chip_distribution", "04_busiest_summary"),
+    "vllm_h100_moe_tps": ("07_validation", "01_published_vs_sol"),
+    "vllm_h100_moe_kernels": ("07_validation", "02_kernels_per_step"),
+    "vllm_h100_moe_sol_fraction": ("07_validation", "01_published_runs"),
+    "vllm_v5e8_dense_sol_fraction": ("07_validation", "06_context"),
+    "mk_v5e8_dense_sol_fraction": ("07_validation", "06_context"),
+    **{
+        k: ("07_verdict",)
+        for k in (
+            "verdict_moe_one_user",
+            "verdict_moe_eight_users",
+            "verdict_long_prompt",
+            "verdict_dense_h100",
+            "verdict_dense_same_tpu",
+            "verdict_small_model",
+        )
+    },
+}
+QUANTITIES = {
+    "speed_of_light": "speed of light",
+    "bytes_per_token": "bytes per token",
+    "tokens_per_s": "tokens/s",
+    "step_time": "step",
+    "fraction_of_sol": "fraction of the speed of light",
+    "kernels_per_token": "kernels per token",
+    "experts_per_layer_max_chip": "the busiest chip's experts per layer",
+    "speedup": "speed-up",
+}
+POINT_KINDS = {"test": "modelled", "test (baseline fitted)": "modelled (its baseline fitted)"}
+
+
+def claims_table(validation: pd.DataFrame | None = None, verdicts: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every claim of the write-up in :data:`CLAIMS`: its published value (data/published.csv), the workbook's
+    own (the speeds of light and bytes from mk.sol, the busiest chip exact from mk.routing, the timing model's
+    steps and speed-ups from mk.verdict's validation and verdict tables: ``validation``, ``verdicts`` when
+    already computed), the kind of the workbook's value (modelled; fitted, input or by construction where the
+    model meets it by design; derived where it is a ratio of two other claims; not modelled) and the error
+    workbook / published - 1. Units as published; ``shown_in`` names the figures and tables that show it."""
+    from .chips import get_chip
+    from .config import get_config
+    from .published import published_table
+    from .routing import busiest_chip_distribution
+    from .sol import bytes_per_token, speed_of_light
+    from .verdict import validation_table, verdict_table
+
+    v = (validation_table() if validation is None else validation).set_index("key")
+    d = (verdict_table() if verdicts is None else verdicts).set_index("key")
+    rows = []
+    for key, r in published_table().set_index("key").loc[list(CLAIMS)].iterrows():
+        q, value = r["quantity"], float(r["value"])
+        cfg = (
+            get_config(r["model"]) if q in ("speed_of_light", "bytes_per_token", "experts_per_layer_max_chip") else None
+        )
+        if q == "speed_of_light":
+            ours, kind = (
+                speed_of_light(cfg, r["chip"], int(r["context"]), int(r["batch"]), r["dtype"]).tokens_per_s,
+                "modelled",
+            )
+        elif q == "bytes_per_token":
+            ours, kind = bytes_per_token(cfg, int(r["context"]), int(r["batch"]), r["dtype"]).total, "modelled"
+        elif q == "experts_per_layer_max_chip":
+            dist = busiest_chip_distribution(cfg.num_experts, get_chip(r["chip"]).chips, cfg.top_k, int(r["batch"]))
+            ours, kind = sum(m * p for m, p in dist.items()), "modelled (exact, uniform routing)"
+        elif q == "speedup":
+            row = d.loc[key]
+            ours, role = row["modelled"], row["role"]
+            if role.startswith("derived:"):  # "derived: A / B"
+                kind = f"derived ({role.split(':', 1)[1].strip()})"
+            else:
+                kind = POINT_KINDS.get(role, role)
+        else:
+            row = v.loc[key]
+            point = v.loc[row["point"], "role"]
+            kind = POINT_KINDS.get(point, point)
+            if row["point"] != key:
+                kind += f" (same point as {row['point']})"
+            ours = row["modelled"]
+        rows.append(
+            dict(
+                key=key,
+                claim=_claim(r),
+                published=value,
+                workbook=ours,
+                unit=r["unit"] if isinstance(r["unit"], str) else "",
+                kind=kind,
+                error=ours / value - 1,
+                shown_in=list(CLAIMS[key]),
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def _claim(r) -> str:
+    """A published row in words: what, of which model, where, at which context and batch."""
+    what = QUANTITIES.get(r["quantity"], str(r["quantity"]).replace("_", " "))
+    engine = str(r["engine"]) if isinstance(r["engine"], str) else ""
+    where = ", ".join(str(x) for x in (r["model"], engine, r["chip"], r["dtype"]) if isinstance(x, str) and x)
+    size = f"{int(r['context'])} positions, " if not pd.isna(r["context"]) else ""
+    users = int(r["batch"]) if not pd.isna(r["batch"]) else 1
+    return f"{what}: {where} ({size}{users} user{'s' if users > 1 else ''})"
+
+
+def _value(x: float, unit: str) -> str:
+    """A claim's value as a reader writes it: 1.56 ms, 640 tok/s, 77%, 7.8 GB, 1,494 kernels, 3.7x."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "none"
+    if unit == "s":
+        return f"{x * 1e3:.3g} ms"
+    if unit == "B":
+        return f"{x / 1e9:.3g} GB"
+    if unit == "":
+        return f"{x:.1%}"
+    if unit == "x":
+        return f"{x:.3g}x"
+    return f"{x:,.4g} {unit}"
+
+
+def _claims_html(claims: pd.DataFrame, present: dict[str, str]) -> str:
+    """The claims table: a row per claim (``id="claim-KEY"``), linked to the first item that shows it on the page
+    (``present``: an item's name -> its anchor)."""
+    rows = []
+    for c in claims.itertuples():
+        shown = [n for n in c.shown_in if n in present]
+        link = f'<a href="#{_esc(present[shown[0]])}">{_esc(shown[0])}</a>' if shown else "not on this page"
+        error = "" if pd.isna(c.error) else "0.0%" if abs(c.error) < 5e-4 else f"{c.error:+.1%}"
+        rows.append(
+            f'<tr id="claim-{_esc(c.key)}"><td class="text">{_esc(c.claim)}<br><code>{_esc(c.key)}</code></td>'
+            f'<td class="num">{_esc(_value(c.published, c.unit))}</td>'
+            f'<td class="num">{_esc(_value(c.workbook, c.unit))}</td>'
+            f'<td class="text">{_esc(c.kind)}</td><td class="num">{_esc(error)}</td><td class="text">{link}</td></tr>'
+        )
+    head = "".join(f"<th>{h}</th>" for h in ("claim", "published", "workbook", "kind", "error", "shown in"))
+    return (
+        '<h2 id="claims">The write-up\'s claims against the workbook</h2>'
+        '<p class="meta">Each claim of the write-up (<code>data/published.csv</code>), its published value, the value '
+        "this workbook computes for it (mk.sol, mk.routing, the timing model through mk.verdict) and its kind: "
+        "<b>modelled</b> is a test of the workbook; <b>fitted</b>, <b>input</b> and <b>by construction</b> are met by "
+        "design and test nothing; <b>derived</b> is a ratio of two other claims; error = workbook / published - 1.</p>"
+        f'<div class="scroll"><table class="data claims"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
+        "</table></div>"
+    )
+
+
+def anchor(item: dict) -> str:
+    """An item's id on the page: ``fig-NAME`` or ``table-NAME`` (a figure and a table may share a name)."""
+    return f"{'fig' if item['type'] == 'figure' else 'table'}-{item['name']}"
+
+
 # The page. ---------------------------------------------------------------------------------------------
 CSS = """
 body { font-family: "DejaVu Sans", Arial, sans-serif; font-size: 15px; color: #222; max-width: 1100px;
@@ -200,6 +371,7 @@ body { font-family: "DejaVu Sans", Arial, sans-serif; font-size: 15px; color: #2
 h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2.2em; border-bottom: 1px solid #ccc; }
 h3 { margin: 1.6em 0 0.3em; font-size: 1.1em; }
 .meta, .prov { color: #555; font-size: 0.9em; }
+.caption { font-weight: bold; font-size: 0.9em; margin: 0.3em 0 0; color: #444; }
 .kind { font-weight: bold; padding: 0 0.35em; border-radius: 3px; background: #eee; }
 .published { background: #e3ecf6; } .modelled { background: #fbe8d5; } .measured { background: #e2f0df; }
 img { max-width: 100%; border: 1px solid #ddd; }
@@ -231,7 +403,7 @@ def _provenance(item: dict) -> str:
     return f'<p class="prov">{" · ".join(parts)}</p>'
 
 
-def _number(digits: int):
+def number_format(digits: int):
     """Show a float with ``digits`` decimals (as the notebook did), a tiny non-zero one with 3 significant digits."""
 
     def fmt(x):
@@ -244,18 +416,23 @@ def _number(digits: int):
     return fmt
 
 
-def _html_table(df: pd.DataFrame, digits: int | None) -> str:
+def _missing(x) -> bool:
+    """A cell with nothing in it (None, NaN, NA); a cell holding a list or tuple is not missing."""
+    return pd.api.types.is_scalar(x) and bool(pd.isna(x))
+
+
+def html_table(df: pd.DataFrame, digits: int | None) -> str:
     """``df`` as an HTML table: numbers right-aligned and rounded as the notebook showed them, text left-aligned."""
     digits = 3 if digits is None else digits
     columns = []
     for c in df.columns:
         col = df[c]
         if pd.api.types.is_bool_dtype(col) or not pd.api.types.is_numeric_dtype(col):
-            columns.append(("text", lambda x: "" if pd.isna(x) else str(x)))
+            columns.append(("text", lambda x: "" if _missing(x) else str(x)))
             continue
         values = col.dropna()
         whole = len(values) > 0 and bool((values == values.round()).all()) and bool((values.abs() < 1e15).all())
-        columns.append(("num", (lambda x: "" if pd.isna(x) else f"{x:.0f}") if whole else _number(digits)))
+        columns.append(("num", (lambda x: "" if _missing(x) else f"{x:.0f}") if whole else number_format(digits)))
     head = "".join(f'<th class="{cls}">{_esc(c)}</th>' for c, (cls, _) in zip(df.columns, columns))
     rows = [
         "<tr>" + "".join(f'<td class="{cls}">{_esc(fmt(x))}</td>' for x, (cls, fmt) in zip(row, columns)) + "</tr>"
@@ -274,7 +451,7 @@ def _figure_html(item: dict) -> str:
     else:
         body = '<p class="meta">no PNG (written without a Chromium): open the interactive page.</p>'
     return (
-        f'<div class="item" id="{name}"><h3>{_esc(item["title"])}</h3>'
+        f'<div class="item" id="{anchor(item)}"><h3>{_esc(item["title"])}</h3>'
         f'<p class="meta">figure <code>{name}</code> · {" · ".join(links)}</p>{body}{_provenance(item)}</div>'
     )
 
@@ -285,18 +462,24 @@ def _table_html(item: dict) -> str:
         label = str(df["kind"].iloc[0])
         if label in KINDS or label == item.get("source"):  # said once in the provenance line below the table
             df = df.drop(columns="kind")
+    caption = f'<p class="caption">{_esc(item["caption"])}</p>' if item.get("caption") else ""
     return (
-        f'<div class="item" id="{name}"><h3>Table: {_esc(item["title"])}</h3>'
+        f'<div class="item" id="{anchor(item)}"><h3>Table: {_esc(item["title"])}</h3>'
         f'<p class="meta">table <code>{name}</code> · {len(item["df"])} rows · <a href="{name}.csv">CSV</a></p>'
-        f'<div class="scroll">{_html_table(df, item.get("digits"))}</div>{_provenance(item)}</div>'
+        f'{caption}<div class="scroll">{html_table(df, item.get("digits"))}</div>{_provenance(item)}</div>'
     )
 
 
-def write_report(figures_dir: Path = FIGURES_DIR, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
-    """Write ``figures_dir/index.html``: per notebook (its number, file and first heading), every figure (its
-    title, PNG, interactive page, provenance footer) and every exported table (rounded as the notebook
-    showed it, with its kind, hardware, source and date), in the order the notebook writes them. Files
-    whose number matches no notebook in ``notebooks_dir`` are left out and listed. Returns the page's path."""
+def write_report(
+    figures_dir: Path = FIGURES_DIR, notebooks_dir: Path = NOTEBOOKS_DIR, claims: pd.DataFrame | bool = True
+) -> Path:
+    """Write ``figures_dir/index.html``: first the write-up's claims against the workbook (:func:`claims_table`,
+    computed here unless ``claims`` is the table already, or False for none), each linked to where it is
+    shown; then per notebook (its number, file and first heading), every figure (its title, PNG, interactive
+    page, provenance footer) and every exported table (rounded as the notebook showed it, with its caption,
+    kind, hardware, source and date), in the order the notebook writes them. Files whose number matches no
+    notebook in ``notebooks_dir`` are left out and listed. Every id on the page is unique. Returns the page's
+    path."""
     figures_dir, notebooks_dir = Path(figures_dir), Path(notebooks_dir)
     if not figures_dir.is_dir():
         raise FileNotFoundError(f"no figures folder at {figures_dir}: run the notebooks first (bash ci/main.sh)")
@@ -318,8 +501,14 @@ def write_report(figures_dir: Path = FIGURES_DIR, notebooks_dir: Path = NOTEBOOK
         f"{_kind('published')} (the write-up's numbers and chip specs, with their source), {_kind('modelled')} "
         f"(computed here from a model of the hardware) or {_kind('measured')} (timed by this code on the "
         "hardware named), on what hardware, and when it was written.</p>",
-        '<ul class="toc">',
     ]
+    if claims is not False:
+        table = claims_table() if claims is True else claims
+        present = {}
+        for i in sorted((i for g in items.values() for i in g), key=lambda i: i["type"] != "figure"):
+            present.setdefault(i["name"], anchor(i))  # a figure before a table of the same name
+        out.append(_claims_html(table, present))
+    out.append('<ul class="toc">')
     for number, group in sorted(items.items()):
         book = books[number]
         out.append(f'<li><a href="#nb-{number}">{_esc(book["title"])}</a> ({len(group)})</li>')

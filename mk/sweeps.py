@@ -269,9 +269,13 @@ def published_points(models, keys=PUBLISHED_POINTS) -> pd.DataFrame:
 
 def validation(models, keys=PUBLISHED_POINTS + (BEFORE_FIXES_KEY,)) -> pd.DataFrame:
     """The published points beside the model's predictions for them (``mk.verdict.validation_table``; step times
-    in ms): the error modelled / published - 1 and whether the model was fitted to that number (``role``)."""
+    in ms): the error modelled / published - 1 and whether the model was fitted to that number (``role``; a
+    tokens/s that is the same published point as a step says so: ``fitted (as vllm_h100_moe_step)``)."""
     names = {get_config(m).name for m in models}
     t = validation_table()
+    # a tokens/s drawn here for a step counted elsewhere takes that point's role, and says which point it is
+    own = t.set_index("key").role
+    t["role"] = [own[p] + f" (as {p})" if p != k else r for k, p, r in zip(t.key, t.point, t.role)]
     model = published_table().set_index("key")["model"]
     t = t[t.key.isin(keys) & t.key.map(model).isin(names)].copy()
     steps = t.quantity == "step_time"  # seconds as milliseconds, a fraction named

@@ -139,3 +139,96 @@ def test_check_figure_finds_what_a_reader_cannot_see():
     over = go.Figure([go.Bar(x=["a"], y=[1], name="one"), go.Bar(x=["a"], y=[2], name="two")])
     over.update_layout(title="a title", legend=dict(orientation="h", y=1.02, yanchor="bottom"))
     assert "the legend sits over the title" in check_figure(over)
+
+
+@pytest.mark.skipif(
+    not os.access("/usr/bin/chromium", os.X_OK), reason="needs Debian's chromium (apt-get install chromium)"
+)
+def test_a_tall_figure_is_exported_whole_with_its_footer(tmp_path):
+    import struct
+
+    fig = provenance(small_figure().update_layout(height=900, margin=dict(l=300)), "modelled", "h100", "test")
+    footer_shift = [a.xshift for a in fig.layout.annotations if a.name == FOOTER_NAME][0]
+    assert footer_shift == 20 - 300  # from near the image's left edge, not the plot's
+    save_figure(fig, "tall", out_dir=tmp_path)
+    width, height = struct.unpack(">II", (tmp_path / "tall.png").read_bytes()[16:24])
+    assert (width, height) == (2000, 1800)  # its own height, at twice the pixels: nothing cropped
+
+
+def test_log_ticks_floors_and_stubs():
+    from mk.figures import floored, log_floor, log_tick_values
+
+    assert log_tick_values(6, 3861) == [5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]  # 1-2-5
+    narrow = log_tick_values(38, 105)  # 1-2-5 would leave 50 and 100: finer steps
+    assert [t for t in narrow if 38 <= t <= 105] == [40, 50, 70, 100]
+    assert log_floor([0.43, 0.00078]) == pytest.approx(1e-4) and log_floor([1.76, 0.003]) == pytest.approx(1e-3)
+    heights, patterns, texts = floored([0.5, 0.0005, 0.0, float("nan")], 1e-3)
+    assert heights[0] == 0.5 and all(h > 1e-3 for h in heights)  # every bar of the group seen
+    assert patterns == ["", "/", "/", "."] and texts == ["", "0.0005", "≤ 0", "none"]
+
+
+def timeline_runs():
+    from mk import timing
+    from mk.chips import get_chip
+    from mk.config import get_config
+    from mk.sharding import Collective
+
+    cfg, chip = get_config("tiny-moe"), get_chip("tpu-v5e-8")
+    plans = {on: timing.step_plan(cfg, chip, 64, 1, "bf16", "split", Collective(overlap=on)) for on in (False, True)}
+    return {f"overlap {on}": timing.pace_timeline(plan, chip) for on, plan in plans.items()}
+
+
+def test_the_timeline_draws_blocks_marks_layers_and_keeps_one_colour_per_lane():
+    import pandas as pd
+
+    from mk.views.timeline import LANES, blocks, timeline_figure
+
+    runs = timeline_runs()
+    fig = timeline_figure(runs, 2, "t")
+    bars = sum(len(t.x) for t in fig.data)
+    drawn = sum(sum(r["start_s"] < 1e9 for r in rows) for rows in runs.values())
+    assert bars < drawn / 3  # blocks, not one sliver per tile
+    rows = pd.DataFrame(runs["overlap False"]).assign(drawn=lambda t: t.lane.map(LANES))
+    b = blocks(rows, 0.0)
+    for lane, g in rows.groupby("drawn"):  # merging keeps every row's busy time, and each row in one block
+        assert b[b.drawn == lane].busy_s.sum() == pytest.approx((g.end_s - g.start_s).sum())
+        assert b[b.drawn == lane].rows.sum() == len(g)
+    labels = [a.text for a in fig.layout.annotations]
+    assert labels.count("layer 0") == labels.count("layer 1") == 2  # in both panels
+    assert any(s.type == "rect" for s in fig.layout.shapes) and any(s.type == "line" for s in fig.layout.shapes)
+    colours = {}
+    for trace in fig.data + timeline_figure({"one": runs["overlap True"]}, 1, "u").data:
+        assert colours.setdefault(trace.name, trace.marker.color) == trace.marker.color  # one scheme everywhere
+
+
+def test_the_validation_figure_has_one_trace_per_role():
+    import pandas as pd
+
+    from mk.views.verdict import ROLES, role_group, validation_figure
+
+    roles = ["test", "fitted", "input", "by construction", "same point as a", "same point as b", "test"]
+    table = pd.DataFrame(dict(key=list("abcdefg"), component="", case="c", unit="s", role=roles,
+                              published=1.0, modelled=[1.1, 1.0, 1.0, 1.0, 0.9, 0.9, 1e-4]))  # fmt: skip
+    roles = ["derived: a / b", "test (baseline fitted)", "not modelled (no config)"]
+    verdicts = pd.DataFrame(dict(key=list("vwx"), situation="s", published=2.0, modelled=[1.9, 2.2, None], role=roles))
+    fig = validation_figure(table, verdicts)
+    names = [t.name for t in fig.data]
+    assert names == [look[2] for look in ROLES.values()]  # one trace per role, in one order, each named
+    assert names[0] == "test" and len(fig.data[0].x) == 2
+    assert sum(len(t.x) for t in fig.data) == len(table) + 2  # one marker per row; the unmodelled one has none
+    assert role_group("same point as mk_v5e8_moe_step") == "same point as" and role_group("derived: a / b") == "derived"
+    assert fig.data[0].marker.symbol[1] == "triangle-left"  # beyond the axis: at its edge
+
+
+def test_the_quality_figure_says_its_weights_are_random():
+    import pandas as pd
+
+    from mk.views.quality import quality_figure
+
+    rows = pd.DataFrame(dict(model=["tiny-moe"] * 4 + ["real"] * 4, scheme="int8-experts", step=[0, 1] * 4,
+                             user=[0, 0, 1, 1] * 2, max_abs_logit_error=[0.1, 0.2, 0.3, 0.1] * 2))  # fmt: skip
+    fig = quality_figure(rows[rows.model == "tiny-moe"], random_models={"tiny-moe"})
+    assert "random weights" in fig.layout.title.text and "random weights" in fig.layout.annotations[0].text
+    assert list(fig.data[0].y) == [0.3, 0.2]  # the worst user at each step
+    mixed = quality_figure(rows, random_models={"tiny-moe"})
+    assert [a.text for a in mixed.layout.annotations] == ["tiny-moe (random weights)", "real (trained checkpoint)"]

@@ -327,3 +327,16 @@ def test_the_layer_pattern_is_one_loop_and_code_stops_growing_with_depth():
             plan.emitted_ops
             < build_plan(cfg, 1, 2048, weight_itemsize=2, kv_itemsize=2, loop_layers=False).emitted_ops / 2
         )
+
+
+def test_the_plan_start_in_phases_and_its_loops_said_once():
+    plan = build_plan(GEMMA4_26B_A4B, 1, 1024, context=1024, weight_itemsize=2, kv_itemsize=2)
+    phases = plan.phase_table(1)
+    items = plan.table()
+    first = next(r["step"] for r in items if r["item"] == "compute" and r["layer"] == 1)
+    assert sum(p["dma_starts"] + p["dma_waits"] + p["ops"] for p in phases) == first  # every item up to layer 1
+    assert phases[0]["component"] == "DMAs issued first" and phases[0]["ops"] == 0
+    assert sum(p["MB"] for p in phases) == pytest.approx(sum(r["bytes"] for r in items[:first]) / 1e6)
+    summary = plan.loop_summary()
+    assert sum(s["loops"] for s in summary) == len(plan.loop_table()) and len(summary) < len(plan.loop_table()) / 3
+    assert {"0-4", "24-28"} <= {s["layers"] for s in summary if s["component"] == "sliding_attention"}

@@ -10,8 +10,9 @@ import pytest
 import mk.figures
 from mk.__main__ import main
 from mk.figures import provenance, save_figure
-from mk.notebook import show
-from mk.report import export_table, kinds_named, write_report
+from mk.notebook import Table, in_ms, show
+from mk.published import published
+from mk.report import CLAIMS, NOTEBOOKS_DIR, claims_table, export_table, kinds_named, write_report
 
 
 def table():
@@ -21,7 +22,8 @@ def table():
 def test_export_table_writes_csv_and_meta(tmp_path):
     csv, meta = export_table(table(), "01_sol_table", "published + modelled", "h100, tpu-v5e-8", "mk.sol", tmp_path)
     assert (csv.name, meta.name) == ("01_sol_table.csv", "01_sol_table.meta.json")
-    pd.testing.assert_frame_equal(pd.read_csv(csv), table())  # full precision
+    back = pd.read_csv(csv)  # floats to 4 significant figures, a tiny value kept
+    assert back.tokens_per_s.tolist() == [1235.0, 1.234e-05] and back.users.tolist() == [1, 8]
     m = json.loads(meta.read_text())
     assert m["kind"] == "published + modelled" and m["hardware"] == "h100, tpu-v5e-8" and m["source"] == "mk.sol"
     assert m["columns"] == ["chip", "tokens_per_s", "users"] and re.fullmatch(r"\d{4}-\d\d-\d\d", m["date"])
@@ -61,18 +63,34 @@ def test_show_exports_what_it_shows(tmp_path, monkeypatch):
     show(table(), kind="modelled (mk.sol)", export="02_t", hardware="h100")
     m = json.loads((tmp_path / "02_t.meta.json").read_text())
     assert (m["kind"], m["hardware"], m["source"], m["digits"]) == ("modelled", "h100", "modelled (mk.sol)", 3)
-    assert list(pd.read_csv(tmp_path / "02_t.csv").columns) == ["chip", "tokens_per_s", "users", "kind"]
+    assert m["caption"] == "kind: modelled (mk.sol)"  # said once: the CSV has no constant kind column
+    assert list(pd.read_csv(tmp_path / "02_t.csv").columns) == ["chip", "tokens_per_s", "users"]
     with pytest.raises(ValueError, match="needs its hardware"):
         show(table(), kind="modelled (mk.sol)", export="02_u")
     show(table().assign(kind=["published (the seed)", "modelled (mk.sol)"]), export="02_v", hardware="h100")
     m = json.loads((tmp_path / "02_v.meta.json").read_text())
     assert (m["kind"], m["source"]) == ("published + modelled", "per row, in the kind column")
+    assert pd.read_csv(tmp_path / "02_v.csv").kind.tolist() == ["published (the seed)", "modelled (mk.sol)"]
+
+
+def test_show_says_the_kind_once_in_a_caption_above_the_table():
+    shown = Table(table().assign(kind="modelled (mk.sol)"), digits=2)
+    assert "kind" not in shown.df.columns and shown.caption == "kind: modelled (mk.sol)"
+    page = shown._repr_html_()
+    assert page.index("kind: modelled (mk.sol)") < page.index("<table") and ">kind<" not in page
+    assert "1234.57" in page and "1.23e-05" in page  # rounded, a tiny value kept
+    assert repr(shown).splitlines()[0] == "kind: modelled (mk.sol)"
+    mixed = Table(table().assign(kind=["published (the seed)", "modelled (mk.sol)"]))
+    assert list(mixed.df.columns)[-1] == "kind" and mixed.caption.startswith("kind: per row")
 
 
 @pytest.fixture
 def figures(tmp_path, monkeypatch):
     """Two saved figures (one with a stand-in PNG), one table, and a stale figure of no notebook."""
     monkeypatch.setattr(mk.figures, "_exporter", False)  # no PNG export here: fast, with or without a Chromium
+    claim = dict(key="sol_h100", claim="speed of light: h100", published=427.0, workbook=425.4, unit="tok/s")
+    claims = pd.DataFrame([dict(claim, kind="modelled", error=425.4 / 427 - 1, shown_in=["01_bars"])])
+    monkeypatch.setattr("mk.report.claims_table", lambda: claims)  # the real one: test_the_claims_table
     books, out = tmp_path / "notebooks", tmp_path / "figures"
     books.mkdir()
     for number, title, code in (
@@ -101,10 +119,13 @@ def test_report_gathers_figures_and_tables_offline(figures):
     assert "JAX " in page  # a measured figure's default source
     assert '<img src="01_bars.png"' in page and '<img src="02_line.png"' not in page
     assert 'href="01_bars.html"' in page and 'href="02_line.html"' in page and 'href="02_speeds.csv"' in page
-    assert "1234.57" in page and "1.23e-05" in page  # two decimals as exported, a tiny value kept visible
+    assert "1235.00" in page and "1.23e-05" in page  # two decimals of the 4 figures exported, a tiny value kept
     assert "09_stale" not in page.split("<h2>Left out</h2>")[0] and "09_stale.json" in page
     assert page.index("01 · The speed of light") < page.index("02 · The general stack")
-    assert page.index('id="02_speeds"') < page.index('id="02_line"')  # in the notebook's order, unnamed ones last
+    assert page.index('id="table-02_speeds"') < page.index('id="fig-02_line"')  # in the notebook's order, unnamed last
+    assert page.index('id="claims"') < page.index('id="nb-01"') and 'href="#fig-01_bars"' in page
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids)), "duplicate anchors"
     assert page.count("may be left from an older version") == 1
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "the page must not need the network"
     assert "<script" not in page
@@ -115,3 +136,44 @@ def test_cli_report(figures, capsys):
     assert main(["report", "--figures", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out / "index.html")
     assert main(["report", "--figures", str(out / "missing")]) == 2
+
+
+def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(mk.figures, "_exporter", False)
+    claims = claims_table()
+    assert list(claims.key) == list(CLAIMS) and claims.key.is_unique
+    c = claims.set_index("key")
+    assert c.published["mk_v5e8_moe_tps"] == published("mk_v5e8_moe_tps")  # read, never typed
+    assert abs(c.error["sol_h100"]) < 0.01 and abs(c.error["bytes_per_token_moe"]) < 0.02  # mk.sol's count
+    assert c.workbook["straggler_max_experts"] == pytest.approx(2.53, abs=0.005)  # exact, mk.routing
+    assert c.kind["vllm_h100_moe_tps"].startswith("fitted") and c.kind["vllm_h100_moe_kernels"] == "input"
+    assert c.kind["mk_v5e8_moe_step"] == "modelled" and "same point as" in c.kind["mk_v5e8_moe_tps"]
+    assert c.kind["verdict_moe_one_user"].startswith("derived") and c.workbook.isna().sum() == 1  # Llama 1B
+    out, books = tmp_path / "figures", tmp_path / "notebooks"
+    books.mkdir()
+    nb = {
+        "cells": [{"cell_type": "markdown", "source": ["# 07 · Verdict"]}, {"cell_type": "code", "source": ['"07_x"']}]
+    }
+    (books / "07_x.ipynb").write_text(json.dumps(nb))
+    fig = provenance(go.Figure(go.Bar(x=["a"], y=[1])), "modelled", "h100", "mk.timing")
+    save_figure(fig, "07_validation", out_dir=out)
+    export_table(table(), "07_validation", "modelled", "h100", "mk.timing", out)  # a figure and a table, one name
+    page = write_report(out, books, claims=claims).read_text()
+    assert page.count('<tr id="claim-') == len(CLAIMS)
+    assert 'href="#fig-07_validation"' in page and page.index('id="claims"') < page.index('id="nb-07"')
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids)) and {"fig-07_validation", "table-07_validation"} <= set(ids)
+
+
+def test_every_claim_links_to_a_figure_or_table_a_notebook_writes():
+    code = "".join(path.read_text() for path in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+    missing = [name for names in CLAIMS.values() for name in names if f'\\"{name}\\"' not in code]
+    assert not missing, missing
+
+
+def test_in_ms_shows_published_seconds_in_milliseconds():
+    t = pd.DataFrame(dict(quantity=["step_time", "tokens_per_s"], published=[1.56e-3, 640.0], modelled=[1.6e-3, 600.0]))
+    ms = in_ms(t)
+    assert list(ms.columns) == ["quantity", "unit", "published", "modelled"]
+    assert ms.unit.tolist() == ["ms", "tok/s"] and ms.published.tolist() == pytest.approx([1.56, 640.0])
+    assert in_ms(ms.assign(unit=["s", "tok/s"])).modelled.tolist() == pytest.approx([1600.0, 600.0])

@@ -122,14 +122,15 @@ def test_chip_table_says_which_chips_the_weights_do_not_fit():
     assert t.set_index(["chip", "series"]).hbm_GB[("tpu-v5e", "megakernel")] == get_chip("tpu-v5e").hbm_bytes / 1e9
     fig = views.chip_figure(t, ["gemma4-26b-a4b"], "chips")
     bars = [d for d in fig.data if d.type == "bar" and d.x[0] is not None]
-    assert all("/" in d.marker.pattern.shape[0] and d.text[0] == "does not fit" for d in bars)  # tpu-v5e first
+    assert all("/" in d.marker.pattern.shape[0] and d.text[0].endswith("does not fit") for d in bars)  # tpu-v5e first
     assert any("do not fit" in (d.name or "") for d in fig.data)
 
 
 def test_validation_lists_the_published_points_with_errors_and_roles():
     v = sweeps.validation(FULL).set_index("key")
     assert set(v.index) == set(sweeps.PUBLISHED_POINTS) | {sweeps.BEFORE_FIXES_KEY}
-    assert v.loc["vllm_h100_moe_tps", "role"] == "fitted" and v.loc["mk_v5e8_moe_tps", "role"] == "test"
+    assert v.loc["vllm_h100_moe_tps", "role"] == "fitted (as vllm_h100_moe_step)"
+    assert v.loc["mk_v5e8_moe_tps", "role"] == "test (as mk_v5e8_moe_step)"
     assert v.loc[sweeps.BEFORE_FIXES_KEY, "unit"] == "ms"
     assert v.loc[sweeps.BEFORE_FIXES_KEY, "published"] == pytest.approx(published(sweeps.BEFORE_FIXES_KEY) * 1e3)
     assert v.error.to_numpy() == pytest.approx((v.modelled / v.published - 1).to_numpy())
@@ -141,14 +142,18 @@ def test_context_figure_draws_every_series_and_labels_the_published_points(tiny_
     t = sweeps.engine_table(FULL, [1024, 131072], [1])
     fig = views.context_figure(t, points, FULL, "context")
     names = [d.name for d in fig.data if d.showlegend is not False]
-    assert len(names) == len(set(names)) == 4 + len(points)
+    assert len(names) == len(set(names)) == 4 + 1  # one entry per engine, one for every published point
     assert any("fp8 MoE, bf16 dense" in n for n in names)
-    assert sum("published fraction" in n and "modelled speed of light" in n for n in names) == 2
+    assert sum("fraction x modelled speed of light" in n for n in names) == 1
+    assert sum(d.name.startswith("published fraction") for d in fig.data) == 2  # each point says so on hover
+    assert any(a.text == views.BOUND for a in fig.layout.annotations)  # the bound says so on the plot
+    assert fig.layout.xaxis.ticktext == ("1K", "2K", "8K", "32K", "128K")  # not just the two contexts run
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     assert "context (positions)" in fig.layout.xaxis.title.text and "tokens/s per user" in fig.layout.yaxis.title.text
     batch = views.batch_figure(tiny_table[tiny_table.context == 16], None, TINY, "batch", total=True)
     assert "all users" in batch.layout.yaxis.title.text
-    assert batch.layout.xaxis.ticktext[1] == "3<br>(4.6)" and batch.layout.xaxis2.ticktext[1] == "3"  # 8 (1 - (6/8)^3)
+    assert batch.layout.xaxis.tickvals == (1, 2, 3)  # the powers of two and the ends
+    assert batch.layout.xaxis.ticktext[2] == "3<br>(4.6)" and batch.layout.xaxis2.ticktext[2] == "3"  # 8 (1 - (6/8)^3)
     assert "distinct experts" in batch.layout.xaxis.title.text and "experts" not in batch.layout.xaxis2.title.text
     if os.access("/usr/bin/chromium", os.X_OK) or shutil.which("chromium") or os.environ.get("BROWSER_PATH"):
         from mk.figures import check_figure, provenance

@@ -282,6 +282,67 @@ class StepPlan:
                 )
         return rows
 
+    def loop_summary(self) -> list[dict]:
+        """:meth:`loop_table` with the loops that repeat layer after layer said once (for a DataFrame): each
+        kind of loop (component, tensors, repeats, ops per repeat, inside the loop over layers or not) with the
+        layers it runs in (``0-4, 24-28``) and how many of it the kernel writes."""
+        groups: dict[tuple, list] = {}
+        for r in self.loop_table():
+            key = (r["component"], r["tensors"], r["repeats"], r["ops_per_repeat"], r["in_layer_loop"])
+            groups.setdefault(key, []).append(r["layer"])
+        return [
+            dict(
+                component=c,
+                tensors=t,
+                repeats=n,
+                ops_per_repeat=o,
+                in_layer_loop=inside,
+                loops=len(layers),
+                layers=_ranges(layers),
+            )  # fmt: skip
+            for (c, t, n, o, inside), layers in groups.items()
+        ]
+
+    def phase_table(self, layers: int = 1) -> list[dict]:
+        """The start of the plan, up to the first op of layer ``layers``, in phases (for a DataFrame): each run
+        of items whose op or wait is for one component of one layer, with the DMAs it issues meanwhile (tiles
+        of later phases among them), its waits and ops, the bytes they move and their FLOPs. The DMAs issued
+        before the first op are a phase of their own; layer -1 is what runs before (and after) the layers."""
+        rows, phase = [], None
+        for r in self.table():
+            if r["item"] == "compute" and r["layer"] == layers:
+                break
+            key = (r["layer"], r["component"]) if r["item"] != "dma start" else phase or (-1, "DMAs issued first")
+            if key != phase:
+                phase = key
+                rows.append(dict(first_step=r["step"], last_step=r["step"], layer=key[0], component=key[1],
+                                 dma_starts=0, dma_waits=0, ops=0, MB=0.0, MFLOP=0.0, op_kinds=[]))  # fmt: skip
+            row = rows[-1]
+            row["last_step"] = r["step"]
+            row[{"dma start": "dma_starts", "dma wait": "dma_waits", "compute": "ops"}[r["item"]]] += 1
+            row["MB"] += r["bytes"] / 1e6
+            row["MFLOP"] += r["flops"] / 1e6
+            if r["item"] == "compute" and r["what"] not in row["op_kinds"]:
+                row["op_kinds"].append(r["what"])
+        return [dict(r, op_kinds=", ".join(r["op_kinds"])) for r in rows]
+
+
+def _ranges(layers) -> str:
+    """Layer indices as runs (``[0, 1, 2, 5]`` -> ``"0-2, 5"``); a label that is not an index (``"0..23"``) as is."""
+    out, run = [], []
+    for x in layers:
+        if isinstance(x, int) and run and x == run[-1] + 1:
+            run.append(x)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [x] if isinstance(x, int) else []
+        if not isinstance(x, int):
+            out.append(str(x))
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
+
 
 def build_plan(
     cfg: Gemma4Config,

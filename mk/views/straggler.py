@@ -65,7 +65,8 @@ def distribution_figure(cases, exact, published_max: float, router_exact, measur
                 name="exact, uniform routing", marker_color=EXACT_COLOUR, showlegend=False, row=1, col=2)  # fmt: skip
     fig.add_bar(x=list(measured.distribution), y=list(measured.distribution.values()),
                 name=f"measured: {measured.routing}", marker_color=MEASURED_COLOUR, row=1, col=2)  # fmt: skip
-    fig.update_xaxes(title_text="busiest chip (distinct experts per layer)", dtick=1)
+    fig.update_xaxes(title_text="busiest chip (distinct experts per layer)", dtick=1, row=1, col=1)
+    fig.update_xaxes(title_text="busiest chip<br>(distinct experts per layer)", dtick=1, row=1, col=2)  # narrow panel
     fig.update_yaxes(title_text="probability", row=1, col=1)
     fig.update_layout(barmode="group", title="How many experts the busiest chip loads per layer (whole placement)",
                       legend=LEGEND)  # fmt: skip

@@ -3,26 +3,51 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..config import get_config
+from ..figures import context_label
+from ..routing import expected_distinct_experts
 from ..sweeps import FRACTION_OF_SOL, SOL
 from ..verdict import GENERAL_GPU
 
 # Figures --------------------------------------------------------------------------------------------------
-LEGEND = dict(orientation="h", y=1.02, yanchor="bottom", x=0, font=dict(size=11))
+LEGEND = dict(orientation="h", y=1.02, yanchor="bottom", x=0, font=dict(size=12))
+TOP = 0.92  # the panels' share of the plot's height: their titles sit above, clear of the legend
+POINT = dict(symbol="diamond", size=14, line=dict(color="black", width=1.5))  # every published point
+BOUND = "speed of light: a bound"
 
 
-def _context_label(n: int) -> str:
-    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+def context_ticks(contexts) -> tuple[list[int], list[str]]:
+    """Context ticks for a log axis over ``contexts``: powers of two from the shortest to the longest, every
+    other one when there are more than six (1K, 2K, 8K, 32K, 128K), labelled 1K, 8K, 128K."""
+    lo, hi = min(contexts), max(contexts)
+    ticks = [2**k for k in range(math.ceil(math.log2(lo)), math.floor(math.log2(hi)) + 1)]
+    if len(ticks) > 6:
+        ticks = sorted({lo, *ticks[::-2]})
+    ticks = sorted({lo, hi, *ticks})
+    return ticks, [context_label(n) for n in ticks]
+
+
+def batch_ticks(batches) -> list[int]:
+    """Users on a log axis: the powers of two from the fewest to the most, and both ends (1, 2, 4, 8)."""
+    lo, hi = min(batches), max(batches)
+    return sorted({lo, hi, *(2**k for k in range(math.ceil(math.log2(lo)), math.floor(math.log2(hi)) + 1))})
 
 
 def _legend_name(table: pd.DataFrame, role: str) -> str:
-    """A series' legend entry, with its data type per model when the models differ in it."""
+    """A series' legend entry, short: its engine and chip, with its data type per model when the models differ
+    in it; the speed of light says it is a bound."""
     g = table[table.role == role]
-    label = g.series.iloc[0]
+    if role == SOL:
+        return f"speed of light, {g.chip.iloc[0]} (a bound)"
+    label = f"{'megakernel' if g.engine.iloc[0] == 'megakernel' else 'general stack'}, {g.chip.iloc[0]}"
+    if role == "general baseline":
+        label += ", the baseline"
     dtypes = g.drop_duplicates("model")[["model", "dtype"]]
     if dtypes.dtype.nunique() == 1:
         return f"{label} ({dtypes.dtype.iloc[0]})"
@@ -33,25 +58,70 @@ def _legend_name(table: pd.DataFrame, role: str) -> str:
 
 def _facets(models, rows: int = 1, **kw) -> go.Figure:
     titles = [get_config(m).name for m in models]
-    return make_subplots(rows=rows, cols=len(titles), subplot_titles=titles * rows if rows > 1 else titles, **kw)
+    fig = make_subplots(rows=rows, cols=len(titles), subplot_titles=titles * rows if rows > 1 else titles, **kw)
+    return fig.update_yaxes(domain=[0, TOP]).update_annotations(y=TOP)
 
 
-def _add_points(fig, points: pd.DataFrame, models, x: str, symbols=("diamond", "star", "square", "cross")):
+def _point_colour(p) -> str:
+    if p.series_engine == "megakernel":
+        return COLOURS["megakernel"]
+    return COLOURS["general baseline" if p.chip == GENERAL_GPU else "general same chip"]
+
+
+def _add_points(fig, points: pd.DataFrame, models, x: str):
+    """The published points, each a diamond in its engine's colour, under one legend entry (the hover says
+    which each is and how its tokens/s were obtained)."""
     names = [get_config(m).name for m in models]
-    for i, p in enumerate(points.itertuples()):
-        colour = COLOURS["megakernel"] if p.series_engine == "megakernel" else COLOURS["general baseline"]
-        if p.series_engine == "general" and p.chip != GENERAL_GPU:
-            colour = COLOURS["general same chip"]
+    for p in points.itertuples():
         fig.add_scatter(
             x=[getattr(p, x)],
             y=[p.tokens_per_s],
             mode="markers",
             name=point_label(p),
-            marker=dict(symbol=symbols[i % len(symbols)], size=14, color=colour, line=dict(color="black", width=1.5)),
-            hovertext=[f"{p.key}: {p.how}<br>{p.tokens_per_s:.1f} tok/s per user<br>{p.source}"],
+            showlegend=False,
+            marker=dict(POINT, color=_point_colour(p)),
+            hovertext=[f"{point_label(p)}<br>{p.key}: {p.how}<br>{p.tokens_per_s:.1f} tok/s per user<br>{p.source}"],
             hoverinfo="text",
             row=1,
             col=names.index(p.model) + 1,
+        )
+    if len(points):
+        fraction = (points.how == FRACTION_OF_SOL).any()
+        name = "published (in its engine's colour" + (
+            "; dense: fraction x modelled speed of light)" if fraction else ")"
+        )
+        fig.add_scatter(x=[None], y=[None], mode="markers", name=name, marker=dict(POINT, color="white"))
+
+
+def _label_bound(fig, table: pd.DataFrame, models, x: str, y: str, points: pd.DataFrame | None = None) -> None:
+    """Write on each panel, just above the speed of light's highest point, that the line is a bound, not an
+    engine; each panel's (log) y axis gets room above its highest value for it. The words run from that end
+    of the line towards the other, which is lower, and every engine lies below the bound: they cross no line."""
+    names = [get_config(m).name for m in models]
+    for model, g in table[table.role == SOL].groupby("model", sort=False):
+        g = g.sort_values(x)
+        top = g.loc[g[y].idxmax()]
+        left = top[x] == g[x].iloc[0]
+        col = names.index(model) + 1
+        axis = "" if col == 1 else col
+        values = list(table[table.model == model][y])
+        if points is not None:
+            values += list(points[points.model == model].tokens_per_s)
+        lo, hi = math.log10(min(values)), math.log10(max(values))
+        pad = max(hi - lo, 0.1)
+        fig.update_yaxes(range=[lo - 0.06 * pad, hi + 0.16 * pad], row=1, col=col)
+        fig.add_annotation(
+            x=math.log10(top[x]),
+            y=math.log10(top[y]),
+            xref=f"x{axis}",
+            yref=f"y{axis}",
+            text=BOUND,
+            showarrow=False,
+            xanchor="left" if left else "right",
+            yanchor="bottom",
+            xshift=4 if left else -4,
+            yshift=4,
+            font=dict(size=11, color=COLOURS[SOL]),
         )
 
 
@@ -92,20 +162,22 @@ def context_figure(table: pd.DataFrame, points: pd.DataFrame, models, title: str
         ),
     )
     _add_points(fig, points, models, "context")
-    contexts = sorted(set(table.context) | set(points.context))
-    fig.update_xaxes(
-        type="log", title_text="context (positions)", tickvals=contexts, ticktext=[_context_label(n) for n in contexts]
-    )
+    _label_bound(fig, table, models, "context", "tokens_per_s", points)
+    ticks, text = context_ticks(set(table.context) | set(points.context))
+    fig.update_xaxes(type="log", title_text="context (positions)", tickvals=ticks, ticktext=text)
     fig.update_yaxes(type="log", title_text="tokens/s per user (log)")
     fig.update_layout(title=title, legend=LEGEND)
     return fig
 
 
 def _batch_ticks(table: pd.DataFrame, model: str) -> tuple[list, list]:
-    g = table[table.model == model].drop_duplicates("batch").sort_values("batch")
-    if (g.expected_experts == 0).all():
-        return list(g.batch), [str(b) for b in g.batch]
-    return list(g.batch), [f"{b}<br>({e:.1f})" for b, e in zip(g.batch, g.expected_experts)]
+    """A panel's user ticks (:func:`batch_ticks`), an MoE model's with its expected distinct experts per layer."""
+    cfg = get_config(model)
+    ticks = batch_ticks(table[table.model == model].batch)
+    if not cfg.is_moe:
+        return ticks, [str(b) for b in ticks]
+    experts = [expected_distinct_experts(cfg.num_experts, cfg.top_k, b) for b in ticks]
+    return ticks, [f"{b}<br>({e:.1f})" for b, e in zip(ticks, experts)]
 
 
 def batch_figure(table: pd.DataFrame, points: pd.DataFrame | None, models, title: str, total: bool = False):
@@ -121,7 +193,9 @@ def batch_figure(table: pd.DataFrame, points: pd.DataFrame | None, models, title
             f"{r.tokens_per_s_total:.0f} in total<br>{r.fraction_of_sol:.2f} of its speed of light"
         )
 
-    _series_lines(fig, table, models, "batch", "tokens_per_s_total" if total else "tokens_per_s", hover=hover)
+    y = "tokens_per_s_total" if total else "tokens_per_s"
+    _series_lines(fig, table, models, "batch", y, hover=hover)
+    _label_bound(fig, table, models, "batch", y, None if total else points)
     if points is not None and len(points):
         _add_points(fig, points[points.batch.isin(table.batch)], models, "batch")
     for i, m in enumerate(names):
@@ -141,6 +215,13 @@ def batch_figure(table: pd.DataFrame, points: pd.DataFrame | None, models, title
     return fig
 
 
+PLACEMENTS = {  # the placement figure's series: one megakernel on one slice (the title says which)
+    "megakernel": "split experts",
+    "whole": "whole experts",
+    "before fixes": "whole experts before the fixes (no overlap, f32 payload)",
+}
+
+
 def placement_figure(table: pd.DataFrame, points: pd.DataFrame, title: str) -> go.Figure:
     """Left: the megakernel's tokens/s per user against the batch for split and whole experts (and whole before
     the fixes), the published after and before points on it. Right: the experts one chip loads per layer (the
@@ -152,6 +233,7 @@ def placement_figure(table: pd.DataFrame, points: pd.DataFrame, title: str) -> g
         column_widths=[0.6, 0.4],
         subplot_titles=("tokens/s per user", "experts one chip loads per layer"),
     )
+    fig.update_yaxes(domain=[0, TOP]).update_annotations(y=TOP)
     colours = {"megakernel": COLOURS["megakernel"], "whole": "#59a14f", "before fixes": "#b07aa1"}
     for role, g in table.groupby("role", sort=False):
         g = g.sort_values("batch")
@@ -160,28 +242,29 @@ def placement_figure(table: pd.DataFrame, points: pd.DataFrame, title: str) -> g
                 x=g.batch,
                 y=g[y],
                 mode="lines+markers",
-                name=g.series.iloc[0],
+                name=PLACEMENTS.get(role, g.series.iloc[0]),
                 legendgroup=role,
                 showlegend=col == 1,
                 line=dict(color=colours[role], dash="dot" if col == 2 else None),
                 row=1,
                 col=col,
             )
-    for p, symbol in zip(points.itertuples(), ("diamond", "star")):
+    for p in points.itertuples():
         colour = colours["megakernel"] if p.placement == "split" else colours["before fixes"]
         fig.add_scatter(
             x=[p.batch],
             y=[p.tokens_per_s],
             mode="markers",
-            name=point_label(p),
-            marker=dict(symbol=symbol, size=14, color=colour, line=dict(color="black", width=1.5)),
+            name=f"published: 1 / {p.published * 1e3:g} ms, before the fixes"
+            if p.how == "1 / published step"
+            else f"published: {p.published:g} tok/s",
+            marker=dict(POINT, color=colour),
             hovertext=[f"{p.key}: {p.how}<br>{p.tokens_per_s:.1f} tok/s per user"],
             hoverinfo="text",
             row=1,
             col=1,
         )
-    batches = sorted(set(table.batch))
-    fig.update_xaxes(title_text="users (batch)", tickvals=batches)
+    fig.update_xaxes(title_text="users (batch)", tickvals=batch_ticks(table.batch))
     fig.update_yaxes(type="log", title_text="tokens/s per user (log)", col=1)
     fig.update_yaxes(title_text="experts per layer (expected, uniform routing)", rangemode="tozero", col=2)
     fig.update_layout(title=title, legend=LEGEND)
@@ -200,11 +283,12 @@ def chip_figure(table: pd.DataFrame, models, title: str) -> go.Figure:
             fig.add_bar(
                 x=g.chip,
                 y=g.tokens_per_s,
-                name=series,
                 legendgroup=series,
                 showlegend=i == 0,
                 marker=dict(color=colours[series], pattern=dict(shape=["" if f else "/" for f in fit])),
-                text=["" if f else "does not fit" for f in fit],
+                name=f"{series} (a bound: bytes only)" if series == SOL else series,
+                # the speed of light's bars say on the plot that they are a bound, not an engine
+                text=["<br>".join(["bound"] * (series == SOL) + ["does not fit"] * (not f)) for f in fit],
                 textposition="outside",
                 hovertext=[
                     f"{r.chip}: {r.tokens_per_s:.0f} tok/s, {r.fraction_of_sol:.2f} of the speed of light; "

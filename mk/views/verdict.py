@@ -3,6 +3,7 @@ of the component table, the verdict and the rule of thumb."""
 
 from __future__ import annotations
 
+import math
 import textwrap
 
 import pandas as pd
@@ -12,39 +13,75 @@ import plotly.graph_objects as go
 RATIO_RANGE = (0.01, 100.0)  # the validation figure's axis: ratios beyond it are drawn at its edge
 
 
-ROLE_COLOURS = {"test": "#4e79a7", "test (baseline fitted)": "#76b7b2", "fitted": "#bab0ac", "input": "#9c755f"}
+# Each role's look: a test is a filled circle, a point that tests nothing is told apart by colour and symbol.
+ROLES = {
+    "test": ("#4e79a7", "circle", "test"),
+    "test (baseline fitted)": ("#76b7b2", "circle-open", "test, its baseline fitted"),
+    "fitted": ("#e15759", "diamond", "fitted: the model was fitted to it (not a test)"),
+    "input": ("#9c755f", "square", "input: the model scales from it (not a test)"),
+    "by construction": ("#b07aa1", "star", "by construction: the model cannot give another value"),
+    "same point as": ("#bab0ac", "circle-open", "same point as another row, said another way (not counted again)"),
+    "derived": ("#bab0ac", "diamond-open", "derived: a ratio of two published points (not counted again)"),
+}
 
 
-def validation_figure(table: pd.DataFrame) -> go.Figure:
-    """Each published number's ratio modelled / published as a dot on a log axis (1 is exact), coloured by its
-    role, so the fitted points (not tests) are told apart at a glance."""
+def role_group(role: str) -> str:
+    """The key of ``ROLES`` a role falls under ("same point as mk_v5e8_moe_step" -> "same point as")."""
+    for key in sorted(ROLES, key=len, reverse=True):
+        if role == key or role.startswith(key):
+            return key
+    return role
+
+
+def validation_figure(table: pd.DataFrame, verdicts: pd.DataFrame | None = None) -> go.Figure:
+    """Each published number's ratio modelled / published as one marker on a log axis (1 is exact), coloured
+    and shaped by its role (mk.verdict.validation_table's ``role``: a test, fitted, an input, by construction,
+    the same point as another row; with ``verdicts``, mk.verdict.verdict_table's modelled speed-ups below them:
+    a test, a test whose baseline was fitted, derived from two published points), one legend entry per role, so
+    the fitted baselines are visibly not tests. A ratio beyond the axis is drawn at its edge as a triangle."""
     fig = go.Figure()
-    t = table.assign(label=table.key + (" [" + table.component + "]").where(table.component != "", ""))
+    if verdicts is not None:
+        speedups = verdicts.dropna(subset=["modelled"]).assign(case=lambda d: d.situation, component="", unit="x")
+        table = pd.concat([table, speedups[["key", "case", "component", "published", "modelled", "unit", "role"]]])
+    # a knock-out's key names its component already
+    t = table.assign(label=[k if not c or c in k else f"{k} [{c}]" for k, c in zip(table.key, table.component)])
     ratio = t.modelled / t.published
     t = t.assign(
-        ratio=ratio.clip(RATIO_RANGE[0], RATIO_RANGE[1]), clipped=(ratio < RATIO_RANGE[0]) | (ratio > RATIO_RANGE[1])
+        ratio=ratio.clip(RATIO_RANGE[0], RATIO_RANGE[1]),
+        low=ratio < RATIO_RANGE[0],
+        high=ratio > RATIO_RANGE[1],
+        group=t.role.map(role_group),
     )
-    for role, g in t.groupby("role", sort=False):
-        symbol = g.clipped.map({True: "triangle-left", False: "diamond" if role == "input" else "circle"})
-        symbol[g.clipped & (g.ratio >= 1)] = "triangle-right"
+    for group in [g for g in ROLES if g in set(t.group)] + sorted(set(t.group) - set(ROLES)):
+        g = t[t.group == group]
+        colour, symbol, name = ROLES.get(group, ("black", "x", group))
+        symbols = [("triangle-left" if lo else "triangle-right" if hi else symbol) for lo, hi in zip(g.low, g.high)]
         fig.add_scatter(
             x=g.ratio,
             y=g.label,
             mode="markers",
-            name=role,
-            marker=dict(size=11, color=ROLE_COLOURS.get(role), symbol=symbol),
-            hovertext=g.case + ": modelled / published " + (g.modelled / g.published).map("{:.3g}".format),
+            name=name,
+            marker=dict(size=12, color=colour, symbol=symbols, line=dict(width=2, color=colour)),
+            hovertext=[
+                f"{r.key} ({r.role})<br>{r.case}<br>published {r.published:.4g} {r.unit}, modelled {r.modelled:.4g} "
+                f"{r.unit}: modelled / published {m:.3g}"
+                for r, m in zip(g.itertuples(), (g.modelled / g.published))
+            ],
+            hoverinfo="text",
         )
     fig.add_vline(x=1, line=dict(color="black", width=1))
     fig.update_xaxes(
         title_text="modelled / published (log; 1 is exact; triangles: beyond {:g} or {:g})".format(*RATIO_RANGE),
         type="log",
+        range=[math.log10(RATIO_RANGE[0]) - 0.1, math.log10(RATIO_RANGE[1]) + 0.1],
     )
-    fig.update_yaxes(autorange="reversed", title_text="", tickmode="array", tickvals=t.label, ticktext=t.label)
+    labels = list(t.label)  # in the table's order: a point's other forms sit beside it
+    fig.update_yaxes(autorange="reversed", title_text="", categoryorder="array", categoryarray=labels)
     fig.update_layout(
         title="The timing model against every published number it can run",
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
-        height=30 * len(t) + 250,
+        height=24 * len(t) + 330,
+        margin=dict(l=int(7.5 * max(map(len, labels))) + 30),  # room for the longest label, so the footer fits
     )
     return fig
 
@@ -80,20 +117,63 @@ def component_figure(table: pd.DataFrame) -> go.Figure:
     return fig
 
 
+VERDICT_MODELLED = {  # the modelled bar of each role: its legend entry and its pattern
+    "test": ("modelled (mk.timing): a test", ""),
+    "test (baseline fitted)": ("modelled: a test whose baseline's per-kernel cost was fitted", "x"),
+    "derived": ("modelled: a ratio of two published points, not a test of its own", "/"),
+}
+
+
 def verdict_figure(table: pd.DataFrame) -> go.Figure:
-    """The verdict's speed-ups, published beside modelled (and measured where there is one)."""
-    t = table.dropna(subset=["modelled"])
-    t = t.assign(situation=t.situation.map(lambda s: "<br>".join(textwrap.wrap(s, 20))))
+    """The verdict's speed-ups, published beside modelled (and measured where there is one), every row of the
+    write-up's table: a modelled bar hatched by its role (a test, a test whose baseline was fitted, derived from
+    two published points), and a situation the workbook has no model for (Llama 1B) with its published bar and
+    a note in place of the modelled one."""
+    t = table.assign(situation=table.situation.map(lambda s: "<br>".join(textwrap.wrap(s, 20))))
     fig = go.Figure()
-    fig.add_bar(x=t.situation, y=t.published, name="published", marker_color="#f28e2b")
-    fig.add_bar(x=t.situation, y=t.modelled, name="modelled (mk.timing)", marker_color="#4e79a7")
+    fig.add_bar(
+        x=t.situation,
+        y=t.published,
+        name="published",
+        marker_color="#f28e2b",
+        offsetgroup="published",
+        text=t.published.map("{:.2g}x".format),
+        textposition="outside",
+    )
+    groups = t.role.map(role_group)
+    for group, (name, pattern) in VERDICT_MODELLED.items():
+        g = t[(groups == group) & t.modelled.notna()]
+        if len(g):
+            fig.add_bar(
+                x=g.situation,
+                y=g.modelled,
+                name=name,
+                marker=dict(color="#4e79a7", pattern=dict(shape=pattern, fgcolor="white")),
+                offsetgroup="modelled",
+                text=g.modelled.map("{:.2f}x".format),
+                textposition="outside",
+                hovertext=g.role + "<br>megakernel " + g.megakernel + ", general stack " + g.general,
+                hoverinfo="text+y",
+            )
     if t.measured.notna().any():
-        fig.add_bar(x=t.situation, y=t.measured, name="measured", marker_color="#59a14f")
+        fig.add_bar(x=t.situation, y=t.measured, name="measured", marker_color="#59a14f", offsetgroup="measured")
+    for r in t[t.modelled.isna()].itertuples():  # published, not modelled here: say so where its bar would be
+        note = r.role.replace(" (", ": ").replace(")", "")  # "not modelled: no Llama config here"
+        fig.add_annotation(
+            x=r.situation,
+            y=1,
+            text="<br>".join(textwrap.wrap(note, 14)),
+            showarrow=False,
+            xshift=26,
+            yanchor="bottom",
+            yshift=6,  # above the line at 1
+            font=dict(size=11, color="#555"),
+        )
     fig.add_hline(y=1, line=dict(color="black", dash="dot"))
     fig.update_layout(
         barmode="group",
         title="When a megakernel pays off: its speed-up over a general stack",
-        yaxis_title="speed-up (tokens/s per user,<br>megakernel / general stack)",
+        yaxis=dict(title="speed-up (tokens/s per user,<br>megakernel / general stack)", rangemode="tozero"),
         xaxis_tickangle=0,
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
     )
@@ -113,10 +193,12 @@ def rule_figure(table: pd.DataFrame) -> go.Figure:
             marker=dict(size=6 + 2 * g.batch, symbol="circle" if "moe" in model or "a4b" in model else "diamond"),
             hovertext="context " + g.context.astype(str) + ", batch " + g.batch.astype(str),
         )
-    fig.add_vline(x=0.5, line=dict(color="black", dash="dot"), annotation_text="half the speed of light")
+    fig.add_vline(
+        x=0.5, line=dict(color="black", dash="dot"), annotation_text="the rule's line: half the speed of light"
+    )
     fig.add_hline(y=1, line=dict(color="black", width=1))
     fig.update_layout(
-        title="The rule of thumb: a general stack below half the speed of light leaves most to gain",
+        title="Speed-up against the general stack's fraction of the speed of light",
         xaxis_title="general stack's fraction of the speed of light (modelled)",
         yaxis_title="megakernel speed-up (marker size: users)",
         yaxis_type="log",

@@ -1,0 +1,58 @@
+"""Notebook 01's figure of the speed of light against context (mk.sol.context_sweep), with and without the
+sliding window."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..figures import context_label, template_colours
+
+WINDOW, NO_WINDOW = "solid", "dash"  # the line styles the notebook's text names: the counterfactual is dashed
+TOP = 0.94  # the panels' share of the plot's height
+LEGEND = dict(orientation="h", y=1.02, yanchor="bottom", x=0)
+
+
+def context_figure(with_window: pd.DataFrame, without: pd.DataFrame, window: int, title: str) -> go.Figure:
+    """Tokens/s per user against context, one panel per model, one colour per chip: solid lines with the
+    model's sliding window, dashed ones without it (a counterfactual), a dotted vertical line at the window.
+    The legend has one entry per chip and one per line style, not one per chip and style."""
+    models = list(dict.fromkeys(with_window.model))
+    fig = make_subplots(rows=1, cols=len(models), subplot_titles=models, horizontal_spacing=0.08)
+    fig.update_yaxes(domain=[0, TOP]).update_annotations(y=TOP)  # panel titles clear of the legend above
+    colours = dict(zip(dict.fromkeys(with_window.chip), template_colours()))
+    for col, model in enumerate(models, start=1):
+        for table, dash in ((with_window, WINDOW), (without, NO_WINDOW)):
+            for chip, g in table[table.model == model].groupby("chip", sort=False):
+                g = g.sort_values("context")
+                fig.add_scatter(
+                    x=g.context,
+                    y=g.tokens_per_s,
+                    mode="lines+markers",
+                    name=chip,
+                    legendgroup=chip,
+                    showlegend=col == 1 and dash == WINDOW,
+                    line=dict(color=colours[chip], dash=dash),
+                    marker=dict(size=5),
+                    hovertemplate=f"{chip}, {'with' if dash == WINDOW else 'without'} the window<br>"
+                    "%{x} positions: %{y:.0f} tok/s<extra></extra>",
+                    row=1,
+                    col=col,
+                )
+        fig.add_vline(x=window, line=dict(color="grey", dash="dot"), row=1, col=col)
+        # a log axis places annotations at log10 of the value (shapes at the value itself)
+        fig.add_annotation(x=math.log10(window), y=0, xref=f"x{col if col > 1 else ''}", yref="paper", showarrow=False,
+                           text=f" sliding window ({context_label(window)})", xanchor="left", yanchor="bottom",
+                           font=dict(color="grey"))  # fmt: skip
+    for dash, name in ((WINDOW, "solid: sliding window"), (NO_WINDOW, "dashed: no window")):
+        fig.add_scatter(x=[None], y=[None], mode="lines", name=name, line=dict(color="black", dash=dash))
+    contexts = sorted(set(with_window.context) | set(without.context))
+    fig.update_xaxes(type="log", title_text="context (positions)", tickvals=contexts,
+                     ticktext=[context_label(n) for n in contexts])  # fmt: skip
+    fig.update_yaxes(type="log")
+    fig.update_yaxes(title_text="tokens/s per user (modelled, log)", col=1)
+    fig.update_layout(title=title, legend=LEGEND)
+    return fig
