@@ -19,7 +19,7 @@ from mk.tpu import races_detected, reset_interpreter
 from mk.weights import random_params
 
 PROMPT = 12  # the prompt fills positions 0..11; 16 steps then run to 27, past the window of 16
-LOGIT_ATOL = 1e-4  # f32 throughout; the kernel's online softmax sums in another order (seen: <= 2e-5)
+LOGIT_ATOL = 1e-4  # f32 throughout; the kernel sums in another order (logits seen: <= 4e-5; the cache, scaled: 2e-5)
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +34,9 @@ def run_both(cfg, batch, steps, knockout=frozenset(), prompt_len=PROMPT, **kw):
     assert df.kernel_pick_is_argmax.all(), "the kernel's greedy pick differs from the argmax of its own logits"
     return dict(
         diff=df.max_logit_diff.max(),
-        cache_diff=df.max_cache_diff.max(),
+        # f32 rounds relative to a value's size: the cache's differences against its own scale (its largest
+        # |value|, a few units for normalised K and V; the logits are about 1, so they take LOGIT_ATOL as it is)
+        cache_diff=df.max_cache_diff.max() / max(1.0, df.max_cache.max()),
         races=bool(df.races.any()),
         ref=[np.array(t) for t in df.tokens_reference],
         mk=[np.array(t) for t in df.tokens_megakernel],

@@ -31,7 +31,8 @@ def compare_with_reference(
     dtype=jnp.float32,
     teacher_forced: bool = False,
 ) -> pd.DataFrame:
-    """One row per step: each user's position, max |logit difference|, max |cache difference|, both
+    """One row per step: each user's position, max |logit difference|, max |cache difference| (and the
+    reference cache's largest |value|, its scale), both
     engines' tokens, whether the kernel's own greedy pick is the argmax of its logits, the expert
     weight DMAs the kernel issued, the megakernel step's wall time (interpret mode off a TPU), and
     whether the race detector fired. ``prompt_len``: one length for every user, or one per user.
@@ -95,6 +96,7 @@ def compare_with_reference(
                     float(jnp.max(jnp.abs(cache[k].astype(jnp.float32) - mk_as_reference[k].astype(jnp.float32))))
                     for k in cache
                 ),
+                max_cache=max(float(jnp.max(jnp.abs(cache[k].astype(jnp.float32)))) for k in cache),
                 tokens_reference=np.asarray(tok_ref).tolist(),
                 tokens_megakernel=np.asarray(tok_mk).tolist(),
                 same_tokens=bool(jnp.all(tok_ref == tok_mk)),
