@@ -7,6 +7,6 @@ bash ci/setup.sh dev
 .venv/bin/ruff check mk tests ci notebooks
 .venv/bin/ruff format --check mk tests ci
 export JAX_PLATFORMS=cpu
-# Two workers (one per core here), each taking whole test files so a file's shared fixtures are built once;
-# the slowest tests are listed at the end, so the next cut is measured.
-exec .venv/bin/python -m pytest -q -n "${MK_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
+# Two workers (one per core here), a worker that runs dry taking tests queued on the other (the notebook run and
+# the interpret-mode kernels are minutes each); the slowest tests are listed at the end, so the next cut is measured.
+exec .venv/bin/python -m pytest -q -n "${MK_TEST_WORKERS:-2}" --dist worksteal --durations=25 "$@"

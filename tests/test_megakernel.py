@@ -47,8 +47,9 @@ def run_both(cfg, batch, steps, knockout=frozenset(), prompt_len=PROMPT, **kw):
 
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("cfg", [TINY_DENSE, TINY_MOE], ids=lambda c: c.name)
-def test_matches_reference_for_16_steps_past_the_window(cfg, batch):
-    r = run_both(cfg, batch, 16)
+def test_matches_reference_for_steps_past_the_window(cfg, batch):
+    # 8 steps after a 12-token prompt: the sliding ring of 16 slots wraps (positions 16-19 overwrite its oldest)
+    r = run_both(cfg, batch, 8)
     assert not r["races"], "the interpreter's race detector fired"
     np.testing.assert_array_equal(np.stack(r["mk"]), np.stack(r["ref"]))
     assert len({tuple(t) for t in r["ref"]}) > 1, "greedy tokens should vary (random weights not degenerate)"
