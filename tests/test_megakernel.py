@@ -18,7 +18,7 @@ from mk.plan import Tiles
 from mk.tpu import races_detected, reset_interpreter
 from mk.weights import random_params
 
-PROMPT = 12  # the prompt fills positions 0..11; 16 steps then run to 27, past the window of 16
+PROMPT = 12  # the prompt fills positions 0..11; decode steps then run past the window of 16 at position 16
 LOGIT_ATOL = 1e-4  # f32 throughout; the kernel sums in another order (logits seen: <= 4e-5; the cache, scaled: 2e-5)
 
 
