@@ -61,8 +61,9 @@ def _kernel_against_quantized_reference(cfg, scheme, prompts, new_tokens=3, **op
 B4 = [[1, 2, 3, 4, 5], [7, 8, 9], [4], [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]]  # ragged, one past the window
 
 
-@pytest.mark.parametrize("source", ["tiny-moe", "hf-snippet"])
-@pytest.mark.parametrize("prompts", [B4[:1], B4], ids=["b1", "b4"])
+@pytest.mark.parametrize(
+    "source, prompts", [("tiny-moe", B4[:1]), ("hf-snippet", B4)], ids=["b1-tiny-moe", "b4-hf-snippet"]
+)  # each source and each batch once (a minute each in interpret mode), not every pair
 def test_cli_generate_int8_experts_megakernel_gives_the_quantized_references_tokens(
     hf_checkpoint, mk_json, source, prompts
 ):

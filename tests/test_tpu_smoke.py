@@ -68,17 +68,19 @@ def test_engines_are_timed_together_where_they_fit_else_beside_the_reference_els
     assert skipped == {"megakernel[split]": "needs 11.0 GB per chip, 10.0 GB usable"}
 
 
-def test_a_run_over_8_simulated_chips_checks_times_and_writes_rows_labelled_as_the_cpu(tmp_path):
-    """The whole path once (~60-90 s on 2 cores): parity of the interpreted kernel (race detector on) with the
-    reference for ragged users, then both steps timed interleaved (the reference split over the 8 devices by
-    GSPMD), rows appended to a CSV. The speed of light is a v5e-8's, given: the CPU is no chip in chips.csv."""
+def test_a_run_over_simulated_chips_checks_times_and_writes_rows_labelled_as_the_cpu(tmp_path):
+    """The whole path once, over 2 simulated chips (8 run the same code, four times the interpreting; the
+    8-chip kernel is held to transformers in tests/test_sharding.py): parity of the interpreted kernel (race
+    detector on) with the reference for ragged users, then both steps timed interleaved (the reference split
+    over the devices by GSPMD), rows appended to a CSV. The speed of light is a v5e-2's, given: the CPU is no
+    chip in chips.csv."""
     out = tmp_path / "measured" / "tpu.csv"
     r = tpu_smoke.run(
         ONE_LAYER,
         ONE_LAYER,
         context=32,
         placements=("whole",),
-        chips=8,
+        chips=2,
         budget_s=600,
         out=out,
         require_tpu=False,
@@ -102,9 +104,9 @@ def test_a_run_over_8_simulated_chips_checks_times_and_writes_rows_labelled_as_t
     assert mk["parity"] == "held" and ref["parity"] == ""
     assert mk["placement"] == "whole" and ref["placement"] == "-"
     assert mk["interleaved_with"] == "reference" and ref["interleaved_with"] == "megakernel[whole]"
-    assert "interpret mode" in mk["runs_as"] and "GSPMD over 8 chips" in ref["runs_as"]
+    assert "interpret mode" in mk["runs_as"] and "GSPMD over 2 chips" in ref["runs_as"]
     for row in rows.values():
-        assert row["device"].startswith("cpu") and row["backend"] == "cpu" and row["chips"] == "8"
+        assert row["device"].startswith("cpu") and row["backend"] == "cpu" and row["chips"] == "2"
         assert row["libtpu_version"] == metadata.version("libtpu")
         assert re.fullmatch(r"[0-9a-f]{12}( \(with uncommitted changes\))?", row["commit"]), row["commit"]
         assert row["model"] == ONE_LAYER.name and row["dtype"] == "bf16" and row["context"] == "32"
@@ -112,8 +114,8 @@ def test_a_run_over_8_simulated_chips_checks_times_and_writes_rows_labelled_as_t
         low, median, high = (float(row[k]) for k in ("step_low_ms", "step_ms", "step_high_ms"))
         assert 0 < low <= median <= high
         assert float(row["tokens_per_s"]) == pytest.approx(1e3 / median, rel=1e-3, abs=0.01)  # rounded to 0.01
-        assert row["sol_source"].startswith("tpu-v5e-8 spec") and "given, the device is cpu" in row["sol_source"]
-        assert row["chip"] == "tpu-v5e-8"  # the slice the timing model predicts the row for (mk.verdict)
+        assert row["sol_source"].startswith("tpu-v5e-2 spec") and "given, the device is cpu" in row["sol_source"]
+        assert row["chip"] == "tpu-v5e-2"  # the slice the timing model predicts the row for (mk.verdict)
         assert 0 < float(row["fraction_of_sol_low"]) <= float(row["fraction_of_sol"]) <= 1
         assert int(row["bytes_per_token"]) > 0
     assert "tiny-moe-1-layer" in tpu_smoke.text(r) and "parity: whole held" in tpu_smoke.text(r)
