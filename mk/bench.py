@@ -209,14 +209,6 @@ def decode_call(
     return call
 
 
-def kernels_per_step(
-    step, params: dict, cfg: Gemma4Config, context: int, batch: int, dtype: str, knockout=frozenset()
-) -> float:
-    """Kernels the compiled step (with ``knockout``) launches, counted in its optimised program."""
-    call = decode_call(step, params, cfg, context, batch, dtype, knockout, program=True)
-    return profiling.compiled_kernels(call.program, *call.args()).total
-
-
 def op_by_op(call: Callable[[], jax.Array]) -> Callable[[], jax.Array]:
     """``call`` with every primitive dispatched as its own program (``jax.disable_jit``), as an eager
     framework runs it: to time beside the compiled step, interleaved."""

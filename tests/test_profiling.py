@@ -147,6 +147,39 @@ def test_knockout_table_reports_shrinks_with_intervals_and_seed_columns():
     assert seeded["seed_vllm_h100_s"].iloc[0] == pytest.approx(5.77e-3)
 
 
+def test_knockout_table_counts_each_programs_kernels_in_the_program_it_timed(monkeypatch):
+    """Calls made with ``program=True``: each knock-out's kernels counted in the program it was timed with
+    (compiled once: counting compiles nothing); a knocked-out component launches fewer kernels."""
+    from mk.bench import decode_call
+    from mk.config import TINY_MOE
+    from mk.generate import get_step
+    from mk.profiling import knockouts
+    from mk.weights import random_params
+
+    cfg, params, step = TINY_MOE, random_params(TINY_MOE, 0), get_step("reference", TINY_MOE)
+    counting, compiles_while_counting = [False], []
+
+    def listen(event, _seconds, **_kw):  # (listeners stay registered: this one only hears the counting)
+        if counting[0] and event.endswith("backend_compile_duration"):
+            compiles_while_counting.append(event)
+
+    def count(*args):
+        counting[0] = True
+        try:
+            return P.compiled_kernels(*args)
+        finally:
+            counting[0] = False
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    monkeypatch.setattr(knockouts, "compiled_kernels", count)
+    table = P.knockout_table(
+        lambda ko: decode_call(step, params, cfg, 32, 1, "f32", ko, program=True), ["experts"], budget_s=1, warmup=1
+    )
+    whole, experts = table["kernels"]
+    assert 0 < experts < whole
+    assert compiles_while_counting == []
+
+
 def test_bandwidth_probes_both_kernels_in_each_type_interleaved():
     table = P.probe_table(16 * 2**20, {"f32": jnp.float32, "bf16": jnp.bfloat16}, budget_s=2)
     assert set(zip(table.dtype, table.probe)) == {(d, p) for d in ("f32", "bf16") for p in ("reduce_sum", "matvec")}

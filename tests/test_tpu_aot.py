@@ -2,7 +2,6 @@
 libtpu's own Mosaic compiler: layouts, primitives without a TPU lowering and VMEM overflow fail
 here, not on a user's TPU. Needs libtpu (requirements-tpu.txt); skipped without it."""
 
-import jax.numpy as jnp
 import pytest
 
 from mk.chips import get_chip
@@ -15,13 +14,11 @@ from mk.sharding import Collective, Shard
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install -r requirements-tpu.txt)")
 
 CHIPS = ("tpu-v5e", "tpu-v6e")
-# Full-size steps (full-size shapes, tiles and VMEM budget) cut to as many layers as one chip's HBM holds
-# (mk.plan.layers_in_hbm, batch 1, 2048 positions). The kernel emits each regular run of tiles as one loop
-# (StepPlan.folded), so its code grows with the layers, not the tiles. Each full-size compile takes a minute
-# on 2 cores, so every model and every chip is compiled at full size once, not every combination: 26B-A4B
-# cut to one v5e's HBM here, both models' sliding + full layer pair for the VMEM check (26B-A4B on v6e, 31B
-# on v5e), and both whole models over 8 chips below.
-FULL_SIZE = [(GEMMA4_26B_A4B, "tpu-v5e")]
+# Full-size steps (full-size shapes, tiles and VMEM budget). The kernel emits each regular run of tiles as one
+# loop (StepPlan.folded), so its code grows with the layers, not the tiles. A whole model's compile takes a
+# minute or two on 2 cores, so every model, chip and expert placement is compiled at full size once, not every
+# combination: on one chip, each model's sliding + full layer pair for the VMEM check (26B-A4B on v6e, 31B on
+# v5e); over 8 chips, every layer of both models (26B-A4B whole and 31B on v5e-8, 26B-A4B split on v6e-8).
 FULL_SIZE_VMEM = [(GEMMA4_26B_A4B, "tpu-v6e"), (GEMMA4_31B, "tpu-v5e")]
 
 
@@ -29,15 +26,13 @@ def _hbm_cut(cfg, chip):
     return cfg.truncated(layers_in_hbm(cfg, get_chip(chip).hbm_bytes, 1, 2048))
 
 
-def _check(plan, compiled, chip, max_copies=None):
+def _check(plan, compiled, chip):
     kc = count_kernels(compiled.as_text())
     assert kc.by_opcode.get("custom-call") == 1, kc.by_opcode  # the whole step is one Mosaic kernel
     # Besides it, XLA's memory-space assignment may only move operands between HBM and VMEM around the
     # launch (tiny presets: their KV caches and the users block are a few KiB, so it moves them): no
     # compute of the step runs outside the kernel.
     assert set(kc.by_opcode) <= {"custom-call", "copy", "copy-start"}, kc.by_opcode
-    if max_copies is not None:
-        assert kc.by_opcode.get("copy", 0) + kc.by_opcode.get("copy-start", 0) <= max_copies, kc.by_opcode
     assert plan.vmem_bytes <= get_chip(chip).vmem_bytes
     return kc
 
@@ -53,15 +48,6 @@ TINY_MOE_X4 = TINY_MOE.replace(name="tiny-moe-x4", layer_types=TINY_MOE.layer_ty
 def test_tiny_step_compiles_for_tpu(cfg, batch, chip):
     plan, compiled = compile_for_tpu(cfg, chip, batch, 64)
     _check(plan, compiled, chip)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("cfg,chip", FULL_SIZE, ids=lambda x: getattr(x, "name", str(x)))
-def test_full_size_step_cut_to_one_chips_hbm_compiles_for_tpu(cfg, chip):
-    cut = _hbm_cut(cfg, chip)
-    assert cut.sliding_layers and cut.full_layers
-    plan, compiled = compile_for_tpu(cut, chip, 1, 2048, jnp.bfloat16, jnp.bfloat16)
-    _check(plan, compiled, chip, max_copies=2)
 
 
 @pytest.mark.slow

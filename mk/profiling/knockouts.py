@@ -8,6 +8,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from .compare import interleaved
+from .kernels import compiled_kernels
 
 WHOLE = "(whole step)"
 
@@ -27,6 +28,8 @@ def knockout_table(
     share of the step, and the rows need not add up to it. ``bytes_time_s``: each component's bytes over
     the measured bandwidth; a shrink well above it (more than twice, beyond its interval) is flagged: the
     knock-out removed more than reads (kernels, fusions), and a shrink whose interval holds zero is noise.
+    A call with a ``program`` (mk.bench.decode_call(program=True)) has its kernels counted in the program it
+    was timed with (compiled once): column ``kernels``.
     """
     calls = {WHOLE: call_for(frozenset())}
     for c in components:
@@ -57,12 +60,18 @@ def knockout_table(
                 shrink_high_s=0.0 if name == WHOLE else shrink[2],
                 bytes_time_s=byte_s,
                 verdict=verdict,
+                **_kernels(calls[name]),
             )
         )
     df = pd.DataFrame(rows)
     df["shrink_fraction"] = df["shrink_s"] / whole.median
     df.attrs.update(cmp.provenance())
     return df
+
+
+def _kernels(call) -> dict:
+    program = getattr(call, "program", None)
+    return {} if program is None else {"kernels": compiled_kernels(program, *call.args()).total}
 
 
 def with_seed_columns(table: pd.DataFrame) -> pd.DataFrame:
