@@ -153,7 +153,7 @@ def test_without_overlap_no_weight_dma_is_in_flight_across_an_all_reduce():
     [
         ("hf-eight-heads", "whole", (9, 3, 12, 5), ["--reduce-scatter"]),
         ("hf-eight-heads-dense", "split", (9, 3, 12, 5), ["--no-overlap"]),
-        ("hf-snippet", "split", (9,), []),
+        ("hf-snippet-pair", "split", (9,), []),
     ],
     ids=["moe-whole-b4-reduce-scatter", "dense-b4-no-overlap", "moe-split-4-heads-replicated-b1"],
 )
