@@ -68,13 +68,13 @@ HF_ODD = dict(
     moe_intermediate_size=40,
     final_logit_softcapping=30.0,
 )
+# One sliding and one full layer: an 8-chip interpreted step costs ~7 s a layer on 2 cores.
+LAYER_PAIR = dict(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
 # Eight query heads, so attention splits over 8 chips, with fewer KV heads than chips (2 sliding, 1 full:
-# each KV head kept on 4 and 8 chips) and 8 experts (one whole expert per chip, or each split in 8). One
-# sliding and one full layer: an 8-chip interpreted step costs ~7 s a layer on 2 cores.
+# each KV head kept on 4 and 8 chips) and 8 experts (one whole expert per chip, or each split in 8), as a pair.
 HF_EIGHT_HEADS = dict(
     HF_SNIPPET,
-    num_hidden_layers=2,
-    layer_types=["sliding_attention", "full_attention"],
+    **LAYER_PAIR,
     num_attention_heads=8,
     num_key_value_heads=2,
     num_global_key_value_heads=1,
@@ -89,7 +89,7 @@ HF_CONFIGS = {
     "hf-odd-dense": {**HF_ODD, "enable_moe_block": False},
     "hf-eight-heads": HF_EIGHT_HEADS,
     # the snippet's 4 query heads (attention replicated over 8 chips) in one sliding and one full layer
-    "hf-snippet-pair": {**HF_SNIPPET, "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]},
+    "hf-snippet-pair": {**HF_SNIPPET, **LAYER_PAIR},
     "hf-eight-heads-dense": {**HF_EIGHT_HEADS, "enable_moe_block": False},
 }
 

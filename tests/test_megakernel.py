@@ -118,9 +118,8 @@ BF16_ERROR_RATIO = 1.25
 BF16_PICKS_MARGIN = 0.05
 
 
-@pytest.mark.parametrize("name", ["tiny-moe"])  # its shared MLP is the dense model's MLP, in bf16 too
-def test_bf16_weights_and_cache_as_on_a_tpu(name):
-    cfg = WIDE[name]
+def test_bf16_weights_and_cache_as_on_a_tpu():
+    cfg = WIDE["tiny-moe"]  # its shared MLP is the dense model's MLP, in bf16 too
     r = run_both(
         cfg,
         4,
@@ -204,14 +203,13 @@ def test_race_detector_catches_a_read_before_the_dma_wait():
     assert races_detected()
 
 
-@pytest.mark.parametrize("name", ["tiny-moe"])  # the loop over layers is the same for a dense model's layers
-def test_twelve_layers_through_the_loop_over_layers(name):
+def test_twelve_layers_through_the_loop_over_layers():
     """The layer pattern repeated 4 times: the middle repeats run as one loop over stacked layers (layer
     index, stacked index and buffer slots from the loop index), exact against the reference."""
     from mk.plan import LayerLoop, build_plan
 
-    base = {"tiny-dense": TINY_DENSE, "tiny-moe": TINY_MOE}[name]
-    cfg = base.replace(name=name + "-x4", layer_types=base.layer_types * 4)
+    # the MoE model: the loop over layers is the same for a dense model's layers
+    cfg = TINY_MOE.replace(name="tiny-moe-x4", layer_types=TINY_MOE.layer_types * 4)
     assert any(isinstance(s, LayerLoop) for s in build_plan(cfg, 2, 32).folded)
     r = run_both(cfg, 2, 2, prompt_len=[12, 7], max_len=32)  # the second step reads what the first wrote
     assert not r["races"] and r["diff"] < LOGIT_ATOL and r["cache_diff"] < LOGIT_ATOL
