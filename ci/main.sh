@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: set up, then run every notebook in order through papermill on the CPU default,
+# The main job: set up, then run every notebook through papermill (the longest first) on the CPU defaults,
 # writing executed copies to build/notebooks/ and figures to figures/.
 set -euo pipefail
 cd "$(dirname "$0")/.."

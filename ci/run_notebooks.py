@@ -1,4 +1,4 @@
-"""Run every notebook in ``notebooks/`` in reading order through papermill.
+"""Run every notebook in ``notebooks/`` through papermill, the longest first.
 
     python ci/run_notebooks.py                      # notebooks' own (CPU) defaults
     python ci/run_notebooks.py --params ci/parameters.json   # CI's smaller parameters
@@ -24,6 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 OUT = ROOT / "build" / "notebooks"
+# Seconds each notebook took in its last run here (written after every run), else in a main job measured on a
+# 2-core machine (committed): the longest start first, so that no long notebook runs alone at the end.
+SECONDS_HERE = OUT / "seconds.json"
+SECONDS_MEASURED = ROOT / "ci" / "notebook_seconds.json"
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
@@ -31,6 +35,26 @@ def notebooks(only: list[str] | None = None) -> list[Path]:
     if only:
         found = [nb for nb in found if any(nb.name.startswith(o) for o in only)]
     return found
+
+
+def longest_first(nbs: list[Path], params_file: Path | None) -> list[Path]:
+    """``nbs`` ordered by the seconds each took last time with the same parameters file (unknown ones first)."""
+    key = params_file.name if params_file else "defaults"
+    seconds = {}
+    for f in (SECONDS_MEASURED, SECONDS_HERE):  # this machine's record wins
+        if f.exists():
+            seconds.update(json.loads(f.read_text()).get(key, {}))
+    return sorted(nbs, key=lambda nb: -seconds.get(nb.stem, float("inf")))
+
+
+def record_seconds(params_file: Path | None, took: dict[str, float]) -> None:
+    """Add this run's seconds per notebook to SECONDS_HERE (written to a temporary name, then renamed)."""
+    key = params_file.name if params_file else "defaults"
+    record = json.loads(SECONDS_HERE.read_text()) if SECONDS_HERE.exists() else {}
+    record.setdefault(key, {}).update({k: round(v, 1) for k, v in took.items()})
+    tmp = SECONDS_HERE.with_suffix(".partial")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    tmp.replace(SECONDS_HERE)
 
 
 def kernel_manager_class():
@@ -109,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     env = dict(os.environ)
     env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    pending = list(nbs)
+    pending = longest_first(nbs, a.params)
     running: dict[Path, tuple[subprocess.Popen, float]] = {}
     failed = []
+    took: dict[str, float] = {}
     while pending or running:
         while pending and len(running) < max(1, a.jobs) and not failed:
             nb = pending.pop(0)
@@ -139,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{nb.name}] FAILED", file=sys.stderr)
                     failed.append(nb)
                 else:
-                    print(f"[{nb.name}] ok in {time.time() - t0:.0f} s -> {OUT / nb.name}", flush=True)
+                    took[nb.stem] = time.time() - t0
+                    print(f"[{nb.name}] ok in {took[nb.stem]:.0f} s -> {OUT / nb.name}", flush=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    record_seconds(a.params, took)
     if failed:
         return 1
     from mk.report import write_report

@@ -6,12 +6,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
 if [ "${1:-}" = dev ]; then req=requirements-dev.txt; else req=requirements.txt; fi
-.venv/bin/python -m pip install -q -r "$req"
-# mk itself, editable, so `import mk` works from any directory (its dependencies are the pins above);
-# setuptools' build warns about every editable install, which says nothing about this one.
-PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q --no-deps -e .
+# uv installs the same pins as pip, in parallel and from its cache: the whole set in ~15 s rather than ~110 s
+# with pip. It reads no pip configuration, so a wheel folder the machine gives pip (PIP_FIND_LINKS, e.g. a
+# CPU build of torch) is passed on.
+.venv/bin/python -m pip install -q --disable-pip-version-check uv==0.13.9
+links=()
+for d in ${PIP_FIND_LINKS:-}; do links+=(--find-links "$d"); done
+uv() { .venv/bin/python -m uv pip install -q --python .venv/bin/python "${links[@]}" "$@"; }
+uv -r "$req"
+# mk itself, editable, so `import mk` works from any directory (its dependencies are the pins above)
+uv --no-deps -e .
 # Static figure export (PNG/SVG) needs a Chromium; install Debian's when we can.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   # apt's progress and debconf notes go to a log, shown only if the install fails

@@ -149,27 +149,28 @@ def test_without_overlap_no_weight_dma_is_in_flight_across_an_all_reduce():
 
 
 @pytest.mark.parametrize(
-    "name, placement, prompts, switches",
+    "name, placement, prompts, new, switches",
     [
-        ("hf-eight-heads", "whole", (9, 3, 12, 5), ["--reduce-scatter"]),
-        ("hf-eight-heads-dense", "split", (9, 3, 12, 5), ["--no-overlap"]),
-        ("hf-snippet-pair", "split", (9,), []),
+        ("hf-eight-heads", "whole", (9, 3, 12, 5), 3, ["--reduce-scatter"]),
+        ("hf-eight-heads-dense", "split", (9, 3, 12, 5), 2, ["--no-overlap"]),
+        ("hf-snippet-pair", "split", (9,), 2, []),
     ],
     ids=["moe-whole-b4-reduce-scatter", "dense-b4-no-overlap", "moe-split-4-heads-replicated-b1"],
 )
 def test_cli_generate_on_8_chips_gives_transformers_greedy_tokens(
-    hf_checkpoint, mk_json, name, placement, prompts, switches
+    hf_checkpoint, mk_json, name, placement, prompts, new, switches
 ):
     """``python -m mk generate --engine megakernel --chips 8`` on checkpoints transformers saved, the race
     detector on: 8 query heads split over the chips with 2 and 1 KV heads (each kept on 4 and 8 chips), or
     4 query heads (attention replicated); experts whole (one a chip) or split in 8; prompts of different
-    lengths (one past the window); each user gets transformers' greedy tokens for its prompt alone. (A bf16
-    payload rounds the partial sums, so it is held to a tolerance instead: the test below.)"""
+    lengths (one past the window); each user gets transformers' greedy tokens for its prompt alone. The first
+    token is the prefill's, so ``new`` - 1 kernel steps run: two in the first case (the second reads the cache
+    the first wrote on each chip), one in the others. (A bf16 payload rounds the partial sums, so it is held to
+    a tolerance instead: the test below.)"""
     folder, model = hf_checkpoint(name)
     cfg = load_hf_config(folder)
     rng = np.random.default_rng(11)
     ids = [rng.integers(0, cfg.vocab_size, n).tolist() for n in prompts]
-    new = 3
     got = mk_json(
         "generate",
         "--checkpoint",
