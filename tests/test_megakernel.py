@@ -118,6 +118,7 @@ BF16_ERROR_RATIO = 1.25
 BF16_PICKS_MARGIN = 0.05
 
 
+@pytest.mark.slow
 def test_bf16_weights_and_cache_as_on_a_tpu():
     cfg = WIDE["tiny-moe"]  # its shared MLP is the dense model's MLP, in bf16 too
     r = run_both(
@@ -138,6 +139,7 @@ def test_bf16_weights_and_cache_as_on_a_tpu():
     assert picks >= rounding_picks - BF16_PICKS_MARGIN, (picks, rounding_picks)
 
 
+@pytest.mark.slow
 def test_duplicate_experts_are_fetched_once():
     """B = 8 users x top-2 = 16 routed slots over E = 8 experts: the kernel issues one set of tile DMAs per
     distinct expert routed (counted inside the kernel), not one per slot. With the router knocked out every
@@ -203,6 +205,7 @@ def test_race_detector_catches_a_read_before_the_dma_wait():
     assert races_detected()
 
 
+@pytest.mark.slow
 def test_twelve_layers_through_the_loop_over_layers():
     """The layer pattern repeated 4 times: the middle repeats run as one loop over stacked layers (layer
     index, stacked index and buffer slots from the loop index), exact against the reference."""

@@ -148,6 +148,7 @@ def test_without_overlap_no_weight_dma_is_in_flight_across_an_all_reduce():
     assert {ld.id for ld in on.loads} == {ld.id for ld in off.loads}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, placement, prompts, new, switches",
     [

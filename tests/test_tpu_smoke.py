@@ -68,6 +68,7 @@ def test_engines_are_timed_together_where_they_fit_else_beside_the_reference_els
     assert skipped == {"megakernel[split]": "needs 11.0 GB per chip, 10.0 GB usable"}
 
 
+@pytest.mark.slow
 def test_a_run_over_simulated_chips_checks_times_and_writes_rows_labelled_as_the_cpu(tmp_path):
     """The whole path once, over 2 simulated chips (8 run the same code, four times the interpreting; the
     8-chip kernel is held to transformers in tests/test_sharding.py): parity of the interpreted kernel (race
