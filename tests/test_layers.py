@@ -26,6 +26,7 @@ LAYERS = {
         "mk.units",
         "mk.config",
         "mk.params",
+        "mk.decoders",
         "mk.chips",
         "mk.files",
         "mk.progress",
