@@ -39,7 +39,13 @@ def _add_sol(sub) -> None:
     from .sol import DTYPES
 
     p = sub.add_parser("sol", help="speed of light: bytes read per token and the tokens/s they allow on a chip")
-    p.add_argument("--model", required=True, help="a preset name (python -m mk models lists them)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a preset name (python -m mk models lists them), a config.json or a checkpoint folder (Gemma 2/3/4, "
+        "Llama, Qwen3, Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V3; data/configs has some), or a hub id in the local "
+        "Hugging Face cache",
+    )
     p.add_argument("--chip", required=True, help="a chip (h100) or a slice (tpu-v5e-8)")
     p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
@@ -49,10 +55,10 @@ def _add_sol(sub) -> None:
 
 
 def _run_sol(a) -> None:
-    from .config import get_config
+    from .decoders import get_decoder
     from .sol import speed_of_light
 
-    s = speed_of_light(get_config(a.model), a.chip, a.context, a.batch, a.dtype)
+    s = speed_of_light(get_decoder(a.model), a.chip, a.context, a.batch, a.dtype)
     d = s.to_dict()
     lines = [
         f"{s.model} on {s.chip}, context {s.context}, batch {s.batch}, {s.dtype} (modelled)",

@@ -11,12 +11,15 @@ description does not model, is refused with the field named.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import FULL, SLIDING, from_hf_dict
+from .config import FULL, PRESETS, SLIDING, Gemma4Config, from_hf_dict, get_config
 from .params import (
+    EMBED,
     EXPERTS,
     HEAD,
     NORMS,
@@ -26,8 +29,6 @@ from .params import (
     attention_component,
     param_specs,
 )
-
-EMBED = "embed"  # an untied embedding: one row read per user and step, not the whole matrix
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,19 @@ class Decoder:
     def is_moe(self) -> bool:
         return any(layer.experts for layer in self.layers)
 
+    @property
+    def num_experts(self) -> int:
+        """Routed experts of an MoE layer (0 for a dense model)."""
+        return max(layer.experts for layer in self.layers)
+
+    @property
+    def top_k(self) -> int:
+        return max(layer.top_k for layer in self.layers)
+
+    def layer_of(self, spec: ParamSpec) -> Layer:
+        """The layer a tensor of ``specs`` belongs to (``layers.{i}.``)."""
+        return self.layers[int(spec.path.split(".")[1])]
+
     def count_params(self) -> int:
         """Every parameter, a tied embedding counted once (as ``model.parameters()`` does)."""
         return sum(s.size for s in self.specs)
@@ -71,7 +85,7 @@ class Decoder:
         total = 0
         for s in self.specs:
             if s.component == EXPERTS:
-                layer = self.layers[int(s.path.split(".")[1])]
+                layer = self.layer_of(s)
                 total += s.size // layer.experts * layer.top_k
             elif s.component == EMBED:
                 total += self.hidden_size
@@ -79,6 +93,8 @@ class Decoder:
                 total += s.size
         return total
 
+
+ModelLike = str | Path | Gemma4Config | Decoder  # what get_decoder takes: a preset, a config path, a hub id, ...
 
 # Fields that do not change what a decode step reads (token ids, training, numerics, bookkeeping), for every family.
 _NEUTRAL = {
@@ -351,19 +367,24 @@ def _ffn(d: dict, family: str, i: int, p: str, H: int) -> tuple[int, int, list[P
 
 
 def _gemma4(d: dict, name: str) -> Decoder:
-    """Gemma 4 text: mk.config's own description (the reference and the kernel run it), as a Decoder."""
-    cfg = from_hf_dict(d, name)
+    return as_decoder(from_hf_dict(d, name))
+
+
+@functools.cache
+def as_decoder(cfg: Gemma4Config) -> Decoder:
+    """A Gemma 4 config (a preset, or one read by mk.config) as a Decoder: mk.config's own description, the
+    one the reference and the kernel run."""
     layers = tuple(
         Layer(
             t,
             cfg.sliding_window if t == SLIDING else None,
-            2 * cfg.kv_heads(t) * cfg.head_dim(t),  # K and V, as mk.sol counts them
+            2 * cfg.kv_heads(t) * cfg.head_dim(t),  # K and V (a K=V layer's cache holds both, as mk.sol counts)
             cfg.num_experts,
             cfg.top_k,
         )
         for t in cfg.layer_types
     )
-    return Decoder(name, "gemma4_text", cfg.vocab_size, cfg.hidden_size, True, layers, tuple(param_specs(cfg)))
+    return Decoder(cfg.name, "gemma4_text", cfg.vocab_size, cfg.hidden_size, True, layers, tuple(param_specs(cfg)))
 
 
 def load_decoder(path: str | Path) -> Decoder:
@@ -374,3 +395,26 @@ def load_decoder(path: str | Path) -> Decoder:
     if not p.exists():
         raise FileNotFoundError(f"no config.json at {p}")
     return from_hf_config(json.loads(p.read_text()), name=p.parent.name or "hf")
+
+
+def get_decoder(model: ModelLike) -> Decoder:
+    """A model as a Decoder: a preset name (``python -m mk models``), a ``config.json`` or the folder holding it
+    (a checkpoint), or a hub id whose config is in the local Hugging Face cache (nothing is downloaded)."""
+    if isinstance(model, Decoder):
+        return model
+    if isinstance(model, Gemma4Config):
+        return as_decoder(model)
+    if str(model) in PRESETS:
+        return as_decoder(get_config(str(model)))
+    if Path(model).exists():
+        return load_decoder(model)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", str(model)) and not str(model).startswith("."):  # owner/name, not a path
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(str(model), "config.json")
+        if isinstance(cached, str):
+            return from_hf_config(json.loads(Path(cached).read_text()), name=str(model))
+    raise ValueError(
+        f"unknown model {str(model)!r}: not a preset ({', '.join(PRESETS)}), not a config.json or a folder holding "
+        "one, and not a hub id in the local Hugging Face cache (download it first, e.g. `hf download ID config.json`)"
+    )

@@ -23,6 +23,7 @@ ROUTER = "router"
 NORMS = "norms"
 HEAD = "head"
 WEIGHT_COMPONENTS = (SLIDING_ATTENTION, FULL_ATTENTION, SHARED_MLP, EXPERTS, ROUTER, NORMS, HEAD)
+EMBED = "embed"  # an untied embedding (mk.decoders): the lookup reads one row per user, not the matrix
 KNOCKOUTS = WEIGHT_COMPONENTS
 
 

@@ -4,7 +4,7 @@ scales live, and what a scale costs in bytes. The numerics (quantizing, dequanti
 from __future__ import annotations
 
 from .config import Gemma4Config
-from .params import EXPERTS, HEAD, param_specs
+from .params import EMBED, EXPERTS, HEAD, param_specs
 
 SCHEMES = ("none", "int8-experts", "int8")
 SCALE_SUFFIX = "_qscale"
@@ -24,11 +24,17 @@ def scale_path(path: str) -> str:
 
 def quantized_paths(cfg: Gemma4Config, scheme: str) -> tuple[str, ...]:
     """The matrices ``scheme`` stores as INT8, in mk.params order."""
+    return quantized_in(param_specs(cfg), scheme)
+
+
+def quantized_in(specs, scheme: str) -> tuple[str, ...]:
+    """The paths of the matrices among ``specs`` (mk.params.ParamSpec) that ``scheme`` stores as INT8: every
+    matrix but the head and embedding for ``int8``, the experts' for ``int8-experts``."""
     check_scheme(scheme)
     if scheme == "none":
         return ()
     return tuple(
         s.path
-        for s in param_specs(cfg)
-        if s.matrix and s.component != HEAD and (scheme == "int8" or s.component == EXPERTS)
+        for s in specs
+        if s.matrix and s.component not in (HEAD, EMBED) and (scheme == "int8" or s.component == EXPERTS)
     )

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .chips import Chip, get_chip
-from .config import SLIDING, Gemma4Config, get_config
-from .params import EXPERTS, HEAD, ROUTER, SHARED_MLP, param_specs
+from .config import SLIDING
+from .decoders import ModelLike, get_decoder
+from .params import EMBED, EXPERTS, HEAD, ROUTER, SHARED_MLP
 from .published import published_table
-from .quant_schemes import SCALE_BYTES, quantized_paths
+from .quant_schemes import SCALE_BYTES, quantized_in
 from .routing import expected_distinct_experts
 from .units import positive_int
 
@@ -117,40 +118,46 @@ class ByteCount:
         return self.by_component[KV_SLIDING] + self.by_component[KV_FULL]
 
 
-def kv_bytes_per_user(cfg: Gemma4Config, context: int, kv_bytes: float = 2) -> dict[str, float]:
-    """KV cache read by one user's decode step at ``context`` positions, by layer type."""
+def kv_bytes_per_user(model: ModelLike, context: int, kv_bytes: float = 2) -> dict[str, float]:
+    """KV cache read by one user's decode step at ``context`` positions, by layer type (MLA's compressed
+    latent and RoPE key for a DeepSeek-style layer, K and V otherwise)."""
     out = {KV_SLIDING: 0.0, KV_FULL: 0.0}
-    for t in cfg.layer_types:
-        per_pos = 2 * cfg.kv_heads(t) * cfg.head_dim(t) * kv_bytes  # K and V
-        out[KV_SLIDING if t == SLIDING else KV_FULL] += cfg.cache_positions(t, context) * per_pos
+    for layer in get_decoder(model).layers:
+        positions = min(context, layer.window) if layer.window else context
+        out[KV_SLIDING if layer.attention == SLIDING else KV_FULL] += positions * layer.cache_per_position * kv_bytes
     return out
 
 
-def bytes_per_token(cfg: Gemma4Config, context: int, batch: int = 1, dtype: str = "bf16") -> ByteCount:
+def bytes_per_token(model: ModelLike, context: int, batch: int = 1, dtype: str = "bf16") -> ByteCount:
     """Bytes one decode step reads from memory, by component.
 
-    ``context`` is the number of positions in the cache (the prompt plus tokens so far). The head
-    is the tied embedding, read once; the embedding lookup reads B rows and is not counted. Under an
-    INT8 policy each quantized matrix (``mk.quant_schemes.quantized_paths``) also reads ``SCALE_BYTES`` per output
-    channel (an expert's per distinct expert read), added to its component.
+    ``model``: a preset, a Gemma4Config, an mk.decoders.Decoder or anything mk.decoders.get_decoder takes (a
+    ``config.json``). ``context`` is the number of positions in the cache (the prompt plus tokens so far). The
+    head is the tied embedding or the untied output matrix, read once; the embedding lookup reads B rows and is
+    not counted. Under an INT8 policy each quantized matrix (``mk.quant_schemes.quantized_in``) also reads
+    ``SCALE_BYTES`` per output channel (an expert's per distinct expert read), added to its component.
     """
     positive_int("context", context)
     positive_int("batch", batch)
+    dec = get_decoder(model)
     pol = get_dtype(dtype)
     comp = {c: 0.0 for c in COMPONENT_ORDER}
-    experts_read = expected_distinct_experts(cfg.num_experts, cfg.top_k, batch)
-    scaled = frozenset(quantized_paths(cfg, pol.quant))
-    for s in param_specs(cfg):
+    scaled = frozenset(quantized_in(dec.specs, pol.quant))
+    for s in dec.specs:
         scales = s.size / s.shape[-2] * SCALE_BYTES if s.path in scaled else 0.0  # one per output channel
+        if s.component == EMBED:
+            continue
         if s.component == EXPERTS:
-            comp[EXPERTS] += (s.size * pol.expert + scales) / cfg.num_experts * experts_read
+            layer = dec.layer_of(s)
+            read = expected_distinct_experts(layer.experts, layer.top_k, batch)
+            comp[EXPERTS] += (s.size * pol.expert + scales) / layer.experts * read
         elif s.component == HEAD:
             comp[HEAD] += s.size * pol.head + scales
         else:
             comp[s.component] += s.size * (pol.matrix if s.matrix else pol.vector) + scales
-    for k, v in kv_bytes_per_user(cfg, context, pol.kv).items():
+    for k, v in kv_bytes_per_user(dec, context, pol.kv).items():
         comp[k] = v * batch
-    return ByteCount(cfg.name, context, batch, dtype, comp)
+    return ByteCount(dec.name, context, batch, dtype, comp)
 
 
 @dataclass(frozen=True)
@@ -195,12 +202,12 @@ class SpeedOfLight:
 
 
 def speed_of_light(
-    cfg: Gemma4Config, chip: Chip | str, context: int, batch: int = 1, dtype: str = "bf16"
+    model: ModelLike, chip: Chip | str, context: int, batch: int = 1, dtype: str = "bf16"
 ) -> SpeedOfLight:
     """The fastest a decode step can go on ``chip``: all its bytes read at full memory bandwidth."""
     chip = get_chip(chip) if isinstance(chip, str) else chip
-    bc = bytes_per_token(cfg, context, batch, dtype)
-    return SpeedOfLight(cfg.name, chip.name, context, batch, dtype, bc.total, chip.hbm_bandwidth, bc.by_component)
+    bc = bytes_per_token(model, context, batch, dtype)
+    return SpeedOfLight(bc.model, chip.name, context, batch, dtype, bc.total, chip.hbm_bandwidth, bc.by_component)
 
 
 # Tables for the notebooks: long DataFrames in bytes, bytes/s and tokens/s, each row with its kind. --------
@@ -219,7 +226,7 @@ def sol_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "
     rows = []
     for m in models:
         for c in chips:
-            s = speed_of_light(get_config(m), c, context, batch, dtype)
+            s = speed_of_light(get_decoder(m), c, context, batch, dtype)
             hit = pub[(pub["model"] == s.model) & (pub["chip"] == s.chip)]
             published = float(hit["value"].iloc[0]) if len(hit) else math.nan
             rows.append(
@@ -246,7 +253,7 @@ def published_vs_sol(keys=None) -> pd.DataFrame:
     fractions = t[t["quantity"] == "fraction_of_sol"]
     rows = []
     for r in runs.itertuples():
-        s = speed_of_light(get_config(r.model), r.chip, int(r.context), int(r.batch), r.dtype)
+        s = speed_of_light(get_decoder(r.model), r.chip, int(r.context), int(r.batch), r.dtype)
         f = fractions[
             (fractions["model"] == r.model)
             & (fractions["chip"] == r.chip)
@@ -276,18 +283,18 @@ def component_table(models, context: int = 1024, batch: int = 1, dtype: str = "b
     one: it is called ``mlp`` here (``shared_mlp`` beside the routed experts of an MoE model)."""
     rows = []
     for m in models:
-        cfg = get_config(m)
-        bc = bytes_per_token(cfg, context, batch, dtype)
+        dec = get_decoder(m)
+        bc = bytes_per_token(dec, context, batch, dtype)
         rows += [
             dict(
                 model=bc.model,
-                component="mlp" if k == SHARED_MLP and not cfg.is_moe else k,
+                component="mlp" if k == SHARED_MLP and not dec.is_moe else k,
                 bytes=v,
                 share=v / bc.total,
                 kind=MODELLED,
             )
             for k, v in bc.by_component.items()
-            if cfg.is_moe or k not in (EXPERTS, ROUTER)
+            if dec.is_moe or k not in (EXPERTS, ROUTER)
         ]
     return pd.DataFrame(rows)
 
@@ -297,14 +304,14 @@ def context_sweep(models, chips, contexts, batch: int = 1, dtype: str = "bf16") 
     layers' stops growing at the window."""
     rows = []
     for m in models:
-        cfg = get_config(m)
+        dec = get_decoder(m)
         for n in contexts:
-            bc = bytes_per_token(cfg, n, batch, dtype)
+            bc = bytes_per_token(dec, n, batch, dtype)
             for c in chips:
                 chip = get_chip(c)
                 rows.append(
                     dict(
-                        model=cfg.name,
+                        model=dec.name,
                         chip=chip.name,
                         context=n,
                         bytes_per_token=bc.total,
@@ -319,19 +326,19 @@ def context_sweep(models, chips, contexts, batch: int = 1, dtype: str = "bf16") 
 
 def batch_sweep(model, chips, batches, context: int = 1024, dtype: str = "bf16") -> pd.DataFrame:
     """Speed of light against batch: more users touch more distinct experts and read more KV."""
-    cfg = get_config(model)
+    dec = get_decoder(model)
     rows = []
     for b in batches:
-        bc = bytes_per_token(cfg, context, b, dtype)
+        bc = bytes_per_token(dec, context, b, dtype)
         for c in chips:
             chip = get_chip(c)
             step_s = bc.total / chip.hbm_bandwidth
             rows.append(
                 dict(
-                    model=cfg.name,
+                    model=dec.name,
                     chip=chip.name,
                     batch=b,
-                    expected_experts=expected_distinct_experts(cfg.num_experts, cfg.top_k, b),
+                    expected_experts=expected_distinct_experts(dec.num_experts, dec.top_k, b),
                     bytes_per_token=bc.total,
                     tokens_per_s=1 / step_s,
                     tokens_per_s_total=b / step_s,

@@ -75,7 +75,10 @@ BASE = ["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "1024
             ["sol", "--model", "gemma4-26b-a4b", "--chip", "a100", "--context", "1024"],
             "unknown chip 'a100'; known chips:",
         ),
-        (["sol", "--model", "llama", "--chip", "h100", "--context", "1024"], "unknown model 'llama'; known presets:"),
+        (
+            ["sol", "--model", "llama", "--chip", "h100", "--context", "1024"],
+            "unknown model 'llama': not a preset (gemma4-26b-a4b",
+        ),
         (BASE + ["--dtype", "fp4"], "invalid choice: 'fp4'"),
         (
             ["sol", "--model", "gemma4-26b-a4b", "--chip", "h100", "--context", "0"],

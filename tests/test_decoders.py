@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mk.config import GEMMA4_31B, to_hf_dict
-from mk.decoders import FAMILIES, from_hf_config, load_decoder
+from mk.decoders import FAMILIES, from_hf_config, get_decoder, load_decoder
 from mk.params import count_params
 
 CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
@@ -87,3 +87,30 @@ def test_unknown_family_and_field_are_refused_by_name():
     assert "gemma4_text" in FAMILIES
     with pytest.raises(ValueError, match=r"llama config field\(s\) \['cross_attention_layers'\]"):
         from_hf_config(dict(TINY["llama"], cross_attention_layers=[1]))
+
+
+@pytest.mark.parametrize("folder", ["llama-3.2-1b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_cli_sol_reads_a_config_json(mk_json, folder):
+    """``python -m mk sol --model path/to/config.json``: the bytes of mk.sol for that decoder, by component; an
+    MoE model reads top-k experts of its routed ones, MLA its compressed cache."""
+    from mk.sol import bytes_per_token
+
+    got = mk_json("sol", "--model", CONFIGS / folder / "config.json", "--chip", "h100", "--context", 1024, "--json")
+    dec = load_decoder(CONFIGS / folder)
+    assert got["model"] == folder and got["bytes_per_token"] == bytes_per_token(dec, 1024).total
+    kv = got["bytes_by_component"]["kv_full"]
+    assert kv == 1024 * sum(layer.cache_per_position for layer in dec.layers) * 2  # bf16, every layer full
+    assert (got["bytes_by_component"]["experts"] > 0) == dec.is_moe
+
+
+def test_a_hub_id_is_read_from_the_local_cache_offline(tmp_path, monkeypatch):
+    snap = tmp_path / "hub" / "models--someone--tiny-qwen3" / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(TINY["qwen3"]))
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    dec = get_decoder("someone/tiny-qwen3")
+    assert dec.family == "qwen3" and dec.count_params() == from_hf_config(TINY["qwen3"]).count_params()
+    with pytest.raises(ValueError, match="not a hub id in the local Hugging Face cache"):
+        get_decoder("someone/absent")
