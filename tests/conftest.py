@@ -94,12 +94,6 @@ HF_CONFIGS = {
 }
 
 
-def pytest_collection_modifyitems(items):
-    """The tests marked slow (a minute or more here) first: pytest-xdist's workers then finish on short tests,
-    rather than one worker running a long test alone at the end while the other has run out."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture(params=[TINY_DENSE, TINY_MOE], ids=lambda c: c.name)
 def tiny_cfg(request):
     """Each tiny preset in turn (dense, MoE)."""
