@@ -37,9 +37,14 @@ def notebooks(only: list[str] | None = None) -> list[Path]:
     return found
 
 
+def _seconds_key(params_file: Path | None) -> str:
+    """Runs with different parameters take different times: their seconds are kept apart."""
+    return params_file.name if params_file else "defaults"
+
+
 def longest_first(nbs: list[Path], params_file: Path | None) -> list[Path]:
     """``nbs`` ordered by the seconds each took last time with the same parameters file (unknown ones first)."""
-    key = params_file.name if params_file else "defaults"
+    key = _seconds_key(params_file)
     seconds = {}
     for f in (SECONDS_MEASURED, SECONDS_HERE):  # this machine's record wins
         if f.exists():
@@ -49,7 +54,7 @@ def longest_first(nbs: list[Path], params_file: Path | None) -> list[Path]:
 
 def record_seconds(params_file: Path | None, took: dict[str, float]) -> None:
     """Add this run's seconds per notebook to SECONDS_HERE (written to a temporary name, then renamed)."""
-    key = params_file.name if params_file else "defaults"
+    key = _seconds_key(params_file)
     record = json.loads(SECONDS_HERE.read_text()) if SECONDS_HERE.exists() else {}
     record.setdefault(key, {}).update({k: round(v, 1) for k, v in took.items()})
     tmp = SECONDS_HERE.with_suffix(".partial")

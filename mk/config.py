@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -333,14 +334,25 @@ def from_hf_dict(d: dict, name: str = "hf") -> Gemma4Config:
     )
 
 
-def load_hf_config(path: str | Path) -> Gemma4Config:
-    """Read ``config.json`` (or the folder holding it)."""
+def read_config_json(path: str | Path) -> tuple[dict, str]:
+    """``config.json`` (or the folder holding it) as a dict, and the name of its folder (the model's name)."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     if not p.exists():
         raise FileNotFoundError(f"no config.json at {p}")
-    return from_hf_dict(json.loads(p.read_text()), name=p.parent.name or "hf")
+    return json.loads(p.read_text()), p.parent.name or "hf"
+
+
+def is_hub_id(s: str) -> bool:
+    """Whether ``s`` has the form of a Hugging Face hub repo id (owner/name)."""
+    return re.fullmatch(r"[\w.-]+/[\w.-]+", s) is not None
+
+
+def load_hf_config(path: str | Path) -> Gemma4Config:
+    """Read ``config.json`` (or the folder holding it)."""
+    d, name = read_config_json(path)
+    return from_hf_dict(d, name=name)
 
 
 def to_hf_dict(cfg: Gemma4Config) -> dict:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import FULL, PRESETS, SLIDING, Gemma4Config, from_hf_dict, get_config
+from .config import FULL, PRESETS, SLIDING, Gemma4Config, from_hf_dict, get_config, is_hub_id, read_config_json
 from .params import (
     EMBED,
     EXPERTS,
@@ -389,12 +388,8 @@ def as_decoder(cfg: Gemma4Config) -> Decoder:
 
 def load_decoder(path: str | Path) -> Decoder:
     """A Decoder from ``config.json`` or the folder holding it (named after the folder)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.exists():
-        raise FileNotFoundError(f"no config.json at {p}")
-    return from_hf_config(json.loads(p.read_text()), name=p.parent.name or "hf")
+    d, name = read_config_json(path)
+    return from_hf_config(d, name=name)
 
 
 def get_decoder(model: ModelLike) -> Decoder:
@@ -408,7 +403,7 @@ def get_decoder(model: ModelLike) -> Decoder:
         return as_decoder(get_config(str(model)))
     if Path(model).exists():
         return load_decoder(model)
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", str(model)) and not str(model).startswith("."):  # owner/name, not a path
+    if is_hub_id(str(model)) and not str(model).startswith("."):  # owner/name, not a relative path
         from huggingface_hub import try_to_load_from_cache
 
         cached = try_to_load_from_cache(str(model), "config.json")

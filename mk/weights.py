@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import Gemma4Config, from_hf_dict, to_hf_dict
+from .config import Gemma4Config, from_hf_dict, is_hub_id, to_hf_dict
 from .files import write_atomic
 from .params import NORMS, ROUTER, param_specs
 from .progress import tqdm
@@ -418,7 +418,7 @@ def _resolve(path_or_repo_id: str | os.PathLike) -> Path:
             raise ValueError(f"{p} is a file; pass the checkpoint folder (with config.json and *.safetensors)")
         return p
     s = str(path_or_repo_id)
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", s):
+    if is_hub_id(s):
         return _hub_snapshot(s)
     raise FileNotFoundError(f"no checkpoint folder {s!r}, and it is not a hub repo id (owner/name)")
 
