@@ -10,7 +10,8 @@ if [ "${1:-}" = dev ]; then req=requirements-dev.txt; else req=requirements.txt;
 # uv installs the same pins as pip, in parallel and from its cache: the whole set in ~15 s rather than ~110 s
 # with pip. It reads no pip configuration, so a wheel folder the machine gives pip (PIP_FIND_LINKS, e.g. a
 # CPU build of torch) is passed on.
-.venv/bin/python -m pip install -q --disable-pip-version-check uv==0.13.9
+# -qq: errors only, as a machine's pip configuration may name index folders it lacks, each a warning line.
+.venv/bin/python -m pip install -qq --disable-pip-version-check uv==0.13.9
 links=()
 for d in ${PIP_FIND_LINKS:-}; do links+=(--find-links "$d"); done
 uv() { .venv/bin/python -m uv pip install -q --python .venv/bin/python "${links[@]}" "$@"; }

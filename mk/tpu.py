@@ -75,12 +75,16 @@ def tpu_chips_present() -> bool:
 def quiet_libtpu() -> None:
     """On a machine with no TPU, tell libtpu it runs on one host (``TPU_HOST_BOUNDS=1,1,1``,
     ``TPU_WORKER_HOSTNAMES=localhost``), so loading it prints no accelerator-type warning and no
-    ``E0000 ... INVALID_ARGUMENT`` line; it needs nothing else to compile ahead of time. Must run before
+    ``E0000 ... INVALID_ARGUMENT`` line; it needs nothing else to compile ahead of time; and lets processes share
+    libtpu (``ALLOW_MULTIPLE_LIBTPU_LOAD``), as no TPU needs guarding. Must run before
     libtpu loads (``mk/__init__`` calls it). Does nothing on a TPU VM (the VM's metadata describes it),
     nor when the user describes the host or forces TPU initialisation themselves. Platform choice
     (``JAX_PLATFORMS``) is left alone."""
     if tpu_chips_present() or "JAX_FORCE_TPU_INIT" in os.environ:
         return
+    # Two processes starting JAX at once (notebooks run side by side) contend for libtpu's machine-wide lock,
+    # and the loser's profiler later prints "Failed to create TPU profiler" errors; with no TPU to guard, share it.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     if any(v in os.environ for v in _LIBTPU_HOST_VARS):
         return
     os.environ["TPU_HOST_BOUNDS"] = "1,1,1"

@@ -18,17 +18,23 @@ NOISE = (
     "worker hostname",
     "Logging before InitGoogle",
     "IProgress not found",
+    "TPU profiler",
 )
 
 pytestmark = pytest.mark.skipif(tpu.tpu_chips_present(), reason="a TPU is attached: libtpu has real metadata")
 
 
+def _user_env() -> dict[str, str]:
+    # A fresh process, as a user starts one: without the host description and the shared libtpu lock this
+    # test process's own `import mk` put in the environment, and with JAX free to try the TPU backend
+    # (ci/test.sh sets JAX_PLATFORMS=cpu).
+    drop = {*tpu._LIBTPU_HOST_VARS, "JAX_PLATFORMS", "ALLOW_MULTIPLE_LIBTPU_LOAD"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def _run(*args: str) -> subprocess.CompletedProcess:
-    # A fresh process, as a user starts one: without the host description this test process's own
-    # `import mk` put in the environment, and with JAX free to try the TPU backend (ci/test.sh sets
-    # JAX_PLATFORMS=cpu). Several processes may load libtpu at once (parallel tests).
-    env = {k: v for k, v in os.environ.items() if k not in tpu._LIBTPU_HOST_VARS and k != "JAX_PLATFORMS"}
-    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    # Several tests' processes may load libtpu at once (parallel tests): that is the next test's subject.
+    env = {**_user_env(), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -51,3 +57,22 @@ def test_backend_start_and_aot_topology_print_no_libtpu_noise():
     r = _run("-c", f"import mk; {work}")
     assert r.returncode == 0, r.stderr
     assert _noise(r.stderr) == [], r.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu (the noise is its own)")
+def test_two_processes_starting_at_once_trace_without_libtpu_noise():
+    # Two notebooks start side by side: both start JAX (libtpu's machine-wide lock), then take a profiler
+    # trace (notebook 02's kernel count). Without a shared lock, one of them logs "Failed to create TPU profiler".
+    work = (
+        "import mk, tempfile, time, jax, jax.numpy as jnp; f = jax.jit(lambda x: x * 2); f(jnp.ones(3)); "
+        "time.sleep(2); d = tempfile.mkdtemp(); jax.profiler.start_trace(d); f(jnp.ones(3)).block_until_ready(); "
+        "jax.profiler.stop_trace()"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", work], env=_user_env(), stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    for p in procs:
+        err = p.communicate(timeout=300)[1]
+        assert p.returncode == 0, err
+        assert _noise(err) == [], err
