@@ -78,7 +78,7 @@ class Constant:
     """One row of data/timing.csv. ``value`` is None for a fitted or derived constant (see ``fit_to``)."""
 
     name: str
-    applies_to: str  # tpu, gpu or all
+    applies_to: str  # tpu, gpu, all, or base chip names separated by spaces (mi300x mi325x)
     value: float | None
     unit: str
     kind: str  # cited, published, fitted or assumed
@@ -103,14 +103,34 @@ def constants() -> tuple[Constant, ...]:
     )
 
 
-def constant(name: str, kind: str) -> Constant:
-    """The constant ``name`` for a chip kind (``tpu`` or ``gpu``): its own row, or the row for all."""
-    rows = [c for c in constants() if c.name == name and c.applies_to in (kind, "all")]
+def _rows(name: str, kind: str, chip: str | None) -> list[tuple[int, Constant]]:
+    """data/timing.csv's rows for ``name`` that apply to a ``kind`` chip (named ``chip``, its base name), each
+    with its rank: 2 for a row naming the chip, 1 for the kind's row, 0 for the row for all."""
+    ranked = []
+    for c in constants():
+        if c.name != name:
+            continue
+        if chip is not None and chip in c.applies_to.split():
+            ranked.append((2, c))
+        elif c.applies_to in (kind, "all"):
+            ranked.append((int(c.applies_to == kind), c))
+    return ranked
+
+
+def constant(name: str, kind: str, chip: str | None = None) -> Constant:
+    """The constant ``name`` for a chip kind (``tpu`` or ``gpu``), or for one chip of it (``chip``: a base name
+    of data/chips.csv, ``mi300x``): the row naming the chip, else the kind's own row, else the row for all."""
+    rows = _rows(name, kind, chip)
     if not rows:
         raise ValueError(
             f"data/timing.csv has no {name!r} for {kind} chips; the timing model needs one (with its source)"
         )
-    return min(rows, key=lambda c: c.applies_to == "all")  # the chip kind's own row first
+    return max(rows, key=lambda rc: rc[0])[1]
+
+
+def chip_constant(name: str, chip: Chip) -> Constant:
+    """The constant ``name`` for ``chip`` (a chip or a slice of it): :func:`constant` for its kind and base name."""
+    return constant(name, chip.kind, chip.base)
 
 
 def assumed_costs(kind: str, **given) -> dict[str, float]:
@@ -185,7 +205,7 @@ def compute_seconds(plan: StepPlan, chip: Chip) -> Callable[[Op], float]:
     what the matrix unit takes at once (``matmul_rows``: the users for a weight tile, the query heads
     sharing a KV head for attention). Vector work (norms, softmax, GeLU) is counted at the same rate,
     unpadded: at decode it is a few thousand FLOPs an op."""
-    rows = constant("matmul_rows", chip.kind).value
+    rows = chip_constant("matmul_rows", chip).value
     peak = chip.bf16_flops / chip.chips
     cfg = plan.cfg
 
@@ -203,20 +223,22 @@ def compute_seconds(plan: StepPlan, chip: Chip) -> Callable[[Op], float]:
 
 def link_latency(chip: Chip) -> float:
     """Seconds per round of a cross-chip op on ``chip`` (0 on one chip); refuses a slice whose link is
-    not in the data."""
+    not in the data: a chip with no interconnect bandwidth (a PCIe-only GPU), or one whose link has no cited
+    latency (for GPUs, data/timing.csv names the NVLink chips; AMD's Infinity Fabric has none)."""
     if chip.chips == 1:
         return 0.0
-    if not any(c.name == "ici_hop_latency_s" and c.applies_to in (chip.kind, "all") for c in constants()):
-        raise ValueError(
-            f"{chip.name}: data/timing.csv has no link latency for {chip.kind} chips (for GPUs: NVLink's), so a "
-            f"slice of them is not modelled; add one with its source, or model one {chip.base}"
-        )
     if math.isnan(chip.ici_bandwidth):
         raise ValueError(
-            f"{chip.name}: data/chips.csv has no interconnect bandwidth for {chip.base}; add it (with its "
-            "source) to model a slice of it"
+            f"{chip.name}: data/chips.csv has no interconnect bandwidth for {chip.base} (ici_bandwidth_Bps); add it "
+            "(with its source) to model a slice of it"
         )
-    return constant("ici_hop_latency_s", chip.kind).value
+    if not _rows("ici_hop_latency_s", chip.kind, chip.base):
+        raise ValueError(
+            f"{chip.name}: data/timing.csv has no link latency for {chip.base} (an ici_hop_latency_s row for "
+            f"{chip.kind} chips or naming {chip.base}; for GPUs: NVLink's or Infinity Fabric's), so a slice of it is "
+            f"not modelled; add one with its source, or model one {chip.base}"
+        )
+    return chip_constant("ici_hop_latency_s", chip).value
 
 
 def _shard(chip: Chip, placement: str, collective: Collective) -> Shard | None:
@@ -629,7 +651,7 @@ def predict(
 
 
 def _with_constants(p: Prediction, chip: Chip, kernel_s: float | None, costs: dict | None = None) -> Prediction:
-    used = {"matmul_rows": f"{constant('matmul_rows', chip.kind).value:g} (cited)"}
+    used = {"matmul_rows": f"{chip_constant('matmul_rows', chip).value:g} (cited)"}
     if chip.chips > 1:
         used["ici_hop_latency_s"] = f"{link_latency(chip):g} (cited)"
     if kernel_s is not None:

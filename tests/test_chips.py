@@ -8,14 +8,32 @@ import pytest
 
 from mk.chips import CHIPS_CSV, base_chips, get_chip, known_chip, known_chips
 
+NEW_CHIPS = ("a100-40gb", "a100-80gb", "h20", "l40s", "mi300x", "mi325x", "tpu-v4", "tpu-v5p")
+
 
 def test_required_chips_with_sources():
     chips = base_chips()
-    for name in ("tpu-v5e", "tpu-v6e", "tpu-v7x", "h100", "h200", "b200"):
+    for name in ("tpu-v5e", "tpu-v6e", "tpu-v7x", "h100", "h200", "b200", *NEW_CHIPS):
         assert name in chips
     for c in chips.values():
         assert c.source.strip(), f"{c.name} has no source"
+        assert c.kind in ("tpu", "gpu"), c.name
         assert c.hbm_bandwidth > 0 and c.hbm_bytes > 0 and c.bf16_flops > 0 and c.chips == 1
+        assert math.isnan(c.ici_bandwidth) or c.ici_bandwidth > 0, c.name
+        assert math.isnan(c.vmem_bytes) or (c.vmem_bytes > 0 and c.kind == "tpu"), c.name
+
+
+@pytest.mark.parametrize(
+    "name, linked",
+    [("a100-40gb", True), ("a100-80gb", True), ("h20", True), ("mi300x", True), ("tpu-v4", True), ("tpu-v5p", True)]
+    + [("tpu-v7x", True), ("l40s", False), ("mi325x", False)],
+)
+def test_interconnect_bandwidth_where_the_chip_has_a_cited_link(name, linked):
+    """One way per link (TPUs) or per GPU (NVLink, Infinity Fabric); empty for a PCIe-only GPU (L40S) and where
+    no figure was found (MI325X)."""
+    c = get_chip(name)
+    assert (c.ici_bandwidth > 0) if linked else math.isnan(c.ici_bandwidth)
+    assert "dense" in c.source or c.kind == "tpu"  # GPU FLOP/s are dense (no sparsity), and say so
 
 
 def test_values_read_from_the_csv_not_typed_in_code():
@@ -62,6 +80,8 @@ def test_unknown_chip_lists_known_ones(name):
     [
         ("gpu", "NVIDIA H200", "h200"),
         ("gpu", "NVIDIA H100 80GB HBM3", "h100"),
+        ("gpu", "NVIDIA H20", "h20"),
+        ("gpu", "NVIDIA L40S", "l40s"),
         ("tpu", "TPU v5 lite", "tpu-v5e"),
         ("tpu", "TPU v6 lite", "tpu-v6e"),
         ("tpu", "TPU7x", "tpu-v7x"),

@@ -115,8 +115,8 @@ def test_fits_in_hbm_says_when_the_model_does_not():
         (dict(context=0), "context must be a positive integer"),
         (dict(batch=1.5), "batch must be a positive integer"),
         (dict(dtype="int4"), "unknown dtype"),
-        (dict(chip="tpu-v7x-8"), "no interconnect bandwidth for tpu-v7x"),
-        (dict(chip="h100-8"), "no link latency for gpu chips"),
+        (dict(chip="l40s-8"), r"no interconnect bandwidth for l40s \(ici_bandwidth_Bps\)"),  # PCIe only
+        (dict(chip="mi300x-8"), r"no link latency for mi300x \(an ici_hop_latency_s row"),  # no Infinity Fabric latency
     ],
 )
 def test_bad_input_is_refused_with_the_fix(kwargs, message):
@@ -156,10 +156,57 @@ def test_cli_predict_answers_for_every_chip_and_engine_below_mk_sol(chip, capsys
 def test_cli_predict_refuses_bad_input_with_status_2(capsys):
     from mk.__main__ import main
 
-    assert main(["predict", "--model", MOE, "--chip", "tpu-v7x-8", "--context", "1024"]) == 2
-    assert "no interconnect bandwidth" in capsys.readouterr().err
+    for chip, missing in (("l40s-8", "ici_bandwidth_Bps"), ("mi300x-8", "ici_hop_latency_s")):
+        assert main(["predict", "--model", MOE, "--chip", chip, "--context", "1024"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and chip in err and missing in err, err
     with pytest.raises(SystemExit):
         main(["predict", "--model", MOE, "--chip", "h100", "--context", "0"])
+
+
+@pytest.mark.parametrize("chip", ["h100-8", "b200-8"])
+def test_cli_predicts_nvlink_slices_no_faster_than_the_speed_of_light(chip, mk_json):
+    args = ["--model", MOE, "--chip", chip, "--context", 1024, "--json"]
+    sol = mk_json("sol", *args)
+    d = mk_json("predict", *args)
+    assert d["chip"] == chip and d["kind"].startswith("modelled")
+    assert d["step_ms"] >= sol["step_ms"] * (1 - 1e-12) and 0 < d["fraction_of_sol"] <= 1
+    assert d["constants"]["ici_hop_latency_s"] == "6e-07 (cited)"  # NVLink's, not the TPU's 1 us
+    assert d["breakdown"]["ici_ms"] > 0
+
+
+def test_applies_to_names_a_kind_all_or_known_chips():
+    for c in timing.constants():
+        names = c.applies_to.split()
+        assert c.applies_to in ("tpu", "gpu", "all") or set(names) <= set(known_chips()), c
+        assert len(names) == len(set(names)), c
+
+
+@pytest.mark.parametrize(
+    "chip, rows",
+    [("h100", 64), ("h200", 64), ("h20", 64), ("b200", 64), ("a100-80gb", 16), ("l40s", 16), ("mi300x", 16)]
+    + [("mi325x-8", 16), ("tpu-v5p", 8)],
+)
+def test_matrix_rows_follow_the_chips_own_row_before_its_kinds(chip, rows):
+    """NVIDIA's wgmma (M = 64) is the GPU default; Ampere/Ada (mma.sync) and AMD CDNA 3 (MFMA) pad to 16 rows."""
+    c = timing.get_chip(chip)
+    assert timing.chip_constant("matmul_rows", c).value == rows
+    plan = build_plan(get_config("tiny-moe"), 1, 64, weight_itemsize=2, kv_itemsize=2)
+    m1 = next(op for op in plan.ops if isinstance(op, MatmulTile))
+    assert timing.compute_seconds(plan, c)(m1) == pytest.approx(m1.flops * rows / (c.bf16_flops / c.chips))
+    assert timing.constant("matmul_rows", "gpu").value == 64  # without a chip: the kind's row
+
+
+def test_link_latency_per_kind_and_vendor():
+    assert timing.link_latency(timing.get_chip("h100")) == 0.0  # one chip: no link
+    for chip in ("h100-8", "h200-8", "b200-8", "a100-40gb-8", "a100-80gb-8", "h20-8"):
+        assert timing.link_latency(timing.get_chip(chip)) == pytest.approx(6e-7)
+    for chip in ("tpu-v4-8", "tpu-v5p-8", "tpu-v7x-8"):
+        assert timing.link_latency(timing.get_chip(chip)) == pytest.approx(1e-6)
+    with pytest.raises(ValueError, match="no link latency for mi300x"):
+        timing.link_latency(timing.get_chip("mi300x-8"))
+    with pytest.raises(ValueError, match=r"no interconnect bandwidth for mi325x \(ici_bandwidth_Bps\)"):
+        timing.link_latency(timing.get_chip("mi325x-8"))
 
 
 def test_step_breakdown_adds_up_and_names_the_int8_scale_blocks():
