@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .chips import Chip, get_chip
-from .config import Gemma4Config
+from .config import ModelConfig
 from .plan import ROWS, AllReduce, GatherBest
 from .sharding import Collective, Placement
 from .timing import FIXES, MODELLED, assumed_costs, link_latency, predict, step_plan
@@ -49,7 +49,7 @@ def reduces(op) -> str:
     return " + ".join(_ACTS.get(a, a) for a in op.acts)
 
 
-def payload_table(cfg: Gemma4Config, chip: Chip | str, batches, context: int = 1024) -> pd.DataFrame:
+def payload_table(cfg: ModelConfig, chip: Chip | str, batches, context: int = 1024) -> pd.DataFrame:
     """Every cross-chip op of one chip's step under each switch (``SWITCHES``), one row per kind of op and
     batch: the payload each chip contributes as the kernel sends it (the users' rows, rounded to whole
     packed rows in bf16; the FFN's shared MLP and experts travel together; the argmax gather's 8-row
@@ -135,7 +135,7 @@ def link_overlap(rows: list[dict]) -> dict:
 
 
 # The step after each fix ------------------------------------------------------------------------------
-def published_step(key: str, cfg: Gemma4Config, chip: Chip, context: int, batch: int) -> float:
+def published_step(key: str, cfg: ModelConfig, chip: Chip, context: int, batch: int) -> float:
     """The published step time ``key`` (data/published.csv) when it timed this model, slice, context and
     batch; NaN otherwise."""
     from .published import published, published_table
@@ -146,7 +146,7 @@ def published_step(key: str, cfg: Gemma4Config, chip: Chip, context: int, batch:
 
 
 def fix_steps(
-    cfg: Gemma4Config, chip: Chip | str, context: int, batch: int, fixes=FIXES, links: int = 1, **assumed
+    cfg: ModelConfig, chip: Chip | str, context: int, batch: int, fixes=FIXES, links: int = 1, **assumed
 ) -> pd.DataFrame:
     """The modelled step after each fix (``mk.timing.FIXES``: whole experts without overlap, then split
     experts, the overlap, a bf16 payload, reduce-scatter) on the slice ``chip`` (``tpu-v5e-8``), one row each:
@@ -185,7 +185,7 @@ def fix_steps(
     return pd.DataFrame(rows).assign(kind=MODELLED)
 
 
-def sensitivity(cfg: Gemma4Config, chip: Chip | str, context: int, batch: int, links, overheads_s) -> pd.DataFrame:
+def sensitivity(cfg: ModelConfig, chip: Chip | str, context: int, batch: int, links, overheads_s) -> pd.DataFrame:
     """:func:`fix_steps` for each number of ``links`` a chip's sends spread over and each assumed cost per op
     and per DMA issued in ``overheads_s`` (seconds; the workbook's default from data/timing.csv among them):
     how far the model's simplifications move each fix."""
@@ -223,7 +223,7 @@ def best_fits(table: pd.DataFrame) -> pd.DataFrame:
     return timed.loc[timed.error.abs().groupby(timed.fix, sort=False).idxmin()].reset_index(drop=True)
 
 
-def padding_table(cfg: Gemma4Config, chip: Chip | str, context: int, batch: int) -> pd.DataFrame:
+def padding_table(cfg: ModelConfig, chip: Chip | str, context: int, batch: int) -> pd.DataFrame:
     """Per chip and placement, expected weight bytes by component as the DMAs move them (the layout pads
     every matrix's intermediate to whole 128-lane tiles) against the bytes that hold weights: the plan's
     ``weight_bytes`` against its ``payload_bytes`` (average chip, uniform routing), with the intermediate

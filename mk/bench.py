@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from . import profiling
 from .chips import DATA_DIR
-from .config import Gemma4Config
+from .config import ModelConfig
 from .files import append_csv_rows
 from .sol import bytes_per_token
 from .units import positive_int
@@ -93,7 +93,7 @@ class BenchResult:
     """One benchmark run: the step, the probe's bandwidth and the fraction of the speed of light, each a
     median with its interval over interleaved rounds; kernels, bytes and the method's provenance."""
 
-    cfg: Gemma4Config
+    cfg: ModelConfig
     engine: str
     dtype: str  # the float data type, then "+SCHEME" for INT8 weights (f32+int8-experts)
     context: int
@@ -168,7 +168,7 @@ class BenchResult:
 def decode_call(
     step,
     params: dict,
-    cfg: Gemma4Config,
+    cfg: ModelConfig,
     context: int,
     batch: int,
     dtype: str,
@@ -220,13 +220,13 @@ def op_by_op(call: Callable[[], jax.Array]) -> Callable[[], jax.Array]:
     return eager
 
 
-def step_program(step, cfg: Gemma4Config, knockout=frozenset()):
+def step_program(step, cfg: ModelConfig, knockout=frozenset()):
     """The decode step as one jitted program with the cache donated, as an engine runs it."""
     return jax.jit(lambda p, c, t, i: step(p, cfg, c, t, i, knockout), donate_argnums=(1,))
 
 
 def run_bench(
-    cfg: Gemma4Config,
+    cfg: ModelConfig,
     context: int,
     batch: int = 1,
     dtype: str = "f32",

@@ -1,5 +1,12 @@
-"""Gemma 4 text-model configurations: a frozen config type, exact presets, tiny test presets,
-and loading from a Hugging Face ``config.json``.
+"""Model configurations the reference, the step plan and the kernel run: a frozen config type, exact presets,
+tiny test presets, and loading from a Hugging Face ``config.json``.
+
+One config type covers the decoders mk runs: Gemma 4 text (26B-A4B / 31B: sliding and full layers, q/k/v norms,
+sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), and the Llama 3 / Qwen3 /
+Qwen3-MoE / Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling,
+softmax top-k routing without a shared expert). The fields that set a family apart (``family``, ``activation``,
+``qk_norm`` ...) default to Gemma 4's. Other families (gpt-oss, DeepSeek's MLA) are described, for bytes and
+counts only, by mk.decoders.
 
 Field names describe the model, not the checkpoint; ``from_hf_dict`` maps Hugging Face names
 onto them. Every derived quantity (heads per layer type, layer indices) is a property, so a
@@ -30,8 +37,29 @@ LAYER_TYPES = tuple(LayerType)
 
 
 @dataclass(frozen=True)
-class Gemma4Config:
-    """A Gemma 4 text decoder (26B-A4B / 31B family: no per-layer inputs, no KV sharing)."""
+class RopeScaling:
+    """Llama 3's RoPE frequency scaling (``rope_type: llama3``): wavelengths beyond
+    ``original_max_position_embeddings / low_freq_factor`` are slowed by ``factor``, those below
+    ``... / high_freq_factor`` kept, the band between interpolated."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+GEMMA4 = "gemma4_text"
+ACTIVATIONS = ("gelu_tanh", "silu")
+ROUTERS = ("gemma4", "softmax_topk")  # Gemma 4's scaled router; softmax over all experts, then the top k
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder the reference and the kernel run: Gemma 4 text (26B-A4B / 31B family: no per-layer inputs, no KV
+    sharing) by default, or a Llama 3 / Qwen3 / Qwen3-MoE / Mixtral decoder (``family`` and the fields after it).
+
+    A model without sliding layers leaves ``sliding_*`` at 0; a model with experts and no shared MLP has
+    ``mlp_intermediate = 0``."""
 
     name: str
     vocab_size: int
@@ -53,20 +81,28 @@ class Gemma4Config:
     rms_eps: float = 1e-6
     final_softcap: float = 30.0
     full_k_eq_v: bool = True
+    # What sets the families apart (Gemma 4's by default) --------------------------------------------
+    family: str = GEMMA4  # the Hugging Face model_type the weights' names and the config follow
+    activation: str = "gelu_tanh"  # the gated MLP's: gelu_tanh(gate) * up, or silu(gate) * up
+    tied_embeddings: bool = True  # the head is the embedding (else its own [hidden, vocab] matrix)
+    scale_embeddings: bool = True  # the embedding rows times sqrt(hidden)
+    qk_norm: bool = True  # learned RMSNorms on q and k over head_dim
+    v_norm: bool = True  # a weightless RMSNorm on v
+    sandwich_norms: bool = True  # norms after attention and after the FFN, and a layer scalar (Gemma)
+    scale_scores: bool = False  # scores / sqrt(head_dim) (Gemma 4: 1, its q/k norms set the scale)
+    router: str = "gemma4"
+    norm_topk: bool = True  # softmax_topk: the k weights renormalised to sum to 1
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         problems = []
-        for f in (
-            "vocab_size",
-            "hidden_size",
-            "num_heads",
-            "sliding_kv_heads",
-            "sliding_head_dim",
-            "full_kv_heads",
-            "full_head_dim",
-            "sliding_window",
-            "mlp_intermediate",
-        ):
+        sliding = SLIDING in self.layer_types
+        required = ["vocab_size", "hidden_size", "num_heads", "full_kv_heads", "full_head_dim"]
+        if sliding:
+            required += ["sliding_kv_heads", "sliding_head_dim", "sliding_window"]
+        if not self.num_experts or self.mlp_intermediate:
+            required.append("mlp_intermediate")
+        for f in required:
             try:
                 positive_int(f, getattr(self, f))
             except ValueError as e:
@@ -78,8 +114,8 @@ class Gemma4Config:
             problems.append(f"layer_types holds {bad}; each must be one of {[str(t) for t in LAYER_TYPES]}")
         else:  # plain strings become LayerType members (equal to them)
             object.__setattr__(self, "layer_types", tuple(LayerType(t) for t in self.layer_types))
-        if self.num_experts < 0 or self.top_k < 0 or self.expert_intermediate < 0:
-            problems.append("num_experts, top_k and expert_intermediate must not be negative")
+        if self.num_experts < 0 or self.top_k < 0 or self.expert_intermediate < 0 or self.mlp_intermediate < 0:
+            problems.append("num_experts, top_k, expert_intermediate and mlp_intermediate must not be negative")
         if self.num_experts and not (0 < self.top_k <= self.num_experts and self.expert_intermediate > 0):
             problems.append(
                 f"an MoE model needs 0 < top_k <= num_experts and expert_intermediate > 0, "
@@ -95,8 +131,14 @@ class Gemma4Config:
                 f"full_partial_rotary={self.full_partial_rotary} must give an even number of "
                 f"rotated dims of full_head_dim={self.full_head_dim}"
             )
+        if self.activation not in ACTIVATIONS:
+            problems.append(f"activation {self.activation!r} is not one of {list(ACTIVATIONS)}")
+        if self.router not in ROUTERS:
+            problems.append(f"router {self.router!r} is not one of {list(ROUTERS)}")
+        if self.family == GEMMA4 and self.num_experts and not self.mlp_intermediate:
+            problems.append("a Gemma 4 MoE model has a shared MLP beside its experts: mlp_intermediate must be > 0")
         if problems:
-            raise ValueError(f"invalid Gemma4Config {self.name!r}: " + "; ".join(problems))
+            raise ValueError(f"invalid ModelConfig {self.name!r}: " + "; ".join(problems))
 
     # Derived structure -------------------------------------------------------------------
     @property
@@ -125,6 +167,15 @@ class Gemma4Config:
         """Full layers with K=V have no ``v_proj``: V is the normed K projection."""
         return not (layer_type == FULL and self.full_k_eq_v)
 
+    @property
+    def has_shared_mlp(self) -> bool:
+        """A dense model's MLP, or the shared MLP beside an MoE model's experts (Gemma 4; Qwen3-MoE has none)."""
+        return self.mlp_intermediate > 0
+
+    def score_scale(self, layer_type: str) -> float:
+        """What attention scores are multiplied by before the softmax."""
+        return self.head_dim(layer_type) ** -0.5 if self.scale_scores else 1.0
+
     def rope_theta(self, layer_type: str) -> float:
         return self.sliding_rope_theta if layer_type == SLIDING else self.full_rope_theta
 
@@ -137,10 +188,10 @@ class Gemma4Config:
         """Positions of the KV cache read by one decode step at this context length."""
         return min(context, self.sliding_window) if layer_type == SLIDING else context
 
-    def replace(self, **changes) -> "Gemma4Config":
+    def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 
-    def truncated(self, num_layers: int) -> "Gemma4Config":
+    def truncated(self, num_layers: int) -> "ModelConfig":
         """The same shapes cut to the first ``num_layers`` layers (for compiling a slice of a big model)."""
         if not 0 < num_layers <= self.num_layers:
             raise ValueError(f"num_layers must be in 1..{self.num_layers}, got {num_layers}")
@@ -155,16 +206,16 @@ def _pattern(num_layers: int, period: int = 6) -> tuple[str, ...]:
     return tuple(FULL if (i + 1) % period == 0 else SLIDING for i in range(num_layers))
 
 
-PRESETS: dict[str, Gemma4Config] = {}
+PRESETS: dict[str, ModelConfig] = {}
 
 
-def _register(cfg: Gemma4Config) -> Gemma4Config:
+def _register(cfg: ModelConfig) -> ModelConfig:
     PRESETS[cfg.name] = cfg
     return cfg
 
 
 GEMMA4_26B_A4B = _register(
-    Gemma4Config(
+    ModelConfig(
         name="gemma4-26b-a4b",
         vocab_size=262_144,
         hidden_size=2816,
@@ -182,7 +233,7 @@ GEMMA4_26B_A4B = _register(
     )
 )
 GEMMA4_31B = _register(
-    Gemma4Config(
+    ModelConfig(
         name="gemma4-31b",
         vocab_size=262_144,
         hidden_size=5376,
@@ -199,7 +250,7 @@ GEMMA4_31B = _register(
 # Tiny presets for tests: two sliding + one full layer, a window shorter than the test context,
 # head dims and widths that are multiples of 128 so the same shapes lower on a real TPU.
 TINY_DENSE = _register(
-    Gemma4Config(
+    ModelConfig(
         name="tiny-dense",
         vocab_size=512,
         hidden_size=128,
@@ -214,6 +265,48 @@ TINY_DENSE = _register(
     )
 )
 TINY_MOE = _register(TINY_DENSE.replace(name="tiny-moe", num_experts=8, top_k=2, expert_intermediate=128))
+# The other families at the same tiny shapes, every layer full: a Llama 3 (untied head, SiLU, Llama 3's RoPE
+# scaling with a short original context so the test positions cross its bands) and a Qwen3-MoE (QK-norm,
+# softmax top-k routing, no shared MLP).
+_PRE_NORM = dict(
+    layer_types=(FULL, FULL, FULL),
+    sliding_kv_heads=0,
+    sliding_head_dim=0,
+    sliding_window=0,
+    full_head_dim=128,
+    full_partial_rotary=1.0,
+    final_softcap=0.0,
+    full_k_eq_v=False,
+    activation="silu",
+    tied_embeddings=False,
+    scale_embeddings=False,
+    v_norm=False,
+    sandwich_norms=False,
+    scale_scores=True,
+    router="softmax_topk",
+)
+TINY_LLAMA = _register(
+    TINY_DENSE.replace(
+        name="tiny-llama",
+        **_PRE_NORM,
+        family="llama",
+        qk_norm=False,
+        full_rope_theta=500_000.0,
+        rms_eps=1e-5,
+        rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64),
+    )
+)
+TINY_QWEN3_MOE = _register(
+    TINY_DENSE.replace(
+        name="tiny-qwen3-moe",
+        **_PRE_NORM,
+        family="qwen3_moe",
+        mlp_intermediate=0,
+        num_experts=8,
+        top_k=2,
+        expert_intermediate=128,
+    )
+)
 # Gemma-4-shaped but small enough for a CPU: 26B-A4B's wiring (5:1 sliding/full pattern, shared
 # MLP beside routed experts, K=V full layers) with narrower widths and fewer experts, so one decode
 # step reads ~640 MB of f32 weights (weight reads dominate) and all of it ~1.1 GB (fits a 24 GiB machine).
@@ -222,7 +315,7 @@ TINY_MOE = _register(TINY_DENSE.replace(name="tiny-moe", num_experts=8, top_k=2,
 # its compile time grows with layers x experts (measured on a 2-core EPYC: ~24 s -> ~7 s, same step
 # speed). Expert width H/4 and head share of the bytes (~16%) near 26B-A4B's (H/4, ~19%).
 CPU_MOE = _register(
-    Gemma4Config(
+    ModelConfig(
         name="cpu-moe",
         vocab_size=16_384,
         hidden_size=1536,
@@ -241,9 +334,9 @@ CPU_MOE = _register(
 )
 
 
-def get_config(name: "str | Gemma4Config") -> Gemma4Config:
+def get_config(name: "str | ModelConfig") -> ModelConfig:
     """A preset by name (a config is returned as it is); an unknown name lists the known ones."""
-    if isinstance(name, Gemma4Config):
+    if isinstance(name, ModelConfig):
         return name
     try:
         return PRESETS[name]
@@ -265,13 +358,23 @@ _HF_REQUIRED = (
 )
 
 
-def from_hf_dict(d: dict, name: str = "hf") -> Gemma4Config:
-    """Build a config from a Hugging Face config dict (a Gemma4 config with ``text_config``, or a text config)."""
+# The pre-norm families the reference and the kernel run besides Gemma 4 (mk.decoders describes more, for bytes).
+PRE_NORM_FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral")
+RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES)
+
+
+def from_hf_dict(d: dict, name: str = "hf") -> ModelConfig:
+    """Build a config from a Hugging Face config dict: a Gemma 4 config (with ``text_config``, or a text config), or
+    a Llama 3, Qwen3, Qwen3-MoE or Mixtral config."""
     if "text_config" in d:
         d = d["text_config"]
-    if d.get("model_type") not in (None, "gemma4_text", "gemma4"):
+    family = d.get("model_type")
+    if family in PRE_NORM_FAMILIES:
+        return _pre_norm_from_hf(d, name)
+    if family not in (None, "gemma4_text", "gemma4"):
         raise ValueError(
-            f"config model_type is {d.get('model_type')!r}, expected 'gemma4_text': this is not a Gemma 4 text model"
+            f"config model_type is {family!r}: mk runs {', '.join(RUNNABLE_FAMILIES)} (other decoders' bytes and "
+            "timing: mk.decoders)"
         )
     missing = [k for k in _HF_REQUIRED if k not in d]
     if missing:
@@ -310,7 +413,7 @@ def from_hf_dict(d: dict, name: str = "hf") -> Gemma4Config:
     if fu_rope.get("rope_type", "proportional") != "proportional" or sl_rope.get("rope_type", "default") != "default":
         raise ValueError(f"unsupported rope_parameters {rope}: expected default (sliding) and proportional (full)")
     moe = bool(d.get("enable_moe_block", False))
-    return Gemma4Config(
+    return ModelConfig(
         name=name,
         vocab_size=d["vocab_size"],
         hidden_size=d["hidden_size"],
@@ -334,6 +437,87 @@ def from_hf_dict(d: dict, name: str = "hf") -> Gemma4Config:
     )
 
 
+def _rope(d: dict) -> tuple[float, RopeScaling | None]:
+    """RoPE's theta and Llama 3 scaling, from transformers 5's ``rope_parameters`` or the older
+    ``rope_theta`` + ``rope_scaling``."""
+    rope = dict(d.get("rope_scaling") or {})
+    rope.update(d.get("rope_parameters") or {})
+    theta = float(rope.get("rope_theta", d.get("rope_theta", 10_000.0)))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise ValueError(f"unsupported RoPE type {kind!r} ({rope}); mk runs default and llama3 RoPE")
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [k for k in keys if k not in rope]
+    if missing:
+        raise ValueError(f"llama3 RoPE scaling is missing {missing}")
+    return theta, RopeScaling(*(float(rope[k]) for k in keys[:3]), int(rope[keys[3]]))
+
+
+def _pre_norm_from_hf(d: dict, name: str) -> ModelConfig:
+    """A Llama 3, Qwen3, Qwen3-MoE or Mixtral config (every layer full attention, pre-norm, SiLU)."""
+    family = d["model_type"]
+    need = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"]
+    missing = [k for k in need if k not in d]
+    if missing:
+        raise ValueError(f"{family} config is missing {missing}")
+    unsupported = []
+    if d.get("attention_bias") or d.get("mlp_bias"):
+        unsupported.append("attention_bias / mlp_bias (biased projections)")
+    if d.get("use_sliding_window") or (family == "mixtral" and d.get("sliding_window")):
+        unsupported.append("sliding_window (mk runs these families with full attention in every layer)")
+    if d.get("hidden_act", "silu") != "silu":
+        unsupported.append(f"hidden_act {d.get('hidden_act')!r} (expected silu)")
+    if family == "qwen3_moe" and (d.get("decoder_sparse_step", 1) != 1 or d.get("mlp_only_layers")):
+        unsupported.append("decoder_sparse_step / mlp_only_layers (dense layers between MoE layers)")
+    if unsupported:
+        raise ValueError(f"{name}: this {family} config uses " + "; ".join(unsupported))
+    H, n, nh = d["hidden_size"], d["num_hidden_layers"], d["num_attention_heads"]
+    hd = d.get("head_dim") or H // nh
+    theta, scaling = _rope(d)
+    if family == "qwen3_moe":
+        # the published configs say num_experts; transformers 5 saves num_local_experts
+        E = d.get("num_experts", d.get("num_local_experts"))
+        E, k, I, mlp = E, d["num_experts_per_tok"], d["moe_intermediate_size"], 0
+    elif family == "mixtral":
+        E, k, I, mlp = d["num_local_experts"], d["num_experts_per_tok"], d["intermediate_size"], 0
+    else:
+        E, k, I, mlp = 0, 0, 0, d["intermediate_size"]
+    return ModelConfig(
+        name=name,
+        vocab_size=d["vocab_size"],
+        hidden_size=H,
+        layer_types=(FULL,) * n,
+        num_heads=nh,
+        sliding_kv_heads=0,
+        sliding_head_dim=0,
+        full_kv_heads=d.get("num_key_value_heads") or nh,
+        full_head_dim=hd,
+        sliding_window=0,
+        mlp_intermediate=mlp,
+        num_experts=E,
+        top_k=k,
+        expert_intermediate=I,
+        full_rope_theta=theta,
+        full_partial_rotary=1.0,
+        rms_eps=float(d.get("rms_norm_eps", 1e-6)),
+        final_softcap=0.0,
+        full_k_eq_v=False,
+        family=family,
+        activation="silu",
+        tied_embeddings=bool(d.get("tie_word_embeddings", False)),
+        scale_embeddings=False,
+        qk_norm=family in ("qwen3", "qwen3_moe"),
+        v_norm=False,
+        sandwich_norms=False,
+        scale_scores=True,
+        router="softmax_topk",
+        norm_topk=bool(d.get("norm_topk_prob", True)) if family == "qwen3_moe" else True,
+        rope_scaling=scaling,
+    )
+
+
 def read_config_json(path: str | Path) -> tuple[dict, str]:
     """``config.json`` (or the folder holding it) as a dict, and the name of its folder (the model's name)."""
     p = Path(path)
@@ -349,14 +533,55 @@ def is_hub_id(s: str) -> bool:
     return re.fullmatch(r"[\w.-]+/[\w.-]+", s) is not None
 
 
-def load_hf_config(path: str | Path) -> Gemma4Config:
+def load_hf_config(path: str | Path) -> ModelConfig:
     """Read ``config.json`` (or the folder holding it)."""
     d, name = read_config_json(path)
     return from_hf_dict(d, name=name)
 
 
-def to_hf_dict(cfg: Gemma4Config) -> dict:
-    """The Hugging Face text config for ``cfg`` (what ``save_pretrained`` of Gemma4ForCausalLM writes)."""
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
+
+
+def _pre_norm_to_hf(cfg: ModelConfig) -> dict:
+    rope = {"rope_type": "default", "rope_theta": cfg.full_rope_theta}
+    if cfg.rope_scaling:
+        rope.update(rope_type="llama3", **dataclasses.asdict(cfg.rope_scaling))
+    d = {
+        "architectures": [_ARCHITECTURES[cfg.family]],
+        "model_type": cfg.family,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.full_kv_heads,
+        "head_dim": cfg.full_head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_eps,
+        "tie_word_embeddings": cfg.tied_embeddings,
+        "attention_bias": False,
+        "rope_parameters": rope,
+    }
+    if cfg.family == "qwen3_moe":
+        d.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.top_k, norm_topk_prob=cfg.norm_topk,
+                 moe_intermediate_size=cfg.expert_intermediate, intermediate_size=cfg.expert_intermediate,
+                 decoder_sparse_step=1, mlp_only_layers=[])  # fmt: skip
+    elif cfg.family == "mixtral":
+        d.update(num_local_experts=cfg.num_experts, num_experts_per_tok=cfg.top_k,
+                 intermediate_size=cfg.expert_intermediate, sliding_window=None)  # fmt: skip
+    else:
+        d["intermediate_size"] = cfg.mlp_intermediate
+    return d
+
+
+def to_hf_dict(cfg: ModelConfig) -> dict:
+    """The Hugging Face text config for ``cfg`` (what ``save_pretrained`` of its transformers class writes)."""
+    if cfg.family != GEMMA4:
+        return _pre_norm_to_hf(cfg)
     inv = {v: k for k, v in _HF_LAYER_TYPE.items()}
     d = {
         "architectures": ["Gemma4ForCausalLM"],

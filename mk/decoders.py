@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import FULL, PRESETS, SLIDING, Gemma4Config, from_hf_dict, get_config, is_hub_id, read_config_json
+from .config import FULL, PRESETS, SLIDING, ModelConfig, from_hf_dict, get_config, is_hub_id, read_config_json
 from .params import (
     EMBED,
     EXPERTS,
@@ -93,7 +93,7 @@ class Decoder:
         return total
 
 
-ModelLike = str | Path | Gemma4Config | Decoder  # what get_decoder takes: a preset, a config path, a hub id, ...
+ModelLike = str | Path | ModelConfig | Decoder  # what get_decoder takes: a preset, a config path, a hub id, ...
 
 # Fields that do not change what a decode step reads (token ids, training, numerics, bookkeeping), for every family.
 _NEUTRAL = {
@@ -174,7 +174,8 @@ _FIELDS = {
     "llama": {"attention_bias", "mlp_bias"},
     "qwen3": {"attention_bias", "use_sliding_window", "max_window_layers"},
     "qwen3_moe": {
-        "attention_bias", "use_sliding_window", "max_window_layers", "num_experts", "num_experts_per_tok",
+        "attention_bias", "use_sliding_window", "max_window_layers", "num_experts", "num_local_experts",
+        "num_experts_per_tok",
         "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
     },
     "mixtral": {"num_local_experts", "num_experts_per_tok"},
@@ -294,7 +295,7 @@ def from_hf_config(d: dict, name: str = "hf") -> Decoder:
         layers.append(Layer(kind, windows[i], cache, experts, top_k))
     specs.append(ParamSpec("final_norm", (H,), NORMS, False))
     if not tied:
-        specs.append(ParamSpec("head", (H, d["vocab_size"]), HEAD, True))
+        specs.append(ParamSpec("head", (d["vocab_size"], H), HEAD, True))
     return Decoder(name, family, d["vocab_size"], H, tied, tuple(layers), tuple(specs))
 
 
@@ -329,7 +330,7 @@ def _ffn(d: dict, family: str, i: int, p: str, H: int) -> tuple[int, int, list[P
     if family in ("llama", "qwen3", "gemma2", "gemma3_text"):
         return 0, 0, _mlp(p + "mlp_", H, dense, SHARED_MLP, bias=family == "llama" and bool(d.get("mlp_bias")))
     if family == "qwen3_moe":
-        E, I = d["num_experts"], d["moe_intermediate_size"]
+        E, I = d.get("num_experts", d.get("num_local_experts")), d["moe_intermediate_size"]
         step = d.get("decoder_sparse_step", 1)
         sparse = E > 0 and i not in (d.get("mlp_only_layers") or []) and (i + 1) % step == 0
         shared, bias = 0, False
@@ -370,7 +371,7 @@ def _gemma4(d: dict, name: str) -> Decoder:
 
 
 @functools.cache
-def as_decoder(cfg: Gemma4Config) -> Decoder:
+def as_decoder(cfg: ModelConfig) -> Decoder:
     """A Gemma 4 config (a preset, or one read by mk.config) as a Decoder: mk.config's own description, the
     one the reference and the kernel run."""
     layers = tuple(
@@ -397,7 +398,7 @@ def get_decoder(model: ModelLike) -> Decoder:
     (a checkpoint), or a hub id whose config is in the local Hugging Face cache (nothing is downloaded)."""
     if isinstance(model, Decoder):
         return model
-    if isinstance(model, Gemma4Config):
+    if isinstance(model, ModelConfig):
         return as_decoder(model)
     if str(model) in PRESETS:
         return as_decoder(get_config(str(model)))

@@ -24,19 +24,19 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from .config import Gemma4Config
+from .config import ModelConfig
 from .params import check_knockout
 from .progress import tqdm
 from .reference import check_tokens, decode_step, init_cache, prefill
 from .units import positive_int
 
 Step = Callable[..., tuple]
-_ENGINES: dict[str, tuple[Callable[[Gemma4Config], Step], int]] = {}
+_ENGINES: dict[str, tuple[Callable[[ModelConfig], Step], int]] = {}
 # Modules that register engines when imported (the megakernel lives outside this module on purpose).
 ENGINE_MODULES = ("mk.megakernel",)
 
 
-def register_engine(name: str, make_step: Callable[[Gemma4Config], Step], cache_multiple: int = 1) -> None:
+def register_engine(name: str, make_step: Callable[[ModelConfig], Step], cache_multiple: int = 1) -> None:
     """Make ``name`` usable as ``generate(engine=name)`` and ``python -m mk generate --engine name``.
 
     ``cache_multiple``: the engine reads caches in blocks of this many slots, so generate rounds every
@@ -70,7 +70,7 @@ def cache_multiple(engine: str) -> int:
     return _ENGINES[check_engine(engine)][1]
 
 
-def get_step(engine: str, cfg: Gemma4Config, **options) -> Step:
+def get_step(engine: str, cfg: ModelConfig, **options) -> Step:
     """The engine's step for ``cfg``; ``options`` go to its ``make_step`` (e.g. the megakernel's kv_tile)."""
     return _ENGINES[check_engine(engine)][0](cfg, **options)
 
@@ -78,7 +78,7 @@ def get_step(engine: str, cfg: Gemma4Config, **options) -> Step:
 register_engine("reference", lambda cfg: decode_step)
 
 
-def prompt_batch(cfg: Gemma4Config, prompt) -> tuple[np.ndarray, np.ndarray]:
+def prompt_batch(cfg: ModelConfig, prompt) -> tuple[np.ndarray, np.ndarray]:
     """A prompt as (tokens [B, T] int32 right-padded with 0, lengths [B]): ``prompt`` is a ``[B, T]``
     array (every user T tokens) or a list of per-user lists of token ids, of any lengths >= 1."""
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, (list, tuple, np.ndarray)) for p in prompt):
@@ -99,7 +99,7 @@ def prompt_batch(cfg: Gemma4Config, prompt) -> tuple[np.ndarray, np.ndarray]:
 
 def generate(
     params: dict,
-    cfg: Gemma4Config,
+    cfg: ModelConfig,
     prompt,
     new_tokens: int,
     engine: str = "reference",

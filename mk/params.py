@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import SLIDING, Gemma4Config
+from .config import SLIDING, ModelConfig
 
 # Component names: the same in byte counts, knock-outs, the reference, the kernel and the timing model.
 SLIDING_ATTENTION = "sliding_attention"
@@ -23,7 +23,7 @@ ROUTER = "router"
 NORMS = "norms"
 HEAD = "head"
 WEIGHT_COMPONENTS = (SLIDING_ATTENTION, FULL_ATTENTION, SHARED_MLP, EXPERTS, ROUTER, NORMS, HEAD)
-EMBED = "embed"  # an untied embedding (mk.decoders): the lookup reads one row per user, not the matrix
+EMBED = "embed"  # an untied embedding: the lookup reads one row per user, not the matrix
 KNOCKOUTS = WEIGHT_COMPONENTS
 
 
@@ -46,10 +46,13 @@ class ParamSpec:
         return n
 
 
-def layer_param_specs(cfg: Gemma4Config, i: int) -> list[ParamSpec]:
+def layer_param_specs(cfg: ModelConfig, i: int) -> list[ParamSpec]:
+    """Layer ``i``'s tensors: Gemma 4's (q/k norms, sandwich norms, a layer scalar, the router's scales and a second
+    pair of FFN norms beside the experts) or a pre-norm family's (``pre_ffn_norm`` is its post-attention norm)."""
     t = cfg.layer_types[i]
     H, hd, kv, nh = cfg.hidden_size, cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
     att = attention_component(t)
+    gemma = cfg.sandwich_norms
     p = f"layers.{i}."
     specs = [
         ParamSpec(p + "input_norm", (H,), NORMS, False),
@@ -58,40 +61,57 @@ def layer_param_specs(cfg: Gemma4Config, i: int) -> list[ParamSpec]:
     ]
     if cfg.has_v_proj(t):
         specs.append(ParamSpec(p + "v", (H, kv * hd), att, True))
-    specs += [
-        ParamSpec(p + "o", (nh * hd, H), att, True),
-        ParamSpec(p + "q_norm", (hd,), NORMS, False),
-        ParamSpec(p + "k_norm", (hd,), NORMS, False),
-        ParamSpec(p + "post_attn_norm", (H,), NORMS, False),
-        ParamSpec(p + "pre_ffn_norm", (H,), NORMS, False),
-        ParamSpec(p + "mlp_gate", (H, cfg.mlp_intermediate), SHARED_MLP, True),
-        ParamSpec(p + "mlp_up", (H, cfg.mlp_intermediate), SHARED_MLP, True),
-        ParamSpec(p + "mlp_down", (cfg.mlp_intermediate, H), SHARED_MLP, True),
-        ParamSpec(p + "post_ffn_norm", (H,), NORMS, False),
-        ParamSpec(p + "layer_scalar", (1,), NORMS, False),
-    ]
+    specs.append(ParamSpec(p + "o", (nh * hd, H), att, True))
+    if cfg.qk_norm:
+        specs += [ParamSpec(p + "q_norm", (hd,), NORMS, False), ParamSpec(p + "k_norm", (hd,), NORMS, False)]
+    if gemma:
+        specs.append(ParamSpec(p + "post_attn_norm", (H,), NORMS, False))
+    specs.append(ParamSpec(p + "pre_ffn_norm", (H,), NORMS, False))
+    if cfg.has_shared_mlp:
+        specs += [
+            ParamSpec(p + "mlp_gate", (H, cfg.mlp_intermediate), SHARED_MLP, True),
+            ParamSpec(p + "mlp_up", (H, cfg.mlp_intermediate), SHARED_MLP, True),
+            ParamSpec(p + "mlp_down", (cfg.mlp_intermediate, H), SHARED_MLP, True),
+        ]
+    if gemma:
+        specs += [
+            ParamSpec(p + "post_ffn_norm", (H,), NORMS, False),
+            ParamSpec(p + "layer_scalar", (1,), NORMS, False),
+        ]
     if cfg.is_moe:
         E, I = cfg.num_experts, cfg.expert_intermediate
+        if cfg.router == "gemma4":
+            specs.append(ParamSpec(p + "router_scale", (H,), ROUTER, False))
+        specs.append(ParamSpec(p + "router_proj", (H, E), ROUTER, True))
+        if cfg.router == "gemma4":
+            specs += [
+                ParamSpec(p + "expert_scale", (E,), ROUTER, False),
+                ParamSpec(p + "pre_ffn_norm_2", (H,), NORMS, False),
+            ]
         specs += [
-            ParamSpec(p + "router_scale", (H,), ROUTER, False),
-            ParamSpec(p + "router_proj", (H, E), ROUTER, True),
-            ParamSpec(p + "expert_scale", (E,), ROUTER, False),
-            ParamSpec(p + "pre_ffn_norm_2", (H,), NORMS, False),
             ParamSpec(p + "expert_gate", (E, H, I), EXPERTS, True),
             ParamSpec(p + "expert_up", (E, H, I), EXPERTS, True),
             ParamSpec(p + "expert_down", (E, I, H), EXPERTS, True),
-            ParamSpec(p + "post_ffn_norm_1", (H,), NORMS, False),
-            ParamSpec(p + "post_ffn_norm_2", (H,), NORMS, False),
         ]
+        if gemma:
+            specs += [
+                ParamSpec(p + "post_ffn_norm_1", (H,), NORMS, False),
+                ParamSpec(p + "post_ffn_norm_2", (H,), NORMS, False),
+            ]
     return specs
 
 
-def param_specs(cfg: Gemma4Config) -> list[ParamSpec]:
-    """Every tensor of the model, in the order a decode step reads them."""
-    specs = [ParamSpec("embed", (cfg.vocab_size, cfg.hidden_size), HEAD, True)]
+def param_specs(cfg: ModelConfig) -> list[ParamSpec]:
+    """Every tensor of the model, in the order a decode step reads them. A tied embedding is the head; an untied one
+    is only looked up (``EMBED``) and the head is its own matrix, read last, stored as the embedding is:
+    ``[vocab, hidden]`` (each token's row)."""
+    embed = HEAD if cfg.tied_embeddings else EMBED
+    specs = [ParamSpec("embed", (cfg.vocab_size, cfg.hidden_size), embed, True)]
     for i in range(cfg.num_layers):
         specs += layer_param_specs(cfg, i)
     specs.append(ParamSpec("final_norm", (cfg.hidden_size,), NORMS, False))
+    if not cfg.tied_embeddings:
+        specs.append(ParamSpec("head", (cfg.vocab_size, cfg.hidden_size), HEAD, True))
     return specs
 
 
@@ -101,17 +121,20 @@ def layer_params(params: dict, i: int) -> dict:
     return {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
 
 
-def count_params(cfg: Gemma4Config) -> int:
+def count_params(cfg: ModelConfig) -> int:
     """All parameters, the tied embedding counted once."""
     return sum(s.size for s in param_specs(cfg))
 
 
-def count_active_params(cfg: Gemma4Config) -> int:
-    """Parameters read for one token: the top-k experts of each layer instead of all of them."""
+def count_active_params(cfg: ModelConfig) -> int:
+    """Parameters read for one token: the top-k experts of each layer instead of all of them, one row of an untied
+    embedding."""
     total = 0
     for s in param_specs(cfg):
         if s.component == EXPERTS:
             total += s.size // cfg.num_experts * cfg.top_k
+        elif s.component == EMBED:
+            total += cfg.hidden_size
         else:
             total += s.size
     return total

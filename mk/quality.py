@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from .config import Gemma4Config
+from .config import ModelConfig
 from .generate import generate, prompt_batch
 from .quant import quantize, scheme_of
 from .quant_schemes import check_scheme
@@ -17,7 +17,7 @@ from .units import positive_int
 QUALITY_KIND = "measured (mk.quality.quality: the reference on the quantized tree against the float tree)"
 
 
-def quality(params: dict, cfg: Gemma4Config, scheme: str, prompts, new_tokens: int = 32, cache_dtype=jnp.float32):
+def quality(params: dict, cfg: ModelConfig, scheme: str, prompts, new_tokens: int = 32, cache_dtype=jnp.float32):
     """How far the reference moves when ``params`` (a float tree) is quantized with ``scheme``: one row per
     user and new token (``step`` 0 is the token prefill picks), as a DataFrame.
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from .config import Gemma4Config
+from .config import ModelConfig
 from .params import param_specs
 from .quant_schemes import SCALE_SUFFIX, SCHEMES, check_scheme, quantized_paths, scale_path
 
@@ -36,7 +36,7 @@ def quantize_matrix(w) -> tuple[np.ndarray, np.ndarray]:
     return codes, scale
 
 
-def quantize(params: dict, cfg: Gemma4Config, scheme: str) -> dict:
+def quantize(params: dict, cfg: ModelConfig, scheme: str) -> dict:
     """``params`` with the matrices of ``scheme`` as INT8 codes plus their scales (a new dict; the others shared).
     Already-quantized input is refused: quantize the float tree."""
     out = dict(params)
@@ -48,7 +48,7 @@ def quantize(params: dict, cfg: Gemma4Config, scheme: str) -> dict:
     return out
 
 
-def scheme_of(params: dict, cfg: Gemma4Config) -> str:
+def scheme_of(params: dict, cfg: ModelConfig) -> str:
     """Which scheme a parameter tree is quantized with (``none`` for a float tree); a tree that matches no
     scheme (scales missing, or INT8 where no scheme puts it) is refused with what is wrong."""
     int8 = {s.path for s in param_specs(cfg) if s.path in params and jnp.asarray(params[s.path]).dtype == jnp.int8}
@@ -69,7 +69,7 @@ def dequantize_matrix(codes, scale, dtype):
     return (jnp.asarray(codes).astype(jnp.float32) * jnp.asarray(scale)[..., None, :]).astype(dtype)
 
 
-def dequantize(params: dict, cfg: Gemma4Config, dtype=None) -> dict:
+def dequantize(params: dict, cfg: ModelConfig, dtype=None) -> dict:
     """The float tree the quantized one stands for (every INT8 matrix dequantized to ``dtype``, by default the
     embedding's, scales dropped): the weights the reference and the kernel both multiply by."""
     scheme = scheme_of(params, cfg)
@@ -80,7 +80,7 @@ def dequantize(params: dict, cfg: Gemma4Config, dtype=None) -> dict:
     return out
 
 
-def quantized_as(params: dict, cfg: Gemma4Config, scheme: str | None = None) -> dict:
+def quantized_as(params: dict, cfg: ModelConfig, scheme: str | None = None) -> dict:
     """``params`` under ``scheme``, as a loader hands them to the engines: a float tree is quantized with
     ``scheme`` (None: ``none``, left as it is); an already quantized tree (a quantized checkpoint) is used
     as it is when ``scheme`` is None or its own scheme, and refused otherwise (it cannot be re-quantized)."""

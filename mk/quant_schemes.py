@@ -3,7 +3,7 @@ scales live, and what a scale costs in bytes. The numerics (quantizing, dequanti
 
 from __future__ import annotations
 
-from .config import Gemma4Config
+from .config import ModelConfig
 from .params import EMBED, EXPERTS, HEAD, param_specs
 
 SCHEMES = ("none", "int8-experts", "int8")
@@ -22,7 +22,7 @@ def scale_path(path: str) -> str:
     return path + SCALE_SUFFIX
 
 
-def quantized_paths(cfg: Gemma4Config, scheme: str) -> tuple[str, ...]:
+def quantized_paths(cfg: ModelConfig, scheme: str) -> tuple[str, ...]:
     """The matrices ``scheme`` stores as INT8, in mk.params order."""
     return quantized_in(param_specs(cfg), scheme)
 

@@ -50,14 +50,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import SLIDING, Gemma4Config
+from .config import SLIDING, ModelConfig
 from .params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, check_knockout, layer_params
 from .quant import SCALE_SUFFIX, dequantize
 from .units import positive_int, round_up
 
 
 # Cache ------------------------------------------------------------------------------------------
-def cache_len(cfg: Gemma4Config, layer_type: str, max_len: int, multiple: int = 1) -> int:
+def cache_len(cfg: ModelConfig, layer_type: str, max_len: int, multiple: int = 1) -> int:
     """Slots of a layer's KV cache: a ring of ``sliding_window`` for sliding layers, ``max_len`` for full,
     each rounded up to a multiple of ``multiple`` (a sliding layer uses only its first ``sliding_window``
     slots; the rest stay empty and masked)."""
@@ -65,7 +65,7 @@ def cache_len(cfg: Gemma4Config, layer_type: str, max_len: int, multiple: int = 
 
 
 def init_cache(
-    cfg: Gemma4Config, batch: int, max_len: int, dtype=jnp.float32, multiple: int = 1
+    cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32, multiple: int = 1
 ) -> dict[str, jax.Array]:
     """An empty KV cache for ``batch`` users and up to ``max_len`` positions.
 
@@ -85,7 +85,7 @@ def init_cache(
     return cache
 
 
-def cache_capacity(cfg: Gemma4Config, cache: dict) -> int | None:
+def cache_capacity(cfg: ModelConfig, cache: dict) -> int | None:
     """Positions the cache can hold (its full layers' slots); None when every layer slides."""
     full = cfg.full_layers
     return cache[f"layers.{full[0]}.k"].shape[2] if full else None
@@ -96,7 +96,7 @@ def cache_batch(cache: dict) -> int:
     return next(iter(cache.values())).shape[0]
 
 
-def check_tokens(cfg: Gemma4Config, tokens) -> np.ndarray:
+def check_tokens(cfg: ModelConfig, tokens) -> np.ndarray:
     """Concrete token ids as int32, with a clear error for ids outside the vocabulary."""
     t = np.asarray(tokens)
     if t.size and not np.issubdtype(t.dtype, np.integer):
@@ -122,15 +122,28 @@ def rms_norm(x, w, eps: float, on: bool = True):
     return y.astype(x.dtype)
 
 
-def inv_freq(cfg: Gemma4Config, layer_type: str) -> np.ndarray:
-    """RoPE inverse frequencies [head_dim/2]; a full layer's non-rotated pairs have frequency 0."""
+def inv_freq(cfg: ModelConfig, layer_type: str) -> np.ndarray:
+    """RoPE inverse frequencies [head_dim/2]; a full layer's non-rotated pairs have frequency 0; Llama 3's scaling
+    (``cfg.rope_scaling``) slows the long wavelengths, as transformers' ``llama3`` RoPE does (in float32)."""
     hd = cfg.head_dim(layer_type)
     rot = cfg.rotary_dims(layer_type) // 2
-    f = 1.0 / (cfg.rope_theta(layer_type) ** (np.arange(0, 2 * rot, 2, dtype=np.float32) / hd))
+    f = (1.0 / (cfg.rope_theta(layer_type) ** (np.arange(0, 2 * rot, 2, dtype=np.float32) / hd))).astype(np.float32)
+    if cfg.rope_scaling is not None:
+        f = _llama3_scaled(f, cfg.rope_scaling)
     return np.concatenate([f, np.zeros(hd // 2 - rot, np.float32)]).astype(np.float32)
 
 
-def rope(x, positions, cfg: Gemma4Config, layer_type: str):
+def _llama3_scaled(f: np.ndarray, r) -> np.ndarray:
+    old = np.float32(r.original_max_position_embeddings)
+    wavelen = np.float32(2 * np.pi) / f
+    slow = np.where(wavelen > old / np.float32(r.low_freq_factor), f / np.float32(r.factor), f)
+    smooth = (old / wavelen - np.float32(r.low_freq_factor)) / np.float32(r.high_freq_factor - r.low_freq_factor)
+    smoothed = (1 - smooth) * slow / np.float32(r.factor) + smooth * slow
+    medium = ~(wavelen < old / np.float32(r.high_freq_factor)) & ~(wavelen > old / np.float32(r.low_freq_factor))
+    return np.where(medium, smoothed, slow).astype(np.float32)
+
+
+def rope(x, positions, cfg: ModelConfig, layer_type: str):
     """Rotate ``x [B, T, heads, head_dim]`` at ``positions`` (rotate-half convention, as transformers):
     ``[T]`` shared by every user, or ``[B, T]`` each user its own."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq(cfg, layer_type))
@@ -154,27 +167,45 @@ def matmul_t(x, w):
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
 
 
-def mlp(x, gate, up, down, mm=matmul):
-    """A GeGLU MLP: ``down(gelu_tanh(gate(x)) * up(x))``, each product by ``mm``."""
-    return mm(jax.nn.gelu(mm(x, gate), approximate=True) * mm(x, up), down)
+def activate(x, activation: str):
+    """The gated MLP's activation of its gate: GELU (tanh approximation; Gemma) or SiLU (Llama, Qwen3)."""
+    return jax.nn.gelu(x, approximate=True) if activation == "gelu_tanh" else jax.nn.silu(x)
 
 
-def route(p: dict, cfg: Gemma4Config, x, ko: frozenset, mm=matmul):
-    """Top-k experts and their weights for each row of ``x [N, H]``: (weights [N, k], ids [N, k])."""
+def mlp(x, gate, up, down, mm=matmul, activation: str = "gelu_tanh"):
+    """A gated MLP: ``down(act(gate(x)) * up(x))`` (GeGLU or SwiGLU), each product by ``mm``."""
+    return mm(activate(mm(x, gate), activation) * mm(x, up), down)
+
+
+def route(p: dict, cfg: ModelConfig, x, ko: frozenset, mm=matmul):
+    """Top-k experts and their weights for each row of ``x [N, H]`` (:func:`router_input`): (weights [N, k],
+    ids [N, k]). Gemma 4: a weightless norm and a learned scale before the projection, the renormalised top-k
+    weights times a per-expert scale; ``softmax_topk`` (Qwen3-MoE, Mixtral): softmax over every expert's logit,
+    the top k, renormalised when ``cfg.norm_topk``."""
     if ROUTER in ko:
         n = x.shape[0]
         ids = jnp.broadcast_to(jnp.arange(cfg.top_k, dtype=jnp.int32), (n, cfg.top_k))
         return jnp.full((n, cfg.top_k), 1.0 / cfg.top_k, x.dtype), ids
-    h = rms_norm(x, None, cfg.rms_eps, NORMS not in ko)
-    h = h * p["router_scale"] * jnp.asarray(cfg.hidden_size**-0.5, x.dtype)
+    h = x
+    if cfg.router == "gemma4":
+        h = rms_norm(x, None, cfg.rms_eps, NORMS not in ko)
+        h = h * p["router_scale"] * jnp.asarray(cfg.hidden_size**-0.5, x.dtype)
     probs = jax.nn.softmax(mm(h, p["router_proj"]).astype(jnp.float32), axis=-1)
     w, ids = jax.lax.top_k(probs, cfg.top_k)
-    w = w / jnp.sum(w, axis=-1, keepdims=True)
-    w = w * p["expert_scale"][ids].astype(jnp.float32)
+    if cfg.norm_topk:
+        w = w / jnp.sum(w, axis=-1, keepdims=True)
+    if cfg.router == "gemma4":
+        w = w * p["expert_scale"][ids].astype(jnp.float32)
     return w.astype(x.dtype), ids
 
 
-def experts_gathered(p: dict, x, w, ids, mm=matmul):
+def router_input(p: dict, cfg: ModelConfig, x, ko: frozenset):
+    """What the router reads of the residual stream ``x`` after attention: Gemma 4's router the stream itself (it
+    norms it on its own); a pre-norm family's router the FFN's input, ``pre_ffn_norm(x)``."""
+    return x if cfg.router == "gemma4" else rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, NORMS not in ko)
+
+
+def experts_gathered(p: dict, x, w, ids, mm=matmul, activation: str = "gelu_tanh"):
     """Decode path: apply only the selected experts (N*k of them) to ``x [N, H]``.
 
     A loop over the (row, slot) pairs runs a ``lax.switch`` over the experts whose branch reads its
@@ -188,7 +219,7 @@ def experts_gathered(p: dict, x, w, ids, mm=matmul):
     are summed in order: the sums differ from the dense path by round-off.
     """
     gate, up, down = p["expert_gate"], p["expert_up"], p["expert_down"]
-    branches = [partial(_expert_branch, gate, up, down, mm, e) for e in range(len(gate))]
+    branches = [partial(_expert_branch, gate, up, down, mm, activation, e) for e in range(len(gate))]
     k = ids.shape[1]
 
     def slot(s, y):
@@ -199,49 +230,51 @@ def experts_gathered(p: dict, x, w, ids, mm=matmul):
     return jax.lax.fori_loop(0, ids.size, slot, jnp.zeros_like(x))
 
 
-def _expert_branch(gate, up, down, mm, e: int, x):
-    return mlp(x, gate[e], up[e], down[e], mm)
+def _expert_branch(gate, up, down, mm, activation: str, e: int, x):
+    return mlp(x, gate[e], up[e], down[e], mm, activation)
 
 
-def experts_dense(p: dict, cfg: Gemma4Config, x, w, ids):
+def experts_dense(p: dict, cfg: ModelConfig, x, w, ids):
     """Prefill path: every expert on every row, weighted by a combine matrix that is zero off the top-k.
 
     For many rows this reads each expert once instead of gathering N*k copies; the unselected
     experts add exact zeros.
     """
     combine = jnp.sum(jax.nn.one_hot(ids, cfg.num_experts, dtype=x.dtype) * w[..., None], axis=1)  # [N, E]
-    h = jax.nn.gelu(jnp.einsum("nh,ehi->nei", x, p["expert_gate"]), approximate=True)
+    h = activate(jnp.einsum("nh,ehi->nei", x, p["expert_gate"]), cfg.activation)
     h = h * jnp.einsum("nh,ehi->nei", x, p["expert_up"])
     return jnp.einsum("nei,eih,ne->nh", h, p["expert_down"], combine)
 
 
 # One layer ------------------------------------------------------------------------------------------
-def qkv(p, cfg: Gemma4Config, t: str, h, positions, ko, mm=matmul):
-    """q [B, T, nh, hd], k and v [B, T, kv, hd] after their norms and RoPE."""
+def qkv(p, cfg: ModelConfig, t: str, h, positions, ko, mm=matmul):
+    """q [B, T, nh, hd], k and v [B, T, kv, hd] after their norms (those the family has) and RoPE."""
     B, T, _ = h.shape
     hd, kv, on = cfg.head_dim(t), cfg.kv_heads(t), NORMS not in ko
     q = mm(h, p["q"]).reshape(B, T, cfg.num_heads, hd)
     k = mm(h, p["k"]).reshape(B, T, kv, hd)
     v = mm(h, p["v"]).reshape(B, T, kv, hd) if cfg.has_v_proj(t) else k
-    q = rope(rms_norm(q, p["q_norm"], cfg.rms_eps, on), positions, cfg, t)
-    k = rope(rms_norm(k, p["k_norm"], cfg.rms_eps, on), positions, cfg, t)
-    v = rms_norm(v, None, cfg.rms_eps, on)
-    return q, k, v
+    if cfg.qk_norm:
+        q, k = rms_norm(q, p["q_norm"], cfg.rms_eps, on), rms_norm(k, p["k_norm"], cfg.rms_eps, on)
+    if cfg.v_norm:
+        v = rms_norm(v, None, cfg.rms_eps, on)
+    return rope(q, positions, cfg, t), rope(k, positions, cfg, t), v
 
 
-def attend(q, k, v, mask):
-    """Grouped-query attention, scaling 1.0. q [B, T, nh, hd]; k, v [B, kv, S, hd]; mask [T, S] or [S]."""
+def attend(q, k, v, mask, scale: float = 1.0):
+    """Grouped-query attention, scores times ``scale`` (:meth:`ModelConfig.score_scale`). q [B, T, nh, hd];
+    k, v [B, kv, S, hd]; mask [T, S] or [S]."""
     B, T, nh, hd = q.shape
     kv = k.shape[1]
     qg = q.reshape(B, T, kv, nh // kv, hd)  # head h reads KV head h // (nh // kv), as repeat_kv
-    s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32)
+    s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32) * scale
     s = jnp.where(mask, s, -jnp.inf)
     a = jax.nn.softmax(s, axis=-1).astype(q.dtype)
     o = jnp.einsum("bkgts,bksd->btkgd", a, v.astype(q.dtype))
     return o.reshape(B, T, nh * hd)
 
 
-def attend_one(q, k, v, mask):
+def attend_one(q, k, v, mask, scale: float = 1.0):
     """Decode attention: :func:`attend` for one new position (q [B, 1, nh, hd]; k, v the cache
     [B, kv, S, hd]; mask [B, S], each user's own) with the weighted sum of V written as a
     multiply-reduce, which XLA:CPU runs on the V cache in place; as a dot it transposes the
@@ -252,35 +285,45 @@ def attend_one(q, k, v, mask):
     B, T, nh, hd = q.shape
     kv = k.shape[1]
     qg = q.reshape(B, T, kv, nh // kv, hd)
-    s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32)
+    s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32) * scale
     s = jnp.where(mask[:, None, None, None, :], s, -jnp.inf)
     a = jax.nn.softmax(s, axis=-1).astype(q.dtype)[:, :, :, 0]  # [B, kv, g, S]
     o = jnp.sum(a[..., None] * v[:, :, None].astype(q.dtype), axis=-2)  # [B, kv, g, hd]
     return o.reshape(B, T, nh * hd)
 
 
-def _ffn(p, cfg: Gemma4Config, x, ko, dense_experts: bool, mm=matmul):
-    """The FFN block's output (before post_ffn_norm) for ``x [B, T, H]``, the residual stream."""
-    on = NORMS not in ko
+def _ffn(p, cfg: ModelConfig, x, ko, dense_experts: bool, mm=matmul):
+    """The FFN block's output (before Gemma's post_ffn_norm) for ``x [B, T, H]``, the residual stream: the shared
+    (or dense) MLP and, for MoE, the routed experts; Gemma 4 norms each of the two before adding them."""
+    on, act = NORMS not in ko, cfg.activation
     h = rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, on)
-    shared = jnp.zeros_like(x) if SHARED_MLP in ko else mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], mm)
+    shared = None
+    if cfg.has_shared_mlp:
+        shared = jnp.zeros_like(x) if SHARED_MLP in ko else mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], mm, act)
     if not cfg.is_moe:
         return shared
     if EXPERTS in ko:
         moe = jnp.zeros_like(x)
     else:
         flat = x.reshape(-1, x.shape[-1])
-        w, ids = route(p, cfg, flat, ko, mm)
-        h2 = rms_norm(flat, p["pre_ffn_norm_2"], cfg.rms_eps, on)
-        moe = experts_dense(p, cfg, h2, w, ids) if dense_experts else experts_gathered(p, h2, w, ids, mm)
+        w, ids = route(p, cfg, router_input(p, cfg, flat, ko), ko, mm)
+        h2 = rms_norm(flat, p["pre_ffn_norm_2"], cfg.rms_eps, on) if cfg.sandwich_norms else h.reshape(flat.shape)
+        moe = experts_dense(p, cfg, h2, w, ids) if dense_experts else experts_gathered(p, h2, w, ids, mm, act)
         moe = moe.reshape(x.shape)
+    if not cfg.sandwich_norms:
+        return moe if shared is None else shared + moe
     shared = rms_norm(shared, p["post_ffn_norm_1"], cfg.rms_eps, on)
     return shared + rms_norm(moe, p["post_ffn_norm_2"], cfg.rms_eps, on)
 
 
-def _layer(p, cfg: Gemma4Config, x, attn_out, ko, dense_experts: bool, mm=matmul):
-    """Residual wiring of one layer given its attention output (o-projected, None when knocked out)."""
+def _layer(p, cfg: ModelConfig, x, attn_out, ko, dense_experts: bool, mm=matmul):
+    """Residual wiring of one layer given its attention output (o-projected, None when knocked out): Gemma's
+    sandwich (each block's output normed, then the layer scalar), or plain pre-norm residuals."""
     on = NORMS not in ko
+    if not cfg.sandwich_norms:
+        if attn_out is not None:
+            x = x + attn_out
+        return x + _ffn(p, cfg, x, ko, dense_experts, mm)
     if attn_out is not None:
         x = x + rms_norm(attn_out, p["post_attn_norm"], cfg.rms_eps, on)
     x = x + rms_norm(_ffn(p, cfg, x, ko, dense_experts, mm), p["post_ffn_norm"], cfg.rms_eps, on)
@@ -289,22 +332,24 @@ def _layer(p, cfg: Gemma4Config, x, attn_out, ko, dense_experts: bool, mm=matmul
     return x
 
 
-def embed(params, cfg: Gemma4Config, tokens):
-    """The tokens' embedding rows, scaled by sqrt(hidden)."""
+def embed(params, cfg: ModelConfig, tokens):
+    """The tokens' embedding rows, scaled by sqrt(hidden) where the family does (Gemma)."""
     e = params["embed"]
-    return e[tokens] * jnp.asarray(cfg.hidden_size**0.5, e.dtype)
+    return e[tokens] * jnp.asarray(cfg.hidden_size**0.5, e.dtype) if cfg.scale_embeddings else e[tokens]
 
 
-def head(params, cfg: Gemma4Config, x, ko):
-    """Logits [B, V] float32 for the hidden states ``x [B, H]``."""
+def head(params, cfg: ModelConfig, x, ko):
+    """Logits [B, V] float32 for the hidden states ``x [B, H]``: the final norm, the tied embedding or the untied
+    head, Gemma's soft cap."""
     if HEAD in ko:
         return jnp.zeros((x.shape[0], cfg.vocab_size), jnp.float32)
     h = rms_norm(x, params["final_norm"], cfg.rms_eps, NORMS not in ko)
-    # embed [V, H] times h as a matrix-vector product (contracting embed's minor axis), not h @ embed.T:
+    # the head [V, H] times h as a matrix-vector product (contracting its minor axis), not h @ head.T:
     # for the latter XLA:CPU fuses the transposed embed and the last layer's residual and norm into
     # one elemental loop that recomputes them for every vocabulary row (measured: the head took ~2x
     # its bytes' time; this way it is one library GEMV).
-    logits = jax.lax.dot_general(params["embed"], h, (((1,), (1,)), ((), ()))).T.astype(jnp.float32)
+    w = params["embed"] if cfg.tied_embeddings else params["head"]  # [V, H] either way
+    logits = jax.lax.dot_general(w, h, (((1,), (1,)), ((), ()))).T.astype(jnp.float32)
     if cfg.final_softcap:
         logits = cfg.final_softcap * jnp.tanh(logits / cfg.final_softcap)
     return logits
@@ -312,7 +357,7 @@ def head(params, cfg: Gemma4Config, x, ko):
 
 # Prefill ------------------------------------------------------------------------------------------
 @partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
-def _prefill(params, cfg: Gemma4Config, tokens, lengths, cache):
+def _prefill(params, cfg: ModelConfig, tokens, lengths, cache):
     B, T = tokens.shape
     W = cfg.sliding_window
     ko = frozenset()
@@ -334,7 +379,7 @@ def _prefill(params, cfg: Gemma4Config, tokens, lengths, cache):
         q, k, v = qkv(p, cfg, t, h, positions, ko)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv, T, hd]
         mask = causal & window if t == SLIDING else causal
-        attn = attend(q, k, v, mask) @ p["o"]
+        attn = attend(q, k, v, mask, cfg.score_scale(t)) @ p["o"]
         for name, val in (("k", k), ("v", v)):
             c = cache[f"layers.{i}.{name}"]
             if t == SLIDING:
@@ -347,7 +392,7 @@ def _prefill(params, cfg: Gemma4Config, tokens, lengths, cache):
     return head(params, cfg, x[jnp.arange(B), lengths - 1], ko), cache
 
 
-def prefill(params: dict, cfg: Gemma4Config, tokens, cache: dict, lengths=None):
+def prefill(params: dict, cfg: ModelConfig, tokens, cache: dict, lengths=None):
     """Run the prompts ``tokens [B, T]`` (positions 0..T-1) and fill ``cache``.
 
     ``lengths [B]`` (default: all T): user b's prompt is ``tokens[b, :lengths[b]]``, right-padded to T.
@@ -390,7 +435,7 @@ def prefill(params: dict, cfg: Gemma4Config, tokens, cache: dict, lengths=None):
 
 
 # Routing ------------------------------------------------------------------------------------------
-def routed_experts(params: dict, cfg: Gemma4Config, tokens) -> np.ndarray:
+def routed_experts(params: dict, cfg: ModelConfig, tokens) -> np.ndarray:
     """The experts each position of the token streams ``tokens [B, T]`` routes to in every layer: int32
     ``[layers, B, T, top_k]``, by :func:`route` on the residual stream of one causal pass (prefill's
     masks, no cache). Position p's routes are those the decode step that reads token p takes (the same
@@ -404,7 +449,7 @@ def routed_experts(params: dict, cfg: Gemma4Config, tokens) -> np.ndarray:
 
 
 @partial(jax.jit, static_argnames=("cfg",))
-def _routed_experts(params, cfg: Gemma4Config, tokens):
+def _routed_experts(params, cfg: ModelConfig, tokens):
     B, T = tokens.shape
     ko = frozenset()
     positions = jnp.arange(T, dtype=jnp.int32)
@@ -416,9 +461,11 @@ def _routed_experts(params, cfg: Gemma4Config, tokens):
         p = layer_params(params, i)
         q, k, v = qkv(p, cfg, t, rms_norm(x, p["input_norm"], cfg.rms_eps), positions, ko)
         mask = causal & window if t == SLIDING else causal
-        attn = attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask) @ p["o"]
-        routed = x + rms_norm(attn, p["post_attn_norm"], cfg.rms_eps)  # the stream the router reads (_layer)
-        ids.append(route(p, cfg, routed.reshape(B * T, -1), ko)[1].reshape(B, T, cfg.top_k))
+        attn = attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, cfg.score_scale(t)) @ p["o"]
+        # the stream after attention, as _layer wires it, and what the router reads of it
+        routed = x + (rms_norm(attn, p["post_attn_norm"], cfg.rms_eps) if cfg.sandwich_norms else attn)
+        h = router_input(p, cfg, routed.reshape(B * T, -1), ko)
+        ids.append(route(p, cfg, h, ko)[1].reshape(B, T, cfg.top_k))
         x = _layer(p, cfg, x, attn, ko, dense_experts=True)
     return jnp.stack(ids)
 
@@ -441,7 +488,7 @@ def _traced(params: dict) -> bool:
 _dequantized: dict = {}  # (cfg, ids of the quantized tree's arrays) -> (the arrays, kept; its float tree)
 
 
-def float_params(params: dict, cfg: Gemma4Config) -> dict:
+def float_params(params: dict, cfg: ModelConfig) -> dict:
     """The float tree the reference computes with: ``params`` itself when it is a float tree (or a prepared
     one), else ``mk.quant.dequantize(params, cfg)`` (every INT8 matrix as codes x scale in float32, rounded
     to the embedding's dtype; a tree that matches no scheme is refused). The dequantized tree is made once
@@ -458,7 +505,7 @@ def float_params(params: dict, cfg: Gemma4Config) -> dict:
     return _dequantized[key][1]
 
 
-def prepare(params: dict, cfg: Gemma4Config) -> dict:
+def prepare(params: dict, cfg: ModelConfig) -> dict:
     """The decode step's layout of a parameter tree, made once at load time: every layer matrix
     transposed to ``[out, in]`` (see :func:`matmul_t`) and the experts' ``[E, in, out]`` arrays split
     into tuples of E ``[out, in]`` arrays, so each expert is its own buffer (see
@@ -490,7 +537,7 @@ _transpose = jax.jit(jnp.transpose)
 _prepared: dict = {}  # (cfg, ids of the tree's arrays) -> (the arrays, kept so the ids stay theirs; prepared)
 
 
-def _prepared_for(params: dict, cfg: Gemma4Config) -> dict:
+def _prepared_for(params: dict, cfg: ModelConfig) -> dict:
     """:func:`prepare` of ``params``, cached for the last tree seen (keyed by its arrays' ids; a quantized
     tree's float tree is made on a miss only, so a cached step pays nothing for it). A plain tree traced by
     someone's jit is prepared inside it: right, but the re-layout is then in every step."""
@@ -517,7 +564,7 @@ def write_slots(c, val, slot):
 
 
 @partial(jax.jit, static_argnames=("cfg", "knockout"), donate_argnames=("cache",))
-def decode_step_program(params, cfg: Gemma4Config, cache, tokens, pos, knockout: frozenset):
+def decode_step_program(params, cfg: ModelConfig, cache, tokens, pos, knockout: frozenset):
     """:func:`decode_step`'s compiled program: ``params`` in :func:`prepare`'s layout, ``tokens`` and ``pos``
     int32 ``[B]`` device arrays, nothing checked (what an ahead-of-time compile lowers)."""
     ko = knockout
@@ -543,12 +590,13 @@ def decode_step_program(params, cfg: Gemma4Config, cache, tokens, pos, knockout:
             mask = jnp.arange(S)[None, :] <= pos[:, None]  # [B, S]
             if t == SLIDING and S > cfg.sliding_window:
                 mask = mask & (jnp.arange(S) < cfg.sliding_window)[None, :]
-            attn = matmul_t(attend_one(q, cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], mask), p["o"])
+            attn = attend_one(q, cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], mask, cfg.score_scale(t))
+            attn = matmul_t(attn, p["o"])
         x = _layer(p, cfg, x, attn, ko, dense_experts=False, mm=matmul_t)
     return head(params, cfg, x[:, 0], ko), cache
 
 
-def decode_step(params: dict, cfg: Gemma4Config, cache: dict, tokens, pos, knockout=frozenset()):
+def decode_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos, knockout=frozenset()):
     """Decode one token per user: ``tokens [B]``, user b's at position ``pos[b]``.
 
     ``pos``: an int (every user at that position) or ``[B]`` ints (each user its own); inside it is
@@ -576,7 +624,7 @@ def decode_step(params: dict, cfg: Gemma4Config, cache: dict, tokens, pos, knock
     )
 
 
-def check_positions(cfg: Gemma4Config, cache: dict, pos) -> np.ndarray:
+def check_positions(cfg: ModelConfig, cache: dict, pos) -> np.ndarray:
     """Concrete decode positions as int32 (a scalar or one per user), each inside the cache."""
     p = np.asarray(pos)
     B = cache_batch(cache)

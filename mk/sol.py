@@ -131,7 +131,7 @@ def kv_bytes_per_user(model: ModelLike, context: int, kv_bytes: float = 2) -> di
 def bytes_per_token(model: ModelLike, context: int, batch: int = 1, dtype: str = "bf16") -> ByteCount:
     """Bytes one decode step reads from memory, by component.
 
-    ``model``: a preset, a Gemma4Config, an mk.decoders.Decoder or anything mk.decoders.get_decoder takes (a
+    ``model``: a preset, a ModelConfig, an mk.decoders.Decoder or anything mk.decoders.get_decoder takes (a
     ``config.json``). ``context`` is the number of positions in the cache (the prompt plus tokens so far). The
     head is the tied embedding or the untied output matrix, read once; the embedding lookup reads B rows and is
     not counted. Under an INT8 policy each quantized matrix (``mk.quant_schemes.quantized_in``) also reads

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .chips import get_chip
-from .config import Gemma4Config, get_config
+from .config import ModelConfig, get_config
 from .published import published_table
 from .routing import expected_distinct_experts
 from .sharding import kv_replication
@@ -62,12 +62,12 @@ class Series:
             return f"megakernel, {self.chip}, whole experts before the fixes (no overlap, f32 payload)"
         return f"megakernel, {self.chip}, {self.placement} experts"
 
-    def case(self, model: Gemma4Config | str, context: int, batch: int) -> Case:
+    def case(self, model: ModelConfig | str, context: int, batch: int) -> Case:
         return Case(model, self.chip, context, batch, self.engine, self.dtype, self.placement, self.before_fixes)
 
 
 def engine_series(
-    model: Gemma4Config | str, tpu_slice: str = MEGAKERNEL_SLICE, general_chip: str = GENERAL_GPU
+    model: ModelConfig | str, tpu_slice: str = MEGAKERNEL_SLICE, general_chip: str = GENERAL_GPU
 ) -> tuple[Series, ...]:
     """The write-up's engines for ``model``: the megakernel on ``tpu_slice`` (split experts, bf16), the general
     stack on ``general_chip`` in the baseline's data type and on ``tpu_slice`` (bf16), the speed of light on
@@ -81,7 +81,7 @@ def engine_series(
     )
 
 
-def _row(model: Gemma4Config | str, series: Series, context: int, batch: int) -> dict:
+def _row(model: ModelConfig | str, series: Series, context: int, batch: int) -> dict:
     cfg = get_config(model)
     experts = expected_distinct_experts(cfg.num_experts, cfg.top_k, batch)
     base = dict(
@@ -288,7 +288,7 @@ def validation(models, keys=PUBLISHED_POINTS + (BEFORE_FIXES_KEY,)) -> pd.DataFr
 
 
 # Whole against split experts ------------------------------------------------------------------------------
-def placement_table(model: Gemma4Config | str, batches, context: int = 1024, tpu_slice: str = MEGAKERNEL_SLICE):
+def placement_table(model: ModelConfig | str, batches, context: int = 1024, tpu_slice: str = MEGAKERNEL_SLICE):
     """The megakernel on ``tpu_slice`` with the routed experts split over its chips, placed whole (the published
     collective), and whole before the write-up's fixes (overlap off, f32 payload), by batch: tokens/s per user
     and in total, and the experts one chip loads per layer (split: 1/C of each distinct expert, counted in

@@ -35,7 +35,7 @@ from functools import lru_cache
 import pandas as pd
 
 from .chips import DATA_DIR, Chip, get_chip
-from .config import Gemma4Config, get_config
+from .config import ModelConfig, get_config
 from .params import EXPERTS, HEAD, param_specs
 from .plan import ROWS, Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan, step_end, timeline
 from .routing import busiest_chip_distribution
@@ -536,7 +536,7 @@ def _in_ms(key: str, value: float) -> tuple[str, float]:
     return (key[:-2] + "_ms", value * 1e3) if key.endswith("_s") else (key, value)
 
 
-def model_bytes(cfg: Gemma4Config, dtype: str) -> float:
+def model_bytes(cfg: ModelConfig, dtype: str) -> float:
     """Bytes of every weight of the model under ``dtype`` (all experts; INT8 matrices with their scales)."""
     from .quant_schemes import SCALE_BYTES, quantized_paths
 
@@ -550,7 +550,7 @@ def model_bytes(cfg: Gemma4Config, dtype: str) -> float:
     )
 
 
-def fits_in_hbm(cfg: Gemma4Config, chip: Chip, context: int, batch: int, dtype: str) -> bool:
+def fits_in_hbm(cfg: ModelConfig, chip: Chip, context: int, batch: int, dtype: str) -> bool:
     """Whether the weights and the users' caches fit the slice's HBM (spread evenly over its chips)."""
     kv = sum(
         v for k, v in speed_of_light(cfg, chip, context, batch, dtype).bytes_by_component.items() if k.startswith("kv")
@@ -599,7 +599,7 @@ def _general(cfg, chip, context, batch, dtype, kernel_s, knockout=frozenset()) -
 
 
 def predict(
-    model: Gemma4Config | str,
+    model: ModelConfig | str,
     chip: Chip | str,
     context: int,
     batch: int = 1,

@@ -50,7 +50,7 @@ import numpy as np
 
 from .bench import DTYPES, MEASURED_DIR, decode_call, provenance
 from .chips import get_chip, known_chip
-from .config import Gemma4Config, get_config
+from .config import ModelConfig, get_config
 from .files import append_csv_rows, git_commit
 from .profiling import Estimate, device_name, interleaved
 from .progress import Log
@@ -160,11 +160,11 @@ class Result:
 
 
 # Checks -------------------------------------------------------------------------------------------------
-def _config(model: Gemma4Config | str) -> Gemma4Config:
+def _config(model: ModelConfig | str) -> ModelConfig:
     return get_config(model) if isinstance(model, str) else model
 
 
-def placements_for(cfg: Gemma4Config, chips: int, asked) -> tuple[str, ...]:
+def placements_for(cfg: ModelConfig, chips: int, asked) -> tuple[str, ...]:
     """The expert placements to run ``cfg`` under on ``chips`` chips: those asked, for an MoE model over
     several chips; none otherwise. A placement the chips do not divide is refused (mk.sharding.chip_config)."""
     from .sharding import Shard, chip_config
@@ -204,12 +204,12 @@ def versions() -> dict:
 
 
 # Parity ---------------------------------------------------------------------------------------------------
-def parity_prompts(cfg: Gemma4Config, seed: int) -> list[list[int]]:
+def parity_prompts(cfg: ModelConfig, seed: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, cfg.vocab_size, n).tolist() for n in PARITY_PROMPTS]
 
 
-def check_parity(cfg: Gemma4Config, chips: int, placements, new_tokens: int, seed: int, log) -> list[dict]:
+def check_parity(cfg: ModelConfig, chips: int, placements, new_tokens: int, seed: int, log) -> list[dict]:
     """The megakernel's greedy tokens over ``chips`` chips against the reference's, random f32 weights, ragged
     prompts: one row per placement (same_tokens, the first token that differs, races off a TPU, an error)."""
     from .generate import generate
@@ -260,7 +260,7 @@ def _split_bytes(shape: tuple[int, ...], itemsize: int, chips: int) -> float:
     return n / chips if any(d % chips == 0 for d in shape) else n
 
 
-def hbm_per_chip_needed(cfg: Gemma4Config, engine: Engine, chips: int, context: int, batch: int, dtype: str):
+def hbm_per_chip_needed(cfg: ModelConfig, engine: Engine, chips: int, context: int, batch: int, dtype: str):
     """(bytes one chip holds for ``engine``'s step, bytes more while it is built). The reference: its
     decode layout (every expert its own array, ``mk.reference.prepare``) and its cache, split as
     gspmd_sharding splits them. The megakernel: its inputs as its plan lays them out on one chip (padded,
@@ -446,8 +446,8 @@ def time_group(built: list[Built], seconds: float, min_rounds: int, max_rounds: 
 
 # The run ------------------------------------------------------------------------------------------------------
 def run(
-    model: Gemma4Config | str = "gemma4-26b-a4b",
-    parity_model: Gemma4Config | str = "cpu-moe",
+    model: ModelConfig | str = "gemma4-26b-a4b",
+    parity_model: ModelConfig | str = "cpu-moe",
     context: int = 1024,
     batch: int = 1,
     placements=PLACEMENTS,

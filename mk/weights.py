@@ -1,8 +1,9 @@
 """Weights for mk's parameter tree: seeded random initialisation, and loading and saving checkpoints
-in the Hugging Face Gemma 4 layout.
+in the Hugging Face layout of each family mk runs (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral).
 
-Hugging Face stores Linear weights ``[out, in]`` and the experts as ``gate_up_proj [E, 2I, H]`` (gate rows
-first) and ``down_proj [E, H, I]``; mk stores ``[in, out]`` (``mk.params``). ``hf_tensor_map`` is the one
+Hugging Face stores Linear weights ``[out, in]``; Gemma 4 its experts as ``gate_up_proj [E, 2I, H]`` (gate rows
+first) and ``down_proj [E, H, I]``, Qwen3-MoE and Mixtral each expert's as its own Linear layers; mk stores
+``[in, out]`` (``mk.params``). ``hf_tensor_map`` is the one
 place the two are tied together, used both ways, so a save and a load round-trip exactly.
 
 Loading is lazy: ``safe_open`` memory-maps each file and one tensor at a time is read, transposed and
@@ -29,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import Gemma4Config, from_hf_dict, is_hub_id, to_hf_dict
+from .config import GEMMA4, ModelConfig, from_hf_dict, is_hub_id, to_hf_dict
 from .files import write_atomic
 from .params import NORMS, ROUTER, param_specs
 from .progress import tqdm
@@ -48,7 +49,7 @@ EMBED_STD = 0.25  # times hidden^-0.5; see random_params
 NORM_STD = 0.1  # spread of norm weights and scales around 1
 
 
-def random_params(cfg: Gemma4Config, seed: int, dtype=jnp.float32) -> dict[str, jax.Array]:
+def random_params(cfg: ModelConfig, seed: int, dtype=jnp.float32) -> dict[str, jax.Array]:
     """The full parameter tree of ``cfg``, seeded and deterministic.
 
     Matrices are N(0, 1/fan_in) so every projection keeps its input's scale. The embedding is
@@ -64,6 +65,8 @@ def random_params(cfg: Gemma4Config, seed: int, dtype=jnp.float32) -> dict[str, 
         k = jax.random.fold_in(key, idx)
         if s.path == "embed":
             x = jax.random.normal(k, s.shape, jnp.float32) * (EMBED_STD * s.shape[1] ** -0.5)
+        elif s.path == "head":  # an untied head [V, H]: fan-in H
+            x = jax.random.normal(k, s.shape, jnp.float32) * s.shape[1] ** -0.5
         elif s.matrix:
             fan_in = s.shape[-2]
             x = jax.random.normal(k, s.shape, jnp.float32) * fan_in**-0.5
@@ -86,7 +89,7 @@ def _draw(key, shape: tuple[int, ...], kind: str, scale: float, dtype, sharding)
 _draw_jit = jax.jit(_draw, static_argnames=("shape", "kind", "scale", "dtype", "sharding"))
 
 
-def random_tensors(cfg: Gemma4Config, seed: int = 0, dtype=jnp.bfloat16, device=None, log=None):
+def random_tensors(cfg: ModelConfig, seed: int = 0, dtype=jnp.bfloat16, device=None, log=None):
     """``random_params``' tensors one at a time, as ``(path, array)``: each drawn (the same distributions and
     keys) and cast in one jitted program on ``device`` (a JAX device, default the first), or over a
     ``jax.sharding.Mesh``, each tensor split as ``mk.sharding.mesh.gspmd_sharding`` says: no float32 copy of
@@ -104,6 +107,8 @@ def random_tensors(cfg: Gemma4Config, seed: int = 0, dtype=jnp.bfloat16, device=
     for idx, s in enumerate(param_specs(cfg)):
         if s.path == "embed":
             kind, scale = "matrix", EMBED_STD * s.shape[1] ** -0.5
+        elif s.path == "head":
+            kind, scale = "matrix", s.shape[1] ** -0.5
         elif s.matrix:
             kind, scale = "matrix", s.shape[-2] ** -0.5
         else:
@@ -118,7 +123,7 @@ def random_tensors(cfg: Gemma4Config, seed: int = 0, dtype=jnp.bfloat16, device=
             layer = i
 
 
-def device_params(cfg: Gemma4Config, seed: int = 0, dtype=jnp.bfloat16, device=None, log=None) -> dict:
+def device_params(cfg: ModelConfig, seed: int = 0, dtype=jnp.bfloat16, device=None, log=None) -> dict:
     """``mk.reference.prepare(random_params(cfg, seed, dtype))`` built on ``device`` (or over a mesh) from
     ``random_tensors``, each tensor laid out for the decode step as it comes, so the device (each chip of the
     mesh) never holds more than the model (its share) plus one tensor's two copies, and the host holds none of
@@ -145,12 +150,15 @@ class HFTensor:
     """Where an mk tensor lives in a Hugging Face checkpoint and how it is laid out there.
 
     ``kind``: ``same`` (identical layout), ``linear`` (stored [out, in], transpose), ``gate``/``up``
-    (rows :I / I: of ``gate_up_proj [E, 2I, H]``, then [E, H, I]), ``down`` (``[E, H, I]`` -> [E, I, H]).
-    ``names`` lists the accepted suffixes after the text prefix, the current name first.
+    (rows :I / I: of ``gate_up_proj [E, 2I, H]``, then [E, H, I]), ``down`` (``[E, H, I]`` -> [E, I, H]),
+    ``experts`` (one ``linear`` per expert, its name with ``{e}`` for the expert's index: the mk tensor
+    ``[E, in, out]`` is their transposes stacked). ``names`` lists the accepted suffixes after the text prefix,
+    the current name first.
     """
 
     names: tuple[str, ...]
     kind: str
+    in_text_model: bool = True  # under the text prefix (``model.``); an untied ``lm_head.weight`` is not
 
 
 _LAYER_NAMES = {
@@ -178,6 +186,24 @@ _LAYER_NAMES = {
     "post_ffn_norm_1": ("post_feedforward_layernorm_1.weight", "same"),
     "post_ffn_norm_2": ("post_feedforward_layernorm_2.weight", "same"),
 }
+# The pre-norm families (Llama, Qwen3, Qwen3-MoE, Mixtral) where they differ from Gemma 4: the post-attention norm is
+# their FFN's input norm, the router is the MoE block's ``gate``, each expert its own Linear layers (as the hub's
+# checkpoints and transformers' save_pretrained store them).
+_PRE_NORM_NAMES = {
+    **_LAYER_NAMES,
+    "pre_ffn_norm": ("post_attention_layernorm.weight", "same"),
+    "router_proj": ("mlp.gate.weight", "linear"),
+    "expert_gate": ("mlp.experts.{e}.gate_proj.weight", "experts"),
+    "expert_up": ("mlp.experts.{e}.up_proj.weight", "experts"),
+    "expert_down": ("mlp.experts.{e}.down_proj.weight", "experts"),
+}
+_MIXTRAL_NAMES = {
+    **_PRE_NORM_NAMES,
+    "router_proj": ("block_sparse_moe.gate.weight", "linear"),
+    "expert_gate": ("block_sparse_moe.experts.{e}.w1.weight", "experts"),
+    "expert_up": ("block_sparse_moe.experts.{e}.w3.weight", "experts"),
+    "expert_down": ("block_sparse_moe.experts.{e}.w2.weight", "experts"),
+}
 # Older exports keep the experts and the per-expert scale under ``.moe.``.
 _OLDER = {
     "experts.gate_up_proj": "moe.gate_up_proj",
@@ -186,14 +212,17 @@ _OLDER = {
 }
 
 
-def hf_tensor_map(cfg: Gemma4Config) -> dict[str, HFTensor]:
+def hf_tensor_map(cfg: ModelConfig) -> dict[str, HFTensor]:
     """For every mk path of ``cfg``, its Hugging Face name(s) (without the text prefix) and layout."""
     out = {"embed": HFTensor(("embed_tokens.weight",), "same"), "final_norm": HFTensor(("norm.weight",), "same")}
+    if not cfg.tied_embeddings:
+        out["head"] = HFTensor(("lm_head.weight",), "same", in_text_model=False)  # [V, H], as mk keeps it
+    names_of = {GEMMA4: _LAYER_NAMES, "mixtral": _MIXTRAL_NAMES}.get(cfg.family, _PRE_NORM_NAMES)
     for s in param_specs(cfg):
         if not s.path.startswith("layers."):
             continue
         _, i, short = s.path.split(".", 2)
-        name, kind = _LAYER_NAMES[short]
+        name, kind = names_of[short]
         names = (f"layers.{i}.{name}",)
         if name in _OLDER:
             names += (f"layers.{i}.{_OLDER[name]}",)
@@ -338,59 +367,75 @@ def _text_prefix(names) -> str:
 
 
 def _plan_load(
-    cfg: Gemma4Config, ckpt: _Checkpoint, scheme: str = "none", suffix: str = SCALE_SUFFIX
-) -> dict[str, tuple[str, str, str | None]]:
-    """Resolve each mk path to a checkpoint name and check presence, shape and dtype of all of them
+    cfg: ModelConfig, ckpt: _Checkpoint, scheme: str = "none", suffix: str = SCALE_SUFFIX
+) -> dict[str, list[tuple[str, str, str | None]]]:
+    """Resolve each mk path to its checkpoint tensor(s) and check presence, shape and dtype of all of them
     (under ``scheme``, its matrices as I8 codes with their F32 scales under ``name + suffix``).
 
-    Returns ``{mk_path: (checkpoint_name, kind, scale_name or None)}``, or raises one error listing every
+    Returns ``{mk_path: [(checkpoint_name, kind, scale_name or None), ...]}``: one part, or one per expert for a
+    tensor stored expert by expert (kind ``experts``: each part a ``linear``); or raises one error listing every
     problem.
     """
     prefix = _text_prefix(ckpt.info)
     plan, problems, used = {}, [], set()
     shapes = {s.path: s.shape for s in param_specs(cfg)}
     int8 = set(quantized_paths(cfg, scheme))
-    for path, t in hf_tensor_map(cfg).items():
-        found = next((prefix + n for n in t.names if prefix + n in ckpt.info), None)
-        if found is None:
-            problems.append(f"missing {prefix + t.names[0]} (for {path})")
-            continue
+
+    def check(path: str, found: str, kind: str, shape: tuple[int, ...]) -> str | None:
+        """Problems of one stored tensor (each checked once); its scale's name under INT8."""
         first = found not in used  # gate_up_proj holds two mk tensors: check it once
         used.add(found)
-        shape, dtype = ckpt.info[found]
-        want = _hf_shape(t.kind, shapes[path])
-        if first and shape != want:
-            problems.append(f"{found} has shape {list(shape)}, expected {list(want)} for this config")
-        scale = None
-        if path in int8:
-            scale = found + suffix
-            if first and dtype != _CODE_DTYPE:
-                problems.append(f"{found} has dtype {dtype}, expected {_CODE_DTYPE} (quantization scheme {scheme})")
-            if first and scale not in ckpt.info:
-                problems.append(f"missing {scale} (the scales of {found}, quantization scheme {scheme})")
-            elif first:
-                s_shape, s_dtype = ckpt.info[scale]
-                s_want = _hf_scale_shape(t.kind, shapes[path])
-                if s_shape != s_want:
-                    problems.append(
-                        f"{scale} has shape {list(s_shape)}, expected {list(s_want)} (one scale per output row "
-                        f"of {found})"
-                    )
-                if s_dtype != _SCALE_DTYPE:
-                    problems.append(f"{scale} has dtype {s_dtype}, expected {_SCALE_DTYPE}")
-            used.add(scale)
-        elif first and dtype not in _FLOAT_DTYPES:
-            hint = (
-                " (INT8 weights load only with the quantization_config mk writes in config.json)"
-                if dtype == _CODE_DTYPE and scheme == "none"
-                else f" (quantization scheme {scheme} keeps it in float)"
-                if dtype == _CODE_DTYPE
-                else ""
-            )
-            problems.append(f"{found} has dtype {dtype}, expected one of {_FLOAT_DTYPES}{hint}")
-        plan[path] = (found, t.kind, scale)
+        stored, dtype = ckpt.info[found]
+        want = _hf_shape(kind, shape)
+        if first and stored != want:
+            problems.append(f"{found} has shape {list(stored)}, expected {list(want)} for this config")
+        if path not in int8:
+            if first and dtype not in _FLOAT_DTYPES:
+                hint = (
+                    " (INT8 weights load only with the quantization_config mk writes in config.json)"
+                    if dtype == _CODE_DTYPE and scheme == "none"
+                    else f" (quantization scheme {scheme} keeps it in float)"
+                    if dtype == _CODE_DTYPE
+                    else ""
+                )
+                problems.append(f"{found} has dtype {dtype}, expected one of {_FLOAT_DTYPES}{hint}")
+            return None
+        scale = found + suffix
+        if first and dtype != _CODE_DTYPE:
+            problems.append(f"{found} has dtype {dtype}, expected {_CODE_DTYPE} (quantization scheme {scheme})")
+        if first and scale not in ckpt.info:
+            problems.append(f"missing {scale} (the scales of {found}, quantization scheme {scheme})")
+        elif first:
+            s_shape, s_dtype = ckpt.info[scale]
+            s_want = _hf_scale_shape(kind, shape)
+            if s_shape != s_want:
+                problems.append(
+                    f"{scale} has shape {list(s_shape)}, expected {list(s_want)} (one scale per output row of {found})"
+                )
+            if s_dtype != _SCALE_DTYPE:
+                problems.append(f"{scale} has dtype {s_dtype}, expected {_SCALE_DTYPE}")
+        used.add(scale)
+        return scale
+
+    for path, t in hf_tensor_map(cfg).items():
+        at = prefix if t.in_text_model else ""
+        if t.kind == "experts":  # one Linear per expert
+            parts = [(e, at + t.names[0].format(e=e)) for e in range(shapes[path][0])]
+            absent = [n for _, n in parts if n not in ckpt.info]
+            if absent:
+                problems.append(f"missing {absent[0]}" + (f" and {len(absent) - 1} more" if len(absent) > 1 else "")
+                                + f" (for {path})")  # fmt: skip
+                continue
+            plan[path] = [(n, "linear", check(path, n, "linear", shapes[path][1:])) for _, n in parts]
+            continue
+        found = next((at + n for n in t.names if at + n in ckpt.info), None)
+        if found is None:
+            problems.append(f"missing {at + t.names[0]} (for {path})")
+            continue
+        plan[path] = [(found, t.kind, check(path, found, t.kind, shapes[path]))]
     # Tied embeddings: an lm_head.weight, if saved, is the embedding again and is not read.
-    extra = sorted(n for n in ckpt.info if n not in used and not _NON_TEXT.match(n) and n != "lm_head.weight")
+    tied_head = "lm_head.weight" if cfg.tied_embeddings else None
+    extra = sorted(n for n in ckpt.info if n not in used and not _NON_TEXT.match(n) and n != tied_head)
     if extra:
         more = f" (and {len(extra) - 8} more)" if len(extra) > 8 else ""
         problems.append(f"unexpected tensors {extra[:8]}{more}: the checkpoint has parts this config does not")
@@ -424,8 +469,8 @@ def _resolve(path_or_repo_id: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(
-    path_or_repo_id, cfg: Gemma4Config | None = None, dtype=None
-) -> tuple[Gemma4Config, dict[str, jax.Array]]:
+    path_or_repo_id, cfg: ModelConfig | None = None, dtype=None
+) -> tuple[ModelConfig, dict[str, jax.Array]]:
     """Load a Gemma 4 text checkpoint (folder, sharded folder, or hub repo id) into mk's parameter tree.
 
     ``cfg`` defaults to the checkpoint's ``config.json``; when given, it must describe the same model.
@@ -456,26 +501,35 @@ def load_checkpoint(
     ckpt = _Checkpoint(_safetensors_files(folder))
     plan = _plan_load(cfg, ckpt, scheme, suffix)
     params, scales, cache = {}, {}, {}
-    for path, (name, kind, scale) in tqdm(plan.items(), desc=f"loading {folder.name}", leave=False):
+
+    def read(name: str, kind: str) -> np.ndarray:
         # gate_up_proj feeds two mk tensors: keep it until its second half is taken.
         a = cache.pop(name, None)
         if a is None:
             a = ckpt.read(name)
             if kind in ("gate", "up"):
                 cache[name] = a
-        a = _from_hf(kind, a)
-        if scale is None:
+        return _from_hf(kind, a)
+
+    layouts = hf_tensor_map(cfg)
+    for path, parts in tqdm(plan.items(), desc=f"loading {folder.name}", leave=False):
+        stacked = layouts[path].kind == "experts"  # experts stored one by one
+        arrays = [read(name, kind) for name, kind, _ in parts]
+        a = np.stack(arrays) if stacked else arrays[0]
+        if parts[0][2] is None:
             params[path] = jnp.asarray(np.ascontiguousarray(a, dtype=dtype or a.dtype))
         else:  # INT8 codes and their scales, as stored
             params[path] = jnp.asarray(np.ascontiguousarray(a))
-            scales[scale_path(path)] = jnp.asarray(np.ascontiguousarray(_scale_from_hf(kind, ckpt.read(scale))))
+            s_parts = [_scale_from_hf(kind, ckpt.read(scale)) for _, kind, scale in parts]
+            scales[scale_path(path)] = jnp.asarray(np.ascontiguousarray(np.stack(s_parts) if stacked else s_parts[0]))
     params.update((scale_path(p), scales[scale_path(p)]) for p in quantized_paths(cfg, scheme))
     return cfg, params
 
 
 # Saving -------------------------------------------------------------------------------------------
-def save_checkpoint(params: dict[str, jax.Array], cfg: Gemma4Config, folder) -> Path:
-    """Write ``params`` as a Hugging Face Gemma4ForCausalLM checkpoint (config.json + model.safetensors).
+def save_checkpoint(params: dict[str, jax.Array], cfg: ModelConfig, folder) -> Path:
+    """Write ``params`` as a Hugging Face checkpoint of its family (config.json + model.safetensors), as its
+    transformers class (Gemma4ForCausalLM, LlamaForCausalLM, ...) saves one.
 
     A quantized tree (mk.quant) is written as its INT8 codes and float32 scales (see the module's
     docstring) with a ``quantization_config`` naming its scheme; :func:`load_checkpoint` reads it back
@@ -492,7 +546,7 @@ def save_checkpoint(params: dict[str, jax.Array], cfg: Gemma4Config, folder) -> 
     dtypes = {str(params[s.path].dtype) for s in param_specs(cfg) if s.path not in int8}
     tensors = {}
     for path, t in hf_tensor_map(cfg).items():
-        name = TEXT_PREFIXES[-1] + t.names[0]
+        name = (TEXT_PREFIXES[-1] if t.in_text_model else "") + t.names[0]
         if t.kind == "up":
             continue  # written with its gate half
         a = np.asarray(params[path])
@@ -503,6 +557,12 @@ def save_checkpoint(params: dict[str, jax.Array], cfg: Gemma4Config, folder) -> 
             tensors[name] = np.concatenate([a, up], axis=2).transpose(0, 2, 1)
             if scale is not None:
                 scale = np.concatenate([scale, np.asarray(params[scale_path(up_path)])], axis=-1)
+        elif t.kind == "experts":  # one Linear [out, in] per expert
+            for e in range(a.shape[0]):
+                tensors[name.format(e=e)] = a[e].T
+                if scale is not None:
+                    tensors[name.format(e=e) + SCALE_SUFFIX] = scale[e]
+            continue
         elif t.kind == "linear":
             tensors[name] = a.T
         elif t.kind == "down":
@@ -521,7 +581,7 @@ def save_checkpoint(params: dict[str, jax.Array], cfg: Gemma4Config, folder) -> 
     return folder
 
 
-def check_params(params: dict, cfg: Gemma4Config) -> None:
+def check_params(params: dict, cfg: ModelConfig) -> None:
     """Raise one error listing every missing, unexpected or wrongly shaped tensor of ``params``; in a
     quantized tree (mk.quant), also INT8 matrices outside every scheme and missing, misshapen or
     non-float32 scales."""

@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 
-from mk.config import TINY_DENSE, TINY_MOE, to_hf_dict  # noqa: E402
+from mk.config import TINY_DENSE, TINY_LLAMA, TINY_MOE, TINY_QWEN3_MOE, to_hf_dict  # noqa: E402
 from mk.weights import EMBED_STD, NORM_STD  # noqa: E402
 
 # A config written the way a transformers user would (the issue's snippet): sliding and full layers
@@ -81,6 +81,7 @@ HF_EIGHT_HEADS = dict(
     intermediate_size=80,
     moe_intermediate_size=40,
 )
+EIGHT_HEADS_PRE_NORM = dict(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=32)
 HF_CONFIGS = {
     "tiny-dense": to_hf_dict(TINY_DENSE),
     "tiny-moe": to_hf_dict(TINY_MOE),
@@ -91,6 +92,22 @@ HF_CONFIGS = {
     # the snippet's 4 query heads (attention replicated over 8 chips) in one sliding and one full layer
     "hf-snippet-pair": {**HF_SNIPPET, **LAYER_PAIR},
     "hf-eight-heads-dense": {**HF_EIGHT_HEADS, "enable_moe_block": False},
+    # The pre-norm families (transformers' LlamaForCausalLM, Qwen3MoeForCausalLM): mk's tiny presets, and odd
+    # shapes (hidden 96, head dim 48, three query heads on one KV head, vocabulary 500, six experts).
+    "tiny-llama": to_hf_dict(TINY_LLAMA),
+    "tiny-qwen3-moe": to_hf_dict(TINY_QWEN3_MOE),
+    "llama-odd": {
+        **to_hf_dict(TINY_LLAMA),
+        **dict(vocab_size=500, hidden_size=96, intermediate_size=80, num_attention_heads=3, head_dim=48),
+    },
+    # over 8 chips: 8 query heads on 2 KV heads (each kept on 4 chips), head dim 32, two layers, 8 experts
+    "llama-eight-heads": {**to_hf_dict(TINY_LLAMA), **EIGHT_HEADS_PRE_NORM},
+    "qwen3-moe-eight-heads": {**to_hf_dict(TINY_QWEN3_MOE), **EIGHT_HEADS_PRE_NORM},
+    "qwen3-moe-odd": {
+        **to_hf_dict(TINY_QWEN3_MOE),
+        **dict(vocab_size=500, hidden_size=96, num_attention_heads=3, head_dim=48, num_experts=6),
+        **dict(moe_intermediate_size=40, intermediate_size=40),
+    },
 }
 
 
@@ -101,7 +118,7 @@ def tiny_cfg(request):
 
 
 def init_hf_weights(model, seed: int) -> None:
-    """Random weights for a transformers Gemma 4, set by parameter name only (independent of mk's name map).
+    """Random weights for a transformers model, set by parameter name only (independent of mk's name map).
 
     Same distributions as mk.weights.random_params, so logits are not degenerate: matrices N(0, 1/fan_in)
     (fan_in is the last axis in transformers' [out, in] / [E, out, in] layout), the embedding
@@ -124,22 +141,29 @@ def init_hf_weights(model, seed: int) -> None:
 
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory):
-    """Factory ``hf_checkpoint(name) -> (folder, model)``: a tiny transformers Gemma4ForCausalLM with random
-    weights (names in HF_CONFIGS), saved with ``save_pretrained``; ``model`` is it reloaded from the folder
-    with eager attention, in eval mode. Built once per test session."""
+    """Factory ``hf_checkpoint(name) -> (folder, model)``: a tiny transformers model with random weights (names in
+    HF_CONFIGS: a Gemma4ForCausalLM, or the causal LM of the config's ``model_type``), saved with
+    ``save_pretrained``; ``model`` is it reloaded from the folder with eager attention, in eval mode. Built once
+    per test session."""
     made = {}
 
     def make(name: str):
         if name not in made:
             import torch
-            from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+            from transformers import AutoConfig, AutoModelForCausalLM, Gemma4ForCausalLM, Gemma4TextConfig
 
             torch.manual_seed(0)
-            model = Gemma4ForCausalLM(Gemma4TextConfig(**HF_CONFIGS[name]))
+            d = dict(HF_CONFIGS[name])
+            family = d.pop("model_type", "gemma4_text")
+            if family == "gemma4_text":
+                cls, config = Gemma4ForCausalLM, Gemma4TextConfig(**d)
+            else:
+                cls, config = AutoModelForCausalLM, AutoConfig.for_model(family, **d)
+            model = cls.from_config(config) if cls is AutoModelForCausalLM else cls(config)
             init_hf_weights(model, seed=sum(map(ord, name)))
             folder = tmp_path_factory.mktemp(name)
             model.save_pretrained(folder)
-            model = Gemma4ForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+            model = cls.from_pretrained(folder, attn_implementation="eager").eval()
             made[name] = (folder, model)
         return made[name]
 

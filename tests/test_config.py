@@ -1,6 +1,8 @@
-"""Gemma 4 configs: exact parameter counts, loading Hugging Face configs, and clear validation errors."""
+"""Model configs (Gemma 4 and the pre-norm families): exact parameter counts, loading Hugging Face configs, and clear
+validation errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,8 +12,10 @@ from mk.config import (
     GEMMA4_31B,
     PRESETS,
     SLIDING,
+    TINY_LLAMA,
     TINY_MOE,
-    Gemma4Config,
+    TINY_QWEN3_MOE,
+    ModelConfig,
     from_hf_dict,
     get_config,
     load_hf_config,
@@ -89,7 +93,7 @@ def test_hf_config_without_layer_types_gets_the_5_1_pattern():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(model_type="llama"), "not a Gemma 4 text model"),
+        (dict(model_type="gpt2"), r"model_type is 'gpt2': mk runs gemma4_text, llama, qwen3, qwen3_moe, mixtral"),
         (dict(hidden_size_per_layer_input=256), "per-layer input embeddings"),
         (dict(num_kv_shared_layers=4), "KV sharing"),
         (dict(tie_word_embeddings=False), "untied"),
@@ -135,4 +139,50 @@ def test_truncated_keeps_shapes():
     assert t.num_layers == 6 and t.full_layers == (5,) and t.hidden_size == GEMMA4_31B.hidden_size
     with pytest.raises(ValueError, match="1..60"):
         GEMMA4_31B.truncated(0)
-    assert isinstance(t, Gemma4Config)
+    assert isinstance(t, ModelConfig)
+
+
+@pytest.mark.parametrize("cfg", [TINY_LLAMA, TINY_QWEN3_MOE], ids=lambda c: c.name)
+def test_other_families_round_trip_through_their_hf_config(cfg):
+    assert from_hf_dict(to_hf_dict(cfg), cfg.name) == cfg
+
+
+@pytest.mark.parametrize(
+    "folder, family, what",
+    [
+        ("llama-3.2-1b", "llama", dict(tied_embeddings=True, qk_norm=False, num_experts=0)),
+        ("llama-3.1-8b", "llama", dict(tied_embeddings=False, full_rope_theta=500_000.0)),
+        ("qwen3-8b", "qwen3", dict(qk_norm=True, tied_embeddings=False)),
+        ("qwen3-30b-a3b", "qwen3_moe", dict(num_experts=128, top_k=8, mlp_intermediate=0, norm_topk=True)),
+        ("mixtral-8x7b", "mixtral", dict(num_experts=8, top_k=2, expert_intermediate=14336, qk_norm=False)),
+    ],
+)
+def test_full_size_configs_of_other_families(folder, family, what):
+    cfg = load_hf_config(Path(__file__).resolve().parent.parent / "data" / "configs" / folder)
+    assert cfg.family == family and not cfg.sliding_layers and cfg.activation == "silu" and not cfg.sandwich_norms
+    assert {k: getattr(cfg, k) for k in what} == what
+    if folder.startswith("llama-3"):  # Llama 3.x's RoPE scaling is read, not dropped
+        assert cfg.rope_scaling is not None and cfg.rope_scaling.original_max_position_embeddings == 8192
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(attention_bias=True), "attention_bias"),
+        (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
+        (dict(use_sliding_window=True, sliding_window=4096), "sliding_window"),
+        (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}), "unsupported RoPE type 'yarn'"),
+        (dict(mlp_only_layers=[0]), "mlp_only_layers"),
+    ],
+)
+def test_other_families_refuse_what_mk_does_not_run(change, message):
+    with pytest.raises(ValueError, match=message):
+        from_hf_dict({**to_hf_dict(TINY_QWEN3_MOE), **change})
+
+
+def test_a_model_without_sliding_layers_needs_no_sliding_shapes():
+    assert TINY_LLAMA.sliding_window == 0 and not TINY_LLAMA.sliding_layers
+    with pytest.raises(ValueError, match="sliding_window must be a positive integer"):
+        TINY_LLAMA.replace(layer_types=("sliding", "full", "full"))
+    with pytest.raises(ValueError, match="shared MLP beside its experts"):
+        TINY_MOE.replace(mlp_intermediate=0)

@@ -21,8 +21,8 @@ from mk.plan import (
     EmitTokens,
     ExpertCombine,
     FfnResidual,
+    GatedAct,
     GatherBest,
-    GeluMul,
     HeadTile,
     MatmulMode,
     MatmulTile,
@@ -194,8 +194,8 @@ def test_route_and_expert_combine():
     close(out.acts["moe"][:B], gates[:, first_two].sum(1, keepdims=True) * eo)
 
 
-def test_gelu_mul():
-    op = plan_ops(GeluMul, layer=0, component="shared_mlp")[0]
+def test_gated_act():
+    op = plan_ops(GatedAct, layer=0, component="shared_mlp")[0]
     gate, up = _rand((B, op.n), 14), _rand((B, op.n), 15)
     out = probe(op, {"gate": gate, "up": up})
     close(out.acts["up"][:B, : op.n], jax.nn.gelu(gate, approximate=True) * up)
@@ -317,7 +317,7 @@ def test_every_op_kind_has_a_test_here():
         AttentionResidual,
         Route,
         ExpertCombine,
-        GeluMul,
+        GatedAct,
         FfnResidual,
         HeadTile,
         NoHead,

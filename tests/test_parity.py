@@ -1,4 +1,5 @@
-"""Parity of mk's reference with transformers' Gemma4ForCausalLM, an implementation we did not write.
+"""Parity of mk's reference with transformers (Gemma4ForCausalLM, LlamaForCausalLM, Qwen3MoeForCausalLM), an
+implementation we did not write.
 
 transformers builds and saves tiny random models (tests/conftest.py); mk loads the saved folder and must
 give the same logits at every step and the same greedy tokens. The oracle is transformers' own
@@ -13,7 +14,7 @@ error (a norm, a scale, a rotated pair, a mask off by one) moves logits by 1e-2 
 import numpy as np
 import pytest
 
-from mk.config import TINY_MOE, from_hf_dict, load_hf_config, to_hf_dict
+from mk.config import TINY_LLAMA, TINY_MOE, TINY_QWEN3_MOE, from_hf_dict, load_hf_config, to_hf_dict
 from mk.generate import generate
 from mk.reference import init_cache, prefill
 from mk.weights import load_checkpoint, random_params, save_checkpoint
@@ -48,7 +49,10 @@ def hf_greedy(model, prompt: np.ndarray, n: int):
     return out.sequences[:, prompt.shape[1] :].numpy(), torch.stack(out.logits, 1).float().numpy()
 
 
-@pytest.mark.parametrize("name,batch", [("tiny-dense", 3), ("tiny-moe", 1), ("tiny-moe", 3), ("hf-snippet", 2)])
+@pytest.mark.parametrize(
+    "name,batch",
+    [("tiny-dense", 3), ("tiny-moe", 1), ("tiny-moe", 3), ("hf-snippet", 2), ("tiny-llama", 2), ("tiny-qwen3-moe", 3)],
+)
 def test_greedy_parity(hf_checkpoint, name, batch):
     folder, model = hf_checkpoint(name)
     cfg, params = load_checkpoint(folder)
@@ -64,7 +68,7 @@ def test_greedy_parity(hf_checkpoint, name, batch):
         assert len({tuple(row) for row in tokens.tolist()}) == batch  # users decode independently
 
 
-@pytest.mark.parametrize("name", ["tiny-moe", "tiny-dense", "hf-odd", "hf-odd-dense"])
+@pytest.mark.parametrize("name", ["tiny-moe", "tiny-dense", "hf-odd", "hf-odd-dense", "llama-odd", "qwen3-moe-odd"])
 def test_ragged_greedy_parity(hf_checkpoint, name):
     """Prompts of different lengths (shorter than and past the sliding window) generated together: each
     user gets transformers' greedy tokens (and logits) for its prompt run alone. hf-odd: a window of 7,
@@ -94,15 +98,15 @@ def test_config_round_trips_through_transformers(hf_checkpoint, name):
         assert (cfg.sliding_kv_heads, cfg.full_kv_heads, cfg.sliding_head_dim, cfg.full_head_dim) == (2, 1, 16, 32)
 
 
-def test_mk_save_loads_in_transformers(tmp_path):
+@pytest.mark.parametrize("cfg", [TINY_MOE, TINY_LLAMA, TINY_QWEN3_MOE], ids=lambda c: c.name)
+def test_mk_save_loads_in_transformers(tmp_path, cfg):
     """mk's save_checkpoint is a real Hugging Face checkpoint: transformers loads every tensor and agrees."""
     import torch
-    from transformers import Gemma4ForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    cfg = TINY_MOE
     params = random_params(cfg, seed=3)
     save_checkpoint(params, cfg, tmp_path)
-    model, info = Gemma4ForCausalLM.from_pretrained(tmp_path, attn_implementation="eager", output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager", output_loading_info=True)
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 20))
     with torch.no_grad():
@@ -113,10 +117,10 @@ def test_mk_save_loads_in_transformers(tmp_path):
 
 @pytest.mark.parametrize(
     "engine, name",
-    [("reference", n) for n in ("tiny-moe", "tiny-dense", "hf-odd", "hf-odd-dense")]
+    [("reference", n) for n in ("tiny-moe", "tiny-dense", "hf-odd", "hf-odd-dense", "llama-odd", "qwen3-moe-odd")]
     # the kernel on the odd shapes, whose every width is padded (a minute each in interpret mode); on the tiny
     # presets it is held to the reference in tests/test_megakernel.py
-    + [("megakernel", n) for n in ("hf-odd", "hf-odd-dense")],
+    + [("megakernel", n) for n in ("hf-odd", "hf-odd-dense", "llama-odd", "qwen3-moe-odd")],
 )
 def test_cli_generate_ragged_on_a_transformers_checkpoint_gives_its_greedy_tokens(hf_checkpoint, mk_json, engine, name):
     """``python -m mk generate --checkpoint`` on the folder transformers saved, prompts of different lengths

@@ -10,8 +10,8 @@ from mk.plan import (
     AllReduce,
     Attend,
     ExpertCombine,
+    GatedAct,
     GatherBest,
-    GeluMul,
     HeadTile,
     MatmulTile,
     NoHead,
@@ -194,7 +194,7 @@ def test_folded_plan_covers_every_item_once_and_loops_repeat_with_fixed_strides(
     loops = [s for s in plan.folded if isinstance(s, Loop)]
     assert loops and {type(it) for s in loops for rep in _loop_ops(plan, s) for it in rep} <= {
         MatmulTile,
-        GeluMul,
+        GatedAct,
         ExpertCombine,
         HeadTile,
     }

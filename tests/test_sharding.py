@@ -155,8 +155,18 @@ def test_without_overlap_no_weight_dma_is_in_flight_across_an_all_reduce():
         ("hf-eight-heads", "whole", (9, 3, 12, 5), 3, ["--reduce-scatter"]),
         ("hf-eight-heads-dense", "split", (9, 3, 12, 5), 2, ["--no-overlap"]),
         ("hf-snippet-pair", "split", (9,), 2, []),
+        ("llama-eight-heads", "split", (9, 3), 2, []),
+        ("qwen3-moe-eight-heads", "whole", (9, 3, 12, 5), 2, []),
+        ("qwen3-moe-eight-heads", "split", (9,), 2, ["--reduce-scatter"]),
     ],
-    ids=["moe-whole-b4-reduce-scatter", "dense-b4-no-overlap", "moe-split-4-heads-replicated-b1"],
+    ids=[
+        "moe-whole-b4-reduce-scatter",
+        "dense-b4-no-overlap",
+        "moe-split-4-heads-replicated-b1",
+        "llama-b2",
+        "qwen3-moe-whole-b4",
+        "qwen3-moe-split-b1-reduce-scatter",
+    ],
 )
 def test_cli_generate_on_8_chips_gives_transformers_greedy_tokens(
     hf_checkpoint, mk_json, name, placement, prompts, new, switches

@@ -183,9 +183,17 @@ def saved(tmp_path):
 
 
 def test_other_model_type_is_refused(saved):
-    d = to_hf_dict(TINY_MOE) | {"model_type": "llama"}
+    d = to_hf_dict(TINY_MOE) | {"model_type": "gpt_neox"}
     (saved / "config.json").write_text(json.dumps(d))
-    with pytest.raises(ValueError, match="llama"):
+    with pytest.raises(ValueError, match="model_type is 'gpt_neox': mk runs gemma4_text, llama"):
+        load_checkpoint(saved)
+
+
+def test_a_gemma_checkpoint_under_another_familys_config_names_what_differs(saved):
+    """A config.json that says llama over Gemma 4 weights: every tensor that does not fit a Llama is named."""
+    d = to_hf_dict(TINY_MOE) | {"model_type": "llama", "hidden_act": "silu"}
+    (saved / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=r"(?s)checkpoint does not match config .*unexpected tensors"):
         load_checkpoint(saved)
 
 

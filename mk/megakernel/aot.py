@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pandas as pd
 
-from ..config import Gemma4Config
+from ..config import ModelConfig
 from ..params import check_knockout
 from ..plan import Tiles, build_plan
 from ..sharding import ONE_CHIP, Shard
@@ -19,7 +19,7 @@ from .refs import input_shapes
 
 
 def compile_for_tpu(
-    cfg: Gemma4Config,
+    cfg: ModelConfig,
     chip: str,
     batch: int,
     max_len: int,
@@ -93,7 +93,7 @@ def _compile_sharded(plan, chip: str, shapes, weight_dtype, kv_dtype, limit: int
     return step.lower(packed, spec.cache, spec.users).compile(compiler_options)
 
 
-def compiler_vmem_bytes(cfg: Gemma4Config, chip: str, batch: int, max_len: int, **kw) -> tuple[int, float]:
+def compiler_vmem_bytes(cfg: ModelConfig, chip: str, batch: int, max_len: int, **kw) -> tuple[int, float]:
     """(the plan's VMEM bytes, the VMEM libtpu's compiler says the kernel needs): compiled with a limit
     of half the plan, the compiler refuses it and states the size of its scoped allocation (rounded
     by the compiler to three digits)."""
@@ -119,7 +119,7 @@ def compiler_vmem_bytes(cfg: Gemma4Config, chip: str, batch: int, max_len: int, 
 
 
 def compile_times(
-    cfg: Gemma4Config,
+    cfg: ModelConfig,
     chip: str,
     layer_counts,
     batch: int = 1,

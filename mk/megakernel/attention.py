@@ -5,8 +5,8 @@ to the cache in HBM.
 The new token's K/V seed the softmax (they are in VMEM already); cache tiles are read only up to the
 tile holding the user's position, and slots that hold nothing for this user are masked out: the slot
 being overwritten (the token that left a sliding window, or nothing yet in a full layer), slots past
-the position, and a sliding cache's padding slots (the window rounded up to whole blocks). Scaling 1.0
-and no softcap, as Gemma 4.
+the position, and a sliding cache's padding slots (the window rounded up to whole blocks). Scores scaled by
+the model's score scale (folded into q: 1 for Gemma 4, 1/sqrt(head_dim) for the pre-norm families), no softcap.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ def rope(x, cos, sin, sign):
 
 
 def emit_qkv_norm_rope(k, op):
-    """In place on the q, k, v activations of layer ``op.layer``: q/k norms + RoPE at each user's
-    position, v's weightless norm (for K=V layers, v is the k projection before its norm)."""
+    """In place on the q, k, v activations of layer ``op.layer``: q/k norms (where the family has them) + RoPE at
+    each user's position, v's weightless norm (Gemma 4; for K=V layers, v is the k projection before its norm).
+    q is scaled by the model's score scale here, so the scores need none."""
     cfg, t, i, on = k.cfg, op.layer_type, op.layer, k.norms_on
     hd, kv, nh, eps = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads, cfg.rms_eps
     n = k.model.head_dim(t)  # the head's own dims (a padded head has zero lanes)
@@ -41,17 +42,20 @@ def emit_qkv_norm_rope(k, op):
     cos, sin = jnp.cos(ang), jnp.sin(ang)
     lane = jax.lax.broadcasted_iota(jnp.int32, (1, hd), 1)
     sign = jnp.where(lane < hd // 2, -1.0, 1.0).astype(jnp.float32)
-    qn, kn = k.layer_vec(i, "q_norm", hd), k.layer_vec(i, "k_norm", hd)
+    qk = cfg.qk_norm
+    qn, kn = (k.layer_vec(i, "q_norm", hd), k.layer_vec(i, "k_norm", hd)) if qk else (None, None)
+    scale = k.model.score_scale(t)  # of the model's own head dim
     q, kr, vr = s.acts["q"], s.acts["k"], s.acts["v"]
     for h in range(nh):
         c = slice(h * hd, (h + 1) * hd)
-        q[:, c] = rope(rms(q[:, c], eps, qn, on, n), cos, sin, sign)
+        qh = rope(rms(q[:, c], eps, qn, on and qk, n), cos, sin, sign)
+        q[:, c] = qh if scale == 1.0 else qh * jnp.float32(scale)
     for g in range(kv):
         c = slice(g * hd, (g + 1) * hd)
         kg = kr[:, c]
         vg = vr[:, c] if cfg.has_v_proj(t) else kg
-        vr[:, c] = rms(vg, eps, None, on, n)
-        kr[:, c] = rope(rms(kg, eps, kn, on, n), cos, sin, sign)
+        vr[:, c] = rms(vg, eps, None, on and cfg.v_norm, n)
+        kr[:, c] = rope(rms(kg, eps, kn, on and qk, n), cos, sin, sign)
 
 
 def emit_attend(k, op):

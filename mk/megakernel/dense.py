@@ -55,7 +55,8 @@ def emit_prologue(k, op):
 
 
 def emit_embed(k, op):
-    """x = embed[token] * sqrt(H). A DMA may not cut a (16, 128) bf16 tile: fetch the aligned block of
+    """x = embed[token] (times sqrt(H) where the family scales it). A DMA may not cut a (16, 128) bf16 tile: fetch the
+    aligned block of
     rows holding each user's token and pick the row out in VMEM. Over several chips each holds a range
     of the vocabulary: a token outside this chip's gives zeros (the all-reduce after it sums the rows)."""
     s, B, H = k.scratch, k.plan.batch, k.cfg.hidden_size
@@ -75,7 +76,8 @@ def emit_embed(k, op):
         c.start()
     for c in copies:
         c.wait()
-    scale = float(np.asarray(k.model.hidden_size**0.5, s.embed_rows.dtype))  # rounded as the reference does
+    # rounded as the reference does
+    scale = float(np.asarray(k.model.hidden_size**0.5, s.embed_rows.dtype)) if k.cfg.scale_embeddings else 1.0
     x = k.scratch.acts["x"]
     x[...] = jnp.zeros(x.shape, jnp.float32)
     row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, H), 0)
@@ -115,23 +117,32 @@ def emit_matmul(k, op):
 
 
 def emit_attention_residual(k, op):
+    """x += attention's output (Gemma: normed first); the FFN's input norm xn, and Gemma 4's router and expert norms."""
     a, cfg, i = k.scratch.acts, k.cfg, op.layer
     norm = partial(rms, eps=cfg.rms_eps, on=k.norms_on, n=k.model.hidden_size)
     x = a["x"][...]
     if op.attention_on:
-        x = x + norm(a["attn_out"][...], w=k.layer_vec(i, "post_attn_norm"))
+        out = a["attn_out"][...]
+        x = x + (norm(out, w=k.layer_vec(i, "post_attn_norm")) if cfg.sandwich_norms else out)
         a["x"][...] = x
     a["xn"][...] = norm(x, w=k.layer_vec(i, "pre_ffn_norm"))
-    if cfg.is_moe:
+    if cfg.is_moe and cfg.router == "gemma4":
         a["x2"][...] = norm(x, w=k.layer_vec(i, "pre_ffn_norm_2"))
         a["rin"][...] = norm(x) * k.layer_vec(i, "router_scale") * jnp.float32(k.model.hidden_size**-0.5)
 
 
 def emit_ffn_residual(k, op):
+    """x += the FFN: Gemma's shared MLP and experts each normed, their sum normed, times the layer scalar; a pre-norm
+    family's plain sum."""
     a, cfg, i, ko = k.scratch.acts, k.cfg, op.layer, k.plan.knockout
     norm = partial(rms, eps=cfg.rms_eps, on=k.norms_on, n=k.model.hidden_size)
     x = a["x"][...]
-    h = a["ffn"][...] if SHARED_MLP not in ko else jnp.zeros_like(x)
+    h = a["ffn"][...] if cfg.has_shared_mlp and SHARED_MLP not in ko else jnp.zeros_like(x)
+    if not cfg.sandwich_norms:
+        if cfg.is_moe and EXPERTS not in ko:
+            h = h + a["moe"][...]
+        a["x"][...] = x + h
+        return
     if cfg.is_moe:
         m = a["moe"][...] if EXPERTS not in ko else jnp.zeros_like(x)
         h = norm(h, w=k.layer_vec(i, "post_ffn_norm_1")) + norm(m, w=k.layer_vec(i, "post_ffn_norm_2"))

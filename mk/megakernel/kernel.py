@@ -27,7 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ..config import Gemma4Config
+from ..config import ModelConfig
 from ..params import NORMS, check_knockout
 from ..plan import (
     BLOCK,
@@ -40,8 +40,8 @@ from ..plan import (
     EmitTokens,
     ExpertCombine,
     FfnResidual,
+    GatedAct,
     GatherBest,
-    GeluMul,
     HeadTile,
     LayerLoop,
     Load,
@@ -90,7 +90,7 @@ EMIT = {
     Attend: attention.emit_attend,
     AttentionResidual: dense.emit_attention_residual,
     Route: moe.emit_route,
-    GeluMul: moe.emit_gelu_mul,
+    GatedAct: moe.emit_gated_act,
     ExpertCombine: moe.emit_expert_combine,
     FfnResidual: dense.emit_ffn_residual,
     HeadTile: head.emit_head_tile,
@@ -496,7 +496,7 @@ class MegakernelEngine:
     compiling one kernel per (batch, cache length, dtypes, knock-out, logits or not)."""
 
     def __init__(
-        self, cfg: Gemma4Config, tiles: Tiles = Tiles(), detect_races: bool = False, shard: Shard = ONE_CHIP, mesh=None
+        self, cfg: ModelConfig, tiles: Tiles = Tiles(), detect_races: bool = False, shard: Shard = ONE_CHIP, mesh=None
     ):
         self.cfg, self.tiles, self.detect_races, self.shard = cfg, tiles, detect_races, shard
         if shard.sharded:
@@ -517,7 +517,7 @@ class MegakernelEngine:
             out[name] = jax.device_put(a, NamedSharding(self.mesh, spec))
         return out
 
-    def prepare(self, params: dict, cfg: Gemma4Config) -> dict:
+    def prepare(self, params: dict, cfg: ModelConfig) -> dict:
         """The kernel's layout of ``params`` (``pack``), made once: a step given it reads it as it is
         (mk.bench times the step on it, so the timed program holds no re-layout)."""
         return self.packed(params)
@@ -641,7 +641,7 @@ class MegakernelEngine:
 
 
 def make_step(
-    cfg: Gemma4Config,
+    cfg: ModelConfig,
     tiles: Tiles = Tiles(),
     detect_races: bool = False,
     kv_tile: int | None = None,

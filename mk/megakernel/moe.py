@@ -47,12 +47,15 @@ def emit_route(k, op):
         total = chosen[0][0]
         for m, _ in chosen[1:]:
             total = total + m
-        scale = k.layer_vec(op.layer, "expert_scale", ep)
+        gemma = cfg.router == "gemma4"  # its per-expert scale; softmax_topk renormalises only if norm_topk
+        scale = k.layer_vec(op.layer, "expert_scale", ep) if gemma else None
         gates = jnp.zeros((rows, ep), jnp.float32)
         picked = jnp.zeros((rows, ep), jnp.bool_)
         for m, idx in chosen:
             hit = lane == idx
-            w = m / total * jnp.sum(jnp.where(hit, scale, 0.0), axis=1, keepdims=True)
+            w = m / total if cfg.norm_topk else m
+            if gemma:
+                w = w * jnp.sum(jnp.where(hit, scale, 0.0), axis=1, keepdims=True)
             gates = jnp.where(hit, w, gates)
             picked = picked | hit
     s.gates[...] = gates
@@ -71,9 +74,10 @@ def emit_route(k, op):
     s.acts["moe"][...] = jnp.zeros(s.acts["moe"].shape, jnp.float32)
 
 
-def emit_gelu_mul(k, op):
+def emit_gated_act(k, op):
     a = k.scratch.acts
-    a[op.dst][:, : op.n] = gelu_tanh(a[op.src][:, : op.n]) * a[op.dst][:, : op.n]
+    act = gelu_tanh if k.cfg.activation == "gelu_tanh" else jax.nn.silu
+    a[op.dst][:, : op.n] = act(a[op.src][:, : op.n]) * a[op.dst][:, : op.n]
 
 
 def emit_expert_combine(k, op):

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import Gemma4Config
+from ..config import ModelConfig
 from ..plan import ROWS, layout_config, padded_shape, round_up, stacked, type_index, vector_rows, vector_table_shape
 from ..plan.layout import head_lanes, scale_rows
 from ..quant import quantized_paths, scale_path, scheme_of
@@ -26,10 +26,10 @@ from .refs import matrix_shapes, weight_dtypes, weight_shapes
 HIDDEN, VOCAB = "hidden", "vocab"
 
 
-def _axes(cfg: Gemma4Config, path: str, ndim: int) -> tuple:
+def _axes(cfg: ModelConfig, path: str, ndim: int) -> tuple:
     """What each axis of a matrix is: HIDDEN, VOCAB, (heads, head_dim) or None (padded by padded_shape)."""
     name = path.rsplit(".", 1)[-1]
-    if name == "embed":
+    if name in ("embed", "head"):  # an untied head [V, H], as the embedding
         return VOCAB, HIDDEN
     t = cfg.layer_types[int(path.split(".")[1])]
     heads = {
@@ -58,7 +58,7 @@ def _spread_heads(a, axis: int, heads: int, hd: int):
     return jnp.moveaxis(out.reshape(*a.shape[:-1], -1), -1, axis)
 
 
-def _layout_shape(cfg: Gemma4Config, path: str, shape: tuple, lay: Gemma4Config) -> tuple:
+def _layout_shape(cfg: ModelConfig, path: str, shape: tuple, lay: ModelConfig) -> tuple:
     """The shape of a matrix of the reference tree in the kernel's layout ``lay`` (before stacking)."""
     axes = _axes(cfg, path, len(shape))
     sizes = {HIDDEN: lay.hidden_size, VOCAB: lay.vocab_size}
@@ -73,7 +73,7 @@ def _pad_to(a, target):
     return a if tuple(target) == a.shape else jnp.pad(a, [(0, t - s) for s, t in zip(a.shape, target)])
 
 
-def to_layout(a, cfg: Gemma4Config, path: str, lay: Gemma4Config):
+def to_layout(a, cfg: ModelConfig, path: str, lay: ModelConfig):
     """One matrix of the reference tree in the kernel's layout ``lay`` (before stacking)."""
     target = _layout_shape(cfg, path, a.shape, lay)
     for axis, kind in enumerate(_axes(cfg, path, a.ndim)):
@@ -82,7 +82,7 @@ def to_layout(a, cfg: Gemma4Config, path: str, lay: Gemma4Config):
     return _pad_to(a, target)
 
 
-def scales_to_layout(scale, cfg: Gemma4Config, path: str, shape: tuple, lay: Gemma4Config):
+def scales_to_layout(scale, cfg: ModelConfig, path: str, shape: tuple, lay: ModelConfig):
     """A quantized matrix's scales ([out] or [E, out], mk.quant) in the kernel's layout: the output channels
     spread and padded as the matrix's are, as rows [experts or 1 padded to 8, out] (mk.plan.layout.scale_rows)."""
     kind = _axes(cfg, path, len(shape))[-1]
@@ -92,7 +92,7 @@ def scales_to_layout(scale, cfg: Gemma4Config, path: str, shape: tuple, lay: Gem
     return _pad_to(s, (scale_rows(s.shape[0]), _layout_shape(cfg, path, shape, lay)[-1]))
 
 
-def pack(params: dict, cfg: Gemma4Config) -> dict:
+def pack(params: dict, cfg: ModelConfig) -> dict:
     """The kernel's inputs from the reference parameter tree: stacked matrices in the kernel's layout
     (their own dtype), the vector table (f32) and the RoPE inverse frequencies (f32)."""
     from ..reference import inv_freq
@@ -109,7 +109,7 @@ def pack(params: dict, cfg: Gemma4Config) -> dict:
     weights = {}
     for name in list(parts):  # each name's layers dropped once stacked: the device holds the weights once, plus a stack
         layers = parts.pop(name)
-        weights[name] = layers[0] if name == "embed" else jnp.stack(layers)
+        weights[name] = jnp.stack(layers) if "." in name else layers[0]  # embed, head: not stacked
     n, width = vector_table_shape(lay)
     table = np.zeros((round_up(n, ROWS), width), np.float32)
     for path, row in vector_rows(cfg).items():
@@ -128,7 +128,7 @@ def pack(params: dict, cfg: Gemma4Config) -> dict:
     return dict(vectors=jnp.asarray(table), inv_freq=jnp.asarray(freqs), weights=weights)
 
 
-def packed_shapes(cfg: Gemma4Config, weight_dtype, quantize: str = "none") -> dict:
+def packed_shapes(cfg: ModelConfig, weight_dtype, quantize: str = "none") -> dict:
     """``jax.ShapeDtypeStruct``s of ``pack``'s output, without any weights."""
     lay = layout_config(cfg)
     n, width = vector_table_shape(lay)
@@ -143,7 +143,7 @@ def packed_shapes(cfg: Gemma4Config, weight_dtype, quantize: str = "none") -> di
     )
 
 
-def adopt_cache(cfg: Gemma4Config, cache: dict) -> dict:
+def adopt_cache(cfg: ModelConfig, cache: dict) -> dict:
     """The kernel's cache from the reference's (mk.reference.init_cache with every layer's slots a
     multiple of the kernel's block): head dims in the kernel's lanes, each layer type's K and V stacked."""
     out = {}
@@ -158,7 +158,7 @@ def adopt_cache(cfg: Gemma4Config, cache: dict) -> dict:
     return out
 
 
-def reference_cache(cfg: Gemma4Config, cache: dict) -> dict:
+def reference_cache(cfg: ModelConfig, cache: dict) -> dict:
     """The reference's cache layout from the kernel's (to compare them)."""
     return {
         f"layers.{i}.{n}": cache[f"{t}.{n}"][type_index(cfg, i)][..., head_lanes(cfg.head_dim(t))]
@@ -169,7 +169,7 @@ def reference_cache(cfg: Gemma4Config, cache: dict) -> dict:
 
 # Over several chips: each chip's slice laid out as above, the slices joined on the axis split over the chips
 # (the weights: each chip's slice packed on that chip, mk.megakernel.kernel.MegakernelEngine.packed).
-def _join(parts: list[dict], cfg: Gemma4Config, shard) -> dict:
+def _join(parts: list[dict], cfg: ModelConfig, shard) -> dict:
     from ..sharding import split_axis
 
     out = {}
@@ -179,7 +179,7 @@ def _join(parts: list[dict], cfg: Gemma4Config, shard) -> dict:
     return out
 
 
-def adopt_cache_chips(cfg: Gemma4Config, cache: dict, shard) -> dict:
+def adopt_cache_chips(cfg: ModelConfig, cache: dict, shard) -> dict:
     """``adopt_cache`` over several chips: each chip's KV heads (mk.sharding.chip_cache) side by side."""
     from ..sharding import chip_cache, chip_config
 
@@ -189,7 +189,7 @@ def adopt_cache_chips(cfg: Gemma4Config, cache: dict, shard) -> dict:
     return _join([adopt_cache(local, chip_cache(cache, cfg, shard, c)) for c in range(shard.chips)], cfg, shard)
 
 
-def reference_cache_chips(cfg: Gemma4Config, cache: dict, shard) -> dict:
+def reference_cache_chips(cfg: ModelConfig, cache: dict, shard) -> dict:
     """The reference's cache from ``adopt_cache_chips``'s layout (a KV head kept on several chips is
     the same on each: the first copy is taken)."""
     from ..sharding import chip_config, first_kv_head, heads_split

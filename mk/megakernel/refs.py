@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
-from ..config import Gemma4Config
+from ..config import ModelConfig
 from ..params import param_specs
 from ..plan import BLOCK, LANE, ROWS, StepPlan, padded_shape, round_up, stacked, vector_table_shape
 from ..plan.layout import scale_rows
@@ -96,12 +96,12 @@ class Collective(NamedTuple):
     sems: Any  # DMA [2 (send, receive), 2 (best, best_id), C]
 
 
-def matrix_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
+def matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every matrix of the parameter tree and its (unpadded) shape."""
     return {s.path: s.shape for s in param_specs(cfg) if len(s.shape) >= 2}
 
 
-def weight_shapes(cfg: Gemma4Config, experts: int | None = None, quantize: str = "none") -> dict[str, tuple[int, ...]]:
+def weight_shapes(cfg: ModelConfig, experts: int | None = None, quantize: str = "none") -> dict[str, tuple[int, ...]]:
     """The kernel's HBM weights: ``embed`` and each layer matrix stacked by layer type, padded;
     ``experts``: the routed experts a chip holds (default all). A quantized matrix (``quantize``: the
     mk.quant scheme) also has its scales, ``{name}_qscale`` [layers, rows, N]: one row per expert (one
@@ -120,7 +120,7 @@ def weight_shapes(cfg: Gemma4Config, experts: int | None = None, quantize: str =
     return out
 
 
-def weight_dtypes(cfg: Gemma4Config, quantize: str, weight_dtype) -> dict[str, object]:
+def weight_dtypes(cfg: ModelConfig, quantize: str, weight_dtype) -> dict[str, object]:
     """The dtype of each of the kernel's HBM weights: INT8 codes, their float32 scales, the rest ``weight_dtype``."""
     quantized = {stacked(cfg, p)[0] for p in quantized_paths(cfg, quantize)}
     out = {}
@@ -132,7 +132,7 @@ def weight_dtypes(cfg: Gemma4Config, quantize: str, weight_dtype) -> dict[str, o
     return out
 
 
-def cache_shapes(cfg: Gemma4Config, batch: int, slots) -> dict[str, tuple[int, ...]]:
+def cache_shapes(cfg: ModelConfig, batch: int, slots) -> dict[str, tuple[int, ...]]:
     """The kernel's KV cache: per layer type, K and V stacked over its layers; ``slots(t)`` per layer."""
     out = {}
     for t in sorted(set(cfg.layer_types)):

@@ -9,7 +9,7 @@ plan's expected bytes use the expected number of distinct experts (exact under u
 
 from __future__ import annotations
 
-from ..config import Gemma4Config
+from ..config import ModelConfig
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs
 from ..units import positive_int
 from .layout import (
@@ -34,8 +34,8 @@ from .records import (
     EmitTokens,
     ExpertCombine,
     FfnResidual,
+    GatedAct,
     GatherBest,
-    GeluMul,
     HeadTile,
     Load,
     MatmulMode,
@@ -69,7 +69,7 @@ def spans(total: int, other: int, itemsize: int, budget: int) -> list[tuple[int,
     return [(s, min(width, total - s)) for s in range(0, total, width)]
 
 
-def expert_slots(cfg: Gemma4Config, batch: int, held: int | None = None) -> int:
+def expert_slots(cfg: ModelConfig, batch: int, held: int | None = None) -> int:
     """Expert slots per layer: at most B x k distinct experts are routed, and never more than the
     ``held`` experts a chip holds (default all E)."""
     return min(batch * cfg.top_k, cfg.num_experts if held is None else held)
@@ -81,7 +81,7 @@ class Builder:
 
     def __init__(
         self,
-        cfg: Gemma4Config,
+        cfg: ModelConfig,
         batch: int,
         max_len: int,
         context: int,
@@ -233,7 +233,7 @@ class Builder:
             )
 
     def mlp(self, prefix, layer, component, src, dst, names, expert=None):
-        """A GeGLU MLP chunked over its (padded) intermediate: per chunk gate, up, act, down."""
+        """A gated MLP chunked over its (padded) intermediate: per chunk gate, up, act, down."""
         g, u, d = (prefix + n for n in names)
         h, inter = self.shapes[g][-2:]
         sp = spans(inter, h, self.itemsize(g), self.tiles.weight_tile_bytes)
@@ -256,7 +256,7 @@ class Builder:
                         expert=expert,
                     )
                 )
-            self.op(GeluMul(layer, component, 10 * B * tc, src=gate, dst=up, n=tc, expert=expert))
+            self.op(GatedAct(layer, component, 10 * B * tc, src=gate, dst=up, n=tc, expert=expert))
             lid = self.load(d, layer, component, (c, tc), (0, h), expert, (w, h))
             self.op(
                 MatmulTile(
@@ -279,7 +279,9 @@ class Builder:
         for name in ("x", "xn", "attn_out", "ffn"):
             self.act(name, H)
         if cfg.is_moe:
-            for name in ("x2", "rin", "moe"):
+            self.act("moe", H)
+        if cfg.is_moe and cfg.router == "gemma4":  # Gemma 4's experts and router read their own norms of x
+            for name in ("x2", "rin"):
                 self.act(name, H)
         vec_rows, vec_width = vector_table_shape(cfg)
         self.op(Prologue(-1, NORMS, 0, serial_bytes=round_up(vec_rows, ROWS) * vec_width * 4))
@@ -291,8 +293,9 @@ class Builder:
         # The head: equal tiles (one loop in the kernel), each softcapped and folded into the running argmax.
         tv = even_width(cfg.vocab_size, H, self.wb, self.tiles.head_tile_bytes)
         if HEAD not in self.ko:
+            head = "embed" if cfg.tied_embeddings else "head"  # [V, H] either way
             for r in range(0, cfg.vocab_size, tv):
-                lid = self.load("embed", -1, HEAD, (r, tv), (0, H))
+                lid = self.load(head, -1, HEAD, (r, tv), (0, H))
                 self.op(HeadTile(-1, HEAD, 2 * B * tv * H + 6 * B * tv, load=lid, src="xn", row_off=r, n=tv))
         else:
             self.op(NoHead(-1, HEAD, 0))
@@ -337,11 +340,13 @@ class Builder:
             if self.split_heads:  # each chip computed its heads' share of the output projection
                 self.all_reduce(i, ["attn_out"], self.shard.collective.payload_itemsize())
         self.op(AttentionResidual(i, NORMS, 8 * B * H, attention_on=att not in self.ko))
+        # Gemma 4's router and experts read their own norms of x; a pre-norm family's the FFN's input, xn
+        rin, x2 = ("rin", "x2") if cfg.router == "gemma4" else ("xn", "xn")
         if cfg.is_moe:
             E = self.shapes[p + "router_proj"][1]
             self.act("router", E)
             if ROUTER not in self.ko:
-                self.proj_cols(p + "router_proj", i, ROUTER, "rin", "router")
+                self.proj_cols(p + "router_proj", i, ROUTER, rin, "router")
             self._route = len(self.ops)
             # with the router knocked out, Route only sets the fixed experts 0..k-1
             self.op(
@@ -353,21 +358,20 @@ class Builder:
                     serial_bytes=2 * ROWS * E * 4,
                 )
             )
-        if SHARED_MLP not in self.ko:
+        shared = cfg.has_shared_mlp and SHARED_MLP not in self.ko
+        if shared:
             self.mlp(p, i, SHARED_MLP, "xn", "ffn", ("mlp_gate", "mlp_up", "mlp_down"))
         if cfg.is_moe and EXPERTS not in self.ko:
             self.act("eo", H)
             for j in range(expert_slots(cfg, B, self.experts_held)):
-                self.mlp(p, i, EXPERTS, "x2", "eo", ("expert_gate", "expert_up", "expert_down"), expert=j)
+                self.mlp(p, i, EXPERTS, x2, "eo", ("expert_gate", "expert_up", "expert_down"), expert=j)
                 self.op(ExpertCombine(i, EXPERTS, 2 * B * H, expert=j))
-        partial_sums = [
-            a for a, on in (("ffn", SHARED_MLP not in self.ko), ("moe", cfg.is_moe and EXPERTS not in self.ko)) if on
-        ]
+        partial_sums = [a for a, on in (("ffn", shared), ("moe", cfg.is_moe and EXPERTS not in self.ko)) if on]
         self.all_reduce(i, partial_sums, self.shard.collective.payload_itemsize())
         self.op(FfnResidual(i, NORMS, 10 * B * H))
 
 
-def check_shapes(cfg: Gemma4Config, batch: int, max_len: int, context: int, kv_itemsize: int, tiles: Tiles):
+def check_shapes(cfg: ModelConfig, batch: int, max_len: int, context: int, kv_itemsize: int, tiles: Tiles):
     positive_int("batch", batch)
     positive_int("max_len", max_len)
     if not 0 < context <= max_len:

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ..config import SLIDING, Gemma4Config
+from ..config import SLIDING, ModelConfig
 from ..params import layer_param_specs, param_specs
 from ..units import LANE, round_up
 
@@ -26,7 +26,7 @@ BLOCK = 16  # rows a DMA moves at a dynamic offset: one bf16 sublane tile (embed
 VREG_BYTES = 64 * 4096  # a TensorCore's vector register file: 64 registers of 8 x 128 x 4 bytes
 
 
-def layout_config(cfg: Gemma4Config) -> Gemma4Config:
+def layout_config(cfg: ModelConfig) -> ModelConfig:
     """The model as the kernel lays it out: hidden size, head dims and vocabulary rounded up to whole
     lanes. The padding is zeros, so every product is exact; where it would count (a norm's mean, the
     greedy pick over the vocabulary) the kernel uses the model's own sizes. A head of hd < 128 lanes keeps
@@ -65,7 +65,7 @@ def sublanes(itemsize: int) -> int:
     return 8 * 4 // itemsize
 
 
-def padded_shape(cfg: Gemma4Config, path: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+def padded_shape(cfg: ModelConfig, path: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape a tensor has in the kernel's HBM layout (intermediates and expert count padded to 128)."""
     name = path.rsplit(".", 1)[-1]
     mi, ei, ep = (
@@ -86,12 +86,12 @@ def padded_shape(cfg: Gemma4Config, path: str, shape: tuple[int, ...]) -> tuple[
     return shape
 
 
-def type_index(cfg: Gemma4Config, i: int) -> int:
+def type_index(cfg: ModelConfig, i: int) -> int:
     """Layer i's place among the layers of its type (its index in the stacked tensors)."""
     return cfg.layer_types[:i].count(cfg.layer_types[i])
 
 
-def stacked(cfg: Gemma4Config, path: str) -> tuple[str, int | None]:
+def stacked(cfg: ModelConfig, path: str) -> tuple[str, int | None]:
     """The kernel's HBM tensor holding ``path`` and the index in it: ``layers.{i}.{name}`` lives at
     ``{layer type}.{name}[type_index(i)]``; ``embed`` is not stacked (index None)."""
     if not path.startswith("layers."):
@@ -101,7 +101,7 @@ def stacked(cfg: Gemma4Config, path: str) -> tuple[str, int | None]:
     return f"{cfg.layer_types[i]}.{name}", type_index(cfg, i)
 
 
-def cache_slots(cfg: Gemma4Config, layer_type: str, max_len: int) -> int:
+def cache_slots(cfg: ModelConfig, layer_type: str, max_len: int) -> int:
     """Slots of a layer's KV cache in the kernel's layout: the window (sliding) or ``max_len`` (full),
     rounded up to whole ``BLOCK``s (the extra slots are never valid and are masked)."""
     return round_up(cfg.sliding_window if layer_type == SLIDING else max_len, BLOCK)
@@ -112,7 +112,7 @@ def kv_tile(positions: int, largest: int, multiple: int = BLOCK) -> int:
     return max(t for t in range(multiple, min(positions, largest) + 1, multiple) if positions % t == 0)
 
 
-def vector_rows(cfg: Gemma4Config) -> dict[str, int]:
+def vector_rows(cfg: ModelConfig) -> dict[str, int]:
     """Row of each vector parameter in the packed table (``final_norm`` and every layer's norms/scales)."""
     out = {}
     for s in param_specs(cfg):
@@ -121,24 +121,24 @@ def vector_rows(cfg: Gemma4Config) -> dict[str, int]:
     return out
 
 
-def vector_stride(cfg: Gemma4Config) -> int:
+def vector_stride(cfg: ModelConfig) -> int:
     """Rows between a vector of layer i and the same vector of layer i + 1 (every layer has the same vectors)."""
     rows = vector_rows(cfg)
     return rows["layers.1.input_norm"] - rows["layers.0.input_norm"] if cfg.num_layers > 1 else 0
 
 
-def vector_table_shape(cfg: Gemma4Config) -> tuple[int, int]:
+def vector_table_shape(cfg: ModelConfig) -> tuple[int, int]:
     """Rows and width of the packed table of norm weights and scales (one vector a row)."""
     n = 1 + len(vector_rows(cfg))
     width = round_up(max(cfg.hidden_size, cfg.full_head_dim, cfg.sliding_head_dim, cfg.num_experts, 1), LANE)
     return n, width
 
 
-def layers_in_hbm(cfg: Gemma4Config, hbm_bytes: float, batch: int, max_len: int, itemsize: int = 2) -> int:
+def layers_in_hbm(cfg: ModelConfig, hbm_bytes: float, batch: int, max_len: int, itemsize: int = 2) -> int:
     """How many of ``cfg``'s first layers (every expert included), with the embedding/head and their
     KV caches, fit in ``hbm_bytes`` (one chip's HBM), in the kernel's padded layout (the compiler
     refused a 26B-A4B cut counted unpadded for v6e: its 704 -> 768 expert padding is ~9% of a layer)."""
-    used = cfg.vocab_size * cfg.hidden_size * itemsize
+    used = cfg.vocab_size * cfg.hidden_size * itemsize * (1 if cfg.tied_embeddings else 2)
     for i, t in enumerate(cfg.layer_types):
         kv = 2 * batch * cfg.kv_heads(t) * cache_slots(cfg, t, max_len) * cfg.head_dim(t)
         weights = sum(math.prod(padded_shape(cfg, s.path, s.shape)) for s in layer_param_specs(cfg, i))

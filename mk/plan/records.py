@@ -161,8 +161,9 @@ class MatmulTile(Op):
 
 
 @dataclass(frozen=True)
-class GeluMul(Op):
-    """dst[:, :n] = gelu_tanh(src[:, :n]) * dst[:, :n]: the GeGLU of one MLP (or expert) chunk."""
+class GatedAct(Op):
+    """dst[:, :n] = act(src[:, :n]) * dst[:, :n]: the gated activation (GeGLU, SwiGLU: the model's ``activation``)
+    of one MLP (or expert) chunk."""
 
     src: str = ""
     dst: str = ""
@@ -281,7 +282,7 @@ OP_KINDS = (
     Embed,
     Norm,
     MatmulTile,
-    GeluMul,
+    GatedAct,
     ExpertCombine,
     QKVNormRope,
     Attend,

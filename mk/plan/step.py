@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..config import Gemma4Config
+from ..config import ModelConfig
 from ..params import EXPERTS, check_knockout
 from ..routing import chip_distinct_experts_distribution, distinct_experts_distribution
 from ..units import round_up
@@ -23,7 +23,7 @@ from .schedule import fold_step, groups, pattern_period, schedule
 
 @dataclass(frozen=True)
 class StepPlan:
-    cfg: Gemma4Config
+    cfg: ModelConfig
     batch: int
     max_len: int
     context: int
@@ -38,7 +38,7 @@ class StepPlan:
     loop_layers: bool = True  # emit repeats of the layer pattern as one loop (False: every layer's own code)
     # Over several chips ``cfg`` is the slice one chip computes (mk.sharding.chip_config) and ``model``
     # the whole model; ``shard`` says how it is cut (None: one chip); ``chip``: whose plan this is.
-    model: Gemma4Config | None = None
+    model: ModelConfig | None = None
     shard: object = None
     chip: int = 0
     experts_held: int = 0  # routed experts (or expert slices) this chip holds
@@ -49,7 +49,7 @@ class StepPlan:
         return 1 if self.shard is None else self.shard.chips
 
     @property
-    def whole_model(self) -> Gemma4Config:
+    def whole_model(self) -> ModelConfig:
         return self.model or self.cfg
 
     @property
@@ -57,7 +57,7 @@ class StepPlan:
         return round_up(self.batch, ROWS)
 
     @cached_property
-    def layout(self) -> Gemma4Config:
+    def layout(self) -> ModelConfig:
         """The model with the sizes the kernel lays out (mk.plan.layout.layout_config)."""
         return layout_config(self.cfg)
 
@@ -345,7 +345,7 @@ def _ranges(layers) -> str:
 
 
 def build_plan(
-    cfg: Gemma4Config,
+    cfg: ModelConfig,
     batch: int,
     max_len: int,
     context: int | None = None,

@@ -64,7 +64,7 @@ import pandas as pd
 
 from ..bench import provenance
 from ..chips import DATA_DIR, get_chip, known_chip
-from ..config import Gemma4Config, to_hf_dict
+from ..config import ModelConfig, to_hf_dict
 from ..files import append_csv_rows
 from ..params import count_params
 from ..progress import Log
@@ -178,7 +178,7 @@ def torch_device(device: str) -> str:
     return "cuda:0"
 
 
-def model_bytes(cfg: Gemma4Config, context: int, batch: int, dtype: str) -> int:
+def model_bytes(cfg: ModelConfig, context: int, batch: int, dtype: str) -> int:
     """What one engine holds on the device: the weights and the KV cache (each engine has its own)."""
     item = jnp.dtype(DTYPES[dtype]).itemsize
     kv = sum(kv_bytes_per_user(cfg, context, item).values()) * batch
@@ -270,7 +270,7 @@ class _Background:
         return self.box["value"]
 
 
-def start_reference(cfg: Gemma4Config, context: int, batch: int, dtype: str, dev, seed: int, log) -> Callable:
+def start_reference(cfg: ModelConfig, context: int, batch: int, dtype: str, dev, seed: int, log) -> Callable:
     """Build the reference's weights and cache on ``dev`` and start compiling its step in the
     background; returns ``finish(deadline) -> Engine`` (raises TimeoutError if the compile is not done
     by ``deadline``)."""
@@ -328,7 +328,7 @@ def start_reference(cfg: Gemma4Config, context: int, batch: int, dtype: str, dev
     return finish
 
 
-def build_transformers(cfg: Gemma4Config, dtype: str = "bf16", device: str = "gpu", seed: int = 0):
+def build_transformers(cfg: ModelConfig, dtype: str = "bf16", device: str = "gpu", seed: int = 0):
     """transformers' Gemma4ForCausalLM for ``cfg`` (``mk.config.to_hf_dict``), built on ``device`` in
     ``dtype`` (no float32 or host copy) with mk's random weight distributions, in eval mode."""
     torch, _, Gemma4ForCausalLM, Gemma4TextConfig, _ = transformers_modules()
@@ -393,7 +393,7 @@ def transformers_step(model, context: int, batch: int, token: int = 0):
     return step, reset
 
 
-def start_transformers(cfg: Gemma4Config, context: int, batch: int, dtype: str, device: str, seed: int, log) -> Engine:
+def start_transformers(cfg: ModelConfig, context: int, batch: int, dtype: str, device: str, seed: int, log) -> Engine:
     """transformers' step for ``cfg`` on ``device`` (``build_transformers``, ``transformers_step``),
     its kernels counted."""
     torch = transformers_modules()[0]
@@ -486,7 +486,7 @@ def _versions(dev) -> dict:
 
 def time_engines(
     engines: list[Engine],
-    cfg: Gemma4Config,
+    cfg: ModelConfig,
     context: int,
     batch: int,
     dtype: str,
@@ -552,7 +552,7 @@ def time_engines(
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def speed_of_light_for(cfg: Gemma4Config, context: int, batch: int, dtype: str, dev, chip: str | None) -> SpeedOfLight:
+def speed_of_light_for(cfg: ModelConfig, context: int, batch: int, dtype: str, dev, chip: str | None) -> SpeedOfLight:
     """The chip's speed of light (``chip``, or the chip the device is) from ``mk.sol``, or, for a device
     that is no known chip, the same bytes over a GEMV probe timed in the same rounds."""
     per_step = bytes_per_token(cfg, context, batch, dtype).total
@@ -583,7 +583,7 @@ def _check(cfg, context, batch, dtype, engines, device, budget_s):
 
 
 def run(
-    cfg: Gemma4Config,
+    cfg: ModelConfig,
     context: int = 1024,
     batch: int = 1,
     budget_s: float = 300.0,
@@ -654,14 +654,14 @@ def run(
 
 
 def measure_reference(
-    cfg: Gemma4Config, context: int = 1024, batch: int = 1, budget_s: float = 300.0, device: str = "gpu", **kw
+    cfg: ModelConfig, context: int = 1024, batch: int = 1, budget_s: float = 300.0, device: str = "gpu", **kw
 ) -> pd.DataFrame:
     """The reference's step alone (beside the speed of light): one row, not written to a file."""
     return run(cfg, context, batch, budget_s, device, engines=("reference",), out=None, **kw)
 
 
 def measure_transformers(
-    cfg: Gemma4Config, context: int = 1024, batch: int = 1, budget_s: float = 300.0, device: str = "gpu", **kw
+    cfg: ModelConfig, context: int = 1024, batch: int = 1, budget_s: float = 300.0, device: str = "gpu", **kw
 ) -> pd.DataFrame:
     """transformers' step alone (beside the speed of light): one row, not written to a file."""
     return run(cfg, context, batch, budget_s, device, engines=("transformers",), out=None, **kw)

@@ -61,7 +61,7 @@ from typing import Callable
 
 import pandas as pd
 
-from ..config import FULL, SLIDING, Gemma4Config
+from ..config import FULL, GEMMA4, SLIDING, ModelConfig
 from ..params import (
     EXPERTS,
     HEAD,
@@ -100,12 +100,14 @@ class Program:
     sol_kv_bytes: float = 0.0
 
 
-def _check(cfg: Gemma4Config, context: int, batch: int) -> None:
+def _check(cfg: ModelConfig, context: int, batch: int) -> None:
     positive_int("context", context)
     positive_int("batch", batch)
+    if cfg.family != GEMMA4:  # the programs below wire Gemma 4's layer (its norms, router and shared MLP)
+        raise ValueError(f"XLA's cost programs are built for Gemma 4 models; {cfg.name} is a {cfg.family} model")
 
 
-def layer_counts(cfg: Gemma4Config) -> dict[str, int]:
+def layer_counts(cfg: ModelConfig) -> dict[str, int]:
     """How many times a program of each ``layer_kind`` runs in one decode step."""
     return {
         str(SLIDING): len(cfg.sliding_layers),
@@ -115,7 +117,7 @@ def layer_counts(cfg: Gemma4Config) -> dict[str, int]:
     }
 
 
-def component_programs(cfg: Gemma4Config, context: int = 1024, batch: int = 1) -> dict[str, Program]:
+def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) -> dict[str, Program]:
     """The straight-line programs of one decode step of ``cfg`` for one chip (bf16, full-size shapes), by
     name: ``sliding_attention``, ``full_attention`` (those the model has), ``shared_mlp``, ``router`` and
     ``experts`` (MoE), ``norms`` (one layer's), ``final_norm`` (component ``norms``, once per step), ``head``.
@@ -168,7 +170,7 @@ def component_programs(cfg: Gemma4Config, context: int = 1024, batch: int = 1) -
             k_cache = R.write_slots(k_cache, k.transpose(0, 2, 1, 3).astype(k_cache.dtype), slot)
             v_cache = R.write_slots(v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), slot)
             mask = jnp.arange(S)[None, :] <= pos[:, None]
-            attn = R.matmul_t(R.attend_one(q, k_cache, v_cache, mask), p["o"])
+            attn = R.matmul_t(R.attend_one(q, k_cache, v_cache, mask, cfg.score_scale(t)), p["o"])
             return attn, k_cache, v_cache
 
         progs[comp] = Program(
@@ -326,7 +328,7 @@ def _tpu_device(chip: str):
 
 
 def xla_costs(
-    cfg: Gemma4Config, chip: str, context: int = 1024, batch: int = 1, msa: bool = False, progress: bool = True
+    cfg: ModelConfig, chip: str, context: int = 1024, batch: int = 1, msa: bool = False, progress: bool = True
 ) -> pd.DataFrame:
     """XLA's TPU cost model of each program of :func:`component_programs`, compiled for one device of
     ``chip`` (a TPU topology of mk.tpu: ``tpu-v5e-8``, ``tpu-v6e-8``, ...), memory-space assignment off
@@ -370,7 +372,7 @@ def xla_costs(
     return pd.DataFrame(rows)
 
 
-def per_step(df: pd.DataFrame, cfg: Gemma4Config) -> pd.DataFrame:
+def per_step(df: pd.DataFrame, cfg: ModelConfig) -> pd.DataFrame:
     """The whole step's components from :func:`xla_costs`' rows: each row times how often its program runs
     in one step (``layers``: the layers of its kind, every layer, or once), summed by component, in
     mk.params' order. Sums of separate programs: no fusion across them."""

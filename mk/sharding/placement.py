@@ -28,7 +28,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from ..config import LAYER_TYPES, Gemma4Config
+from ..config import LAYER_TYPES, ModelConfig
 from ..quant_schemes import SCALE_SUFFIX
 from ..units import LANE, ceil_div, positive_int, round_up
 from .collective import Collective
@@ -68,7 +68,7 @@ class Shard:
 ONE_CHIP = Shard()
 
 
-def heads_split(cfg: Gemma4Config, chips: int) -> bool:
+def heads_split(cfg: ModelConfig, chips: int) -> bool:
     """Whether attention heads are split over ``chips``: the query heads divide the chips, and each chip's
     query heads read whole KV heads of its own (kv divides the chips, or one KV head serves them all)."""
     if chips == 1 or cfg.num_heads % chips:
@@ -82,17 +82,17 @@ def heads_split(cfg: Gemma4Config, chips: int) -> bool:
     return True
 
 
-def kv_heads_per_chip(cfg: Gemma4Config, layer_type: str, chips: int) -> int:
+def kv_heads_per_chip(cfg: ModelConfig, layer_type: str, chips: int) -> int:
     kv = cfg.kv_heads(layer_type)
     return kv // chips if kv % chips == 0 else 1
 
 
-def first_kv_head(cfg: Gemma4Config, layer_type: str, chips: int, chip: int) -> int:
+def first_kv_head(cfg: ModelConfig, layer_type: str, chips: int, chip: int) -> int:
     """The first KV head chip ``chip``'s query heads read."""
     return chip * (cfg.num_heads // chips) // (cfg.num_heads // cfg.kv_heads(layer_type))
 
 
-def kv_replication(cfg: Gemma4Config, chips: int) -> dict[str, int]:
+def kv_replication(cfg: ModelConfig, chips: int) -> dict[str, int]:
     """Copies of each KV head (its k/v projections and cache) over the chips, by layer type: 1 when the
     KV heads divide the chips, C/kv when fewer KV heads than chips, C when attention is replicated."""
     if not heads_split(cfg, chips):
@@ -100,7 +100,7 @@ def kv_replication(cfg: Gemma4Config, chips: int) -> dict[str, int]:
     return {str(t): chips * kv_heads_per_chip(cfg, t, chips) // cfg.kv_heads(t) for t in LAYER_TYPES}
 
 
-def kv_replication_bytes(cfg: Gemma4Config, chips: int, context: int, batch: int = 1, itemsize: int = 2) -> dict:
+def kv_replication_bytes(cfg: ModelConfig, chips: int, context: int, batch: int = 1, itemsize: int = 2) -> dict:
     """Bytes one chip reads per step beyond an even 1/C share because its KV heads are kept on several
     chips (``kv_replication``): their k/v projections and KV cache, by layer type."""
     out = {}
@@ -113,12 +113,12 @@ def kv_replication_bytes(cfg: Gemma4Config, chips: int, context: int, batch: int
     return out
 
 
-def vocab_per_chip(cfg: Gemma4Config, chips: int) -> int:
+def vocab_per_chip(cfg: ModelConfig, chips: int) -> int:
     """Vocabulary rows each chip holds: the vocabulary padded to C whole-lane blocks, divided."""
     return round_up(cfg.vocab_size, LANE * chips) // chips if chips > 1 else cfg.vocab_size
 
 
-def experts_per_chip(cfg: Gemma4Config, shard: Shard) -> int:
+def experts_per_chip(cfg: ModelConfig, shard: Shard) -> int:
     """Routed experts whose weights (or slices) one chip holds."""
     if not cfg.is_moe or shard.placement == Placement.SPLIT or not shard.sharded:
         return cfg.num_experts
@@ -130,7 +130,7 @@ def experts_per_chip(cfg: Gemma4Config, shard: Shard) -> int:
     return cfg.num_experts // shard.chips
 
 
-def chip_config(cfg: Gemma4Config, shard: Shard) -> Gemma4Config:
+def chip_config(cfg: ModelConfig, shard: Shard) -> ModelConfig:
     """The slice of ``cfg`` one chip computes, as a config (``cfg`` itself on one chip). Its expert count
     stays the model's (the router is replicated); ``experts_per_chip`` says how many a chip holds."""
     if not shard.sharded:
@@ -171,11 +171,11 @@ _MLP_AXIS = {"mlp_gate": 1, "mlp_up": 1, "mlp_down": 0}
 _EXPERT_INTER_AXIS = {"expert_gate": 2, "expert_up": 2, "expert_down": 1}
 
 
-def _matrix_cut(cfg: Gemma4Config, shard: Shard, chip: int, path: str) -> tuple[int, int, int] | None:
+def _matrix_cut(cfg: ModelConfig, shard: Shard, chip: int, path: str) -> tuple[int, int, int] | None:
     """The (axis, start, size) of matrix ``path`` of the reference tree chip ``chip`` takes (None: all of it)."""
     C, local = shard.chips, chip_config(cfg, shard)
     name = path.rsplit(".", 1)[-1]
-    if name == "embed":
+    if name in ("embed", "head"):
         return 0, chip * local.vocab_size, local.vocab_size
     if not path.startswith("layers."):
         return None
@@ -196,7 +196,7 @@ def _matrix_cut(cfg: Gemma4Config, shard: Shard, chip: int, path: str) -> tuple[
     return None
 
 
-def chip_params(params: dict, cfg: Gemma4Config, shard: Shard, chip: int) -> dict:
+def chip_params(params: dict, cfg: ModelConfig, shard: Shard, chip: int) -> dict:
     """Chip ``chip``'s slice of the reference parameter tree: the parameters of ``chip_config`` (with
     E/C experts for a whole placement). An INT8 matrix's scales (mk.quant, [..., out]) follow its cut:
     sliced with its output channels or its experts, whole where its input axis is cut."""
@@ -214,7 +214,7 @@ def chip_params(params: dict, cfg: Gemma4Config, shard: Shard, chip: int) -> dic
     return out
 
 
-def chip_cache(cache: dict, cfg: Gemma4Config, shard: Shard, chip: int) -> dict:
+def chip_cache(cache: dict, cfg: ModelConfig, shard: Shard, chip: int) -> dict:
     """Chip ``chip``'s KV heads of a reference cache (``layers.{i}.k|v`` [B, kv, slots, hd])."""
     if not shard.sharded or not heads_split(cfg, shard.chips):
         return cache
@@ -226,7 +226,7 @@ def chip_cache(cache: dict, cfg: Gemma4Config, shard: Shard, chip: int) -> dict:
     return out
 
 
-def split_axis(cfg: Gemma4Config, shard: Shard, tensor: str) -> int | None:
+def split_axis(cfg: ModelConfig, shard: Shard, tensor: str) -> int | None:
     """The axis of the kernel's HBM tensor ``tensor`` (``embed``, ``sliding.q``, a cache's ``full.k``,
     ``vectors``, ...) that is split over the chips (None: every chip holds all of it). The kernel's
     tensors are layer-stacked (mk.plan.layout.stacked): matrices [layers, (E,) K, N], caches
@@ -237,7 +237,7 @@ def split_axis(cfg: Gemma4Config, shard: Shard, tensor: str) -> int | None:
         matrix = tensor.removesuffix(SCALE_SUFFIX)
         axis, ndim = split_axis(cfg, shard, matrix), 4 if matrix.split(".", 1)[1].startswith("expert_") else 3
         return {ndim - 1: 2, 1: 1 if ndim == 4 else None}.get(axis)
-    if tensor == "embed":
+    if tensor in ("embed", "head"):
         return 0
     if "." not in tensor:
         return None

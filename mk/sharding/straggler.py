@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..config import Gemma4Config
+from ..config import ModelConfig
 from ..routing import busiest_chip_distribution, check_placement, distinct_experts_distribution
 from ..units import positive_int
 
@@ -174,7 +174,7 @@ def sample_busiest(
 
 def measured_busiest(
     params: dict,
-    cfg: Gemma4Config,
+    cfg: ModelConfig,
     chips: int,
     batch: int = 1,
     streams: int = 16,
