@@ -34,18 +34,22 @@ def _add_quantize(p) -> None:
     )
 
 
+# What --model takes, everywhere: mk.config.get_config (the families the reference, plan and kernel run) or
+# mk.decoders.get_decoder (every family, for bytes and counts) resolve it.
+MODEL_HELP = (
+    "a preset name (python -m mk models lists them), a config.json or a checkpoint folder (data/configs has some), "
+    "or a hub id whose config is in the local Hugging Face cache"
+)
+RUNNABLE_HELP = " (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral)"
+ANY_FAMILY_HELP = " (those, and Gemma 2/3, gpt-oss, DeepSeek-V3)"
+
+
 # sol ---------------------------------------------------------------------------------------------
 def _add_sol(sub) -> None:
     from .sol import DTYPES
 
     p = sub.add_parser("sol", help="speed of light: bytes read per token and the tokens/s they allow on a chip")
-    p.add_argument(
-        "--model",
-        required=True,
-        help="a preset name (python -m mk models lists them), a config.json or a checkpoint folder (Gemma 2/3/4, "
-        "Llama, Qwen3, Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V3; data/configs has some), or a hub id in the local "
-        "Hugging Face cache",
-    )
+    p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP + ANY_FAMILY_HELP)
     p.add_argument("--chip", required=True, help="a chip (h100) or a slice (tpu-v5e-8)")
     p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
@@ -73,19 +77,22 @@ def _run_sol(a) -> None:
 
 # models / chips ------------------------------------------------------------------------------------
 def _add_lists(sub) -> None:
-    sub.add_parser("models", help="list model presets").set_defaults(run=_run_models)
+    p = sub.add_parser("models", help="list model presets (or describe one model: --model)")
+    p.add_argument("--model", action="append", help=MODEL_HELP + RUNNABLE_HELP + ANY_FAMILY_HELP + "; repeatable")
+    p.set_defaults(run=_run_models)
     sub.add_parser("chips", help="list chips and their sources").set_defaults(run=_run_chips)
 
 
 def _run_models(a) -> None:
     from .config import PRESETS
-    from .params import count_active_params, count_params
+    from .decoders import get_decoder
 
-    for name, c in PRESETS.items():
-        kind = f"MoE {c.num_experts}x top-{c.top_k}" if c.is_moe else "dense"
+    for model in a.model or PRESETS:
+        d = get_decoder(model)
+        kind = f"MoE {d.num_experts}x top-{d.top_k}" if d.is_moe else "dense"
         print(
-            f"{name:<16} {c.num_layers:>3} layers  {kind:<18} {count_params(c):>16,} params "
-            f"({count_active_params(c):,} active)"
+            f"{d.name:<16} {d.family:<12} {d.num_layers:>3} layers  {kind:<18} {d.count_params():>16,} params "
+            f"({d.count_active_params():,} active)"
         )
 
 
@@ -104,8 +111,10 @@ def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="greedy generation from a checkpoint or a preset with random weights")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a Hugging Face checkpoint folder or hub repo id")
-    src.add_argument("--preset", help="a model preset with seeded random weights (python -m mk models)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights of --preset (default 0)")
+    src.add_argument(
+        "--model", "--preset", dest="model", help="seeded random weights for " + MODEL_HELP + RUNNABLE_HELP
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights of --model (default 0)")
     p.add_argument(
         "--prompt-ids",
         required=True,
@@ -123,7 +132,7 @@ def _add_generate(sub) -> None:
         "--dtype",
         choices=("float32", "bfloat16"),
         default=None,
-        help="weight dtype (default: the checkpoint's own; float32 for a preset)",
+        help="weight dtype (default: the checkpoint's own; float32 for --model)",
     )
     _add_quantize(p)
     p.add_argument(
@@ -209,7 +218,7 @@ def _run_generate(a) -> None:
     if a.checkpoint:
         cfg, params = load_checkpoint(a.checkpoint, dtype=dtype)
     else:
-        cfg = get_config(a.preset)
+        cfg = get_config(a.model)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
     params = quantized_as(params, cfg, a.quantize)
     tokens = generate(
@@ -245,7 +254,9 @@ def _add_bench(sub) -> None:
     from .bench import BENCH_CSV, DTYPES
 
     p = sub.add_parser("bench", help="time the compiled decode step against this device's measured speed of light")
-    p.add_argument("--preset", help="a model preset (random weights unless --checkpoint is given)")
+    p.add_argument(
+        "--model", "--preset", dest="model", help=MODEL_HELP + RUNNABLE_HELP + " (random weights unless --checkpoint)"
+    )
     p.add_argument("--checkpoint", help="a Hugging Face checkpoint folder or hub repo id (checked against --preset)")
     p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
@@ -276,10 +287,10 @@ def _run_bench(a) -> None:
     from .generate import check_engine
     from .weights import load_checkpoint
 
-    if not a.preset and not a.checkpoint:
-        raise ValueError("bench needs --preset NAME (random weights) or --checkpoint DIR")
+    if not a.model and not a.checkpoint:
+        raise ValueError("bench needs --model MODEL (random weights) or --checkpoint DIR")
     check_engine(a.engine)
-    cfg = get_config(a.preset) if a.preset else None
+    cfg = get_config(a.model) if a.model else None
     params = weights = None
     if a.checkpoint:
         cfg, params = load_checkpoint(a.checkpoint, cfg, dtype=DTYPES[a.dtype])
@@ -343,7 +354,7 @@ def _add_predict(sub) -> None:
     p = sub.add_parser(
         "predict", help="modelled decode step: time, tokens/s and fraction of the speed of light (mk.timing)"
     )
-    p.add_argument("--model", required=True, help="a preset name (python -m mk models lists them)")
+    p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP)
     p.add_argument("--chip", required=True, help="a chip (h100) or a slice (tpu-v5e-8)")
     p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
@@ -400,7 +411,7 @@ def _add_measure(sub) -> None:
         "per step, beside the speed of light",
     )
     p.add_argument(
-        "--model", default="gemma4-26b-a4b", help="a model preset, random bf16 weights (default gemma4-26b-a4b)"
+        "--model", default="gemma4-26b-a4b", help="random bf16 weights for " + MODEL_HELP + " (default gemma4-26b-a4b)"
     )
     p.add_argument("--context", type=_positive_int, default=1024, help="positions in the KV cache (default 1024)")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")

@@ -48,9 +48,24 @@ class RopeScaling:
     original_max_position_embeddings: int
 
 
+@dataclass(frozen=True)
+class LatentAttention:
+    """DeepSeek's multi-head latent attention (MLA): queries through a ``q_lora_rank`` bottleneck (0: none), keys and
+    values through one ``kv_lora_rank`` latent a position plus a ``qk_rope_head_dim`` RoPE key shared by every head:
+    the cache holds those two a position (decode absorbs the up-projections into the query and the output)."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+
+
 GEMMA4 = "gemma4_text"
-ACTIVATIONS = ("gelu_tanh", "silu")
-ROUTERS = ("gemma4", "softmax_topk")  # Gemma 4's scaled router; softmax over all experts, then the top k
+ACTIVATIONS = ("gelu_tanh", "silu", "swiglu_clamped")  # the last gpt-oss's: planned and timed, not run
+# Gemma 4's scaled router; softmax over all experts then the top k; gpt-oss's biased logits, top k, softmax over the k;
+# DeepSeek-V3's biased sigmoid scores picked in groups (the last two planned and timed, not run)
+ROUTERS = ("gemma4", "softmax_topk", "topk_softmax", "sigmoid_grouped")
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,15 @@ class ModelConfig:
     router: str = "gemma4"
     norm_topk: bool = True  # softmax_topk: the k weights renormalised to sum to 1
     rope_scaling: RopeScaling | None = None
+    # Planned and timed, not run (gpt-oss, DeepSeek-V3): mk.config.RUNNABLE_FAMILIES run --------------
+    latent_attention: LatentAttention | None = None  # MLA in every layer (full_* are its query/key head dims)
+    attention_bias: bool = False  # q, k, v and o biases
+    sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
+    expert_bias: bool = False  # biases on each expert's projections and on the router (gpt-oss)
+    router_bias: bool = False  # a bias on the router's scores, for picking only (DeepSeek-V3)
+    dense_layers: int = 0  # the first layers of an MoE model are a dense MLP of dense_intermediate (DeepSeek-V3)
+    dense_intermediate: int = 0
+    rope_scaling_kind: str = ""  # a RoPE scaling the reference does not run (yarn), named for the record
 
     def __post_init__(self) -> None:
         problems = []
@@ -169,8 +193,40 @@ class ModelConfig:
 
     @property
     def has_shared_mlp(self) -> bool:
-        """A dense model's MLP, or the shared MLP beside an MoE model's experts (Gemma 4; Qwen3-MoE has none)."""
+        """A dense model's MLP, or the shared MLP beside an MoE model's experts (Gemma 4, DeepSeek-V3's shared expert;
+        Qwen3-MoE has none)."""
         return self.mlp_intermediate > 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer ``i`` routes to experts (an MoE model's first ``dense_layers`` do not)."""
+        return self.is_moe and i >= self.dense_layers
+
+    def mlp_width(self, i: int) -> int:
+        """The intermediate width of layer ``i``'s dense or shared MLP (0: none)."""
+        return self.dense_intermediate if self.is_moe and i < self.dense_layers else self.mlp_intermediate
+
+    def cache_elements(self, layer_type: str) -> int:
+        """KV-cache elements one position adds in a layer of this type: K and V of every KV head, or MLA's latent
+        and RoPE key (a K=V layer's cache holds both, as mk.sol counts)."""
+        if self.latent_attention is not None:
+            return self.latent_attention.kv_lora_rank + self.latent_attention.qk_rope_head_dim
+        return 2 * self.kv_heads(layer_type) * self.head_dim(layer_type)
+
+    @property
+    def runnable(self) -> bool:
+        """Whether the reference and the kernel run this model (else its plan, bytes and timing are modelled only)."""
+        return self.family in RUNNABLE_FAMILIES and not (
+            self.latent_attention or self.attention_bias or self.sinks or self.expert_bias or self.router_bias
+            or self.dense_layers or self.rope_scaling_kind or self.activation == "swiglu_clamped"
+            or self.router in ("topk_softmax", "sigmoid_grouped")
+        )  # fmt: skip
+
+    def check_runnable(self) -> None:
+        if not self.runnable:
+            raise ValueError(
+                f"{self.name} is a {self.family} model: mk plans and times it (mk.plan, mk.timing, mk.sol) but its "
+                f"reference and kernel run {', '.join(RUNNABLE_FAMILIES)} only"
+            )
 
     def score_scale(self, layer_type: str) -> float:
         """What attention scores are multiplied by before the softmax."""
@@ -334,14 +390,40 @@ CPU_MOE = _register(
 )
 
 
-def get_config(name: "str | ModelConfig") -> ModelConfig:
-    """A preset by name (a config is returned as it is); an unknown name lists the known ones."""
-    if isinstance(name, ModelConfig):
-        return name
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known presets: {', '.join(PRESETS)}") from None
+def get_config(model: "str | Path | ModelConfig") -> ModelConfig:
+    """A model as the reference, the plan and the kernel take it: a preset name (``python -m mk models``), a
+    ``config.json`` or the folder holding it (a checkpoint), or a hub id whose config is in the local Hugging Face
+    cache (nothing is downloaded); a config is returned as it is. An unknown name says what was looked for."""
+    if isinstance(model, ModelConfig):
+        return model
+    if str(model) in PRESETS:
+        return PRESETS[str(model)]
+    found = hf_config_of(model)
+    if found is None:
+        raise ValueError(unknown_model(model))
+    return from_hf_dict(*found)
+
+
+def unknown_model(model) -> str:
+    return (
+        f"unknown model {str(model)!r}: not a preset ({', '.join(PRESETS)}), not a config.json or a folder holding "
+        "one, and not a hub id in the local Hugging Face cache (download it first, e.g. `hf download ID config.json`)"
+    )
+
+
+def hf_config_of(model: "str | Path") -> tuple[dict, str] | None:
+    """The ``config.json`` of ``model`` and the model's name: a path to it or to the folder holding it (named after
+    the folder), or a hub id (owner/name) whose config is in the local Hugging Face cache; None for neither."""
+    if Path(model).exists():
+        return read_config_json(model)
+    s = str(model)
+    if is_hub_id(s) and not s.startswith("."):  # owner/name, not a relative path
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(s, "config.json")
+        if isinstance(cached, str):
+            return json.loads(Path(cached).read_text()), s
+    return None
 
 
 # Loading from Hugging Face -----------------------------------------------------------------
@@ -358,9 +440,124 @@ _HF_REQUIRED = (
 )
 
 
+# Fields that do not change what a decode step reads (token ids, training, numerics, bookkeeping), for every family.
+NEUTRAL_FIELDS = {
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "initializer_range",
+    "attention_dropout",
+    "hidden_act",
+    "hidden_activation",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "pretraining_tp",
+    "output_router_logits",
+    "router_aux_loss_coef",
+    "router_jitter_noise",
+    "router_z_loss_coef",
+    "tie_word_embeddings",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "name_or_path",
+    "_name_or_path",
+    "quantization_config",
+    "auto_map",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "tokenizer_class",
+    "bos_token",
+    "eos_token",
+    "query_pre_attn_scalar",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "partial_rotary_factor",
+    "layer_types",
+    "sliding_window",
+    "use_bidirectional_attention",
+    "cache_implementation",
+    "num_nextn_predict_layers",
+    "initializer_factor",
+    "rope_local_base_freq",
+    "norm_topk_prob",
+    "routed_scaling_factor",
+    "scoring_func",
+    "topk_method",
+    "n_group",
+    "topk_group",
+    "aux_loss_alpha",
+    "seq_aux",
+    "ep_size",
+    "swiglu_limit",
+    "rope_interleave",
+    "sliding_window_pattern",
+    "_sliding_window_pattern",
+    "qkv_bias",
+}
+# Per family: the architectural fields its adapter (here, or mk.decoders' for bytes only) reads, beyond the common ones.
+ARCH_FIELDS = {
+    "llama": {"attention_bias", "mlp_bias"},
+    "qwen3": {"attention_bias", "use_sliding_window", "max_window_layers"},
+    "qwen3_moe": {
+        "attention_bias", "use_sliding_window", "max_window_layers", "num_experts", "num_local_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
+    },
+    "mixtral": {"num_local_experts", "num_experts_per_tok"},
+    "gpt_oss": {"attention_bias", "num_local_experts", "num_experts_per_tok", "experts_per_token"},
+    "deepseek_v3": {
+        "attention_bias", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+        "qk_head_dim", "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "first_k_dense_replace", "moe_layer_freq",
+    },
+    "gemma2": set(),
+    "gemma3_text": set(),
+}  # fmt: skip
+
+
+HF_FAMILIES = (*ARCH_FIELDS, GEMMA4)  # the model_types mk reads: plans and bytes (mk.decoders), or run
+
+
+class UnsupportedVariant(ValueError):
+    """A config of a family mk knows that uses something ModelConfig does not describe (mk.decoders may still count
+    its bytes)."""
+
+
+def check_fields(d: dict, family: str) -> None:
+    """Refuse a config field the family's adapter does not read and that may change the architecture."""
+    unknown = sorted(set(d) - NEUTRAL_FIELDS - ARCH_FIELDS[family])
+    if unknown:
+        raise ValueError(
+            f"{family} config field(s) {unknown} are not modelled by mk; remove them if they do not change "
+            f"the architecture, or add them to the {family} description"
+        )
+
+
 # The pre-norm families the reference and the kernel run besides Gemma 4 (mk.decoders describes more, for bytes).
 PRE_NORM_FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral")
 RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES)
+PLANNED_FAMILIES = ("gpt_oss", "deepseek_v3")  # planned and timed, not run
+CONFIG_FAMILIES = (*RUNNABLE_FAMILIES, *PLANNED_FAMILIES)
 
 
 def from_hf_dict(d: dict, name: str = "hf") -> ModelConfig:
@@ -369,12 +566,18 @@ def from_hf_dict(d: dict, name: str = "hf") -> ModelConfig:
     if "text_config" in d:
         d = d["text_config"]
     family = d.get("model_type")
+    if family in ARCH_FIELDS:
+        check_fields(d, family)
     if family in PRE_NORM_FAMILIES:
         return _pre_norm_from_hf(d, name)
+    if family == "gpt_oss":
+        return _gpt_oss_from_hf(d, name)
+    if family == "deepseek_v3":
+        return _deepseek_from_hf(d, name)
     if family not in (None, "gemma4_text", "gemma4"):
         raise ValueError(
-            f"config model_type is {family!r}: mk runs {', '.join(RUNNABLE_FAMILIES)} (other decoders' bytes and "
-            "timing: mk.decoders)"
+            f"config model_type is {family!r}: mk runs {', '.join(RUNNABLE_FAMILIES)} and plans "
+            f"{', '.join(PLANNED_FAMILIES)} (other decoders' bytes: mk.decoders)"
         )
     missing = [k for k in _HF_REQUIRED if k not in d]
     if missing:
@@ -447,12 +650,115 @@ def _rope(d: dict) -> tuple[float, RopeScaling | None]:
     if kind == "default":
         return theta, None
     if kind != "llama3":
-        raise ValueError(f"unsupported RoPE type {kind!r} ({rope}); mk runs default and llama3 RoPE")
+        raise UnsupportedVariant(f"unsupported RoPE type {kind!r} ({rope}); mk runs default and llama3 RoPE")
     keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     missing = [k for k in keys if k not in rope]
     if missing:
         raise ValueError(f"llama3 RoPE scaling is missing {missing}")
     return theta, RopeScaling(*(float(rope[k]) for k in keys[:3]), int(rope[keys[3]]))
+
+
+def _require(d: dict, family: str, keys) -> None:
+    missing = [k for k in keys if d.get(k) is None]
+    if missing:
+        raise ValueError(f"{family} config is missing {missing}")
+
+
+# What every pre-norm family shares: every layer's norms before its blocks, SiLU, an untied head, scaled scores.
+_PRE_NORM_WIRING = dict(
+    full_partial_rotary=1.0,
+    final_softcap=0.0,
+    full_k_eq_v=False,
+    activation="silu",
+    scale_embeddings=False,
+    qk_norm=False,
+    v_norm=False,
+    sandwich_norms=False,
+    scale_scores=True,
+)
+
+
+def _gpt_oss_from_hf(d: dict, name: str) -> ModelConfig:
+    """gpt-oss: alternating sliding and full layers (the first sliding), attention sinks and biases, biased experts
+    without a shared one, a clamped SwiGLU and YaRN RoPE (planned and timed, not run)."""
+    _require(d, "gpt_oss", ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "sliding_window",
+                            "intermediate_size", "num_local_experts"))  # fmt: skip
+    H, n, nh = d["hidden_size"], d["num_hidden_layers"], d["num_attention_heads"]
+    hd, kv = d.get("head_dim") or H // nh, d.get("num_key_value_heads") or nh
+    types = d.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    rope = dict(d.get("rope_scaling") or {}, **(d.get("rope_parameters") or {}))
+    theta = float(rope.get("rope_theta", d.get("rope_theta", 150_000.0)))
+    return ModelConfig(
+        name=name,
+        vocab_size=d["vocab_size"],
+        hidden_size=H,
+        layer_types=tuple(_HF_LAYER_TYPE[t] for t in types),
+        num_heads=nh,
+        sliding_kv_heads=kv,
+        sliding_head_dim=hd,
+        full_kv_heads=kv,
+        full_head_dim=hd,
+        sliding_window=d["sliding_window"],
+        mlp_intermediate=0,
+        num_experts=d["num_local_experts"],
+        top_k=d.get("num_experts_per_tok") or d.get("experts_per_token"),
+        expert_intermediate=d["intermediate_size"],
+        sliding_rope_theta=theta,
+        full_rope_theta=theta,
+        rms_eps=float(d.get("rms_norm_eps", 1e-5)),
+        family="gpt_oss",
+        tied_embeddings=bool(d.get("tie_word_embeddings", False)),
+        router="topk_softmax",
+        **dict(_PRE_NORM_WIRING, activation="swiglu_clamped"),
+        attention_bias=bool(d.get("attention_bias", True)),
+        sinks=True,
+        expert_bias=True,
+        rope_scaling_kind=rope.get("rope_type", rope.get("type", "")) if rope.get("factor") else "",
+    )
+
+
+def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
+    """DeepSeek-V3 / Kimi K2: MLA in every layer, the first ``first_k_dense_replace`` layers dense, then routed experts
+    picked by biased sigmoid scores in groups beside shared ones (planned and timed, not run)."""
+    need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "kv_lora_rank", "qk_rope_head_dim",
+            "qk_nope_head_dim", "v_head_dim")  # fmt: skip
+    _require(d, "deepseek_v3", need)
+    if d.get("moe_layer_freq", 1) != 1:
+        raise UnsupportedVariant(f"{name}: moe_layer_freq {d['moe_layer_freq']} (MoE every few layers) is not modelled")
+    mla = LatentAttention(
+        d.get("q_lora_rank") or 0, d["kv_lora_rank"], d["qk_rope_head_dim"], d["qk_nope_head_dim"], d["v_head_dim"]
+    )
+    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    rope = dict(d.get("rope_scaling") or {}, **(d.get("rope_parameters") or {}))
+    dense = min(d.get("first_k_dense_replace", 0), d["num_hidden_layers"])
+    return ModelConfig(
+        name=name,
+        vocab_size=d["vocab_size"],
+        hidden_size=d["hidden_size"],
+        layer_types=(FULL,) * d["num_hidden_layers"],
+        num_heads=d["num_attention_heads"],
+        sliding_kv_heads=0,
+        sliding_head_dim=0,
+        full_kv_heads=1,  # one latent a position, read by every head
+        full_head_dim=qk,
+        sliding_window=0,
+        mlp_intermediate=(d.get("n_shared_experts") or 0) * d["moe_intermediate_size"],
+        num_experts=d["n_routed_experts"],
+        top_k=d["num_experts_per_tok"],
+        expert_intermediate=d["moe_intermediate_size"],
+        full_rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10_000.0))),
+        rms_eps=float(d.get("rms_norm_eps", 1e-6)),
+        family="deepseek_v3",
+        tied_embeddings=bool(d.get("tie_word_embeddings", False)),
+        router="sigmoid_grouped",
+        **_PRE_NORM_WIRING,  # (RoPE's share of the query/key head: latent_attention.qk_rope_head_dim)
+        latent_attention=mla,
+        router_bias=True,
+        dense_layers=dense,
+        dense_intermediate=d["intermediate_size"] if dense else 0,
+        rope_scaling_kind=rope.get("rope_type", rope.get("type", "")) if rope.get("factor") else "",
+    )
 
 
 def _pre_norm_from_hf(d: dict, name: str) -> ModelConfig:
@@ -472,7 +778,7 @@ def _pre_norm_from_hf(d: dict, name: str) -> ModelConfig:
     if family == "qwen3_moe" and (d.get("decoder_sparse_step", 1) != 1 or d.get("mlp_only_layers")):
         unsupported.append("decoder_sparse_step / mlp_only_layers (dense layers between MoE layers)")
     if unsupported:
-        raise ValueError(f"{name}: this {family} config uses " + "; ".join(unsupported))
+        raise UnsupportedVariant(f"{name}: this {family} config uses " + "; ".join(unsupported))
     H, n, nh = d["hidden_size"], d["num_hidden_layers"], d["num_attention_heads"]
     hd = d.get("head_dim") or H // nh
     theta, scaling = _rope(d)

@@ -46,39 +46,65 @@ class ParamSpec:
         return n
 
 
-def layer_param_specs(cfg: ModelConfig, i: int) -> list[ParamSpec]:
-    """Layer ``i``'s tensors: Gemma 4's (q/k norms, sandwich norms, a layer scalar, the router's scales and a second
-    pair of FFN norms beside the experts) or a pre-norm family's (``pre_ffn_norm`` is its post-attention norm)."""
+def _attention_specs(cfg: ModelConfig, i: int, p: str) -> list[ParamSpec]:
     t = cfg.layer_types[i]
     H, hd, kv, nh = cfg.hidden_size, cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
     att = attention_component(t)
-    gemma = cfg.sandwich_norms
-    p = f"layers.{i}."
-    specs = [
-        ParamSpec(p + "input_norm", (H,), NORMS, False),
-        ParamSpec(p + "q", (H, nh * hd), att, True),
-        ParamSpec(p + "k", (H, kv * hd), att, True),
-    ]
+    mla = cfg.latent_attention
+    if mla is not None:  # DeepSeek's MLA: a query bottleneck (or none), one latent and one RoPE key a position
+        qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        q = [ParamSpec(p + "q", (H, nh * qk), att, True)]
+        if mla.q_lora_rank:
+            q = [
+                ParamSpec(p + "q_a", (H, mla.q_lora_rank), att, True),
+                ParamSpec(p + "q_a_norm", (mla.q_lora_rank,), NORMS, False),
+                ParamSpec(p + "q_b", (mla.q_lora_rank, nh * qk), att, True),
+            ]
+        return q + [
+            ParamSpec(p + "kv_a", (H, mla.kv_lora_rank + mla.qk_rope_head_dim), att, True),
+            ParamSpec(p + "kv_a_norm", (mla.kv_lora_rank,), NORMS, False),
+            ParamSpec(p + "kv_b", (mla.kv_lora_rank, nh * (mla.qk_nope_head_dim + mla.v_head_dim)), att, True),
+            ParamSpec(p + "o", (nh * mla.v_head_dim, H), att, True),
+        ]
+    specs = [ParamSpec(p + "q", (H, nh * hd), att, True), ParamSpec(p + "k", (H, kv * hd), att, True)]
     if cfg.has_v_proj(t):
         specs.append(ParamSpec(p + "v", (H, kv * hd), att, True))
     specs.append(ParamSpec(p + "o", (nh * hd, H), att, True))
+    if cfg.attention_bias:
+        widths = (("q", nh * hd), ("k", kv * hd), ("v", kv * hd), ("o", H))
+        specs += [ParamSpec(p + f"{m}_bias", (w,), att, False) for m, w in widths]
+    if cfg.sinks:
+        specs.append(ParamSpec(p + "sinks", (nh,), att, False))
+    return specs
+
+
+def layer_param_specs(cfg: ModelConfig, i: int) -> list[ParamSpec]:
+    """Layer ``i``'s tensors: Gemma 4's (q/k norms, sandwich norms, a layer scalar, the router's scales and a second
+    pair of FFN norms beside the experts) or a pre-norm family's (``pre_ffn_norm`` is its post-attention norm); an
+    MoE model's dense first layers (DeepSeek-V3) a plain MLP."""
+    t = cfg.layer_types[i]
+    H, hd = cfg.hidden_size, cfg.head_dim(t)
+    gemma = cfg.sandwich_norms
+    p = f"layers.{i}."
+    specs = [ParamSpec(p + "input_norm", (H,), NORMS, False), *_attention_specs(cfg, i, p)]
     if cfg.qk_norm:
         specs += [ParamSpec(p + "q_norm", (hd,), NORMS, False), ParamSpec(p + "k_norm", (hd,), NORMS, False)]
     if gemma:
         specs.append(ParamSpec(p + "post_attn_norm", (H,), NORMS, False))
     specs.append(ParamSpec(p + "pre_ffn_norm", (H,), NORMS, False))
-    if cfg.has_shared_mlp:
+    mlp = cfg.mlp_width(i)
+    if mlp:
         specs += [
-            ParamSpec(p + "mlp_gate", (H, cfg.mlp_intermediate), SHARED_MLP, True),
-            ParamSpec(p + "mlp_up", (H, cfg.mlp_intermediate), SHARED_MLP, True),
-            ParamSpec(p + "mlp_down", (cfg.mlp_intermediate, H), SHARED_MLP, True),
+            ParamSpec(p + "mlp_gate", (H, mlp), SHARED_MLP, True),
+            ParamSpec(p + "mlp_up", (H, mlp), SHARED_MLP, True),
+            ParamSpec(p + "mlp_down", (mlp, H), SHARED_MLP, True),
         ]
     if gemma:
         specs += [
             ParamSpec(p + "post_ffn_norm", (H,), NORMS, False),
             ParamSpec(p + "layer_scalar", (1,), NORMS, False),
         ]
-    if cfg.is_moe:
+    if cfg.is_moe_layer(i):
         E, I = cfg.num_experts, cfg.expert_intermediate
         if cfg.router == "gemma4":
             specs.append(ParamSpec(p + "router_scale", (H,), ROUTER, False))
@@ -88,11 +114,18 @@ def layer_param_specs(cfg: ModelConfig, i: int) -> list[ParamSpec]:
                 ParamSpec(p + "expert_scale", (E,), ROUTER, False),
                 ParamSpec(p + "pre_ffn_norm_2", (H,), NORMS, False),
             ]
+        if cfg.expert_bias or cfg.router_bias:
+            specs.append(ParamSpec(p + "router_bias", (E,), ROUTER, False))
         specs += [
             ParamSpec(p + "expert_gate", (E, H, I), EXPERTS, True),
             ParamSpec(p + "expert_up", (E, H, I), EXPERTS, True),
             ParamSpec(p + "expert_down", (E, I, H), EXPERTS, True),
         ]
+        if cfg.expert_bias:
+            specs += [
+                ParamSpec(p + "expert_gate_up_bias", (E, 2 * I), EXPERTS, False),
+                ParamSpec(p + "expert_down_bias", (E, H), EXPERTS, False),
+            ]
         if gemma:
             specs += [
                 ParamSpec(p + "post_ffn_norm_1", (H,), NORMS, False),

@@ -403,6 +403,7 @@ def prefill(params: dict, cfg: ModelConfig, tokens, cache: dict, lengths=None):
     The cache may be padded (``init_cache(multiple=...)``). A quantized tree computes with its float tree
     (:func:`float_params`).
     """
+    cfg.check_runnable()
     t = np.asarray(tokens)
     if t.ndim != 2 or t.shape[1] == 0:
         raise ValueError(f"tokens must be [batch, length] with length >= 1, got shape {t.shape}")
@@ -442,6 +443,7 @@ def routed_experts(params: dict, cfg: ModelConfig, tokens) -> np.ndarray:
     arithmetic; summed in another order, so a near tie in the top-k may rarely break the other way)."""
     if not cfg.is_moe:
         raise ValueError(f"{cfg.name} is a dense model: it routes to no experts")
+    cfg.check_runnable()
     t = check_tokens(cfg, tokens)
     if t.ndim != 2 or t.size == 0:
         raise ValueError(f"tokens must be [batch, length] with both >= 1, got shape {t.shape}")
@@ -610,6 +612,7 @@ def decode_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos, knocko
     Token ids and positions given as Python / NumPy values are checked; device arrays are not (that
     would wait for the device every step).
     """
+    cfg.check_runnable()
     ko = check_knockout(knockout)
     if isinstance(tokens, (list, tuple, np.ndarray)):
         tokens = check_tokens(cfg, tokens)

@@ -214,6 +214,7 @@ _OLDER = {
 
 def hf_tensor_map(cfg: ModelConfig) -> dict[str, HFTensor]:
     """For every mk path of ``cfg``, its Hugging Face name(s) (without the text prefix) and layout."""
+    cfg.check_runnable()
     out = {"embed": HFTensor(("embed_tokens.weight",), "same"), "final_norm": HFTensor(("norm.weight",), "same")}
     if not cfg.tied_embeddings:
         out["head"] = HFTensor(("lm_head.weight",), "same", in_text_model=False)  # [V, H], as mk keeps it

@@ -81,7 +81,7 @@ def test_bench_cli_prints_json_and_appends_a_row(tmp_path, monkeypatch, capsys):
     rc = main(
         [
             "bench",
-            "--preset",
+            "--model",
             "tiny-dense",
             "--context",
             "16",
@@ -103,7 +103,7 @@ def test_bench_cli_prints_json_and_appends_a_row(tmp_path, monkeypatch, capsys):
 
 def test_bench_cli_needs_a_model(capsys):
     assert main(["bench", "--context", "16"]) == 2
-    assert "--preset" in capsys.readouterr().err
+    assert "--model" in capsys.readouterr().err
 
 
 def test_the_benchs_interval_holds_what_it_promises():

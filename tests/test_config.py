@@ -186,3 +186,17 @@ def test_a_model_without_sliding_layers_needs_no_sliding_shapes():
         TINY_LLAMA.replace(layer_types=("sliding", "full", "full"))
     with pytest.raises(ValueError, match="shared MLP beside its experts"):
         TINY_MOE.replace(mlp_intermediate=0)
+
+
+@pytest.mark.parametrize("folder, family", [("gpt-oss-20b", "gpt_oss"), ("deepseek-v3", "deepseek_v3")])
+def test_planned_families_are_refused_by_the_reference_and_the_kernel(folder, family):
+    """gpt-oss and DeepSeek-V3 are planned and timed (their configs are read whole), not run: the engines say so."""
+    from mk import reference as R
+    from mk.megakernel.kernel import MegakernelEngine
+
+    cfg = load_hf_config(Path(__file__).resolve().parent.parent / "data" / "configs" / folder)
+    assert cfg.family == family and not cfg.runnable
+    with pytest.raises(ValueError, match=r"mk plans and times it .* reference and kernel run gemma4_text, llama"):
+        R.prefill({}, cfg, [[1, 2]], {})
+    with pytest.raises(ValueError, match="mk plans and times it"):
+        MegakernelEngine(cfg)

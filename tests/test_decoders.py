@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mk.config import GEMMA4_31B, to_hf_dict
-from mk.decoders import FAMILIES, from_hf_config, get_decoder, load_decoder
+from mk.config import GEMMA4_31B, HF_FAMILIES, to_hf_dict
+from mk.decoders import from_hf_config, get_decoder
 from mk.params import count_params
 
 CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
@@ -57,7 +57,7 @@ def test_tiny_configs_count_what_transformers_builds(name):
 @pytest.mark.parametrize("folder", sorted(p.name for p in CONFIGS.iterdir() if p.is_dir()))
 def test_full_size_configs_count_what_transformers_builds(folder):
     d = json.loads((CONFIGS / folder / "config.json").read_text())
-    dec = load_decoder(CONFIGS / folder)
+    dec = get_decoder(CONFIGS / folder)
     assert dec.name == folder and dec.family == d["model_type"]
     assert dec.count_params() == transformers_count(d)
     # all of a dense model with a tied embedding is read each step; an MoE model's or an untied embedding's not
@@ -84,7 +84,7 @@ def test_each_family_reads_its_layers():
 def test_unknown_family_and_field_are_refused_by_name():
     with pytest.raises(ValueError, match=r"unsupported model_type 'bert'; supported families: .*llama.*deepseek_v3"):
         from_hf_config({"model_type": "bert"})
-    assert "gemma4_text" in FAMILIES
+    assert "gemma4_text" in HF_FAMILIES
     with pytest.raises(ValueError, match=r"llama config field\(s\) \['cross_attention_layers'\]"):
         from_hf_config(dict(TINY["llama"], cross_attention_layers=[1]))
 
@@ -96,7 +96,7 @@ def test_cli_sol_reads_a_config_json(mk_json, folder):
     from mk.sol import bytes_per_token
 
     got = mk_json("sol", "--model", CONFIGS / folder / "config.json", "--chip", "h100", "--context", 1024, "--json")
-    dec = load_decoder(CONFIGS / folder)
+    dec = get_decoder(CONFIGS / folder)
     assert got["model"] == folder and got["bytes_per_token"] == bytes_per_token(dec, 1024).total
     kv = got["bytes_by_component"]["kv_full"]
     assert kv == 1024 * sum(layer.cache_per_position for layer in dec.layers) * 2  # bf16, every layer full

@@ -72,7 +72,7 @@ def test_cli_generate_int8_experts_megakernel_gives_the_quantized_references_tok
     from mk.weights import load_checkpoint
 
     if source == "tiny-moe":
-        cfg, params, args = TINY_MOE, random_params(TINY_MOE, 0), ["--preset", "tiny-moe", "--seed", 0]
+        cfg, params, args = TINY_MOE, random_params(TINY_MOE, 0), ["--model", "tiny-moe", "--seed", 0]
     else:
         folder, _ = hf_checkpoint(source)
         (cfg, params), args = load_checkpoint(folder), ["--checkpoint", folder]

@@ -169,7 +169,7 @@ def test_cli_generate_megakernel_json_equals_reference(mk_json):
     def run(engine):
         return mk_json(
             "generate",
-            "--preset",
+            "--model",
             "tiny-dense",
             "--prompt-ids",
             "5,9,2;7,1,3",

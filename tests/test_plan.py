@@ -1,9 +1,11 @@
 """The step plan: order, slots, expert dependencies, bytes, TPU-legal tiles and the VMEM budget."""
 
+from pathlib import Path
+
 import pytest
 
 from mk.chips import get_chip
-from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_DENSE, TINY_MOE
+from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_DENSE, TINY_MOE, get_config
 from mk.params import EXPERTS, KNOCKOUTS, param_specs
 from mk.plan import (
     OP_KINDS,
@@ -340,3 +342,31 @@ def test_the_plan_start_in_phases_and_its_loops_said_once():
     summary = plan.loop_summary()
     assert sum(s["loops"] for s in summary) == len(plan.loop_table()) and len(summary) < len(plan.loop_table()) / 3
     assert {"0-4", "24-28"} <= {s["layers"] for s in summary if s["component"] == "sliding_attention"}
+
+
+CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in CONFIGS.iterdir() if p.is_dir()))
+@pytest.mark.parametrize("batch, context", [(1, 1024), (8, 1024), (1, 32768)])
+def test_every_familys_plan_reads_the_bytes_of_mk_sol(folder, batch, context):
+    """The plan of any config mk.config reads (MLA's latent cache, sinks and biases, untied heads, MoE without a shared
+    expert, dense first layers) streams, of real weights and cache, the bytes mk.sol counts, within 1%; what the
+    layout pads (a head dim under 128 lanes) is on top."""
+    cfg = get_config(CONFIGS / folder)
+    plan = build_plan(cfg, batch, context, weight_itemsize=2, kv_itemsize=2)
+    sol = bytes_per_token(cfg, context, batch, "bf16")
+    assert abs(plan.payload_bytes + plan.kv_payload_bytes - sol.total) / sol.total < 0.01
+    assert plan.kv_bytes >= plan.kv_payload_bytes and plan.weight_bytes >= plan.payload_bytes
+
+
+def test_dense_first_layers_and_the_latent_cache_in_the_plan():
+    cfg = get_config(CONFIGS / "deepseek-v3")
+    plan = build_plan(cfg, 1, 4096, weight_itemsize=2, kv_itemsize=2)
+    routed = {ld.layer for ld in plan.loads if ld.component == EXPERTS}
+    assert min(routed) == cfg.dense_layers == 3 and len(routed) == cfg.num_layers - 3
+    attends = [op for op in plan.ops if isinstance(op, Attend)]
+    assert len(attends) == cfg.num_layers
+    # one latent (512) and one RoPE key (64) a position, bf16, whatever the 128 heads
+    per_layer = (attends[0].kv_bytes + attends[0].serial_bytes) / (4096 - 1 + 16)
+    assert per_layer == pytest.approx((512 + 64) * 2, rel=1e-9)

@@ -211,7 +211,7 @@ def test_cli_generate_quantized_is_the_quantized_reference_and_deterministic(mk_
 
     ids = ";".join(",".join(map(str, p)) for p in PROMPTS)
     args = ["--prompt-ids", ids, "--new-tokens", str(NEW_TOKENS), "--engine", "reference", "--json"]
-    got = mk_json("generate", "--preset", "tiny-moe", "--seed", "0", "--quantize", "int8-experts", *args)
+    got = mk_json("generate", "--model", "tiny-moe", "--seed", "0", "--quantize", "int8-experts", *args)
     q = quantize(random_params(TINY_MOE, seed=0), TINY_MOE, "int8-experts")
     want = generate(q, TINY_MOE, PROMPTS, NEW_TOKENS)
     assert got["quantize"] == "int8-experts" and got["tokens"] == want.tolist()

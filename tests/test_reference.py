@@ -223,7 +223,7 @@ def test_cli_generate_json(capsys):
         main(
             [
                 "generate",
-                "--preset",
+                "--model",
                 "tiny-moe",
                 "--seed",
                 "0",
@@ -243,7 +243,7 @@ def test_cli_generate_json(capsys):
     assert len(out["tokens"]) == 2 and out["tokens"][0] == out["tokens"][1] and len(out["tokens"][0]) == 4
     want = gen.generate(random_params(TINY_MOE, 0), TINY_MOE, [[1, 2, 3]] * 2, 4)
     assert out["tokens"] == want.tolist()
-    assert main(["generate", "--preset", "tiny-moe", "--prompt-ids", "1,2,3;4,5,6", "--new-tokens", "4", "--json"]) == 0
+    assert main(["generate", "--model", "tiny-moe", "--prompt-ids", "1,2,3;4,5,6", "--new-tokens", "4", "--json"]) == 0
     assert (
         json.loads(capsys.readouterr().out)["tokens"]
         == gen.generate(random_params(TINY_MOE, 0), TINY_MOE, [[1, 2, 3], [4, 5, 6]], 4).tolist()
@@ -264,14 +264,14 @@ def test_cli_generate_json(capsys):
     ],
 )
 def test_cli_generate_errors(capsys, args, message):
-    assert main(["generate", "--preset", "tiny-moe", "--new-tokens", "2", *args]) == 2
+    assert main(["generate", "--model", "tiny-moe", "--new-tokens", "2", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_cli_batch_zero(capsys):
     with pytest.raises(SystemExit):
-        main(["generate", "--preset", "tiny-moe", "--prompt-ids", "1", "--new-tokens", "2", "--batch", "0"])
+        main(["generate", "--model", "tiny-moe", "--prompt-ids", "1", "--new-tokens", "2", "--batch", "0"])
     assert "positive integer" in capsys.readouterr().err
 
 
@@ -279,10 +279,10 @@ def test_cli_generate_ragged_json_equals_each_user_alone(capsys, mk_json):
     """``--prompt-ids`` with prompts of different lengths (one past the window of 16): each user's tokens
     are those of its prompt run alone."""
     prompts = ["5,9,2", ",".join(str(i * 7 % 512) for i in range(1, 21))]
-    ragged = mk_json("generate", "--preset", "tiny-moe", "--prompt-ids", ";".join(prompts), "--new-tokens", 6, "--json")
+    ragged = mk_json("generate", "--model", "tiny-moe", "--prompt-ids", ";".join(prompts), "--new-tokens", 6, "--json")
     assert ragged["batch"] == 2 and [len(q) for q in ragged["prompt_ids"]] == [3, 20]
     for b, prompt in enumerate(prompts):
-        assert main(["generate", "--preset", "tiny-moe", "--prompt-ids", prompt, "--new-tokens", "6", "--json"]) == 0
+        assert main(["generate", "--model", "tiny-moe", "--prompt-ids", prompt, "--new-tokens", "6", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["tokens"] == [ragged["tokens"][b]]
 
 

@@ -3,12 +3,13 @@ knock-outs, data types and bad input."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from mk import timing
 from mk.chips import known_chips
-from mk.config import get_config
+from mk.config import get_config, to_hf_dict
 from mk.params import KNOCKOUTS
 from mk.plan import MatmulTile, build_plan
 from mk.published import published
@@ -244,3 +245,34 @@ def test_assumed_costs_come_from_the_data_file_and_a_given_one_is_said_so():
     assert more.step_s > default.step_s and more.constants["op_overhead_s"].endswith("(given)")
     with pytest.raises(ValueError, match="unknown assumed cost"):
         timing.assumed_costs("tpu", per_layer_s=1.0)
+
+
+CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "qwen3-8b", "qwen3-30b-a3b", "gemma4-31b", "deepseek-v3"])
+def test_cli_sol_and_predict_answer_for_a_config_json(model, mk_json, tmp_path):
+    """``python -m mk sol|predict --model path/to/config.json``: every family's config read from its file (Gemma 4 31B
+    as transformers writes it), both engines, never faster than the speed of light; the megakernel's kernel count 1."""
+    if model == "gemma4-31b":
+        (tmp_path / "config.json").write_text(json.dumps(to_hf_dict(get_config(model))))
+        path = tmp_path / "config.json"
+    else:
+        path = CONFIGS / model / "config.json"
+    args = ["--model", path, "--chip", "h100", "--context", 1024, "--json"]
+    sol = mk_json("sol", *args)
+    for engine in timing.ENGINES:
+        d = mk_json("predict", *args, "--engine", engine)
+        assert d["engine"] == engine and d["kind"].startswith("modelled")
+        assert d["step_ms"] >= sol["step_ms"] * (1 - 1e-12) and 0 < d["fraction_of_sol"] <= 1
+        assert (d["kernels_per_step"] == 1) == (engine == "megakernel")
+
+
+def test_cli_unknown_model_type_exits_2_naming_the_families(tmp_path, capsys):
+    from mk.__main__ import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba", "hidden_size": 8}))
+    for command in ("sol", "predict"):
+        assert main([command, "--model", str(tmp_path), "--chip", "h100", "--context", "64"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "'mamba'" in err and "llama" in err and "deepseek_v3" in err, err

@@ -190,9 +190,16 @@ def test_other_model_type_is_refused(saved):
 
 
 def test_a_gemma_checkpoint_under_another_familys_config_names_what_differs(saved):
-    """A config.json that says llama over Gemma 4 weights: every tensor that does not fit a Llama is named."""
+    """A config.json that says llama over Gemma 4 weights: the Gemma fields a Llama has not are named; with them gone,
+    every tensor that does not fit a Llama is."""
     d = to_hf_dict(TINY_MOE) | {"model_type": "llama", "hidden_act": "silu"}
     (saved / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=r"llama config field\(s\) \[.*'enable_moe_block'"):
+        load_checkpoint(saved)
+    llama = {k: v for k, v in d.items() if k in ("model_type", "vocab_size", "hidden_size", "intermediate_size",
+                                                "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                                "head_dim", "tie_word_embeddings")}  # fmt: skip
+    (saved / "config.json").write_text(json.dumps(llama))
     with pytest.raises(ValueError, match=r"(?s)checkpoint does not match config .*unexpected tensors"):
         load_checkpoint(saved)
 

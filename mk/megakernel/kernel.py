@@ -363,6 +363,7 @@ def build_call(
     (mk.megakernel.refs): the next users block (each user's greedy token and next position), the cache,
     and on request the logits [B, V] and the DMA counts. ``probe``: the step takes the activations'
     values before its first op and returns them after its last (to test a plan cut to a few ops)."""
+    plan.cfg.check_runnable()
     cfg = plan.cfg
     in_shapes = input_shapes(plan, weight_dtype, kv_dtype)
     if probe:
@@ -498,6 +499,7 @@ class MegakernelEngine:
     def __init__(
         self, cfg: ModelConfig, tiles: Tiles = Tiles(), detect_races: bool = False, shard: Shard = ONE_CHIP, mesh=None
     ):
+        cfg.check_runnable()
         self.cfg, self.tiles, self.detect_races, self.shard = cfg, tiles, detect_races, shard
         if shard.sharded:
             chip_config(cfg, shard)  # refuses a placement the model cannot take, before any weights move

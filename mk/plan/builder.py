@@ -304,45 +304,92 @@ class Builder:
             self.op(GatherBest(-1, "collectives", C * ROWS * LANE, sent_bytes=(C - 1) * 2 * ROWS * LANE * 4))
         self.op(EmitTokens(-1, HEAD, 0, serial_bytes=ROWS * LANE * 4))
 
+    def attention(self, i: int, t: str):
+        """Grouped-query attention: q, k, v projections, their norms and RoPE, attention over the KV cache."""
+        cfg, B, p = self.cfg, self.batch, f"layers.{i}."
+        hd, kv, nh = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
+        att = attention_component(t)
+        qkw = max(cfg.sliding_kv_heads * cfg.sliding_head_dim, cfg.full_kv_heads * cfg.full_head_dim)
+        q, k, v = (
+            self.act("q", nh * max(cfg.sliding_head_dim, cfg.full_head_dim)),
+            self.act("k", qkw),
+            self.act("v", qkw),
+        )
+        self.proj_cols(p + "q", i, att, "xn", q)
+        self.proj_cols(p + "k", i, att, "xn", k)
+        if cfg.has_v_proj(t):
+            self.proj_cols(p + "v", i, att, "xn", v)
+        self.op(QKVNormRope(i, att, 12 * B * (nh + 2 * kv) * hd, layer_type=t))
+        positions = cfg.cache_positions(t, self.context)
+        T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
+        per_pos = 2 * kv * hd * self.kvb  # K and V
+        self.op(
+            Attend(
+                i,
+                att,
+                4 * B * nh * hd * positions,
+                layer_type=t,
+                index=type_index(cfg, i),
+                kv_bytes=B * per_pos * max(0, positions - 1 - T),
+                serial_bytes=B * per_pos * (min(T, positions - 1) + BLOCK),
+            )
+        )
+        self.act("attn", nh * max(cfg.sliding_head_dim, cfg.full_head_dim))
+
+    def latent_attention(self, i: int, t: str):
+        """DeepSeek's MLA as decode runs it (planned and timed, not run): the query through its bottleneck, the
+        position's latent and RoPE key, the key and value up-projections absorbed into the query and the output (one
+        pass over ``kv_b``: its flops are the two absorbed products'), attention over the latent cache."""
+        cfg, B, p, mla = self.cfg, self.batch, f"layers.{i}.", self.cfg.latent_attention
+        nh, att = cfg.num_heads, attention_component(t)
+        lat, rope = mla.kv_lora_rank, mla.qk_rope_head_dim
+        q = self.act("q", nh * (mla.qk_nope_head_dim + rope))
+        if mla.q_lora_rank:
+            qa = self.act("qa", mla.q_lora_rank)
+            self.proj_cols(p + "q_a", i, att, "xn", qa)
+            self.op(Norm(i, NORMS, 4 * B * mla.q_lora_rank, src=qa, dst=qa, vector="q_a_norm"))
+            self.proj_cols(p + "q_b", i, att, qa, q)
+        else:
+            self.proj_cols(p + "q", i, att, "xn", q)
+        kva = self.act("kva", lat + rope)
+        self.proj_cols(p + "kv_a", i, att, "xn", kva)
+        self.op(Norm(i, NORMS, 4 * B * lat, src=kva, dst=kva, vector="kv_a_norm"))
+        self.proj_cols(p + "kv_b", i, att, kva, self.act("kvb", nh * (mla.qk_nope_head_dim + mla.v_head_dim)))
+        self.op(QKVNormRope(i, att, 12 * B * (nh + 1) * rope, layer_type=t))
+        positions = cfg.cache_positions(t, self.context)
+        T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
+        per_pos = (lat + rope) * self.kvb  # one latent and one RoPE key a position, read by every head
+        self.op(
+            Attend(
+                i,
+                att,
+                2 * B * nh * (2 * lat + rope) * positions,  # scores over latent + RoPE key, values over the latent
+                layer_type=t,
+                index=type_index(cfg, i),
+                kv_bytes=B * per_pos * max(0, positions - 1 - T),
+                serial_bytes=B * per_pos * (min(T, positions - 1) + BLOCK),
+            )
+        )
+        self.act("attn", nh * mla.v_head_dim)
+
     def layer(self, i: int, t: str):
         cfg, B, p = self.cfg, self.batch, f"layers.{i}."
-        H, hd, kv, nh = cfg.hidden_size, cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
+        H = cfg.hidden_size
         att = attention_component(t)
         if att not in self.ko:
             self.op(Norm(i, NORMS, 4 * B * H, src="x", dst="xn", vector="input_norm"))
-            qkw = max(cfg.sliding_kv_heads * cfg.sliding_head_dim, cfg.full_kv_heads * cfg.full_head_dim)
-            q, k, v = (
-                self.act("q", nh * max(cfg.sliding_head_dim, cfg.full_head_dim)),
-                self.act("k", qkw),
-                self.act("v", qkw),
-            )
-            self.proj_cols(p + "q", i, att, "xn", q)
-            self.proj_cols(p + "k", i, att, "xn", k)
-            if cfg.has_v_proj(t):
-                self.proj_cols(p + "v", i, att, "xn", v)
-            self.op(QKVNormRope(i, att, 12 * B * (nh + 2 * kv) * hd, layer_type=t))
-            positions = cfg.cache_positions(t, self.context)
-            T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
-            per_pos = 2 * kv * hd * self.kvb  # K and V
-            self.op(
-                Attend(
-                    i,
-                    att,
-                    4 * B * nh * hd * positions,
-                    layer_type=t,
-                    index=type_index(cfg, i),
-                    kv_bytes=B * per_pos * max(0, positions - 1 - T),
-                    serial_bytes=B * per_pos * (min(T, positions - 1) + BLOCK),
-                )
-            )
-            self.act("attn", nh * max(cfg.sliding_head_dim, cfg.full_head_dim))
+            if cfg.latent_attention is not None:
+                self.latent_attention(i, t)
+            else:
+                self.attention(i, t)
             self.proj_rows(p + "o", i, att, "attn", "attn_out")
             if self.split_heads:  # each chip computed its heads' share of the output projection
                 self.all_reduce(i, ["attn_out"], self.shard.collective.payload_itemsize())
         self.op(AttentionResidual(i, NORMS, 8 * B * H, attention_on=att not in self.ko))
         # Gemma 4's router and experts read their own norms of x; a pre-norm family's the FFN's input, xn
         rin, x2 = ("rin", "x2") if cfg.router == "gemma4" else ("xn", "xn")
-        if cfg.is_moe:
+        moe = cfg.is_moe_layer(i)  # an MoE model's dense first layers (DeepSeek-V3) route to none
+        if moe:
             E = self.shapes[p + "router_proj"][1]
             self.act("router", E)
             if ROUTER not in self.ko:
@@ -358,15 +405,15 @@ class Builder:
                     serial_bytes=2 * ROWS * E * 4,
                 )
             )
-        shared = cfg.has_shared_mlp and SHARED_MLP not in self.ko
+        shared = cfg.mlp_width(i) > 0 and SHARED_MLP not in self.ko
         if shared:
             self.mlp(p, i, SHARED_MLP, "xn", "ffn", ("mlp_gate", "mlp_up", "mlp_down"))
-        if cfg.is_moe and EXPERTS not in self.ko:
+        if moe and EXPERTS not in self.ko:
             self.act("eo", H)
             for j in range(expert_slots(cfg, B, self.experts_held)):
                 self.mlp(p, i, EXPERTS, x2, "eo", ("expert_gate", "expert_up", "expert_down"), expert=j)
                 self.op(ExpertCombine(i, EXPERTS, 2 * B * H, expert=j))
-        partial_sums = [a for a, on in (("ffn", shared), ("moe", cfg.is_moe and EXPERTS not in self.ko)) if on]
+        partial_sums = [a for a, on in (("ffn", shared), ("moe", moe and EXPERTS not in self.ko)) if on]
         self.all_reduce(i, partial_sums, self.shard.collective.payload_itemsize())
         self.op(FfnResidual(i, NORMS, 10 * B * H))
 

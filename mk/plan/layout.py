@@ -68,21 +68,14 @@ def sublanes(itemsize: int) -> int:
 def padded_shape(cfg: ModelConfig, path: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape a tensor has in the kernel's HBM layout (intermediates and expert count padded to 128)."""
     name = path.rsplit(".", 1)[-1]
-    mi, ei, ep = (
-        round_up(cfg.mlp_intermediate, LANE),
-        round_up(cfg.expert_intermediate, LANE),
-        round_up(max(cfg.num_experts, 1), LANE),
-    )
-    if name in ("mlp_gate", "mlp_up"):
-        return (shape[0], mi)
+    if name in ("mlp_gate", "mlp_up", "router_proj"):
+        return (shape[0], round_up(shape[1], LANE))
     if name == "mlp_down":
-        return (mi, shape[1])
+        return (round_up(shape[0], LANE), shape[1])
     if name in ("expert_gate", "expert_up"):
-        return (shape[0], shape[1], ei)
+        return (shape[0], shape[1], round_up(shape[2], LANE))
     if name == "expert_down":
-        return (shape[0], ei, shape[2])
-    if name == "router_proj":
-        return (shape[0], ep)
+        return (shape[0], round_up(shape[1], LANE), shape[2])
     return shape
 
 

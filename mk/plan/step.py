@@ -215,6 +215,19 @@ class StepPlan:
         return sum(op.kv_bytes + (op.serial_bytes if op.kind == "Attend" else 0) for op in self.ops)
 
     @property
+    def kv_payload_bytes(self) -> float:
+        """Of ``kv_bytes``, the bytes that hold the cache's values: the layout pads a head dim under 128 lanes (each
+        head's K and V), an MLA latent is read as it is."""
+        total = 0.0
+        for op in self.ops:
+            if op.kind == "Attend":
+                moved = op.kv_bytes + op.serial_bytes
+                if self.cfg.latent_attention is None:
+                    moved *= self.cfg.head_dim(op.layer_type) / self.layout.head_dim(op.layer_type)
+                total += moved
+        return total
+
+    @property
     def flops(self) -> int:
         return sum(op.flops for op in self.ops)
 
