@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from .files import ROOT
 from .units import positive_int
+
+CONFIGS_DIR = ROOT / "data" / "configs"  # full-size configs of other decoders, each as its authors published it
 
 
 class LayerType(StrEnum):
@@ -405,18 +408,23 @@ def get_config(model: "str | Path | ModelConfig") -> ModelConfig:
 
 
 def unknown_model(model) -> str:
+    folders = ", ".join(sorted(p.name for p in CONFIGS_DIR.iterdir() if p.is_dir()))
     return (
         f"unknown model {str(model)!r}: not a preset ({', '.join(PRESETS)}), not a config.json or a folder holding "
-        "one, and not a hub id in the local Hugging Face cache (download it first, e.g. `hf download ID config.json`)"
+        f"one, not a folder of data/configs ({folders}), and not a hub id in the local Hugging Face cache (download "
+        "it first, e.g. `hf download ID config.json`)"
     )
 
 
 def hf_config_of(model: "str | Path") -> tuple[dict, str] | None:
     """The ``config.json`` of ``model`` and the model's name: a path to it or to the folder holding it (named after
-    the folder), or a hub id (owner/name) whose config is in the local Hugging Face cache; None for neither."""
+    the folder), a folder of data/configs by its name (``llama-3.2-1b``), or a hub id (owner/name) whose config is in
+    the local Hugging Face cache; None for none of these."""
     if Path(model).exists():
         return read_config_json(model)
     s = str(model)
+    if s and (CONFIGS_DIR / s / "config.json").is_file():
+        return read_config_json(CONFIGS_DIR / s)
     if is_hub_id(s) and not s.startswith("."):  # owner/name, not a relative path
         from huggingface_hub import try_to_load_from_cache
 

@@ -332,6 +332,30 @@ def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = 
     return t.assign(series=t.engine.map({"megakernel": "megakernel", "general": "general stack", SOL: SOL}))
 
 
+def family_table(models, context: int = 1024, dtype: str = "bf16") -> pd.DataFrame:
+    """Per model (any mk.decoders takes): its family, layers, experts, parameters (all and read per token), the bytes
+    one decode step reads for one user at ``context`` (mk.sol) and whether mk runs it or plans and times it only."""
+    from .decoders import get_decoder
+    from .sol import bytes_per_token
+
+    rows = []
+    for m in models:
+        d = get_decoder(m)
+        try:
+            mk = "runs" if get_config(m).runnable else "plans and times"
+        except ValueError:  # a variant mk.config does not take: its bytes only
+            mk = "counts bytes"
+        rows.append(
+            dict(
+                model=d.name, family=d.family, layers=d.num_layers,
+                experts=f"{d.num_experts} (top {d.top_k})" if d.is_moe else "dense",
+                params_B=d.count_params() / 1e9, active_B=d.count_active_params() / 1e9,
+                step_GB=bytes_per_token(d, context, 1, dtype).total / 1e9, mk=mk,
+            )
+        )  # fmt: skip
+    return pd.DataFrame(rows).assign(kind=f"modelled (mk.sol, {dtype}, context {context}); counts: mk.decoders")
+
+
 def worst_error(validation_rows: pd.DataFrame) -> float:
     """The largest |error| among the rows the model was not fitted to (nan if none)."""
     tests = validation_rows[validation_rows.role.str.startswith("test")]

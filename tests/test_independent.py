@@ -3,6 +3,7 @@ timing model is held to. Every row names its page and quotes it; the loader (mk.
 the time per output token per user and refuses a malformed row, naming it."""
 
 import csv
+import math
 import re
 
 import pandas as pd
@@ -165,3 +166,51 @@ def test_the_loader_refuses_a_file_without_a_column(tmp_path):
     pd.DataFrame([GOOD]).drop(columns=["quote"]).to_csv(path, index=False)
     with pytest.raises(ValueError, match="quote"):
         read_independent(path)
+
+
+# The timing model held to these points (mk.independent_points) --------------------------------------------------
+@pytest.fixture(scope="module")
+def held():
+    from mk import independent_points
+
+    return independent_points.predictions()
+
+
+def test_at_least_fifteen_points_are_predicted_and_the_rest_say_why(held):
+    from mk.independent_points import TESTED
+
+    tested = held[held.role == TESTED]
+    assert len(tested) >= 15
+    assert tested.error.to_numpy() == pytest.approx((tested.modelled_ms / tested.published_ms - 1).to_numpy())
+    others = held[held.role != TESTED]
+    assert others.modelled_ms.isna().all() and others.role.str.match(r"not modelled: \w").all()
+    reasons = " ".join(others.role)
+    assert "no config" in reasons and "nvfp4" in reasons and "link latency" in reasons
+
+
+def test_the_implied_costs_meet_the_published_steps(held):
+    """The cost per kernel (general stack) or per op (megakernel) a row reports, put into the model, gives the
+    published step: what the model would have to charge, not a number fitted into it."""
+    from mk.config import CONFIGS_DIR
+    from mk.independent_points import TESTED
+    from mk.timing import predict
+
+    for r in held[held.role == TESTED].itertuples():
+        args = (str(CONFIGS_DIR / r.config), r.chip, r.context, r.batch, r.engine)
+        if r.engine == "general":
+            p = predict(*args, dtype=r.dtype, kernel_s=r.implied_kernel_us * 1e-6)
+            assert p.step_s * 1e3 == pytest.approx(r.published_ms, rel=1e-9), r.key
+        elif not math.isnan(r.implied_op_ns):
+            p = predict(*args, dtype=r.dtype, op_overhead_s=r.implied_op_ns * 1e-9)
+            assert p.step_s * 1e3 == pytest.approx(r.published_ms, rel=2e-3), r.key
+
+
+def test_the_summary_and_the_misses_follow_the_errors(held):
+    from mk.independent_points import MISS, TESTED, misses, summary
+
+    tested = held[held.role == TESTED]
+    s = summary(held)
+    assert s["modelled"] == len(tested) and s["median_abs_error"] == pytest.approx(tested.error.abs().median())
+    m = misses(held, 3.0)
+    assert set(m.key) == set(tested[tested.error.abs() > MISS].key)
+    assert m.why.str.len().gt(40).all()

@@ -60,7 +60,7 @@ LAYERS = {
         "mk.profiling.gpu",
         "mk.profiling.xla_cost",
     ],
-    "analysis": ["mk.verdict", "mk.sweeps"],
+    "analysis": ["mk.verdict", "mk.sweeps", "mk.independent_points"],
     "views": ["mk.figures", "mk.report", "mk.views", "mk.views.*"],
     "face": ["mk.__main__", "mk.notebook"],
 }

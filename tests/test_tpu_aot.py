@@ -2,6 +2,8 @@
 libtpu's own Mosaic compiler: layouts, primitives without a TPU lowering and VMEM overflow fail
 here, not on a user's TPU. Needs libtpu (requirements-tpu.txt); skipped without it."""
 
+from pathlib import Path
+
 import pytest
 
 from mk.chips import get_chip
@@ -10,6 +12,8 @@ from mk.megakernel.aot import compile_for_tpu
 from mk.plan import AllReduce, layers_in_hbm
 from mk.profiling import count_kernels
 from mk.sharding import Collective, Shard
+
+CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
 
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install -r requirements-tpu.txt)")
 
@@ -161,3 +165,18 @@ def test_int8_step_compiles_over_eight_chips(placement, chip):
     plan, compiled = compile_for_tpu(cfg8, chip, 2, 64, shard=Shard(8, placement), quantize="int8")
     assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
     assert any(ld.scaled for ld in plan.loads)
+
+
+@pytest.mark.parametrize(
+    "folder, placements", [("llama-3.1-8b", ("split",)), ("qwen3-30b-a3b", ("whole", "split"))], ids=lambda x: str(x)
+)
+def test_other_families_compile_whole_over_v5e_8(folder, placements):
+    """Llama-3.1-8B (SiLU, untied head, Llama 3 RoPE) and Qwen3-30B-A3B (QK-norm, 128 experts without a shared MLP,
+    both placements), every layer at full size over a v5e-8: one Mosaic kernel a chip, whose arguments as the compiler
+    lays them out are the plan's sharded weights and cache, within a chip's HBM."""
+    from mk.megakernel.aot import sharded_compiles
+
+    table = sharded_compiles([str(CONFIGS / folder)], ["tpu-v5e-8"], placements=placements)
+    assert len(table) == len(placements) and (table["mosaic_calls"] == 1).all(), table
+    assert (table["compiler_hbm_gb"] == table["plan_hbm_gb"]).all(), table
+    assert (table["compiler_hbm_gb"] < table["hbm_per_chip_gb"]).all(), table

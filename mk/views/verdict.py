@@ -127,8 +127,8 @@ VERDICT_MODELLED = {  # the modelled bar of each role: its legend entry and its 
 def verdict_figure(table: pd.DataFrame) -> go.Figure:
     """The verdict's speed-ups, published beside modelled (and measured where there is one), every row of the
     write-up's table: a modelled bar hatched by its role (a test, a test whose baseline was fitted, derived from
-    two published points), and a situation the workbook has no model for (Llama 1B) with its published bar and
-    a note in place of the modelled one."""
+    two published points), and a situation with no modelled value with its published bar and a note (its role) in
+    place of the modelled one."""
     t = table.assign(situation=table.situation.map(lambda s: "<br>".join(textwrap.wrap(s, 20))))
     fig = go.Figure()
     fig.add_bar(
@@ -158,7 +158,7 @@ def verdict_figure(table: pd.DataFrame) -> go.Figure:
     if t.measured.notna().any():
         fig.add_bar(x=t.situation, y=t.measured, name="measured", marker_color="#59a14f", offsetgroup="measured")
     for r in t[t.modelled.isna()].itertuples():  # published, not modelled here: say so where its bar would be
-        note = r.role.replace(" (", ": ").replace(")", "")  # "not modelled: no Llama config here"
+        note = r.role.replace(" (", ": ").replace(")", "")  # "not modelled (why)" -> "not modelled: why"
         fig.add_annotation(
             x=r.situation,
             y=1,
