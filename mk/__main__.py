@@ -41,7 +41,7 @@ MODEL_HELP = (
     "or a hub id whose config is in the local Hugging Face cache"
 )
 RUNNABLE_HELP = " (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral)"
-ANY_FAMILY_HELP = " (those, and Gemma 2/3, gpt-oss, DeepSeek-V3)"
+PLANNED_HELP = " (those run; gpt-oss, DeepSeek-V3, Gemma 2/3 planned and timed)"
 
 
 # sol ---------------------------------------------------------------------------------------------
@@ -49,7 +49,7 @@ def _add_sol(sub) -> None:
     from .sol import DTYPES
 
     p = sub.add_parser("sol", help="speed of light: bytes read per token and the tokens/s they allow on a chip")
-    p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP + ANY_FAMILY_HELP)
+    p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP + PLANNED_HELP)
     p.add_argument("--chip", required=True, help="a chip (h100) or a slice (tpu-v5e-8)")
     p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
@@ -78,7 +78,7 @@ def _run_sol(a) -> None:
 # models / chips ------------------------------------------------------------------------------------
 def _add_lists(sub) -> None:
     p = sub.add_parser("models", help="list model presets (or describe one model: --model)")
-    p.add_argument("--model", action="append", help=MODEL_HELP + RUNNABLE_HELP + ANY_FAMILY_HELP + "; repeatable")
+    p.add_argument("--model", action="append", help=MODEL_HELP + RUNNABLE_HELP + PLANNED_HELP + "; repeatable")
     p.set_defaults(run=_run_models)
     sub.add_parser("chips", help="list chips and their sources").set_defaults(run=_run_chips)
 
@@ -354,7 +354,7 @@ def _add_predict(sub) -> None:
     p = sub.add_parser(
         "predict", help="modelled decode step: time, tokens/s and fraction of the speed of light (mk.timing)"
     )
-    p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP)
+    p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP + PLANNED_HELP)
     p.add_argument("--chip", required=True, help="a chip (h100) or a slice (tpu-v5e-8)")
     p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")

@@ -4,8 +4,9 @@ tiny test presets, and loading from a Hugging Face ``config.json``.
 One config type covers the decoders mk runs: Gemma 4 text (26B-A4B / 31B: sliding and full layers, q/k/v norms,
 sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), and the Llama 3 / Qwen3 /
 Qwen3-MoE / Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling,
-softmax top-k routing without a shared expert). The fields that set a family apart (``family``, ``activation``,
-``qk_norm`` ...) default to Gemma 4's. Other families (gpt-oss, DeepSeek's MLA) are described, for bytes and
+softmax top-k routing without a shared expert), which mk runs; and gpt-oss, DeepSeek-V3's MLA and Gemma 2 and 3,
+which mk plans and times (``ModelConfig.runnable`` says which). The fields that set a family apart (``family``,
+``activation``, ``qk_norm`` ...) default to Gemma 4's. Variants no adapter here takes are described, for bytes and
 counts only, by mk.decoders.
 
 Field names describe the model, not the checkpoint; ``from_hf_dict`` maps Hugging Face names
@@ -106,7 +107,8 @@ class ModelConfig:
     scale_embeddings: bool = True  # the embedding rows times sqrt(hidden)
     qk_norm: bool = True  # learned RMSNorms on q and k over head_dim
     v_norm: bool = True  # a weightless RMSNorm on v
-    sandwich_norms: bool = True  # norms after attention and after the FFN, and a layer scalar (Gemma)
+    sandwich_norms: bool = True  # norms after attention and after the FFN (Gemma)
+    layer_scalar: bool = True  # each layer's output times a learned scalar (Gemma 4)
     scale_scores: bool = False  # scores / sqrt(head_dim) (Gemma 4: 1, its q/k norms set the scale)
     router: str = "gemma4"
     norm_topk: bool = True  # softmax_topk: the k weights renormalised to sum to 1
@@ -327,21 +329,27 @@ TINY_MOE = _register(TINY_DENSE.replace(name="tiny-moe", num_experts=8, top_k=2,
 # The other families at the same tiny shapes, every layer full: a Llama 3 (untied head, SiLU, Llama 3's RoPE
 # scaling with a short original context so the test positions cross its bands) and a Qwen3-MoE (QK-norm,
 # softmax top-k routing, no shared MLP).
+# What every pre-norm family shares: every layer's norms before its blocks, SiLU, an untied head, scaled scores.
+_PRE_NORM_WIRING = dict(
+    full_partial_rotary=1.0,
+    final_softcap=0.0,
+    full_k_eq_v=False,
+    activation="silu",
+    scale_embeddings=False,
+    qk_norm=False,
+    v_norm=False,
+    sandwich_norms=False,
+    scale_scores=True,
+)
+
 _PRE_NORM = dict(
+    _PRE_NORM_WIRING,
     layer_types=(FULL, FULL, FULL),
     sliding_kv_heads=0,
     sliding_head_dim=0,
     sliding_window=0,
     full_head_dim=128,
-    full_partial_rotary=1.0,
-    final_softcap=0.0,
-    full_k_eq_v=False,
-    activation="silu",
     tied_embeddings=False,
-    scale_embeddings=False,
-    v_norm=False,
-    sandwich_norms=False,
-    scale_scores=True,
     router="softmax_topk",
 )
 TINY_LLAMA = _register(
@@ -349,7 +357,6 @@ TINY_LLAMA = _register(
         name="tiny-llama",
         **_PRE_NORM,
         family="llama",
-        qk_norm=False,
         full_rope_theta=500_000.0,
         rms_eps=1e-5,
         rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64),
@@ -358,7 +365,7 @@ TINY_LLAMA = _register(
 TINY_QWEN3_MOE = _register(
     TINY_DENSE.replace(
         name="tiny-qwen3-moe",
-        **_PRE_NORM,
+        **dict(_PRE_NORM, qk_norm=True),
         family="qwen3_moe",
         mlp_intermediate=0,
         num_experts=8,
@@ -564,7 +571,7 @@ def check_fields(d: dict, family: str) -> None:
 # The pre-norm families the reference and the kernel run besides Gemma 4 (mk.decoders describes more, for bytes).
 PRE_NORM_FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral")
 RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES)
-PLANNED_FAMILIES = ("gpt_oss", "deepseek_v3")  # planned and timed, not run
+PLANNED_FAMILIES = ("gpt_oss", "deepseek_v3", "gemma2", "gemma3_text")  # planned and timed, not run
 CONFIG_FAMILIES = (*RUNNABLE_FAMILIES, *PLANNED_FAMILIES)
 
 
@@ -580,6 +587,8 @@ def from_hf_dict(d: dict, name: str = "hf") -> ModelConfig:
         return _pre_norm_from_hf(d, name)
     if family == "gpt_oss":
         return _gpt_oss_from_hf(d, name)
+    if family in ("gemma2", "gemma3_text", "gemma3"):
+        return _gemma2_3_from_hf(d, name)
     if family == "deepseek_v3":
         return _deepseek_from_hf(d, name)
     if family not in (None, "gemma4_text", "gemma4"):
@@ -672,18 +681,48 @@ def _require(d: dict, family: str, keys) -> None:
         raise ValueError(f"{family} config is missing {missing}")
 
 
-# What every pre-norm family shares: every layer's norms before its blocks, SiLU, an untied head, scaled scores.
-_PRE_NORM_WIRING = dict(
-    full_partial_rotary=1.0,
-    final_softcap=0.0,
-    full_k_eq_v=False,
-    activation="silu",
-    scale_embeddings=False,
-    qk_norm=False,
-    v_norm=False,
-    sandwich_norms=False,
-    scale_scores=True,
-)
+def _same_heads(d: dict) -> dict:
+    """The head counts and dims of a family whose sliding and full layers share them (gpt-oss, Gemma 2 and 3)."""
+    nh = d["num_attention_heads"]
+    hd, kv = d.get("head_dim") or d["hidden_size"] // nh, d.get("num_key_value_heads") or nh
+    return dict(num_heads=nh, sliding_kv_heads=kv, sliding_head_dim=hd, full_kv_heads=kv, full_head_dim=hd)
+
+
+def _gemma2_3_from_hf(d: dict, name: str) -> ModelConfig:
+    """Gemma 2 and 3 text: sliding and full layers (alternating, or Gemma 3's five sliding to one full), sandwich
+    norms without Gemma 4's layer scalar, QK-norm in Gemma 3, a tied and scaled embedding (planned and timed, not
+    run: their (1 + w) norms and Gemma 2's attention soft cap are not the reference's)."""
+    family = "gemma3_text" if d["model_type"] == "gemma3" else d["model_type"]
+    _require(d, family, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                         "sliding_window"))  # fmt: skip
+    n = d["num_hidden_layers"]
+    if d.get("layer_types"):
+        types = tuple(_HF_LAYER_TYPE[t] for t in d["layer_types"])
+    else:  # transformers' defaults: Gemma 2 alternates from a sliding layer, Gemma 3 ends each period on a full one
+        period = 2 if family == "gemma2" else d.get("sliding_window_pattern", 6)
+        types = _pattern(n, period)
+    theta = float(d.get("rope_theta", 10_000.0))
+    return ModelConfig(
+        name=name,
+        vocab_size=d["vocab_size"],
+        hidden_size=d["hidden_size"],
+        layer_types=types,
+        **_same_heads(d),
+        sliding_window=d["sliding_window"],
+        mlp_intermediate=d["intermediate_size"],
+        sliding_rope_theta=float(d.get("rope_local_base_freq", theta)),
+        full_rope_theta=theta,
+        full_partial_rotary=1.0,
+        rms_eps=float(d.get("rms_norm_eps", 1e-6)),
+        final_softcap=float(d.get("final_logit_softcapping") or 0.0),
+        full_k_eq_v=False,
+        family=family,
+        tied_embeddings=bool(d.get("tie_word_embeddings", True)),
+        qk_norm=family == "gemma3_text",
+        v_norm=False,
+        layer_scalar=False,
+        scale_scores=True,
+    )
 
 
 def _gpt_oss_from_hf(d: dict, name: str) -> ModelConfig:
@@ -691,21 +730,16 @@ def _gpt_oss_from_hf(d: dict, name: str) -> ModelConfig:
     without a shared one, a clamped SwiGLU and YaRN RoPE (planned and timed, not run)."""
     _require(d, "gpt_oss", ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "sliding_window",
                             "intermediate_size", "num_local_experts"))  # fmt: skip
-    H, n, nh = d["hidden_size"], d["num_hidden_layers"], d["num_attention_heads"]
-    hd, kv = d.get("head_dim") or H // nh, d.get("num_key_value_heads") or nh
+    n = d["num_hidden_layers"]
     types = d.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
     rope = dict(d.get("rope_scaling") or {}, **(d.get("rope_parameters") or {}))
     theta = float(rope.get("rope_theta", d.get("rope_theta", 150_000.0)))
     return ModelConfig(
         name=name,
         vocab_size=d["vocab_size"],
-        hidden_size=H,
+        hidden_size=d["hidden_size"],
         layer_types=tuple(_HF_LAYER_TYPE[t] for t in types),
-        num_heads=nh,
-        sliding_kv_heads=kv,
-        sliding_head_dim=hd,
-        full_kv_heads=kv,
-        full_head_dim=hd,
+        **_same_heads(d),
         sliding_window=d["sliding_window"],
         mlp_intermediate=0,
         num_experts=d["num_local_experts"],
@@ -814,18 +848,10 @@ def _pre_norm_from_hf(d: dict, name: str) -> ModelConfig:
         top_k=k,
         expert_intermediate=I,
         full_rope_theta=theta,
-        full_partial_rotary=1.0,
         rms_eps=float(d.get("rms_norm_eps", 1e-6)),
-        final_softcap=0.0,
-        full_k_eq_v=False,
         family=family,
-        activation="silu",
         tied_embeddings=bool(d.get("tie_word_embeddings", False)),
-        scale_embeddings=False,
-        qk_norm=family in ("qwen3", "qwen3_moe"),
-        v_norm=False,
-        sandwich_norms=False,
-        scale_scores=True,
+        **dict(_PRE_NORM_WIRING, qk_norm=family in ("qwen3", "qwen3_moe")),
         router="softmax_topk",
         norm_topk=bool(d.get("norm_topk_prob", True)) if family == "qwen3_moe" else True,
         rope_scaling=scaling,

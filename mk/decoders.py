@@ -2,10 +2,10 @@
 each layer's attention (window, KV-cache elements a position) and feed-forward (dense or routed experts), for the
 bytes a step reads (mk.sol) and parameter counts.
 
-For the families mk.config describes (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V3 / Kimi K2)
-a Decoder is that description's view (:func:`as_decoder`: the tensors of mk.params, the ones the plan streams).
-This module adds, for bytes and counts only, what mk.config refuses: Gemma 2 and 3, and variants of the pre-norm
-families (biased projections, Qwen3's sliding layers or dense layers between MoE ones, Mixtral's window). The
+For the families mk.config describes (Gemma 2, 3 and 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V3 /
+Kimi K2) a Decoder is that description's view (:func:`as_decoder`: the tensors of mk.params, the ones the plan
+streams). This module adds, for bytes and counts only, the variants of the pre-norm families mk.config refuses
+(biased projections, Qwen3's sliding layers or dense layers between MoE ones, Mixtral's window). The
 tensors follow the model as transformers builds it, so its parameter count is transformers' own
 (tests/test_decoders.py). A ``model_type`` outside these, or a config field that changes the architecture in a way
 the family's description does not model, is refused with the field named.
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import (
-    CONFIG_FAMILIES,
     FULL,
     GEMMA4,
     HF_FAMILIES,
@@ -120,11 +119,6 @@ def _windows(d: dict, family: str, n: int) -> list[int | None]:
         if bad or len(types) != n:
             raise ValueError(f"layer_types must list {n} entries of sliding_attention / full_attention, got {types}")
         return [window if t == "sliding_attention" else None for t in types]
-    if family == "gemma2":  # alternating, the first layer sliding
-        return [window if (i + 1) % 2 else None for i in range(n)]
-    if family == "gemma3_text":
-        period = d.get("sliding_window_pattern", 6)
-        return [window if (i + 1) % period else None for i in range(n)]
     if family in ("qwen3", "qwen3_moe"):
         if not d.get("use_sliding_window", False) or window is None:
             return [None] * n
@@ -149,20 +143,19 @@ def _mlp(p: str, H: int, inner: int, bias: bool = False) -> list[ParamSpec]:
 
 def from_hf_config(d: dict, name: str = "hf") -> Decoder:
     """A Decoder from a Hugging Face config dict (a multimodal config's ``text_config`` is used): mk.config's own
-    description where it takes the config (:func:`as_decoder`), else, for the variants it does not (Gemma 2 and 3,
-    biased Llama projections, Qwen3's sliding layers and dense layers between MoE ones, Mixtral's window), the tensor
-    list below, for bytes and counts only."""
+    description where it takes the config (:func:`as_decoder`), else, for the pre-norm variants it does not (biased
+    Llama projections, Qwen3's sliding layers and dense layers between MoE ones, Mixtral's window), the tensor list
+    below, for bytes and counts only."""
     if "text_config" in d:
         d = d["text_config"]
     family = {"gemma4": GEMMA4, "gemma3": "gemma3_text"}.get(d.get("model_type"), d.get("model_type"))
     if family not in HF_FAMILIES:
         raise ValueError(f"unsupported model_type {family!r}; supported families: {', '.join(HF_FAMILIES)}")
-    if family in CONFIG_FAMILIES:
-        try:
-            return as_decoder(from_hf_dict(d, name))
-        except UnsupportedVariant:
-            if family not in _VARIANTS:
-                raise
+    try:
+        return as_decoder(from_hf_dict(d, name))
+    except UnsupportedVariant:
+        if family not in _VARIANTS:
+            raise
     check_fields(d, family)
     missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads") if k not in d]
     if missing:
@@ -170,8 +163,7 @@ def from_hf_config(d: dict, name: str = "hf") -> Decoder:
     H, n, nh = d["hidden_size"], d["num_hidden_layers"], d["num_attention_heads"]
     kv = d.get("num_key_value_heads") or nh
     hd = d.get("head_dim") or H // nh
-    gemma = family in ("gemma2", "gemma3_text")
-    tied = d.get("tie_word_embeddings", gemma)
+    tied = d.get("tie_word_embeddings", False)
     windows = _windows(d, family, n)
     bias = bool(d.get("attention_bias"))
     specs = [ParamSpec("embed", (d["vocab_size"], H), HEAD if tied else EMBED, True)]
@@ -190,13 +182,9 @@ def from_hf_config(d: dict, name: str = "hf") -> Decoder:
         if bias:
             widths = (("q", nh * hd), ("k", kv * hd), ("v", kv * hd), ("o", H))
             specs += [ParamSpec(p + f"{m}_bias", (w,), att, False) for m, w in widths]
-        if family in ("qwen3", "qwen3_moe", "gemma3_text"):
+        if family in ("qwen3", "qwen3_moe"):
             specs += [ParamSpec(p + "q_norm", (hd,), NORMS, False), ParamSpec(p + "k_norm", (hd,), NORMS, False)]
-        if gemma:
-            specs.append(ParamSpec(p + "post_attn_norm", (H,), NORMS, False))
         specs.append(ParamSpec(p + "pre_ffn_norm", (H,), NORMS, False))
-        if gemma:
-            specs.append(ParamSpec(p + "post_ffn_norm", (H,), NORMS, False))
         experts, top_k, ffn = _ffn(d, family, i, p, H)
         specs += ffn
         layers.append(Layer(kind, windows[i], 2 * kv * hd, experts, top_k))
@@ -218,7 +206,7 @@ def _ffn(d: dict, family: str, i: int, p: str, H: int) -> tuple[int, int, list[P
         sparse = E > 0 and i not in (d.get("mlp_only_layers") or []) and (i + 1) % step == 0
     elif family == "mixtral":
         E, I, sparse = d["num_local_experts"], dense, True
-    else:  # dense: Llama, Qwen3, Gemma 2 and 3
+    else:  # dense: Llama, Qwen3
         return 0, 0, _mlp(p, H, dense, bias=family == "llama" and bool(d.get("mlp_bias")))
     if not sparse:
         return 0, 0, _mlp(p, H, dense)

@@ -100,10 +100,9 @@ def layer_param_specs(cfg: ModelConfig, i: int) -> list[ParamSpec]:
             ParamSpec(p + "mlp_down", (mlp, H), SHARED_MLP, True),
         ]
     if gemma:
-        specs += [
-            ParamSpec(p + "post_ffn_norm", (H,), NORMS, False),
-            ParamSpec(p + "layer_scalar", (1,), NORMS, False),
-        ]
+        specs.append(ParamSpec(p + "post_ffn_norm", (H,), NORMS, False))
+    if cfg.layer_scalar and gemma:
+        specs.append(ParamSpec(p + "layer_scalar", (1,), NORMS, False))
     if cfg.is_moe_layer(i):
         E, I = cfg.num_experts, cfg.expert_intermediate
         if cfg.router == "gemma4":

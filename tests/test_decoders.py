@@ -114,3 +114,41 @@ def test_a_hub_id_is_read_from_the_local_cache_offline(tmp_path, monkeypatch):
     assert dec.family == "qwen3" and dec.count_params() == from_hf_config(TINY["qwen3"]).count_params()
     with pytest.raises(ValueError, match="not a hub id in the local Hugging Face cache"):
         get_decoder("someone/absent")
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_every_config_mk_config_takes_is_planned_and_timed(name):
+    """A tiny config of each family: where mk.config takes it (every family but the pre-norm variants it refuses) the
+    step plan builds and mk.timing times it, never faster than the speed of light; the rest are counted only."""
+    from mk.config import UnsupportedVariant, from_hf_dict
+    from mk.sol import speed_of_light
+    from mk.timing import predict
+
+    try:
+        cfg = from_hf_dict(TINY[name], name)
+    except UnsupportedVariant:
+        assert name in ("llama", "qwen3", "qwen3_moe", "mixtral")  # bias, windows, dense layers between MoE ones
+        return
+    for engine in ("megakernel", "general"):
+        assert predict(cfg, "h100", 64, 2, engine).step_s >= speed_of_light(cfg, "h100", 64, 2).step_s * (1 - 1e-12)
+
+
+# Gemma 2 and 3 at a full-size model's shapes (no config of theirs is in data/configs)
+GEMMA_SIZE = dict(vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=6,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=256, sliding_window=4096)  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_gemma_2_and_3_plans_read_mk_sols_bytes(family):
+    from mk.config import from_hf_dict
+    from mk.plan import build_plan
+    from mk.sol import bytes_per_token
+
+    d = dict(TINY[family], **GEMMA_SIZE)
+    assert from_hf_config(d).count_params() == transformers_count(d)
+    cfg = from_hf_dict(d, family)
+    assert not cfg.runnable and cfg.family == family and not cfg.layer_scalar
+    for context in (1024, 16384):
+        plan = build_plan(cfg, 1, context, weight_itemsize=2, kv_itemsize=2)
+        sol = bytes_per_token(cfg, context, 1, "bf16")
+        assert abs(plan.payload_bytes + plan.kv_payload_bytes - sol.total) / sol.total < 0.01

@@ -76,6 +76,8 @@ def padded_shape(cfg: ModelConfig, path: str, shape: tuple[int, ...]) -> tuple[i
         return (shape[0], shape[1], round_up(shape[2], LANE))
     if name == "expert_down":
         return (shape[0], round_up(shape[1], LANE), shape[2])
+    if cfg.latent_attention is not None and name in ("q", "q_a", "q_b", "kv_a", "kv_b", "o"):
+        return tuple(round_up(d, LANE) for d in shape)  # MLA's ranks, latent and head dims need not be whole lanes
     return shape
 
 
