@@ -162,8 +162,21 @@ def _add_generate(sub) -> None:
     )
     chips.add_argument("--bf16-payload", action="store_true", help="all-reduce partial sums in bf16")
     chips.add_argument("--reduce-scatter", action="store_true", help="all-reduce as reduce-scatter then all-gather")
+    _add_ffn_layout(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_generate)
+
+
+def _add_ffn_layout(p) -> None:
+    from .config import FFN_LAYOUTS
+
+    p.add_argument(
+        "--ffn-layout",
+        choices=FFN_LAYOUTS,
+        default=None,
+        help="megakernel: the gated MLPs' intermediate on rows, padded to 8 (sublanes, the default) or on lanes, "
+        "padded to 128 (the first kernel's)",
+    )
 
 
 def _prompts(text: str, batch: int | None) -> list[list[int]]:
@@ -206,6 +219,8 @@ def _run_generate(a) -> None:
         reduce_scatter=a.reduce_scatter or None,
     )
     options = {k: v for k, v in given.items() if v is not None}
+    if a.ffn_layout:
+        options["ffn_layout"] = a.ffn_layout
     if options and a.engine != "megakernel":
         flags = " ".join("--" + k.replace("_", "-") for k in options)
         raise ValueError(f"{flags}: megakernel options, not {a.engine!r}'s")
@@ -221,6 +236,8 @@ def _run_generate(a) -> None:
         cfg = get_config(a.model)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
     params = quantized_as(params, cfg, a.quantize)
+    if a.ffn_layout:
+        cfg = cfg.replace(ffn_layout=options.pop("ffn_layout"))
     tokens = generate(
         params,
         cfg,
@@ -363,6 +380,7 @@ def _add_predict(sub) -> None:
         "--placement", default="split", choices=("whole", "split"), help="experts over a slice's chips (megakernel)"
     )
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weight data type policy")
+    _add_ffn_layout(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_predict)
 
@@ -370,7 +388,7 @@ def _add_predict(sub) -> None:
 def _run_predict(a) -> None:
     from .timing import predict
 
-    p = predict(a.model, a.chip, a.context, a.batch, a.engine, a.placement, a.dtype)
+    p = predict(a.model, a.chip, a.context, a.batch, a.engine, a.placement, a.dtype, ffn_layout=a.ffn_layout)
     d = p.to_dict()
     lines = [
         f"{p.model} on {p.chip}, context {p.context}, batch {p.batch}, {p.dtype}, {p.engine} (modelled: {p.models})",

@@ -17,11 +17,12 @@ import numpy as np
 import pandas as pd
 
 from .chips import Chip, get_chip
-from .config import ModelConfig
+from .config import FFN_LAYOUTS, ModelConfig
 from .plan import ROWS, AllReduce, GatherBest
+from .plan.layout import laid_out_intermediate
 from .sharding import Collective, Placement
 from .timing import FIXES, MODELLED, assumed_costs, link_latency, predict, step_plan
-from .units import LANE, positive_int, round_up
+from .units import LANE, positive_int
 
 # Which partial sum each activation of an all-reduce is.
 _ACTS = {"x": "embedding", "attn_out": "attention", "ffn": "shared MLP", "moe": "experts"}
@@ -149,14 +150,18 @@ def fix_steps(
     cfg: ModelConfig, chip: Chip | str, context: int, batch: int, fixes=FIXES, links: int = 1, **assumed
 ) -> pd.DataFrame:
     """The modelled step after each fix (``mk.timing.FIXES``: whole experts without overlap, then split
-    experts, the overlap, a bf16 payload, reduce-scatter) on the slice ``chip`` (``tpu-v5e-8``), one row each:
-    ``mk.timing.predict``'s step and the pacing chip's bytes and floors, beside its published time where
-    data/published.csv has one for this model, slice, context and batch, and the error modelled / published
-    - 1. ``links``: links a chip's sends spread over; ``assumed``: the assumed costs (default data/timing.csv's)."""
+    experts, the overlap, a bf16 payload, reduce-scatter, the intermediate on rows) on the slice ``chip``
+    (``tpu-v5e-8``), one row each: ``mk.timing.predict``'s step and the pacing chip's bytes and floors, beside
+    its published time where data/published.csv has one for this model, slice, context and batch, and the
+    error modelled / published - 1. ``links``: links a chip's sends spread over; ``assumed``: the assumed
+    costs (default data/timing.csv's)."""
     chip = with_links(chip, links)
     rows = []
     for fix in fixes:
-        p = predict(cfg, chip, context, batch, placement=fix.placement, collective=fix.collective, **assumed)
+        p = predict(
+            cfg, chip, context, batch, placement=fix.placement, collective=fix.collective, ffn_layout=fix.ffn_layout,
+            **assumed,
+        )  # fmt: skip
         b = p.breakdown
         published = published_step(fix.published, cfg, chip, context, batch) if fix.published else float("nan")
         rows.append(
@@ -166,6 +171,7 @@ def fix_steps(
                 overlap=fix.collective.overlap,
                 bf16_payload=fix.collective.bf16_payload,
                 reduce_scatter=fix.collective.reduce_scatter,
+                ffn_layout=fix.ffn_layout,
                 pace="busiest chip" if fix.placement == Placement.WHOLE and cfg.is_moe else "every chip",
                 experts_fetched=b["experts_per_layer"],
                 whole_experts_worth=b["experts_per_layer"] * b["expert_share"],
@@ -224,29 +230,32 @@ def best_fits(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def padding_table(cfg: ModelConfig, chip: Chip | str, context: int, batch: int) -> pd.DataFrame:
-    """Per chip and placement, expected weight bytes by component as the DMAs move them (the layout pads
-    every matrix's intermediate to whole 128-lane tiles) against the bytes that hold weights: the plan's
-    ``weight_bytes`` against its ``payload_bytes`` (average chip, uniform routing), with the intermediate
-    widths a chip holds and lays out."""
+    """Per chip, FFN layout (mk.config.FFN_LAYOUTS) and placement, expected weight bytes by component as the DMAs
+    move them (the "lanes" layout pads every matrix's intermediate to whole 128-lane tiles, "sublanes" to rows of 8)
+    against the bytes that hold weights: the plan's ``weight_bytes`` against its ``payload_bytes`` (average chip,
+    uniform routing), with the intermediate widths a chip holds and lays out."""
     chip = get_chip(chip) if isinstance(chip, str) else chip
     rows = []
-    for placement in Placement if cfg.is_moe else (Placement.SPLIT,):
-        plan = step_plan(cfg, chip, context, batch, "bf16", placement, Collective())
-        moved, payload = plan.bytes_by_component(), plan.bytes_by_component(payload=True)
-        widths = {"shared_mlp": plan.cfg.mlp_intermediate, "experts": plan.cfg.expert_intermediate}
-        for component in [*moved, "(all weights)"]:
-            m = plan.weight_bytes if component == "(all weights)" else moved[component]
-            p = plan.payload_bytes if component == "(all weights)" else payload[component]
-            w = widths.get(component)
-            rows.append(
-                dict(
-                    placement=str(placement),
-                    component=component,
-                    intermediate_per_chip=w,
-                    laid_out=None if w is None else round_up(w, LANE),
-                    moved_GB=m / 1e9,
-                    payload_GB=p / 1e9,
-                    padding=m / p - 1,
+    for layout in FFN_LAYOUTS[::-1]:  # the first layout first
+        laid = cfg.replace(ffn_layout=layout)
+        for placement in Placement if cfg.is_moe else (Placement.SPLIT,):
+            plan = step_plan(laid, chip, context, batch, "bf16", placement, Collective())
+            moved, payload = plan.bytes_by_component(), plan.bytes_by_component(payload=True)
+            widths = {"shared_mlp": plan.cfg.mlp_intermediate, "experts": plan.cfg.expert_intermediate}
+            for component in [*moved, "(all weights)"]:
+                m = plan.weight_bytes if component == "(all weights)" else moved[component]
+                p = plan.payload_bytes if component == "(all weights)" else payload[component]
+                w = widths.get(component)
+                rows.append(
+                    dict(
+                        ffn_layout=layout,
+                        placement=str(placement),
+                        component=component,
+                        intermediate_per_chip=w,
+                        laid_out=None if w is None else laid_out_intermediate(laid, w),
+                        moved_GB=m / 1e9,
+                        payload_GB=p / 1e9,
+                        padding=m / p - 1,
+                    )
                 )
-            )
     return pd.DataFrame(rows)

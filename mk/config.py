@@ -70,6 +70,9 @@ ACTIVATIONS = ("gelu_tanh", "silu", "swiglu_clamped")  # the last gpt-oss's: pla
 # Gemma 4's scaled router; softmax over all experts then the top k; gpt-oss's biased logits, top k, softmax over the k;
 # DeepSeek-V3's biased sigmoid scores picked in groups (the last two planned and timed, not run)
 ROUTERS = ("gemma4", "softmax_topk", "topk_softmax", "sigmoid_grouped")
+FFN_LAYOUTS = ("sublanes", "lanes")  # the kernel's layouts of a gated MLP (ModelConfig.ffn_layout)
+GATED_IN = ("mlp_gate", "mlp_up", "expert_gate", "expert_up")  # a gated MLP's input projections [..., H, I]
+GATED_OUT = ("mlp_down", "expert_down")  # [..., I, H]
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,10 @@ class ModelConfig:
     dense_layers: int = 0  # the first layers of an MoE model are a dense MLP of dense_intermediate (DeepSeek-V3)
     dense_intermediate: int = 0
     rope_scaling_kind: str = ""  # a RoPE scaling the reference does not run (yarn), named for the record
+    # How the kernel lays out the gated MLPs (mk.plan.layout), carried here so every chip's slice, the packing and
+    # the plan agree: "sublanes" holds the intermediate on rows (gate and up transposed), padded to 8 rows;
+    # "lanes" (the first layout) on lanes, padded to 128. The reference ignores it.
+    ffn_layout: str = "sublanes"
 
     def __post_init__(self) -> None:
         problems = []
@@ -162,6 +169,8 @@ class ModelConfig:
             )
         if self.activation not in ACTIVATIONS:
             problems.append(f"activation {self.activation!r} is not one of {list(ACTIVATIONS)}")
+        if self.ffn_layout not in FFN_LAYOUTS:
+            problems.append(f"ffn_layout {self.ffn_layout!r} is not one of {list(FFN_LAYOUTS)}")
         if self.router not in ROUTERS:
             problems.append(f"router {self.router!r} is not one of {list(ROUTERS)}")
         if self.family == GEMMA4 and self.num_experts and not self.mlp_intermediate:
@@ -170,6 +179,12 @@ class ModelConfig:
             raise ValueError(f"invalid ModelConfig {self.name!r}: " + "; ".join(problems))
 
     # Derived structure -------------------------------------------------------------------
+    def outputs_on_rows(self, path: str) -> bool:
+        """Whether the kernel stores matrix ``path`` (a parameter path or a stacked tensor name) transposed, its output
+        channels on rows (gate and up in the "sublanes" FFN layout): a tile is applied as ``x @ tile.T``, and its INT8
+        scales are per row."""
+        return self.ffn_layout == "sublanes" and path.rsplit(".", 1)[-1] in GATED_IN
+
     @property
     def num_layers(self) -> int:
         return len(self.layer_types)

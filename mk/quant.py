@@ -1,10 +1,11 @@
-"""INT8 weights: symmetric, one scale per output channel (and per expert), made from a BF16 or F32 tree.
+"""INT8 weights: symmetric, one scale per channel (and per expert), made from a BF16 or F32 tree.
 
 A quantized matrix ``path`` ([..., in, out], as in mk.params) is stored as ``int8`` codes in ``params[path]``
-and its scales as ``float32`` in ``params[scale_path(path)]``, one per output channel: shape
-``[..., out]`` (``[out]`` for a layer's matrix, ``[E, out]`` for an expert tensor). Codes are
-``round(w / s)`` clipped to [-127, 127] with ``s = max|w| / 127`` over the input axis (1 where a column is
-all zeros), so a weight comes back as ``codes * s``.
+and its scales as ``float32`` in ``params[scale_path(path)]``, one per output channel, shape ``[..., out]``
+(``[out]`` for a layer's matrix, ``[E, out]`` for an expert tensor), except a down projection's: one per input
+channel, ``[..., in]`` (mk.quant_schemes.INPUT_SCALED: a chip that holds some of its rows then reads only their
+scales). Codes are ``round(w / s)`` clipped to [-127, 127] with ``s = max|w| / 127`` over the other axis (1 where
+a channel is all zeros), so a weight comes back as ``codes * s``.
 
 Dequantizing is the same everywhere: ``(codes as float32) * scale``, then rounded to the compute dtype.
 The reference dequantizes the whole tree that way (:func:`dequantize`) and the megakernel each weight tile
@@ -22,17 +23,23 @@ import numpy as np
 
 from .config import ModelConfig
 from .params import param_specs
-from .quant_schemes import SCALE_SUFFIX, SCHEMES, check_scheme, quantized_paths, scale_path
+from .quant_schemes import SCALE_SUFFIX, SCHEMES, check_scheme, quantized_paths, scale_path, scales_inputs
 
 QMAX = 127
 
 
-def quantize_matrix(w) -> tuple[np.ndarray, np.ndarray]:
-    """INT8 codes and per-output-channel float32 scales of ``w`` [..., in, out] (symmetric, round to nearest)."""
+def _broadcast(scale, per_input: bool):
+    """Scales [..., in] or [..., out] as they multiply a matrix [..., in, out]."""
+    return scale[..., :, None] if per_input else scale[..., None, :]
+
+
+def quantize_matrix(w, per_input: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """INT8 codes and float32 scales of ``w`` [..., in, out], one per output channel (or per input channel with
+    ``per_input``): symmetric, round to nearest."""
     w = np.asarray(w, np.float32)
-    amax = np.max(np.abs(w), axis=-2)
+    amax = np.max(np.abs(w), axis=-1 if per_input else -2)
     scale = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
-    codes = np.clip(np.rint(w / scale[..., None, :]), -QMAX, QMAX).astype(np.int8)
+    codes = np.clip(np.rint(w / _broadcast(scale, per_input)), -QMAX, QMAX).astype(np.int8)
     return codes, scale
 
 
@@ -43,7 +50,7 @@ def quantize(params: dict, cfg: ModelConfig, scheme: str) -> dict:
     for path in quantized_paths(cfg, scheme):
         if jnp.asarray(params[path]).dtype == jnp.int8:
             raise ValueError(f"{path} is already INT8: quantize a BF16 or F32 parameter tree")
-        codes, scale = quantize_matrix(params[path])
+        codes, scale = quantize_matrix(params[path], scales_inputs(path))
         out[path], out[scale_path(path)] = jnp.asarray(codes), jnp.asarray(scale)
     return out
 
@@ -64,9 +71,9 @@ def scheme_of(params: dict, cfg: ModelConfig) -> str:
     )
 
 
-def dequantize_matrix(codes, scale, dtype):
+def dequantize_matrix(codes, scale, dtype, per_input: bool = False):
     """``codes * scale`` in float32, rounded to ``dtype``: what the kernel does to each INT8 weight tile."""
-    return (jnp.asarray(codes).astype(jnp.float32) * jnp.asarray(scale)[..., None, :]).astype(dtype)
+    return (jnp.asarray(codes).astype(jnp.float32) * _broadcast(jnp.asarray(scale), per_input)).astype(dtype)
 
 
 def dequantize(params: dict, cfg: ModelConfig, dtype=None) -> dict:
@@ -76,7 +83,7 @@ def dequantize(params: dict, cfg: ModelConfig, dtype=None) -> dict:
     dtype = dtype or jnp.asarray(params["embed"]).dtype
     out = {k: v for k, v in params.items() if not k.endswith(SCALE_SUFFIX)}
     for path in quantized_paths(cfg, scheme):
-        out[path] = dequantize_matrix(params[path], params[scale_path(path)], dtype)
+        out[path] = dequantize_matrix(params[path], params[scale_path(path)], dtype, scales_inputs(path))
     return out
 
 

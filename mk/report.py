@@ -407,7 +407,7 @@ def number_format(digits: int):
     """Show a float with ``digits`` decimals (as the notebook did), a tiny non-zero one with 3 significant digits."""
 
     def fmt(x):
-        if x is None or (isinstance(x, float) and math.isnan(x)):
+        if _missing(x):  # None, NaN, and pandas' NA (a nullable integer column with every value missing)
             return ""
         if x != 0 and abs(x) < 0.5 * 10.0**-digits:
             return f"{x:.3g}"

@@ -20,7 +20,7 @@ from .config import SLIDING
 from .decoders import ModelLike, get_decoder
 from .params import EMBED, EXPERTS, HEAD, ROUTER, SHARED_MLP
 from .published import published_table
-from .quant_schemes import SCALE_BYTES, quantized_in
+from .quant_schemes import SCALE_BYTES, quantized_in, scale_count
 from .routing import expected_distinct_experts
 from .units import positive_int
 
@@ -42,7 +42,7 @@ COMPONENT_ORDER = (
 @dataclass(frozen=True)
 class DtypePolicy:
     """Bytes per element for each kind of tensor, and the mk.quant scheme whose matrices also read their
-    scales (``SCALE_BYTES`` per output channel)."""
+    scales (``SCALE_BYTES`` per scale)."""
 
     name: str
     matrix: float  # attention, shared MLP and router matrices
@@ -135,7 +135,8 @@ def bytes_per_token(model: ModelLike, context: int, batch: int = 1, dtype: str =
     ``config.json``). ``context`` is the number of positions in the cache (the prompt plus tokens so far). The
     head is the tied embedding or the untied output matrix, read once; the embedding lookup reads B rows and is
     not counted. Under an INT8 policy each quantized matrix (``mk.quant_schemes.quantized_in``) also reads
-    ``SCALE_BYTES`` per output channel (an expert's per distinct expert read), added to its component.
+    ``SCALE_BYTES`` per scale (mk.quant_schemes.scale_count; an expert's per distinct expert read), added to its
+    component.
     """
     positive_int("context", context)
     positive_int("batch", batch)
@@ -144,7 +145,7 @@ def bytes_per_token(model: ModelLike, context: int, batch: int = 1, dtype: str =
     comp = {c: 0.0 for c in COMPONENT_ORDER}
     scaled = frozenset(quantized_in(dec.specs, pol.quant))
     for s in dec.specs:
-        scales = s.size / s.shape[-2] * SCALE_BYTES if s.path in scaled else 0.0  # one per output channel
+        scales = scale_count(s) * SCALE_BYTES if s.path in scaled else 0.0
         if s.component == EMBED:
             continue
         if s.component == EXPERTS:

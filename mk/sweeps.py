@@ -38,6 +38,9 @@ BEFORE_FIXES_KEY = "mk_v5e8_moe_step_before"  # the megakernel with whole expert
 
 
 # The series -------------------------------------------------------------------------------------------
+WORKBOOK = "workbook kernel"  # the role of the workbook's own megakernel (mk.timing.KERNEL) in the sweeps
+
+
 @dataclass(frozen=True)
 class Series:
     """One line of the sweeps: an engine (``megakernel``, ``general`` or the speed of light) on a chip or
@@ -49,6 +52,7 @@ class Series:
     dtype: str
     placement: str = "split"
     before_fixes: bool = False
+    workbook: bool = False  # the workbook's kernel (mk.timing.KERNEL) rather than the write-up's
 
     @property
     def label(self) -> str:
@@ -60,10 +64,14 @@ class Series:
             )
         if self.before_fixes:
             return f"megakernel, {self.chip}, whole experts before the fixes (no overlap, f32 payload)"
+        if self.workbook:
+            return f"megakernel, {self.chip}, {self.placement} experts, the workbook's kernel"
         return f"megakernel, {self.chip}, {self.placement} experts"
 
     def case(self, model: ModelConfig | str, context: int, batch: int) -> Case:
-        return Case(model, self.chip, context, batch, self.engine, self.dtype, self.placement, self.before_fixes)
+        return Case(
+            model, self.chip, context, batch, self.engine, self.dtype, self.placement, self.before_fixes, self.workbook
+        )
 
 
 def engine_series(
@@ -71,10 +79,11 @@ def engine_series(
 ) -> tuple[Series, ...]:
     """The write-up's engines for ``model``: the megakernel on ``tpu_slice`` (split experts, bf16), the general
     stack on ``general_chip`` in the baseline's data type and on ``tpu_slice`` (bf16), the speed of light on
-    ``tpu_slice``."""
+    ``tpu_slice``; and beside the write-up's megakernel the workbook's (mk.timing.KERNEL: every fix)."""
     name = get_config(model).name
     return (
         Series("megakernel", "megakernel", tpu_slice, "bf16"),
+        Series(WORKBOOK, "megakernel", tpu_slice, "bf16", workbook=True),
         Series("general baseline", "general", general_chip, BASELINE_DTYPE.get(name, "bf16")),
         Series("general same chip", "general", tpu_slice, "bf16"),
         Series(SOL, SOL, tpu_slice, "bf16"),
@@ -135,14 +144,19 @@ def speedup_table(table: pd.DataFrame) -> pd.DataFrame:
     """Per model, context and batch of an :func:`engine_table`: the megakernel's tokens/s over each general
     stack's (the baseline and the one on the same slice)."""
     t = table.pivot_table(index=["model", "context", "batch"], columns="role", values="tokens_per_s", sort=False)
-    return pd.DataFrame(
-        dict(
-            megakernel_tokens_per_s=t["megakernel"],
-            over_general_baseline=t["megakernel"] / t["general baseline"],
-            over_general_same_chip=t["megakernel"] / t["general same chip"],
-            kind=f"{MODELLED}: the megakernel's tokens/s over the general stack's",
+    out = dict(
+        megakernel_tokens_per_s=t["megakernel"],
+        over_general_baseline=t["megakernel"] / t["general baseline"],
+        over_general_same_chip=t["megakernel"] / t["general same chip"],
+    )
+    if WORKBOOK in t:
+        out.update(
+            workbook_tokens_per_s=t[WORKBOOK],
+            workbook_over_general_baseline=t[WORKBOOK] / t["general baseline"],
+            workbook_over_general_same_chip=t[WORKBOOK] / t["general same chip"],
         )
-    ).reset_index()
+    kind = f"{MODELLED}: the megakernel's tokens/s over the general stack's (the write-up's kernel; the workbook's)"
+    return pd.DataFrame(dict(out, kind=kind)).reset_index()
 
 
 def context_change(table: pd.DataFrame) -> pd.DataFrame:

@@ -37,7 +37,7 @@ import pandas as pd
 from .chips import DATA_DIR, Chip, get_chip
 from .config import ModelConfig, get_config
 from .params import EXPERTS, HEAD, param_specs
-from .plan import ROWS, Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan, step_end, timeline
+from .plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan, step_end, timeline
 from .routing import busiest_chip_distribution
 from .sharding import Collective, Placement, Shard
 from .sol import get_dtype, speed_of_light
@@ -58,6 +58,7 @@ class Fix:
     placement: Placement
     collective: Collective
     published: str | None = None
+    ffn_layout: str = "lanes"  # the gated MLPs' layout (ModelConfig.ffn_layout): the first kernel's, padded to lanes
 
 
 FIXES = (
@@ -66,6 +67,12 @@ FIXES = (
     Fix("(c) split + overlap, f32", Placement.SPLIT, Collective()),
     Fix("(d) split + overlap + bf16 payload", Placement.SPLIT, Collective(bf16_payload=True), "mk_v5e8_moe_step"),
     Fix("(e) (d) + reduce-scatter", Placement.SPLIT, Collective(bf16_payload=True, reduce_scatter=True)),
+    Fix(
+        "(f) (e) + intermediate on rows, unpadded",
+        Placement.SPLIT,
+        Collective(bf16_payload=True, reduce_scatter=True),
+        ffn_layout="sublanes",
+    ),
 )
 BEFORE_FIXES = FIXES[0]  # the write-up's kernel before its fixes
 WRITE_UP = FIXES[3]  # the write-up's kernel as published (1.56 ms)
@@ -538,14 +545,14 @@ def _in_ms(key: str, value: float) -> tuple[str, float]:
 
 def model_bytes(cfg: ModelConfig, dtype: str) -> float:
     """Bytes of every weight of the model under ``dtype`` (all experts; INT8 matrices with their scales)."""
-    from .quant_schemes import SCALE_BYTES, quantized_paths
+    from .quant_schemes import SCALE_BYTES, quantized_paths, scale_count
 
     pol = get_dtype(dtype)
     scaled = set(quantized_paths(cfg, pol.quant))
     per = {EXPERTS: pol.expert, HEAD: pol.head}
     return sum(
         s.size * (per.get(s.component, pol.matrix) if s.matrix else pol.vector)
-        + (s.size / s.shape[-2] * SCALE_BYTES if s.path in scaled else 0)
+        + (scale_count(s) * SCALE_BYTES if s.path in scaled else 0)
         for s in param_specs(cfg)
     )
 
@@ -558,8 +565,10 @@ def fits_in_hbm(cfg: ModelConfig, chip: Chip, context: int, batch: int, dtype: s
     return model_bytes(cfg, dtype) + kv <= chip.hbm_bytes
 
 
-def _check(cfg, chip, context, batch, engine, placement):
+def _check(cfg, chip, context, batch, engine, placement, ffn_layout=None):
     cfg = get_config(cfg)
+    if ffn_layout is not None:
+        cfg = cfg.replace(ffn_layout=ffn_layout)
     chip = get_chip(chip) if isinstance(chip, str) else chip
     positive_int("context", context)
     positive_int("batch", batch)
@@ -612,13 +621,15 @@ def predict(
     op_overhead_s: float | None = None,
     dma_issue_s: float | None = None,
     kernel_s: float | None = None,
+    ffn_layout: str | None = None,
 ) -> Prediction:
     """The modelled decode step of ``model`` on ``chip`` (a chip or a slice: ``tpu-v5e-8``) at ``context``
     positions for ``batch`` users. ``placement`` and ``collective`` apply to the megakernel over a slice
     (default: :data:`KERNEL`, every fix on); ``knockout``: components switched off (mk.params.KNOCKOUTS);
     ``op_overhead_s``, ``dma_issue_s``: the megakernel's assumed costs (default: data/timing.csv's);
-    ``kernel_s``: the general stack's cost per kernel (default: fitted; 0 gives its kernels' work alone)."""
-    cfg, chip = _check(model, chip, context, batch, engine, placement)
+    ``kernel_s``: the general stack's cost per kernel (default: fitted; 0 gives its kernels' work alone);
+    ``ffn_layout``: the megakernel's layout of the gated MLPs (default: the config's, mk.config.FFN_LAYOUTS)."""
+    cfg, chip = _check(model, chip, context, batch, engine, placement, ffn_layout)
     if engine == "general":
         kernel_s = kernel_cost(chip.kind) if kernel_s is None else kernel_s
         p = _general(cfg, chip, context, batch, dtype, kernel_s, frozenset(knockout))
@@ -720,10 +731,12 @@ def step_breakdown(model, chip, context: int, batch: int = 1, dtype: str = "bf16
     KV cache, the HBM floor those bytes set, and the time beyond it (serial reads, the link, compute),
     beside the speed of light. Seconds and bytes. ``kw``: :func:`predict`'s keywords."""
     p = predict(model, chip, context, batch, "megakernel", dtype=dtype, **kw)
-    cfg, chip = _check(model, chip, context, batch, "megakernel", kw.get("placement", KERNEL.placement))
+    cfg, chip = _check(
+        model, chip, context, batch, "megakernel", kw.get("placement", KERNEL.placement), kw.get("ffn_layout")
+    )
     plan = step_plan(cfg, chip, context, batch, dtype, kw.get("placement", KERNEL.placement),
                      kw.get("collective", KERNEL.collective))  # fmt: skip
-    scales = sum(ROWS * ld.cols[1] * 4 * plan.fetch_probability(ld) for ld in plan.loads if ld.scaled)
+    scales = sum(ld.scale_bytes * plan.fetch_probability(ld) for ld in plan.loads)
     return dict(
         model=p.model,
         chip=p.chip,

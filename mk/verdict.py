@@ -19,6 +19,7 @@ from .published import published_table
 from .sharding import Placement
 from .timing import (
     BEFORE_FIXES,
+    KERNEL,
     MODELLED,
     WRITE_UP,
     Fix,
@@ -41,7 +42,7 @@ SMALL_CONTEXT = 32 + 128 // 2  # the small-model verdict's setting: a 32-token p
 class Case:
     """One configuration the write-up timed, as the timing model runs it: the megakernel as published
     (mk.timing.WRITE_UP: split experts, overlap, bf16 payload), or before its fixes (mk.timing.BEFORE_FIXES),
-    or the general stack."""
+    or the general stack; or the workbook's kernel (mk.timing.KERNEL) in the same configuration."""
 
     model: str
     chip: str
@@ -51,19 +52,21 @@ class Case:
     dtype: str = "bf16"
     placement: str = "split"
     before_fixes: bool = False
+    workbook: bool = False  # the workbook's kernel (mk.timing.KERNEL: every fix) rather than the write-up's
 
     @property
     def fix(self) -> Fix:
-        """The megakernel's configuration: the write-up's before or after its fixes (with this placement)."""
+        """The megakernel's configuration: the write-up's before or after its fixes, or the workbook's kernel (with
+        this placement)."""
         if self.before_fixes:
             return BEFORE_FIXES
-        return dataclasses.replace(WRITE_UP, placement=Placement(self.placement))
+        return dataclasses.replace(KERNEL if self.workbook else WRITE_UP, placement=Placement(self.placement))
 
     def predict(self, **kw) -> Prediction:
         f = self.fix
         return predict(
             self.model, self.chip, self.context, self.batch, self.engine, f.placement, self.dtype,
-            collective=f.collective, **kw,
+            collective=f.collective, ffn_layout=f.ffn_layout, **kw,
         )  # fmt: skip
 
     def plan(self):
@@ -72,13 +75,15 @@ class Case:
 
         f = self.fix
         return step_plan(
-            get_config(self.model), get_chip(self.chip), self.context, self.batch, self.dtype, f.placement,
+            get_config(self.model).replace(ffn_layout=f.ffn_layout), get_chip(self.chip), self.context, self.batch,
+            self.dtype, f.placement,
             f.collective,
         )  # fmt: skip
 
     @property
     def label(self) -> str:
         eng = "megakernel (whole experts, before the fixes)" if self.before_fixes else self.engine
+        eng += " (the workbook's kernel)" if self.workbook else ""
         return f"{self.model}, {eng} on {self.chip}, {self.dtype}, {self.context} positions, {self.batch} user(s)"
 
 
@@ -123,7 +128,9 @@ def _value(quantity: str, p: Prediction, component: str | None, case: Case) -> f
     if quantity == "kernels_per_token":
         return p.kernels_per_step
     if quantity == "knockout_time":
-        kw = dict(placement=case.fix.placement, collective=case.fix.collective) if case.engine == "megakernel" else {}
+        f = case.fix
+        kw = dict(placement=f.placement, collective=f.collective, ffn_layout=f.ffn_layout)
+        kw = kw if case.engine == "megakernel" else {}
         t = knockouts(case.model, case.chip, case.context, case.batch, case.engine, case.dtype, [component], **kw)
         return float(t[("kernel_time_ms" if case.engine == "general" else "shrink_ms")].iloc[0]) / 1e3
     raise KeyError(quantity)

@@ -10,9 +10,10 @@ Loading is lazy: ``safe_open`` memory-maps each file and one tensor at a time is
 cast, so a 52 GB checkpoint never needs twice its size in RAM.
 
 INT8 trees (mk.quant) are saved and loaded too. The codes take the float weight's place, under its Hugging
-Face name and layout, as ``I8``; the scales of the tensor ``N`` are ``N + "_qscale"`` (F32), shaped as ``N``
-without its last (input) axis: ``[out]`` for a Linear ``[out, in]``, ``[E, 2I]`` for ``gate_up_proj`` (the
-gate's scales first, as its rows), ``[E, H]`` for ``down_proj``. config.json names the scheme:
+Face name and layout, as ``I8``; the scales of the tensor ``N`` are ``N + "_qscale"`` (F32), as mk.quant keeps
+them: ``[out]`` for a Linear ``[out, in]``, ``[E, 2I]`` for ``gate_up_proj`` (the gate's scales first, as its
+rows), and one per input channel for a down projection: ``[I]`` for a Linear, ``[E, I]`` for ``down_proj``.
+config.json names the scheme:
 ``"quantization_config": {"quant_method": "mk-int8", "scheme": "int8-experts", "scale_suffix": "_qscale"}``.
 A load gives back the quantized tree exactly (codes and scales bit for bit). transformers cannot run such a
 checkpoint (it is mk's format, not one of transformers' quantization methods).
@@ -35,6 +36,7 @@ from .files import write_atomic
 from .params import NORMS, ROUTER, param_specs
 from .progress import tqdm
 from .quant import SCALE_SUFFIX, SCHEMES, quantized_paths, scale_path, scheme_of
+from .quant_schemes import scales_inputs
 
 # Prefixes of the text model: a Gemma4ForConditionalGeneration export, then a text-only Gemma4ForCausalLM.
 TEXT_PREFIXES = ("model.language_model.", "model.")
@@ -257,14 +259,15 @@ def _from_hf(kind: str, a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _hf_scale_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape the checkpoint stores the scales of an mk matrix of ``shape`` in: its HF shape less the
-    input axis (one scale per output row)."""
-    return _hf_shape(kind, shape)[:-1]
+def _hf_scale_shape(path: str, kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape the checkpoint stores the scales of mk matrix ``path`` of ``shape`` in: its HF shape ([..., out,
+    in]) less the input axis (one scale per output row), or less the output axis for a down projection."""
+    hf = _hf_shape(kind, shape)
+    return hf[:-2] + hf[-1:] if scales_inputs(path) else hf[:-1]
 
 
 def _scale_from_hf(kind: str, a: np.ndarray) -> np.ndarray:
-    """A checkpoint's scales as mk keeps them (``[..., out]``): ``gate_up_proj``'s are split in halves."""
+    """A checkpoint's scales as mk keeps them (mk.quant): ``gate_up_proj``'s are split in halves."""
     if kind in ("gate", "up"):
         half = a.shape[-1] // 2
         return a[..., :half] if kind == "gate" else a[..., half:]
@@ -408,10 +411,11 @@ def _plan_load(
             problems.append(f"missing {scale} (the scales of {found}, quantization scheme {scheme})")
         elif first:
             s_shape, s_dtype = ckpt.info[scale]
-            s_want = _hf_scale_shape(kind, shape)
+            s_want = _hf_scale_shape(path, kind, shape)
             if s_shape != s_want:
+                per = "input column" if scales_inputs(path) else "output row"
                 problems.append(
-                    f"{scale} has shape {list(s_shape)}, expected {list(s_want)} (one scale per output row of {found})"
+                    f"{scale} has shape {list(s_shape)}, expected {list(s_want)} (one scale per {per} of {found})"
                 )
             if s_dtype != _SCALE_DTYPE:
                 problems.append(f"{scale} has dtype {s_dtype}, expected {_SCALE_DTYPE}")
@@ -589,7 +593,7 @@ def check_params(params: dict, cfg: ModelConfig) -> None:
     specs = {s.path: s.shape for s in param_specs(cfg)}
     int8 = [p for p in specs if p in params and params[p].dtype == jnp.int8]
     scheme = next((sc for sc in SCHEMES if set(quantized_paths(cfg, sc)) == set(int8)), None)
-    scales = {scale_path(p): specs[p][:-2] + specs[p][-1:] for p in int8}
+    scales = {scale_path(p): specs[p][:-1] if scales_inputs(p) else specs[p][:-2] + specs[p][-1:] for p in int8}
     problems = [f"missing {p}" for p in specs if p not in params]
     problems += [f"unexpected {p}" for p in params if p not in specs and p not in scales]
     problems += [
@@ -606,7 +610,7 @@ def check_params(params: dict, cfg: ModelConfig) -> None:
         if p not in params:
             problems.append(f"missing {p} (the scales of INT8 {p.removesuffix(SCALE_SUFFIX)})")
         elif tuple(params[p].shape) != s:
-            problems.append(f"{p} has shape {list(params[p].shape)}, expected {list(s)} (one per output channel)")
+            problems.append(f"{p} has shape {list(params[p].shape)}, expected {list(s)} (mk.quant's scales)")
         elif params[p].dtype != jnp.float32:
             problems.append(f"{p} has dtype {params[p].dtype}, expected float32")
     if problems:

@@ -20,8 +20,8 @@ CHIP = get_chip("tpu-v5e-8")
 COSTS = dict(op_overhead_s=300e-9, dma_issue_s=300e-9)
 
 
-def plan(placement, collective=Collective()):
-    return timing.step_plan(GEMMA4_26B_A4B, CHIP, 1024, 1, "bf16", placement, collective)
+def plan(placement, collective=Collective(), layout="sublanes"):
+    return timing.step_plan(GEMMA4_26B_A4B.replace(ffn_layout=layout), CHIP, 1024, 1, "bf16", placement, collective)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,9 @@ def test_the_pace_is_the_busiest_chip_under_whole_placement_and_every_chip_split
     assert q["weight_payload_bytes"] == pytest.approx(split.payload_bytes)
     costs = timing.megakernel_costs(split, CHIP, **COSTS)
     assert q["step_s"] == pytest.approx(max(r["end_s"] for r in timeline(split, CHIP, None, **costs)))
-    assert q["step_s"] > q["hbm_floor_s"] > q["payload_floor_s"]
+    assert q["step_s"] > q["hbm_floor_s"] == pytest.approx(q["payload_floor_s"])  # the MLPs on rows: no padding
+    lanes = timing.pace(plan("split", layout="lanes"), CHIP, **COSTS)
+    assert lanes["step_s"] > lanes["hbm_floor_s"] > lanes["payload_floor_s"]  # the first layout pads to lanes
 
 
 def test_the_expected_step_matches_layers_drawn_one_by_one():
@@ -101,11 +103,13 @@ def test_the_expected_step_matches_layers_drawn_one_by_one():
 
 
 def test_each_fix_is_the_timing_models_prediction_and_published_numbers_sit_beside_their_own_case(steps):
-    a, b, c, d, e = steps.step_ms
+    a, b, c, d, e, f = steps.step_ms
     # one user: a bf16 payload sends two rows of 2 bytes where f32 sends one of 4, so it saves nothing
-    assert a > b > c and d == pytest.approx(c, rel=1e-3) and e < d
+    assert a > b > c and d == pytest.approx(c, rel=1e-3) and f < e < d
     for fix in timing.FIXES:  # one value: the table's step is python -m mk predict's for that configuration
-        p = timing.predict(GEMMA4_26B_A4B, CHIP, 1024, 1, placement=fix.placement, collective=fix.collective)
+        p = timing.predict(
+            GEMMA4_26B_A4B, CHIP, 1024, 1, placement=fix.placement, collective=fix.collective, ffn_layout=fix.ffn_layout
+        )
         assert steps.loc[fix.name, "step_ms"] == pytest.approx(p.step_s * 1e3, rel=1e-12)
     assert steps.step_ms.iloc[-1] == pytest.approx(timing.predict(GEMMA4_26B_A4B, CHIP, 1024).step_s * 1e3)
     before, after = steps.loc[timing.BEFORE_FIXES.name], steps.loc[timing.WRITE_UP.name]
@@ -119,6 +123,8 @@ def test_each_fix_is_the_timing_models_prediction_and_published_numbers_sit_besi
     fb, fc = timing.FIXES[1].name, timing.FIXES[2].name
     assert steps.loc[fb, "weight_GB"] > steps.loc[fb, "weight_payload_GB"] * 1.2
     assert steps.loc[fb, "weight_GB"] == steps.loc[fc, "weight_GB"]
+    last = timing.FIXES[-1].name  # the intermediate on rows: a chip moves only what holds weights
+    assert steps.loc[last, "weight_GB"] == pytest.approx(steps.loc[last, "weight_payload_GB"])
     # another context than the published one has nothing to compare against
     other = ar.fix_steps(GEMMA4_26B_A4B, CHIP, 2048, 1, timing.FIXES[:1])
     assert math.isnan(other.published_ms[0]) and math.isnan(other.error[0])
@@ -135,11 +141,13 @@ def test_more_links_and_assumed_costs_move_the_step_as_they_should():
 
 
 def test_padding_of_the_split_intermediate():
-    t = ar.padding_table(GEMMA4_26B_A4B, CHIP, 1024, 1).set_index(["placement", "component"])
-    split, whole = t.loc[("split", "experts")], t.loc[("whole", "experts")]
+    t = ar.padding_table(GEMMA4_26B_A4B, CHIP, 1024, 1).set_index(["ffn_layout", "placement", "component"])
+    split, whole = t.loc[("lanes", "split", "experts")], t.loc[("lanes", "whole", "experts")]
     assert (split.intermediate_per_chip, split.laid_out) == (88, 128)
     assert split.padding == pytest.approx(128 / 88 - 1)
     assert whole.padding == pytest.approx(768 / 704 - 1)
+    rows = t.loc["sublanes"]  # the intermediate on rows: 88 rows are 88 rows, nothing padded
+    assert rows.loc[("split", "experts"), "laid_out"] == 88 and (rows.padding.abs() < 1e-12).all()
 
 
 def test_figures_keep_a_stream_one_colour_and_draw_published_beside_modelled(steps):

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from mk import quant
-from mk.config import GEMMA4_26B_A4B, TINY_MOE, from_hf_dict
+from mk.config import FFN_LAYOUTS, GEMMA4_26B_A4B, TINY_MOE, from_hf_dict
 from mk.generate import generate
 from mk.params import EXPERTS
 from mk.plan import build_plan
+from mk.quant_schemes import tile_rows_scaled
 from mk.sol import bytes_per_token
 from mk.tpu import races_detected
 from mk.weights import random_params
@@ -117,19 +118,26 @@ def test_kernel_over_8_chips_gives_the_quantized_references_tokens():
     )
 
 
-def test_packed_scales_follow_their_matrix():
+@pytest.mark.parametrize("ffn_layout", FFN_LAYOUTS)
+def test_packed_scales_follow_their_matrix(ffn_layout):
     """pack lays a matrix's scales out as its output channels: dequantizing the packed codes with the packed
-    scales gives the packed dequantized matrix (head lanes spread, intermediates padded)."""
+    scales gives the packed dequantized matrix (head lanes spread, intermediates padded; a scale per row where
+    gate and up are stored transposed, in the "sublanes" layout, and for the down projections)."""
     from mk.megakernel.pack import pack
 
-    cfg = TINY_MOE
+    cfg = TINY_MOE.replace(ffn_layout=ffn_layout)
     params = quant.quantize(random_params(cfg, 1), cfg, "int8")
     q = pack(params, cfg)["weights"]
     f = pack(quant.dequantize(params, cfg, jnp.float32), cfg)["weights"]
-    for name in ("sliding.q", "sliding.o", "sliding.mlp_down", "full.expert_gate", "full.expert_down"):
+    names = ("sliding.q", "sliding.o", "sliding.mlp_gate", "sliding.mlp_down", "full.expert_gate", "full.expert_down")
+    for name in names:
         codes, scales = q[name], q[quant.scale_path(name)]
         assert codes.dtype == jnp.int8 and scales.dtype == jnp.float32
         # an expert's scales in its row, a layer's matrix's in row 0, broadcast over the input axis
-        rows = scales[:, : codes.shape[1], None, :] if codes.ndim == 4 else scales[:, :1, :]
-        got = codes.astype(jnp.float32) * rows
+        per = scales[:, : codes.shape[1]] if codes.ndim == 4 else scales[:, 0]  # [L, (E,) lanes]
+        if tile_rows_scaled(cfg, name):  # a scale per row: a scale row's lanes, as a column
+            per = per[..., : codes.shape[-2], None]
+        else:
+            per = per[..., None, :]
+        got = codes.astype(jnp.float32) * per
         np.testing.assert_array_equal(np.asarray(got), np.asarray(f[name]))

@@ -76,11 +76,15 @@ def test_knocked_out_kernel_matches_knocked_out_reference(knockout):
     np.testing.assert_array_equal(np.stack(r["mk"]), np.stack(r["ref"]))
 
 
-@pytest.mark.parametrize("cfg, slots", [(TINY_DENSE, 2), (TINY_MOE, 3)], ids=["tiny-dense", "tiny-moe-3-slots"])
+@pytest.mark.parametrize(
+    "cfg, slots",
+    [(TINY_DENSE, 2), (TINY_MOE, 3), (TINY_MOE.replace(ffn_layout="lanes"), 2)],
+    ids=["tiny-dense", "tiny-moe-3-slots", "tiny-moe-ffn-on-lanes"],
+)
 def test_small_tiles_many_dmas_per_tensor_and_a_looped_head(cfg, slots):
     """Tiles of 128 x 128: every matrix is several DMAs, the head a loop of 4 tiles sharing a buffer
     with other (128, 128) tiles, the KV cache read in 16-position tiles; the prefetch depth is a parameter
-    (three slots per weight buffer for the MoE model)."""
+    (three slots per weight buffer for the MoE model); the MLPs' first layout (intermediate on lanes) too."""
     tiles = Tiles(weight_tile_bytes=128 * 128 * 4, head_tile_bytes=128 * 128 * 4, kv_tile=16, slots=slots)
     df = compare_with_reference(cfg, 2, 3, prompt_len=PROMPT, max_len=32, tiles=tiles)
     assert not df.races.any() and df.same_tokens.all()

@@ -25,6 +25,7 @@ from mk.quant import (
     scale_path,
     scheme_of,
 )
+from mk.quant_schemes import scales_inputs
 from mk.weights import load_checkpoint, random_params, save_checkpoint
 
 # Two users, one prompt past the sliding window; every generation here decodes NEW_TOKENS after them, so the
@@ -69,15 +70,22 @@ def test_a_tensor_that_is_already_codes_times_scale_comes_back_exactly():
     np.testing.assert_array_equal(got_scale, scale)
     cfg = TINY_MOE
     p = random_params(cfg, seed=0)
-    path = "layers.1.expert_down"
-    E, I, H = p[path].shape
-    c = rng.integers(-127, 128, size=(E, I, H)).astype(np.int8)
-    c[:, 0, :] = -127
-    s = 2.0 ** rng.integers(-10, -4, size=(E, H)).astype(np.float32)
-    p[path] = jnp.asarray(c.astype(np.float32) * s[:, None, :])
+    # a down projection is scaled per input channel (its rows), the gate per output channel (its columns)
+    for path, per_input in (("layers.1.expert_down", True), ("layers.1.expert_gate", False)):
+        E, K, N = p[path].shape
+        c = rng.integers(-127, 128, size=(E, K, N)).astype(np.int8)
+        if per_input:
+            c[:, :, 0] = -127
+            s = 2.0 ** rng.integers(-10, -4, size=(E, K)).astype(np.float32)
+            p[path] = jnp.asarray(c.astype(np.float32) * s[:, :, None])
+        else:
+            c[:, 0, :] = -127
+            s = 2.0 ** rng.integers(-10, -4, size=(E, N)).astype(np.float32)
+            p[path] = jnp.asarray(c.astype(np.float32) * s[:, None, :])
     q = quantize(p, cfg, "int8-experts")
-    np.testing.assert_array_equal(np.asarray(q[path]), c)
-    np.testing.assert_array_equal(np.asarray(dequantize(q, cfg)[path]), np.asarray(p[path]))
+    for path in ("layers.1.expert_down", "layers.1.expert_gate"):
+        np.testing.assert_array_equal(np.asarray(dequantize(q, cfg)[path]), np.asarray(p[path]))
+    assert q[scale_path("layers.1.expert_down")].shape == p["layers.1.expert_down"].shape[:-1]
 
 
 @pytest.mark.parametrize("scheme", ["int8-experts", "int8"])
@@ -92,7 +100,8 @@ def test_quantize_a_tree(scheme):
     assert int8 == want
     for k in int8:
         shape = specs[k].shape
-        assert q[scale_path(k)].dtype == jnp.float32 and q[scale_path(k)].shape == shape[:-2] + shape[-1:]
+        want = shape[:-1] if scales_inputs(k) else shape[:-2] + shape[-1:]  # per input channel: down projections
+        assert q[scale_path(k)].dtype == jnp.float32 and q[scale_path(k)].shape == want
     assert all(q[k] is p[k] for k in p if k not in int8)  # the rest shared, not copied
     assert scheme_of(q, cfg) == scheme and scheme_of(p, cfg) == "none"
     d = dequantize(q, cfg)

@@ -179,3 +179,13 @@ def test_in_ms_shows_published_seconds_in_milliseconds():
     assert list(ms.columns) == ["quantity", "unit", "published", "modelled"]
     assert ms.unit.tolist() == ["ms", "tok/s"] and ms.published.tolist() == pytest.approx([1.56, 640.0])
     assert in_ms(ms.assign(unit=["s", "tok/s"])).modelled.tolist() == pytest.approx([1600.0, 600.0])
+
+
+def test_html_table_leaves_missing_cells_empty_in_any_column():
+    """A nullable integer column with every value missing (pandas' NA, as mk.quality.quality_summary's
+    first_divergence when no token diverges) is shown empty, as None and NaN are, not refused."""
+    from mk.report import html_table
+
+    df = pd.DataFrame(dict(a=[1.5, float("nan")], b=pd.array([None, None], dtype="Int64"), c=[None, "x"]))
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", html_table(df, 2))
+    assert cells == ["1.50", "", "", "", "", "x"]

@@ -80,7 +80,8 @@ def test_fp8_and_int8_experts_bytes():
     fp8 = sol.bytes_per_token(GEMMA4_26B_A4B, 1024, dtype="fp8")
     assert fp8.total == pytest.approx(1 * (matrices + router_matrix) + 2 * vectors + 2 * kv, rel=1e-12)
     # INT8 experts: 1 byte per element instead of 2, plus a float32 scale per output channel of each expert read
-    expert_scales = 4 * 30 * 8 * (704 + 704 + 2816)  # gate, up (704 each) and down (2816) of the top-8 experts
+    # (per input channel of its down projection: 704)
+    expert_scales = 4 * 30 * 8 * (704 + 704 + 704)  # gate, up and down of the top-8 experts
     bf16 = sol.bytes_per_token(GEMMA4_26B_A4B, 1024)
     int8 = sol.bytes_per_token(GEMMA4_26B_A4B, 1024, dtype="int8-experts")
     assert int8.total == pytest.approx(bf16.total - h["experts"] + expert_scales, rel=1e-12)
@@ -91,12 +92,12 @@ def test_fp8_and_int8_experts_bytes():
 
 def test_int8_bytes_keep_the_head_in_bf16_and_count_every_scale():
     h = hand_count_26b(1024)
-    scales = 4 * (  # a float32 per output channel of every matrix but the head
+    scales = 4 * (  # a float32 per output channel of every matrix but the head (per input channel: down)
         25 * (16 * 256 + 8 * 256 + 8 * 256 + 2816)  # sliding q, k, v, o
         + 5 * (16 * 512 + 2 * 512 + 2816)  # full q, k, o
-        + 30 * (2112 + 2112 + 2816)  # shared MLP gate, up, down
+        + 30 * (2112 + 2112 + 2112)  # shared MLP gate, up, down
         + 30 * 128  # router projection
-        + 30 * 8 * (704 + 704 + 2816)  # the top-8 experts' gate, up, down
+        + 30 * 8 * (704 + 704 + 704)  # the top-8 experts' gate, up, down
     )
     int8_matrices = (
         sum(h[k] for k in ("sliding_attention", "full_attention", "shared_mlp", "experts")) + 30 * 2816 * 128

@@ -27,8 +27,8 @@ def tiny_table():
 
 def test_engine_table_has_every_series_context_and_batch(tiny_table):
     t = tiny_table
-    assert len(t) == len(TINY) * 4 * 2 * 2
-    assert set(t.role) == {"megakernel", "general baseline", "general same chip", sweeps.SOL}
+    assert len(t) == len(TINY) * 5 * 2 * 2
+    assert set(t.role) == {"megakernel", sweeps.WORKBOOK, "general baseline", "general same chip", sweeps.SOL}
     assert set(t[t.role == "general baseline"].chip) == {"h100"}
     assert set(t[t.role != "general baseline"].chip) == {"tpu-v5e-8"}
     sol = t[t.engine == sweeps.SOL]
@@ -47,7 +47,16 @@ def test_engine_table_has_every_series_context_and_batch(tiny_table):
 
 def test_engine_rows_are_the_timing_models_predictions(tiny_table):
     r = tiny_table.set_index(["model", "role", "context", "batch"]).loc[("tiny-moe", "megakernel", 64, 3)]
-    p = predict("tiny-moe", "tpu-v5e-8", 64, 3, "megakernel", "split", collective=WRITE_UP.collective)  # as published
+    p = predict(
+        "tiny-moe",
+        "tpu-v5e-8",
+        64,
+        3,
+        "megakernel",
+        "split",
+        collective=WRITE_UP.collective,
+        ffn_layout=WRITE_UP.ffn_layout,
+    )  # as published; fmt: skip
     assert r.tokens_per_s == pytest.approx(p.tokens_per_s)
     s = tiny_table.set_index(["model", "role", "context", "batch"]).loc[("tiny-dense", sweeps.SOL, 16, 1)]
     assert s.tokens_per_s == pytest.approx(speed_of_light(get_config("tiny-dense"), "tpu-v5e-8", 16).tokens_per_s)
@@ -62,13 +71,16 @@ def test_the_baseline_is_in_the_write_ups_data_type_per_model():
 
 def test_context_change_and_speedups(tiny_table):
     change = sweeps.context_change(tiny_table[tiny_table.batch == 1])
-    assert len(change) == len(TINY) * 4
+    assert len(change) == len(TINY) * 5
     assert (change.from_context == 16).all() and (change.to_context == 64).all()
     r = change.iloc[0]
     assert r.change == pytest.approx(r.to_tokens_per_s / r.from_tokens_per_s - 1)
     speed = sweeps.speedup_table(tiny_table)
     assert len(speed) == len(TINY) * 2 * 2
     assert (speed.over_general_baseline > 0).all() and speed.kind.str.contains("modelled").all()
+    # the workbook's kernel is python -m mk predict's default (mk.timing.KERNEL), beside the write-up's configuration
+    r = speed.set_index(["model", "context", "batch"]).loc[("tiny-moe", 64, 3)]
+    assert r.workbook_tokens_per_s == pytest.approx(predict("tiny-moe", "tpu-v5e-8", 64, 3).tokens_per_s)
 
 
 def test_published_points_are_read_and_fractions_scaled_by_the_modelled_speed_of_light():
@@ -142,7 +154,7 @@ def test_context_figure_draws_every_series_and_labels_the_published_points(tiny_
     t = sweeps.engine_table(FULL, [1024, 131072], [1])
     fig = views.context_figure(t, points, FULL, "context")
     names = [d.name for d in fig.data if d.showlegend is not False]
-    assert len(names) == len(set(names)) == 4 + 1  # one entry per engine, one for every published point
+    assert len(names) == len(set(names)) == 5 + 1  # one entry per engine, one for every published point
     assert any("fp8 MoE, bf16 dense" in n for n in names)
     assert sum("fraction x modelled speed of light" in n for n in names) == 1
     assert sum(d.name.startswith("published fraction") for d in fig.data) == 2  # each point says so on hover

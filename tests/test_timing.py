@@ -176,6 +176,17 @@ def test_cli_predicts_nvlink_slices_no_faster_than_the_speed_of_light(chip, mk_j
     assert d["breakdown"]["ici_ms"] > 0
 
 
+def test_cli_ffn_layout_switch_gives_the_step_before_and_after(mk_json):
+    """The default layout (the MLPs' intermediate on rows) moves only real weights and is faster; ``--ffn-layout
+    lanes`` is the first layout, the write-up's fixes' step (mk.timing.FIXES (e)), with its padding."""
+    args = ["--model", MOE, "--chip", "tpu-v5e-8", "--context", 1024, "--json"]
+    rows, lanes = mk_json("predict", *args), mk_json("predict", *args, "--ffn-layout", "lanes")
+    assert rows["breakdown"]["weight_bytes"] == pytest.approx(rows["breakdown"]["weight_payload_bytes"], rel=1e-9)
+    assert lanes["breakdown"]["weight_bytes"] > 1.2 * lanes["breakdown"]["weight_payload_bytes"]
+    assert rows["step_ms"] < lanes["step_ms"]
+    assert lanes["step_ms"] == pytest.approx(timing.predict(MOE, "tpu-v5e-8", 1024, ffn_layout="lanes").step_s * 1e3)
+
+
 def test_applies_to_names_a_kind_all_or_known_chips():
     for c in timing.constants():
         names = c.applies_to.split()

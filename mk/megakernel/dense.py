@@ -98,12 +98,16 @@ def emit_norm(k, op):
 
 
 def emit_matmul(k, op):
-    """dst[:, off:+n] = src @ tile (COLS), or dst (+)= src[:, off:+n] @ tile (ROWS)."""
+    """dst[:, off:+n] = src @ tile (COLS) or src @ tile.T (COLS_T), or dst (+)= src[:, off:+n] @ tile (ROWS)."""
     a = k.scratch.acts
     w = k.weight_tile()
-    if op.mode == MatmulMode.COLS:
-        x = a[op.src][...]
-        a[op.dst][:, pl.ds(op.dst_off, op.n)] = jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+    if op.mode in (MatmulMode.COLS, MatmulMode.COLS_T):
+        x = a[op.src][...].astype(w.dtype)
+        if op.mode == MatmulMode.COLS:
+            y = jnp.dot(x, w, preferred_element_type=jnp.float32)
+        else:  # contract both on lanes: the tile's rows are output channels
+            y = jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        a[op.dst][:, pl.ds(op.dst_off, op.n)] = y
         return
     y = jnp.dot(a[op.src][:, pl.ds(op.src_off, op.n)].astype(w.dtype), w, preferred_element_type=jnp.float32)
     dst = a[op.dst]

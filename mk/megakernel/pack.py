@@ -3,8 +3,9 @@
 Once per parameter tree (``pack``) and once per generation (``adopt_cache``), never per step:
 
 - matrices padded with zeros to the kernel's layout (mk.plan.layout): hidden size, head dims and the
-  vocabulary to whole lanes (a head's two RoPE halves at lanes 0 and 64 when hd < 128), intermediates
-  and the expert count to multiples of 128; then each layer type's matrices stacked over its layers;
+  vocabulary to whole lanes (a head's two RoPE halves at lanes 0 and 64 when hd < 128), the expert
+  count to a multiple of 128, the gated MLPs as ``cfg.ffn_layout`` lays them out (gate and up transposed,
+  the intermediate on rows); then each layer type's matrices stacked over its layers;
   INT8 matrices (mk.quant) as their codes, with their scales laid out as their output channels are;
 - the vector table: every norm weight and scale a row (f32), head vectors in the same head lanes;
 - the RoPE inverse frequencies, one row per layer type, in the same head lanes;
@@ -19,8 +20,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..plan import ROWS, layout_config, padded_shape, round_up, stacked, type_index, vector_rows, vector_table_shape
-from ..plan.layout import head_lanes, scale_rows
+from ..plan.layout import head_lanes, scale_rows, scale_width
 from ..quant import quantized_paths, scale_path, scheme_of
+from ..quant_schemes import scales_inputs
 from .refs import matrix_shapes, weight_dtypes, weight_shapes
 
 HIDDEN, VOCAB = "hidden", "vocab"
@@ -79,17 +81,21 @@ def to_layout(a, cfg: ModelConfig, path: str, lay: ModelConfig):
     for axis, kind in enumerate(_axes(cfg, path, a.ndim)):
         if isinstance(kind, tuple):
             a = _spread_heads(a, axis, *kind)
+    if lay.outputs_on_rows(path):
+        a = jnp.swapaxes(a, -1, -2)
     return _pad_to(a, target)
 
 
 def scales_to_layout(scale, cfg: ModelConfig, path: str, shape: tuple, lay: ModelConfig):
-    """A quantized matrix's scales ([out] or [E, out], mk.quant) in the kernel's layout: the output channels
-    spread and padded as the matrix's are, as rows [experts or 1 padded to 8, out] (mk.plan.layout.scale_rows)."""
-    kind = _axes(cfg, path, len(shape))[-1]
-    s = jnp.asarray(scale, jnp.float32).reshape(-1, shape[-1])
+    """A quantized matrix's scales ([(E,) out], or [(E,) in] for a down projection: mk.quant) in the kernel's
+    layout: their channels spread and padded as the matrix's are, as rows [experts or 1 padded to 8, lanes]
+    (mk.plan.layout.scale_rows, scale_width)."""
+    kind = _axes(cfg, path, len(shape))[-2 if scales_inputs(path) else -1]
+    s = jnp.asarray(scale, jnp.float32)
+    s = s.reshape(-1, s.shape[-1])
     if isinstance(kind, tuple):
         s = _spread_heads(s, 1, *kind)
-    return _pad_to(s, (scale_rows(s.shape[0]), _layout_shape(cfg, path, shape, lay)[-1]))
+    return _pad_to(s, (scale_rows(s.shape[0]), scale_width(lay, path, _layout_shape(cfg, path, shape, lay))))
 
 
 def pack(params: dict, cfg: ModelConfig) -> dict:

@@ -13,7 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 from ..config import ModelConfig
 from ..params import param_specs
 from ..plan import BLOCK, LANE, ROWS, StepPlan, padded_shape, round_up, stacked, vector_table_shape
-from ..plan.layout import scale_rows
+from ..plan.layout import scale_rows, scale_width
 from ..quant import SCALE_SUFFIX, quantized_paths, scale_path
 
 TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
@@ -116,7 +116,7 @@ def weight_shapes(cfg: ModelConfig, experts: int | None = None, quantize: str = 
         out[name] = padded if index is None else (index + 1, *padded)
         if path in quantized:
             rows = scale_rows(padded[0] if len(padded) == 3 else 1)
-            out[scale_path(name)] = (index + 1, rows, padded[-1])
+            out[scale_path(name)] = (index + 1, rows, scale_width(cfg, path, padded))
     return out
 
 

@@ -2,13 +2,13 @@
 buffer. Start and wait build the same descriptors, so a wait always matches its start.
 
 An INT8 tile (``Load.scaled``) brings its scales along: the aligned block of ``ROWS`` rows of its scale
-tensor holding its expert's row (row 0 for a layer's matrix), for the tile's columns, into the same slot
-of the buffer's scale buffer. The tile is dequantized in VMEM when an op reads it, exactly as mk.quant
-does: codes as float32 times the scales of their output channel, rounded to the plan's weight dtype. The
-matrix unit then multiplies BF16 (or F32) weights as it does for an unquantized model: decode streams
-weights, and the matrix unit is idle most of the step, so an INT8 matmul (which would also need INT8
-activations) would save nothing the stream does not already hide.
-"""
+tensor holding its expert's row (row 0 for a layer's matrix), for the tile's columns (or its rows,
+where the tile has a scale per row), into the same slot of the buffer's scale
+buffer. The tile is dequantized in VMEM when an op reads it, exactly as mk.quant does: codes as float32
+times the scales of their output channel, rounded to the plan's weight dtype. The matrix unit then
+multiplies BF16 (or F32) weights as it does for an unquantized model: decode streams weights, and the
+matrix unit is idle most of the step, so an INT8 matmul (which would also need INT8 activations) would
+save nothing the stream does not already hide."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ..plan import ROWS, Load
+from ..plan import LANE, ROWS, Load, round_up
 from ..plan.layout import scale_buffer
 from ..quant import scale_path
 
@@ -48,9 +48,10 @@ class WeightStream:
             scales = self.hbm[scale_path(ld.tensor)].at[ld.index]
             _, start = self._row(ld)
             start = start if isinstance(start, int) else pl.multiple_of(start, ROWS)
-            src = scales.at[pl.ds(start, ROWS), pl.ds(ld.cols[0], ld.cols[1])]
+            first, n = (ld.rows[0], round_up(ld.rows[1], LANE)) if ld.row_scales else ld.cols
+            src = scales.at[pl.ds(start, ROWS), pl.ds(first, n)]
             sb = scale_buffer(ld.buffer)
-            dst = self.buffers[sb].at[ld.slot, :, pl.ds(0, ld.cols[1])]
+            dst = self.buffers[sb].at[ld.slot, :, pl.ds(0, n)]
             out.append(pltpu.make_async_copy(src, dst, self.sems[sb].at[ld.slot]))
         return out
 
@@ -59,8 +60,13 @@ class WeightStream:
         w = self.buffers[ld.buffer][ld.slot, : ld.rows[1], : ld.cols[1]]
         if not ld.scaled:
             return w
-        block = self.buffers[scale_buffer(ld.buffer)][ld.slot, :, : ld.cols[1]]  # [ROWS, cols] f32
         row, start = self._row(ld)
-        pick = jax.lax.broadcasted_iota(jnp.int32, block.shape, 0) == row - start
-        scale = jnp.sum(jnp.where(pick, block, 0.0), axis=0, keepdims=True)
+        if ld.row_scales:  # a scale per row of the tile: its row of the block, turned into a column
+            block = self.buffers[scale_buffer(ld.buffer)][ld.slot, :, : round_up(ld.rows[1], LANE)].T  # [lanes, ROWS]
+            pick = jax.lax.broadcasted_iota(jnp.int32, block.shape, 1) == row - start
+            scale = jnp.sum(jnp.where(pick, block, 0.0), axis=1, keepdims=True)[: ld.rows[1]]
+        else:
+            block = self.buffers[scale_buffer(ld.buffer)][ld.slot, :, : ld.cols[1]]  # [ROWS, cols] f32
+            pick = jax.lax.broadcasted_iota(jnp.int32, block.shape, 0) == row - start
+            scale = jnp.sum(jnp.where(pick, block, 0.0), axis=0, keepdims=True)
         return (w.astype(jnp.float32) * scale).astype(self.dtype)

@@ -9,8 +9,11 @@ plan's expected bytes use the expected number of distinct experts (exact under u
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..config import ModelConfig
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs
+from ..quant_schemes import tile_rows_scaled
 from ..units import positive_int
 from .layout import (
     BLOCK,
@@ -154,20 +157,27 @@ class Builder:
         wb = self.itemsize(tensor)
         # tiles of one shape (and type) share a buffer (q, k, v, gate, up, expert gate/up are all [H, w]):
         # fewer buffers, less VMEM, and still the next tile of each shape in flight
-        buffer = f"{slot_shape[0]}x{slot_shape[1]}" + ("i8" if scaled else "")
+        row_scales = scaled and tile_rows_scaled(self.cfg, tensor)
+        buffer = f"{slot_shape[0]}x{slot_shape[1]}" + ("i8" if scaled else "") + ("r" if row_scales else "")
+        # each slot's scales: the aligned f32 block holding its expert's (or matrix's) row of scales, over its
+        # columns, or over its rows (lane-padded: they turn into a column in VMEM) where a tile has a scale per row
+        scale_lanes = round_up(slot_shape[0], LANE) if row_scales else slot_shape[1]  # Load.scale_lanes of a slot
         if buffer not in self.buffers:
             self.buffers[buffer] = Buffer(buffer, slot_shape, wb, self.tiles.slots, "int8" if scaled else None)
-            if scaled:  # each slot's scales: the aligned f32 block holding the row of its expert (or matrix)
+            if scaled:
                 sb = scale_buffer(buffer)
-                self.buffers[sb] = Buffer(sb, (ROWS, slot_shape[1]), 4, self.tiles.slots, "float32")
+                self.buffers[sb] = Buffer(sb, (ROWS, scale_lanes), 4, self.tiles.slots, "float32")
         n = self._slot_count.get(buffer, 0)
         self._slot_count[buffer] = n + 1
         real = self.specs[tensor].shape[-2:]  # the unpadded matrix: what of the tile holds weights
+        if self.cfg.outputs_on_rows(tensor):
+            real = real[::-1]
+        real_rows = max(0, min(rows[1], real[0] - rows[0]))
         real_cols = max(0, min(cols[1], real[1] - cols[0]))
-        payload = max(0, min(rows[1], real[0] - rows[0])) * real_cols * wb
-        nbytes = shape[0] * shape[1] * wb
-        if scaled:  # the scale block moves with every tile; a matrix's scales are real bytes once
-            nbytes += ROWS * cols[1] * 4
+        payload = real_rows * real_cols * wb
+        if row_scales:  # the scale block moves with every tile, its rows' scales real bytes once
+            payload += real_rows * 4 if cols[0] == 0 else 0
+        elif scaled:  # a matrix's column scales are real bytes once, however many row tiles it has
             payload += real_cols * 4 if rows[0] == 0 else 0
         name, index = stacked(self.cfg, tensor)
         ld = Load(
@@ -180,11 +190,13 @@ class Builder:
             n % self.tiles.slots,
             rows,
             cols,
-            nbytes,
+            shape[0] * shape[1] * wb,
             payload,
             expert,
             scaled,
+            row_scales,
         )
+        ld = dataclasses.replace(ld, nbytes=ld.nbytes + ld.scale_bytes)
         self.loads.append(ld)
         return ld.id
 
@@ -233,16 +245,23 @@ class Builder:
             )
 
     def mlp(self, prefix, layer, component, src, dst, names, expert=None):
-        """A gated MLP chunked over its (padded) intermediate: per chunk gate, up, act, down."""
+        """A gated MLP chunked over its (padded) intermediate: per chunk gate, up, act, down. With the
+        intermediate on rows (ffn_layout "sublanes") a chunk is whole lanes of it but the last, which ends
+        where the intermediate does (a multiple of 8): chunk offsets stay lane-aligned in the activations."""
         g, u, d = (prefix + n for n in names)
-        h, inter = self.shapes[g][-2:]
-        sp = spans(inter, h, self.itemsize(g), self.tiles.weight_tile_bytes)
+        on_rows = self.cfg.outputs_on_rows(g)
+        inter, h = self.shapes[g][-2:] if on_rows else self.shapes[g][-2:][::-1]
+        sp = spans(round_up(inter, LANE), h, self.itemsize(g), self.tiles.weight_tile_bytes)
+        sp = [(c, min(tc, inter - c)) for c, tc in sp]
         w = sp[0][1]
         gate, up = self.act("gate", w), self.act("up", w)
         B = self.batch
         for c, tc in sp:
             for tensor, act_dst in ((g, gate), (u, up)):
-                lid = self.load(tensor, layer, component, (0, h), (c, tc), expert, (h, w))
+                if on_rows:
+                    lid = self.load(tensor, layer, component, (c, tc), (0, h), expert, (w, h))
+                else:
+                    lid = self.load(tensor, layer, component, (0, h), (c, tc), expert, (h, w))
                 self.op(
                     MatmulTile(
                         layer,
@@ -251,7 +270,7 @@ class Builder:
                         load=lid,
                         src=src,
                         dst=act_dst,
-                        mode=MatmulMode.COLS,
+                        mode=MatmulMode.COLS_T if on_rows else MatmulMode.COLS,
                         n=tc,
                         expert=expert,
                     )

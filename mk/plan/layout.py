@@ -5,10 +5,13 @@ Layers of one type are stacked: the kernel's HBM holds ``sliding.q`` [n_sliding,
 than one ``layers.{i}.q`` per layer, and the cache ``sliding.k`` [n_sliding, B, kv, slots, hd], so
 one loop over the layers can address layer i's weights and cache with an index.
 
-TPU layout rules applied here: every weight tile's last two dims are multiples of (8, 128) (16
-sublanes in bf16); dims that are not multiples of 128 are padded with zeros (the MLP and expert
-intermediates, e.g. 704 -> 768, and the router's expert count), which leaves every result exact;
-users pad to 8 rows.
+TPU layout rules applied here: a weight tile's last dim is whole lanes (128) and its rows whole
+sublanes (8); dims that are not are padded with zeros (the router's expert count, head dims, and
+the hidden size), which leaves every result exact; users pad to 8 rows. The gated MLPs' intermediate
+(a chip's slice of it, when split) sits on rows, padded only to 8 (ModelConfig.ffn_layout
+"sublanes": gate and up stored transposed, [I, H]; down as it is, [I, H]): a split 26B-A4B expert's
+88 columns a chip would pad to 128 lanes are 88 rows. The "lanes" layout keeps the intermediate on
+lanes (gate and up [H, I], padded to 128: 704 -> 768), as the kernel first did.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import math
 
 import numpy as np
 
-from ..config import SLIDING, ModelConfig
+from ..config import GATED_IN, GATED_OUT, SLIDING, ModelConfig
 from ..params import layer_param_specs, param_specs
+from ..quant_schemes import tile_rows_scaled
 from ..units import LANE, round_up
 
 ROWS = 8  # users pad to one f32 sublane tile
@@ -54,6 +58,13 @@ def scale_buffer(buffer: str) -> str:
     return buffer + ".scale"
 
 
+def scale_width(cfg: ModelConfig, path: str, padded: tuple[int, ...]) -> int:
+    """Lanes of matrix ``path``'s scale rows, given its padded shape: its columns, or where a tile has one
+    scale per row (mk.quant_schemes.tile_rows_scaled) its rows, padded to whole lanes so a tile's scales
+    turn into a column by an (8, 128)-tiled transpose."""
+    return round_up(padded[-2], LANE) if tile_rows_scaled(cfg, path) else padded[-1]
+
+
 def scale_rows(rows: int) -> int:
     """Rows of a stacked scale tensor in the kernel's HBM: one per expert (or one for a layer's matrix),
     padded to whole f32 sublane tiles: a DMA takes the aligned block of ``ROWS`` holding a row."""
@@ -65,9 +76,20 @@ def sublanes(itemsize: int) -> int:
     return 8 * 4 // itemsize
 
 
+def laid_out_intermediate(cfg: ModelConfig, width: int) -> int:
+    """What a gated MLP's intermediate of ``width`` (a chip's slice of it) takes in the layout: whole rows of 8
+    (ffn_layout "sublanes") or whole lanes of 128 ("lanes")."""
+    return round_up(width, ROWS if cfg.ffn_layout == "sublanes" else LANE)
+
+
 def padded_shape(cfg: ModelConfig, path: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape a tensor has in the kernel's HBM layout (intermediates and expert count padded to 128)."""
+    """The shape a tensor has in the kernel's HBM layout (mk.params' shape in; expert count padded to 128;
+    the intermediates as ``cfg.ffn_layout`` says)."""
     name = path.rsplit(".", 1)[-1]
+    if cfg.ffn_layout == "sublanes" and name in GATED_IN:
+        return (*shape[:-2], laid_out_intermediate(cfg, shape[-1]), shape[-2])
+    if cfg.ffn_layout == "sublanes" and name in GATED_OUT:
+        return (*shape[:-2], laid_out_intermediate(cfg, shape[-2]), shape[-1])
     if name in ("mlp_gate", "mlp_up", "router_proj"):
         return (shape[0], round_up(shape[1], LANE))
     if name == "mlp_down":

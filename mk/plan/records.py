@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
-from ..units import LANE, MIB
+from ..units import LANE, MIB, round_up
+from .layout import ROWS
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Load:
     """One weight tile's DMA, HBM -> VMEM: ``tensor[index][rows, cols]`` (of the expert in routed slot
     ``expert``, when set) into ``buffer`` slot ``slot``. ``nbytes`` is what the DMA moves (padding
     included), ``payload_bytes`` the part that holds real weights. A ``scaled`` (INT8) tile brings the
-    aligned block of its per-output-channel scales along, into ``scale_buffer(buffer)``: its bytes are
+    aligned block of its scales along (lanes for its columns, or for its rows where ``row_scales``),
+    into ``scale_buffer(buffer)``: its bytes are
     counted in both (a matrix's scales once in ``payload_bytes``, however many row tiles it has)."""
 
     id: int
@@ -78,6 +80,17 @@ class Load:
     payload_bytes: int
     expert: int | None = None
     scaled: bool = False  # an INT8 tile: the block of its scales comes with it (mk.plan.layout.scale_rows)
+    row_scales: bool = False  # an INT8 tile with a scale per row (mk.quant_schemes.tile_rows_scaled)
+
+    @property
+    def scale_lanes(self) -> int:
+        """Lanes of the scale block an INT8 tile brings: its columns, or its rows padded to whole lanes."""
+        return round_up(self.rows[1], LANE) if self.row_scales else self.cols[1]
+
+    @property
+    def scale_bytes(self) -> int:
+        """Bytes of the scale block that comes with the tile: the ``ROWS`` f32 rows holding its expert's."""
+        return ROWS * self.scale_lanes * 4 if self.scaled else 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,7 @@ class MatmulMode(StrEnum):
     """How a weight tile meets the activations."""
 
     COLS = "cols"  # dst[:, dst_off:+n] = src @ tile (a column tile of W [K, N])
+    COLS_T = "cols_t"  # dst[:, dst_off:+n] = src @ tile.T (a row tile of W stored transposed, [N, K])
     ROWS = "rows"  # dst (+)= src[:, src_off:+n] @ tile (a row tile of W [K, N], summed over tiles)
 
 

@@ -29,7 +29,7 @@ from enum import StrEnum
 import numpy as np
 
 from ..config import LAYER_TYPES, ModelConfig
-from ..quant_schemes import SCALE_SUFFIX
+from ..quant_schemes import SCALE_SUFFIX, scales_inputs, tile_rows_scaled
 from ..units import LANE, ceil_div, positive_int, round_up
 from .collective import Collective
 
@@ -198,17 +198,18 @@ def _matrix_cut(cfg: ModelConfig, shard: Shard, chip: int, path: str) -> tuple[i
 
 def chip_params(params: dict, cfg: ModelConfig, shard: Shard, chip: int) -> dict:
     """Chip ``chip``'s slice of the reference parameter tree: the parameters of ``chip_config`` (with
-    E/C experts for a whole placement). An INT8 matrix's scales (mk.quant, [..., out]) follow its cut:
-    sliced with its output channels or its experts, whole where its input axis is cut."""
+    E/C experts for a whole placement). An INT8 matrix's scales (mk.quant: [..., out], or [..., in] for a down
+    projection) follow its cut: sliced with the channels they run along or its experts, whole where the other
+    axis is cut."""
     if not shard.sharded:
         return params
     out = {}
     for path, a in params.items():
         matrix = path.removesuffix(SCALE_SUFFIX)
         cut = _matrix_cut(cfg, shard, chip, matrix)
-        if cut is not None and matrix != path:  # scales: the matrix's input axis (-2) is gone
-            ndim = a.ndim + 1
-            axis = cut[0] if cut[0] < ndim - 2 else (a.ndim - 1 if cut[0] == ndim - 1 else None)
+        if cut is not None and matrix != path:  # scales: one of the matrix's last two axes is gone
+            ndim, along = a.ndim + 1, a.ndim - 1 if scales_inputs(matrix) else a.ndim  # the axis they run along
+            axis = cut[0] if cut[0] < ndim - 2 else (a.ndim - 1 if cut[0] == along else None)
             cut = None if axis is None else (axis, *cut[1:])
         out[path] = a if cut is None else _cut(a, *cut)
     return out
@@ -235,8 +236,12 @@ def split_axis(cfg: ModelConfig, shard: Shard, tensor: str) -> int | None:
         return None
     if tensor.endswith(SCALE_SUFFIX):  # an INT8 matrix's scales [layers, rows, N]: split as its N or experts
         matrix = tensor.removesuffix(SCALE_SUFFIX)
-        axis, ndim = split_axis(cfg, shard, matrix), 4 if matrix.split(".", 1)[1].startswith("expert_") else 3
-        return {ndim - 1: 2, 1: 1 if ndim == 4 else None}.get(axis)
+        name = matrix.split(".", 1)[1]
+        axis, ndim = split_axis(cfg, shard, matrix), 4 if name.startswith("expert_") else 3
+        along = ndim - 2 if tile_rows_scaled(cfg, name) else ndim - 1  # the matrix's axis its scales run along
+        if axis == along:
+            return 2
+        return 1 if axis == 1 and ndim == 4 else None  # whole experts: the scales' expert rows
     if tensor in ("embed", "head"):
         return 0
     if "." not in tensor:
@@ -248,12 +253,13 @@ def split_axis(cfg: ModelConfig, shard: Shard, tensor: str) -> int | None:
         return 2 if heads else None
     if name == "o":
         return 1 if heads else None
+    rows = cfg.ffn_layout == "sublanes"  # the intermediate on rows: [layers, (E,) I, H] (mk.plan.layout)
     if name in ("mlp_gate", "mlp_up"):
-        return 2
+        return 1 if rows else 2
     if name == "mlp_down":
         return 1
     if name in _EXPERT_INTER_AXIS:
         if shard.placement == Placement.WHOLE:
             return 1
-        return 3 if name != "expert_down" else 2
+        return 2 if rows or name == "expert_down" else 3
     return None

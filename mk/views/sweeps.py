@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 from ..config import get_config
 from ..figures import context_label
 from ..routing import expected_distinct_experts
-from ..sweeps import FRACTION_OF_SOL, SOL
+from ..sweeps import FRACTION_OF_SOL, SOL, WORKBOOK
 from ..verdict import GENERAL_GPU
 
 # Figures --------------------------------------------------------------------------------------------------
@@ -48,6 +48,10 @@ def _legend_name(table: pd.DataFrame, role: str) -> str:
     label = f"{'megakernel' if g.engine.iloc[0] == 'megakernel' else 'general stack'}, {g.chip.iloc[0]}"
     if role == "general baseline":
         label += ", the baseline"
+    elif role == "megakernel":
+        label += ", the write-up's"
+    elif role == WORKBOOK:
+        label += ", this workbook's"
     dtypes = g.drop_duplicates("model")[["model", "dtype"]]
     if dtypes.dtype.nunique() == 1:
         return f"{label} ({dtypes.dtype.iloc[0]})"
@@ -131,7 +135,7 @@ def _series_lines(fig, table, models, x: str, y: str, row: int = 1, legend: bool
     for role in dict.fromkeys(table.role):
         for model, g in table[table.role == role].groupby("model", sort=False):
             g = g.sort_values(x)
-            dash = "dash" if role == SOL else None
+            dash = {SOL: "dash", WORKBOOK: "dot"}.get(role)  # dotted: the write-up's line shows where they meet
             fig.add_scatter(
                 x=g[x],
                 y=g[y],
@@ -312,7 +316,13 @@ def chip_figure(table: pd.DataFrame, models, title: str) -> go.Figure:
     return fig
 
 
-COLOURS = {"megakernel": "#4e79a7", "general baseline": "#f28e2b", "general same chip": "#e15759", SOL: "#555555"}
+COLOURS = {
+    "megakernel": "#4e79a7",
+    WORKBOOK: "#76b7b2",
+    "general baseline": "#f28e2b",
+    "general same chip": "#e15759",
+    SOL: "#555555",
+}
 
 
 def point_label(p) -> str:
