@@ -162,6 +162,12 @@ def _add_generate(sub) -> None:
     )
     chips.add_argument("--bf16-payload", action="store_true", help="all-reduce partial sums in bf16")
     chips.add_argument("--reduce-scatter", action="store_true", help="all-reduce as reduce-scatter then all-gather")
+    chips.add_argument(
+        "--split-positions",
+        action="store_true",
+        help="chips sharing a KV head each hold and attend over a share of its positions (needs --max-len, and a "
+        "sliding window, rounding to whole blocks of 16 on each)",
+    )
     _add_ffn_layout(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_generate)
@@ -217,6 +223,7 @@ def _run_generate(a) -> None:
         overlap=False if a.no_overlap else None,
         bf16_payload=a.bf16_payload or None,
         reduce_scatter=a.reduce_scatter or None,
+        split_positions=a.split_positions or None,
     )
     options = {k: v for k, v in given.items() if v is not None}
     if a.ffn_layout:
@@ -381,6 +388,11 @@ def _add_predict(sub) -> None:
     )
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weight data type policy")
     _add_ffn_layout(p)
+    p.add_argument(
+        "--no-split-positions",
+        action="store_true",
+        help="megakernel: every chip reads all positions of its KV heads (default: split where chips share one)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_predict)
 
@@ -388,7 +400,10 @@ def _add_predict(sub) -> None:
 def _run_predict(a) -> None:
     from .timing import predict
 
-    p = predict(a.model, a.chip, a.context, a.batch, a.engine, a.placement, a.dtype, ffn_layout=a.ffn_layout)
+    p = predict(
+        a.model, a.chip, a.context, a.batch, a.engine, a.placement, a.dtype, ffn_layout=a.ffn_layout,
+        split_positions=not a.no_split_positions,
+    )  # fmt: skip
     d = p.to_dict()
     lines = [
         f"{p.model} on {p.chip}, context {p.context}, batch {p.batch}, {p.dtype}, {p.engine} (modelled: {p.models})",

@@ -226,8 +226,13 @@ def _start_exporter() -> bool:
             stacklevel=3,
         )
         return False
+    import logging
+
     import kaleido
 
+    # choreographer logs (as an exception, to stderr) and drops a pipe message a busy machine delivers torn, which a
+    # notebook run shows as a traceback although the export goes on; its real failures still raise
+    logging.getLogger("choreographer.channels.pipe").setLevel(logging.CRITICAL)
     if hasattr(kaleido, "start_sync_server"):
         kaleido.start_sync_server(silence_warnings=True)
         atexit.register(kaleido.stop_sync_server)

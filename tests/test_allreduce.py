@@ -103,13 +103,15 @@ def test_the_expected_step_matches_layers_drawn_one_by_one():
 
 
 def test_each_fix_is_the_timing_models_prediction_and_published_numbers_sit_beside_their_own_case(steps):
-    a, b, c, d, e, f = steps.step_ms
-    # one user: a bf16 payload sends two rows of 2 bytes where f32 sends one of 4, so it saves nothing
-    assert a > b > c and d == pytest.approx(c, rel=1e-3) and f < e < d
+    a, b, c, d, e, f, g = steps.step_ms
+    # one user: a bf16 payload sends two rows of 2 bytes where f32 sends one of 4, so it saves nothing; at 1K
+    # positions splitting them over the chips that share a KV head costs its two rounds of exchange, no more
+    assert a > b > c and d == pytest.approx(c, rel=1e-3) and f < e < d and f < g < f * 1.01
     for fix in timing.FIXES:  # one value: the table's step is python -m mk predict's for that configuration
         p = timing.predict(
-            GEMMA4_26B_A4B, CHIP, 1024, 1, placement=fix.placement, collective=fix.collective, ffn_layout=fix.ffn_layout
-        )
+            GEMMA4_26B_A4B, CHIP, 1024, 1, placement=fix.placement, collective=fix.collective,
+            ffn_layout=fix.ffn_layout, split_positions=fix.split_positions,
+        )  # fmt: skip
         assert steps.loc[fix.name, "step_ms"] == pytest.approx(p.step_s * 1e3, rel=1e-12)
     assert steps.step_ms.iloc[-1] == pytest.approx(timing.predict(GEMMA4_26B_A4B, CHIP, 1024).step_s * 1e3)
     before, after = steps.loc[timing.BEFORE_FIXES.name], steps.loc[timing.WRITE_UP.name]

@@ -407,3 +407,33 @@ def test_int8_scales_cost_at_most_two_percent_of_their_codes(scheme, chip):
     scales = sum(ld.scale_bytes * plan.fetch_probability(ld) for ld in scaled)
     assert scaled and any(ld.row_scales for ld in scaled)
     assert scales <= 0.02 * codes, scales / codes
+
+
+def test_positions_split_over_the_chips_sharing_a_kv_head():
+    """26B-A4B over 8 chips: 2 full-layer KV heads, so 4 chips share each. Split, each holds a quarter of its slots,
+    reads about a quarter of the full layers' cache at 128K (the sliding layers' 8 heads are not shared), and sends
+    its query heads and partial states to the other 3 (two rounds a full layer); a cache that does not split into
+    whole blocks on each chip is refused with what to use."""
+    from mk.sharding import Shard
+
+    def plan(split, max_len=131072):
+        return build_plan(
+            GEMMA4_26B_A4B, 1, max_len, weight_itemsize=2, kv_itemsize=2, shard=Shard(8, split_positions=split)
+        )
+
+    whole, split = plan(False), plan(True)
+    assert (split.position_share("full"), split.position_share("sliding")) == (4, 1)
+    assert split.cache_len("full") == whole.cache_len("full") // 4 and split.cache_len("sliding") == whole.cache_len(
+        "sliding"
+    )
+
+    def kv(p, t):
+        return sum(op.kv_bytes + op.serial_bytes for op in p.ops if isinstance(op, Attend) and op.layer_type == t)
+
+    assert kv(split, "full") == pytest.approx(kv(whole, "full") / 4, rel=0.01)
+    assert kv(split, "sliding") == kv(whole, "sliding")
+    shared = [op for op in split.ops if isinstance(op, Attend) and op.positions_shared > 1]
+    assert len(shared) == GEMMA4_26B_A4B.layer_types.count("full") and all(op.rounds == 2 for op in shared)
+    assert all(op.sent_bytes > 0 for op in shared)
+    with pytest.raises(ValueError, match="multiple of 64 slots"):
+        plan(True, max_len=1000)

@@ -206,6 +206,39 @@ def test_cli_generate_on_8_chips_gives_transformers_greedy_tokens(
         assert got["tokens"][b] == want[0].tolist(), f"user {b}"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, placement, prompts",
+    [
+        ("hf-eight-heads-w64-dense", "split", (270, 261, 252, 243, 234, 225, 216, 207)),
+        ("hf-eight-heads-w64", "split", (265,)),
+    ],
+    ids=["dense-b8-ragged", "moe-split-b1"],
+)
+def test_cli_generate_with_positions_split_over_chips_gives_transformers_greedy_tokens(
+    hf_checkpoint, mk_json, name, placement, prompts
+):
+    """``--split-positions`` over 8 chips: the 4 chips sharing a sliding KV head and the 8 sharing the full one each
+    hold every 4th / 8th block of 16 of its slots, attend over them for all the group's query heads, and merge the
+    partial states over remote DMAs. With 384 slots a chip holds 48 of the full layer's (3 KV tiles of 16): the
+    prompts (ragged, 8 users; or one) reach past 2 tiles on every chip. Each user gets transformers' greedy tokens
+    for its prompt alone, the race detector on."""
+    folder, model = hf_checkpoint(name)
+    cfg = load_hf_config(folder)
+    rng = np.random.default_rng(12)
+    ids = [rng.integers(0, cfg.vocab_size, n).tolist() for n in prompts]
+    new = 2
+    got = mk_json(
+        "generate", "--checkpoint", folder, "--prompt-ids", ";".join(",".join(map(str, p)) for p in ids),
+        "--new-tokens", new, "--engine", "megakernel", "--chips", 8, "--placement", placement, "--split-positions",
+        "--max-len", 384, "--kv-tile", 16, "--detect-races", "--json",
+    )  # fmt: skip
+    assert not got["races"]
+    for b, prompt in enumerate(ids):
+        want, _ = hf_greedy(model, np.array([prompt]), new)
+        assert got["tokens"][b] == want[0].tolist(), f"user {b}"
+
+
 def test_a_bf16_payload_moves_logits_by_its_rounding_only():
     """One step of 4 users at ragged positions over a random cache, on 2 chips (tests/test_ops.py holds the
     8-chip all-reduce to the sum of the rounded partials). An f32 payload gives the reference's logits up to

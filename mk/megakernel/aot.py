@@ -172,13 +172,19 @@ def compiled_kind(device: str) -> str:
 
 
 def sharded_compiles(
-    models, chips, placements=("whole", "split"), batch: int = 1, max_len: int = 1024, quantize: str = "none"
+    models,
+    chips,
+    placements=("whole", "split"),
+    batch: int = 1,
+    max_len: int = 1024,
+    quantize: str = "none",
+    split_positions: bool = False,
 ) -> pd.DataFrame:
     """Each model's whole decode step (every layer, full size, bf16; ``quantize``: the mk.quant scheme's
-    matrices INT8) split over each 8-chip slice, compiled ahead of time by libtpu (both expert placements for
-    an MoE model): per chip, the HBM its arguments take as the compiler reports it beside the plan's
-    (weights and cache, sharded), the plan's VMEM and the limit the compiler accepted it under, and the
-    compile time."""
+    matrices INT8; ``split_positions``: chips sharing a KV head split its positions) split over each 8-chip
+    slice, compiled ahead of time by libtpu (both expert placements for an MoE model): per chip, the HBM its
+    arguments take as the compiler reports it beside the plan's (weights and cache, sharded), the plan's VMEM
+    and the limit the compiler accepted it under, and the compile time."""
     from ..chips import get_chip
     from ..config import get_config
     from ..sharding import Shard
@@ -191,7 +197,12 @@ def sharded_compiles(
             for placement in placements if cfg.is_moe else ("split",):
                 t0 = time.perf_counter()
                 plan, compiled = compile_for_tpu(
-                    cfg, chip, batch, max_len, shard=Shard(n, placement), quantize=quantize
+                    cfg,
+                    chip,
+                    batch,
+                    max_len,
+                    shard=Shard(n, placement, split_positions=split_positions),
+                    quantize=quantize,
                 )
                 seconds = time.perf_counter() - t0
                 shapes = input_shapes(plan, jnp.bfloat16, jnp.bfloat16)
@@ -203,6 +214,7 @@ def sharded_compiles(
                         chip=chip,
                         placement=placement if cfg.is_moe else "-",
                         quantize=quantize,
+                        split_positions=split_positions,
                         compiler_hbm_gb=compiled.memory_analysis().argument_size_in_bytes / 1e9,
                         plan_hbm_gb=plan_hbm / 1e9,
                         hbm_per_chip_gb=get_chip(chip).hbm_bytes / n / 1e9,

@@ -17,7 +17,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..config import SLIDING
-from ..plan import BLOCK
+from ..plan import BLOCK, LANE
 from .dense import NEG, rms
 from .refs import POSITION
 
@@ -60,6 +60,8 @@ def emit_qkv_norm_rope(k, op):
 
 def emit_attend(k, op):
     """attn[b, heads] for every user b, reading layer ``op.layer``'s cache in tiles; writes the new K/V."""
+    if op.positions_shared > 1:
+        return emit_attend_shared(k, op)
     cfg, t, B = k.cfg, op.layer_type, k.plan.batch
     hd, kv, nh = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
     rep = nh // kv
@@ -154,3 +156,119 @@ def emit_attend(k, op):
             writes.append(w)
     for w in writes:
         w.wait()
+
+
+def emit_attend_shared(k, op):
+    """``emit_attend`` where g = ``op.positions_shared`` chips share this chip's KV head (consecutive chips; this one
+    is member ``chip % g``): each holds every g-th block of ``BLOCK`` slots of it. The members' query heads are
+    gathered here; this chip attends over its own blocks for all of them (an online softmax whose state starts
+    empty where another member holds the new position); each head's partial state (running max, sum and weighted
+    values) goes to its member, which merges the g states exactly as the online softmax merges tiles. Only the
+    member holding a user's new slot writes its K/V."""
+    from .collective import exchange_in_group
+
+    cfg, t, B, g = k.cfg, op.layer_type, k.plan.batch, op.positions_shared
+    hd, nh = cfg.head_dim(t), cfg.num_heads  # one KV head here, nh of its query heads on each member
+    heads = g * nh
+    T, S = k.plan.kv_tile(t), k.plan.cache_len(t)  # this chip's slots
+    W = cfg.sliding_window if t == SLIDING else S * g  # slots of the head that can hold a position
+    kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
+    buf, qblk, a = k.scratch.kv[t], k.scratch.qblk, k.scratch.acts
+    q, knew, vnew, out = a["q"], a["k"], a["v"], a["attn"]
+    me = k.chip % g
+    width = nh * hd
+    # 1. every member's query heads, here
+    buf.q_all[me] = q[:, :width]
+    exchange_in_group(k, g, lambda _: q.at[:, pl.ds(0, width)], lambda m: buf.q_all.at[m], buf.share_sem.at[0])
+
+    def tile_copies(b, tix, slot):
+        src = pl.ds(pl.multiple_of(tix * T, T), T)
+        return (
+            pltpu.make_async_copy(kc.at[b, :, src, :], buf.k.at[slot], buf.sem.at[0, slot]),
+            pltpu.make_async_copy(vc.at[b, :, src, :], buf.v.at[slot], buf.sem.at[1, slot]),
+        )
+
+    lane = jax.lax.broadcasted_iota(jnp.int32, (nh, LANE), 1)
+    for b in range(B):
+        pos = k.position(b)
+        slot_new = pos % cfg.sliding_window if t == SLIDING else pos  # in the head's slots
+        owner = (slot_new // BLOCK) % g
+        blocks = jnp.minimum(pos // BLOCK + 1, W // BLOCK)  # the head's blocks this user reads
+        mine = jnp.maximum(0, (blocks - me + g - 1) // g)  # of them, every g-th from this member's
+        n_tiles = (mine * BLOCK + T - 1) // T
+
+        @pl.when(n_tiles > 0)
+        def _(b=b):
+            for c in tile_copies(b, 0, 0):
+                c.start()
+
+        for h in range(heads):
+            qblk[0, h : h + 1, :hd] = buf.q_all[h // nh, b : b + 1, (h % nh) * hd : (h % nh + 1) * hd]
+        qg = qblk[0, :, :hd]
+        seeded = owner == me  # the new token's K/V seed the softmax on the member that holds its slot
+        m = jnp.where(seeded, jnp.sum(qg * knew[b : b + 1, :hd], axis=1, keepdims=True), NEG)
+        state = (m, jnp.where(seeded, 1.0, 0.0) * jnp.ones_like(m), jnp.where(seeded, 1.0, 0.0) * vnew[b : b + 1, :hd])
+        state = (state[0], state[1], jnp.broadcast_to(state[2], qg.shape))
+
+        def body(tix, carry, b=b, pos=pos, slot_new=slot_new, n_tiles=n_tiles):
+            slot = tix % 2
+
+            @pl.when(tix + 1 < n_tiles)
+            def _():
+                for c in tile_copies(b, tix + 1, 1 - slot):
+                    c.start()
+
+            for c in tile_copies(b, tix, slot):
+                c.wait()
+            local = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
+            s_idx = (local // BLOCK * g + me) * BLOCK + local % BLOCK  # the head's slot each local slot holds
+            valid = (s_idx <= pos) & (s_idx < W) & (s_idx != slot_new)
+            m, l, acc = carry
+            kt = buf.k[slot, 0].astype(jnp.float32)
+            vt = buf.v[slot, 0].astype(jnp.float32)
+            s = jax.lax.dot_general(qg, kt, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            s = jnp.where(valid, s, NEG)
+            m2 = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+            p = jnp.where(valid, jnp.exp(s - m2), 0.0)  # a state may still be empty (m = NEG): no masked slot counts
+            alpha = jnp.exp(m - m2)
+            return m2, l * alpha + jnp.sum(p, axis=1, keepdims=True), acc * alpha + jnp.dot(p, vt)
+
+        m, l, acc = jax.lax.fori_loop(0, n_tiles, body, state)
+        for member in range(g):  # each member's heads' partial states, max and sum in lanes hd and hd + 1
+            rows = slice(member * nh, (member + 1) * nh)
+            buf.state[member, b, :, :hd] = acc[rows]
+            ml = jnp.where(lane == 0, m[rows], jnp.where(lane == 1, l[rows], 0.0))
+            buf.state[member, b, :, hd : hd + LANE] = ml
+
+        # Every read of this user's cache here is done: its holder writes the new position back (the aligned
+        # block of BLOCK slots around it, read, set, written).
+        @pl.when(seeded)
+        def _(b=b, slot_new=slot_new):
+            at = slot_new // BLOCK // g * BLOCK + slot_new % BLOCK  # its slot among this member's
+            blk = pl.ds(pl.multiple_of(at // BLOCK * BLOCK, BLOCK), BLOCK)
+            row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, hd), 0) == at % BLOCK
+            for n, (stage, cache, new) in enumerate(((buf.stage_k, kc, knew), (buf.stage_v, vc, vnew))):
+                c = pltpu.make_async_copy(cache.at[b, :, blk, :], stage.at[b], buf.stage_sem.at[n, b])
+                c.start()
+                c.wait()
+                block = stage[b, 0].astype(jnp.float32)
+                stage[b, 0] = jnp.where(row, new[b : b + 1, :hd], block).astype(stage.dtype)
+                w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, blk, :], buf.stage_sem.at[n, b])
+                w.start()
+                w.wait()
+
+    # 2. each head's partial states to its member; merged here, for this chip's heads
+    buf.state_in[me] = buf.state[me]
+    exchange_in_group(k, g, lambda m: buf.state.at[m], lambda m: buf.state_in.at[m], buf.share_sem.at[1])
+    for b in range(B):
+        parts = [buf.state_in[member, b] for member in range(g)]  # [nh, hd + LANE] each
+        top = parts[0][:, hd : hd + 1]
+        for x in parts[1:]:
+            top = jnp.maximum(top, x[:, hd : hd + 1])
+        total, acc = jnp.zeros_like(top), jnp.zeros((nh, hd), jnp.float32)
+        for x in parts:
+            w = jnp.exp(x[:, hd : hd + 1] - top)
+            total, acc = total + w * x[:, hd + 1 : hd + 2], acc + w * x[:, :hd]
+        o = acc / total
+        for h in range(nh):
+            out[b : b + 1, h * hd : (h + 1) * hd] = o[h : h + 1]

@@ -1,6 +1,7 @@
 """The cross-chip ops inside the kernel, over remote DMAs with semaphores (the algorithms and their
-switches: mk.sharding.collective): a barrier at kernel start, the all-reduce of partial sums, and the
-gather of every chip's running argmax.
+switches: mk.sharding.collective): a barrier at kernel start, the all-reduce of partial sums, the
+gather of every chip's running argmax, and the exchange within a group of chips that share a KV head's
+positions (mk.megakernel.attention).
 
 Every chip waits for what it receives and for its own sends before it goes on, and sums the chips'
 partials in chip order, so all chips hold the same activations after every all-reduce. Receive buffers
@@ -54,6 +55,29 @@ def _exchange(k, src, dst_at, round_: int, parity, ex):
         s = src(sender) if callable(src) else src
         pltpu.make_async_remote_copy(
             s, dst_at(sender), ex.send_sem.at[round_, d], recv.at[sender], device_id=_device(k, k.chip)
+        ).wait_recv()
+    for c in sends:
+        c.wait_send()
+
+
+def exchange_in_group(k, g: int, src, dst_at, sems):
+    """Within this chip's group of ``g`` consecutive chips (member ``chip % g``): send ``src(member)`` (a ref) to
+    every other member's ``dst_at(my member)``; wait until every other member's has arrived here in
+    ``dst_at(sender)`` and this chip's sends are done. ``sems``: DMA [2 (send, receive), g]."""
+    me = k.chip % g
+    base = k.chip - me
+    sends = []
+    for d in range(1, g):
+        peer = (me + d) % g
+        c = pltpu.make_async_remote_copy(
+            src(peer), dst_at(me), sems.at[0, d], sems.at[1, me], device_id=_device(k, base + peer)
+        )
+        c.start()
+        sends.append(c)
+    for d in range(1, g):
+        sender = (me - d) % g
+        pltpu.make_async_remote_copy(
+            src(sender), dst_at(sender), sems.at[0, d], sems.at[1, sender], device_id=_device(k, k.chip)
         ).wait_recv()
     for c in sends:
         c.wait_send()

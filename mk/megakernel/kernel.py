@@ -64,7 +64,7 @@ from ..plan import (
     vector_stride,
 )
 from ..quant import SCALE_SUFFIX
-from ..sharding import ONE_CHIP, Collective, Shard, chip_config, chip_params, make_mesh, split_axis
+from ..sharding import ONE_CHIP, Collective, Shard, chip_config, chip_params, make_mesh, position_share, split_axis
 from ..tpu import interpret_params
 from . import attention, collective, dense, head, moe
 from .pack import adopt_cache_chips, pack, reference_cache_chips
@@ -625,7 +625,12 @@ class MegakernelEngine:
         ko = check_knockout(knockout)
         t0 = cfg.layer_types[0]
         batch = cache[f"{t0}.k"].shape[1]
-        max_len = cache["full.k"].shape[3] if cfg.full_layers else cfg.sliding_window
+        # a chip's full-layer slots, times the chips sharing each KV head's positions (mk.sharding.position_share)
+        max_len = (
+            cache["full.k"].shape[3] * position_share(cfg, "full", self.shard)
+            if cfg.full_layers
+            else cfg.sliding_window
+        )
         packed = self.packed(params)
         weight_dtype = packed["weights"]["embed"].dtype
         quantize = packed_scheme(packed["weights"])
@@ -652,11 +657,12 @@ def make_step(
     overlap: bool = True,
     bf16_payload: bool = False,
     reduce_scatter: bool = False,
+    split_positions: bool = False,
 ) -> MegakernelEngine:
     """The megakernel engine for mk.generate; ``kv_tile``: KV positions per tile (overrides ``tiles``);
-    over ``chips`` chips (the first ``chips`` devices), experts ``placement`` whole or split, and the
-    all-reduce's switches (mk.sharding.Collective)."""
+    over ``chips`` chips (the first ``chips`` devices), experts ``placement`` whole or split, the
+    all-reduce's switches (mk.sharding.Collective), and whether chips sharing a KV head split its positions."""
     if kv_tile is not None:
         tiles = replace(tiles, kv_tile=kv_tile)
-    shard = Shard(chips, placement, Collective(overlap, bf16_payload, reduce_scatter))
+    shard = Shard(chips, placement, Collective(overlap, bf16_payload, reduce_scatter), split_positions=split_positions)
     return MegakernelEngine(cfg, tiles, detect_races, shard)

@@ -19,7 +19,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import ModelConfig
-from ..plan import ROWS, layout_config, padded_shape, round_up, stacked, type_index, vector_rows, vector_table_shape
+from ..plan import (
+    BLOCK,
+    ROWS,
+    layout_config,
+    padded_shape,
+    round_up,
+    stacked,
+    type_index,
+    vector_rows,
+    vector_table_shape,
+)
 from ..plan.layout import head_lanes, scale_rows, scale_width
 from ..quant import quantized_paths, scale_path, scheme_of
 from ..quant_schemes import scales_inputs
@@ -185,32 +195,57 @@ def _join(parts: list[dict], cfg: ModelConfig, shard) -> dict:
     return out
 
 
+def _blocks_of(a, member: int, g: int):
+    """Of ``a``'s slots (axis -2), the blocks of ``BLOCK`` that member ``member`` of ``g`` chips sharing them holds:
+    blocks member, member + g, ... (mk.megakernel.attention.emit_attend_shared)."""
+    *lead, S, hd = a.shape
+    return a.reshape(*lead, S // BLOCK // g, g, BLOCK, hd)[..., member, :, :].reshape(*lead, S // g, hd)
+
+
+def _interleave_blocks(parts: list):
+    """The slots of ``parts`` (each member's blocks, in member order) as the head's: ``_blocks_of``'s inverse."""
+    *lead, s, hd = parts[0].shape
+    x = jnp.stack([p.reshape(*lead, s // BLOCK, BLOCK, hd) for p in parts], axis=-3)
+    return x.reshape(*lead, s * len(parts), hd)
+
+
 def adopt_cache_chips(cfg: ModelConfig, cache: dict, shard) -> dict:
-    """``adopt_cache`` over several chips: each chip's KV heads (mk.sharding.chip_cache) side by side."""
-    from ..sharding import chip_cache, chip_config
+    """``adopt_cache`` over several chips: each chip's KV heads (mk.sharding.chip_cache) side by side; where chips
+    share a KV head's positions (mk.sharding.position_share), each chip's blocks of its slots only."""
+    from ..sharding import chip_cache, chip_config, position_share
 
     if not shard.sharded:
         return adopt_cache(cfg, cache)
     local = chip_config(cfg, shard)
-    return _join([adopt_cache(local, chip_cache(cache, cfg, shard, c)) for c in range(shard.chips)], cfg, shard)
+    parts = []
+    for c in range(shard.chips):
+        mine = chip_cache(cache, cfg, shard, c)
+        for path in mine:
+            g = position_share(cfg, cfg.layer_types[int(path.split(".")[1])], shard)
+            mine[path] = _blocks_of(mine[path], c % g, g) if g > 1 else mine[path]
+        parts.append(adopt_cache(local, mine))
+    return _join(parts, cfg, shard)
 
 
 def reference_cache_chips(cfg: ModelConfig, cache: dict, shard) -> dict:
     """The reference's cache from ``adopt_cache_chips``'s layout (a KV head kept on several chips is
     the same on each: the first copy is taken)."""
-    from ..sharding import chip_config, first_kv_head, heads_split
+    from ..sharding import chip_config, first_kv_head, heads_split, position_share
 
     if not shard.sharded or not heads_split(cfg, shard.chips):
         return reference_cache(cfg, cache)
     local, C = chip_config(cfg, shard), shard.chips
     out = {}
     for i, t in enumerate(cfg.layer_types):
-        kv = local.kv_heads(t)
+        kv, g = local.kv_heads(t), position_share(cfg, t, shard)
         for n in ("k", "v"):
             a = cache[f"{t}.{n}"][type_index(cfg, i)][..., head_lanes(cfg.head_dim(t))]  # [B, C * kv, S, hd]
             heads = {}
-            for c in range(C):
+            for c in range(0, C, g):  # where g chips share a head's positions: its g members' blocks, in order
                 for h in range(kv):
-                    heads.setdefault(first_kv_head(cfg, t, C, c) + h, a[:, c * kv + h])
+                    members = [a[:, (c + j) * kv + h] for j in range(g)]
+                    heads.setdefault(
+                        first_kv_head(cfg, t, C, c) + h, members[0] if g == 1 else _interleave_blocks(members)
+                    )
             out[f"layers.{i}.{n}"] = jnp.stack([heads[h] for h in range(cfg.kv_heads(t))], axis=1)
     return out

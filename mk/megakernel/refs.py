@@ -46,6 +46,11 @@ class KV(NamedTuple):
     stage_k: Any  # [B, kv_heads, 16, head_dim]: the block around each user's write-back slot
     stage_v: Any
     stage_sem: Any  # DMA [2 (k, v), B]
+    # where g chips share a KV head's positions (StepPlan.position_share), else None:
+    q_all: Any = None  # [g, rows, heads x head_dim] f32: each member's query heads
+    state: Any = None  # [g, B, heads, head_dim + 128] f32: partial states for each member's heads (max, sum: lanes)
+    state_in: Any = None  # [g, B, heads, head_dim + 128] f32: each member's partial states of this chip's heads
+    share_sem: Any = None  # DMA [2 (queries, states), 2 (send, receive), g]
 
 
 class Scratch(NamedTuple):
@@ -183,7 +188,8 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
     types = sorted(set(cfg.layer_types))
     kv = {}
     for t in types:
-        heads, hd, T = cfg.kv_heads(t), cfg.head_dim(t), plan.kv_tile(t)
+        heads, hd, T, g = cfg.kv_heads(t), cfg.head_dim(t), plan.kv_tile(t), plan.position_share(t)
+        nh = cfg.num_heads
         kv[t] = KV(
             pltpu.VMEM((2, heads, T, hd), kv_dtype),
             pltpu.VMEM((2, heads, T, hd), kv_dtype),
@@ -191,9 +197,20 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
             pltpu.VMEM((B, heads, BLOCK, hd), kv_dtype),
             pltpu.VMEM((B, heads, BLOCK, hd), kv_dtype),
             pltpu.SemaphoreType.DMA((2, B)),
+            *(
+                (
+                    pltpu.VMEM((g, rows, nh * hd), jnp.float32),
+                    pltpu.VMEM((g, B, nh, hd + LANE), jnp.float32),
+                    pltpu.VMEM((g, B, nh, hd + LANE), jnp.float32),
+                    pltpu.SemaphoreType.DMA((2, 2, g)),
+                )
+                if g > 1
+                else ()
+            ),
         )
     hd = max(cfg.sliding_head_dim, cfg.full_head_dim)
-    rep = max(cfg.num_heads // cfg.kv_heads(t) for t in types)
+    # the query heads of one KV head: this chip's, or every sharing chip's where they split its positions
+    rep = max(cfg.num_heads // cfg.kv_heads(t) * plan.position_share(t) for t in types)
     ep = round_up(max(cfg.num_experts, 1), LANE)
     shapes = input_shapes(plan, weight_dtype, kv_dtype)
     return Scratch(

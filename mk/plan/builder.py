@@ -14,7 +14,7 @@ import dataclasses
 from ..config import ModelConfig
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs
 from ..quant_schemes import tile_rows_scaled
-from ..units import positive_int
+from ..units import ceil_div, positive_int
 from .layout import (
     BLOCK,
     LANE,
@@ -96,8 +96,10 @@ class Builder:
         experts_held: int,
         split_heads: bool,
         quantized: frozenset = frozenset(),
+        position_shares: dict | None = None,
     ):
         self.shard, self.experts_held, self.split_heads = shard, experts_held, split_heads
+        self.position_shares = position_shares or {}  # layer type -> chips sharing a KV head's positions
         self.quantized = quantized  # matrices streamed as INT8 codes with their scales (mk.quant)
         self.cfg = layout_config(cfg)  # the shapes the kernel moves; the model's own for payload bytes
         self.batch, self.max_len, self.context = batch, max_len, context
@@ -342,15 +344,25 @@ class Builder:
         positions = cfg.cache_positions(t, self.context)
         T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
         per_pos = 2 * kv * hd * self.kvb  # K and V
+        g = self.position_shares.get(t, 1)
+        if g > 1:  # this chip's share of the positions, for the g chips' query heads: q in, partial states out
+            positions, heads = ceil_div(positions, g), g * nh
+            state = B * nh * (hd + LANE) * 4  # each head's weighted values, running max and sum, f32, per user
+            sent, rounds = (g - 1) * (B * nh * hd * 4 + state), 2
+        else:
+            heads, sent, rounds = nh, 0, 0
         self.op(
             Attend(
                 i,
                 att,
-                4 * B * nh * hd * positions,
+                4 * B * heads * hd * positions,
                 layer_type=t,
                 index=type_index(cfg, i),
                 kv_bytes=B * per_pos * max(0, positions - 1 - T),
                 serial_bytes=B * per_pos * (min(T, positions - 1) + BLOCK),
+                positions_shared=g,
+                sent_bytes=sent,
+                rounds=rounds,
             )
         )
         self.act("attn", nh * max(cfg.sliding_head_dim, cfg.full_head_dim))

@@ -209,12 +209,18 @@ class QKVNormRope(Op):
 class Attend(Op):
     """Per user: online softmax over the KV cache in tiles, then the new K/V written back in place.
     ``kv_bytes``: the cache read at the plan's context; ``serial_bytes``: the first tile of every user
-    and the block read around the write-back position, which compute waits for."""
+    and the block read around the write-back position, which compute waits for; ``sent_bytes`` and
+    ``rounds``: the query heads and partial states exchanged where chips share the positions."""
 
     layer_type: str = ""
     index: int = 0  # the layer's place in its type's stacked cache
     kv_bytes: int = 0
     serial_bytes: int = 0
+    # chips sharing the positions of this chip's KV head (mk.sharding.position_share): they exchange their query
+    # heads, attend over their own KV tiles, and send each head's partial state to its chip (two rounds)
+    positions_shared: int = 1
+    sent_bytes: int = 0
+    rounds: int = 0
 
 
 @dataclass(frozen=True)

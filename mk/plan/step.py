@@ -16,7 +16,7 @@ from ..params import EXPERTS, check_knockout
 from ..routing import chip_distinct_experts_distribution, distinct_experts_distribution
 from ..units import round_up
 from .builder import Builder, check_shapes, even_width, expert_slots
-from .layout import ROWS, cache_slots, kv_tile, layout_config
+from .layout import BLOCK, ROWS, cache_slots, kv_tile, layout_config
 from .records import AllReduce, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
 
@@ -163,9 +163,16 @@ class StepPlan:
     def ops(self) -> list[Op]:
         return [i for i in self.items if isinstance(i, Op)]
 
+    def position_share(self, layer_type: str) -> int:
+        """Chips sharing the positions of one of the layer type's KV heads (mk.sharding.position_share; 1: none)."""
+        from ..sharding import position_share
+
+        return position_share(self.whole_model, layer_type, self.shard)
+
     def cache_len(self, layer_type: str) -> int:
-        """Slots of the layer type's KV cache in the kernel's layout (padded to whole blocks)."""
-        return cache_slots(self.cfg, layer_type, self.max_len)
+        """Slots of the layer type's KV cache this chip holds in the kernel's layout (padded to whole blocks; its
+        share of them where chips share a KV head's positions)."""
+        return cache_slots(self.cfg, layer_type, self.max_len) // self.position_share(layer_type)
 
     def kv_tile(self, layer_type: str) -> int:
         return kv_tile(self.cache_len(layer_type), self.tiles.kv_tile, 8 * 4 // self.kv_itemsize)
@@ -380,18 +387,29 @@ def build_plan(
     ``quantize`` (mk.quant_schemes.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales.
     """
     from ..quant_schemes import quantized_paths
-    from ..sharding import Shard, chip_config, experts_per_chip, heads_split
+    from ..sharding import Shard, chip_config, experts_per_chip, heads_split, position_share
 
     shard = shard or Shard()
     if not 0 <= chip < shard.chips:
         raise ValueError(f"chip {chip} is not one of the {shard.chips} chips (0..{shard.chips - 1})")
     context = max_len if context is None else context
     check_shapes(cfg, batch, max_len, context, kv_itemsize, tiles)
+    shares = {t: position_share(cfg, t, shard) for t in set(cfg.layer_types)}
+    for t, g in shares.items():
+        slots = cache_slots(cfg, t, max_len)
+        if slots % (g * BLOCK):
+            raise ValueError(
+                f"split_positions: {g} chips share each {t} KV head, but its cache of {slots} slots does not split "
+                f"into {g} whole blocks of {BLOCK}; use a max_len (and a sliding window) that rounds to a multiple of "
+                f"{g * BLOCK} slots, or split_positions=False"
+            )
     ko = check_knockout(knockout)
     local, held = chip_config(cfg, shard), experts_per_chip(cfg, shard)
     split = heads_split(cfg, shard.chips)
     quantized = frozenset(quantized_paths(local, quantize))
-    b = Builder(local, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, shard, held, split, quantized)
+    b = Builder(
+        local, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, shard, held, split, quantized, shares
+    )
     b.build()
     # without overlap, no weight DMA is in flight across an all-reduce
     fences = () if shard.collective.overlap else {n for n, op in enumerate(b.ops) if isinstance(op, AllReduce)}

@@ -19,6 +19,7 @@ from .placement import (
     heads_split,
     kv_replication,
     kv_replication_bytes,
+    position_share,
     split_axis,
     vocab_per_chip,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "gspmd_sharding",
     "heads_split",
     "kv_replication",
+    "position_share",
     "kv_replication_bytes",
     "make_mesh",
     "peers",

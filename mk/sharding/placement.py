@@ -50,6 +50,9 @@ class Shard:
     placement: Placement = Placement.SPLIT
     collective: Collective = field(default_factory=Collective)
     axis: str = "x"
+    # a layer with fewer KV heads than chips: each of the chips whose query heads read one KV head holds, and
+    # attends over, every g-th tile of its positions (position_share); the partial softmax states are merged in-kernel
+    split_positions: bool = False
 
     def __post_init__(self):
         positive_int("chips", self.chips)
@@ -80,6 +83,17 @@ def heads_split(cfg: ModelConfig, chips: int) -> bool:
         if kv % chips and group % per_chip:
             return False
     return True
+
+
+def position_share(cfg: ModelConfig, layer_type: str, shard: "Shard | None") -> int:
+    """How many chips share the positions of one KV head of ``layer_type`` (1: a chip holds and reads all of them):
+    with ``shard.split_positions``, where the heads are split and the layer type has fewer KV heads than chips,
+    the g = C / kv chips whose query heads read one KV head (consecutive chips: chip c is member c % g of group
+    c // g) each hold every g-th KV tile of it, and attend over those for all the group's query heads."""
+    if shard is None or not (shard.sharded and shard.split_positions and heads_split(cfg, shard.chips)):
+        return 1
+    kv = cfg.kv_heads(layer_type)
+    return shard.chips // kv if kv < shard.chips else 1
 
 
 def kv_heads_per_chip(cfg: ModelConfig, layer_type: str, chips: int) -> int:
