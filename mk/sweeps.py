@@ -20,7 +20,7 @@ from .chips import get_chip
 from .config import ModelConfig, get_config
 from .published import published_table
 from .routing import expected_distinct_experts
-from .sharding import kv_replication
+from .sharding import Shard, kv_replication, position_share
 from .sol import MODELLED as SOL_MODELLED, bytes_per_token, speed_of_light
 from .timing import MODELLED, fits_in_hbm, model_bytes
 from .verdict import BASELINE_DTYPE, GENERAL_GPU, MEGAKERNEL_SLICE, Case, validation_table
@@ -186,12 +186,15 @@ def context_change(table: pd.DataFrame) -> pd.DataFrame:
 def kv_table(models, contexts, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
     """Per model, layer type and context: the KV cache one step reads (bf16, one user), and what one chip of
     ``chip`` reads of it when each KV head is kept on every chip whose query heads read it
-    (``mk.sharding.kv_replication``) against an even 1/C share, which the speed of light assumes."""
+    (``mk.sharding.kv_replication``), and when those chips split its positions instead
+    (``mk.sharding.position_share``: the workbook's kernel), against an even 1/C share, which the speed of light
+    assumes."""
     c = get_chip(chip)
     rows = []
     for m in models:
         cfg = get_config(m)
         copies = kv_replication(cfg, c.chips) if c.chips > 1 else {}
+        split = Shard(c.chips, split_positions=True) if c.chips > 1 else None
         for t in sorted(set(cfg.layer_types)):
             per_pos = 2 * cfg.kv_heads(t) * cfg.head_dim(t) * 2  # K and V, bf16
             for n in contexts:
@@ -209,6 +212,7 @@ def kv_table(models, contexts, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
                         kv_GB=total / 1e9,
                         copies_per_head=k,
                         per_chip_GB=total * k / c.chips / 1e9,
+                        positions_split_GB=total * k / position_share(cfg, t, split) / c.chips / 1e9,
                         even_share_GB=total / c.chips / 1e9,
                         chip=c.name,
                         kind="modelled (mk.sol bytes, mk.sharding.placement)",
