@@ -69,13 +69,13 @@ FIXES = (
     Fix("(d) split + overlap + bf16 payload", Placement.SPLIT, Collective(bf16_payload=True), "mk_v5e8_moe_step"),
     Fix("(e) (d) + reduce-scatter", Placement.SPLIT, Collective(bf16_payload=True, reduce_scatter=True)),
     Fix(
-        "(f) (e) + intermediate on rows, unpadded",
+        "(f) (e) + MLPs on rows",
         Placement.SPLIT,
         Collective(bf16_payload=True, reduce_scatter=True),
         ffn_layout="sublanes",
     ),
     Fix(
-        "(g) (f) + positions split over chips",
+        "(g) (f) + positions split",
         Placement.SPLIT,
         Collective(bf16_payload=True, reduce_scatter=True),
         ffn_layout="sublanes",

@@ -34,5 +34,6 @@ def fix_figure(steps: pd.DataFrame, title: str) -> go.Figure:
         yaxis_title="ms per decode step",
         yaxis_rangemode="tozero",
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
+        xaxis_tickangle=0,  # the labels wrap at each change instead: tilted, the longest ran into the footer
     )
     return fig
