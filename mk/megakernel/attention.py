@@ -58,6 +58,70 @@ def emit_qkv_norm_rope(k, op):
         kr[:, c] = rope(rms(kg, eps, kn, on and qk, n), cos, sin, sign)
 
 
+def _tile_copies(kc, vc, buf, T: int, b, tix, slot):
+    """The DMAs of user ``b``'s KV tile ``tix`` (``T`` slots of every KV head here) into slot ``slot`` of the buffer."""
+    src = pl.ds(pl.multiple_of(tix * T, T), T)
+    return (
+        pltpu.make_async_copy(kc.at[b, :, src, :], buf.k.at[slot], buf.sem.at[0, slot]),
+        pltpu.make_async_copy(vc.at[b, :, src, :], buf.v.at[slot], buf.sem.at[1, slot]),
+    )
+
+
+def _next_tile(kc, vc, buf, T: int, b, tix, n_tiles):
+    """Start tile ``tix`` + 1 into the other slot (if there is one), wait for tile ``tix``; its slot."""
+    slot = tix % 2
+
+    @pl.when(tix + 1 < n_tiles)
+    def _():
+        for c in _tile_copies(kc, vc, buf, T, b, tix + 1, 1 - slot):
+            c.start()
+
+    for c in _tile_copies(kc, vc, buf, T, b, tix, slot):
+        c.wait()
+    return slot
+
+
+def _fold_tile(state, qg, kt, vt, valid):
+    """One KV tile folded into an online softmax state (running max, sum, weighted values) of the query rows
+    ``qg``: masked slots count for nothing, also in a state still empty (max NEG)."""
+    m, l, acc = state
+    s = jax.lax.dot_general(qg, kt, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    s = jnp.where(valid, s, NEG)
+    m2 = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    p = jnp.where(valid, jnp.exp(s - m2), 0.0)
+    alpha = jnp.exp(m - m2)
+    return (
+        m2,
+        l * alpha + jnp.sum(p, axis=1, keepdims=True),
+        acc * alpha + jnp.dot(p, vt, preferred_element_type=jnp.float32),
+    )
+
+
+def _start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, hd: int) -> list:
+    """User ``b``'s new K/V (``kv`` heads) into ``slot`` of its cache: a DMA may not cut a (16, 128) bf16 tile,
+    so the aligned block of BLOCK slots around it is read, its row set, and written back; the writes to wait for."""
+    blk = pl.ds(pl.multiple_of(slot // BLOCK * BLOCK, BLOCK), BLOCK)
+    row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, hd), 0) == slot % BLOCK
+    pairs = ((buf.stage_k, kc, knew), (buf.stage_v, vc, vnew))
+    reads = [
+        pltpu.make_async_copy(cache.at[b, :, blk, :], stage.at[b], buf.stage_sem.at[n, b])
+        for n, (stage, cache, _) in enumerate(pairs)
+    ]
+    for c in reads:
+        c.start()
+    for c in reads:
+        c.wait()
+    writes = []
+    for n, (stage, cache, new) in enumerate(pairs):
+        for g in range(kv):
+            block = stage[b, g].astype(jnp.float32)
+            stage[b, g] = jnp.where(row, new[b : b + 1, g * hd : (g + 1) * hd], block).astype(stage.dtype)
+        w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, blk, :], buf.stage_sem.at[n, b])
+        w.start()
+        writes.append(w)
+    return writes
+
+
 def emit_attend(k, op):
     """attn[b, heads] for every user b, reading layer ``op.layer``'s cache in tiles; writes the new K/V."""
     if op.positions_shared > 1:
@@ -74,19 +138,12 @@ def emit_attend(k, op):
     a = k.scratch.acts
     q, knew, vnew, out = a["q"], a["k"], a["v"], a["attn"]
 
-    def tile_copies(b, tix, slot):
-        src = pl.ds(pl.multiple_of(tix * T, T), T)
-        return (
-            pltpu.make_async_copy(kc.at[b, :, src, :], buf.k.at[slot], buf.sem.at[0, slot]),
-            pltpu.make_async_copy(vc.at[b, :, src, :], buf.v.at[slot], buf.sem.at[1, slot]),
-        )
-
     writes = []
     for b in range(B):
         pos = k.position(b)
         slot_new = pos % cfg.sliding_window if t == SLIDING else pos
         n_tiles = jnp.minimum(pos // T + 1, S // T)
-        for c in tile_copies(b, 0, 0):
+        for c in _tile_copies(kc, vc, buf, T, b, 0, 0):
             c.start()
         state = []
         for g in range(kv):
@@ -100,32 +157,14 @@ def emit_attend(k, op):
             state.append((m, jnp.ones_like(m), jnp.broadcast_to(v0, qg.shape)))
 
         def body(tix, carry, b=b, pos=pos, slot_new=slot_new, n_tiles=n_tiles):
-            slot = tix % 2
-
-            @pl.when(tix + 1 < n_tiles)
-            def _():
-                for c in tile_copies(b, tix + 1, 1 - slot):
-                    c.start()
-
-            for c in tile_copies(b, tix, slot):
-                c.wait()
+            slot = _next_tile(kc, vc, buf, T, b, tix, n_tiles)
             s_idx = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
             valid = (s_idx <= pos) & (s_idx < W) & (s_idx != slot_new)
-            new = []
-            for g in range(kv):
-                m, l, acc = carry[g]
-                qg = qblk[g, :, :hd]
-                kt = buf.k[slot, g].astype(jnp.float32)
-                vt = buf.v[slot, g].astype(jnp.float32)
-                s = jax.lax.dot_general(qg, kt, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-                s = jnp.where(valid, s, NEG)
-                m2 = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-                alpha = jnp.exp(m - m2)
-                p = jnp.exp(s - m2)
-                l2 = l * alpha + jnp.sum(p, axis=1, keepdims=True)
-                acc2 = acc * alpha + jnp.dot(p, vt, preferred_element_type=jnp.float32)
-                new.append((m2, l2, acc2))
-            return tuple(new)
+            return tuple(
+                _fold_tile(carry[g], qblk[g, :, :hd], buf.k[slot, g].astype(jnp.float32),
+                           buf.v[slot, g].astype(jnp.float32), valid)
+                for g in range(kv)
+            )  # fmt: skip
 
         state = jax.lax.fori_loop(0, n_tiles, body, tuple(state))
         for g in range(kv):
@@ -134,26 +173,8 @@ def emit_attend(k, op):
             for r in range(rep):
                 h = g * rep + r
                 out[b : b + 1, h * hd : (h + 1) * hd] = o[r : r + 1]
-        # Every read of this user's cache is done: write the new position back. A DMA may not cut a
-        # (16, 128) bf16 tile, so read the aligned block of BLOCK slots around it, set the row, write back.
-        blk = pl.ds(pl.multiple_of(slot_new // BLOCK * BLOCK, BLOCK), BLOCK)
-        row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, hd), 0) == slot_new % BLOCK
-        pairs = ((buf.stage_k, kc, knew), (buf.stage_v, vc, vnew))
-        reads = [
-            pltpu.make_async_copy(cache.at[b, :, blk, :], stage.at[b], buf.stage_sem.at[n, b])
-            for n, (stage, cache, _) in enumerate(pairs)
-        ]
-        for c in reads:
-            c.start()
-        for c in reads:
-            c.wait()
-        for n, (stage, cache, new) in enumerate(pairs):
-            for g in range(kv):
-                block = stage[b, g].astype(jnp.float32)
-                stage[b, g] = jnp.where(row, new[b : b + 1, g * hd : (g + 1) * hd], block).astype(stage.dtype)
-            w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, blk, :], buf.stage_sem.at[n, b])
-            w.start()
-            writes.append(w)
+        # every read of this user's cache is done: write the new position back
+        writes += _start_write_back(buf, kc, vc, knew, vnew, b, slot_new, kv, hd)
     for w in writes:
         w.wait()
 
@@ -181,13 +202,6 @@ def emit_attend_shared(k, op):
     buf.q_all[me] = q[:, :width]
     exchange_in_group(k, g, lambda _: q.at[:, pl.ds(0, width)], lambda m: buf.q_all.at[m], buf.share_sem.at[0])
 
-    def tile_copies(b, tix, slot):
-        src = pl.ds(pl.multiple_of(tix * T, T), T)
-        return (
-            pltpu.make_async_copy(kc.at[b, :, src, :], buf.k.at[slot], buf.sem.at[0, slot]),
-            pltpu.make_async_copy(vc.at[b, :, src, :], buf.v.at[slot], buf.sem.at[1, slot]),
-        )
-
     lane = jax.lax.broadcasted_iota(jnp.int32, (nh, LANE), 1)
     for b in range(B):
         pos = k.position(b)
@@ -199,39 +213,23 @@ def emit_attend_shared(k, op):
 
         @pl.when(n_tiles > 0)
         def _(b=b):
-            for c in tile_copies(b, 0, 0):
+            for c in _tile_copies(kc, vc, buf, T, b, 0, 0):
                 c.start()
 
         for h in range(heads):
             qblk[0, h : h + 1, :hd] = buf.q_all[h // nh, b : b + 1, (h % nh) * hd : (h % nh + 1) * hd]
         qg = qblk[0, :, :hd]
         seeded = owner == me  # the new token's K/V seed the softmax on the member that holds its slot
+        weight = jnp.where(seeded, 1.0, 0.0)
         m = jnp.where(seeded, jnp.sum(qg * knew[b : b + 1, :hd], axis=1, keepdims=True), NEG)
-        state = (m, jnp.where(seeded, 1.0, 0.0) * jnp.ones_like(m), jnp.where(seeded, 1.0, 0.0) * vnew[b : b + 1, :hd])
-        state = (state[0], state[1], jnp.broadcast_to(state[2], qg.shape))
+        state = (m, weight * jnp.ones_like(m), jnp.broadcast_to(weight * vnew[b : b + 1, :hd], qg.shape))
 
-        def body(tix, carry, b=b, pos=pos, slot_new=slot_new, n_tiles=n_tiles):
-            slot = tix % 2
-
-            @pl.when(tix + 1 < n_tiles)
-            def _():
-                for c in tile_copies(b, tix + 1, 1 - slot):
-                    c.start()
-
-            for c in tile_copies(b, tix, slot):
-                c.wait()
+        def body(tix, carry, b=b, pos=pos, slot_new=slot_new, n_tiles=n_tiles, qg=qg):
+            slot = _next_tile(kc, vc, buf, T, b, tix, n_tiles)
             local = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
             s_idx = (local // BLOCK * g + me) * BLOCK + local % BLOCK  # the head's slot each local slot holds
             valid = (s_idx <= pos) & (s_idx < W) & (s_idx != slot_new)
-            m, l, acc = carry
-            kt = buf.k[slot, 0].astype(jnp.float32)
-            vt = buf.v[slot, 0].astype(jnp.float32)
-            s = jax.lax.dot_general(qg, kt, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            s = jnp.where(valid, s, NEG)
-            m2 = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-            p = jnp.where(valid, jnp.exp(s - m2), 0.0)  # a state may still be empty (m = NEG): no masked slot counts
-            alpha = jnp.exp(m - m2)
-            return m2, l * alpha + jnp.sum(p, axis=1, keepdims=True), acc * alpha + jnp.dot(p, vt)
+            return _fold_tile(carry, qg, buf.k[slot, 0].astype(jnp.float32), buf.v[slot, 0].astype(jnp.float32), valid)
 
         m, l, acc = jax.lax.fori_loop(0, n_tiles, body, state)
         for member in range(g):  # each member's heads' partial states, max and sum in lanes hd and hd + 1
@@ -240,21 +238,11 @@ def emit_attend_shared(k, op):
             ml = jnp.where(lane == 0, m[rows], jnp.where(lane == 1, l[rows], 0.0))
             buf.state[member, b, :, hd : hd + LANE] = ml
 
-        # Every read of this user's cache here is done: its holder writes the new position back (the aligned
-        # block of BLOCK slots around it, read, set, written).
+        # every read of this user's cache here is done: its holder writes the new position back
         @pl.when(seeded)
         def _(b=b, slot_new=slot_new):
             at = slot_new // BLOCK // g * BLOCK + slot_new % BLOCK  # its slot among this member's
-            blk = pl.ds(pl.multiple_of(at // BLOCK * BLOCK, BLOCK), BLOCK)
-            row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, hd), 0) == at % BLOCK
-            for n, (stage, cache, new) in enumerate(((buf.stage_k, kc, knew), (buf.stage_v, vc, vnew))):
-                c = pltpu.make_async_copy(cache.at[b, :, blk, :], stage.at[b], buf.stage_sem.at[n, b])
-                c.start()
-                c.wait()
-                block = stage[b, 0].astype(jnp.float32)
-                stage[b, 0] = jnp.where(row, new[b : b + 1, :hd], block).astype(stage.dtype)
-                w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, blk, :], buf.stage_sem.at[n, b])
-                w.start()
+            for w in _start_write_back(buf, kc, vc, knew, vnew, b, at, 1, hd):
                 w.wait()
 
     # 2. each head's partial states to its member; merged here, for this chip's heads
