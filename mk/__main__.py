@@ -224,13 +224,13 @@ def _run_generate(a) -> None:
         bf16_payload=a.bf16_payload or None,
         reduce_scatter=a.reduce_scatter or None,
         split_positions=a.split_positions or None,
+        ffn_layout=a.ffn_layout,
     )
     options = {k: v for k, v in given.items() if v is not None}
-    if a.ffn_layout:
-        options["ffn_layout"] = a.ffn_layout
     if options and a.engine != "megakernel":
         flags = " ".join("--" + k.replace("_", "-") for k in options)
         raise ValueError(f"{flags}: megakernel options, not {a.engine!r}'s")
+    ffn_layout = options.pop("ffn_layout", None)  # the kernel's layout, carried by the config
     if (a.chips or 1) > 1:
         from .sharding import simulate_chips
 
@@ -243,8 +243,8 @@ def _run_generate(a) -> None:
         cfg = get_config(a.model)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
     params = quantized_as(params, cfg, a.quantize)
-    if a.ffn_layout:
-        cfg = cfg.replace(ffn_layout=options.pop("ffn_layout"))
+    if ffn_layout:
+        cfg = cfg.replace(ffn_layout=ffn_layout)
     tokens = generate(
         params,
         cfg,

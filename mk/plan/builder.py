@@ -9,8 +9,6 @@ plan's expected bytes use the expected number of distinct experts (exact under u
 
 from __future__ import annotations
 
-import dataclasses
-
 from ..config import ModelConfig
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs
 from ..quant_schemes import tile_rows_scaled
@@ -50,6 +48,8 @@ from .records import (
     QKVNormRope,
     Route,
     Tiles,
+    scale_block_bytes,
+    scale_lanes,
 )
 
 
@@ -161,14 +161,12 @@ class Builder:
         # fewer buffers, less VMEM, and still the next tile of each shape in flight
         row_scales = scaled and tile_rows_scaled(self.cfg, tensor)
         buffer = f"{slot_shape[0]}x{slot_shape[1]}" + ("i8" if scaled else "") + ("r" if row_scales else "")
-        # each slot's scales: the aligned f32 block holding its expert's (or matrix's) row of scales, over its
-        # columns, or over its rows (lane-padded: they turn into a column in VMEM) where a tile has a scale per row
-        scale_lanes = round_up(slot_shape[0], LANE) if row_scales else slot_shape[1]  # Load.scale_lanes of a slot
         if buffer not in self.buffers:
             self.buffers[buffer] = Buffer(buffer, slot_shape, wb, self.tiles.slots, "int8" if scaled else None)
-            if scaled:
+            if scaled:  # each slot's scales: the aligned f32 block holding its expert's (or matrix's) row of them
                 sb = scale_buffer(buffer)
-                self.buffers[sb] = Buffer(sb, (ROWS, scale_lanes), 4, self.tiles.slots, "float32")
+                lanes = scale_lanes(*slot_shape, row_scales)
+                self.buffers[sb] = Buffer(sb, (ROWS, lanes), 4, self.tiles.slots, "float32")
         n = self._slot_count.get(buffer, 0)
         self._slot_count[buffer] = n + 1
         real = self.specs[tensor].shape[-2:]  # the unpadded matrix: what of the tile holds weights
@@ -192,13 +190,12 @@ class Builder:
             n % self.tiles.slots,
             rows,
             cols,
-            shape[0] * shape[1] * wb,
+            shape[0] * shape[1] * wb + (scale_block_bytes(*shape, row_scales) if scaled else 0),
             payload,
             expert,
             scaled,
             row_scales,
         )
-        ld = dataclasses.replace(ld, nbytes=ld.nbytes + ld.scale_bytes)
         self.loads.append(ld)
         return ld.id
 

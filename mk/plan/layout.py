@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ..config import GATED_IN, GATED_OUT, SLIDING, ModelConfig
+from ..config import GATED_OUT, SLIDING, ModelConfig
 from ..params import layer_param_specs, param_specs
 from ..quant_schemes import tile_rows_scaled
 from ..units import LANE, round_up
@@ -86,7 +86,7 @@ def padded_shape(cfg: ModelConfig, path: str, shape: tuple[int, ...]) -> tuple[i
     """The shape a tensor has in the kernel's HBM layout (mk.params' shape in; expert count padded to 128;
     the intermediates as ``cfg.ffn_layout`` says)."""
     name = path.rsplit(".", 1)[-1]
-    if cfg.ffn_layout == "sublanes" and name in GATED_IN:
+    if cfg.outputs_on_rows(path):
         return (*shape[:-2], laid_out_intermediate(cfg, shape[-1]), shape[-2])
     if cfg.ffn_layout == "sublanes" and name in GATED_OUT:
         return (*shape[:-2], laid_out_intermediate(cfg, shape[-2]), shape[-1])

@@ -84,13 +84,22 @@ class Load:
 
     @property
     def scale_lanes(self) -> int:
-        """Lanes of the scale block an INT8 tile brings: its columns, or its rows padded to whole lanes."""
-        return round_up(self.rows[1], LANE) if self.row_scales else self.cols[1]
+        return scale_lanes(self.rows[1], self.cols[1], self.row_scales)
 
     @property
     def scale_bytes(self) -> int:
-        """Bytes of the scale block that comes with the tile: the ``ROWS`` f32 rows holding its expert's."""
-        return ROWS * self.scale_lanes * 4 if self.scaled else 0
+        return scale_block_bytes(self.rows[1], self.cols[1], self.row_scales) if self.scaled else 0
+
+
+def scale_lanes(rows: int, cols: int, row_scales: bool) -> int:
+    """Lanes of the scale block an INT8 tile of ``rows`` x ``cols`` brings: its columns, or (a scale per row) its
+    rows padded to whole lanes, so they turn into a column in VMEM."""
+    return round_up(rows, LANE) if row_scales else cols
+
+
+def scale_block_bytes(rows: int, cols: int, row_scales: bool) -> int:
+    """Bytes of that scale block: the ``ROWS`` f32 rows holding the row of the tile's expert (or matrix)."""
+    return ROWS * scale_lanes(rows, cols, row_scales) * 4
 
 
 @dataclass(frozen=True)
