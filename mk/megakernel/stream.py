@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ..plan import LANE, ROWS, Load, round_up
+from ..plan import ROWS, Load
 from ..plan.layout import scale_buffer
 from ..quant import scale_path
 
@@ -48,7 +48,7 @@ class WeightStream:
             scales = self.hbm[scale_path(ld.tensor)].at[ld.index]
             _, start = self._row(ld)
             start = start if isinstance(start, int) else pl.multiple_of(start, ROWS)
-            first, n = (ld.rows[0], round_up(ld.rows[1], LANE)) if ld.row_scales else ld.cols
+            first, n = ld.rows[0] if ld.row_scales else ld.cols[0], ld.scale_lanes
             src = scales.at[pl.ds(start, ROWS), pl.ds(first, n)]
             sb = scale_buffer(ld.buffer)
             dst = self.buffers[sb].at[ld.slot, :, pl.ds(0, n)]
@@ -62,7 +62,7 @@ class WeightStream:
             return w
         row, start = self._row(ld)
         if ld.row_scales:  # a scale per row of the tile: its row of the block, turned into a column
-            block = self.buffers[scale_buffer(ld.buffer)][ld.slot, :, : round_up(ld.rows[1], LANE)].T  # [lanes, ROWS]
+            block = self.buffers[scale_buffer(ld.buffer)][ld.slot, :, : ld.scale_lanes].T  # [lanes, ROWS]
             pick = jax.lax.broadcasted_iota(jnp.int32, block.shape, 1) == row - start
             scale = jnp.sum(jnp.where(pick, block, 0.0), axis=1, keepdims=True)[: ld.rows[1]]
         else:
