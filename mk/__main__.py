@@ -162,15 +162,24 @@ def _add_generate(sub) -> None:
     )
     chips.add_argument("--bf16-payload", action="store_true", help="all-reduce partial sums in bf16")
     chips.add_argument("--reduce-scatter", action="store_true", help="all-reduce as reduce-scatter then all-gather")
-    chips.add_argument(
-        "--split-positions",
-        action="store_true",
-        help="chips sharing a KV head each hold and attend over a share of its positions (needs --max-len, and a "
-        "sliding window, rounding to whole blocks of 16 on each)",
-    )
+    _add_attention_split(chips, None)
     _add_ffn_layout(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_generate)
+
+
+def _add_attention_split(p, default: str | None) -> None:
+    from .sharding import AttentionSplit
+
+    p.add_argument(
+        "--attention-split",
+        choices=[str(s) for s in AttentionSplit],
+        default=default,
+        help="attention over a slice's chips: by heads (a KV head shared by several chips' query heads is read whole "
+        "on each), by positions (those chips each hold and read a share of its positions; needs a --max-len and a "
+        "sliding window rounding to whole blocks of 16 on each) or by users (chip c owns users c*B/C..; B a multiple "
+        f"of the chips) (default: {default or 'heads'})",
+    )
 
 
 def _add_ffn_layout(p) -> None:
@@ -223,7 +232,7 @@ def _run_generate(a) -> None:
         overlap=False if a.no_overlap else None,
         bf16_payload=a.bf16_payload or None,
         reduce_scatter=a.reduce_scatter or None,
-        split_positions=a.split_positions or None,
+        attention_split=a.attention_split,
         ffn_layout=a.ffn_layout,
     )
     options = {k: v for k, v in given.items() if v is not None}
@@ -373,7 +382,7 @@ def _run_straggler(a) -> None:
 # predict -----------------------------------------------------------------------------------------
 def _add_predict(sub) -> None:
     from .sol import DTYPES
-    from .timing import ENGINES
+    from .timing import ENGINES, KERNEL
 
     p = sub.add_parser(
         "predict", help="modelled decode step: time, tokens/s and fraction of the speed of light (mk.timing)"
@@ -388,11 +397,7 @@ def _add_predict(sub) -> None:
     )
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weight data type policy")
     _add_ffn_layout(p)
-    p.add_argument(
-        "--no-split-positions",
-        action="store_true",
-        help="megakernel: every chip reads all positions of its KV heads (default: split where chips share one)",
-    )
+    _add_attention_split(p, KERNEL.attention_split)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_predict)
 
@@ -402,7 +407,7 @@ def _run_predict(a) -> None:
 
     p = predict(
         a.model, a.chip, a.context, a.batch, a.engine, a.placement, a.dtype, ffn_layout=a.ffn_layout,
-        split_positions=not a.no_split_positions,
+        attention_split=a.attention_split,
     )  # fmt: skip
     d = p.to_dict()
     lines = [

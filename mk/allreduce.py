@@ -160,7 +160,7 @@ def fix_steps(
     for fix in fixes:
         p = predict(
             cfg, chip, context, batch, placement=fix.placement, collective=fix.collective, ffn_layout=fix.ffn_layout,
-            split_positions=fix.split_positions, **assumed,
+            attention_split=fix.attention_split, **assumed,
         )  # fmt: skip
         b = p.breakdown
         published = published_step(fix.published, cfg, chip, context, batch) if fix.published else float("nan")
@@ -172,7 +172,7 @@ def fix_steps(
                 bf16_payload=fix.collective.bf16_payload,
                 reduce_scatter=fix.collective.reduce_scatter,
                 ffn_layout=fix.ffn_layout,
-                split_positions=fix.split_positions,
+                attention_split=fix.attention_split,
                 pace="busiest chip" if fix.placement == Placement.WHOLE and cfg.is_moe else "every chip",
                 experts_fetched=b["experts_per_layer"],
                 whole_experts_worth=b["experts_per_layer"] * b["expert_share"],

@@ -194,7 +194,7 @@ def kv_table(models, contexts, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
     for m in models:
         cfg = get_config(m)
         copies = kv_replication(cfg, c.chips) if c.chips > 1 else {}
-        split = Shard(c.chips, split_positions=True) if c.chips > 1 else None
+        split = Shard(c.chips, attention_split="positions") if c.chips > 1 else None
         for t in sorted(set(cfg.layer_types)):
             per_pos = 2 * cfg.kv_heads(t) * cfg.head_dim(t) * 2  # K and V, bf16
             for n in contexts:

@@ -59,7 +59,7 @@ class Fix:
     collective: Collective
     published: str | None = None
     ffn_layout: str = "lanes"  # the gated MLPs' layout (ModelConfig.ffn_layout): the first kernel's, padded to lanes
-    split_positions: bool = False  # chips sharing a KV head split its positions (mk.sharding.Shard.split_positions)
+    attention_split: str = "heads"  # how attention is cut over the chips (mk.sharding.AttentionSplit)
 
 
 FIXES = (
@@ -79,7 +79,7 @@ FIXES = (
         Placement.SPLIT,
         Collective(bf16_payload=True, reduce_scatter=True),
         ffn_layout="sublanes",
-        split_positions=True,
+        attention_split="positions",
     ),
 )
 BEFORE_FIXES = FIXES[0]  # the write-up's kernel before its fixes
@@ -222,13 +222,12 @@ def compute_seconds(plan: StepPlan, chip: Chip) -> Callable[[Op], float]:
     unpadded: at decode it is a few thousand FLOPs an op."""
     rows = chip_constant("matmul_rows", chip).value
     peak = chip.bf16_flops / chip.chips
-    cfg = plan.cfg
 
     def seconds(op: Op) -> float:
         if isinstance(op, (MatmulTile, HeadTile)):
             m = plan.batch
         elif isinstance(op, Attend):
-            m = max(1, cfg.num_heads // cfg.kv_heads(op.layer_type))
+            m = op.query_rows
         else:
             return op.flops / peak
         return op.flops * max(m, rows) / m / peak
@@ -256,19 +255,19 @@ def link_latency(chip: Chip) -> float:
     return chip_constant("ici_hop_latency_s", chip).value
 
 
-def _shard(chip: Chip, placement: str, collective: Collective, split_positions: bool = False) -> Shard | None:
-    return (
-        Shard(chip.chips, Placement(placement), collective, split_positions=split_positions) if chip.chips > 1 else None
-    )
+def _shard(chip: Chip, placement: str, collective: Collective, attention_split: str = "heads") -> Shard | None:
+    if chip.chips == 1:
+        return None
+    return Shard(chip.chips, Placement(placement), collective, attention_split=attention_split)
 
 
 @lru_cache(maxsize=32)  # the sweeps and the pacing chip's variants time the same plan many ways
 def step_plan(
-    cfg, chip, context, batch, dtype, placement, collective, knockout=frozenset(), split_positions=False
+    cfg, chip, context, batch, dtype, placement, collective, knockout=frozenset(), attention_split="heads"
 ) -> StepPlan:
     """The plan the model times: chip 0's over a slice, in the plan's data type for ``dtype``."""
     wi, ki = plan_itemsizes(dtype)
-    shard = _shard(chip, placement, collective, split_positions)
+    shard = _shard(chip, placement, collective, attention_split)
     return build_plan(
         cfg,
         batch,
@@ -634,7 +633,7 @@ def predict(
     dma_issue_s: float | None = None,
     kernel_s: float | None = None,
     ffn_layout: str | None = None,
-    split_positions: bool = KERNEL.split_positions,
+    attention_split: str = KERNEL.attention_split,
 ) -> Prediction:
     """The modelled decode step of ``model`` on ``chip`` (a chip or a slice: ``tpu-v5e-8``) at ``context``
     positions for ``batch`` users. ``placement`` and ``collective`` apply to the megakernel over a slice
@@ -642,13 +641,14 @@ def predict(
     ``op_overhead_s``, ``dma_issue_s``: the megakernel's assumed costs (default: data/timing.csv's);
     ``kernel_s``: the general stack's cost per kernel (default: fitted; 0 gives its kernels' work alone);
     ``ffn_layout``: the megakernel's layout of the gated MLPs (default: the config's, mk.config.FFN_LAYOUTS);
-    ``split_positions``: chips sharing a KV head split its positions (mk.sharding.position_share)."""
+    ``attention_split``: how attention is cut over a slice's chips (mk.sharding.AttentionSplit: by heads, by
+    positions where chips share a KV head, or by users)."""
     cfg, chip = _check(model, chip, context, batch, engine, placement, ffn_layout)
     if engine == "general":
         kernel_s = kernel_cost(chip.kind) if kernel_s is None else kernel_s
         p = _general(cfg, chip, context, batch, dtype, kernel_s, frozenset(knockout))
         return _with_constants(p, chip, kernel_s)
-    plan = step_plan(cfg, chip, context, batch, dtype, placement, collective, frozenset(knockout), split_positions)
+    plan = step_plan(cfg, chip, context, batch, dtype, placement, collective, frozenset(knockout), attention_split)
     costs = assumed_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
     paced = pace(plan, chip, dtype, **costs)
     sol = speed_of_light(cfg, chip, context, batch, dtype)
@@ -750,7 +750,7 @@ def step_breakdown(model, chip, context: int, batch: int = 1, dtype: str = "bf16
     )
     plan = step_plan(cfg, chip, context, batch, dtype, kw.get("placement", KERNEL.placement),
                      kw.get("collective", KERNEL.collective), frozenset(),
-                     kw.get("split_positions", KERNEL.split_positions))  # fmt: skip
+                     kw.get("attention_split", KERNEL.attention_split))  # fmt: skip
     scales = sum(ld.scale_bytes * plan.fetch_probability(ld) for ld in plan.loads)
     return dict(
         model=p.model,
@@ -780,11 +780,11 @@ def straggler_cost(model, chip, context: int = 1024, batch: int = 1, dtype: str 
     if chip.chips == 1:
         raise ValueError(f"{chip.name} is one chip: name a slice (e.g. {chip.name}-8) to place experts over")
     coll = kw.pop("collective", KERNEL.collective)
-    positions = kw.pop("split_positions", KERNEL.split_positions)
-    plan = step_plan(cfg, chip, context, batch, dtype, "whole", coll, frozenset(), positions)
+    attention = kw.pop("attention_split", KERNEL.attention_split)
+    plan = step_plan(cfg, chip, context, batch, dtype, "whole", coll, frozenset(), attention)
     busiest = pace(plan, chip, dtype, **kw)
     average = pace(plan, chip, dtype, distribution=plan.distinct_experts, **kw)
-    split = pace(step_plan(cfg, chip, context, batch, dtype, "split", coll, frozenset(), positions), chip, dtype, **kw)
+    split = pace(step_plan(cfg, chip, context, batch, dtype, "split", coll, frozenset(), attention), chip, dtype, **kw)
     return dict(
         model=cfg.name,
         chip=chip.name,

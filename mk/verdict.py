@@ -66,7 +66,7 @@ class Case:
         f = self.fix
         return predict(
             self.model, self.chip, self.context, self.batch, self.engine, f.placement, self.dtype,
-            collective=f.collective, ffn_layout=f.ffn_layout, split_positions=f.split_positions, **kw,
+            collective=f.collective, ffn_layout=f.ffn_layout, attention_split=f.attention_split, **kw,
         )  # fmt: skip
 
     def plan(self):
@@ -77,7 +77,7 @@ class Case:
         return step_plan(
             get_config(self.model).replace(ffn_layout=f.ffn_layout), get_chip(self.chip), self.context, self.batch,
             self.dtype, f.placement,
-            f.collective, frozenset(), f.split_positions,
+            f.collective, frozenset(), f.attention_split,
         )  # fmt: skip
 
     @property
@@ -130,7 +130,7 @@ def _value(quantity: str, p: Prediction, component: str | None, case: Case) -> f
     if quantity == "knockout_time":
         f = case.fix
         kw = dict(
-            placement=f.placement, collective=f.collective, ffn_layout=f.ffn_layout, split_positions=f.split_positions
+            placement=f.placement, collective=f.collective, ffn_layout=f.ffn_layout, attention_split=f.attention_split
         )
         kw = kw if case.engine == "megakernel" else {}
         t = knockouts(case.model, case.chip, case.context, case.batch, case.engine, case.dtype, [component], **kw)

@@ -92,7 +92,7 @@ HF_CONFIGS = {
     # the snippet's 4 query heads (attention replicated over 8 chips) in one sliding and one full layer
     "hf-snippet-pair": {**HF_SNIPPET, **LAYER_PAIR},
     "hf-eight-heads-dense": {**HF_EIGHT_HEADS, "enable_moe_block": False},
-    # a window of 64: 4 chips sharing a sliding KV head each hold a whole block of 16 of it (--split-positions)
+    # a window of 64: 4 chips sharing a sliding KV head each hold a whole block of 16 of it (positions split)
     "hf-eight-heads-w64": {**HF_EIGHT_HEADS, "sliding_window": 64},
     "hf-eight-heads-w64-dense": {**HF_EIGHT_HEADS, "sliding_window": 64, "enable_moe_block": False},
     # The pre-norm families (transformers' LlamaForCausalLM, Qwen3MoeForCausalLM): mk's tiny presets, and odd

@@ -110,7 +110,7 @@ def test_each_fix_is_the_timing_models_prediction_and_published_numbers_sit_besi
     for fix in timing.FIXES:  # one value: the table's step is python -m mk predict's for that configuration
         p = timing.predict(
             GEMMA4_26B_A4B, CHIP, 1024, 1, placement=fix.placement, collective=fix.collective,
-            ffn_layout=fix.ffn_layout, split_positions=fix.split_positions,
+            ffn_layout=fix.ffn_layout, attention_split=fix.attention_split,
         )  # fmt: skip
         assert steps.loc[fix.name, "step_ms"] == pytest.approx(p.step_s * 1e3, rel=1e-12)
     assert steps.step_ms.iloc[-1] == pytest.approx(timing.predict(GEMMA4_26B_A4B, CHIP, 1024).step_s * 1e3)

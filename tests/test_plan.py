@@ -417,9 +417,8 @@ def test_positions_split_over_the_chips_sharing_a_kv_head():
     from mk.sharding import Shard
 
     def plan(split, max_len=131072):
-        return build_plan(
-            GEMMA4_26B_A4B, 1, max_len, weight_itemsize=2, kv_itemsize=2, shard=Shard(8, split_positions=split)
-        )
+        shard = Shard(8, attention_split="positions" if split else "heads")
+        return build_plan(GEMMA4_26B_A4B, 1, max_len, weight_itemsize=2, kv_itemsize=2, shard=shard)
 
     whole, split = plan(False), plan(True)
     assert (split.position_share("full"), split.position_share("sliding")) == (4, 1)
@@ -437,3 +436,34 @@ def test_positions_split_over_the_chips_sharing_a_kv_head():
     assert all(op.sent_bytes > 0 for op in shared)
     with pytest.raises(ValueError, match="multiple of 64 slots"):
         plan(True, max_len=1000)
+
+
+def _attend_kv(p, t):
+    return sum(op.kv_bytes + op.serial_bytes for op in p.ops if isinstance(op, Attend) and op.layer_type == t)
+
+
+def test_users_split_over_the_chips():
+    """26B-A4B, 16 users over 8 chips, 32K: with the users split a chip holds and reads 2 users' caches of every KV
+    head, which is an even 1/C share of the cache for both layer types (by heads the full layers' 2 heads are read
+    whole by 4 chips each), attends for all 16 query heads, and sends its heads' q, k, v out and the outputs back in
+    every layer (two rounds); a batch the chips do not divide, and a model whose heads are not split, are refused."""
+    from mk.sharding import Shard
+
+    def plan(split, batch=16, cfg=GEMMA4_26B_A4B):
+        shard = Shard(8, attention_split=split)
+        return build_plan(cfg, batch, 32768, weight_itemsize=2, kv_itemsize=2, shard=shard)
+
+    heads, users = plan("heads"), plan("users")
+    assert users.cache_users == 2 and users.cache_heads("full") == 2 and users.cache_heads("sliding") == 8
+    one = build_plan(GEMMA4_26B_A4B, 16, 32768, weight_itemsize=2, kv_itemsize=2)
+    for t in ("sliding", "full"):
+        assert _attend_kv(users, t) == pytest.approx(_attend_kv(one, t) / 8, rel=1e-6)
+    assert _attend_kv(users, "sliding") == pytest.approx(_attend_kv(heads, "sliding"), rel=1e-6)
+    assert _attend_kv(users, "full") == pytest.approx(_attend_kv(heads, "full") / 4, rel=1e-6)
+    attends = [op for op in users.ops if isinstance(op, Attend)]
+    assert all(op.users_split and op.rounds == 2 and op.sent_bytes > 0 for op in attends)
+    assert {op.query_rows for op in attends} == {16 // 8, 16 // 2}
+    with pytest.raises(ValueError, match="multiple of 8"):
+        plan("users", batch=4)
+    with pytest.raises(ValueError, match="not split"):
+        plan("users", cfg=GEMMA4_26B_A4B.replace(num_heads=4, sliding_kv_heads=4))

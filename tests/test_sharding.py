@@ -208,21 +208,25 @@ def test_cli_generate_on_8_chips_gives_transformers_greedy_tokens(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name, placement, prompts",
+    "name, placement, split, prompts, max_len",
     [
-        ("hf-eight-heads-w64-dense", "split", (270, 261, 252, 243, 234, 225, 216, 207)),
-        ("hf-eight-heads-w64", "split", (265,)),
+        ("hf-eight-heads-w64-dense", "split", "positions", (270, 261, 252, 243, 234, 225, 216, 207), 384),
+        ("hf-eight-heads-w64", "split", "positions", (265,), 384),
+        ("hf-eight-heads-dense", "split", "users", (61, 58, 55, 52, 49, 46, 43, 40), 64),
+        ("hf-eight-heads", "whole", "users", (60, 34, 57, 40, 51, 46, 38, 63), 64),
     ],
-    ids=["dense-b8-ragged", "moe-split-b1"],
+    ids=["positions-dense-b8-ragged", "positions-moe-split-b1", "users-dense-b8-ragged", "users-moe-whole-b8-ragged"],
 )
-def test_cli_generate_with_positions_split_over_chips_gives_transformers_greedy_tokens(
-    hf_checkpoint, mk_json, name, placement, prompts
+def test_cli_generate_with_attention_split_over_chips_gives_transformers_greedy_tokens(
+    hf_checkpoint, mk_json, name, placement, split, prompts, max_len
 ):
-    """``--split-positions`` over 8 chips: the 4 chips sharing a sliding KV head and the 8 sharing the full one each
-    hold every 4th / 8th block of 16 of its slots, attend over them for all the group's query heads, and merge the
-    partial states over remote DMAs. With 384 slots a chip holds 48 of the full layer's (3 KV tiles of 16): the
-    prompts (ragged, 8 users; or one) reach past 2 tiles on every chip. Each user gets transformers' greedy tokens
-    for its prompt alone, the race detector on."""
+    """``--attention-split`` over 8 chips, the race detector on; each user gets transformers' greedy tokens for its
+    prompt alone. ``positions``: the 4 chips sharing a sliding KV head and the 8 sharing the full one each hold every
+    4th / 8th block of 16 of its slots, attend over them for all the group's query heads, and merge the partial
+    states over remote DMAs; with 384 slots a chip holds 48 of the full layer's (3 KV tiles of 16), and the prompts
+    reach past 2 tiles on every chip. ``users``: chip c owns user c's cache of every head (64 slots: 4 tiles of 16,
+    which the ragged prompts reach 3 and 4 of); each chip's q, k, v head goes to each user's chip, and the outputs
+    come back, over remote DMAs."""
     folder, model = hf_checkpoint(name)
     cfg = load_hf_config(folder)
     rng = np.random.default_rng(12)
@@ -230,8 +234,8 @@ def test_cli_generate_with_positions_split_over_chips_gives_transformers_greedy_
     new = 2
     got = mk_json(
         "generate", "--checkpoint", folder, "--prompt-ids", ";".join(",".join(map(str, p)) for p in ids),
-        "--new-tokens", new, "--engine", "megakernel", "--chips", 8, "--placement", placement, "--split-positions",
-        "--max-len", 384, "--kv-tile", 16, "--detect-races", "--json",
+        "--new-tokens", new, "--engine", "megakernel", "--chips", 8, "--placement", placement,
+        "--attention-split", split, "--max-len", max_len, "--kv-tile", 16, "--detect-races", "--json",
     )  # fmt: skip
     assert not got["races"]
     for b, prompt in enumerate(ids):

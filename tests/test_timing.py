@@ -190,15 +190,15 @@ def test_cli_ffn_layout_switch_gives_the_step_before_and_after(mk_json):
 def test_positions_split_keep_long_contexts_near_the_speed_of_light(mk_json):
     """The workbook's kernel on 26B-A4B over the v5e-8 (mk.timing.KERNEL: intermediate on rows, positions split):
     at 128K positions a chip reads about its even share of the full layers' cache, so the step keeps at least 75%
-    of the speed of light (48% in the first kernel); ``--no-split-positions`` is fix (f), every chip of a group
+    of the speed of light (48% in the first kernel); ``--attention-split heads`` is fix (f), every chip of a group
     reading the whole head's positions."""
     args = ["--model", MOE, "--chip", "tpu-v5e-8", "--context", 131072, "--json"]
-    split, whole = mk_json("predict", *args), mk_json("predict", *args, "--no-split-positions")
+    split, whole = mk_json("predict", *args), mk_json("predict", *args, "--attention-split", "heads")
     assert split["fraction_of_sol"] >= 0.75 > whole["fraction_of_sol"]
     assert split["breakdown"]["kv_bytes"] < 0.4 * whole["breakdown"]["kv_bytes"]
     f = timing.FIXES[-2]
     assert whole["step_ms"] == pytest.approx(
-        timing.predict(MOE, "tpu-v5e-8", 131072, collective=f.collective, split_positions=f.split_positions).step_s
+        timing.predict(MOE, "tpu-v5e-8", 131072, collective=f.collective, attention_split=f.attention_split).step_s
         * 1e3
     )
 

@@ -106,14 +106,14 @@ def test_kernels_per_step_reference_against_megakernel():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "models, chip, placements, split_positions",
+    "models, chip, placements, attention_split",
     [
         ((GEMMA4_26B_A4B, GEMMA4_31B), "tpu-v5e-8", ("whole",), False),
-        ((GEMMA4_26B_A4B,), "tpu-v6e-8", ("split",), True),
+        ((GEMMA4_26B_A4B,), "tpu-v6e-8", ("split",), "positions"),
     ],
     ids=["v5e-8", "v6e-8-positions-split"],
 )
-def test_whole_models_compile_sharded_over_eight_chips(models, chip, placements, split_positions):
+def test_whole_models_compile_sharded_over_eight_chips(models, chip, placements, attention_split):
     """Both models whole (every layer, full size, bf16) split over 8 chips: every model, slice and expert
     placement once (a minute each here), not every combination; the MLPs' intermediate on rows, and on the v6e-8
     the full layers' KV positions split over the 4 chips sharing each head. One Mosaic kernel per chip; each
@@ -121,7 +121,7 @@ def test_whole_models_compile_sharded_over_eight_chips(models, chip, placements,
     replicated) and fit its HBM."""
     from mk.megakernel.aot import sharded_compiles
 
-    table = sharded_compiles(list(models), [chip], placements=placements, split_positions=split_positions)
+    table = sharded_compiles(list(models), [chip], placements=placements, attention_split=attention_split)
     assert list(table["placement"]) == [*placements, "-"][: len(table)]
     assert (table["mosaic_calls"] == 1).all(), table
     assert (table["compiler_hbm_gb"] == table["plan_hbm_gb"]).all(), table  # byte for byte
@@ -149,7 +149,7 @@ def test_tiny_step_with_positions_split_over_chips_compiles(chip):
     """Chips sharing a KV head split its positions (4 a sliding head, 8 the full one): the query heads gathered
     and the partial states sent over remote DMAs within each group, at offsets computed from the chip's index."""
     cfg8 = TINY_MOE.replace(name="tiny-moe-8h-w64", num_heads=8, sliding_kv_heads=2, full_kv_heads=1, sliding_window=64)
-    plan, compiled = compile_for_tpu(cfg8, chip, 2, 256, shard=Shard(8, "split", split_positions=True))
+    plan, compiled = compile_for_tpu(cfg8, chip, 2, 256, shard=Shard(8, "split", attention_split="positions"))
     assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
     assert (plan.position_share("sliding"), plan.position_share("full")) == (4, 8)
     assert plan.cache_len("full") == 256 // 8

@@ -178,10 +178,10 @@ def sharded_compiles(
     batch: int = 1,
     max_len: int = 1024,
     quantize: str = "none",
-    split_positions: bool = False,
+    attention_split: str = "heads",
 ) -> pd.DataFrame:
     """Each model's whole decode step (every layer, full size, bf16; ``quantize``: the mk.quant scheme's
-    matrices INT8; ``split_positions``: chips sharing a KV head split its positions) split over each 8-chip
+    matrices INT8; ``attention_split``: mk.sharding.AttentionSplit) split over each 8-chip
     slice, compiled ahead of time by libtpu (both expert placements for an MoE model): per chip, the HBM its
     arguments take as the compiler reports it beside the plan's (weights and cache, sharded), the plan's VMEM
     and the limit the compiler accepted it under, and the compile time."""
@@ -201,7 +201,7 @@ def sharded_compiles(
                     chip,
                     batch,
                     max_len,
-                    shard=Shard(n, placement, split_positions=split_positions),
+                    shard=Shard(n, placement, attention_split=attention_split),
                     quantize=quantize,
                 )
                 seconds = time.perf_counter() - t0
@@ -214,7 +214,7 @@ def sharded_compiles(
                         chip=chip,
                         placement=placement if cfg.is_moe else "-",
                         quantize=quantize,
-                        split_positions=split_positions,
+                        attention_split=attention_split,
                         compiler_hbm_gb=compiled.memory_analysis().argument_size_in_bytes / 1e9,
                         plan_hbm_gb=plan_hbm / 1e9,
                         hbm_per_chip_gb=get_chip(chip).hbm_bytes / n / 1e9,

@@ -126,8 +126,18 @@ def emit_attend(k, op):
     """attn[b, heads] for every user b, reading layer ``op.layer``'s cache in tiles; writes the new K/V."""
     if op.positions_shared > 1:
         return emit_attend_shared(k, op)
-    cfg, t, B = k.cfg, op.layer_type, k.plan.batch
-    hd, kv, nh = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
+    if op.users_split:
+        return emit_attend_users(k, op)
+    a, t = k.scratch.acts, op.layer_type
+    _attend(k, op, k.plan.batch, k.position, a["q"], a["k"], a["v"], a["attn"], k.cfg.kv_heads(t), k.cfg.num_heads)
+
+
+def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int):
+    """Attention for ``users`` users (their rows of ``q``, ``knew``, ``vnew`` and ``out``, ``nh`` query and ``kv``
+    KV heads, and their caches' rows; ``position(b)`` the position of user b) over layer ``op.layer``'s cache, in
+    tiles; writes the new K/V."""
+    cfg, t = k.cfg, op.layer_type
+    hd = cfg.head_dim(t)
     rep = nh // kv
     T = k.plan.kv_tile(t)
     S = k.plan.cache_len(t)
@@ -135,12 +145,10 @@ def emit_attend(k, op):
     kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
     buf = k.scratch.kv[t]
     qblk = k.scratch.qblk
-    a = k.scratch.acts
-    q, knew, vnew, out = a["q"], a["k"], a["v"], a["attn"]
 
     writes = []
-    for b in range(B):
-        pos = k.position(b)
+    for b in range(users):
+        pos = position(b)
         slot_new = pos % cfg.sliding_window if t == SLIDING else pos
         n_tiles = jnp.minimum(pos // T + 1, S // T)
         for c in _tile_copies(kc, vc, buf, T, b, 0, 0):
@@ -177,6 +185,49 @@ def emit_attend(k, op):
         writes += _start_write_back(buf, kc, vc, knew, vnew, b, slot_new, kv, hd)
     for w in writes:
         w.wait()
+
+
+def emit_attend_users(k, op):
+    """``emit_attend`` where chip c owns users c * u .. (c + 1) * u - 1 (u = B / C) and their caches of every KV
+    head: each chip's q, k, v heads of an owner's users go to that owner (one exchange among all chips), which
+    assembles their whole q, k, v (a KV head several chips hold comes from the first of them), attends for its users
+    over every head and writes their K/V; each chip's heads' outputs for every user come back (a second exchange)."""
+    from ..sharding import first_kv_head
+    from .collective import exchange_in_group
+
+    cfg, model, t, C = k.cfg, k.plan.whole_model, op.layer_type, k.plan.chips
+    hd, nh, kv = cfg.head_dim(t), cfg.num_heads, cfg.kv_heads(t)  # this chip's heads
+    u = k.plan.cache_users
+    qw, kw = nh * hd, kv * hd
+    x = k.scratch.kv[t].users
+    a = k.scratch.acts
+    # 1. each owner's users' q, k, v of this chip's heads, to the owner
+    for owner in range(C):
+        rows = slice(owner * u, (owner + 1) * u)
+        x.stage_in[owner, :u, :qw] = a["q"][rows, :qw]
+        x.stage_in[owner, :u, qw : qw + kw] = a["k"][rows, :kw]
+        x.stage_in[owner, :u, qw + kw : qw + 2 * kw] = a["v"][rows, :kw]
+    x.recv_in[k.chip] = x.stage_in[k.chip]
+    exchange_in_group(k, C, lambda m: x.stage_in.at[m, pl.ds(0, u)], lambda m: x.recv_in.at[m, pl.ds(0, u)],
+                      x.sems.at[0])  # fmt: skip
+    held = {}  # KV head -> (the first chip holding it, its place among that chip's)
+    for c in range(C):  # whole heads: chip c's query heads in order, each KV head from its first holder
+        x.q[:u, c * qw : (c + 1) * qw] = x.recv_in[c, :u, :qw]
+        for j in range(kv):
+            held.setdefault(first_kv_head(model, t, C, c) + j, (c, j))
+    for head, (c, j) in held.items():
+        x.k[:u, head * hd : (head + 1) * hd] = x.recv_in[c, :u, qw + j * hd : qw + (j + 1) * hd]
+        x.v[:u, head * hd : (head + 1) * hd] = x.recv_in[c, :u, qw + kw + j * hd : qw + kw + (j + 1) * hd]
+    # 2. this chip's users over every head
+    _attend(k, op, u, lambda b: k.position(k.chip * u + b), x.q, x.k, x.v, x.out, model.kv_heads(t), model.num_heads)
+    # 3. each chip's heads' outputs for this chip's users, back to it
+    for c in range(C):
+        x.stage_out[c, :u] = x.out[:u, c * qw : (c + 1) * qw]
+    x.recv_out[k.chip] = x.stage_out[k.chip]
+    exchange_in_group(k, C, lambda m: x.stage_out.at[m, pl.ds(0, u)], lambda m: x.recv_out.at[m, pl.ds(0, u)],
+                      x.sems.at[1])  # fmt: skip
+    for owner in range(C):
+        a["attn"][owner * u : (owner + 1) * u, :qw] = x.recv_out[owner, :u]
 
 
 def emit_attend_shared(k, op):

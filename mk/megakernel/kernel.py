@@ -64,7 +64,17 @@ from ..plan import (
     vector_stride,
 )
 from ..quant import SCALE_SUFFIX
-from ..sharding import ONE_CHIP, Collective, Shard, chip_config, chip_params, make_mesh, position_share, split_axis
+from ..sharding import (
+    ONE_CHIP,
+    Collective,
+    Shard,
+    cache_split_axis,
+    chip_config,
+    chip_params,
+    make_mesh,
+    position_share,
+    split_axis,
+)
 from ..tpu import interpret_params
 from . import attention, collective, dense, head, moe
 from .pack import adopt_cache_chips, pack, reference_cache_chips
@@ -437,8 +447,8 @@ def axis_spec(ndim: int, split: int | None, axis: str) -> P:
 
 
 def partition_specs(plan: StepPlan, tree):
-    """A ``PartitionSpec`` for each leaf of the kernel's Inputs or Outputs (shapes): weights and caches
-    split on their ``mk.sharding.split_axis``, logits on the vocabulary, DMA counts and a probe's
+    """A ``PartitionSpec`` for each leaf of the kernel's Inputs or Outputs (shapes): weights and caches split on
+    ``mk.sharding.split_axis`` and ``cache_split_axis``, logits on the vocabulary, DMA counts and a probe's
     activations one block of rows per chip, the rest whole on every chip."""
     model, shard = plan.whole_model, plan.shard
 
@@ -450,8 +460,10 @@ def partition_specs(plan: StepPlan, tree):
         v = getattr(tree, f)
         if v is None:
             parts[f] = None
-        elif f in ("weights", "cache"):
+        elif f == "weights":
             parts[f] = {name: spec(x, split_axis(model, shard, name)) for name, x in v.items()}
+        elif f == "cache":
+            parts[f] = {name: spec(x, cache_split_axis(model, shard)) for name, x in v.items()}
         else:
             # a probe's activations: each chip's own rows (its partial sums differ)
             parts[f] = jax.tree.map(partial(spec, ax={"logits": 1, "dma_counts": 0, "acts": 0}.get(f)), v)
@@ -507,15 +519,14 @@ class MegakernelEngine:
         self._packed_key, self._packed = None, None
         self._steps: dict = {}
 
-    def _place(self, tree: dict) -> dict:
-        """Over several chips: each array of ``tree`` (the kernel's ``weights`` or ``cache``) split over
-        the mesh on its split axis (a step's inputs must carry the sharding its shard_map names)."""
+    def _place_cache(self, cache: dict) -> dict:
+        """Over several chips: each array of the kernel's ``cache`` split over the mesh on its split axis (a step's
+        inputs must carry the sharding its shard_map names)."""
         if not self.shard.sharded:
-            return tree
+            return cache
         out = {}
-        for name, a in tree.items():
-            axis = split_axis(self.cfg, self.shard, name)
-            spec = axis_spec(a.ndim, axis, self.shard.axis)
+        for name, a in cache.items():
+            spec = axis_spec(a.ndim, cache_split_axis(self.cfg, self.shard), self.shard.axis)
             out[name] = jax.device_put(a, NamedSharding(self.mesh, spec))
         return out
 
@@ -535,7 +546,7 @@ class MegakernelEngine:
 
     def _pack_on_chips(self, params: dict) -> dict:
         """``pack`` over the chips: chip c's slice (mk.sharding.chip_params) packed on chip c, and each weight
-        one array over the mesh made of those slices, split on its ``split_axis`` as ``_place`` splits it. No
+        one array over the mesh made of those slices, split on its ``split_axis``. No
         chip holds more than its share at any time: a full-size model packed on one device, then split,
         would not fit one chip of a slice."""
         host = {path: np.asarray(a) for path, a in params.items()}  # chip_params cuts on the host
@@ -606,7 +617,7 @@ class MegakernelEngine:
 
     def adopt_cache(self, cache: dict) -> dict:
         """The kernel's cache from the reference's (mk.megakernel.pack): once, after prefill (mk.generate)."""
-        return self._place(adopt_cache_chips(self.cfg, cache, self.shard))
+        return self._place_cache(adopt_cache_chips(self.cfg, cache, self.shard))
 
     def reference_cache(self, cache: dict) -> dict:
         """The reference's cache layout from the kernel's (to compare them)."""
@@ -657,12 +668,13 @@ def make_step(
     overlap: bool = True,
     bf16_payload: bool = False,
     reduce_scatter: bool = False,
-    split_positions: bool = False,
+    attention_split: str = "heads",
 ) -> MegakernelEngine:
     """The megakernel engine for mk.generate; ``kv_tile``: KV positions per tile (overrides ``tiles``);
     over ``chips`` chips (the first ``chips`` devices), experts ``placement`` whole or split, the
-    all-reduce's switches (mk.sharding.Collective), and whether chips sharing a KV head split its positions."""
+    all-reduce's switches (mk.sharding.Collective), and how attention is cut (mk.sharding.AttentionSplit)."""
     if kv_tile is not None:
         tiles = replace(tiles, kv_tile=kv_tile)
-    shard = Shard(chips, placement, Collective(overlap, bf16_payload, reduce_scatter), split_positions=split_positions)
+    coll = Collective(overlap, bf16_payload, reduce_scatter)
+    shard = Shard(chips, placement, coll, attention_split=attention_split)
     return MegakernelEngine(cfg, tiles, detect_races, shard)

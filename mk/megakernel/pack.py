@@ -183,16 +183,13 @@ def reference_cache(cfg: ModelConfig, cache: dict) -> dict:
     }
 
 
-# Over several chips: each chip's slice laid out as above, the slices joined on the axis split over the chips
-# (the weights: each chip's slice packed on that chip, mk.megakernel.kernel.MegakernelEngine.packed).
-def _join(parts: list[dict], cfg: ModelConfig, shard) -> dict:
-    from ..sharding import split_axis
+# Over several chips: each chip's cache laid out as above, joined on the axis split over the chips (the weights:
+# each chip's slice packed on that chip, mk.megakernel.kernel.MegakernelEngine.packed).
+def _join_caches(parts: list[dict], cfg: ModelConfig, shard) -> dict:
+    from ..sharding import cache_split_axis
 
-    out = {}
-    for name in parts[0]:
-        axis = split_axis(cfg, shard, name)
-        out[name] = parts[0][name] if axis is None else jnp.concatenate([p[name] for p in parts], axis)
-    return out
+    axis = cache_split_axis(cfg, shard)
+    return {n: parts[0][n] if axis is None else jnp.concatenate([p[n] for p in parts], axis) for n in parts[0]}
 
 
 def _blocks_of(a, member: int, g: int):
@@ -211,10 +208,11 @@ def _interleave_blocks(parts: list):
 
 def adopt_cache_chips(cfg: ModelConfig, cache: dict, shard) -> dict:
     """``adopt_cache`` over several chips: each chip's KV heads (mk.sharding.chip_cache) side by side; where chips
-    share a KV head's positions (mk.sharding.position_share), each chip's blocks of its slots only."""
+    share a KV head's positions (mk.sharding.position_share), each chip's blocks of its slots only. With the users
+    split, the whole cache: its users axis is the one split (chip c's users are rows c * B/C ..)."""
     from ..sharding import chip_cache, chip_config, position_share
 
-    if not shard.sharded:
+    if not shard.sharded or shard.users_split:
         return adopt_cache(cfg, cache)
     local = chip_config(cfg, shard)
     parts = []
@@ -224,7 +222,7 @@ def adopt_cache_chips(cfg: ModelConfig, cache: dict, shard) -> dict:
             g = position_share(cfg, cfg.layer_types[int(path.split(".")[1])], shard)
             mine[path] = _blocks_of(mine[path], c % g, g) if g > 1 else mine[path]
         parts.append(adopt_cache(local, mine))
-    return _join(parts, cfg, shard)
+    return _join_caches(parts, cfg, shard)
 
 
 def reference_cache_chips(cfg: ModelConfig, cache: dict, shard) -> dict:
@@ -232,7 +230,7 @@ def reference_cache_chips(cfg: ModelConfig, cache: dict, shard) -> dict:
     the same on each: the first copy is taken)."""
     from ..sharding import chip_config, first_kv_head, heads_split, position_share
 
-    if not shard.sharded or not heads_split(cfg, shard.chips):
+    if not shard.sharded or shard.users_split or not heads_split(cfg, shard.chips):
         return reference_cache(cfg, cache)
     local, C = chip_config(cfg, shard), shard.chips
     out = {}

@@ -12,7 +12,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..config import ModelConfig
 from ..params import param_specs
-from ..plan import BLOCK, LANE, ROWS, StepPlan, padded_shape, round_up, stacked, vector_table_shape
+from ..plan import BLOCK, LANE, ROWS, Attend, StepPlan, padded_shape, round_up, stacked, vector_table_shape
 from ..plan.layout import scale_rows, scale_width
 from ..quant import SCALE_SUFFIX, quantized_paths, scale_path
 
@@ -25,7 +25,9 @@ class Inputs(NamedTuple):
     inv_freq: Any  # [8, head_dim] f32: RoPE inverse frequencies, row 0 sliding, row 1 full
     weights: dict  # embed [V, H]; {type}.{name} -> [layers of the type, (E,) K, N]: padded, stacked; INT8 ones
     # with {type}.{name}_qscale [layers, experts (or 1) padded to 8, N] f32
-    cache: dict  # {type}.k|v -> [layers of the type, B, kv_heads, slots, head_dim]: aliased to Outputs.cache
+    # {type}.k|v -> [layers of the type, B, kv_heads, slots, head_dim]: aliased to Outputs.cache (with the users
+    # split: this chip's B / C users, every KV head)
+    cache: dict
     acts: Any = None  # probe: name -> [rows, width] f32, the activations' values before the first op
 
 
@@ -37,20 +39,36 @@ class Outputs(NamedTuple):
     acts: Any = None  # probe: the activations (and "gates") after the last op
 
 
+class UsersSplit(NamedTuple):
+    """One layer type's exchanges where each chip attends for its own u = B / C users (AttentionSplit.USERS);
+    ``heads`` are this chip's query heads, ``kv`` its KV heads, ``hd`` the head dim, rows padded to 8."""
+
+    stage_in: Any  # [C, rows(u), (heads + 2 kv) x hd] f32: each owner's users' q, k, v of this chip's heads
+    recv_in: Any  # [C, rows(u), (heads + 2 kv) x hd] f32: what each chip sent of this chip's users
+    q: Any  # [rows(u), every query head x hd] f32: this chip's users' whole q, k and v
+    k: Any  # [rows(u), every KV head x hd] f32
+    v: Any
+    out: Any  # [rows(u), every query head x hd] f32: their attention outputs
+    stage_out: Any  # [C, rows(u), heads x hd] f32: the outputs of each chip's heads, to go back to it
+    recv_out: Any  # [C, rows(u), heads x hd] f32: this chip's heads' outputs for each owner's users
+    sems: Any  # DMA [2 (in, out), 2 (send, receive), C]
+
+
 class KV(NamedTuple):
-    """One layer type's attention scratch."""
+    """One layer type's attention scratch (kv_heads: the heads of this chip's cache)."""
 
     k: Any  # [2, kv_heads, T, head_dim]: K tiles, double-buffered
     v: Any  # [2, kv_heads, T, head_dim]
     sem: Any  # DMA [2 (k, v), 2 (slot)]
-    stage_k: Any  # [B, kv_heads, 16, head_dim]: the block around each user's write-back slot
+    stage_k: Any  # [users, kv_heads, 16, head_dim]: the block around each user's write-back slot
     stage_v: Any
-    stage_sem: Any  # DMA [2 (k, v), B]
+    stage_sem: Any  # DMA [2 (k, v), users]
     # where g chips share a KV head's positions (StepPlan.position_share), else None:
     q_all: Any = None  # [g, rows, heads x head_dim] f32: each member's query heads
     state: Any = None  # [g, B, heads, head_dim + 128] f32: partial states for each member's heads (max, sum: lanes)
     state_in: Any = None  # [g, B, heads, head_dim + 128] f32: each member's partial states of this chip's heads
     share_sem: Any = None  # DMA [2 (queries, states), 2 (send, receive), g]
+    users: Any = None  # with the users split: UsersSplit
 
 
 class Scratch(NamedTuple):
@@ -137,11 +155,13 @@ def weight_dtypes(cfg: ModelConfig, quantize: str, weight_dtype) -> dict[str, ob
     return out
 
 
-def cache_shapes(cfg: ModelConfig, batch: int, slots) -> dict[str, tuple[int, ...]]:
-    """The kernel's KV cache: per layer type, K and V stacked over its layers; ``slots(t)`` per layer."""
+def cache_shapes(cfg: ModelConfig, batch: int, slots, heads=None) -> dict[str, tuple[int, ...]]:
+    """The kernel's KV cache: per layer type, K and V stacked over its layers; ``slots(t)`` per layer, ``heads(t)``
+    KV heads (default ``cfg``'s)."""
     out = {}
+    heads = heads or cfg.kv_heads
     for t in sorted(set(cfg.layer_types)):
-        shape = (cfg.layer_types.count(t), batch, cfg.kv_heads(t), slots(t), cfg.head_dim(t))
+        shape = (cfg.layer_types.count(t), batch, heads(t), slots(t), cfg.head_dim(t))
         out[f"{t}.k"] = out[f"{t}.v"] = shape
     return out
 
@@ -161,7 +181,7 @@ def input_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Inputs:
         },
         cache={
             name: jax.ShapeDtypeStruct(shape, kv_dtype)
-            for name, shape in cache_shapes(cfg, plan.batch, plan.cache_len).items()
+            for name, shape in cache_shapes(cfg, plan.cache_users, plan.cache_len, plan.cache_heads).items()
         },
     )
 
@@ -184,19 +204,19 @@ def output_shapes(plan: StepPlan, inputs: Inputs, with_logits: bool, count_dmas:
 
 
 def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) -> Scratch:
-    cfg, B, rows = plan.layout, plan.batch, plan.rows
+    cfg, B, rows, U = plan.layout, plan.batch, plan.rows, plan.cache_users
     types = sorted(set(cfg.layer_types))
     kv = {}
     for t in types:
-        heads, hd, T, g = cfg.kv_heads(t), cfg.head_dim(t), plan.kv_tile(t), plan.position_share(t)
+        heads, hd, T, g = plan.cache_heads(t), cfg.head_dim(t), plan.kv_tile(t), plan.position_share(t)
         nh = cfg.num_heads
         kv[t] = KV(
             pltpu.VMEM((2, heads, T, hd), kv_dtype),
             pltpu.VMEM((2, heads, T, hd), kv_dtype),
             pltpu.SemaphoreType.DMA((2, 2)),
-            pltpu.VMEM((B, heads, BLOCK, hd), kv_dtype),
-            pltpu.VMEM((B, heads, BLOCK, hd), kv_dtype),
-            pltpu.SemaphoreType.DMA((2, B)),
+            pltpu.VMEM((U, heads, BLOCK, hd), kv_dtype),
+            pltpu.VMEM((U, heads, BLOCK, hd), kv_dtype),
+            pltpu.SemaphoreType.DMA((2, U)),
             *(
                 (
                     pltpu.VMEM((g, rows, nh * hd), jnp.float32),
@@ -207,10 +227,12 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
                 if g > 1
                 else ()
             ),
+            users=users_split_shapes(plan, t) if plan.shard is not None and plan.shard.users_split else None,
         )
     hd = max(cfg.sliding_head_dim, cfg.full_head_dim)
-    # the query heads of one KV head: this chip's, or every sharing chip's where they split its positions
-    rep = max(cfg.num_heads // cfg.kv_heads(t) * plan.position_share(t) for t in types)
+    # the query heads read against one KV head: this chip's, or every sharing chip's where they split its
+    # positions, or the model's where each chip attends over every head for its users
+    rep = max((op.query_rows for op in plan.ops if isinstance(op, Attend)), default=1)
     ep = round_up(max(cfg.num_experts, 1), LANE)
     shapes = input_shapes(plan, weight_dtype, kv_dtype)
     return Scratch(
@@ -218,7 +240,7 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
         weight_sems={b.name: pltpu.SemaphoreType.DMA((b.slots,)) for b in plan.buffers.values()},
         acts={name: pltpu.VMEM(shape, jnp.float32) for name, shape in plan.activations.items()},
         kv=kv,
-        qblk=pltpu.VMEM((max(cfg.kv_heads(t) for t in types), round_up(rep, ROWS), hd), jnp.float32),
+        qblk=pltpu.VMEM((max(plan.cache_heads(t) for t in types), round_up(rep, ROWS), hd), jnp.float32),
         embed_rows=pltpu.VMEM((B, BLOCK, cfg.hidden_size), weight_dtype),
         embed_sem=pltpu.SemaphoreType.DMA((1,)),
         gates=pltpu.VMEM((rows, ep), jnp.float32),
@@ -238,6 +260,23 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
         logits_stage=pltpu.VMEM((2, B, 1, plan.head_tile), jnp.float32) if with_logits else None,
         logits_sem=pltpu.SemaphoreType.DMA((2,)) if with_logits else None,
         collective=collective_shapes(plan) if plan.chips > 1 else None,
+    )
+
+
+def users_split_shapes(plan: StepPlan, t: str) -> UsersSplit:
+    cfg, model, C = plan.layout, plan.whole_model, plan.chips
+    hd, heads, kv, rows = cfg.head_dim(t), cfg.num_heads, cfg.kv_heads(t), round_up(plan.cache_users, ROWS)
+    width = (heads + 2 * kv) * hd
+    return UsersSplit(
+        stage_in=pltpu.VMEM((C, rows, width), jnp.float32),
+        recv_in=pltpu.VMEM((C, rows, width), jnp.float32),
+        q=pltpu.VMEM((rows, model.num_heads * hd), jnp.float32),
+        k=pltpu.VMEM((rows, model.kv_heads(t) * hd), jnp.float32),
+        v=pltpu.VMEM((rows, model.kv_heads(t) * hd), jnp.float32),
+        out=pltpu.VMEM((rows, model.num_heads * hd), jnp.float32),
+        stage_out=pltpu.VMEM((C, rows, heads * hd), jnp.float32),
+        recv_out=pltpu.VMEM((C, rows, heads * hd), jnp.float32),
+        sems=pltpu.SemaphoreType.DMA((2, 2, C)),
     )
 
 

@@ -80,7 +80,8 @@ def expert_slots(cfg: ModelConfig, batch: int, held: int | None = None) -> int:
 
 class Builder:
     """Appends loads and ops in step order; ``route_of[n]`` is the route op an expert op waits for.
-    ``cfg`` is the slice one chip computes (mk.sharding.chip_config; the model itself on one chip)."""
+    ``cfg`` is the slice one chip computes (mk.sharding.chip_config; the model itself on one chip), ``model`` the
+    whole model."""
 
     def __init__(
         self,
@@ -97,8 +98,10 @@ class Builder:
         split_heads: bool,
         quantized: frozenset = frozenset(),
         position_shares: dict | None = None,
+        model: ModelConfig | None = None,
     ):
         self.shard, self.experts_held, self.split_heads = shard, experts_held, split_heads
+        self.model = model or cfg  # the whole model (its heads: each chip attends over all of them for its users)
         self.position_shares = position_shares or {}  # layer type -> chips sharing a KV head's positions
         self.quantized = quantized  # matrices streamed as INT8 codes with their scales (mk.quant)
         self.cfg = layout_config(cfg)  # the shapes the kernel moves; the model's own for payload bytes
@@ -340,24 +343,31 @@ class Builder:
         self.op(QKVNormRope(i, att, 12 * B * (nh + 2 * kv) * hd, layer_type=t))
         positions = cfg.cache_positions(t, self.context)
         T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
-        per_pos = 2 * kv * hd * self.kvb  # K and V
         g = self.position_shares.get(t, 1)
+        users, heads, cache_kv = B, nh, kv  # whose caches, of how many query and KV heads, this chip attends over
         if g > 1:  # this chip's share of the positions, for the g chips' query heads: q in, partial states out
             positions, heads = ceil_div(positions, g), g * nh
             state = B * nh * (hd + LANE) * 4  # each head's weighted values, running max and sum, f32, per user
             sent, rounds = (g - 1) * (B * nh * hd * 4 + state), 2
+        elif self.shard.users_split:  # this chip's users over every head: their q, k, v in, their outputs out
+            C = self.shard.chips
+            users, heads, cache_kv = B // C, self.model.num_heads, self.model.kv_heads(t)
+            sent, rounds = (C - 1) * users * (2 * nh + 2 * kv) * hd * 4, 2
         else:
-            heads, sent, rounds = nh, 0, 0
+            sent, rounds = 0, 0
+        per_pos = 2 * cache_kv * hd * self.kvb  # K and V
         self.op(
             Attend(
                 i,
                 att,
-                4 * B * heads * hd * positions,
+                4 * users * heads * hd * positions,
                 layer_type=t,
                 index=type_index(cfg, i),
-                kv_bytes=B * per_pos * max(0, positions - 1 - T),
-                serial_bytes=B * per_pos * (min(T, positions - 1) + BLOCK),
+                kv_bytes=users * per_pos * max(0, positions - 1 - T),
+                serial_bytes=users * per_pos * (min(T, positions - 1) + BLOCK),
+                query_rows=heads // cache_kv,
                 positions_shared=g,
+                users_split=self.shard.users_split,
                 sent_bytes=sent,
                 rounds=rounds,
             )
@@ -396,6 +406,7 @@ class Builder:
                 index=type_index(cfg, i),
                 kv_bytes=B * per_pos * max(0, positions - 1 - T),
                 serial_bytes=B * per_pos * (min(T, positions - 1) + BLOCK),
+                query_rows=nh,  # every head reads the one latent
             )
         )
         self.act("attn", nh * mla.v_head_dim)

@@ -219,15 +219,19 @@ class Attend(Op):
     """Per user: online softmax over the KV cache in tiles, then the new K/V written back in place.
     ``kv_bytes``: the cache read at the plan's context; ``serial_bytes``: the first tile of every user
     and the block read around the write-back position, which compute waits for; ``sent_bytes`` and
-    ``rounds``: the query heads and partial states exchanged where chips share the positions."""
+    ``rounds``: what goes between chips where they share the positions or split the users."""
 
     layer_type: str = ""
     index: int = 0  # the layer's place in its type's stacked cache
     kv_bytes: int = 0
     serial_bytes: int = 0
+    query_rows: int = 1  # query heads read against one KV head's tile (the rows of its matrix products)
     # chips sharing the positions of this chip's KV head (mk.sharding.position_share): they exchange their query
     # heads, attend over their own KV tiles, and send each head's partial state to its chip (two rounds)
     positions_shared: int = 1
+    # the users split over the chips (mk.sharding.AttentionSplit.USERS): each chip's q, k, v heads go to each user's
+    # chip, which attends for its users over every head, and the outputs go back to the heads' chips (two rounds)
+    users_split: bool = False
     sent_bytes: int = 0
     rounds: int = 0
 

@@ -169,6 +169,18 @@ class StepPlan:
 
         return position_share(self.whole_model, layer_type, self.shard)
 
+    @property
+    def cache_users(self) -> int:
+        """The users whose caches this chip holds and attends over (mk.sharding.users_per_chip)."""
+        from ..sharding import users_per_chip
+
+        return users_per_chip(self.whole_model, self.shard, self.batch)
+
+    def cache_heads(self, layer_type: str) -> int:
+        """The layer type's KV heads in this chip's cache: its own, or every one with the users split."""
+        split = self.shard is not None and self.shard.users_split
+        return (self.whole_model if split else self.cfg).kv_heads(layer_type)
+
     def cache_len(self, layer_type: str) -> int:
         """Slots of the layer type's KV cache this chip holds in the kernel's layout (padded to whole blocks; its
         share of them where chips share a KV head's positions)."""
@@ -387,28 +399,42 @@ def build_plan(
     ``quantize`` (mk.quant_schemes.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales.
     """
     from ..quant_schemes import quantized_paths
-    from ..sharding import Shard, chip_config, experts_per_chip, heads_split, position_share
+    from ..sharding import Shard, chip_config, experts_per_chip, heads_split, position_share, users_per_chip
 
     shard = shard or Shard()
     if not 0 <= chip < shard.chips:
         raise ValueError(f"chip {chip} is not one of the {shard.chips} chips (0..{shard.chips - 1})")
     context = max_len if context is None else context
     check_shapes(cfg, batch, max_len, context, kv_itemsize, tiles)
+    users_per_chip(cfg, shard, batch)  # refuses a users split the batch or the heads cannot take
     shares = {t: position_share(cfg, t, shard) for t in set(cfg.layer_types)}
     for t, g in shares.items():
         slots = cache_slots(cfg, t, max_len)
         if slots % (g * BLOCK):
             raise ValueError(
-                f"split_positions: {g} chips share each {t} KV head, but its cache of {slots} slots does not split "
-                f"into {g} whole blocks of {BLOCK}; use a max_len (and a sliding window) that rounds to a multiple of "
-                f"{g * BLOCK} slots, or split_positions=False"
+                f"attention split by positions: {g} chips share each {t} KV head, but its cache of {slots} slots does "
+                f"not split into {g} whole blocks of {BLOCK}; use a max_len (and a sliding window) that rounds to a "
+                f"multiple of {g * BLOCK} slots, or attention_split='heads'"
             )
     ko = check_knockout(knockout)
     local, held = chip_config(cfg, shard), experts_per_chip(cfg, shard)
     split = heads_split(cfg, shard.chips)
     quantized = frozenset(quantized_paths(local, quantize))
     b = Builder(
-        local, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, shard, held, split, quantized, shares
+        local,
+        batch,
+        max_len,
+        context,
+        weight_itemsize,
+        kv_itemsize,
+        tiles,
+        ko,
+        shard,
+        held,
+        split,
+        quantized,
+        shares,
+        cfg,
     )
     b.build()
     # without overlap, no weight DMA is in flight across an all-reduce

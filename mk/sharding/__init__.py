@@ -9,8 +9,10 @@ from .collective import Collective, chunk_width, peers, sent_bytes
 from .mesh import gspmd_sharding, make_mesh, simulate_chips
 from .placement import (
     ONE_CHIP,
+    AttentionSplit,
     Placement,
     Shard,
+    cache_split_axis,
     chip_cache,
     chip_config,
     chip_params,
@@ -21,14 +23,17 @@ from .placement import (
     kv_replication_bytes,
     position_share,
     split_axis,
+    users_per_chip,
     vocab_per_chip,
 )
 
 __all__ = [
     "ONE_CHIP",
+    "AttentionSplit",
     "Collective",
     "Placement",
     "Shard",
+    "cache_split_axis",
     "chip_cache",
     "chip_config",
     "chip_params",
@@ -45,5 +50,6 @@ __all__ = [
     "sent_bytes",
     "simulate_chips",
     "split_axis",
+    "users_per_chip",
     "vocab_per_chip",
 ]

@@ -41,6 +41,20 @@ class Placement(StrEnum):
     SPLIT = "split"  # every expert's intermediate split over all chips
 
 
+class AttentionSplit(StrEnum):
+    """How attention over the KV cache is cut over the chips (the projections around it are always cut by head)."""
+
+    # each chip attends for its query heads over their KV heads' caches: a KV head read by the query heads of
+    # several chips (fewer KV heads than chips) is kept, and read whole, on each of them
+    HEADS = "heads"
+    # as HEADS, but the g = C / kv chips whose query heads read one KV head each hold, and attend over, every g-th
+    # block of its positions for all g chips' query heads (position_share); the partial softmax states are merged
+    POSITIONS = "positions"
+    # chip c owns users c * B/C .. (c + 1) * B/C - 1 and their caches of every KV head; the chips' q, k, v heads go
+    # to each user's owner, which attends over its users' caches, and the outputs come back to the heads' chips
+    USERS = "users"
+
+
 @dataclass(frozen=True)
 class Shard:
     """A step over ``chips`` chips (mesh axis ``axis``), experts placed by ``placement``, partial sums
@@ -50,18 +64,25 @@ class Shard:
     placement: Placement = Placement.SPLIT
     collective: Collective = field(default_factory=Collective)
     axis: str = "x"
-    # a layer with fewer KV heads than chips: each of the chips whose query heads read one KV head holds, and
-    # attends over, every g-th tile of its positions (position_share); the partial softmax states are merged in-kernel
-    split_positions: bool = False
+    attention_split: AttentionSplit = AttentionSplit.HEADS
 
     def __post_init__(self):
         positive_int("chips", self.chips)
-        try:
-            object.__setattr__(self, "placement", Placement(self.placement))
-        except ValueError:
-            raise ValueError(
-                f"unknown expert placement {self.placement!r}; use one of {[str(p) for p in Placement]}"
-            ) from None
+        for name, kind, what in (
+            ("placement", Placement, "expert placement"),
+            ("attention_split", AttentionSplit, "attention split"),
+        ):
+            try:
+                object.__setattr__(self, name, kind(getattr(self, name)))
+            except ValueError:
+                raise ValueError(
+                    f"unknown {what} {getattr(self, name)!r}; use one of {[str(p) for p in kind]}"
+                ) from None
+
+    @property
+    def users_split(self) -> bool:
+        """Whether chips own users' caches and attend for them (AttentionSplit.USERS) over several chips."""
+        return self.sharded and self.attention_split == AttentionSplit.USERS
 
     @property
     def sharded(self) -> bool:
@@ -87,10 +108,11 @@ def heads_split(cfg: ModelConfig, chips: int) -> bool:
 
 def position_share(cfg: ModelConfig, layer_type: str, shard: "Shard | None") -> int:
     """How many chips share the positions of one KV head of ``layer_type`` (1: a chip holds and reads all of them):
-    with ``shard.split_positions``, where the heads are split and the layer type has fewer KV heads than chips,
-    the g = C / kv chips whose query heads read one KV head (consecutive chips: chip c is member c % g of group
-    c // g) each hold every g-th KV tile of it, and attend over those for all the group's query heads."""
-    if shard is None or not (shard.sharded and shard.split_positions and heads_split(cfg, shard.chips)):
+    with the positions split (AttentionSplit.POSITIONS), where the heads are split and the layer type has fewer KV
+    heads than chips, the g = C / kv chips whose query heads read one KV head (consecutive chips: chip c is member
+    c % g of group c // g) each hold every g-th KV tile of it, and attend over those for all the group's query heads."""
+    split = shard is not None and shard.sharded and shard.attention_split == AttentionSplit.POSITIONS
+    if not (split and heads_split(cfg, shard.chips)):
         return 1
     kv = cfg.kv_heads(layer_type)
     return shard.chips // kv if kv < shard.chips else 1
@@ -241,11 +263,45 @@ def chip_cache(cache: dict, cfg: ModelConfig, shard: Shard, chip: int) -> dict:
     return out
 
 
+def users_per_chip(cfg: ModelConfig, shard: Shard | None, batch: int) -> int:
+    """The users whose caches one chip holds and attends over: all ``batch`` of them, or B / C with the users split
+    (AttentionSplit.USERS), which needs the heads split (the q, k, v heads each user's owner gathers) and a batch
+    the chips divide."""
+    if shard is None or not shard.users_split:
+        return batch
+    if cfg.latent_attention is not None:
+        raise ValueError(
+            f"attention split by users: {cfg.name}'s latent attention is not cut by users here; use "
+            "attention_split='heads'"
+        )
+    if not heads_split(cfg, shard.chips):
+        raise ValueError(
+            f"attention split by users: {cfg.name}'s {cfg.num_heads} query heads are not split over {shard.chips} "
+            "chips (its attention is replicated), so there are no heads to gather to each user's chip; use "
+            "attention_split='heads'"
+        )
+    if batch % shard.chips:
+        raise ValueError(
+            f"attention split by users: each of the {shard.chips} chips owns B / C users, but B = {batch}; use a "
+            f"batch that is a multiple of {shard.chips}, or attention_split='heads'"
+        )
+    return batch // shard.chips
+
+
+def cache_split_axis(cfg: ModelConfig, shard: Shard) -> int | None:
+    """The axis of the kernel's KV caches ([layers, B, kv, slots, hd]) split over the chips: the users with the users
+    split, the KV heads where heads are split, else none (attention replicated)."""
+    if not shard.sharded:
+        return None
+    if shard.users_split:
+        return 1
+    return 2 if heads_split(cfg, shard.chips) else None
+
+
 def split_axis(cfg: ModelConfig, shard: Shard, tensor: str) -> int | None:
-    """The axis of the kernel's HBM tensor ``tensor`` (``embed``, ``sliding.q``, a cache's ``full.k``,
-    ``vectors``, ...) that is split over the chips (None: every chip holds all of it). The kernel's
-    tensors are layer-stacked (mk.plan.layout.stacked): matrices [layers, (E,) K, N], caches
-    [layers, B, kv, slots, hd]."""
+    """The axis of the kernel's HBM weight ``tensor`` (``embed``, ``sliding.q``, ``vectors``, ...) that is split
+    over the chips (None: every chip holds all of it); the caches' is ``cache_split_axis``. The kernel's
+    tensors are layer-stacked (mk.plan.layout.stacked): matrices [layers, (E,) K, N]."""
     if not shard.sharded:
         return None
     if tensor.endswith(SCALE_SUFFIX):  # an INT8 matrix's scales [layers, rows, N]: split as its N or experts
@@ -262,8 +318,7 @@ def split_axis(cfg: ModelConfig, shard: Shard, tensor: str) -> int | None:
         return None
     _, name = tensor.split(".", 1)
     heads = heads_split(cfg, shard.chips)
-    if name in ("q", "k", "v"):
-        # the heads axis both of a matrix [layers, H, heads x hd] and of a cache [layers, B, kv, slots, hd]
+    if name in ("q", "k", "v"):  # [layers, H, heads x hd]
         return 2 if heads else None
     if name == "o":
         return 1 if heads else None
