@@ -20,9 +20,9 @@ from .chips import get_chip
 from .config import ModelConfig, get_config
 from .published import published_table
 from .routing import expected_distinct_experts
-from .sharding import Shard, kv_replication, position_share
+from .sharding import AttentionSplit, Shard, kv_replication, position_share
 from .sol import MODELLED as SOL_MODELLED, bytes_per_token, speed_of_light
-from .timing import MODELLED, fits_in_hbm, model_bytes
+from .timing import KERNEL, MODELLED, fits_in_hbm, model_bytes, predict
 from .verdict import BASELINE_DTYPE, GENERAL_GPU, MEGAKERNEL_SLICE, Case, validation_table
 
 SOL = "speed of light"
@@ -219,6 +219,39 @@ def kv_table(models, contexts, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
                     )
                 )
     return pd.DataFrame(rows)
+
+
+def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
+    """The workbook's kernel (mk.timing.KERNEL) on ``chip`` with attention cut each way over its chips
+    (mk.sharding.AttentionSplit: by heads, by positions, by users), per model, context and batch: the step, its
+    fraction of the speed of light, the KV cache and the bytes one chip sends, the link's time, and the step against
+    the positions split's. The users split is left out where the batch is not a multiple of the chips (it
+    cannot run there)."""
+    c = get_chip(chip)
+    rows = []
+    for m in models:
+        cfg = get_config(m)
+        for n in contexts:
+            for b in batches:
+                steps = {}
+                for split in AttentionSplit:
+                    if split == AttentionSplit.USERS and b % c.chips:
+                        continue
+                    p = predict(
+                        cfg, c, n, b, placement=KERNEL.placement, collective=KERNEL.collective,
+                        ffn_layout=KERNEL.ffn_layout, attention_split=str(split),
+                    )  # fmt: skip
+                    steps[split] = p.step_s
+                    rows.append(
+                        dict(
+                            model=cfg.name, attention_split=str(split), context=n, batch=b, step_ms=p.step_s * 1e3,
+                            fraction_of_sol=p.fraction_of_sol, kv_GB=p.breakdown["kv_bytes"] / 1e9,
+                            sent_MB=p.breakdown["sent_bytes"] / 1e6, ici_ms=p.breakdown["ici_s"] * 1e3,
+                            vs_positions=p.step_s / steps[AttentionSplit.POSITIONS] if AttentionSplit.POSITIONS in steps
+                            else math.nan,
+                        )
+                    )  # fmt: skip
+    return pd.DataFrame(rows).assign(chip=c.name, kind=f"{MODELLED}: the workbook's kernel, each attention split")
 
 
 def bytes_share(models, contexts, dtype: str = "bf16") -> pd.DataFrame:

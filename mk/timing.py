@@ -85,6 +85,9 @@ FIXES = (
 BEFORE_FIXES = FIXES[0]  # the write-up's kernel before its fixes
 WRITE_UP = FIXES[3]  # the write-up's kernel as published (1.56 ms)
 KERNEL = FIXES[-1]  # the workbook's kernel, every fix on: what predict models unless told otherwise
+# (f) with the users split over the chips instead of the positions (mk.sharding.AttentionSplit.USERS): the other way
+# past (f), for a batch the chips divide, so not a step of FIXES (whose case is the write-up's one user)
+USERS_SPLIT = dataclasses.replace(KERNEL, name="(h) (f) + users split", attention_split="users")
 
 
 # Constants --------------------------------------------------------------------------------------

@@ -172,3 +172,25 @@ def test_context_figure_draws_every_series_and_labels_the_published_points(tiny_
 
         provenance(fig, "published + modelled", "tpu-v5e-8, h100", "a test")
         assert check_figure(fig) == []
+
+
+def test_attention_split_table_compares_the_three_splits_where_they_run(capsys):
+    """Heads, positions and users at 1 and 8 users on the v5e-8: the users split is left out at one user (it cannot
+    run there; predict refuses it, naming the batch to use), and at 8 users it reads the positions split's KV bytes
+    (an even share) while by heads each chip reads the full layers' heads whole; the figure draws a bar per row."""
+    from mk.__main__ import main
+
+    t = sweeps.attention_split_table(["gemma4-26b-a4b"], [131072], [1, 8])
+    assert set(t[t.batch == 1].attention_split) == {"heads", "positions"}
+    eight = t[t.batch == 8].set_index("attention_split")
+    assert set(eight.index) == {"heads", "positions", "users"}
+    assert eight.kv_GB["users"] == pytest.approx(eight.kv_GB["positions"], rel=0.01)
+    assert eight.kv_GB["heads"] > 3 * eight.kv_GB["users"]
+    assert eight.vs_positions["positions"] == 1 and eight.sent_MB["users"] > eight.sent_MB["heads"]
+    fig = views.attention_split_figure(t, ["gemma4-26b-a4b"], "splits")
+    assert sum(len(tr.y) for tr in fig.data) == len(t) and {tr.name for tr in fig.data} == {
+        "split by heads", "split by positions", "split by users"
+    }  # fmt: skip
+    args = ["predict", "--model", "gemma4-26b-a4b", "--chip", "tpu-v5e-8", "--context", "1024"]
+    assert main([*args, "--attention-split", "users"]) == 2
+    assert "multiple of 8" in capsys.readouterr().err

@@ -144,15 +144,31 @@ def test_tiny_sharded_step_compiles_with_every_switch(collective, chip):
     assert {op.rows for op in plan.ops if isinstance(op, AllReduce)} == ({1, 2} if collective.bf16_payload else {1})
 
 
+# eight query heads: one a chip; a window of 64, so 4 chips sharing a sliding KV head each hold a whole block of 16
+EIGHT_HEADS_W64 = TINY_MOE.replace(
+    name="tiny-moe-8h-w64", num_heads=8, sliding_kv_heads=2, full_kv_heads=1, sliding_window=64
+)
+
+
 @pytest.mark.parametrize("chip", ("tpu-v5e-8", "tpu-v6e-8"))
 def test_tiny_step_with_positions_split_over_chips_compiles(chip):
     """Chips sharing a KV head split its positions (4 a sliding head, 8 the full one): the query heads gathered
     and the partial states sent over remote DMAs within each group, at offsets computed from the chip's index."""
-    cfg8 = TINY_MOE.replace(name="tiny-moe-8h-w64", num_heads=8, sliding_kv_heads=2, full_kv_heads=1, sliding_window=64)
-    plan, compiled = compile_for_tpu(cfg8, chip, 2, 256, shard=Shard(8, "split", attention_split="positions"))
+    shard = Shard(8, "split", attention_split="positions")
+    plan, compiled = compile_for_tpu(EIGHT_HEADS_W64, chip, 2, 256, shard=shard)
     assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
     assert (plan.position_share("sliding"), plan.position_share("full")) == (4, 8)
     assert plan.cache_len("full") == 256 // 8
+
+
+@pytest.mark.parametrize("chip, batch", [("tpu-v5e-8", 8), ("tpu-v6e-8", 16)])
+def test_tiny_step_with_users_split_over_chips_compiles(chip, batch):
+    """Chips own users (1 or 2 each): each chip's q, k, v heads of every owner's users staged and sent, and the
+    outputs sent back, over remote DMAs of the users' rows; the owner's attention over every KV head."""
+    shard = Shard(8, "whole", attention_split="users")
+    plan, compiled = compile_for_tpu(EIGHT_HEADS_W64, chip, batch, 128, shard=shard)
+    assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
+    assert plan.cache_users == batch // 8 and plan.cache_heads("sliding") == 2
 
 
 @pytest.mark.parametrize("scheme, chip", [("int8-experts", "tpu-v5e"), ("int8", "tpu-v6e")])

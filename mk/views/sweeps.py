@@ -316,6 +316,48 @@ def chip_figure(table: pd.DataFrame, models, title: str) -> go.Figure:
     return fig
 
 
+def _case_label(context: int, batch: int) -> str:
+    return f"{context_label(context)}, {batch} {'users' if batch > 1 else 'user'}"
+
+
+def attention_split_figure(table: pd.DataFrame, models, title: str) -> go.Figure:
+    """Grouped bars, one panel per model (mk.sweeps.attention_split_table): the workbook's kernel's fraction of
+    the speed of light at each context and batch with attention split by heads, positions and users, the step
+    written in each bar."""
+    names = [get_config(m).name for m in models]
+    fig = _facets(models, horizontal_spacing=0.08)
+    colours = {"heads": "#bab0ac", "positions": COLOURS[WORKBOOK], "users": "#9c755f"}
+    for i, m in enumerate(names):
+        g = table[table.model == m]
+        cases = [_case_label(n, b) for n, b in g[["context", "batch"]].drop_duplicates().values]
+        for split, h in g.groupby("attention_split", sort=False):
+            fig.add_bar(
+                x=[_case_label(n, b) for n, b in zip(h.context, h.batch)],
+                y=h.fraction_of_sol,
+                name=f"split by {split}",
+                legendgroup=split,
+                showlegend=i == 0,
+                marker_color=colours[split],
+                text=[f"{ms:.3g} ms" for ms in h.step_ms],
+                textposition="inside",
+                insidetextanchor="end",
+                textangle=-90,
+                hovertext=[
+                    f"{split}: {r.step_ms:.3f} ms, {r.fraction_of_sol:.1%} of the speed of light; KV {r.kv_GB:.3f} GB, "
+                    f"sent {r.sent_MB:.1f} MB"
+                    for r in h.itertuples()
+                ],
+                hoverinfo="text",
+                row=1,
+                col=i + 1,
+            )
+        fig.update_xaxes(categoryorder="array", categoryarray=cases, row=1, col=i + 1)
+    fig.update_xaxes(title_text="context, users (in each bar: the step)")
+    fig.update_yaxes(title_text="fraction of the speed of light", range=[0, 1.05], tickformat=".0%")
+    fig.update_layout(title=title, legend=LEGEND, barmode="group")
+    return fig
+
+
 COLOURS = {
     "megakernel": "#4e79a7",
     WORKBOOK: "#76b7b2",
