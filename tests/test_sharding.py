@@ -152,7 +152,7 @@ def test_without_overlap_no_weight_dma_is_in_flight_across_an_all_reduce():
 @pytest.mark.parametrize(
     "name, placement, prompts, new, switches",
     [
-        ("hf-eight-heads", "whole", (9, 3, 12, 5), 3, ["--reduce-scatter"]),
+        ("hf-eight-heads", "whole", (9, 3, 12, 5), 2, ["--reduce-scatter"]),
         ("hf-eight-heads-dense", "split", (9, 3, 12, 5), 2, ["--no-overlap"]),
         ("hf-snippet-pair", "split", (9,), 2, []),
         ("llama-eight-heads", "split", (9, 3), 2, []),
@@ -175,9 +175,9 @@ def test_cli_generate_on_8_chips_gives_transformers_greedy_tokens(
     detector on: 8 query heads split over the chips with 2 and 1 KV heads (each kept on 4 and 8 chips), or
     4 query heads (attention replicated); experts whole (one a chip) or split in 8; prompts of different
     lengths (one past the window); each user gets transformers' greedy tokens for its prompt alone. The first
-    token is the prefill's, so ``new`` - 1 kernel steps run: two in the first case (the second reads the cache
-    the first wrote on each chip), one in the others. (A bf16 payload rounds the partial sums, so it is held to
-    a tolerance instead: the test below.)"""
+    token is the prefill's, so ``new`` - 1 = 1 kernel step runs (two, the second reading the cache the first wrote,
+    in the users-split test below). (A bf16 payload rounds the partial sums, so it is held to a tolerance instead:
+    the test after it.)"""
     folder, model = hf_checkpoint(name)
     cfg = load_hf_config(folder)
     rng = np.random.default_rng(11)
@@ -208,17 +208,17 @@ def test_cli_generate_on_8_chips_gives_transformers_greedy_tokens(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name, placement, split, prompts, max_len",
+    "name, placement, split, prompts, max_len, new, switches",
     [
-        ("hf-eight-heads-w64-dense", "split", "positions", (270, 261, 252, 243, 234, 225, 216, 207), 384),
-        ("hf-eight-heads-w64", "split", "positions", (265,), 384),
-        ("hf-eight-heads-dense", "split", "users", (61, 58, 55, 52, 49, 46, 43, 40), 64),
-        ("hf-eight-heads", "whole", "users", (60, 34, 57, 40, 51, 46, 38, 63), 64),
+        ("hf-eight-heads-w64-dense", "split", "positions", (270, 261, 252, 243, 234, 225, 216, 207), 384, 2, []),
+        ("hf-eight-heads-w64", "split", "positions", (265,), 384, 2, []),
+        ("hf-eight-heads-dense", "split", "users", (61, 58, 55, 52, 49, 46, 43, 40), 64, 2, []),
+        ("hf-eight-heads", "whole", "users", (60, 34, 57, 40, 51, 46, 38, 62), 64, 3, ["--reduce-scatter"]),
     ],
     ids=["positions-dense-b8-ragged", "positions-moe-split-b1", "users-dense-b8-ragged", "users-moe-whole-b8-ragged"],
 )
 def test_cli_generate_with_attention_split_over_chips_gives_transformers_greedy_tokens(
-    hf_checkpoint, mk_json, name, placement, split, prompts, max_len
+    hf_checkpoint, mk_json, name, placement, split, prompts, max_len, new, switches
 ):
     """``--attention-split`` over 8 chips, the race detector on; each user gets transformers' greedy tokens for its
     prompt alone. ``positions``: the 4 chips sharing a sliding KV head and the 8 sharing the full one each hold every
@@ -226,16 +226,16 @@ def test_cli_generate_with_attention_split_over_chips_gives_transformers_greedy_
     states over remote DMAs; with 384 slots a chip holds 48 of the full layer's (3 KV tiles of 16), and the prompts
     reach past 2 tiles on every chip. ``users``: chip c owns user c's cache of every head (64 slots: 4 tiles of 16,
     which the ragged prompts reach 3 and 4 of); each chip's q, k, v head goes to each user's chip, and the outputs
-    come back, over remote DMAs."""
+    come back, over remote DMAs; with MoE, two kernel steps (the second reads the K/V the first wrote on each
+    user's chip) and the all-reduce as reduce-scatter then all-gather."""
     folder, model = hf_checkpoint(name)
     cfg = load_hf_config(folder)
     rng = np.random.default_rng(12)
     ids = [rng.integers(0, cfg.vocab_size, n).tolist() for n in prompts]
-    new = 2
     got = mk_json(
         "generate", "--checkpoint", folder, "--prompt-ids", ";".join(",".join(map(str, p)) for p in ids),
         "--new-tokens", new, "--engine", "megakernel", "--chips", 8, "--placement", placement,
-        "--attention-split", split, "--max-len", max_len, "--kv-tile", 16, "--detect-races", "--json",
+        "--attention-split", split, "--max-len", max_len, "--kv-tile", 16, "--detect-races", "--json", *switches,
     )  # fmt: skip
     assert not got["races"]
     for b, prompt in enumerate(ids):
