@@ -108,7 +108,7 @@ def test_kernels_per_step_reference_against_megakernel():
 @pytest.mark.parametrize(
     "models, chip, placements, attention_split",
     [
-        ((GEMMA4_26B_A4B, GEMMA4_31B), "tpu-v5e-8", ("whole",), False),
+        ((GEMMA4_26B_A4B, GEMMA4_31B), "tpu-v5e-8", ("whole",), "heads"),
         ((GEMMA4_26B_A4B,), "tpu-v6e-8", ("split",), "positions"),
     ],
     ids=["v5e-8", "v6e-8-positions-split"],

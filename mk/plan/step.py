@@ -421,21 +421,9 @@ def build_plan(
     split = heads_split(cfg, shard.chips)
     quantized = frozenset(quantized_paths(local, quantize))
     b = Builder(
-        local,
-        batch,
-        max_len,
-        context,
-        weight_itemsize,
-        kv_itemsize,
-        tiles,
-        ko,
-        shard,
-        held,
-        split,
-        quantized,
-        shares,
-        cfg,
-    )
+        local, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, shard, held, split, quantized,
+        position_shares=shares, model=cfg,
+    )  # fmt: skip
     b.build()
     # without overlap, no weight DMA is in flight across an all-reduce
     fences = () if shard.collective.overlap else {n for n, op in enumerate(b.ops) if isinstance(op, AllReduce)}
