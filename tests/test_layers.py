@@ -32,6 +32,7 @@ LAYERS = {
         "mk.progress",
         "mk.published",
         "mk.routing",
+        "mk.speculative",
         "mk.quant_schemes",
         "mk.tpu",
         "mk.sharding",
