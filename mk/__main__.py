@@ -398,6 +398,20 @@ def _add_predict(sub) -> None:
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weight data type policy")
     _add_ffn_layout(p)
     _add_attention_split(p, KERNEL.attention_split)
+    p.add_argument(
+        "--speculate",
+        type=_positive_int,
+        default=0,
+        metavar="K",
+        help="megakernel: verify K drafted tokens per user in each step (n-gram drafts: no drafter weights)",
+    )
+    p.add_argument(
+        "--acceptance",
+        type=float,
+        default=None,
+        metavar="A",
+        help="with --speculate: mean tokens a round emits per user, 1 (no draft accepted) to K + 1",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_predict)
 
@@ -407,12 +421,13 @@ def _run_predict(a) -> None:
 
     p = predict(
         a.model, a.chip, a.context, a.batch, a.engine, a.placement, a.dtype, ffn_layout=a.ffn_layout,
-        attention_split=a.attention_split,
+        attention_split=a.attention_split, speculate=a.speculate, acceptance=a.acceptance,
     )  # fmt: skip
     d = p.to_dict()
     lines = [
         f"{p.model} on {p.chip}, context {p.context}, batch {p.batch}, {p.dtype}, {p.engine} (modelled: {p.models})",
         f"  step            {d['step_ms']:10.4f} ms",
+        *([f"  tokens/round    {p.tokens_per_round:10.2f} per user ({p.draft_tokens} drafted)"] * bool(p.draft_tokens)),
         f"  tokens/s/user   {d['tokens_per_s']:10.1f}",
         f"  tokens/s total  {d['tokens_per_s_total']:10.1f}",
         f"  speed of light  {d['sol_tokens_per_s']:10.1f} tokens/s/user ({d['fraction_of_sol']:.1%} of it)",

@@ -266,9 +266,19 @@ def _shard(chip: Chip, placement: str, collective: Collective, attention_split: 
 
 @lru_cache(maxsize=32)  # the sweeps and the pacing chip's variants time the same plan many ways
 def step_plan(
-    cfg, chip, context, batch, dtype, placement, collective, knockout=frozenset(), attention_split="heads"
+    cfg,
+    chip,
+    context,
+    batch,
+    dtype,
+    placement,
+    collective,
+    knockout=frozenset(),
+    attention_split="heads",
+    draft_tokens=0,
 ) -> StepPlan:
-    """The plan the model times: chip 0's over a slice, in the plan's data type for ``dtype``."""
+    """The plan the model times: chip 0's over a slice, in the plan's data type for ``dtype``; ``draft_tokens``
+    drafted tokens per user verified in the step (mk.plan.build_plan)."""
     wi, ki = plan_itemsizes(dtype)
     shard = _shard(chip, placement, collective, attention_split)
     return build_plan(
@@ -281,7 +291,30 @@ def step_plan(
         knockout=knockout,
         shard=shard,
         quantize=plan_quantize(dtype),
+        draft_tokens=draft_tokens,
     )
+
+
+def check_speculation(speculate: int, acceptance: float | None) -> float:
+    """The mean tokens a round emits per user: ``acceptance``, which with ``speculate`` = K drafted tokens must be
+    in 1 (no draft accepted: the target's own token) .. K + 1 (every draft accepted), and is 1 without drafts."""
+    if speculate < 0:
+        raise ValueError(f"speculate={speculate}: drafted tokens per round must be 0 or more")
+    if not speculate:
+        if acceptance not in (None, 1, 1.0):
+            raise ValueError(f"acceptance={acceptance} without drafts: give speculate=K drafted tokens per round")
+        return 1.0
+    if acceptance is None:
+        raise ValueError(
+            f"speculate={speculate} needs an acceptance: the mean tokens a round emits per user, 1 (no draft "
+            f"accepted) to {speculate + 1} (all accepted)"
+        )
+    if not 1 <= acceptance <= speculate + 1:
+        raise ValueError(
+            f"acceptance={acceptance} with {speculate} drafted tokens: a round emits 1 (no draft accepted) to "
+            f"{speculate + 1} (all accepted) tokens per user"
+        )
+    return float(acceptance)
 
 
 # The chip that sets the pace ----------------------------------------------------------------------------
@@ -498,7 +531,8 @@ def kernel_cost(kind: str) -> float:
 # Predictions ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Prediction:
-    """A modelled decode step (``step_s`` for one token per user) beside the speed of light."""
+    """A modelled decode step beside the speed of light: ``step_s`` emits ``tokens_per_round`` tokens per user (1;
+    with speculation, the mean of the drafted tokens accepted, plus the target's own)."""
 
     model: str
     chip: str
@@ -515,18 +549,21 @@ class Prediction:
     components: dict[str, float] = field(default_factory=dict)  # seconds by component (general: kernel time)
     constants: dict[str, str] = field(default_factory=dict)  # constant -> value and kind
     breakdown: dict[str, float] = field(default_factory=dict)  # megakernel: the pacing chip's bytes and floors
+    draft_tokens: int = 0  # tokens drafted per user and verified in the step
+    tokens_per_round: float = 1.0
 
     @property
     def tokens_per_s(self) -> float:
-        return 1.0 / self.step_s
+        return self.tokens_per_round / self.step_s
 
     @property
     def tokens_per_s_total(self) -> float:
-        return self.batch / self.step_s
+        return self.batch * self.tokens_per_s
 
     @property
     def fraction_of_sol(self) -> float:
-        return self.sol_step_s / self.step_s
+        """The speed of light's step over the time per emitted token."""
+        return self.sol_step_s * self.tokens_per_round / self.step_s
 
     def to_dict(self) -> dict:
         return dict(
@@ -538,6 +575,8 @@ class Prediction:
             engine=self.engine,
             placement=self.placement,
             step_ms=self.step_s * 1e3,
+            draft_tokens=self.draft_tokens,
+            tokens_per_round=self.tokens_per_round,
             tokens_per_s=self.tokens_per_s,
             tokens_per_s_total=self.tokens_per_s_total,
             fraction_of_sol=self.fraction_of_sol,
@@ -637,6 +676,8 @@ def predict(
     kernel_s: float | None = None,
     ffn_layout: str | None = None,
     attention_split: str = KERNEL.attention_split,
+    speculate: int = 0,
+    acceptance: float | None = None,
 ) -> Prediction:
     """The modelled decode step of ``model`` on ``chip`` (a chip or a slice: ``tpu-v5e-8``) at ``context``
     positions for ``batch`` users. ``placement`` and ``collective`` apply to the megakernel over a slice
@@ -645,13 +686,21 @@ def predict(
     ``kernel_s``: the general stack's cost per kernel (default: fitted; 0 gives its kernels' work alone);
     ``ffn_layout``: the megakernel's layout of the gated MLPs (default: the config's, mk.config.FFN_LAYOUTS);
     ``attention_split``: how attention is cut over a slice's chips (mk.sharding.AttentionSplit: by heads, by
-    positions where chips share a KV head, or by users)."""
+    positions where chips share a KV head, or by users). ``speculate`` = K: the megakernel verifies K drafted
+    tokens per user in each step (a drafter that costs no weight reads: n-gram prompt lookup), emitting
+    ``acceptance`` tokens per user on average (``check_speculation``); tokens/s and the fraction of the speed of
+    light count emitted tokens."""
     cfg, chip = _check(model, chip, context, batch, engine, placement, ffn_layout)
+    per_round = check_speculation(speculate, acceptance)
     if engine == "general":
+        if speculate:
+            raise ValueError("speculate: verification is modelled for the megakernel (engine='megakernel') only")
         kernel_s = kernel_cost(chip.kind) if kernel_s is None else kernel_s
         p = _general(cfg, chip, context, batch, dtype, kernel_s, frozenset(knockout))
         return _with_constants(p, chip, kernel_s)
-    plan = step_plan(cfg, chip, context, batch, dtype, placement, collective, frozenset(knockout), attention_split)
+    plan = step_plan(
+        cfg, chip, context, batch, dtype, placement, collective, frozenset(knockout), attention_split, speculate
+    )
     costs = assumed_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
     paced = pace(plan, chip, dtype, **costs)
     sol = speed_of_light(cfg, chip, context, batch, dtype)
@@ -660,6 +709,8 @@ def predict(
         models = f"megakernel on {chip.chips} chips ({placement} experts), paced by {who}"
     else:
         models = "megakernel on one chip"
+    if speculate:
+        models += f"; {speculate} drafted tokens verified per user a round, {per_round:g} emitted (given)"
     p = Prediction(
         cfg.name,
         chip.name,
@@ -674,6 +725,8 @@ def predict(
         models + f"; {assumed_label(costs)}",
         fits_in_hbm(cfg, chip, context, batch, dtype),
         breakdown=paced,
+        draft_tokens=speculate,
+        tokens_per_round=per_round,
     )
     return _with_constants(p, chip, None, costs)
 

@@ -374,6 +374,11 @@ def build_call(
     and on request the logits [B, V] and the DMA counts. ``probe``: the step takes the activations'
     values before its first op and returns them after its last (to test a plan cut to a few ops)."""
     plan.cfg.check_runnable()
+    if plan.draft_tokens:
+        raise ValueError(
+            f"the megakernel does not verify drafted tokens yet (the plan has draft_tokens={plan.draft_tokens}); the "
+            "plans and mk.timing.predict(speculate=...) model a speculative step; build the plan with draft_tokens=0"
+        )
     cfg = plan.cfg
     in_shapes = input_shapes(plan, weight_dtype, kv_dtype)
     if probe:

@@ -99,9 +99,13 @@ class Builder:
         quantized: frozenset = frozenset(),
         position_shares: dict | None = None,
         model: ModelConfig | None = None,
+        draft_tokens: int = 0,
     ):
         self.shard, self.experts_held, self.split_heads = shard, experts_held, split_heads
         self.model = model or cfg  # the whole model (its heads: each chip attends over all of them for its users)
+        # speculative verification: each user's rows are its token and its drafts, through one weight pass (``batch``
+        # counts rows); they attend over the user's one cache
+        self.rows_per_user = draft_tokens + 1
         self.position_shares = position_shares or {}  # layer type -> chips sharing a KV head's positions
         self.quantized = quantized  # matrices streamed as INT8 codes with their scales (mk.quant)
         self.cfg = layout_config(cfg)  # the shapes the kernel moves; the model's own for payload bytes
@@ -344,15 +348,17 @@ class Builder:
         positions = cfg.cache_positions(t, self.context)
         T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
         g = self.position_shares.get(t, 1)
-        users, heads, cache_kv = B, nh, kv  # whose caches, of how many query and KV heads, this chip attends over
+        R = self.rows_per_user
+        # whose caches, of how many query and KV heads, this chip attends over
+        users, heads, cache_kv = B // R, nh, kv
         if g > 1:  # this chip's share of the positions, for the g chips' query heads: q in, partial states out
             positions, heads = ceil_div(positions, g), g * nh
             state = B * nh * (hd + LANE) * 4  # each head's weighted values, running max and sum, f32, per user
             sent, rounds = (g - 1) * (B * nh * hd * 4 + state), 2
         elif self.shard.users_split:  # this chip's users over every head: their q, k, v in, their outputs out
             C = self.shard.chips
-            users, heads, cache_kv = B // C, self.model.num_heads, self.model.kv_heads(t)
-            sent, rounds = (C - 1) * users * (2 * nh + 2 * kv) * hd * 4, 2
+            users, heads, cache_kv = B // R // C, self.model.num_heads, self.model.kv_heads(t)
+            sent, rounds = (C - 1) * users * R * (2 * nh + 2 * kv) * hd * 4, 2
         else:
             sent, rounds = 0, 0
         per_pos = 2 * cache_kv * hd * self.kvb  # K and V
@@ -360,12 +366,12 @@ class Builder:
             Attend(
                 i,
                 att,
-                4 * users * heads * hd * positions,
+                4 * users * R * heads * hd * positions,
                 layer_type=t,
                 index=type_index(cfg, i),
                 kv_bytes=users * per_pos * max(0, positions - 1 - T),
                 serial_bytes=users * per_pos * (min(T, positions - 1) + BLOCK),
-                query_rows=heads // cache_kv,
+                query_rows=heads // cache_kv * R,
                 positions_shared=g,
                 users_split=self.shard.users_split,
                 sent_bytes=sent,

@@ -43,6 +43,13 @@ class StepPlan:
     chip: int = 0
     experts_held: int = 0  # routed experts (or expert slices) this chip holds
     quantize: str = "none"  # mk.quant scheme: which matrices stream as INT8 codes with their scales
+    # speculative verification: each user's token and its drafts are rows of one weight pass (``batch`` counts rows)
+    draft_tokens: int = 0
+
+    @property
+    def users(self) -> int:
+        """Users decoded: ``batch`` rows of 1 + ``draft_tokens`` each."""
+        return self.batch // (self.draft_tokens + 1)
 
     @property
     def chips(self) -> int:
@@ -174,7 +181,7 @@ class StepPlan:
         """The users whose caches this chip holds and attends over (mk.sharding.users_per_chip)."""
         from ..sharding import users_per_chip
 
-        return users_per_chip(self.whole_model, self.shard, self.batch)
+        return users_per_chip(self.whole_model, self.shard, self.users)
 
     def cache_heads(self, layer_type: str) -> int:
         """The layer type's KV heads in this chip's cache: its own, or every one with the users split."""
@@ -390,6 +397,7 @@ def build_plan(
     shard=None,
     chip: int = 0,
     quantize: str = "none",
+    draft_tokens: int = 0,
 ) -> StepPlan:
     """The plan of one decode step for ``batch`` users with caches of ``max_len`` positions, on one
     chip or, with ``shard`` (mk.sharding.Shard), chip ``chip``'s share of it.
@@ -397,6 +405,8 @@ def build_plan(
     ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
     and attention FLOPs recorded for timing; the kernel itself reads the tiles each user's position needs.
     ``quantize`` (mk.quant_schemes.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales.
+    ``draft_tokens``: speculative verification of that many drafted tokens per user: each user's 1 + k rows go
+    through one weight pass (the plan's ``batch`` counts rows) and attend over the user's cache.
     """
     from ..quant_schemes import quantized_paths
     from ..sharding import Shard, chip_config, experts_per_chip, heads_split, position_share, users_per_chip
@@ -407,6 +417,9 @@ def build_plan(
     context = max_len if context is None else context
     check_shapes(cfg, batch, max_len, context, kv_itemsize, tiles)
     users_per_chip(cfg, shard, batch)  # refuses a users split the batch or the heads cannot take
+    if draft_tokens < 0:
+        raise ValueError(f"draft_tokens={draft_tokens}: drafted tokens per user must be 0 or more")
+    rows = batch * (draft_tokens + 1)
     shares = {t: position_share(cfg, t, shard) for t in set(cfg.layer_types)}
     for t, g in shares.items():
         slots = cache_slots(cfg, t, max_len)
@@ -421,8 +434,8 @@ def build_plan(
     split = heads_split(cfg, shard.chips)
     quantized = frozenset(quantized_paths(local, quantize))
     b = Builder(
-        local, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, shard, held, split, quantized,
-        position_shares=shares, model=cfg,
+        local, rows, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, shard, held, split, quantized,
+        position_shares=shares, model=cfg, draft_tokens=draft_tokens,
     )  # fmt: skip
     b.build()
     # without overlap, no weight DMA is in flight across an all-reduce
@@ -430,7 +443,7 @@ def build_plan(
     items = schedule(b.ops, b.loads, b.route_of, tiles.slots, fences)
     return StepPlan(
         local,
-        batch,
+        rows,
         max_len,
         context,
         weight_itemsize,
@@ -447,4 +460,5 @@ def build_plan(
         chip,
         held,
         quantize,
+        draft_tokens,
     )
