@@ -7,7 +7,6 @@ bash ci/setup.sh dev
 .venv/bin/ruff check mk tests ci notebooks
 .venv/bin/ruff format --check mk tests ci
 export JAX_PLATFORMS=cpu
-# Three workers on two cores: the tests wait for subprocesses, wall-clock budgets and the interpreter's device
-# threads, which leaves a core idle with one worker per core; a worker that runs dry takes tests queued on another
-# (the notebook run and the interpret-mode kernels are minutes each). The slowest tests are listed at the end.
-exec .venv/bin/python -m pytest -q -n "${MK_TEST_WORKERS:-3}" --dist worksteal --durations=25 "$@"
+# Two workers (one per core here), a worker that runs dry taking tests queued on the other (the notebook run and
+# the interpret-mode kernels are minutes each); the slowest tests are listed at the end, so the next cut is measured.
+exec .venv/bin/python -m pytest -q -n "${MK_TEST_WORKERS:-2}" --dist worksteal --durations=25 "$@"

@@ -68,7 +68,7 @@ def _check_row(r, engine):
     assert 0 < float(r["fraction_of_sol"]) < 1.5
     assert r["sol_source"].startswith("measured: GEMV probe")  # a CPU is no chip of data/chips.csv
     step_s = float(r["step_ms"]) / 1e3
-    assert float(r["tokens_per_s"]) == pytest.approx(1 / step_s, rel=1e-3)
+    assert float(r["tokens_per_s"]) == pytest.approx(1 / step_s, rel=1e-3, abs=0.005)  # written to 2 decimals
     assert float(r["kernels_per_step"]) > 10
 
 
