@@ -193,9 +193,3 @@ def mk_json(capsys):
         return json.loads(out.out.strip().splitlines()[-1])
 
     return run
-
-
-def pytest_collection_modifyitems(items):
-    """The slow tests first (the notebook run, the longest, first of all): the two workers start on the long work,
-    and the short tests fill the gaps at the end instead of one long test running alone there."""
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, "test_notebooks" not in item.nodeid))
