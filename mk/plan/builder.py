@@ -331,6 +331,8 @@ class Builder:
 
     def attention(self, i: int, t: str):
         """Grouped-query attention: q, k, v projections, their norms and RoPE, attention over the KV cache."""
+        from ..sharding import users_per_chip
+
         cfg, B, p = self.cfg, self.batch, f"layers.{i}."
         hd, kv, nh = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
         att = attention_component(t)
@@ -350,14 +352,14 @@ class Builder:
         g = self.position_shares.get(t, 1)
         R = self.rows_per_user
         # whose caches, of how many query and KV heads, this chip attends over
-        users, heads, cache_kv = B // R, nh, kv
+        users, heads, cache_kv = users_per_chip(self.model, self.shard, B // R), nh, kv
         if g > 1:  # this chip's share of the positions, for the g chips' query heads: q in, partial states out
             positions, heads = ceil_div(positions, g), g * nh
             state = B * nh * (hd + LANE) * 4  # each head's weighted values, running max and sum, f32, per user
             sent, rounds = (g - 1) * (B * nh * hd * 4 + state), 2
         elif self.shard.users_split:  # this chip's users over every head: their q, k, v in, their outputs out
             C = self.shard.chips
-            users, heads, cache_kv = B // R // C, self.model.num_heads, self.model.kv_heads(t)
+            heads, cache_kv = self.model.num_heads, self.model.kv_heads(t)
             sent, rounds = (C - 1) * users * R * (2 * nh + 2 * kv) * hd * 4, 2
         else:
             sent, rounds = 0, 0
