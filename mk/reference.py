@@ -6,8 +6,10 @@ is never attended to nor written to the cache, and each user gets the logits of 
 position), and :func:`decode_step` takes one position per user (``pos [B]``; a shared int is
 broadcast): each user's K/V go to its own slot, its RoPE and attention mask follow its own position.
 The KV cache (:func:`init_cache`) may be padded for engines that read it in blocks: every layer's
-slot count rounded up to a ``multiple`` (a sliding layer's ring stays ``sliding_window`` slots long;
-its extra slots are masked). It follows
+slot count rounded up to a ``multiple``; a sliding layer's ring is all of its slots (position p in slot
+p mod slots), of which a query sees only the window. For speculative verification (:func:`verify_step`) the
+ring is longer than the window (:func:`ring_slots`), so the K/V written for drafts that are then rejected never
+overwrite a position still read: they are hidden by position until overwritten. It follows
 transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to that):
 
 - embeddings times sqrt(hidden), the scale rounded to the weights' dtype first (as transformers does);
@@ -57,32 +59,53 @@ from .units import positive_int, round_up
 
 
 # Cache ------------------------------------------------------------------------------------------
-def cache_len(cfg: ModelConfig, layer_type: str, max_len: int, multiple: int = 1) -> int:
-    """Slots of a layer's KV cache: a ring of ``sliding_window`` for sliding layers, ``max_len`` for full,
-    each rounded up to a multiple of ``multiple`` (a sliding layer uses only its first ``sliding_window``
-    slots; the rest stay empty and masked)."""
-    return round_up(cfg.sliding_window if layer_type == SLIDING else max_len, multiple)
+def ring_slots(cfg: ModelConfig, draft_tokens: int = 0) -> int:
+    """A sliding layer's ring before rounding: the window, and with speculation ``draft_tokens`` slots for the drafts
+    a verification step writes ahead plus one for the position behind the window that Gemma 4's assistant reads
+    (mk.assistant), so neither overwrites a position still read."""
+    return cfg.sliding_window + (draft_tokens + 1 if draft_tokens else 0)
+
+
+def cache_len(cfg: ModelConfig, layer_type: str, max_len: int, multiple: int = 1, draft_tokens: int = 0) -> int:
+    """Slots of a layer's KV cache: a ring of :func:`ring_slots` for sliding layers, ``max_len`` for full, each
+    rounded up to a multiple of ``multiple``."""
+    return round_up(ring_slots(cfg, draft_tokens) if layer_type == SLIDING else max_len, multiple)
 
 
 def init_cache(
-    cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32, multiple: int = 1
+    cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32, multiple: int = 1, draft_tokens: int = 0
 ) -> dict[str, jax.Array]:
     """An empty KV cache for ``batch`` users and up to ``max_len`` positions.
 
-    ``layers.{i}.k`` / ``.v``: ``[batch, kv_heads, slots, head_dim]``; a sliding layer's position p lives
-    in slot ``p % sliding_window``, a full layer's in slot p. K is stored after k_norm and RoPE, V after
-    its weightless norm. ``multiple``: every layer's slot count is rounded up to a multiple of it (for
-    engines that read the cache in blocks): full layers ``round_up(max_len)``, sliding layers
-    ``round_up(sliding_window)``, of which only the first ``sliding_window`` slots are used.
+    ``layers.{i}.k`` / ``.v``: ``[batch, kv_heads, slots, head_dim]``; position p lives in slot ``p % slots`` (a
+    full layer's slots outnumber its positions: slot p). K is stored after k_norm and RoPE, V after its weightless
+    norm. ``multiple``: every layer's slot count is rounded up to a multiple of it (for engines that read the cache
+    in blocks). ``draft_tokens``: a sliding ring that many slots longer (:func:`cache_len`).
     """
     for name, v in (("batch", batch), ("max_len", max_len), ("multiple", multiple)):
         positive_int(name, v)
     cache = {}
     for i, t in enumerate(cfg.layer_types):
-        shape = (batch, cfg.kv_heads(t), cache_len(cfg, t, int(max_len), int(multiple)), cfg.head_dim(t))
+        slots = cache_len(cfg, t, int(max_len), int(multiple), int(draft_tokens))
+        shape = (batch, cfg.kv_heads(t), slots, cfg.head_dim(t))
         cache[f"layers.{i}.k"] = jnp.zeros(shape, dtype)
         cache[f"layers.{i}.v"] = jnp.zeros(shape, dtype)
     return cache
+
+
+def held_positions(newest, slots: int):
+    """The position each of a cache's ``slots`` slots holds when ``newest [..., 1]`` is the newest position written
+    (every position written in order, each in slot ``p % slots``): ``[..., slots]``, negative for a slot not yet
+    written. A slot holding a rejected draft's K/V (written past ``newest``) reads as its position less ``slots``."""
+    s = jnp.arange(slots, dtype=jnp.int32)
+    return newest - jnp.mod(newest - s, slots)
+
+
+def visible(held, query, cfg: ModelConfig, layer_type: str):
+    """Whether a query at position ``query`` attends to the position ``held`` (:func:`held_positions`): written, not
+    after it, and inside the window on a sliding layer."""
+    ok = (held >= 0) & (held <= query)
+    return ok & (held > query - cfg.sliding_window) if layer_type == SLIDING else ok
 
 
 def cache_capacity(cfg: ModelConfig, cache: dict) -> int | None:
@@ -367,10 +390,8 @@ def _prefill(params, cfg: ModelConfig, tokens, lengths, cache):
     last = lengths[:, None] - 1  # [B, 1]: each user's last prompt position
     # A full layer keeps positions 0..length-1 of each user in their slots; padding writes nothing.
     real = positions[None, :] <= last  # [B, T]
-    # A sliding layer's slot s (s < W) keeps each user's newest prompt position p == s (mod W), when
-    # there is one (p >= 0): the last W positions of its own prompt, not of the padded block.
-    ring = jnp.arange(W, dtype=jnp.int32)[None, :]
-    newest = last - jnp.mod(last - ring, W)  # [B, W]
+    # A sliding layer's slot s keeps each user's newest prompt position p == s (mod its slots), when there is
+    # one (p >= 0): the last positions of its own prompt, not of the padded block.
     x = embed(params, cfg, tokens)
     cache = dict(cache)
     for i, t in enumerate(cfg.layer_types):
@@ -383,8 +404,10 @@ def _prefill(params, cfg: ModelConfig, tokens, lengths, cache):
         for name, val in (("k", k), ("v", v)):
             c = cache[f"layers.{i}.{name}"]
             if t == SLIDING:
+                n = c.shape[2]
+                newest = held_positions(last, n)  # [B, n]
                 kept = jnp.take_along_axis(val, jnp.clip(newest, 0, T - 1)[:, None, :, None], axis=2)
-                keep, n = (newest >= 0)[:, None, :, None], W
+                keep = (newest >= 0)[:, None, :, None]
             else:
                 kept, keep, n = val, real[:, None, :, None], T
             cache[f"layers.{i}.{name}"] = c.at[:, :, :n].set(jnp.where(keep, kept.astype(c.dtype), c[:, :, :n]))
@@ -569,11 +592,31 @@ def write_slots(c, val, slot):
 def decode_step_program(params, cfg: ModelConfig, cache, tokens, pos, knockout: frozenset):
     """:func:`decode_step`'s compiled program: ``params`` in :func:`prepare`'s layout, ``tokens`` and ``pos``
     int32 ``[B]`` device arrays, nothing checked (what an ahead-of-time compile lowers)."""
-    ko = knockout
     B = tokens.shape[0]
     pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (B,))  # a shared position, or each user's own
-    x = embed(params, cfg, tokens)[:, None, :]  # [B, 1, H]
-    positions = pos[:, None]  # [B, 1]
+    x, cache = _decode_rows(params, cfg, cache, tokens[:, None], pos, knockout)
+    return head(params, cfg, x[:, 0], knockout), cache
+
+
+@partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
+def verify_step_program(params, cfg: ModelConfig, cache, tokens, pos):
+    """:func:`verify_step`'s compiled program: ``tokens [B, T]``, ``pos [B]`` int32 device arrays, nothing checked.
+    Returns (the target's greedy picks [B, T] int32, the final-normed hidden states [B, T, H], the cache)."""
+    ko = frozenset()
+    B, T = tokens.shape
+    x, cache = _decode_rows(params, cfg, cache, tokens, pos, ko)
+    logits = head(params, cfg, x.reshape(B * T, -1), ko).reshape(B, T, -1)
+    hidden = rms_norm(x, params["final_norm"], cfg.rms_eps)
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), hidden, cache
+
+
+def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset):
+    """The residual stream after the last layer for ``tokens [B, T]``, user b's row j at position ``pos[b] + j``,
+    each row's K/V written at its slot first (``(pos + j) % slots``) and each row attending to what it sees
+    (:func:`visible`: its own and earlier rows among them); the updated cache."""
+    B, T = tokens.shape
+    x = embed(params, cfg, tokens)  # [B, T, H]
+    positions = pos[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
     cache = dict(cache)
     for i, t in enumerate(cfg.layer_types):
         p = layer_params(params, i)
@@ -581,30 +624,41 @@ def decode_step_program(params, cfg: ModelConfig, cache, tokens, pos, knockout: 
         if attention_component(t) not in ko:
             h = rms_norm(x, p["input_norm"], cfg.rms_eps, NORMS not in ko)
             q, k, v = qkv(p, cfg, t, h, positions, ko, matmul_t)
-            slot = pos % cfg.sliding_window if t == SLIDING else pos  # [B]
+            S = cache[f"layers.{i}.k"].shape[2]
             for name, val in (("k", k), ("v", v)):
                 c = cache[f"layers.{i}.{name}"]
-                val = val.transpose(0, 2, 1, 3).astype(c.dtype)  # [B, kv, 1, hd]
-                cache[f"layers.{i}.{name}"] = write_slots(c, val, slot)
-            # Slot s holds a position <= pos exactly when s <= pos; for a sliding ring that is also
-            # the newest position == s (mod W), inside the window. A padded ring's slots >= W are unused.
-            S = cache[f"layers.{i}.k"].shape[2]
-            mask = jnp.arange(S)[None, :] <= pos[:, None]  # [B, S]
-            if t == SLIDING and S > cfg.sliding_window:
-                mask = mask & (jnp.arange(S) < cfg.sliding_window)[None, :]
-            attn = attend_one(q, cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], mask, cfg.score_scale(t))
+                val = val.transpose(0, 2, 1, 3).astype(c.dtype)  # [B, kv, T, hd]
+                for j in range(T):
+                    c = write_slots(c, val[:, :, j : j + 1], (pos + j) % S)
+                cache[f"layers.{i}.{name}"] = c
+            held = held_positions(positions[:, -1:], S)  # [B, S]
+            mask = visible(held[:, None, :], positions[:, :, None], cfg, t)  # [B, T, S]
+            kc, vc, scale = cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], cfg.score_scale(t)
+            attn = attend_one(q, kc, vc, mask[:, 0], scale) if T == 1 else attend(q, kc, vc, mask[:, None, None], scale)
             attn = matmul_t(attn, p["o"])
         x = _layer(p, cfg, x, attn, ko, dense_experts=False, mm=matmul_t)
-    return head(params, cfg, x[:, 0], ko), cache
+    return x, cache
+
+
+def verify_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos):
+    """Speculative verification: ``tokens [B, T]`` (each user's last token and its T - 1 drafts) through one
+    pass, user b's row j at position ``pos[b] + j``; every row's K/V is written, so those of rejected drafts stay
+    in the cache, hidden by position (:func:`visible`) until overwritten (the sliding ring has room for them:
+    ``init_cache(draft_tokens=T - 1)``). Returns (the greedy pick after each row [B, T] int32, the final-normed
+    hidden states [B, T, H] (what Gemma 4's assistant reads), the cache). The cache passed in is donated."""
+    cfg.check_runnable()
+    return verify_step_program(
+        _prepared_for(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32)
+    )
 
 
 def decode_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos, knockout=frozenset()):
     """Decode one token per user: ``tokens [B]``, user b's at position ``pos[b]``.
 
     ``pos``: an int (every user at that position) or ``[B]`` ints (each user its own); inside it is
-    always a ``[B]`` int32 vector. User b's new K/V are written at its own slot (``pos[b]``, or
-    ``pos[b] % sliding_window`` in a sliding ring), rotated at its own position, and it attends to its
-    own positions ``<= pos[b]`` (the last ``sliding_window`` of them in sliding layers). Returns
+    always a ``[B]`` int32 vector. User b's new K/V are written at its own slot (``pos[b] % slots``),
+    rotated at its own position, and it attends to its own positions ``<= pos[b]`` (the last
+    ``sliding_window`` of them in sliding layers). Returns
     (logits [B, V] float32, the cache). One compiled XLA program per (cfg, knockout, shapes), whatever
     the positions. The cache passed in is donated: use the returned one.
     ``params`` is mk's tree, float or quantized (its :func:`prepare` layout, float, is made on the first

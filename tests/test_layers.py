@@ -49,7 +49,7 @@ LAYERS = {
         "mk.profiling.trace",
     ],
     "arith": ["mk.sol"],
-    "model": ["mk.weights", "mk.quant", "mk.reference"],
+    "model": ["mk.weights", "mk.quant", "mk.reference", "mk.assistant"],
     "plan": ["mk.plan", "mk.plan.*"],
     "kernel": ["mk.megakernel", "mk.megakernel.*", "mk.generate", "mk.sharding.straggler"],
     "cost": [

@@ -3,9 +3,8 @@ user, an online softmax over the KV cache read in double-buffered tiles, and the
 to the cache in HBM.
 
 The new token's K/V seed the softmax (they are in VMEM already); cache tiles are read only up to the
-tile holding the user's position, and slots that hold nothing for this user are masked out: the slot
-being overwritten (the token that left a sliding window, or nothing yet in a full layer), slots past
-the position, and a sliding cache's padding slots (the window rounded up to whole blocks). Scores scaled by
+tile holding the user's position, and a slot counts only where the position it holds (position p lives in slot
+p mod the layer's slots, as in mk.reference) is before the user's and, on a sliding layer, inside its window. Scores scaled by
 the model's score scale (folded into q: 1 for Gemma 4, 1/sqrt(head_dim) for the pre-norm families), no softcap.
 """
 
@@ -97,6 +96,14 @@ def _fold_tile(state, qg, kt, vt, valid):
     )
 
 
+def _sees(s_idx, pos, slots: int, window: int | None):
+    """Whether a query at ``pos`` reads slot ``s_idx`` of a cache of ``slots`` (position p in slot p % slots) before
+    its own K/V are written: the slot's newest position before ``pos`` (mk.reference.held_positions) is written and,
+    on a sliding layer, inside the window. The remainder's operand is never negative (``s_idx < slots``)."""
+    held = (pos - 1) - jax.lax.rem(pos - 1 - s_idx + slots, slots)
+    return (held >= 0) if window is None else (held >= 0) & (held > pos - window)
+
+
 def _start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, hd: int) -> list:
     """User ``b``'s new K/V (``kv`` heads) into ``slot`` of its cache: a DMA may not cut a (16, 128) bf16 tile,
     so the aligned block of BLOCK slots around it is read, its row set, and written back; the writes to wait for."""
@@ -141,7 +148,7 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int):
     rep = nh // kv
     T = k.plan.kv_tile(t)
     S = k.plan.cache_len(t)
-    W = cfg.sliding_window if t == SLIDING else S  # slots that can hold a position
+    window = cfg.sliding_window if t == SLIDING else None
     kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
     buf = k.scratch.kv[t]
     qblk = k.scratch.qblk
@@ -149,7 +156,7 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int):
     writes = []
     for b in range(users):
         pos = position(b)
-        slot_new = pos % cfg.sliding_window if t == SLIDING else pos
+        slot_new = pos % S
         n_tiles = jnp.minimum(pos // T + 1, S // T)
         for c in _tile_copies(kc, vc, buf, T, b, 0, 0):
             c.start()
@@ -164,10 +171,10 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int):
             m = jnp.sum(qg * k0, axis=1, keepdims=True)
             state.append((m, jnp.ones_like(m), jnp.broadcast_to(v0, qg.shape)))
 
-        def body(tix, carry, b=b, pos=pos, slot_new=slot_new, n_tiles=n_tiles):
+        def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles):
             slot = _next_tile(kc, vc, buf, T, b, tix, n_tiles)
             s_idx = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
-            valid = (s_idx <= pos) & (s_idx < W) & (s_idx != slot_new)
+            valid = _sees(s_idx, pos, S, window)
             return tuple(
                 _fold_tile(carry[g], qblk[g, :, :hd], buf.k[slot, g].astype(jnp.float32),
                            buf.v[slot, g].astype(jnp.float32), valid)
@@ -243,7 +250,8 @@ def emit_attend_shared(k, op):
     hd, nh = cfg.head_dim(t), cfg.num_heads  # one KV head here, nh of its query heads on each member
     heads = g * nh
     T, S = k.plan.kv_tile(t), k.plan.cache_len(t)  # this chip's slots
-    W = cfg.sliding_window if t == SLIDING else S * g  # slots of the head that can hold a position
+    slots = S * g  # of the head
+    window = cfg.sliding_window if t == SLIDING else None
     kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
     buf, qblk, a = k.scratch.kv[t], k.scratch.qblk, k.scratch.acts
     q, knew, vnew, out = a["q"], a["k"], a["v"], a["attn"]
@@ -256,9 +264,9 @@ def emit_attend_shared(k, op):
     lane = jax.lax.broadcasted_iota(jnp.int32, (nh, LANE), 1)
     for b in range(B):
         pos = k.position(b)
-        slot_new = pos % cfg.sliding_window if t == SLIDING else pos  # in the head's slots
+        slot_new = pos % slots  # in the head's slots
         owner = (slot_new // BLOCK) % g
-        blocks = jnp.minimum(pos // BLOCK + 1, W // BLOCK)  # the head's blocks this user reads
+        blocks = jnp.minimum(pos // BLOCK + 1, slots // BLOCK)  # the head's blocks this user reads
         mine = jnp.maximum(0, (blocks - me + g - 1) // g)  # of them, every g-th from this member's
         n_tiles = (mine * BLOCK + T - 1) // T
 
@@ -275,11 +283,11 @@ def emit_attend_shared(k, op):
         m = jnp.where(seeded, jnp.sum(qg * knew[b : b + 1, :hd], axis=1, keepdims=True), NEG)
         state = (m, weight * jnp.ones_like(m), jnp.broadcast_to(weight * vnew[b : b + 1, :hd], qg.shape))
 
-        def body(tix, carry, b=b, pos=pos, slot_new=slot_new, n_tiles=n_tiles, qg=qg):
+        def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles, qg=qg):
             slot = _next_tile(kc, vc, buf, T, b, tix, n_tiles)
             local = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
             s_idx = (local // BLOCK * g + me) * BLOCK + local % BLOCK  # the head's slot each local slot holds
-            valid = (s_idx <= pos) & (s_idx < W) & (s_idx != slot_new)
+            valid = _sees(s_idx, pos, slots, window)
             return _fold_tile(carry, qg, buf.k[slot, 0].astype(jnp.float32), buf.v[slot, 0].astype(jnp.float32), valid)
 
         m, l, acc = jax.lax.fori_loop(0, n_tiles, body, state)
