@@ -4,8 +4,9 @@ to the cache in HBM.
 
 The new token's K/V seed the softmax (they are in VMEM already); cache tiles are read only up to the
 tile holding the user's position, and a slot counts only where the position it holds (position p lives in slot
-p mod the layer's slots, as in mk.reference) is before the user's and, on a sliding layer, inside its window. Scores scaled by
-the model's score scale (folded into q: 1 for Gemma 4, 1/sqrt(head_dim) for the pre-norm families), no softcap.
+p mod the layer's slots, as in mk.reference) is before the user's and, on a sliding layer, inside its window.
+Scores scaled by the model's score scale (folded into q: 1 for Gemma 4, 1/sqrt(head_dim) for the pre-norm
+families), no softcap.
 """
 
 from __future__ import annotations
