@@ -164,6 +164,14 @@ def _add_generate(sub) -> None:
     chips.add_argument("--reduce-scatter", action="store_true", help="all-reduce as reduce-scatter then all-gather")
     _add_attention_split(chips, None)
     _add_ffn_layout(p)
+    spec = p.add_argument_group("speculative decoding (the same greedy tokens, fewer target passes)")
+    spec.add_argument(
+        "--speculate", choices=("ngram", "mtp"), default=None,
+        help="draft with prompt lookup (ngram) or Gemma 4's assistant (mtp, needs --assistant); each round verifies "
+        "every user's drafts in one step",
+    )  # fmt: skip
+    spec.add_argument("--assistant", default=None, help="--speculate mtp: the assistant's checkpoint folder or hub id")
+    spec.add_argument("--draft-tokens", type=_positive_int, default=None, help="drafts per user and round (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_generate)
 
@@ -218,12 +226,19 @@ def _prompts(text: str, batch: int | None) -> list[list[int]]:
 def _run_generate(a) -> None:
     import jax.numpy as jnp
 
+    from .assistant import load_assistant
     from .config import get_config
     from .generate import check_engine, generate
     from .quant import quantized_as, scheme_of
     from .weights import load_checkpoint, random_params
 
     check_engine(a.engine)  # an unknown engine fails before any weights are read
+    if not a.speculate and (a.assistant or a.draft_tokens):
+        raise ValueError("--assistant and --draft-tokens are speculative decoding's: add --speculate ngram|mtp")
+    if a.speculate:
+        from .generate import check_drafter
+
+        check_drafter(a.speculate, a.assistant)
     given = dict(
         kv_tile=a.kv_tile,
         detect_races=a.detect_races or None,
@@ -254,24 +269,18 @@ def _run_generate(a) -> None:
     params = quantized_as(params, cfg, a.quantize)
     if ffn_layout:
         cfg = cfg.replace(ffn_layout=ffn_layout)
-    tokens = generate(
-        params,
-        cfg,
-        prompts,
-        a.new_tokens,
-        engine=a.engine,
-        max_len=a.max_len,
-        progress=not a.json,
-        engine_options=options,
-    )
-    d = {
-        "engine": a.engine,
-        "model": cfg.name,
-        "quantize": scheme_of(params, cfg),
-        "batch": len(prompts),
-        "prompt_ids": prompts,
-        "tokens": tokens.tolist(),
-    }
+    d = {"engine": a.engine, "model": cfg.name, "quantize": scheme_of(params, cfg), "batch": len(prompts),
+         "prompt_ids": prompts}  # fmt: skip
+    run = dict(engine=a.engine, max_len=a.max_len, progress=not a.json, engine_options=options)
+    if a.speculate:
+        from .generate import generate_speculative
+
+        assistant = load_assistant(a.assistant, cfg, dtype=dtype) if a.assistant else None
+        k = a.draft_tokens or 3
+        r = generate_speculative(params, cfg, prompts, a.new_tokens, a.speculate, k, assistant=assistant, **run)
+        d.update(speculate=a.speculate, draft_tokens=k, **r.to_dict())
+    else:
+        d["tokens"] = generate(params, cfg, prompts, a.new_tokens, **run).tolist()
     if a.detect_races:
         from .tpu import races_detected
 

@@ -19,6 +19,7 @@ the registry is read.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Callable
 
 import jax.numpy as jnp
@@ -167,3 +168,130 @@ def generate(
     if return_logits:
         return out, np.stack([np.asarray(x) for x in all_logits], axis=1)
     return out
+
+
+# Speculative decoding ---------------------------------------------------------------------------------
+DRAFTERS = ("ngram", "mtp")  # prompt lookup (mk.speculative.ngram_draft); Gemma 4's assistant (mk.assistant)
+
+
+@dataclass(frozen=True)
+class SpeculativeRun:
+    """What :func:`generate_speculative` did: the tokens ``[B, new_tokens]``, and per user the verification rounds it
+    took part in, the tokens drafted for it and the drafts accepted (each round emits its accepted drafts and the
+    target's own next token)."""
+
+    tokens: np.ndarray
+    rounds: list[int]
+    drafted: list[int]
+    accepted: list[int]
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens.tolist(), "rounds": self.rounds, "drafted": self.drafted,
+                "accepted": self.accepted}  # fmt: skip
+
+
+def check_drafter(drafter, assistant):
+    if callable(drafter):
+        return drafter
+    if drafter not in DRAFTERS:
+        raise ValueError(f"unknown drafter {drafter!r}; drafters: {', '.join(DRAFTERS)}")
+    if drafter == "mtp" and assistant is None:
+        raise ValueError("drafter 'mtp' drafts with Gemma 4's assistant: pass its checkpoint (--assistant DIR)")
+    if drafter == "ngram" and assistant is not None:
+        raise ValueError("drafter 'ngram' (prompt lookup) needs no assistant; drop --assistant or use --speculate mtp")
+    return drafter
+
+
+def generate_speculative(
+    params: dict,
+    cfg: ModelConfig,
+    prompt,
+    new_tokens: int,
+    drafter,
+    draft_tokens: int,
+    engine: str = "reference",
+    assistant: tuple | None = None,
+    max_len: int | None = None,
+    cache_dtype=jnp.float32,
+    progress: bool = False,
+    engine_options: dict | None = None,
+) -> SpeculativeRun:
+    """Greedy decoding with speculation: the tokens of :func:`generate` exactly, in fewer target passes.
+
+    Each round, every user's last token and ``draft_tokens`` drafts go through the engine's verification step (one
+    weight pass for all 1 + k rows of every user); a user accepts the longest prefix of drafts equal to the target's
+    greedy picks, then the target's pick after it, and moves on by that many positions (users in a batch move by
+    their own counts). The K/V of rejected drafts stay in the cache, hidden by position until overwritten.
+    ``drafter``: ``ngram`` (prompt lookup over the user's tokens so far; where it finds nothing the draft repeats the
+    last token, which the verification simply rejects) or ``mtp`` (``assistant`` = (mk.assistant.AssistantConfig,
+    its params): Gemma 4's assistant, reading the target's cache and last hidden state), or a function
+    ``(tokens so far, k) -> up to k drafts`` of one user (as ``ngram_draft`` is).
+    """
+    from .assistant import check_pair, draft
+    from .reference import float_params
+    from .speculative import ngram_draft
+
+    check_drafter(drafter, assistant)
+    positive_int("new_tokens", new_tokens)
+    positive_int("draft_tokens", draft_tokens)
+    if assistant is not None:
+        check_pair(assistant[0], cfg)
+    tokens, lengths = prompt_batch(cfg, prompt)
+    B, K = tokens.shape[0], draft_tokens
+    need = int(lengths.max()) + new_tokens - 1 + K  # the last round may write K drafts past the last token
+    max_len = need if max_len is None else max_len
+    if cfg.full_layers and max_len < need:
+        raise ValueError(
+            f"speculation with {K} drafts needs {need} cache positions (the longest prompt, {new_tokens} new tokens "
+            f"and {K} drafts written ahead), the cache holds {max_len}"
+        )
+    step = get_step(engine, cfg, **(engine_options or {}))
+    verify = getattr(step, "verify", None)
+    if verify is None:
+        raise ValueError(f"engine {engine!r} has no speculative verification step; use the reference engine")
+    cache = init_cache(cfg, B, max_len, cache_dtype, multiple=cache_multiple(engine), draft_tokens=K)
+    logits, hidden, cache = prefill(params, cfg, tokens, cache, lengths, return_hidden=True)
+    adopt = getattr(step, "adopt_cache", None)
+    if adopt is not None:
+        cache = adopt(cache)
+    # the assistant reads the reference's cache layout and the target's float embedding
+    reference_cache = getattr(step, "reference_cache", lambda c: c)
+    embedding = float_params(params, cfg)["embed"]
+    last = np.array(jnp.argmax(logits, axis=-1), np.int32)  # each user's first new token
+    out = [[int(t)] for t in last]
+    pos = lengths.astype(np.int32)  # the position of each user's last token (its K/V not yet written)
+    rounds, accepted = [0] * B, [0] * B
+    history = [list(map(int, tokens[b, : lengths[b]])) + out[b] for b in range(B)]
+    bar = tqdm(total=B * new_tokens, initial=B, desc=f"speculate ({engine}, {drafter})", disable=not progress)
+    while any(len(o) < new_tokens for o in out):
+        if drafter != "mtp":
+            propose = ngram_draft if drafter == "ngram" else drafter
+            drafts = np.array([_padded(propose(history[b], K), K, history[b][-1]) for b in range(B)], np.int32)
+        else:
+            a, ap = assistant
+            drafts = np.asarray(draft(ap, a, cfg, embedding, reference_cache(cache), jnp.asarray(last),
+                                      jnp.asarray(hidden), jnp.asarray(pos), K))  # fmt: skip
+        rows = np.concatenate([last[:, None], drafts], axis=1)
+        picks, hidden_rows, cache = verify(params, cfg, cache, jnp.asarray(rows), jnp.asarray(pos))
+        picks, hidden_rows = np.asarray(picks), np.asarray(hidden_rows)
+        hidden = np.array(hidden_rows[:, 0])
+        for b in range(B):
+            if len(out[b]) >= new_tokens:
+                continue  # done: its rows ran with the batch, its position stays
+            n = int(np.cumprod(drafts[b] == picks[b, :K]).sum())
+            emitted = [int(t) for t in drafts[b, :n]] + [int(picks[b, n])]
+            emitted = emitted[: new_tokens - len(out[b])]
+            out[b] += emitted
+            history[b] += emitted
+            rounds[b] += 1
+            accepted[b] += min(n, len(emitted))
+            pos[b] += n + 1
+            last[b] = picks[b, n]
+            hidden[b] = hidden_rows[b, n]
+            bar.update(len(emitted))
+    bar.close()
+    return SpeculativeRun(np.array(out, np.int32), rounds, [K * r for r in rounds], accepted)
+
+
+def _padded(draft: list[int], k: int, filler: int) -> list[int]:
+    return draft + [draft[-1] if draft else filler] * (k - len(draft))

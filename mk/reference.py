@@ -412,10 +412,11 @@ def _prefill(params, cfg: ModelConfig, tokens, lengths, cache):
                 kept, keep, n = val, real[:, None, :, None], T
             cache[f"layers.{i}.{name}"] = c.at[:, :, :n].set(jnp.where(keep, kept.astype(c.dtype), c[:, :, :n]))
         x = _layer(p, cfg, x, attn, ko, dense_experts=True)
-    return head(params, cfg, x[jnp.arange(B), lengths - 1], ko), cache
+    last_x = x[jnp.arange(B), lengths - 1]
+    return head(params, cfg, last_x, ko), rms_norm(last_x, params["final_norm"], cfg.rms_eps), cache
 
 
-def prefill(params: dict, cfg: ModelConfig, tokens, cache: dict, lengths=None):
+def prefill(params: dict, cfg: ModelConfig, tokens, cache: dict, lengths=None, return_hidden: bool = False):
     """Run the prompts ``tokens [B, T]`` (positions 0..T-1) and fill ``cache``.
 
     ``lengths [B]`` (default: all T): user b's prompt is ``tokens[b, :lengths[b]]``, right-padded to T.
@@ -424,7 +425,8 @@ def prefill(params: dict, cfg: ModelConfig, tokens, cache: dict, lengths=None):
     ids are not read (any value will do). Returns (logits [B, V] float32 of each user's last prompt
     position, ``lengths[b] - 1``; the cache). The cache passed in is donated: use the returned one.
     The cache may be padded (``init_cache(multiple=...)``). A quantized tree computes with its float tree
-    (:func:`float_params`).
+    (:func:`float_params`). ``return_hidden``: (logits, the final-normed hidden state of each user's last prompt
+    position [B, H], cache), what Gemma 4's assistant drafts from.
     """
     cfg.check_runnable()
     t = np.asarray(tokens)
@@ -455,7 +457,10 @@ def prefill(params: dict, cfg: ModelConfig, tokens, cache: dict, lengths=None):
                 )
     Tmax = int(lengths.max())  # columns past every prompt are padding only
     t = np.where(real, t, 0)[:, :Tmax].astype(np.int32)
-    return _prefill(float_params(params, cfg), cfg, jnp.asarray(t), jnp.asarray(lengths, jnp.int32), cache)
+    logits, hidden, cache = _prefill(
+        float_params(params, cfg), cfg, jnp.asarray(t), jnp.asarray(lengths, jnp.int32), cache
+    )
+    return (logits, hidden, cache) if return_hidden else (logits, cache)
 
 
 # Routing ------------------------------------------------------------------------------------------
@@ -699,5 +704,7 @@ def check_positions(cfg: ModelConfig, cache: dict, pos) -> np.ndarray:
 
 
 # Engines may offer ``step.prepare(params, cfg)``: the layout their step runs on, made once at load
-# time (mk.bench prepares before timing, so the timed program holds no re-layout).
+# time (mk.bench prepares before timing, so the timed program holds no re-layout), and ``step.verify``, speculative
+# verification (mk.generate.generate_speculative).
 decode_step.prepare = prepare
+decode_step.verify = verify_step

@@ -178,6 +178,45 @@ def rng():
     return np.random.default_rng(0)
 
 
+def assistant_text_config(target: dict) -> dict:
+    """A tiny Gemma 4 assistant's text config for the target config ``target`` (transformers' keys): half its width,
+    a sliding and a full layer reading the target's K/V (the same heads), a dense MLP."""
+    return dict(target, hidden_size=target["hidden_size"] // 2, intermediate_size=48, num_hidden_layers=2,
+                layer_types=["sliding_attention", "full_attention"], enable_moe_block=False,
+                vocab_size_per_layer_input=0, use_double_wide_mlp=False)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def hf_assistant(tmp_path_factory, hf_checkpoint):
+    """Factory ``hf_assistant(target name) -> (folder, model)``: a Gemma4AssistantForCausalLM with random weights for
+    the tiny target ``hf_checkpoint(name)``, saved by transformers and reloaded with eager attention."""
+    made = {}
+
+    def make(name: str):
+        if name not in made:
+            import torch
+            from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4TextConfig
+
+            hf_checkpoint(name)
+            torch.manual_seed(1)
+            d = dict(HF_CONFIGS[name])
+            d.pop("model_type", None)
+            config = Gemma4AssistantConfig(
+                text_config=Gemma4TextConfig(**assistant_text_config(d)), backbone_hidden_size=d["hidden_size"]
+            )
+            model = Gemma4AssistantForCausalLM(config)
+            init_hf_weights(model, seed=sum(map(ord, name)) + 1)
+            folder = tmp_path_factory.mktemp(name + "-assistant")
+            model.save_pretrained(folder)
+            made[name] = (
+                folder,
+                Gemma4AssistantForCausalLM.from_pretrained(folder, attn_implementation="eager").eval(),
+            )
+        return made[name]
+
+    return make
+
+
 @pytest.fixture
 def mk_json(capsys):
     """``mk_json(*args)``: ``python -m mk ARGS`` as a user runs it (mk.__main__.main, in this process: a fresh

@@ -377,7 +377,7 @@ def test_ragged_prefill():
     np.testing.assert_array_equal(logits2, logits)
     # ... nor inside the compiled prefill, which sees them: masked, never written.
     other = np.where(np.arange(12) < lengths[:, None], toks, (toks + 17) % cfg.vocab_size)
-    logits3, cache3 = _prefill(
+    logits3, _, cache3 = _prefill(
         p, cfg, jnp.asarray(other, jnp.int32), jnp.asarray(lengths, jnp.int32), init_cache(cfg, 3, 16)
     )
     np.testing.assert_array_equal(logits3, logits)

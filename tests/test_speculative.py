@@ -1,5 +1,6 @@
 """Speculative decoding's drafters."""
 
+import numpy as np
 import pytest
 
 from mk.speculative import ngram_draft
@@ -78,3 +79,130 @@ def test_predict_speculate_on_the_command_line(mk_json, capsys):
     for bad, message in ((["--speculate", 3], "needs an acceptance"), (["--speculate", 3, "--acceptance", 5], "1 (no")):
         assert main([str(a) for a in args + bad]) == 2
         assert message in capsys.readouterr().err
+
+
+# Gemma 4's assistant and speculative generation --------------------------------------------------------------
+TARGETS = ("hf-snippet", "hf-odd-dense")  # MoE (window 8) and dense (window 7, odd widths)
+
+
+@pytest.fixture(scope="module")
+def pairs(hf_checkpoint, hf_assistant):
+    """name -> (target cfg, target params, (assistant cfg, params), transformers' target, transformers' assistant)."""
+    from mk.assistant import load_assistant
+    from mk.weights import load_checkpoint
+
+    out = {}
+    for name in TARGETS:
+        folder, target = hf_checkpoint(name)
+        a_folder, assistant = hf_assistant(name)
+        cfg, params = load_checkpoint(folder)
+        out[name] = cfg, params, load_assistant(a_folder, cfg), target, assistant
+    return out
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_assistant_step_matches_transformers_past_the_window(pairs, name):
+    """One draft step from the target's prompt of 12 tokens (past the sliding window): the logits and the projected
+    hidden state of transformers' assistant, fed the target's own hidden state, K/V and scaled embedding."""
+    import jax.numpy as jnp
+    import torch
+
+    from mk.assistant import assistant_step
+    from mk.reference import init_cache, prefill
+
+    cfg, params, (a, ap), target, assistant = pairs[name]
+    P = 12
+    ids = np.arange(3, 3 + P)[None]
+    with torch.no_grad():
+        t_out = target(torch.tensor(ids), output_hidden_states=True, return_shared_kv_states=True, use_cache=False)
+        h = t_out.hidden_states[-1][:, -1:]
+        tok = t_out.logits[:, -1].argmax(-1, keepdim=True)
+        emb = target.get_input_embeddings()(tok)
+        want = assistant(inputs_embeds=torch.cat([emb, h], -1), position_ids=torch.tensor([[P]]),
+                         shared_kv_states=t_out.shared_kv_states, attention_mask=None)  # fmt: skip
+    logits, hidden, cache = prefill(params, cfg, ids, init_cache(cfg, 1, P + 4, draft_tokens=3), return_hidden=True)
+    assert int(np.argmax(logits)) == tok.item()
+    np.testing.assert_allclose(hidden, h[:, 0].numpy(), atol=1e-5, rtol=0)
+    got_logits, got_hidden = assistant_step(ap, a, cfg, params["embed"], cache, jnp.asarray([tok.item()]), hidden,
+                                            jnp.asarray([P]))  # fmt: skip
+    np.testing.assert_allclose(got_logits, want.logits[:, 0].numpy(), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got_hidden, want.last_hidden_state[:, 0].numpy(), atol=1e-5, rtol=0)
+
+
+RAGGED = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8, 7, 6, 5, 4], [1, 2, 3], [4, 4, 4, 4, 4, 4]]
+
+
+@pytest.mark.parametrize("name", TARGETS)
+@pytest.mark.parametrize("drafter", ["ngram", "mtp"])
+def test_speculative_generation_gives_greedy_tokens(pairs, name, drafter):
+    """B = 4 ragged and B = 1, 3 drafts a round: the tokens of plain greedy decoding; each round emits its accepted
+    drafts and one token of the target's, so a user's rounds and accepted drafts add up to its new tokens."""
+    from mk.generate import generate, generate_speculative
+
+    cfg, params, assistant, _, _ = pairs[name]
+    N = 12
+    for prompts in (RAGGED, RAGGED[1:2]):
+        plain = generate(params, cfg, prompts, N)
+        run = generate_speculative(
+            params, cfg, prompts, N, drafter, 3, assistant=assistant if drafter == "mtp" else None
+        )
+        np.testing.assert_array_equal(run.tokens, plain)
+        for b in range(len(prompts)):
+            assert run.drafted[b] == 3 * run.rounds[b]
+            assert run.rounds[b] + run.accepted[b] >= N - 1 >= run.rounds[b]
+    if drafter == "ngram":  # prompt lookup finds the repeated prompts' continuations
+        assert sum(run.accepted) + sum(generate_speculative(params, cfg, RAGGED, N, "ngram", 3).accepted) > 0
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_a_drafter_that_is_the_target_has_every_draft_accepted(pairs, name):
+    """Drafts from the target's own greedy decoding are always accepted: every round emits k + 1 tokens."""
+    from mk.generate import generate, generate_speculative
+
+    cfg, params, _, _, _ = pairs[name]
+    N, K = 13, 3
+
+    def the_target(history, k):
+        return generate(params, cfg, [history], k)[0].tolist()
+
+    run = generate_speculative(params, cfg, RAGGED[:2], N, the_target, K)
+    np.testing.assert_array_equal(run.tokens, generate(params, cfg, RAGGED[:2], N))
+    assert run.rounds == [3, 3] and run.accepted == [9, 9]  # 12 tokens after the first: 3 rounds of 1 + 3
+
+
+def test_cli_speculate_gives_the_tokens_without_it(pairs, hf_checkpoint, hf_assistant, mk_json):
+    name = "hf-snippet"
+    folder, _ = hf_checkpoint(name)
+    a_folder, _ = hf_assistant(name)
+    args = ["generate", "--checkpoint", folder, "--prompt-ids", "5,6,7,5,6,7;1,2,3,4", "--new-tokens", 9, "--json"]
+    plain = mk_json(*args)
+    mtp = mk_json(*args, "--speculate", "mtp", "--assistant", a_folder, "--draft-tokens", 2)
+    ngram = mk_json(*args, "--speculate", "ngram")
+    for run, k in ((mtp, 2), (ngram, 3)):
+        assert run["tokens"] == plain["tokens"] and run["draft_tokens"] == k
+        assert [d // k for d in run["drafted"]] == run["rounds"] and len(run["accepted"]) == 2
+
+
+def test_an_assistant_for_another_target_is_refused(pairs):
+    from mk.assistant import AssistantConfig, check_pair
+
+    cfg, _, (a, _), _, _ = pairs["hf-snippet"]
+    with pytest.raises(ValueError, match=r"backbone_hidden_size is 96, the target's hidden size 64.*released"):
+        check_pair(AssistantConfig(a.decoder, 96), cfg)
+    other = pairs["hf-odd-dense"][0]
+    with pytest.raises(ValueError, match="does not draft for"):
+        check_pair(a, other)
+
+
+def test_speculation_refuses_bad_requests(pairs):
+    from mk.generate import generate_speculative
+
+    cfg, params, assistant, _, _ = pairs["hf-snippet"]
+    with pytest.raises(ValueError, match="pass its checkpoint"):
+        generate_speculative(params, cfg, [[1, 2]], 4, "mtp", 2)
+    with pytest.raises(ValueError, match="unknown drafter 'eagle'"):
+        generate_speculative(params, cfg, [[1, 2]], 4, "eagle", 2)
+    with pytest.raises(ValueError, match="has no speculative verification step"):
+        generate_speculative(params, cfg, [[1, 2]], 4, "ngram", 2, engine="megakernel")
+    with pytest.raises(ValueError, match="needs 8 cache positions"):
+        generate_speculative(params, cfg, [[1, 2]], 4, "ngram", 3, max_len=6)
