@@ -150,23 +150,25 @@ def test_speculative_generation_gives_greedy_tokens(pairs, name, drafter):
         for b in range(len(prompts)):
             assert run.drafted[b] == 3 * run.rounds[b]
             assert run.rounds[b] + run.accepted[b] >= N - 1 >= run.rounds[b]
-    if drafter == "ngram":  # prompt lookup finds the repeated prompts' continuations
-        assert sum(run.accepted) + sum(generate_speculative(params, cfg, RAGGED, N, "ngram", 3).accepted) > 0
+        if drafter == "ngram" and len(prompts) > 1:  # prompt lookup finds some of the repeated prompts' continuations
+            assert sum(run.accepted) > 0
 
 
-@pytest.mark.parametrize("name", TARGETS)
-def test_a_drafter_that_is_the_target_has_every_draft_accepted(pairs, name):
-    """Drafts from the target's own greedy decoding are always accepted: every round emits k + 1 tokens."""
+def test_a_drafter_that_is_the_target_has_every_draft_accepted(pairs):
+    """Drafts that are the target's own greedy continuation (decoded beforehand) are always accepted: every round
+    emits k + 1 tokens."""
     from mk.generate import generate, generate_speculative
 
-    cfg, params, _, _, _ = pairs[name]
-    N, K = 13, 3
+    cfg, params, _, _, _ = pairs["hf-snippet"]
+    N, K, prompts = 13, 3, RAGGED[:2]
+    greedy = [p + t for p, t in zip(prompts, generate(params, cfg, prompts, N).tolist())]
 
     def the_target(history, k):
-        return generate(params, cfg, [history], k)[0].tolist()
+        whole = next(g for g in greedy if g[: len(history)] == history)
+        return whole[len(history) : len(history) + k]
 
-    run = generate_speculative(params, cfg, RAGGED[:2], N, the_target, K)
-    np.testing.assert_array_equal(run.tokens, generate(params, cfg, RAGGED[:2], N))
+    run = generate_speculative(params, cfg, prompts, N, the_target, K)
+    np.testing.assert_array_equal(run.tokens, [g[len(p) :] for g, p in zip(greedy, prompts)])
     assert run.rounds == [3, 3] and run.accepted == [9, 9]  # 12 tokens after the first: 3 rounds of 1 + 3
 
 
