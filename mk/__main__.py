@@ -421,16 +421,25 @@ def _add_predict(sub) -> None:
         metavar="A",
         help="with --speculate: mean tokens a round emits per user, 1 (no draft accepted) to K + 1",
     )
+    p.add_argument(
+        "--assistant",
+        default=None,
+        metavar="DIR",
+        help="with --speculate: drafts by this Gemma 4 assistant (its config.json, or the folder holding it), "
+        "K programs a round outside the kernel (default: n-gram drafts, no drafter cost)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_predict)
 
 
 def _run_predict(a) -> None:
+    from .assistant import read_assistant_config
     from .timing import predict
 
+    assistant = read_assistant_config(a.assistant) if a.assistant else None
     p = predict(
         a.model, a.chip, a.context, a.batch, a.engine, a.placement, a.dtype, ffn_layout=a.ffn_layout,
-        attention_split=a.attention_split, speculate=a.speculate, acceptance=a.acceptance,
+        attention_split=a.attention_split, speculate=a.speculate, acceptance=a.acceptance, assistant=assistant,
     )  # fmt: skip
     d = p.to_dict()
     lines = [

@@ -35,7 +35,7 @@ from functools import lru_cache
 import pandas as pd
 
 from .chips import DATA_DIR, Chip, get_chip
-from .config import ModelConfig, get_config
+from .config import SLIDING, ModelConfig, get_config
 from .params import EXPERTS, HEAD, param_specs
 from .plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan, step_end, timeline
 from .routing import busiest_chip_distribution
@@ -551,10 +551,16 @@ class Prediction:
     breakdown: dict[str, float] = field(default_factory=dict)  # megakernel: the pacing chip's bytes and floors
     draft_tokens: int = 0  # tokens drafted per user and verified in the step
     tokens_per_round: float = 1.0
+    drafter_s: float = 0.0  # a round's drafting outside the step (Gemma 4's assistant: one program per draft)
+
+    @property
+    def round_s(self) -> float:
+        """A round: the drafter's programs, then the step that verifies their drafts."""
+        return self.step_s + self.drafter_s
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens_per_round / self.step_s
+        return self.tokens_per_round / self.round_s
 
     @property
     def tokens_per_s_total(self) -> float:
@@ -563,7 +569,7 @@ class Prediction:
     @property
     def fraction_of_sol(self) -> float:
         """The speed of light's step over the time per emitted token."""
-        return self.sol_step_s * self.tokens_per_round / self.step_s
+        return self.sol_step_s * self.tokens_per_round / self.round_s
 
     def to_dict(self) -> dict:
         return dict(
@@ -577,6 +583,8 @@ class Prediction:
             step_ms=self.step_s * 1e3,
             draft_tokens=self.draft_tokens,
             tokens_per_round=self.tokens_per_round,
+            drafter_ms=self.drafter_s * 1e3,
+            round_ms=self.round_s * 1e3,
             tokens_per_s=self.tokens_per_s,
             tokens_per_s_total=self.tokens_per_s_total,
             fraction_of_sol=self.fraction_of_sol,
@@ -678,6 +686,7 @@ def predict(
     attention_split: str = KERNEL.attention_split,
     speculate: int = 0,
     acceptance: float | None = None,
+    assistant=None,
 ) -> Prediction:
     """The modelled decode step of ``model`` on ``chip`` (a chip or a slice: ``tpu-v5e-8``) at ``context``
     positions for ``batch`` users. ``placement`` and ``collective`` apply to the megakernel over a slice
@@ -689,7 +698,9 @@ def predict(
     positions where chips share a KV head, or by users). ``speculate`` = K: the megakernel verifies K drafted
     tokens per user in each step (a drafter that costs no weight reads: n-gram prompt lookup), emitting
     ``acceptance`` tokens per user on average (``check_speculation``); tokens/s and the fraction of the speed of
-    light count emitted tokens."""
+    light count emitted tokens. ``assistant`` (mk.assistant.AssistantConfig): the drafts come from Gemma 4's
+    assistant, whose K programs a round cost :func:`drafter_seconds` (default: a drafter that reads nothing).
+    A round is the drafter's time plus the step's."""
     cfg, chip = _check(model, chip, context, batch, engine, placement, ffn_layout)
     per_round = check_speculation(speculate, acceptance)
     if engine == "general":
@@ -709,8 +720,17 @@ def predict(
         models = f"megakernel on {chip.chips} chips ({placement} experts), paced by {who}"
     else:
         models = "megakernel on one chip"
+    drafter_s = 0.0
     if speculate:
         models += f"; {speculate} drafted tokens verified per user a round, {per_round:g} emitted (given)"
+        if assistant is not None:
+            from .assistant import check_pair
+
+            check_pair(assistant, cfg)
+            drafter_s = drafter_seconds(assistant, cfg, chip, context, batch, dtype, speculate)
+            models += f"; drafts by {assistant.name}, {speculate} programs of its own"
+    elif assistant is not None:
+        raise ValueError("assistant: a drafter's cost is modelled with speculate=K drafted tokens")
     p = Prediction(
         cfg.name,
         chip.name,
@@ -727,8 +747,27 @@ def predict(
         breakdown=paced,
         draft_tokens=speculate,
         tokens_per_round=per_round,
+        drafter_s=drafter_s,
     )
     return _with_constants(p, chip, None, costs)
+
+
+def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch: int, dtype: str, k: int) -> float:
+    """A round of Gemma 4's assistant drafting ``k`` tokens for ``batch`` users, outside the verification kernel:
+    ``k`` programs, each reading the assistant's weights and the target's K/V it attends to (the last layer of each
+    attention type: up to ``context`` positions, a sliding layer's window and one more), spread evenly over the
+    slice's chips at their bandwidth, plus one general-stack kernel's cost (fitted, data/timing.csv) for its launch.
+    A lower bound of a separate drafter: every byte once, one launch a draft."""
+    from .assistant import source_layers
+
+    pol = get_dtype(dtype)
+    weights = assistant.weight_bytes(pol.matrix)
+    kv = 0
+    for t in source_layers(cfg):
+        seen = min(context, cfg.sliding_window + 1) if t == SLIDING else context
+        kv += 2 * batch * cfg.kv_heads(t) * seen * cfg.head_dim(t) * pol.kv
+    per_draft = (weights + kv) / chip.chips / chip.per_chip_bandwidth + kernel_cost(chip.kind)
+    return k * per_draft
 
 
 def _with_constants(p: Prediction, chip: Chip, kernel_s: float | None, costs: dict | None = None) -> Prediction:

@@ -81,6 +81,50 @@ def test_predict_speculate_on_the_command_line(mk_json, capsys):
         assert message in capsys.readouterr().err
 
 
+def _assistant_for_26b(folder, hidden: int = 1024):
+    """An assistant config.json shaped to draft for 26B-A4B (its K/V heads and widths; 4 dense layers of an assumed
+    width ``hidden``: a test's shape, not a released one), written by transformers."""
+    from transformers import Gemma4AssistantConfig, Gemma4TextConfig
+
+    from mk.config import GEMMA4_26B_A4B, to_hf_dict
+    from tests.conftest import assistant_text_config
+
+    d = to_hf_dict(GEMMA4_26B_A4B)
+    d.pop("model_type")
+    text = dict(assistant_text_config(d), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=4,
+                layer_types=["sliding_attention"] * 3 + ["full_attention"])  # fmt: skip
+    config = Gemma4AssistantConfig(text_config=Gemma4TextConfig(**text), backbone_hidden_size=d["hidden_size"])
+    config.save_pretrained(folder)
+    return config
+
+
+def test_an_assistant_costs_its_weights_once_per_draft(tmp_path, mk_json):
+    """The assistant's bytes are transformers' count of its weights (2 bytes each, bf16); a round adds its K drafts'
+    programs to the step, linear in K; tokens/s count a round's time."""
+    import torch
+    from transformers import Gemma4AssistantForCausalLM
+
+    from mk.assistant import read_assistant_config
+    from mk.timing import predict
+
+    config = _assistant_for_26b(tmp_path)
+    with torch.device("meta"):
+        model = Gemma4AssistantForCausalLM(config)
+    # transformers keeps each layer's scalar as a buffer; the rest of its buffers are not weights (RoPE's)
+    scalars = sum(b.numel() for n, b in model.named_buffers() if n.endswith("layer_scalar"))
+    count = sum(p.numel() for p in model.parameters()) + scalars
+    a = read_assistant_config(tmp_path)
+    assert a.weight_bytes(2) == 2 * count
+    one, three = (predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, speculate=k, acceptance=1, assistant=a) for k in (1, 3))
+    assert one.drafter_s > 0 and three.drafter_s == pytest.approx(3 * one.drafter_s)
+    assert three.tokens_per_s == pytest.approx(1 / (three.step_s + three.drafter_s))
+    args = ["predict", "--model", "gemma4-26b-a4b", "--chip", "tpu-v5e-8", "--context", 1024, "--json"]
+    d = mk_json(*args, "--speculate", 3, "--acceptance", 2.5, "--assistant", tmp_path)
+    assert d["round_ms"] == pytest.approx(d["step_ms"] + d["drafter_ms"]) and d["drafter_ms"] > 0
+    with pytest.raises(ValueError, match="does not draft for 'gemma4-31b'"):
+        predict("gemma4-31b", "tpu-v5e-8", 1024, speculate=3, acceptance=2, assistant=a)
+
+
 # Gemma 4's assistant and speculative generation --------------------------------------------------------------
 TARGETS = ("hf-snippet", "hf-odd-dense")  # MoE (window 8) and dense (window 7, odd widths)
 
