@@ -97,19 +97,22 @@ def _fold_tile(state, qg, kt, vt, valid):
     )
 
 
-def _sees(s_idx, pos, slots: int, window: int | None):
-    """Whether a query at ``pos`` reads slot ``s_idx`` of a cache of ``slots`` (position p in slot p % slots) before
-    its own K/V are written: the slot's newest position before ``pos`` (mk.reference.held_positions) is written and,
-    on a sliding layer, inside the window. The remainder's operand is never negative (``s_idx < slots``)."""
+def _sees(s_idx, pos, slots: int, window: int | None, ahead=0):
+    """Whether a query at ``pos + ahead`` reads slot ``s_idx`` of a cache of ``slots`` (position p in slot
+    p % slots) that holds the positions before ``pos``: the slot's newest position before ``pos``
+    (mk.reference.held_positions) is written and, on a sliding layer, inside the query's window. The remainder's
+    operand is never negative (``s_idx < slots``)."""
     held = (pos - 1) - jax.lax.rem(pos - 1 - s_idx + slots, slots)
-    return (held >= 0) if window is None else (held >= 0) & (held > pos - window)
+    return (held >= 0) if window is None else (held >= 0) & (held > pos + ahead - window)
 
 
-def _start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, hd: int) -> list:
-    """User ``b``'s new K/V (``kv`` heads) into ``slot`` of its cache: a DMA may not cut a (16, 128) bf16 tile,
-    so the aligned block of BLOCK slots around it is read, its row set, and written back; the writes to wait for."""
+def _start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, hd: int, row=None) -> list:
+    """User ``b``'s new K/V (``kv`` heads; row ``row`` of ``knew``/``vnew``, default ``b``) into ``slot`` of its
+    cache: a DMA may not cut a (16, 128) bf16 tile, so the aligned block of BLOCK slots around it is read, its row
+    set, and written back; the writes to wait for."""
+    row = b if row is None else row
     blk = pl.ds(pl.multiple_of(slot // BLOCK * BLOCK, BLOCK), BLOCK)
-    row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, hd), 0) == slot % BLOCK
+    at = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, hd), 0) == slot % BLOCK
     pairs = ((buf.stage_k, kc, knew), (buf.stage_v, vc, vnew))
     reads = [
         pltpu.make_async_copy(cache.at[b, :, blk, :], stage.at[b], buf.stage_sem.at[n, b])
@@ -123,7 +126,7 @@ def _start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, hd: int) -> lis
     for n, (stage, cache, new) in enumerate(pairs):
         for g in range(kv):
             block = stage[b, g].astype(jnp.float32)
-            stage[b, g] = jnp.where(row, new[b : b + 1, g * hd : (g + 1) * hd], block).astype(stage.dtype)
+            stage[b, g] = jnp.where(at, new[row : row + 1, g * hd : (g + 1) * hd], block).astype(stage.dtype)
         w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, blk, :], buf.stage_sem.at[n, b])
         w.start()
         writes.append(w)
@@ -137,27 +140,33 @@ def emit_attend(k, op):
     if op.users_split:
         return emit_attend_users(k, op)
     a, t = k.scratch.acts, op.layer_type
-    _attend(k, op, k.plan.batch, k.position, a["q"], a["k"], a["v"], a["attn"], k.cfg.kv_heads(t), k.cfg.num_heads)
+    _attend(k, op, k.plan.users, k.position, a["q"], a["k"], a["v"], a["attn"], k.cfg.kv_heads(t), k.cfg.num_heads,
+            k.plan.draft_tokens + 1)  # fmt: skip
 
 
-def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int):
+def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, per_user: int = 1):
     """Attention for ``users`` users (their rows of ``q``, ``knew``, ``vnew`` and ``out``, ``nh`` query and ``kv``
-    KV heads, and their caches' rows; ``position(b)`` the position of user b) over layer ``op.layer``'s cache, in
-    tiles; writes the new K/V."""
+    KV heads, and their caches' rows; ``position(row)`` the position of a row) over layer ``op.layer``'s cache, in
+    tiles; writes the new K/V. ``per_user`` rows a user (speculative verification: its last token and drafts, at
+    consecutive positions; row j sees the rows before it and itself, and the cache's positions before the first)."""
     cfg, t = k.cfg, op.layer_type
     hd = cfg.head_dim(t)
     rep = nh // kv
+    R = per_user
     T = k.plan.kv_tile(t)
     S = k.plan.cache_len(t)
     window = cfg.sliding_window if t == SLIDING else None
     kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
     buf = k.scratch.kv[t]
     qblk = k.scratch.qblk
+    n = rep * R  # query rows a KV head: head-major, then the user's rows
+    draft = jax.lax.broadcasted_iota(jnp.int32, (n, 1), 0) % R  # each query row's place among the user's rows
+    causal = jax.lax.broadcasted_iota(jnp.int32, (n, R), 1) <= draft
 
     writes = []
     for b in range(users):
-        pos = position(b)
-        slot_new = pos % S
+        first = b * R
+        pos = position(first)
         n_tiles = jnp.minimum(pos // T + 1, S // T)
         for c in _tile_copies(kc, vc, buf, T, b, 0, 0):
             c.start()
@@ -165,19 +174,23 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int):
         for g in range(kv):
             for r in range(rep):
                 h = g * rep + r
-                qblk[g, r : r + 1, :hd] = q[b : b + 1, h * hd : (h + 1) * hd]
-            qg = qblk[g, :, :hd]
-            k0 = knew[b : b + 1, g * hd : (g + 1) * hd]
-            v0 = vnew[b : b + 1, g * hd : (g + 1) * hd]
-            m = jnp.sum(qg * k0, axis=1, keepdims=True)
-            state.append((m, jnp.ones_like(m), jnp.broadcast_to(v0, qg.shape)))
+                qblk[g, r * R : (r + 1) * R, :hd] = q[first : first + R, h * hd : (h + 1) * hd]
+            qg = qblk[g, :n, :hd]
+            k0 = knew[first : first + R, g * hd : (g + 1) * hd]
+            v0 = vnew[first : first + R, g * hd : (g + 1) * hd]
+            if R == 1:  # the new token's K/V seed the softmax
+                m = jnp.sum(qg * k0, axis=1, keepdims=True)
+                state.append((m, jnp.ones_like(m), jnp.broadcast_to(v0, qg.shape)))
+            else:  # the user's rows, each seeing itself and the rows before it
+                empty = jnp.full((n, 1), NEG, jnp.float32)
+                state.append(_fold_tile((empty, jnp.zeros_like(empty), jnp.zeros_like(qg)), qg, k0, v0, causal))
 
         def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles):
             slot = _next_tile(kc, vc, buf, T, b, tix, n_tiles)
             s_idx = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
-            valid = _sees(s_idx, pos, S, window)
+            valid = _sees(s_idx, pos, S, window, draft if R > 1 else 0)
             return tuple(
-                _fold_tile(carry[g], qblk[g, :, :hd], buf.k[slot, g].astype(jnp.float32),
+                _fold_tile(carry[g], qblk[g, :n, :hd], buf.k[slot, g].astype(jnp.float32),
                            buf.v[slot, g].astype(jnp.float32), valid)
                 for g in range(kv)
             )  # fmt: skip
@@ -188,9 +201,15 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int):
             o = acc / l
             for r in range(rep):
                 h = g * rep + r
-                out[b : b + 1, h * hd : (h + 1) * hd] = o[r : r + 1]
-        # every read of this user's cache is done: write the new position back
-        writes += _start_write_back(buf, kc, vc, knew, vnew, b, slot_new, kv, hd)
+                out[first : first + R, h * hd : (h + 1) * hd] = o[r * R : (r + 1) * R]
+        # every read of this user's cache is done: write its rows' K/V back (one block at a time: a later row may
+        # share the block of an earlier one)
+        for j in range(R):
+            if j:
+                for w in writes[-2:]:
+                    w.wait()
+                writes = writes[:-2]
+            writes += _start_write_back(buf, kc, vc, knew, vnew, b, (pos + j) % S, kv, hd, row=first + j)
     for w in writes:
         w.wait()
 

@@ -51,9 +51,13 @@ def emit_tokens(k, op):
     lane = jax.lax.broadcasted_iota(jnp.int32, s.users_out.shape, 1)
     users = s.users_vmem[...]
     s.users_out[...] = jnp.where(lane == TOKEN, s.best_id[...], jnp.where(lane == POSITION, users + 1, users))
-    c = pltpu.make_async_copy(s.users_out, k.outputs.users, s.out_sem.at[0])
-    c.start()
-    c.wait()
+    copies = [pltpu.make_async_copy(s.users_out, k.outputs.users, s.out_sem.at[0])]
+    if k.outputs.hidden is not None:  # with drafts: the rows' hidden states, for the assistant's next round
+        copies.append(pltpu.make_async_copy(s.acts["xn"], k.outputs.hidden, s.out_sem.at[0]))
+    for c in copies:
+        c.start()
+    for c in copies:
+        c.wait()
 
 
 def _logits_copy(k, t, slot, b, tv):

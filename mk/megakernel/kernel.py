@@ -27,7 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ..config import ModelConfig
+from ..config import SLIDING, ModelConfig
 from ..params import NORMS, check_knockout
 from ..plan import (
     BLOCK,
@@ -374,11 +374,16 @@ def build_call(
     and on request the logits [B, V] and the DMA counts. ``probe``: the step takes the activations'
     values before its first op and returns them after its last (to test a plan cut to a few ops)."""
     plan.cfg.check_runnable()
-    if plan.draft_tokens:
+    split_attention = plan.shard is not None and (
+        plan.shard.users_split or any(plan.position_share(t) > 1 for t in set(plan.cfg.layer_types))
+    )
+    if plan.draft_tokens and split_attention:
         raise ValueError(
-            f"the megakernel does not verify drafted tokens yet (the plan has draft_tokens={plan.draft_tokens}); the "
-            "plans and mk.timing.predict(speculate=...) model a speculative step; build the plan with draft_tokens=0"
+            f"the megakernel verifies drafted tokens (draft_tokens={plan.draft_tokens}) with attention split by heads "
+            f"only, not by {plan.shard.attention_split}; use attention_split='heads' (mk.timing models the others)"
         )
+    if plan.draft_tokens and SLIDING in plan.cfg.layer_types and plan.draft_tokens >= plan.cfg.sliding_window:
+        raise ValueError(f"draft_tokens={plan.draft_tokens}: drafts must be fewer than the sliding window")
     cfg = plan.cfg
     in_shapes = input_shapes(plan, weight_dtype, kv_dtype)
     if probe:
@@ -581,8 +586,10 @@ class MegakernelEngine:
         with_logits: bool,
         count_dmas: bool = False,
         quantize: str = "none",
+        draft_tokens: int = 0,
     ) -> _Compiled:
         key = (
+            draft_tokens,
             batch,
             max_len,
             jnp.dtype(weight_dtype),
@@ -603,6 +610,7 @@ class MegakernelEngine:
                 knockout=knockout,
                 shard=self.shard,
                 quantize=quantize,
+                draft_tokens=draft_tokens,
             )
             fn = build_call(
                 plan,
@@ -628,9 +636,12 @@ class MegakernelEngine:
         """The reference's cache layout from the kernel's (to compare them)."""
         return reference_cache_chips(self.cfg, cache, self.shard)
 
-    def run(self, params, cfg, cache, tokens, pos, knockout=frozenset(), with_logits=True, count_dmas=False) -> Outputs:
+    def run(
+        self, params, cfg, cache, tokens, pos, knockout=frozenset(), with_logits=True, count_dmas=False, draft_tokens=0
+    ) -> Outputs:
         """One step on the kernel's cache layout (``adopt_cache``): the kernel's Outputs (users block,
-        cache, and logits / DMA counts on request)."""
+        cache, and logits / DMA counts on request). ``draft_tokens`` = K: ``tokens`` and ``pos`` are each user's
+        1 + K rows in turn (speculative verification)."""
         if cfg != self.cfg:
             raise ValueError(f"this megakernel step was made for {self.cfg.name}, called with {cfg.name}")
         if "layers.0.k" in cache:
@@ -650,7 +661,9 @@ class MegakernelEngine:
         packed = self.packed(params)
         weight_dtype = packed["weights"]["embed"].dtype
         quantize = packed_scheme(packed["weights"])
-        c = self.compiled(batch, max_len, weight_dtype, cache[f"{t0}.k"].dtype, ko, with_logits, count_dmas, quantize)
+        c = self.compiled(
+            batch, max_len, weight_dtype, cache[f"{t0}.k"].dtype, ko, with_logits, count_dmas, quantize, draft_tokens
+        )
         return c.fn(packed, cache, tokens, pos)
 
     def __call__(self, params, cfg, cache, tokens, pos, knockout=frozenset()):
@@ -661,6 +674,16 @@ class MegakernelEngine:
         """(each user's greedy token [B], the cache): the kernel picks them; no logits are written."""
         out = self.run(params, cfg, cache, tokens, pos, knockout, with_logits=False)
         return out.users[: jnp.shape(tokens)[0], TOKEN], out.cache
+
+    def verify(self, params, cfg, cache, tokens, pos):
+        """Speculative verification (mk.reference.verify_step's contract): ``tokens [B, T]`` (each user's last token
+        and its T - 1 drafts) at positions ``pos[b] + j``, one kernel call: (the kernel's greedy pick after each row
+        [B, T], each row's final-normed hidden state [B, T, H], the cache)."""
+        B, T = jnp.shape(tokens)
+        rows = (jnp.asarray(pos, jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)).reshape(-1)
+        out = self.run(params, cfg, cache, jnp.reshape(tokens, -1), rows, with_logits=False, draft_tokens=T - 1)
+        picks = out.users[: B * T, TOKEN].reshape(B, T)
+        return picks, out.hidden[: B * T, : cfg.hidden_size].reshape(B, T, -1), out.cache
 
 
 def make_step(

@@ -37,6 +37,7 @@ class Outputs(NamedTuple):
     logits: Any = None  # [B, V] f32, only when asked for (parity tests, notebooks)
     dma_counts: Any = None  # [1, 128] int32 in SMEM, only when asked for: [0, 0] expert tile DMAs issued
     acts: Any = None  # probe: the activations (and "gates") after the last op
+    hidden: Any = None  # [rows, H] f32 with drafts: each row's final-normed hidden state (Gemma 4's assistant reads it)
 
 
 class UsersSplit(NamedTuple):
@@ -200,6 +201,7 @@ def output_shapes(plan: StepPlan, inputs: Inputs, with_logits: bool, count_dmas:
         cache=dict(inputs.cache),
         logits=jax.ShapeDtypeStruct((plan.batch, plan.layout.vocab_size), jnp.float32) if with_logits else None,
         dma_counts=jax.ShapeDtypeStruct((1, LANE), jnp.int32) if count_dmas else None,
+        hidden=jax.ShapeDtypeStruct(plan.activations["xn"], jnp.float32) if plan.draft_tokens else None,
     )
 
 

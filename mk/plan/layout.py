@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ..config import GATED_OUT, SLIDING, ModelConfig
+from ..config import GATED_OUT, ModelConfig
 from ..params import layer_param_specs, param_specs
 from ..quant_schemes import tile_rows_scaled
 from ..units import LANE, round_up
@@ -118,10 +118,12 @@ def stacked(cfg: ModelConfig, path: str) -> tuple[str, int | None]:
     return f"{cfg.layer_types[i]}.{name}", type_index(cfg, i)
 
 
-def cache_slots(cfg: ModelConfig, layer_type: str, max_len: int) -> int:
-    """Slots of a layer's KV cache in the kernel's layout: the window (sliding) or ``max_len`` (full),
-    rounded up to whole ``BLOCK``s (the extra slots are never valid and are masked)."""
-    return round_up(cfg.sliding_window if layer_type == SLIDING else max_len, BLOCK)
+def cache_slots(cfg: ModelConfig, layer_type: str, max_len: int, draft_tokens: int = 0) -> int:
+    """Slots of a layer's KV cache in the kernel's layout: mk.reference.cache_len's in whole ``BLOCK``s (a sliding
+    ring of the window, longer with drafts: mk.reference.ring_slots; ``max_len`` for full layers)."""
+    from ..reference import cache_len
+
+    return cache_len(cfg, layer_type, max_len, BLOCK, draft_tokens)
 
 
 def kv_tile(positions: int, largest: int, multiple: int = BLOCK) -> int:

@@ -191,7 +191,7 @@ class StepPlan:
     def cache_len(self, layer_type: str) -> int:
         """Slots of the layer type's KV cache this chip holds in the kernel's layout (padded to whole blocks; its
         share of them where chips share a KV head's positions)."""
-        return cache_slots(self.cfg, layer_type, self.max_len) // self.position_share(layer_type)
+        return cache_slots(self.cfg, layer_type, self.max_len, self.draft_tokens) // self.position_share(layer_type)
 
     def kv_tile(self, layer_type: str) -> int:
         return kv_tile(self.cache_len(layer_type), self.tiles.kv_tile, 8 * 4 // self.kv_itemsize)
@@ -422,7 +422,7 @@ def build_plan(
     rows = batch * (draft_tokens + 1)
     shares = {t: position_share(cfg, t, shard) for t in set(cfg.layer_types)}
     for t, g in shares.items():
-        slots = cache_slots(cfg, t, max_len)
+        slots = cache_slots(cfg, t, max_len, draft_tokens)
         if slots % (g * BLOCK):
             raise ValueError(
                 f"attention split by positions: {g} chips share each {t} KV head, but its cache of {slots} slots does "
