@@ -252,3 +252,35 @@ def test_speculation_refuses_bad_requests(pairs):
         generate_speculative(params, cfg, [[1, 2]], 4, "ngram", 2, engine="megakernel")
     with pytest.raises(ValueError, match="needs 8 cache positions"):
         generate_speculative(params, cfg, [[1, 2]], 4, "ngram", 3, max_len=6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, chips, drafter, prompts, new",
+    [
+        ("hf-snippet", 1, "mtp", RAGGED, 4),
+        ("hf-odd-dense", 1, "ngram", RAGGED[:1], 8),
+        ("hf-eight-heads", 8, "mtp", RAGGED, 3),
+        ("hf-eight-heads-dense", 8, "ngram", RAGGED[3:], 6),
+    ],
+    ids=["moe-1-chip-mtp-b4", "dense-1-chip-ngram-b1", "moe-8-chips-mtp-b4", "dense-8-chips-ngram-b1"],
+)
+def test_cli_megakernel_speculation_gives_greedy_tokens(hf_checkpoint, hf_assistant, mk_json, name, chips, drafter,
+                                                        prompts, new):  # fmt: skip
+    """``generate --engine megakernel --speculate ngram|mtp`` with the race detector on: 3 drafts a user verified in
+    one kernel call a round (experts split over 8 chips, attention by heads), the tokens of plain greedy decoding
+    (the reference's, which the parity tests hold to transformers'), users of ragged prompts accepting their own
+    counts."""
+    from mk.weights import load_checkpoint
+
+    folder, _ = hf_checkpoint(name)
+    cfg, params = load_checkpoint(folder)
+    from mk.generate import generate
+
+    plain = generate(params, cfg, prompts, new).tolist()
+    extra = ["--assistant", hf_assistant(name)[0]] if drafter == "mtp" else []
+    got = mk_json("generate", "--checkpoint", folder, "--prompt-ids", ";".join(",".join(map(str, p)) for p in prompts),
+                  "--new-tokens", new, "--engine", "megakernel", "--chips", chips, "--detect-races", "--json",
+                  "--speculate", drafter, "--draft-tokens", 3, *extra)  # fmt: skip
+    assert got["tokens"] == plain and got["races"] is False
+    assert all(r + a >= new - 1 for r, a in zip(got["rounds"], got["accepted"]))
