@@ -106,22 +106,26 @@ def test_kernels_per_step_reference_against_megakernel():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "models, chip, placements, attention_split",
+    "models, chip, placements, attention_split, drafts",
     [
-        ((GEMMA4_26B_A4B, GEMMA4_31B), "tpu-v5e-8", ("whole",), "heads"),
-        ((GEMMA4_26B_A4B,), "tpu-v6e-8", ("split",), "positions"),
+        ((GEMMA4_26B_A4B, GEMMA4_31B), "tpu-v5e-8", ("whole",), "heads", 3),
+        ((GEMMA4_26B_A4B,), "tpu-v6e-8", ("split",), "positions", 0),
     ],
-    ids=["v5e-8", "v6e-8-positions-split"],
+    ids=["v5e-8-speculative", "v6e-8-positions-split"],
 )
-def test_whole_models_compile_sharded_over_eight_chips(models, chip, placements, attention_split):
+def test_whole_models_compile_sharded_over_eight_chips(models, chip, placements, attention_split, drafts):
     """Both models whole (every layer, full size, bf16) split over 8 chips: every model, slice and expert
-    placement once (a minute each here), not every combination; the MLPs' intermediate on rows, and on the v6e-8
-    the full layers' KV positions split over the 4 chips sharing each head. One Mosaic kernel per chip; each
-    chip's arguments, as the compiler lays them out, are the plan's sharded weights and cache (not the whole model
-    replicated) and fit its HBM."""
+    placement once (a minute each here), not every combination; the MLPs' intermediate on rows; on the v5e-8 the
+    speculative step (3 drafts a user: 4 rows through one weight pass, the rows' hidden states out), on the v6e-8
+    the plain step with the full layers' KV positions split over the 4 chips sharing each head. One Mosaic kernel
+    per chip; each chip's arguments, as the compiler lays them out, are the plan's sharded weights and cache (not
+    the whole model replicated) and fit its HBM."""
     from mk.megakernel.aot import sharded_compiles
 
-    table = sharded_compiles(list(models), [chip], placements=placements, attention_split=attention_split)
+    table = sharded_compiles(
+        list(models), [chip], placements=placements, attention_split=attention_split, draft_tokens=drafts
+    )
+    assert (table["draft_tokens"] == drafts).all()
     assert list(table["placement"]) == [*placements, "-"][: len(table)]
     assert (table["mosaic_calls"] == 1).all(), table
     assert (table["compiler_hbm_gb"] == table["plan_hbm_gb"]).all(), table  # byte for byte

@@ -32,12 +32,14 @@ def compile_for_tpu(
     loop_layers: bool = True,
     shard: Shard = ONE_CHIP,
     quantize: str = "none",
+    draft_tokens: int = 0,
 ):
     """Compile one decode step (users block in, users block out) for ``chip`` ahead of time with
     libtpu's Mosaic compiler (see mk.tpu). The plan's VMEM budget is checked against the chip first and
     given to the compiler as its VMEM limit. With ``shard`` the step is split over the slice's chips
     (``chip`` a slice of ``shard.chips``: ``tpu-v5e-8``), each weight and cache sharded on its split
-    axis. ``quantize``: the mk.quant scheme whose matrices stream as INT8 with their scales. Returns (plan,
+    axis. ``quantize``: the mk.quant scheme whose matrices stream as INT8 with their scales. ``draft_tokens``: the
+    speculative step verifying that many drafts a user (1 + K rows each). Returns (plan,
     compiled): one chip's plan, the program of every chip."""
     from ..tpu import aot_compile
 
@@ -52,6 +54,7 @@ def compile_for_tpu(
         loop_layers=loop_layers,
         shard=shard,
         quantize=quantize,
+        draft_tokens=draft_tokens,
     )
     limit = vmem_limit_bytes or plan.vmem_limit(chip)
     shapes = input_shapes(plan, weight_dtype, kv_dtype)
@@ -179,9 +182,11 @@ def sharded_compiles(
     max_len: int = 1024,
     quantize: str = "none",
     attention_split: str = "heads",
+    draft_tokens: int = 0,
 ) -> pd.DataFrame:
     """Each model's whole decode step (every layer, full size, bf16; ``quantize``: the mk.quant scheme's
-    matrices INT8; ``attention_split``: mk.sharding.AttentionSplit) split over each 8-chip
+    matrices INT8; ``attention_split``: mk.sharding.AttentionSplit; ``draft_tokens``: the speculative step
+    verifying that many drafts a user) split over each 8-chip
     slice, compiled ahead of time by libtpu (both expert placements for an MoE model): per chip, the HBM its
     arguments take as the compiler reports it beside the plan's (weights and cache, sharded), the plan's VMEM
     and the limit the compiler accepted it under, and the compile time."""
@@ -203,6 +208,7 @@ def sharded_compiles(
                     max_len,
                     shard=Shard(n, placement, attention_split=attention_split),
                     quantize=quantize,
+                    draft_tokens=draft_tokens,
                 )
                 seconds = time.perf_counter() - t0
                 shapes = input_shapes(plan, jnp.bfloat16, jnp.bfloat16)
@@ -215,6 +221,7 @@ def sharded_compiles(
                         placement=placement if cfg.is_moe else "-",
                         quantize=quantize,
                         attention_split=attention_split,
+                        draft_tokens=draft_tokens,
                         compiler_hbm_gb=compiled.memory_analysis().argument_size_in_bytes / 1e9,
                         plan_hbm_gb=plan_hbm / 1e9,
                         hbm_per_chip_gb=get_chip(chip).hbm_bytes / n / 1e9,
