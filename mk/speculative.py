@@ -27,3 +27,13 @@ def ngram_draft(history: Sequence[int], k: int, max_ngram: int = 3, min_ngram: i
             if h[start : start + n] == tail:
                 return h[start + n : start + n + k]
     return []
+
+
+def emitted_per_round(accept_rate: float, k: int) -> float:
+    """The mean tokens a round emits per user when each of its ``k`` drafts is accepted with probability
+    ``accept_rate``, given the ones before it were (drafts accepted while they match, then the target's own
+    token): 1 + a + a^2 + ... + a^k."""
+    if not 0 <= accept_rate <= 1:
+        raise ValueError(f"accept_rate={accept_rate}: a probability, 0 to 1")
+    positive_int("k", k)
+    return sum(accept_rate**i for i in range(k + 1))

@@ -254,6 +254,38 @@ def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLIC
     return pd.DataFrame(rows).assign(chip=c.name, kind=f"{MODELLED}: the workbook's kernel, each attention split")
 
 
+def speculation_table(models, chips, users, drafts, accept_rates, context: int = 1024, assistant=None) -> pd.DataFrame:
+    """The workbook's kernel verifying K drafts a user (mk.timing.predict(speculate=K)) against plain decoding, per
+    model, slice, users, K and per-draft acceptance rate a (each round then emits mk.speculative.emitted_per_round
+    tokens a user): the round's time, tokens/s per user and the speed-up, with the distinct experts a layer's rows
+    route to (expected, uniform routing) beside plain decoding's. The drafter is n-gram lookup (no weights), or with
+    ``assistant`` (mk.assistant.AssistantConfig) Gemma 4's assistant, its K programs a round costed too."""
+    from .speculative import emitted_per_round
+
+    rows = []
+    for m in models:
+        cfg = get_config(m)
+        for chip in chips:
+            for b in users:
+                plain = predict(cfg, chip, context, b)
+                for k in drafts:
+                    for a in accept_rates:
+                        emitted = emitted_per_round(a, k)
+                        p = predict(cfg, chip, context, b, speculate=k, acceptance=emitted, assistant=assistant)
+                        rows.append(
+                            dict(
+                                model=cfg.name, chip=chip, users=b, draft_tokens=k, accept_rate=a,
+                                emitted_per_round=emitted, step_ms=p.step_s * 1e3, round_ms=p.round_s * 1e3,
+                                tokens_per_s=p.tokens_per_s, plain_tokens_per_s=plain.tokens_per_s,
+                                speedup=p.tokens_per_s / plain.tokens_per_s, step_vs_plain=p.step_s / plain.step_s,
+                                distinct_experts=expected_distinct_experts(cfg.num_experts, cfg.top_k, b * (k + 1)),
+                                plain_distinct_experts=expected_distinct_experts(cfg.num_experts, cfg.top_k, b),
+                            )
+                        )  # fmt: skip
+    drafter = f"Gemma 4's assistant {assistant.name}" if assistant is not None else "n-gram lookup"
+    return pd.DataFrame(rows).assign(drafter=drafter, kind=f"{MODELLED}: the workbook's kernel verifying drafts")
+
+
 def bytes_share(models, contexts, dtype: str = "bf16") -> pd.DataFrame:
     """The weights' and the KV cache's bytes per step (one user) by context, and the KV's share of them."""
     rows = []

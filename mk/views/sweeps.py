@@ -358,6 +358,40 @@ def attention_split_figure(table: pd.DataFrame, models, title: str) -> go.Figure
     return fig
 
 
+def speculation_figure(table: pd.DataFrame, models, title: str) -> go.Figure:
+    """Tokens/s per user against drafts a round (mk.sweeps.speculation_table), one panel per model, a line per
+    slice, users and acceptance rate, plain decoding's tokens/s dotted at K = 0."""
+    names = [get_config(m).name for m in models]
+    fig = _facets(models, horizontal_spacing=0.08)
+    dashes = ["solid", "dash", "dot", "dashdot"]
+    palette = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"]
+    cases = table[["chip", "users"]].drop_duplicates().values.tolist()
+    rates = sorted(table.accept_rate.unique())
+    for i, m in enumerate(names):
+        g = table[table.model == m]
+        for c, (chip, users) in enumerate(cases):
+            for j, a in enumerate(rates):
+                h = g[(g.chip == chip) & (g.users == users) & (g.accept_rate == a)]
+                if h.empty:
+                    continue
+                label = f"{chip}, {users} user{'s' if users > 1 else ''}, acceptance {a:.0%}"
+                fig.add_scatter(
+                    x=[0, *h.draft_tokens], y=[h.plain_tokens_per_s.iloc[0], *h.tokens_per_s], mode="lines+markers",
+                    name=label, legendgroup=label, showlegend=i == 0,
+                    line=dict(color=palette[c % len(palette)], dash=dashes[j % len(dashes)]),
+                    hovertext=[f"{label}: plain {h.plain_tokens_per_s.iloc[0]:.0f} tok/s"] + [
+                        f"{label}, K={r.draft_tokens}: {r.tokens_per_s:.0f} tok/s ({r.speedup:.2f}x), round "
+                        f"{r.round_ms:.3f} ms, {r.distinct_experts:.1f} distinct experts a layer"
+                        for r in h.itertuples()
+                    ],
+                    hoverinfo="text", row=1, col=i + 1,
+                )  # fmt: skip
+    fig.update_xaxes(title_text="drafts verified a round, K (0: plain decoding)", dtick=1)
+    fig.update_yaxes(title_text="tokens/s per user", rangemode="tozero")
+    fig.update_layout(title=title, legend=dict(orientation="h", y=-0.25, yanchor="top", x=0), height=620)
+    return fig
+
+
 COLOURS = {
     "megakernel": "#4e79a7",
     WORKBOOK: "#76b7b2",
