@@ -248,8 +248,15 @@ def test_speculation_refuses_bad_requests(pairs):
         generate_speculative(params, cfg, [[1, 2]], 4, "mtp", 2)
     with pytest.raises(ValueError, match="unknown drafter 'eagle'"):
         generate_speculative(params, cfg, [[1, 2]], 4, "eagle", 2)
-    with pytest.raises(ValueError, match="has no speculative verification step"):
-        generate_speculative(params, cfg, [[1, 2]], 4, "ngram", 2, engine="megakernel")
+    import mk.generate as gen
+    from mk.reference import decode_step
+
+    gen.register_engine("decode-only", lambda cfg: lambda *args, **kw: decode_step(*args, **kw))
+    try:
+        with pytest.raises(ValueError, match="'decode-only' has no speculative verification step"):
+            generate_speculative(params, cfg, [[1, 2]], 4, "ngram", 2, engine="decode-only")
+    finally:
+        gen._ENGINES.pop("decode-only")
     with pytest.raises(ValueError, match="needs 8 cache positions"):
         generate_speculative(params, cfg, [[1, 2]], 4, "ngram", 3, max_len=6)
 
@@ -309,3 +316,19 @@ def test_speculation_table_and_figure():
     assert t[t.model == "gemma4-26b-a4b"].distinct_experts.is_monotonic_increasing
     fig = speculation_figure(t, models, "speculation")
     assert len(fig.data) == 2 * 2 and not check_figure(fig)
+
+
+def test_the_kernel_refuses_drafts_with_attention_split_by_positions_or_users():
+    import jax.numpy as jnp
+
+    from mk.config import TINY_MOE
+    from mk.megakernel import build_call
+    from mk.plan import build_plan
+    from mk.sharding import Shard
+
+    # a window of 59: with 3 drafts its ring of 59 + 4 slots is one block of 16 for each of the 4 chips sharing a head
+    cfg = TINY_MOE.replace(name="tiny-moe-8h-w59", num_heads=8, sliding_kv_heads=2, full_kv_heads=1, sliding_window=59)
+    for split, batch in (("positions", 1), ("users", 8)):
+        plan = build_plan(cfg, batch, 256, shard=Shard(8, "split", attention_split=split), draft_tokens=3)
+        with pytest.raises(ValueError, match=f"split by heads only, not by {split}"):
+            build_call(plan, jnp.float32, jnp.float32)
