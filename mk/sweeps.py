@@ -11,6 +11,7 @@ data type (``mk.verdict.BASELINE_DTYPE``) and on the same TPU slice.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -269,9 +270,11 @@ def speculation_table(models, chips, users, drafts, accept_rates, context: int =
             for b in users:
                 plain = predict(cfg, chip, context, b)
                 for k in drafts:
+                    # the round's time does not depend on the acceptance: one prediction, its tokens scaled
+                    spec = predict(cfg, chip, context, b, speculate=k, acceptance=1, assistant=assistant)
                     for a in accept_rates:
                         emitted = emitted_per_round(a, k)
-                        p = predict(cfg, chip, context, b, speculate=k, acceptance=emitted, assistant=assistant)
+                        p = dataclasses.replace(spec, tokens_per_round=emitted)
                         rows.append(
                             dict(
                                 model=cfg.name, chip=chip, users=b, draft_tokens=k, accept_rate=a,
