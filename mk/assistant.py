@@ -19,16 +19,14 @@ assistant sees exactly the positions before P.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import SLIDING, ModelConfig, from_hf_dict
+from .config import SLIDING, ModelConfig, from_hf_dict, read_config_json
 from .params import NORMS, layer_params, param_specs
 from .progress import tqdm
 from .reference import _layer, attend_one, embed, held_positions, rms_norm, rope
@@ -63,8 +61,8 @@ class AssistantConfig:
         return out
 
     def weight_bytes(self, itemsize: int = 2) -> int:
-        """Bytes of the weights one draft step reads: every matrix but the embedding table, whose rows the head reads
-        whole (the tied head: all of it)."""
+        """Bytes of the weights one draft step reads: every tensor of :meth:`param_shapes`, the embedding table whole
+        (it is the tied head)."""
         return sum(int(np.prod(s)) for s in self.param_shapes().values()) * itemsize
 
 
@@ -131,10 +129,7 @@ def load_assistant(path, target: ModelConfig, dtype=None) -> tuple[AssistantConf
     from .weights import _Checkpoint, _from_hf, _resolve, _safetensors_files, hf_tensor_map
 
     folder = _resolve(path)
-    cfg_file = folder / "config.json"
-    if not cfg_file.exists():
-        raise FileNotFoundError(f"no config.json in {folder}: not a Hugging Face checkpoint folder")
-    a = assistant_config(json.loads(cfg_file.read_text()), name=folder.name or "assistant")
+    a = read_assistant_config(folder)
     check_pair(a, target)
     ckpt = _Checkpoint(_safetensors_files(folder))
     shapes = a.param_shapes()
@@ -203,6 +198,5 @@ def draft(params: dict, a: AssistantConfig, target: ModelConfig, target_embed, c
 
 def read_assistant_config(path) -> AssistantConfig:
     """An assistant's config from its folder (or config.json), no weights."""
-    p = Path(path)
-    p = p / "config.json" if p.is_dir() else p
-    return assistant_config(json.loads(p.read_text()), name=p.parent.name or "assistant")
+    d, name = read_config_json(path)
+    return assistant_config(d, name=name)
