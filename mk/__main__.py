@@ -293,7 +293,8 @@ def _run_generate(a) -> None:
 
 # bench -------------------------------------------------------------------------------------------
 def _add_bench(sub) -> None:
-    from .bench import BENCH_CSV, DTYPES
+    from .bench import DTYPES
+    from .paths import BENCH_CSV
 
     p = sub.add_parser("bench", help="time the compiled decode step against this device's measured speed of light")
     p.add_argument(
@@ -467,14 +468,16 @@ def _add_report(sub) -> None:
 
 
 def _run_report(a) -> None:
-    from .report import FIGURES_DIR, write_report
+    from .paths import FIGURES_DIR
+    from .report import write_report
 
     print(write_report(a.figures or FIGURES_DIR))
 
 
 # measure-gpu -------------------------------------------------------------------------------------
 def _add_measure(sub) -> None:
-    from .profiling.gpu import DEVICES, DTYPES, ENGINES, GPU_CSV
+    from .paths import GPU_CSV
+    from .profiling.gpu import DEVICES, DTYPES, ENGINES
 
     p = sub.add_parser(
         "measure-gpu",
@@ -534,7 +537,8 @@ def _run_measure(a) -> None:
 
 # tpu-smoke ---------------------------------------------------------------------------------------
 def _add_tpu_smoke(sub) -> None:
-    from .tpu_smoke import PLACEMENTS, TPU_CSV
+    from .paths import TPU_CSV
+    from .tpu_smoke import PLACEMENTS
 
     p = sub.add_parser(
         "tpu-smoke",

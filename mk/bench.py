@@ -30,14 +30,12 @@ import jax
 import jax.numpy as jnp
 
 from . import profiling
-from .chips import DATA_DIR
 from .config import ModelConfig
 from .files import append_csv_rows
+from .paths import BENCH_CSV
 from .sol import bytes_per_token
 from .units import positive_int
 
-MEASURED_DIR = DATA_DIR / "measured"
-BENCH_CSV = MEASURED_DIR / "bench.csv"
 COLUMNS = (
     "date",
     "device",

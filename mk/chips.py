@@ -11,10 +11,8 @@ import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-CHIPS_CSV = DATA_DIR / "chips.csv"
+from .paths import CHIPS_CSV
 
 
 @dataclass(frozen=True)

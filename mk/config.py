@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from .files import ROOT
+from .paths import CONFIGS_DIR
 from .units import positive_int
-
-CONFIGS_DIR = ROOT / "data" / "configs"  # full-size configs of other decoders, each as its authors published it
 
 
 class LayerType(StrEnum):

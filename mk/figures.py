@@ -21,8 +21,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from .files import write_atomic
+from .paths import FIGURES_DIR
 
-FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"
 KINDS = ("published", "modelled", "measured")
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
 FOOTER_NAME = "provenance"  # the annotation's name, so a figure is never saved without one

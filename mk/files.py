@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import ROOT
 
 
 def write_atomic(dest: Path, write: Callable[[Path], None]) -> Path:

@@ -17,7 +17,7 @@ import math
 
 import pandas as pd
 
-from .config import CONFIGS_DIR
+from .paths import CONFIGS_DIR
 from .published import independent_table, read_independent
 from .sol import DTYPES
 from .timing import MODELLED, predict

@@ -12,10 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .chips import DATA_DIR
-from .config import CONFIGS_DIR
-
-PUBLISHED_CSV = DATA_DIR / "published.csv"
+from .paths import CONFIGS_DIR, INDEPENDENT_CSV, PUBLISHED_CSV
 
 
 @lru_cache(maxsize=None)
@@ -43,7 +40,6 @@ def published_speed_of_light() -> pd.DataFrame:
 # Independent published decode measurements (data/independent.csv): megakernels and general stacks at one to eight
 # users, each row with its page and a sentence copied from it. None is fitted to: the timing model is held to them.
 
-INDEPENDENT_CSV = DATA_DIR / "independent.csv"
 INDEPENDENT_COLUMNS = (
     "key", "model", "config", "chip", "chips", "engine", "stack", "batch", "prompt_tokens", "output_tokens", "dtype",
     "quantity", "value", "unit", "date", "url", "quote", "note",

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .figures import FIGURES_DIR, FOOTER_NAME, KINDS
+from .figures import FOOTER_NAME, KINDS
 from .files import git_commit, write_atomic
+from .paths import FIGURES_DIR, NOTEBOOKS_DIR
 
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS_DIR = ROOT / "notebooks"
 REPORT_NAME = "index.html"
 NAME = re.compile(r"(\d\d)_[A-Za-z0-9_-]+")  # NN_name: the notebook's number, then a plain file name
 META_SUFFIX = ".meta.json"

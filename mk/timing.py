@@ -34,16 +34,16 @@ from functools import lru_cache
 
 import pandas as pd
 
-from .chips import DATA_DIR, Chip, get_chip
+from .chips import Chip, get_chip
 from .config import SLIDING, ModelConfig, get_config
 from .params import EXPERTS, HEAD, param_specs
+from .paths import TIMING_CSV
 from .plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan, step_end, timeline
 from .routing import busiest_chip_distribution
 from .sharding import Collective, Placement, Shard
 from .sol import get_dtype, speed_of_light
 from .units import positive_int
 
-TIMING_CSV = DATA_DIR / "timing.csv"
 ENGINES = ("megakernel", "general")
 MODELLED = "modelled (mk.timing)"
 ASSUMED = ("op_overhead_s", "dma_issue_s")  # the megakernel's costs data/timing.csv gives as assumed

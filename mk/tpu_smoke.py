@@ -48,10 +48,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .bench import DTYPES, MEASURED_DIR, decode_call, provenance
+from .bench import DTYPES, decode_call, provenance
 from .chips import get_chip, known_chip
 from .config import ModelConfig, get_config
 from .files import append_csv_rows, git_commit
+from .paths import TPU_CSV
 from .profiling import Estimate, device_name, interleaved
 from .progress import Log
 from .reference import forget_prepared
@@ -60,7 +61,6 @@ from .sol import bytes_per_token, speed_of_light
 from .tpu import libtpu_version, on_tpu, races_detected, reset_interpreter
 from .units import positive_int
 
-TPU_CSV = MEASURED_DIR / "tpu.csv"
 COLUMNS = (
     "date",
     "device",

@@ -390,9 +390,9 @@ def measured_comparison(paths=None) -> pd.DataFrame:
     beside the model's form for it: its bytes at the bandwidth the run measured (the speed of light it
     reports) plus its kernels at the general stack's fitted per-kernel cost for GPUs, the error against the
     measured step, and the per-kernel cost the measurement implies ((step - bytes time) / kernels)."""
-    from .chips import DATA_DIR
+    from .paths import MEASURED_DIR
 
-    paths = paths or sorted((DATA_DIR / "measured").glob("*.csv"))
+    paths = paths or sorted(MEASURED_DIR.glob("*.csv"))
     c_gpu = kernel_cost("gpu")
     rows = []
     for path in paths:
@@ -430,7 +430,7 @@ def measured_megakernel(path=None) -> pd.DataFrame:
     the timing model's prediction for the same model, slice, context, batch, placement and data type (the
     workbook's kernel, mk.timing.KERNEL's switches), with the error modelled / measured - 1. Empty (with its
     columns) until a TPU has run it; rows whose device is not a chip of data/chips.csv are left out."""
-    from .tpu_smoke import TPU_CSV
+    from .paths import TPU_CSV
 
     path = TPU_CSV if path is None else path
     columns = ["date", "device", "chip", "model", "placement", "dtype", "context", "batch", "measured_ms",

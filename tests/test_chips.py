@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mk.chips import CHIPS_CSV, base_chips, get_chip, known_chip, known_chips
+from mk.chips import base_chips, get_chip, known_chip, known_chips
+from mk.paths import CHIPS_CSV
 
 NEW_CHIPS = ("a100-40gb", "a100-80gb", "h20", "l40s", "mi300x", "mi325x", "tpu-v4", "tpu-v5p")
 

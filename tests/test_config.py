@@ -203,7 +203,7 @@ def test_planned_families_are_refused_by_the_reference_and_the_kernel(folder, fa
 
 
 def test_a_folder_of_data_configs_is_a_model_by_its_name():
-    from mk.config import CONFIGS_DIR
+    from mk.paths import CONFIGS_DIR
 
     assert get_config("qwen3-8b") == load_hf_config(CONFIGS_DIR / "qwen3-8b")
     with pytest.raises(ValueError, match=r"not a folder of data/configs \(.*llama-3.2-1b"):

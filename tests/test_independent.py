@@ -9,11 +9,10 @@ import re
 import pandas as pd
 import pytest
 
+from mk.paths import DATA_DIR, INDEPENDENT_CSV
 from mk.published import (
-    DATA_DIR,
     ENGINES,
     INDEPENDENT_COLUMNS,
-    INDEPENDENT_CSV,
     independent_table,
     quote_has_value,
     read_independent,
@@ -191,8 +190,8 @@ def test_at_least_fifteen_points_are_predicted_and_the_rest_say_why(held):
 def test_the_implied_costs_meet_the_published_steps(held):
     """The cost per kernel (general stack) or per op (megakernel) a row reports, put into the model, gives the
     published step: what the model would have to charge, not a number fitted into it."""
-    from mk.config import CONFIGS_DIR
     from mk.independent_points import TESTED
+    from mk.paths import CONFIGS_DIR
     from mk.timing import predict
 
     for r in held[held.role == TESTED].itertuples():

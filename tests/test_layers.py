@@ -29,6 +29,7 @@ LAYERS = {
         "mk.decoders",
         "mk.chips",
         "mk.files",
+        "mk.paths",
         "mk.progress",
         "mk.published",
         "mk.routing",

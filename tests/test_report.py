@@ -11,8 +11,9 @@ import mk.figures
 from mk.__main__ import main
 from mk.figures import provenance, save_figure
 from mk.notebook import Table, in_ms, show
+from mk.paths import NOTEBOOKS_DIR
 from mk.published import published
-from mk.report import CLAIMS, NOTEBOOKS_DIR, claims_table, export_table, kinds_named, write_report
+from mk.report import CLAIMS, claims_table, export_table, kinds_named, write_report
 
 
 def table():

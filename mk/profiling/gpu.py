@@ -63,10 +63,11 @@ import jax.numpy as jnp
 import pandas as pd
 
 from ..bench import provenance
-from ..chips import DATA_DIR, get_chip, known_chip
+from ..chips import get_chip, known_chip
 from ..config import ModelConfig, to_hf_dict
 from ..files import append_csv_rows
 from ..params import count_params
+from ..paths import GPU_CSV
 from ..progress import Log
 from ..sol import bytes_per_token, kv_bytes_per_user
 from ..units import positive_int
@@ -76,7 +77,6 @@ from .compare import Estimate, interleaved
 from .kernels import count_kernels
 from .trace import trace_kernels
 
-GPU_CSV = DATA_DIR / "measured" / "gpu.csv"
 ENGINES = ("reference", "transformers")
 DEVICES = ("gpu", "cpu")
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}

@@ -1,0 +1,24 @@
+"""Where mk's files live: the repository's folders and data files, named once.
+
+The workbook's outputs (figures, tables, the report, executed notebooks) go to ``figures/`` and ``build/``
+unless a caller names another folder (the tests name a temporary one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS_DIR = ROOT / "notebooks"
+FIGURES_DIR = ROOT / "figures"  # figures (HTML + PNG), exported tables, the report page
+BUILD_DIR = ROOT / "build"  # executed notebooks
+
+DATA_DIR = ROOT / "data"
+CHIPS_CSV = DATA_DIR / "chips.csv"  # chip and slice specs, each with its source
+TIMING_CSV = DATA_DIR / "timing.csv"  # the timing model's constants, each with its source and kind
+PUBLISHED_CSV = DATA_DIR / "published.csv"  # the write-up's numbers
+INDEPENDENT_CSV = DATA_DIR / "independent.csv"  # independent published decode measurements
+CONFIGS_DIR = DATA_DIR / "configs"  # full-size config.json of other decoders, each as its authors published it
+MEASURED_DIR = DATA_DIR / "measured"  # rows measured by this code, each with its provenance
+BENCH_CSV = MEASURED_DIR / "bench.csv"  # the CPU bench
+GPU_CSV = MEASURED_DIR / "gpu.csv"  # the reference beside transformers on one GPU
+TPU_CSV = MEASURED_DIR / "tpu.csv"  # the megakernel beside the reference on a TPU slice
