@@ -463,15 +463,16 @@ def _add_report(sub) -> None:
     p = sub.add_parser(
         "report", help="write figures/index.html: every exported figure and table by notebook, with provenance"
     )
-    p.add_argument("--figures", type=Path, help="the figures folder (default: figures/ in the repository)")
+    p.add_argument(
+        "--figures", type=Path, help="the figures folder (default: $MK_FIGURES_DIR, else figures/ in the repository)"
+    )
     p.set_defaults(run=_run_report)
 
 
 def _run_report(a) -> None:
-    from .paths import FIGURES_DIR
     from .report import write_report
 
-    print(write_report(a.figures or FIGURES_DIR))
+    print(write_report(a.figures))
 
 
 # measure-gpu -------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from .files import write_atomic
-from .paths import FIGURES_DIR
+from .paths import figures_dir
 
 KINDS = ("published", "modelled", "measured")
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
@@ -241,7 +241,8 @@ def _start_exporter() -> bool:
 
 def save_figure(fig: go.Figure, name: str, svg: bool = False, out_dir: Path | None = None) -> list[Path]:
     """Write ``figures/NAME.html``, ``NAME.json`` (the figure, for ``plotly.io.read_json``) and, when a
-    Chromium is available, ``NAME.png`` (and ``NAME.svg``).
+    Chromium is available, ``NAME.png`` (and ``NAME.svg``), in ``out_dir`` if given, else
+    :func:`mk.paths.figures_dir` ($MK_FIGURES_DIR, else ``figures/``).
 
     The figure must carry a footer from :func:`provenance`. Returns the paths written.
     """
@@ -249,7 +250,7 @@ def save_figure(fig: go.Figure, name: str, svg: bool = False, out_dir: Path | No
         raise ValueError(f"figure {name!r} has no provenance footer: call mk.figures.provenance(fig, ...) first")
     legend_below_title(place_footer(fig))  # again: the layout may have changed since provenance()
     log_ticks(fig)
-    out = Path(out_dir) if out_dir is not None else FIGURES_DIR
+    out = Path(out_dir) if out_dir is not None else figures_dir()
     out.mkdir(parents=True, exist_ok=True)
     html = out / f"{name}.html"  # self-contained (plotly.js inside) so it opens offline
     page = fig.to_html(include_plotlyjs=True, full_html=True)

@@ -1,16 +1,20 @@
 """Where mk's files live: the repository's folders and data files, named once.
 
 The workbook's outputs (figures, tables, the report, executed notebooks) go to ``figures/`` and ``build/``
-unless a caller names another folder (the tests name a temporary one)."""
+unless a caller names another folder: ``ci/run_notebooks.py --out/--figures``, and for figures and tables
+written inside a notebook's kernel the environment variable ``MK_FIGURES_DIR`` (:func:`figures_dir`), which
+the runner sets for its notebooks (the tests name temporary folders)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = ROOT / "notebooks"
 FIGURES_DIR = ROOT / "figures"  # figures (HTML + PNG), exported tables, the report page
 BUILD_DIR = ROOT / "build"  # executed notebooks
+FIGURES_ENV = "MK_FIGURES_DIR"  # overrides FIGURES_DIR; an environment variable reaches the notebooks' kernels
 
 DATA_DIR = ROOT / "data"
 CHIPS_CSV = DATA_DIR / "chips.csv"  # chip and slice specs, each with its source
@@ -22,3 +26,9 @@ MEASURED_DIR = DATA_DIR / "measured"  # rows measured by this code, each with it
 BENCH_CSV = MEASURED_DIR / "bench.csv"  # the CPU bench
 GPU_CSV = MEASURED_DIR / "gpu.csv"  # the reference beside transformers on one GPU
 TPU_CSV = MEASURED_DIR / "tpu.csv"  # the megakernel beside the reference on a TPU slice
+
+
+def figures_dir() -> Path:
+    """The folder figures, exported tables and the report are written to: $MK_FIGURES_DIR when set, else
+    FIGURES_DIR. Read at each write, so a runner or a test can point a whole notebook run elsewhere."""
+    return Path(os.environ.get(FIGURES_ENV) or FIGURES_DIR)

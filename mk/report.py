@@ -20,7 +20,7 @@ import pandas as pd
 
 from .figures import FOOTER_NAME, KINDS
 from .files import git_commit, write_atomic
-from .paths import FIGURES_DIR, NOTEBOOKS_DIR
+from .paths import NOTEBOOKS_DIR, figures_dir
 
 REPORT_NAME = "index.html"
 NAME = re.compile(r"(\d\d)_[A-Za-z0-9_-]+")  # NN_name: the notebook's number, then a plain file name
@@ -74,7 +74,8 @@ def export_table(
 ) -> list[Path]:
     """Write ``figures/NAME.csv`` (the table, every float to ``significant`` figures: a small value keeps its
     own) and ``NAME.meta.json`` (its kind, hardware, source, date, columns, the decimals it is shown with and
-    the caption it is shown under, e.g. ``"kind: modelled (mk.sol)"``), each atomically. Returns both paths.
+    the caption it is shown under, e.g. ``"kind: modelled (mk.sol)"``), each atomically, in ``out_dir`` if
+    given, else :func:`mk.paths.figures_dir` ($MK_FIGURES_DIR, else ``figures/``). Returns both paths.
 
     ``kind`` is one of :data:`mk.figures.KINDS` or several joined by ``" + "``; ``name`` starts with the
     notebook's number (``"04_straggler_cost"``)."""
@@ -84,7 +85,7 @@ def export_table(
         raise ValueError(f"table {name!r} needs its hardware (a chip, a slice, this machine's device, or 'any chip')")
     if not isinstance(df.index, pd.RangeIndex):
         df = df.reset_index()  # a meaningful index becomes columns, as the notebook shows it
-    out = Path(out_dir) if out_dir is not None else FIGURES_DIR
+    out = Path(out_dir) if out_dir is not None else figures_dir()
     df = df.assign(**{c: df[c].map(lambda x: _significant(x, significant)) for c in df.columns
                       if pd.api.types.is_float_dtype(df[c])})  # fmt: skip
     csv = write_atomic(out / f"{name}.csv", lambda tmp: df.to_csv(tmp, index=False))
@@ -470,20 +471,20 @@ def _table_html(item: dict) -> str:
 
 
 def write_report(
-    figures_dir: Path = FIGURES_DIR, notebooks_dir: Path = NOTEBOOKS_DIR, claims: pd.DataFrame | bool = True
+    out_dir: Path | None = None, notebooks_dir: Path = NOTEBOOKS_DIR, claims: pd.DataFrame | bool = True
 ) -> Path:
-    """Write ``figures_dir/index.html``: first the write-up's claims against the workbook (:func:`claims_table`,
-    computed here unless ``claims`` is the table already, or False for none), each linked to where it is
-    shown; then per notebook (its number, file and first heading), every figure (its title, PNG, interactive
-    page, provenance footer) and every exported table (rounded as the notebook showed it, with its caption,
-    kind, hardware, source and date), in the order the notebook writes them. Files whose number matches no
-    notebook in ``notebooks_dir`` are left out and listed. Every id on the page is unique. Returns the page's
-    path."""
-    figures_dir, notebooks_dir = Path(figures_dir), Path(notebooks_dir)
-    if not figures_dir.is_dir():
-        raise FileNotFoundError(f"no figures folder at {figures_dir}: run the notebooks first (bash ci/main.sh)")
+    """Write ``index.html`` in ``out_dir`` (else :func:`mk.paths.figures_dir`: $MK_FIGURES_DIR, else
+    ``figures/``): first the write-up's claims against the workbook (:func:`claims_table`, computed here unless
+    ``claims`` is the table already, or False for none), each linked to where it is shown; then per notebook
+    (its number, file and first heading), every figure (its title, PNG, interactive page, provenance footer)
+    and every exported table (rounded as the notebook showed it, with its caption, kind, hardware, source and
+    date), in the order the notebook writes them. Files whose number matches no notebook in ``notebooks_dir``
+    are left out and listed. Every id on the page is unique. Returns the page's path."""
+    folder, notebooks_dir = Path(out_dir) if out_dir is not None else figures_dir(), Path(notebooks_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no figures folder at {folder}: run the notebooks first (bash ci/main.sh)")
     books = _notebooks(notebooks_dir)
-    items, left_out = _collect(figures_dir, books)
+    items, left_out = _collect(folder, books)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     commit = git_commit()
     n_fig = sum(i["type"] == "figure" for g in items.values() for i in g)
@@ -521,4 +522,4 @@ def write_report(
         out.append("<h2>Left out</h2><ul>" + "".join(f"<li>{_esc(x)}</li>" for x in left_out) + "</ul>")
     out.append("</body></html>\n")
     page = "\n".join(out)
-    return write_atomic(figures_dir / REPORT_NAME, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    return write_atomic(folder / REPORT_NAME, lambda tmp: tmp.write_text(page, encoding="utf-8"))

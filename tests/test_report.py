@@ -11,7 +11,7 @@ import mk.figures
 from mk.__main__ import main
 from mk.figures import provenance, save_figure
 from mk.notebook import Table, in_ms, show
-from mk.paths import NOTEBOOKS_DIR
+from mk.paths import FIGURES_ENV, NOTEBOOKS_DIR
 from mk.published import published
 from mk.report import CLAIMS, claims_table, export_table, kinds_named, write_report
 
@@ -59,8 +59,7 @@ def test_kinds_named_reads_free_text_labels():
 
 
 def test_show_exports_what_it_shows(tmp_path, monkeypatch):
-    monkeypatch.setattr(mk.figures, "FIGURES_DIR", tmp_path)
-    monkeypatch.setattr("mk.report.FIGURES_DIR", tmp_path)
+    monkeypatch.setenv(FIGURES_ENV, str(tmp_path))  # how the runner points a notebook's exports elsewhere
     show(table(), kind="modelled (mk.sol)", export="02_t", hardware="h100")
     m = json.loads((tmp_path / "02_t.meta.json").read_text())
     assert (m["kind"], m["hardware"], m["source"], m["digits"]) == ("modelled", "h100", "modelled (mk.sol)", 3)
