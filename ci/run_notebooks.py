@@ -3,11 +3,18 @@
     python ci/run_notebooks.py                      # notebooks' own (CPU) defaults
     python ci/run_notebooks.py --params ci/parameters.json   # CI's smaller parameters
     python ci/run_notebooks.py --only 01 -p CONTEXTS '[1024, 8192]'
+    python ci/run_notebooks.py --out /tmp/nb --figures /tmp/fig   # elsewhere (the tests: temporary folders)
 
-Executed copies go to build/notebooks/ (ignored by git); figures and exported tables to figures/, and
-after a successful run the report page gathering them, figures/index.html. Each notebook runs in its
-own process under a timeout, ``--jobs`` of them at once (they share nothing but figures/, each under its own
-names); a failure names the notebook and the failing cell's error.
+Executed copies go to build/notebooks/ (``--out``; ignored by git); figures and exported tables to figures/
+(``--figures``, given to the notebooks as $MK_FIGURES_DIR, see mk.paths.figures_dir), and after a successful
+run the report page gathering them, index.html there. Each notebook runs in its own process under a timeout,
+``--jobs`` of them at once (they share nothing but the figures folder, each under its own names); a failure
+names the notebook and the failing cell's error.
+
+A notebook is executed into a temporary folder and copied into the output folder (atomically) only when it ran
+to the end: a failed or timed-out notebook leaves no partial copy there and the previous good copy stands.
+The failed one's executed copy, with its traceback, is kept in the temporary folder, which the failure
+message names; after a run without failures the temporary folder is removed.
 """
 
 from __future__ import annotations
@@ -15,23 +22,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ROOT / "notebooks"
-OUT = ROOT / "build" / "notebooks"
-# Seconds each notebook took in its last run here (written after every run), else in a main job measured on a
-# 2-core machine (committed): the longest start first, so that no long notebook runs alone at the end.
-SECONDS_HERE = OUT / "seconds.json"
+from mk.files import write_atomic
+from mk.paths import BUILD_DIR, FIGURES_ENV, NOTEBOOKS_DIR, ROOT, figures_dir
+
+OUT = BUILD_DIR / "notebooks"
+# Seconds each notebook took in its last run into an output folder (written there after every run), else in a
+# main job measured on a 2-core machine (committed): the longest start first, so that no long notebook runs
+# alone at the end.
+SECONDS_HERE = "seconds.json"
 SECONDS_MEASURED = ROOT / "ci" / "notebook_seconds.json"
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
-    found = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    found = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
     if only:
         found = [nb for nb in found if any(nb.name.startswith(o) for o in only)]
     return found
@@ -42,24 +52,24 @@ def _seconds_key(params_file: Path | None) -> str:
     return params_file.name if params_file else "defaults"
 
 
-def longest_first(nbs: list[Path], params_file: Path | None) -> list[Path]:
+def longest_first(nbs: list[Path], params_file: Path | None, out: Path) -> list[Path]:
     """``nbs`` ordered by the seconds each took last time with the same parameters file (unknown ones first)."""
     key = _seconds_key(params_file)
     seconds = {}
-    for f in (SECONDS_MEASURED, SECONDS_HERE):  # this machine's record wins
+    for f in (SECONDS_MEASURED, out / SECONDS_HERE):  # this machine's record wins
         if f.exists():
             seconds.update(json.loads(f.read_text()).get(key, {}))
     return sorted(nbs, key=lambda nb: -seconds.get(nb.stem, float("inf")))
 
 
-def record_seconds(params_file: Path | None, took: dict[str, float]) -> None:
-    """Add this run's seconds per notebook to SECONDS_HERE (written to a temporary name, then renamed)."""
+def record_seconds(params_file: Path | None, took: dict[str, float], out: Path) -> None:
+    """Add this run's seconds per notebook to SECONDS_HERE in ``out``."""
     key = _seconds_key(params_file)
-    record = json.loads(SECONDS_HERE.read_text()) if SECONDS_HERE.exists() else {}
+    path = out / SECONDS_HERE
+    record = json.loads(path.read_text()) if path.exists() else {}
     record.setdefault(key, {}).update({k: round(v, 1) for k, v in took.items()})
-    tmp = SECONDS_HERE.with_suffix(".partial")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    tmp.replace(SECONDS_HERE)
+    text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+    write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
 def kernel_manager_class():
@@ -80,17 +90,15 @@ def kernel_manager_class():
     return IPCKernelManager
 
 
-def run_one(nb: Path, parameters: dict) -> None:
-    """Execute ``nb`` in this process, writing its executed copy atomically."""
+def run_one(nb: Path, parameters: dict, executed: Path) -> None:
+    """Execute ``nb`` in this process, writing its executed copy to ``executed`` (in the run's temporary folder:
+    papermill rewrites it after every cell)."""
     import papermill as pm
 
-    OUT.mkdir(parents=True, exist_ok=True)
-    final = OUT / nb.name
-    tmp = OUT / f".{nb.stem}.partial.ipynb"
     try:
         pm.execute_notebook(
             str(nb),
-            str(tmp),
+            str(executed),
             parameters=parameters,
             kernel_name="python3",
             cwd=str(ROOT),
@@ -101,9 +109,8 @@ def run_one(nb: Path, parameters: dict) -> None:
     except pm.PapermillExecutionError as e:
         raise SystemExit(
             f"notebook {nb.name} failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
-            f"(executed copy with the traceback: {tmp})"
+            f"(executed copy with the traceback: {executed})"
         ) from None
-    tmp.replace(final)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,27 +125,39 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("NAME", "JSON"),
         help="override one parameter (value parsed as JSON) in every notebook run",
     )
+    ap.add_argument("--out", type=Path, default=OUT, help=f"folder for the executed notebooks (default: {OUT})")
+    ap.add_argument(
+        "--figures",
+        type=Path,
+        default=figures_dir(),
+        help=f"folder for figures, tables and the report (default: ${FIGURES_ENV}, else {figures_dir()})",
+    )
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per notebook (default 1800)")
     ap.add_argument(
         "--jobs", type=int, default=min(2, os.cpu_count() or 1), help="notebooks run at once (default: 2, or 1 core)"
     )
     ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--one-params", default="{}", help=argparse.SUPPRESS)
+    ap.add_argument("--one-executed", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
 
     if a.one:  # child mode: one notebook in this process
-        run_one(a.one, json.loads(a.one_params))
+        run_one(a.one, json.loads(a.one_params), a.one_executed)
         return 0
 
     table = json.loads(a.params.read_text()) if a.params else {}
     overrides = {name: json.loads(v) for name, v in a.p}
     nbs = notebooks(a.only)
     if not nbs:
-        print(f"no notebooks matched in {NOTEBOOKS}", file=sys.stderr)
+        print(f"no notebooks matched in {NOTEBOOKS_DIR}", file=sys.stderr)
         return 1
+    # absolute: the notebooks run in ROOT, not in the caller's directory
+    out, figures = a.out.resolve(), a.figures.resolve()
     env = dict(os.environ)
     env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    pending = longest_first(nbs, a.params)
+    env[FIGURES_ENV] = str(figures)  # the kernels' save_figure and export_table write there
+    work = Path(tempfile.mkdtemp(prefix="mk-notebooks-"))  # executed copies until they ran to the end
+    pending = longest_first(nbs, a.params, out)
     running: dict[Path, tuple[subprocess.Popen, float]] = {}
     failed = []
     took: dict[str, float] = {}
@@ -152,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             params.update(overrides)
             print(f"[{nb.name}] running{' with ' + json.dumps(params) if params else ''}", flush=True)
             cmd = [sys.executable, __file__, "--one", str(nb), "--one-params", json.dumps(params)]
+            cmd += ["--one-executed", str(work / nb.name)]
             running[nb] = (subprocess.Popen(cmd, env=env, cwd=ROOT), time.time())
         if failed:
             pending.clear()
@@ -160,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
             if proc.poll() is None and time.time() - t0 > a.timeout:
                 proc.kill()
                 proc.wait()
-                print(f"[{nb.name}] FAILED: timed out after {a.timeout} s", file=sys.stderr)
+                print(
+                    f"[{nb.name}] FAILED: timed out after {a.timeout} s (executed so far: {work / nb.name})",
+                    file=sys.stderr,
+                )
                 failed.append(nb)
                 del running[nb]
             elif proc.poll() is not None:
@@ -170,14 +193,20 @@ def main(argv: list[str] | None = None) -> int:
                     failed.append(nb)
                 else:
                     took[nb.stem] = time.time() - t0
-                    print(f"[{nb.name}] ok in {took[nb.stem]:.0f} s -> {OUT / nb.name}", flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    record_seconds(a.params, took)
+                    executed = work / nb.name
+                    # copied, not renamed: the temporary folder may be on another file system
+                    write_atomic(out / nb.name, lambda tmp: shutil.copyfile(executed, tmp))
+                    executed.unlink()
+                    print(f"[{nb.name}] ok in {took[nb.stem]:.0f} s -> {out / nb.name}", flush=True)
+    if took:
+        record_seconds(a.params, took, out)
     if failed:
+        print(f"executed copies of the failed notebooks, for diagnosis: {work}", file=sys.stderr)
         return 1
+    shutil.rmtree(work)
     from mk.report import write_report
 
-    print(f"report: {write_report()}", flush=True)  # every figure and table in figures/, by notebook
+    print(f"report: {write_report(figures)}", flush=True)  # every figure and table there, by notebook
     return 0
 
 

@@ -1,11 +1,13 @@
-"""Notebooks: committed without outputs, a tagged parameters cell first, checked parameters, and a full run
-of the papermill runner with CI's parameters."""
+"""Notebooks: committed without outputs, a tagged parameters cell first, checked parameters, the runner
+writing only into the folders it is given (no partial copy, even of a failed notebook), and a full run of the
+papermill runner with CI's parameters. Every run here writes into temporary folders: never into the
+checkout's figures/ or build/, where the main job's results are."""
 
 import os
 import re
+import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -61,19 +63,50 @@ def test_check_parameters_names_parameter_type_and_value(ns, expected, message):
         check_parameters(ns, **expected)
 
 
+def run_notebooks(out: Path, figures: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    """ci/run_notebooks.py writing executed notebooks into ``out``, figures, tables and the report into
+    ``figures``."""
+    cmd = [sys.executable, "ci/run_notebooks.py", "--out", str(out), "--figures", str(figures), *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def files_under(*folders: Path) -> dict[Path, tuple[int, int]]:
+    """Every file under ``folders``, with its size and modification time (ns)."""
+    return {f: (f.stat().st_size, f.stat().st_mtime_ns) for d in folders for f in d.rglob("*") if f.is_file()}
+
+
+def test_runner_writes_only_into_the_folders_it_is_given(tmp_path):
+    checkout = files_under(ROOT / "figures", ROOT / "build")
+    out, figures = tmp_path / "notebooks", tmp_path / "figures"
+    small = ["-p", "MODELS", '["gemma4-26b-a4b"]', "-p", "CHIPS", '["h100"]', "-p", "CONTEXTS", "[1024, 8192]"]
+    r = run_notebooks(out, figures, "--only", "01", *small, "-p", "BATCHES", "[1, 8]", timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    good = out / "01_speed_of_light.ipynb"
+    assert good.is_file() and (figures / "index.html").is_file()
+    assert list(figures.glob("01_*.html")) and list(figures.glob("01_*.csv"))
+    written = files_under(out)
+    # A notebook failing (here in its parameter check) leaves its previous good copy as it was and nothing else.
+    r = run_notebooks(out, figures, "--only", "01", "-p", "CONTEXT", '"1K"', timeout=120)
+    assert r.returncode == 1 and "CONTEXT must be int" in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    named = re.search(r"executed copy with the traceback: (\S+\.ipynb)", r.stderr)
+    assert named, f"the failure names no executed copy: {r.stderr[-3000:]}"
+    kept = Path(named.group(1))
+    try:
+        assert kept.is_file() and not kept.is_relative_to(out) and not kept.is_relative_to(figures)
+        assert files_under(out) == written
+    finally:
+        shutil.rmtree(kept.parent)
+    assert not [f for f in tmp_path.rglob("*") if ".partial" in f.name]
+    assert files_under(ROOT / "figures", ROOT / "build") == checkout, "the runner wrote into the checkout"
+
+
 @pytest.mark.slow
-def test_runner_runs_every_notebook_with_ci_parameters():
-    start = time.time()
-    r = subprocess.run(
-        [sys.executable, "ci/run_notebooks.py", "--params", "ci/parameters.json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
+def test_runner_runs_every_notebook_with_ci_parameters(tmp_path):
+    out, figures = tmp_path / "notebooks", tmp_path / "figures"
+    r = run_notebooks(out, figures, "--params", "ci/parameters.json", timeout=3600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for nb in NOTEBOOKS:
-        assert (ROOT / "build" / "notebooks" / nb.name).stat().st_mtime >= start
+        assert (out / nb.name).is_file(), f"{nb.name} has no executed copy"
     # Notebook 01 writes each of its figures as HTML, and as PNG where a Chromium exists (CI installs one).
     nb = nbformat.read(ROOT / "notebooks" / "01_speed_of_light.ipynb", as_version=4)
     names = set(re.findall(r'"(01_[a-z_]+)"\)', "\n".join(c.source for c in nb.cells)))
@@ -81,8 +114,8 @@ def test_runner_runs_every_notebook_with_ci_parameters():
     kinds = ["html", "png"] if os.access("/usr/bin/chromium", os.X_OK) else ["html"]
     for name in names:
         for ext in kinds:
-            f = ROOT / "figures" / f"{name}.{ext}"
-            assert f.exists() and f.stat().st_mtime >= start and f.stat().st_size > 0, f"{f} was not written"
+            f = figures / f"{name}.{ext}"
+            assert f.exists() and f.stat().st_size > 0, f"{f} was not written"
     # Every figure the run wrote can be read whole: legends clear of titles, a legend for several series,
     # every series with a visible mark, no line hidden under another (laid out by plotly in a Chromium).
     if "png" in kinds:
@@ -90,18 +123,15 @@ def test_runner_runs_every_notebook_with_ci_parameters():
 
         from mk.figures import check_figure
 
-        specs = [
-            f
-            for f in sorted((ROOT / "figures").glob("*.json"))
-            if f.stat().st_mtime >= start and not f.name.endswith(".meta.json")  # tables' metadata, not figures
-        ]
+        # tables' metadata are not figures
+        specs = [f for f in sorted(figures.glob("*.json")) if not f.name.endswith(".meta.json")]
         assert specs
         problems = {f.stem: check_figure(pio.read_json(f)) for f in specs}
         assert not any(problems.values()), {k: v for k, v in problems.items() if v}
     # A healthy run is quiet: no output line of any notebook looks like an error or a warning.
     noisy = []
     for path in NOTEBOOKS:
-        executed = nbformat.read(ROOT / "build" / "notebooks" / path.name, as_version=4)
+        executed = nbformat.read(out / path.name, as_version=4)
         for i, cell in enumerate(executed.cells):
             for out in cell.get("outputs", []):
                 text = out.get("text", "") if out.get("output_type") == "stream" else ""
