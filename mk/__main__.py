@@ -34,14 +34,13 @@ def _add_quantize(p) -> None:
     )
 
 
-# What --model takes, everywhere: mk.config.get_config (the families the reference, plan and kernel run) or
-# mk.decoders.get_decoder (every family, for bytes and counts) resolve it.
+# What --model takes, everywhere: mk.config.get_config resolves it (the engines refuse what they do not run).
 MODEL_HELP = (
     "a preset name (python -m mk models lists them), a config.json or a checkpoint folder (data/configs has some), "
     "or a hub id whose config is in the local Hugging Face cache"
 )
 RUNNABLE_HELP = " (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral)"
-PLANNED_HELP = " (those run; gpt-oss, DeepSeek-V3, Gemma 2/3 planned and timed)"
+PLANNED_HELP = " (those run; gpt-oss, DeepSeek-V3 / Kimi K2, Gemma 2/3 planned and timed)"
 
 
 # sol ---------------------------------------------------------------------------------------------
@@ -59,10 +58,9 @@ def _add_sol(sub) -> None:
 
 
 def _run_sol(a) -> None:
-    from .decoders import get_decoder
     from .sol import speed_of_light
 
-    s = speed_of_light(get_decoder(a.model), a.chip, a.context, a.batch, a.dtype)
+    s = speed_of_light(a.model, a.chip, a.context, a.batch, a.dtype)
     d = s.to_dict()
     lines = [
         f"{s.model} on {s.chip}, context {s.context}, batch {s.batch}, {s.dtype} (modelled)",
@@ -84,15 +82,15 @@ def _add_lists(sub) -> None:
 
 
 def _run_models(a) -> None:
-    from .config import PRESETS
-    from .decoders import get_decoder
+    from .config import PRESETS, get_config
+    from .params import count_active_params, count_params
 
     for model in a.model or PRESETS:
-        d = get_decoder(model)
+        d = get_config(model)
         kind = f"MoE {d.num_experts}x top-{d.top_k}" if d.is_moe else "dense"
         print(
-            f"{d.name:<16} {d.family:<12} {d.num_layers:>3} layers  {kind:<18} {d.count_params():>16,} params "
-            f"({d.count_active_params():,} active)"
+            f"{d.name:<16} {d.family:<12} {d.num_layers:>3} layers  {kind:<18} {count_params(d):>16,} params "
+            f"({count_active_params(d):,} active)"
         )
 
 

@@ -1,4 +1,4 @@
-"""mk's parameter tree: every tensor of a Gemma 4 text model with its shape and the component it
+"""mk's parameter tree: every tensor of a model (any mk.config describes) with its shape and the component it
 belongs to.
 
 This one list is the truth for shapes (random init, checkpoint checks), for bytes (``mk.sol``) and
@@ -81,7 +81,7 @@ def _attention_specs(cfg: ModelConfig, i: int, p: str) -> list[ParamSpec]:
 def layer_param_specs(cfg: ModelConfig, i: int) -> list[ParamSpec]:
     """Layer ``i``'s tensors: Gemma 4's (q/k norms, sandwich norms, a layer scalar, the router's scales and a second
     pair of FFN norms beside the experts) or a pre-norm family's (``pre_ffn_norm`` is its post-attention norm); an
-    MoE model's dense first layers (DeepSeek-V3) a plain MLP."""
+    MoE model's dense layers (DeepSeek-V3's first, Qwen3-MoE's between MoE ones) a plain MLP."""
     t = cfg.layer_types[i]
     H, hd = cfg.hidden_size, cfg.head_dim(t)
     gemma = cfg.sandwich_norms
@@ -99,6 +99,9 @@ def layer_param_specs(cfg: ModelConfig, i: int) -> list[ParamSpec]:
             ParamSpec(p + "mlp_up", (H, mlp), SHARED_MLP, True),
             ParamSpec(p + "mlp_down", (mlp, H), SHARED_MLP, True),
         ]
+        if cfg.mlp_bias:
+            widths = (("gate", mlp), ("up", mlp), ("down", H))
+            specs += [ParamSpec(p + f"mlp_{m}_bias", (w,), SHARED_MLP, False) for m, w in widths]
     if gemma:
         specs.append(ParamSpec(p + "post_ffn_norm", (H,), NORMS, False))
     if cfg.layer_scalar and gemma:

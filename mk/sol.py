@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
 from .chips import Chip, get_chip
-from .config import SLIDING
-from .decoders import ModelLike, get_decoder
-from .params import EMBED, EXPERTS, HEAD, ROUTER, SHARED_MLP
+from .config import SLIDING, ModelConfig, get_config
+from .params import EMBED, EXPERTS, HEAD, ROUTER, SHARED_MLP, param_specs
 from .published import published_table
 from .quant_schemes import SCALE_BYTES, quantized_in, scale_count
 from .routing import expected_distinct_experts
@@ -118,47 +118,51 @@ class ByteCount:
         return self.by_component[KV_SLIDING] + self.by_component[KV_FULL]
 
 
+ModelLike = ModelConfig | str | Path  # a config, or what mk.config.get_config reads into one (once a call)
+
+
 def kv_bytes_per_user(model: ModelLike, context: int, kv_bytes: float = 2) -> dict[str, float]:
     """KV cache read by one user's decode step at ``context`` positions, by layer type (MLA's compressed
     latent and RoPE key for a DeepSeek-style layer, K and V otherwise)."""
+    cfg = get_config(model)
     out = {KV_SLIDING: 0.0, KV_FULL: 0.0}
-    for layer in get_decoder(model).layers:
-        positions = min(context, layer.window) if layer.window else context
-        out[KV_SLIDING if layer.attention == SLIDING else KV_FULL] += positions * layer.cache_per_position * kv_bytes
+    for t in cfg.layer_types:
+        elements = cfg.cache_positions(t, context) * cfg.cache_elements(t)
+        out[KV_SLIDING if t == SLIDING else KV_FULL] += elements * kv_bytes
     return out
 
 
 def bytes_per_token(model: ModelLike, context: int, batch: int = 1, dtype: str = "bf16") -> ByteCount:
     """Bytes one decode step reads from memory, by component.
 
-    ``model``: a preset, a ModelConfig, an mk.decoders.Decoder or anything mk.decoders.get_decoder takes (a
-    ``config.json``). ``context`` is the number of positions in the cache (the prompt plus tokens so far). The
-    head is the tied embedding or the untied output matrix, read once; the embedding lookup reads B rows and is
-    not counted. Under an INT8 policy each quantized matrix (``mk.quant_schemes.quantized_in``) also reads
-    ``SCALE_BYTES`` per scale (mk.quant_schemes.scale_count; an expert's per distinct expert read), added to its
-    component.
+    ``model``: a ModelConfig or anything mk.config.get_config takes (a preset, a ``config.json``, read once).
+    ``context`` is the number of positions in the cache (the prompt plus tokens so far). The head is the tied
+    embedding or the untied output matrix, read once; the embedding lookup reads B rows and is not counted. Under
+    an INT8 policy each quantized matrix (``mk.quant_schemes.quantized_in``) also reads ``SCALE_BYTES`` per scale
+    (mk.quant_schemes.scale_count; an expert's per distinct expert read), added to its component.
     """
     positive_int("context", context)
     positive_int("batch", batch)
-    dec = get_decoder(model)
+    cfg = get_config(model)
     pol = get_dtype(dtype)
     comp = {c: 0.0 for c in COMPONENT_ORDER}
-    scaled = frozenset(quantized_in(dec.specs, pol.quant))
-    for s in dec.specs:
+    specs = param_specs(cfg)
+    scaled = frozenset(quantized_in(specs, pol.quant))
+    # distinct experts the batch routes to, the same in every MoE layer (each picks top_k of num_experts)
+    read = expected_distinct_experts(cfg.num_experts, cfg.top_k, batch) if cfg.is_moe else 0.0
+    for s in specs:
         scales = scale_count(s) * SCALE_BYTES if s.path in scaled else 0.0
         if s.component == EMBED:
             continue
         if s.component == EXPERTS:
-            layer = dec.layer_of(s)
-            read = expected_distinct_experts(layer.experts, layer.top_k, batch)
-            comp[EXPERTS] += (s.size * pol.expert + scales) / layer.experts * read
+            comp[EXPERTS] += (s.size * pol.expert + scales) / cfg.num_experts * read
         elif s.component == HEAD:
             comp[HEAD] += s.size * pol.head + scales
         else:
             comp[s.component] += s.size * (pol.matrix if s.matrix else pol.vector) + scales
-    for k, v in kv_bytes_per_user(dec, context, pol.kv).items():
+    for k, v in kv_bytes_per_user(cfg, context, pol.kv).items():
         comp[k] = v * batch
-    return ByteCount(dec.name, context, batch, dtype, comp)
+    return ByteCount(cfg.name, context, batch, dtype, comp)
 
 
 @dataclass(frozen=True)
@@ -226,8 +230,9 @@ def sol_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "
     ]
     rows = []
     for m in models:
+        cfg = get_config(m)
         for c in chips:
-            s = speed_of_light(get_decoder(m), c, context, batch, dtype)
+            s = speed_of_light(cfg, c, context, batch, dtype)
             hit = pub[(pub["model"] == s.model) & (pub["chip"] == s.chip)]
             published = float(hit["value"].iloc[0]) if len(hit) else math.nan
             rows.append(
@@ -254,7 +259,7 @@ def published_vs_sol(keys=None) -> pd.DataFrame:
     fractions = t[t["quantity"] == "fraction_of_sol"]
     rows = []
     for r in runs.itertuples():
-        s = speed_of_light(get_decoder(r.model), r.chip, int(r.context), int(r.batch), r.dtype)
+        s = speed_of_light(r.model, r.chip, int(r.context), int(r.batch), r.dtype)
         f = fractions[
             (fractions["model"] == r.model)
             & (fractions["chip"] == r.chip)
@@ -284,18 +289,18 @@ def component_table(models, context: int = 1024, batch: int = 1, dtype: str = "b
     one: it is called ``mlp`` here (``shared_mlp`` beside the routed experts of an MoE model)."""
     rows = []
     for m in models:
-        dec = get_decoder(m)
-        bc = bytes_per_token(dec, context, batch, dtype)
+        cfg = get_config(m)
+        bc = bytes_per_token(cfg, context, batch, dtype)
         rows += [
             dict(
                 model=bc.model,
-                component="mlp" if k == SHARED_MLP and not dec.is_moe else k,
+                component="mlp" if k == SHARED_MLP and not cfg.is_moe else k,
                 bytes=v,
                 share=v / bc.total,
                 kind=MODELLED,
             )
             for k, v in bc.by_component.items()
-            if dec.is_moe or k not in (EXPERTS, ROUTER)
+            if cfg.is_moe or k not in (EXPERTS, ROUTER)
         ]
     return pd.DataFrame(rows)
 
@@ -305,14 +310,14 @@ def context_sweep(models, chips, contexts, batch: int = 1, dtype: str = "bf16") 
     layers' stops growing at the window."""
     rows = []
     for m in models:
-        dec = get_decoder(m)
+        cfg = get_config(m)
         for n in contexts:
-            bc = bytes_per_token(dec, n, batch, dtype)
+            bc = bytes_per_token(cfg, n, batch, dtype)
             for c in chips:
                 chip = get_chip(c)
                 rows.append(
                     dict(
-                        model=dec.name,
+                        model=cfg.name,
                         chip=chip.name,
                         context=n,
                         bytes_per_token=bc.total,
@@ -327,19 +332,19 @@ def context_sweep(models, chips, contexts, batch: int = 1, dtype: str = "bf16") 
 
 def batch_sweep(model, chips, batches, context: int = 1024, dtype: str = "bf16") -> pd.DataFrame:
     """Speed of light against batch: more users touch more distinct experts and read more KV."""
-    dec = get_decoder(model)
+    cfg = get_config(model)
     rows = []
     for b in batches:
-        bc = bytes_per_token(dec, context, b, dtype)
+        bc = bytes_per_token(cfg, context, b, dtype)
         for c in chips:
             chip = get_chip(c)
             step_s = bc.total / chip.hbm_bandwidth
             rows.append(
                 dict(
-                    model=dec.name,
+                    model=cfg.name,
                     chip=chip.name,
                     batch=b,
-                    expected_experts=expected_distinct_experts(dec.num_experts, dec.top_k, b),
+                    expected_experts=expected_distinct_experts(cfg.num_experts, cfg.top_k, b),
                     bytes_per_token=bc.total,
                     tokens_per_s=1 / step_s,
                     tokens_per_s_total=b / step_s,

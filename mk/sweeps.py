@@ -419,27 +419,24 @@ def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = 
 
 
 def family_table(models, context: int = 1024, dtype: str = "bf16") -> pd.DataFrame:
-    """Per model (any mk.decoders takes): its family, layers, experts, parameters (all and read per token), the bytes
+    """Per model (any mk.config takes): its family, layers, experts, parameters (all and read per token), the bytes
     one decode step reads for one user at ``context`` (mk.sol) and whether mk runs it or plans and times it only."""
-    from .decoders import get_decoder
+    from .params import count_active_params, count_params
     from .sol import bytes_per_token
 
     rows = []
     for m in models:
-        d = get_decoder(m)
-        try:
-            mk = "runs" if get_config(m).runnable else "plans and times"
-        except ValueError:  # a variant mk.config does not take: its bytes only
-            mk = "counts bytes"
+        d = get_config(m)
         rows.append(
             dict(
                 model=d.name, family=d.family, layers=d.num_layers,
                 experts=f"{d.num_experts} (top {d.top_k})" if d.is_moe else "dense",
-                params_B=d.count_params() / 1e9, active_B=d.count_active_params() / 1e9,
-                step_GB=bytes_per_token(d, context, 1, dtype).total / 1e9, mk=mk,
+                params_B=count_params(d) / 1e9, active_B=count_active_params(d) / 1e9,
+                step_GB=bytes_per_token(d, context, 1, dtype).total / 1e9,
+                mk="runs" if d.runnable else "plans and times",
             )
         )  # fmt: skip
-    return pd.DataFrame(rows).assign(kind=f"modelled (mk.sol, {dtype}, context {context}); counts: mk.decoders")
+    return pd.DataFrame(rows).assign(kind=f"modelled (mk.sol, {dtype}, context {context}); counts: mk.params")
 
 
 def worst_error(validation_rows: pd.DataFrame) -> float:

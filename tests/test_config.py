@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from mk.config import (
+    CONFIG_FAMILIES,
     FULL,
     GEMMA4_26B_A4B,
     GEMMA4_31B,
@@ -166,18 +167,30 @@ def test_full_size_configs_of_other_families(folder, family, what):
 
 
 @pytest.mark.parametrize(
-    "change, message",
+    "change, variant",
     [
-        (dict(attention_bias=True), "attention_bias"),
-        (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
-        (dict(use_sliding_window=True, sliding_window=4096), "sliding_window"),
-        (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}), "unsupported RoPE type 'yarn'"),
-        (dict(mlp_only_layers=[0]), "mlp_only_layers"),
+        (dict(attention_bias=True), "attention biases"),
+        (dict(use_sliding_window=True, sliding_window=4096, max_window_layers=1), "sliding-window layers"),
+        (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}), "yarn RoPE scaling"),
+        (dict(mlp_only_layers=[0], intermediate_size=256), "dense layers among MoE layers"),
     ],
 )
-def test_other_families_refuse_what_mk_does_not_run(change, message):
+def test_other_families_variants_are_described_and_refused_by_the_engines_by_name(change, variant):
+    """What a pre-norm family's config may say beyond what mk runs is read into the one description (planned, timed
+    and counted); the reference and the kernel refuse it naming the variant, and to_hf_dict writes runnable models
+    only."""
+    cfg = from_hf_dict({**to_hf_dict(TINY_QWEN3_MOE), **change}, "variant")
+    assert cfg.variants_not_run == (variant,) and not cfg.runnable
+    message = rf"variant is a qwen3_moe model with {variant}: mk plans and times it .* run gemma4_text, llama"
     with pytest.raises(ValueError, match=message):
-        from_hf_dict({**to_hf_dict(TINY_QWEN3_MOE), **change})
+        cfg.check_runnable()
+    with pytest.raises(ValueError, match=message):
+        to_hf_dict(cfg)
+
+
+def test_other_families_refuse_what_mk_does_not_describe():
+    with pytest.raises(ValueError, match="hidden_act 'gelu'"):
+        from_hf_dict({**to_hf_dict(TINY_QWEN3_MOE), "hidden_act": "gelu"})
 
 
 def test_a_model_without_sliding_layers_needs_no_sliding_shapes():
@@ -208,3 +221,158 @@ def test_a_folder_of_data_configs_is_a_model_by_its_name():
     assert get_config("qwen3-8b") == load_hf_config(CONFIGS_DIR / "qwen3-8b")
     with pytest.raises(ValueError, match=r"not a folder of data/configs \(.*llama-3.2-1b"):
         get_config("llama-9")
+
+
+def test_a_variant_is_refused_by_the_reference_and_the_kernel_by_name():
+    from mk import reference as R
+    from mk.megakernel.kernel import MegakernelEngine
+
+    cfg = from_hf_dict(TINY_HF["qwen3"], "sliding-qwen3")
+    message = "sliding-qwen3 is a qwen3 model with sliding-window layers: mk plans and times it"
+    with pytest.raises(ValueError, match=message):
+        R.prefill({}, cfg, [[1, 2]], {})
+    with pytest.raises(ValueError, match=message):
+        MegakernelEngine(cfg)
+
+
+# Every family's config against transformers: the same config built by transformers on the meta device (no weights)
+# has the parameter count mk.params gives for mk.config's description, tiny and full size.
+CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
+SMALL = dict(vocab_size=100, hidden_size=16, intermediate_size=24, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=8)  # fmt: skip
+MLA = dict(kv_lora_rank=10, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5)
+TINY_HF = {
+    "llama": dict(SMALL, model_type="llama", attention_bias=True, mlp_bias=True),
+    "llama-tied": dict(SMALL, model_type="llama", tie_word_embeddings=True),
+    "qwen3": dict(SMALL, model_type="qwen3", use_sliding_window=True, sliding_window=8, max_window_layers=2),
+    "qwen3_moe": dict(SMALL, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=6,
+                      decoder_sparse_step=2, mlp_only_layers=[3]),
+    "mixtral": dict(SMALL, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+    "gpt_oss": dict(SMALL, model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+    "deepseek_v3": dict(SMALL, **MLA, model_type="deepseek_v3", num_key_value_heads=4, moe_intermediate_size=6,
+                        n_routed_experts=4, n_shared_experts=2, num_experts_per_tok=2, first_k_dense_replace=1,
+                        q_lora_rank=12, n_group=2, topk_group=1),
+    "deepseek_v3-no-q-lora": dict(SMALL, **MLA, model_type="deepseek_v3", num_key_value_heads=4, q_lora_rank=None,
+                                  moe_intermediate_size=6, n_routed_experts=4, n_shared_experts=1,
+                                  num_experts_per_tok=2, first_k_dense_replace=2, n_group=1, topk_group=1),
+    "gemma2": dict(SMALL, model_type="gemma2", sliding_window=8),
+    "gemma3_text": dict(SMALL, model_type="gemma3_text", sliding_window=8),
+}  # fmt: skip
+
+
+def transformers_count(d: dict) -> int:
+    """transformers' own count of what a checkpoint holds: the model built from ``d`` on the meta device, its
+    parameters (shared ones once) and its persistent buffers (Gemma 4's layer scalars, DeepSeek's routing
+    bias: loaded from the checkpoint and read every step; RoPE tables are not persistent)."""
+    import torch
+    import transformers
+
+    cls = transformers.CONFIG_MAPPING[d["model_type"]]
+    cfg = cls(**{k: v for k, v in d.items() if k not in ("model_type", "architectures")})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    persistent = set(model.state_dict())
+    buffers = sum(b.numel() for n, b in model.named_buffers() if n in persistent)
+    return sum(p.numel() for p in model.parameters()) + buffers
+
+
+@pytest.mark.parametrize("name", TINY_HF)
+def test_tiny_configs_count_what_transformers_builds(name):
+    assert count_params(from_hf_dict(TINY_HF[name])) == transformers_count(TINY_HF[name])
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in CONFIGS.iterdir() if p.is_dir()))
+def test_full_size_configs_count_what_transformers_builds(folder):
+    d = json.loads((CONFIGS / folder / "config.json").read_text())
+    cfg = get_config(CONFIGS / folder)
+    assert cfg.name == folder and cfg.family == d["model_type"]
+    assert count_params(cfg) == transformers_count(d)
+    # all of a dense model with a tied embedding is read each step; an MoE model's or an untied embedding's not
+    read_whole = not cfg.is_moe and cfg.tied_embeddings
+    assert (count_active_params(cfg) == count_params(cfg)) == read_whole
+
+
+def test_gemma4_is_counted_as_transformers_builds_it():
+    d = to_hf_dict(GEMMA4_31B)
+    assert count_params(from_hf_dict(d)) == count_params(GEMMA4_31B) == transformers_count(d)
+
+
+def test_each_family_reads_its_layers():
+    def windows(cfg):
+        return [cfg.sliding_window if t == SLIDING else None for t in cfg.layer_types]
+
+    def experts(cfg):
+        return [cfg.num_experts if cfg.is_moe_layer(i) else 0 for i in range(cfg.num_layers)]
+
+    assert windows(from_hf_dict(TINY_HF["gpt_oss"])) == [8, None, 8, None]  # alternating, the first sliding
+    assert windows(from_hf_dict(TINY_HF["qwen3"])) == [None, None, 8, 8]  # from max_window_layers on
+    assert windows(from_hf_dict(TINY_HF["mixtral"])) == [8, 8, 8, 8]
+    qwen = from_hf_dict(TINY_HF["qwen3_moe"])
+    assert experts(qwen) == [0, 4, 0, 0]  # every second layer, not the MLP-only one
+    assert [qwen.mlp_width(i) for i in range(4)] == [24, 0, 24, 24]  # the others a dense MLP of intermediate_size
+    ds = from_hf_dict(TINY_HF["deepseek_v3"])
+    assert experts(ds) == [0, 4, 4, 4]  # dense first layer
+    assert {ds.cache_elements(t) for t in ds.layer_types} == {10 + 4}  # MLA: the latent and one RoPE key
+    llama = from_hf_dict(TINY_HF["llama"])
+    assert {llama.cache_elements(t) for t in llama.layer_types} == {2 * 2 * 8}
+    assert from_hf_dict(TINY_HF["deepseek_v3-no-q-lora"]).truncated(1).dense_layers == (0,)
+
+
+def test_unknown_family_and_field_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"model_type is 'bert': mk runs gemma4_text, llama.* plans .*deepseek_v3"):
+        from_hf_dict({"model_type": "bert"})
+    assert "gemma4_text" in CONFIG_FAMILIES
+    with pytest.raises(ValueError, match=r"llama config field\(s\) \['cross_attention_layers'\]"):
+        from_hf_dict(dict(TINY_HF["llama"], cross_attention_layers=[1]))
+
+
+def test_a_hub_id_is_read_from_the_local_cache_offline(tmp_path, monkeypatch):
+    snap = tmp_path / "hub" / "models--someone--tiny-qwen3" / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(TINY_HF["qwen3"]))
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    cfg = get_config("someone/tiny-qwen3")
+    assert cfg.family == "qwen3" and count_params(cfg) == count_params(from_hf_dict(TINY_HF["qwen3"]))
+    with pytest.raises(ValueError, match="not a hub id in the local Hugging Face cache"):
+        get_config("someone/absent")
+
+
+# Kimi K2's config.json as Moonshot AI published it (model_type kimi_k2, DeepSeek-V3's architecture), its fields
+# spelled out here: data/configs holds none of it yet.
+KIMI_K2 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "attention_bias": False,
+    "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": 163584, "eos_token_id": 163585,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02,
+    "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 131072, "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 64,
+    "num_nextn_predict_layers": 0, "pretraining_tp": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 50000.0,
+    "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "routed_scaling_factor": 2.827, "scoring_func": "sigmoid", "seq_aux": True, "tie_word_embeddings": False,
+    "topk_group": 1, "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128,
+    "vocab_size": 163840,
+}  # fmt: skip
+
+
+def test_kimi_k2_is_read_as_deepseek_v3s_architecture(tmp_path, mk_json):
+    """Kimi K2's own config.json: DeepSeek-V3's adapter reads it (MLA, one dense layer, 384 experts of which 8 and a
+    shared one a token); its ~1.03T parameters are transformers' DeepseekV3 count under the same fields, and
+    ``python -m mk sol`` answers for it."""
+    from mk.sol import bytes_per_token
+
+    folder = tmp_path / "kimi-k2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(KIMI_K2))
+    cfg = get_config(folder / "config.json")
+    assert cfg.name == "kimi-k2" and cfg.family == "kimi_k2" and not cfg.runnable
+    assert cfg.num_layers == 61 and cfg.dense_layers == (0,) and cfg.dense_intermediate == 18432
+    assert (cfg.num_experts, cfg.top_k, cfg.expert_intermediate, cfg.mlp_intermediate) == (384, 8, 2048, 2048)
+    assert cfg.latent_attention.q_lora_rank == 1536 and cfg.rope_scaling_kind == "yarn"
+    assert count_params(cfg) == transformers_count(dict(KIMI_K2, model_type="deepseek_v3"))
+    assert count_params(cfg) == pytest.approx(1.03e12, rel=0.01)
+    got = mk_json("sol", "--model", folder / "config.json", "--chip", "tpu-v5e-8", "--context", 1024, "--json")
+    assert got["model"] == "kimi-k2" and got["bytes_per_token"] == bytes_per_token(cfg, 1024).total

@@ -364,7 +364,7 @@ def test_dense_first_layers_and_the_latent_cache_in_the_plan():
     cfg = get_config(CONFIGS / "deepseek-v3")
     plan = build_plan(cfg, 1, 4096, weight_itemsize=2, kv_itemsize=2)
     routed = {ld.layer for ld in plan.loads if ld.component == EXPERTS}
-    assert min(routed) == cfg.dense_layers == 3 and len(routed) == cfg.num_layers - 3
+    assert cfg.dense_layers == (0, 1, 2) and min(routed) == 3 and len(routed) == cfg.num_layers - 3
     attends = [op for op in plan.ops if isinstance(op, Attend)]
     assert len(attends) == cfg.num_layers
     # one latent (512) and one RoPE key (64) a position, bf16, whatever the 128 heads

@@ -1,11 +1,14 @@
 """Bytes per token against counts written out by hand, the seed's speed-of-light table, and the sweeps."""
 
 import math
+from pathlib import Path
 
 import pytest
+from test_config import TINY_HF, transformers_count
 
 from mk import sol
-from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_MOE
+from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_MOE, from_hf_dict, get_config
+from mk.params import count_params
 from mk.published import published, published_table
 from mk.routing import expected_distinct_experts
 
@@ -215,3 +218,75 @@ def test_bad_input_is_named(kwargs, message):
 def test_unknown_chip_in_speed_of_light():
     with pytest.raises(ValueError, match="unknown chip 'a100'"):
         sol.speed_of_light(GEMMA4_26B_A4B, "a100", 1024)
+
+
+# Other decoders, read from their config.json (tests/test_config.py holds their parameter counts against transformers)
+CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
+
+
+@pytest.mark.parametrize("folder", ["llama-3.2-1b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_cli_sol_reads_a_config_json(mk_json, folder):
+    """``python -m mk sol --model path/to/config.json``: the bytes of mk.sol for that decoder, by component; an
+    MoE model reads top-k experts of its routed ones, MLA its compressed cache."""
+    got = mk_json("sol", "--model", CONFIGS / folder / "config.json", "--chip", "h100", "--context", 1024, "--json")
+    cfg = get_config(CONFIGS / folder)
+    assert got["model"] == folder and got["bytes_per_token"] == sol.bytes_per_token(cfg, 1024).total
+    kv = got["bytes_by_component"]["kv_full"]
+    assert kv == 1024 * sum(cfg.cache_elements(t) for t in cfg.layer_types) * 2  # bf16, every layer full
+    assert (got["bytes_by_component"]["experts"] > 0) == cfg.is_moe
+
+
+@pytest.mark.parametrize("name", TINY_HF)
+def test_every_config_mk_config_takes_is_planned_and_timed(name):
+    """A tiny config of each family and variant (biased projections, sliding Qwen3 layers, dense layers between
+    Qwen3-MoE's MoE ones, Mixtral's window too): the step plan builds and mk.timing times it, never faster than the
+    speed of light."""
+    from mk.timing import predict
+
+    cfg = from_hf_dict(TINY_HF[name], name)
+    for engine in ("megakernel", "general"):
+        assert predict(cfg, "h100", 64, 2, engine).step_s >= sol.speed_of_light(cfg, "h100", 64, 2).step_s * (1 - 1e-12)
+
+
+# Gemma 2 and 3 at a full-size model's shapes (no config of theirs is in data/configs)
+GEMMA_SIZE = dict(vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=6,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=256, sliding_window=4096)  # fmt: skip
+
+
+def plan_reads_sols_bytes(cfg) -> None:
+    """The step plan streams, of real weights and cache, the bytes mk.sol counts, within 1%."""
+    from mk.plan import build_plan
+
+    for context in (1024, 16384):
+        plan = build_plan(cfg, 1, context, weight_itemsize=2, kv_itemsize=2)
+        total = sol.bytes_per_token(cfg, context, 1, "bf16").total
+        assert abs(plan.payload_bytes + plan.kv_payload_bytes - total) / total < 0.01
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_gemma_2_and_3_plans_read_mk_sols_bytes(family):
+    d = dict(TINY_HF[family], **GEMMA_SIZE)
+    assert count_params(from_hf_dict(d)) == transformers_count(d)
+    cfg = from_hf_dict(d, family)
+    assert not cfg.runnable and cfg.family == family and not cfg.layer_scalar
+    plan_reads_sols_bytes(cfg)
+
+
+@pytest.mark.parametrize(
+    "variant, change",
+    [
+        ("llama", {}),  # attention and MLP biases
+        ("qwen3", dict(max_window_layers=3)),  # sliding layers from the fourth on
+        ("qwen3_moe", dict(moe_intermediate_size=1024)),  # dense layers between MoE ones
+        ("mixtral", {}),  # a window in every layer
+    ],
+)
+def test_pre_norm_variants_plans_read_mk_sols_bytes(variant, change):
+    """The pre-norm families' variants mk plans and times but does not run, at a full-size model's shapes."""
+    cfg = from_hf_dict(dict(TINY_HF[variant], **GEMMA_SIZE, **change), variant)
+    assert not cfg.runnable
+    if variant in ("qwen3", "mixtral"):  # a sliding layer reads at most its window of the cache
+        assert sol.bytes_per_token(cfg, 16384).by_component["kv_sliding"] == pytest.approx(
+            len(cfg.sliding_layers) * 4096 * 2 * 8 * 256 * 2
+        )
+    plan_reads_sols_bytes(cfg)

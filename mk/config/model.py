@@ -1,0 +1,327 @@
+"""The model description: ModelConfig (frozen), the small records it holds, and the names of what it can say.
+
+One config type describes every decoder mk reads: Gemma 4 text (26B-A4B / 31B: sliding and full layers, q/k/v
+norms, sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), the Llama 3 / Qwen3 /
+Qwen3-MoE / Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling,
+softmax top-k routing without a shared expert), which mk runs; and what it plans and times only (``runnable``
+says which): gpt-oss, DeepSeek-V3's MLA (Kimi K2), Gemma 2 and 3, and the pre-norm families' variants (biased
+projections and MLP, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's window). The
+fields that set a family apart (``family``, ``activation``, ``qk_norm`` ...) default to Gemma 4's.
+
+Field names describe the model, not the checkpoint (mk.config.hf maps Hugging Face names onto them). Every derived
+quantity (heads per layer type, layer indices) is a property, so a config is just the numbers the architecture
+needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ..units import positive_int
+
+
+class LayerType(StrEnum):
+    """A layer's attention: a sliding window or the full context (equal to the strings "sliding", "full")."""
+
+    SLIDING = "sliding"
+    FULL = "full"
+
+
+SLIDING, FULL = LayerType.SLIDING, LayerType.FULL
+LAYER_TYPES = tuple(LayerType)
+
+
+def period_pattern(num_layers: int, period: int = 6) -> tuple[str, ...]:
+    """Gemma's layer pattern: the last layer of each period full, the others sliding (Gemma 4: 5 + 1)."""
+    return tuple(FULL if (i + 1) % period == 0 else SLIDING for i in range(num_layers))
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3's RoPE frequency scaling (``rope_type: llama3``): wavelengths beyond
+    ``original_max_position_embeddings / low_freq_factor`` are slowed by ``factor``, those below
+    ``... / high_freq_factor`` kept, the band between interpolated."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """DeepSeek's multi-head latent attention (MLA): queries through a ``q_lora_rank`` bottleneck (0: none), keys and
+    values through one ``kv_lora_rank`` latent a position plus a ``qk_rope_head_dim`` RoPE key shared by every head:
+    the cache holds those two a position (decode absorbs the up-projections into the query and the output)."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+
+
+GEMMA4 = "gemma4_text"
+# The pre-norm families the reference and the kernel run besides Gemma 4 (without the variants ``runnable`` names).
+PRE_NORM_FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral")
+RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES)
+# Planned and timed, not run (Kimi K2 is DeepSeek-V3's architecture under its own model_type).
+PLANNED_FAMILIES = ("gpt_oss", "deepseek_v3", "kimi_k2", "gemma2", "gemma3_text")
+CONFIG_FAMILIES = (*RUNNABLE_FAMILIES, *PLANNED_FAMILIES)  # the model_types mk reads
+ACTIVATIONS = ("gelu_tanh", "silu", "swiglu_clamped")  # the last gpt-oss's: planned and timed, not run
+# Gemma 4's scaled router; softmax over all experts then the top k; gpt-oss's biased logits, top k, softmax over the k;
+# DeepSeek-V3's biased sigmoid scores picked in groups (the last two planned and timed, not run)
+ROUTERS = ("gemma4", "softmax_topk", "topk_softmax", "sigmoid_grouped")
+FFN_LAYOUTS = ("sublanes", "lanes")  # the kernel's layouts of a gated MLP (ModelConfig.ffn_layout)
+GATED_IN = ("mlp_gate", "mlp_up", "expert_gate", "expert_up")  # a gated MLP's input projections [..., H, I]
+GATED_OUT = ("mlp_down", "expert_down")  # [..., I, H]
+# What every pre-norm family shares: every layer's norms before its blocks, SiLU, an untied head, scaled scores.
+PRE_NORM_WIRING = dict(
+    full_partial_rotary=1.0,
+    final_softcap=0.0,
+    full_k_eq_v=False,
+    activation="silu",
+    scale_embeddings=False,
+    qk_norm=False,
+    v_norm=False,
+    sandwich_norms=False,
+    scale_scores=True,
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder: Gemma 4 text (26B-A4B / 31B family: no per-layer inputs, no KV sharing) by default, or another
+    family (``family`` and the fields after it).
+
+    A model without sliding layers leaves ``sliding_*`` at 0; a model with experts and no shared MLP has
+    ``mlp_intermediate = 0``."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    layer_types: tuple[str, ...]
+    num_heads: int
+    sliding_kv_heads: int
+    sliding_head_dim: int
+    full_kv_heads: int
+    full_head_dim: int
+    sliding_window: int
+    mlp_intermediate: int
+    num_experts: int = 0
+    top_k: int = 0
+    expert_intermediate: int = 0
+    sliding_rope_theta: float = 10_000.0
+    full_rope_theta: float = 1_000_000.0
+    full_partial_rotary: float = 0.25
+    rms_eps: float = 1e-6
+    final_softcap: float = 30.0
+    full_k_eq_v: bool = True
+    # What sets the families apart (Gemma 4's by default) --------------------------------------------
+    family: str = GEMMA4  # the Hugging Face model_type the weights' names and the config follow
+    activation: str = "gelu_tanh"  # the gated MLP's: gelu_tanh(gate) * up, or silu(gate) * up
+    tied_embeddings: bool = True  # the head is the embedding (else its own [hidden, vocab] matrix)
+    scale_embeddings: bool = True  # the embedding rows times sqrt(hidden)
+    qk_norm: bool = True  # learned RMSNorms on q and k over head_dim
+    v_norm: bool = True  # a weightless RMSNorm on v
+    sandwich_norms: bool = True  # norms after attention and after the FFN (Gemma)
+    layer_scalar: bool = True  # each layer's output times a learned scalar (Gemma 4)
+    scale_scores: bool = False  # scores / sqrt(head_dim) (Gemma 4: 1, its q/k norms set the scale)
+    router: str = "gemma4"
+    norm_topk: bool = True  # softmax_topk: the k weights renormalised to sum to 1
+    rope_scaling: RopeScaling | None = None
+    # Planned and timed, not run (``variants_not_run`` names each) -------------------------------------
+    latent_attention: LatentAttention | None = None  # MLA in every layer (full_* are its query/key head dims)
+    attention_bias: bool = False  # q, k, v and o biases (gpt-oss; a Llama or Qwen3's attention_bias)
+    mlp_bias: bool = False  # gate, up and down biases of the dense MLP (a Llama's mlp_bias)
+    sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
+    expert_bias: bool = False  # biases on each expert's projections and on the router (gpt-oss)
+    router_bias: bool = False  # a bias on the router's scores, for picking only (DeepSeek-V3)
+    # An MoE model's layers whose feed-forward is a dense MLP of dense_intermediate instead of routed experts:
+    # DeepSeek-V3's first first_k_dense_replace; Qwen3-MoE's off its decoder_sparse_step or in its mlp_only_layers.
+    dense_layers: tuple[int, ...] = ()
+    dense_intermediate: int = 0
+    rope_scaling_kind: str = ""  # a RoPE scaling the reference does not run (yarn), named for the record
+    # How the kernel lays out the gated MLPs (mk.plan.layout), carried here so every chip's slice, the packing and
+    # the plan agree: "sublanes" holds the intermediate on rows (gate and up transposed), padded to 8 rows;
+    # "lanes" (the first layout) on lanes, padded to 128. The reference ignores it.
+    ffn_layout: str = "sublanes"
+
+    def __post_init__(self) -> None:
+        problems = []
+        sliding = SLIDING in self.layer_types
+        required = ["vocab_size", "hidden_size", "num_heads", "full_kv_heads", "full_head_dim"]
+        if sliding:
+            required += ["sliding_kv_heads", "sliding_head_dim", "sliding_window"]
+        if not self.num_experts or self.mlp_intermediate:
+            required.append("mlp_intermediate")
+        if self.dense_layers:
+            required.append("dense_intermediate")
+        for f in required:
+            try:
+                positive_int(f, getattr(self, f))
+            except ValueError as e:
+                problems.append(str(e))
+        if not self.layer_types:
+            problems.append("layer_types is empty: a model needs at least one layer")
+        bad = sorted({t for t in self.layer_types if t not in LAYER_TYPES})
+        if bad:
+            problems.append(f"layer_types holds {bad}; each must be one of {[str(t) for t in LAYER_TYPES]}")
+        else:  # plain strings become LayerType members (equal to them)
+            object.__setattr__(self, "layer_types", tuple(LayerType(t) for t in self.layer_types))
+        if self.num_experts < 0 or self.top_k < 0 or self.expert_intermediate < 0 or self.mlp_intermediate < 0:
+            problems.append("num_experts, top_k, expert_intermediate and mlp_intermediate must not be negative")
+        if self.num_experts and not (0 < self.top_k <= self.num_experts and self.expert_intermediate > 0):
+            problems.append(
+                f"an MoE model needs 0 < top_k <= num_experts and expert_intermediate > 0, "
+                f"got top_k={self.top_k}, num_experts={self.num_experts}, "
+                f"expert_intermediate={self.expert_intermediate}"
+            )
+        dense = tuple(self.dense_layers)  # a list (read from JSON) becomes a tuple, so the config stays hashable
+        object.__setattr__(self, "dense_layers", dense)
+        n = len(self.layer_types)
+        if dense and (not self.num_experts or list(dense) != sorted(set(dense)) or not 0 <= dense[0] <= dense[-1] < n):
+            problems.append(f"dense_layers={dense} must be increasing layer indices below {n}, of an MoE model")
+        for t, kv in ((SLIDING, self.sliding_kv_heads), (FULL, self.full_kv_heads)):
+            if kv > 0 and self.num_heads % kv:
+                problems.append(f"num_heads={self.num_heads} is not a multiple of the {t} KV heads ({kv})")
+        rot = self.full_head_dim * self.full_partial_rotary
+        if not (0 < self.full_partial_rotary <= 1) or rot != int(rot) or int(rot) % 2:
+            problems.append(
+                f"full_partial_rotary={self.full_partial_rotary} must give an even number of "
+                f"rotated dims of full_head_dim={self.full_head_dim}"
+            )
+        if self.activation not in ACTIVATIONS:
+            problems.append(f"activation {self.activation!r} is not one of {list(ACTIVATIONS)}")
+        if self.ffn_layout not in FFN_LAYOUTS:
+            problems.append(f"ffn_layout {self.ffn_layout!r} is not one of {list(FFN_LAYOUTS)}")
+        if self.router not in ROUTERS:
+            problems.append(f"router {self.router!r} is not one of {list(ROUTERS)}")
+        if self.family == GEMMA4 and self.num_experts and not self.mlp_intermediate:
+            problems.append("a Gemma 4 MoE model has a shared MLP beside its experts: mlp_intermediate must be > 0")
+        if problems:
+            raise ValueError(f"invalid ModelConfig {self.name!r}: " + "; ".join(problems))
+
+    # Derived structure -------------------------------------------------------------------
+    def outputs_on_rows(self, path: str) -> bool:
+        """Whether the kernel stores matrix ``path`` (a parameter path or a stacked tensor name) transposed, its output
+        channels on rows (gate and up in the "sublanes" FFN layout): a tile is applied as ``x @ tile.T``, and its INT8
+        scales are per row."""
+        return self.ffn_layout == "sublanes" and path.rsplit(".", 1)[-1] in GATED_IN
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def sliding_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == SLIDING)
+
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == FULL)
+
+    def kv_heads(self, layer_type: str) -> int:
+        return self.sliding_kv_heads if layer_type == SLIDING else self.full_kv_heads
+
+    def head_dim(self, layer_type: str) -> int:
+        return self.sliding_head_dim if layer_type == SLIDING else self.full_head_dim
+
+    def has_v_proj(self, layer_type: str) -> bool:
+        """Full layers with K=V have no ``v_proj``: V is the normed K projection."""
+        return not (layer_type == FULL and self.full_k_eq_v)
+
+    @property
+    def has_shared_mlp(self) -> bool:
+        """A dense model's MLP, or the shared MLP beside an MoE model's experts (Gemma 4, DeepSeek-V3's shared expert;
+        Qwen3-MoE has none)."""
+        return self.mlp_intermediate > 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer ``i`` routes to experts (an MoE model's ``dense_layers`` do not)."""
+        return self.is_moe and i not in self.dense_layers
+
+    def mlp_width(self, i: int) -> int:
+        """The intermediate width of layer ``i``'s dense or shared MLP (0: none)."""
+        return self.dense_intermediate if i in self.dense_layers else self.mlp_intermediate
+
+    def cache_elements(self, layer_type: str) -> int:
+        """KV-cache elements one position adds in a layer of this type: K and V of every KV head, or MLA's latent
+        and RoPE key (a K=V layer's cache holds both, as mk.sol counts)."""
+        if self.latent_attention is not None:
+            return self.latent_attention.kv_lora_rank + self.latent_attention.qk_rope_head_dim
+        return 2 * self.kv_heads(layer_type) * self.head_dim(layer_type)
+
+    @property
+    def variants_not_run(self) -> tuple[str, ...]:
+        """What of this model the reference and the kernel do not run (none: they run it, if its family is one of
+        RUNNABLE_FAMILIES); mk plans and times all of it."""
+        found = {
+            "multi-head latent attention": self.latent_attention is not None,
+            "attention biases": self.attention_bias,
+            "MLP biases": self.mlp_bias,
+            "attention sinks": self.sinks,
+            "expert biases": self.expert_bias,
+            "a router bias": self.router_bias,
+            "dense layers among MoE layers": bool(self.dense_layers),
+            f"{self.rope_scaling_kind} RoPE scaling": bool(self.rope_scaling_kind),
+            "a clamped SwiGLU": self.activation == "swiglu_clamped",
+            f"{self.router} routing": self.router in ("topk_softmax", "sigmoid_grouped"),
+            # the pre-norm families run with full attention in every layer
+            "sliding-window layers": self.family in PRE_NORM_FAMILIES and bool(self.sliding_layers),
+        }
+        return tuple(what for what, used in found.items() if used)
+
+    @property
+    def runnable(self) -> bool:
+        """Whether the reference and the kernel run this model (else its plan, bytes and timing are modelled only)."""
+        return self.family in RUNNABLE_FAMILIES and not self.variants_not_run
+
+    def check_runnable(self) -> None:
+        """Refuse, by name, a family or a variant the reference and the kernel do not run."""
+        if self.runnable:
+            return
+        variants = ", ".join(self.variants_not_run)
+        raise ValueError(
+            f"{self.name} is a {self.family} model{' with ' + variants if variants else ''}: mk plans and times it "
+            f"(mk.plan, mk.timing, mk.sol) but its reference and kernel run {', '.join(RUNNABLE_FAMILIES)} only"
+            + (", without those" if variants else "")
+        )
+
+    def score_scale(self, layer_type: str) -> float:
+        """What attention scores are multiplied by before the softmax."""
+        return self.head_dim(layer_type) ** -0.5 if self.scale_scores else 1.0
+
+    def rope_theta(self, layer_type: str) -> float:
+        return self.sliding_rope_theta if layer_type == SLIDING else self.full_rope_theta
+
+    def rotary_dims(self, layer_type: str) -> int:
+        """Number of leading dims (of head_dim) whose RoPE frequency is non-zero."""
+        hd = self.head_dim(layer_type)
+        return hd if layer_type == SLIDING else int(hd * self.full_partial_rotary)
+
+    def cache_positions(self, layer_type: str, context: int) -> int:
+        """Positions of the KV cache read by one decode step at this context length."""
+        return min(context, self.sliding_window) if layer_type == SLIDING else context
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def truncated(self, num_layers: int) -> "ModelConfig":
+        """The same shapes cut to the first ``num_layers`` layers (for compiling a slice of a big model)."""
+        if not 0 < num_layers <= self.num_layers:
+            raise ValueError(f"num_layers must be in 1..{self.num_layers}, got {num_layers}")
+        return self.replace(
+            name=f"{self.name}[:{num_layers}]",
+            layer_types=self.layer_types[:num_layers],
+            dense_layers=tuple(i for i in self.dense_layers if i < num_layers),
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,125 @@
+"""The presets: the two real Gemma 4 models at their exact shapes, tiny test models of each family mk runs, and
+cpu-moe (``python -m mk models`` lists them)."""
+
+from __future__ import annotations
+
+from .model import FULL, PRE_NORM_WIRING, SLIDING, ModelConfig, RopeScaling, period_pattern
+
+PRESETS: dict[str, ModelConfig] = {}
+
+
+def _register(cfg: ModelConfig) -> ModelConfig:
+    PRESETS[cfg.name] = cfg
+    return cfg
+
+
+GEMMA4_26B_A4B = _register(
+    ModelConfig(
+        name="gemma4-26b-a4b",
+        vocab_size=262_144,
+        hidden_size=2816,
+        layer_types=period_pattern(30),
+        num_heads=16,
+        sliding_kv_heads=8,
+        sliding_head_dim=256,
+        full_kv_heads=2,
+        full_head_dim=512,
+        sliding_window=1024,
+        mlp_intermediate=2112,
+        num_experts=128,
+        top_k=8,
+        expert_intermediate=704,
+    )
+)
+GEMMA4_31B = _register(
+    ModelConfig(
+        name="gemma4-31b",
+        vocab_size=262_144,
+        hidden_size=5376,
+        layer_types=period_pattern(60),
+        num_heads=32,
+        sliding_kv_heads=16,
+        sliding_head_dim=256,
+        full_kv_heads=4,
+        full_head_dim=512,
+        sliding_window=1024,
+        mlp_intermediate=21504,
+    )
+)
+# Tiny presets for tests: two sliding + one full layer, a window shorter than the test context,
+# head dims and widths that are multiples of 128 so the same shapes lower on a real TPU.
+TINY_DENSE = _register(
+    ModelConfig(
+        name="tiny-dense",
+        vocab_size=512,
+        hidden_size=128,
+        layer_types=(SLIDING, SLIDING, FULL),
+        num_heads=2,
+        sliding_kv_heads=1,
+        sliding_head_dim=128,
+        full_kv_heads=1,
+        full_head_dim=256,
+        sliding_window=16,
+        mlp_intermediate=256,
+    )
+)
+TINY_MOE = _register(TINY_DENSE.replace(name="tiny-moe", num_experts=8, top_k=2, expert_intermediate=128))
+# The other families at the same tiny shapes, every layer full: a Llama 3 (untied head, SiLU, Llama 3's RoPE
+# scaling with a short original context so the test positions cross its bands) and a Qwen3-MoE (QK-norm,
+# softmax top-k routing, no shared MLP).
+_PRE_NORM = dict(
+    PRE_NORM_WIRING,
+    layer_types=(FULL, FULL, FULL),
+    sliding_kv_heads=0,
+    sliding_head_dim=0,
+    sliding_window=0,
+    full_head_dim=128,
+    tied_embeddings=False,
+    router="softmax_topk",
+)
+TINY_LLAMA = _register(
+    TINY_DENSE.replace(
+        name="tiny-llama",
+        **_PRE_NORM,
+        family="llama",
+        full_rope_theta=500_000.0,
+        rms_eps=1e-5,
+        rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64),
+    )
+)
+TINY_QWEN3_MOE = _register(
+    TINY_DENSE.replace(
+        name="tiny-qwen3-moe",
+        **dict(_PRE_NORM, qk_norm=True),
+        family="qwen3_moe",
+        mlp_intermediate=0,
+        num_experts=8,
+        top_k=2,
+        expert_intermediate=128,
+    )
+)
+# Gemma-4-shaped but small enough for a CPU: 26B-A4B's wiring (5:1 sliding/full pattern, shared
+# MLP beside routed experts, K=V full layers) with narrower widths and fewer experts, so one decode
+# step reads ~640 MB of f32 weights (weight reads dominate) and all of it ~1.1 GB (fits a 24 GiB machine).
+# One period of the pattern (6 layers) at hidden 1536 rather than 12 at 1024: the same bytes in half
+# the kernels, and 16 experts rather than 32: the decode step switches over the experts per layer, so
+# its compile time grows with layers x experts (measured on a 2-core EPYC: ~24 s -> ~7 s, same step
+# speed). Expert width H/4 and head share of the bytes (~16%) near 26B-A4B's (H/4, ~19%).
+CPU_MOE = _register(
+    ModelConfig(
+        name="cpu-moe",
+        vocab_size=16_384,
+        hidden_size=1536,
+        layer_types=period_pattern(6),
+        num_heads=12,
+        sliding_kv_heads=6,
+        sliding_head_dim=128,
+        full_kv_heads=2,
+        full_head_dim=256,
+        sliding_window=256,
+        mlp_intermediate=1536,
+        num_experts=16,
+        top_k=4,
+        expert_intermediate=384,
+    )
+)

@@ -1,0 +1,75 @@
+"""What ``--model`` takes, resolved into a ModelConfig: a preset, a ``config.json`` or the folder holding it, a folder
+of data/configs by its name, or a hub id whose config is in the local Hugging Face cache (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..paths import CONFIGS_DIR
+from .hf import from_hf_dict
+from .model import ModelConfig
+from .presets import PRESETS
+
+
+def get_config(model: str | Path | ModelConfig) -> ModelConfig:
+    """A model as every part of mk takes it: a preset name (``python -m mk models``), a ``config.json`` or the folder
+    holding it (a checkpoint), a folder of data/configs by its name, or a hub id whose config is in the local Hugging
+    Face cache (nothing is downloaded); a config is returned as it is. An unknown name says what was looked for."""
+    if isinstance(model, ModelConfig):
+        return model
+    if str(model) in PRESETS:
+        return PRESETS[str(model)]
+    found = _hf_config_of(model)
+    if found is None:
+        raise ValueError(_unknown_model(model))
+    return from_hf_dict(*found)
+
+
+def _unknown_model(model) -> str:
+    folders = ", ".join(sorted(p.name for p in CONFIGS_DIR.iterdir() if p.is_dir()))
+    return (
+        f"unknown model {str(model)!r}: not a preset ({', '.join(PRESETS)}), not a config.json or a folder holding "
+        f"one, not a folder of data/configs ({folders}), and not a hub id in the local Hugging Face cache (download "
+        "it first, e.g. `hf download ID config.json`)"
+    )
+
+
+def _hf_config_of(model: str | Path) -> tuple[dict, str] | None:
+    """The ``config.json`` of ``model`` and the model's name: a path to it or to the folder holding it (named after
+    the folder), a folder of data/configs by its name (``llama-3.2-1b``), or a hub id (owner/name) whose config is in
+    the local Hugging Face cache; None for none of these."""
+    if Path(model).exists():
+        return read_config_json(model)
+    s = str(model)
+    if s and (CONFIGS_DIR / s / "config.json").is_file():
+        return read_config_json(CONFIGS_DIR / s)
+    if is_hub_id(s) and not s.startswith("."):  # owner/name, not a relative path
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(s, "config.json")
+        if isinstance(cached, str):
+            return json.loads(Path(cached).read_text()), s
+    return None
+
+
+def read_config_json(path: str | Path) -> tuple[dict, str]:
+    """``config.json`` (or the folder holding it) as a dict, and the name of its folder (the model's name)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.exists():
+        raise FileNotFoundError(f"no config.json at {p}")
+    return json.loads(p.read_text()), p.parent.name or "hf"
+
+
+def is_hub_id(s: str) -> bool:
+    """Whether ``s`` has the form of a Hugging Face hub repo id (owner/name)."""
+    return re.fullmatch(r"[\w.-]+/[\w.-]+", s) is not None
+
+
+def load_hf_config(path: str | Path) -> ModelConfig:
+    """Read ``config.json`` (or the folder holding it)."""
+    d, name = read_config_json(path)
+    return from_hf_dict(d, name=name)
