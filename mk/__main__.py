@@ -150,18 +150,7 @@ def _add_generate(sub) -> None:
         action="store_true",
         help="megakernel off a TPU: run the interpreter's race detector (exit 1 if it fires)",
     )
-    chips = p.add_argument_group("megakernel over several chips (simulated CPU devices off a TPU)")
-    chips.add_argument("--chips", type=_positive_int, default=None, help="chips to split the step over (default 1)")
-    chips.add_argument(
-        "--placement", choices=("whole", "split"), default=None, help="routed experts: whole per chip, or split"
-    )
-    chips.add_argument(
-        "--no-overlap", action="store_true", help="issue no weight DMA while an all-reduce runs (default: overlap)"
-    )
-    chips.add_argument("--bf16-payload", action="store_true", help="all-reduce partial sums in bf16")
-    chips.add_argument("--reduce-scatter", action="store_true", help="all-reduce as reduce-scatter then all-gather")
-    _add_attention_split(chips, None)
-    _add_ffn_layout(p)
+    _add_setup(p, "one-chip", chips=True)
     spec = p.add_argument_group("speculative decoding (the same greedy tokens, fewer target passes)")
     spec.add_argument(
         "--speculate", choices=("ngram", "mtp"), default=None,
@@ -174,30 +163,72 @@ def _add_generate(sub) -> None:
     p.set_defaults(run=_run_generate)
 
 
-def _add_attention_split(p, default: str | None) -> None:
-    from .sharding import AttentionSplit
+def _add_setup(p, default: str, chips: bool = False) -> None:
+    """The megakernel's setup (mk.kernel_setup.KernelSetup): a named one, each of its switches changed by a flag."""
+    from .config import FFN_LAYOUTS
+    from .kernel_setup import SETUPS, AttentionSplit, Placement
 
-    p.add_argument(
-        "--attention-split",
-        choices=[str(s) for s in AttentionSplit],
-        default=default,
+    g = p.add_argument_group(
+        "megakernel setup (mk.kernel_setup; over several chips: simulated CPU devices off a TPU)"
+        if chips
+        else "megakernel setup (mk.kernel_setup)"
+    )
+    names = ["one-chip", *SETUPS] if chips else list(SETUPS)
+    g.add_argument(
+        "--setup", choices=names, default=default,
+        help=f"a named setup, the flags below changing it (default {default}: "
+        + ("one chip" if default == "one-chip" else SETUPS[default].name) + ")",
+    )  # fmt: skip
+    p.set_defaults(default_setup=default)
+    if chips:
+        g.add_argument("--chips", type=_positive_int, default=None, help="chips to split the step over (default 1)")
+    g.add_argument("--placement", choices=[str(x) for x in Placement], default=None, help="routed experts over chips")
+    g.add_argument("--no-overlap", action="store_true", help="issue no weight DMA while an all-reduce runs")
+    g.add_argument("--bf16-payload", action="store_true", help="all-reduce partial sums in bf16")
+    g.add_argument("--reduce-scatter", action="store_true", help="all-reduce as reduce-scatter then all-gather")
+    g.add_argument(
+        "--attention-split", choices=[str(s) for s in AttentionSplit], default=None,
         help="attention over a slice's chips: by heads (a KV head shared by several chips' query heads is read whole "
         "on each), by positions (those chips each hold and read a share of its positions; needs a --max-len and a "
         "sliding window rounding to whole blocks of 16 on each) or by users (chip c owns users c*B/C..; B a multiple "
-        f"of the chips) (default: {default or 'heads'})",
+        "of the chips)",
+    )  # fmt: skip
+    g.add_argument(
+        "--ffn-layout", choices=FFN_LAYOUTS, default=None,
+        help="the gated MLPs' intermediate on rows, padded to 8 (sublanes) or on lanes, padded to 128 (the first "
+        "kernel's)",
+    )  # fmt: skip
+
+
+def _setup_flags(a) -> list[str]:
+    """The setup flags given on the command line, as written."""
+    named = ["--setup"] if a.setup != a.default_setup else []
+    switches = ("chips", "placement", "no_overlap", "bf16_payload", "reduce_scatter", "attention_split", "ffn_layout")
+    return named + [f"--{k.replace('_', '-')}" for k in switches if getattr(a, k, None) not in (None, False)]
+
+
+def _setup(a, draft_tokens: int = 0):
+    """The KernelSetup the flags of :func:`_add_setup` name: the named setup, each flag given changing it."""
+    import dataclasses
+
+    from .kernel_setup import ONE_CHIP, SETUPS
+
+    base = ONE_CHIP if a.setup == "one-chip" else SETUPS[a.setup]
+    coll = base.collective
+    coll = dataclasses.replace(
+        coll,
+        overlap=coll.overlap and not a.no_overlap,
+        bf16_payload=coll.bf16_payload or a.bf16_payload,
+        reduce_scatter=coll.reduce_scatter or a.reduce_scatter,
     )
-
-
-def _add_ffn_layout(p) -> None:
-    from .config import FFN_LAYOUTS
-
-    p.add_argument(
-        "--ffn-layout",
-        choices=FFN_LAYOUTS,
-        default=None,
-        help="megakernel: the gated MLPs' intermediate on rows, padded to 8 (sublanes, the default) or on lanes, "
-        "padded to 128 (the first kernel's)",
+    given = dict(
+        chips=getattr(a, "chips", None),
+        placement=a.placement,
+        attention_split=a.attention_split,
+        ffn_layout=a.ffn_layout,
+        draft_tokens=draft_tokens or None,
     )
+    return base.but(collective=coll, **{k: v for k, v in given.items() if v is not None})
 
 
 def _prompts(text: str, batch: int | None) -> list[list[int]]:
@@ -237,26 +268,18 @@ def _run_generate(a) -> None:
         from .generate import check_drafter
 
         check_drafter(a.speculate, a.assistant)
-    given = dict(
-        kv_tile=a.kv_tile,
-        detect_races=a.detect_races or None,
-        chips=a.chips,
-        placement=a.placement,
-        overlap=False if a.no_overlap else None,
-        bf16_payload=a.bf16_payload or None,
-        reduce_scatter=a.reduce_scatter or None,
-        attention_split=a.attention_split,
-        ffn_layout=a.ffn_layout,
-    )
+    setup = _setup(a)
+    given = dict(kv_tile=a.kv_tile, detect_races=a.detect_races or None)
     options = {k: v for k, v in given.items() if v is not None}
-    if options and a.engine != "megakernel":
-        flags = " ".join("--" + k.replace("_", "-") for k in options)
-        raise ValueError(f"{flags}: megakernel options, not {a.engine!r}'s")
-    ffn_layout = options.pop("ffn_layout", None)  # the kernel's layout, carried by the config
-    if (a.chips or 1) > 1:
+    flags = [f"--{k.replace('_', '-')}" for k in options] + _setup_flags(a)
+    if flags and a.engine != "megakernel":
+        raise ValueError(f"{' '.join(flags)}: megakernel options, not {a.engine!r}'s")
+    if a.engine == "megakernel":
+        options["setup"] = setup
+    if setup.chips > 1:
         from .sharding import simulate_chips
 
-        simulate_chips(a.chips)  # off a TPU: the CPU's simulated devices (before JAX starts its backends)
+        simulate_chips(setup.chips)  # off a TPU: the CPU's simulated devices (before JAX starts its backends)
     prompts = _prompts(a.prompt_ids, a.batch)
     dtype = getattr(jnp, a.dtype) if a.dtype else None
     if a.checkpoint:
@@ -265,8 +288,6 @@ def _run_generate(a) -> None:
         cfg = get_config(a.model)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
     params = quantized_as(params, cfg, a.quantize)
-    if ffn_layout:
-        cfg = cfg.replace(ffn_layout=ffn_layout)
     d = {"engine": a.engine, "model": cfg.name, "quantize": scheme_of(params, cfg), "batch": len(prompts),
          "prompt_ids": prompts}  # fmt: skip
     run = dict(engine=a.engine, max_len=a.max_len, progress=not a.json, engine_options=options)
@@ -291,7 +312,7 @@ def _run_generate(a) -> None:
 
 # bench -------------------------------------------------------------------------------------------
 def _add_bench(sub) -> None:
-    from .bench import DTYPES
+    from .measure.cpu import DTYPES
     from .paths import BENCH_CSV
 
     p = sub.add_parser("bench", help="time the compiled decode step against this device's measured speed of light")
@@ -305,7 +326,8 @@ def _add_bench(sub) -> None:
         "--precision",
         type=float,
         default=0.02,
-        help="stop once the fraction of the speed of light is known to +- this (95%% interval; default 0.02)",
+        help="stop once the fraction of the speed of light is known to +- this share of itself (95%% interval; "
+        "default 0.02)",
     )
     p.add_argument("--budget", type=float, default=30.0, help="seconds of interleaved rounds at most (default 30)")
     p.add_argument(
@@ -323,9 +345,9 @@ def _add_bench(sub) -> None:
 
 
 def _run_bench(a) -> None:
-    from .bench import DTYPES, append_row, run_bench
     from .config import get_config
     from .generate import check_engine
+    from .measure.cpu import DTYPES, append_row, run_bench
     from .weights import load_checkpoint
 
     if not a.model and not a.checkpoint:
@@ -371,7 +393,7 @@ def _add_straggler(sub) -> None:
 
 
 def _run_straggler(a) -> None:
-    from .sharding.straggler import busiest_chip
+    from .analysis.straggler import busiest_chip
 
     s = busiest_chip(a.experts, a.chips, a.top_k, a.batch)
     lines = [
@@ -390,7 +412,7 @@ def _run_straggler(a) -> None:
 # predict -----------------------------------------------------------------------------------------
 def _add_predict(sub) -> None:
     from .sol import DTYPES
-    from .timing import ENGINES, KERNEL
+    from .timing import ENGINES
 
     p = sub.add_parser(
         "predict", help="modelled decode step: time, tokens/s and fraction of the speed of light (mk.timing)"
@@ -400,12 +422,8 @@ def _add_predict(sub) -> None:
     p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
     p.add_argument("--engine", default="megakernel", choices=ENGINES, help="one kernel per step, or a general stack")
-    p.add_argument(
-        "--placement", default="split", choices=("whole", "split"), help="experts over a slice's chips (megakernel)"
-    )
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weight data type policy")
-    _add_ffn_layout(p)
-    _add_attention_split(p, KERNEL.attention_split)
+    _add_setup(p, "workbook")
     p.add_argument(
         "--speculate",
         type=_positive_int,
@@ -437,12 +455,13 @@ def _run_predict(a) -> None:
 
     assistant = read_assistant_config(a.assistant) if a.assistant else None
     p = predict(
-        a.model, a.chip, a.context, a.batch, a.engine, a.placement, a.dtype, ffn_layout=a.ffn_layout,
-        attention_split=a.attention_split, speculate=a.speculate, acceptance=a.acceptance, assistant=assistant,
+        a.model, a.chip, a.context, a.batch, a.engine, a.dtype, setup=_setup(a, a.speculate), acceptance=a.acceptance,
+        assistant=assistant,
     )  # fmt: skip
     d = p.to_dict()
     lines = [
         f"{p.model} on {p.chip}, context {p.context}, batch {p.batch}, {p.dtype}, {p.engine} (modelled: {p.models})",
+        f"  setup           {p.setup}",
         f"  step            {d['step_ms']:10.4f} ms",
         *([f"  tokens/round    {p.tokens_per_round:10.2f} per user ({p.draft_tokens} drafted)"] * bool(p.draft_tokens)),
         f"  tokens/s/user   {d['tokens_per_s']:10.1f}",
@@ -475,8 +494,8 @@ def _run_report(a) -> None:
 
 # measure-gpu -------------------------------------------------------------------------------------
 def _add_measure(sub) -> None:
+    from .measure.gpu import DEVICES, DTYPES, ENGINES
     from .paths import GPU_CSV
-    from .profiling.gpu import DEVICES, DTYPES, ENGINES
 
     p = sub.add_parser(
         "measure-gpu",
@@ -508,7 +527,7 @@ def _run_measure(a) -> None:
     import os
 
     from .config import get_config
-    from .profiling import gpu
+    from .measure import gpu
 
     cfg = get_config(a.model)
     engines = tuple(e.strip() for e in a.engines.split(",") if e.strip())
@@ -536,8 +555,8 @@ def _run_measure(a) -> None:
 
 # tpu-smoke ---------------------------------------------------------------------------------------
 def _add_tpu_smoke(sub) -> None:
+    from .measure.tpu import PLACEMENTS
     from .paths import TPU_CSV
-    from .tpu_smoke import PLACEMENTS
 
     p = sub.add_parser(
         "tpu-smoke",
@@ -569,7 +588,7 @@ def _add_tpu_smoke(sub) -> None:
 
 
 def _run_tpu_smoke(a) -> None:
-    from . import tpu_smoke
+    from .measure import tpu as tpu_smoke
 
     placements = tuple(p.strip() for p in a.placements.split(",") if p.strip())
     try:

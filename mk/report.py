@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .analysis.claims import claims_table
 from .figures import FOOTER_NAME, KINDS
 from .files import git_commit, write_atomic
 from .paths import NOTEBOOKS_DIR, figures_dir
@@ -206,118 +207,6 @@ def _collect(figures_dir: Path, books: dict) -> tuple[dict[str, list[dict]], lis
     return items, left_out
 
 
-# The write-up's claims against the workbook. -------------------------------------------------------------
-# Each claim of the write-up (a key of data/published.csv), with the figures and tables that show it, best first.
-CLAIMS = {
-    **{k: ("01_sol_table", "01_sol_by_chip") for k in ("sol_h100", "sol_h200", "sol_b200", "sol_v5e8", "sol_v6e8")},
-    "bytes_per_token_moe": ("01_sol_table", "01_bytes_by_component"),
-    "mk_v5e8_moe_tps": ("07_validation", "06_context"),
-    "mk_v5e8_moe_step": ("07_validation", "05_fix_steps"),
-    "mk_v5e8_moe_sol_fraction": ("07_validation",),
-    "mk_v5e8_moe_step_before": ("05_fix_steps", "07_validation"),
-    "mk_v5e8_moe_int8_tps": ("07_validation", "08_int8_against_limit"),
-    "straggler_max_experts": ("04_busiest_chip_distribution", "04_busiest_summary"),
-    "vllm_h100_moe_tps": ("07_validation", "01_published_vs_sol"),
-    "vllm_h100_moe_kernels": ("07_validation", "02_kernels_per_step"),
-    "vllm_h100_moe_sol_fraction": ("07_validation", "01_published_runs"),
-    "vllm_v5e8_dense_sol_fraction": ("07_validation", "06_context"),
-    "mk_v5e8_dense_sol_fraction": ("07_validation", "06_context"),
-    **{
-        k: ("07_verdict",)
-        for k in (
-            "verdict_moe_one_user",
-            "verdict_moe_eight_users",
-            "verdict_long_prompt",
-            "verdict_dense_h100",
-            "verdict_dense_same_tpu",
-            "verdict_small_model",
-        )
-    },
-}
-QUANTITIES = {
-    "speed_of_light": "speed of light",
-    "bytes_per_token": "bytes per token",
-    "tokens_per_s": "tokens/s",
-    "step_time": "step",
-    "fraction_of_sol": "fraction of the speed of light",
-    "kernels_per_token": "kernels per token",
-    "experts_per_layer_max_chip": "the busiest chip's experts per layer",
-    "speedup": "speed-up",
-}
-POINT_KINDS = {"test": "modelled", "test (baseline fitted)": "modelled (its baseline fitted)"}
-
-
-def claims_table(validation: pd.DataFrame | None = None, verdicts: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Every claim of the write-up in :data:`CLAIMS`: its published value (data/published.csv), the workbook's
-    own (the speeds of light and bytes from mk.sol, the busiest chip exact from mk.routing, the timing model's
-    steps and speed-ups from mk.verdict's validation and verdict tables: ``validation``, ``verdicts`` when
-    already computed), the kind of the workbook's value (modelled; fitted, input or by construction where the
-    model meets it by design; derived where it is a ratio of two other claims; not modelled) and the error
-    workbook / published - 1. Units as published; ``shown_in`` names the figures and tables that show it."""
-    from .chips import get_chip
-    from .config import get_config
-    from .published import published_table
-    from .routing import busiest_chip_distribution
-    from .sol import bytes_per_token, speed_of_light
-    from .verdict import validation_table, verdict_table
-
-    v = (validation_table() if validation is None else validation).set_index("key")
-    d = (verdict_table() if verdicts is None else verdicts).set_index("key")
-    rows = []
-    for key, r in published_table().set_index("key").loc[list(CLAIMS)].iterrows():
-        q, value = r["quantity"], float(r["value"])
-        cfg = (
-            get_config(r["model"]) if q in ("speed_of_light", "bytes_per_token", "experts_per_layer_max_chip") else None
-        )
-        if q == "speed_of_light":
-            ours, kind = (
-                speed_of_light(cfg, r["chip"], int(r["context"]), int(r["batch"]), r["dtype"]).tokens_per_s,
-                "modelled",
-            )
-        elif q == "bytes_per_token":
-            ours, kind = bytes_per_token(cfg, int(r["context"]), int(r["batch"]), r["dtype"]).total, "modelled"
-        elif q == "experts_per_layer_max_chip":
-            dist = busiest_chip_distribution(cfg.num_experts, get_chip(r["chip"]).chips, cfg.top_k, int(r["batch"]))
-            ours, kind = sum(m * p for m, p in dist.items()), "modelled (exact, uniform routing)"
-        elif q == "speedup":
-            row = d.loc[key]
-            ours, role = row["modelled"], row["role"]
-            if role.startswith("derived:"):  # "derived: A / B"
-                kind = f"derived ({role.split(':', 1)[1].strip()})"
-            else:
-                kind = POINT_KINDS.get(role, role)
-        else:
-            row = v.loc[key]
-            point = v.loc[row["point"], "role"]
-            kind = POINT_KINDS.get(point, point)
-            if row["point"] != key:
-                kind += f" (same point as {row['point']})"
-            ours = row["modelled"]
-        rows.append(
-            dict(
-                key=key,
-                claim=_claim(r),
-                published=value,
-                workbook=ours,
-                unit=r["unit"] if isinstance(r["unit"], str) else "",
-                kind=kind,
-                error=ours / value - 1,
-                shown_in=list(CLAIMS[key]),
-            )
-        )
-    return pd.DataFrame(rows)
-
-
-def _claim(r) -> str:
-    """A published row in words: what, of which model, where, at which context and batch."""
-    what = QUANTITIES.get(r["quantity"], str(r["quantity"]).replace("_", " "))
-    engine = str(r["engine"]) if isinstance(r["engine"], str) else ""
-    where = ", ".join(str(x) for x in (r["model"], engine, r["chip"], r["dtype"]) if isinstance(x, str) and x)
-    size = f"{int(r['context'])} positions, " if not pd.isna(r["context"]) else ""
-    users = int(r["batch"]) if not pd.isna(r["batch"]) else 1
-    return f"{what}: {where} ({size}{users} user{'s' if users > 1 else ''})"
-
-
 def _value(x: float, unit: str) -> str:
     """A claim's value as a reader writes it: 1.56 ms, 640 tok/s, 77%, 7.8 GB, 1,494 kernels, 3.7x."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -351,7 +240,8 @@ def _claims_html(claims: pd.DataFrame, present: dict[str, str]) -> str:
     return (
         '<h2 id="claims">The write-up\'s claims against the workbook</h2>'
         '<p class="meta">Each claim of the write-up (<code>data/published.csv</code>), its published value, the value '
-        "this workbook computes for it (mk.sol, mk.routing, the timing model through mk.verdict) and its kind: "
+        "this workbook computes for it (mk.sol, mk.routing, the timing model through mk.analysis.verdict) and its "
+        "kind: "
         "<b>modelled</b> is a test of the workbook; <b>fitted</b>, <b>input</b> and <b>by construction</b> are met by "
         "design and test nothing; <b>derived</b> is a ratio of two other claims; error = workbook / published - 1.</p>"
         f'<div class="scroll"><table class="data claims"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'

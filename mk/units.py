@@ -1,5 +1,5 @@
-"""What every layer of mk shares about sizes: the TPU's lane width, rounding up to a multiple, and the one
-check that a count is a positive integer (the error every entry point gives)."""
+"""What every layer of mk shares about sizes: the TPU's lane width, rounding up to a multiple, the one
+check that a count is a positive integer (the error every entry point gives), and seconds shown as milliseconds."""
 
 from __future__ import annotations
 
@@ -24,3 +24,8 @@ def positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def in_ms(key: str, value):
+    """A seconds entry (``*_s``) as milliseconds (``*_ms``), anything else as it is: (key, value)."""
+    return (key[:-2] + "_ms", value * 1e3) if key.endswith("_s") else (key, value)

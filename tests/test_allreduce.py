@@ -1,4 +1,4 @@
-"""The all-reduce's payloads and the modelled step after each fix (mk.allreduce, through mk.timing), on the
+"""The all-reduce's payloads and the modelled step after each fix (mk.analysis.allreduce, through mk.timing), on the
 full-size plans (arithmetic only: nothing runs a kernel)."""
 
 import math
@@ -6,13 +6,14 @@ import math
 import numpy as np
 import pytest
 
-from mk import allreduce as ar, timing
+from mk import timing
+from mk.analysis import allreduce as ar
 from mk.chips import get_chip
 from mk.config import GEMMA4_26B_A4B, GEMMA4_31B
+from mk.kernel_setup import BEFORE_FIXES, FIXES, WRITE_UP_KERNEL, Collective, KernelSetup
 from mk.plan import timeline
 from mk.published import published
 from mk.routing import busiest_chip_distribution
-from mk.sharding import Collective
 from mk.views.allreduce import fix_figure
 from mk.views.timeline import timeline_figure
 
@@ -21,7 +22,8 @@ COSTS = dict(op_overhead_s=300e-9, dma_issue_s=300e-9)
 
 
 def plan(placement, collective=Collective(), layout="sublanes"):
-    return timing.step_plan(GEMMA4_26B_A4B.replace(ffn_layout=layout), CHIP, 1024, 1, "bf16", placement, collective)
+    setup = KernelSetup(placement=placement, collective=collective, ffn_layout=layout)
+    return timing.step_plan(GEMMA4_26B_A4B, CHIP, 1024, 1, "bf16", setup)
 
 
 @pytest.fixture(scope="module")
@@ -107,37 +109,34 @@ def test_each_fix_is_the_timing_models_prediction_and_published_numbers_sit_besi
     # one user: a bf16 payload sends two rows of 2 bytes where f32 sends one of 4, so it saves nothing; at 1K
     # positions splitting them over the chips that share a KV head costs its two rounds of exchange, no more
     assert a > b > c and d == pytest.approx(c, rel=1e-3) and f < e < d and f < g < f * 1.01
-    for fix in timing.FIXES:  # one value: the table's step is python -m mk predict's for that configuration
-        p = timing.predict(
-            GEMMA4_26B_A4B, CHIP, 1024, 1, placement=fix.placement, collective=fix.collective,
-            ffn_layout=fix.ffn_layout, attention_split=fix.attention_split,
-        )  # fmt: skip
+    for fix in FIXES:  # one value: the table's step is python -m mk predict's for that setup
+        p = timing.predict(GEMMA4_26B_A4B, CHIP, 1024, 1, setup=fix)
         assert steps.loc[fix.name, "step_ms"] == pytest.approx(p.step_s * 1e3, rel=1e-12)
     assert steps.step_ms.iloc[-1] == pytest.approx(timing.predict(GEMMA4_26B_A4B, CHIP, 1024).step_s * 1e3)
-    before, after = steps.loc[timing.BEFORE_FIXES.name], steps.loc[timing.WRITE_UP.name]
+    before, after = steps.loc[BEFORE_FIXES.name], steps.loc[WRITE_UP_KERNEL.name]
     assert before.published_ms == pytest.approx(published("mk_v5e8_moe_step_before") * 1e3)
     assert after.error == pytest.approx(after.step_ms / (published("mk_v5e8_moe_step") * 1e3) - 1)
     assert steps.published_ms.notna().sum() == 2
     # whole experts' worth per chip: the busiest chip's 2.5 whole experts against 1/8 of 8 experts split
-    assert steps.loc[timing.BEFORE_FIXES.name, "whole_experts_worth"] > 2.5
-    assert steps.loc[timing.WRITE_UP.name, "whole_experts_worth"] == pytest.approx(1.0)
+    assert steps.loc[BEFORE_FIXES.name, "whole_experts_worth"] > 2.5
+    assert steps.loc[WRITE_UP_KERNEL.name, "whole_experts_worth"] == pytest.approx(1.0)
     # split experts move more bytes per chip than they hold (88 of 128 lanes), and overlap changes no bytes
-    fb, fc = timing.FIXES[1].name, timing.FIXES[2].name
+    fb, fc = FIXES[1].name, FIXES[2].name
     assert steps.loc[fb, "weight_GB"] > steps.loc[fb, "weight_payload_GB"] * 1.2
     assert steps.loc[fb, "weight_GB"] == steps.loc[fc, "weight_GB"]
-    last = timing.FIXES[-1].name  # the intermediate on rows: a chip moves only what holds weights
+    last = FIXES[-1].name  # the intermediate on rows: a chip moves only what holds weights
     assert steps.loc[last, "weight_GB"] == pytest.approx(steps.loc[last, "weight_payload_GB"])
     # another context than the published one has nothing to compare against
-    other = ar.fix_steps(GEMMA4_26B_A4B, CHIP, 2048, 1, timing.FIXES[:1])
+    other = ar.fix_steps(GEMMA4_26B_A4B, CHIP, 2048, 1, FIXES[:1])
     assert math.isnan(other.published_ms[0]) and math.isnan(other.error[0])
 
 
 def test_more_links_and_assumed_costs_move_the_step_as_they_should():
     wide = ar.sensitivity(GEMMA4_26B_A4B, CHIP, 1024, 1, [1, 4], [0.0, 300e-9])
-    fix = timing.WRITE_UP.name
+    fix = WRITE_UP_KERNEL.name
     at = wide[wide.fix == fix].set_index(["links", "overhead_ns"]).step_ms
     assert at[(4, 0.0)] < at[(1, 0.0)] < at[(1, 300.0)]
-    assert wide[wide.default].fix.tolist() == [f.name for f in timing.FIXES]  # the default is one of the cases
+    assert wide[wide.default].fix.tolist() == [f.name for f in FIXES]  # the default is one of the cases
     with pytest.raises(ValueError, match="links must be a positive integer"):
         ar.with_links(CHIP, 0)
 

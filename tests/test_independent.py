@@ -167,16 +167,16 @@ def test_the_loader_refuses_a_file_without_a_column(tmp_path):
         read_independent(path)
 
 
-# The timing model held to these points (mk.independent_points) --------------------------------------------------
+# The timing model held to these points (mk.analysis.independent) --------------------------------------------------
 @pytest.fixture(scope="module")
 def held():
-    from mk import independent_points
+    from mk.analysis import independent
 
-    return independent_points.predictions()
+    return independent.predictions()
 
 
 def test_at_least_fifteen_points_are_predicted_and_the_rest_say_why(held):
-    from mk.independent_points import TESTED
+    from mk.analysis.independent import TESTED
 
     tested = held[held.role == TESTED]
     assert len(tested) >= 15
@@ -190,7 +190,7 @@ def test_at_least_fifteen_points_are_predicted_and_the_rest_say_why(held):
 def test_the_implied_costs_meet_the_published_steps(held):
     """The cost per kernel (general stack) or per op (megakernel) a row reports, put into the model, gives the
     published step: what the model would have to charge, not a number fitted into it."""
-    from mk.independent_points import TESTED
+    from mk.analysis.independent import TESTED
     from mk.paths import CONFIGS_DIR
     from mk.timing import predict
 
@@ -205,7 +205,7 @@ def test_the_implied_costs_meet_the_published_steps(held):
 
 
 def test_the_summary_and_the_misses_follow_the_errors(held):
-    from mk.independent_points import MISS, TESTED, misses, summary
+    from mk.analysis.independent import MISS, TESTED, misses, summary
 
     tested = held[held.role == TESTED]
     s = summary(held)

@@ -9,6 +9,7 @@ import pytest
 from mk import quant
 from mk.config import FFN_LAYOUTS, GEMMA4_26B_A4B, TINY_MOE, from_hf_dict
 from mk.generate import generate
+from mk.kernel_setup import KernelSetup
 from mk.params import EXPERTS
 from mk.plan import build_plan
 from mk.quant_schemes import tile_rows_scaled
@@ -93,14 +94,15 @@ def test_each_chips_scales_are_cut_with_its_matrix(placement):
     experts' cut with the experts or with their intermediate)."""
     from conftest import HF_EIGHT_HEADS
 
-    from mk.sharding import Shard, chip_config, chip_params
+    from mk.kernel_setup import KernelSetup
+    from mk.sharding import chip_config, chip_params
 
-    cfg, shard = from_hf_dict(HF_EIGHT_HEADS), Shard(8, placement)
+    cfg, setup = from_hf_dict(HF_EIGHT_HEADS), KernelSetup(8, placement)
     q = quant.quantize(random_params(cfg, 2), cfg, "int8")
-    local = chip_config(cfg, shard)
+    local = chip_config(cfg, setup)
     for chip in range(8):
-        got = quant.dequantize(chip_params(q, cfg, shard, chip), local)
-        want = chip_params(quant.dequantize(q, cfg), cfg, shard, chip)
+        got = quant.dequantize(chip_params(q, cfg, setup, chip), local)
+        want = chip_params(quant.dequantize(q, cfg), cfg, setup, chip)
         for path in quant.quantized_paths(cfg, "int8"):
             np.testing.assert_array_equal(np.asarray(got[path]), np.asarray(want[path]), err_msg=path)
 
@@ -114,7 +116,7 @@ def test_kernel_over_8_chips_gives_the_quantized_references_tokens():
 
     cfg = from_hf_dict(HF_EIGHT_HEADS)
     _kernel_against_quantized_reference(
-        cfg, "int8", [[1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1, 7]], 2, chips=8, placement="split"
+        cfg, "int8", [[1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1, 7]], 2, setup=KernelSetup(8, "split")
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from mk import reference as R
 from mk.config import TINY_MOE
+from mk.kernel_setup import Collective, KernelSetup
 from mk.megakernel.kernel import MegakernelEngine, build_call, users_block
 from mk.megakernel.pack import adopt_cache, pack, reference_cache
 from mk.plan import (
@@ -35,7 +36,6 @@ from mk.plan import (
     Wait,
     build_plan,
 )
-from mk.sharding import Collective, Shard
 from mk.tpu import interpret_params, races_detected, reset_interpreter
 from mk.weights import random_params
 
@@ -231,16 +231,16 @@ CHIPS = 8
 PARAMS8 = random_params(CFG8, 1)
 
 
-def probe_chips(shard, ops_of, seeds, with_logits=False):
-    """``probe`` over the chips of ``shard``: ``seeds`` name -> [C, B, width], each chip's own activations;
+def probe_chips(setup, ops_of, seeds, with_logits=False):
+    """``probe`` over the chips of ``setup``: ``seeds`` name -> [C, B, width], each chip's own activations;
     the Outputs' acts hold each chip's after the ops, one block of rows per chip."""
-    plan = build_plan(CFG8, B, MAX_LEN, shard=shard)
+    plan = build_plan(CFG8, B, MAX_LEN, setup=setup)
     ops = ops_of(plan)
     items = [Start(op.load) for op in ops if op.load is not None] + [plan.ops[0]]
     for op in ops:
         items += ([Wait(op.load)] if op.load is not None else []) + [op]
     cut = replace(plan, items=tuple(items))
-    engine = MegakernelEngine(CFG8, shard=shard)
+    engine = MegakernelEngine(CFG8, setup=setup)
     fn = build_call(
         cut,
         jnp.float32,
@@ -274,13 +274,13 @@ def test_all_reduce(collective):
     """Attention's partial output projections summed over 8 chips: every chip holds the sum of all the
     chips' partials (rounded to bf16 on the wire when asked; reduce-scatter rounds the sum again), and all
     chips hold exactly the same values."""
-    shard = Shard(CHIPS, collective=collective)
+    setup = KernelSetup(CHIPS, collective=collective)
     parts = np.stack([_rand((B, H), 40 + c) for c in range(CHIPS)])
 
     def ops_of(plan):
         return [op for op in plan.ops if isinstance(op, AllReduce) and op.acts == ("attn_out",) and op.layer == 0]
 
-    out, rows = probe_chips(shard, ops_of, {"attn_out": parts})
+    out, rows = probe_chips(setup, ops_of, {"attn_out": parts})
     got = np.asarray(out.acts["attn_out"]).reshape(CHIPS, rows, -1)[:, :B, :H]
     want = (_bf16(parts) if collective.bf16_payload else parts).sum(0)
     if collective.bf16_payload and collective.reduce_scatter:
@@ -291,13 +291,13 @@ def test_all_reduce(collective):
 
 def test_gather_best():
     """Each chip's head tiles cover its 1/8 of the vocabulary; the gathered pick is the argmax over all."""
-    shard = Shard(CHIPS)
+    setup = KernelSetup(CHIPS)
     xn = _rand((B, H), 21)
 
     def ops_of(plan):
         return [op for op in plan.ops if isinstance(op, (HeadTile, GatherBest, EmitTokens))]
 
-    out, _ = probe_chips(shard, ops_of, {"xn": np.broadcast_to(xn, (CHIPS, B, H))}, with_logits=True)
+    out, _ = probe_chips(setup, ops_of, {"xn": np.broadcast_to(xn, (CHIPS, B, H))}, with_logits=True)
     want = CFG8.final_softcap * jnp.tanh((xn @ PARAMS8["embed"].T) / CFG8.final_softcap)
     close(out.logits, want)
     np.testing.assert_array_equal(np.asarray(out.users[:B, 0]), np.argmax(np.asarray(want), -1))

@@ -379,11 +379,11 @@ def test_intermediate_on_rows_moves_only_the_weights(cfg, chip, batch):
     """With the gated MLPs' intermediate on rows (the default layout) a chip's DMAs move within 3% of the real
     bytes of its share of the weights, split experts; the first layout, on lanes, pads a split 26B-A4B expert's
     704 / 8 = 88 columns to 128 lanes and the shared MLP's 264 to 384: over 20% more."""
-    from mk.sharding import Collective
+    from mk.kernel_setup import KernelSetup
     from mk.timing import step_plan
 
     def plan(layout):
-        return step_plan(cfg.replace(ffn_layout=layout), get_chip(chip), 1024, batch, "bf16", "split", Collective())
+        return step_plan(cfg, get_chip(chip), 1024, batch, "bf16", KernelSetup(ffn_layout=layout))
 
     rows, lanes = plan("sublanes"), plan("lanes")
     assert rows.payload_bytes == pytest.approx(lanes.payload_bytes, rel=1e-12)  # the same weights either way
@@ -398,10 +398,10 @@ def test_int8_scales_cost_at_most_two_percent_of_their_codes(scheme, chip):
     """The scale blocks an INT8 step's DMAs move beside the codes (26B-A4B, split experts): at most 2% of the codes'
     bytes. A split expert's down projection is scaled per input channel, so a chip reads its own 88 rows' scales,
     not all 2816 output channels' for each expert (mk.quant_schemes.INPUT_SCALED)."""
-    from mk.sharding import Collective
+    from mk.kernel_setup import KernelSetup
     from mk.timing import step_plan
 
-    plan = step_plan(GEMMA4_26B_A4B, get_chip(chip), 1024, 1, scheme, "split", Collective())
+    plan = step_plan(GEMMA4_26B_A4B, get_chip(chip), 1024, 1, scheme, KernelSetup())
     scaled = [ld for ld in plan.loads if ld.scaled]
     codes = sum((ld.nbytes - ld.scale_bytes) * plan.fetch_probability(ld) for ld in scaled)
     scales = sum(ld.scale_bytes * plan.fetch_probability(ld) for ld in scaled)
@@ -414,11 +414,11 @@ def test_positions_split_over_the_chips_sharing_a_kv_head():
     reads about a quarter of the full layers' cache at 128K (the sliding layers' 8 heads are not shared), and sends
     its query heads and partial states to the other 3 (two rounds a full layer); a cache that does not split into
     whole blocks on each chip is refused with what to use."""
-    from mk.sharding import Shard
+    from mk.kernel_setup import KernelSetup
 
     def plan(split, max_len=131072):
-        shard = Shard(8, attention_split="positions" if split else "heads")
-        return build_plan(GEMMA4_26B_A4B, 1, max_len, weight_itemsize=2, kv_itemsize=2, shard=shard)
+        setup = KernelSetup(8, attention_split="positions" if split else "heads")
+        return build_plan(GEMMA4_26B_A4B, 1, max_len, weight_itemsize=2, kv_itemsize=2, setup=setup)
 
     whole, split = plan(False), plan(True)
     assert (split.position_share("full"), split.position_share("sliding")) == (4, 1)
@@ -447,11 +447,11 @@ def test_users_split_over_the_chips():
     head, which is an even 1/C share of the cache for both layer types (by heads the full layers' 2 heads are read
     whole by 4 chips each), attends for all 16 query heads, and sends its heads' q, k, v out and the outputs back in
     every layer (two rounds); a batch the chips do not divide, and a model whose heads are not split, are refused."""
-    from mk.sharding import Shard
+    from mk.kernel_setup import KernelSetup
 
     def plan(split, batch=16, cfg=GEMMA4_26B_A4B):
-        shard = Shard(8, attention_split=split)
-        return build_plan(cfg, batch, 32768, weight_itemsize=2, kv_itemsize=2, shard=shard)
+        setup = KernelSetup(8, attention_split=split)
+        return build_plan(cfg, batch, 32768, weight_itemsize=2, kv_itemsize=2, setup=setup)
 
     heads, users = plan("heads"), plan("users")
     assert users.cache_users == 2 and users.cache_heads("full") == 2 and users.cache_heads("sliding") == 8

@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from mk import bench, reference, sol
+from mk import reference, sol
+from mk.analysis.quality import quality, quality_summary
 from mk.config import TINY_DENSE, TINY_MOE
 from mk.generate import generate
+from mk.measure import cpu as bench
 from mk.params import EXPERTS, param_specs
-from mk.quality import quality, quality_summary
 from mk.quant import (
     SCALE_SUFFIX,
     dequantize,

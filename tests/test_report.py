@@ -9,11 +9,12 @@ import pytest
 
 import mk.figures
 from mk.__main__ import main
+from mk.analysis.claims import CLAIMS, claims_table
 from mk.figures import provenance, save_figure
 from mk.notebook import Table, in_ms, show
 from mk.paths import FIGURES_ENV, NOTEBOOKS_DIR
 from mk.published import published
-from mk.report import CLAIMS, claims_table, export_table, kinds_named, write_report
+from mk.report import export_table, kinds_named, write_report
 
 
 def table():
@@ -182,7 +183,7 @@ def test_in_ms_shows_published_seconds_in_milliseconds():
 
 
 def test_html_table_leaves_missing_cells_empty_in_any_column():
-    """A nullable integer column with every value missing (pandas' NA, as mk.quality.quality_summary's
+    """A nullable integer column with every value missing (pandas' NA, as mk.analysis.quality.quality_summary's
     first_divergence when no token diverges) is shown empty, as None and NaN are, not refused."""
     from mk.report import html_table
 

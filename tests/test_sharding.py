@@ -9,12 +9,11 @@ import pytest
 from test_parity import hf_greedy
 
 from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_MOE, load_hf_config
+from mk.kernel_setup import Collective, KernelSetup
 from mk.params import EXPERTS
 from mk.plan import AllReduce, Op, Start, build_plan
 from mk.routing import chip_distinct_experts_distribution, distinct_experts_distribution
 from mk.sharding import (
-    Collective,
-    Shard,
     chip_config,
     chip_params,
     heads_split,
@@ -45,8 +44,8 @@ def test_heads_split_where_they_divide_and_kv_heads_are_replicated_where_fewer_t
 @pytest.mark.parametrize("placement", ["whole", "split"])
 def test_the_chips_slices_put_together_give_the_model_back(placement):
     params = {k: np.asarray(v) for k, v in random_params(CFG8, 0).items()}
-    shard = Shard(8, placement)
-    parts = [chip_params(params, CFG8, shard, c) for c in range(8)]
+    setup = KernelSetup(8, placement)
+    parts = [chip_params(params, CFG8, setup, c) for c in range(8)]
     cat = lambda name, axis: np.concatenate([p[name] for p in parts], axis)  # noqa: E731
     np.testing.assert_array_equal(cat("embed", 0)[: CFG8.vocab_size], params["embed"])
     np.testing.assert_array_equal(cat("layers.0.q", 1), params["layers.0.q"])
@@ -69,16 +68,16 @@ def test_the_chips_slices_put_together_give_the_model_back(placement):
 @pytest.mark.parametrize("placement", ["whole", "split"])
 def test_each_chip_packs_and_holds_its_own_slice(placement):
     """The engine packs chip c's slice of the model on chip c (mk.megakernel.pack of mk.sharding.chip_params):
-    every weight is one array over the mesh whose shard on chip c is that slice, and nothing more (a full-size
+    every weight is one array over the mesh whose part on chip c is that slice, and nothing more (a full-size
     model packed on one device would not fit one chip of a slice)."""
     from mk.megakernel import make_step, pack
 
     params = random_params(CFG8, 1)
-    step = make_step(CFG8, chips=8, placement=placement)
+    step = make_step(CFG8, KernelSetup(8, placement))
     packed = step.packed(params)
-    shard = Shard(8, placement)
+    setup = KernelSetup(8, placement)
     for c, dev in enumerate(step.mesh.devices.flat):
-        want = pack(chip_params(params, CFG8, shard, c), chip_config(CFG8, shard))["weights"]
+        want = pack(chip_params(params, CFG8, setup, c), chip_config(CFG8, setup))["weights"]
         assert packed["weights"].keys() == want.keys()
         for name, a in packed["weights"].items():
             (held,) = [s.data for s in a.addressable_shards if s.device == dev]
@@ -87,14 +86,14 @@ def test_each_chip_packs_and_holds_its_own_slice(placement):
 
 def test_clear_errors_for_placements_and_meshes_that_do_not_fit():
     with pytest.raises(ValueError, match="placement 'split'"):
-        chip_config(TINY_MOE.replace(num_experts=6), Shard(4, "whole"))
+        chip_config(TINY_MOE.replace(num_experts=6), KernelSetup(4, "whole"))
     with pytest.raises(ValueError, match="unknown expert placement"):
-        Shard(8, "scattered")
+        KernelSetup(8, "scattered")
     with pytest.raises(ValueError, match="needs 4 devices, but 2"):
         make_mesh(4, jax.devices()[:2])
     assert make_mesh(8).shape == {"x": 8}
     with pytest.raises(ValueError, match="chip 8 is not one of the 8 chips"):
-        build_plan(CFG8, 1, 64, shard=Shard(8), chip=8)
+        build_plan(CFG8, 1, 64, setup=KernelSetup(8), chip=8)
 
 
 def test_busiest_share_of_a_chip_is_hypergeometric_over_the_distinct_experts():
@@ -119,7 +118,7 @@ def test_a_chips_plan_carries_its_share_of_the_bytes_and_the_all_reduces(placeme
     one all-reduce after the embedding, two per layer, each with the payload mk.sharding.sent_bytes gives."""
     cfg = GEMMA4_26B_A4B
     one = build_plan(cfg, 1, 1024, weight_itemsize=2, kv_itemsize=2)
-    plan = build_plan(cfg, 1, 1024, weight_itemsize=2, kv_itemsize=2, shard=Shard(8, placement))
+    plan = build_plan(cfg, 1, 1024, weight_itemsize=2, kv_itemsize=2, setup=KernelSetup(8, placement))
     want = one.bytes_by_component(payload=True)[EXPERTS] / 8
     assert plan.bytes_by_component(payload=True)[EXPERTS] == pytest.approx(want, rel=1e-9)
     ars = [op for op in plan.ops if isinstance(op, AllReduce)]
@@ -142,8 +141,8 @@ def test_without_overlap_no_weight_dma_is_in_flight_across_an_all_reduce():
             (n, a) for n, it in enumerate(plan.items) if isinstance(it, Start) for a in ars if n < a < consumer[it.load]
         ]
 
-    on = build_plan(CFG8, 2, 64, shard=Shard(8))
-    off = build_plan(CFG8, 2, 64, shard=Shard(8, collective=Collective(overlap=False)))
+    on = build_plan(CFG8, 2, 64, setup=KernelSetup(8))
+    off = build_plan(CFG8, 2, 64, setup=KernelSetup(8, collective=Collective(overlap=False)))
     assert len(crossing(on)) > 0 and crossing(off) == []
     assert {ld.id for ld in on.loads} == {ld.id for ld in off.loads}
 
@@ -265,7 +264,7 @@ def test_a_bf16_payload_moves_logits_by_its_rounding_only():
     want = np.asarray(want)
     top2 = np.sort(want, axis=-1)[:, -2:]
     atol = 2e-2
-    step = make_step(cfg, chips=2, placement="whole", reduce_scatter=True, bf16_payload=True)
+    step = make_step(cfg, KernelSetup(2, "whole", Collective(bf16_payload=True, reduce_scatter=True)))
     got = np.asarray(step.run(params, cfg, step.adopt_cache(cache), tokens, pos).logits)
     assert 0 < np.abs(got - want).max() <= atol  # rounded, but no further than that
     clear = top2[:, 1] - top2[:, 0] > 2 * atol

@@ -35,11 +35,13 @@ def test_a_plan_verifying_drafts_streams_the_weights_once_for_every_row_and_read
     KV cache is read once per user, attention's products take 4 query rows per head, and the routed experts are
     those of 4 rows per user (exactly, as for a batch of rows)."""
     from mk.config import GEMMA4_26B_A4B
+    from mk.kernel_setup import KernelSetup
     from mk.plan import Attend, build_plan
     from mk.routing import distinct_experts_distribution
 
     def plan(batch, drafts=0):
-        return build_plan(GEMMA4_26B_A4B, batch, 4096, weight_itemsize=2, kv_itemsize=2, draft_tokens=drafts)
+        setup = KernelSetup(draft_tokens=drafts)
+        return build_plan(GEMMA4_26B_A4B, batch, 4096, weight_itemsize=2, kv_itemsize=2, setup=setup)
 
     plain, spec = plan(2), plan(2, 3)
     assert (spec.batch, spec.users) == (8, 2) and plain.users == 2
@@ -56,13 +58,15 @@ def test_a_plan_verifying_drafts_streams_the_weights_once_for_every_row_and_read
 def test_predicted_speculation_is_never_faster_when_nothing_is_accepted(model, batch):
     """With no draft accepted a round emits the target's one token, after a weight pass over 1 + K rows a user: never
     faster than plain decoding. Tokens/s count emitted tokens: acceptance A gives A tokens per round."""
+    from mk.kernel_setup import WORKBOOK_KERNEL
     from mk.timing import predict
 
     plain = predict(model, "tpu-v5e-8", 1024, batch)
     for k in (1, 3):
-        none = predict(model, "tpu-v5e-8", 1024, batch, speculate=k, acceptance=1)
+        drafts = WORKBOOK_KERNEL.but(draft_tokens=k)
+        none = predict(model, "tpu-v5e-8", 1024, batch, setup=drafts, acceptance=1)
         assert none.step_s >= plain.step_s and none.tokens_per_s <= plain.tokens_per_s
-        some = predict(model, "tpu-v5e-8", 1024, batch, speculate=k, acceptance=k + 1)
+        some = predict(model, "tpu-v5e-8", 1024, batch, setup=drafts, acceptance=k + 1)
         assert some.tokens_per_s == pytest.approx((k + 1) / some.step_s)
         assert some.fraction_of_sol == pytest.approx((k + 1) * some.sol_step_s / some.step_s)
 
@@ -105,6 +109,7 @@ def test_an_assistant_costs_its_weights_once_per_draft(tmp_path, mk_json):
     from transformers import Gemma4AssistantForCausalLM
 
     from mk.assistant import read_assistant_config
+    from mk.kernel_setup import WORKBOOK_KERNEL
     from mk.timing import predict
 
     config = _assistant_for_26b(tmp_path)
@@ -115,14 +120,19 @@ def test_an_assistant_costs_its_weights_once_per_draft(tmp_path, mk_json):
     count = sum(p.numel() for p in model.parameters()) + scalars
     a = read_assistant_config(tmp_path)
     assert a.weight_bytes(2) == 2 * count
-    one, three = (predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, speculate=k, acceptance=1, assistant=a) for k in (1, 3))
+    one, three = (
+        predict(
+            "gemma4-26b-a4b", "tpu-v5e-8", 1024, setup=WORKBOOK_KERNEL.but(draft_tokens=k), acceptance=1, assistant=a
+        )
+        for k in (1, 3)
+    )
     assert one.drafter_s > 0 and three.drafter_s == pytest.approx(3 * one.drafter_s)
     assert three.tokens_per_s == pytest.approx(1 / (three.step_s + three.drafter_s))
     args = ["predict", "--model", "gemma4-26b-a4b", "--chip", "tpu-v5e-8", "--context", 1024, "--json"]
     d = mk_json(*args, "--speculate", 3, "--acceptance", 2.5, "--assistant", tmp_path)
     assert d["round_ms"] == pytest.approx(d["step_ms"] + d["drafter_ms"]) and d["drafter_ms"] > 0
     with pytest.raises(ValueError, match="does not draft for 'gemma4-31b'"):
-        predict("gemma4-31b", "tpu-v5e-8", 1024, speculate=3, acceptance=2, assistant=a)
+        predict("gemma4-31b", "tpu-v5e-8", 1024, setup=WORKBOOK_KERNEL.but(draft_tokens=3), acceptance=2, assistant=a)
 
 
 # Gemma 4's assistant and speculative generation --------------------------------------------------------------
@@ -304,8 +314,8 @@ def test_emitted_per_round_runs_from_one_to_k_plus_one():
 def test_speculation_table_and_figure():
     """At acceptance 0 a round emits one token and is never faster than plain decoding; the MoE model's rows route to
     more distinct experts as K grows, so its step grows more than the dense model's; one line per case and rate."""
+    from mk.analysis.sweeps import speculation_table
     from mk.figures import check_figure
-    from mk.sweeps import speculation_table
     from mk.views.sweeps import speculation_figure
 
     models = ["gemma4-26b-a4b", "gemma4-31b"]
@@ -322,13 +332,13 @@ def test_the_kernel_refuses_drafts_with_attention_split_by_positions_or_users():
     import jax.numpy as jnp
 
     from mk.config import TINY_MOE
+    from mk.kernel_setup import KernelSetup
     from mk.megakernel import build_call
     from mk.plan import build_plan
-    from mk.sharding import Shard
 
     # a window of 59: with 3 drafts its ring of 59 + 4 slots is one block of 16 for each of the 4 chips sharing a head
     cfg = TINY_MOE.replace(name="tiny-moe-8h-w59", num_heads=8, sliding_kv_heads=2, full_kv_heads=1, sliding_window=59)
     for split, batch in (("positions", 1), ("users", 8)):
-        plan = build_plan(cfg, batch, 256, shard=Shard(8, "split", attention_split=split), draft_tokens=3)
+        plan = build_plan(cfg, batch, 256, setup=KernelSetup(8, "split", attention_split=split, draft_tokens=3))
         with pytest.raises(ValueError, match=f"split by heads only, not by {split}"):
             build_call(plan, jnp.float32, jnp.float32)

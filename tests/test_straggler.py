@@ -1,4 +1,4 @@
-"""mk.sharding.straggler: the busiest chip's exact distribution against brute-force enumeration and
+"""mk.analysis.straggler: the busiest chip's exact distribution against brute-force enumeration and
 sampling, its edge cases, the router-measured draws, the cost model, and ``python -m mk straggler``."""
 
 import itertools
@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from mk.__main__ import main
-from mk.config import TINY_MOE
-from mk.reference import routed_experts
-from mk.routing import busiest_chip_distribution, distinct_experts_distribution
-from mk.sharding.straggler import (
+from mk.analysis.straggler import (
     busiest_chip,
     crossing,
     measured_busiest,
     sample_busiest,
     zipf_weights,
 )
+from mk.config import TINY_MOE
+from mk.reference import routed_experts
+from mk.routing import busiest_chip_distribution, distinct_experts_distribution
 from mk.weights import load_checkpoint, random_params
 
 SIGMAS = 4  # sampled values must lie within this many standard errors of the exact ones

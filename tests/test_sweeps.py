@@ -7,13 +7,14 @@ import shutil
 
 import pytest
 
-from mk import sweeps
+from mk.analysis import sweeps
 from mk.chips import get_chip
 from mk.config import get_config
+from mk.kernel_setup import WORKBOOK_KERNEL, WRITE_UP_KERNEL
 from mk.published import published
 from mk.routing import expected_distinct_experts
 from mk.sol import speed_of_light
-from mk.timing import MODELLED, WRITE_UP, predict
+from mk.timing import MODELLED, predict
 from mk.views import sweeps as views
 
 TINY = ["tiny-moe", "tiny-dense"]
@@ -47,17 +48,10 @@ def test_engine_table_has_every_series_context_and_batch(tiny_table):
 
 def test_engine_rows_are_the_timing_models_predictions(tiny_table):
     r = tiny_table.set_index(["model", "role", "context", "batch"]).loc[("tiny-moe", "megakernel", 64, 3)]
-    p = predict(
-        "tiny-moe",
-        "tpu-v5e-8",
-        64,
-        3,
-        "megakernel",
-        "split",
-        collective=WRITE_UP.collective,
-        ffn_layout=WRITE_UP.ffn_layout,
-    )  # as published; fmt: skip
-    assert r.tokens_per_s == pytest.approx(p.tokens_per_s)
+    p = predict("tiny-moe", "tpu-v5e-8", 64, 3, "megakernel", setup=WRITE_UP_KERNEL)  # as published
+    assert r.tokens_per_s == pytest.approx(p.tokens_per_s) and r.setup == WRITE_UP_KERNEL.name
+    w = tiny_table.set_index(["model", "role", "context", "batch"]).loc[("tiny-moe", sweeps.WORKBOOK, 64, 3)]
+    assert w.setup == WORKBOOK_KERNEL.name and WORKBOOK_KERNEL.name in w.series  # every megakernel row names its setup
     s = tiny_table.set_index(["model", "role", "context", "batch"]).loc[("tiny-dense", sweeps.SOL, 16, 1)]
     assert s.tokens_per_s == pytest.approx(speed_of_light(get_config("tiny-dense"), "tpu-v5e-8", 16).tokens_per_s)
 
@@ -78,7 +72,7 @@ def test_context_change_and_speedups(tiny_table):
     speed = sweeps.speedup_table(tiny_table)
     assert len(speed) == len(TINY) * 2 * 2
     assert (speed.over_general_baseline > 0).all() and speed.kind.str.contains("modelled").all()
-    # the workbook's kernel is python -m mk predict's default (mk.timing.KERNEL), beside the write-up's configuration
+    # the workbook's kernel is python -m mk predict's default (mk.kernel_setup.WORKBOOK_KERNEL), beside the write-up's
     r = speed.set_index(["model", "context", "batch"]).loc[("tiny-moe", 64, 3)]
     assert r.workbook_tokens_per_s == pytest.approx(predict("tiny-moe", "tpu-v5e-8", 64, 3).tokens_per_s)
 

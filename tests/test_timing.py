@@ -2,14 +2,16 @@
 knock-outs, data types and bad input."""
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 
 from mk import timing
-from mk.chips import known_chips
+from mk.analysis.knockouts import knockouts
+from mk.analysis.straggler import straggler_cost, straggler_table
+from mk.chips import get_chip, known_chips
 from mk.config import get_config, to_hf_dict
+from mk.kernel_setup import FIXES, WORKBOOK_KERNEL, WRITE_UP_KERNEL
 from mk.params import KNOCKOUTS
 from mk.plan import MatmulTile, build_plan
 from mk.published import published
@@ -69,11 +71,11 @@ def test_general_stack_groups_routed_experts_into_a_few_kernels_whatever_the_bat
 
 
 def test_knockouts_only_shrink_the_step_and_name_every_component():
-    t = timing.knockouts("tiny-moe", "tpu-v5e-8", 64, 2, "megakernel")
+    t = knockouts("tiny-moe", "tpu-v5e-8", 64, 2, "megakernel")
     assert tuple(t.component) == KNOCKOUTS
     assert (t.shrink_ms >= -1e-9).all()
     assert (t.knocked_out_ms <= t.step_ms + 1e-9).all()
-    g = timing.knockouts("tiny-moe", "h100", 64, 2, "general")
+    g = knockouts("tiny-moe", "h100", 64, 2, "general")
     assert (g.kernel_time_ms > 0).all()
 
 
@@ -85,7 +87,7 @@ def test_int8_experts_read_fewer_bytes_and_step_faster():
 
 
 def test_matrix_rows_are_padded_to_what_the_matrix_unit_takes():
-    cfg, chip = get_config("tiny-moe"), timing.get_chip("tpu-v5e-8")
+    cfg, chip = get_config("tiny-moe"), get_chip("tpu-v5e-8")
     rows = timing.constant("matmul_rows", "tpu").value
     one, four = (build_plan(cfg, b, 64, weight_itemsize=2, kv_itemsize=2) for b in (1, 4))
     m1 = next(op for op in one.ops if isinstance(op, MatmulTile))
@@ -96,8 +98,8 @@ def test_matrix_rows_are_padded_to_what_the_matrix_unit_takes():
 
 
 def test_whole_experts_are_paced_by_the_busiest_chip():
-    split = timing.predict(MOE, "tpu-v5e-8", 1024, 1, "megakernel", "split")
-    whole = timing.predict(MOE, "tpu-v5e-8", 1024, 1, "megakernel", "whole")
+    split = timing.predict(MOE, "tpu-v5e-8", 1024, 1, "megakernel")
+    whole = timing.predict(MOE, "tpu-v5e-8", 1024, 1, "megakernel", setup=WORKBOOK_KERNEL.but(placement="whole"))
     assert "busiest" in whole.models and "every chip" in split.models
     assert whole.step_s > split.step_s
 
@@ -112,7 +114,9 @@ def test_fits_in_hbm_says_when_the_model_does_not():
     [
         (dict(chip="tpu-v9"), "unknown chip"),
         (dict(engine="vllm"), "unknown engine"),
-        (dict(placement="half"), "unknown placement"),
+        (dict(setup=dict(placement="half")), "unknown expert placement"),
+        (dict(setup=dict(ffn_layout="columns")), "unknown ffn_layout"),
+        (dict(setup=dict(draft_tokens=-1)), "drafted tokens per user must be 0 or more"),
         (dict(context=0), "context must be a positive integer"),
         (dict(batch=1.5), "batch must be a positive integer"),
         (dict(dtype="int4"), "unknown dtype"),
@@ -121,20 +125,12 @@ def test_fits_in_hbm_says_when_the_model_does_not():
     ],
 )
 def test_bad_input_is_refused_with_the_fix(kwargs, message):
-    args = dict(model="tiny-moe", chip="tpu-v5e-8", context=64, batch=1, engine="megakernel", placement="split")
+    args = dict(model="tiny-moe", chip="tpu-v5e-8", context=64, batch=1, engine="megakernel")
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
+        if "setup" in args:  # a setup with a bad switch is refused where it is made
+            args["setup"] = WORKBOOK_KERNEL.replace(**args["setup"])
         timing.predict(**args)
-
-
-def test_sweep_has_a_row_per_case():
-    t = timing.sweep(
-        ["tiny-moe"], ["tpu-v5e-8", "h100"], contexts=(64, 128), batches=(1,), placements=("split", "whole")
-    )
-    # megakernel over the slice: 2 placements; general and one-chip cases: 1
-    assert len(t) == 2 * (2 + 1) + 2 * (1 + 1)
-    assert not t.step_ms.isna().any() and (t.fraction_of_sol <= 1).all()
-    assert math.isclose(t.tokens_per_s.iloc[0], 1e3 / t.step_ms.iloc[0])
 
 
 @pytest.mark.parametrize("chip", known_chips() + ["tpu-v5e-8"])
@@ -178,17 +174,20 @@ def test_cli_predicts_nvlink_slices_no_faster_than_the_speed_of_light(chip, mk_j
 
 def test_cli_ffn_layout_switch_gives_the_step_before_and_after(mk_json):
     """The default layout (the MLPs' intermediate on rows) moves only real weights and is faster; ``--ffn-layout
-    lanes`` is the first layout, the write-up's fixes' step (mk.timing.FIXES (e)), with its padding."""
+    lanes`` is the first layout, the write-up's fixes' step (mk.kernel_setup.FIXES (e)), with its padding."""
     args = ["--model", MOE, "--chip", "tpu-v5e-8", "--context", 1024, "--json"]
     rows, lanes = mk_json("predict", *args), mk_json("predict", *args, "--ffn-layout", "lanes")
     assert rows["breakdown"]["weight_bytes"] == pytest.approx(rows["breakdown"]["weight_payload_bytes"], rel=1e-9)
     assert lanes["breakdown"]["weight_bytes"] > 1.2 * lanes["breakdown"]["weight_payload_bytes"]
     assert rows["step_ms"] < lanes["step_ms"]
-    assert lanes["step_ms"] == pytest.approx(timing.predict(MOE, "tpu-v5e-8", 1024, ffn_layout="lanes").step_s * 1e3)
+    lanes_setup = WORKBOOK_KERNEL.but(ffn_layout="lanes")
+    assert lanes["step_ms"] == pytest.approx(timing.predict(MOE, "tpu-v5e-8", 1024, setup=lanes_setup).step_s * 1e3)
+    assert lanes["setup"] == lanes_setup.name and rows["setup"] == WORKBOOK_KERNEL.name
 
 
 def test_positions_split_keep_long_contexts_near_the_speed_of_light(mk_json):
-    """The workbook's kernel on 26B-A4B over the v5e-8 (mk.timing.KERNEL: intermediate on rows, positions split):
+    """The workbook's kernel on 26B-A4B over the v5e-8 (mk.kernel_setup.WORKBOOK_KERNEL: intermediate on rows,
+    positions split):
     at 128K positions a chip reads about its even share of the full layers' cache, so the step keeps at least 75%
     of the speed of light (48% in the first kernel); ``--attention-split heads`` is fix (f), every chip of a group
     reading the whole head's positions."""
@@ -196,11 +195,7 @@ def test_positions_split_keep_long_contexts_near_the_speed_of_light(mk_json):
     split, whole = mk_json("predict", *args), mk_json("predict", *args, "--attention-split", "heads")
     assert split["fraction_of_sol"] >= 0.75 > whole["fraction_of_sol"]
     assert split["breakdown"]["kv_bytes"] < 0.4 * whole["breakdown"]["kv_bytes"]
-    f = timing.FIXES[-2]
-    assert whole["step_ms"] == pytest.approx(
-        timing.predict(MOE, "tpu-v5e-8", 131072, collective=f.collective, attention_split=f.attention_split).step_s
-        * 1e3
-    )
+    assert whole["step_ms"] == pytest.approx(timing.predict(MOE, "tpu-v5e-8", 131072, setup=FIXES[-2]).step_s * 1e3)
 
 
 def test_applies_to_names_a_kind_all_or_known_chips():
@@ -217,7 +212,7 @@ def test_applies_to_names_a_kind_all_or_known_chips():
 )
 def test_matrix_rows_follow_the_chips_own_row_before_its_kinds(chip, rows):
     """NVIDIA's wgmma (M = 64) is the GPU default; Ampere/Ada (mma.sync) and AMD CDNA 3 (MFMA) pad to 16 rows."""
-    c = timing.get_chip(chip)
+    c = get_chip(chip)
     assert timing.chip_constant("matmul_rows", c).value == rows
     plan = build_plan(get_config("tiny-moe"), 1, 64, weight_itemsize=2, kv_itemsize=2)
     m1 = next(op for op in plan.ops if isinstance(op, MatmulTile))
@@ -226,15 +221,15 @@ def test_matrix_rows_follow_the_chips_own_row_before_its_kinds(chip, rows):
 
 
 def test_link_latency_per_kind_and_vendor():
-    assert timing.link_latency(timing.get_chip("h100")) == 0.0  # one chip: no link
+    assert timing.link_latency(get_chip("h100")) == 0.0  # one chip: no link
     for chip in ("h100-8", "h200-8", "b200-8", "a100-40gb-8", "a100-80gb-8", "h20-8"):
-        assert timing.link_latency(timing.get_chip(chip)) == pytest.approx(6e-7)
+        assert timing.link_latency(get_chip(chip)) == pytest.approx(6e-7)
     for chip in ("tpu-v4-8", "tpu-v5p-8", "tpu-v7x-8"):
-        assert timing.link_latency(timing.get_chip(chip)) == pytest.approx(1e-6)
+        assert timing.link_latency(get_chip(chip)) == pytest.approx(1e-6)
     with pytest.raises(ValueError, match="no link latency for mi300x"):
-        timing.link_latency(timing.get_chip("mi300x-8"))
+        timing.link_latency(get_chip("mi300x-8"))
     with pytest.raises(ValueError, match=r"no interconnect bandwidth for mi325x \(ici_bandwidth_Bps\)"):
-        timing.link_latency(timing.get_chip("mi325x-8"))
+        timing.link_latency(get_chip("mi325x-8"))
 
 
 def test_step_breakdown_adds_up_and_names_the_int8_scale_blocks():
@@ -248,19 +243,20 @@ def test_step_breakdown_adds_up_and_names_the_int8_scale_blocks():
 
 
 def test_the_straggler_costs_the_busiest_chips_step_over_an_average_chips():
-    c = timing.straggler_cost(MOE, "tpu-v5e-8", 1024, 1)
+    c = straggler_cost(MOE, "tpu-v5e-8", 1024, 1)
     assert c["busiest_experts"] > 2.5 and c["average_experts"] == pytest.approx(1.0)  # 128 experts, 8 chips, top-8
     assert c["whole_step_s"] > c["average_chip_step_s"] > 0
     assert c["straggler_s"] == pytest.approx(c["whole_step_s"] - c["average_chip_step_s"])
-    whole = timing.predict(MOE, "tpu-v5e-8", 1024, 1, placement="whole")
-    assert c["whole_step_s"] == pytest.approx(whole.step_s, rel=1e-12)  # the same step predict gives
-    assert c["split_step_s"] == pytest.approx(timing.predict(MOE, "tpu-v5e-8", 1024, 1).step_s, rel=1e-12)
-    t = timing.straggler_table(MOE, "tpu-v5e", [2, 8], [1])
+    # the same steps predict gives for the setup it names, each way (the write-up's kernel by default)
+    whole = timing.predict(MOE, "tpu-v5e-8", 1024, 1, setup=WRITE_UP_KERNEL.but(placement="whole"))
+    assert c["whole_step_s"] == pytest.approx(whole.step_s, rel=1e-12) and c["setup"] == WRITE_UP_KERNEL.name
+    assert c["split_step_s"] == pytest.approx(timing.predict(MOE, "tpu-v5e-8", 1024, setup=WRITE_UP_KERNEL).step_s)
+    t = straggler_table(MOE, "tpu-v5e", [2, 8], [1])
     assert t.chips.tolist() == [2, 8] and (t.straggler_ms > 0).all()
     with pytest.raises(ValueError, match="dense model"):
-        timing.straggler_cost("gemma4-31b", "tpu-v5e-8")
+        straggler_cost("gemma4-31b", "tpu-v5e-8")
     with pytest.raises(ValueError, match="one chip"):
-        timing.straggler_cost(MOE, "tpu-v5e")
+        straggler_cost(MOE, "tpu-v5e")
 
 
 def test_assumed_costs_come_from_the_data_file_and_a_given_one_is_said_so():

@@ -8,10 +8,10 @@ import pytest
 
 from mk.chips import get_chip
 from mk.config import FULL, GEMMA4_26B_A4B, GEMMA4_31B, SLIDING, TINY_DENSE, TINY_MOE
+from mk.kernel_setup import Collective, KernelSetup
 from mk.megakernel.aot import compile_for_tpu
 from mk.plan import AllReduce, layers_in_hbm
 from mk.profiling import count_kernels
-from mk.sharding import Collective, Shard
 
 CONFIGS = Path(__file__).resolve().parent.parent / "data" / "configs"
 
@@ -122,9 +122,8 @@ def test_whole_models_compile_sharded_over_eight_chips(models, chip, placements,
     the whole model replicated) and fit its HBM."""
     from mk.megakernel.aot import sharded_compiles
 
-    table = sharded_compiles(
-        list(models), [chip], placements=placements, attention_split=attention_split, draft_tokens=drafts
-    )
+    setup = KernelSetup(attention_split=attention_split, draft_tokens=drafts)
+    table = sharded_compiles(list(models), [chip], placements=placements, setup=setup)
     assert (table["draft_tokens"] == drafts).all()
     assert list(table["placement"]) == [*placements, "-"][: len(table)]
     assert (table["mosaic_calls"] == 1).all(), table
@@ -143,7 +142,7 @@ def test_tiny_sharded_step_compiles_with_every_switch(collective, chip):
     """The all-reduce's DMAs move only the users' rows (1 in f32, 2 in bf16: a DMA may not cut a packed
     sublane word) at lane offsets computed from the chip's index: the Mosaic compiler takes them."""
     cfg8 = TINY_MOE.replace(name="tiny-moe-8h", num_heads=8, sliding_kv_heads=2, full_kv_heads=1)
-    plan, compiled = compile_for_tpu(cfg8, chip, 1, 64, shard=Shard(8, "whole", collective))
+    plan, compiled = compile_for_tpu(cfg8, chip, 1, 64, setup=KernelSetup(8, "whole", collective))
     assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
     assert {op.rows for op in plan.ops if isinstance(op, AllReduce)} == ({1, 2} if collective.bf16_payload else {1})
 
@@ -158,8 +157,8 @@ EIGHT_HEADS_W64 = TINY_MOE.replace(
 def test_tiny_step_with_positions_split_over_chips_compiles(chip):
     """Chips sharing a KV head split its positions (4 a sliding head, 8 the full one): the query heads gathered
     and the partial states sent over remote DMAs within each group, at offsets computed from the chip's index."""
-    shard = Shard(8, "split", attention_split="positions")
-    plan, compiled = compile_for_tpu(EIGHT_HEADS_W64, chip, 2, 256, shard=shard)
+    setup = KernelSetup(8, "split", attention_split="positions")
+    plan, compiled = compile_for_tpu(EIGHT_HEADS_W64, chip, 2, 256, setup=setup)
     assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
     assert (plan.position_share("sliding"), plan.position_share("full")) == (4, 8)
     assert plan.cache_len("full") == 256 // 8
@@ -169,8 +168,8 @@ def test_tiny_step_with_positions_split_over_chips_compiles(chip):
 def test_tiny_step_with_users_split_over_chips_compiles(chip, batch):
     """Chips own users (1 or 2 each): each chip's q, k, v heads of every owner's users staged and sent, and the
     outputs sent back, over remote DMAs of the users' rows; the owner's attention over every KV head."""
-    shard = Shard(8, "whole", attention_split="users")
-    plan, compiled = compile_for_tpu(EIGHT_HEADS_W64, chip, batch, 128, shard=shard)
+    setup = KernelSetup(8, "whole", attention_split="users")
+    plan, compiled = compile_for_tpu(EIGHT_HEADS_W64, chip, batch, 128, setup=setup)
     assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
     assert plan.cache_users == batch // 8 and plan.cache_heads("sliding") == 2
 
@@ -197,7 +196,7 @@ def test_int8_plan_vmem_agrees_with_the_compiler():
 def test_int8_step_compiles_over_eight_chips(placement, chip):
     """Every matrix INT8 over 8 chips, heads split: each chip's scales cut with its output channels or experts."""
     cfg8 = TINY_MOE.replace(name="tiny-moe-8h", num_heads=8, sliding_kv_heads=2, full_kv_heads=1)
-    plan, compiled = compile_for_tpu(cfg8, chip, 2, 64, shard=Shard(8, placement), quantize="int8")
+    plan, compiled = compile_for_tpu(cfg8, chip, 2, 64, setup=KernelSetup(8, placement), quantize="int8")
     assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
     assert any(ld.scaled for ld in plan.loads)
 

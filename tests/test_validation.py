@@ -1,4 +1,4 @@
-"""The timing model held to the published numbers it is tested against (mk.verdict.points_table): each point's
+"""The timing model held to the published numbers it is tested against (mk.analysis.verdict.points_table): each point's
 error (modelled / published - 1) as recorded when the model last changed on purpose. A change that moves a
 prediction fails here instead of quietly changing a notebook; if the change is meant, record the new errors
 (and say why in the commit). Fitted points, inputs and what holds by construction are not tests and are not
@@ -6,7 +6,7 @@ pinned; a step, its tokens/s and its fraction of the speed of light are one poin
 
 import pytest
 
-from mk import verdict as vd
+from mk.analysis import verdict as vd
 
 # key: error recorded on 2026-12-01 (mk.timing with data/timing.csv's constants; assumed costs 0)
 RECORDED = {
@@ -78,7 +78,7 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
     import csv
 
     from mk import timing
-    from mk.tpu_smoke import COLUMNS
+    from mk.measure.tpu import COLUMNS
 
     path = tmp_path / "tpu.csv"
     base = dict.fromkeys(COLUMNS, "")
@@ -94,6 +94,6 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
         w.writerows(rows)
     t = vd.measured_megakernel(path)
     assert len(t) == 1 and t.iloc[0].measured_ms == 2.0
-    want = timing.predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1, placement="split").step_s * 1e3
+    want = timing.predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1).step_s * 1e3  # the workbook's kernel, split
     assert t.iloc[0].modelled_ms == pytest.approx(want) and t.iloc[0].error == pytest.approx(want / 2.0 - 1)
     assert vd.measured_megakernel(tmp_path / "none.csv").empty

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import pandas as pd
 
 from ..config import ModelConfig
+from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..params import check_knockout
 from ..plan import Tiles, build_plan
-from ..sharding import ONE_CHIP, Shard
 from .kernel import build_call, global_shapes, partition_specs
 from .pack import packed_shapes
 from .refs import input_shapes
@@ -30,17 +30,16 @@ def compile_for_tpu(
     compiler_options: dict | None = None,
     vmem_limit_bytes: int | None = None,
     loop_layers: bool = True,
-    shard: Shard = ONE_CHIP,
+    setup: KernelSetup = ONE_CHIP,
     quantize: str = "none",
-    draft_tokens: int = 0,
 ):
     """Compile one decode step (users block in, users block out) for ``chip`` ahead of time with
     libtpu's Mosaic compiler (see mk.tpu). The plan's VMEM budget is checked against the chip first and
-    given to the compiler as its VMEM limit. With ``shard`` the step is split over the slice's chips
-    (``chip`` a slice of ``shard.chips``: ``tpu-v5e-8``), each weight and cache sharded on its split
-    axis. ``quantize``: the mk.quant scheme whose matrices stream as INT8 with their scales. ``draft_tokens``: the
-    speculative step verifying that many drafts a user (1 + K rows each). Returns (plan,
-    compiled): one chip's plan, the program of every chip."""
+    given to the compiler as its VMEM limit. With ``setup`` the step is split over the slice's chips
+    (``chip`` a slice of ``setup.chips``: ``tpu-v5e-8``), each weight and cache sharded on its split
+    axis (``setup.draft_tokens``: the speculative step verifying that many drafts a user, 1 + K rows each).
+    ``quantize``: the mk.quant scheme whose matrices stream as INT8 with their scales. Returns (plan, compiled): one
+    chip's plan, the program of every chip."""
     from ..tpu import aot_compile
 
     plan = build_plan(
@@ -52,13 +51,12 @@ def compile_for_tpu(
         tiles=tiles,
         knockout=check_knockout(knockout),
         loop_layers=loop_layers,
-        shard=shard,
+        setup=setup,
         quantize=quantize,
-        draft_tokens=draft_tokens,
     )
     limit = vmem_limit_bytes or plan.vmem_limit(chip)
     shapes = input_shapes(plan, weight_dtype, kv_dtype)
-    if shard.sharded:
+    if setup.sharded:
         return plan, _compile_sharded(plan, chip, shapes, weight_dtype, kv_dtype, limit, compiler_options)
     fn = build_call(plan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes=limit)
     compiled = aot_compile(
@@ -84,7 +82,7 @@ def _compile_sharded(plan, chip: str, shapes, weight_dtype, kv_dtype, limit: int
     devices = topology(chip).devices
     if len(devices) != plan.chips:
         raise ValueError(f"{chip} has {len(devices)} chips, the plan is split over {plan.chips}")
-    mesh = Mesh(np.array(devices), (plan.shard.axis,))
+    mesh = Mesh(np.array(devices), (plan.setup.axis,))
     fn = build_call(plan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes=limit, mesh=mesh)
     spec = jax.tree.map(
         lambda s, p: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, p)),
@@ -181,18 +179,16 @@ def sharded_compiles(
     batch: int = 1,
     max_len: int = 1024,
     quantize: str = "none",
-    attention_split: str = "heads",
-    draft_tokens: int = 0,
+    setup: KernelSetup = ONE_CHIP,
 ) -> pd.DataFrame:
     """Each model's whole decode step (every layer, full size, bf16; ``quantize``: the mk.quant scheme's
-    matrices INT8; ``attention_split``: mk.sharding.AttentionSplit; ``draft_tokens``: the speculative step
-    verifying that many drafts a user) split over each 8-chip
+    matrices INT8; ``setup``: the kernel setup, its chips the slice's and its placement each of ``placements``)
+    split over each 8-chip
     slice, compiled ahead of time by libtpu (both expert placements for an MoE model): per chip, the HBM its
     arguments take as the compiler reports it beside the plan's (weights and cache, sharded), the plan's VMEM
     and the limit the compiler accepted it under, and the compile time."""
     from ..chips import get_chip
     from ..config import get_config
-    from ..sharding import Shard
 
     rows = []
     for model in models:
@@ -206,9 +202,8 @@ def sharded_compiles(
                     chip,
                     batch,
                     max_len,
-                    shard=Shard(n, placement, attention_split=attention_split),
+                    setup=setup.but(chips=n, placement=placement),
                     quantize=quantize,
-                    draft_tokens=draft_tokens,
                 )
                 seconds = time.perf_counter() - t0
                 shapes = input_shapes(plan, jnp.bfloat16, jnp.bfloat16)
@@ -220,8 +215,8 @@ def sharded_compiles(
                         chip=chip,
                         placement=placement if cfg.is_moe else "-",
                         quantize=quantize,
-                        attention_split=attention_split,
-                        draft_tokens=draft_tokens,
+                        attention_split=str(setup.attention_split),
+                        draft_tokens=setup.draft_tokens,
                         compiler_hbm_gb=compiled.memory_analysis().argument_size_in_bytes / 1e9,
                         plan_hbm_gb=plan_hbm / 1e9,
                         hbm_per_chip_gb=get_chip(chip).hbm_bytes / n / 1e9,

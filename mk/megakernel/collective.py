@@ -28,7 +28,7 @@ def _peers(k):
 
 
 def _device(k, chip):
-    return {k.plan.shard.axis: chip}
+    return {k.plan.setup.axis: chip}
 
 
 def barrier(k):
@@ -104,7 +104,7 @@ def emit_all_reduce(k, op):
 
     for j, name in enumerate(op.acts):
         stage[j, :, :W] = acts[name][:, :W].astype(stage.dtype)
-    if not k.plan.shard.collective.reduce_scatter:
+    if not k.plan.setup.collective.reduce_scatter:
         for j in range(n):
             recv[k.chip, j] = stage[j]  # this chip's own partial, rounded as the others receive it
         _exchange(k, stage.at[pl.ds(0, n), pl.ds(0, R)], lambda c: recv.at[c, pl.ds(0, n), pl.ds(0, R)], 0, parity, ex)

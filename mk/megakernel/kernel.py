@@ -28,6 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..config import SLIDING, ModelConfig
+from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..params import NORMS, check_knockout
 from ..plan import (
     BLOCK,
@@ -64,17 +65,7 @@ from ..plan import (
     vector_stride,
 )
 from ..quant import SCALE_SUFFIX
-from ..sharding import (
-    ONE_CHIP,
-    Collective,
-    Shard,
-    cache_split_axis,
-    chip_config,
-    chip_params,
-    make_mesh,
-    position_share,
-    split_axis,
-)
+from ..sharding import cache_split_axis, chip_config, chip_params, make_mesh, position_share, split_axis
 from ..tpu import interpret_params
 from . import attention, collective, dense, head, moe
 from .pack import adopt_cache_chips, pack, reference_cache_chips
@@ -119,7 +110,7 @@ class Kernel:
         self.plan, self.cfg, self.model = plan, plan.layout, plan.cfg  # kernel sizes; the model's own
         self.inputs, self.outputs, self.scratch = inputs, outputs, scratch
         # over several chips: this chip's index (traced), where its vocabulary rows and experts start
-        self.chip = jax.lax.axis_index(plan.shard.axis) if plan.chips > 1 else 0
+        self.chip = jax.lax.axis_index(plan.setup.axis) if plan.chips > 1 else 0
         self.vocab = plan.whole_model.vocab_size  # the real vocabulary (the layout pads it)
         self.vocab_base = self.chip * plan.layout.vocab_size
         whole = plan.cfg.is_moe and plan.experts_held < plan.cfg.num_experts
@@ -374,13 +365,13 @@ def build_call(
     and on request the logits [B, V] and the DMA counts. ``probe``: the step takes the activations'
     values before its first op and returns them after its last (to test a plan cut to a few ops)."""
     plan.cfg.check_runnable()
-    split_attention = plan.shard is not None and (
-        plan.shard.users_split or any(plan.position_share(t) > 1 for t in set(plan.cfg.layer_types))
+    split_attention = plan.setup is not None and (
+        plan.setup.users_split or any(plan.position_share(t) > 1 for t in set(plan.cfg.layer_types))
     )
     if plan.draft_tokens and split_attention:
         raise ValueError(
             f"the megakernel verifies drafted tokens (draft_tokens={plan.draft_tokens}) with attention split by heads "
-            f"only, not by {plan.shard.attention_split}; use attention_split='heads' (mk.timing models the others)"
+            f"only, not by {plan.setup.attention_split}; use attention_split='heads' (mk.timing models the others)"
         )
     if plan.draft_tokens and SLIDING in plan.cfg.layer_types and plan.draft_tokens >= plan.cfg.sliding_window:
         raise ValueError(f"draft_tokens={plan.draft_tokens}: drafts must be fewer than the sliding window")
@@ -460,10 +451,10 @@ def partition_specs(plan: StepPlan, tree):
     """A ``PartitionSpec`` for each leaf of the kernel's Inputs or Outputs (shapes): weights and caches split on
     ``mk.sharding.split_axis`` and ``cache_split_axis``, logits on the vocabulary, DMA counts and a probe's
     activations one block of rows per chip, the rest whole on every chip."""
-    model, shard = plan.whole_model, plan.shard
+    model, setup = plan.whole_model, plan.setup
 
     def spec(x, ax=None):
-        return axis_spec(len(x.shape), ax, shard.axis)
+        return axis_spec(len(x.shape), ax, setup.axis)
 
     parts = {}
     for f in tree._fields:
@@ -471,9 +462,9 @@ def partition_specs(plan: StepPlan, tree):
         if v is None:
             parts[f] = None
         elif f == "weights":
-            parts[f] = {name: spec(x, split_axis(model, shard, name)) for name, x in v.items()}
+            parts[f] = {name: spec(x, split_axis(model, setup, name)) for name, x in v.items()}
         elif f == "cache":
-            parts[f] = {name: spec(x, cache_split_axis(model, shard)) for name, x in v.items()}
+            parts[f] = {name: spec(x, cache_split_axis(model, setup)) for name, x in v.items()}
         else:
             # a probe's activations: each chip's own rows (its partial sums differ)
             parts[f] = jax.tree.map(partial(spec, ax={"logits": 1, "dma_counts": 0, "acts": 0}.get(f)), v)
@@ -519,30 +510,36 @@ class MegakernelEngine:
     compiling one kernel per (batch, cache length, dtypes, knock-out, logits or not)."""
 
     def __init__(
-        self, cfg: ModelConfig, tiles: Tiles = Tiles(), detect_races: bool = False, shard: Shard = ONE_CHIP, mesh=None
+        self,
+        cfg: ModelConfig,
+        tiles: Tiles = Tiles(),
+        detect_races: bool = False,
+        setup: KernelSetup = ONE_CHIP,
+        mesh=None,
     ):
         cfg.check_runnable()
-        self.cfg, self.tiles, self.detect_races, self.shard = cfg, tiles, detect_races, shard
-        if shard.sharded:
-            chip_config(cfg, shard)  # refuses a placement the model cannot take, before any weights move
-            self.mesh = mesh if mesh is not None else make_mesh(shard.chips, jax.devices()[: shard.chips], shard.axis)
+        cfg = setup.laid_out(cfg)  # the packing and the plan read the setup's layout of the gated MLPs from cfg
+        self.cfg, self.tiles, self.detect_races, self.setup = cfg, tiles, detect_races, setup
+        if setup.sharded:
+            chip_config(cfg, setup)  # refuses a placement the model cannot take, before any weights move
+            self.mesh = mesh if mesh is not None else make_mesh(setup.chips, jax.devices()[: setup.chips], setup.axis)
         self._packed_key, self._packed = None, None
         self._steps: dict = {}
 
     def _place_cache(self, cache: dict) -> dict:
         """Over several chips: each array of the kernel's ``cache`` split over the mesh on its split axis (a step's
         inputs must carry the sharding its shard_map names)."""
-        if not self.shard.sharded:
+        if not self.setup.sharded:
             return cache
         out = {}
         for name, a in cache.items():
-            spec = axis_spec(a.ndim, cache_split_axis(self.cfg, self.shard), self.shard.axis)
+            spec = axis_spec(a.ndim, cache_split_axis(self.cfg, self.setup), self.setup.axis)
             out[name] = jax.device_put(a, NamedSharding(self.mesh, spec))
         return out
 
     def prepare(self, params: dict, cfg: ModelConfig) -> dict:
         """The kernel's layout of ``params`` (``pack``), made once: a step given it reads it as it is
-        (mk.bench times the step on it, so the timed program holds no re-layout)."""
+        (mk.measure times the step on it, so the timed program holds no re-layout)."""
         return self.packed(params)
 
     def packed(self, params: dict) -> dict:
@@ -550,7 +547,7 @@ class MegakernelEngine:
             return params
         key = tuple(id(v) for v in params.values())
         if key != self._packed_key:
-            self._packed = self._pack_on_chips(params) if self.shard.sharded else pack(params, self.cfg)
+            self._packed = self._pack_on_chips(params) if self.setup.sharded else pack(params, self.cfg)
             self._packed_key = key
         return self._packed
 
@@ -560,18 +557,18 @@ class MegakernelEngine:
         chip holds more than its share at any time: a full-size model packed on one device, then split,
         would not fit one chip of a slice."""
         host = {path: np.asarray(a) for path, a in params.items()}  # chip_params cuts on the host
-        local = chip_config(self.cfg, self.shard)
+        local = chip_config(self.cfg, self.setup)
         parts = {}
         for c, dev in enumerate(self.mesh.devices.flat):
             if dev.process_index == jax.process_index():  # a pod slice's other hosts pack their own chips
                 with jax.default_device(dev):
-                    parts[dev] = pack(chip_params(host, self.cfg, self.shard, c), local)
+                    parts[dev] = pack(chip_params(host, self.cfg, self.setup, c), local)
         first = next(iter(parts.values()))
         weights = {}
         for name, a in first["weights"].items():
-            axis = split_axis(self.cfg, self.shard, name)
-            shape = tuple(n * self.shard.chips if i == axis else n for i, n in enumerate(a.shape))
-            sharding = NamedSharding(self.mesh, axis_spec(a.ndim, axis, self.shard.axis))
+            axis = split_axis(self.cfg, self.setup, name)
+            shape = tuple(n * self.setup.chips if i == axis else n for i, n in enumerate(a.shape))
+            sharding = NamedSharding(self.mesh, axis_spec(a.ndim, axis, self.setup.axis))
             slices = [jax.device_put(p["weights"][name], dev) for dev, p in parts.items()]
             weights[name] = jax.make_array_from_single_device_arrays(shape, sharding, slices)
         return dict(first, weights=weights)
@@ -608,9 +605,8 @@ class MegakernelEngine:
                 kv_itemsize=jnp.dtype(kv_dtype).itemsize,
                 tiles=self.tiles,
                 knockout=knockout,
-                shard=self.shard,
+                setup=self.setup.replace(draft_tokens=draft_tokens),
                 quantize=quantize,
-                draft_tokens=draft_tokens,
             )
             fn = build_call(
                 plan,
@@ -619,7 +615,7 @@ class MegakernelEngine:
                 interpret_params(self.detect_races),
                 with_logits=with_logits,
                 count_dmas=count_dmas,
-                mesh=self.mesh if self.shard.sharded else None,
+                mesh=self.mesh if self.setup.sharded else None,
             )
 
             def run(packed, cache, tokens, pos, plan=plan, fn=fn):
@@ -630,11 +626,11 @@ class MegakernelEngine:
 
     def adopt_cache(self, cache: dict) -> dict:
         """The kernel's cache from the reference's (mk.megakernel.pack): once, after prefill (mk.generate)."""
-        return self._place_cache(adopt_cache_chips(self.cfg, cache, self.shard))
+        return self._place_cache(adopt_cache_chips(self.cfg, cache, self.setup))
 
     def reference_cache(self, cache: dict) -> dict:
         """The reference's cache layout from the kernel's (to compare them)."""
-        return reference_cache_chips(self.cfg, cache, self.shard)
+        return reference_cache_chips(self.cfg, cache, self.setup)
 
     def run(
         self, params, cfg, cache, tokens, pos, knockout=frozenset(), with_logits=True, count_dmas=False, draft_tokens=0
@@ -642,7 +638,7 @@ class MegakernelEngine:
         """One step on the kernel's cache layout (``adopt_cache``): the kernel's Outputs (users block,
         cache, and logits / DMA counts on request). ``draft_tokens`` = K: ``tokens`` and ``pos`` are each user's
         1 + K rows in turn (speculative verification)."""
-        if cfg != self.cfg:
+        if self.setup.laid_out(cfg) != self.cfg:
             raise ValueError(f"this megakernel step was made for {self.cfg.name}, called with {cfg.name}")
         if "layers.0.k" in cache:
             raise ValueError(
@@ -654,7 +650,7 @@ class MegakernelEngine:
         batch = cache[f"{t0}.k"].shape[1]
         # a chip's full-layer slots, times the chips sharing each KV head's positions (mk.sharding.position_share)
         max_len = (
-            cache["full.k"].shape[3] * position_share(cfg, "full", self.shard)
+            cache["full.k"].shape[3] * position_share(cfg, "full", self.setup)
             if cfg.full_layers
             else cfg.sliding_window
         )
@@ -688,21 +684,14 @@ class MegakernelEngine:
 
 def make_step(
     cfg: ModelConfig,
+    setup: KernelSetup = ONE_CHIP,
     tiles: Tiles = Tiles(),
     detect_races: bool = False,
     kv_tile: int | None = None,
-    chips: int = 1,
-    placement: str = "split",
-    overlap: bool = True,
-    bf16_payload: bool = False,
-    reduce_scatter: bool = False,
-    attention_split: str = "heads",
 ) -> MegakernelEngine:
-    """The megakernel engine for mk.generate; ``kv_tile``: KV positions per tile (overrides ``tiles``);
-    over ``chips`` chips (the first ``chips`` devices), experts ``placement`` whole or split, the
-    all-reduce's switches (mk.sharding.Collective), and how attention is cut (mk.sharding.AttentionSplit)."""
+    """The megakernel engine for mk.generate, set up as ``setup`` says (mk.kernel_setup.KernelSetup: the chips it
+    runs over, the first ``setup.chips`` devices, where the experts live, the all-reduce's switches, how attention is
+    cut, the gated MLPs' layout); ``kv_tile``: KV positions per tile (overrides ``tiles``)."""
     if kv_tile is not None:
         tiles = replace(tiles, kv_tile=kv_tile)
-    coll = Collective(overlap, bf16_payload, reduce_scatter)
-    shard = Shard(chips, placement, coll, attention_split=attention_split)
-    return MegakernelEngine(cfg, tiles, detect_races, shard)
+    return MegakernelEngine(cfg, tiles, detect_races, setup)

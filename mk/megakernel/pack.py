@@ -185,10 +185,10 @@ def reference_cache(cfg: ModelConfig, cache: dict) -> dict:
 
 # Over several chips: each chip's cache laid out as above, joined on the axis split over the chips (the weights:
 # each chip's slice packed on that chip, mk.megakernel.kernel.MegakernelEngine.packed).
-def _join_caches(parts: list[dict], cfg: ModelConfig, shard) -> dict:
+def _join_caches(parts: list[dict], cfg: ModelConfig, setup) -> dict:
     from ..sharding import cache_split_axis
 
-    axis = cache_split_axis(cfg, shard)
+    axis = cache_split_axis(cfg, setup)
     return {n: parts[0][n] if axis is None else jnp.concatenate([p[n] for p in parts], axis) for n in parts[0]}
 
 
@@ -206,36 +206,36 @@ def _interleave_blocks(parts: list):
     return x.reshape(*lead, s * len(parts), hd)
 
 
-def adopt_cache_chips(cfg: ModelConfig, cache: dict, shard) -> dict:
+def adopt_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     """``adopt_cache`` over several chips: each chip's KV heads (mk.sharding.chip_cache) side by side; where chips
     share a KV head's positions (mk.sharding.position_share), each chip's blocks of its slots only. With the users
     split, the whole cache: its users axis is the one split (chip c's users are rows c * B/C ..)."""
     from ..sharding import chip_cache, chip_config, position_share
 
-    if not shard.sharded or shard.users_split:
+    if not setup.sharded or setup.users_split:
         return adopt_cache(cfg, cache)
-    local = chip_config(cfg, shard)
+    local = chip_config(cfg, setup)
     parts = []
-    for c in range(shard.chips):
-        mine = chip_cache(cache, cfg, shard, c)
+    for c in range(setup.chips):
+        mine = chip_cache(cache, cfg, setup, c)
         for path in mine:
-            g = position_share(cfg, cfg.layer_types[int(path.split(".")[1])], shard)
+            g = position_share(cfg, cfg.layer_types[int(path.split(".")[1])], setup)
             mine[path] = _blocks_of(mine[path], c % g, g) if g > 1 else mine[path]
         parts.append(adopt_cache(local, mine))
-    return _join_caches(parts, cfg, shard)
+    return _join_caches(parts, cfg, setup)
 
 
-def reference_cache_chips(cfg: ModelConfig, cache: dict, shard) -> dict:
+def reference_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     """The reference's cache from ``adopt_cache_chips``'s layout (a KV head kept on several chips is
     the same on each: the first copy is taken)."""
     from ..sharding import chip_config, first_kv_head, heads_split, position_share
 
-    if not shard.sharded or shard.users_split or not heads_split(cfg, shard.chips):
+    if not setup.sharded or setup.users_split or not heads_split(cfg, setup.chips):
         return reference_cache(cfg, cache)
-    local, C = chip_config(cfg, shard), shard.chips
+    local, C = chip_config(cfg, setup), setup.chips
     out = {}
     for i, t in enumerate(cfg.layer_types):
-        kv, g = local.kv_heads(t), position_share(cfg, t, shard)
+        kv, g = local.kv_heads(t), position_share(cfg, t, setup)
         for n in ("k", "v"):
             a = cache[f"{t}.{n}"][type_index(cfg, i)][..., head_lanes(cfg.head_dim(t))]  # [B, C * kv, S, hd]
             heads = {}

@@ -55,7 +55,7 @@ def compare_with_reference(
     prompt = np.random.RandomState(seed + 1).randint(0, cfg.vocab_size, (batch, int(lengths.max()))).astype(np.int32)
     cache = R.init_cache(cfg, batch, max_len, multiple=BLOCK)
     logits, cache = R.prefill(params, cfg, prompt, cache, lengths)
-    engine = make_step(cfg, tiles, detect_races=detect_races)
+    engine = make_step(cfg, tiles=tiles, detect_races=detect_races)
     mk_cache = engine.adopt_cache({k: v.astype(dtype) for k, v in cache.items()})
     rounded = jnp.dtype(dtype) != jnp.float32
     r_params = {k: v.astype(jnp.float32) for k, v in mk_params.items()}

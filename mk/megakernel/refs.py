@@ -229,7 +229,7 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
                 if g > 1
                 else ()
             ),
-            users=users_split_shapes(plan, t) if plan.shard is not None and plan.shard.users_split else None,
+            users=users_split_shapes(plan, t) if plan.setup is not None and plan.setup.users_split else None,
         )
     hd = max(cfg.sliding_head_dim, cfg.full_head_dim)
     # the query heads read against one KV head: this chip's, or every sharing chip's where they split its
@@ -287,7 +287,7 @@ def collective_shapes(plan: StepPlan) -> Collective:
     from ..sharding import chunk_width
 
     C, rows, width = plan.chips, plan.rows, plan.layout.hidden_size
-    reduce_scatter = plan.shard.collective.reduce_scatter
+    reduce_scatter = plan.setup.collective.reduce_scatter
     chunk = chunk_width(width, C)
     exchange = {}
     for itemsize in sorted({op.itemsize for op in plan.ops if isinstance(op, AllReduce)}):

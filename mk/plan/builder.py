@@ -93,7 +93,7 @@ class Builder:
         kv_itemsize: int,
         tiles: Tiles,
         knockout: frozenset,
-        shard,
+        setup,
         experts_held: int,
         split_heads: bool,
         quantized: frozenset = frozenset(),
@@ -101,7 +101,7 @@ class Builder:
         model: ModelConfig | None = None,
         draft_tokens: int = 0,
     ):
-        self.shard, self.experts_held, self.split_heads = shard, experts_held, split_heads
+        self.setup, self.experts_held, self.split_heads = setup, experts_held, split_heads
         self.model = model or cfg  # the whole model (its heads: each chip attends over all of them for its users)
         # speculative verification: each user's rows are its token and its drafts, through one weight pass (``batch``
         # counts rows); they attend over the user's one cache
@@ -130,22 +130,22 @@ class Builder:
         """Sum ``acts`` over the chips (nothing on one chip, or with nothing to sum)."""
         from ..sharding import sent_bytes
 
-        if not self.shard.sharded or not acts:
+        if not self.setup.sharded or not acts:
             return
-        coll, width = self.shard.collective, self.cfg.hidden_size
+        coll, width = self.setup.collective, self.cfg.hidden_size
         # only the users' rows travel: whole rows of a packed (sublane) word, 1 in f32, 2 in bf16
         rows = min(round_up(self.batch, 4 // itemsize), round_up(self.batch, ROWS))
         self.op(
             AllReduce(
                 layer,
                 "collectives",
-                len(acts) * self.shard.chips * rows * width,  # the sum's adds
+                len(acts) * self.setup.chips * rows * width,  # the sum's adds
                 acts=tuple(acts),
                 rows=rows,
                 width=width,
                 itemsize=itemsize,
                 seq=sum(isinstance(o, AllReduce) for o in self.ops),
-                sent_bytes=sent_bytes(coll, len(acts) * rows, width, self.shard.chips, itemsize),
+                sent_bytes=sent_bytes(coll, len(acts) * rows, width, self.setup.chips, itemsize),
                 rounds=coll.rounds,
             )
         )
@@ -324,8 +324,8 @@ class Builder:
                 self.op(HeadTile(-1, HEAD, 2 * B * tv * H + 6 * B * tv, load=lid, src="xn", row_off=r, n=tv))
         else:
             self.op(NoHead(-1, HEAD, 0))
-        if self.shard.sharded:
-            C = self.shard.chips
+        if self.setup.sharded:
+            C = self.setup.chips
             self.op(GatherBest(-1, "collectives", C * ROWS * LANE, sent_bytes=(C - 1) * 2 * ROWS * LANE * 4))
         self.op(EmitTokens(-1, HEAD, 0, serial_bytes=ROWS * LANE * 4))
 
@@ -352,13 +352,13 @@ class Builder:
         g = self.position_shares.get(t, 1)
         R = self.rows_per_user
         # whose caches, of how many query and KV heads, this chip attends over
-        users, heads, cache_kv = users_per_chip(self.model, self.shard, B // R), nh, kv
+        users, heads, cache_kv = users_per_chip(self.model, self.setup, B // R), nh, kv
         if g > 1:  # this chip's share of the positions, for the g chips' query heads: q in, partial states out
             positions, heads = ceil_div(positions, g), g * nh
             state = B * nh * (hd + LANE) * 4  # each head's weighted values, running max and sum, f32, per user
             sent, rounds = (g - 1) * (B * nh * hd * 4 + state), 2
-        elif self.shard.users_split:  # this chip's users over every head: their q, k, v in, their outputs out
-            C = self.shard.chips
+        elif self.setup.users_split:  # this chip's users over every head: their q, k, v in, their outputs out
+            C = self.setup.chips
             heads, cache_kv = self.model.num_heads, self.model.kv_heads(t)
             sent, rounds = (C - 1) * users * R * (2 * nh + 2 * kv) * hd * 4, 2
         else:
@@ -375,7 +375,7 @@ class Builder:
                 serial_bytes=users * per_pos * (min(T, positions - 1) + BLOCK),
                 query_rows=heads // cache_kv * R,
                 positions_shared=g,
-                users_split=self.shard.users_split,
+                users_split=self.setup.users_split,
                 sent_bytes=sent,
                 rounds=rounds,
             )
@@ -431,7 +431,7 @@ class Builder:
                 self.attention(i, t)
             self.proj_rows(p + "o", i, att, "attn", "attn_out")
             if self.split_heads:  # each chip computed its heads' share of the output projection
-                self.all_reduce(i, ["attn_out"], self.shard.collective.payload_itemsize())
+                self.all_reduce(i, ["attn_out"], self.setup.collective.payload_itemsize())
         self.op(AttentionResidual(i, NORMS, 8 * B * H, attention_on=att not in self.ko))
         # Gemma 4's router and experts read their own norms of x; a pre-norm family's the FFN's input, xn
         rin, x2 = ("rin", "x2") if cfg.router == "gemma4" else ("xn", "xn")
@@ -461,7 +461,7 @@ class Builder:
                 self.mlp(p, i, EXPERTS, x2, "eo", ("expert_gate", "expert_up", "expert_down"), expert=j)
                 self.op(ExpertCombine(i, EXPERTS, 2 * B * H, expert=j))
         partial_sums = [a for a, on in (("ffn", shared), ("moe", moe and EXPERTS not in self.ko)) if on]
-        self.all_reduce(i, partial_sums, self.shard.collective.payload_itemsize())
+        self.all_reduce(i, partial_sums, self.setup.collective.payload_itemsize())
         self.op(FfnResidual(i, NORMS, 10 * B * H))
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..config import ModelConfig
+from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..params import EXPERTS, check_knockout
 from ..routing import chip_distinct_experts_distribution, distinct_experts_distribution
 from ..units import round_up
@@ -37,9 +38,9 @@ class StepPlan:
     activations: dict[str, tuple[int, int]] = field(default_factory=dict)  # f32 VMEM scratch
     loop_layers: bool = True  # emit repeats of the layer pattern as one loop (False: every layer's own code)
     # Over several chips ``cfg`` is the slice one chip computes (mk.sharding.chip_config) and ``model``
-    # the whole model; ``shard`` says how it is cut (None: one chip); ``chip``: whose plan this is.
+    # the whole model; ``setup`` says how it is cut (None: one chip); ``chip``: whose plan this is.
     model: ModelConfig | None = None
-    shard: object = None
+    setup: object = None
     chip: int = 0
     experts_held: int = 0  # routed experts (or expert slices) this chip holds
     quantize: str = "none"  # mk.quant scheme: which matrices stream as INT8 codes with their scales
@@ -53,7 +54,7 @@ class StepPlan:
 
     @property
     def chips(self) -> int:
-        return 1 if self.shard is None else self.shard.chips
+        return 1 if self.setup is None else self.setup.chips
 
     @property
     def whole_model(self) -> ModelConfig:
@@ -174,18 +175,18 @@ class StepPlan:
         """Chips sharing the positions of one of the layer type's KV heads (mk.sharding.position_share; 1: none)."""
         from ..sharding import position_share
 
-        return position_share(self.whole_model, layer_type, self.shard)
+        return position_share(self.whole_model, layer_type, self.setup)
 
     @property
     def cache_users(self) -> int:
         """The users whose caches this chip holds and attends over (mk.sharding.users_per_chip)."""
         from ..sharding import users_per_chip
 
-        return users_per_chip(self.whole_model, self.shard, self.users)
+        return users_per_chip(self.whole_model, self.setup, self.users)
 
     def cache_heads(self, layer_type: str) -> int:
         """The layer type's KV heads in this chip's cache: its own, or every one with the users split."""
-        split = self.shard is not None and self.shard.users_split
+        split = self.setup is not None and self.setup.users_split
         return (self.whole_model if split else self.cfg).kv_heads(layer_type)
 
     def cache_len(self, layer_type: str) -> int:
@@ -394,33 +395,31 @@ def build_plan(
     tiles: Tiles = Tiles(),
     knockout=frozenset(),
     loop_layers: bool = True,
-    shard=None,
+    setup: KernelSetup = ONE_CHIP,
     chip: int = 0,
     quantize: str = "none",
-    draft_tokens: int = 0,
 ) -> StepPlan:
     """The plan of one decode step for ``batch`` users with caches of ``max_len`` positions, on one
-    chip or, with ``shard`` (mk.sharding.Shard), chip ``chip``'s share of it.
+    chip or, with ``setup`` (mk.kernel_setup.KernelSetup) over several chips, chip ``chip``'s share of it, the gated
+    MLPs laid out as the setup says.
 
     ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
     and attention FLOPs recorded for timing; the kernel itself reads the tiles each user's position needs.
     ``quantize`` (mk.quant_schemes.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales.
-    ``draft_tokens``: speculative verification of that many drafted tokens per user: each user's 1 + k rows go
+    ``setup.draft_tokens``: speculative verification of that many drafted tokens per user: each user's 1 + k rows go
     through one weight pass (the plan's ``batch`` counts rows) and attend over the user's cache.
     """
     from ..quant_schemes import quantized_paths
-    from ..sharding import Shard, chip_config, experts_per_chip, heads_split, position_share, users_per_chip
+    from ..sharding import chip_config, experts_per_chip, heads_split, position_share, users_per_chip
 
-    shard = shard or Shard()
-    if not 0 <= chip < shard.chips:
-        raise ValueError(f"chip {chip} is not one of the {shard.chips} chips (0..{shard.chips - 1})")
+    cfg, draft_tokens = setup.laid_out(cfg), setup.draft_tokens
+    if not 0 <= chip < setup.chips:
+        raise ValueError(f"chip {chip} is not one of the {setup.chips} chips (0..{setup.chips - 1})")
     context = max_len if context is None else context
     check_shapes(cfg, batch, max_len, context, kv_itemsize, tiles)
-    users_per_chip(cfg, shard, batch)  # refuses a users split the batch or the heads cannot take
-    if draft_tokens < 0:
-        raise ValueError(f"draft_tokens={draft_tokens}: drafted tokens per user must be 0 or more")
+    users_per_chip(cfg, setup, batch)  # refuses a users split the batch or the heads cannot take
     rows = batch * (draft_tokens + 1)
-    shares = {t: position_share(cfg, t, shard) for t in set(cfg.layer_types)}
+    shares = {t: position_share(cfg, t, setup) for t in set(cfg.layer_types)}
     for t, g in shares.items():
         slots = cache_slots(cfg, t, max_len, draft_tokens)
         if slots % (g * BLOCK):
@@ -430,16 +429,16 @@ def build_plan(
                 f"multiple of {g * BLOCK} slots, or attention_split='heads'"
             )
     ko = check_knockout(knockout)
-    local, held = chip_config(cfg, shard), experts_per_chip(cfg, shard)
-    split = heads_split(cfg, shard.chips)
+    local, held = chip_config(cfg, setup), experts_per_chip(cfg, setup)
+    split = heads_split(cfg, setup.chips)
     quantized = frozenset(quantized_paths(local, quantize))
     b = Builder(
-        local, rows, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, shard, held, split, quantized,
+        local, rows, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, setup, held, split, quantized,
         position_shares=shares, model=cfg, draft_tokens=draft_tokens,
     )  # fmt: skip
     b.build()
     # without overlap, no weight DMA is in flight across an all-reduce
-    fences = () if shard.collective.overlap else {n for n, op in enumerate(b.ops) if isinstance(op, AllReduce)}
+    fences = () if setup.collective.overlap else {n for n, op in enumerate(b.ops) if isinstance(op, AllReduce)}
     items = schedule(b.ops, b.loads, b.route_of, tiles.slots, fences)
     return StepPlan(
         local,
@@ -455,8 +454,8 @@ def build_plan(
         tuple(items),
         dict(b.acts),
         loop_layers,
-        cfg if shard.sharded else None,
-        shard if shard.sharded else None,
+        cfg if setup.sharded else None,
+        setup if setup.sharded else None,
         chip,
         held,
         quantize,

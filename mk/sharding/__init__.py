@@ -5,13 +5,9 @@ of a whole-expert placement (``straggler``).
 The package itself holds only what the step plans read (pure records and index math, no JAX at import):
 importing it imports nothing of mk above its ground layer. ``straggler`` is imported by name."""
 
-from .collective import Collective, chunk_width, peers, sent_bytes
+from .collective import chunk_width, peers, sent_bytes
 from .mesh import gspmd_sharding, make_mesh, simulate_chips
 from .placement import (
-    ONE_CHIP,
-    AttentionSplit,
-    Placement,
-    Shard,
     cache_split_axis,
     chip_cache,
     chip_config,
@@ -28,11 +24,6 @@ from .placement import (
 )
 
 __all__ = [
-    "ONE_CHIP",
-    "AttentionSplit",
-    "Collective",
-    "Placement",
-    "Shard",
     "cache_split_axis",
     "chip_cache",
     "chip_config",

@@ -13,26 +13,8 @@ Every chip sums in the same (chip) order, so all chips hold bit-identical activa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ..kernel_setup import Collective
 from ..units import LANE, ceil_div, round_up
-
-
-@dataclass(frozen=True)
-class Collective:
-    """The all-reduce's switches (each compared in the notebooks)."""
-
-    overlap: bool = True  # the next weight tiles' DMAs stay in flight across it (False: issued after it)
-    bf16_payload: bool = False  # partial sums travel in bf16 (half the bytes; the sum is in f32)
-    reduce_scatter: bool = False  # reduce-scatter then all-gather, instead of all to all
-
-    @property
-    def rounds(self) -> int:
-        """Rounds of remote DMAs one all-reduce waits for (each pays the link latency once)."""
-        return 2 if self.reduce_scatter else 1
-
-    def payload_itemsize(self) -> int:
-        return 2 if self.bf16_payload else 4
 
 
 def peers(chip: int, chips: int) -> list[int]:

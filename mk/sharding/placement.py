@@ -23,73 +23,12 @@ kernel's HBM tensors is split over the chips, so packing, ``shard_map`` specs an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import StrEnum
-
 import numpy as np
 
 from ..config import LAYER_TYPES, ModelConfig
+from ..kernel_setup import AttentionSplit, KernelSetup, Placement
 from ..quant_schemes import SCALE_SUFFIX, scales_inputs, tile_rows_scaled
-from ..units import LANE, ceil_div, positive_int, round_up
-from .collective import Collective
-
-
-class Placement(StrEnum):
-    """Where the routed experts live."""
-
-    WHOLE = "whole"  # E/C whole experts per chip
-    SPLIT = "split"  # every expert's intermediate split over all chips
-
-
-class AttentionSplit(StrEnum):
-    """How attention over the KV cache is cut over the chips (the projections around it are always cut by head)."""
-
-    # each chip attends for its query heads over their KV heads' caches: a KV head read by the query heads of
-    # several chips (fewer KV heads than chips) is kept, and read whole, on each of them
-    HEADS = "heads"
-    # as HEADS, but the g = C / kv chips whose query heads read one KV head each hold, and attend over, every g-th
-    # block of its positions for all g chips' query heads (position_share); the partial softmax states are merged
-    POSITIONS = "positions"
-    # chip c owns users c * B/C .. (c + 1) * B/C - 1 and their caches of every KV head; the chips' q, k, v heads go
-    # to each user's owner, which attends over its users' caches, and the outputs come back to the heads' chips
-    USERS = "users"
-
-
-@dataclass(frozen=True)
-class Shard:
-    """A step over ``chips`` chips (mesh axis ``axis``), experts placed by ``placement``, partial sums
-    all-reduced as ``collective`` says. ``Shard()`` is one chip: nothing is split or communicated."""
-
-    chips: int = 1
-    placement: Placement = Placement.SPLIT
-    collective: Collective = field(default_factory=Collective)
-    axis: str = "x"
-    attention_split: AttentionSplit = AttentionSplit.HEADS
-
-    def __post_init__(self):
-        positive_int("chips", self.chips)
-        for name, kind, what in (
-            ("placement", Placement, "expert placement"),
-            ("attention_split", AttentionSplit, "attention split"),
-        ):
-            try:
-                object.__setattr__(self, name, kind(getattr(self, name)))
-            except ValueError:
-                raise ValueError(
-                    f"unknown {what} {getattr(self, name)!r}; use one of {[str(p) for p in kind]}"
-                ) from None
-
-    @property
-    def users_split(self) -> bool:
-        """Whether chips own users' caches and attend for them (AttentionSplit.USERS) over several chips."""
-        return self.sharded and self.attention_split == AttentionSplit.USERS
-
-    @property
-    def sharded(self) -> bool:
-        return self.chips > 1
-
-
-ONE_CHIP = Shard()
+from ..units import LANE, ceil_div, round_up
 
 
 def heads_split(cfg: ModelConfig, chips: int) -> bool:
@@ -106,16 +45,16 @@ def heads_split(cfg: ModelConfig, chips: int) -> bool:
     return True
 
 
-def position_share(cfg: ModelConfig, layer_type: str, shard: "Shard | None") -> int:
+def position_share(cfg: ModelConfig, layer_type: str, setup: "KernelSetup | None") -> int:
     """How many chips share the positions of one KV head of ``layer_type`` (1: a chip holds and reads all of them):
     with the positions split (AttentionSplit.POSITIONS), where the heads are split and the layer type has fewer KV
     heads than chips, the g = C / kv chips whose query heads read one KV head (consecutive chips: chip c is member
     c % g of group c // g) each hold every g-th KV tile of it, and attend over those for all the group's query heads."""
-    split = shard is not None and shard.sharded and shard.attention_split == AttentionSplit.POSITIONS
-    if not (split and heads_split(cfg, shard.chips)):
+    split = setup is not None and setup.sharded and setup.attention_split == AttentionSplit.POSITIONS
+    if not (split and heads_split(cfg, setup.chips)):
         return 1
     kv = cfg.kv_heads(layer_type)
-    return shard.chips // kv if kv < shard.chips else 1
+    return setup.chips // kv if kv < setup.chips else 1
 
 
 def kv_heads_per_chip(cfg: ModelConfig, layer_type: str, chips: int) -> int:
@@ -154,25 +93,25 @@ def vocab_per_chip(cfg: ModelConfig, chips: int) -> int:
     return round_up(cfg.vocab_size, LANE * chips) // chips if chips > 1 else cfg.vocab_size
 
 
-def experts_per_chip(cfg: ModelConfig, shard: Shard) -> int:
+def experts_per_chip(cfg: ModelConfig, setup: KernelSetup) -> int:
     """Routed experts whose weights (or slices) one chip holds."""
-    if not cfg.is_moe or shard.placement == Placement.SPLIT or not shard.sharded:
+    if not cfg.is_moe or setup.placement == Placement.SPLIT or not setup.sharded:
         return cfg.num_experts
-    if cfg.num_experts % shard.chips:
+    if cfg.num_experts % setup.chips:
         raise ValueError(
             f"whole-expert placement puts E/C experts on each chip, but {cfg.name} has {cfg.num_experts} "
-            f"experts for {shard.chips} chips; use placement 'split' or a chip count that divides {cfg.num_experts}"
+            f"experts for {setup.chips} chips; use placement 'split' or a chip count that divides {cfg.num_experts}"
         )
-    return cfg.num_experts // shard.chips
+    return cfg.num_experts // setup.chips
 
 
-def chip_config(cfg: ModelConfig, shard: Shard) -> ModelConfig:
+def chip_config(cfg: ModelConfig, setup: KernelSetup) -> ModelConfig:
     """The slice of ``cfg`` one chip computes, as a config (``cfg`` itself on one chip). Its expert count
     stays the model's (the router is replicated); ``experts_per_chip`` says how many a chip holds."""
-    if not shard.sharded:
+    if not setup.sharded:
         return cfg
-    C = shard.chips
-    experts_per_chip(cfg, shard)  # refuses a whole placement that does not divide
+    C = setup.chips
+    experts_per_chip(cfg, setup)  # refuses a whole placement that does not divide
     changes = dict(
         name=f"{cfg.name}-chip-of-{C}",
         vocab_size=vocab_per_chip(cfg, C),
@@ -184,7 +123,7 @@ def chip_config(cfg: ModelConfig, shard: Shard) -> ModelConfig:
             sliding_kv_heads=kv_heads_per_chip(cfg, "sliding", C),
             full_kv_heads=kv_heads_per_chip(cfg, "full", C),
         )
-    if cfg.is_moe and shard.placement == Placement.SPLIT:
+    if cfg.is_moe and setup.placement == Placement.SPLIT:
         changes["expert_intermediate"] = ceil_div(cfg.expert_intermediate, C)
     return cfg.replace(**changes)
 
@@ -207,9 +146,9 @@ _MLP_AXIS = {"mlp_gate": 1, "mlp_up": 1, "mlp_down": 0}
 _EXPERT_INTER_AXIS = {"expert_gate": 2, "expert_up": 2, "expert_down": 1}
 
 
-def _matrix_cut(cfg: ModelConfig, shard: Shard, chip: int, path: str) -> tuple[int, int, int] | None:
+def _matrix_cut(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> tuple[int, int, int] | None:
     """The (axis, start, size) of matrix ``path`` of the reference tree chip ``chip`` takes (None: all of it)."""
-    C, local = shard.chips, chip_config(cfg, shard)
+    C, local = setup.chips, chip_config(cfg, setup)
     name = path.rsplit(".", 1)[-1]
     if name in ("embed", "head"):
         return 0, chip * local.vocab_size, local.vocab_size
@@ -224,25 +163,25 @@ def _matrix_cut(cfg: ModelConfig, shard: Shard, chip: int, path: str) -> tuple[i
         return _HEAD_AXIS[name], first * cfg.head_dim(t), n * cfg.head_dim(t)
     if name in _MLP_AXIS:
         return _MLP_AXIS[name], chip * local.mlp_intermediate, local.mlp_intermediate
-    if name in _EXPERT_INTER_AXIS and shard.placement == Placement.SPLIT:
+    if name in _EXPERT_INTER_AXIS and setup.placement == Placement.SPLIT:
         return _EXPERT_INTER_AXIS[name], chip * local.expert_intermediate, local.expert_intermediate
     if name in _EXPERT_INTER_AXIS:
-        n = experts_per_chip(cfg, shard)
+        n = experts_per_chip(cfg, setup)
         return 0, chip * n, n
     return None
 
 
-def chip_params(params: dict, cfg: ModelConfig, shard: Shard, chip: int) -> dict:
+def chip_params(params: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -> dict:
     """Chip ``chip``'s slice of the reference parameter tree: the parameters of ``chip_config`` (with
     E/C experts for a whole placement). An INT8 matrix's scales (mk.quant: [..., out], or [..., in] for a down
     projection) follow its cut: sliced with the channels they run along or its experts, whole where the other
     axis is cut."""
-    if not shard.sharded:
+    if not setup.sharded:
         return params
     out = {}
     for path, a in params.items():
         matrix = path.removesuffix(SCALE_SUFFIX)
-        cut = _matrix_cut(cfg, shard, chip, matrix)
+        cut = _matrix_cut(cfg, setup, chip, matrix)
         if cut is not None and matrix != path:  # scales: one of the matrix's last two axes is gone
             ndim, along = a.ndim + 1, a.ndim - 1 if scales_inputs(matrix) else a.ndim  # the axis they run along
             axis = cut[0] if cut[0] < ndim - 2 else (a.ndim - 1 if cut[0] == along else None)
@@ -251,63 +190,63 @@ def chip_params(params: dict, cfg: ModelConfig, shard: Shard, chip: int) -> dict
     return out
 
 
-def chip_cache(cache: dict, cfg: ModelConfig, shard: Shard, chip: int) -> dict:
+def chip_cache(cache: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -> dict:
     """Chip ``chip``'s KV heads of a reference cache (``layers.{i}.k|v`` [B, kv, slots, hd])."""
-    if not shard.sharded or not heads_split(cfg, shard.chips):
+    if not setup.sharded or not heads_split(cfg, setup.chips):
         return cache
-    local = chip_config(cfg, shard)
+    local = chip_config(cfg, setup)
     out = {}
     for path, a in cache.items():
         t = cfg.layer_types[int(path.split(".")[1])]
-        out[path] = _cut(a, 1, first_kv_head(cfg, t, shard.chips, chip), local.kv_heads(t))
+        out[path] = _cut(a, 1, first_kv_head(cfg, t, setup.chips, chip), local.kv_heads(t))
     return out
 
 
-def users_per_chip(cfg: ModelConfig, shard: Shard | None, batch: int) -> int:
+def users_per_chip(cfg: ModelConfig, setup: KernelSetup | None, batch: int) -> int:
     """The users whose caches one chip holds and attends over: all ``batch`` of them, or B / C with the users split
     (AttentionSplit.USERS), which needs the heads split (the q, k, v heads each user's owner gathers) and a batch
     the chips divide."""
-    if shard is None or not shard.users_split:
+    if setup is None or not setup.users_split:
         return batch
     if cfg.latent_attention is not None:
         raise ValueError(
             f"attention split by users: {cfg.name}'s latent attention is not cut by users here; use "
             "attention_split='heads'"
         )
-    if not heads_split(cfg, shard.chips):
+    if not heads_split(cfg, setup.chips):
         raise ValueError(
-            f"attention split by users: {cfg.name}'s {cfg.num_heads} query heads are not split over {shard.chips} "
+            f"attention split by users: {cfg.name}'s {cfg.num_heads} query heads are not split over {setup.chips} "
             "chips (its attention is replicated), so there are no heads to gather to each user's chip; use "
             "attention_split='heads'"
         )
-    if batch % shard.chips:
+    if batch % setup.chips:
         raise ValueError(
-            f"attention split by users: each of the {shard.chips} chips owns B / C users, but B = {batch}; use a "
-            f"batch that is a multiple of {shard.chips}, or attention_split='heads'"
+            f"attention split by users: each of the {setup.chips} chips owns B / C users, but B = {batch}; use a "
+            f"batch that is a multiple of {setup.chips}, or attention_split='heads'"
         )
-    return batch // shard.chips
+    return batch // setup.chips
 
 
-def cache_split_axis(cfg: ModelConfig, shard: Shard) -> int | None:
+def cache_split_axis(cfg: ModelConfig, setup: KernelSetup) -> int | None:
     """The axis of the kernel's KV caches ([layers, B, kv, slots, hd]) split over the chips: the users with the users
     split, the KV heads where heads are split, else none (attention replicated)."""
-    if not shard.sharded:
+    if not setup.sharded:
         return None
-    if shard.users_split:
+    if setup.users_split:
         return 1
-    return 2 if heads_split(cfg, shard.chips) else None
+    return 2 if heads_split(cfg, setup.chips) else None
 
 
-def split_axis(cfg: ModelConfig, shard: Shard, tensor: str) -> int | None:
+def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
     """The axis of the kernel's HBM weight ``tensor`` (``embed``, ``sliding.q``, ``vectors``, ...) that is split
     over the chips (None: every chip holds all of it); the caches' is ``cache_split_axis``. The kernel's
     tensors are layer-stacked (mk.plan.layout.stacked): matrices [layers, (E,) K, N]."""
-    if not shard.sharded:
+    if not setup.sharded:
         return None
     if tensor.endswith(SCALE_SUFFIX):  # an INT8 matrix's scales [layers, rows, N]: split as its N or experts
         matrix = tensor.removesuffix(SCALE_SUFFIX)
         name = matrix.split(".", 1)[1]
-        axis, ndim = split_axis(cfg, shard, matrix), 4 if name.startswith("expert_") else 3
+        axis, ndim = split_axis(cfg, setup, matrix), 4 if name.startswith("expert_") else 3
         along = ndim - 2 if tile_rows_scaled(cfg, name) else ndim - 1  # the matrix's axis its scales run along
         if axis == along:
             return 2
@@ -317,7 +256,7 @@ def split_axis(cfg: ModelConfig, shard: Shard, tensor: str) -> int | None:
     if "." not in tensor:
         return None
     _, name = tensor.split(".", 1)
-    heads = heads_split(cfg, shard.chips)
+    heads = heads_split(cfg, setup.chips)
     if name in ("q", "k", "v"):  # [layers, H, heads x hd]
         return 2 if heads else None
     if name == "o":
@@ -328,7 +267,7 @@ def split_axis(cfg: ModelConfig, shard: Shard, tensor: str) -> int | None:
     if name == "mlp_down":
         return 1
     if name in _EXPERT_INTER_AXIS:
-        if shard.placement == Placement.WHOLE:
+        if setup.placement == Placement.WHOLE:
             return 1
         return 2 if rows or name == "expert_down" else 3
     return None

@@ -20,12 +20,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..config import ModelConfig
+from ..chips import get_chip
+from ..config import ModelConfig, get_config
+from ..kernel_setup import WRITE_UP_KERNEL, Placement
+from ..progress import tqdm
 from ..routing import busiest_chip_distribution, check_placement, distinct_experts_distribution
-from ..units import positive_int
+from ..timing import MODELLED, pace, step_plan
+from ..units import in_ms, positive_int
 
-EXACT = "modelled (exact under uniform routing: mk.sharding.straggler)"
-SAMPLED = "modelled (sampled routing: mk.sharding.straggler)"
+EXACT = "modelled (exact under uniform routing: mk.analysis.straggler)"
+SAMPLED = "modelled (sampled routing: mk.analysis.straggler)"
 MEASURED = "measured (the model's router on generated token streams)"
 SAMPLE_CHUNK = 4096  # rounds drawn at once: bounds the [rounds, users, experts] noise array
 
@@ -284,3 +288,52 @@ def draws_to_distinguish(s: Straggler, value: float, z: float = 2.0) -> float:
     at ``z`` standard errors (at fewer, ``value`` is within the noise of ``s``; infinite when they are equal)."""
     gap = abs(s.expected_max - value)
     return math.inf if gap == 0 else math.ceil((z * s.std / gap) ** 2)
+
+
+def straggler_cost(model, chip, context: int = 1024, batch: int = 1, dtype: str = "bf16", **kw) -> dict:
+    """What the straggler of a whole-expert placement costs on the slice ``chip``: the modelled step paced
+    by the busiest chip (its exact distribution of experts per layer) against the same plan paced by an
+    average chip (one chip's own share of the distinct experts), and the step with split experts; seconds,
+    with the experts per layer behind each. ``kw``: ``setup`` (default the write-up's kernel, whose story the
+    straggler is; its placement is set each way) and the assumed costs (mk.timing.predict)."""
+    cfg, chip = get_config(model), get_chip(chip) if isinstance(chip, str) else chip
+    if not cfg.is_moe:
+        raise ValueError(f"{cfg.name} is a dense model: it has no experts to place")
+    if chip.chips == 1:
+        raise ValueError(f"{chip.name} is one chip: name a slice (e.g. {chip.name}-8) to place experts over")
+    setup = kw.pop("setup", WRITE_UP_KERNEL)
+    plan = step_plan(cfg, chip, context, batch, dtype, setup.but(placement=Placement.WHOLE))
+    busiest = pace(plan, chip, dtype, **kw)
+    average = pace(plan, chip, dtype, distribution=plan.distinct_experts, **kw)
+    split = pace(
+        step_plan(cfg, chip, context, batch, dtype, setup.but(placement=Placement.SPLIT)), chip, dtype, **kw
+    )
+    return dict(
+        model=cfg.name,
+        chip=chip.name,
+        chips=chip.chips,
+        context=context,
+        batch=batch,
+        dtype=dtype,
+        busiest_experts=busiest["experts_per_layer"],
+        average_experts=average["experts_per_layer"],
+        whole_step_s=busiest["step_s"],
+        average_chip_step_s=average["step_s"],
+        straggler_s=busiest["step_s"] - average["step_s"],
+        split_step_s=split["step_s"],
+        split_saves_s=busiest["step_s"] - split["step_s"],
+        setup=setup.name,
+        kind=MODELLED,
+    )
+
+
+def straggler_table(model, chip: str, chip_counts, batches, context: int = 1024, dtype: str = "bf16", **kw):
+    """:func:`straggler_cost` over slices of ``chip`` (a base chip: ``tpu-v5e``) of each of ``chip_counts`` chips
+    and each batch, one row each, times in ms."""
+    base = get_chip(chip).base
+    cases = [(c, b) for c in chip_counts for b in batches]
+    rows = []
+    for c, b in tqdm(cases, desc="straggler", leave=False, disable=not kw.pop("progress", False)):
+        r = straggler_cost(model, f"{base}-{c}", context, b, dtype, **kw)
+        rows.append(dict(in_ms(k, v) for k, v in r.items() if k != "kind"))
+    return pd.DataFrame(rows).assign(kind=MODELLED)

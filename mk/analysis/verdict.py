@@ -8,28 +8,18 @@ test), ``test`` otherwise, ``test (baseline fitted)`` where one side of a ratio 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 import pandas as pd
 
-from .config import get_config
-from .published import published_table
-from .sharding import Placement
-from .timing import (
-    BEFORE_FIXES,
-    KERNEL,
-    MODELLED,
-    WRITE_UP,
-    Fix,
-    Prediction,
-    constant,
-    kernel_cost,
-    knockouts,
-    predict,
-    step_plan,
-)
+from ..chips import get_chip
+from ..config import get_config
+from ..kernel_setup import BEFORE_FIXES, WORKBOOK_KERNEL, WRITE_UP_KERNEL, KernelSetup
+from ..progress import tqdm
+from ..published import published, published_table
+from ..timing import MODELLED, Prediction, constant, constants, kernel_cost, predict, step_plan
+from .knockouts import knockouts
 
 PUBLISHED = "published (the write-up)"
 MEGAKERNEL_SLICE = "tpu-v5e-8"  # where the write-up's megakernel ran
@@ -40,9 +30,9 @@ SMALL_CONTEXT = 32 + 128 // 2  # the small-model verdict's setting: a 32-token p
 
 @dataclass(frozen=True)
 class Case:
-    """One configuration the write-up timed, as the timing model runs it: the megakernel as published
-    (mk.timing.WRITE_UP: split experts, overlap, bf16 payload), or before its fixes (mk.timing.BEFORE_FIXES),
-    or the general stack; or the workbook's kernel (mk.timing.KERNEL) in the same configuration."""
+    """One configuration the write-up timed, as the timing model runs it: the megakernel in a kernel setup
+    (mk.kernel_setup: the write-up's kernel as published by default, or before its fixes, or the workbook's kernel),
+    or the general stack."""
 
     model: str
     chip: str
@@ -50,40 +40,18 @@ class Case:
     batch: int = 1
     engine: str = "megakernel"
     dtype: str = "bf16"
-    placement: str = "split"
-    before_fixes: bool = False
-    workbook: bool = False  # the workbook's kernel (mk.timing.KERNEL: every fix) rather than the write-up's
-
-    @property
-    def fix(self) -> Fix:
-        """The megakernel's configuration: the write-up's before or after its fixes, or the workbook's kernel (with
-        this placement)."""
-        if self.before_fixes:
-            return BEFORE_FIXES
-        return dataclasses.replace(KERNEL if self.workbook else WRITE_UP, placement=Placement(self.placement))
+    setup: KernelSetup = WRITE_UP_KERNEL  # the megakernel's (the general stack has its own)
 
     def predict(self, **kw) -> Prediction:
-        f = self.fix
-        return predict(
-            self.model, self.chip, self.context, self.batch, self.engine, f.placement, self.dtype,
-            collective=f.collective, ffn_layout=f.ffn_layout, attention_split=f.attention_split, **kw,
-        )  # fmt: skip
+        return predict(self.model, self.chip, self.context, self.batch, self.engine, self.dtype, setup=self.setup, **kw)
 
     def plan(self):
         """Chip 0's step plan for this case (mk.timing.step_plan)."""
-        from .chips import get_chip
-
-        f = self.fix
-        return step_plan(
-            get_config(self.model).replace(ffn_layout=f.ffn_layout), get_chip(self.chip), self.context, self.batch,
-            self.dtype, f.placement,
-            f.collective, frozenset(), f.attention_split,
-        )  # fmt: skip
+        return step_plan(get_config(self.model), get_chip(self.chip), self.context, self.batch, self.dtype, self.setup)
 
     @property
     def label(self) -> str:
-        eng = "megakernel (whole experts, before the fixes)" if self.before_fixes else self.engine
-        eng += " (the workbook's kernel)" if self.workbook else ""
+        eng = f"megakernel, {self.setup.name}," if self.engine == "megakernel" else "general stack"
         return f"{self.model}, {eng} on {self.chip}, {self.dtype}, {self.context} positions, {self.batch} user(s)"
 
 
@@ -110,9 +78,8 @@ def _case(row) -> Case | None:
     engine = str(row["engine"]).split(":")[0]
     ctx, batch = int(row["context"]), int(row["batch"])
     if engine in ("megakernel", "megakernel-whole-experts"):
-        return Case(
-            row["model"], row["chip"], ctx, batch, "megakernel", row["dtype"], before_fixes=engine.endswith("experts")
-        )
+        setup = BEFORE_FIXES if engine.endswith("experts") else WRITE_UP_KERNEL
+        return Case(row["model"], row["chip"], ctx, batch, "megakernel", row["dtype"], setup)
     if engine.startswith("vllm"):
         return Case(row["model"], row["chip"], ctx, batch, "general", row["dtype"])
     return None
@@ -128,12 +95,9 @@ def _value(quantity: str, p: Prediction, component: str | None, case: Case) -> f
     if quantity == "kernels_per_token":
         return p.kernels_per_step
     if quantity == "knockout_time":
-        f = case.fix
-        kw = dict(
-            placement=f.placement, collective=f.collective, ffn_layout=f.ffn_layout, attention_split=f.attention_split
+        t = knockouts(
+            case.model, case.chip, case.context, case.batch, case.engine, case.dtype, [component], setup=case.setup
         )
-        kw = kw if case.engine == "megakernel" else {}
-        t = knockouts(case.model, case.chip, case.context, case.batch, case.engine, case.dtype, [component], **kw)
         return float(t[("kernel_time_ms" if case.engine == "general" else "shrink_ms")].iloc[0]) / 1e3
     raise KeyError(quantity)
 
@@ -281,7 +245,7 @@ def overhead_sensitivity(overheads_s, cases=None) -> pd.DataFrame:
     each moves, beside its published number."""
     cases = cases or {
         "mk_v5e8_moe_step": Case("gemma4-26b-a4b", MEGAKERNEL_SLICE),
-        "mk_v5e8_moe_step_before": Case("gemma4-26b-a4b", MEGAKERNEL_SLICE, before_fixes=True),
+        "mk_v5e8_moe_step_before": Case("gemma4-26b-a4b", MEGAKERNEL_SLICE, setup=BEFORE_FIXES),
         "mk_v5e8_dense_sol_fraction": Case("gemma4-31b", MEGAKERNEL_SLICE),
         "mk_v5e8_moe_int8_tps": Case("gemma4-26b-a4b", MEGAKERNEL_SLICE, dtype="int8-experts"),
     }
@@ -312,8 +276,6 @@ def rule_of_thumb(models, contexts, batches, general_chip: str = GENERAL_GPU, pr
     speed of light, low batch) against the model: for each model, context and batch, the megakernel on the
     v5e-8 against the general stack on ``general_chip`` (the write-up's baseline data type) and on the same
     TPU, with the general stack's kernels per step and fraction of the speed of light."""
-    from .progress import tqdm
-
     rows = []
     cases = [(m, n, b) for m in models for n in contexts for b in batches]
     for m, n, b in tqdm(cases, desc="rule of thumb", leave=False, disable=not progress):
@@ -352,15 +314,40 @@ def kernel_cost_table() -> pd.DataFrame:
     ).assign(kind="fitted (mk.timing)")
 
 
+def constants_table() -> pd.DataFrame:
+    """data/timing.csv with the fitted constants' values filled in (fitted at run time)."""
+    rows = []
+    for c in constants():
+        value = c.value
+        if c.kind == "fitted":
+            value = kernel_cost(c.applies_to)
+        elif c.kind == "published":
+            value = published(c.fit_to)
+        unit = c.unit
+        if unit == "s":  # shown in microseconds: the constants are a few of them
+            value, unit = value * 1e6, "us"
+        rows.append(
+            dict(
+                name=c.name,
+                applies_to=c.applies_to,
+                value=value,
+                unit=unit,
+                kind=c.kind,
+                fit_to=c.fit_to or "",
+                source=c.source,
+            )
+        )
+    return pd.DataFrame(rows)
+
+
 # Held against XLA's own cost model and against measurements ---------------------------------------
 def xla_comparison(model: str, chip: str, context: int = 1024, batch: int = 1) -> pd.DataFrame:
     """Per component of one step on ONE chip of ``chip``'s kind holding the whole model: XLA's TPU cost model
-    on straight-line programs (mk.profiling.xla_cost, compiled ahead of time by libtpu) beside the timing
+    on straight-line programs (mk.measure.xla_cost, compiled ahead of time by libtpu) beside the timing
     model's general-stack work for the same component (its kernels' bytes and matrix time, no per-kernel
     cost: XLA's model charges none) and the speed of light's bytes time, with the error model / XLA - 1."""
-    from .chips import get_chip
-    from .profiling.xla_cost import per_step, xla_costs
-    from .sol import bytes_per_token
+    from ..measure.xla_cost import per_step, xla_costs
+    from ..sol import bytes_per_token
 
     cfg, one = get_config(model), get_chip(get_chip(chip).base)
     xla = per_step(xla_costs(cfg, chip, context, batch, progress=False), cfg).set_index("component")
@@ -390,7 +377,7 @@ def measured_comparison(paths=None) -> pd.DataFrame:
     beside the model's form for it: its bytes at the bandwidth the run measured (the speed of light it
     reports) plus its kernels at the general stack's fitted per-kernel cost for GPUs, the error against the
     measured step, and the per-kernel cost the measurement implies ((step - bytes time) / kernels)."""
-    from .paths import MEASURED_DIR
+    from ..paths import MEASURED_DIR
 
     paths = paths or sorted(MEASURED_DIR.glob("*.csv"))
     c_gpu = kernel_cost("gpu")
@@ -428,9 +415,10 @@ def measured_comparison(paths=None) -> pd.DataFrame:
 def measured_megakernel(path=None) -> pd.DataFrame:
     """Every megakernel step measured on a TPU (data/measured/tpu.csv, written by python -m mk tpu-smoke) beside
     the timing model's prediction for the same model, slice, context, batch, placement and data type (the
-    workbook's kernel, mk.timing.KERNEL's switches), with the error modelled / measured - 1. Empty (with its
-    columns) until a TPU has run it; rows whose device is not a chip of data/chips.csv are left out."""
-    from .paths import TPU_CSV
+    workbook's kernel, mk.kernel_setup.WORKBOOK_KERNEL, with the run's placement), with the error
+    modelled / measured - 1. Empty (with its columns) until a TPU has run it; rows whose device is not a chip of
+    data/chips.csv are left out."""
+    from ..paths import TPU_CSV
 
     path = TPU_CSV if path is None else path
     columns = ["date", "device", "chip", "model", "placement", "dtype", "context", "batch", "measured_ms",
@@ -441,8 +429,8 @@ def measured_megakernel(path=None) -> pd.DataFrame:
     t = t[(t.engine == "megakernel") & (t.chip != "") & (t.backend == "tpu")]
     rows = []
     for _, r in t.iterrows():
-        placement = r["placement"] if r["placement"] in ("whole", "split") else "split"
-        p = predict(r["model"], r["chip"], int(r["context"]), int(r["batch"]), placement=placement, dtype=r["dtype"])
+        setup = WORKBOOK_KERNEL.replace(placement=r["placement"] if r["placement"] in ("whole", "split") else "split")
+        p = predict(r["model"], r["chip"], int(r["context"]), int(r["batch"]), dtype=r["dtype"], setup=setup)
         rows.append(
             dict(
                 date=r["date"],

@@ -1,10 +1,10 @@
 """The in-kernel all-reduce priced from the step plans, and what each fix of the eight-chip step buys.
 
-Every number here is modelled from one chip's plan (``mk.plan.build_plan`` with a ``Shard``) and the timing
+Every number here is modelled from one chip's plan (``mk.plan.build_plan`` with a ``KernelSetup``) and the timing
 model (``mk.timing``, the one path from a plan to seconds): the all-reduces' payloads and the bytes each chip
 sends (what the kernel sends: the users' rows, 2 at least in bf16; the head's argmax gather its whole 8-row
 block), how much of the time on the link the weight DMAs stream through, and the step of the chip that sets
-the pace after each fix (``mk.timing.FIXES``: whole -> split experts, the weight DMAs kept in flight across
+the pace after each fix (``mk.kernel_setup.FIXES``: whole -> split experts, the weight DMAs kept in flight across
 the all-reduce, a bf16 payload, reduce-scatter + all-gather). A chip's sends leave over one link at its ICI
 bandwidth (a simplification: a slice's chip has several links; ``links`` scales it as a sensitivity).
 """
@@ -16,13 +16,14 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from .chips import Chip, get_chip
-from .config import FFN_LAYOUTS, ModelConfig
-from .plan import ROWS, AllReduce, GatherBest
-from .plan.layout import laid_out_intermediate
-from .sharding import Collective, Placement
-from .timing import FIXES, MODELLED, assumed_costs, link_latency, predict, step_plan
-from .units import LANE, positive_int
+from ..chips import Chip, get_chip
+from ..config import FFN_LAYOUTS, ModelConfig
+from ..kernel_setup import FIXES, Collective, KernelSetup, Placement
+from ..plan import ROWS, AllReduce, GatherBest
+from ..plan.layout import laid_out_intermediate
+from ..published import published, published_table
+from ..timing import MODELLED, assumed_costs, link_latency, predict, step_plan
+from ..units import LANE, positive_int
 
 # Which partial sum each activation of an all-reduce is.
 _ACTS = {"x": "embedding", "attn_out": "attention", "ffn": "shared MLP", "moe": "experts"}
@@ -62,7 +63,8 @@ def payload_table(cfg: ModelConfig, chip: Chip | str, batches, context: int = 10
     rows = []
     for batch in batches:
         for algorithm, dtype, coll in SWITCHES:
-            plan = step_plan(cfg, chip, context, batch, "bf16", "split", coll)
+            setup = KernelSetup(placement=Placement.SPLIT, collective=coll, name=f"split experts, {algorithm}, {dtype}")
+            plan = step_plan(cfg, chip, context, batch, "bf16", setup)
             ops = [op for op in plan.ops if isinstance(op, (AllReduce, GatherBest))]
             for what in dict.fromkeys(reduces(op) for op in ops):
                 same = [op for op in ops if reduces(op) == what]
@@ -139,8 +141,6 @@ def link_overlap(rows: list[dict]) -> dict:
 def published_step(key: str, cfg: ModelConfig, chip: Chip, context: int, batch: int) -> float:
     """The published step time ``key`` (data/published.csv) when it timed this model, slice, context and
     batch; NaN otherwise."""
-    from .published import published, published_table
-
     row = published_table().set_index("key").loc[key]
     same = (row.model, row.chip, int(row.context), int(row.batch)) == (cfg.name, chip.name, context, batch)
     return published(key) if same else float("nan")
@@ -149,7 +149,7 @@ def published_step(key: str, cfg: ModelConfig, chip: Chip, context: int, batch: 
 def fix_steps(
     cfg: ModelConfig, chip: Chip | str, context: int, batch: int, fixes=FIXES, links: int = 1, **assumed
 ) -> pd.DataFrame:
-    """The modelled step after each fix (``mk.timing.FIXES``: whole experts without overlap, then split
+    """The modelled step after each fix (``mk.kernel_setup.FIXES``: whole experts without overlap, then split
     experts, the overlap, a bf16 payload, reduce-scatter, the intermediate on rows) on the slice ``chip``
     (``tpu-v5e-8``), one row each: ``mk.timing.predict``'s step and the pacing chip's bytes and floors, beside
     its published time where data/published.csv has one for this model, slice, context and batch, and the
@@ -158,10 +158,7 @@ def fix_steps(
     chip = with_links(chip, links)
     rows = []
     for fix in fixes:
-        p = predict(
-            cfg, chip, context, batch, placement=fix.placement, collective=fix.collective, ffn_layout=fix.ffn_layout,
-            attention_split=fix.attention_split, **assumed,
-        )  # fmt: skip
+        p = predict(cfg, chip, context, batch, setup=fix, **assumed)
         b = p.breakdown
         published = published_step(fix.published, cfg, chip, context, batch) if fix.published else float("nan")
         rows.append(
@@ -172,7 +169,7 @@ def fix_steps(
                 bf16_payload=fix.collective.bf16_payload,
                 reduce_scatter=fix.collective.reduce_scatter,
                 ffn_layout=fix.ffn_layout,
-                attention_split=fix.attention_split,
+                attention_split=str(fix.attention_split),
                 pace="busiest chip" if fix.placement == Placement.WHOLE and cfg.is_moe else "every chip",
                 experts_fetched=b["experts_per_layer"],
                 whole_experts_worth=b["experts_per_layer"] * b["expert_share"],
@@ -240,7 +237,8 @@ def padding_table(cfg: ModelConfig, chip: Chip | str, context: int, batch: int) 
     for layout in FFN_LAYOUTS[::-1]:  # the first layout first
         laid = cfg.replace(ffn_layout=layout)
         for placement in Placement if cfg.is_moe else (Placement.SPLIT,):
-            plan = step_plan(laid, chip, context, batch, "bf16", placement, Collective())
+            setup = KernelSetup(placement=placement, ffn_layout=layout, name=f"{placement} experts, MLPs on {layout}")
+            plan = step_plan(cfg, chip, context, batch, "bf16", setup)
             moved, payload = plan.bytes_by_component(), plan.bytes_by_component(payload=True)
             widths = {"shared_mlp": plan.cfg.mlp_intermediate, "experts": plan.cfg.expert_intermediate}
             for component in [*moved, "(all weights)"]:

@@ -6,7 +6,8 @@ Every table has a ``kind`` column. Published numbers are read from data/publishe
 never typed; a published fraction of the speed of light is drawn as that fraction times the modelled speed
 of light at its configuration, and its label says so. The engines are the write-up's: the megakernel on its
 TPU slice (split experts, the published collective), the general stack on its baseline GPU in the baseline's
-data type (``mk.verdict.BASELINE_DTYPE``) and on the same TPU slice.
+data type (``mk.analysis.verdict.BASELINE_DTYPE``) and on the same TPU slice. Every megakernel row names its
+kernel setup (mk.kernel_setup): the write-up's kernel as published, or the workbook's.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .chips import get_chip
-from .config import ModelConfig, get_config
-from .published import published_table
-from .routing import expected_distinct_experts
-from .sharding import AttentionSplit, Shard, kv_replication, position_share
-from .sol import MODELLED as SOL_MODELLED, bytes_per_token, speed_of_light
-from .timing import KERNEL, MODELLED, fits_in_hbm, model_bytes, predict
+from ..chips import get_chip
+from ..config import ModelConfig, get_config
+from ..kernel_setup import BEFORE_FIXES, WORKBOOK_KERNEL, WRITE_UP_KERNEL, AttentionSplit, KernelSetup, Placement
+from ..published import published_table
+from ..routing import expected_distinct_experts
+from ..sharding import kv_replication, position_share
+from ..sol import MODELLED as SOL_MODELLED, bytes_per_token, speed_of_light
+from ..speculative import emitted_per_round
+from ..timing import MODELLED, fits_in_hbm, model_bytes, predict
 from .verdict import BASELINE_DTYPE, GENERAL_GPU, MEGAKERNEL_SLICE, Case, validation_table
 
 SOL = "speed of light"
@@ -39,7 +42,7 @@ BEFORE_FIXES_KEY = "mk_v5e8_moe_step_before"  # the megakernel with whole expert
 
 
 # The series -------------------------------------------------------------------------------------------
-WORKBOOK = "workbook kernel"  # the role of the workbook's own megakernel (mk.timing.KERNEL) in the sweeps
+WORKBOOK = "workbook kernel"  # the role of the workbook's own megakernel (mk.kernel_setup.WORKBOOK_KERNEL)
 
 
 @dataclass(frozen=True)
@@ -51,9 +54,7 @@ class Series:
     engine: str
     chip: str
     dtype: str
-    placement: str = "split"
-    before_fixes: bool = False
-    workbook: bool = False  # the workbook's kernel (mk.timing.KERNEL) rather than the write-up's
+    setup: KernelSetup = WRITE_UP_KERNEL  # the megakernel's (mk.kernel_setup)
 
     @property
     def label(self) -> str:
@@ -63,16 +64,10 @@ class Series:
             return f"general stack, {self.chip}" + (
                 ", the write-up's baseline" if self.role == "general baseline" else ""
             )
-        if self.before_fixes:
-            return f"megakernel, {self.chip}, whole experts before the fixes (no overlap, f32 payload)"
-        if self.workbook:
-            return f"megakernel, {self.chip}, {self.placement} experts, the workbook's kernel"
-        return f"megakernel, {self.chip}, {self.placement} experts"
+        return f"megakernel, {self.chip}, {self.setup.name}"
 
     def case(self, model: ModelConfig | str, context: int, batch: int) -> Case:
-        return Case(
-            model, self.chip, context, batch, self.engine, self.dtype, self.placement, self.before_fixes, self.workbook
-        )
+        return Case(model, self.chip, context, batch, self.engine, self.dtype, self.setup)
 
 
 def engine_series(
@@ -80,11 +75,11 @@ def engine_series(
 ) -> tuple[Series, ...]:
     """The write-up's engines for ``model``: the megakernel on ``tpu_slice`` (split experts, bf16), the general
     stack on ``general_chip`` in the baseline's data type and on ``tpu_slice`` (bf16), the speed of light on
-    ``tpu_slice``; and beside the write-up's megakernel the workbook's (mk.timing.KERNEL: every fix)."""
+    ``tpu_slice``; and beside the write-up's megakernel the workbook's (mk.kernel_setup.WORKBOOK_KERNEL)."""
     name = get_config(model).name
     return (
-        Series("megakernel", "megakernel", tpu_slice, "bf16"),
-        Series(WORKBOOK, "megakernel", tpu_slice, "bf16", workbook=True),
+        Series("megakernel", "megakernel", tpu_slice, "bf16", WRITE_UP_KERNEL),
+        Series(WORKBOOK, "megakernel", tpu_slice, "bf16", WORKBOOK_KERNEL),
         Series("general baseline", "general", general_chip, BASELINE_DTYPE.get(name, "bf16")),
         Series("general same chip", "general", tpu_slice, "bf16"),
         Series(SOL, SOL, tpu_slice, "bf16"),
@@ -109,6 +104,7 @@ def _row(model: ModelConfig | str, series: Series, context: int, batch: int) -> 
         s = speed_of_light(cfg, series.chip, context, batch, series.dtype)
         return base | dict(
             placement="-",
+            setup="-",
             step_ms=s.step_s * 1e3,
             tokens_per_s=s.tokens_per_s,
             tokens_per_s_total=s.tokens_per_s_total,
@@ -120,6 +116,7 @@ def _row(model: ModelConfig | str, series: Series, context: int, batch: int) -> 
     paced = p.breakdown
     return base | dict(
         placement=p.placement,
+        setup=p.setup,
         # whole experts' worth one chip loads per layer: the pacing chip's distinct experts x its share of each
         experts_per_chip=paced["experts_per_layer"] * paced["expert_share"] if paced else math.nan,
         step_ms=p.step_s * 1e3,
@@ -195,7 +192,7 @@ def kv_table(models, contexts, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
     for m in models:
         cfg = get_config(m)
         copies = kv_replication(cfg, c.chips) if c.chips > 1 else {}
-        split = Shard(c.chips, attention_split="positions") if c.chips > 1 else None
+        split = KernelSetup(c.chips, attention_split="positions") if c.chips > 1 else None
         for t in sorted(set(cfg.layer_types)):
             per_pos = 2 * cfg.kv_heads(t) * cfg.head_dim(t) * 2  # K and V, bf16
             for n in contexts:
@@ -223,7 +220,7 @@ def kv_table(models, contexts, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
 
 
 def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
-    """The workbook's kernel (mk.timing.KERNEL) on ``chip`` with attention cut each way over its chips
+    """The workbook's kernel (mk.kernel_setup.WORKBOOK_KERNEL) on ``chip`` with attention cut each way over its chips
     (mk.sharding.AttentionSplit: by heads, by positions, by users), per model, context and batch: the step, its
     fraction of the speed of light, the KV cache and the bytes one chip sends, the link's time, and the step against
     the positions split's. The users split is left out where the batch is not a multiple of the chips (it
@@ -238,10 +235,7 @@ def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLIC
                 for split in AttentionSplit:
                     if split == AttentionSplit.USERS and b % c.chips:
                         continue
-                    p = predict(
-                        cfg, c, n, b, placement=KERNEL.placement, collective=KERNEL.collective,
-                        ffn_layout=KERNEL.ffn_layout, attention_split=str(split),
-                    )  # fmt: skip
+                    p = predict(cfg, c, n, b, setup=WORKBOOK_KERNEL.but(attention_split=split))
                     steps[split] = p.step_s
                     rows.append(
                         dict(
@@ -256,13 +250,11 @@ def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLIC
 
 
 def speculation_table(models, chips, users, drafts, accept_rates, context: int = 1024, assistant=None) -> pd.DataFrame:
-    """The workbook's kernel verifying K drafts a user (mk.timing.predict(speculate=K)) against plain decoding, per
+    """The workbook's kernel verifying K drafts a user (its setup with ``draft_tokens=K``) against plain decoding, per
     model, slice, users, K and per-draft acceptance rate a (each round then emits mk.speculative.emitted_per_round
     tokens a user): the round's time, tokens/s per user and the speed-up, with the distinct experts a layer's rows
     route to (expected, uniform routing) beside plain decoding's. The drafter is n-gram lookup (no weights), or with
     ``assistant`` (mk.assistant.AssistantConfig) Gemma 4's assistant, its K programs a round costed too."""
-    from .speculative import emitted_per_round
-
     rows = []
     for m in models:
         cfg = get_config(m)
@@ -271,7 +263,8 @@ def speculation_table(models, chips, users, drafts, accept_rates, context: int =
                 plain = predict(cfg, chip, context, b)
                 for k in drafts:
                     # the round's time does not depend on the acceptance: one prediction, its tokens scaled
-                    spec = predict(cfg, chip, context, b, speculate=k, acceptance=1, assistant=assistant)
+                    setup = WORKBOOK_KERNEL.but(draft_tokens=k)
+                    spec = predict(cfg, chip, context, b, setup=setup, acceptance=1, assistant=assistant)
                     for a in accept_rates:
                         emitted = emitted_per_round(a, k)
                         p = dataclasses.replace(spec, tokens_per_round=emitted)
@@ -286,7 +279,9 @@ def speculation_table(models, chips, users, drafts, accept_rates, context: int =
                             )
                         )  # fmt: skip
     drafter = f"Gemma 4's assistant {assistant.name}" if assistant is not None else "n-gram lookup"
-    return pd.DataFrame(rows).assign(drafter=drafter, kind=f"{MODELLED}: the workbook's kernel verifying drafts")
+    return pd.DataFrame(rows).assign(
+        drafter=drafter, setup=WORKBOOK_KERNEL.name, kind=f"{MODELLED}: the workbook's kernel verifying drafts"
+    )
 
 
 def bytes_share(models, contexts, dtype: str = "bf16") -> pd.DataFrame:
@@ -354,8 +349,8 @@ def published_points(models, keys=PUBLISHED_POINTS) -> pd.DataFrame:
 
 
 def validation(models, keys=PUBLISHED_POINTS + (BEFORE_FIXES_KEY,)) -> pd.DataFrame:
-    """The published points beside the model's predictions for them (``mk.verdict.validation_table``; step times
-    in ms): the error modelled / published - 1 and whether the model was fitted to that number (``role``; a
+    """The published points beside the model's predictions for them (``mk.analysis.verdict.validation_table``;
+    step times in ms): the error modelled / published - 1 and whether the model was fitted to that number (``role``; a
     tokens/s that is the same published point as a step says so: ``fitted (as vllm_h100_moe_step)``)."""
     names = {get_config(m).name for m in models}
     t = validation_table()
@@ -375,17 +370,17 @@ def validation(models, keys=PUBLISHED_POINTS + (BEFORE_FIXES_KEY,)) -> pd.DataFr
 
 # Whole against split experts ------------------------------------------------------------------------------
 def placement_table(model: ModelConfig | str, batches, context: int = 1024, tpu_slice: str = MEGAKERNEL_SLICE):
-    """The megakernel on ``tpu_slice`` with the routed experts split over its chips, placed whole (the published
-    collective), and whole before the write-up's fixes (overlap off, f32 payload), by batch: tokens/s per user
-    and in total, and the experts one chip loads per layer (split: 1/C of each distinct expert, counted in
+    """The write-up's kernel on ``tpu_slice`` with the routed experts split over its chips (as published), placed
+    whole (the same switches), and whole before the write-up's fixes (overlap off, f32 payload), by batch: tokens/s
+    per user and in total, and the experts one chip loads per layer (split: 1/C of each distinct expert, counted in
     whole experts; whole: the busiest chip's expected count, exact under uniform routing)."""
     cfg, chip = get_config(model), get_chip(tpu_slice)
     if chip.chips == 1 or not cfg.is_moe:
         raise ValueError(f"whole against split experts needs an MoE model on a slice, got {cfg.name} on {chip.name}")
     series = (
-        Series("megakernel", "megakernel", chip.name, "bf16", "split"),
-        Series("whole", "megakernel", chip.name, "bf16", "whole"),
-        Series("before fixes", "megakernel", chip.name, "bf16", "whole", before_fixes=True),
+        Series("megakernel", "megakernel", chip.name, "bf16", WRITE_UP_KERNEL),
+        Series("whole", "megakernel", chip.name, "bf16", WRITE_UP_KERNEL.but(placement=Placement.WHOLE)),
+        Series("before fixes", "megakernel", chip.name, "bf16", BEFORE_FIXES),
     )
     rows = []
     for b in batches:
@@ -399,7 +394,7 @@ def placement_table(model: ModelConfig | str, batches, context: int = 1024, tpu_
 
 # Chips ----------------------------------------------------------------------------------------------------
 def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "bf16") -> pd.DataFrame:
-    """Per model and chip (a slice: split experts, the published collective): the megakernel, the general
+    """Per model and chip (a slice: the write-up's kernel as published): the megakernel, the general
     stack and the speed of light in ``dtype``, with the model's weights and the chip's HBM and whether weights
     and caches fit it (a prediction that does not fit still says how fast the step would be)."""
     rows = []
@@ -409,7 +404,7 @@ def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = 
             chip = get_chip(c)
             extra = dict(weights_GB=model_bytes(cfg, dtype) / 1e9, hbm_GB=chip.hbm_bytes / 1e9)
             for s in (
-                Series("megakernel", "megakernel", chip.name, dtype),
+                Series("megakernel", "megakernel", chip.name, dtype, WRITE_UP_KERNEL),
                 Series("general same chip", "general", chip.name, dtype),
                 Series(SOL, SOL, chip.name, dtype),
             ):
@@ -421,8 +416,8 @@ def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = 
 def family_table(models, context: int = 1024, dtype: str = "bf16") -> pd.DataFrame:
     """Per model (any mk.config takes): its family, layers, experts, parameters (all and read per token), the bytes
     one decode step reads for one user at ``context`` (mk.sol) and whether mk runs it or plans and times it only."""
-    from .params import count_active_params, count_params
-    from .sol import bytes_per_token
+    from ..params import count_active_params, count_params
+    from ..sol import bytes_per_token
 
     rows = []
     for m in models:

@@ -17,10 +17,10 @@ import math
 
 import pandas as pd
 
-from .paths import CONFIGS_DIR
-from .published import independent_table, read_independent
-from .sol import DTYPES
-from .timing import MODELLED, predict
+from ..paths import CONFIGS_DIR
+from ..published import independent_table, read_independent
+from ..sol import DTYPES
+from ..timing import MODELLED, predict
 
 ASSUMED_CONTEXT = 1024  # positions where a page gives no prompt or output length
 MISS = 0.30  # an error beyond +-30% is a miss, explained row by row

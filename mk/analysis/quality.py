@@ -7,14 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from .config import ModelConfig
-from .generate import generate, prompt_batch
-from .quant import quantize, scheme_of
-from .quant_schemes import check_scheme
-from .reference import decode_step, init_cache, prefill
-from .units import positive_int
+from ..config import ModelConfig
+from ..generate import generate, prompt_batch
+from ..quant import quantize, scheme_of
+from ..quant_schemes import check_scheme
+from ..reference import decode_step, init_cache, prefill
+from ..units import positive_int
 
-QUALITY_KIND = "measured (mk.quality.quality: the reference on the quantized tree against the float tree)"
+QUALITY_KIND = "measured (mk.analysis.quality.quality: the reference on the quantized tree against the float tree)"
 
 
 def quality(params: dict, cfg: ModelConfig, scheme: str, prompts, new_tokens: int = 32, cache_dtype=jnp.float32):

@@ -1,0 +1,183 @@
+"""How the megakernel is set up: one record, :class:`KernelSetup`, and the named setups the workbook compares.
+
+A setup is everything about the kernel that is not the model, the batch or the chip: how many chips it is cut
+over and how (where the routed experts live, how attention is split), the in-kernel all-reduce's switches, how the
+gated MLPs are laid out, and how many drafted tokens a step verifies. The plan builder (mk.plan.build_plan), the
+kernel (mk.megakernel), the timing model (mk.timing.predict), the command line and every table of fixes take it
+whole, and every modelled megakernel number names its setup.
+
+Quantization is not a switch here: it is the weights' data type (mk.sol.DTYPES: ``int8-experts``, ``int8``), the
+one vocabulary the speed of light, the general stack and the kernel share.
+
+The named setups, in the order the write-up took them (each fix a ``dataclasses.replace`` of the one before):
+
+- (a) :data:`BEFORE_FIXES`: whole experts per chip, the all-reduce not overlapped, f32 payload (3.46 ms published);
+- (b) split experts, (c) the overlap, (d) a bf16 payload: :data:`WRITE_UP_KERNEL`, the kernel as published
+  (1.56 ms);
+- then the workbook's own: (e) reduce-scatter, (f) the MLPs' intermediate on rows, (g) attention split by positions
+  over the chips sharing a KV head: :data:`WORKBOOK_KERNEL`, every fix on, what ``predict`` models unless told
+  otherwise; (h) :data:`USERS_SPLIT`, (f) with attention split by users instead, for batches the chips divide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from .config import FFN_LAYOUTS
+from .units import positive_int
+
+
+class Placement(StrEnum):
+    """Where the routed experts live."""
+
+    WHOLE = "whole"  # E/C whole experts per chip
+    SPLIT = "split"  # every expert's intermediate split over all chips
+
+
+class AttentionSplit(StrEnum):
+    """How attention over the KV cache is cut over the chips (the projections around it are always cut by head)."""
+
+    # each chip attends for its query heads over their KV heads' caches: a KV head read by the query heads of
+    # several chips (fewer KV heads than chips) is kept, and read whole, on each of them
+    HEADS = "heads"
+    # as HEADS, but the g = C / kv chips whose query heads read one KV head each hold, and attend over, every g-th
+    # block of its positions for all g chips' query heads (mk.sharding.position_share); the partial softmax states
+    # are merged
+    POSITIONS = "positions"
+    # chip c owns users c * B/C .. (c + 1) * B/C - 1 and their caches of every KV head; the chips' q, k, v heads go
+    # to each user's owner, which attends over its users' caches, and the outputs come back to the heads' chips
+    USERS = "users"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """The in-kernel all-reduce's switches (mk.sharding.collective prices them, mk.megakernel.collective runs them)."""
+
+    overlap: bool = True  # the next weight tiles' DMAs stay in flight across it (False: issued after it)
+    bf16_payload: bool = False  # partial sums travel in bf16 (half the bytes; the sum is in f32)
+    reduce_scatter: bool = False  # reduce-scatter then all-gather, instead of all to all
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of remote DMAs one all-reduce waits for (each pays the link latency once)."""
+        return 2 if self.reduce_scatter else 1
+
+    def payload_itemsize(self) -> int:
+        return 2 if self.bf16_payload else 4
+
+
+@dataclass(frozen=True)
+class KernelSetup:
+    """The megakernel's setup over ``chips`` chips (mesh axis ``axis``). ``KernelSetup()`` is one chip: nothing is
+    split or communicated. ``name`` says which setup it is wherever a number it gives is shown; ``published``: the
+    key of data/published.csv that timed it, if any."""
+
+    chips: int = 1
+    placement: Placement = Placement.SPLIT
+    collective: Collective = field(default_factory=Collective)
+    attention_split: AttentionSplit = AttentionSplit.HEADS
+    ffn_layout: str = "sublanes"
+    draft_tokens: int = 0  # drafted tokens per user a step verifies (speculative decoding; 0: plain decode)
+    name: str = "custom setup"
+    published: str | None = None
+    axis: str = "x"
+
+    def __post_init__(self):
+        positive_int("chips", self.chips)
+        for attr, kind, what in (
+            ("placement", Placement, "expert placement"),
+            ("attention_split", AttentionSplit, "attention split"),
+        ):
+            try:
+                object.__setattr__(self, attr, kind(getattr(self, attr)))
+            except ValueError:
+                raise ValueError(
+                    f"unknown {what} {getattr(self, attr)!r}; use one of {[str(p) for p in kind]}"
+                ) from None
+        if self.ffn_layout not in FFN_LAYOUTS:
+            raise ValueError(f"unknown ffn_layout {self.ffn_layout!r}; use one of {list(FFN_LAYOUTS)}")
+        if self.draft_tokens < 0:
+            raise ValueError(f"draft_tokens={self.draft_tokens}: drafted tokens per user must be 0 or more")
+
+    @property
+    def sharded(self) -> bool:
+        return self.chips > 1
+
+    @property
+    def users_split(self) -> bool:
+        """Whether chips own users' caches and attend for them (AttentionSplit.USERS) over several chips."""
+        return self.sharded and self.attention_split == AttentionSplit.USERS
+
+    def replace(self, **changes) -> KernelSetup:
+        return dataclasses.replace(self, **changes)
+
+    def but(self, **changes) -> KernelSetup:
+        """This setup with ``changes`` (fields of KernelSetup), its name saying what changed, so a number it gives is
+        never shown under the name of the setup it came from."""
+        said = []
+        for key, value in changes.items():
+            if getattr(self, key) == value:
+                continue
+            if key == "collective":
+                value = ", ".join(k.replace("_", " ") for k, on in dataclasses.asdict(value).items() if on) or "none"
+                said.append(f"all-reduce switches: {value}")
+            else:
+                said.append(_CHANGE_WORDS.get(key, key + " {}").format(value))
+        out = self.replace(**changes)
+        return out.replace(name=f"{self.name}; {', '.join(said)}") if said else out
+
+    def on(self, chips: int) -> KernelSetup:
+        """This setup over ``chips`` chips (a slice it is modelled or run on), its name kept."""
+        return self if chips == self.chips else self.replace(chips=chips)
+
+    def laid_out(self, cfg):
+        """``cfg`` (mk.config.ModelConfig) with this setup's layout of the gated MLPs, which the plan, the packing
+        and every chip's slice read from the config."""
+        return cfg if cfg.ffn_layout == self.ffn_layout else cfg.replace(ffn_layout=self.ffn_layout)
+
+
+_CHANGE_WORDS = {
+    "chips": "{} chips",
+    "placement": "{} experts",
+    "attention_split": "attention split by {}",
+    "ffn_layout": "MLPs on {}",
+    "draft_tokens": "{} drafts verified a step",
+}
+
+ONE_CHIP = KernelSetup(name="one chip")
+
+_WRITE_UP_SLICE = 8  # the write-up's kernel ran on a TPU v5e-8
+BEFORE_FIXES = KernelSetup(
+    _WRITE_UP_SLICE,
+    Placement.WHOLE,
+    Collective(overlap=False),
+    ffn_layout="lanes",
+    name="(a) whole experts, no overlap, f32",
+    published="mk_v5e8_moe_step_before",
+)
+_SPLIT = BEFORE_FIXES.replace(placement=Placement.SPLIT, name="(b) split experts, no overlap, f32", published=None)
+_OVERLAP = _SPLIT.replace(collective=Collective(), name="(c) split + overlap, f32")
+WRITE_UP_KERNEL = _OVERLAP.replace(
+    collective=Collective(bf16_payload=True), name="(d) the write-up's kernel: split + overlap + bf16 payload",
+    published="mk_v5e8_moe_step",
+)  # fmt: skip
+_REDUCE_SCATTER = WRITE_UP_KERNEL.replace(
+    collective=Collective(bf16_payload=True, reduce_scatter=True), name="(e) (d) + reduce-scatter", published=None
+)
+_ROWS = _REDUCE_SCATTER.replace(ffn_layout="sublanes", name="(f) (e) + MLPs on rows")
+WORKBOOK_KERNEL = _ROWS.replace(
+    attention_split=AttentionSplit.POSITIONS, name="(g) the workbook's kernel: (f) + positions split"
+)
+FIXES = (BEFORE_FIXES, _SPLIT, _OVERLAP, WRITE_UP_KERNEL, _REDUCE_SCATTER, _ROWS, WORKBOOK_KERNEL)
+# (f) with the users split instead of the positions: the other way past (f), for a batch the chips divide, so not a
+# step of FIXES (whose case is the write-up's one user)
+USERS_SPLIT = _ROWS.replace(attention_split=AttentionSplit.USERS, name="(h) (f) + users split")
+# by the names the command line takes (--setup)
+SETUPS = dict(
+    zip(
+        ("before-fixes", "split-experts", "overlap", "write-up", "reduce-scatter", "mlps-on-rows", "workbook"), FIXES
+    ),
+    **{"users-split": USERS_SPLIT},
+)

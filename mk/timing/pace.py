@@ -1,0 +1,103 @@
+"""The megakernel's pace: one kernel per step, each chip following its own plan, weight tiles streaming at the
+chip's HBM bandwidth while compute runs behind them (mk.plan.timeline), and the step waiting for the chip that sets
+the pace (the busiest chip under whole experts, its distribution exact under uniform routing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..chips import Chip
+from ..plan import Load, StepPlan, step_end, timeline
+from ..routing import busiest_chip_distribution
+from .constants import assumed_costs
+from .work import compute_seconds, link_latency, load_bytes
+
+
+def megakernel_costs(plan: StepPlan, chip: Chip, dtype: str = "bf16", **assumed) -> dict:
+    """What mk.plan.timeline charges on ``chip`` for ``plan`` under ``dtype``: the assumed per-op and
+    per-DMA-issue costs (data/timing.csv, or ``assumed``), the link latency, each op's compute time and each
+    weight tile's bytes."""
+    compute, nbytes = compute_seconds(plan, chip), load_bytes(dtype)
+    # each op's and tile's cost once: the pacing chip's variants walk the same plan many times
+    op_s = {id(op): compute(op) for op in plan.ops}
+    load_b = {id(ld): nbytes(ld) for ld in plan.loads}
+    return dict(
+        assumed_costs(chip.kind, **assumed),
+        ici_latency_s=link_latency(chip),
+        compute_s=lambda op: op_s[id(op)],
+        load_bytes=lambda ld: load_b[id(ld)],
+    )
+
+
+def pace_distribution(plan: StepPlan) -> dict[int, float]:
+    """Distinct experts per layer loaded by the chip that sets the pace, count -> probability (exact,
+    uniform routing): the busiest chip's under whole placement, every chip's otherwise."""
+    cfg = plan.cfg
+    if cfg.is_moe and plan.experts_held < cfg.num_experts:
+        return busiest_chip_distribution(cfg.num_experts, plan.chips, cfg.top_k, plan.batch)
+    return plan.distinct_experts
+
+
+def _likely(dist: dict[int, float], tail: float = 1e-9) -> dict[int, float]:
+    """The most likely counts of ``dist`` that hold all but ``tail`` of its probability, renormalised: the
+    counts :func:`pace` walks a timeline for (the rest moves an expected step by less than ``tail`` of it)."""
+    kept, mass = {}, 0.0
+    for m, p in sorted(dist.items(), key=lambda mp: -mp[1]):
+        if mass >= 1 - tail:
+            break
+        kept[m], mass = p, mass + p
+    return {m: p / mass for m, p in sorted(kept.items())}
+
+
+def _every_layer(plan: StepPlan, experts: int) -> dict[int, int]:
+    return {i: experts for i in range(plan.cfg.num_layers)}
+
+
+def _loaded(plan: StepPlan, experts: int, nbytes: Callable[[Load], float]) -> float:
+    """Weight bytes the DMAs move with ``experts`` fetched in every layer."""
+    return sum(nbytes(ld) for ld in plan.loads if ld.expert is None or ld.expert < experts)
+
+
+def pace(plan: StepPlan, chip: Chip, dtype: str = "bf16", distribution: dict[int, float] | None = None, **assumed):
+    """The step of the chip that sets the pace, expected over its experts per layer (``distribution``,
+    default :func:`pace_distribution`): each count m's timeline with m experts in every layer, weighted by
+    its probability (the counts that hold all but 1e-9 of it). Exact where a layer's time depends on its own
+    count only (layers add up); the all-reduce that closes each layer makes the slowest chip's layer
+    everyone's. Returns the distinct experts per layer the chip fetches and the share of each it holds (1/C
+    with split experts), bytes (weights as the DMAs move them, their payload without the layout's padding,
+    KV), bytes each chip sends, and the step and its floors in seconds."""
+    dist = {m: p for m, p in (distribution or pace_distribution(plan)).items() if p > 0}
+    costs = megakernel_costs(plan, chip, dtype, **assumed)
+    timed = _likely(dist)
+
+    def expect(f, over=timed):
+        return sum(p * f(m) for m, p in over.items())
+
+    moved, payload = load_bytes(dtype), load_bytes(dtype, "payload_bytes")
+    weights, real = expect(lambda m: _loaded(plan, m, moved)), expect(lambda m: _loaded(plan, m, payload))
+    ends = {m: step_end(plan, chip, _every_layer(plan, m), **costs) for m in dist}
+    cross = [op for op in plan.ops if op.sent_bytes]
+    bw = chip.per_chip_bandwidth
+    split = plan.cfg.is_moe and plan.chips > 1 and plan.experts_held == plan.cfg.num_experts
+    return dict(
+        experts_per_layer=expect(float, dist),
+        expert_share=1 / plan.chips if split else 1.0,  # of each fetched expert's bytes this chip holds
+        weight_bytes=weights,
+        weight_payload_bytes=real,
+        kv_bytes=plan.kv_bytes,
+        sent_bytes=sum(op.sent_bytes for op in cross),
+        hbm_floor_s=(weights + plan.kv_bytes) / bw,
+        payload_floor_s=(real + plan.kv_bytes) / bw,
+        ici_s=sum(op.sent_bytes / chip.ici_bandwidth + op.rounds * costs["ici_latency_s"] for op in cross),
+        step_s=expect(ends.__getitem__),
+    )
+
+
+def pace_timeline(plan: StepPlan, chip: Chip, dtype: str = "bf16", experts: int | None = None, **assumed):
+    """The timeline (mk.plan.timeline rows) of the chip that sets the pace, ``experts`` fetched in every layer
+    (default: the expected number, rounded), with the costs :func:`pace` charges."""
+    dist = pace_distribution(plan)
+    n = round(sum(m * p for m, p in dist.items())) if experts is None else experts
+    return timeline(plan, chip, _every_layer(plan, n), **megakernel_costs(plan, chip, dtype, **assumed))
+
+

@@ -1,0 +1,266 @@
+"""Predictions: a model's decode step on a chip or slice for an engine (the megakernel as a kernel setup says, or
+the general stack), beside the speed of light, with every constant it used and where it came from."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..chips import Chip, get_chip
+from ..config import SLIDING, ModelConfig, get_config
+from ..kernel_setup import WORKBOOK_KERNEL, KernelSetup
+from ..params import EXPERTS, HEAD, param_specs
+from ..quant_schemes import SCALE_BYTES, quantized_paths, scale_count
+from ..sol import get_dtype, speed_of_light
+from ..units import in_ms, positive_int
+from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant
+from .general_stack import general_step, kernel_cost, kernels_per_plan_kernel
+from .pace import pace
+from .work import check_speculation, link_latency, step_plan
+
+ENGINES = ("megakernel", "general")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A modelled decode step beside the speed of light: ``step_s`` emits ``tokens_per_round`` tokens per user (1;
+    with speculation, the mean of the drafted tokens accepted, plus the target's own)."""
+
+    model: str
+    chip: str
+    context: int
+    batch: int
+    dtype: str
+    engine: str
+    placement: str
+    setup: str  # the kernel setup it models (mk.kernel_setup), by name; the general stack's for engine "general"
+    step_s: float
+    sol_step_s: float
+    kernels_per_step: float
+    models: str  # what is modelled, in words
+    fits_in_hbm: bool
+    components: dict[str, float] = field(default_factory=dict)  # seconds by component (general: kernel time)
+    constants: dict[str, str] = field(default_factory=dict)  # constant -> value and kind
+    breakdown: dict[str, float] = field(default_factory=dict)  # megakernel: the pacing chip's bytes and floors
+    draft_tokens: int = 0  # tokens drafted per user and verified in the step
+    tokens_per_round: float = 1.0
+    drafter_s: float = 0.0  # a round's drafting outside the step (Gemma 4's assistant: one program per draft)
+
+    @property
+    def round_s(self) -> float:
+        """A round: the drafter's programs, then the step that verifies their drafts."""
+        return self.step_s + self.drafter_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_round / self.round_s
+
+    @property
+    def tokens_per_s_total(self) -> float:
+        return self.batch * self.tokens_per_s
+
+    @property
+    def fraction_of_sol(self) -> float:
+        """The speed of light's step over the time per emitted token."""
+        return self.sol_step_s * self.tokens_per_round / self.round_s
+
+    def to_dict(self) -> dict:
+        return dict(
+            model=self.model,
+            chip=self.chip,
+            context=self.context,
+            batch=self.batch,
+            dtype=self.dtype,
+            engine=self.engine,
+            placement=self.placement,
+            setup=self.setup,
+            step_ms=self.step_s * 1e3,
+            draft_tokens=self.draft_tokens,
+            tokens_per_round=self.tokens_per_round,
+            drafter_ms=self.drafter_s * 1e3,
+            round_ms=self.round_s * 1e3,
+            tokens_per_s=self.tokens_per_s,
+            tokens_per_s_total=self.tokens_per_s_total,
+            fraction_of_sol=self.fraction_of_sol,
+            sol_tokens_per_s=1.0 / self.sol_step_s,
+            kernels_per_step=self.kernels_per_step,
+            fits_in_hbm=self.fits_in_hbm,
+            models=self.models,
+            components_ms={k: v * 1e3 for k, v in self.components.items()},
+            constants=dict(self.constants),
+            breakdown=dict(in_ms(k, v) for k, v in self.breakdown.items()),
+            kind=MODELLED,
+        )
+
+
+def model_bytes(cfg: ModelConfig, dtype: str) -> float:
+    """Bytes of every weight of the model under ``dtype`` (all experts; INT8 matrices with their scales)."""
+    pol = get_dtype(dtype)
+    scaled = set(quantized_paths(cfg, pol.quant))
+    per = {EXPERTS: pol.expert, HEAD: pol.head}
+    return sum(
+        s.size * (per.get(s.component, pol.matrix) if s.matrix else pol.vector)
+        + (scale_count(s) * SCALE_BYTES if s.path in scaled else 0)
+        for s in param_specs(cfg)
+    )
+
+
+def fits_in_hbm(cfg: ModelConfig, chip: Chip, context: int, batch: int, dtype: str, sol=None) -> bool:
+    """Whether the weights and the users' caches fit the slice's HBM (spread evenly over its chips); ``sol``: the
+    speed of light of the same arguments, if it is at hand (mk.sol.speed_of_light)."""
+    sol = sol or speed_of_light(cfg, chip, context, batch, dtype)
+    kv = sum(v for k, v in sol.bytes_by_component.items() if k.startswith("kv"))
+    return model_bytes(cfg, dtype) + kv <= chip.hbm_bytes
+
+
+
+
+def _check(model, chip, context: int, batch: int, engine: str) -> tuple[ModelConfig, Chip]:
+    cfg = get_config(model)
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    positive_int("context", context)
+    positive_int("batch", batch)
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    return cfg, chip
+
+
+def predict(
+    model: ModelConfig | str,
+    chip: Chip | str,
+    context: int,
+    batch: int = 1,
+    engine: str = "megakernel",
+    dtype: str = "bf16",
+    *,
+    setup: KernelSetup = WORKBOOK_KERNEL,
+    knockout=frozenset(),
+    op_overhead_s: float | None = None,
+    dma_issue_s: float | None = None,
+    kernel_s: float | None = None,
+    acceptance: float | None = None,
+    assistant=None,
+) -> Prediction:
+    """The modelled decode step of ``model`` on ``chip`` (a chip or a slice: ``tpu-v5e-8``) at ``context``
+    positions for ``batch`` users. ``setup`` (mk.kernel_setup.KernelSetup, default the workbook's kernel): the
+    megakernel's setup, over the slice's chips; ``knockout``: components switched off (mk.params.KNOCKOUTS);
+    ``op_overhead_s``, ``dma_issue_s``: the megakernel's assumed costs (default: data/timing.csv's); ``kernel_s``:
+    the general stack's cost per kernel (default: fitted; 0 gives its kernels' work alone). With
+    ``setup.draft_tokens`` = K the megakernel verifies K drafted tokens per user in each step (a drafter that costs
+    no weight reads: n-gram prompt lookup), emitting ``acceptance`` tokens per user on average
+    (``check_speculation``); tokens/s and the fraction of the speed of light count emitted tokens. ``assistant``
+    (mk.assistant.AssistantConfig): the drafts come from Gemma 4's assistant, whose K programs a round cost
+    :func:`drafter_seconds` (default: a drafter that reads nothing). A round is the drafter's time plus the step's."""
+    cfg, chip = _check(model, chip, context, batch, engine)
+    knockout = frozenset(knockout)
+    sol = speed_of_light(cfg, chip, context, batch, dtype)
+    fits = fits_in_hbm(cfg, chip, context, batch, dtype, sol)
+    if engine == "general":
+        if setup.draft_tokens:
+            raise ValueError("drafted tokens: verification is modelled for the megakernel (engine='megakernel') only")
+        kernel_s = kernel_cost(chip.kind) if kernel_s is None else kernel_s
+        work = general_step(cfg, chip, context, batch, dtype, knockout)
+        components = work.seconds(chip, kernel_s)
+        where = f"chip 0 of {chip.chips}, tensor-parallel" if chip.chips > 1 else "one chip"
+        p = Prediction(
+            cfg.name, chip.name, context, batch, dtype, "general", "split" if chip.chips > 1 else "-",
+            "general stack", sum(components.values()), sol.step_s, work.kernels_per_step,
+            f"general stack on {chip.name} ({where}): {len(work.kernels)} kernels of the plan's work x "
+            f"{work.scale:.2f} (the published count's ratio), {kernel_s * 1e6:.2f} us each, nothing in flight across "
+            "them",
+            fits, components,
+        )  # fmt: skip
+        return _with_constants(p, chip, kernel_s)
+    per_round = check_speculation(setup.draft_tokens, acceptance)
+    plan = step_plan(cfg, chip, context, batch, dtype, setup, knockout)
+    costs = assumed_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
+    paced = pace(plan, chip, dtype, **costs)
+    if chip.chips > 1:
+        who = "the busiest chip (whole experts)" if plan.experts_held < cfg.num_experts else "every chip"
+        models = f"megakernel on {chip.chips} chips, {setup.name}, paced by {who}"
+    else:
+        models = "megakernel on one chip"
+    drafter_s = 0.0
+    k = setup.draft_tokens
+    if k:
+        models += f"; {k} drafted tokens verified per user a round, {per_round:g} emitted (given)"
+        if assistant is not None:
+            from ..assistant import check_pair
+
+            check_pair(assistant, cfg)
+            drafter_s = drafter_seconds(assistant, cfg, chip, context, batch, dtype, k)
+            models += f"; drafts by {assistant.name}, {k} programs of its own"
+    elif assistant is not None:
+        raise ValueError("assistant: a drafter's cost is modelled with a setup that verifies K drafted tokens")
+    p = Prediction(
+        cfg.name, chip.name, context, batch, dtype, "megakernel", str(setup.placement) if chip.chips > 1 else "-",
+        setup.name, paced["step_s"], sol.step_s, 1, models + f"; {assumed_label(costs)}", fits,
+        breakdown=paced, draft_tokens=k, tokens_per_round=per_round, drafter_s=drafter_s,
+    )  # fmt: skip
+    return _with_constants(p, chip, None, costs)
+
+
+def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch: int, dtype: str, k: int) -> float:
+    """A round of Gemma 4's assistant drafting ``k`` tokens for ``batch`` users, outside the verification kernel:
+    ``k`` programs, each reading the assistant's weights and the target's K/V it attends to (the last layer of each
+    attention type: up to ``context`` positions, a sliding layer's window and one more), spread evenly over the
+    slice's chips at their bandwidth, plus one general-stack kernel's cost (fitted, data/timing.csv) for its launch.
+    A lower bound of a separate drafter: every byte once, one launch a draft."""
+    from ..assistant import source_layers
+
+    pol = get_dtype(dtype)
+    weights = assistant.weight_bytes(pol.matrix)
+    kv = 0
+    for t in source_layers(cfg):
+        seen = min(context, cfg.sliding_window + 1) if t == SLIDING else context
+        kv += 2 * batch * cfg.kv_heads(t) * seen * cfg.head_dim(t) * pol.kv
+    per_draft = (weights + kv) / chip.chips / chip.per_chip_bandwidth + kernel_cost(chip.kind)
+    return k * per_draft
+
+
+def _with_constants(p: Prediction, chip: Chip, kernel_s: float | None, costs: dict | None = None) -> Prediction:
+    used = {"matmul_rows": f"{chip_constant('matmul_rows', chip).value:g} (cited)"}
+    if chip.chips > 1:
+        used["ici_hop_latency_s"] = f"{link_latency(chip):g} (cited)"
+    if kernel_s is not None:
+        fitted = kernel_s == kernel_cost(chip.kind)
+        used["kernel_s"] = f"{kernel_s:.3g} " + (
+            f"(fitted to {constant('kernel_s', chip.kind).fit_to})" if fitted else "(given)"
+        )
+        used["kernels_per_plan_kernel"] = f"{kernels_per_plan_kernel():.3f} (published count / plan count)"
+    else:
+        for name, value in costs.items():
+            default = value == constant(name, chip.kind).value
+            used[name] = f"{value:g} ({'assumed, data/timing.csv' if default else 'given'})"
+    return dataclasses.replace(p, constants=used)
+
+
+
+
+def step_breakdown(model, chip, context: int, batch: int = 1, dtype: str = "bf16", **kw) -> dict:
+    """The megakernel's modelled step on ``chip`` in parts, per chip that sets the pace: the weight bytes
+    its DMAs move (padding and INT8 scale blocks included) and the real ones, the scale blocks' share, the
+    KV cache, the HBM floor those bytes set, and the time beyond it (serial reads, the link, compute),
+    beside the speed of light. Seconds and bytes. ``kw``: :func:`predict`'s keywords."""
+    p = predict(model, chip, context, batch, "megakernel", dtype, **kw)
+    cfg, chip = _check(model, chip, context, batch, "megakernel")
+    plan = step_plan(cfg, chip, context, batch, dtype, kw.get("setup", WORKBOOK_KERNEL))
+    scales = sum(ld.scale_bytes * plan.fetch_probability(ld) for ld in plan.loads)
+    return dict(
+        model=p.model,
+        chip=p.chip,
+        dtype=dtype,
+        placement=p.placement,
+        setup=p.setup,
+        step_s=p.step_s,
+        sol_step_s=p.sol_step_s,
+        fraction_of_sol=p.fraction_of_sol,
+        weights_moved_bytes=p.breakdown["weight_bytes"],
+        weights_real_bytes=p.breakdown["weight_payload_bytes"],
+        scale_blocks_bytes=scales,
+        kv_bytes=p.breakdown["kv_bytes"],
+        hbm_floor_s=p.breakdown["hbm_floor_s"],
+        beyond_floor_s=p.step_s - p.breakdown["hbm_floor_s"],
+    )
+
+

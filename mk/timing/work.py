@@ -1,0 +1,120 @@
+"""One chip's work as the timing model charges it: the plan it times, each weight tile's bytes under a data type,
+each op's compute time at the chip's FLOP/s, the link's latency per round."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import lru_cache
+
+from ..chips import Chip
+from ..params import EXPERTS, HEAD
+from ..plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan
+from ..quant_schemes import SCHEMES
+from ..sol import get_dtype
+from .constants import chip_constant, matching_rows
+
+
+def plan_itemsizes(dtype: str) -> tuple[int, int]:
+    """Weight and KV bytes per element of the plan a data type is modelled with."""
+    get_dtype(dtype)
+    return (4, 4) if dtype == "f32" else (2, 2)
+
+
+def load_bytes(dtype: str, attr: str = "nbytes") -> Callable[[Load], float]:
+    """The bytes a weight tile's DMA moves under ``dtype`` (``attr``: ``nbytes`` with the layout's padding,
+    ``payload_bytes`` without): the plan's bytes scaled by the component's bytes per element."""
+    pol, (wi, _) = get_dtype(dtype), plan_itemsizes(dtype)
+    if plan_quantize(dtype) != "none":  # the plan streams the INT8 codes and their scales itself
+        return lambda ld: getattr(ld, attr)
+    per = {EXPERTS: pol.expert / wi, HEAD: pol.head / wi}
+    return lambda ld: getattr(ld, attr) * per.get(ld.component, pol.matrix / wi)
+
+
+def plan_quantize(dtype: str) -> str:
+    """The mk.quant scheme the plan for ``dtype`` streams (``none`` for BF16, F32 and FP8, modelled by bytes)."""
+    return dtype if dtype in SCHEMES else "none"
+
+
+def compute_seconds(plan: StepPlan, chip: Chip) -> Callable[[Op], float]:
+    """An op's compute time on one chip of ``chip``: FLOPs at its bf16 rate, a matrix op's rows padded to
+    what the matrix unit takes at once (``matmul_rows``: the users for a weight tile, the query heads
+    sharing a KV head for attention). Vector work (norms, softmax, GeLU) is counted at the same rate,
+    unpadded: at decode it is a few thousand FLOPs an op."""
+    rows = chip_constant("matmul_rows", chip).value
+    peak = chip.bf16_flops / chip.chips
+
+    def seconds(op: Op) -> float:
+        if isinstance(op, (MatmulTile, HeadTile)):
+            m = plan.batch
+        elif isinstance(op, Attend):
+            m = op.query_rows
+        else:
+            return op.flops / peak
+        return op.flops * max(m, rows) / m / peak
+
+    return seconds
+
+
+def link_latency(chip: Chip) -> float:
+    """Seconds per round of a cross-chip op on ``chip`` (0 on one chip); refuses a slice whose link is
+    not in the data: a chip with no interconnect bandwidth (a PCIe-only GPU), or one whose link has no cited
+    latency (for GPUs, data/timing.csv names the NVLink chips; AMD's Infinity Fabric has none)."""
+    if chip.chips == 1:
+        return 0.0
+    if math.isnan(chip.ici_bandwidth):
+        raise ValueError(
+            f"{chip.name}: data/chips.csv has no interconnect bandwidth for {chip.base} (ici_bandwidth_Bps); add it "
+            "(with its source) to model a slice of it"
+        )
+    if not matching_rows("ici_hop_latency_s", chip.kind, chip.base):
+        raise ValueError(
+            f"{chip.name}: data/timing.csv has no link latency for {chip.base} (an ici_hop_latency_s row for "
+            f"{chip.kind} chips or naming {chip.base}; for GPUs: NVLink's or Infinity Fabric's), so a slice of it is "
+            f"not modelled; add one with its source, or model one {chip.base}"
+        )
+    return chip_constant("ici_hop_latency_s", chip).value
+
+
+@lru_cache(maxsize=32)  # the sweeps and the pacing chip's variants time the same plan many ways
+def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> StepPlan:
+    """The plan the model times for ``setup`` (mk.kernel_setup.KernelSetup) over ``chip``'s chips: chip 0's, in the
+    plan's data type for ``dtype`` (mk.plan.build_plan)."""
+    wi, ki = plan_itemsizes(dtype)
+    return build_plan(
+        cfg,
+        batch,
+        context,
+        context,
+        weight_itemsize=wi,
+        kv_itemsize=ki,
+        knockout=knockout,
+        setup=setup.on(chip.chips),
+        quantize=plan_quantize(dtype),
+    )
+
+
+def check_speculation(speculate: int, acceptance: float | None) -> float:
+    """The mean tokens a round emits per user: ``acceptance``, which with ``speculate`` = K drafted tokens (the
+    setup's ``draft_tokens``) must be in 1 (no draft accepted: the target's own token) .. K + 1 (every draft
+    accepted), and is 1 without drafts."""
+    if not speculate:
+        if acceptance not in (None, 1, 1.0):
+            raise ValueError(
+                f"acceptance={acceptance} without drafts: give a setup that verifies K drafted tokens a round "
+                "(KernelSetup.draft_tokens, --speculate K)"
+            )
+        return 1.0
+    if acceptance is None:
+        raise ValueError(
+            f"speculate={speculate} needs an acceptance: the mean tokens a round emits per user, 1 (no draft "
+            f"accepted) to {speculate + 1} (all accepted)"
+        )
+    if not 1 <= acceptance <= speculate + 1:
+        raise ValueError(
+            f"acceptance={acceptance} with {speculate} drafted tokens: a round emits 1 (no draft accepted) to "
+            f"{speculate + 1} (all accepted) tokens per user"
+        )
+    return float(acceptance)
+
+
