@@ -22,6 +22,7 @@ from mk.config import (
     load_hf_config,
     to_hf_dict,
 )
+from mk.config.hf import ARCH_FIELDS
 from mk.params import count_active_params, count_params
 
 
@@ -322,6 +323,7 @@ def test_unknown_family_and_field_are_refused_by_name():
     with pytest.raises(ValueError, match=r"model_type is 'bert': mk runs gemma4_text, llama.* plans .*deepseek_v3"):
         from_hf_dict({"model_type": "bert"})
     assert "gemma4_text" in CONFIG_FAMILIES
+    assert set(CONFIG_FAMILIES) == {"gemma4_text", *ARCH_FIELDS}  # every family but Gemma 4 has its fields checked
     with pytest.raises(ValueError, match=r"llama config field\(s\) \['cross_attention_layers'\]"):
         from_hf_dict(dict(TINY_HF["llama"], cross_attention_layers=[1]))
 

@@ -128,9 +128,9 @@ ARCH_FIELDS = {
 _FAMILY_OF = {"gemma3": "gemma3_text", "gemma4": GEMMA4}  # a multimodal model_type's text family
 
 
-def check_fields(d: dict, family: str) -> None:
+def _check_fields(d: dict, family: str) -> None:
     """Refuse a config field the family's adapter does not read and that may change the architecture."""
-    unknown = sorted(set(d) - NEUTRAL_FIELDS - ARCH_FIELDS.get(family, set()))
+    unknown = sorted(set(d) - NEUTRAL_FIELDS - ARCH_FIELDS[family])
     if unknown:
         raise ValueError(
             f"{family} config field(s) {unknown} are not modelled by mk; remove them if they do not change "
@@ -152,7 +152,7 @@ def from_hf_dict(d: dict, name: str = "hf") -> ModelConfig:
             f"config model_type is {family!r}: mk runs {', '.join(RUNNABLE_FAMILIES)} and plans and times "
             f"{', '.join(PLANNED_FAMILIES)}"
         )
-    check_fields(d, family)
+    _check_fields(d, family)
     return _ADAPTERS[family](d, name)
 
 
