@@ -250,6 +250,12 @@ def save_figure(fig: go.Figure, name: str, svg: bool = False, out_dir: Path | No
         raise ValueError(f"figure {name!r} has no provenance footer: call mk.figures.provenance(fig, ...) first")
     legend_below_title(place_footer(fig))  # again: the layout may have changed since provenance()
     log_ticks(fig)
+    # Every exported figure is checked (laid out by plotly in the Chromium that exports it): one with something
+    # a reader cannot see (check_figure) is refused, nothing written, as the notebooks' own asserts refuse it.
+    if _start_exporter():
+        problems = check_figure(fig)
+        if problems:
+            raise ValueError(f"figure {name!r} cannot be read whole: {'; '.join(problems)}")
     out = Path(out_dir) if out_dir is not None else figures_dir()
     out.mkdir(parents=True, exist_ok=True)
     html = out / f"{name}.html"  # self-contained (plotly.js inside) so it opens offline
@@ -310,14 +316,20 @@ STUB = 1.8  # a floored bar's height, as a multiple of the floor: a few percent 
 
 def check_figure(fig: go.Figure) -> list[str]:
     """What a reader could not see in ``fig``: a horizontal legend above the plot that is not hung below
-    the title (:func:`legend_below_title`), several series without a legend, a series with no mark inside
-    its axis' range (a bar shorter than 0.5% of the axis is no mark; a legend key, a trace with no data at
-    all, is not a series), a line drawn exactly under another.
-    Axis ranges are plotly's own (``full_figure_for_development``, which needs a Chromium)."""
+    the title (:func:`legend_below_title`), a legend over (or under) the provenance footer, several series
+    without a legend, a series with no mark inside its axis' range (a bar shorter than 0.5% of the axis is no
+    mark; a legend key, a trace with no data at all, is not a series), a line drawn exactly under another,
+    tick labels that run into each other (:func:`tick_collisions`), a logarithmic axis with fewer than three
+    labelled ticks. Axis ranges and automatic ticks are plotly's own (``full_figure_for_development``, which
+    needs a Chromium), laid out at the size the figure is exported at."""
     import numpy as np
 
     problems = []
-    full = fig.full_figure_for_development(warn=False)
+    sized = go.Figure(fig)  # at the export size (plotly's own default is 700 pixels wide)
+    sized.update_layout(
+        width=fig.layout.width or EXPORT_SIZE["width"], height=fig.layout.height or EXPORT_SIZE["height"]
+    )
+    full = sized.full_figure_for_development(warn=False)
     legend, title = full.layout.legend, full.layout.title
     traces = [t for t in full.data if t.visible is not False]
     if legend.orientation == "h" and (legend.y is None or legend.y >= 1 or legend.yref == "container"):
@@ -355,6 +367,208 @@ def check_figure(fig: go.Figure) -> list[str]:
             same = all(np.array_equal(_numbers(p), _numbers(q)) for p, q in ((a.x, b.x), (a.y, b.y)))
             if a.xaxis == b.xaxis and a.yaxis == b.yaxis and same:
                 problems.append(f"series {b.name!r} is drawn exactly over {a.name!r}")
+    if _legend_over_footer(full, traces):
+        problems.append("the legend sits over (or under) the footer")
+    problems += tick_collisions(full)
+    for name, ticks in _axes_ticks(full).items():
+        if full.layout[name].type == "log" and len(ticks) < 3:
+            problems.append(f"the log axis {name} has {len(ticks)} labelled ticks: fewer than three")
+    return problems
+
+
+# Layout estimates for check_figure: text sizes from font size and character count (DejaVu Sans: about 0.6 em a
+# character, narrow ones about a third of an em, wide ones 0.9), so the checks need no browser beyond plotly's own.
+CHAR_WIDTH = 0.6  # a character's width, in ems
+NARROW, WIDE = set(" .,:;'|!()[]{}ijlft-/"), set("mwMW%@")  # about 0.33 and 0.9 em
+TICK_GAP = 0.25  # ems of space neighbouring tick labels need between them not to touch
+LINE_HEIGHT = 1.2  # a text line's height, in ems
+LEGEND_ROW = 2.4  # a legend row's height, in ems (plotly pads its symbols)
+LEGEND_KEY = 45  # pixels of a legend entry besides its text: the symbol and the gaps
+
+
+def _plain_text(text) -> list[str]:
+    """A label's lines as plain text (plotly's ``<br>`` breaks, tags dropped, entities read)."""
+    import html
+    import re
+
+    lines = re.split(r"<br\s*/?>", str(text if text is not None else ""), flags=re.I)
+    return [html.unescape(re.sub(r"<[^>]+>", "", line)) for line in lines]
+
+
+def _text_box(text, size: float) -> tuple[float, float]:
+    """The estimated width and height, in pixels, of ``text`` at font ``size``."""
+    lines = _plain_text(text)
+    ems = max(sum(0.33 if c in NARROW else 0.9 if c in WIDE else 0.7 if c.isupper() else CHAR_WIDTH for c in line)
+              for line in lines)  # fmt: skip
+    return ems * size, len(lines) * LINE_HEIGHT * size
+
+
+def _plot_box(full) -> tuple[float, float, float, float, float, float]:
+    """The figure's width and height and its plot area's left, top, width and height, in pixels."""
+    lay = full.layout
+    width, height = lay.width or EXPORT_SIZE["width"], lay.height or EXPORT_SIZE["height"]
+    m = lay.margin
+    return width, height, m.l, m.t, width - m.l - m.r, height - m.t - m.b
+
+
+def _legend_over_footer(full, traces) -> bool:
+    """Whether the legend, its size estimated from its entries, reaches down to the provenance footer (which
+    hangs ``-yshift`` pixels below the plot) and overlaps it side to side."""
+    lay = full.layout
+    footers = [a for a in lay.annotations if a.name == FOOTER_NAME]
+    entries = [t.name for t in traces if t.showlegend is not False and t.name]
+    if not footers or not entries or lay.showlegend is False:
+        return False
+    width, height, left, top, plot_w, plot_h = _plot_box(full)
+    legend, footer = lay.legend, footers[0]
+    size = legend.font.size or lay.font.size or FONT_SIZE
+    keys = [_text_box(name, size)[0] + LEGEND_KEY for name in entries]
+    if legend.orientation == "h":
+        rows, row = 1, 0.0
+        for k in keys:
+            if row and row + k > plot_w:
+                rows, row = rows + 1, 0.0
+            row += k
+        box_w, box_h = min(sum(keys), plot_w), rows * LEGEND_ROW * size
+    else:
+        box_w, box_h = max(keys), len(keys) * LEGEND_ROW * size
+    y = legend.y if legend.y is not None else 1.0
+    at = (1 - y) * height if legend.yref == "container" else top + (1 - y) * plot_h
+    anchor = (
+        legend.yanchor
+        if legend.yanchor not in (None, "auto")
+        else "top"
+        if y > 2 / 3
+        else "bottom"
+        if y < 1 / 3
+        else "middle"
+    )
+    legend_top = at - {"top": 0, "middle": box_h / 2, "bottom": box_h}[anchor]
+    x = legend.x if legend.x is not None else (1.02 if legend.orientation != "h" else 0)
+    legend_left = (x * width if legend.xref == "container" else left + x * plot_w) - (
+        {"left": 0, "center": box_w / 2, "right": box_w}.get(legend.xanchor or "left", 0)
+    )
+    footer_top = top + plot_h - (footer.yshift or 0)
+    footer_w, footer_h = _text_box(footer.text, (footer.font.size if footer.font else None) or 11)
+    footer_left = left + (footer.xshift or 0)
+    return (
+        (
+            legend_top + box_h > footer_top
+            and legend_top < footer_top + footer_h
+            or legend_top >= footer_top  # wholly below it: a legend under the footer
+        )
+        and legend_left < footer_left + footer_w
+        and legend_left + box_w > footer_left
+    )
+
+
+def _axes_ticks(full) -> dict[str, list[tuple[float, str]]]:
+    """Every shown axis' labelled ticks inside its range: ``{"xaxis2": [(position, label), ...]}``, positions in
+    the axis' own units (log10 of the value on a log axis, the index on a category axis). Plotly's automatic
+    ticks are rebuilt from its ``tick0`` and ``dtick``; date and multicategory axes are left out."""
+    import math
+
+    import numpy as np
+
+    out = {}
+    names = [k for k in full.layout if k.startswith(("xaxis", "yaxis"))]
+    for name in names:
+        axis = full.layout[name]
+        if axis.visible is False or axis.showticklabels is False or axis.range is None:
+            continue
+        if axis.type not in ("linear", "log", "category"):
+            continue
+        lo, hi = sorted(axis.range)
+        eps = 1e-9 * max(abs(hi - lo), 1e-12)
+        if axis.tickvals is not None:
+            text = list(axis.ticktext) if axis.ticktext is not None else None
+            ticks = []
+            for i, v in enumerate(axis.tickvals):
+                if axis.type == "category":
+                    cats = _categories(full, name)
+                    pos = cats.index(v) if v in cats else None
+                else:
+                    pos = math.log10(v) if axis.type == "log" and v > 0 else None if axis.type == "log" else float(v)
+                if pos is not None and lo - eps <= pos <= hi + eps:
+                    ticks.append((pos, text[i] if text and i < len(text) else tick_label(v)))
+        elif axis.type == "category":
+            cats, step = _categories(full, name), int(axis.dtick or 1)
+            ticks = [(float(i), str(c)) for i, c in enumerate(cats) if i % step == 0 and lo - eps <= i <= hi + eps]
+        elif axis.type == "log":
+            dtick = str(axis.dtick)
+            if dtick in (
+                "D1",
+                "D2",
+            ):  # digits inside each decade: counted as the 1, 2 and 5 (plotly's "D1" others small)
+                digits = (1, 2, 5)
+                values = [d * 10.0**k for k in range(math.floor(lo) - 1, math.ceil(hi) + 1) for d in digits]
+            elif dtick.startswith("L"):  # linear steps on a log axis
+                step = float(dtick[1:])
+                start = float(axis.tick0 or 0)
+                values = list(start + step * np.arange(0, math.ceil((10**hi - start) / step) + 1))
+            else:  # every dtick decades
+                step = float(dtick) if dtick not in ("None", "") else 1.0
+                values = [10.0**k for k in np.arange(math.floor(lo / step) * step, hi + step, step)]
+            ticks = [(math.log10(v), tick_label(v)) for v in values if v > 0 and lo - eps <= math.log10(v) <= hi + eps]
+        else:
+            step, start = float(axis.dtick or 1), float(axis.tick0 or 0)
+            first = math.ceil((lo - start) / step - 1e-9)
+            count = int(math.floor((hi - start) / step + 1e-9)) - first + 1
+            ticks = [(start + (first + i) * step, f"{start + (first + i) * step:.6g}") for i in range(max(count, 0))]
+        out[name] = ticks
+    return out
+
+
+def _categories(full, name: str) -> list:
+    """A category axis' categories in plotly's order: its ``categoryarray`` when ordered by it, else as the traces
+    on it give them."""
+    axis = full.layout[name]
+    if axis.categoryorder == "array" and axis.categoryarray is not None:
+        return list(axis.categoryarray)
+    letter, ref = name[0], name[0] + name[5:]
+    seen = {}
+    for t in full.data:
+        if (getattr(t, letter + "axis", None) or letter) == ref and getattr(t, letter, None) is not None:
+            for v in getattr(t, letter):
+                if v is not None:
+                    seen.setdefault(v, None)
+    return list(seen)
+
+
+def tick_collisions(full) -> list[str]:
+    """Axes of a laid-out figure (``full_figure_for_development``) whose neighbouring tick labels overlap: each
+    label's width and height estimated from its font size and characters, against the ticks' spacing in pixels
+    over the axis' length. A horizontal axis' labels may be tilted: by ``tickangle``, or where plotly picks the
+    angle (``autotickangles``) at the first of its angles that fits, so they collide only if none fits."""
+    import math
+
+    problems = []
+    width, height, left, top, plot_w, plot_h = _plot_box(full)
+    for name, ticks in _axes_ticks(full).items():
+        if len(ticks) < 2:
+            continue
+        axis = full.layout[name]
+        lo, hi = sorted(axis.range)
+        domain = axis.domain or (0, 1)
+        length = (domain[1] - domain[0]) * (plot_w if name.startswith("x") else plot_h)
+        size = (axis.tickfont.size if axis.tickfont else None) or full.layout.font.size or FONT_SIZE
+        ticks = sorted(ticks)
+        if name.startswith("x"):
+            angles = [abs(axis.tickangle)] if axis.tickangle is not None else list(axis.autotickangles or (0, 30, 90))
+        else:
+            angles = [90 - abs(axis.tickangle)] if axis.tickangle is not None else [90]  # horizontal text on a y axis
+        for (p, a), (q, b) in zip(ticks, ticks[1:]):
+            gap = (q - p) / (hi - lo) * length
+            (wa, ha), (wb, hb) = _text_box(a, size), _text_box(b, size)
+            w, h = (wa + wb) / 2, max(ha, hb)  # the neighbours' half-widths
+
+            def fits(angle, space=TICK_GAP * size):
+                r = math.radians(angle)
+                return gap * math.sin(r) >= h + space or gap * math.cos(r) >= w + space
+
+            if not any(fits(angle) for angle in angles):
+                problems.append(f"tick labels of {name} collide ({a!r} and {b!r}, {gap:.0f} pixels apart)")
+                break
     return problems
 
 

@@ -141,6 +141,86 @@ def test_check_figure_finds_what_a_reader_cannot_see():
     assert "the legend sits over the title" in check_figure(over)
 
 
+def _needs_chromium():
+    import shutil
+
+    if not (shutil.which("chromium") or os.environ.get("BROWSER_PATH") or os.access("/usr/bin/chromium", os.X_OK)):
+        pytest.skip("plotly lays out figures in a Chromium")
+
+
+def two_series(**layout):
+    fig = go.Figure(
+        [go.Scatter(x=[1, 2, 3], y=[1, 3, 2], name="one"), go.Scatter(x=[1, 2, 3], y=[2, 1, 3], name="two")]
+    )
+    return provenance(fig.update_layout(title="t", **layout), "modelled", "none", "a test")
+
+
+def test_check_figure_finds_a_legend_over_or_under_the_footer():
+    _needs_chromium()
+    from mk.figures import check_figure
+
+    assert check_figure(two_series(legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0))) == []
+    assert check_figure(two_series()) == []  # plotly's own, at the right of the plot
+    under = two_series(legend=dict(orientation="h", y=-0.25, yanchor="top", x=0))  # 10_speculation's, before
+    assert "the legend sits over (or under) the footer" in check_figure(under)
+    over = two_series(legend=dict(orientation="h", y=-0.2, yanchor="top", x=0))
+    assert "the legend sits over (or under) the footer" in check_figure(over)
+
+
+def test_check_figure_finds_tick_labels_that_collide():
+    _needs_chromium()
+    from plotly.subplots import make_subplots
+
+    from mk.figures import check_figure
+
+    def panels(tokens, **xaxis):  # 08_quality's, before: a tick a token in each of two panels
+        fig = make_subplots(rows=1, cols=2)
+        for col in (1, 2):
+            fig.add_scatter(x=list(range(tokens)), y=[1.0] * tokens, name=f"s{col}", row=1, col=col)
+        fig.update_xaxes(**xaxis)
+        return provenance(fig.update_layout(title="t"), "modelled", "none", "a test")
+
+    crowded = check_figure(panels(32, dtick=1))
+    assert any("tick labels of xaxis collide" in p for p in crowded), crowded
+    assert check_figure(panels(32, dtick=4)) == []
+    assert check_figure(panels(8, dtick=1)) == []
+    words = ["a rather long label", "another long label", "yet another label", "and one more"] * 3
+    flat = provenance(go.Figure(go.Bar(x=words[:12], y=list(range(12)), name="b")), "modelled", "none", "a test")
+    flat.update_layout(
+        xaxis=dict(tickangle=0, categoryorder="array", categoryarray=[f"{w} {i}" for i, w in enumerate(words)])
+    )
+    flat.data[0].x = [f"{w} {i}" for i, w in enumerate(words)]
+    assert any("collide" in p for p in check_figure(flat))  # held flat, they run into each other
+    flat.update_layout(xaxis_tickangle=None)  # plotly may tilt them: at 90 degrees they fit
+    assert check_figure(flat) == []
+    rows = provenance(go.Figure(go.Scatter(x=list(range(40)), y=[f"row {i}" for i in range(40)], name="r")), "modelled",
+                      "none", "a test")  # fmt: skip
+    rows.update_yaxes(dtick=1)  # every row labelled
+    assert any("yaxis collide" in p for p in check_figure(rows))  # 40 rows in 420 pixels
+    assert check_figure(rows.update_layout(height=40 * 22 + 200)) == []
+
+
+def test_check_figure_finds_a_log_axis_with_fewer_than_three_ticks():
+    _needs_chromium()
+    from mk.figures import check_figure
+
+    fig = two_series(yaxis=dict(type="log"))
+    fig.data[0].y, fig.data[1].y = (1, 300, 20), (5, 2, 100)
+    assert check_figure(fig) == []  # plotly's own: every decade and its 2s and 5s
+    few = go.Figure(fig).update_yaxes(tickvals=[1, 100], range=[0, 2.5])
+    assert "the log axis yaxis has 2 labelled ticks: fewer than three" in check_figure(few)
+    assert check_figure(go.Figure(fig).update_yaxes(tickvals=[1, 10, 100], range=[0, 2.5])) == []
+
+
+def test_save_figure_refuses_a_figure_a_reader_cannot_read(tmp_path):
+    _needs_chromium()
+    bad = two_series(legend=dict(orientation="h", y=-0.25, yanchor="top", x=0))
+    with pytest.raises(ValueError, match="legend sits over"):
+        save_figure(bad, "bad", out_dir=tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing written
+    assert save_figure(two_series(), "good", out_dir=tmp_path)
+
+
 @pytest.mark.skipif(
     not os.access("/usr/bin/chromium", os.X_OK), reason="needs Debian's chromium (apt-get install chromium)"
 )
@@ -174,7 +254,8 @@ def timeline_runs():
     from mk.sharding import Collective
 
     cfg, chip = get_config("tiny-moe"), get_chip("tpu-v5e-8")
-    plans = {on: timing.step_plan(cfg, chip, 64, 1, "bf16", "split", Collective(overlap=on)) for on in (False, True)}
+    setups = {on: KernelSetup(collective=Collective(overlap=on)) for on in (False, True)}
+    plans = {on: timing.step_plan(cfg, chip, 64, 1, "bf16", setup) for on, setup in setups.items()}
     return {f"overlap {on}": timing.pace_timeline(plan, chip) for on, plan in plans.items()}
 
 
