@@ -9,12 +9,21 @@ import plotly.graph_objects as go
 def fix_figure(steps: pd.DataFrame, title: str) -> go.Figure:
     """:func:`fix_steps` as bars: the modelled step after each fix beside its published time, with the
     floors the chip's HBM bandwidth sets (weights as moved, and their payload, plus the KV cache) marked on
-    the modelled bar."""
-    label = steps.fix.str.replace(", ", "<br>").str.replace(" + ", "<br>+ ")
+    the modelled bar, each bar's step written above it in ms, and the speed of light (the step's bytes at the
+    slice's HBM bandwidth, from each row's ``fraction_of_sol``) a dashed line across."""
+    label = steps.fix.str.replace(", ", "<br>").str.replace(" + ", "<br>+ ").str.replace(": ", ":<br>")
     timed = steps.published_ms.notna()
     fig = go.Figure()
-    fig.add_bar(x=label, y=steps.step_ms, name="modelled step", offsetgroup="modelled")
-    fig.add_bar(x=label[timed], y=steps.published_ms[timed], name="published step", offsetgroup="published")
+    ms = dict(textposition="outside", textfont=dict(size=12), constraintext="none", cliponaxis=False)
+    fig.add_bar(x=label, y=steps.step_ms, name="modelled step", offsetgroup="modelled",
+                text=[f"{v:.2f} ms" for v in steps.step_ms], **ms)  # fmt: skip
+    fig.add_bar(x=label[timed], y=steps.published_ms[timed], name="published step", offsetgroup="published",
+                text=[f"{v:.2f} ms" for v in steps.published_ms[timed]], **ms)  # fmt: skip
+    # the speed of light: every fix's step over its fraction of it (the same bytes at HBM bandwidth for all)
+    sol = float((steps.step_ms * steps.fraction_of_sol).median())
+    fig.add_hline(y=sol, line=dict(color="#555", dash="dash", width=2))
+    fig.add_scatter(x=[None], y=[None], mode="lines", line=dict(color="#555", dash="dash", width=2),
+                    name=f"speed of light: {sol:.2f} ms (all bytes at HBM bandwidth)")  # its legend entry; fmt: skip
     for column, name, symbol in (
         ("hbm_floor_ms", "floor: weights as moved (padded) + KV cache at HBM bandwidth", "line-ew"),
         ("payload_floor_ms", "floor: weights without the padding + KV cache", "x-thin"),
@@ -32,8 +41,9 @@ def fix_figure(steps: pd.DataFrame, title: str) -> go.Figure:
         scattermode="group",
         title=title,
         yaxis_title="ms per decode step",
-        yaxis_rangemode="tozero",
+        yaxis_range=[0, 1.12 * max(steps.step_ms.max(), steps.published_ms.max())],  # room for the values
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
-        xaxis_tickangle=0,  # the labels wrap at each change instead: tilted, the longest ran into the footer
+        xaxis_tickangle=0,
+        xaxis_tickfont_size=11,  # seven wrapped labels side by side  # the labels wrap at each change instead: tilted, the longest ran into the footer
     )
     return fig

@@ -23,8 +23,9 @@ def _kind(label: str) -> str:
 
 
 def floor_axis(floor: float, top: float) -> dict:
-    """A logarithmic axis from ``floor`` (where its bars start, labelled as the floor) up to ``top``."""
-    ticks = [t for t in log_tick_values(floor, top) if floor * 1.01 < t <= top]
+    """A logarithmic axis from ``floor`` (where its bars start, labelled as the floor) up to ``top``, labelled up to
+    half of it: a label at the very top would run into the panel's title above the axis."""
+    ticks = [t for t in log_tick_values(floor, top) if floor * 1.01 < t <= top / 2]
     return dict(
         type="log",
         range=[math.log10(floor), math.log10(top)],

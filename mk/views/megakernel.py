@@ -8,8 +8,9 @@ import plotly.graph_objects as go
 
 def compile_time_figure(times: pd.DataFrame, model: str) -> go.Figure:
     """Compile time of the step against its layers, with the layers looped over and with every layer emitted
-    (bars: the repeats' range)."""
+    (bars: the repeats' range); the layer axis labelled at the layer counts compiled."""
     fig = go.Figure()
+    layers = sorted(int(n) for n in set(times.layers))
     for loop, g in times.groupby("loop_layers"):
         fig.add_scatter(
             x=g.layers,
@@ -20,7 +21,8 @@ def compile_time_figure(times: pd.DataFrame, model: str) -> go.Figure:
         )
     fig.update_layout(
         title=f"{model}: compile time of the step against layers",
-        xaxis_title="layers",
+        # ticks at the layer counts compiled, whole numbers (plotly's own would put some between them: 2.5 layers)
+        xaxis=dict(title_text="layers", tickvals=layers, ticktext=[str(n) for n in layers]),
         yaxis_title="compile time (s)",
         yaxis_rangemode="tozero",
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),

@@ -12,8 +12,6 @@ from plotly.subplots import make_subplots
 from ..config import get_config
 from ..figures import context_label
 from ..routing import expected_distinct_experts
-from ..sweeps import FRACTION_OF_SOL, SOL, WORKBOOK
-from ..verdict import GENERAL_GPU
 
 # Figures --------------------------------------------------------------------------------------------------
 LEGEND = dict(orientation="h", y=1.02, yanchor="bottom", x=0, font=dict(size=12))
@@ -23,15 +21,21 @@ BOUND = "speed of light: a bound"
 
 
 def context_ticks(contexts) -> tuple[list[int], list[str]]:
-    """Context ticks for a log axis over ``contexts``: powers of two from the shortest to the longest, every
-    other one when there are more than six (1K, 2K, 8K, 32K, 128K), labelled 1K, 8K, 128K."""
-    lo, hi = min(contexts), max(contexts)
+    """Context ticks for a log axis over ``contexts``, labelled 1K, 8K, 128K (mk.figures.context_label): every
+    context the data has (up to eight of them); where it has fewer than four, also the powers of two between the
+    shortest and the longest, every other one when there are more than six (1K, 2K, 8K, 32K, 128K)."""
+    contexts = sorted(set(int(n) for n in contexts))
+    lo, hi = contexts[0], contexts[-1]
     ticks = [2**k for k in range(math.ceil(math.log2(lo)), math.floor(math.log2(hi)) + 1)]
     if len(ticks) > 6:
         ticks = sorted({lo, *ticks[::-2]})
     ticks = sorted({lo, hi, *ticks})
     return ticks, [context_label(n) for n in ticks]
 
+    if 4 <= len(contexts) <= 8:
+        ticks = contexts
+    elif len(contexts) < 4:
+        ticks = sorted({*ticks, *contexts})
 
 def batch_ticks(batches) -> list[int]:
     """Users on a log axis: the powers of two from the fewest to the most, and both ends (1, 2, 4, 8)."""
@@ -40,18 +44,19 @@ def batch_ticks(batches) -> list[int]:
 
 
 def _legend_name(table: pd.DataFrame, role: str) -> str:
-    """A series' legend entry, short: its engine and chip, with its data type per model when the models differ
-    in it; the speed of light says it is a bound."""
+    """A series' legend entry, short: that it is modelled (the published points have their own entry), its engine
+    and chip (a megakernel's: which kernel setup), with its data type per model when the models differ in it; the
+    speed of light says it is a bound."""
     g = table[table.role == role]
     if role == SOL:
-        return f"speed of light, {g.chip.iloc[0]} (a bound)"
-    label = f"{'megakernel' if g.engine.iloc[0] == 'megakernel' else 'general stack'}, {g.chip.iloc[0]}"
+        return f"modelled: speed of light, {g.chip.iloc[0]} (a bound)"
+    label = f"modelled: {'megakernel' if g.engine.iloc[0] == 'megakernel' else 'general stack'}, {g.chip.iloc[0]}"
     if role == "general baseline":
         label += ", the baseline"
     elif role == "megakernel":
-        label += ", the write-up's"
+        label += ", the write-up's kernel"
     elif role == WORKBOOK:
-        label += ", this workbook's"
+        label += ", the workbook's kernel"
     dtypes = g.drop_duplicates("model")[["model", "dtype"]]
     if dtypes.dtype.nunique() == 1:
         return f"{label} ({dtypes.dtype.iloc[0]})"
@@ -91,8 +96,8 @@ def _add_points(fig, points: pd.DataFrame, models, x: str):
         )
     if len(points):
         fraction = (points.how == FRACTION_OF_SOL).any()
-        name = "published (in its engine's colour" + (
-            "; dense: fraction x modelled speed of light)" if fraction else ")"
+        name = "published: large diamonds, in their engine's colour" + (
+            " (dense: fraction x modelled speed of light)" if fraction else ""
         )
         fig.add_scatter(x=[None], y=[None], mode="markers", name=name, marker=dict(POINT, color="white"))
 
@@ -146,6 +151,7 @@ def _series_lines(fig, table, models, x: str, y: str, row: int = 1, legend: bool
                 line=dict(color=COLOURS.get(role), dash=dash),
                 hovertext=[hover(r) for r in g.itertuples()] if hover else None,
                 hoverinfo="text+y" if hover else None,
+                marker=dict(size=5),  # small: the published points are the large diamonds
                 row=row,
                 col=names.index(model) + 1,
             )
@@ -275,44 +281,76 @@ def placement_figure(table: pd.DataFrame, points: pd.DataFrame, title: str) -> g
     return fig
 
 
-def chip_figure(table: pd.DataFrame, models, title: str) -> go.Figure:
-    """Grouped bars per chip, one panel per model: the megakernel, the general stack and the speed of light;
-    a chip whose HBM the weights and caches do not fit is hatched and labelled."""
+KERNELS = {"megakernel": "the write-up's kernel", WORKBOOK: "the workbook's kernel"}  # a megakernel role's setup
+
+
+def kernel_name(table: pd.DataFrame, kernel: str | None = None) -> str:
+    """Which kernel setup a table's megakernel rows are: ``kernel`` when given (a setup's ``.name``), else the
+    table's ``kernel`` column, else its megakernel rows' role (the write-up's kernel, or the workbook's)."""
+    if kernel:
+        return str(kernel)
+    rows = table[table.engine == "megakernel"] if "engine" in table else table
+    if "kernel" in rows and rows["kernel"].notna().any():
+        return str(rows["kernel"].dropna().iloc[0])
+    roles = [KERNELS[r] for r in dict.fromkeys(rows.get("role", [])) if r in KERNELS]
+    return " / ".join(roles) or "the megakernel"
+
+
+def chip_figure(table: pd.DataFrame, models, title: str, kernel: str | None = None) -> go.Figure:
+    """Grouped bars per chip, one panel per model, one above the other (six chips' labels side by side need the
+    width): the megakernel (its legend entry names the kernel setup, :func:`kernel_name`), the general stack and
+    the speed of light, all modelled; a chip whose HBM the weights and caches do not fit is hatched and
+    labelled."""
     names = [get_config(m).name for m in models]
-    fig = _facets(models, horizontal_spacing=0.1)
+    fig = make_subplots(rows=len(names), cols=1, subplot_titles=names, vertical_spacing=0.16)
+    for i in range(len(names)):  # the panels below the top 10% (the legend); their titles with them
+        axis = fig.layout[f"yaxis{i + 1 if i else ''}"]
+        axis.domain = [d * 0.9 for d in axis.domain]
+    fig.for_each_annotation(lambda a: a.update(y=a.y * 0.9))
     colours = {"megakernel": COLOURS["megakernel"], "general stack": COLOURS["general same chip"], SOL: "#bab0ac"}
     for i, m in enumerate(names):
         for series, g in table[table.model == m].groupby("series", sort=False):
+    labels = {
+        "megakernel": f"modelled: megakernel, {kernel_name(table, kernel)}",
+        "general stack": "modelled: general stack",
+        SOL: f"modelled: {SOL} (a bound: bytes only)",
+    }
             fit = g.fits_in_hbm.astype(bool)
+        top = table[table.model == m].tokens_per_s.max()
             fig.add_bar(
                 x=g.chip,
                 y=g.tokens_per_s,
                 legendgroup=series,
                 showlegend=i == 0,
                 marker=dict(color=colours[series], pattern=dict(shape=["" if f else "/" for f in fit])),
-                name=f"{series} (a bound: bytes only)" if series == SOL else series,
+                name=labels.get(series, series),
                 # the speed of light's bars say on the plot that they are a bound, not an engine
                 text=["<br>".join(["bound"] * (series == SOL) + ["does not fit"] * (not f)) for f in fit],
                 textposition="outside",
                 hovertext=[
                     f"{r.chip}: {r.tokens_per_s:.0f} tok/s, {r.fraction_of_sol:.2f} of the speed of light; "
+                textfont=dict(size=11),
+                constraintext="none",  # at its own size: plotly shrinks text to a grouped bar's width (6 pixels)
+                cliponaxis=False,
                     f"weights {r.weights_GB:.0f} GB, HBM {r.hbm_GB:.0f} GB"
                     for r in g.itertuples()
                 ],
                 hoverinfo="text",
-                row=1,
-                col=i + 1,
+                row=i + 1,
+                col=1,
             )
     if not table.fits_in_hbm.all():
         fig.add_bar(
+        fig.update_yaxes(range=[0, 1.2 * top], row=i + 1, col=1)  # room above the tallest bar for its words
             x=[None],
             y=[None],
             name="hatched: weights + KV cache do not fit the chip's HBM",
             marker=dict(color="white", line=dict(color="black", width=1), pattern=dict(shape="/")),
         )
-    fig.update_xaxes(title_text="chip or slice")
+    fig.update_xaxes(title_text="chip or slice", row=len(names), col=1)
+    fig.update_xaxes(tickangle=0)
     fig.update_yaxes(title_text="tokens/s per user")
-    fig.update_layout(title=title, legend=LEGEND, barmode="group")
+    fig.update_layout(title=title, legend=LEGEND, barmode="group", height=300 * len(names) + 250)
     return fig
 
 
@@ -388,7 +426,8 @@ def speculation_figure(table: pd.DataFrame, models, title: str) -> go.Figure:
                 )  # fmt: skip
     fig.update_xaxes(title_text="drafts verified a round, K (0: plain decoding)", dtick=1)
     fig.update_yaxes(title_text="tokens/s per user", rangemode="tozero")
-    fig.update_layout(title=title, legend=dict(orientation="h", y=-0.25, yanchor="top", x=0), height=620)
+    # the legend above the plots (hung below the title on export): below them it ran under the provenance footer
+    fig.update_layout(title=title, legend=LEGEND, height=700)
     return fig
 
 
