@@ -255,11 +255,11 @@ def _prompts(text: str, batch: int | None) -> list[list[int]]:
 def _run_generate(a) -> None:
     import jax.numpy as jnp
 
-    from .assistant import load_assistant
     from .config import get_config
-    from .generate import check_engine, generate
+    from .engines import check_engine
+    from .generate import generate
     from .quant import quantized_as, scheme_of
-    from .weights import load_checkpoint, random_params
+    from .weights import load_assistant, load_checkpoint, random_params
 
     check_engine(a.engine)  # an unknown engine fails before any weights are read
     if not a.speculate and (a.assistant or a.draft_tokens):
@@ -346,7 +346,7 @@ def _add_bench(sub) -> None:
 
 def _run_bench(a) -> None:
     from .config import get_config
-    from .generate import check_engine
+    from .engines import check_engine
     from .measure.cpu import DTYPES, append_row, run_bench
     from .weights import load_checkpoint
 
@@ -450,7 +450,7 @@ def _add_predict(sub) -> None:
 
 
 def _run_predict(a) -> None:
-    from .assistant import read_assistant_config
+    from .assistant_config import read_assistant_config
     from .timing import predict
 
     assistant = read_assistant_config(a.assistant) if a.assistant else None

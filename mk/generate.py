@@ -5,76 +5,29 @@ Users may bring prompts of different lengths; each decodes from its own position
 An engine is a name and a ``make_step(cfg)`` returning a step with ``mk.reference.decode_step``'s
 signature: ``step(params, cfg, cache, tokens[B], pos[B], knockout) -> (logits[B, V], cache)``, where
 generate always passes ``pos`` as a ``[B]`` int32 device array, user b's position. A step may offer
-``step.prepare(params, cfg)``, the parameter layout it runs on, made once per tree (mk.bench times the
+``step.prepare(params, cfg)``, the parameter layout it runs on, made once per tree (mk.measure times the
 step on it), and ``step.adopt_cache(cache)``, its own layout of the reference's cache, which generate
 calls once after prefill (the step then receives and returns caches in that layout). An engine
 registers with a ``cache_multiple``: generate makes every layer's cache a multiple of it in slots
 (``mk.reference.init_cache(multiple=...)``; the extra slots are masked). The prompt is always
 prefilled by the reference (engines are decode engines), right-padded to the longest prompt; the
-engine then decodes every new token after the first. Engines living in other modules register
-themselves on import; the modules listed in ``ENGINE_MODULES`` are imported (when present) before
-the registry is read.
+engine then decodes every new token after the first. The registry is mk.engines: engines living in other
+modules register themselves there on import.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import Callable
 
 import jax.numpy as jnp
 import numpy as np
 
 from .config import ModelConfig
+from .engines import cache_multiple, get_step, register_engine
 from .params import check_knockout
 from .progress import tqdm
 from .reference import check_tokens, decode_step, init_cache, prefill
 from .units import positive_int
-
-Step = Callable[..., tuple]
-_ENGINES: dict[str, tuple[Callable[[ModelConfig], Step], int]] = {}
-# Modules that register engines when imported (the megakernel lives outside this module on purpose).
-ENGINE_MODULES = ("mk.megakernel",)
-
-
-def register_engine(name: str, make_step: Callable[[ModelConfig], Step], cache_multiple: int = 1) -> None:
-    """Make ``name`` usable as ``generate(engine=name)`` and ``python -m mk generate --engine name``.
-
-    ``cache_multiple``: the engine reads caches in blocks of this many slots, so generate rounds every
-    layer's slot count up to a multiple of it (full layers: the positions; sliding layers: the window;
-    the extra slots are masked: results do not change).
-    """
-    positive_int("cache_multiple", cache_multiple)
-    _ENGINES[name] = (make_step, cache_multiple)
-
-
-def engine_names() -> tuple[str, ...]:
-    """Every registered engine, after importing the modules that register engines."""
-    for mod in ENGINE_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name is None or not mod.startswith(e.name):
-                raise  # the module exists but something it imports does not: a real error
-    return tuple(_ENGINES)
-
-
-def check_engine(engine: str) -> str:
-    names = engine_names()
-    if engine not in names:
-        raise ValueError(f"unknown engine {engine!r}; registered engines: {', '.join(names)}")
-    return engine
-
-
-def cache_multiple(engine: str) -> int:
-    """The slot multiple the engine reads caches in (``register_engine``)."""
-    return _ENGINES[check_engine(engine)][1]
-
-
-def get_step(engine: str, cfg: ModelConfig, **options) -> Step:
-    """The engine's step for ``cfg``; ``options`` go to its ``make_step`` (e.g. the megakernel's kv_tile)."""
-    return _ENGINES[check_engine(engine)][0](cfg, **options)
-
 
 register_engine("reference", lambda cfg: decode_step)
 
@@ -223,11 +176,12 @@ def generate_speculative(
     greedy picks, then the target's pick after it, and moves on by that many positions (users in a batch move by
     their own counts). The K/V of rejected drafts stay in the cache, hidden by position until overwritten.
     ``drafter``: ``ngram`` (prompt lookup over the user's tokens so far; where it finds nothing the draft repeats the
-    last token, which the verification simply rejects) or ``mtp`` (``assistant`` = (mk.assistant.AssistantConfig,
+    last token, which the verification simply rejects) or ``mtp`` (``assistant`` = (mk.assistant_config.AssistantConfig,
     its params): Gemma 4's assistant, reading the target's cache and last hidden state), or a function
     ``(tokens so far, k) -> up to k drafts`` of one user (as ``ngram_draft`` is).
     """
-    from .assistant import check_pair, draft
+    from .assistant import draft
+    from .assistant_config import check_pair
     from .reference import float_params
     from .speculative import ngram_draft
 

@@ -53,7 +53,7 @@ class AttentionSplit(StrEnum):
 
 @dataclass(frozen=True)
 class Collective:
-    """The in-kernel all-reduce's switches (mk.sharding.collective prices them, mk.megakernel.collective runs them)."""
+    """The in-kernel all-reduce's switches (mk.sharding.links prices them, mk.megakernel.collective runs them)."""
 
     overlap: bool = True  # the next weight tiles' DMAs stay in flight across it (False: issued after it)
     bf16_payload: bool = False  # partial sums travel in bf16 (half the bytes; the sum is in f32)

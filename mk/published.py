@@ -29,13 +29,6 @@ def published(key: str) -> float:
     return float(row["value"].iloc[0])
 
 
-def published_speed_of_light() -> pd.DataFrame:
-    """The seed's speed-of-light table: chip and tok/s."""
-    t = published_table()
-    columns = ["key", "model", "chip", "context", "batch", "dtype", "value", "source"]
-    return t[t["quantity"] == "speed_of_light"][columns]
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Independent published decode measurements (data/independent.csv): megakernels and general stacks at one to eight
 # users, each row with its page and a sentence copied from it. None is fitted to: the timing model is held to them.

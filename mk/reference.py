@@ -8,7 +8,7 @@ broadcast): each user's K/V go to its own slot, its RoPE and attention mask foll
 The KV cache (:func:`init_cache`) may be padded for engines that read it in blocks: every layer's
 slot count rounded up to a ``multiple``; a sliding layer's ring is all of its slots (position p in slot
 p mod slots), of which a query sees only the window. For speculative verification (:func:`verify_step`) the
-ring is longer than the window (:func:`ring_slots`), so the K/V written for drafts that are then rejected never
+ring is longer than the window (mk.kv_slots.ring_slots), so the K/V written for drafts that are then rejected never
 overwrite a position still read: they are hidden by position until overwritten. It follows
 transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to that):
 
@@ -53,25 +53,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from .config import SLIDING, ModelConfig
+from .kv_slots import cache_len
 from .params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, check_knockout, layer_params
 from .quant import SCALE_SUFFIX, dequantize
-from .units import positive_int, round_up
+from .units import positive_int
 
 
 # Cache ------------------------------------------------------------------------------------------
-def ring_slots(cfg: ModelConfig, draft_tokens: int = 0) -> int:
-    """A sliding layer's ring before rounding: the window, and with speculation ``draft_tokens`` slots for the drafts
-    a verification step writes ahead plus one for the position behind the window that Gemma 4's assistant reads
-    (mk.assistant), so neither overwrites a position still read."""
-    return cfg.sliding_window + (draft_tokens + 1 if draft_tokens else 0)
-
-
-def cache_len(cfg: ModelConfig, layer_type: str, max_len: int, multiple: int = 1, draft_tokens: int = 0) -> int:
-    """Slots of a layer's KV cache: a ring of :func:`ring_slots` for sliding layers, ``max_len`` for full, each
-    rounded up to a multiple of ``multiple``."""
-    return round_up(ring_slots(cfg, draft_tokens) if layer_type == SLIDING else max_len, multiple)
-
-
 def init_cache(
     cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32, multiple: int = 1, draft_tokens: int = 0
 ) -> dict[str, jax.Array]:
@@ -80,7 +68,7 @@ def init_cache(
     ``layers.{i}.k`` / ``.v``: ``[batch, kv_heads, slots, head_dim]``; position p lives in slot ``p % slots`` (a
     full layer's slots outnumber its positions: slot p). K is stored after k_norm and RoPE, V after its weightless
     norm. ``multiple``: every layer's slot count is rounded up to a multiple of it (for engines that read the cache
-    in blocks). ``draft_tokens``: a sliding ring that many slots longer (:func:`cache_len`).
+    in blocks). ``draft_tokens``: a sliding ring that many slots longer (mk.kv_slots.cache_len).
     """
     for name, v in (("batch", batch), ("max_len", max_len), ("multiple", multiple)):
         positive_int(name, v)
@@ -339,7 +327,7 @@ def _ffn(p, cfg: ModelConfig, x, ko, dense_experts: bool, mm=matmul):
     return shared + rms_norm(moe, p["post_ffn_norm_2"], cfg.rms_eps, on)
 
 
-def _layer(p, cfg: ModelConfig, x, attn_out, ko, dense_experts: bool, mm=matmul):
+def residual_layer(p, cfg: ModelConfig, x, attn_out, ko, dense_experts: bool, mm=matmul):
     """Residual wiring of one layer given its attention output (o-projected, None when knocked out): Gemma's
     sandwich (each block's output normed, then the layer scalar), or plain pre-norm residuals."""
     on = NORMS not in ko
@@ -411,7 +399,7 @@ def _prefill(params, cfg: ModelConfig, tokens, lengths, cache):
             else:
                 kept, keep, n = val, real[:, None, :, None], T
             cache[f"layers.{i}.{name}"] = c.at[:, :, :n].set(jnp.where(keep, kept.astype(c.dtype), c[:, :, :n]))
-        x = _layer(p, cfg, x, attn, ko, dense_experts=True)
+        x = residual_layer(p, cfg, x, attn, ko, dense_experts=True)
     last_x = x[jnp.arange(B), lengths - 1]
     return head(params, cfg, last_x, ko), rms_norm(last_x, params["final_norm"], cfg.rms_eps), cache
 
@@ -496,7 +484,7 @@ def _routed_experts(params, cfg: ModelConfig, tokens):
         routed = x + (rms_norm(attn, p["post_attn_norm"], cfg.rms_eps) if cfg.sandwich_norms else attn)
         h = router_input(p, cfg, routed.reshape(B * T, -1), ko)
         ids.append(route(p, cfg, h, ko)[1].reshape(B, T, cfg.top_k))
-        x = _layer(p, cfg, x, attn, ko, dense_experts=True)
+        x = residual_layer(p, cfg, x, attn, ko, dense_experts=True)
     return jnp.stack(ids)
 
 
@@ -641,7 +629,7 @@ def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset):
             kc, vc, scale = cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], cfg.score_scale(t)
             attn = attend_one(q, kc, vc, mask[:, 0], scale) if T == 1 else attend(q, kc, vc, mask[:, None, None], scale)
             attn = matmul_t(attn, p["o"])
-        x = _layer(p, cfg, x, attn, ko, dense_experts=False, mm=matmul_t)
+        x = residual_layer(p, cfg, x, attn, ko, dense_experts=False, mm=matmul_t)
     return x, cache
 
 
@@ -704,7 +692,7 @@ def check_positions(cfg: ModelConfig, cache: dict, pos) -> np.ndarray:
 
 
 # Engines may offer ``step.prepare(params, cfg)``: the layout their step runs on, made once at load
-# time (mk.bench prepares before timing, so the timed program holds no re-layout), and ``step.verify``, speculative
+# time (mk.measure prepares before timing, so the timed program holds no re-layout), and ``step.verify``, speculative
 # verification (mk.generate.generate_speculative).
 decode_step.prepare = prepare
 decode_step.verify = verify_step

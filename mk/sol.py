@@ -67,7 +67,7 @@ DTYPES: dict[str, DtypePolicy] = {
         DtypePolicy("int8", 1, 2, 1, 2, 2, f"INT8 matrices but the head {_INT8_SCALES}; the rest BF16", "int8"),
     )
 }
-# Floats an INT8 scheme can be combined with ("f32+int8-experts": what mk.bench times on a CPU in f32).
+# Floats an INT8 scheme can be combined with ("f32+int8-experts": what mk.measure.cpu times in f32).
 BASES = ("bf16", "f32")
 
 
@@ -216,7 +216,7 @@ def speed_of_light(
 
 
 # Tables for the notebooks: long DataFrames in bytes, bytes/s and tokens/s, each row with its kind. --------
-MODELLED = "modelled (mk.sol)"
+SOL_KIND = "modelled (mk.sol)"
 
 
 def sol_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "bf16") -> pd.DataFrame:
@@ -245,7 +245,7 @@ def sol_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "
                     published_tokens_per_s=published,
                     diff_pct=100 * (s.tokens_per_s / published - 1),
                     source=hit["source"].iloc[0] if len(hit) else "",
-                    kind=MODELLED + (f"; published: data/published.csv row {hit['key'].iloc[0]}" if len(hit) else ""),
+                    kind=SOL_KIND + (f"; published: data/published.csv row {hit['key'].iloc[0]}" if len(hit) else ""),
                 )
             )
     return pd.DataFrame(rows)
@@ -297,7 +297,7 @@ def component_table(models, context: int = 1024, batch: int = 1, dtype: str = "b
                 component="mlp" if k == SHARED_MLP and not cfg.is_moe else k,
                 bytes=v,
                 share=v / bc.total,
-                kind=MODELLED,
+                kind=SOL_KIND,
             )
             for k, v in bc.by_component.items()
             if cfg.is_moe or k not in (EXPERTS, ROUTER)
@@ -324,7 +324,7 @@ def context_sweep(models, chips, contexts, batch: int = 1, dtype: str = "bf16") 
                         kv_sliding_bytes=bc.by_component[KV_SLIDING],
                         kv_full_bytes=bc.by_component[KV_FULL],
                         tokens_per_s=chip.hbm_bandwidth / bc.total,
-                        kind=MODELLED,
+                        kind=SOL_KIND,
                     )
                 )
     return pd.DataFrame(rows)
@@ -348,7 +348,7 @@ def batch_sweep(model, chips, batches, context: int = 1024, dtype: str = "bf16")
                     bytes_per_token=bc.total,
                     tokens_per_s=1 / step_s,
                     tokens_per_s_total=b / step_s,
-                    kind=MODELLED,
+                    kind=SOL_KIND,
                 )
             )
     return pd.DataFrame(rows)

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .assistant_config import AssistantConfig, check_pair, read_assistant_config
 from .config import GEMMA4, ModelConfig, from_hf_dict, is_hub_id, to_hf_dict
 from .files import write_atomic
 from .params import NORMS, ROUTER, param_specs
@@ -246,7 +247,7 @@ def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     return shape
 
 
-def _from_hf(kind: str, a: np.ndarray) -> np.ndarray:
+def from_hf_layout(kind: str, a: np.ndarray) -> np.ndarray:
     """A checkpoint array as mk lays it out (a view; the caller copies once while casting)."""
     if kind == "linear":
         return a.T
@@ -319,7 +320,7 @@ def _text_shards(index: Path) -> list[str]:
     return sorted({f for n, f in weight_map.items() if not _NON_TEXT.match(n)})
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
+def safetensors_files(folder: Path) -> list[Path]:
     """The weight files of a checkpoint folder: the text shards its index names, else its *.safetensors."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
@@ -336,7 +337,7 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-class _Checkpoint:
+class SafetensorsCheckpoint:
     """Lazy view of a set of safetensors files: name -> (file, shape, dtype), tensors read on demand."""
 
     def __init__(self, files: list[Path]):
@@ -371,7 +372,7 @@ def _text_prefix(names) -> str:
 
 
 def _plan_load(
-    cfg: ModelConfig, ckpt: _Checkpoint, scheme: str = "none", suffix: str = SCALE_SUFFIX
+    cfg: ModelConfig, ckpt: SafetensorsCheckpoint, scheme: str = "none", suffix: str = SCALE_SUFFIX
 ) -> dict[str, list[tuple[str, str, str | None]]]:
     """Resolve each mk path to its checkpoint tensor(s) and check presence, shape and dtype of all of them
     (under ``scheme``, its matrices as I8 codes with their F32 scales under ``name + suffix``).
@@ -461,7 +462,7 @@ def _hub_snapshot(repo_id: str) -> Path:
     return Path(snapshot_download(repo_id, allow_patterns=_HUB_META + shards))
 
 
-def _resolve(path_or_repo_id: str | os.PathLike) -> Path:
+def checkpoint_folder(path_or_repo_id: str | os.PathLike) -> Path:
     p = Path(path_or_repo_id)
     if p.exists():
         if not p.is_dir():
@@ -486,7 +487,7 @@ def load_checkpoint(
     from (mk.quant): INT8 codes and float32 scales exactly as stored (``dtype`` does not touch them), the
     scales after the other tensors, in ``mk.quant.quantized_paths`` order, as ``mk.quant.quantize`` makes them.
     """
-    folder = _resolve(path_or_repo_id)
+    folder = checkpoint_folder(path_or_repo_id)
     cfg_file = folder / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"no config.json in {folder}: not a Hugging Face checkpoint folder")
@@ -503,7 +504,7 @@ def load_checkpoint(
         }
         raise ValueError(f"config {cfg.name!r} differs from {cfg_file} in {{field: (given, file)}} {diff}")
     scheme, suffix = _read_quantization(hf, cfg_file)
-    ckpt = _Checkpoint(_safetensors_files(folder))
+    ckpt = SafetensorsCheckpoint(safetensors_files(folder))
     plan = _plan_load(cfg, ckpt, scheme, suffix)
     params, scales, cache = {}, {}, {}
 
@@ -514,7 +515,7 @@ def load_checkpoint(
             a = ckpt.read(name)
             if kind in ("gate", "up"):
                 cache[name] = a
-        return _from_hf(kind, a)
+        return from_hf_layout(kind, a)
 
     layouts = hf_tensor_map(cfg)
     for path, parts in tqdm(plan.items(), desc=f"loading {folder.name}", leave=False):
@@ -615,3 +616,38 @@ def check_params(params: dict, cfg: ModelConfig) -> None:
             problems.append(f"{p} has dtype {params[p].dtype}, expected float32")
     if problems:
         raise ValueError(f"parameters do not match config {cfg.name!r}: " + "; ".join(problems))
+
+
+def load_assistant(path, target: ModelConfig, dtype=None) -> tuple[AssistantConfig, dict[str, jax.Array]]:
+    """Load a Gemma 4 assistant checkpoint folder (or hub repo id) for ``target``: its config (checked against the
+    target, mk.assistant_config.check_pair), then every tensor, each checked for presence and shape before any is
+    read (all problems in one error), as mk's loader checks a target."""
+    folder = checkpoint_folder(path)
+    a = read_assistant_config(folder)
+    check_pair(a, target)
+    ckpt = SafetensorsCheckpoint(safetensors_files(folder))
+    shapes = a.param_shapes()
+    where = {p: ("model." + t.names[0], t.kind) for p, t in hf_tensor_map(a.decoder).items() if p in shapes}
+    where.update(
+        pre_projection=("pre_projection.weight", "linear"), post_projection=("post_projection.weight", "linear")
+    )
+    problems = []
+    for path_, (name, kind) in where.items():
+        if name not in ckpt.info:
+            problems.append(f"missing {name} (for {path_})")
+            continue
+        stored = ckpt.info[name][0]
+        want = tuple(reversed(shapes[path_])) if kind == "linear" else shapes[path_]
+        if stored != want:
+            problems.append(f"{name} has shape {list(stored)}, expected {list(want)} for this config")
+    extra = sorted(set(ckpt.info) - {n for n, _ in where.values()} - {"lm_head.weight"})
+    if extra:
+        problems.append(f"unexpected tensors {extra[:8]}: the checkpoint has parts an assistant does not")
+    if problems:
+        raise ValueError(f"assistant checkpoint {folder} does not match its config ({len(problems)} problem(s)):\n  "
+                         + "\n  ".join(problems))  # fmt: skip
+    params = {}
+    for path_, (name, kind) in tqdm(where.items(), desc=f"loading {folder.name}", leave=False):
+        x = from_hf_layout(kind, ckpt.read(name))
+        params[path_] = jnp.asarray(np.ascontiguousarray(x, dtype=dtype or x.dtype))
+    return a, params

@@ -52,7 +52,7 @@ def test_payloads_are_what_the_kernel_sends_the_users_rows(payloads):
     # eight users send eight times one user's rows (the argmax gather sends its 8-row block either way)
     t = payloads[(payloads.algorithm == "all to all") & (payloads.payload == "f32")].set_index(["batch", "reduces"])
     assert t.loc[(8, "attention"), "sent_bytes"] == 8 * t.loc[(1, "attention"), "sent_bytes"]
-    summed = ar.per_step(payloads).set_index(["batch", "algorithm", "payload"])
+    summed = ar.payloads_per_step(payloads).set_index(["batch", "algorithm", "payload"])
     f32, bf16 = summed.loc[(1, "all to all", "f32")], summed.loc[(1, "all to all", "bf16")]
     gather = t.loc[(1, "head argmax (gather)")]
     on_wire = gather.ici_ms_per_step - gather.rounds * timing.link_latency(CHIP) * 1e3  # its bytes' time

@@ -12,6 +12,7 @@ import pytest
 from mk import generate as gen
 from mk.__main__ import main
 from mk.config import TINY_DENSE, TINY_MOE
+from mk.engines import engine_names, register_engine, unregister_engine
 from mk.params import KNOCKOUTS, layer_params
 from mk.reference import _prefill, decode_step, experts_dense, experts_gathered, init_cache, prefill, prepare, route
 from mk.weights import random_params
@@ -161,8 +162,8 @@ def test_engine_registry(moe_params):
         step.adopt_cache = lambda cache: calls.append("adopt") or {**cache, "adopted": True}
         return step
 
-    gen.register_engine("counting", make_step)
-    gen.register_engine("blocked", make_blocked_step, cache_multiple=16)
+    register_engine("counting", make_step)
+    register_engine("blocked", make_blocked_step, cache_multiple=16)
     try:
         prompt = np.array([[1, 2, 3], [4, 5, 6]])
         want = gen.generate(moe_params, TINY_MOE, prompt, 4)
@@ -172,9 +173,9 @@ def test_engine_registry(moe_params):
         assert [np.asarray(p).tolist() for p in calls] == [[3, 3], [4, 4], [5, 5]]
         np.testing.assert_array_equal(gen.generate(moe_params, TINY_MOE, prompt, 4, engine="blocked"), want)
         assert calls[3:] == ["adopt"]  # once, after prefill
-        assert "counting" in gen.engine_names() and "reference" in gen.engine_names()
+        assert "counting" in engine_names() and "reference" in engine_names()
     finally:
-        del gen._ENGINES["counting"], gen._ENGINES["blocked"]
+        unregister_engine("counting"), unregister_engine("blocked")
     with pytest.raises(ValueError, match="registered engines: reference"):
         gen.generate(moe_params, TINY_MOE, prompt, 5, engine="nope")
 
@@ -348,14 +349,14 @@ def test_padded_cache_changes_nothing():
 
         return step
 
-    gen.register_engine("blocked16", make_step, cache_multiple=16)
+    register_engine("blocked16", make_step, cache_multiple=16)
     try:
         prompts = [toks[0, :n].tolist() for n in LENGTHS]
         np.testing.assert_array_equal(
             gen.generate(p, cfg, prompts, 8, engine="blocked16"), gen.generate(p, cfg, prompts, 8)
         )
     finally:
-        del gen._ENGINES["blocked16"]
+        unregister_engine("blocked16")
 
 
 def test_ragged_prefill():

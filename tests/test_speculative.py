@@ -108,7 +108,7 @@ def test_an_assistant_costs_its_weights_once_per_draft(tmp_path, mk_json):
     import torch
     from transformers import Gemma4AssistantForCausalLM
 
-    from mk.assistant import read_assistant_config
+    from mk.assistant_config import read_assistant_config
     from mk.kernel_setup import WORKBOOK_KERNEL
     from mk.timing import predict
 
@@ -142,8 +142,7 @@ TARGETS = ("hf-snippet", "hf-odd-dense")  # MoE (window 8) and dense (window 7, 
 @pytest.fixture(scope="module")
 def pairs(hf_checkpoint, hf_assistant):
     """name -> (target cfg, target params, (assistant cfg, params), transformers' target, transformers' assistant)."""
-    from mk.assistant import load_assistant
-    from mk.weights import load_checkpoint
+    from mk.weights import load_assistant, load_checkpoint
 
     out = {}
     for name in TARGETS:
@@ -240,7 +239,7 @@ def test_cli_speculate_gives_the_tokens_without_it(pairs, hf_checkpoint, hf_assi
 
 
 def test_an_assistant_for_another_target_is_refused(pairs):
-    from mk.assistant import AssistantConfig, check_pair
+    from mk.assistant_config import AssistantConfig, check_pair
 
     cfg, _, (a, _), _, _ = pairs["hf-snippet"]
     with pytest.raises(ValueError, match=r"backbone_hidden_size is 96, the target's hidden size 64.*released"):
@@ -258,15 +257,15 @@ def test_speculation_refuses_bad_requests(pairs):
         generate_speculative(params, cfg, [[1, 2]], 4, "mtp", 2)
     with pytest.raises(ValueError, match="unknown drafter 'eagle'"):
         generate_speculative(params, cfg, [[1, 2]], 4, "eagle", 2)
-    import mk.generate as gen
+    from mk.engines import register_engine, unregister_engine
     from mk.reference import decode_step
 
-    gen.register_engine("decode-only", lambda cfg: lambda *args, **kw: decode_step(*args, **kw))
+    register_engine("decode-only", lambda cfg: lambda *args, **kw: decode_step(*args, **kw))
     try:
         with pytest.raises(ValueError, match="'decode-only' has no speculative verification step"):
             generate_speculative(params, cfg, [[1, 2]], 4, "ngram", 2, engine="decode-only")
     finally:
-        gen._ENGINES.pop("decode-only")
+        unregister_engine("decode-only")
     with pytest.raises(ValueError, match="needs 8 cache positions"):
         generate_speculative(params, cfg, [[1, 2]], 4, "ngram", 3, max_len=6)
 

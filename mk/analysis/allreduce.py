@@ -105,7 +105,7 @@ def payload_table(cfg: ModelConfig, chip: Chip | str, batches, context: int = 10
     return pd.DataFrame(rows)
 
 
-def per_step(payloads: pd.DataFrame) -> pd.DataFrame:
+def payloads_per_step(payloads: pd.DataFrame) -> pd.DataFrame:
     """:func:`payload_table` summed over a step: cross-chip ops, MB each chip sends, ICI time (padded rows,
     and the users' rows alone)."""
     keys = ["model", "batch", "algorithm", "payload"]

@@ -26,7 +26,7 @@ from ..kernel_setup import WRITE_UP_KERNEL, Placement
 from ..progress import tqdm
 from ..routing import busiest_chip_distribution, check_placement, distinct_experts_distribution
 from ..timing import MODELLED, pace, step_plan
-from ..units import in_ms, positive_int
+from ..units import ms_entry, positive_int
 
 EXACT = "modelled (exact under uniform routing: mk.analysis.straggler)"
 SAMPLED = "modelled (sampled routing: mk.analysis.straggler)"
@@ -335,5 +335,5 @@ def straggler_table(model, chip: str, chip_counts, batches, context: int = 1024,
     rows = []
     for c, b in tqdm(cases, desc="straggler", leave=False, disable=not kw.pop("progress", False)):
         r = straggler_cost(model, f"{base}-{c}", context, b, dtype, **kw)
-        rows.append(dict(in_ms(k, v) for k, v in r.items() if k != "kind"))
+        rows.append(dict(ms_entry(k, v) for k, v in r.items() if k != "kind"))
     return pd.DataFrame(rows).assign(kind=MODELLED)

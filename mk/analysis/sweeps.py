@@ -24,7 +24,7 @@ from ..kernel_setup import BEFORE_FIXES, WORKBOOK_KERNEL, WRITE_UP_KERNEL, Atten
 from ..published import published_table
 from ..routing import expected_distinct_experts
 from ..sharding import kv_replication, position_share
-from ..sol import MODELLED as SOL_MODELLED, bytes_per_token, speed_of_light
+from ..sol import SOL_KIND, bytes_per_token, speed_of_light
 from ..speculative import emitted_per_round
 from ..timing import MODELLED, fits_in_hbm, model_bytes, predict
 from .verdict import BASELINE_DTYPE, GENERAL_GPU, MEGAKERNEL_SLICE, Case, validation_table
@@ -110,7 +110,7 @@ def _row(model: ModelConfig | str, series: Series, context: int, batch: int) -> 
             tokens_per_s_total=s.tokens_per_s_total,
             fraction_of_sol=1.0,
             fits_in_hbm=fits_in_hbm(cfg, get_chip(series.chip), context, batch, series.dtype),
-            kind=SOL_MODELLED,
+            kind=SOL_KIND,
         )
     p = series.case(cfg, context, batch).predict()
     paced = p.breakdown
@@ -221,7 +221,7 @@ def kv_table(models, contexts, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
 
 def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
     """The workbook's kernel (mk.kernel_setup.WORKBOOK_KERNEL) on ``chip`` with attention cut each way over its chips
-    (mk.sharding.AttentionSplit: by heads, by positions, by users), per model, context and batch: the step, its
+    (mk.kernel_setup.AttentionSplit: by heads, by positions, by users), per model, context and batch: the step, its
     fraction of the speed of light, the KV cache and the bytes one chip sends, the link's time, and the step against
     the positions split's. The users split is left out where the batch is not a multiple of the chips (it
     cannot run there)."""
@@ -254,7 +254,7 @@ def speculation_table(models, chips, users, drafts, accept_rates, context: int =
     model, slice, users, K and per-draft acceptance rate a (each round then emits mk.speculative.emitted_per_round
     tokens a user): the round's time, tokens/s per user and the speed-up, with the distinct experts a layer's rows
     route to (expected, uniform routing) beside plain decoding's. The drafter is n-gram lookup (no weights), or with
-    ``assistant`` (mk.assistant.AssistantConfig) Gemma 4's assistant, its K programs a round costed too."""
+    ``assistant`` (mk.assistant_config.AssistantConfig) Gemma 4's assistant, its K programs a round costed too."""
     rows = []
     for m in models:
         cfg = get_config(m)
@@ -297,7 +297,7 @@ def bytes_share(models, contexts, dtype: str = "bf16") -> pd.DataFrame:
                     weights_GB=bc.weights / 1e9,
                     kv_GB=bc.kv / 1e9,
                     kv_share=bc.kv / bc.total,
-                    kind=SOL_MODELLED,
+                    kind=SOL_KIND,
                 )
             )
     return pd.DataFrame(rows)
@@ -342,7 +342,7 @@ def published_points(models, keys=PUBLISHED_POINTS) -> pd.DataFrame:
                 tokens_per_s=tps,
                 how=how,
                 source=f"data/published.csv row {key}",
-                kind="published" if how != FRACTION_OF_SOL else f"published fraction x {SOL_MODELLED}",
+                kind="published" if how != FRACTION_OF_SOL else f"published fraction x {SOL_KIND}",
             )
         )
     return pd.DataFrame(rows)
@@ -433,8 +433,3 @@ def family_table(models, context: int = 1024, dtype: str = "bf16") -> pd.DataFra
         )  # fmt: skip
     return pd.DataFrame(rows).assign(kind=f"modelled (mk.sol, {dtype}, context {context}); counts: mk.params")
 
-
-def worst_error(validation_rows: pd.DataFrame) -> float:
-    """The largest |error| among the rows the model was not fitted to (nan if none)."""
-    tests = validation_rows[validation_rows.role.str.startswith("test")]
-    return float(tests.error.abs().max()) if len(tests) else math.nan

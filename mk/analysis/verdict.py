@@ -225,7 +225,7 @@ def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows).assign(kind=f"{PUBLISHED} vs {MODELLED}")
 
 
-def component_table(validation: pd.DataFrame | None = None) -> pd.DataFrame:
+def component_columns(validation: pd.DataFrame | None = None) -> pd.DataFrame:
     """Both columns of the write-up's component table, modelled beside published: the general stack's kernel
     time per component (vLLM on the H100 with FP8) and the megakernel's shrink when the component is
     switched off (v5e-8, BF16), each with its error. ``validation``: :func:`validation_table`'s rows, when

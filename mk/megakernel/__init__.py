@@ -1,9 +1,9 @@
 """The decode megakernel (Pallas TPU): one ``pallas_call`` per step that follows the step plan.
 
-Importing this package registers the ``megakernel`` engine with mk.generate.
+Importing this package registers the ``megakernel`` engine (mk.engines).
 """
 
-from ..generate import register_engine
+from ..engines import register_engine
 from ..plan import BLOCK
 from .kernel import MegakernelEngine, build_call, make_step
 from .pack import pack

@@ -1,6 +1,6 @@
-"""The cross-chip ops inside the kernel, over remote DMAs with semaphores (the algorithms and their
-switches: mk.sharding.collective): a barrier at kernel start, the all-reduce of partial sums, the
-gather of every chip's running argmax, and the exchange within a group of chips that share a KV head's
+"""The cross-chip ops inside the kernel, over remote DMAs with semaphores (the switches: mk.kernel_setup.Collective;
+the peers and bytes: mk.sharding.links): a barrier at kernel start, the all-reduce of partial sums, the gather of every
+chip's running argmax, and the exchange within a group of chips that share a KV head's
 positions (mk.megakernel.attention).
 
 Every chip waits for what it receives and for its own sends before it goes on, and sums the chips'

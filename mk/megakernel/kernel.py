@@ -103,7 +103,7 @@ EMIT = {
 
 
 # The kernel body -----------------------------------------------------------------------------------
-class Kernel:
+class EmitContext:
     """What every emit function reads: the plan, the refs by name, the weight stream, small accessors."""
 
     def __init__(self, plan: StepPlan, inputs: Inputs, outputs: Outputs, scratch):
@@ -195,7 +195,7 @@ class Seq:
 def _body(plan: StepPlan, trees, *refs):
     in_tree, out_tree, scratch_tree = trees
     n_in, n_out = in_tree.num_leaves, out_tree.num_leaves
-    k = Kernel(
+    k = EmitContext(
         plan,
         jax.tree.unflatten(in_tree, refs[:n_in]),
         jax.tree.unflatten(out_tree, refs[n_in : n_in + n_out]),
@@ -218,7 +218,7 @@ def _copy_all(pairs, sem):
         c.wait()
 
 
-def _emit(k: Kernel, seq: Seq):
+def _emit(k: EmitContext, seq: Seq):
     for seg in seq.folded:
         if isinstance(seg, LayerLoop):
             _emit_layer_loop(k, seq, seg)
@@ -233,7 +233,7 @@ def _load(seq: Seq, item) -> Load | None:
     return seq.loads[item.load] if item.load is not None else None
 
 
-def _emit_layer_loop(k: Kernel, seq: Seq, ll: LayerLoop):
+def _emit_layer_loop(k: EmitContext, seq: Seq, ll: LayerLoop):
     """One ``fori_loop`` over the repeats of a run of whole layers: in repeat r every item and load is
     the first repeat's with its integers stepped r times by their difference to the second repeat."""
     a0, width = seq.groups[ll.start][0], seq.groups[ll.start + ll.period][0] - seq.groups[ll.start][0]
@@ -254,7 +254,7 @@ def _emit_layer_loop(k: Kernel, seq: Seq, ll: LayerLoop):
     jax.lax.fori_loop(0, ll.count, step, 0)
 
 
-def _emit_loop(k: Kernel, seq: Seq, loop: Loop):
+def _emit_loop(k: EmitContext, seq: Seq, loop: Loop):
     """One ``fori_loop`` for the run of groups ``loop``: each body group's Wait and compute with the
     strides of its first two repeats applied to the loop index; each body position's Starts as runs
     (mk.plan.start_runs, found on the planned loads), each issued in the repeats it covers."""

@@ -96,7 +96,7 @@ class Scratch(NamedTuple):
     out_sem: Any  # DMA [1]
     logits_stage: Any = None  # [2, B, 1, head_tile] f32: a head tile's logits on their way to HBM (if asked)
     logits_sem: Any = None  # DMA [2]
-    collective: Any = None  # over several chips: Collective scratch
+    collective: Any = None  # over several chips: CollectiveScratch scratch
 
 
 class Exchange(NamedTuple):
@@ -111,7 +111,7 @@ class Exchange(NamedTuple):
     recv_sem: Any
 
 
-class Collective(NamedTuple):
+class CollectiveScratch(NamedTuple):
     """Scratch of the cross-chip ops: an Exchange per payload item size, and the argmax gather."""
 
     exchange: dict  # str(itemsize) -> Exchange
@@ -282,7 +282,7 @@ def users_split_shapes(plan: StepPlan, t: str) -> UsersSplit:
     )
 
 
-def collective_shapes(plan: StepPlan) -> Collective:
+def collective_shapes(plan: StepPlan) -> CollectiveScratch:
     from ..plan import AllReduce
     from ..sharding import chunk_width
 
@@ -300,7 +300,7 @@ def collective_shapes(plan: StepPlan) -> Collective:
             send_sem=pltpu.SemaphoreType.DMA((2, C)),
             recv_sem=pltpu.SemaphoreType.DMA((2, 2, C)),
         )
-    return Collective(
+    return CollectiveScratch(
         exchange=exchange,
         best=pltpu.VMEM((C, rows, LANE), jnp.float32),
         best_id=pltpu.VMEM((C, rows, LANE), jnp.int32),

@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from ..config import GATED_OUT, ModelConfig
+from ..kv_slots import cache_len
 from ..params import layer_param_specs, param_specs
 from ..quant_schemes import tile_rows_scaled
 from ..units import LANE, round_up
@@ -119,10 +120,8 @@ def stacked(cfg: ModelConfig, path: str) -> tuple[str, int | None]:
 
 
 def cache_slots(cfg: ModelConfig, layer_type: str, max_len: int, draft_tokens: int = 0) -> int:
-    """Slots of a layer's KV cache in the kernel's layout: mk.reference.cache_len's in whole ``BLOCK``s (a sliding
-    ring of the window, longer with drafts: mk.reference.ring_slots; ``max_len`` for full layers)."""
-    from ..reference import cache_len
-
+    """Slots of a layer's KV cache in the kernel's layout: mk.kv_slots.cache_len's in whole ``BLOCK``s (a sliding
+    ring of the window, longer with drafts: mk.kv_slots.ring_slots; ``max_len`` for full layers)."""
     return cache_len(cfg, layer_type, max_len, BLOCK, draft_tokens)
 
 

@@ -229,7 +229,7 @@ class Attend(Op):
     # chips sharing the positions of this chip's KV head (mk.sharding.position_share): they exchange their query
     # heads, attend over their own KV tiles, and send each head's partial state to its chip (two rounds)
     positions_shared: int = 1
-    # the users split over the chips (mk.sharding.AttentionSplit.USERS): each chip's q, k, v heads go to each user's
+    # the users split over the chips (mk.kernel_setup.AttentionSplit.USERS): each chip's q, k, v heads go to each user's
     # chip, which attends for its users over every head, and the outputs go back to the heads' chips (two rounds)
     users_split: bool = False
     sent_bytes: int = 0
@@ -287,7 +287,8 @@ class EmitTokens(Op):
 @dataclass(frozen=True)
 class AllReduce(Op):
     """Sum the partial activations ``acts`` (f32, [users padded to 8, width] each) over the chips, in place,
-    inside the kernel (mk.megakernel.collective; the algorithm and switches: mk.sharding.collective).
+    inside the kernel (mk.megakernel.collective; the peers: mk.sharding.links; the switches:
+    mk.kernel_setup.Collective).
     ``rows``: the rows of each that travel (the users', rounded to whole packed rows of the payload type).
     ``itemsize``: bytes per element on the wire; ``seq``: this step's n-th all-reduce (its receive
     buffers alternate, so a fast chip's next all-reduce never lands in a buffer still being summed)."""

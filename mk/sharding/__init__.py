@@ -5,7 +5,7 @@ of a whole-expert placement (``straggler``).
 The package itself holds only what the step plans read (pure records and index math, no JAX at import):
 importing it imports nothing of mk above its ground layer. ``straggler`` is imported by name."""
 
-from .collective import chunk_width, peers, sent_bytes
+from .links import chunk_width, peers, sent_bytes
 from .mesh import gspmd_sharding, make_mesh, simulate_chips
 from .placement import (
     cache_split_axis,

@@ -16,9 +16,9 @@ Every chip runs the same kernel on its own slice (tensor parallel):
 - the router, norms and scales are replicated (the routing is the same on every chip).
 
 Partial sums (after attention's output projection, after the FFN, and the embedding) are all-reduced
-inside the kernel (mk.sharding.collective). ``chip_config`` is the slice one chip computes, as a
-config; ``chip_params`` cuts a parameter tree to it; ``SPLIT_AXES`` says which axis of each of the
-kernel's HBM tensors is split over the chips, so packing, ``shard_map`` specs and the AOT shapes agree.
+inside the kernel (mk.megakernel.collective; its peers and bytes: mk.sharding.links). ``chip_config`` is the slice
+one chip computes, as a config; ``chip_params`` cuts a parameter tree to it; ``SPLIT_AXES`` says which axis of each
+of the kernel's HBM tensors is split over the chips, so packing, ``shard_map`` specs and the AOT shapes agree.
 """
 
 from __future__ import annotations

@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..assistant_config import check_pair, source_layers
 from ..chips import Chip, get_chip
 from ..config import SLIDING, ModelConfig, get_config
 from ..kernel_setup import WORKBOOK_KERNEL, KernelSetup
 from ..params import EXPERTS, HEAD, param_specs
 from ..quant_schemes import SCALE_BYTES, quantized_paths, scale_count
 from ..sol import get_dtype, speed_of_light
-from ..units import in_ms, positive_int
+from ..units import ms_entry, positive_int
 from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant
 from .general_stack import general_step, kernel_cost, kernels_per_plan_kernel
 from .pace import pace
@@ -88,7 +89,7 @@ class Prediction:
             models=self.models,
             components_ms={k: v * 1e3 for k, v in self.components.items()},
             constants=dict(self.constants),
-            breakdown=dict(in_ms(k, v) for k, v in self.breakdown.items()),
+            breakdown=dict(ms_entry(k, v) for k, v in self.breakdown.items()),
             kind=MODELLED,
         )
 
@@ -149,7 +150,7 @@ def predict(
     ``setup.draft_tokens`` = K the megakernel verifies K drafted tokens per user in each step (a drafter that costs
     no weight reads: n-gram prompt lookup), emitting ``acceptance`` tokens per user on average
     (``check_speculation``); tokens/s and the fraction of the speed of light count emitted tokens. ``assistant``
-    (mk.assistant.AssistantConfig): the drafts come from Gemma 4's assistant, whose K programs a round cost
+    (mk.assistant_config.AssistantConfig): the drafts come from Gemma 4's assistant, whose K programs a round cost
     :func:`drafter_seconds` (default: a drafter that reads nothing). A round is the drafter's time plus the step's."""
     cfg, chip = _check(model, chip, context, batch, engine)
     knockout = frozenset(knockout)
@@ -185,8 +186,6 @@ def predict(
     if k:
         models += f"; {k} drafted tokens verified per user a round, {per_round:g} emitted (given)"
         if assistant is not None:
-            from ..assistant import check_pair
-
             check_pair(assistant, cfg)
             drafter_s = drafter_seconds(assistant, cfg, chip, context, batch, dtype, k)
             models += f"; drafts by {assistant.name}, {k} programs of its own"
@@ -206,8 +205,6 @@ def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch
     attention type: up to ``context`` positions, a sliding layer's window and one more), spread evenly over the
     slice's chips at their bandwidth, plus one general-stack kernel's cost (fitted, data/timing.csv) for its launch.
     A lower bound of a separate drafter: every byte once, one launch a draft."""
-    from ..assistant import source_layers
-
     pol = get_dtype(dtype)
     weights = assistant.weight_bytes(pol.matrix)
     kv = 0

@@ -1,5 +1,5 @@
-"""The in-kernel all-reduce as configuration and topology, pure Python: its switches, which peer each
-chip sends to, and the bytes it moves. The kernel's code for it is mk.megakernel.collective.
+"""The in-kernel all-reduce's topology, pure Python: which peer each chip sends to, and the bytes it moves (its
+switches: mk.kernel_setup.Collective). The kernel's code for it is mk.megakernel.collective.
 
 Two algorithms over C chips, both with direct remote DMAs (a TPU slice's ICI routes any chip to any):
 
