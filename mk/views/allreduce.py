@@ -43,7 +43,7 @@ def fix_figure(steps: pd.DataFrame, title: str) -> go.Figure:
         yaxis_title="ms per decode step",
         yaxis_range=[0, 1.12 * max(steps.step_ms.max(), steps.published_ms.max())],  # room for the values
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
-        xaxis_tickangle=0,
-        xaxis_tickfont_size=11,  # seven wrapped labels side by side  # the labels wrap at each change instead: tilted, the longest ran into the footer
+        xaxis_tickangle=0,  # the labels wrap at each change instead: tilted, the longest ran into the footer
+        xaxis_tickfont_size=11,  # seven wrapped labels side by side
     )
     return fig

@@ -33,6 +33,46 @@ def role_group(role: str) -> str:
     return role
 
 
+QUANTITY_WORDS = {
+    "tokens_per_s": "tokens/s",
+    "step_time": "step",
+    "fraction_of_sol": "fraction of the speed of light",
+    "kernels_per_token": "kernels a step",
+    "knockout_time": "switching off",
+}
+
+
+def human_label(r) -> str:
+    """A validation row in words (its key stays in the hover): what was published, of which engine, chip and model
+    (``tokens/s: megakernel, tpu-v5e-8, gemma4-26b-a4b``; a knock-out ``switching off experts: ...``; a verdict
+    row its situation, ``speed-up: MoE model, one user``)."""
+    quantity = getattr(r, "quantity", None)
+    case = str(r.case)
+    if not isinstance(quantity, str):  # a verdict's speed-up: its situation says it
+        return f"speed-up: {case}"
+    what = QUANTITY_WORDS.get(quantity, quantity.replace("_", " "))
+    if quantity == "knockout_time" and r.component:
+        what += f" {str(r.component).replace('_', ' ')}"
+    parts = [p.strip() for p in case.split(",")]
+    model, chip = parts[0], case.rsplit(" on ", 1)[-1].split(",")[0].strip()
+    engine = "megakernel" if "megakernel" in case else "general stack"
+    if "(a)" in case:
+        engine += " before the fixes"
+    tail = case.rsplit(" on ", 1)[-1].split(",")[1:]  # a data type after the chip
+    extra = f", {tail[0].strip()}" if tail else ""
+    return f"{what}: {engine}, {chip}, {model}{extra}"
+
+
+def human_labels(table: pd.DataFrame) -> list[str]:
+    """:func:`human_label` of every row, each unique (a repeat says its key)."""
+    labels, seen = [], set()
+    for r in table.itertuples():
+        label = human_label(r)
+        labels.append(label if label not in seen else f"{label} ({r.key})")
+        seen.add(label)
+    return labels
+
+
 def validation_figure(table: pd.DataFrame, verdicts: pd.DataFrame | None = None) -> go.Figure:
     """Each published number's ratio modelled / published as one marker on a log axis (1 is exact), coloured
     and shaped by its role (mk.verdict.validation_table's ``role``: a test, fitted, an input, by construction,
@@ -43,8 +83,7 @@ def validation_figure(table: pd.DataFrame, verdicts: pd.DataFrame | None = None)
     if verdicts is not None:
         speedups = verdicts.dropna(subset=["modelled"]).assign(case=lambda d: d.situation, component="", unit="x")
         table = pd.concat([table, speedups[["key", "case", "component", "published", "modelled", "unit", "role"]]])
-    # a knock-out's key names its component already
-    t = table.assign(label=[k if not c or c in k else f"{k} [{c}]" for k, c in zip(table.key, table.component)])
+    t = table.assign(label=human_labels(table))
     ratio = t.modelled / t.published
     t = t.assign(
         ratio=ratio.clip(RATIO_RANGE[0], RATIO_RANGE[1]),
@@ -81,7 +120,8 @@ def validation_figure(table: pd.DataFrame, verdicts: pd.DataFrame | None = None)
         title="The timing model against every published number it can run",
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
         height=24 * len(t) + 330,
-        margin=dict(l=int(7.5 * max(map(len, labels))) + 30),  # room for the longest label, so the footer fits
+        margin=dict(l=int(7 * max(map(len, labels))) + 30),  # room for the longest label, so the footer fits
+        width=max(1000, int(7 * max(map(len, labels))) + 30 + 650),  # and 650 pixels for the plot beside them
     )
     return fig
 
