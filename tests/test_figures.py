@@ -251,7 +251,7 @@ def timeline_runs():
     from mk import timing
     from mk.chips import get_chip
     from mk.config import get_config
-    from mk.sharding import Collective
+    from mk.kernel_setup import Collective, KernelSetup
 
     cfg, chip = get_config("tiny-moe"), get_chip("tpu-v5e-8")
     setups = {on: KernelSetup(collective=Collective(overlap=on)) for on in (False, True)}

@@ -1,4 +1,4 @@
-"""Notebook 05's figure of the step after each fix (mk.allreduce.fix_steps)."""
+"""Notebook 05's figure of the step after each fix (mk.analysis.allreduce.fix_steps)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Notebook 09's figure: the timing model against independent published decode steps (mk.independent_points)."""
+"""Notebook 09's figure: the timing model against independent published decode steps (mk.analysis.independent)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..independent_points import MISS, TESTED
+from ..analysis.independent import MISS, TESTED
 
 ENGINE_LOOK = {"megakernel": ("#e15759", "diamond"), "general": ("#4e79a7", "circle")}
 

@@ -1,4 +1,4 @@
-"""Notebook 08's figure of what INT8 costs in quality (mk.quality.quality's rows), saying on the figure which
+"""Notebook 08's figure of what INT8 costs in quality (mk.analysis.quality.quality's rows), saying on the figure which
 models have random weights."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ EXACT_COLOUR, MEASURED_COLOUR = "#4e79a7", "#59a14f"
 
 
 def skew_figure(spread: pd.DataFrame, rand: pd.DataFrame, exact_max: float, published_max: float, title: str):
-    """The sampled busiest chip against the Zipf exponent (mk.sharding.straggler.skew_sweep): the hottest
+    """The sampled busiest chip against the Zipf exponent (mk.analysis.straggler.skew_sweep): the hottest
     experts spread over the chips (bars: 2 standard errors) and placed at random (the placements' mean, bars
     from their min to max), beside the exact uniform value and the published one."""
     fig = go.Figure()
@@ -47,7 +47,7 @@ def skew_figure(spread: pd.DataFrame, rand: pd.DataFrame, exact_max: float, publ
 
 
 def distribution_figure(cases, exact, published_max: float, router_exact, measured, titles: tuple[str, str]):
-    """Left: the busiest chip's distribution for each of ``cases`` (mk.sharding.straggler.Straggler: exact and
+    """Left: the busiest chip's distribution for each of ``cases`` (mk.analysis.straggler.Straggler: exact and
     sampled), with the published busiest chip and the exact expectation as lines on the same axis (a busiest
     chip's count; the published mean per chip is another quantity and is left to the caption). Right: a router's
     measured busiest chip beside the exact uniform distribution for its own expert and chip counts."""

@@ -1,5 +1,5 @@
 """Notebook 06's figures: both models' modelled tokens/s against context, batch, expert placement and chip
-(mk.sweeps' tables) with the write-up's published points on them."""
+(mk.analysis.sweeps' tables) with the write-up's published points on them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..analysis.sweeps import FRACTION_OF_SOL, SOL, WORKBOOK
+from ..analysis.verdict import GENERAL_GPU
 from ..config import get_config
 from ..figures import context_label
 from ..routing import expected_distinct_experts
@@ -30,12 +32,12 @@ def context_ticks(contexts) -> tuple[list[int], list[str]]:
     if len(ticks) > 6:
         ticks = sorted({lo, *ticks[::-2]})
     ticks = sorted({lo, hi, *ticks})
-    return ticks, [context_label(n) for n in ticks]
-
     if 4 <= len(contexts) <= 8:
         ticks = contexts
     elif len(contexts) < 4:
         ticks = sorted({*ticks, *contexts})
+    return ticks, [context_label(n) for n in ticks]
+
 
 def batch_ticks(batches) -> list[int]:
     """Users on a log axis: the powers of two from the fewest to the most, and both ends (1, 2, 4, 8)."""
@@ -149,9 +151,9 @@ def _series_lines(fig, table, models, x: str, y: str, row: int = 1, legend: bool
                 legendgroup=role,
                 showlegend=legend and role not in shown,
                 line=dict(color=COLOURS.get(role), dash=dash),
+                marker=dict(size=5),  # small: the published points are the large diamonds
                 hovertext=[hover(r) for r in g.itertuples()] if hover else None,
                 hoverinfo="text+y" if hover else None,
-                marker=dict(size=5),  # small: the published points are the large diamonds
                 row=row,
                 col=names.index(model) + 1,
             )
@@ -308,15 +310,15 @@ def chip_figure(table: pd.DataFrame, models, title: str, kernel: str | None = No
         axis.domain = [d * 0.9 for d in axis.domain]
     fig.for_each_annotation(lambda a: a.update(y=a.y * 0.9))
     colours = {"megakernel": COLOURS["megakernel"], "general stack": COLOURS["general same chip"], SOL: "#bab0ac"}
-    for i, m in enumerate(names):
-        for series, g in table[table.model == m].groupby("series", sort=False):
     labels = {
         "megakernel": f"modelled: megakernel, {kernel_name(table, kernel)}",
         "general stack": "modelled: general stack",
         SOL: f"modelled: {SOL} (a bound: bytes only)",
     }
-            fit = g.fits_in_hbm.astype(bool)
+    for i, m in enumerate(names):
         top = table[table.model == m].tokens_per_s.max()
+        for series, g in table[table.model == m].groupby("series", sort=False):
+            fit = g.fits_in_hbm.astype(bool)
             fig.add_bar(
                 x=g.chip,
                 y=g.tokens_per_s,
@@ -327,11 +329,11 @@ def chip_figure(table: pd.DataFrame, models, title: str, kernel: str | None = No
                 # the speed of light's bars say on the plot that they are a bound, not an engine
                 text=["<br>".join(["bound"] * (series == SOL) + ["does not fit"] * (not f)) for f in fit],
                 textposition="outside",
-                hovertext=[
-                    f"{r.chip}: {r.tokens_per_s:.0f} tok/s, {r.fraction_of_sol:.2f} of the speed of light; "
                 textfont=dict(size=11),
                 constraintext="none",  # at its own size: plotly shrinks text to a grouped bar's width (6 pixels)
                 cliponaxis=False,
+                hovertext=[
+                    f"{r.chip}: {r.tokens_per_s:.0f} tok/s, {r.fraction_of_sol:.2f} of the speed of light; "
                     f"weights {r.weights_GB:.0f} GB, HBM {r.hbm_GB:.0f} GB"
                     for r in g.itertuples()
                 ],
@@ -339,9 +341,9 @@ def chip_figure(table: pd.DataFrame, models, title: str, kernel: str | None = No
                 row=i + 1,
                 col=1,
             )
+        fig.update_yaxes(range=[0, 1.2 * top], row=i + 1, col=1)  # room above the tallest bar for its words
     if not table.fits_in_hbm.all():
         fig.add_bar(
-        fig.update_yaxes(range=[0, 1.2 * top], row=i + 1, col=1)  # room above the tallest bar for its words
             x=[None],
             y=[None],
             name="hatched: weights + KV cache do not fit the chip's HBM",
@@ -359,7 +361,7 @@ def _case_label(context: int, batch: int) -> str:
 
 
 def attention_split_figure(table: pd.DataFrame, models, title: str) -> go.Figure:
-    """Grouped bars, one panel per model (mk.sweeps.attention_split_table): the workbook's kernel's fraction of
+    """Grouped bars, one panel per model (mk.analysis.sweeps.attention_split_table): the workbook's kernel's fraction of
     the speed of light at each context and batch with attention split by heads, positions and users, the step
     written in each bar."""
     names = [get_config(m).name for m in models]
@@ -397,7 +399,7 @@ def attention_split_figure(table: pd.DataFrame, models, title: str) -> go.Figure
 
 
 def speculation_figure(table: pd.DataFrame, models, title: str) -> go.Figure:
-    """Tokens/s per user against drafts a round (mk.sweeps.speculation_table), one panel per model, a line per
+    """Tokens/s per user against drafts a round (mk.analysis.sweeps.speculation_table), one panel per model, a line per
     slice, users and acceptance rate, plain decoding's tokens/s dotted at K = 0."""
     names = [get_config(m).name for m in models]
     fig = _facets(models, horizontal_spacing=0.08)

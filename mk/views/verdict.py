@@ -1,4 +1,4 @@
-"""Notebook 07's figures: the timing model against the published numbers (mk.verdict's tables), both columns
+"""Notebook 07's figures: the timing model against the published numbers (mk.analysis.verdict's tables), both columns
 of the component table, the verdict and the rule of thumb."""
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def human_labels(table: pd.DataFrame) -> list[str]:
 
 def validation_figure(table: pd.DataFrame, verdicts: pd.DataFrame | None = None) -> go.Figure:
     """Each published number's ratio modelled / published as one marker on a log axis (1 is exact), coloured
-    and shaped by its role (mk.verdict.validation_table's ``role``: a test, fitted, an input, by construction,
-    the same point as another row; with ``verdicts``, mk.verdict.verdict_table's modelled speed-ups below them:
+    and shaped by its role (mk.analysis.verdict.validation_table's ``role``: a test, fitted, an input, by construction,
+    the same point as another row; with ``verdicts``, mk.analysis.verdict.verdict_table's modelled speed-ups below them:
     a test, a test whose baseline was fitted, derived from two published points), one legend entry per role, so
     the fitted baselines are visibly not tests. A ratio beyond the axis is drawn at its edge as a triangle."""
     fig = go.Figure()
