@@ -26,6 +26,6 @@ def positive_int(name: str, value) -> int:
     return int(value)
 
 
-def in_ms(key: str, value):
+def ms_entry(key: str, value):
     """A seconds entry (``*_s``) as milliseconds (``*_ms``), anything else as it is: (key, value)."""
     return (key[:-2] + "_ms", value * 1e3) if key.endswith("_s") else (key, value)
