@@ -1,4 +1,4 @@
-"""mk.profiling.xla_cost: XLA's own TPU cost model of each component of a decode step, compiled ahead of
+"""mk.measure.xla_cost: XLA's own TPU cost model of each component of a decode step, compiled ahead of
 time for a TPU topology on this CPU. The compiling tests need libtpu (requirements-tpu.txt) and are
 skipped without it; the programs' shapes and straight-line form, and the refusal of a non-TPU chip, are
 checked without it."""
@@ -11,8 +11,8 @@ from jax.extend.core import ClosedJaxpr, Jaxpr
 
 from mk.chips import get_chip
 from mk.config import FULL, GEMMA4_26B_A4B, GEMMA4_31B, SLIDING, TINY_DENSE, TINY_MOE
+from mk.measure.xla_cost import KIND, PER_LAYER, PER_STEP, component_programs, per_step, xla_costs
 from mk.params import WEIGHT_COMPONENTS
-from mk.profiling.xla_cost import KIND, PER_LAYER, PER_STEP, component_programs, per_step, xla_costs
 from mk.sol import bytes_per_token
 
 needs_libtpu = pytest.mark.skipif(
@@ -79,7 +79,7 @@ def test_every_tiny_program_compiles_with_an_estimate(tiny_moe_costs):
     assert (df["optimal_s"] > 0).all(), df[["program", "optimal_s"]]
     assert (df["flops"] > 0).all() and (df["compile_s"] > 0).all()
     assert (df["kind"] == KIND).all() and (df["chip"] == "tpu-v5e-8").all()
-    assert (df["jax_version"] == jax.__version__).all() and (df["libtpu_version"] != "not installed").all()
+    assert (df["jax_version"] == jax.__version__).all() and (df["libtpu_version"] != "none").all()
     # XLA counts every instruction's operands and results (activations, the new K/V, reads of the same bytes
     # by more than one fused op, tiles padded to (8, 128)): at least the weights and KV cache mk.sol counts
     # for that program, never fewer.

@@ -1,24 +1,21 @@
-"""Measuring a decode step, so a step time can be set against this device's own measured limit.
+"""Instruments for a decode step that know no model (timing them is mk.measure's):
 
-- ``compare``: the measurement method: variants interleaved in one run, medians with confidence
-  intervals, differences from a baseline that say when they are noise (``interleaved``);
+- ``stats``: medians with distribution-free confidence intervals (``Estimate``, ``median_interval``);
 - ``hlo``: reading optimised HLO text (``parse_hlo``);
 - ``kernels``: kernels per step in the compiled program, and what counts as a kernel (``count_kernels``);
 - ``trace``: kernels per step in a profiler trace of the running program (``trace_kernels``);
 - ``eager``: primitives dispatched one by one without ``jit`` (``count_eager_ops``);
-- ``knockouts``: the step timed with each component switched off (``knockout_table``);
-- ``bandwidth``: the memory bandwidth probes and the fraction of the speed of light (``probe_table``,
-  ``gemv_probe``, ``sol_fraction``).
+- ``bandwidth``: the memory bandwidth probes and the fraction of the speed of light (``probe_calls``,
+  ``gemv_probe``, ``fraction_of_sol``), the device's name.
 """
 
 from .bandwidth import (
     DEFAULT_PROBE_BYTES,
     device_name,
+    fraction_of_sol,
     gemv_probe,
-    probe_table,
-    sol_fraction,
+    probe_calls,
 )
-from .compare import Comparison, Estimate, interleaved, median_interval
 from .eager import count_eager_ops
 from .hlo import parse_hlo
 from .kernels import (
@@ -32,13 +29,11 @@ from .kernels import (
     compiled_kernels,
     count_kernels,
 )
-from .knockouts import knockout_table, with_seed_columns
+from .stats import Estimate, median_interval
 from .trace import trace_kernels
 
 __all__ = [
-    "Comparison",
     "Estimate",
-    "interleaved",
     "median_interval",
     "parse_hlo",
     "FUSION",
@@ -52,11 +47,9 @@ __all__ = [
     "compiled_kernels",
     "trace_kernels",
     "count_eager_ops",
-    "knockout_table",
-    "with_seed_columns",
     "DEFAULT_PROBE_BYTES",
     "gemv_probe",
-    "probe_table",
+    "probe_calls",
     "device_name",
-    "sol_fraction",
+    "fraction_of_sol",
 ]

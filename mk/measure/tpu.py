@@ -11,9 +11,10 @@ decode steps interleaved, and appends one row per engine timed to ``data/measure
   otherwise multiplies f32 in one bf16 pass). Off a TPU the kernel runs in Pallas's TPU interpreter with its
   race detector on, and a race fails the check.
 - **Timing**: the decode step of each engine at position ``context - 1`` of a zero cache of ``context``
-  positions (``mk.bench.decode_call``; decode time does not depend on what the cache holds), random weights
-  (seed 0, the same draws for both: ``mk.weights.random_tensors``), full size, bf16 by default, timed
-  interleaved round by round (``mk.profiling.interleaved``: medians with 95% intervals). The reference runs
+  positions (``mk.measure.steps.decode_call``; decode time does not depend on what the cache holds), random
+  weights (seed 0, the same draws for both: ``mk.weights.random_tensors``), full size, bf16 by default, timed
+  interleaved round by round (``mk.measure.harness.time_engines``, mk.measure.loop's one loop: each median
+  step known to +-1%, medians with 95% intervals). The reference runs
   as XLA compiles it, its parameters and cache split over the mesh for GSPMD to partition
   (``mk.sharding.gspmd_sharding``); the megakernel as ``python -m mk generate --engine megakernel
   --chips N`` runs it, each chip's slice packed on that chip.
@@ -32,79 +33,48 @@ decode steps interleaved, and appends one row per engine timed to ``data/measure
 
 ``require_tpu=False`` runs the same path anywhere (the tests: the CPU's simulated devices, the kernel in
 interpret mode); every row names its device and how the kernel ran, so a CPU row is never taken for a TPU's.
+Rows have mk.measure.harness's columns, then this driver's own.
 """
 
 from __future__ import annotations
 
 import gc
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .bench import DTYPES, decode_call, provenance
-from .chips import get_chip, known_chip
-from .config import ModelConfig, get_config
-from .files import append_csv_rows, git_commit
-from .paths import TPU_CSV
-from .profiling import Estimate, device_name, interleaved
-from .progress import Log
-from .reference import forget_prepared
-from .sharding.mesh import gspmd_sharding, make_mesh
-from .sol import bytes_per_token, speed_of_light
-from .tpu import libtpu_version, on_tpu, races_detected, reset_interpreter
-from .units import positive_int
-
-COLUMNS = (
-    "date",
-    "device",
-    "chips",
-    "backend",
-    "jax_version",
-    "jaxlib_version",
-    "libtpu_version",
-    "commit",
-    "engine",
-    "placement",
-    "runs_as",
-    "model",
-    "dtype",
-    "context",
-    "batch",
-    "rounds",
-    "interleaved_with",
-    "compile_s",
-    "step_ms",
-    "step_low_ms",
-    "step_high_ms",
-    "tokens_per_s",
-    "tokens_per_s_total",
-    "bytes_per_token",
-    "chip",
-    "sol_source",
-    "sol_tokens_per_s",
-    "fraction_of_sol",
-    "fraction_of_sol_low",
-    "fraction_of_sol_high",
-    "parity",
-    "parity_check",
-    "load_before",
-    "load_after",
-    "weights",
+from ..chips import get_chip, known_chip
+from ..config import ModelConfig, get_config
+from ..files import append_csv_rows
+from ..paths import TPU_CSV
+from ..progress import Log
+from ..reference import forget_prepared
+from ..sharding.mesh import gspmd_sharding, make_mesh
+from ..sol import bytes_per_token
+from ..tpu import on_tpu, races_detected, reset_interpreter
+from ..units import positive_int
+from .harness import (
+    DTYPES,
+    MIN_TIMING_S,
+    Engine,
+    columns,
+    provenance,
+    spec_speed_of_light,
+    time_engines,
+    unknown_speed_of_light,
 )
+from .steps import decode_call
+
+COLUMNS = columns("placement", "runs_as", "compile_s", "chip", "parity", "parity_check")
 PLACEMENTS = ("whole", "split")
 NO_PLACEMENT = "-"  # a dense model, or one chip: experts are not placed
 PARITY_PROMPTS = (7, 3, 12)  # the parity users' prompt lengths: ragged, each decoding from its own position
 PARITY_NEW_TOKENS = 4
-PRECISION = 0.01  # stop once every engine's median step is known to +-1% (95% interval), or the budget ends
-MAX_ROUNDS = 200
-MIN_TIMING_S = 3.0
 # Of a chip's HBM, what the engines' arrays may take together; XLA's own buffers and the steps' temporaries
 # take the rest (an assumption: a build that runs out all the same is caught and skipped).
 HBM_USE = 0.85
@@ -122,7 +92,7 @@ def no_tpu_message() -> str:
 
 
 @dataclass(frozen=True)
-class Engine:
+class Candidate:
     """One engine to time: the reference, or the megakernel with its experts placed."""
 
     name: str  # "reference" or "megakernel"
@@ -131,15 +101,6 @@ class Engine:
     @property
     def label(self) -> str:
         return self.name if self.placement == NO_PLACEMENT else f"{self.name}[{self.placement}]"
-
-
-@dataclass
-class Built:
-    """An engine's step ready to time: ``call()`` runs one step (the call holds the engine's arrays)."""
-
-    engine: Engine
-    call: Callable[[], Any]
-    compile_s: float
 
 
 @dataclass
@@ -167,12 +128,13 @@ def _config(model: ModelConfig | str) -> ModelConfig:
 def placements_for(cfg: ModelConfig, chips: int, asked) -> tuple[str, ...]:
     """The expert placements to run ``cfg`` under on ``chips`` chips: those asked, for an MoE model over
     several chips; none otherwise. A placement the chips do not divide is refused (mk.sharding.chip_config)."""
-    from .sharding import Shard, chip_config
+    from ..kernel_setup import KernelSetup
+    from ..sharding import chip_config
 
     if not cfg.is_moe or chips == 1:
         return (NO_PLACEMENT,)
     for p in asked:
-        chip_config(cfg, Shard(chips, p))
+        chip_config(cfg, KernelSetup(chips, p))
     return tuple(asked)
 
 
@@ -192,17 +154,6 @@ def check_args(cfg, parity_cfg, context, batch, placements, chips, budget_s, dty
             placements_for(c, chips, placements)
 
 
-def versions() -> dict:
-    """The software a row was measured with, beside mk.bench.provenance's JAX version."""
-    from importlib import metadata
-
-    try:
-        jaxlib = metadata.version("jaxlib")
-    except metadata.PackageNotFoundError:
-        jaxlib = "unknown"
-    return dict(jaxlib_version=jaxlib, libtpu_version=libtpu_version(), commit=git_commit() or "unknown")
-
-
 # Parity ---------------------------------------------------------------------------------------------------
 def parity_prompts(cfg: ModelConfig, seed: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
@@ -212,8 +163,8 @@ def parity_prompts(cfg: ModelConfig, seed: int) -> list[list[int]]:
 def check_parity(cfg: ModelConfig, chips: int, placements, new_tokens: int, seed: int, log) -> list[dict]:
     """The megakernel's greedy tokens over ``chips`` chips against the reference's, random f32 weights, ragged
     prompts: one row per placement (same_tokens, the first token that differs, races off a TPU, an error)."""
-    from .generate import generate
-    from .weights import random_params
+    from ..generate import generate
+    from ..weights import random_params
 
     params = random_params(cfg, seed)
     prompts = parity_prompts(cfg, seed)
@@ -222,9 +173,7 @@ def check_parity(cfg: ModelConfig, chips: int, placements, new_tokens: int, seed
     with jax.default_matmul_precision("highest"):
         want = generate(params, cfg, prompts, new_tokens)
         for placement in placements:
-            options = dict(chips=chips, detect_races=interpret)
-            if placement != NO_PLACEMENT:
-                options["placement"] = placement
+            options = dict(setup=_setup(chips, placement), detect_races=interpret)
             row = dict(placement=placement, same_tokens=False, first_difference="", races=None, error="")
             t = time.perf_counter()
             try:
@@ -249,6 +198,14 @@ def check_parity(cfg: ModelConfig, chips: int, placements, new_tokens: int, seed
     return rows
 
 
+def _setup(chips: int, placement: str):
+    """The kernel's setup over ``chips`` chips with its experts placed so (KernelSetup's default without a
+    placement: a dense model, or one chip)."""
+    from ..kernel_setup import KernelSetup
+
+    return KernelSetup(chips) if placement == NO_PLACEMENT else KernelSetup(chips, placement)
+
+
 # Memory ---------------------------------------------------------------------------------------------------
 def _bytes(shapes) -> float:
     return float(sum(math.prod(s.shape) * jnp.dtype(s.dtype).itemsize for s in jax.tree.leaves(shapes)))
@@ -260,13 +217,13 @@ def _split_bytes(shape: tuple[int, ...], itemsize: int, chips: int) -> float:
     return n / chips if any(d % chips == 0 for d in shape) else n
 
 
-def hbm_per_chip_needed(cfg: ModelConfig, engine: Engine, chips: int, context: int, batch: int, dtype: str):
+def hbm_per_chip_needed(cfg: ModelConfig, engine: Candidate, chips: int, context: int, batch: int, dtype: str):
     """(bytes one chip holds for ``engine``'s step, bytes more while it is built). The reference: its
     decode layout (every expert its own array, ``mk.reference.prepare``) and its cache, split as
     gspmd_sharding splits them. The megakernel: its inputs as its plan lays them out on one chip (padded,
     ``refs.input_shapes``), and while packing, one stacked weight beside the layers it is stacked from."""
-    from .params import param_specs
-    from .reference import init_cache
+    from ..params import param_specs
+    from ..reference import init_cache
 
     item = jnp.dtype(DTYPES[dtype]).itemsize
     if engine.name == "reference":
@@ -278,14 +235,13 @@ def hbm_per_chip_needed(cfg: ModelConfig, engine: Engine, chips: int, context: i
         cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, DTYPES[dtype]))
         kv = sum(_split_bytes(a.shape, item, chips) for a in cache.values())
         return weights + kv, 0.0
-    from .generate import cache_multiple
-    from .megakernel.refs import input_shapes
-    from .plan import build_plan, round_up
-    from .sharding import Shard
+    from ..generate import cache_multiple
+    from ..megakernel.refs import input_shapes
+    from ..plan import build_plan, round_up
 
-    shard = Shard(chips, PLACEMENTS[-1] if engine.placement == NO_PLACEMENT else engine.placement)
+    setup = _setup(chips, engine.placement)
     max_len = round_up(context, cache_multiple("megakernel"))
-    plan = build_plan(cfg, batch, max_len, context, weight_itemsize=item, kv_itemsize=item, shard=shard)
+    plan = build_plan(cfg, batch, max_len, context, weight_itemsize=item, kv_itemsize=item, setup=setup)
     shapes = input_shapes(plan, DTYPES[dtype], DTYPES[dtype])
     return _bytes(shapes), max(_bytes(w) for w in shapes.weights.values())
 
@@ -341,8 +297,8 @@ def _first_line(e: BaseException) -> str:
 # Engines ----------------------------------------------------------------------------------------------------
 def reference_step(mesh):
     """``mk.reference.decode_step`` with its cache split over ``mesh`` (gspmd_sharding) once made, as
-    ``mk.bench.decode_call`` adopts an engine's cache; its parameters come split already."""
-    from .reference import decode_step, prepare
+    ``mk.measure.steps.decode_call`` adopts an engine's cache; its parameters come split already."""
+    from ..reference import decode_step, prepare
 
     def step(params, cfg, cache, tokens, pos, knockout=frozenset()):
         return decode_step(params, cfg, cache, tokens, pos, knockout)
@@ -363,8 +319,9 @@ class _Builder:
         self.host: dict | None = None
         self.megakernels_left = megakernels
 
-    def build(self, engine: Engine) -> Built:
-        from .weights import device_params, random_tensors
+    def build(self, engine: Candidate, columns: dict) -> Engine:
+        """``engine``'s step compiled and run once, its row's own ``columns`` beside its compile time."""
+        from ..weights import device_params, random_tensors
 
         cfg, chips = self.cfg, self.mesh.size
         t = time.perf_counter()
@@ -377,17 +334,14 @@ class _Builder:
                 params = device_params(cfg, self.seed, DTYPES[self.dtype], self.mesh, log)
                 call = decode_call(reference_step(self.mesh), params, cfg, self.context, self.batch, self.dtype)
             else:
-                from .generate import cache_multiple
-                from .megakernel import make_step
+                from ..generate import cache_multiple
+                from ..megakernel import make_step
 
                 if self.host is None:
                     tensors = random_tensors(cfg, self.seed, DTYPES[self.dtype], self.mesh, log)
                     self.host = {path: np.asarray(x) for path, x in tensors}
                     log(f"weights: {_bytes(self.host) / 1e9:.2f} GB on the host, each chip packs its slice")
-                options = dict(chips=chips, detect_races=not on_tpu())
-                if engine.placement != NO_PLACEMENT:
-                    options["placement"] = engine.placement
-                step = make_step(cfg, **options)
+                step = make_step(cfg, _setup(chips, engine.placement), detect_races=not on_tpu())
                 multiple = cache_multiple("megakernel")
                 call = decode_call(step, self.host, cfg, self.context, self.batch, self.dtype, cache_multiple=multiple)
             log(f"weights and cache placed in {time.perf_counter() - t:.1f} s; compiling")
@@ -400,48 +354,16 @@ class _Builder:
                     self.host = None  # every placement has packed its own copy
         compile_s = time.perf_counter() - t
         log(f"compiled and run once in {compile_s:.1f} s")
-        return Built(engine, call, compile_s)
+        return Engine(engine.label, call, engine.name, {**columns, "compile_s": round(compile_s, 2)})
 
 
 # Timing -----------------------------------------------------------------------------------------------------
-def _sol(cfg, context, batch, dtype, dev, chips, chip):
-    """(the chip or slice of data/chips.csv the run is, "" where unknown; where the speed of light comes from;
-    its step in seconds, or None where unknown)."""
-    name = chip or known_chip(dev)
-    if name is None:
-        return "", f"unknown: {device_name(dev)} is no chip in data/chips.csv", None
-    base = get_chip(name).base
-    c = get_chip(base if chips == 1 else f"{base}-{chips}")
-    s = speed_of_light(cfg, c, context, batch, dtype)
-    given = "" if name == known_chip(dev) else f"; given, the device is {device_name(dev)}"
-    return c.name, f"{c.name} spec ({c.hbm_bandwidth / 1e12:.2f} TB/s, mk.sol){given}", s.step_s
-
-
-def _runs_as(engine: Engine, dev, chips: int) -> str:
+def _runs_as(engine: Candidate, dev, chips: int) -> str:
     if engine.name == "reference":
         return "XLA" + (f", GSPMD over {chips} chips" if chips > 1 else ", one chip")
     if on_tpu():
         return f"Pallas kernel compiled by Mosaic, {chips} chip(s)"
     return f"Pallas TPU interpret mode on {chips} {dev.platform} device(s), races checked: no TPU's speed"
-
-
-def time_group(built: list[Built], seconds: float, min_rounds: int, max_rounds: int, log):
-    def precise(times):
-        return all(Estimate.of(ts, 0.95).halfwidth <= PRECISION * statistics.median(ts) for ts in times.values())
-
-    calls = {b.engine.label: b.call for b in built}
-    log(f"timing {', '.join(calls)} interleaved, up to {seconds:.0f} s")
-    cmp = interleaved(
-        calls,
-        built[0].engine.label,
-        budget_s=seconds,
-        precise=precise,
-        min_rounds=min_rounds,
-        max_rounds=max_rounds,
-        warmup=1,  # each has run once already (its compile)
-    )
-    log(f"timed {cmp.rounds} rounds in {cmp.elapsed_s:.1f} s")
-    return cmp
 
 
 # The run ------------------------------------------------------------------------------------------------------
@@ -460,12 +382,13 @@ def run(
     seed: int = 0,
     parity_tokens: int = PARITY_NEW_TOKENS,
     min_rounds: int = 7,
-    max_rounds: int = MAX_ROUNDS,
+    max_rounds: int | None = None,
     quiet: bool = False,
 ) -> Result:
     """Check the megakernel against the reference on this machine's chips and time both (module docstring);
     append the rows to ``out`` (None: no file). ``require_tpu``: refuse (NoTPU) anywhere but on a TPU.
-    ``chip``: the speed of light's chip where the device is none of data/chips.csv's."""
+    ``chip``: the speed of light's chip where the device is none of data/chips.csv's. ``min_rounds``,
+    ``max_rounds``: the timing loop's (None: mk.measure.loop.MAX_ROUNDS)."""
     cfg, parity_cfg = _config(model), _config(parity_model)
     placements = tuple(placements)
     check_args(cfg, parity_cfg, context, batch, placements, chips, budget_s, dtype)
@@ -485,7 +408,7 @@ def run(
     mesh = make_mesh(n, devices[:n])
     dev = devices[0]
     timed_places, parity_places = placements_for(cfg, n, placements), placements_for(parity_cfg, n, placements)
-    prov = {**provenance(dev), "chips": n, **versions()}
+    prov = provenance(dev, chips=n)
     log(
         f"{n} x {dev.device_kind} ({dev.platform}); JAX {prov['jax_version']}, jaxlib {prov['jaxlib_version']}, "
         f"libtpu {prov['libtpu_version']}, commit {prov['commit']}; budget {budget_s:.0f} s"
@@ -500,14 +423,14 @@ def run(
     held = {r["placement"]: r["held"] for r in parity}
     notes, failed = [], not all(held.values())
 
-    engines = [Engine("reference")] + [Engine("megakernel", p) for p in timed_places]
-    chip_name, sol_source, sol_step = _sol(cfg, context, batch, dtype, dev, n, chip)
+    engines = [Candidate("reference")] + [Candidate("megakernel", p) for p in timed_places]
     per_token = bytes_per_token(cfg, context, batch, dtype).total
+    sol = spec_speed_of_light(per_token, dev, n, chip) or unknown_speed_of_light(per_token, dev)
     capacity = usable_hbm(dev)
     needs = {e.label: hbm_per_chip_needed(cfg, e, n, context, batch, dtype) for e in engines}
     groups, skipped = groups_that_fit(needs, capacity)
     log(
-        f"{cfg.name}, {dtype}, context {context}, batch {batch}; speed of light: {sol_source}; per chip "
+        f"{cfg.name}, {dtype}, context {context}, batch {batch}; speed of light: {sol.source}; per chip "
         + ", ".join(f"{k} {v[0] / 1e9:.2f} GB" for k, v in needs.items())
         + (f" of {capacity / 1e9:.1f} GB usable" if capacity else " (HBM unknown: not checked)")
         + f"; timed as {' then '.join('[' + ', '.join(g) + ']' for g in groups) or 'nothing'}"
@@ -518,7 +441,17 @@ def run(
     by_label = {e.label: e for e in engines}
     megakernels = sum(by_label[x].name == "megakernel" for g in groups for x in g)
     builder = _Builder(cfg, mesh, context, batch, dtype, seed, log, megakernels)
-    built: dict[str, Built] = {}
+    run = dict(
+        prov,
+        model=cfg.name,
+        dtype=dtype,
+        context=context,
+        batch=batch,
+        weights=f"random (seed {seed})",
+        chip=sol.chip,
+        parity_check=check,
+    )
+    built: dict[str, Engine] = {}
     gone: set[str] = set()  # failed to build: not tried again
     rows = []
     for i, group in enumerate(groups):
@@ -533,7 +466,9 @@ def run(
             if label in built or label in gone:
                 continue
             try:
-                built[label] = builder.build(by_label[label])
+                e = by_label[label]
+                own = dict(placement=e.placement, runs_as=_runs_as(e, dev, n), parity=_parity_word(e, held))
+                built[label] = builder.build(e, own)
             except Exception as e:
                 gone.add(label)
                 gc.collect()
@@ -547,42 +482,17 @@ def run(
         if not ready:
             continue
         seconds = max(MIN_TIMING_S, (deadline - time.perf_counter()) / (len(groups) - i))
-        cmp = time_group(ready, seconds, min_rounds, max_rounds, log)
-        for b in ready:
-            e, label, step = b.engine, b.engine.label, cmp.times[b.engine.label]
-            frac = Estimate.of([sol_step / t for t in cmp.raw[label]], cmp.confidence) if sol_step else None
-            rows.append(
-                {
-                    **prov,
-                    "engine": e.name,
-                    "placement": e.placement,
-                    "runs_as": _runs_as(e, dev, n),
-                    "model": cfg.name,
-                    "dtype": dtype,
-                    "context": context,
-                    "batch": batch,
-                    "rounds": cmp.rounds,
-                    "interleaved_with": ", ".join(x.engine.label for x in ready if x is not b),
-                    "compile_s": round(b.compile_s, 2),
-                    "step_ms": round(step.median * 1e3, 4),
-                    "step_low_ms": round(step.low * 1e3, 4),
-                    "step_high_ms": round(step.high * 1e3, 4),
-                    "tokens_per_s": round(1 / step.median, 2),
-                    "tokens_per_s_total": round(batch / step.median, 2),
-                    "bytes_per_token": int(per_token),
-                    "chip": chip_name,
-                    "sol_source": sol_source,
-                    "sol_tokens_per_s": None if sol_step is None else round(1 / sol_step, 2),
-                    "fraction_of_sol": _significant(frac and frac.median),
-                    "fraction_of_sol_low": _significant(frac and frac.low),
-                    "fraction_of_sol_high": _significant(frac and frac.high),
-                    "parity": _parity_word(e, held),
-                    "parity_check": check,
-                    "load_before": round(cmp.load[0], 2),
-                    "load_after": round(cmp.load[1], 2),
-                    "weights": f"random (seed {seed})",
-                }
-            )
+        _, timed = time_engines(
+            ready,
+            sol,
+            run,
+            seconds,
+            min_rounds=min_rounds,
+            max_rounds=max_rounds,
+            warmup=1,  # each has run once already (its compile)
+            log=log,
+        )
+        rows += timed
     built.clear()
     if not rows:
         failed = True
@@ -593,13 +503,7 @@ def run(
     return Result(rows, parity, notes, failed, written)
 
 
-def _significant(x: float | None) -> float | None:
-    """``x`` to 4 significant digits: an interpreted kernel's tiny fraction of a TPU's speed of light stays
-    readable, and above zero."""
-    return None if x is None else float(f"{x:.4g}")
-
-
-def _parity_word(engine: Engine, held: dict[str, bool]) -> str | None:
+def _parity_word(engine: Candidate, held: dict[str, bool]) -> str | None:
     """For a megakernel row: whether its placement's check held on the parity model (a dense parity model,
     or one chip, checks once for every placement; a dense timed model takes every placement's). None for the
     reference: it is what the check holds to."""

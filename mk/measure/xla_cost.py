@@ -284,19 +284,6 @@ def _on_device(args, device):
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), args)
 
 
-def versions() -> dict[str, str]:
-    """The jax and libtpu versions whose compiler gave the estimates."""
-    import importlib.metadata
-
-    import jax
-
-    try:
-        libtpu = importlib.metadata.version("libtpu")
-    except importlib.metadata.PackageNotFoundError:
-        libtpu = "not installed"
-    return {"jax": jax.__version__, "libtpu": libtpu}
-
-
 def compile_cost(program: Program, device, msa: bool = False) -> tuple[dict, float]:
     """XLA's cost analysis of ``program`` compiled for ``device`` (a TPU topology's), with memory-space
     assignment on or off (``msa``; see the module's docstring), and the seconds the lowering and
@@ -338,6 +325,7 @@ def xla_costs(
     mk.sol counts for it (sol_weight_bytes, sol_kv_bytes), compile_s, and the model, chip, device,
     context, batch, msa, versions and kind."""
     from ..progress import tqdm
+    from .harness import versions
 
     _check(cfg, context, batch)
     device = _tpu_device(chip)
@@ -364,8 +352,8 @@ def xla_costs(
                 context=context,
                 batch=batch,
                 msa=bool(msa),
-                jax_version=ver["jax"],
-                libtpu_version=ver["libtpu"],
+                jax_version=ver["jax_version"],
+                libtpu_version=ver["libtpu_version"],
                 kind=KIND,
             )
         )

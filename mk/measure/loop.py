@@ -1,18 +1,18 @@
-"""The measurement method every timed number in mk uses: the variants to compare run interleaved in one
-run (each round runs every variant once, in a shuffled order), never against a baseline from another cell
-or process; rounds go on until every variant's difference from the baseline is known to a stated
-precision or a time budget runs out. Each time is reported as a median with a distribution-free
-confidence interval (order statistics: no assumption on the noise's shape), each difference as the
-median of the per-round paired differences with its interval, and the machine's load beside them. A
-difference whose interval holds zero is noise, and says so.
+"""The one timing loop every measurement in mk runs: the variants to compare run interleaved in one run (each
+round runs every variant once, in a shuffled order), never against a baseline from another cell or process.
+
+The one stopping rule: rounds go on until every watched quantity's median is known to +-``precision`` of
+itself (its 95% interval's half-width), or ``budget_s`` has passed, or ``max_rounds`` are run, after at least
+``min_rounds``. The watched quantities are the variants' own times, or what ``watch`` derives from them round
+by round (the CPU bench: each round's fraction of the speed of light). Each time is reported as a median with
+a distribution-free interval (mk.profiling.stats), each difference from the baseline as the median of the
+per-round paired differences with its interval, and the machine's load beside them.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import random
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -20,40 +20,12 @@ from typing import Any, Callable
 import jax
 import pandas as pd
 
+from ..profiling.stats import Estimate
 
-def median_interval(xs, confidence: float = 0.95) -> tuple[float, float]:
-    """A confidence interval for the median of ``xs`` from order statistics: [x_(k), x_(n+1-k)] holds the
-    median with probability 1 - 2 P(Binomial(n, 1/2) <= k - 1); the narrowest such pair with at least
-    ``confidence`` (the whole range when there are too few values to reach it)."""
-    s = sorted(xs)
-    n = len(s)
-    k = 1
-    while k + 1 <= (n + 1) // 2 and 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n >= confidence:
-        k += 1
-    return s[k - 1], s[n - k]
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A median and its confidence interval (seconds, or a difference of seconds)."""
-
-    median: float
-    low: float
-    high: float
-    n: int
-
-    @classmethod
-    def of(cls, xs, confidence: float) -> "Estimate":
-        lo, hi = median_interval(xs, confidence)
-        return cls(statistics.median(xs), lo, hi, len(xs))
-
-    @property
-    def halfwidth(self) -> float:
-        return (self.high - self.low) / 2
-
-    @property
-    def holds_zero(self) -> bool:
-        return self.low <= 0 <= self.high
+PRECISION = 0.01  # every watched median known to +-1% of itself (95% interval), unless a caller asks otherwise
+MIN_ROUNDS = 7
+MAX_ROUNDS = 500  # read at each call: a test may lower it
+CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
@@ -107,30 +79,41 @@ def _load() -> float:
         return float("nan")
 
 
+def precise(series: dict[str, list[float]], precision: float, confidence: float = CONFIDENCE) -> bool:
+    """The stopping rule: every series' median known to +-``precision`` of itself (``precision`` 0: never)."""
+    if precision == 0:
+        return False
+    estimates = [Estimate.of(xs, confidence) for xs in series.values()]
+    return all(e.halfwidth <= precision * abs(e.median) for e in estimates)
+
+
 def interleaved(
     calls: dict[str, Callable[[], Any]],
     baseline: str,
-    precision: float = 0.05,
+    precision: float = PRECISION,
     budget_s: float = 60.0,
-    min_rounds: int = 7,
-    max_rounds: int = 500,
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int | None = None,
     warmup: int = 2,
-    confidence: float = 0.95,
+    confidence: float = CONFIDENCE,
     seed: int = 0,
-    precise: Callable[[dict[str, list[float]]], bool] | None = None,
+    watch: Callable[[dict[str, list[float]]], dict[str, list[float]]] | None = None,
 ) -> Comparison:
-    """Time every call of ``calls`` once per round, in a shuffled order, until each one's difference from
-    ``baseline`` is known to +-``precision`` x the baseline's median (the interval's half-width), or
-    ``precise(times so far)`` says so when given, or ``budget_s`` has passed (at least ``min_rounds``
-    rounds either way). Each call is waited on with ``jax.block_until_ready``; a call that must thread
-    state (a donated cache) does so itself."""
+    """Time every call of ``calls`` once per round, in a shuffled order, until the stopping rule (the module's
+    docstring) holds for the calls' times, or for ``watch(times so far)`` when given. ``max_rounds`` defaults
+    to ``MAX_ROUNDS``. Each call is waited on with ``jax.block_until_ready``; a call that must thread state (a
+    donated cache) does so itself."""
+    max_rounds = MAX_ROUNDS if max_rounds is None else max_rounds
     if baseline not in calls:
         raise ValueError(f"baseline {baseline!r} is not one of the variants {list(calls)}")
     for name, v in (("min_rounds", min_rounds), ("max_rounds", max_rounds)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 3:
             raise ValueError(f"{name} must be an integer >= 3, got {v!r}")
-    if not 0 < confidence < 1 or precision <= 0 or budget_s <= 0:
-        raise ValueError("confidence must be in (0, 1), precision and budget_s positive")
+    if not 0 < confidence < 1 or precision < 0 or budget_s <= 0:
+        raise ValueError(
+            f"confidence must be in (0, 1), precision >= 0 (0: run to the budget) and budget_s positive; got "
+            f"{confidence}, {precision}, {budget_s}"
+        )
     for call in calls.values():
         for _ in range(warmup):
             jax.block_until_ready(call())
@@ -149,15 +132,7 @@ def interleaved(
         rounds += 1
         if rounds < min_rounds:
             continue
-        if precise is not None:
-            if precise(times):
-                break
-        else:
-            base = statistics.median(times[baseline])
-            diffs = {n: Estimate.of([a - b for a, b in zip(times[n], times[baseline])], confidence) for n in names}
-            if all(d.halfwidth <= precision * base for n, d in diffs.items() if n != baseline):
-                break
-        if time.perf_counter() - t_start > budget_s:
+        if precise(watch(times) if watch else times, precision, confidence) or time.perf_counter() - t_start > budget_s:
             break
     diffs = {n: Estimate.of([a - b for a, b in zip(times[n], times[baseline])], confidence) for n in names}
     return Comparison(

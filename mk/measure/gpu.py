@@ -1,6 +1,6 @@
-"""One decode step of the reference (the plain-JAX general stack) and of transformers' Gemma 4, timed
-interleaved on the same device, with their kernels per step, beside the speed of light; rows go to
-``data/measured/gpu.csv``.
+"""``python -m mk measure-gpu``: one decode step of the reference (the plain-JAX general stack) and of
+transformers' Gemma 4, timed interleaved on the same device, with their kernels per step, beside the speed of
+light; rows (mk.measure.harness's columns, then this driver's own) go to ``data/measured/gpu.csv``.
 
 Made for a GPU machine (an H200 with JAX, torch and transformers, no network): the full-size
 gemma4-26b-a4b in bf16 at a 1K context, one user. Everything also runs on the CPU with a tiny preset
@@ -15,17 +15,18 @@ gemma4-26b-a4b in bf16 at a 1K context, one user. Everything also runs on the CP
   numbers). Both models are held together only when both fit in the device's free memory (with a
   margin); otherwise each is measured alone, transformers first (torch hands its memory back; JAX
   keeps its pool).
-- **The steps**: the reference's compiled step (``mk.bench.step_program``, the cache donated) and
+- **The steps**: the reference's compiled step (``mk.measure.steps.step_program``, the cache donated) and
   transformers' forward of one token with a static cache of ``context`` positions, both at position
-  ``context - 1`` of a zero cache (decode time does not depend on what the cache holds; mk.bench does
-  the same). transformers' static cache counts the positions it has seen; each step first sets the
+  ``context - 1`` of a zero cache (decode time does not depend on what the cache holds; mk.measure.steps
+  does the same). transformers' static cache counts the positions it has seen; each step first sets the
   counters back to ``context - 1`` (a foreach copy on the device: its kernels are taken off the
   count, its few microseconds stay in the time), so every step decodes the same position: with a
   context no longer than the sliding window (26B-A4B at 1K: a window of 1024) a repeated step gives
-  the logits of a step after a real prefill (tests/test_gpu_measure.py). Both return the logits; the
+  the logits of a step after a real prefill (tests/test_measure_gpu.py). Both return the logits; the
   argmax that picks the token is left out of both.
-- **Timing**: ``mk.profiling.interleaved``: one round runs every engine once in a shuffled order, so
-  both see the same machine; medians with 95% intervals. A torch step ends with
+- **Timing**: ``mk.measure.harness.time_engines`` (mk.measure.loop's one loop): one round runs every engine
+  once in a shuffled order, so both see the same machine, until each one's median step is known to +-1%;
+  medians with 95% intervals. A torch step ends with
   ``torch.cuda.synchronize``; a JAX step with ``block_until_ready``.
 - **Kernels per step**: the reference's in a profiler trace of its running program
   (``mk.profiling.trace_kernels``: on a GPU, the device's kernel events), else in its compiled
@@ -33,9 +34,9 @@ gemma4-26b-a4b in bf16 at a 1K context, one user. Everything also runs on the CP
   (on a GPU its CUDA device events, less the position reset's; on the CPU the leaf ``aten`` ops).
   torch is profiled first: two profilers in one process may not both get the device's events.
 - **Speed of light**: the bytes ``mk.sol`` counts per step over the chip's memory bandwidth from
-  ``data/chips.csv`` where the device is a known chip (``h200``: ``mk.sol.speed_of_light``), else
-  over the bandwidth of a GEMV probe timed in the same rounds (``mk.profiling.gemv_probe``, float32:
-  the fastest way this device streams memory).
+  ``data/chips.csv`` where the device is a known chip (``h200``), else over the bandwidth of a GEMV probe
+  timed in the same rounds (float32: the fastest way this device streams memory), round by round
+  (mk.measure.harness).
 - **Budget**: ``budget_s`` bounds the run from start to rows, weight init included. transformers is
   built, counted and timed alone first (a tenth of the budget at most); then the reference's weights
   are built and its step compiled in a background thread, waited for until only the timing's share
@@ -51,10 +52,8 @@ from __future__ import annotations
 import gc
 import inspect
 import os
-import statistics
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,68 +61,35 @@ import jax
 import jax.numpy as jnp
 import pandas as pd
 
-from ..bench import provenance
-from ..chips import get_chip, known_chip
 from ..config import ModelConfig, to_hf_dict
 from ..files import append_csv_rows
 from ..params import count_params
 from ..paths import GPU_CSV
+from ..profiling import count_kernels, device_name, trace_kernels
 from ..progress import Log
 from ..sol import bytes_per_token, kv_bytes_per_user
 from ..units import positive_int
 from ..weights import device_params
-from .bandwidth import device_name, gemv_probe
-from .compare import Estimate, interleaved
-from .kernels import count_kernels
-from .trace import trace_kernels
+from .harness import (
+    DTYPES,
+    MIN_TIMING_S,
+    Engine,
+    SpeedOfLight,
+    columns,
+    probed_speed_of_light,
+    provenance,
+    spec_speed_of_light,
+    time_engines,
+)
 
 ENGINES = ("reference", "transformers")
 DEVICES = ("gpu", "cpu")
-DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
-COLUMNS = (
-    "date",
-    "device",
-    "backend",
-    "jax_version",
-    "torch_version",
-    "transformers_version",
-    "cuda_version",
-    "engine",
-    "engine_options",
-    "model",
-    "dtype",
-    "context",
-    "batch",
-    "rounds",
-    "interleaved_with",
-    "step_ms",
-    "step_low_ms",
-    "step_high_ms",
-    "tokens_per_s",
-    "tokens_per_s_total",
-    "kernels_per_step",
-    "kernels_counted_by",
-    "kernels_compiled",
-    "compile_s",
-    "bytes_per_token",
-    "sol_source",
-    "sol_bandwidth_GBps",
-    "sol_tokens_per_s",
-    "fraction_of_sol",
-    "fraction_of_sol_low",
-    "fraction_of_sol_high",
-    "load_before",
-    "load_after",
-    "weights",
-)
-PRECISION = 0.01  # stop once every engine's median step is known to +-1% (95% interval), or the budget ends
-MAX_ROUNDS = 200
+COLUMNS = columns("engine_options", "kernels_per_step", "kernels_counted_by", "kernels_compiled", "compile_s")
 PROBE_BYTES = 64 * 2**20  # the GEMV probe where the device is no known chip: past a CPU's caches, quick to run
 TRACE_CALLS = 3  # steps in each profiler trace
 MEMORY_MARGIN = 1.05  # both models held together only when 1.05 x their bytes + MEMORY_SLACK fit
 MEMORY_SLACK = 4 * 2**30
 TIMING_SHARE = 0.2  # of the budget kept for the timing rounds (at least MIN_TIMING_S)
-MIN_TIMING_S = 3.0
 
 _unfinished: list[threading.Thread] = []
 
@@ -231,20 +197,6 @@ def init_torch_weights(model, seed: int = 0) -> None:
 
 
 # Engines --------------------------------------------------------------------------------------------
-@dataclass
-class Engine:
-    """A decode step ready to time: ``call()`` runs one step and waits for it."""
-
-    name: str
-    call: Callable[[], Any]
-    kernels: float | None = None
-    kernels_by: str = ""
-    kernels_compiled: float | None = None
-    compile_s: float | None = None
-    options: str = ""
-    close: Callable[[], None] = field(default=lambda: None, repr=False)
-
-
 class _Background:
     """``fn()`` in a daemon thread; ``result(deadline)`` waits for it until ``deadline`` (perf_counter)."""
 
@@ -274,8 +226,8 @@ def start_reference(cfg: ModelConfig, context: int, batch: int, dtype: str, dev,
     """Build the reference's weights and cache on ``dev`` and start compiling its step in the
     background; returns ``finish(deadline) -> Engine`` (raises TimeoutError if the compile is not done
     by ``deadline``)."""
-    from ..bench import step_program
     from ..reference import decode_step, init_cache
+    from .steps import step_program
 
     t = time.perf_counter()
     params = device_params(cfg, seed, DTYPES[dtype], dev, log)
@@ -317,12 +269,14 @@ def start_reference(cfg: ModelConfig, context: int, batch: int, dtype: str, dev,
         return Engine(
             "reference",
             call,
-            traced if traced else count.total,
-            by,
-            count.total,
-            compile_s,
-            "jit, cache donated",
-            close,
+            columns=dict(
+                engine_options="jit, cache donated",
+                kernels_per_step=round(traced if traced else count.total, 2),
+                kernels_counted_by=by,
+                kernels_compiled=count.total,
+                compile_s=round(compile_s, 1),
+            ),
+            close=close,
         )
 
     return finish
@@ -430,7 +384,18 @@ def start_transformers(cfg: ModelConfig, context: int, batch: int, dtype: str, d
         if cuda:
             torch.cuda.empty_cache()
 
-    return Engine("transformers", call, kernels, by, None, None, options, close)
+    return Engine(
+        "transformers",
+        call,
+        columns=dict(
+            engine_options=options,
+            kernels_per_step=None if kernels is None else round(kernels, 2),
+            kernels_counted_by=by,
+            kernels_compiled=None,
+            compile_s=None,
+        ),
+        close=close,
+    )
 
 
 def _torch_kernels(torch, fn: Callable[[], None], cuda: bool) -> float | None:
@@ -453,114 +418,13 @@ def _torch_kernels(torch, fn: Callable[[], None], cuda: bool) -> float | None:
     return n / TRACE_CALLS if n else None
 
 
-# Timing ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SpeedOfLight:
-    source: str
-    bytes_per_step: float
-    bandwidth: float | None  # bytes/s; None: measured by the probe round by round
-
-
-def _versions(dev) -> dict:
-    out = {"jax_version": jax.__version__, "torch_version": "", "transformers_version": "", "cuda_version": ""}
-    cuda = []
-    if dev.platform != "cpu":
-        cuda.append(f"jax: {' '.join(str(dev.client.platform_version).split())}")
-    try:
-        import torch
-
-        out["torch_version"] = torch.__version__
-        if torch.version.cuda:
-            cuda.append(f"torch: {torch.version.cuda}")
-    except ImportError:
-        pass
-    try:
-        import transformers
-
-        out["transformers_version"] = transformers.__version__
-    except ImportError:
-        pass
-    out["cuda_version"] = "; ".join(cuda)
-    return out
-
-
-def time_engines(
-    engines: list[Engine],
-    cfg: ModelConfig,
-    context: int,
-    batch: int,
-    dtype: str,
-    dev,
-    sol: SpeedOfLight,
-    budget_s: float,
-    weights: str,
-    log,
-) -> pd.DataFrame:
-    """Time ``engines`` interleaved (with the GEMV probe when the speed of light is measured) for up to
-    ``budget_s``: one row per engine."""
-    calls = {e.name: e.call for e in engines}
-    probe_bytes = 0
-    if sol.bandwidth is None:
-        calls["probe"], probe_bytes = gemv_probe(PROBE_BYTES, dev, jnp.float32)
-
-    def precise(times):
-        return all(Estimate.of(ts, 0.95).halfwidth <= PRECISION * statistics.median(ts) for ts in times.values())
-
-    log(f"timing {', '.join(calls)} interleaved, up to {max(budget_s, 0):.0f} s")
-    cmp = interleaved(calls, engines[0].name, budget_s=max(budget_s, 1e-3), precise=precise, max_rounds=MAX_ROUNDS)
-    log(f"timed {cmp.rounds} rounds in {cmp.elapsed_s:.1f} s")
-    rounds_bw = [probe_bytes / t for t in cmp.raw["probe"]] if sol.bandwidth is None else [sol.bandwidth] * cmp.rounds
-    bandwidth = Estimate.of(rounds_bw, cmp.confidence)
-    prov = {**provenance(dev), **_versions(dev)}
-    rows = []
-    for e in engines:
-        step = cmp.times[e.name]
-        fractions = [sol.bytes_per_step / bw / ts for bw, ts in zip(rounds_bw, cmp.raw[e.name])]
-        frac = Estimate.of(fractions, cmp.confidence)
-        rows.append(
-            {
-                **prov,
-                "engine": e.name,
-                "engine_options": e.options,
-                "model": cfg.name,
-                "dtype": dtype,
-                "context": context,
-                "batch": batch,
-                "rounds": cmp.rounds,
-                "interleaved_with": ", ".join(n for n in calls if n != e.name),
-                "step_ms": round(step.median * 1e3, 4),
-                "step_low_ms": round(step.low * 1e3, 4),
-                "step_high_ms": round(step.high * 1e3, 4),
-                "tokens_per_s": round(1 / step.median, 2),
-                "tokens_per_s_total": round(batch / step.median, 2),
-                "kernels_per_step": None if e.kernels is None else round(e.kernels, 2),
-                "kernels_counted_by": e.kernels_by,
-                "kernels_compiled": e.kernels_compiled,
-                "compile_s": None if e.compile_s is None else round(e.compile_s, 1),
-                "bytes_per_token": int(sol.bytes_per_step),
-                "sol_source": sol.source,
-                "sol_bandwidth_GBps": round(bandwidth.median / 1e9, 3),
-                "sol_tokens_per_s": round(bandwidth.median / sol.bytes_per_step, 2),
-                "fraction_of_sol": round(frac.median, 5),
-                "fraction_of_sol_low": round(frac.low, 5),
-                "fraction_of_sol_high": round(frac.high, 5),
-                "load_before": round(cmp.load[0], 2),
-                "load_after": round(cmp.load[1], 2),
-                "weights": weights,
-            }
-        )
-    return pd.DataFrame(rows, columns=list(COLUMNS))
-
-
+# The speed of light ---------------------------------------------------------------------------------
 def speed_of_light_for(cfg: ModelConfig, context: int, batch: int, dtype: str, dev, chip: str | None) -> SpeedOfLight:
     """The chip's speed of light (``chip``, or the chip the device is) from ``mk.sol``, or, for a device
-    that is no known chip, the same bytes over a GEMV probe timed in the same rounds."""
+    that is no known chip, the same bytes over a GEMV probe (f32: the fastest way this device streams
+    memory) timed in the same rounds."""
     per_step = bytes_per_token(cfg, context, batch, dtype).total
-    chip = chip or known_chip(dev)
-    if chip is None:
-        return SpeedOfLight(f"measured: GEMV probe (f32, {PROBE_BYTES >> 20} MiB) in the same rounds", per_step, None)
-    c = get_chip(chip)
-    return SpeedOfLight(f"{c.name} (spec, {c.hbm_bandwidth / 1e12:.2f} TB/s; mk.sol)", per_step, c.hbm_bandwidth)
+    return spec_speed_of_light(per_step, dev, 1, chip) or probed_speed_of_light(per_step, PROBE_BYTES, dev, "f32")
 
 
 # The run ----------------------------------------------------------------------------------------------
@@ -617,9 +481,11 @@ def run(
         + ("measured together" if together else "measured one after the other (both do not fit)")
     )
     tables, tf, ref, alone = [], None, None, None
+    run = dict(model=cfg.name, dtype=dtype, context=context, batch=batch, weights=weights)
 
     def timed(ready, seconds):
-        return time_engines(ready, cfg, context, batch, dtype, dev, sol, seconds, weights, log)
+        _, rows = time_engines(ready, sol, {**provenance(dev), **run}, max(seconds, 1e-3), log=log)
+        return pd.DataFrame(rows, columns=list(COLUMNS))
 
     if "transformers" in engines:
         tf = start_transformers(cfg, context, batch, dtype, device, seed, log)
@@ -668,8 +534,8 @@ def measure_transformers(
 
 
 def append_rows(rows: list[dict], path: Path | str = GPU_CSV) -> Path:
-    """Append ``rows`` to the CSV at ``path`` atomically (mk.files.append_csv_rows, as mk.bench.append_row)."""
-    return append_csv_rows(rows, Path(path), COLUMNS)
+    """Append ``rows`` to the CSV at ``path`` atomically (mk.files.append_csv_rows)."""
+    return append_csv_rows(rows, Path(path), COLUMNS, "a measure-gpu row")
 
 
 def _missing(v) -> bool:

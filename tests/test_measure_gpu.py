@@ -1,4 +1,4 @@
-"""mk.profiling.gpu and ``python -m mk measure-gpu`` on the CPU with a tiny model: real rows, CPU-labelled.
+"""mk.measure.gpu and ``python -m mk measure-gpu`` on the CPU with a tiny model: real rows, CPU-labelled.
 
 One run of the command (module-scoped, ~15 s) serves the row tests; the rounds are capped so the run ends
 long before its budget, which is generous so that a slow machine never abandons the reference's compile.
@@ -17,7 +17,7 @@ import pytest
 
 from mk.__main__ import main
 from mk.config import get_config
-from mk.profiling import gpu
+from mk.measure import gpu, loop
 from mk.sol import speed_of_light
 
 
@@ -40,7 +40,7 @@ def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu") / "gpu.csv"
     engines = "reference,transformers" if HAS_GEMMA4 else "reference"
     mp = pytest.MonkeyPatch()
-    mp.setattr(gpu, "MAX_ROUNDS", 40)
+    mp.setattr(loop, "MAX_ROUNDS", 40)
     mp.setattr(gpu, "PROBE_BYTES", 16 * 2**20)
 
     def no_exit(code):  # the command leaves with os._exit only when it abandoned a compile: fail instead
@@ -70,35 +70,6 @@ def _check_row(r, engine):
     step_s = float(r["step_ms"]) / 1e3
     assert float(r["tokens_per_s"]) == pytest.approx(1 / step_s, rel=1e-3, abs=0.005)  # written to 2 decimals
     assert float(r["kernels_per_step"]) > 10
-
-
-def test_the_fraction_pairs_each_rounds_step_with_the_same_rounds_probe(monkeypatch):
-    """The fraction of the speed of light is the median over rounds of (bytes / that round's probe bandwidth)
-    / that round's step, with its interval: on a loaded machine a slow round slows the probe and the step
-    together, so the pairs cancel what the ratio of two medians would not. Known rounds, no timing."""
-    from mk.config import TINY_MOE
-    from mk.profiling.compare import Comparison, Estimate
-
-    steps = [1.0, 2.0, 4.0, 1.0, 2.0, 4.0, 1.0]  # s
-    probe = [1.0, 2.0, 4.0, 0.5, 1.0, 2.0, 1.0]  # s to read the probe's bytes
-    raw = {"ref": steps, "probe": probe}
-
-    def fake_interleaved(calls, baseline, **_):
-        times = {k: Estimate.of(v, 0.95) for k, v in raw.items()}
-        return Comparison(baseline, times, {}, 0.95, len(steps), 1.0, (0.0, 0.0), raw)
-
-    monkeypatch.setattr(gpu, "interleaved", fake_interleaved)
-    monkeypatch.setattr(gpu, "gemv_probe", lambda nbytes, dev, dtype: (None, 100))
-    sol = gpu.SpeedOfLight("measured: GEMV probe", bytes_per_step=50, bandwidth=None)
-    (row,) = gpu.time_engines(
-        [gpu.Engine("ref", None)], TINY_MOE, 64, 1, "bf16", jax.devices()[0], sol, 1.0, "random", lambda _: None
-    ).to_dict("records")
-    pairs = sorted(50 / (100 / p) / t for p, t in zip(probe, steps))  # 0.5 each round but 0.25 in three
-    assert row["fraction_of_sol"] == pytest.approx(pairs[3]) == 0.5
-    assert row["fraction_of_sol_low"] == pytest.approx(pairs[0]) and row["fraction_of_sol_high"] == pytest.approx(
-        pairs[-1]
-    )
-    assert row["step_ms"] == 2000.0  # the ratio of the medians, 50 B / 100 B/s / 2 s, would be 0.25
 
 
 def test_reference_row(measured):

@@ -1,4 +1,4 @@
-"""``python -m mk tpu-smoke`` (mk.tpu_smoke): refused in one line without a TPU; the whole path run once over 8
+"""``python -m mk tpu-smoke`` (mk.measure.tpu): refused in one line without a TPU; the whole path run once over 8
 simulated chips (the kernel in Pallas TPU interpret mode, races checked), its rows labelled as the CPU's; which
 engines are timed together; bad input refused."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mk import tpu_smoke
 from mk.__main__ import main
 from mk.config import FULL, TINY_MOE
+from mk.measure import tpu as tpu_smoke
 
 ROOT = Path(__file__).resolve().parent.parent
 # One full layer of the tiny MoE: the interpreted 8-chip step is the run's cost (~5 s a call on 2 cores).
@@ -116,7 +116,7 @@ def test_a_run_over_simulated_chips_checks_times_and_writes_rows_labelled_as_the
         assert 0 < low <= median <= high
         assert float(row["tokens_per_s"]) == pytest.approx(1e3 / median, rel=1e-3, abs=0.01)  # rounded to 0.01
         assert row["sol_source"].startswith("tpu-v5e-2 spec") and "given, the device is cpu" in row["sol_source"]
-        assert row["chip"] == "tpu-v5e-2"  # the slice the timing model predicts the row for (mk.verdict)
+        assert row["chip"] == "tpu-v5e-2"  # the slice the timing model predicts the row for (mk.analysis.verdict)
         assert 0 < float(row["fraction_of_sol_low"]) <= float(row["fraction_of_sol"]) <= 1
         assert int(row["bytes_per_token"]) > 0
     assert "tiny-moe-1-layer" in tpu_smoke.text(r) and "parity: whole held" in tpu_smoke.text(r)

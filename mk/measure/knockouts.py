@@ -1,5 +1,5 @@
-"""Component knock-outs: the step timed whole and with each component switched off in turn, beside the
-seed's published component table."""
+"""Component knock-outs: the step timed whole and with each component switched off in turn
+(``knockout_table``), and the seed's published component table joined beside them (``with_seed_columns``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from .compare import interleaved
-from .kernels import compiled_kernels
+from ..profiling.kernels import compiled_kernels
+from .loop import interleaved
 
 WHOLE = "(whole step)"
 
@@ -20,7 +20,8 @@ def knockout_table(
     **method,
 ) -> pd.DataFrame:
     """Time the whole step and the step with each component switched off, interleaved in one run
-    (mk.profiling.compare.interleaved; ``method`` sets its precision, budget, ...).
+    (mk.measure.loop.interleaved, its one stopping rule: each variant's step known to +-``precision`` of
+    itself; ``method`` sets its precision, budget, ...).
 
     ``call_for(knockout)`` gives a no-argument call running the step with the components in ``knockout``
     off. The shrink is how much faster the step gets without the component (the median of the paired
@@ -28,7 +29,7 @@ def knockout_table(
     share of the step, and the rows need not add up to it. ``bytes_time_s``: each component's bytes over
     the measured bandwidth; a shrink well above it (more than twice, beyond its interval) is flagged: the
     knock-out removed more than reads (kernels, fusions), and a shrink whose interval holds zero is noise.
-    A call with a ``program`` (mk.bench.decode_call(program=True)) has its kernels counted in the program it
+    A call with a ``program`` (mk.measure.steps.decode_call(program=True)) has its kernels counted in the program it
     was timed with (compiled once): column ``kernels``.
     """
     calls = {WHOLE: call_for(frozenset())}

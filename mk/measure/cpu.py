@@ -1,0 +1,216 @@
+"""``python -m mk bench``: an engine's compiled decode step at a context and batch timed against this device's
+own measured speed of light, its kernels counted, one row appended to ``data/measured/bench.csv``; and how
+fast this device streams each data type (``probe_table``).
+
+The step and a bandwidth probe (a GEMV streaming an array once) run interleaved, round after round
+(mk.measure.harness.time_engines), so both see the same load; each round gives a fraction of the speed of
+light (the probe's bandwidth over the bytes per step, against the step), and the run reports the median of
+those with its 95% interval, the step's and the bandwidth's, and the machine's load: rounds go on until the
+fraction is known to +-``precision`` of itself or the time budget runs out. The step is timed as
+mk.measure.steps.decode_call times it (the last position of a zero cache).
+
+INT8 weights (``quantize``, mk.quant): the engine gets the quantized tree, and the row's ``dtype`` says so,
+``f32+int8-experts``: the float data type, then the scheme (a row without ``+`` is a float run, as every
+older row). Its bytes per token are mk.sol's for that policy (INT8 codes and their scales): the speed of
+light of the quantized model. The reference dequantizes the tree once at load time and so reads float
+weights every step: its fraction of that speed of light shows what it leaves on the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .. import profiling
+from ..config import ModelConfig
+from ..files import append_csv_rows
+from ..paths import BENCH_CSV
+from ..sol import bytes_per_token
+from ..units import positive_int
+from .harness import DTYPES, PROBE, Engine, columns, probed_speed_of_light, provenance, time_engines
+from .loop import interleaved
+from .steps import decode_call
+
+COLUMNS = columns("kernels_per_step")
+PRECISION = 0.02  # the bench's default: its fraction of the speed of light known to +-2% of itself
+
+
+def append_row(row: dict, path: Path = BENCH_CSV) -> Path:
+    """Append ``row`` to the CSV at ``path`` atomically (mk.files.append_csv_rows): a crash leaves the old
+    file or the new."""
+    return append_csv_rows([row], path, COLUMNS, "a bench row")
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """One benchmark run: the step, the probe's bandwidth and the fraction of the speed of light, each a
+    median with its interval over interleaved rounds; kernels, bytes, the method and the CSV row."""
+
+    cfg: ModelConfig
+    engine: str
+    dtype: str  # the float data type, then "+SCHEME" for INT8 weights (f32+int8-experts)
+    context: int
+    batch: int
+    step: profiling.Estimate  # seconds
+    bandwidth: profiling.Estimate  # bytes/s, one device's probe in the same rounds
+    fraction: profiling.Estimate  # of the speed of light, round by round
+    kernels: profiling.KernelCount
+    bytes_per_token: float
+    method: dict  # rounds, elapsed_s, confidence, load_before, load_after
+    record: dict  # the CSV row (mk.measure.harness's columns, then COLUMNS' own)
+    round_fractions: tuple[float, ...] = ()  # the fraction of the speed of light in each round, in order
+
+    @property
+    def step_s(self) -> float:
+        return self.step.median
+
+    @property
+    def fraction_of_sol(self) -> float:
+        return self.fraction.median
+
+    def row(self) -> dict:
+        return dict(self.record)
+
+    def text(self) -> str:
+        r = self.record
+        return "\n".join(
+            [
+                f"{r['model']} / {r['engine']} on {r['device']}, {r['dtype']}, context {r['context']}, "
+                f"batch {r['batch']} (measured {r['date']}, JAX {r['jax_version']}, commit {r['commit']})",
+                f"  step              {r['step_ms']:10.3f} ms  (median of {r['rounds']} interleaved rounds, "
+                f"95% interval {r['step_low_ms']:.3f}-{r['step_high_ms']:.3f})",
+                f"  tokens/s/user     {r['tokens_per_s']:10.1f}",
+                f"  tokens/s total    {r['tokens_per_s_total']:10.1f}",
+                f"  kernels per step  {r['kernels_per_step']:10.0f}  (compiled program)",
+                f"  bytes per token   {r['bytes_per_token'] / 1e6:10.1f} MB  (modelled, mk.sol '{r['dtype']}')",
+                f"  bandwidth         {r['sol_bandwidth_GBps']:10.2f} GB/s  ({r['sol_source']}, "
+                f"{r['sol_bandwidth_low_GBps']:.2f}-{r['sol_bandwidth_high_GBps']:.2f})",
+                f"  speed of light    {r['sol_tokens_per_s']:10.1f} tok/s  -> {r['fraction_of_sol']:.1%} reached "
+                f"(95% interval {r['fraction_of_sol_low']:.1%}-{r['fraction_of_sol_high']:.1%})",
+                f"  machine load      {r['load_before']:10.2f} -> {r['load_after']:.2f}  (1-minute average)",
+            ]
+        )
+
+
+def run_bench(
+    cfg: ModelConfig,
+    context: int,
+    batch: int = 1,
+    dtype: str = "f32",
+    engine: str = "reference",
+    params: dict | None = None,
+    weights: str | None = None,
+    precision: float = PRECISION,
+    budget_s: float = 30.0,
+    probe_bytes: int = profiling.DEFAULT_PROBE_BYTES,
+    seed: int = 0,
+    engine_options: dict | None = None,
+    quantize: str | None = None,
+) -> BenchResult:
+    """Benchmark ``engine``'s decode step for ``cfg`` at ``context`` positions and ``batch`` users: the
+    step and the bandwidth probe interleaved until the fraction of the speed of light is known to
+    +-``precision`` of itself (its 95% interval's half-width; 0: to the budget) or ``budget_s`` is spent.
+
+    ``params`` default to random weights (seeded: timing does not depend on the values).
+    ``engine_options`` go to the engine's ``make_step`` (the megakernel's ``setup=KernelSetup(8, "split")``):
+    over C chips the speed of light is C times one chip's probed bandwidth, and the row's engine names the
+    options (``megakernel[chips=8,placement=split]``, then the setup's name where it has one). ``quantize`` (an
+    mk.quant scheme) quantizes the float ``params`` before the engine sees them; quantized ``params`` are used as
+    they are (``quantize`` None or their own scheme: ``mk.quant.quantized_as``). The result's ``dtype`` is then
+    ``DTYPE+SCHEME``.
+    """
+    from ..generate import cache_multiple, get_step
+    from ..quant import quantized_as, scheme_of
+    from ..weights import random_params
+
+    positive_int("context", context)
+    positive_int("batch", batch)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    options = dict(engine_options or {})
+    step = get_step(engine, cfg, **options)
+    chips, multiple = options["setup"].chips if "setup" in options else 1, cache_multiple(engine)
+    label = f"{engine}[{','.join(_option_words(options))}]" if options else engine
+    if params is None:
+        params, weights = random_params(cfg, seed, DTYPES[dtype]), f"random (seed {seed})"
+    params = quantized_as(params, cfg, quantize)
+    scheme = scheme_of(params, cfg)
+    label_dtype = dtype if scheme == "none" else f"{dtype}+{scheme}"
+    call = decode_call(step, params, cfg, context, batch, dtype, program=True, cache_multiple=multiple)
+    kernels = profiling.compiled_kernels(call.program, *call.args())
+    per_token = bytes_per_token(cfg, context, batch, label_dtype).total
+    sol = probed_speed_of_light(per_token, probe_bytes, dtype=dtype, chips=chips)
+    run = {
+        **provenance(chips=chips),
+        "model": cfg.name,
+        "dtype": label_dtype,
+        "context": context,
+        "batch": batch,
+        "weights": weights or "given",
+    }
+    columns = {"kernels_per_step": kernels.total}
+    cmp, (row,) = time_engines(
+        [Engine(label, call, columns=columns)], sol, run, budget_s, precision, watch_fractions=True
+    )
+    rounds = sol.fractions(cmp.raw, label)
+    return BenchResult(
+        cfg,
+        label,
+        label_dtype,
+        context,
+        batch,
+        cmp.times[label],
+        profiling.Estimate.of([sol.probe_bytes / t for t in cmp.raw[PROBE]], cmp.confidence),
+        profiling.Estimate.of(rounds, cmp.confidence),
+        kernels,
+        per_token,
+        cmp.provenance(),
+        row,
+        tuple(rounds),
+    )
+
+
+def _option_words(options: dict) -> list[str]:
+    """``k=v`` for each engine option; a kernel setup by its chips, placement and (unless the default) name."""
+    from ..kernel_setup import KernelSetup
+
+    words = []
+    for k, v in options.items():
+        if isinstance(v, KernelSetup):
+            words += [f"chips={v.chips}", f"placement={v.placement}"]
+            words += [] if v.name == KernelSetup().name else [f"setup={v.name}"]
+        else:
+            words.append(f"{k}={v}")
+    return words
+
+
+def probe_table(nbytes: int, dtypes: dict, budget_s: float = 20.0) -> pd.DataFrame:
+    """How fast this device streams each data type through both probes (mk.profiling.probe_calls), every
+    (dtype, probe) pair interleaved in one run until the budget or 50 rounds: one row per pair with its
+    bandwidth's median and 95% interval in GB/s. Another data type's probe shows how fast the device streams
+    that type through the same kernels (XLA:CPU's BF16 GEMV is far slower than its F32 one: the way to
+    choose a CPU type)."""
+    calls, sizes = {}, {}
+    for name, dtype in dtypes.items():
+        probes, size = profiling.probe_calls(nbytes, dtype)
+        for probe, call in probes.items():
+            calls[f"{name} {probe}"], sizes[f"{name} {probe}"] = call, size
+    first = next(iter(calls))
+    cmp = interleaved(calls, first, precision=0, budget_s=budget_s, max_rounds=50)
+    out = []
+    for key in calls:
+        d, p = key.split(" ")
+        bw = profiling.Estimate.of([sizes[key] / t for t in cmp.raw[key]], cmp.confidence)
+        out.append(
+            dict(
+                dtype=d,
+                probe=p,
+                GBps=bw.median / 1e9,
+                low_GBps=bw.low / 1e9,
+                high_GBps=bw.high / 1e9,
+                rounds=cmp.rounds,
+            )
+        )
+    return pd.DataFrame(out)

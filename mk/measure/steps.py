@@ -1,0 +1,77 @@
+"""A decode step as a call to time: one engine's step at the last position of a zero cache, the cache threaded
+from call to call; the same step as one jitted program, or dispatched op by op.
+
+The step is timed at position ``context - 1`` of a cache sized to ``context``, so it reads the KV cache
+``mk.sol`` counts for that context. Decode time does not depend on what the cache holds (the shapes are fixed
+and masked), so the cache is left zero rather than filled by a prefill.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from ..config import ModelConfig
+from .harness import DTYPES
+
+
+def decode_call(
+    step,
+    params: dict,
+    cfg: ModelConfig,
+    context: int,
+    batch: int,
+    dtype: str,
+    knockout=frozenset(),
+    program: bool = False,
+    cache_multiple: int = 1,
+) -> Callable[[], jax.Array]:
+    """A no-argument call that runs one decode step of ``batch`` users at position ``context - 1``
+    of a zero cache of ``context`` positions (slots rounded up to ``cache_multiple``, in the engine's own
+    layout when its step has ``adopt_cache``), threading the (donated) cache from call to call.
+
+    ``program=True`` runs the step as :func:`step_program`, kept as ``call.program``: the program
+    ``compiled_kernels(call.program, *call.args())`` counts (compiled once, shared with the calls),
+    and whose instruction names a profiler trace of the call shows.
+    """
+    from ..reference import init_cache
+
+    prepare, adopt = getattr(step, "prepare", None), getattr(step, "adopt_cache", None)
+    if prepare is not None:  # the engine's own layout, made once outside the timed (and jitted) step
+        params = prepare(params, cfg)
+    prog = step_program(step, cfg, knockout) if program else None
+    if program:
+
+        def step(p, _cfg, cache, t, i, _knockout):
+            return prog(p, cache, t, i)
+
+    tokens = jnp.zeros((batch,), jnp.int32)
+    pos = jnp.asarray(context - 1, jnp.int32)
+    cache = init_cache(cfg, batch, context, DTYPES[dtype], multiple=cache_multiple)
+    state = {"cache": adopt(cache) if adopt is not None else cache}
+
+    def call():
+        logits, state["cache"] = step(params, cfg, state["cache"], tokens, pos, knockout)
+        return logits
+
+    call.args = lambda: (params, state["cache"], tokens, pos)  # for compiling the same step
+    call.program = prog
+    return call
+
+
+def op_by_op(call: Callable[[], jax.Array]) -> Callable[[], jax.Array]:
+    """``call`` with every primitive dispatched as its own program (``jax.disable_jit``), as an eager
+    framework runs it: to time beside the compiled step, interleaved."""
+
+    def eager():
+        with jax.disable_jit():
+            return jax.block_until_ready(call())
+
+    return eager
+
+
+def step_program(step, cfg: ModelConfig, knockout=frozenset()):
+    """The decode step as one jitted program with the cache donated, as an engine runs it."""
+    return jax.jit(lambda p, c, t, i: step(p, cfg, c, t, i, knockout), donate_argnums=(1,))

@@ -1,0 +1,187 @@
+"""mk.measure's harness: the one timing loop and its stopping rule, the row schema every CSV of data/measured/
+shares, the provenance and versions collector, the speed of light a row is set against (spec, probed round by
+round, unknown), and the timed instruments (knock-outs, the bandwidth table). The drivers' own tests:
+tests/test_measure_cpu.py, test_measure_gpu.py, test_measure_tpu.py; XLA's cost model: test_xla_cost.py."""
+
+import csv
+import re
+import time
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from mk.config import get_config
+from mk.measure import cpu, gpu, harness, knockouts, loop, tpu
+from mk.measure.steps import decode_call
+from mk.paths import BENCH_CSV, GPU_CSV, TPU_CSV
+from mk.profiling import Estimate, compiled_kernels
+from mk.sol import bytes_per_token, speed_of_light
+
+
+def _sleeper(seconds):
+    return lambda: time.sleep(seconds)
+
+
+def test_interleaved_resolves_a_real_difference_and_bounds_a_null_one():
+    cmp = loop.interleaved(
+        {"a": _sleeper(0.010), "b": _sleeper(0.013), "a2": _sleeper(0.010)}, "a", precision=0.05, budget_s=10, warmup=1
+    )
+    assert cmp.rounds >= 7 and cmp.load[0] == cmp.load[0]
+    d = cmp.differences["b"]
+    assert not d.holds_zero and 0.002 < d.median < 0.004 and d.low <= d.median <= d.high
+    assert abs(cmp.differences["a2"].median) < 0.001 and cmp.differences["a2"].halfwidth < 0.001
+    table = cmp.table().set_index("variant")
+    assert table.loc["b", "resolved"] and table.loc["a", "diff_s"] == 0
+    with pytest.raises(ValueError, match="baseline"):
+        loop.interleaved({"a": _sleeper(0)}, "z")
+
+
+def test_knockout_table_reports_shrinks_with_intervals_and_seed_columns():
+    steps = {frozenset(): 0.012, frozenset({"experts"}): 0.006, frozenset({"router"}): 0.012}
+    table = knockouts.knockout_table(
+        lambda ko: _sleeper(steps[ko]),
+        ["experts", "router"],
+        bytes_time_s={"experts": 0.001, "router": 0.0},
+        budget_s=10,
+        warmup=1,
+    )
+    assert list(table["component"]) == ["(whole step)", "experts", "router"]
+    experts = table.iloc[1]
+    assert experts.shrink_low_s <= experts.shrink_s <= experts.shrink_high_s
+    assert experts.shrink_s == pytest.approx(0.006, abs=0.001)
+    assert experts.verdict.startswith("above its bytes")  # 6 ms shrink against 1 ms of bytes
+    assert table.iloc[2].shrink_low_s < 0.001  # no change: a shrink about zero
+    assert table["shrink_fraction"].iloc[1] == pytest.approx(0.5, abs=0.1)
+    seeded = knockouts.with_seed_columns(table)
+    assert seeded["seed_vllm_h100_s"].iloc[1] == pytest.approx(1.76e-3)
+    assert seeded["seed_megakernel_v5e8_s"].iloc[2] == pytest.approx(0.02e-3)
+    assert seeded["seed_vllm_h100_s"].iloc[0] == pytest.approx(5.77e-3)
+
+
+def test_knockout_table_counts_each_programs_kernels_in_the_program_it_timed(monkeypatch):
+    """Calls made with ``program=True``: each knock-out's kernels counted in the program it was timed with
+    (compiled once: counting compiles nothing); a knocked-out component launches fewer kernels."""
+    from mk.config import TINY_MOE
+    from mk.generate import get_step
+    from mk.weights import random_params
+
+    cfg, params, step = TINY_MOE, random_params(TINY_MOE, 0), get_step("reference", TINY_MOE)
+    counting, compiles_while_counting = [False], []
+
+    def listen(event, _seconds, **_kw):  # (listeners stay registered: this one only hears the counting)
+        if counting[0] and event.endswith("backend_compile_duration"):
+            compiles_while_counting.append(event)
+
+    def count(*args):
+        counting[0] = True
+        try:
+            return compiled_kernels(*args)
+        finally:
+            counting[0] = False
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    monkeypatch.setattr(knockouts, "compiled_kernels", count)
+    table = knockouts.knockout_table(
+        lambda ko: decode_call(step, params, cfg, 32, 1, "f32", ko, program=True), ["experts"], budget_s=1, warmup=1
+    )
+    whole, experts = table["kernels"]
+    assert 0 < experts < whole
+    assert compiles_while_counting == []
+
+
+def test_bandwidth_probes_both_kernels_in_each_type_interleaved():
+    table = cpu.probe_table(16 * 2**20, {"f32": jnp.float32, "bf16": jnp.bfloat16}, budget_s=2)
+    assert set(zip(table.dtype, table.probe)) == {(d, p) for d in ("f32", "bf16") for p in ("reduce_sum", "matvec")}
+    assert (table.GBps > 0.1).all() and (table.low_GBps <= table.GBps).all() and (table.GBps <= table.high_GBps).all()
+    assert table.rounds.nunique() == 1 and table.rounds.iloc[0] >= 7
+
+
+def test_bandwidth_table_rejects_a_tiny_array():
+    with pytest.raises(ValueError, match="at least 1 MiB"):
+        cpu.probe_table(1000, {"f32": jnp.float32})
+
+
+def test_the_stopping_rule_wants_every_watched_median_known_to_its_precision():
+    tight, loose = [1.0, 1.001, 0.999, 1.0, 1.0, 1.001, 0.999], [1.0, 2.0, 0.5, 1.0, 3.0, 1.0, 0.7]
+    assert loop.precise({"a": tight}, 0.01)
+    assert not loop.precise({"a": tight, "b": loose}, 0.01)
+    assert not loop.precise({"a": tight}, 0)  # 0: never, the budget or max_rounds ends the run
+
+
+def test_interleaved_stops_on_the_watched_series_and_keeps_min_rounds():
+    calls = {"a": _sleeper(0.001), "b": _sleeper(0.002)}
+    never = loop.interleaved(
+        calls, "a", budget_s=30, min_rounds=3, max_rounds=9, warmup=0, watch=lambda t: {"x": [0, 1]}
+    )
+    assert never.rounds == 9  # a watched series whose median is never known: to max_rounds
+    once = loop.interleaved(calls, "a", precision=0.5, budget_s=1e-6, min_rounds=5, warmup=0)
+    assert once.rounds == 5  # the budget is spent at once, min_rounds still run
+    with pytest.raises(ValueError, match="precision >= 0"):
+        loop.interleaved(calls, "a", precision=-1)
+
+
+def test_the_fraction_pairs_each_rounds_step_with_the_same_rounds_probe(monkeypatch):
+    """The fraction of the speed of light is the median over rounds of (bytes / that round's probe bandwidth)
+    / that round's step, with its interval: on a loaded machine a slow round slows the probe and the step
+    together, so the pairs cancel what the ratio of two medians would not. Known rounds, no timing."""
+    steps = [1.0, 2.0, 4.0, 1.0, 2.0, 4.0, 1.0]  # s
+    probe = [1.0, 2.0, 4.0, 0.5, 1.0, 2.0, 1.0]  # s to read the probe's bytes
+    raw = {"ref": steps, "probe": probe}
+
+    def fake_interleaved(calls, baseline, **_):
+        times = {k: Estimate.of(v, 0.95) for k, v in raw.items()}
+        return loop.Comparison(baseline, times, {}, 0.95, len(steps), 1.0, (0.0, 0.0), raw)
+
+    monkeypatch.setattr(harness, "interleaved", fake_interleaved)
+    sol = harness.SpeedOfLight("measured: GEMV probe", bytes_per_step=50, probe=lambda: None, probe_bytes=100)
+    _, (row,) = harness.time_engines([harness.Engine("ref", None)], sol, {"batch": 1}, 1.0)
+    pairs = sorted(50 / (100 / p) / t for p, t in zip(probe, steps))  # 0.5 each round but 0.25 in three
+    assert row["fraction_of_sol"] == pytest.approx(pairs[3]) == 0.5
+    assert row["fraction_of_sol_low"] == pytest.approx(pairs[0]) and row["fraction_of_sol_high"] == pytest.approx(
+        pairs[-1]
+    )
+    assert row["step_ms"] == 2000.0  # the ratio of the medians, 50 B / 100 B/s / 2 s, would be 0.25
+    assert row["interleaved_with"] == "probe" and row["sol_tokens_per_s"] == 2.0  # median 100 B/s over 50 B
+
+
+def test_provenance_names_the_device_the_software_and_the_commit():
+    p = harness.provenance(chips=2)
+    assert tuple(p) == harness.PROVENANCE and p["chips"] == 2 and p["date"].endswith("Z")
+    assert p["jax_version"] == jax.__version__ and p["device"].startswith(jax.devices()[0].platform)
+    assert re.fullmatch(r"[0-9a-f]{12}( \(with uncommitted changes\))?|unknown", p["commit"]), p["commit"]
+    assert all(p[k] for k in harness.PROVENANCE), p  # "none" where a package is absent, never blank
+
+
+def test_every_driver_writes_the_shared_columns_first_each_named_once():
+    for driver in (cpu, gpu, tpu):
+        assert driver.COLUMNS[: len(harness.SHARED)] == harness.SHARED
+        assert len(set(driver.COLUMNS)) == len(driver.COLUMNS)
+        assert "sol_fraction" not in driver.COLUMNS and "fraction_of_sol" in driver.COLUMNS
+    with pytest.raises(ValueError, match="must be new"):
+        harness.columns("step_ms")
+
+
+def test_the_committed_rows_have_their_drivers_columns():
+    """data/measured/'s CSVs are appended to by the drivers, which refuse a file with other columns."""
+    for path, driver in ((BENCH_CSV, cpu), (GPU_CSV, gpu), (TPU_CSV, tpu)):
+        if path.exists():
+            with open(path, newline="") as f:
+                assert tuple(next(csv.reader(f))) == driver.COLUMNS, path
+
+
+def test_the_speed_of_light_of_a_known_chip_a_given_one_and_an_unknown_one():
+    cfg = get_config("gemma4-26b-a4b")
+    per_step = bytes_per_token(cfg, 1024, 1, "bf16").total
+    h200 = SimpleNamespace(platform="gpu", device_kind="NVIDIA H200")
+    sol = harness.spec_speed_of_light(per_step, h200)
+    assert sol.bandwidth / sol.bytes_per_step == pytest.approx(speed_of_light(cfg, "h200", 1024).tokens_per_s)
+    assert sol.chip == "h200" and sol.source.startswith("h200 spec") and "given" not in sol.source
+    cpu_dev = jax.devices("cpu")[0]
+    given = harness.spec_speed_of_light(per_step, cpu_dev, chips=8, chip="tpu-v5e")
+    assert given.chip == "tpu-v5e-8" and "given, the device is cpu" in given.source
+    assert given.bandwidth == pytest.approx(speed_of_light(cfg, "tpu-v5e-8", 1024).bandwidth)
+    assert harness.spec_speed_of_light(per_step, cpu_dev) is None
+    unknown = harness.unknown_speed_of_light(per_step, cpu_dev)
+    assert not unknown.known and unknown.fractions({"a": [1.0]}, "a") is None
