@@ -110,6 +110,18 @@ class KernelSetup:
         """Whether chips own users' caches and attend for them (AttentionSplit.USERS) over several chips."""
         return self.sharded and self.attention_split == AttentionSplit.USERS
 
+    @property
+    def switches(self) -> str:
+        """What this setup switches on, in words (its name says which setup it is)."""
+        c = self.collective
+        return (
+            f"{self.chips} chip{'s' if self.chips > 1 else ''}, {self.placement} experts, all-reduce "
+            f"{'overlapped' if c.overlap else 'not overlapped'}, {'bf16' if c.bf16_payload else 'f32'} payload "
+            f"{'by reduce-scatter' if c.reduce_scatter else 'all to all'}, attention split by {self.attention_split}, "
+            f"MLP intermediate on {'rows' if self.ffn_layout == 'sublanes' else 'lanes'}"
+            + (f", {self.draft_tokens} drafts verified a step" if self.draft_tokens else "")
+        )
+
     def replace(self, **changes) -> KernelSetup:
         return dataclasses.replace(self, **changes)
 
@@ -154,13 +166,13 @@ BEFORE_FIXES = KernelSetup(
     Placement.WHOLE,
     Collective(overlap=False),
     ffn_layout="lanes",
-    name="(a) whole experts, no overlap, f32",
+    name="(a) the write-up's kernel before its fixes",
     published="mk_v5e8_moe_step_before",
 )
-_SPLIT = BEFORE_FIXES.replace(placement=Placement.SPLIT, name="(b) split experts, no overlap, f32", published=None)
-_OVERLAP = _SPLIT.replace(collective=Collective(), name="(c) split + overlap, f32")
+_SPLIT = BEFORE_FIXES.replace(placement=Placement.SPLIT, name="(b) (a) + split experts", published=None)
+_OVERLAP = _SPLIT.replace(collective=Collective(), name="(c) (b) + overlap")
 WRITE_UP_KERNEL = _OVERLAP.replace(
-    collective=Collective(bf16_payload=True), name="(d) the write-up's kernel: split + overlap + bf16 payload",
+    collective=Collective(bf16_payload=True), name="(d) the write-up's kernel: (c) + bf16 payload",
     published="mk_v5e8_moe_step",
 )  # fmt: skip
 _REDUCE_SCATTER = WRITE_UP_KERNEL.replace(
