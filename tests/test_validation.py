@@ -1,38 +1,44 @@
-"""The timing model held to the published numbers it is tested against (mk.analysis.verdict.points_table): each point's
-error (modelled / published - 1) as recorded when the model last changed on purpose. A change that moves a
-prediction fails here instead of quietly changing a notebook; if the change is meant, record the new errors
-(and say why in the commit). Fitted points, inputs and what holds by construction are not tests and are not
-pinned; a step, its tokens/s and its fraction of the speed of light are one point."""
+"""The timing model held to the published numbers it is tested against (mk.analysis.verdict.points_table): each tested
+point's error (modelled / published - 1) must fall in the band argued for it below, from what the model leaves out,
+tight enough that a model wrong about that point fails. A point the model cannot meet is a known miss
+(mk.analysis.verdict.KNOWN_MISSES, with its reason, which notebook 07 shows too): it is asserted to stay outside its
+band, so a change that fixes it is noticed, and its reason is checked against the numbers it rests on. Fitted points,
+inputs and what holds by construction are not tests; a step, its tokens/s and its fraction of the speed of light are
+one point."""
+
+import csv
 
 import pytest
 
 from mk.analysis import verdict as vd
 
-# key: error recorded on 2026-12-01 (mk.timing with data/timing.csv's constants; assumed costs 0)
-RECORDED = {
-    "mk_v5e8_moe_step": 0.0606,
-    "mk_v5e8_moe_step_before": -0.3253,
-    "mk_v5e8_moe_int8_tps": -0.0374,  # a down projection scaled per input channel (was -0.0548 per output)
-    "mk_v5e8_dense_sol_fraction": 0.1009,
-    "ko_vllm_experts": -0.1105,
-    "ko_vllm_sliding_attention": 0.0437,
-    "ko_vllm_norms": -0.1859,
-    "ko_vllm_shared_mlp": 1.0603,
-    "ko_vllm_head": -0.4934,
-    "ko_vllm_full_attention": -0.4013,
-    "ko_vllm_router": 1.8693,
-    "ko_mk_experts": 0.4568,
-    "ko_mk_sliding_attention": 2.7841,
-    "ko_mk_norms": -1.0,
-    "ko_mk_head": 74.268,
-    "ko_mk_full_attention": 2.3246,
-    "ko_mk_router": -0.9545,
-    "verdict_moe_eight_users": -0.0893,
-    "verdict_long_prompt": -0.2437,
-    "verdict_dense_h100": 0.0207,
-    "verdict_small_model": 0.1147,
+# The bands (low, high) on the error, each argued in one line.
+# A megakernel step: every byte at the data sheet's bandwidth and no per-op cost, so the model is at most as much
+# faster as a streaming kernel leaves of the bandwidth (it reaches 80% or more: -20%), and slower only by what it
+# charges that the kernel may not pay (tile padding, link latency: +10%).
+STEP = (-0.20, 0.10)
+# tokens/s and a fraction of the speed of light: the step's band, inverted.
+RATE = (1 / (1 + STEP[1]) - 1, 1 / (1 + STEP[0]) - 1)
+# a general-stack component's kernel time: its bytes (mk.sol's count, within 1% of the published bytes) at the data
+# sheet's bandwidth plus its kernels at the fitted mean cost; kernels as many and as costly as the mean: within 25%.
+COMPONENT = (-0.25, 0.25)
+# a megakernel knock-out's shrink: skipping a component saves its bytes at the bandwidth the kernel reaches (the
+# published step is 77% of the speed of light: the model, at 100%, up to a quarter short) plus only what it pads.
+SHRINK = (-0.25, 0.10)
+# a verdict's speed-up: the megakernel's tokens/s (RATE) over the general stack's, whose per-kernel cost is fitted at
+# the H100's 1K step and carried to another batch, context or model; both read the same bytes: within 20%.
+SPEEDUP = (-0.20, 0.20)
+
+BANDS = {
+    "mk_v5e8_moe_step": STEP,
+    "mk_v5e8_moe_step_before": STEP,
+    "mk_v5e8_moe_int8_tps": RATE,
+    "mk_v5e8_dense_sol_fraction": RATE,
+    **{f"ko_vllm_{c}": COMPONENT for c in ("experts", "sliding_attention", "norms", "shared_mlp", "head")},
+    **{f"ko_vllm_{c}": COMPONENT for c in ("full_attention", "router")},
+    **{f"ko_mk_{c}": SHRINK for c in ("experts", "sliding_attention", "norms", "head", "full_attention", "router")},
+    **{f"verdict_{s}": SPEEDUP for s in ("moe_eight_users", "long_prompt", "dense_h100", "small_model")},
 }
-BAND = dict(abs=0.005, rel=0.005)  # half a percentage point of error, or half a percent of a large one
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +46,69 @@ def points():
     return vd.points_table().set_index("key")
 
 
-def test_each_tested_point_stays_in_its_recorded_band(points):
+@pytest.fixture(scope="module")
+def reads():
+    return vd.knockout_reads().set_index("key")
+
+
+def within(error: float, band: tuple[float, float]) -> bool:
+    return band[0] <= error <= band[1]
+
+
+def test_every_tested_point_has_a_band(points):
     tests = points[points.role.map(vd.is_test)]
-    assert set(tests.index) == set(RECORDED), "tested points changed: record the new set"
-    moved = {
-        k: f"{tests.loc[k, 'error']:+.4f} (recorded {e:+.4f})"
-        for k, e in RECORDED.items()
-        if tests.loc[k, "error"] != pytest.approx(e, **BAND)
+    assert set(tests.index) == set(BANDS), "tested points changed: argue a band for each new one"
+    assert set(vd.KNOWN_MISSES) <= set(BANDS) and all(len(r) > 40 for r in vd.KNOWN_MISSES.values())
+
+
+def test_each_tested_point_lands_in_its_band(points):
+    out = {
+        k: f"{points.loc[k, 'error']:+.1%} outside [{b[0]:+.1%}, {b[1]:+.1%}]"
+        for k, b in BANDS.items()
+        if k not in vd.KNOWN_MISSES and not within(points.loc[k, "error"], b)
     }
-    assert not moved, f"the model moved these published points' errors: {moved}"
+    assert not out, f"the model is off at these published points: {out}"
+
+
+def test_each_known_miss_is_still_a_miss(points):
+    fixed = {k: f"{points.loc[k, 'error']:+.1%}" for k in vd.KNOWN_MISSES if within(points.loc[k, "error"], BANDS[k])}
+    assert not fixed, f"now within their bands: take them out of mk.analysis.verdict.KNOWN_MISSES: {fixed}"
+
+
+def test_the_megakernel_knock_outs_miss_for_the_reasons_given(reads):
+    r = reads
+    # the write-up's shrink is less than the component's own bytes take at the data sheet's bandwidth: reads kept
+    for c in ("head", "sliding_attention", "full_attention"):
+        assert r.published_ms[f"ko_mk_{c}"] < 0.5 * r.reads_ms[f"ko_mk_{c}"] <= r.modelled_ms[f"ko_mk_{c}"] * 1.01, c
+    # experts: the payload alone at the bandwidth meets the published shrink; the padded tiles the model moves do not
+    assert within(r.reads_ms["ko_mk_experts"] / r.published_ms["ko_mk_experts"] - 1, SHRINK)
+    assert r.moved_ms["ko_mk_experts"] > r.reads_ms["ko_mk_experts"] * 1.2
+    # the router's reads are removed but hidden in the model's timeline; the published shrink is most of their time
+    assert r.modelled_ms["ko_mk_router"] < 0.1 * r.reads_ms["ko_mk_router"] < 0.1 * 2 * r.published_ms["ko_mk_router"]
+    # norms: nothing saved in the model (no per-op cost), a fixed cost published
+    assert r.modelled_ms["ko_mk_norms"] == 0 and r.published_ms["ko_mk_norms"] > 0
+
+
+def test_the_general_stack_components_miss_for_the_reasons_given(reads, points):
+    r = reads
+    # the head in BF16, as vLLM's FP8 leaves it, meets the band
+    assert within(r.modelled_bf16_ms["ko_vllm_head"] / r.published_ms["ko_vllm_head"] - 1, COMPONENT)
+    # the shared MLP's and the router's share of the per-kernel cost alone exceeds the published time
+    for c in ("shared_mlp", "router"):
+        assert r.modelled_ms[f"ko_vllm_{c}"] - r.reads_ms[f"ko_vllm_{c}"] > r.published_ms[f"ko_vllm_{c}"], c
+    # full attention and the un-fixed kernel: the model is short (time it has no term for), not over
+    assert points.loc["ko_vllm_full_attention", "error"] < 0 and points.loc["mk_v5e8_moe_step_before", "error"] < 0
+
+
+def test_the_error_summary_keeps_whole_steps_components_and_speedups_apart(points):
+    s = vd.error_summary(points.reset_index()).set_index("tests")
+    tests = points[points.role.map(vd.is_test)]
+    for group, (_, quantities) in vd.TEST_GROUPS.items():
+        g = tests[tests.quantity.isin(quantities)]
+        assert s.loc[group, "points"] == len(g) and s.which[group].split(", ") == list(g.index)
+        assert s.loc[group, "median_abs_error"] == pytest.approx(g.error.abs().median())
+    assert s.points.sum() == len(tests)  # every test in one group
+    assert s.loc["component", "points"] == 13 and s.loc["component", "worst"] == "ko_mk_head"
 
 
 def test_each_published_point_counts_once(points):
@@ -63,6 +123,7 @@ def test_each_published_point_counts_once(points):
     assert d.loc["verdict_moe_one_user", "role"] == "derived: mk_v5e8_moe_step / vllm_h100_moe_step"
     assert d.loc["verdict_dense_same_tpu", "role"].startswith("derived: mk_v5e8_dense_sol_fraction")
     assert "verdict_moe_one_user" not in points.index
+    assert (d.megakernel_setup == vd.WRITE_UP_KERNEL.name).all()  # every modelled megakernel number names its setup
 
 
 def test_fitted_points_are_marked_and_not_tests(points):
@@ -72,11 +133,31 @@ def test_fitted_points_are_marked_and_not_tests(points):
     assert points.loc["vllm_h100_moe_kernels", "role"] == "input"
 
 
+def test_measured_kernel_costs_keep_each_gpu_row_apart_from_the_cpu_rows(tmp_path):
+    """A GPU row's implied per-kernel cost is its own, beside the fitted GPU cost; CPU rows are summarised apart."""
+    cols = ["date", "device", "engine", "model", "dtype", "context", "batch", "step_ms", "sol_tokens_per_s",
+            "kernels_per_step"]  # fmt: skip
+    rows = [
+        ["d", "cpu: A", "reference", "m", "f32", 64, 1, 30.0, 100.0, 1000],  # (30 - 10) ms / 1000 = 20 us
+        ["d", "cpu: B", "reference", "m", "f32", 64, 1, 20.0, 100.0, 1000],  # 10 us
+        ["d", "cpu: B", "reference", "m", "f32", 64, 1, 40.0, 100.0, 1000],  # 30 us
+        ["d", "gpu: X", "reference", "m", "bf16", 64, 1, 11.0, 1000.0, 100],  # (11 - 1) ms / 100 = 100 us
+    ]
+    path = tmp_path / "m.csv"
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerows([cols, *rows])
+    t = vd.measured_kernel_costs(vd.measured_comparison([path])).set_index("hardware")
+    fitted = vd.kernel_cost("gpu") * 1e6
+    assert t.loc["gpu", "implied_kernel_us"] == pytest.approx(100.0) and t.loc["gpu", "runs"] == 1
+    assert t.loc["gpu", "implied_over_fitted"] == pytest.approx(100.0 / fitted)
+    assert t.loc["gpu", "error"] == pytest.approx((1.0 + 100 * fitted / 1e3) / 11.0 - 1)
+    assert t.loc["cpu", "runs"] == 3 and t.loc["cpu", "implied_kernel_us"] == pytest.approx(20.0)
+    assert (t.loc["cpu", "implied_low_us"], t.loc["cpu", "implied_high_us"]) == pytest.approx((10.0, 30.0))
+
+
 def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
     """A row python -m mk tpu-smoke appends on a TPU slice is set beside mk.timing's step for the same
     configuration; rows from elsewhere (interpret mode on a CPU) are left out."""
-    import csv
-
     from mk import timing
     from mk.measure.tpu import COLUMNS
 
@@ -93,7 +174,7 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
         w.writeheader()
         w.writerows(rows)
     t = vd.measured_megakernel(path)
-    assert len(t) == 1 and t.iloc[0].measured_ms == 2.0
+    assert len(t) == 1 and t.iloc[0].measured_ms == 2.0 and t.iloc[0].setup == vd.WORKBOOK_KERNEL.name
     want = timing.predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1).step_s * 1e3  # the workbook's kernel, split
     assert t.iloc[0].modelled_ms == pytest.approx(want) and t.iloc[0].error == pytest.approx(want / 2.0 - 1)
     assert vd.measured_megakernel(tmp_path / "none.csv").empty
