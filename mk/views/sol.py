@@ -1,5 +1,6 @@
-"""Notebook 01's figure of the speed of light against context (mk.sol.context_sweep), with and without the
-sliding window."""
+"""Notebook 01's figures against context (mk.sol.context_sweep), with and without the sliding window: the speed of
+light, and the KV cache read per step. Context ticks are the data's contexts, labelled 1K, 8K, 128K
+(mk.figures.context_label)."""
 
 from __future__ import annotations
 
@@ -49,10 +50,37 @@ def context_figure(with_window: pd.DataFrame, without: pd.DataFrame, window: int
                            font=dict(color="grey"))  # fmt: skip
     for dash, name in ((WINDOW, "solid: sliding window"), (NO_WINDOW, "dashed: no window")):
         fig.add_scatter(x=[None], y=[None], mode="lines", name=name, line=dict(color="black", dash=dash))
-    contexts = sorted(set(with_window.context) | set(without.context))
-    fig.update_xaxes(type="log", title_text="context (positions)", tickvals=contexts,
-                     ticktext=[context_label(n) for n in contexts])  # fmt: skip
+    context_axis(fig, set(with_window.context) | set(without.context))
     fig.update_yaxes(type="log")
     fig.update_yaxes(title_text="tokens/s per user (modelled, log)", col=1)
+    fig.update_layout(title=title, legend=LEGEND)
+    return fig
+
+
+def context_axis(fig: go.Figure, contexts) -> go.Figure:
+    """Every x axis of ``fig`` logarithmic over context, ticked at ``contexts`` (the data's), labelled 1K, 8K, 128K."""
+    contexts = sorted(int(n) for n in set(contexts))
+    return fig.update_xaxes(type="log", title_text="context (positions)", tickvals=contexts,
+                            ticktext=[context_label(n) for n in contexts])  # fmt: skip
+
+
+def kv_figure(kv: pd.DataFrame, title: str) -> go.Figure:
+    """GB of KV cache read per step against context, one panel per model, one line per ``series`` (which layers, with
+    or without the window), both axes logarithmic; ``kv``: rows of ``model``, ``context``, ``series`` and ``GB``."""
+    models = list(dict.fromkeys(kv.model))
+    fig = make_subplots(rows=1, cols=len(models), subplot_titles=models, horizontal_spacing=0.08)
+    fig.update_yaxes(domain=[0, TOP]).update_annotations(y=TOP)  # panel titles clear of the legend above
+    colours = dict(zip(dict.fromkeys(kv.series), template_colours()))
+    for col, model in enumerate(models, start=1):
+        for series, g in kv[kv.model == model].groupby("series", sort=False):
+            g = g.sort_values("context")
+            fig.add_scatter(
+                x=g.context, y=g.GB, mode="lines+markers", name=series, legendgroup=series, showlegend=col == 1,
+                line=dict(color=colours[series]), marker=dict(size=6),
+                hovertemplate=f"{model}, {series}<br>%{{x}} positions: %{{y:.3g}} GB<extra></extra>", row=1, col=col,
+            )  # fmt: skip
+    context_axis(fig, kv.context)
+    fig.update_yaxes(type="log")
+    fig.update_yaxes(title_text="GB per step (log)", col=1)
     fig.update_layout(title=title, legend=LEGEND)
     return fig
