@@ -27,6 +27,7 @@ REPORT_NAME = "index.html"
 NAME = re.compile(r"(\d\d)_[A-Za-z0-9_-]+")  # NN_name: the notebook's number, then a plain file name
 META_SUFFIX = ".meta.json"
 SIGNIFICANT = 4  # figures an exported table's floats keep
+LONG_TABLE = 25  # rows beyond which the page folds a table away behind its row count (its CSV holds every row)
 
 
 def _significant(x: float, figures: int) -> float:
@@ -266,11 +267,14 @@ h3 { margin: 1.6em 0 0.3em; font-size: 1.1em; }
 .published { background: #e3ecf6; } .modelled { background: #fbe8d5; } .measured { background: #e2f0df; }
 img { max-width: 100%; border: 1px solid #ddd; }
 .item { margin-bottom: 2em; }
-.scroll { overflow-x: auto; }
+.scroll { overflow-x: auto; max-width: 100%; }
 table.data { border-collapse: collapse; font-size: 0.85em; margin: 0.4em 0; }
 table.data th, table.data td { border-bottom: 1px solid #e4e4e4; padding: 0.2em 0.6em; vertical-align: top; }
 table.data th { background: #f4f4f4; }
 .num { text-align: right; white-space: nowrap; } .text { text-align: left; }
+table.data th, table.data th.num { white-space: normal; overflow-wrap: normal; }
+table.data td.text { min-width: 6em; max-width: 30em; overflow-wrap: anywhere; }
+details > summary { cursor: pointer; color: #555; font-size: 0.9em; }
 ul.toc { columns: 2; }
 """.strip()
 
@@ -311,6 +315,12 @@ def _missing(x) -> bool:
     return pd.api.types.is_scalar(x) and bool(pd.isna(x))
 
 
+def header(name) -> str:
+    """A column's name as a table header that may break after each underscore (``seed_megakernel_v5e8_ms`` over three
+    lines), so a table of long names fits the page instead of running off it."""
+    return "_<wbr>".join(_esc(part) for part in str(name).split("_"))
+
+
 def html_table(df: pd.DataFrame, digits: int | None) -> str:
     """``df`` as an HTML table: numbers right-aligned and rounded as the notebook showed them, text left-aligned."""
     digits = 3 if digits is None else digits
@@ -323,7 +333,7 @@ def html_table(df: pd.DataFrame, digits: int | None) -> str:
         values = col.dropna()
         whole = len(values) > 0 and bool((values == values.round()).all()) and bool((values.abs() < 1e15).all())
         columns.append(("num", (lambda x: "" if _missing(x) else f"{x:.0f}") if whole else number_format(digits)))
-    head = "".join(f'<th class="{cls}">{_esc(c)}</th>' for c, (cls, _) in zip(df.columns, columns))
+    head = "".join(f'<th class="{cls}">{header(c)}</th>' for c, (cls, _) in zip(df.columns, columns))
     rows = [
         "<tr>" + "".join(f'<td class="{cls}">{_esc(fmt(x))}</td>' for x, (cls, fmt) in zip(row, columns)) + "</tr>"
         for row in df.itertuples(index=False)
@@ -353,10 +363,13 @@ def _table_html(item: dict) -> str:
         if label in KINDS or label == item.get("source"):  # said once in the provenance line below the table
             df = df.drop(columns="kind")
     caption = f'<p class="caption">{_esc(item["caption"])}</p>' if item.get("caption") else ""
+    body = f'<div class="scroll">{html_table(df, item.get("digits"))}</div>'
+    if len(df) > LONG_TABLE:  # a long table folded away (no script: HTML's own details), the CSV linked above it
+        body = f"<details><summary>show all {len(df)} rows (or open the CSV)</summary>{body}</details>"
     return (
         f'<div class="item" id="{anchor(item)}"><h3>Table: {_esc(item["title"])}</h3>'
         f'<p class="meta">table <code>{name}</code> · {len(item["df"])} rows · <a href="{name}.csv">CSV</a></p>'
-        f'{caption}<div class="scroll">{html_table(df, item.get("digits"))}</div>{_provenance(item)}</div>'
+        f"{caption}{body}{_provenance(item)}</div>"
     )
 
 

@@ -190,3 +190,17 @@ def test_html_table_leaves_missing_cells_empty_in_any_column():
     df = pd.DataFrame(dict(a=[1.5, float("nan")], b=pd.array([None, None], dtype="Int64"), c=[None, "x"]))
     cells = re.findall(r"<td[^>]*>(.*?)</td>", html_table(df, 2))
     assert cells == ["1.50", "", "", "", "", "x"]
+
+
+def test_long_headers_may_break_and_long_tables_fold_behind_their_csv():
+    from mk.report import LONG_TABLE, _table_html, html_table
+
+    wide = pd.DataFrame({"seed_megakernel_v5e8_ms": [1.5], "why": ["a long reason " * 20]})
+    page = html_table(wide, 3)
+    assert "seed_<wbr>megakernel_<wbr>v5e8_<wbr>ms" in page  # breaks after each underscore, not across the page
+    item = dict(
+        type="table", name="09_x", title="x", df=pd.DataFrame({"n": range(LONG_TABLE + 5)}), kind="modelled", date="d"
+    )
+    long = _table_html(item)
+    assert "<details>" in long and f"show all {LONG_TABLE + 5} rows" in long and 'href="09_x.csv"' in long
+    assert "<details>" not in _table_html(item | dict(df=item["df"].head(LONG_TABLE)))  # a short table is shown whole
