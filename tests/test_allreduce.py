@@ -14,7 +14,7 @@ from mk.kernel_setup import BEFORE_FIXES, FIXES, WRITE_UP_KERNEL, Collective, Ke
 from mk.plan import timeline
 from mk.published import published
 from mk.routing import busiest_chip_distribution
-from mk.views.allreduce import fix_figure
+from mk.views.allreduce import fix_figure, wrap
 from mk.views.timeline import timeline_figure
 
 CHIP = get_chip("tpu-v5e-8")
@@ -164,3 +164,5 @@ def test_figures_keep_a_stream_one_colour_and_draw_published_beside_modelled(ste
     assert sum(t.showlegend is not False for t in fig.data) == len(colours)
     bars = fix_figure(steps.reset_index(), "t")
     assert len(bars.data[1].y) == 2  # the published bars: before and after
+    assert list(bars.data[0].x) == [wrap(f.name) for f in FIXES]  # each setup by its name, wrapped
+    assert all(len(line) <= 18 for label in bars.data[0].x for line in label.split("<br>"))

@@ -184,3 +184,22 @@ def test_cli_text_and_errors(capsys):
     with pytest.raises(SystemExit) as e:
         main(["straggler", "--experts", "8", "--chips", "0", "--top-k", "2"])
     assert e.value.code == 2
+
+
+def test_whole_against_split_is_one_setup_placed_each_way_in_04_and_06_and_05s_first_fix_apart():
+    from mk.analysis.straggler import straggler_cost, whole_against_split
+    from mk.kernel_setup import BEFORE_FIXES, FIXES, WRITE_UP_KERNEL
+
+    t = whole_against_split(TINY_MOE, "tpu-v5e-8", 64, 1).set_index("notebook")
+    assert list(t.index) == ["04", "06", "05"]
+    assert t.whole_ms["04"] == pytest.approx(t.whole_ms["06"], rel=1e-12)
+    assert t.split_ms["04"] == pytest.approx(t.split_ms["06"], rel=1e-12)
+    assert t.split_setup["04"] == t.split_setup["06"] == WRITE_UP_KERNEL.name
+    assert "whole experts" in t.whole_setup["04"] and t.whole_setup["04"].startswith(WRITE_UP_KERNEL.name)
+    assert (t.whole_setup["05"], t.split_setup["05"]) == (BEFORE_FIXES.name, FIXES[1].name)
+    assert not t.overlap["05"] and t.payload["05"] == "f32" and t.overlap["04"] and t.payload["04"] == "bf16"
+    assert t.split_saves_ms.to_numpy() == pytest.approx((t.whole_ms - t.split_ms).to_numpy())
+    c = straggler_cost(TINY_MOE, "tpu-v5e-8", 64, 1)
+    assert c["whole_step_s"] * 1e3 == pytest.approx(t.whole_ms["04"])
+    # padding: the lanes layout of (d) pads a split expert's narrow slice; on rows ((g)) nothing at this size
+    assert c["ffn_layout"] == "lanes" and c["split_padding"] >= c["whole_padding"] >= 0

@@ -44,6 +44,7 @@ def test_engine_table_has_every_series_context_and_batch(tiny_table):
         moe.expected_experts == moe.batch.map(lambda b: expected_distinct_experts(cfg.num_experts, cfg.top_k, b))
     ).all()
     assert (t[t.model == "tiny-dense"].expected_experts == 0).all()
+    assert (t[t.model == "tiny-dense"].placement == "-").all()  # a dense model has no experts to place
 
 
 def test_engine_rows_are_the_timing_models_predictions(tiny_table):
@@ -114,6 +115,8 @@ def test_whole_experts_wait_for_the_busiest_chip():
         assert r.vs_split["megakernel"] == 1
         assert r.experts_per_chip["whole"] >= r.experts_per_chip["megakernel"]
         assert r.step_ms["before fixes"] >= r.step_ms["whole"] * (1 - 1e-9)
+    names = [views.placement_label(r) for r in t.drop_duplicates("role").itertuples()]
+    assert [n.count("experts") for n in names] == [1, 1, 1] and all(n.startswith("modelled: ") for n in names)
     with pytest.raises(ValueError, match="MoE model on a slice"):
         sweeps.placement_table("tiny-dense", [1])
     with pytest.raises(ValueError, match="MoE model on a slice"):
@@ -149,6 +152,7 @@ def test_context_figure_draws_every_series_and_labels_the_published_points(tiny_
     fig = views.context_figure(t, points, FULL, "context")
     names = [d.name for d in fig.data if d.showlegend is not False]
     assert len(names) == len(set(names)) == 5 + 1  # one entry per engine, one for every published point
+    assert any(WRITE_UP_KERNEL.name in n for n in names) and any(WORKBOOK_KERNEL.name in n for n in names)
     assert any("fp8 MoE, bf16 dense" in n for n in names)
     assert sum("fraction x modelled speed of light" in n for n in names) == 1
     assert sum(d.name.startswith("published fraction") for d in fig.data) == 2  # each point says so on hover

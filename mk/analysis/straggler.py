@@ -294,8 +294,10 @@ def straggler_cost(model, chip, context: int = 1024, batch: int = 1, dtype: str 
     """What the straggler of a whole-expert placement costs on the slice ``chip``: the modelled step paced
     by the busiest chip (its exact distribution of experts per layer) against the same plan paced by an
     average chip (one chip's own share of the distinct experts), and the step with split experts; seconds,
-    with the experts per layer behind each. ``kw``: ``setup`` (default the write-up's kernel, whose story the
-    straggler is; its placement is set each way) and the assumed costs (mk.timing.predict)."""
+    with the experts per layer behind each and the share of padding in the weight bytes each placement moves
+    (``ffn_layout``: "lanes" pads a chip's slice of an intermediate to whole 128-lane tiles). ``kw``: ``setup``
+    (default the write-up's kernel, whose story the straggler is; its placement is set each way) and the assumed
+    costs (mk.timing.predict)."""
     cfg, chip = get_config(model), get_chip(chip) if isinstance(chip, str) else chip
     if not cfg.is_moe:
         raise ValueError(f"{cfg.name} is a dense model: it has no experts to place")
@@ -305,9 +307,7 @@ def straggler_cost(model, chip, context: int = 1024, batch: int = 1, dtype: str 
     plan = step_plan(cfg, chip, context, batch, dtype, setup.but(placement=Placement.WHOLE))
     busiest = pace(plan, chip, dtype, **kw)
     average = pace(plan, chip, dtype, distribution=plan.distinct_experts, **kw)
-    split = pace(
-        step_plan(cfg, chip, context, batch, dtype, setup.but(placement=Placement.SPLIT)), chip, dtype, **kw
-    )
+    split = pace(step_plan(cfg, chip, context, batch, dtype, setup.but(placement=Placement.SPLIT)), chip, dtype, **kw)
     return dict(
         model=cfg.name,
         chip=chip.name,
@@ -322,6 +322,10 @@ def straggler_cost(model, chip, context: int = 1024, batch: int = 1, dtype: str 
         straggler_s=busiest["step_s"] - average["step_s"],
         split_step_s=split["step_s"],
         split_saves_s=busiest["step_s"] - split["step_s"],
+        # the weight bytes the DMAs move beyond those that hold weights (the layout's padding), each placement
+        whole_padding=busiest["weight_bytes"] / busiest["weight_payload_bytes"] - 1,
+        split_padding=split["weight_bytes"] / split["weight_payload_bytes"] - 1,
+        ffn_layout=setup.ffn_layout,
         setup=setup.name,
         kind=MODELLED,
     )
@@ -337,3 +341,47 @@ def straggler_table(model, chip: str, chip_counts, batches, context: int = 1024,
         r = straggler_cost(model, f"{base}-{c}", context, b, dtype, **kw)
         rows.append(dict(ms_entry(k, v) for k, v in r.items() if k != "kind"))
     return pd.DataFrame(rows).assign(kind=MODELLED)
+
+
+def whole_against_split(model, chip="tpu-v5e-8", context: int = 1024, batch: int = 1):
+    """Whole against split experts at one configuration, as each notebook compares them, one row each with both
+    setups by name and the step each gives (ms): :func:`straggler_cost` (notebook 04: the write-up's kernel, (d),
+    its placement set each way), ``mk.analysis.sweeps.placement_table`` (notebook 06: the same two setups; the two
+    rows agree by construction) and ``mk.analysis.allreduce.fix_steps`` for the first fix (notebook 05: (a) before
+    the fixes against (b) = (a) + split experts, the all-reduce not overlapped and its payload f32), so a reader sees
+    why the last differs. Weights in bf16, as in the placement table and the fixes."""
+    from ..kernel_setup import FIXES
+    from .allreduce import fix_steps
+    from .sweeps import placement_table
+
+    cfg, slice_ = get_config(model), get_chip(chip) if isinstance(chip, str) else chip
+    cost = straggler_cost(cfg, slice_, context, batch, "bf16")
+    placed = placement_table(cfg, [batch], context, slice_.name).set_index("role")
+    a, b = FIXES[0], FIXES[1]
+    fixes = fix_steps(cfg, slice_, context, batch, (a, b)).set_index("fix")
+
+    def switches(setup) -> dict:
+        c = setup.collective
+        return dict(overlap=c.overlap, payload="bf16" if c.bf16_payload else "f32", ffn_layout=setup.ffn_layout)
+
+    write_up = WRITE_UP_KERNEL.but(placement=Placement.WHOLE)
+    rows = [
+        dict(notebook="04", computed_by="mk.analysis.straggler.straggler_cost", whole_setup=write_up.name,
+             split_setup=cost["setup"], **switches(WRITE_UP_KERNEL), whole_ms=cost["whole_step_s"] * 1e3,
+             split_ms=cost["split_step_s"] * 1e3),
+        dict(notebook="06", computed_by="mk.analysis.sweeps.placement_table", whole_setup=placed.setup["whole"],
+             split_setup=placed.setup["megakernel"], **switches(WRITE_UP_KERNEL),
+             whole_ms=placed.step_ms["whole"], split_ms=placed.step_ms["megakernel"]),
+        dict(notebook="05", computed_by="mk.analysis.allreduce.fix_steps", whole_setup=a.name, split_setup=b.name,
+             **switches(a), whole_ms=fixes.step_ms[a.name], split_ms=fixes.step_ms[b.name]),
+    ]  # fmt: skip
+    t = pd.DataFrame(rows)
+    return t.assign(
+        split_saves_ms=t.whole_ms - t.split_ms,
+        whole_over_split=t.whole_ms / t.split_ms,
+        model=cfg.name,
+        chip=slice_.name,
+        context=context,
+        batch=batch,
+        kind=MODELLED,
+    )

@@ -115,7 +115,7 @@ def _row(model: ModelConfig | str, series: Series, context: int, batch: int) -> 
     p = series.case(cfg, context, batch).predict()
     paced = p.breakdown
     return base | dict(
-        placement=p.placement,
+        placement=p.placement if cfg.is_moe else "-",  # a dense model has no experts to place
         setup=p.setup,
         # whole experts' worth one chip loads per layer: the pacing chip's distinct experts x its share of each
         experts_per_chip=paced["experts_per_layer"] * paced["expert_share"] if paced else math.nan,
@@ -432,4 +432,3 @@ def family_table(models, context: int = 1024, dtype: str = "bf16") -> pd.DataFra
             )
         )  # fmt: skip
     return pd.DataFrame(rows).assign(kind=f"modelled (mk.sol, {dtype}, context {context}); counts: mk.params")
-

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 import plotly.graph_objects as go
+
+LABEL_WIDTH = 18  # characters a line of a bar's label: seven setups' names side by side
+
+
+def wrap(name: str, width: int = LABEL_WIDTH) -> str:
+    """A setup's name as a tick label: broken after its own joints (``: ``, ``; ``) and between words past
+    ``width`` characters, lines joined by <br>."""
+    parts = name.replace(": ", ":\n").replace("; ", ";\n").split("\n")
+    return "<br>".join(
+        line for part in parts for line in textwrap.wrap(part, width, break_long_words=False, break_on_hyphens=False)
+    )
 
 
 def fix_figure(steps: pd.DataFrame, title: str) -> go.Figure:
@@ -11,7 +24,7 @@ def fix_figure(steps: pd.DataFrame, title: str) -> go.Figure:
     floors the chip's HBM bandwidth sets (weights as moved, and their payload, plus the KV cache) marked on
     the modelled bar, each bar's step written above it in ms, and the speed of light (the step's bytes at the
     slice's HBM bandwidth, from each row's ``fraction_of_sol``) a dashed line across."""
-    label = steps.fix.str.replace(", ", "<br>").str.replace(" + ", "<br>+ ").str.replace(": ", ":<br>")
+    label = steps.fix.map(wrap)
     timed = steps.published_ms.notna()
     fig = go.Figure()
     ms = dict(textposition="outside", textfont=dict(size=12), constraintext="none", cliponaxis=False)
@@ -22,8 +35,13 @@ def fix_figure(steps: pd.DataFrame, title: str) -> go.Figure:
     # the speed of light: every fix's step over its fraction of it (the same bytes at HBM bandwidth for all)
     sol = float((steps.step_ms * steps.fraction_of_sol).median())
     fig.add_hline(y=sol, line=dict(color="#555", dash="dash", width=2))
-    fig.add_scatter(x=[None], y=[None], mode="lines", line=dict(color="#555", dash="dash", width=2),
-                    name=f"speed of light: {sol:.2f} ms (all bytes at HBM bandwidth)")  # its legend entry; fmt: skip
+    fig.add_scatter(
+        x=[None],
+        y=[None],
+        mode="lines",
+        line=dict(color="#555", dash="dash", width=2),
+        name=f"speed of light: {sol:.2f} ms (all bytes at HBM bandwidth)",
+    )  # its legend entry; fmt: skip
     for column, name, symbol in (
         ("hbm_floor_ms", "floor: weights as moved (padded) + KV cache at HBM bandwidth", "line-ew"),
         ("payload_floor_ms", "floor: weights without the padding + KV cache", "x-thin"),

@@ -1,5 +1,6 @@
 """Notebook 04's figures: the busiest chip of a whole-expert placement against the routing's skew, its
-distribution beside sampled and measured routing, and what the straggler costs (mk.timing.straggler_table)."""
+distribution beside sampled and measured routing, and what the straggler costs
+(mk.analysis.straggler.straggler_table)."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ STEPS = {
 
 
 def straggler_figure(cost: pd.DataFrame, chips: int, chip_counts, title: str):
-    """mk.timing.straggler_table as two panels: the modelled step against the batch on ``chips`` chips, and
+    """mk.analysis.straggler.straggler_table as panels: the modelled step against the batch on ``chips`` chips, and
     against the chip count at the table's smallest and largest batch; the straggler is the gap between the
     first two lines."""
     ends = sorted({cost.batch.min(), cost.batch.max()})
@@ -99,7 +100,9 @@ def straggler_figure(cost: pd.DataFrame, chips: int, chip_counts, title: str):
             g = cost[cost.chips.isin(chip_counts) & (cost.batch == b)].sort_values("chips")
             fig.add_scatter(x=g.chips, y=g[column], mode="lines+markers", name=name, legendgroup=column,
                             line_color=colours[column], showlegend=False, row=1, col=col)  # fmt: skip
-            fig.update_xaxes(type="log", tickvals=list(chip_counts), title_text="chips", row=1, col=col)
+            # a log axis over three chip counts or more; over fewer a linear one (a log axis needs three labels)
+            kind = "log" if len(set(chip_counts)) >= 3 else "linear"
+            fig.update_xaxes(type=kind, tickvals=list(chip_counts), title_text="chips", row=1, col=col)
     fig.update_xaxes(title_text="users decoded together", dtick=1, row=1, col=1)
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="modelled step (ms)", row=1, col=1)

@@ -55,10 +55,8 @@ def _legend_name(table: pd.DataFrame, role: str) -> str:
     label = f"modelled: {'megakernel' if g.engine.iloc[0] == 'megakernel' else 'general stack'}, {g.chip.iloc[0]}"
     if role == "general baseline":
         label += ", the baseline"
-    elif role == "megakernel":
-        label += ", the write-up's kernel"
-    elif role == WORKBOOK:
-        label += ", the workbook's kernel"
+    elif g.engine.iloc[0] == "megakernel":  # its kernel setup by name (mk.kernel_setup)
+        label += f", {g.setup.iloc[0] if 'setup' in g else KERNELS.get(role, role)}"
     dtypes = g.drop_duplicates("model")[["model", "dtype"]]
     if dtypes.dtype.nunique() == 1:
         return f"{label} ({dtypes.dtype.iloc[0]})"
@@ -227,11 +225,11 @@ def batch_figure(table: pd.DataFrame, points: pd.DataFrame | None, models, title
     return fig
 
 
-PLACEMENTS = {  # the placement figure's series: one megakernel on one slice (the title says which)
-    "megakernel": "split experts",
-    "whole": "whole experts",
-    "before fixes": "whole experts before the fixes (no overlap, f32 payload)",
-}
+def placement_label(row) -> str:
+    """A placement figure's series (a row of mk.analysis.sweeps.placement_table): modelled, its placement and its
+    kernel setup by name (mk.kernel_setup), the placement said once."""
+    said = f"{row.placement} experts" in row.setup
+    return f"modelled: {row.setup}" if said else f"modelled: {row.placement} experts, {row.setup}"
 
 
 def placement_figure(table: pd.DataFrame, points: pd.DataFrame, title: str) -> go.Figure:
@@ -254,7 +252,7 @@ def placement_figure(table: pd.DataFrame, points: pd.DataFrame, title: str) -> g
                 x=g.batch,
                 y=g[y],
                 mode="lines+markers",
-                name=PLACEMENTS.get(role, g.series.iloc[0]),
+                name=placement_label(g.iloc[0]),
                 legendgroup=role,
                 showlegend=col == 1,
                 line=dict(color=colours[role], dash="dot" if col == 2 else None),
@@ -288,12 +286,14 @@ KERNELS = {"megakernel": "the write-up's kernel", WORKBOOK: "the workbook's kern
 
 def kernel_name(table: pd.DataFrame, kernel: str | None = None) -> str:
     """Which kernel setup a table's megakernel rows are: ``kernel`` when given (a setup's ``.name``), else the
-    table's ``kernel`` column, else its megakernel rows' role (the write-up's kernel, or the workbook's)."""
+    table's ``kernel`` or ``setup`` column, else its megakernel rows' role (the write-up's kernel, or the
+    workbook's)."""
     if kernel:
         return str(kernel)
     rows = table[table.engine == "megakernel"] if "engine" in table else table
-    if "kernel" in rows and rows["kernel"].notna().any():
-        return str(rows["kernel"].dropna().iloc[0])
+    for column in ("kernel", "setup"):
+        if column in rows and rows[column].notna().any():
+            return str(rows[column].dropna().iloc[0])
     roles = [KERNELS[r] for r in dict.fromkeys(rows.get("role", [])) if r in KERNELS]
     return " / ".join(roles) or "the megakernel"
 
