@@ -313,3 +313,33 @@ def test_the_quality_figure_says_its_weights_are_random():
     assert list(fig.data[0].y) == [0.3, 0.2]  # the worst user at each step
     mixed = quality_figure(rows, random_models={"tiny-moe"})
     assert [a.text for a in mixed.layout.annotations] == ["tiny-moe (random weights)", "real (trained checkpoint)"]
+
+
+def test_bytes_by_component_writes_every_bar_in_gb_and_reads_whole():
+    import pandas as pd
+
+    from mk.figures import check_figure
+    from mk.sol import component_table
+    from mk.views.components import component_bytes_figure
+
+    rows = pd.concat(
+        [component_table(["gemma4-26b-a4b", "gemma4-31b"], 1024, 1, d).assign(dtype=d) for d in ("bf16", "int8")],
+        ignore_index=True,
+    )
+    fig = component_bytes_figure(rows, "dtype", "bytes")
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert {t.orientation for t in bars} == {"h"} and [t.name for t in bars] == ["bf16", "int8"] * 2
+    norms = rows[(rows.model == "gemma4-26b-a4b") & (rows.component == "norms") & (rows.dtype == "bf16")].bytes.iloc[0]
+    assert f"{norms / 1e9:.3g} GB" in bars[0].text  # too small to draw, still read
+    if os.access("/usr/bin/chromium", os.X_OK):  # laid out by plotly in a Chromium
+        assert not check_figure(provenance(fig, "modelled", "any chip", "mk.sol"))
+
+
+def test_context_axes_are_ticked_at_the_data_contexts_in_k():
+    import pandas as pd
+
+    from mk.views.sol import kv_figure
+
+    kv = pd.DataFrame(dict(model="m", series="s", context=[1024, 8192, 131072], GB=[0.1, 0.2, 0.3]))
+    axis = kv_figure(kv, "kv").layout.xaxis
+    assert list(axis.tickvals) == [1024, 8192, 131072] and list(axis.ticktext) == ["1K", "8K", "128K"]

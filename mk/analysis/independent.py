@@ -101,6 +101,7 @@ def predictions(path=None) -> pd.DataFrame:
                 modelled_fraction=p.fraction_of_sol,
                 implied_kernel_us=kernel_us,
                 implied_op_ns=op_ns,
+                setup=p.setup,  # the megakernel's setup (predict's default: the workbook's kernel), or general stack
                 role=TESTED,
             )
         )

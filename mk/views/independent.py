@@ -12,10 +12,17 @@ from ..analysis.independent import MISS, TESTED
 ENGINE_LOOK = {"megakernel": ("#e15759", "diamond"), "general": ("#4e79a7", "circle")}
 
 
+def _series_name(engine: str, g: pd.DataFrame) -> str:
+    """An engine's legend entry: the engine, the kernel setup the megakernel's points are modelled in (the table's
+    ``setup`` column, mk.kernel_setup), and how many points it has."""
+    setups = list(dict.fromkeys(g.setup)) if "setup" in g.columns and engine == "megakernel" else []
+    return f"{engine}{''.join(f', {s}' for s in setups)} ({len(g)} points)"
+
+
 def independent_figure(table: pd.DataFrame) -> go.Figure:
     """Each point the model predicts, published time per output token against the modelled one, both on log axes:
-    on the diagonal the model is exact, inside the band within +-30%; one colour and symbol per engine, the hover
-    naming the page's stack, chip and users."""
+    on the diagonal the model is exact, inside the band within +-30%; one colour and symbol per engine, the
+    megakernel's legend entry naming its kernel setup, the hover naming the page's stack, chip and users."""
     t = table[table.role == TESTED]
     lo = min(t.published_ms.min(), t.modelled_ms.min()) / 1.5
     hi = max(t.published_ms.max(), t.modelled_ms.max()) * 1.5
@@ -40,7 +47,7 @@ def independent_figure(table: pd.DataFrame) -> go.Figure:
             x=g.published_ms,
             y=g.modelled_ms,
             mode="markers",
-            name=f"{engine} ({len(g)} points)",
+            name=_series_name(engine, g),
             marker=dict(size=11, color=colour, symbol=symbol, line=dict(width=1, color="white")),
             hovertext=[
                 f"{r.key}<br>{r.stack}, {r.chip}, {r.batch} user(s), {r.dtype}<br>published {r.published_ms:.3g} ms, "
