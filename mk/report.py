@@ -233,18 +233,20 @@ def _claims_html(claims: pd.DataFrame, present: dict[str, str]) -> str:
         error = "" if pd.isna(c.error) else "0.0%" if abs(c.error) < 5e-4 else f"{c.error:+.1%}"
         rows.append(
             f'<tr id="claim-{_esc(c.key)}"><td class="text">{_esc(c.claim)}<br><code>{_esc(c.key)}</code></td>'
-            f'<td class="num">{_esc(_value(c.published, c.unit))}</td>'
+            f'<td class="num">{"" if pd.isna(c.published) else _esc(_value(c.published, c.unit))}</td>'
             f'<td class="num">{_esc(_value(c.workbook, c.unit))}</td>'
             f'<td class="text">{_esc(c.kind)}</td><td class="num">{_esc(error)}</td><td class="text">{link}</td></tr>'
         )
     head = "".join(f"<th>{h}</th>" for h in ("claim", "published", "workbook", "kind", "error", "shown in"))
     return (
-        '<h2 id="claims">The write-up\'s claims against the workbook</h2>'
+        "<h2 id=\"claims\">The write-up's claims against the workbook, and the workbook's own</h2>"
         '<p class="meta">Each claim of the write-up (<code>data/published.csv</code>), its published value, the value '
         "this workbook computes for it (mk.sol, mk.routing, the timing model through mk.analysis.verdict) and its "
         "kind: "
         "<b>modelled</b> is a test of the workbook; <b>fitted</b>, <b>input</b> and <b>by construction</b> are met by "
-        "design and test nothing; <b>derived</b> is a ratio of two other claims; error = workbook / published - 1.</p>"
+        "design and test nothing; <b>derived</b> is a ratio of two other claims; error = workbook / published - 1. "
+        "Then the workbook's own claims, with no published value and so no error: their kind names the model, the "
+        "kernel setup and what they assume.</p>"
         f'<div class="scroll"><table class="data claims"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
         "</table></div>"
     )

@@ -9,7 +9,7 @@ import pytest
 
 import mk.figures
 from mk.__main__ import main
-from mk.analysis.claims import CLAIMS, claims_table
+from mk.analysis.claims import CLAIMS, WORKBOOK_CLAIMS, claims_table
 from mk.figures import provenance, save_figure
 from mk.notebook import Table, in_ms, show
 from mk.paths import FIGURES_ENV, NOTEBOOKS_DIR
@@ -142,7 +142,7 @@ def test_cli_report(figures, capsys):
 def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(tmp_path, monkeypatch):
     monkeypatch.setattr(mk.figures, "_exporter", False)
     claims = claims_table()
-    assert list(claims.key) == list(CLAIMS) and claims.key.is_unique
+    assert list(claims.key) == [*CLAIMS, *WORKBOOK_CLAIMS] and claims.key.is_unique
     c = claims.set_index("key")
     assert c.published["mk_v5e8_moe_tps"] == published("mk_v5e8_moe_tps")  # read, never typed
     assert abs(c.error["sol_h100"]) < 0.01 and abs(c.error["bytes_per_token_moe"]) < 0.02  # mk.sol's count
@@ -152,6 +152,7 @@ def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(
     assert c.kind["verdict_moe_one_user"].startswith("derived")
     assert c.workbook.notna().all()  # every claim computed, the Llama 1B verdict from its config (data/configs)
     assert c.kind["verdict_small_model"] == "modelled"
+    assert c.published[list(CLAIMS)].notna().all()
     out, books = tmp_path / "figures", tmp_path / "notebooks"
     books.mkdir()
     nb = {
@@ -162,15 +163,41 @@ def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(
     save_figure(fig, "07_validation", out_dir=out)
     export_table(table(), "07_validation", "modelled", "h100", "mk.timing", out)  # a figure and a table, one name
     page = write_report(out, books, claims=claims).read_text()
-    assert page.count('<tr id="claim-') == len(CLAIMS)
+    assert page.count('<tr id="claim-') == len(CLAIMS) + len(WORKBOOK_CLAIMS)
     assert 'href="#fig-07_validation"' in page and page.index('id="claims"') < page.index('id="nb-07"')
     ids = re.findall(r'\bid="([^"]+)"', page)
     assert len(ids) == len(set(ids)) and {"fig-07_validation", "table-07_validation"} <= set(ids)
 
 
+def test_the_workbooks_own_claims_are_computed_with_their_setup_and_assumptions():
+    """The workbook's claims have no published value and no error; each value is the timing model's now, for the
+    workbook's kernel, and its kind names the model, the setup and the assumed costs (and speculation's K and a)."""
+    from mk import timing
+    from mk.analysis.claims import SPECULATION, workbook_claims
+    from mk.analysis.sweeps import speculation_table
+    from mk.kernel_setup import WORKBOOK_KERNEL
+
+    w = workbook_claims().set_index("key")
+    assert list(w.index) == list(WORKBOOK_CLAIMS) and w.published.isna().all() and w.error.isna().all()
+    for key, (what, model, context, users, dtype, _) in WORKBOOK_CLAIMS.items():
+        kind = w.kind[key]
+        assert kind.startswith("modelled (mk.timing") and WORKBOOK_KERNEL.name in kind and "ns per op" in kind, key
+        if what == "fraction_of_sol":
+            p = timing.predict(model, "tpu-v5e-8", context, users, dtype=dtype, setup=WORKBOOK_KERNEL)
+            assert w.workbook[key] == pytest.approx(p.fraction_of_sol) and 0 < w.workbook[key] < 1, key
+        else:
+            k, a = SPECULATION["draft_tokens"], SPECULATION["accept_rate"]
+            want = speculation_table([model], ["tpu-v5e-8"], [users], [k], [a], context).speedup.iloc[0]
+            assert w.workbook[key] == pytest.approx(want) and f"{k} drafts" in kind and f"{a:g}" in kind, key
+    # more context or more users: the fixed part of the step is a smaller share, the fraction rises
+    assert w.workbook["wb_moe_sol_fraction"] < w.workbook["wb_moe_sol_fraction_128k"]
+    assert w.workbook["wb_moe_sol_fraction"] < w.workbook["wb_moe_sol_fraction_eight_users"]
+
+
 def test_every_claim_links_to_a_figure_or_table_a_notebook_writes():
     code = "".join(path.read_text() for path in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
-    missing = [name for names in CLAIMS.values() for name in names if f'\\"{name}\\"' not in code]
+    claims = [*CLAIMS.values(), *(c[-1] for c in WORKBOOK_CLAIMS.values())]
+    missing = [name for names in claims for name in names if f'\\"{name}\\"' not in code]
     assert not missing, missing
 
 

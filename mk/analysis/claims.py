@@ -1,16 +1,22 @@
 """The claims table: each claim of the write-up (a key of data/published.csv) beside the workbook's own value for
-it, its kind and error, and the figures and tables that show it; the report page opens with it."""
+it, its kind and error, and the figures and tables that show it; then the workbook's own claims (no published value:
+each computed here, its kind naming the model, the kernel setup and what it assumes). The report page opens with it."""
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
 from ..chips import get_chip
 from ..config import get_config
+from ..kernel_setup import WORKBOOK_KERNEL
 from ..published import published_table
 from ..routing import busiest_chip_distribution
 from ..sol import bytes_per_token, speed_of_light
-from .verdict import validation_table, verdict_table
+from ..timing import assumed_costs, assumed_label, predict
+from .sweeps import speculation_table
+from .verdict import MEGAKERNEL_SLICE, validation_table, verdict_table
 
 # Each claim of the write-up (a key of data/published.csv), with the figures and tables that show it, best first.
 CLAIMS = {
@@ -52,13 +58,71 @@ QUANTITIES = {
 POINT_KINDS = {"test": "modelled", "test (baseline fitted)": "modelled (its baseline fitted)"}
 
 
-def claims_table(validation: pd.DataFrame | None = None, verdicts: pd.DataFrame | None = None) -> pd.DataFrame:
+# The workbook's own claims: key -> (what, model, context, users, data type; the figures and tables that show it).
+# ``fraction_of_sol``: the workbook's kernel's fraction of the speed of light (its data type's own speed of light);
+# ``speculative_gain``: tokens/s per user verifying SPECULATION's drafts over plain decoding, same kernel.
+MOE, DENSE = "gemma4-26b-a4b", "gemma4-31b"
+SPECULATION = dict(draft_tokens=3, accept_rate=0.7)  # K drafts a step, each accepted with a (given, not measured)
+WORKBOOK_CLAIMS = {
+    "wb_moe_sol_fraction": ("fraction_of_sol", MOE, 1024, 1, "bf16", ("07_workbook_claims", "06_context_sweep")),
+    "wb_moe_sol_fraction_128k": (
+        "fraction_of_sol", MOE, 131072, 1, "bf16", ("07_workbook_claims", "06_context_sweep", "06_context")
+    ),
+    "wb_moe_sol_fraction_eight_users": (
+        "fraction_of_sol", MOE, 1024, 8, "bf16", ("07_workbook_claims", "06_batch_sweep", "06_batch")
+    ),
+    "wb_moe_int8_sol_fraction": (
+        "fraction_of_sol", MOE, 1024, 1, "int8-experts", ("07_workbook_claims", "08_sol_by_chip")
+    ),
+    "wb_moe_speculative_gain": ("speculative_gain", MOE, 1024, 1, "bf16", ("07_workbook_claims", "10_speculation")),
+    "wb_dense_speculative_gain": ("speculative_gain", DENSE, 1024, 1, "bf16", ("07_workbook_claims", "10_speculation")),
+}  # fmt: skip
+
+
+def workbook_claims(chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
+    """The workbook's own claims (:data:`WORKBOOK_CLAIMS`), each computed now by mk.timing for the workbook's kernel
+    (mk.kernel_setup.WORKBOOK_KERNEL) on ``chip``: no published value and so no error; its kind names the model, the
+    setup and what it assumes (the assumed costs of data/timing.csv; for speculation, K and the acceptance)."""
+    assumed = f"{assumed_label(assumed_costs(get_chip(chip).kind))}, data/timing.csv"
+    rows = []
+    for key, (what, model, context, users, dtype, shown) in WORKBOOK_CLAIMS.items():
+        size = f"{context} positions, {users} user{'s' if users > 1 else ''}"
+        if what == "fraction_of_sol":
+            p = predict(model, chip, context, users, dtype=dtype, setup=WORKBOOK_KERNEL)
+            value, unit = p.fraction_of_sol, ""
+            claim = f"fraction of the speed of light: {model}, the workbook's kernel, {chip}, {dtype} ({size})"
+            kind = f"modelled (mk.timing, {p.setup}; {assumed}"
+            kind += "; against its own speed of light, mk.sol)" if dtype != "bf16" else ")"
+        else:
+            k, a = SPECULATION["draft_tokens"], SPECULATION["accept_rate"]
+            t = speculation_table([model], [chip], [users], [k], [a], context).iloc[0]
+            value, unit = float(t.speedup), "x"
+            claim = (
+                f"speculative decoding's gain, tokens/s with {k} n-gram drafts a step over plain decoding: {model}, "
+                f"the workbook's kernel, {chip}, {dtype} ({size})"
+            )
+            kind = (
+                f"modelled (mk.timing, {t.setup}, verifying {k} drafts a step; assumes each draft accepted with "
+                f"probability {a:g} (given, not measured) and a drafter that reads no weights (n-gram lookup); "
+                f"{assumed})"
+            )
+        rows.append(
+            dict(key=key, claim=claim, published=math.nan, workbook=value, unit=unit, kind=kind, error=math.nan,
+                 shown_in=list(shown))
+        )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def claims_table(
+    validation: pd.DataFrame | None = None, verdicts: pd.DataFrame | None = None, workbook: bool = True
+) -> pd.DataFrame:
     """Every claim of the write-up in :data:`CLAIMS`: its published value (data/published.csv), the workbook's
     own (the speeds of light and bytes from mk.sol, the busiest chip exact from mk.routing, the timing model's
     steps and speed-ups from mk.analysis.verdict's validation and verdict tables: ``validation``, ``verdicts`` when
     already computed), the kind of the workbook's value (modelled; fitted, input or by construction where the
     model meets it by design; derived where it is a ratio of two other claims; not modelled) and the error
-    workbook / published - 1. Units as published; ``shown_in`` names the figures and tables that show it."""
+    workbook / published - 1. Units as published; ``shown_in`` names the figures and tables that show it. With
+    ``workbook``, the workbook's own claims follow (:func:`workbook_claims`: no published value, no error)."""
     v = (validation_table() if validation is None else validation).set_index("key")
     d = (verdict_table() if verdicts is None else verdicts).set_index("key")
     rows = []
@@ -103,7 +167,8 @@ def claims_table(validation: pd.DataFrame | None = None, verdicts: pd.DataFrame 
                 shown_in=list(CLAIMS[key]),
             )
         )
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    return pd.concat([out, workbook_claims()], ignore_index=True) if workbook else out
 
 
 def _claim(r) -> str:

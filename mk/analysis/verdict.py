@@ -350,7 +350,10 @@ def component_columns(validation: pd.DataFrame | None = None) -> pd.DataFrame:
         lambda k: "general stack (vLLM, H100, FP8)" if k.startswith("ko_vllm") else "megakernel (v5e-8)"
     )
     t["published_ms"], t["modelled_ms"] = t.published * 1e3, t.modelled * 1e3
-    return t[["column", "component", "published_ms", "modelled_ms", "error", "role", "kind"]].reset_index(drop=True)
+    # the megakernel's kernel setup, from its case's label (mk.analysis.verdict.Case.label)
+    t["setup"] = t.case.map(lambda c: c.split("megakernel, ", 1)[1].split(", on ")[0] if "megakernel, " in c else "")
+    columns = ["column", "component", "published_ms", "modelled_ms", "error", "role", "setup", "kind"]
+    return t[columns].reset_index(drop=True)
 
 
 def knockout_reads(validation: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -56,8 +56,8 @@ def human_label(r) -> str:
     parts = [p.strip() for p in case.split(",")]
     model, chip = parts[0], case.rsplit(" on ", 1)[-1].split(",")[0].strip()
     engine = "megakernel" if "megakernel" in case else "general stack"
-    if "(a)" in case:
-        engine += " before the fixes"
+    if "megakernel, (" in case:  # its kernel setup by its letter and name (mk.kernel_setup), before any colon
+        engine += " " + case.split("megakernel, ", 1)[1].split(", on ")[0].split(":")[0]
     tail = case.rsplit(" on ", 1)[-1].split(",")[1:]  # a data type after the chip
     extra = f", {tail[0].strip()}" if tail else ""
     return f"{what}: {engine}, {chip}, {model}{extra}"
@@ -149,9 +149,11 @@ def component_figure(table: pd.DataFrame) -> go.Figure:
         fig.update_yaxes(
             type="log", title_text="ms per step (log; below 1e-4 drawn at 1e-4)" if i == 1 else None, row=1, col=i
         )
+    setups = sorted({s for s in table.setup if isinstance(s, str) and s}) if "setup" in table else []
     fig.update_layout(
         barmode="group",
-        title="Where the time goes: kernel time (general stack) and shrink when off (megakernel)",
+        title="Where the time goes: kernel time (general stack) and shrink when off (megakernel)"
+        + (f"<br><sup>megakernel modelled as {'; '.join(setups)}</sup>" if setups else ""),
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
     )
     return fig
@@ -212,12 +214,20 @@ def verdict_figure(table: pd.DataFrame) -> go.Figure:
     fig.add_hline(y=1, line=dict(color="black", dash="dot"))
     fig.update_layout(
         barmode="group",
-        title="When a megakernel pays off: its speed-up over a general stack",
+        title="When a megakernel pays off: its speed-up over a general stack"
+        + (
+            f"<br><sup>megakernel modelled as {'; '.join(sorted(set(t.megakernel_setup)))}</sup>"
+            if "megakernel_setup" in t
+            else ""
+        ),
         yaxis=dict(title="speed-up (tokens/s per user,<br>megakernel / general stack)", rangemode="tozero"),
         xaxis_tickangle=0,
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
     )
     return fig
+
+
+LOG_TICKS = (0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50, 100)  # round values on a log axis
 
 
 def rule_figure(table: pd.DataFrame) -> go.Figure:
@@ -237,8 +247,18 @@ def rule_figure(table: pd.DataFrame) -> go.Figure:
         x=0.5, line=dict(color="black", dash="dot"), annotation_text="the rule's line: half the speed of light"
     )
     fig.add_hline(y=1, line=dict(color="black", width=1))
+    # the log axis from below 1 (the line) to above the largest speed-up, ticked at round values only: plotly's own
+    # ticks on a short log range (1 to 4) come a tenth apart and collide
+    low, high = min(1.0, table.speedup.min()) / 1.15, table.speedup.max() * 1.15
+    ticks = [t for t in LOG_TICKS if low <= t <= high]
+    fig.update_yaxes(range=[math.log10(low), math.log10(high)], tickvals=ticks, ticktext=[f"{t:g}x" for t in ticks])
     fig.update_layout(
-        title="Speed-up against the general stack's fraction of the speed of light",
+        title="Speed-up against the general stack's fraction of the speed of light"
+        + (
+            f"<br><sup>megakernel modelled as {'; '.join(sorted(set(table.megakernel_setup)))}</sup>"
+            if "megakernel_setup" in table
+            else ""
+        ),
         xaxis_title="general stack's fraction of the speed of light (modelled)",
         yaxis_title="megakernel speed-up (marker size: users)",
         yaxis_type="log",
