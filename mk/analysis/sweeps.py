@@ -88,7 +88,8 @@ def engine_series(
 
 def _row(model: ModelConfig | str, series: Series, context: int, batch: int) -> dict:
     cfg = get_config(model)
-    experts = expected_distinct_experts(cfg.num_experts, cfg.top_k, batch)
+    # a dense model has no experts: its experts' columns stay blank
+    experts = expected_distinct_experts(cfg.num_experts, cfg.top_k, batch) if cfg.is_moe else math.nan
     base = dict(
         model=cfg.name,
         series=series.label,
@@ -118,7 +119,7 @@ def _row(model: ModelConfig | str, series: Series, context: int, batch: int) -> 
         placement=p.placement if cfg.is_moe else "-",  # a dense model has no experts to place
         setup=p.setup,
         # whole experts' worth one chip loads per layer: the pacing chip's distinct experts x its share of each
-        experts_per_chip=paced["experts_per_layer"] * paced["expert_share"] if paced else math.nan,
+        experts_per_chip=paced["experts_per_layer"] * paced["expert_share"] if paced and cfg.is_moe else math.nan,
         step_ms=p.step_s * 1e3,
         tokens_per_s=p.tokens_per_s,
         tokens_per_s_total=p.tokens_per_s_total,

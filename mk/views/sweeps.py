@@ -197,7 +197,7 @@ def batch_figure(table: pd.DataFrame, points: pd.DataFrame | None, models, title
     fig = _facets(models, horizontal_spacing=0.1)
 
     def hover(r):
-        experts = f"<br>{r.expected_experts:.1f} distinct experts per layer" if r.expected_experts else ""
+        experts = f"<br>{r.expected_experts:.1f} distinct experts per layer" if r.expected_experts > 0 else ""
         return (
             f"{r.series} ({r.dtype})<br>{r.batch} users{experts}<br>{r.tokens_per_s:.1f} tok/s per user, "
             f"{r.tokens_per_s_total:.0f} in total<br>{r.fraction_of_sol:.2f} of its speed of light"
