@@ -23,7 +23,7 @@ def _print(obj: dict, as_json: bool, text: str) -> None:
 
 
 def _add_quantize(p) -> None:
-    from .quant_schemes import SCHEMES
+    from .params import SCHEMES
 
     p.add_argument(
         "--quantize",

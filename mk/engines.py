@@ -15,8 +15,8 @@ from .units import positive_int
 
 Step = Callable[..., tuple]
 _ENGINES: dict[str, tuple[Callable[[ModelConfig], Step], int]] = {}
-# Modules that register engines when imported (the megakernel lives above this module on purpose).
-ENGINE_MODULES = ("mk.megakernel",)
+# Modules that register engines when imported (the reference: mk.generate; the megakernel): both live above it.
+ENGINE_MODULES = ("mk.generate", "mk.megakernel")
 
 
 def register_engine(name: str, make_step: Callable[[ModelConfig], Step], cache_multiple: int = 1) -> None:

@@ -3,7 +3,7 @@
 A quantized matrix ``path`` ([..., in, out], as in mk.params) is stored as ``int8`` codes in ``params[path]``
 and its scales as ``float32`` in ``params[scale_path(path)]``, one per output channel, shape ``[..., out]``
 (``[out]`` for a layer's matrix, ``[E, out]`` for an expert tensor), except a down projection's: one per input
-channel, ``[..., in]`` (mk.quant_schemes.INPUT_SCALED: a chip that holds some of its rows then reads only their
+channel, ``[..., in]`` (mk.params.INPUT_SCALED: a chip that holds some of its rows then reads only their
 scales). Codes are ``round(w / s)`` clipped to [-127, 127] with ``s = max|w| / 127`` over the other axis (1 where
 a channel is all zeros), so a weight comes back as ``codes * s``.
 
@@ -22,8 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .config import ModelConfig
-from .params import param_specs
-from .quant_schemes import SCALE_SUFFIX, SCHEMES, check_scheme, quantized_paths, scale_path, scales_inputs
+from .params import SCALE_SUFFIX, SCHEMES, check_scheme, param_specs, quantized_paths, scale_path, scales_inputs
 
 QMAX = 127
 

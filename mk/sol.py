@@ -18,9 +18,8 @@ import pandas as pd
 
 from .chips import Chip, get_chip
 from .config import SLIDING, ModelConfig, get_config
-from .params import EMBED, EXPERTS, HEAD, ROUTER, SHARED_MLP, param_specs
+from .params import EMBED, EXPERTS, HEAD, ROUTER, SCALE_BYTES, SHARED_MLP, param_specs, quantized_in, scale_count
 from .published import published_table
-from .quant_schemes import SCALE_BYTES, quantized_in, scale_count
 from .routing import expected_distinct_experts
 from .units import positive_int
 
@@ -138,8 +137,8 @@ def bytes_per_token(model: ModelLike, context: int, batch: int = 1, dtype: str =
     ``model``: a ModelConfig or anything mk.config.get_config takes (a preset, a ``config.json``, read once).
     ``context`` is the number of positions in the cache (the prompt plus tokens so far). The head is the tied
     embedding or the untied output matrix, read once; the embedding lookup reads B rows and is not counted. Under
-    an INT8 policy each quantized matrix (``mk.quant_schemes.quantized_in``) also reads ``SCALE_BYTES`` per scale
-    (mk.quant_schemes.scale_count; an expert's per distinct expert read), added to its component.
+    an INT8 policy each quantized matrix (``mk.params.quantized_in``) also reads ``SCALE_BYTES`` per scale
+    (mk.params.scale_count; an expert's per distinct expert read), added to its component.
     """
     positive_int("context", context)
     positive_int("batch", batch)

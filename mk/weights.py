@@ -34,10 +34,9 @@ import numpy as np
 from .assistant_config import AssistantConfig, check_pair, read_assistant_config
 from .config import GEMMA4, ModelConfig, from_hf_dict, is_hub_id, to_hf_dict
 from .files import write_atomic
-from .params import NORMS, ROUTER, param_specs
+from .params import NORMS, ROUTER, param_specs, scales_inputs
 from .progress import tqdm
 from .quant import SCALE_SUFFIX, SCHEMES, quantized_paths, scale_path, scheme_of
-from .quant_schemes import scales_inputs
 
 # Prefixes of the text model: a Gemma4ForConditionalGeneration export, then a text-only Gemma4ForCausalLM.
 TEXT_PREFIXES = ("model.language_model.", "model.")

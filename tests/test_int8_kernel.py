@@ -10,9 +10,8 @@ from mk import quant
 from mk.config import FFN_LAYOUTS, GEMMA4_26B_A4B, TINY_MOE, from_hf_dict
 from mk.generate import generate
 from mk.kernel_setup import KernelSetup
-from mk.params import EXPERTS
+from mk.params import EXPERTS, tile_rows_scaled
 from mk.plan import build_plan
-from mk.quant_schemes import tile_rows_scaled
 from mk.sol import bytes_per_token
 from mk.tpu import races_detected
 from mk.weights import random_params

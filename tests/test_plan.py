@@ -397,7 +397,7 @@ def test_intermediate_on_rows_moves_only_the_weights(cfg, chip, batch):
 def test_int8_scales_cost_at_most_two_percent_of_their_codes(scheme, chip):
     """The scale blocks an INT8 step's DMAs move beside the codes (26B-A4B, split experts): at most 2% of the codes'
     bytes. A split expert's down projection is scaled per input channel, so a chip reads its own 88 rows' scales,
-    not all 2816 output channels' for each expert (mk.quant_schemes.INPUT_SCALED)."""
+    not all 2816 output channels' for each expert (mk.params.INPUT_SCALED)."""
     from mk.kernel_setup import KernelSetup
     from mk.timing import step_plan
 

@@ -15,7 +15,7 @@ from mk.analysis.quality import quality, quality_summary
 from mk.config import TINY_DENSE, TINY_MOE
 from mk.generate import generate
 from mk.measure import cpu as bench
-from mk.params import EXPERTS, param_specs
+from mk.params import EXPERTS, param_specs, scales_inputs
 from mk.quant import (
     SCALE_SUFFIX,
     dequantize,
@@ -26,7 +26,6 @@ from mk.quant import (
     scale_path,
     scheme_of,
 )
-from mk.quant_schemes import scales_inputs
 from mk.weights import load_checkpoint, random_params, save_checkpoint
 
 # Two users, one prompt past the sliding window; every generation here decodes NEW_TOKENS after them, so the

@@ -419,3 +419,14 @@ def test_ragged_generate_errors(moe_params):
         gen.generate(moe_params, TINY_MOE, [[1, 2], []], 3)
     with pytest.raises(ValueError, match=r"\[512\] outside the vocabulary"):
         gen.generate(moe_params, TINY_MOE, [[1, 2], [3, 512, 4]], 3)
+
+
+def test_a_fresh_process_finds_every_engine():
+    """mk.engines imports the modules that register engines before it reads its registry, so the command line sees
+    the reference and the megakernel whatever was imported first."""
+    import subprocess
+    import sys
+
+    code = "from mk.engines import engine_names; print(sorted(engine_names()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['megakernel', 'reference']"

@@ -9,8 +9,8 @@ import pandas as pd
 
 from ..config import ModelConfig
 from ..generate import generate, prompt_batch
+from ..params import check_scheme
 from ..quant import quantize, scheme_of
-from ..quant_schemes import check_scheme
 from ..reference import decode_step, init_cache, prefill
 from ..units import positive_int
 

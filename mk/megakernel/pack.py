@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import ModelConfig
+from ..params import scales_inputs
 from ..plan import (
     BLOCK,
     ROWS,
@@ -32,7 +33,6 @@ from ..plan import (
 )
 from ..plan.layout import head_lanes, scale_rows, scale_width
 from ..quant import quantized_paths, scale_path, scheme_of
-from ..quant_schemes import scales_inputs
 from .refs import matrix_shapes, weight_dtypes, weight_shapes
 
 HIDDEN, VOCAB = "hidden", "vocab"

@@ -10,8 +10,7 @@ plan's expected bytes use the expected number of distinct experts (exact under u
 from __future__ import annotations
 
 from ..config import ModelConfig
-from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs
-from ..quant_schemes import tile_rows_scaled
+from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs, tile_rows_scaled
 from ..units import ceil_div, positive_int
 from .layout import (
     BLOCK,

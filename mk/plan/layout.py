@@ -22,8 +22,7 @@ import numpy as np
 
 from ..config import GATED_OUT, ModelConfig
 from ..kv_slots import cache_len
-from ..params import layer_param_specs, param_specs
-from ..quant_schemes import tile_rows_scaled
+from ..params import layer_param_specs, param_specs, tile_rows_scaled
 from ..units import LANE, round_up
 
 ROWS = 8  # users pad to one f32 sublane tile
@@ -61,7 +60,7 @@ def scale_buffer(buffer: str) -> str:
 
 def scale_width(cfg: ModelConfig, path: str, padded: tuple[int, ...]) -> int:
     """Lanes of matrix ``path``'s scale rows, given its padded shape: its columns, or where a tile has one
-    scale per row (mk.quant_schemes.tile_rows_scaled) its rows, padded to whole lanes so a tile's scales
+    scale per row (mk.params.tile_rows_scaled) its rows, padded to whole lanes so a tile's scales
     turn into a column by an (8, 128)-tiled transpose."""
     return round_up(padded[-2], LANE) if tile_rows_scaled(cfg, path) else padded[-1]
 

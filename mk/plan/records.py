@@ -80,7 +80,7 @@ class Load:
     payload_bytes: int
     expert: int | None = None
     scaled: bool = False  # an INT8 tile: the block of its scales comes with it (mk.plan.layout.scale_rows)
-    row_scales: bool = False  # an INT8 tile with a scale per row (mk.quant_schemes.tile_rows_scaled)
+    row_scales: bool = False  # an INT8 tile with a scale per row (mk.params.tile_rows_scaled)
 
     @property
     def scale_lanes(self) -> int:

@@ -405,11 +405,11 @@ def build_plan(
 
     ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
     and attention FLOPs recorded for timing; the kernel itself reads the tiles each user's position needs.
-    ``quantize`` (mk.quant_schemes.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales.
+    ``quantize`` (mk.params.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales.
     ``setup.draft_tokens``: speculative verification of that many drafted tokens per user: each user's 1 + k rows go
     through one weight pass (the plan's ``batch`` counts rows) and attend over the user's cache.
     """
-    from ..quant_schemes import quantized_paths
+    from ..params import quantized_paths
     from ..sharding import chip_config, experts_per_chip, heads_split, position_share, users_per_chip
 
     cfg, draft_tokens = setup.laid_out(cfg), setup.draft_tokens

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..config import LAYER_TYPES, ModelConfig
 from ..kernel_setup import AttentionSplit, KernelSetup, Placement
-from ..quant_schemes import SCALE_SUFFIX, scales_inputs, tile_rows_scaled
+from ..params import SCALE_SUFFIX, scales_inputs, tile_rows_scaled
 from ..units import LANE, ceil_div, round_up
 
 

@@ -10,8 +10,7 @@ from ..assistant_config import check_pair, source_layers
 from ..chips import Chip, get_chip
 from ..config import SLIDING, ModelConfig, get_config
 from ..kernel_setup import WORKBOOK_KERNEL, KernelSetup
-from ..params import EXPERTS, HEAD, param_specs
-from ..quant_schemes import SCALE_BYTES, quantized_paths, scale_count
+from ..params import EXPERTS, HEAD, SCALE_BYTES, param_specs, quantized_paths, scale_count
 from ..sol import get_dtype, speed_of_light
 from ..units import ms_entry, positive_int
 from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from ..chips import Chip
-from ..params import EXPERTS, HEAD
+from ..params import EXPERTS, HEAD, SCHEMES
 from ..plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan
-from ..quant_schemes import SCHEMES
 from ..sol import get_dtype
 from .constants import chip_constant, matching_rows
 
