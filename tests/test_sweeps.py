@@ -180,6 +180,7 @@ def test_attention_split_table_compares_the_three_splits_where_they_run(capsys):
 
     t = sweeps.attention_split_table(["gemma4-26b-a4b"], [131072], [1, 8])
     assert set(t[t.batch == 1].attention_split) == {"heads", "positions"}
+    assert (t.setup == WORKBOOK_KERNEL.name).all() and WORKBOOK_KERNEL.name in t.kind[0]  # the setup it varies, named
     eight = t[t.batch == 8].set_index("attention_split")
     assert set(eight.index) == {"heads", "positions", "users"}
     assert eight.kv_GB["users"] == pytest.approx(eight.kv_GB["positions"], rel=0.01)

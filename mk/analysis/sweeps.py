@@ -26,7 +26,7 @@ from ..routing import expected_distinct_experts
 from ..sharding import kv_replication, position_share
 from ..sol import SOL_KIND, bytes_per_token, speed_of_light
 from ..speculative import emitted_per_round
-from ..timing import MODELLED, fits_in_hbm, model_bytes, predict
+from ..timing import MODELLED, all_weight_bytes, fits_in_hbm, predict
 from .verdict import BASELINE_DTYPE, GENERAL_GPU, MEGAKERNEL_SLICE, Case, validation_table
 
 SOL = "speed of light"
@@ -247,7 +247,11 @@ def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLIC
                             else math.nan,
                         )
                     )  # fmt: skip
-    return pd.DataFrame(rows).assign(chip=c.name, kind=f"{MODELLED}: the workbook's kernel, each attention split")
+    return pd.DataFrame(rows).assign(
+        chip=c.name,
+        setup=WORKBOOK_KERNEL.name,
+        kind=f"{MODELLED}: {WORKBOOK_KERNEL.name}, its attention split each way",
+    )
 
 
 def speculation_table(models, chips, users, drafts, accept_rates, context: int = 1024, assistant=None) -> pd.DataFrame:
@@ -403,7 +407,7 @@ def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = 
         cfg = get_config(m)
         for c in chips:
             chip = get_chip(c)
-            extra = dict(weights_GB=model_bytes(cfg, dtype) / 1e9, hbm_GB=chip.hbm_bytes / 1e9)
+            extra = dict(weights_GB=all_weight_bytes(cfg, dtype) / 1e9, hbm_GB=chip.hbm_bytes / 1e9)
             for s in (
                 Series("megakernel", "megakernel", chip.name, dtype, WRITE_UP_KERNEL),
                 Series("general same chip", "general", chip.name, dtype),
