@@ -135,7 +135,7 @@ def test_the_fraction_pairs_each_rounds_step_with_the_same_rounds_probe(monkeypa
         return loop.Comparison(baseline, times, {}, 0.95, len(steps), 1.0, (0.0, 0.0), raw)
 
     monkeypatch.setattr(harness, "interleaved", fake_interleaved)
-    sol = harness.SpeedOfLight("measured: GEMV probe", bytes_per_step=50, probe=lambda: None, probe_bytes=100)
+    sol = harness.MeasuredSpeedOfLight("measured: GEMV probe", bytes_per_step=50, probe=lambda: None, probe_bytes=100)
     _, (row,) = harness.time_engines([harness.Engine("ref", None)], sol, {"batch": 1}, 1.0)
     pairs = sorted(50 / (100 / p) / t for p, t in zip(probe, steps))  # 0.5 each round but 0.25 in three
     assert row["fraction_of_sol"] == pytest.approx(pairs[3]) == 0.5

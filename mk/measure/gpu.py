@@ -71,10 +71,10 @@ from ..sol import bytes_per_token, kv_bytes_per_user
 from ..units import positive_int
 from ..weights import device_params
 from .harness import (
-    DTYPES,
+    ARRAY_DTYPES,
     MIN_TIMING_S,
     Engine,
-    SpeedOfLight,
+    MeasuredSpeedOfLight,
     columns,
     probed_speed_of_light,
     provenance,
@@ -144,9 +144,9 @@ def torch_device(device: str) -> str:
     return "cuda:0"
 
 
-def model_bytes(cfg: ModelConfig, context: int, batch: int, dtype: str) -> int:
+def device_bytes(cfg: ModelConfig, context: int, batch: int, dtype: str) -> int:
     """What one engine holds on the device: the weights and the KV cache (each engine has its own)."""
-    item = jnp.dtype(DTYPES[dtype]).itemsize
+    item = jnp.dtype(ARRAY_DTYPES[dtype]).itemsize
     kv = sum(kv_bytes_per_user(cfg, context, item).values()) * batch
     return int(count_params(cfg) * item + kv)
 
@@ -230,9 +230,9 @@ def start_reference(cfg: ModelConfig, context: int, batch: int, dtype: str, dev,
     from .steps import step_program
 
     t = time.perf_counter()
-    params = device_params(cfg, seed, DTYPES[dtype], dev, log)
+    params = device_params(cfg, seed, ARRAY_DTYPES[dtype], dev, log)
     with jax.default_device(dev):
-        cache = init_cache(cfg, batch, context, DTYPES[dtype])
+        cache = init_cache(cfg, batch, context, ARRAY_DTYPES[dtype])
         tokens = jnp.zeros((batch,), jnp.int32)
         pos = jnp.asarray(context - 1, jnp.int32)
     jax.block_until_ready((params, cache))
@@ -419,7 +419,9 @@ def _torch_kernels(torch, fn: Callable[[], None], cuda: bool) -> float | None:
 
 
 # The speed of light ---------------------------------------------------------------------------------
-def speed_of_light_for(cfg: ModelConfig, context: int, batch: int, dtype: str, dev, chip: str | None) -> SpeedOfLight:
+def speed_of_light_for(
+    cfg: ModelConfig, context: int, batch: int, dtype: str, dev, chip: str | None
+) -> MeasuredSpeedOfLight:
     """The chip's speed of light (``chip``, or the chip the device is) from ``mk.sol``, or, for a device
     that is no known chip, the same bytes over a GEMV probe (f32: the fastest way this device streams
     memory) timed in the same rounds."""
@@ -431,8 +433,8 @@ def speed_of_light_for(cfg: ModelConfig, context: int, batch: int, dtype: str, d
 def _check(cfg, context, batch, dtype, engines, device, budget_s):
     positive_int("context", context)
     positive_int("batch", batch)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    if dtype not in ARRAY_DTYPES:
+        raise ValueError(f"dtype must be one of {list(ARRAY_DTYPES)}, got {dtype!r}")
     if not engines or any(e not in ENGINES for e in engines) or len(set(engines)) != len(engines):
         raise ValueError(f"engines must be some of {ENGINES}, each once, got {engines!r}")
     if not budget_s > 0:
@@ -473,7 +475,7 @@ def run(
         f"{cfg.name}, {dtype}, context {context}, batch {batch} on {device_name(dev)}; {', '.join(engines)}; "
         f"budget {budget_s:.0f} s; speed of light: {sol.source}"
     )
-    one = model_bytes(cfg, context, batch, dtype)
+    one = device_bytes(cfg, context, batch, dtype)
     free = free_bytes(device)
     together = len(engines) == 1 or free is None or len(engines) * one * MEMORY_MARGIN + MEMORY_SLACK <= free
     log(

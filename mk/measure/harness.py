@@ -33,7 +33,7 @@ from ..tpu import libtpu_version
 from .loop import MIN_ROUNDS, PRECISION, Comparison, interleaved
 
 # The data types a measured step's arrays use, each also the mk.sol policy that counts its bytes.
-DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+ARRAY_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 MIN_TIMING_S = 3.0  # the least a group of engines is timed for, whatever is left of a run's budget
 PROBE = "probe"  # the GEMV probe's name in the rounds
 
@@ -126,7 +126,7 @@ def provenance(device=None, chips: int = 1) -> dict:
 
 # The speed of light ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class SpeedOfLight:
+class MeasuredSpeedOfLight:
     """Where a run's speed of light comes from: ``bytes_per_step`` (mk.sol) over ``bandwidth`` (bytes/s, a
     spec), or over ``probe``'s bandwidth in each round (it reads ``probe_bytes``, counted ``chips`` times:
     the chips the step runs on), or unknown (neither)."""
@@ -168,19 +168,19 @@ def spec_speed_of_light(bytes_per_step: float, device, chips: int = 1, chip: str
     c = get_chip(base if chips == 1 else f"{base}-{chips}")
     given = "" if name == known_chip(device) else f"; given, the device is {device_name(device)}"
     source = f"{c.name} spec ({c.hbm_bandwidth / 1e12:.2f} TB/s, mk.sol){given}"
-    return SpeedOfLight(source, bytes_per_step, c.hbm_bandwidth, c.name)
+    return MeasuredSpeedOfLight(source, bytes_per_step, c.hbm_bandwidth, c.name)
 
 
 def probed_speed_of_light(bytes_per_step: float, nbytes: int, device=None, dtype: str = "f32", chips: int = 1):
     """The speed of light over a GEMV probe of ``nbytes`` in ``dtype`` timed in the same rounds as the step:
     this device's own limit (``chips`` devices stream ``chips`` times the bytes)."""
-    call, size = gemv_probe(nbytes, device, DTYPES[dtype])
+    call, size = gemv_probe(nbytes, device, ARRAY_DTYPES[dtype])
     source = f"measured: GEMV probe ({dtype}, {size >> 20} MiB) in the same rounds"
-    return SpeedOfLight(source, bytes_per_step, probe=call, probe_bytes=size, chips=chips)
+    return MeasuredSpeedOfLight(source, bytes_per_step, probe=call, probe_bytes=size, chips=chips)
 
 
-def unknown_speed_of_light(bytes_per_step: float, device) -> SpeedOfLight:
-    return SpeedOfLight(f"unknown: {device_name(device)} is no chip in data/chips.csv", bytes_per_step)
+def unknown_speed_of_light(bytes_per_step: float, device) -> MeasuredSpeedOfLight:
+    return MeasuredSpeedOfLight(f"unknown: {device_name(device)} is no chip in data/chips.csv", bytes_per_step)
 
 
 # Timing engines into rows ---------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def _significant(x: float | None) -> float | None:
 
 def time_engines(
     engines: list[Engine],
-    sol: SpeedOfLight,
+    sol: MeasuredSpeedOfLight,
     run: dict,
     budget_s: float,
     precision: float = PRECISION,

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ..config import ModelConfig
-from .harness import DTYPES
+from .harness import ARRAY_DTYPES
 
 
 def decode_call(
@@ -49,7 +49,7 @@ def decode_call(
 
     tokens = jnp.zeros((batch,), jnp.int32)
     pos = jnp.asarray(context - 1, jnp.int32)
-    cache = init_cache(cfg, batch, context, DTYPES[dtype], multiple=cache_multiple)
+    cache = init_cache(cfg, batch, context, ARRAY_DTYPES[dtype], multiple=cache_multiple)
     state = {"cache": adopt(cache) if adopt is not None else cache}
 
     def call():

@@ -59,7 +59,7 @@ from ..sol import bytes_per_token
 from ..tpu import on_tpu, races_detected, reset_interpreter
 from ..units import positive_int
 from .harness import (
-    DTYPES,
+    ARRAY_DTYPES,
     MIN_TIMING_S,
     Engine,
     columns,
@@ -145,8 +145,8 @@ def check_args(cfg, parity_cfg, context, batch, placements, chips, budget_s, dty
         positive_int("chips", chips)
     if not placements or any(p not in PLACEMENTS for p in placements) or len(set(placements)) != len(placements):
         raise ValueError(f"placements must be some of {PLACEMENTS}, each once, got {placements!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    if dtype not in ARRAY_DTYPES:
+        raise ValueError(f"dtype must be one of {list(ARRAY_DTYPES)}, got {dtype!r}")
     if not budget_s > 0:
         raise ValueError(f"budget_s must be positive, got {budget_s!r}")
     if chips is not None:  # refused before JAX looks for chips
@@ -225,14 +225,14 @@ def hbm_per_chip_needed(cfg: ModelConfig, engine: Candidate, chips: int, context
     from ..params import param_specs
     from ..reference import init_cache
 
-    item = jnp.dtype(DTYPES[dtype]).itemsize
+    item = jnp.dtype(ARRAY_DTYPES[dtype]).itemsize
     if engine.name == "reference":
         weights = 0.0
         for s in param_specs(cfg):
             experts = s.path.startswith("layers.") and len(s.shape) == 3
             shape = s.shape[1:] if experts else s.shape
             weights += _split_bytes(shape, item, chips) * (s.shape[0] if experts else 1)
-        cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, DTYPES[dtype]))
+        cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, ARRAY_DTYPES[dtype]))
         kv = sum(_split_bytes(a.shape, item, chips) for a in cache.values())
         return weights + kv, 0.0
     from ..generate import cache_multiple
@@ -242,7 +242,7 @@ def hbm_per_chip_needed(cfg: ModelConfig, engine: Candidate, chips: int, context
     setup = _setup(chips, engine.placement)
     max_len = round_up(context, cache_multiple("megakernel"))
     plan = build_plan(cfg, batch, max_len, context, weight_itemsize=item, kv_itemsize=item, setup=setup)
-    shapes = input_shapes(plan, DTYPES[dtype], DTYPES[dtype])
+    shapes = input_shapes(plan, ARRAY_DTYPES[dtype], ARRAY_DTYPES[dtype])
     return _bytes(shapes), max(_bytes(w) for w in shapes.weights.values())
 
 
@@ -331,14 +331,14 @@ class _Builder:
 
         try:
             if engine.name == "reference":
-                params = device_params(cfg, self.seed, DTYPES[self.dtype], self.mesh, log)
+                params = device_params(cfg, self.seed, ARRAY_DTYPES[self.dtype], self.mesh, log)
                 call = decode_call(reference_step(self.mesh), params, cfg, self.context, self.batch, self.dtype)
             else:
                 from ..generate import cache_multiple
                 from ..megakernel import make_step
 
                 if self.host is None:
-                    tensors = random_tensors(cfg, self.seed, DTYPES[self.dtype], self.mesh, log)
+                    tensors = random_tensors(cfg, self.seed, ARRAY_DTYPES[self.dtype], self.mesh, log)
                     self.host = {path: np.asarray(x) for path, x in tensors}
                     log(f"weights: {_bytes(self.host) / 1e9:.2f} GB on the host, each chip packs its slice")
                 step = make_step(cfg, _setup(chips, engine.placement), detect_races=not on_tpu())

@@ -80,7 +80,6 @@ MSA_OPTION = "xla_msa_enable"
 # How often a program runs in one step: once per layer of its kind, once per layer, once per step.
 PER_LAYER = "every layer"
 PER_STEP = "once per step"
-LAYER_KINDS = (str(SLIDING), str(FULL), PER_LAYER, PER_STEP)
 
 
 @dataclass(frozen=True)

@@ -88,5 +88,3 @@ def assumed_label(costs: dict[str, float]) -> str:
     """The assumed costs in words, for a table's kind or a figure's footer."""
     ns = {n: costs[n] * 1e9 for n in ASSUMED}
     return f"assumed: {ns['op_overhead_s']:g} ns per op, {ns['dma_issue_s']:g} ns per DMA issued"
-
-

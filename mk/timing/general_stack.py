@@ -137,8 +137,6 @@ def kernel_cost(kind: str) -> float:
     return cost
 
 
-
-
 GENERAL_STACK = KernelSetup(name="general stack: tensor-parallel kernels", collective=Collective(overlap=False))
 
 

@@ -99,5 +99,3 @@ def pace_timeline(plan: StepPlan, chip: Chip, dtype: str = "bf16", experts: int 
     dist = pace_distribution(plan)
     n = round(sum(m * p for m, p in dist.items())) if experts is None else experts
     return timeline(plan, chip, _every_layer(plan, n), **megakernel_costs(plan, chip, dtype, **assumed))
-
-

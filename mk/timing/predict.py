@@ -93,7 +93,7 @@ class Prediction:
         )
 
 
-def model_bytes(cfg: ModelConfig, dtype: str) -> float:
+def all_weight_bytes(cfg: ModelConfig, dtype: str) -> float:
     """Bytes of every weight of the model under ``dtype`` (all experts; INT8 matrices with their scales)."""
     pol = get_dtype(dtype)
     scaled = set(quantized_paths(cfg, pol.quant))
@@ -110,9 +110,7 @@ def fits_in_hbm(cfg: ModelConfig, chip: Chip, context: int, batch: int, dtype: s
     speed of light of the same arguments, if it is at hand (mk.sol.speed_of_light)."""
     sol = sol or speed_of_light(cfg, chip, context, batch, dtype)
     kv = sum(v for k, v in sol.bytes_by_component.items() if k.startswith("kv"))
-    return model_bytes(cfg, dtype) + kv <= chip.hbm_bytes
-
-
+    return all_weight_bytes(cfg, dtype) + kv <= chip.hbm_bytes
 
 
 def _check(model, chip, context: int, batch: int, engine: str) -> tuple[ModelConfig, Chip]:
@@ -231,8 +229,6 @@ def _with_constants(p: Prediction, chip: Chip, kernel_s: float | None, costs: di
     return dataclasses.replace(p, constants=used)
 
 
-
-
 def step_breakdown(model, chip, context: int, batch: int = 1, dtype: str = "bf16", **kw) -> dict:
     """The megakernel's modelled step on ``chip`` in parts, per chip that sets the pace: the weight bytes
     its DMAs move (padding and INT8 scale blocks included) and the real ones, the scale blocks' share, the
@@ -258,5 +254,3 @@ def step_breakdown(model, chip, context: int, batch: int = 1, dtype: str = "bf16
         hbm_floor_s=p.breakdown["hbm_floor_s"],
         beyond_floor_s=p.step_s - p.breakdown["hbm_floor_s"],
     )
-
-

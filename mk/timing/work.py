@@ -115,5 +115,3 @@ def check_speculation(speculate: int, acceptance: float | None) -> float:
             f"{speculate + 1} (all accepted) tokens per user"
         )
     return float(acceptance)
-
-
