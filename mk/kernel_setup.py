@@ -188,8 +188,6 @@ FIXES = (BEFORE_FIXES, _SPLIT, _OVERLAP, WRITE_UP_KERNEL, _REDUCE_SCATTER, _ROWS
 USERS_SPLIT = _ROWS.replace(attention_split=AttentionSplit.USERS, name="(h) (f) + users split")
 # by the names the command line takes (--setup)
 SETUPS = dict(
-    zip(
-        ("before-fixes", "split-experts", "overlap", "write-up", "reduce-scatter", "mlps-on-rows", "workbook"), FIXES
-    ),
+    zip(("before-fixes", "split-experts", "overlap", "write-up", "reduce-scatter", "mlps-on-rows", "workbook"), FIXES),
     **{"users-split": USERS_SPLIT},
 )
