@@ -103,6 +103,7 @@ class ByteCount:
     batch: int
     dtype: str
     by_component: dict[str, float] = field(default_factory=dict)
+    all_weights: float = 0.0  # every weight held in memory (all experts, the embedding; INT8 with its scales)
 
     @property
     def total(self) -> float:
@@ -149,8 +150,11 @@ def bytes_per_token(model: ModelLike, context: int, batch: int = 1, dtype: str =
     scaled = frozenset(quantized_in(specs, pol.quant))
     # distinct experts the batch routes to, the same in every MoE layer (each picks top_k of num_experts)
     read = expected_distinct_experts(cfg.num_experts, cfg.top_k, batch) if cfg.is_moe else 0.0
+    held = 0.0
     for s in specs:
         scales = scale_count(s) * SCALE_BYTES if s.path in scaled else 0.0
+        per = {EXPERTS: pol.expert, HEAD: pol.head}.get(s.component, pol.matrix) if s.matrix else pol.vector
+        held += s.size * per + scales
         if s.component == EMBED:
             continue
         if s.component == EXPERTS:
@@ -161,7 +165,7 @@ def bytes_per_token(model: ModelLike, context: int, batch: int = 1, dtype: str =
             comp[s.component] += s.size * (pol.matrix if s.matrix else pol.vector) + scales
     for k, v in kv_bytes_per_user(cfg, context, pol.kv).items():
         comp[k] = v * batch
-    return ByteCount(cfg.name, context, batch, dtype, comp)
+    return ByteCount(cfg.name, context, batch, dtype, comp, held)
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,13 @@ class SpeedOfLight:
     bytes_per_token: float  # bytes read by one step (which decodes one token per user)
     bandwidth: float
     bytes_by_component: dict[str, float]
+    held_bytes: float = 0.0  # what the chips hold: every weight and the users' caches
+    hbm_bytes: float = 0.0  # the chip's (or slice's) memory
+
+    @property
+    def fits_in_hbm(self) -> bool:
+        """Whether the weights and the users' caches fit the slice's HBM (spread evenly over its chips)."""
+        return self.held_bytes <= self.hbm_bytes
 
     @property
     def step_s(self) -> float:
@@ -211,7 +222,10 @@ def speed_of_light(
     """The fastest a decode step can go on ``chip``: all its bytes read at full memory bandwidth."""
     chip = get_chip(chip) if isinstance(chip, str) else chip
     bc = bytes_per_token(model, context, batch, dtype)
-    return SpeedOfLight(bc.model, chip.name, context, batch, dtype, bc.total, chip.hbm_bandwidth, bc.by_component)
+    held = bc.all_weights + bc.kv
+    return SpeedOfLight(
+        bc.model, chip.name, context, batch, dtype, bc.total, chip.hbm_bandwidth, bc.by_component, held, chip.hbm_bytes
+    )
 
 
 # Tables for the notebooks: long DataFrames in bytes, bytes/s and tokens/s, each row with its kind. --------

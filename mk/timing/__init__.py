@@ -26,7 +26,7 @@ tile's bytes by its component's bytes per element (mk.sol.DTYPES).
 from .constants import ASSUMED, MODELLED, assumed_costs, assumed_label, chip_constant, constant, constants
 from .general_stack import GENERAL_STACK, kernel_cost, kernels_per_plan_kernel, plan_kernels
 from .pace import megakernel_costs, pace, pace_distribution, pace_timeline
-from .predict import ENGINES, Prediction, all_weight_bytes, drafter_seconds, fits_in_hbm, predict, step_breakdown
+from .predict import ENGINES, Prediction, drafter_seconds, predict, step_breakdown
 from .work import compute_seconds, link_latency, load_bytes, step_plan
 
 __all__ = [
@@ -42,13 +42,11 @@ __all__ = [
     "constant",
     "constants",
     "drafter_seconds",
-    "fits_in_hbm",
     "kernel_cost",
     "kernels_per_plan_kernel",
     "link_latency",
     "load_bytes",
     "megakernel_costs",
-    "all_weight_bytes",
     "pace",
     "pace_distribution",
     "pace_timeline",

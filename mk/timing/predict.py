@@ -10,7 +10,6 @@ from ..assistant_config import check_pair, source_layers
 from ..chips import Chip, get_chip
 from ..config import SLIDING, ModelConfig, get_config
 from ..kernel_setup import WORKBOOK_KERNEL, KernelSetup
-from ..params import EXPERTS, HEAD, SCALE_BYTES, param_specs, quantized_paths, scale_count
 from ..sol import get_dtype, speed_of_light
 from ..units import ms_entry, positive_int
 from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant
@@ -93,26 +92,6 @@ class Prediction:
         )
 
 
-def all_weight_bytes(cfg: ModelConfig, dtype: str) -> float:
-    """Bytes of every weight of the model under ``dtype`` (all experts; INT8 matrices with their scales)."""
-    pol = get_dtype(dtype)
-    scaled = set(quantized_paths(cfg, pol.quant))
-    per = {EXPERTS: pol.expert, HEAD: pol.head}
-    return sum(
-        s.size * (per.get(s.component, pol.matrix) if s.matrix else pol.vector)
-        + (scale_count(s) * SCALE_BYTES if s.path in scaled else 0)
-        for s in param_specs(cfg)
-    )
-
-
-def fits_in_hbm(cfg: ModelConfig, chip: Chip, context: int, batch: int, dtype: str, sol=None) -> bool:
-    """Whether the weights and the users' caches fit the slice's HBM (spread evenly over its chips); ``sol``: the
-    speed of light of the same arguments, if it is at hand (mk.sol.speed_of_light)."""
-    sol = sol or speed_of_light(cfg, chip, context, batch, dtype)
-    kv = sum(v for k, v in sol.bytes_by_component.items() if k.startswith("kv"))
-    return all_weight_bytes(cfg, dtype) + kv <= chip.hbm_bytes
-
-
 def _check(model, chip, context: int, batch: int, engine: str) -> tuple[ModelConfig, Chip]:
     cfg = get_config(model)
     chip = get_chip(chip) if isinstance(chip, str) else chip
@@ -152,7 +131,7 @@ def predict(
     cfg, chip = _check(model, chip, context, batch, engine)
     knockout = frozenset(knockout)
     sol = speed_of_light(cfg, chip, context, batch, dtype)
-    fits = fits_in_hbm(cfg, chip, context, batch, dtype, sol)
+    fits = sol.fits_in_hbm
     if engine == "general":
         if setup.draft_tokens:
             raise ValueError("drafted tokens: verification is modelled for the megakernel (engine='megakernel') only")
