@@ -26,7 +26,7 @@ from ..routing import expected_distinct_experts
 from ..sharding import kv_replication, position_share
 from ..sol import SOL_KIND, bytes_per_token, speed_of_light
 from ..speculative import emitted_per_round
-from ..timing import MODELLED, all_weight_bytes, fits_in_hbm, predict
+from ..timing import MODELLED, predict
 from .verdict import BASELINE_DTYPE, GENERAL_GPU, MEGAKERNEL_SLICE, Case, validation_table
 
 SOL = "speed of light"
@@ -110,7 +110,7 @@ def _row(model: ModelConfig | str, series: Series, context: int, batch: int) -> 
             tokens_per_s=s.tokens_per_s,
             tokens_per_s_total=s.tokens_per_s_total,
             fraction_of_sol=1.0,
-            fits_in_hbm=fits_in_hbm(cfg, get_chip(series.chip), context, batch, series.dtype),
+            fits_in_hbm=s.fits_in_hbm,
             kind=SOL_KIND,
         )
     p = series.case(cfg, context, batch).predict()
@@ -407,7 +407,8 @@ def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = 
         cfg = get_config(m)
         for c in chips:
             chip = get_chip(c)
-            extra = dict(weights_GB=all_weight_bytes(cfg, dtype) / 1e9, hbm_GB=chip.hbm_bytes / 1e9)
+            held = bytes_per_token(cfg, context, batch, dtype).all_weights
+            extra = dict(weights_GB=held / 1e9, hbm_GB=chip.hbm_bytes / 1e9)
             for s in (
                 Series("megakernel", "megakernel", chip.name, dtype, WRITE_UP_KERNEL),
                 Series("general same chip", "general", chip.name, dtype),
