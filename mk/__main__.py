@@ -228,6 +228,8 @@ def _setup(a, draft_tokens: int = 0):
         ffn_layout=a.ffn_layout,
         draft_tokens=draft_tokens or None,
     )
+    if draft_tokens and not a.attention_split:  # the kernel verifies drafts with attention split by heads only
+        given["attention_split"] = "heads"
     return base.but(collective=coll, **{k: v for k, v in given.items() if v is not None})
 
 

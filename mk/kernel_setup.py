@@ -169,23 +169,26 @@ BEFORE_FIXES = KernelSetup(
     name="(a) the write-up's kernel before its fixes",
     published="mk_v5e8_moe_step_before",
 )
-_SPLIT = BEFORE_FIXES.replace(placement=Placement.SPLIT, name="(b) (a) + split experts", published=None)
-_OVERLAP = _SPLIT.replace(collective=Collective(), name="(c) (b) + overlap")
-WRITE_UP_KERNEL = _OVERLAP.replace(
+SPLIT_EXPERTS = BEFORE_FIXES.replace(placement=Placement.SPLIT, name="(b) (a) + split experts", published=None)
+OVERLAP = SPLIT_EXPERTS.replace(collective=Collective(), name="(c) (b) + overlap")
+WRITE_UP_KERNEL = OVERLAP.replace(
     collective=Collective(bf16_payload=True), name="(d) the write-up's kernel: (c) + bf16 payload",
     published="mk_v5e8_moe_step",
 )  # fmt: skip
-_REDUCE_SCATTER = WRITE_UP_KERNEL.replace(
+REDUCE_SCATTER = WRITE_UP_KERNEL.replace(
     collective=Collective(bf16_payload=True, reduce_scatter=True), name="(e) (d) + reduce-scatter", published=None
 )
-_ROWS = _REDUCE_SCATTER.replace(ffn_layout="sublanes", name="(f) (e) + MLPs on rows")
-WORKBOOK_KERNEL = _ROWS.replace(
+MLPS_ON_ROWS = REDUCE_SCATTER.replace(ffn_layout="sublanes", name="(f) (e) + MLPs on rows")
+WORKBOOK_KERNEL = MLPS_ON_ROWS.replace(
     attention_split=AttentionSplit.POSITIONS, name="(g) the workbook's kernel: (f) + positions split"
 )
-FIXES = (BEFORE_FIXES, _SPLIT, _OVERLAP, WRITE_UP_KERNEL, _REDUCE_SCATTER, _ROWS, WORKBOOK_KERNEL)
+FIXES = (BEFORE_FIXES, SPLIT_EXPERTS, OVERLAP, WRITE_UP_KERNEL, REDUCE_SCATTER, MLPS_ON_ROWS, WORKBOOK_KERNEL)
+# The kernel verifies drafts with attention split by heads only: speculative decoding is modelled and run on (f), the
+# workbook's kernel but for the positions split, with ``draft_tokens`` set.
+VERIFYING_KERNEL = MLPS_ON_ROWS
 # (f) with the users split instead of the positions: the other way past (f), for a batch the chips divide, so not a
 # step of FIXES (whose case is the write-up's one user)
-USERS_SPLIT = _ROWS.replace(attention_split=AttentionSplit.USERS, name="(h) (f) + users split")
+USERS_SPLIT = MLPS_ON_ROWS.replace(attention_split=AttentionSplit.USERS, name="(h) (f) + users split")
 # by the names the command line takes (--setup)
 SETUPS = dict(
     zip(("before-fixes", "split-experts", "overlap", "write-up", "reduce-scatter", "mlps-on-rows", "workbook"), FIXES),

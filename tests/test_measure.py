@@ -91,16 +91,36 @@ def test_knockout_table_counts_each_programs_kernels_in_the_program_it_timed(mon
     assert compiles_while_counting == []
 
 
-def test_bandwidth_probes_both_kernels_in_each_type_interleaved():
-    table = cpu.probe_table(16 * 2**20, {"f32": jnp.float32, "bf16": jnp.bfloat16}, budget_s=2)
-    assert set(zip(table.dtype, table.probe)) == {(d, p) for d in ("f32", "bf16") for p in ("reduce_sum", "matvec")}
-    assert (table.GBps > 0.1).all() and (table.low_GBps <= table.GBps).all() and (table.GBps <= table.high_GBps).all()
+def test_the_data_type_table_is_relative_and_paired_by_round():
+    step_bytes = {"f32": 4e6, "bf16": 2e6}
+    table = cpu.dtype_table(16 * 2**20, {"f32": jnp.float32, "bf16": jnp.bfloat16}, step_bytes, budget_s=2)
+    assert list(table.dtype) == ["f32", "bf16"] and table.chosen.sum() == 1
+    assert not any("GBps" in c for c in table.columns)  # no bandwidth of its own: the bench's is the one
+    chosen = table[table.chosen].iloc[0]
+    assert chosen.step_bound_vs_chosen == chosen.gemv_bandwidth_vs_chosen == 1.0 and chosen.resolved
+    other = table[~table.chosen].iloc[0]
+    assert other.bound_low <= other.step_bound_vs_chosen <= other.bound_high
+    assert other.step_bound_vs_chosen >= 1  # the chosen type's bound is the lowest
+    assert other.resolved == (other.bound_low > 1)
     assert table.rounds.nunique() == 1 and table.rounds.iloc[0] >= 7
 
 
-def test_bandwidth_table_rejects_a_tiny_array():
+def test_one_data_type_is_not_timed():
+    table = cpu.dtype_table(16 * 2**20, {"f32": jnp.float32}, {"f32": 4e6})
+    assert table.rounds.tolist() == [0] and table.chosen.all() and (table.step_bound_vs_chosen == 1).all()
+
+
+def test_the_data_type_table_rejects_a_tiny_array():
     with pytest.raises(ValueError, match="at least 1 MiB"):
-        cpu.probe_table(1000, {"f32": jnp.float32})
+        cpu.dtype_table(1000, {"f32": jnp.float32, "bf16": jnp.bfloat16}, {"f32": 1.0, "bf16": 1.0})
+
+
+def test_a_ratio_is_paired_by_round():
+    raw = {"a": [1.0, 2.0, 4.0], "b": [3.0, 2.0, 8.0]}  # per round: 3, 1, 2
+    times = {n: Estimate.of(v, 0.95) for n, v in raw.items()}
+    cmp = loop.Comparison("a", times, {}, 0.95, 3, 1.0, (0.0, 0.0), raw)
+    assert cmp.ratio("b").median == 2.0 != times["b"].median / times["a"].median  # not the ratio of medians (1.5)
+    assert (cmp.ratio("b").low, cmp.ratio("b").high) == (1.0, 3.0)
 
 
 def test_the_stopping_rule_wants_every_watched_median_known_to_its_precision():

@@ -66,6 +66,11 @@ def test_run_bench_on_a_tiny_moe():
         assert row[low] <= row[what] <= row[high], what
     # each round's fraction is the speed of light's step (bytes / that round's probe bandwidth) over its step
     assert r.bytes_per_token / r.bandwidth.high / r.step.high <= r.fraction_of_sol * 1.5
+    # the speed of light's step: the bytes over the bandwidth, its median and interval; the row's tokens/s its inverse
+    assert r.sol_step.n == row["rounds"] and r.sol_step.low <= r.sol_step.median <= r.sol_step.high
+    assert 1 / r.sol_step.median == pytest.approx(row["sol_tokens_per_s"], rel=1e-3)
+    assert r.sol_step.low == pytest.approx(r.bytes_per_token / r.bandwidth.high)
+    assert r.sol_step.high == pytest.approx(r.bytes_per_token / r.bandwidth.low)
     assert row["tokens_per_s_total"] == pytest.approx(2 * row["tokens_per_s"], rel=1e-3)
     assert row["load_before"] >= 0 and "speed of light" in r.text() and "95% interval" in r.text()
 

@@ -58,12 +58,12 @@ def test_a_plan_verifying_drafts_streams_the_weights_once_for_every_row_and_read
 def test_predicted_speculation_is_never_faster_when_nothing_is_accepted(model, batch):
     """With no draft accepted a round emits the target's one token, after a weight pass over 1 + K rows a user: never
     faster than plain decoding. Tokens/s count emitted tokens: acceptance A gives A tokens per round."""
-    from mk.kernel_setup import WORKBOOK_KERNEL
+    from mk.kernel_setup import VERIFYING_KERNEL
     from mk.timing import predict
 
-    plain = predict(model, "tpu-v5e-8", 1024, batch)
+    plain = predict(model, "tpu-v5e-8", 1024, batch, setup=VERIFYING_KERNEL)
     for k in (1, 3):
-        drafts = WORKBOOK_KERNEL.but(draft_tokens=k)
+        drafts = VERIFYING_KERNEL.but(draft_tokens=k)
         none = predict(model, "tpu-v5e-8", 1024, batch, setup=drafts, acceptance=1)
         assert none.step_s >= plain.step_s and none.tokens_per_s <= plain.tokens_per_s
         some = predict(model, "tpu-v5e-8", 1024, batch, setup=drafts, acceptance=k + 1)
@@ -109,7 +109,7 @@ def test_an_assistant_costs_its_weights_once_per_draft(tmp_path, mk_json):
     from transformers import Gemma4AssistantForCausalLM
 
     from mk.assistant_config import read_assistant_config
-    from mk.kernel_setup import WORKBOOK_KERNEL
+    from mk.kernel_setup import VERIFYING_KERNEL
     from mk.timing import predict
 
     config = _assistant_for_26b(tmp_path)
@@ -122,7 +122,7 @@ def test_an_assistant_costs_its_weights_once_per_draft(tmp_path, mk_json):
     assert a.weight_bytes(2) == 2 * count
     one, three = (
         predict(
-            "gemma4-26b-a4b", "tpu-v5e-8", 1024, setup=WORKBOOK_KERNEL.but(draft_tokens=k), acceptance=1, assistant=a
+            "gemma4-26b-a4b", "tpu-v5e-8", 1024, setup=VERIFYING_KERNEL.but(draft_tokens=k), acceptance=1, assistant=a
         )
         for k in (1, 3)
     )
@@ -132,7 +132,7 @@ def test_an_assistant_costs_its_weights_once_per_draft(tmp_path, mk_json):
     d = mk_json(*args, "--speculate", 3, "--acceptance", 2.5, "--assistant", tmp_path)
     assert d["round_ms"] == pytest.approx(d["step_ms"] + d["drafter_ms"]) and d["drafter_ms"] > 0
     with pytest.raises(ValueError, match="does not draft for 'gemma4-31b'"):
-        predict("gemma4-31b", "tpu-v5e-8", 1024, setup=WORKBOOK_KERNEL.but(draft_tokens=3), acceptance=2, assistant=a)
+        predict("gemma4-31b", "tpu-v5e-8", 1024, setup=VERIFYING_KERNEL.but(draft_tokens=3), acceptance=2, assistant=a)
 
 
 # Gemma 4's assistant and speculative generation --------------------------------------------------------------
@@ -314,7 +314,7 @@ def test_speculation_table_and_figure():
     """At acceptance 0 a round emits one token and is never faster than plain decoding; the MoE model's rows route to
     more distinct experts as K grows, so its step grows more than the dense model's; one line per case and rate."""
     from mk.analysis.sweeps import speculation_table
-    from mk.figures import check_figure
+    from mk.figures import check_figure, provenance
     from mk.views.sweeps import speculation_figure
 
     models = ["gemma4-26b-a4b", "gemma4-31b"]
@@ -324,7 +324,8 @@ def test_speculation_table_and_figure():
     assert moe > dense >= 1
     assert t[t.model == "gemma4-26b-a4b"].distinct_experts.is_monotonic_increasing
     fig = speculation_figure(t, models, "speculation")
-    assert len(fig.data) == 2 * 2 and not check_figure(fig)
+    # checked as exported: the provenance footer placed and the legend hung below the title, as the notebook does
+    assert len(fig.data) == 2 * 2 and not check_figure(provenance(fig, "modelled", "tpu-v5e-8", "mk.timing"))
 
 
 def test_the_kernel_refuses_drafts_with_attention_split_by_positions_or_users():

@@ -60,7 +60,8 @@ POINT_KINDS = {"test": "modelled", "test (baseline fitted)": "modelled (its base
 
 # The workbook's own claims: key -> (what, model, context, users, data type; the figures and tables that show it).
 # ``fraction_of_sol``: the workbook's kernel's fraction of the speed of light (its data type's own speed of light);
-# ``speculative_gain``: tokens/s per user verifying SPECULATION's drafts over plain decoding, same kernel.
+# ``speculative_gain``: tokens/s per user verifying SPECULATION's drafts over plain decoding, on the kernel that
+# verifies drafts (mk.kernel_setup.VERIFYING_KERNEL: attention split by heads).
 MOE, DENSE = "gemma4-26b-a4b", "gemma4-31b"
 SPECULATION = dict(draft_tokens=3, accept_rate=0.7)  # K drafts a step, each accepted with a (given, not measured)
 WORKBOOK_CLAIMS = {
@@ -99,7 +100,7 @@ def workbook_claims(chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
             value, unit = float(t.speedup), "x"
             claim = (
                 f"speculative decoding's gain, tokens/s with {k} n-gram drafts a step over plain decoding: {model}, "
-                f"the workbook's kernel, {chip}, {dtype} ({size})"
+                f"{t.setup}, {chip}, {dtype} ({size})"
             )
             kind = (
                 f"modelled (mk.timing, {t.setup}, verifying {k} drafts a step; assumes each draft accepted with "

@@ -20,7 +20,15 @@ import pandas as pd
 
 from ..chips import get_chip
 from ..config import ModelConfig, get_config
-from ..kernel_setup import BEFORE_FIXES, WORKBOOK_KERNEL, WRITE_UP_KERNEL, AttentionSplit, KernelSetup, Placement
+from ..kernel_setup import (
+    BEFORE_FIXES,
+    VERIFYING_KERNEL,
+    WORKBOOK_KERNEL,
+    WRITE_UP_KERNEL,
+    AttentionSplit,
+    KernelSetup,
+    Placement,
+)
 from ..published import published_table
 from ..routing import expected_distinct_experts
 from ..sharding import kv_replication, position_share
@@ -255,7 +263,8 @@ def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLIC
 
 
 def speculation_table(models, chips, users, drafts, accept_rates, context: int = 1024, assistant=None) -> pd.DataFrame:
-    """The workbook's kernel verifying K drafts a user (its setup with ``draft_tokens=K``) against plain decoding, per
+    """The kernel that verifies drafts (mk.kernel_setup.VERIFYING_KERNEL: the workbook's but for the positions split)
+    with K drafts a user (``draft_tokens=K``) against its own plain decoding, per
     model, slice, users, K and per-draft acceptance rate a (each round then emits mk.speculative.emitted_per_round
     tokens a user): the round's time, tokens/s per user and the speed-up, with the distinct experts a layer's rows
     route to (expected, uniform routing) beside plain decoding's. The drafter is n-gram lookup (no weights), or with
@@ -265,10 +274,10 @@ def speculation_table(models, chips, users, drafts, accept_rates, context: int =
         cfg = get_config(m)
         for chip in chips:
             for b in users:
-                plain = predict(cfg, chip, context, b)
+                plain = predict(cfg, chip, context, b, setup=VERIFYING_KERNEL)
                 for k in drafts:
                     # the round's time does not depend on the acceptance: one prediction, its tokens scaled
-                    setup = WORKBOOK_KERNEL.but(draft_tokens=k)
+                    setup = VERIFYING_KERNEL.but(draft_tokens=k)
                     spec = predict(cfg, chip, context, b, setup=setup, acceptance=1, assistant=assistant)
                     for a in accept_rates:
                         emitted = emitted_per_round(a, k)
@@ -285,7 +294,7 @@ def speculation_table(models, chips, users, drafts, accept_rates, context: int =
                         )  # fmt: skip
     drafter = f"Gemma 4's assistant {assistant.name}" if assistant is not None else "n-gram lookup"
     return pd.DataFrame(rows).assign(
-        drafter=drafter, setup=WORKBOOK_KERNEL.name, kind=f"{MODELLED}: the workbook's kernel verifying drafts"
+        drafter=drafter, setup=VERIFYING_KERNEL.name, kind=f"{MODELLED}: {VERIFYING_KERNEL.name}, verifying drafts"
     )
 
 

@@ -5,7 +5,7 @@
   speed of light a row is set against, timing engines into rows (``time_engines``);
 - ``steps``: a decode step as a call to time (``decode_call``, ``step_program``, ``op_by_op``);
 - ``cpu``: ``python -m mk bench``, the step against this device's probed bandwidth (data/measured/bench.csv),
-  and the bandwidth of each data type (``probe_table``);
+  and which data type a step streams fastest, relative (``dtype_table``);
 - ``gpu``: ``python -m mk measure-gpu``, the reference beside transformers on one GPU (data/measured/gpu.csv);
 - ``tpu``: ``python -m mk tpu-smoke``, the megakernel checked against and timed beside the reference on a TPU
   slice (data/measured/tpu.csv);

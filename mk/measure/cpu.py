@@ -1,12 +1,18 @@
 """``python -m mk bench``: an engine's compiled decode step at a context and batch timed against this device's
-own measured speed of light, its kernels counted, one row appended to ``data/measured/bench.csv``; and how
-fast this device streams each data type (``probe_table``).
+own measured speed of light, its kernels counted, one row appended to ``data/measured/bench.csv``; and which
+data type this device streams a step of fastest (``dtype_table``, relative: no second bandwidth).
 
 The step and a bandwidth probe (a GEMV streaming an array once) run interleaved, round after round
 (mk.measure.harness.time_engines), so both see the same load; each round gives a fraction of the speed of
 light (the probe's bandwidth over the bytes per step, against the step), and the run reports the median of
 those with its 95% interval, the step's and the bandwidth's, and the machine's load: rounds go on until the
-fraction is known to +-``precision`` of itself or the time budget runs out. The step is timed as
+fraction is known to +-``precision`` of itself or the time budget runs out. The fraction is that median of
+round-by-round fractions, never the ratio of the speed of light's median step to the step's median (on a loaded
+machine the two differ; the pairs cancel a slow round).
+
+The bandwidth is the run's, measured in the same rounds as the step: another process streaming memory (a second
+notebook, another job) takes its share of it, so a probe timed in other rounds is another number. Choosing a data
+type (``dtype_table``) therefore reports only ratios between data types timed in the same rounds. The step is timed as
 mk.measure.steps.decode_call times it (the last position of a zero cache).
 
 INT8 weights (``quantize``, mk.quant): the engine gets the quantized tree, and the row's ``dtype`` says so,
@@ -18,6 +24,7 @@ weights every step: its fraction of that speed of light shows what it leaves on 
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,12 +62,13 @@ class BenchResult:
     batch: int
     step: profiling.Estimate  # seconds
     bandwidth: profiling.Estimate  # bytes/s, one device's probe in the same rounds
-    fraction: profiling.Estimate  # of the speed of light, round by round
+    fraction: profiling.Estimate  # of the speed of light: the median of the round-by-round fractions
     kernels: profiling.KernelCount
     bytes_per_token: float
     method: dict  # rounds, elapsed_s, confidence, load_before, load_after
     record: dict  # the CSV row (mk.measure.harness's columns, then COLUMNS' own)
     round_fractions: tuple[float, ...] = ()  # the fraction of the speed of light in each round, in order
+    sol_step: profiling.Estimate | None = None  # seconds: the bytes over the bandwidth's median (and interval)
 
     @property
     def step_s(self) -> float:
@@ -155,6 +163,8 @@ def run_bench(
         [Engine(label, call, columns=columns)], sol, run, budget_s, precision, watch_fractions=True
     )
     rounds = sol.fractions(cmp.raw, label)
+    bw = profiling.Estimate.of(sol.bandwidths(cmp.raw), cmp.confidence)  # the chips' bandwidth, bytes/s
+    sol_step = profiling.Estimate(per_token / bw.median, per_token / bw.high, per_token / bw.low, bw.n)
     return BenchResult(
         cfg,
         label,
@@ -169,6 +179,7 @@ def run_bench(
         cmp.provenance(),
         row,
         tuple(rounds),
+        sol_step,
     )
 
 
@@ -186,31 +197,72 @@ def _option_words(options: dict) -> list[str]:
     return words
 
 
-def probe_table(nbytes: int, dtypes: dict, budget_s: float = 20.0) -> pd.DataFrame:
-    """How fast this device streams each data type through both probes (mk.profiling.probe_calls), every
-    (dtype, probe) pair interleaved in one run until the budget or 50 rounds: one row per pair with its
-    bandwidth's median and 95% interval in GB/s. Another data type's probe shows how fast the device streams
-    that type through the same kernels (XLA:CPU's BF16 GEMV is far slower than its F32 one: the way to
-    choose a CPU type)."""
+def dtype_table(
+    nbytes: int,
+    dtypes: dict,
+    step_bytes: dict[str, float],
+    budget_s: float = 20.0,
+    precision: float = 0.02,
+) -> pd.DataFrame:
+    """Which data type this device streams a decode step of fastest: each type's GEMV probe (the bench's kernel,
+    mk.profiling.gemv_probe, an array of about ``nbytes``) timed interleaved in one run, paired round by round.
+    Relative only: a bandwidth in GB/s is the bench's, measured in the step's own rounds (the module's docstring
+    says why a probe timed in other rounds is another number).
+
+    ``step_bytes``: each type's bytes per step (mk.sol). Per round, a type's *bound* is its step's bytes over its
+    probe's bandwidth in that round. The type whose bound is lowest (median of its per-round ratio to the first
+    type's) is ``chosen``; each row gives its GEMV bandwidth and its bound over the chosen type's in the same round
+    (medians of the per-round ratios with 95% intervals), and ``resolved`` whether its bound's interval lies above
+    the chosen one's (excludes 1). Rounds go on until every ratio to the first type is known to +-``precision`` of
+    itself, ``budget_s`` or 50 rounds; one type alone is not timed (its ratios are 1 by definition)."""
+    names = list(dtypes)
+    if not names or not set(names) <= set(step_bytes):
+        raise ValueError(f"give at least one data type, and the step's bytes for each of {names}")
+    if len(names) == 1:  # nothing to compare, nothing timed: its ratios are 1
+        ones = dict(gemv_bandwidth_vs_chosen=1.0, gemv_low=1.0, gemv_high=1.0)
+        ones |= dict(step_bound_vs_chosen=1.0, bound_low=1.0, bound_high=1.0)
+        n = names[0]
+        return pd.DataFrame(
+            [dict(dtype=n, step_bytes_MB=step_bytes[n] / 1e6, **ones, chosen=True, resolved=True, rounds=0)]
+        )
     calls, sizes = {}, {}
     for name, dtype in dtypes.items():
-        probes, size = profiling.probe_calls(nbytes, dtype)
-        for probe, call in probes.items():
-            calls[f"{name} {probe}"], sizes[f"{name} {probe}"] = call, size
-    first = next(iter(calls))
-    cmp = interleaved(calls, first, precision=0, budget_s=budget_s, max_rounds=50)
+        calls[name], sizes[name] = profiling.gemv_probe(nbytes, dtype=dtype)
+
+    def bounds(times):  # each type's step bound in each round, seconds
+        return {n: [step_bytes[n] * t / sizes[n] for t in times[n]] for n in names}
+
+    def over(a: list[float], b: list[float]) -> list[float]:
+        return [x / y for x, y in zip(a, b)]
+
+    def watch(times):
+        b = bounds(times)
+        return {n: over(b[n], b[names[0]]) for n in names[1:]}
+
+    cmp = interleaved(calls, names[0], precision=precision, budget_s=budget_s, max_rounds=50, watch=watch)
+    raw, rounds, confidence = cmp.raw, cmp.rounds, cmp.confidence
+    b = bounds(raw)
+    chosen = min(names, key=lambda n: statistics.median(over(b[n], b[names[0]])))
     out = []
-    for key in calls:
-        d, p = key.split(" ")
-        bw = profiling.Estimate.of([sizes[key] / t for t in cmp.raw[key]], cmp.confidence)
+    for n in names:
+        # bandwidth over the chosen's in each round: (size_n / t_n) / (size_c / t_c)
+        speed = profiling.Estimate.of(
+            [sizes[n] / t * u / sizes[chosen] for t, u in zip(raw[n], raw[chosen])], confidence
+        )
+        bound = profiling.Estimate.of(over(b[n], b[chosen]), confidence)
         out.append(
             dict(
-                dtype=d,
-                probe=p,
-                GBps=bw.median / 1e9,
-                low_GBps=bw.low / 1e9,
-                high_GBps=bw.high / 1e9,
-                rounds=cmp.rounds,
+                dtype=n,
+                step_bytes_MB=step_bytes[n] / 1e6,
+                gemv_bandwidth_vs_chosen=speed.median,
+                gemv_low=speed.low,
+                gemv_high=speed.high,
+                step_bound_vs_chosen=bound.median,
+                bound_low=bound.low,
+                bound_high=bound.high,
+                chosen=n == chosen,
+                resolved=n == chosen or bound.low > 1,
+                rounds=rounds,
             )
         )
     return pd.DataFrame(out)

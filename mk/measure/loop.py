@@ -62,6 +62,12 @@ class Comparison:
             )
         return pd.DataFrame(rows)
 
+    def ratio(self, name: str) -> Estimate:
+        """``name``'s time over the baseline's, paired by round: the median of the per-round ratios with its
+        interval (a slow round slows both, and the pair cancels it)."""
+        pairs = zip(self.raw[name], self.raw[self.baseline])
+        return Estimate.of([a / b for a, b in pairs], self.confidence)
+
     def provenance(self) -> dict:
         return dict(
             confidence=self.confidence,

@@ -1,7 +1,7 @@
 """Memory bandwidth probes, so a step time can be set against this device's own measured limit (the
 fraction of the speed of light): a full sum (XLA's reduction) and a matrix-vector product (the library GEMV
-a decode step's weight reads use), each streaming an array once. Timing them is mk.measure's (the loop, and
-``mk.measure.cpu.probe_table``)."""
+a decode step's weight reads use), each streaming an array once. Timing them is mk.measure's (the loop, the
+bench's probe in the step's own rounds, and ``mk.measure.cpu.dtype_table``'s ratios between data types)."""
 
 from __future__ import annotations
 

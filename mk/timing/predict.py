@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..assistant_config import check_pair, source_layers
 from ..chips import Chip, get_chip
 from ..config import SLIDING, ModelConfig, get_config
-from ..kernel_setup import WORKBOOK_KERNEL, KernelSetup
+from ..kernel_setup import WORKBOOK_KERNEL, AttentionSplit, KernelSetup
 from ..sol import get_dtype, speed_of_light
 from ..units import ms_entry, positive_int
 from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant
@@ -149,6 +149,11 @@ def predict(
         )  # fmt: skip
         return _with_constants(p, chip, kernel_s)
     per_round = check_speculation(setup.draft_tokens, acceptance)
+    if setup.draft_tokens and chip.chips > 1 and setup.attention_split != AttentionSplit.HEADS:
+        raise ValueError(
+            f"{setup.name}: the megakernel verifies drafts with attention split by heads only, not by "
+            f"{setup.attention_split}; model mk.kernel_setup.VERIFYING_KERNEL, or setup.but(attention_split='heads')"
+        )
     plan = step_plan(cfg, chip, context, batch, dtype, setup, knockout)
     costs = assumed_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
     paced = pace(plan, chip, dtype, **costs)

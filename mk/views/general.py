@@ -34,10 +34,26 @@ def floor_axis(floor: float, top: float) -> dict:
     )
 
 
+def percent(x: float) -> str:
+    """A fraction as notebook 02 writes it, in its sentences and on its figure alike: one decimal (two below 1%)."""
+    return f"{x:.1%}" if abs(x) >= 0.01 else f"{x:.2%}"
+
+
+def bar_note(row) -> str:
+    """What a summary row's bar says above it: its fraction of the speed of light (the median of the round-by-round
+    fractions, with its 95% interval when it has one), else how many times slower than the compiled step it is
+    (paired by round, with its interval)."""
+    if pd.notna(row.fraction_of_sol):
+        interval = "" if pd.isna(row.fraction_low) else f" ({percent(row.fraction_low)}-{percent(row.fraction_high)})"
+        return f"{percent(row.fraction_of_sol)} of SoL{interval}"
+    return f"{row.slower_than_compiled:.0f}x slower than compiled ({row.slower_low:.0f}-{row.slower_high:.0f}x)"
+
+
 def sol_fraction_figure(summary: pd.DataFrame, batch: int, title: str) -> go.Figure:
     """The decode speed of each row of notebook 02's summary (the speed of light over the measured bandwidth,
     the compiled step, the step op by op) on a logarithmic axis (they span three orders of magnitude), each bar
-    coloured by its kind, with its 95% interval and its fraction of the speed of light written above it."""
+    coloured by its kind, with its 95% interval and, above it, what ``bar_note`` says of it (the table's own
+    columns: the fraction of the speed of light round by round, or the slowdown against the compiled step)."""
     fig = go.Figure()
     high, low = batch * 1e3 / summary.low_ms, batch * 1e3 / summary.high_ms
     kinds = summary.kind.map(_kind)
@@ -53,8 +69,7 @@ def sol_fraction_figure(summary: pd.DataFrame, batch: int, title: str) -> go.Fig
                          arrayminus=g.tokens_per_s - low[g.index]),
         )  # fmt: skip
     for r, top in zip(summary.itertuples(), high):  # above the interval, never under it
-        text = f"{r.fraction_of_sol:.0%} of SoL" if r.fraction_of_sol >= 0.01 else f"{r.fraction_of_sol:.2%} of SoL"
-        fig.add_annotation(x=r.what, y=math.log10(top), text=text, showarrow=False, yanchor="bottom", yshift=4)
+        fig.add_annotation(x=r.what, y=math.log10(top), text=bar_note(r), showarrow=False, yanchor="bottom", yshift=4)
     floor = log_floor(pd.concat([low, high]), decades=4)
     fig.update_yaxes(title_text="tokens/s, all users (log)", **floor_axis(floor, high.max() * 4))
     fig.update_layout(title=title, legend=LEGEND, bargap=0.4)
