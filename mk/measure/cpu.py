@@ -82,21 +82,24 @@ class BenchResult:
         return dict(self.record)
 
     def text(self) -> str:
-        r = self.record
+        """The run in words; its step, bandwidth and fraction are the result's own estimates (the CSV row rounds
+        them, and rounding twice could move a printed digit away from what a notebook prints of the same run)."""
+        r, step, frac = self.record, self.step, self.fraction
+        bw = [self.bytes_per_token / t for t in (self.sol_step.median, self.sol_step.high, self.sol_step.low)]
         return "\n".join(
             [
                 f"{r['model']} / {r['engine']} on {r['device']}, {r['dtype']}, context {r['context']}, "
                 f"batch {r['batch']} (measured {r['date']}, JAX {r['jax_version']}, commit {r['commit']})",
-                f"  step              {r['step_ms']:10.3f} ms  (median of {r['rounds']} interleaved rounds, "
-                f"95% interval {r['step_low_ms']:.3f}-{r['step_high_ms']:.3f})",
-                f"  tokens/s/user     {r['tokens_per_s']:10.1f}",
-                f"  tokens/s total    {r['tokens_per_s_total']:10.1f}",
+                f"  step              {step.median * 1e3:10.3f} ms  (median of {r['rounds']} interleaved rounds, "
+                f"95% interval {step.low * 1e3:.3f}-{step.high * 1e3:.3f})",
+                f"  tokens/s/user     {1 / step.median:10.1f}",
+                f"  tokens/s total    {self.batch / step.median:10.1f}",
                 f"  kernels per step  {r['kernels_per_step']:10.0f}  (compiled program)",
                 f"  bytes per token   {r['bytes_per_token'] / 1e6:10.1f} MB  (modelled, mk.sol '{r['dtype']}')",
-                f"  bandwidth         {r['sol_bandwidth_GBps']:10.2f} GB/s  ({r['sol_source']}, "
-                f"{r['sol_bandwidth_low_GBps']:.2f}-{r['sol_bandwidth_high_GBps']:.2f})",
-                f"  speed of light    {r['sol_tokens_per_s']:10.1f} tok/s  -> {r['fraction_of_sol']:.1%} reached "
-                f"(95% interval {r['fraction_of_sol_low']:.1%}-{r['fraction_of_sol_high']:.1%})",
+                f"  bandwidth         {bw[0] / 1e9:10.2f} GB/s  ({r['sol_source']}, "
+                f"{bw[1] / 1e9:.2f}-{bw[2] / 1e9:.2f})",
+                f"  speed of light    {1 / self.sol_step.median:10.1f} tok/s  -> {frac.median:.1%} reached "
+                f"(the median of the rounds' fractions, 95% interval {frac.low:.1%}-{frac.high:.1%})",
                 f"  machine load      {r['load_before']:10.2f} -> {r['load_after']:.2f}  (1-minute average)",
             ]
         )
