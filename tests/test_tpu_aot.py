@@ -214,3 +214,23 @@ def test_other_families_compile_whole_over_v5e_8(folder, placements):
     assert len(table) == len(placements) and (table["mosaic_calls"] == 1).all(), table
     assert (table["compiler_hbm_gb"] == table["plan_hbm_gb"]).all(), table
     assert (table["compiler_hbm_gb"] < table["hbm_per_chip_gb"]).all(), table
+
+
+def test_emitted_code_splits_at_the_loop_over_layers_and_compile_times_count_it():
+    """The loop over layers forms only where two whole repeats of the pattern sit between the first and the last;
+    below that both emissions write the same code, above it the code stops growing with the layers; compile_times
+    reports the same counts beside the compile time."""
+    from mk.megakernel.aot import compile_times, emitted_code_table, layer_loop_onset
+
+    period, onset = layer_loop_onset(TINY_MOE, max_len=64)
+    assert period == TINY_MOE.num_layers and onset == 4 * period
+    deep = TINY_MOE.replace(layer_types=TINY_MOE.layer_types * 6)
+    code = emitted_code_table(deep, [2, onset, onset + 2 * period], max_len=64).set_index(["layers", "loop_layers"])
+    assert code.loc[(2, True)].equals(code.loc[(2, False)]) and code.loc[(2, True)].looped_layers == 0
+    looped = code.xs(True, level="loop_layers")
+    assert looped.looped_layers.tolist()[1:] == [2 * period, 4 * period]
+    assert looped.emitted_ops.iloc[1] == looped.emitted_ops.iloc[2] < code.loc[(onset, False)].emitted_ops
+    assert (looped.emitted_in_layer_loop + looped.emitted_outside == looped.emitted_ops).all()
+    times = compile_times(TINY_MOE, "tpu-v5e", [2], max_len=64, repeats=1)
+    assert times.emitted_ops.tolist() == code.xs(2, level="layers").emitted_ops.tolist()
+    assert (times.compile_s > 0).all()

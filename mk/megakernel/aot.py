@@ -119,6 +119,58 @@ def compiler_vmem_bytes(cfg: ModelConfig, chip: str, batch: int, max_len: int, *
     raise AssertionError("the kernel compiled with half the plan's VMEM: the plan over-counts")
 
 
+def emitted_code(plan) -> dict:
+    """What the kernel of ``plan`` writes code for (mk.plan's ``emitted_ops``: a loop's body once), split at the loop
+    over layers: the layers inside it (its repeats times the layer pattern's period; 0 where none formed: it needs
+    at least two whole repeats of the pattern between the first, whose DMAs start before the step, and the last,
+    which prefetches the head), the ops its body emits once, and the ops emitted outside it (the layers before and
+    after it, each with its own code, and the head)."""
+    from ..plan.schedule import pattern_period
+
+    loop = [r for r in plan.loop_table() if r["component"] == "layers"]
+    looped = loop[0]["repeats"] * pattern_period(plan.cfg.layer_types) if loop else 0
+    inside = loop[0]["ops_per_repeat"] if loop else 0
+    return dict(
+        looped_layers=looped,
+        emitted_ops=plan.emitted_ops,
+        emitted_in_layer_loop=inside,
+        emitted_outside=plan.emitted_ops - inside,
+        plan_ops=len(plan.ops),
+    )
+
+
+def emitted_code_table(
+    cfg: ModelConfig, layer_counts, batch: int = 1, max_len: int = 256, itemsize: int = 2, loops=(False, True)
+) -> pd.DataFrame:
+    """:func:`emitted_code` of ``cfg`` cut to each layer count, without the loop over layers and with it
+    (``loops``: the ``loop_layers`` settings): counted from the step plan, nothing compiled (what
+    :func:`compile_times` compiles)."""
+    rows = []
+    for n in layer_counts:
+        for loop in loops:
+            plan = build_plan(
+                cfg.truncated(n), batch, max_len, weight_itemsize=itemsize, kv_itemsize=itemsize, loop_layers=loop
+            )
+            rows.append(dict(layers=n, loop_layers=loop, **emitted_code(plan)))
+    return pd.DataFrame(rows)
+
+
+def layer_loop_onset(cfg: ModelConfig, batch: int = 1, max_len: int = 256, itemsize: int = 2) -> tuple[int, int | None]:
+    """(the period of ``cfg``'s layer pattern, the fewest layers of that pattern repeated at which the loop over layers
+    forms, None if it forms at no count up to six periods): counted from the step plan, nothing compiled."""
+    from ..plan.schedule import pattern_period
+
+    period = pattern_period(cfg.layer_types) or cfg.num_layers
+    pattern = cfg.replace(layer_types=cfg.layer_types[:period] * 6)
+    for n in range(2 * period, 6 * period + 1):
+        plan = build_plan(
+            pattern.truncated(n), batch, max_len, weight_itemsize=itemsize, kv_itemsize=itemsize, loop_layers=True
+        )
+        if emitted_code(plan)["looped_layers"]:
+            return period, n
+    return period, None
+
+
 def compile_times(
     cfg: ModelConfig,
     chip: str,
@@ -132,8 +184,9 @@ def compile_times(
     """Seconds libtpu takes to compile the step of ``cfg`` cut to each layer count, with the layer pattern
     emitted as one loop and with every layer's own code (``loop_layers``): every configuration compiled
     ``repeats`` times, round by round (after one warm-up compile: the first pays for libtpu's start).
-    Rows: layers, loop_layers, emitted_ops (what the kernel writes code for), compile_s (median) with its
-    interval (mk.profiling.median_interval: with 3 repeats, the whole range)."""
+    Rows: layers, loop_layers, what the kernel writes code for (:func:`emitted_code`: the layers inside the loop over
+    layers, the ops emitted inside and outside it, their sum ``emitted_ops``), compile_s (median) with its interval
+    (mk.profiling.median_interval: with 3 repeats, the whole range)."""
     from ..profiling import Estimate
 
     compile_for_tpu(cfg.truncated(min(layer_counts)), chip, batch, max_len, dtype, dtype)
@@ -145,7 +198,7 @@ def compile_times(
             t0 = time.perf_counter()
             plan, _ = compile_for_tpu(cfg.truncated(n), chip, batch, max_len, dtype, dtype, loop_layers=loop)
             times[(n, loop)].append(time.perf_counter() - t0)
-            ops[(n, loop)] = (plan.emitted_ops, len(plan.ops))
+            ops[(n, loop)] = emitted_code(plan)
     rows = []
     for (n, loop), ts in times.items():
         e = Estimate.of(ts, confidence)
@@ -153,8 +206,7 @@ def compile_times(
             dict(
                 layers=n,
                 loop_layers=loop,
-                emitted_ops=ops[(n, loop)][0],
-                plan_ops=ops[(n, loop)][1],
+                **ops[(n, loop)],
                 compile_s=e.median,
                 low_s=e.low,
                 high_s=e.high,

@@ -144,4 +144,6 @@ def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.
     for engine, compiled in (("reference (XLA)", ref), ("megakernel", mk)):
         kc = count_kernels(compiled.as_text())
         rows.append(dict(engine=engine, chip=chip, kernels=kc.total, **{f"by_{k}": v for k, v in kc.by_opcode.items()}))
-    return pd.DataFrame(rows).fillna(0)
+    table = pd.DataFrame(rows).fillna(0)
+    counts = [c for c in table.columns if c == "kernels" or c.startswith("by_")]
+    return table.astype({c: int for c in counts})  # counts, whole (an opcode one program lacks: 0)
