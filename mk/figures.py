@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import math
 import os
 import textwrap
 import warnings
@@ -188,9 +189,28 @@ def log_tick_values(lo: float, hi: float) -> list[float]:
         inside = [t for t in every if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]
         if len(inside) >= 4:
             break
+    if len(inside) < 3:  # a range narrower than the finest steps: three round values spread over it
+        inside = sorted({float(f"{t:.3g}") for t in np.geomspace(lo, hi, 3)})
     below = [t for t in every if t < lo * (1 - 1e-9)][-1:]
     above = [t for t in every if t > hi * (1 + 1e-9)][:1]
     return [float(t) for t in below + inside + above]
+
+
+def context_ticks(contexts) -> tuple[list[int], list[str]]:
+    """Context ticks for a log axis over ``contexts``, labelled 1K, 8K, 128K (mk.figures.context_label): every
+    context the data has (up to eight of them); where it has fewer than four, also the powers of two between the
+    shortest and the longest, every other one when there are more than six (1K, 2K, 8K, 32K, 128K)."""
+    contexts = sorted(set(int(n) for n in contexts))
+    lo, hi = contexts[0], contexts[-1]
+    ticks = [2**k for k in range(math.ceil(math.log2(lo)), math.floor(math.log2(hi)) + 1)]
+    if len(ticks) > 6:
+        ticks = sorted({lo, *ticks[::-2]})
+    ticks = sorted({lo, hi, *ticks})
+    if 4 <= len(contexts) <= 8:
+        ticks = contexts
+    elif len(contexts) < 4:
+        ticks = sorted({*ticks, *contexts})
+    return ticks, [context_label(n) for n in ticks]
 
 
 def tick_label(t: float) -> str:
@@ -466,7 +486,6 @@ def _axes_ticks(full) -> dict[str, list[tuple[float, str]]]:
     """Every shown axis' labelled ticks inside its range: ``{"xaxis2": [(position, label), ...]}``, positions in
     the axis' own units (log10 of the value on a log axis, the index on a category axis). Plotly's automatic
     ticks are rebuilt from its ``tick0`` and ``dtick``; date and multicategory axes are left out."""
-    import math
 
     import numpy as np
 
@@ -540,7 +559,6 @@ def tick_collisions(full) -> list[str]:
     label's width and height estimated from its font size and characters, against the ticks' spacing in pixels
     over the axis' length. A horizontal axis' labels may be tilted: by ``tickangle``, or where plotly picks the
     angle (``autotickangles``) at the first of its angles that fits, so they collide only if none fits."""
-    import math
 
     problems = []
     width, height, left, top, plot_w, plot_h = _plot_box(full)

@@ -133,10 +133,10 @@ def test_runner_runs_every_notebook_with_ci_parameters(tmp_path):
     for path in NOTEBOOKS:
         executed = nbformat.read(out / path.name, as_version=4)
         for i, cell in enumerate(executed.cells):
-            for out in cell.get("outputs", []):
-                text = out.get("text", "") if out.get("output_type") == "stream" else ""
-                if out.get("output_type") == "error" or (out.get("name") == "stderr" and text.strip()):
-                    noisy.append((path.name, i, text[:200] or out.get("ename")))
+            for output in cell.get("outputs", []):
+                text = output.get("text", "") if output.get("output_type") == "stream" else ""
+                if output.get("output_type") == "error" or (output.get("name") == "stderr" and text.strip()):
+                    noisy.append((path.name, i, text[:200] or output.get("ename")))
                 noisy += [(path.name, i, line[:200]) for line in text.splitlines() if NOISE.search(line)]
     assert not noisy, noisy
 

@@ -171,17 +171,19 @@ def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(
 
 def test_the_workbooks_own_claims_are_computed_with_their_setup_and_assumptions():
     """The workbook's claims have no published value and no error; each value is the timing model's now, for the
-    workbook's kernel, and its kind names the model, the setup and the assumed costs (and speculation's K and a)."""
+    workbook's kernel (speculation: for the setup the kernel verifies drafts in), and its kind names the model, the
+    setup and the assumed costs (and speculation's K and a)."""
     from mk import timing
     from mk.analysis.claims import SPECULATION, workbook_claims
     from mk.analysis.sweeps import speculation_table
-    from mk.kernel_setup import WORKBOOK_KERNEL
+    from mk.kernel_setup import VERIFYING_KERNEL, WORKBOOK_KERNEL
 
     w = workbook_claims().set_index("key")
     assert list(w.index) == list(WORKBOOK_CLAIMS) and w.published.isna().all() and w.error.isna().all()
     for key, (what, model, context, users, dtype, _) in WORKBOOK_CLAIMS.items():
         kind = w.kind[key]
-        assert kind.startswith("modelled (mk.timing") and WORKBOOK_KERNEL.name in kind and "ns per op" in kind, key
+        setup = WORKBOOK_KERNEL if what == "fraction_of_sol" else VERIFYING_KERNEL
+        assert kind.startswith("modelled (mk.timing") and setup.name in kind and "ns per op" in kind, key
         if what == "fraction_of_sol":
             p = timing.predict(model, "tpu-v5e-8", context, users, dtype=dtype, setup=WORKBOOK_KERNEL)
             assert w.workbook[key] == pytest.approx(p.fraction_of_sol) and 0 < w.workbook[key] < 1, key

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..figures import context_label, template_colours
+from ..figures import context_label, context_ticks, template_colours
 
 WINDOW, NO_WINDOW = "solid", "dash"  # the line styles the notebook's text names: the counterfactual is dashed
 TOP = 0.94  # the panels' share of the plot's height
@@ -58,10 +58,10 @@ def context_figure(with_window: pd.DataFrame, without: pd.DataFrame, window: int
 
 
 def context_axis(fig: go.Figure, contexts) -> go.Figure:
-    """Every x axis of ``fig`` logarithmic over context, ticked at ``contexts`` (the data's), labelled 1K, 8K, 128K."""
-    contexts = sorted(int(n) for n in set(contexts))
-    return fig.update_xaxes(type="log", title_text="context (positions)", tickvals=contexts,
-                            ticktext=[context_label(n) for n in contexts])  # fmt: skip
+    """Every x axis of ``fig`` logarithmic over context, ticked at the data's ``contexts`` (mk.figures.context_ticks),
+    labelled 1K, 8K, 128K."""
+    ticks, text = context_ticks(contexts)
+    return fig.update_xaxes(type="log", title_text="context (positions)", tickvals=ticks, ticktext=text)
 
 
 def kv_figure(kv: pd.DataFrame, title: str) -> go.Figure:

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 from ..analysis.sweeps import FRACTION_OF_SOL, SOL, WORKBOOK
 from ..analysis.verdict import GENERAL_GPU
 from ..config import get_config
-from ..figures import context_label
+from ..figures import context_label, context_ticks
 from ..routing import expected_distinct_experts
 
 # Figures --------------------------------------------------------------------------------------------------
@@ -20,23 +20,6 @@ LEGEND = dict(orientation="h", y=1.02, yanchor="bottom", x=0, font=dict(size=12)
 TOP = 0.92  # the panels' share of the plot's height: their titles sit above, clear of the legend
 POINT = dict(symbol="diamond", size=14, line=dict(color="black", width=1.5))  # every published point
 BOUND = "speed of light: a bound"
-
-
-def context_ticks(contexts) -> tuple[list[int], list[str]]:
-    """Context ticks for a log axis over ``contexts``, labelled 1K, 8K, 128K (mk.figures.context_label): every
-    context the data has (up to eight of them); where it has fewer than four, also the powers of two between the
-    shortest and the longest, every other one when there are more than six (1K, 2K, 8K, 32K, 128K)."""
-    contexts = sorted(set(int(n) for n in contexts))
-    lo, hi = contexts[0], contexts[-1]
-    ticks = [2**k for k in range(math.ceil(math.log2(lo)), math.floor(math.log2(hi)) + 1)]
-    if len(ticks) > 6:
-        ticks = sorted({lo, *ticks[::-2]})
-    ticks = sorted({lo, hi, *ticks})
-    if 4 <= len(contexts) <= 8:
-        ticks = contexts
-    elif len(contexts) < 4:
-        ticks = sorted({*ticks, *contexts})
-    return ticks, [context_label(n) for n in ticks]
 
 
 def batch_ticks(batches) -> list[int]:
