@@ -251,8 +251,11 @@ def _start_exporter() -> bool:
     import kaleido
 
     # choreographer logs (as an exception, to stderr) and drops a pipe message a busy machine delivers torn, which a
-    # notebook run shows as a traceback although the export goes on; its real failures still raise
-    logging.getLogger("choreographer.channels.pipe").setLevel(logging.CRITICAL)
+    # notebook run shows as a traceback although the export goes on; its real failures still raise. A filter, not a
+    # level: kaleido's logging set-up (logistro) may set the level again after this.
+    logging.getLogger("choreographer.channels.pipe").addFilter(
+        lambda record: not str(record.msg).startswith("JSONError decoding message")
+    )
     if hasattr(kaleido, "start_sync_server"):
         kaleido.start_sync_server(silence_warnings=True)
         atexit.register(kaleido.stop_sync_server)
