@@ -4,6 +4,7 @@
     python ci/run_notebooks.py --params ci/parameters.json   # CI's smaller parameters
     python ci/run_notebooks.py --only 01 -p CONTEXTS '[1024, 8192]'
     python ci/run_notebooks.py --out /tmp/nb --figures /tmp/fig   # elsewhere (the tests: temporary folders)
+    python ci/run_notebooks.py --notebooks my_notebooks/    # notebooks named NN_*.ipynb from another folder
 
 Executed copies go to build/notebooks/ (``--out``; ignored by git); figures and exported tables to figures/
 (``--figures``, given to the notebooks as $MK_FIGURES_DIR, see mk.paths.figures_dir), and after a successful
@@ -40,8 +41,8 @@ SECONDS_HERE = "seconds.json"
 SECONDS_MEASURED = ROOT / "ci" / "notebook_seconds.json"
 
 
-def notebooks(only: list[str] | None = None) -> list[Path]:
-    found = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+def notebooks(only: list[str] | None = None, folder: Path = NOTEBOOKS_DIR) -> list[Path]:
+    found = sorted(folder.glob("[0-9][0-9]_*.ipynb"))
     if only:
         found = [nb for nb in found if any(nb.name.startswith(o) for o in only)]
     return found
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", type=Path, help="JSON file: {notebook-name-prefix: {PARAM: value}}")
     ap.add_argument("--only", nargs="*", help="run only notebooks whose name starts with one of these")
     ap.add_argument(
+        "--notebooks", type=Path, default=NOTEBOOKS_DIR, help=f"folder of NN_*.ipynb to run (default: {NOTEBOOKS_DIR})"
+    )
+    ap.add_argument(
         "-p",
         nargs=2,
         action="append",
@@ -131,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=figures_dir(),
         help=f"folder for figures, tables and the report (default: ${FIGURES_ENV}, else {figures_dir()})",
+    )
+    ap.add_argument(
+        "--no-report", action="store_true", help="skip the report page (index.html), e.g. for one notebook at a time"
     )
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per notebook (default 1800)")
     ap.add_argument(
@@ -147,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 
     table = json.loads(a.params.read_text()) if a.params else {}
     overrides = {name: json.loads(v) for name, v in a.p}
-    nbs = notebooks(a.only)
+    nbs = notebooks(a.only, a.notebooks)
     if not nbs:
-        print(f"no notebooks matched in {NOTEBOOKS_DIR}", file=sys.stderr)
+        print(f"no notebooks matched in {a.notebooks}", file=sys.stderr)
         return 1
     # absolute: the notebooks run in ROOT, not in the caller's directory
     out, figures = a.out.resolve(), a.figures.resolve()
@@ -204,9 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"executed copies of the failed notebooks, for diagnosis: {work}", file=sys.stderr)
         return 1
     shutil.rmtree(work)
-    from mk.report import write_report
+    if not a.no_report:
+        from mk.report import write_report
 
-    print(f"report: {write_report(figures)}", flush=True)  # every figure and table there, by notebook
+        print(f"report: {write_report(figures, a.notebooks)}", flush=True)  # every figure and table there, by notebook
     return 0
 
 

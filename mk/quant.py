@@ -47,7 +47,7 @@ def quantize(params: dict, cfg: ModelConfig, scheme: str) -> dict:
     Already-quantized input is refused: quantize the float tree."""
     out = dict(params)
     for path in quantized_paths(cfg, scheme):
-        if jnp.asarray(params[path]).dtype == jnp.int8:
+        if params[path].dtype == jnp.int8:
             raise ValueError(f"{path} is already INT8: quantize a BF16 or F32 parameter tree")
         codes, scale = quantize_matrix(params[path], scales_inputs(path))
         out[path], out[scale_path(path)] = jnp.asarray(codes), jnp.asarray(scale)
@@ -57,7 +57,7 @@ def quantize(params: dict, cfg: ModelConfig, scheme: str) -> dict:
 def scheme_of(params: dict, cfg: ModelConfig) -> str:
     """Which scheme a parameter tree is quantized with (``none`` for a float tree); a tree that matches no
     scheme (scales missing, or INT8 where no scheme puts it) is refused with what is wrong."""
-    int8 = {s.path for s in param_specs(cfg) if s.path in params and jnp.asarray(params[s.path]).dtype == jnp.int8}
+    int8 = {s.path for s in param_specs(cfg) if s.path in params and params[s.path].dtype == jnp.int8}
     for scheme in SCHEMES:
         if int8 == set(quantized_paths(cfg, scheme)):
             missing = [scale_path(p) for p in sorted(int8) if scale_path(p) not in params]
@@ -79,7 +79,7 @@ def dequantize(params: dict, cfg: ModelConfig, dtype=None) -> dict:
     """The float tree the quantized one stands for (every INT8 matrix dequantized to ``dtype``, by default the
     embedding's, scales dropped): the weights the reference and the kernel both multiply by."""
     scheme = scheme_of(params, cfg)
-    dtype = dtype or jnp.asarray(params["embed"]).dtype
+    dtype = dtype or params["embed"].dtype
     out = {k: v for k, v in params.items() if not k.endswith(SCALE_SUFFIX)}
     for path in quantized_paths(cfg, scheme):
         out[path] = dequantize_matrix(params[path], params[scale_path(path)], dtype, scales_inputs(path))

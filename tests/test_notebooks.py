@@ -75,18 +75,47 @@ def files_under(*folders: Path) -> dict[Path, tuple[int, int]]:
     return {f: (f.stat().st_size, f.stat().st_mtime_ns) for d in folders for f in d.rglob("*") if f.is_file()}
 
 
+def two_small_notebooks(folder: Path) -> Path:
+    """Two notebooks as the runner expects them (a heading, a parameters cell, its check), each writing a table,
+    the first a figure too: the runner's mechanics in seconds rather than a real notebook's minute."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    folder.mkdir()
+    body = {
+        "01_first": "fig = go.Figure(go.Bar(x=['a', 'b'], y=[1, CONTEXT]), layout=dict(title='two bars'))\n"
+        "save_figure(provenance(fig, 'modelled', 'none', 'a test'), '01_bars')",
+        "02_second": "",
+    }
+    for name, figure in body.items():
+        cells = [
+            new_markdown_cell(f"# {name}"),
+            new_code_cell("CONTEXT = 1024", metadata={"tags": ["parameters"]}),
+            new_code_cell(
+                "import pandas as pd\nimport plotly.graph_objects as go\n\n"
+                "from mk.figures import provenance, save_figure\nfrom mk.notebook import check_parameters, show\n\n"
+                "check_parameters(globals(), CONTEXT=int)"
+            ),
+            new_code_cell(
+                f"show(pd.DataFrame({{'context': [CONTEXT]}}), kind='modelled', export='{name[:2]}_table')\n{figure}"
+            ),
+        ]
+        nbformat.write(new_notebook(cells=cells), folder / f"{name}.ipynb")
+    return folder
+
+
 def test_runner_writes_only_into_the_folders_it_is_given(tmp_path):
     checkout = files_under(ROOT / "figures", ROOT / "build")
-    out, figures = tmp_path / "notebooks", tmp_path / "figures"
-    small = ["-p", "MODELS", '["gemma4-26b-a4b"]', "-p", "CHIPS", '["h100"]', "-p", "CONTEXTS", "[1024, 8192]"]
-    r = run_notebooks(out, figures, "--only", "01", *small, "-p", "BATCHES", "[1, 8]", timeout=120)
+    books, out, figures = two_small_notebooks(tmp_path / "books"), tmp_path / "notebooks", tmp_path / "figures"
+    r = run_notebooks(out, figures, "--notebooks", str(books), "--jobs", "2", timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    good = out / "01_speed_of_light.ipynb"
-    assert good.is_file() and (figures / "index.html").is_file()
-    assert list(figures.glob("01_*.html")) and list(figures.glob("01_*.csv"))
+    assert sorted(f.name for f in out.glob("*.ipynb")) == ["01_first.ipynb", "02_second.ipynb"]
+    assert (figures / "01_bars.html").is_file() and (figures / "01_table.csv").is_file()
+    assert (figures / "02_table.csv").is_file()
+    page = (figures / "index.html").read_text()
+    assert "01_first" in page and "02_second" in page  # the report gathers both, by notebook
     written = files_under(out)
     # A notebook failing (here in its parameter check) leaves its previous good copy as it was and nothing else.
-    r = run_notebooks(out, figures, "--only", "01", "-p", "CONTEXT", '"1K"', timeout=120)
+    r = run_notebooks(out, figures, "--notebooks", str(books), "--only", "01", "-p", "CONTEXT", '"1K"', timeout=120)
     assert r.returncode == 1 and "CONTEXT must be int" in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
     named = re.search(r"executed copy with the traceback: (\S+\.ipynb)", r.stderr)
     assert named, f"the failure names no executed copy: {r.stderr[-3000:]}"
@@ -100,44 +129,57 @@ def test_runner_writes_only_into_the_folders_it_is_given(tmp_path):
     assert files_under(ROOT / "figures", ROOT / "build") == checkout, "the runner wrote into the checkout"
 
 
+def saved_figure_names(nb) -> set[str]:
+    """The names a notebook's ``save_figure(..., "NAME")`` calls give: the last string in each call."""
+    names = set()
+    for cell in nb.cells:
+        src = cell.source
+        for m in re.finditer(r"\bsave_figure\(", src):
+            depth, i = 1, m.end()
+            while depth and i < len(src):
+                depth += {"(": 1, ")": -1}.get(src[i], 0)
+                i += 1
+            names.update(re.findall(r'"(\d\d_[a-z0-9_]+)"', src[m.end() : i])[-1:])
+    return names
+
+
+# Each notebook a test of its own (one at a time through the runner, CI's parameters), so that the test workers
+# share them out: the longest takes about a minute here, all ten about six.
 @pytest.mark.slow
-def test_runner_runs_every_notebook_with_ci_parameters(tmp_path):
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_notebook_runs_with_ci_parameters(tmp_path, path):
     out, figures = tmp_path / "notebooks", tmp_path / "figures"
-    r = run_notebooks(out, figures, "--params", "ci/parameters.json", timeout=3600)
+    prefix = path.name[:2]
+    r = run_notebooks(out, figures, "--params", "ci/parameters.json", "--only", prefix, "--no-report", timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    for nb in NOTEBOOKS:
-        assert (out / nb.name).is_file(), f"{nb.name} has no executed copy"
-    # Notebook 01 writes each of its figures as HTML, and as PNG where a Chromium exists (CI installs one).
-    nb = nbformat.read(ROOT / "notebooks" / "01_speed_of_light.ipynb", as_version=4)
-    names = set(re.findall(r'"(01_[a-z_]+)"\)', "\n".join(c.source for c in nb.cells)))
-    assert names, 'no save_figure(..., "01_...") calls found in notebook 01'
-    kinds = ["html", "png"] if os.access("/usr/bin/chromium", os.X_OK) else ["html"]
+    assert (out / path.name).is_file(), f"{path.name} has no executed copy"
+    png = os.access("/usr/bin/chromium", os.X_OK)
+    # Each figure the notebook saves is written as HTML, and as PNG where a Chromium exists (CI installs one).
+    names = saved_figure_names(nbformat.read(path, as_version=4))
     for name in names:
-        for ext in kinds:
+        for ext in ["html", "png"] if png else ["html"]:
             f = figures / f"{name}.{ext}"
             assert f.exists() and f.stat().st_size > 0, f"{f} was not written"
     # Every figure the run wrote can be read whole: legends clear of titles, a legend for several series,
     # every series with a visible mark, no line hidden under another (laid out by plotly in a Chromium).
-    if "png" in kinds:
+    if png:
         import plotly.io as pio
 
         from mk.figures import check_figure
 
         # tables' metadata are not figures
         specs = [f for f in sorted(figures.glob("*.json")) if not f.name.endswith(".meta.json")]
-        assert specs
         problems = {f.stem: check_figure(pio.read_json(f)) for f in specs}
         assert not any(problems.values()), {k: v for k, v in problems.items() if v}
-    # A healthy run is quiet: no output line of any notebook looks like an error or a warning.
+    # A healthy run is quiet: no output line looks like an error or a warning.
     noisy = []
-    for path in NOTEBOOKS:
-        executed = nbformat.read(out / path.name, as_version=4)
-        for i, cell in enumerate(executed.cells):
-            for output in cell.get("outputs", []):
-                text = output.get("text", "") if output.get("output_type") == "stream" else ""
-                if output.get("output_type") == "error" or (output.get("name") == "stderr" and text.strip()):
-                    noisy.append((path.name, i, text[:200] or output.get("ename")))
-                noisy += [(path.name, i, line[:200]) for line in text.splitlines() if NOISE.search(line)]
+    executed = nbformat.read(out / path.name, as_version=4)
+    for i, cell in enumerate(executed.cells):
+        for output in cell.get("outputs", []):
+            text = output.get("text", "") if output.get("output_type") == "stream" else ""
+            if output.get("output_type") == "error" or (output.get("name") == "stderr" and text.strip()):
+                noisy.append((i, text[:200] or output.get("ename")))
+            noisy += [(i, line[:200]) for line in text.splitlines() if NOISE.search(line)]
     assert not noisy, noisy
 
 

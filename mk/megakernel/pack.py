@@ -14,6 +14,8 @@ Once per parameter tree (``pack``) and once per generation (``adopt_cache``), ne
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,10 +90,17 @@ def _pad_to(a, target):
 def to_layout(a, cfg: ModelConfig, path: str, lay: ModelConfig):
     """One matrix of the reference tree in the kernel's layout ``lay`` (before stacking)."""
     target = _layout_shape(cfg, path, a.shape, lay)
-    for axis, kind in enumerate(_axes(cfg, path, a.ndim)):
+    return _matrix_in_layout(a, _axes(cfg, path, a.ndim), lay.outputs_on_rows(path), target)
+
+
+# One program for each kind of matrix (its axes, orientation and padded shape), shared by every layer of the kind:
+# eager, each of its ops would compile on its own for each shape (hundreds of compiles for a small model).
+@functools.partial(jax.jit, static_argnames=("axes", "on_rows", "target"))
+def _matrix_in_layout(a, axes: tuple, on_rows: bool, target: tuple):
+    for axis, kind in enumerate(axes):
         if isinstance(kind, tuple):
             a = _spread_heads(a, axis, *kind)
-    if lay.outputs_on_rows(path):
+    if on_rows:
         a = jnp.swapaxes(a, -1, -2)
     return _pad_to(a, target)
 
@@ -101,11 +110,18 @@ def scales_to_layout(scale, cfg: ModelConfig, path: str, shape: tuple, lay: Mode
     layout: their channels spread and padded as the matrix's are, as rows [experts or 1 padded to 8, lanes]
     (mk.plan.layout.scale_rows, scale_width)."""
     kind = _axes(cfg, path, len(shape))[-2 if scales_inputs(path) else -1]
-    s = jnp.asarray(scale, jnp.float32)
+    rows = int(np.prod(scale.shape[:-1]))
+    target = (scale_rows(rows), scale_width(lay, path, _layout_shape(cfg, path, shape, lay)))
+    return _scales_in_layout(scale, kind, target)
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "target"))
+def _scales_in_layout(scale, kind, target: tuple):
+    s = scale.astype(jnp.float32)
     s = s.reshape(-1, s.shape[-1])
     if isinstance(kind, tuple):
         s = _spread_heads(s, 1, *kind)
-    return _pad_to(s, (scale_rows(s.shape[0]), scale_width(lay, path, _layout_shape(cfg, path, shape, lay))))
+    return _pad_to(s, target)
 
 
 def pack(params: dict, cfg: ModelConfig) -> dict:

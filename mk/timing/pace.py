@@ -53,9 +53,16 @@ def _every_layer(plan: StepPlan, experts: int) -> dict[int, int]:
     return {i: experts for i in range(plan.cfg.num_layers)}
 
 
-def _loaded(plan: StepPlan, experts: int, nbytes: Callable[[Load], float]) -> float:
-    """Weight bytes the DMAs move with ``experts`` fetched in every layer."""
-    return sum(nbytes(ld) for ld in plan.loads if ld.expert is None or ld.expert < experts)
+def _loaded(plan: StepPlan, nbytes: Callable[[Load], float]) -> Callable[[int], float]:
+    """Weight bytes the DMAs move with m experts fetched in every layer, as a function of m (the plan's loads
+    summed once, by expert slot)."""
+    shared, by_slot = 0.0, {}
+    for ld in plan.loads:
+        if ld.expert is None:
+            shared += nbytes(ld)
+        else:
+            by_slot[ld.expert] = by_slot.get(ld.expert, 0.0) + nbytes(ld)
+    return lambda m: shared + sum(b for slot, b in by_slot.items() if slot < m)
 
 
 def pace(plan: StepPlan, chip: Chip, dtype: str = "bf16", distribution: dict[int, float] | None = None, **assumed):
@@ -74,8 +81,8 @@ def pace(plan: StepPlan, chip: Chip, dtype: str = "bf16", distribution: dict[int
         return sum(p * f(m) for m, p in over.items())
 
     moved, payload = load_bytes(dtype), load_bytes(dtype, "payload_bytes")
-    weights, real = expect(lambda m: _loaded(plan, m, moved)), expect(lambda m: _loaded(plan, m, payload))
-    ends = {m: step_end(plan, chip, _every_layer(plan, m), **costs) for m in dist}
+    weights, real = expect(_loaded(plan, moved)), expect(_loaded(plan, payload))
+    ends = {m: step_end(plan, chip, _every_layer(plan, m), **costs) for m in timed}
     cross = [op for op in plan.ops if op.sent_bytes]
     bw = chip.per_chip_bandwidth
     split = plan.cfg.is_moe and plan.chips > 1 and plan.experts_held == plan.cfg.num_experts
