@@ -96,10 +96,12 @@ def two_small_notebooks(folder: Path) -> Path:
                 "check_parameters(globals(), CONTEXT=int)"
             ),
             new_code_cell(
-                f"show(pd.DataFrame({{'context': [CONTEXT]}}), kind='modelled', export='{name[:2]}_table')\n{figure}"
+                f"show(pd.DataFrame({{'context': [CONTEXT]}}), kind='modelled', export='{name[:2]}_table',\n"
+                f"     hardware='any chip', source='a test')\n{figure}"
             ),
         ]
-        nbformat.write(new_notebook(cells=cells), folder / f"{name}.ipynb")
+        kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+        nbformat.write(new_notebook(cells=cells, metadata=kernel), folder / f"{name}.ipynb")
     return folder
 
 
