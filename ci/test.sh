@@ -7,10 +7,7 @@ bash ci/setup.sh dev
 .venv/bin/ruff check mk tests ci notebooks
 .venv/bin/ruff format --check mk tests ci
 export JAX_PLATFORMS=cpu
-# Bytecode cached (under .venv, out of the tree) even where the machine turns caching off: every test's,
-# notebook's and kernel's process imports JAX (and torch, transformers), 2-5 s a process when compiled afresh.
-unset PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX="$PWD/.venv/pycache"
+source ci/env.sh  # bytecode cached
 # Two workers (one per core here), a worker that runs dry taking tests queued on the other (the notebook run and
 # the interpret-mode kernels are minutes each); the slowest tests are listed at the end, so the next cut is measured.
 exec .venv/bin/python -m pytest -q -n "${MK_TEST_WORKERS:-2}" --dist worksteal --durations=25 "$@"

@@ -110,18 +110,16 @@ def scales_to_layout(scale, cfg: ModelConfig, path: str, shape: tuple, lay: Mode
     layout: their channels spread and padded as the matrix's are, as rows [experts or 1 padded to 8, lanes]
     (mk.plan.layout.scale_rows, scale_width)."""
     kind = _axes(cfg, path, len(shape))[-2 if scales_inputs(path) else -1]
-    rows = int(np.prod(scale.shape[:-1]))
-    target = (scale_rows(rows), scale_width(lay, path, _layout_shape(cfg, path, shape, lay)))
-    return _scales_in_layout(scale, kind, target)
+    return _scales_in_layout(scale, kind, scale_width(lay, path, _layout_shape(cfg, path, shape, lay)))
 
 
-@functools.partial(jax.jit, static_argnames=("kind", "target"))
-def _scales_in_layout(scale, kind, target: tuple):
+@functools.partial(jax.jit, static_argnames=("kind", "width"))
+def _scales_in_layout(scale, kind, width: int):
     s = scale.astype(jnp.float32)
     s = s.reshape(-1, s.shape[-1])
     if isinstance(kind, tuple):
         s = _spread_heads(s, 1, *kind)
-    return _pad_to(s, target)
+    return _pad_to(s, (scale_rows(s.shape[0]), width))
 
 
 def pack(params: dict, cfg: ModelConfig) -> dict:
