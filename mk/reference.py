@@ -555,8 +555,8 @@ _transpose = jax.jit(jnp.transpose)
 _prepared: dict = {}  # (cfg, ids of the tree's arrays) -> (the arrays, kept so the ids stay theirs; prepared)
 
 
-def _prepared_for(params: dict, cfg: ModelConfig) -> dict:
-    """:func:`prepare` of ``params``, cached for the last tree seen (keyed by its arrays' ids; a quantized
+def prepared(params: dict, cfg: ModelConfig) -> dict:
+    """:func:`prepare` of ``params``, kept for the last tree seen (keyed by its arrays' ids; a quantized
     tree's float tree is made on a miss only, so a cached step pays nothing for it). A plain tree traced by
     someone's jit is prepared inside it: right, but the re-layout is then in every step."""
     if PREPARED in params or _traced(params):
@@ -641,7 +641,7 @@ def verify_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos):
     hidden states [B, T, H] (what Gemma 4's assistant reads), the cache). The cache passed in is donated."""
     cfg.check_runnable()
     return verify_step_program(
-        _prepared_for(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32)
+        prepared(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32)
     )
 
 
@@ -670,7 +670,7 @@ def decode_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos, knocko
         pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (B,))
     # pos is [B] either way: one program for a shared position and for each user's own
     return decode_step_program(
-        _prepared_for(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32), ko
+        prepared(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32), ko
     )
 
 
@@ -694,5 +694,5 @@ def check_positions(cfg: ModelConfig, cache: dict, pos) -> np.ndarray:
 # Engines may offer ``step.prepare(params, cfg)``: the layout their step runs on, made once at load
 # time (mk.measure prepares before timing, so the timed program holds no re-layout), and ``step.verify``, speculative
 # verification (mk.generate.generate_speculative).
-decode_step.prepare = prepare
+decode_step.prepare = prepared  # the knock-out variants and the timed calls share one layout
 decode_step.verify = verify_step

@@ -165,18 +165,13 @@ def test_notebook_runs_with_ci_parameters(tmp_path, path):
         for ext in ["html", "png"] if png else ["html"]:
             f = figures / f"{name}.{ext}"
             assert f.exists() and f.stat().st_size > 0, f"{f} was not written"
-    # Every figure the run wrote can be read whole: legends clear of titles, a legend for several series,
-    # every series with a visible mark, no line hidden under another (laid out by plotly in a Chromium).
-    # tables' metadata are not figures
+    # Every figure the run wrote can be read whole: save_figure lays each out in the Chromium that exports it and
+    # refuses one that cannot (mk.figures.check_figure), so a written PNG is a checked figure; the test does not
+    # start a second Chromium to lay them all out again. Tables' metadata are not figures.
     specs = [f for f in sorted(figures.glob("*.json")) if not f.name.endswith(".meta.json")]
     assert specs, f"{path.name} wrote no figure"
     if png:
-        import plotly.io as pio
-
-        from mk.figures import check_figure
-
-        problems = {f.stem: check_figure(pio.read_json(f)) for f in specs}
-        assert not any(problems.values()), {k: v for k, v in problems.items() if v}
+        assert all(f.with_suffix(".png").is_file() for f in specs), [f.name for f in specs]
     # A healthy run is quiet: no output line looks like an error or a warning.
     noisy = []
     executed = nbformat.read(out / path.name, as_version=4)

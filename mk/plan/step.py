@@ -9,7 +9,7 @@ cannot drift; tests and the timing model read the same records for bytes, FLOPs 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from ..config import ModelConfig
 from ..kernel_setup import ONE_CHIP, KernelSetup
@@ -408,7 +408,20 @@ def build_plan(
     ``quantize`` (mk.params.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales.
     ``setup.draft_tokens``: speculative verification of that many drafted tokens per user: each user's 1 + k rows go
     through one weight pass (the plan's ``batch`` counts rows) and attend over the user's cache.
+
+    A plan is a pure function of its arguments and is not changed after it is made: the last plans built are
+    kept and handed out again (the timing model, the kernel builder and the tables ask for the same ones often).
     """
+    return _built_plan(
+        cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, check_knockout(knockout), loop_layers,
+        setup, chip, quantize,
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=64)
+def _built_plan(
+    cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, knockout, loop_layers, setup, chip, quantize
+) -> StepPlan:
     from ..params import quantized_paths
     from ..sharding import chip_config, experts_per_chip, heads_split, position_share, users_per_chip
 
