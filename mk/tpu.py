@@ -109,6 +109,16 @@ def libtpu_version() -> str:
     return "none"
 
 
+def host_device():
+    """This host's first CPU device, or ``None`` where JAX runs without its CPU backend (JAX_PLATFORMS=tpu)."""
+    import jax
+
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None
+
+
 def interpret_params(detect_races: bool = False):
     """``None`` (compile with Mosaic) on a TPU, else TPU interpret-mode parameters."""
     if on_tpu():

@@ -66,7 +66,7 @@ from ..plan import (
 )
 from ..quant import SCALE_SUFFIX
 from ..sharding import cache_split_axis, chip_config, chip_params, make_mesh, position_share, split_axis
-from ..tpu import interpret_params
+from ..tpu import host_device, interpret_params
 from . import attention, collective, dense, head, moe
 from .pack import adopt_cache_chips, pack, reference_cache_chips
 from .refs import (
@@ -552,16 +552,17 @@ class MegakernelEngine:
         return self._packed
 
     def _pack_on_chips(self, params: dict) -> dict:
-        """``pack`` over the chips: chip c's slice (mk.sharding.chip_params) packed on chip c, and each weight
-        one array over the mesh made of those slices, split on its ``split_axis``. No
-        chip holds more than its share at any time: a full-size model packed on one device, then split,
-        would not fit one chip of a slice."""
+        """``pack`` over the chips: chip c's slice (mk.sharding.chip_params) packed on the host's CPU device (where
+        there is one; else on chip c), and each weight one array over the mesh made of those slices, split on its
+        ``split_axis``. No chip holds more than its share at any time: a full-size model packed on one chip, then
+        split, would not fit one chip of a slice. One device packs every slice, so the packing programs compile
+        once, not once a chip."""
         host = {path: np.asarray(a) for path, a in params.items()}  # chip_params cuts on the host
-        local = chip_config(self.cfg, self.setup)
+        local, cpu = chip_config(self.cfg, self.setup), host_device()
         parts = {}
         for c, dev in enumerate(self.mesh.devices.flat):
             if dev.process_index == jax.process_index():  # a pod slice's other hosts pack their own chips
-                with jax.default_device(dev):
+                with jax.default_device(cpu or dev):
                     parts[dev] = pack(chip_params(host, self.cfg, self.setup, c), local)
         first = next(iter(parts.values()))
         weights = {}
@@ -571,7 +572,8 @@ class MegakernelEngine:
             sharding = NamedSharding(self.mesh, axis_spec(a.ndim, axis, self.setup.axis))
             slices = [jax.device_put(p["weights"][name], dev) for dev, p in parts.items()]
             weights[name] = jax.make_array_from_single_device_arrays(shape, sharding, slices)
-        return dict(first, weights=weights)
+        rest = {k: v for k, v in first.items() if k != "weights"}  # the vectors and frequencies: on every chip
+        return dict(jax.device_put(rest, NamedSharding(self.mesh, P())), weights=weights)
 
     def compiled(
         self,
