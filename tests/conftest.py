@@ -232,10 +232,3 @@ def mk_json(capsys):
         return json.loads(out.out.strip().splitlines()[-1])
 
     return run
-
-
-def pytest_collection_modifyitems(config, items):
-    """The slow tests first (a stable sort: the order within each group is kept). Two workers share the queue, a
-    worker that runs dry taking tests from the other's end: a minute-long test started last would leave the other
-    worker idle for as long, while short tests at the end even the two out."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
