@@ -10,7 +10,9 @@
 - ``tpu``: ``python -m mk tpu-smoke``, the megakernel checked against and timed beside the reference on a TPU
   slice (data/measured/tpu.csv);
 - ``knockouts``: the step timed with each component switched off, and the seed's published table beside it;
-- ``xla_cost``: XLA's own TPU cost model per component, compiled ahead of time.
+- ``xla_cost``: XLA's own TPU cost model per component, compiled ahead of time;
+- ``schedule``: the TPU compiler's own schedule of a kernel (its final VLIW bundles, read from libtpu's dump of an
+  ahead-of-time compile) and the bundles one call issues, each loop body counted once a trip.
 
 Submodules are imported by name (``from mk.measure import cpu``): the drivers pull in the engines they time.
 """
