@@ -477,6 +477,59 @@ def _run_predict(a) -> None:
     _print(d, a.json, "\n".join(lines))
 
 
+# schedule ----------------------------------------------------------------------------------------
+def _add_schedule(sub) -> None:
+    from .sol import DTYPES
+
+    p = sub.add_parser(
+        "schedule",
+        help="the megakernel's step as libtpu's compiler schedules it: bundles by op kind, compute time beside the "
+        "HBM time (compiles with libtpu, exit 2 without; --stored reads data/schedule)",
+    )
+    p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP)
+    p.add_argument("--chip", required=True, help="a TPU (tpu-v5e) or a slice of one (tpu-v5e-8)")
+    p.add_argument("--context", type=_positive_int, default=1024, help="positions in the KV cache (default 1024)")
+    p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weight data type policy")
+    _add_setup(p, "workbook")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--stored", action="store_true", help="read the rows kept in data/schedule; compile nothing")
+    g.add_argument("--store", action="store_true", help="keep the compiled rows in data/schedule")
+    g.add_argument("--refresh", action="store_true", help="compile and store every case data/schedule keeps")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run_schedule)
+
+
+def _run_schedule(a) -> None:
+    from .measure import compiler_schedule as cs
+
+    try:
+        if a.refresh:
+            for case in cs.STORED_CASES:
+                plan = cs.case_plan(*case)
+                print(f"{case}: {cs.schedule_for(plan, case[1], keep=True).bundles:,.0f} bundles", flush=True)
+            return
+        plan = cs.case_plan(a.model, a.chip, a.context, a.batch, _setup(a), a.dtype)
+        s = cs.schedule_for(plan, a.chip, stored=a.stored, keep=a.store)
+    except (RuntimeError, LookupError) as e:
+        print(f"mk schedule: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    d = s.to_dict()
+    lines = [
+        f"{d['model']} on {d['chip']}, context {d['context']}, batch {d['batch']}: {d['kind']} (libtpu {d['libtpu']}, "
+        f"plan {d['plan']})",
+        f"  bundles/step  {d['bundles_per_step']:12,.0f}   at {d['clock_hz'] / 1e9:.3f} GHz (derived: data/chips.csv)",
+        f"  compute       {d['compute_ms']:12.4f} ms   issued bundles over the clock",
+        f"  HBM           {d['hbm_ms']:12.4f} ms   the step's bytes over the chip's bandwidth",
+        f"  {'op kind':<20}{'count':>9}{'bundles':>12}{'each':>10}{'ns each':>10}",
+        *(
+            f"  {o['kind']:<20}{o['count'] or 0:9.1f}{o['bundles']:12,.0f}{o['bundles_each']:10.1f}{o['ns_each']:10.1f}"
+            for o in d["ops"]
+        ),
+    ]
+    _print(d, a.json, "\n".join(lines))
+
+
 # report ------------------------------------------------------------------------------------------
 def _add_report(sub) -> None:
     p = sub.add_parser(
@@ -620,6 +673,7 @@ COMMANDS = (
     _add_bench,
     _add_straggler,
     _add_predict,
+    _add_schedule,
     _add_report,
     _add_measure,
     _add_tpu_smoke,

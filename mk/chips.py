@@ -28,6 +28,8 @@ class Chip:
     ici_bandwidth: float  # bytes/s one way per link (NaN where unknown)
     vmem_bytes: float  # per core (NaN where not checked)
     source: str
+    clock_hz: float = math.nan  # one core's clock (NaN where data/chips.csv derives none)
+    clock_source: str = ""
 
     @property
     def base(self) -> str:
@@ -57,6 +59,8 @@ def base_chips() -> dict[str, Chip]:
             ici_bandwidth=_float(r["ici_bandwidth_Bps"]),
             vmem_bytes=_float(r["vmem_bytes"]),
             source=r["source"],
+            clock_hz=_float(r["clock_hz"]),
+            clock_source=r["clock_source"],
         )
         for r in rows
     }
@@ -97,6 +101,8 @@ def get_chip(name: str) -> Chip:
             ici_bandwidth=c.ici_bandwidth,
             vmem_bytes=c.vmem_bytes,
             source=c.source,
+            clock_hz=c.clock_hz,
+            clock_source=c.clock_source,
         )
     raise ValueError(
         f"unknown chip {name!r}; known chips: {', '.join(chips)} (append -N for a slice of N chips, e.g. tpu-v5e-8)"

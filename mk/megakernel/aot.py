@@ -40,8 +40,6 @@ def compile_for_tpu(
     axis (``setup.draft_tokens``: the speculative step verifying that many drafts a user, 1 + K rows each).
     ``quantize``: the mk.quant scheme whose matrices stream as INT8 with their scales. Returns (plan, compiled): one
     chip's plan, the program of every chip."""
-    from ..tpu import aot_compile
-
     plan = build_plan(
         cfg,
         batch,
@@ -54,21 +52,29 @@ def compile_for_tpu(
         setup=setup,
         quantize=quantize,
     )
+    return plan, compile_plan(plan, chip, compiler_options, vmem_limit_bytes)
+
+
+def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_limit_bytes: int | None = None):
+    """The kernel of ``plan`` (one chip's, of a slice where its setup splits the step) compiled ahead of time for
+    ``chip`` in the plan's own data types (bf16 or f32 by its item sizes, INT8 codes by its scheme)."""
+    from ..tpu import aot_compile
+
+    weight_dtype, kv_dtype = (jnp.float32 if n == 4 else jnp.bfloat16 for n in (plan.weight_itemsize, plan.kv_itemsize))
     limit = vmem_limit_bytes or plan.vmem_limit(chip)
     shapes = input_shapes(plan, weight_dtype, kv_dtype)
-    if setup.sharded:
-        return plan, _compile_sharded(plan, chip, shapes, weight_dtype, kv_dtype, limit, compiler_options)
+    if plan.chips > 1:
+        return _compile_sharded(plan, chip, shapes, weight_dtype, kv_dtype, limit, compiler_options)
     fn = build_call(plan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes=limit)
-    compiled = aot_compile(
+    return aot_compile(
         lambda p, c, u: tuple(fn(p, c, u)[:2]),
         chip,
-        packed_shapes(cfg, weight_dtype, quantize),
+        packed_shapes(plan.whole_model, weight_dtype, plan.quantize),
         shapes.cache,
         shapes.users,
         donate_argnums=(1,),
         compiler_options=compiler_options,
     )
-    return plan, compiled
 
 
 def _compile_sharded(plan, chip: str, shapes, weight_dtype, kv_dtype, limit: int, compiler_options):

@@ -17,7 +17,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..config import SLIDING
-from ..plan import BLOCK, LANE
+from ..plan import BLOCK, LANE, kv_tiles_read
 from .dense import NEG, rms
 from .refs import POSITION
 
@@ -167,7 +167,7 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
     for b in range(users):
         first = b * R
         pos = position(first)
-        n_tiles = jnp.minimum(pos // T + 1, S // T)
+        n_tiles = kv_tiles_read(pos, T, S, xp=jnp)
         for c in _tile_copies(kc, vc, buf, T, b, 0, 0):
             c.start()
         state = []
@@ -286,9 +286,7 @@ def emit_attend_shared(k, op):
         pos = k.position(b)
         slot_new = pos % slots  # in the head's slots
         owner = (slot_new // BLOCK) % g
-        blocks = jnp.minimum(pos // BLOCK + 1, slots // BLOCK)  # the head's blocks this user reads
-        mine = jnp.maximum(0, (blocks - me + g - 1) // g)  # of them, every g-th from this member's
-        n_tiles = (mine * BLOCK + T - 1) // T
+        n_tiles = kv_tiles_read(pos, T, S, g, me, jnp)
 
         @pl.when(n_tiles > 0)
         def _(b=b):

@@ -33,6 +33,7 @@ from ..params import NORMS, check_knockout
 from ..plan import (
     BLOCK,
     LANE,
+    ROUTED,
     ROWS,
     AllReduce,
     Attend,
@@ -60,6 +61,7 @@ from ..plan import (
     Wait,
     build_plan,
     groups,
+    item_scope,
     start_runs,
     vector_rows,
     vector_stride,
@@ -156,10 +158,17 @@ class EmitContext:
         were routed (every user routes to at least one, so slot 0 always runs)."""
         if slot is None or (isinstance(slot, int) and slot == 0):
             return fn()
-        pl.when(slot < self.scratch.experts[moe.COUNT, 0])(fn)
+        with jax.named_scope(ROUTED):  # how often it runs follows from the routing (mk.timing.scheduled)
+            pl.when(slot < self.scratch.experts[moe.COUNT, 0])(fn)
 
     def emit(self, item, ld: Load | None):
-        """Code for one item; ``ld`` is its load, with offsets and slot possibly traced (in a loop)."""
+        """Code for one item; ``ld`` is its load, with offsets and slot possibly traced (in a loop). Each item's code
+        is a named scope (mk.plan.item_scope): libtpu drops the marks unless asked to keep them (mk.measure.bundles
+        reads them to say which item the compiler's bundles belong to)."""
+        with jax.named_scope(item_scope(item)):
+            self._emit(item, ld)
+
+    def _emit(self, item, ld: Load | None):
         if isinstance(item, Start):
 
             def start():
@@ -349,6 +358,11 @@ def _shift_op(a: Op, b: Op, r) -> Op:
 
 
 # The pallas_call ---------------------------------------------------------------------------------
+def kernel_name(plan: StepPlan) -> str:
+    """The pallas_call's name (libtpu names the kernel's dumps after it)."""
+    return "megakernel_" + "".join(c if c.isalnum() else "_" for c in plan.cfg.name)
+
+
 def build_call(
     plan: StepPlan,
     weight_dtype,
@@ -395,7 +409,7 @@ def build_call(
     out_specs = jax.tree.unflatten(out_tree, [hbm] * len(out_leaves))
     if count_dmas:
         out_specs = out_specs._replace(dma_counts=pl.BlockSpec(memory_space=pltpu.SMEM))
-    name = "megakernel_" + "".join(c if c.isalnum() else "_" for c in cfg.name)
+    name = kernel_name(plan)
     sharded = plan.chips > 1
     call = pl.pallas_call(
         partial(_body, plan, (in_tree, out_tree, scratch_tree)),

@@ -16,6 +16,7 @@ from .layout import (
     cache_slots,
     head_lanes,
     kv_tile,
+    kv_tiles_read,
     layers_in_hbm,
     layout_config,
     padded_shape,
@@ -27,6 +28,7 @@ from .layout import (
 )
 from .records import (
     OP_KINDS,
+    ROUTED,
     AllReduce,
     Attend,
     AttentionResidual,
@@ -52,6 +54,7 @@ from .records import (
     Start,
     Tiles,
     Wait,
+    item_scope,
 )
 from .schedule import fold, groups, start_runs
 from .step import StepPlan, build_plan
@@ -63,6 +66,7 @@ __all__ = [
     "MIB",
     "ROWS",
     "OP_KINDS",
+    "ROUTED",
     "AllReduce",
     "Attend",
     "AttentionResidual",
@@ -95,6 +99,8 @@ __all__ = [
     "groups",
     "head_lanes",
     "kv_tile",
+    "item_scope",
+    "kv_tiles_read",
     "layout_config",
     "layers_in_hbm",
     "memory_busy_fraction",

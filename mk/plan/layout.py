@@ -53,6 +53,17 @@ def head_lanes(hd: int) -> np.ndarray:
     return np.concatenate([np.arange(half), mid + np.arange(hd - half)])
 
 
+def kv_tiles_read(position, tile: int, slots: int, shared: int = 1, member: int = 0, xp=np):
+    """KV tiles of ``tile`` slots a user's attention loop reads when its first row is at ``position``, from this
+    chip's ``slots`` slots of a KV head; where ``shared`` chips hold a head's positions, every ``shared``-th block of
+    ``BLOCK`` slots each, this chip is member ``member``. ``xp``: ``jax.numpy`` for the kernel's traced position."""
+    if shared == 1:
+        return xp.minimum(position // tile + 1, slots // tile)
+    blocks = xp.minimum(position // BLOCK + 1, slots * shared // BLOCK)  # the head's blocks the user reads
+    mine = xp.maximum(0, (blocks - member + shared - 1) // shared)  # of them, every shared-th from this member's
+    return (mine * BLOCK + tile - 1) // tile
+
+
 def scale_buffer(buffer: str) -> str:
     """The VMEM buffer of an INT8 weight buffer's scales."""
     return buffer + ".scale"

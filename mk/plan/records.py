@@ -332,6 +332,16 @@ OP_KINDS = (
 
 Item = Start | Wait | Op
 
+ROUTED = "Routed"  # the kernel's named scope around code that runs only for an expert slot some user routed to
+
+
+def item_scope(item: Item) -> str:
+    """The named scope the kernel emits an item's code in: ``Start``, ``Wait`` or the op's kind, an attention op's with
+    its layer type (its loop over KV tiles runs as often as that type's cache is long)."""
+    if isinstance(item, Attend):
+        return f"Attend.{item.layer_type}"
+    return type(item).__name__
+
 
 @dataclass(frozen=True)
 class LayerLoop:

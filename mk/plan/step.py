@@ -17,7 +17,7 @@ from ..params import EXPERTS, check_knockout
 from ..routing import chip_distinct_experts_distribution, distinct_experts_distribution
 from ..units import round_up
 from .builder import Builder, check_shapes, even_width, expert_slots
-from .layout import BLOCK, ROWS, cache_slots, kv_tile, layout_config
+from .layout import BLOCK, ROWS, cache_slots, kv_tile, kv_tiles_read, layout_config
 from .records import AllReduce, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
 
@@ -196,6 +196,23 @@ class StepPlan:
 
     def kv_tile(self, layer_type: str) -> int:
         return kv_tile(self.cache_len(layer_type), self.tiles.kv_tile, 8 * 4 // self.kv_itemsize)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """16 hex digits that change with anything the kernel's code is made from (the model, the sizes, the setup,
+        the items and loads in order): the key of its compiled schedule's rows (mk.timing.scheduled)."""
+        import hashlib
+
+        fields_ = [getattr(self, f) for f in self.__dataclass_fields__ if f not in ("knockout", "buffers")]
+        canon = repr((fields_, sorted(self.knockout), sorted(self.buffers.items())))
+        return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+    def kv_tiles_read(self, layer_type: str) -> int:
+        """KV tiles one user's attention loop reads in a layer of ``layer_type`` at the plan's context (this chip's,
+        member 0 where chips share a head's positions): the trips of that loop in the kernel."""
+        position = self.context - (self.draft_tokens + 1)  # the user's first row, the cache full after the step
+        share = self.position_share(layer_type)
+        return int(kv_tiles_read(position, self.kv_tile(layer_type), self.cache_len(layer_type), share))
 
     # Bytes -------------------------------------------------------------------------------------
     @cached_property

@@ -1,0 +1,174 @@
+"""The megakernel's step as libtpu's compiler schedules it: ``python -m mk schedule``.
+
+A plan's kernel is compiled ahead of time twice in child processes (mk.measure.bundles): as it runs, and with its
+named scopes kept as trace marks (each item's code is a scope, mk.plan.item_scope). Both compiles have the same loops
+and skippable stretches in the same order; the scoped one says what each is:
+
+- a loop whose bound is a constant runs that many times; a loop inside an ``Attend.<type>`` scope whose bound is not
+  (a user's loop over the KV tiles its position reaches) runs ``kv_tiles.<type>`` times, which mk.timing.scheduled
+  evaluates at the plan's context; any other loop without a constant bound is refused;
+- code inside a ``Routed`` scope that a branch can skip (an expert slot's work) runs the ``routed`` share of the
+  time; other skippable code is counted as run.
+
+The rows (mk.timing.scheduled.COLUMNS) go to data/schedule/ under the plan's fingerprint and libtpu's version.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from ..files import git_commit
+from ..plan import ROUTED, StepPlan
+from ..timing.scheduled import COLUMNS, KV_TILES, OTHER, PLAIN, SCOPED, STEP, schedule_file
+from ..tpu import libtpu_version
+from .bundles import Bundle, find_loops, find_skips, final_bundles, issued, parse_bundles, scope_stacks
+
+_COMPILE = """
+import pickle
+from mk.megakernel.aot import compile_plan
+with open({path!r}, "rb") as f:
+    plan = pickle.load(f)
+compile_plan(plan, {chip!r})
+"""
+
+
+def _flat(loops) -> list:
+    out = []
+    for lp in loops:
+        out.append(lp)
+        out.extend(_flat(lp.inner))
+    return out
+
+
+def _factors(scoped: list[Bundle]) -> tuple[list, list]:
+    """For each loop of the scoped compile (in order): its trips (None: its constant bound) or the factor it runs
+    by; for each skippable stretch: None (counted as run) or the factor it runs by."""
+    stacks = scope_stacks(scoped)
+    trips = []
+    for lp in _flat(find_loops(scoped)):
+        if lp.trips is not None:
+            trips.append(None)
+            continue
+        attend = [s for s in stacks[lp.start] if s.startswith("Attend.")]
+        if not attend:
+            raise ValueError(
+                f"a loop without a constant bound at bundle {scoped[lp.start].address:#x} in scopes "
+                f"{stacks[lp.start]}: only a user's loop over KV tiles (in an Attend scope) is known"
+            )
+        trips.append(KV_TILES + attend[-1].split(".", 1)[1])
+    shares = [ROUTED if ROUTED in stacks[sk.branch] else None for sk in find_skips(scoped)]
+    return trips, shares
+
+
+def _counts(bundles: list[Bundle], trips: list, shares: list, what: str) -> list:
+    loops, skips = _flat(find_loops(bundles)), find_skips(bundles)
+    if len(loops) != len(trips) or len(skips) != len(shares):
+        raise ValueError(
+            f"the {what} compile has {len(loops)} loops and {len(skips)} skippable stretches, the scoped one "
+            f"{len(trips)} and {len(shares)}: they cannot be matched"
+        )
+    by_loop = {lp.start: t for lp, t in zip(loops, trips)}
+    by_skip = {sk.branch: s for sk, s in zip(skips, shares)}
+    return issued(bundles, lambda lp: by_loop[lp.start], lambda sk: by_skip[sk.branch])
+
+
+def _rows(counts, scopes, compile_: str) -> list[dict]:
+    agg: dict[tuple[str, str], float] = {}
+    for (c, factors), scope in zip(counts, scopes):
+        if c:
+            key = (scope, "*".join(factors))
+            agg[key] = agg.get(key, 0.0) + c
+    return [dict(compile=compile_, scope=s, factors=f, bundles=b) for (s, f), b in sorted(agg.items())]
+
+
+def compile_schedule(plan: StepPlan, chip: str) -> pd.DataFrame:
+    """The rows of ``plan``'s schedule on ``chip`` (a chip, or the slice its setup splits the step over), compiled now
+    (two child processes; a whole model takes minutes and up to a GB of temporary dump)."""
+    from ..megakernel.kernel import kernel_name
+
+    with tempfile.TemporaryDirectory(prefix="mk-plan-") as d:
+        path = Path(d) / "plan.pickle"
+        path.write_bytes(pickle.dumps(plan))
+        code = _COMPILE.format(path=str(path), chip=chip)
+        t0 = time.perf_counter()
+        plain = parse_bundles(final_bundles(code, kernel_name(plan)))
+        scoped = parse_bundles(final_bundles(code, kernel_name(plan), scopes=True))
+        seconds = time.perf_counter() - t0
+    trips, shares = _factors(scoped)
+    stacks = scope_stacks(scoped)
+    rows = _rows(_counts(scoped, trips, shares, SCOPED), [s[0] if s else OTHER for s in stacks], SCOPED)
+    rows += _rows(_counts(plain, trips, shares, PLAIN), [STEP] * len(plain), PLAIN)
+    import jax
+
+    common = dict(
+        plan=plan.fingerprint,
+        libtpu=libtpu_version(),
+        model=plan.whole_model.name,
+        chip=chip,
+        context=plan.context,
+        batch=plan.users,
+        setup=plan.setup.name if plan.setup is not None else "one chip",
+        compile_s=round(seconds, 1),
+        date=datetime.date.today().isoformat(),
+        commit=git_commit(),
+        jax=jax.__version__,
+    )
+    return pd.DataFrame([dict(common, **r) for r in rows], columns=list(COLUMNS))
+
+
+def store(rows: pd.DataFrame, plan: StepPlan, folder: Path | None = None) -> Path:
+    """Write a plan's rows to data/schedule/ (or ``folder``), whole, under a temporary name renamed over the old."""
+    path = schedule_file(plan, str(rows["libtpu"].iloc[0]), folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    rows.to_csv(tmp, index=False)
+    tmp.replace(path)
+    return path
+
+
+# The plans whose schedules are kept in data/schedule/ (python -m mk schedule --refresh compiles them all): a small
+# case a test compiles again, and the write-up's points. (model, chip, context, users, setup name)
+STORED_CASES = (
+    ("tiny-moe", "tpu-v5e", 256, 1, "workbook"),
+    ("llama-3.2-1b", "tpu-v5e", 1024, 1, "workbook"),
+    ("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1, "workbook"),
+    ("gemma4-26b-a4b", "tpu-v5e-8", 1024, 8, "workbook"),
+    ("gemma4-26b-a4b", "tpu-v5e-8", 131072, 1, "workbook"),
+    ("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1, "write-up"),
+    ("gemma4-31b", "tpu-v5e-8", 1024, 1, "workbook"),
+)
+
+
+def case_plan(model, chip: str, context: int, batch: int, setup, dtype: str = "bf16") -> StepPlan:
+    """The plan mk.timing times for these arguments (``setup``: a KernelSetup or its command-line name)."""
+    from ..chips import get_chip
+    from ..config import get_config
+    from ..kernel_setup import SETUPS
+    from ..timing.work import step_plan
+
+    setup = SETUPS[setup] if isinstance(setup, str) else setup
+    cfg = get_config(model) if isinstance(model, str) else model
+    return step_plan(cfg, get_chip(chip), context, batch, dtype, setup)
+
+
+def schedule_for(plan: StepPlan, chip: str, stored: bool = False, keep: bool = False, folder: Path | None = None):
+    """``plan``'s ScheduledStep on ``chip``: compiled now (``keep``: its rows stored too), or ``stored`` ones read.
+    Raises RuntimeError without libtpu (when compiling) and LookupError without stored rows (when reading)."""
+    from ..chips import get_chip
+    from ..timing.scheduled import scheduled_step
+
+    c = get_chip(chip)
+    if stored:
+        return scheduled_step(plan, c, folder=folder)
+    if c.kind != "tpu":
+        raise ValueError(f"{chip} is not a TPU: the schedule is libtpu's")
+    rows = compile_schedule(plan, chip)
+    if keep:
+        store(rows, plan, folder)
+    return scheduled_step(plan, c, rows)

@@ -1,0 +1,191 @@
+"""The megakernel's own clock: the bundles libtpu's compiler schedules for a step, read from data/schedule/.
+
+mk.measure.compiler_schedule compiles a plan's kernel ahead of time and writes one CSV a plan (its fingerprint) and
+libtpu version: rows of bundles, each with the factors it issues per (the trips of a user's loop over a layer type's KV
+tiles, ``kv_tiles.sliding``; the share of routed expert slots that run, ``routed``) and the scope it was emitted in
+(an item's kind, mk.plan.item_scope). Rows from the kernel as it runs (``plain``) count the step; rows from the same
+kernel compiled with its named scopes kept (``scoped``) say which items the bundles belong to. This module reads them
+and evaluates them for a plan: no compile, no libtpu.
+
+The core issues one bundle a cycle unless it waits for a DMA or a semaphore, so a step's issued bundles over the
+chip's clock (data/chips.csv ``clock_hz``, derived from cited figures) is its compute time with every wait taken out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pandas as pd
+
+from ..chips import Chip
+from ..paths import SCHEDULE_DIR
+from ..plan import ROUTED, Op, StepPlan, item_scope
+from .pace import pace, pace_distribution
+
+KIND = "compiler-scheduled"
+PLAIN, SCOPED = "plain", "scoped"  # the kernel as it runs; the same kernel with its named scopes kept as marks
+STEP = "step"  # the scope of the plain compile's rows: the whole step
+OTHER = "other"  # bundles in no item's scope: loop control, set-up, the barrier between chips
+KV_TILES = "kv_tiles."  # + a layer type: the trips of one user's loop over that type's KV tiles
+COLUMNS = (
+    "plan",
+    "libtpu",
+    "model",
+    "chip",
+    "context",
+    "batch",
+    "setup",
+    "compile",
+    "scope",
+    "factors",
+    "bundles",
+    "compile_s",
+    "date",
+    "commit",
+    "jax",
+)
+
+
+def schedule_file(plan: StepPlan, libtpu: str, folder: Path | None = None) -> Path:
+    """Where a plan's rows for a libtpu version live."""
+    return Path(folder or SCHEDULE_DIR) / f"{plan.fingerprint}_libtpu-{libtpu}.csv"
+
+
+@lru_cache(maxsize=64)
+def _read(path: Path, mtime: float) -> pd.DataFrame:
+    return pd.read_csv(path, dtype={"factors": str, "plan": str, "libtpu": str}, keep_default_na=False)
+
+
+def stored_rows(plan: StepPlan, libtpu: str | None = None, folder: Path | None = None) -> pd.DataFrame | None:
+    """The stored rows of ``plan``'s schedule (for ``libtpu``, else the newest stored version), or None."""
+    found = sorted(Path(folder or SCHEDULE_DIR).glob(f"{plan.fingerprint}_libtpu-*.csv"))
+    if libtpu is not None:
+        found = [p for p in found if p == schedule_file(plan, libtpu, folder)]
+    if not found:
+        return None
+    path = max(found, key=lambda p: p.stat().st_mtime)
+    return _read(path, path.stat().st_mtime)
+
+
+def factor_values(plan: StepPlan) -> dict[str, float]:
+    """What each factor a row names is for ``plan``: the trips of a user's loop over each layer type's KV tiles at the
+    plan's context, and the share of the routed expert slots that run for the chip that sets the pace (its expected
+    distinct experts over its slots; exact where the slots run as one loop over all of them)."""
+    values = {KV_TILES + t: float(plan.kv_tiles_read(t)) for t in set(plan.cfg.layer_types)}
+    if plan.expert_slots:
+        values[ROUTED] = sum(m * p for m, p in pace_distribution(plan).items()) / plan.expert_slots
+    return values
+
+
+def evaluate(rows: pd.DataFrame, values: dict[str, float]) -> pd.Series:
+    """Each row's bundles times its factors' values."""
+
+    def times(factors: str) -> float:
+        names = [f for f in factors.split("*") if f]
+        missing = [f for f in names if f not in values]
+        if missing:
+            raise ValueError(f"the schedule's rows name factors {missing} this plan does not have")
+        return math.prod(values[f] for f in names)
+
+    return rows["bundles"] * rows["factors"].map(times)
+
+
+def item_counts(plan: StepPlan) -> dict[str, float]:
+    """How many items of each scope one step runs on the chip that sets the pace: an expert slot's items as often as
+    that slot holds an expert (mk.plan.item_scope names the scopes)."""
+    dist = pace_distribution(plan)
+    live = {j: sum(p for m, p in dist.items() if m > j) for j in range(plan.expert_slots)}
+    loads = {ld.id: ld for ld in plan.loads}
+    counts: dict[str, float] = {}
+    for it in plan.items:
+        slot = it.expert if isinstance(it, Op) else loads[it.load].expert
+        n = 1.0 if slot is None else live[slot]
+        counts[item_scope(it)] = counts.get(item_scope(it), 0.0) + n
+    return counts
+
+
+@dataclass(frozen=True)
+class ScheduledStep:
+    """A plan's step as the compiler scheduled it: bundles issued in one step (the plain compile), and by item scope
+    (the scoped compile's, scaled to the step's: the marks cost it ``scoped_overhead`` more bundles)."""
+
+    plan: StepPlan
+    chip: Chip
+    libtpu: str
+    bundles: float
+    by_scope: dict[str, float]
+    counts: dict[str, float]
+    scoped_overhead: float
+
+    @property
+    def clock_hz(self) -> float:
+        return self.chip.clock_hz
+
+    @property
+    def compute_s(self) -> float:
+        return self.bundles / self.clock_hz
+
+    @property
+    def hbm_s(self) -> float:
+        return pace(self.plan, self.chip)["hbm_floor_s"]
+
+    def ops(self) -> list[dict]:
+        """Per scope: items a step runs, bundles each, ns each (``other`` has no items)."""
+        out = []
+        for scope, b in sorted(self.by_scope.items(), key=lambda kv: -kv[1]):
+            n = self.counts.get(scope)
+            each = b / n if n else math.nan
+            out.append(dict(kind=scope, count=n, bundles=b, bundles_each=each, ns_each=each / self.clock_hz * 1e9))
+        return out
+
+    def to_dict(self) -> dict:
+        return dict(
+            kind=KIND,
+            model=self.plan.whole_model.name,
+            chip=self.chip.name,
+            context=self.plan.context,
+            batch=self.plan.users,
+            plan=self.plan.fingerprint,
+            libtpu=self.libtpu,
+            bundles_per_step=self.bundles,
+            clock_hz=self.clock_hz,
+            clock_source=self.chip.clock_source,
+            compute_ms=self.compute_s * 1e3,
+            hbm_ms=self.hbm_s * 1e3,
+            scoped_overhead=self.scoped_overhead,
+            ops=self.ops(),
+        )
+
+
+def scheduled_step(
+    plan: StepPlan, chip: Chip, rows: pd.DataFrame | None = None, folder: Path | None = None
+) -> ScheduledStep:
+    """``plan``'s step on ``chip`` from its schedule's rows (default: the ones stored in data/schedule or ``folder``).
+    Refuses a chip with no clock rate and a plan with no rows, naming the command that makes them."""
+    if math.isnan(chip.clock_hz):
+        raise ValueError(f"data/chips.csv derives no clock rate for {chip.base}; add clock_hz with its derivation")
+    rows = stored_rows(plan, folder=folder) if rows is None else rows
+    if rows is None:
+        raise LookupError(
+            f"no stored schedule for this plan ({plan.fingerprint}) in data/schedule; compile it with libtpu: "
+            "python -m mk schedule ... --store"
+        )
+    values = factor_values(plan)
+    issued = evaluate(rows, values)
+    plain, scoped = rows["compile"] == PLAIN, rows["compile"] == SCOPED
+    total, traced = float(issued[plain].sum()), float(issued[scoped].sum())
+    by_scope = issued[scoped].groupby(rows["scope"][scoped]).sum() * (total / traced)
+    return ScheduledStep(
+        plan,
+        chip,
+        str(rows["libtpu"].iloc[0]),
+        total,
+        {k: float(v) for k, v in by_scope.items()},
+        item_counts(plan),
+        traced / total - 1,
+    )
+
+
