@@ -496,6 +496,7 @@ def _add_schedule(sub) -> None:
     g.add_argument("--stored", action="store_true", help="read the rows kept in data/schedule; compile nothing")
     g.add_argument("--store", action="store_true", help="keep the compiled rows in data/schedule")
     g.add_argument("--refresh", action="store_true", help="compile and store every case data/schedule keeps")
+    g.add_argument("--missing", action="store_true", help="compile and store the kept cases data/schedule lacks")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_schedule)
 
@@ -504,9 +505,13 @@ def _run_schedule(a) -> None:
     from .measure import compiler_schedule as cs
 
     try:
-        if a.refresh:
+        if a.refresh or a.missing:
+            from .timing.scheduled import stored_rows
+
             for case in cs.STORED_CASES:
                 plan = cs.case_plan(*case)
+                if a.missing and stored_rows(plan) is not None:
+                    continue
                 print(f"{case}: {cs.schedule_for(plan, case[1], keep=True).bundles:,.0f} bundles", flush=True)
             return
         plan = cs.case_plan(a.model, a.chip, a.context, a.batch, _setup(a), a.dtype)
@@ -521,9 +526,9 @@ def _run_schedule(a) -> None:
         f"  bundles/step  {d['bundles_per_step']:12,.0f}   at {d['clock_hz'] / 1e9:.3f} GHz (derived: data/chips.csv)",
         f"  compute       {d['compute_ms']:12.4f} ms   issued bundles over the clock",
         f"  HBM           {d['hbm_ms']:12.4f} ms   the step's bytes over the chip's bandwidth",
-        f"  {'op kind':<20}{'count':>9}{'bundles':>12}{'each':>10}{'ns each':>10}",
+        f"  {'op kind (scope)':<30}{'count':>9}{'bundles':>12}{'each':>10}{'ns each':>10}",
         *(
-            f"  {o['kind']:<20}{o['count'] or 0:9.1f}{o['bundles']:12,.0f}{o['bundles_each']:10.1f}{o['ns_each']:10.1f}"
+            f"  {o['kind']:<30}{o['count'] or 0:9.1f}{o['bundles']:12,.0f}{o['bundles_each']:10.1f}{o['ns_each']:10.1f}"
             for o in d["ops"]
         ),
     ]

@@ -24,7 +24,7 @@ import plotly.io as pio
 from .files import write_atomic
 from .paths import figures_dir
 
-KINDS = ("published", "modelled", "measured")
+KINDS = ("published", "modelled", "measured", "compiler-scheduled")  # the last: libtpu's schedule, read without a TPU
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
 FOOTER_NAME = "provenance"  # the annotation's name, so a figure is never saved without one
 EXPORT_SIZE = dict(width=1000, height=600)  # layout pixels of PNG/SVG exports (PNG at twice that)

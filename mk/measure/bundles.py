@@ -6,9 +6,9 @@ an ahead-of-time compile writes the kernel's final bundles to ``DIR`` (``...-<ke
 line starts each bundle (``0x1a  :  { op ;; op ;; ... }``), ``LB:`` marks a loop body's first bundle and a comment
 names the control regions that start there (``/* Start region 731 */``); a branch names its target region
 (``sbr.rel (!%p5) target = $region731``) and is followed by ``DELAY_SLOTS`` bundles that issue whether it is taken or
-not. A loop is its first bundle to its back branch and the delay slots after it; its exit test
-(``scmp... %s, 37 /* loop exit test */``) names its bound where that is a constant. A forward branch skips the code up
-to its target: a ``pl.when`` the predicate may turn off.
+not. A loop is its first bundle to its back branch and the delay slots after it; the compare that sets the predicate
+its back branch tests (``%p5 = scmp.ge.s32... %s3, 37``, ``%s3`` its counter) names its bound where that is a
+constant. A forward branch skips the code up to its target: a ``pl.when`` the predicate may turn off.
 
 With ``--xla_enable_custom_call_region_trace=true`` as well, the kernel's named scopes (``jax.named_scope`` in a
 Pallas body) stay in the code as trace marks (``vtrace ... /* TraceMeStart(name) [ */``): :func:`scope_stacks` says
@@ -36,8 +36,7 @@ DELAY_SLOTS = 4  # bundles after a branch that issue either way (libtpu pads the
 
 # "   0x6 LB: > { ..." / "     0   :  { ...": address, an optional control-target mark, ':', loop depth marks, '{'
 _BUNDLE = re.compile(r"^\s*(0x[0-9a-fA-F]+|\d+)\s+(?:([A-Z]{2}):|:)\s*((?:>\s*)*)\{")
-_EXIT_BOUND = re.compile(r"scmp\.[a-z]+\.s32[^,]*,\s*(\d+)\s*/\*\s*loop exit test")
-_BRANCH = re.compile(r"sbr\.rel\s*(?:\([^)]*\))?\s*target\s*=\s*\$region(\d+)")
+_BRANCH = re.compile(r"sbr\.rel\s*(?:\(!?(%p\w+)\))?\s*target\s*=\s*\$region(\d+)")
 _REGION_START = re.compile(r"(?:Start|Start/End empty) region (\d+)\b")
 _TRACE = re.compile(r"TraceMe(Start|End)\(([^)]*)\)")
 _OPS = re.compile(r"\{(.*)\}", re.S)
@@ -56,7 +55,13 @@ class Bundle:
     def branch_target(self) -> int | None:
         """The control region a branch in this bundle goes to."""
         m = _BRANCH.search(self.text)
-        return int(m.group(1)) if m else None
+        return int(m.group(2)) if m else None
+
+    @property
+    def branch_predicate(self) -> str | None:
+        """The predicate register a conditional branch in this bundle tests (``%p572_p9``)."""
+        m = _BRANCH.search(self.text)
+        return m.group(1) if m else None
 
     @property
     def starts_regions(self) -> set[int]:
@@ -73,7 +78,7 @@ class Bundle:
 @dataclass
 class Loop:
     """A loop: bundles ``start`` (its ``LB``) to ``end`` (the delay slots after its back branch), indices, inclusive;
-    the loops nested in it; its trip count where its exit test names a constant bound (``None``: the caller must say)."""
+    the loops nested in it; its trip count where its exit test names a constant bound (``None``: the caller says)."""
 
     start: int
     end: int
@@ -132,28 +137,43 @@ def _branches(bundles: list[Bundle]) -> list[tuple[int, int]]:
     return out
 
 
+def _exit_bound(bundles: list[Bundle], start: int, branch: int) -> int | None:
+    """The constant a loop's back branch tests its counter against: the predicate it branches on is set by comparing
+    a counter the loop steps by one with a constant (``%p9 = scmp.ge.s32.totalorder (%p6), %s2, 15`` and ``%s2 =
+    sadd.s32 1, ...``: a ``fori_loop``'s, marked ``/* loop exit test */``, or a copy loop the compiler made), which
+    may sit in an inner loop's last bundles. Counters start at 0."""
+    pred = bundles[branch].branch_predicate
+    if pred is None:
+        return None
+    test = re.compile(re.escape(pred) + r" = scmp\.ge\.s32\.\w+\s+(?:\(!?%p\w+\),\s*)?(%s\w+),\s*(\d+)\b(.*)")
+    text = "\n".join(b.text for b in bundles[start : branch + 1])
+    m = test.search(text)
+    if m is None:
+        return None
+    marked = re.match(r"\s*/\*\s*loop exit test", m.group(3))  # a fori_loop's (its counter may be spilled)
+    stepped = re.search(re.escape(m.group(1)) + r" = sadd\.s32\s+(?:\(!?%p\w+\),\s*)?1, ", text)
+    return int(m.group(2)) if marked or stepped else None
+
+
 def find_loops(bundles: list[Bundle]) -> list[Loop]:
     """The outermost loops, each with the loops nested in it: every backward branch closes the loop from its target
     (an ``LB`` bundle) to its own delay slots."""
     spans = sorted(
-        ((t, min(i + DELAY_SLOTS, len(bundles) - 1)) for i, t in _branches(bundles) if t <= i),
+        ((t, min(i + DELAY_SLOTS, len(bundles) - 1), i) for i, t in _branches(bundles) if t <= i),
         key=lambda s: (s[0], -s[1]),
     )
-    for t, _ in spans:
+    for t, _, _ in spans:
         if bundles[t].mark != "LB":
             raise ValueError(f"a back branch goes to bundle {bundles[t].address:#x}, which is not a loop body's first")
 
-    def build(todo: list[tuple[int, int]]) -> list[Loop]:
+    def build(todo: list[tuple[int, int, int]]) -> list[Loop]:
         loops = []
         while todo:
-            s, e = todo.pop(0)
+            s, e, branch = todo.pop(0)
             inner = []
             while todo and todo[0][0] <= e:
                 inner.append(todo.pop(0))
-            kids = build(inner)
-            own = [k for k in range(s, e + 1) if not any(lp.start <= k <= lp.end for lp in kids)]
-            bounds = {int(m.group(1)) for k in own for m in _EXIT_BOUND.finditer(bundles[k].text)}
-            loops.append(Loop(s, e, bounds.pop() if len(bounds) == 1 else None, kids))
+            loops.append(Loop(s, e, _exit_bound(bundles, s, branch), build(inner)))
         return loops
 
     return build(spans)
@@ -234,21 +254,20 @@ def issued_bundles(bundles: list[Bundle], trips: dict[int, int] | None = None) -
     return sum(c for c, _ in issued(bundles, lambda lp: given.get(bundles[lp.start].address)))
 
 
-def final_bundles(
-    code: str, kernel: str, env: dict | None = None, scopes: bool = False, timeout: int = 1800
-) -> str:
+def final_bundles(code: str, kernel: str, env: dict | None = None, scopes: bool = False, timeout: int = 1800) -> str:
     """Run ``code`` (Python that compiles a Pallas kernel named ``kernel`` ahead of time, e.g. with mk.tpu.aot_compile)
-    in a child process with libtpu's dump switched on, and return that kernel's final bundles; ``scopes``: with its
-    named scopes kept as trace marks. The dump (up to a GB for a whole model) lives in a temporary folder, removed
-    afterwards. Raises RuntimeError naming what is missing (no libtpu, a compile that failed, a libtpu that writes no
-    final bundles)."""
+    in a child process with libtpu's dump of the final bundles switched on, and return that kernel's; ``scopes``: with
+    its named scopes kept as trace marks. The dump lives in a temporary folder, removed afterwards. Raises
+    RuntimeError naming what is missing (no libtpu, a compile that failed, a libtpu that writes no final bundles)."""
     import importlib.util
 
     if importlib.util.find_spec("libtpu") is None:
         raise RuntimeError("the compiler's schedule needs libtpu (pip install -r requirements-tpu.txt)")
     with tempfile.TemporaryDirectory(prefix="mk-schedule-") as d:
         child = dict(os.environ, **(env or {}))
-        flags = f"--xla_jf_dump_to={d}" + (" --xla_enable_custom_call_region_trace=true" if scopes else "")
+        # only the final bundles: the other passes' dumps are most of a GB for a whole model, and of the compile's time
+        flags = f"--xla_jf_dump_to={d} --xla_jf_dump_llo_pass_label_regex=final_bundles"
+        flags += " --xla_enable_custom_call_region_trace=true" if scopes else ""
         child["LIBTPU_INIT_ARGS"] = f"{child.get('LIBTPU_INIT_ARGS', '')} {flags}".strip()
         child.setdefault("JAX_PLATFORMS", "cpu")
         r = subprocess.run([sys.executable, "-c", code], env=child, capture_output=True, text=True, timeout=timeout)

@@ -10,7 +10,7 @@ and skippable stretches in the same order; the scoped one says what each is:
 - code inside a ``Routed`` scope that a branch can skip (an expert slot's work) runs the ``routed`` share of the
   time; other skippable code is counted as run.
 
-The rows (mk.timing.scheduled.COLUMNS) go to data/schedule/ under the plan's fingerprint and libtpu's version.
+The rows (mk.timing.scheduled.COLUMNS) go to data/schedule/ under the plan's code fingerprint and libtpu's version.
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from pathlib import Path
 import pandas as pd
 
 from ..files import git_commit
+from ..kernel_setup import SETUPS
+from ..params import KNOCKOUTS, SHARED_MLP
 from ..plan import ROUTED, StepPlan
 from ..timing.scheduled import COLUMNS, KV_TILES, OTHER, PLAIN, SCOPED, STEP, schedule_file
 from ..tpu import libtpu_version
-from .bundles import Bundle, find_loops, find_skips, final_bundles, issued, parse_bundles, scope_stacks
+from .bundles import Bundle, final_bundles, find_loops, find_skips, issued, parse_bundles, scope_stacks
 
 _COMPILE = """
 import pickle
@@ -47,13 +49,13 @@ def _flat(loops) -> list:
 
 
 def _factors(scoped: list[Bundle]) -> tuple[list, list]:
-    """For each loop of the scoped compile (in order): its trips (None: its constant bound) or the factor it runs
-    by; for each skippable stretch: None (counted as run) or the factor it runs by."""
+    """For each loop of the scoped compile (in order): its constant bound or the factor it runs by; for each
+    skippable stretch: None (counted as run) or the factor it runs by."""
     stacks = scope_stacks(scoped)
     trips = []
     for lp in _flat(find_loops(scoped)):
         if lp.trips is not None:
-            trips.append(None)
+            trips.append(lp.trips)
             continue
         attend = [s for s in stacks[lp.start] if s.startswith("Attend.")]
         if not attend:
@@ -73,6 +75,10 @@ def _counts(bundles: list[Bundle], trips: list, shares: list, what: str) -> list
             f"the {what} compile has {len(loops)} loops and {len(skips)} skippable stretches, the scoped one "
             f"{len(trips)} and {len(shares)}: they cannot be matched"
         )
+    for lp, t in zip(loops, trips):
+        if isinstance(t, int) and lp.trips != t:
+            raise ValueError(f"the {what} compile's loop at bundle {bundles[lp.start].address:#x} runs {lp.trips} "
+                             f"times, the scoped one's {t}: they cannot be matched")  # fmt: skip
     by_loop = {lp.start: t for lp, t in zip(loops, trips)}
     by_skip = {sk.branch: s for sk, s in zip(skips, shares)}
     return issued(bundles, lambda lp: by_loop[lp.start], lambda sk: by_skip[sk.branch])
@@ -87,9 +93,9 @@ def _rows(counts, scopes, compile_: str) -> list[dict]:
     return [dict(compile=compile_, scope=s, factors=f, bundles=b) for (s, f), b in sorted(agg.items())]
 
 
-def compile_schedule(plan: StepPlan, chip: str) -> pd.DataFrame:
+def compile_schedule(plan: StepPlan, chip: str, plain: bool = True) -> pd.DataFrame:
     """The rows of ``plan``'s schedule on ``chip`` (a chip, or the slice its setup splits the step over), compiled now
-    (two child processes; a whole model takes minutes and up to a GB of temporary dump)."""
+    in two child processes (a whole model takes a minute or two); ``plain=False``: the scoped compile's rows only."""
     from ..megakernel.kernel import kernel_name
 
     with tempfile.TemporaryDirectory(prefix="mk-plan-") as d:
@@ -97,17 +103,18 @@ def compile_schedule(plan: StepPlan, chip: str) -> pd.DataFrame:
         path.write_bytes(pickle.dumps(plan))
         code = _COMPILE.format(path=str(path), chip=chip)
         t0 = time.perf_counter()
-        plain = parse_bundles(final_bundles(code, kernel_name(plan)))
         scoped = parse_bundles(final_bundles(code, kernel_name(plan), scopes=True))
+        as_run = parse_bundles(final_bundles(code, kernel_name(plan))) if plain else None
         seconds = time.perf_counter() - t0
     trips, shares = _factors(scoped)
     stacks = scope_stacks(scoped)
     rows = _rows(_counts(scoped, trips, shares, SCOPED), [s[0] if s else OTHER for s in stacks], SCOPED)
-    rows += _rows(_counts(plain, trips, shares, PLAIN), [STEP] * len(plain), PLAIN)
+    if as_run is not None:
+        rows += _rows(_counts(as_run, trips, shares, PLAIN), [STEP] * len(as_run), PLAIN)
     import jax
 
     common = dict(
-        plan=plan.fingerprint,
+        plan=plan.code_fingerprint,
         libtpu=libtpu_version(),
         model=plan.whole_model.name,
         chip=chip,
@@ -133,28 +140,39 @@ def store(rows: pd.DataFrame, plan: StepPlan, folder: Path | None = None) -> Pat
 
 
 # The plans whose schedules are kept in data/schedule/ (python -m mk schedule --refresh compiles them all): a small
-# case a test compiles again, and the write-up's points. (model, chip, context, users, setup name)
+# case a test compiles again, the published points the timing model is tested against (the write-up's kernel and its
+# fixes, its knock-outs, INT8 experts, eight users, 8K; the dense model; a small one) and the workbook's kernel at
+# the contexts and users its notebooks show. (model, chip, context, users, setup, dtype, components knocked out)
+_MOE, _DENSE, _SLICE = "gemma4-26b-a4b", "gemma4-31b", "tpu-v5e-8"
+FIX_NAMES = [name for name in SETUPS if name != "users-split"]  # (a) .. (g), the write-up's fixes and the workbook's
 STORED_CASES = (
-    ("tiny-moe", "tpu-v5e", 256, 1, "workbook"),
-    ("llama-3.2-1b", "tpu-v5e", 1024, 1, "workbook"),
-    ("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1, "workbook"),
-    ("gemma4-26b-a4b", "tpu-v5e-8", 1024, 8, "workbook"),
-    ("gemma4-26b-a4b", "tpu-v5e-8", 131072, 1, "workbook"),
-    ("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1, "write-up"),
-    ("gemma4-31b", "tpu-v5e-8", 1024, 1, "workbook"),
+    ("tiny-moe", "tpu-v5e", 256, 1, "workbook", "bf16", ()),
+    ("tiny-moe", "tpu-v5e", 1024, 1, "workbook", "bf16", ()),  # notebook 11's CPU defaults
+    ("tiny-moe", "tpu-v5e", 1024, 4, "workbook", "bf16", ()),
+    ("llama-3.2-1b", "tpu-v5e", 1024, 1, "workbook", "bf16", ()),
+    ("llama-3.2-1b", _SLICE, 1024, 1, "write-up", "bf16", ()),
+    *((_MOE, _SLICE, 1024, 1, setup, "bf16", ()) for setup in FIX_NAMES),
+    *((_MOE, _SLICE, 1024, 1, "write-up", "bf16", (c,)) for c in KNOCKOUTS if c != SHARED_MLP),
+    (_MOE, _SLICE, 1024, 1, "write-up", "int8-experts", ()),
+    (_MOE, _SLICE, 1024, 8, "write-up", "bf16", ()),
+    (_MOE, _SLICE, 8192, 1, "write-up", "bf16", ()),
+    (_MOE, _SLICE, 1024, 8, "workbook", "bf16", ()),
+    (_MOE, _SLICE, 131072, 1, "workbook", "bf16", ()),
+    (_MOE, _SLICE, 131072, 8, "workbook", "bf16", ()),
+    (_DENSE, _SLICE, 1024, 1, "write-up", "bf16", ()),
+    (_DENSE, _SLICE, 1024, 1, "workbook", "bf16", ()),
 )
 
 
-def case_plan(model, chip: str, context: int, batch: int, setup, dtype: str = "bf16") -> StepPlan:
+def case_plan(model, chip: str, context: int, batch: int, setup, dtype: str = "bf16", knockout=()) -> StepPlan:
     """The plan mk.timing times for these arguments (``setup``: a KernelSetup or its command-line name)."""
     from ..chips import get_chip
     from ..config import get_config
-    from ..kernel_setup import SETUPS
     from ..timing.work import step_plan
 
     setup = SETUPS[setup] if isinstance(setup, str) else setup
     cfg = get_config(model) if isinstance(model, str) else model
-    return step_plan(cfg, get_chip(chip), context, batch, dtype, setup)
+    return step_plan(cfg, get_chip(chip), context, batch, dtype, setup, frozenset(knockout))
 
 
 def schedule_for(plan: StepPlan, chip: str, stored: bool = False, keep: bool = False, folder: Path | None = None):

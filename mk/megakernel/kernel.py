@@ -165,7 +165,7 @@ class EmitContext:
         """Code for one item; ``ld`` is its load, with offsets and slot possibly traced (in a loop). Each item's code
         is a named scope (mk.plan.item_scope): libtpu drops the marks unless asked to keep them (mk.measure.bundles
         reads them to say which item the compiler's bundles belong to)."""
-        with jax.named_scope(item_scope(item)):
+        with jax.named_scope(item_scope(item, ld)):
             self._emit(item, ld)
 
     def _emit(self, item, ld: Load | None):
@@ -389,7 +389,6 @@ def build_call(
         )
     if plan.draft_tokens and SLIDING in plan.cfg.layer_types and plan.draft_tokens >= plan.cfg.sliding_window:
         raise ValueError(f"draft_tokens={plan.draft_tokens}: drafts must be fewer than the sliding window")
-    cfg = plan.cfg
     in_shapes = input_shapes(plan, weight_dtype, kv_dtype)
     if probe:
         in_shapes = in_shapes._replace(acts=activation_shapes(plan))

@@ -335,11 +335,16 @@ Item = Start | Wait | Op
 ROUTED = "Routed"  # the kernel's named scope around code that runs only for an expert slot some user routed to
 
 
-def item_scope(item: Item) -> str:
-    """The named scope the kernel emits an item's code in: ``Start``, ``Wait`` or the op's kind, an attention op's with
-    its layer type (its loop over KV tiles runs as often as that type's cache is long)."""
+def item_scope(item: Item, load: Load | None = None) -> str:
+    """The named scope the kernel emits an item's code in: its kind; a weight tile's DMA start or wait and its matrix
+    product with the tile's component (``MatmulTile.experts``); an attention op with its layer type (its loop over KV
+    tiles runs as often as that type's cache is long). ``load``: a Start's or Wait's tile."""
     if isinstance(item, Attend):
         return f"Attend.{item.layer_type}"
+    if isinstance(item, (Start, Wait)):
+        return f"{type(item).__name__}.{load.component}"
+    if isinstance(item, MatmulTile):
+        return f"MatmulTile.{item.component}"
     return type(item).__name__
 
 

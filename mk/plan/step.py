@@ -18,7 +18,7 @@ from ..routing import chip_distinct_experts_distribution, distinct_experts_distr
 from ..units import round_up
 from .builder import Builder, check_shapes, even_width, expert_slots
 from .layout import BLOCK, ROWS, cache_slots, kv_tile, kv_tiles_read, layout_config
-from .records import AllReduce, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
+from .records import AllReduce, Attend, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
 
 
@@ -198,13 +198,20 @@ class StepPlan:
         return kv_tile(self.cache_len(layer_type), self.tiles.kv_tile, 8 * 4 // self.kv_itemsize)
 
     @cached_property
-    def fingerprint(self) -> str:
+    def code_fingerprint(self) -> str:
         """16 hex digits that change with anything the kernel's code is made from (the model, the sizes, the setup,
-        the items and loads in order): the key of its compiled schedule's rows (mk.timing.scheduled)."""
+        the items and loads in order, the KV tile of each layer type), but not with the context, which only sets how
+        often each user's loop over KV tiles runs: the key of the compiled schedule's rows (mk.timing.scheduled)."""
         import hashlib
+        from dataclasses import replace
 
-        fields_ = [getattr(self, f) for f in self.__dataclass_fields__ if f not in ("knockout", "buffers")]
-        canon = repr((fields_, sorted(self.knockout), sorted(self.buffers.items())))
+        skip = ("knockout", "buffers", "items", "max_len", "context")
+        fields_ = [getattr(self, f) for f in self.__dataclass_fields__ if f not in skip]
+        items = [
+            replace(it, flops=0, kv_bytes=0, serial_bytes=0) if isinstance(it, Attend) else it for it in self.items
+        ]
+        tiles = [(t, self.kv_tile(t)) for t in sorted(set(self.cfg.layer_types))]
+        canon = repr((fields_, sorted(self.knockout), sorted(self.buffers.items()), items, tiles))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
     def kv_tiles_read(self, layer_type: str) -> int:

@@ -12,7 +12,7 @@ def timeline(
     chip,
     distinct: dict[int, int] | None = None,
     op_overhead_s: float = 0.0,
-    dma_issue_s: float = 0.0,
+    dma_issue_s: float | Callable[[Load], float] = 0.0,
     ici_latency_s: float = 0.0,
     compute_s: Callable[[Op], float] | None = None,
     load_bytes: Callable[[Load], float] | None = None,
@@ -20,7 +20,9 @@ def timeline(
     """The DMA engine serves weight tiles in the order the plan issues them at the chip's HBM bandwidth;
     compute runs the ops in order, each waiting for its tile, at the chip's bf16 FLOP/s plus a fixed
     ``op_overhead_s`` per op (loop step, semaphore wait, vector setup) and ``dma_issue_s`` per DMA it
-    issues (assumed costs, not measured: with both zero the model has no cost but bytes and FLOPs). An op's
+    issues (a number, or a function of the load; with both zero the model has no cost but bytes and FLOPs).
+    ``compute_s(op)``: an op's time on the core (default its FLOPs at the chip's rate; mk.timing gives the compiler's
+    scheduled bundles where it has them). An op's
     ``kv_bytes`` share the DMA engine with the weights; its ``serial_bytes`` are read while compute
     waits (lane "dma (serial)": the prologue, the first KV tile of each user and layer, the router ids,
     the write-back block, the token ids out). A cross-chip op's ``sent_bytes`` leave over one link at the
@@ -85,7 +87,7 @@ def _walk(
             ld = loads[it.load]
             if not fetched(ld.expert, ld.layer):
                 continue
-            issued_at += dma_issue_s  # the core spends this issuing the DMA
+            issued_at += dma_issue_s(ld) if callable(dma_issue_s) else dma_issue_s  # the core issuing the DMA
             compute_free = max(compute_free, issued_at)
             s = max(dma_free, issued_at)
             dma_free = s + load_bytes(ld) / bw

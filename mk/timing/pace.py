@@ -14,19 +14,29 @@ from .work import compute_seconds, link_latency, load_bytes
 
 
 def megakernel_costs(plan: StepPlan, chip: Chip, dtype: str = "bf16", **assumed) -> dict:
-    """What mk.plan.timeline charges on ``chip`` for ``plan`` under ``dtype``: the assumed per-op and
-    per-DMA-issue costs (data/timing.csv, or ``assumed``), the link latency, each op's compute time and each
-    weight tile's bytes."""
-    compute, nbytes = compute_seconds(plan, chip), load_bytes(dtype)
-    # each op's and tile's cost once: the pacing chip's variants walk the same plan many times
+    """What mk.plan.timeline charges on ``chip`` for ``plan`` under ``dtype``: the core's cost of each op and DMA
+    start, the link latency and each weight tile's bytes. The core's costs are the compiler's schedule where
+    data/schedule has the plan's (mk.timing.scheduled) and no cost is ``assumed``; otherwise each op's FLOPs at the
+    chip's rate plus the assumed per-op and per-DMA-issue costs (data/timing.csv's, or ``assumed``: a sensitivity)."""
+    nbytes = load_bytes(dtype)
+    load_b = {id(ld): nbytes(ld) for ld in plan.loads}  # once: the pacing chip's variants walk the plan many times
+    common = dict(ici_latency_s=link_latency(chip), load_bytes=lambda ld: load_b[id(ld)])
+    scheduled = op_costs(plan, chip, **assumed)
+    if scheduled is not None:
+        return dict(common, **{k: v for k, v in scheduled.items() if k != "source"})
+    compute = compute_seconds(plan, chip)
     op_s = {id(op): compute(op) for op in plan.ops}
-    load_b = {id(ld): nbytes(ld) for ld in plan.loads}
-    return dict(
-        assumed_costs(chip.kind, **assumed),
-        ici_latency_s=link_latency(chip),
-        compute_s=lambda op: op_s[id(op)],
-        load_bytes=lambda ld: load_b[id(ld)],
-    )
+    return dict(assumed_costs(chip.kind, **assumed), compute_s=lambda op: op_s[id(op)], **common)
+
+
+def op_costs(plan: StepPlan, chip: Chip, **assumed) -> dict | None:
+    """The compiler-scheduled costs of the core for ``plan`` (mk.timing.scheduled.scheduled_costs), unless a cost is
+    ``assumed`` (a sensitivity) or data/schedule has none for it: then None."""
+    from .scheduled import scheduled_costs
+
+    if any(v is not None for v in assumed.values()):
+        return None
+    return scheduled_costs(plan, chip)
 
 
 def pace_distribution(plan: StepPlan) -> dict[int, float]:

@@ -14,7 +14,8 @@ from ..sol import get_dtype, speed_of_light
 from ..units import ms_entry, positive_int
 from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant
 from .general_stack import general_step, kernel_cost, kernels_per_plan_kernel
-from .pace import pace
+from .pace import op_costs, pace
+from .scheduled import KIND
 from .work import check_speculation, link_latency, step_plan
 
 ENGINES = ("megakernel", "general")
@@ -44,6 +45,9 @@ class Prediction:
     draft_tokens: int = 0  # tokens drafted per user and verified in the step
     tokens_per_round: float = 1.0
     drafter_s: float = 0.0  # a round's drafting outside the step (Gemma 4's assistant: one program per draft)
+    # megakernel: where the core's costs come from: the compiler's schedule (mk.timing.scheduled) or data/timing.csv's
+    # assumed costs (none where the engine is the general stack)
+    op_costs: str = ""
 
     @property
     def round_s(self) -> float:
@@ -83,6 +87,7 @@ class Prediction:
             fraction_of_sol=self.fraction_of_sol,
             sol_tokens_per_s=1.0 / self.sol_step_s,
             kernels_per_step=self.kernels_per_step,
+            op_costs=self.op_costs,
             fits_in_hbm=self.fits_in_hbm,
             models=self.models,
             components_ms={k: v * 1e3 for k, v in self.components.items()},
@@ -155,8 +160,10 @@ def predict(
             f"{setup.attention_split}; model mk.kernel_setup.VERIFYING_KERNEL, or setup.but(attention_split='heads')"
         )
     plan = step_plan(cfg, chip, context, batch, dtype, setup, knockout)
+    scheduled = op_costs(plan, chip, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
     costs = assumed_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
-    paced = pace(plan, chip, dtype, **costs)
+    paced = pace(plan, chip, dtype, **({} if scheduled else costs))
+    cost_words = scheduled["source"] if scheduled else assumed_label(costs)
     if chip.chips > 1:
         who = "the busiest chip (whole experts)" if plan.experts_held < cfg.num_experts else "every chip"
         models = f"megakernel on {chip.chips} chips, {setup.name}, paced by {who}"
@@ -174,10 +181,10 @@ def predict(
         raise ValueError("assistant: a drafter's cost is modelled with a setup that verifies K drafted tokens")
     p = Prediction(
         cfg.name, chip.name, context, batch, dtype, "megakernel", str(setup.placement) if chip.chips > 1 else "-",
-        setup.name, paced["step_s"], sol.step_s, 1, models + f"; {assumed_label(costs)}", fits,
+        setup.name, paced["step_s"], sol.step_s, 1, models + f"; {cost_words}", fits,
         breakdown=paced, draft_tokens=k, tokens_per_round=per_round, drafter_s=drafter_s,
     )  # fmt: skip
-    return _with_constants(p, chip, None, costs)
+    return _with_constants(p, chip, None, None if scheduled else costs, scheduled and scheduled["source"])
 
 
 def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch: int, dtype: str, k: int) -> float:
@@ -196,7 +203,9 @@ def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch
     return k * per_draft
 
 
-def _with_constants(p: Prediction, chip: Chip, kernel_s: float | None, costs: dict | None = None) -> Prediction:
+def _with_constants(
+    p: Prediction, chip: Chip, kernel_s: float | None, costs: dict | None = None, scheduled: str | None = None
+) -> Prediction:
     used = {"matmul_rows": f"{chip_constant('matmul_rows', chip).value:g} (cited)"}
     if chip.chips > 1:
         used["ici_hop_latency_s"] = f"{link_latency(chip):g} (cited)"
@@ -206,11 +215,15 @@ def _with_constants(p: Prediction, chip: Chip, kernel_s: float | None, costs: di
             f"(fitted to {constant('kernel_s', chip.kind).fit_to})" if fitted else "(given)"
         )
         used["kernels_per_plan_kernel"] = f"{kernels_per_plan_kernel():.3f} (published count / plan count)"
-    else:
-        for name, value in costs.items():
-            default = value == constant(name, chip.kind).value
-            used[name] = f"{value:g} ({'assumed, data/timing.csv' if default else 'given'})"
-    return dataclasses.replace(p, constants=used)
+        return dataclasses.replace(p, constants=used)
+    if scheduled:  # the core's time is the compiler's bundles, not FLOPs at a padded rate
+        del used["matmul_rows"]
+        used["op_costs"] = scheduled
+        return dataclasses.replace(p, constants=used, op_costs=KIND)
+    for name, value in costs.items():
+        default = value == constant(name, chip.kind).value
+        used[name] = f"{value:g} ({'assumed, data/timing.csv' if default else 'given'})"
+    return dataclasses.replace(p, constants=used, op_costs="assumed")
 
 
 def step_breakdown(model, chip, context: int, batch: int = 1, dtype: str = "bf16", **kw) -> dict:

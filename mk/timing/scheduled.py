@@ -1,11 +1,12 @@
 """The megakernel's own clock: the bundles libtpu's compiler schedules for a step, read from data/schedule/.
 
-mk.measure.compiler_schedule compiles a plan's kernel ahead of time and writes one CSV a plan (its fingerprint) and
-libtpu version: rows of bundles, each with the factors it issues per (the trips of a user's loop over a layer type's KV
-tiles, ``kv_tiles.sliding``; the share of routed expert slots that run, ``routed``) and the scope it was emitted in
-(an item's kind, mk.plan.item_scope). Rows from the kernel as it runs (``plain``) count the step; rows from the same
+mk.measure.compiler_schedule compiles a plan's kernel ahead of time and writes one CSV a kernel's code (the plan's
+code fingerprint, which plans at any context with KV tiles of the same size share) and libtpu version: rows of
+bundles, each with the factors it issues per (the trips of a user's loop over a layer type's KV tiles,
+``kv_tiles.sliding``; the share of routed expert slots that run, ``Routed``) and the scope it was emitted in (an
+item's kind, mk.plan.item_scope). Rows from the kernel as it runs (``plain``) count the step; rows from the same
 kernel compiled with its named scopes kept (``scoped``) say which items the bundles belong to. This module reads them
-and evaluates them for a plan: no compile, no libtpu.
+and evaluates them for a plan at its own context: no compile, no libtpu.
 
 The core issues one bundle a cycle unless it waits for a DMA or a semaphore, so a step's issued bundles over the
 chip's clock (data/chips.csv ``clock_hz``, derived from cited figures) is its compute time with every wait taken out.
@@ -22,7 +23,7 @@ import pandas as pd
 
 from ..chips import Chip
 from ..paths import SCHEDULE_DIR
-from ..plan import ROUTED, Op, StepPlan, item_scope
+from ..plan import ROUTED, Op, StepPlan, Wait, item_scope
 from .pace import pace, pace_distribution
 
 KIND = "compiler-scheduled"
@@ -51,7 +52,7 @@ COLUMNS = (
 
 def schedule_file(plan: StepPlan, libtpu: str, folder: Path | None = None) -> Path:
     """Where a plan's rows for a libtpu version live."""
-    return Path(folder or SCHEDULE_DIR) / f"{plan.fingerprint}_libtpu-{libtpu}.csv"
+    return Path(folder or SCHEDULE_DIR) / f"{plan.code_fingerprint}_libtpu-{libtpu}.csv"
 
 
 @lru_cache(maxsize=64)
@@ -61,7 +62,7 @@ def _read(path: Path, mtime: float) -> pd.DataFrame:
 
 def stored_rows(plan: StepPlan, libtpu: str | None = None, folder: Path | None = None) -> pd.DataFrame | None:
     """The stored rows of ``plan``'s schedule (for ``libtpu``, else the newest stored version), or None."""
-    found = sorted(Path(folder or SCHEDULE_DIR).glob(f"{plan.fingerprint}_libtpu-*.csv"))
+    found = sorted(Path(folder or SCHEDULE_DIR).glob(f"{plan.code_fingerprint}_libtpu-*.csv"))
     if libtpu is not None:
         found = [p for p in found if p == schedule_file(plan, libtpu, folder)]
     if not found:
@@ -101,9 +102,10 @@ def item_counts(plan: StepPlan) -> dict[str, float]:
     loads = {ld.id: ld for ld in plan.loads}
     counts: dict[str, float] = {}
     for it in plan.items:
-        slot = it.expert if isinstance(it, Op) else loads[it.load].expert
-        n = 1.0 if slot is None else live[slot]
-        counts[item_scope(it)] = counts.get(item_scope(it), 0.0) + n
+        load = None if isinstance(it, Op) else loads[it.load]
+        slot = it.expert if load is None else load.expert
+        scope = item_scope(it, load)
+        counts[scope] = counts.get(scope, 0.0) + (1.0 if slot is None else live[slot])
     return counts
 
 
@@ -148,7 +150,7 @@ class ScheduledStep:
             chip=self.chip.name,
             context=self.plan.context,
             batch=self.plan.users,
-            plan=self.plan.fingerprint,
+            plan=self.plan.code_fingerprint,
             libtpu=self.libtpu,
             bundles_per_step=self.bundles,
             clock_hz=self.clock_hz,
@@ -170,7 +172,7 @@ def scheduled_step(
     rows = stored_rows(plan, folder=folder) if rows is None else rows
     if rows is None:
         raise LookupError(
-            f"no stored schedule for this plan ({plan.fingerprint}) in data/schedule; compile it with libtpu: "
+            f"no stored schedule for this plan ({plan.code_fingerprint}) in data/schedule; compile it with libtpu: "
             "python -m mk schedule ... --store"
         )
     values = factor_values(plan)
@@ -189,3 +191,37 @@ def scheduled_step(
     )
 
 
+_COSTS: dict[tuple, dict | None] = {}
+
+
+def scheduled_costs(plan: StepPlan, chip: Chip) -> dict | None:
+    """The core's costs mk.plan.timeline charges, from the stored schedule of ``plan`` on ``chip`` (None where none is
+    stored or the chip has no clock rate): an op's issued bundles with its tile's wait (``compute_s``), a DMA start's
+    by its tile's component (``dma_issue_s``), and the bundles in no item's scope (loop control, set-up) spread over
+    the ops a step runs (``op_overhead_s``), each over the clock."""
+    key = (plan.code_fingerprint, plan.context, chip.name)
+    if key not in _COSTS:
+        try:
+            s = scheduled_step(plan, chip)
+        except (LookupError, ValueError):
+            _COSTS[key] = None
+        else:
+            _COSTS[key] = _costs(s)
+    return _COSTS[key]
+
+
+def _costs(s: ScheduledStep) -> dict:
+    each = {o["kind"]: o["bundles_each"] / s.clock_hz for o in s.ops() if o["count"]}
+    loads = {ld.id: ld for ld in s.plan.loads}
+    ops = sum(n for scope, n in s.counts.items() if not scope.startswith(("Start.", "Wait.")))
+
+    def compute_s(op: Op) -> float:
+        wait = 0.0 if op.load is None else each.get(item_scope(Wait(op.load), loads[op.load]), 0.0)
+        return each.get(item_scope(op), 0.0) + wait
+
+    return dict(
+        compute_s=compute_s,
+        dma_issue_s=lambda ld: each.get(f"Start.{ld.component}", 0.0),
+        op_overhead_s=s.by_scope.get(OTHER, 0.0) / ops / s.clock_hz,
+        source=f"{KIND} (libtpu {s.libtpu}, code {s.plan.code_fingerprint})",
+    )

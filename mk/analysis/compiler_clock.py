@@ -1,0 +1,103 @@
+"""The kernel's own clock as tables (notebook 11): where the compiler's scheduled bundles go, the step's issue time
+against its HBM time by context and users, and the cost per op it implies beside the assumed one. Every number is read
+from data/schedule/ (mk.timing.scheduled), compiled once by ``python -m mk schedule``."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..chips import get_chip
+from ..kernel_setup import KernelSetup
+from ..plan import StepPlan
+from ..timing import predict, step_plan
+from ..timing.constants import assumed_costs
+from ..timing.scheduled import KIND, OTHER, ScheduledStep, scheduled_step
+
+
+def scope_table(step: ScheduledStep) -> pd.DataFrame:
+    """One row per scope of the step's code (mk.plan.item_scope: an op kind, a weight tile's start, wait or product by
+    component, ``other`` for loop control and set-up): items a step runs, bundles, bundles and ns each, share."""
+    t = pd.DataFrame(step.ops())
+    parts = t.kind.str.partition(".")
+    kind, detail = parts[0], parts[2]
+    return t.assign(
+        op_kind=kind, detail=detail, share=t.bundles / step.bundles, ns=t.bundles / step.clock_hz * 1e9
+    ).assign(kind_of_number=KIND)[["kind", "op_kind", "detail", "count", "bundles", "bundles_each", "ns_each", "ns",
+                                   "share", "kind_of_number"]]  # fmt: skip
+
+
+def op_kind_table(step: ScheduledStep) -> pd.DataFrame:
+    """:func:`scope_table` summed by op kind (a weight tile's DMA start and wait and every matrix product together)."""
+    t = scope_table(step)
+    g = t.groupby("op_kind", sort=False).agg(count=("count", "sum"), bundles=("bundles", "sum"), ns=("ns", "sum"))
+    g["ns_each"] = g.ns / g["count"].where(g["count"] > 0)
+    g["share"] = g.bundles / step.bundles
+    return g.sort_values("bundles", ascending=False).reset_index().assign(kind_of_number=KIND)
+
+
+def plan_for(model, chip: str, context: int, users: int, setup: KernelSetup, dtype: str = "bf16") -> StepPlan:
+    from ..config import get_config
+
+    return step_plan(get_config(model) if isinstance(model, str) else model, get_chip(chip), context, users, dtype,
+                     setup)  # fmt: skip
+
+
+def issue_against_hbm(model, chip: str, contexts, users, setup: KernelSetup) -> pd.DataFrame:
+    """For each context and users: the step's issued bundles and their time at the chip's clock (compute with every
+    wait taken out) beside the HBM time of the same step's bytes, from the stored schedule of the plan's code (rows
+    without one say so and carry no numbers)."""
+    c = get_chip(chip)
+    rows = []
+    for b in users:
+        for n in contexts:
+            plan = plan_for(model, chip, n, b, setup)
+            row = dict(model=plan.whole_model.name, chip=c.name, context=n, users=b, code=plan.code_fingerprint)
+            try:
+                s = scheduled_step(plan, c)
+            except LookupError:
+                rows.append(dict(row, stored=False))
+                continue
+            rows.append(
+                dict(
+                    row, stored=True, bundles=s.bundles, compute_ms=s.compute_s * 1e3, hbm_ms=s.hbm_s * 1e3,
+                    compute_over_hbm=s.compute_s / s.hbm_s,
+                )
+            )  # fmt: skip
+    return pd.DataFrame(rows).assign(kind=f"{KIND} + modelled (the HBM time: mk.timing.pace's floor)")
+
+
+def per_op_costs(step: ScheduledStep) -> pd.DataFrame:
+    """The cost per op the schedule gives (its compute time over the ops a step runs, and the bundles in no item's
+    scope alone, spread the same way) beside the assumed per-op cost data/timing.csv charges by default."""
+    ops = sum(n for scope, n in step.counts.items() if not scope.startswith(("Start.", "Wait.")))
+    assumed = assumed_costs(step.chip.kind)["op_overhead_s"]
+    return pd.DataFrame(
+        [
+            dict(cost="every issued bundle, per op", ns_per_op=step.compute_s / ops * 1e9, kind=KIND),
+            dict(
+                cost="bundles in no op's scope (loop control, set-up), per op",
+                ns_per_op=step.by_scope.get(OTHER, 0.0) / step.clock_hz / ops * 1e9,
+                kind=KIND,
+            ),
+            dict(cost="assumed per op (data/timing.csv)", ns_per_op=assumed * 1e9, kind="modelled (assumed)"),
+        ]
+    ).assign(ops_per_step=ops)
+
+
+def scheduled_against_assumed(model, chip: str, contexts, users, setup: KernelSetup) -> pd.DataFrame:
+    """The modelled step (mk.timing.predict) with the core's costs from the compiler's schedule, where data/schedule
+    has the plan's (``op_costs`` says), against the same step with data/timing.csv's assumed costs."""
+    c = get_chip(chip)
+    costs = assumed_costs(c.kind)
+    rows = []
+    for b in users:
+        for n in contexts:
+            sched, assumed = predict(model, c, n, b, setup=setup), predict(model, c, n, b, setup=setup, **costs)
+            rows.append(
+                dict(
+                    model=sched.model, context=n, users=b, op_costs=sched.op_costs, step_ms=sched.step_s * 1e3,
+                    assumed_step_ms=assumed.step_s * 1e3, fraction_of_sol=sched.fraction_of_sol,
+                    assumed_fraction_of_sol=assumed.fraction_of_sol,
+                )
+            )  # fmt: skip
+    return pd.DataFrame(rows).assign(kind="modelled (mk.timing.predict: compiler-scheduled or assumed costs)")

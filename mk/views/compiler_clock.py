@@ -1,0 +1,50 @@
+"""The kernel's own clock drawn (mk.analysis.compiler_clock's tables): the step's issued bundles by op kind, and its
+issue time against its HBM time by context and users."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from ..figures import context_ticks, template_colours
+
+BAR_PX = 26  # pixels a bar takes
+ROOM = 1.25  # the axis runs to this multiple of the longest bar: room for its label
+
+
+def op_kind_figure(t: pd.DataFrame, title: str) -> go.Figure:
+    """Microseconds a step issues per op kind (mk.analysis.compiler_clock.op_kind_table), longest first, each bar's
+    time and share written beside it."""
+    us = t.ns / 1e3
+    labels = [f"{u:.3g} µs ({s:.0%})" for u, s in zip(us, t.share)]
+    fig = go.Figure(
+        go.Bar(
+            x=us, y=t.op_kind, orientation="h", text=labels, textposition="outside", cliponaxis=False,
+            marker_color=template_colours()[0], customdata=t["count"],
+            hovertemplate="%{y}: %{x:.4g} µs a step, %{customdata:.4g} a step<extra></extra>",
+        )
+    )  # fmt: skip
+    fig.update_yaxes(autorange="reversed", ticksuffix="  ")
+    fig.update_xaxes(range=[0, float(us.max()) * ROOM], title_text="µs a step (issued bundles over the clock)")
+    fig.update_layout(title=title, height=len(t) * BAR_PX + 260, margin=dict(l=170, t=110, b=120), showlegend=False)
+    return fig
+
+
+def issue_figure(t: pd.DataFrame, title: str) -> go.Figure:
+    """The step's issue time (solid) and its HBM time (dashed) against context, one colour per number of users
+    (mk.analysis.compiler_clock.issue_against_hbm's rows that have a stored schedule)."""
+    t = t[t.stored]
+    fig = go.Figure()
+    for colour, (users, g) in zip(template_colours(), t.groupby("users")):
+        g = g.sort_values("context")
+        for column, dash, what in (("compute_ms", "solid", "issue"), ("hbm_ms", "dash", "HBM")):
+            fig.add_scatter(
+                x=g.context, y=g[column], mode="lines+markers", line=dict(color=colour, dash=dash),
+                name=f"{users} user{'s' * (users > 1)}: {what}",
+                hovertemplate=f"{users} user(s), {what}: %{{y:.4g}} ms at %{{x}} positions<extra></extra>",
+            )  # fmt: skip
+    ticks, labels = context_ticks(sorted(set(t.context)))
+    fig.update_xaxes(type="log", tickvals=ticks, ticktext=labels, title_text="positions in the KV cache")
+    fig.update_yaxes(type="log", title_text="ms a step")
+    fig.update_layout(title=title)
+    return fig

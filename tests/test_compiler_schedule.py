@@ -1,0 +1,75 @@
+"""The megakernel's step as libtpu schedules it (mk.measure.compiler_schedule, mk.timing.scheduled): the stored rows
+of a small case are what the compiler gives today, and a step's counted bundles grow with its context and its users
+as the plan says they should."""
+
+import importlib.util
+
+import pandas as pd
+import pytest
+
+from mk.chips import get_chip
+from mk.measure.compiler_schedule import STORED_CASES, case_plan, compile_schedule, schedule_for
+from mk.timing.scheduled import KV_TILES, PLAIN, SCOPED, evaluate, factor_values, scheduled_step, stored_rows
+
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="the schedule needs libtpu")
+ROW = ["compile", "scope", "factors", "bundles"]
+
+
+def _sorted(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[ROW].sort_values(ROW[:3]).reset_index(drop=True)
+
+
+def test_every_stored_case_has_rows_and_they_add_up():
+    """data/schedule holds each case the refresh command compiles: the scoped rows' total within 10% of the step's
+    (the marks' own cost), each item kind named by the plan, and the step's time is its bundles over the clock."""
+    for case in STORED_CASES:
+        plan = case_plan(*case)
+        rows = stored_rows(plan)
+        assert rows is not None, f"{case} has no stored rows: python -m mk schedule --refresh"
+        s = scheduled_step(plan, get_chip(case[1]), rows)
+        assert 0 <= s.scoped_overhead < 0.10
+        assert set(s.by_scope) - {"other"} <= set(s.counts)
+        assert s.compute_s == pytest.approx(s.bundles / 1.97e14 * (4 * 128 * 128 * 2))
+
+
+@needs_libtpu
+def test_the_stored_small_case_is_what_the_compiler_gives_today():
+    case = STORED_CASES[0]
+    plan = case_plan(*case)
+    today = compile_schedule(plan, case[1])
+    pd.testing.assert_frame_equal(_sorted(today), _sorted(stored_rows(plan)))
+    # it has work that runs per KV tile and per routed expert slot, and the rows of both compiles
+    assert {f for f in today["factors"] if f} >= {KV_TILES + "sliding", KV_TILES + "full", "Routed"}
+    assert set(today["compile"]) == {PLAIN, SCOPED}
+
+
+@needs_libtpu
+def test_a_steps_bundles_grow_with_context_and_users():
+    """The same kernel at twice the context runs each full-attention layer's loop over KV tiles twice as often: the
+    step's counted bundles grow by exactly those loops' bundles times the extra tiles. Two users issue more than one."""
+    counted, rows = {}, {}
+    for context, users in ((1024, 1), (2048, 1), (1024, 2)):
+        plan = case_plan("tiny-dense", "tpu-v5e", context, users, "workbook")
+        rows[context, users] = r = compile_schedule(plan, "tpu-v5e", plain=False)
+        counted[context, users] = (evaluate(r, factor_values(plan)).sum(), factor_values(plan))
+    (short, at_short), (long, at_long) = counted[1024, 1], counted[2048, 1]
+    per_tile = rows[1024, 1].groupby("factors")["bundles"].sum()
+    extra = sum(per_tile[f] * (at_long[f] - at_short[f]) for f in at_short)
+    assert at_long[KV_TILES + "full"] > at_short[KV_TILES + "full"] and extra > 0
+    assert long - short == extra
+    assert counted[1024, 2][0] > short
+
+
+def test_without_libtpu_or_stored_rows_one_line_says_what_is_missing(monkeypatch, tmp_path, capsys):
+    import importlib.util as iu
+
+    from mk.__main__ import main
+
+    real = iu.find_spec
+    monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
+    with pytest.raises(SystemExit) as e:
+        main(["schedule", "--model", "tiny-dense", "--chip", "tpu-v5e"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "needs libtpu" in err
+    with pytest.raises(LookupError, match="no stored schedule"):
+        schedule_for(case_plan("tiny-dense", "tpu-v5e", 64, 1, "workbook"), "tpu-v5e", stored=True, folder=tmp_path)
