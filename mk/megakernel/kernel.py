@@ -17,7 +17,7 @@ expert count padded to multiples of 128 with zeros, which leaves every result ex
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 import jax
@@ -31,7 +31,6 @@ from ..config import SLIDING, ModelConfig
 from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..params import NORMS, check_knockout
 from ..plan import (
-    BLOCK,
     LANE,
     ROUTED,
     ROWS,
@@ -81,6 +80,7 @@ from .refs import (
     output_shapes,
     scratch_shapes,
 )
+from .repeats import at_load, at_op, shift_op
 from .stream import WeightStream
 
 # One emit function per op kind: adding a kind means its record (mk.plan.records), an entry here, a test.
@@ -255,8 +255,8 @@ def _emit_layer_loop(k: EmitContext, seq: Seq, ll: LayerLoop):
         items = []
         for a, b in zip(first, second):
             if a.load is not None:
-                loads[a.load] = _at_load(seq.loads[a.load], seq.loads[b.load], r, slots)
-            items.append(a if isinstance(a, (Start, Wait)) else _shift_op(a, b, r))
+                loads[a.load] = at_load(seq.loads[a.load], seq.loads[b.load], r, slots)
+            items.append(a if isinstance(a, (Start, Wait)) else shift_op(a, b, r))
         _emit(k, Seq(items, body_groups, ll.body, loads))
         return carry
 
@@ -284,14 +284,14 @@ def _emit_loop(k: EmitContext, seq: Seq, loop: Loop):
             for a, b in zip(body[j], nxt[j]):
                 if isinstance(a, Start):
                     continue
-                ld = _at_load(_load(seq, a), _load(seq, b), r, slots) if a.load is not None else None
-                k.emit(_at_op(a, b, r) if isinstance(a, Op) else a, ld)
+                ld = at_load(_load(seq, a), _load(seq, b), r, slots) if a.load is not None else None
+                k.emit(at_op(a, b, r) if isinstance(a, Op) else a, ld)
             for lo, hi, first, second in runs[j]:
 
                 def start(lo=lo, first=first, second=second):
                     ld = seq.loads[first.id]
                     if second is not None:
-                        ld = _at_load(ld, seq.loads[second.id], r - lo, slots)
+                        ld = at_load(ld, seq.loads[second.id], r - lo, slots)
                     k.emit(Start(first.id), ld)
 
                 if (lo, hi) == (0, loop.count):
@@ -301,60 +301,6 @@ def _emit_loop(k: EmitContext, seq: Seq, loop: Loop):
         return carry
 
     jax.lax.fori_loop(0, loop.count, step, 0)
-
-
-def _static(*xs) -> bool:
-    return all(isinstance(x, int) for x in xs)
-
-
-def _lin(a, b, r, align=1):
-    """a + (b - a) * r: kept static when a == b; ``align`` is a hint for the compiler (static a, b)."""
-    if _static(a, b):
-        return a if a == b else pl.multiple_of(a + (b - a) * r, align)
-    return a + (b - a) * r
-
-
-def _at_slot(a, b, r, slots):
-    if _static(a, b) and a == b:
-        return a
-    return (a + (b - a) % slots * r) % slots
-
-
-def _at_load(a: Load, b: Load, r, slots) -> Load:
-    """Load ``a`` in repeat r of a loop whose next repeat holds ``b``."""
-    return replace(
-        a,
-        rows=(_lin(a.rows[0], b.rows[0], r, BLOCK), a.rows[1]),
-        cols=(_lin(a.cols[0], b.cols[0], r, LANE), a.cols[1]),
-        slot=_at_slot(a.slot, b.slot, r, slots),
-        layer=_lin(a.layer, b.layer, r),
-        index=None if a.index is None else _lin(a.index, b.index, r),
-        expert=None if a.expert is None else _lin(a.expert, b.expert, r),
-    )
-
-
-def _at_op(a: Op, b: Op, r) -> Op:
-    """Op ``a`` in repeat r of a loop over tiles: STRIDED integers stepped, STRIDED flags on after repeat 0."""
-    changes = {}
-    for f in fields(a):
-        if f.name not in a.STRIDED:
-            continue
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(x, bool):
-            changes[f.name] = x if x == y else r >= 1
-        elif x is not None:
-            changes[f.name] = _lin(x, y, r, LANE if f.name.endswith("_off") else 1)
-    return replace(a, **changes)
-
-
-def _shift_op(a: Op, b: Op, r) -> Op:
-    """Op ``a`` in repeat r of a loop over layers: every integer field but its load stepped."""
-    changes = {
-        f.name: _lin(getattr(a, f.name), getattr(b, f.name), r)
-        for f in fields(a)
-        if f.name != "load" and isinstance(getattr(a, f.name), int) and not isinstance(getattr(a, f.name), bool)
-    }
-    return replace(a, **changes)
 
 
 # The pallas_call ---------------------------------------------------------------------------------
