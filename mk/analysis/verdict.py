@@ -19,6 +19,7 @@ from ..kernel_setup import BEFORE_FIXES, WORKBOOK_KERNEL, WRITE_UP_KERNEL, Kerne
 from ..progress import tqdm
 from ..published import published, published_table
 from ..timing import MODELLED, Prediction, constant, constants, kernel_cost, predict, step_plan
+from ..timing.fitted import fitted_value
 from ..timing.general_stack import general_step
 from .knockouts import knockouts
 
@@ -472,7 +473,7 @@ def constants_table() -> pd.DataFrame:
     for c in constants():
         value = c.value
         if c.kind == "fitted":
-            value = kernel_cost(c.applies_to)
+            value = fitted_value(c)  # the general stack's per-kernel cost, or the GPU megakernel's per-op cost
         elif c.kind == "published":
             value = published(c.fit_to)
         unit = c.unit

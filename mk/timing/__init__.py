@@ -12,11 +12,11 @@ path in mk from a step plan to seconds.
 
 Every constant comes from ``data/timing.csv`` (``constants``) or ``data/chips.csv``, each row naming its source and
 its kind: ``cited`` (a public source), ``published`` (the write-up's own numbers), ``fitted`` (solved at run time so
-the model meets one published number: the general stack's per-kernel cost, once for GPUs and once for TPUs; the
-published numbers they are fitted to are not tests of the model) or ``assumed`` (a cost nothing public gives: the
-megakernel's per-op and per-DMA-issue costs, one default for the whole workbook; every notebook that shows a
-modelled megakernel step shows them as a sensitivity too). ``work`` holds one chip's work as charged; ``predict``
-puts it together.
+the model meets one published number: the general stack's per-kernel cost, once for GPUs and once for TPUs, and the
+megakernel's per-op cost on GPUs, fitted to one published GPU megakernel step (``fitted``); the published numbers they
+are fitted to are not tests of the model) or ``assumed`` (a cost nothing public gives: the megakernel's per-DMA-issue
+cost, and its per-op cost on TPUs, one default for the whole workbook; every notebook that shows a modelled megakernel
+step shows them as a sensitivity too). ``work`` holds one chip's work as charged; ``predict`` puts it together.
 
 Data types: the plan is built in BF16 (F32 for ``f32``); INT8 (``int8-experts``, ``int8``) is the plan's own
 (mk.quant: the kernel streams the codes and their scales); FP8, which no kernel here streams, scales each weight
@@ -24,6 +24,7 @@ tile's bytes by its component's bytes per element (mk.sol.DTYPES).
 """
 
 from .constants import ASSUMED, MODELLED, assumed_costs, assumed_label, chip_constant, constant, constants
+from .fitted import fitted_value, implied_op_cost, op_overhead_cost
 from .general_stack import GENERAL_STACK, kernel_cost, kernels_per_plan_kernel, plan_kernels
 from .pace import megakernel_costs, pace, pace_distribution, pace_timeline
 from .predict import ENGINES, Prediction, drafter_seconds, predict, step_breakdown
@@ -42,11 +43,14 @@ __all__ = [
     "constant",
     "constants",
     "drafter_seconds",
+    "fitted_value",
+    "implied_op_cost",
     "kernel_cost",
     "kernels_per_plan_kernel",
     "link_latency",
     "load_bytes",
     "megakernel_costs",
+    "op_overhead_cost",
     "pace",
     "pace_distribution",
     "pace_timeline",

@@ -12,7 +12,7 @@ from ..chips import Chip
 from ..paths import TIMING_CSV
 
 MODELLED = "modelled (mk.timing)"
-ASSUMED = ("op_overhead_s", "dma_issue_s")  # the megakernel's costs data/timing.csv gives as assumed
+ASSUMED = ("op_overhead_s", "dma_issue_s")  # the megakernel's costs data/timing.csv assumes (GPUs' per op: fitted)
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,8 @@ class Constant:
     value: float | None
     unit: str
     kind: str  # cited, published, fitted or assumed
-    fit_to: str | None  # the published key (data/published.csv) it is fitted to or read from
+    fit_to: str | None  # the published key it is fitted to or read from: data/published.csv's (data/independent.csv's
+    # for the GPU megakernel's cost per op)
     source: str
 
 
@@ -76,15 +77,37 @@ def chip_constant(name: str, chip: Chip) -> Constant:
 
 
 def assumed_costs(kind: str, **given) -> dict[str, float]:
-    """The megakernel's assumed costs for ``kind`` chips (``op_overhead_s``, ``dma_issue_s``): data/timing.csv's
-    defaults, each replaced by a value ``given`` (a sensitivity) unless that is None."""
+    """The megakernel's costs for ``kind`` chips (``op_overhead_s``, ``dma_issue_s``): data/timing.csv's defaults
+    (assumed; a ``fitted`` row's fitted at run time: the GPU cost per op, mk.timing.fitted), each replaced by a value
+    ``given`` (a sensitivity) unless that is None."""
     unknown = set(given) - set(ASSUMED)
     if unknown:
         raise ValueError(f"unknown assumed cost(s) {sorted(unknown)}; known: {', '.join(ASSUMED)}")
-    return {n: constant(n, kind).value if given.get(n) is None else float(given[n]) for n in ASSUMED}
+    return {n: _default_cost(n, kind) if given.get(n) is None else float(given[n]) for n in ASSUMED}
 
 
-def assumed_label(costs: dict[str, float]) -> str:
-    """The assumed costs in words, for a table's kind or a figure's footer."""
-    ns = {n: costs[n] * 1e9 for n in ASSUMED}
-    return f"assumed: {ns['op_overhead_s']:g} ns per op, {ns['dma_issue_s']:g} ns per DMA issued"
+def _default_cost(name: str, kind: str) -> float:
+    c = constant(name, kind)
+    if c.kind != "fitted":
+        return c.value
+    from .fitted import fitted_value  # the fit predicts with the cost given, so it never asks for this default
+
+    return fitted_value(c)
+
+
+def fitted_costs(kind: str, **given) -> dict[str, str]:
+    """The megakernel's costs for ``kind`` chips that are data/timing.csv's fitted defaults (none ``given``): name ->
+    the published point it is fitted to."""
+    fitted = {n: constant(n, kind) for n in ASSUMED if given.get(n) is None}
+    return {n: c.fit_to for n, c in fitted.items() if c.kind == "fitted"}
+
+
+def assumed_label(costs: dict[str, float], fitted: dict[str, str] | None = None) -> str:
+    """The megakernel's costs in words, for a table's kind or a figure's footer; those in ``fitted``
+    (:func:`fitted_costs`) said to be fitted, and to what."""
+    fitted = fitted or {}
+    words = {"op_overhead_s": "ns per op", "dma_issue_s": "ns per DMA issued"}
+    words = {n: f"{costs[n] * 1e9:g} {w}" for n, w in words.items()}
+    assumed = [w for n, w in words.items() if n not in fitted]
+    out = [f"assumed: {', '.join(assumed)}"] if assumed else []
+    return "; ".join(out + [f"fitted to {fitted[n]}: {words[n]}" for n in words if n in fitted])

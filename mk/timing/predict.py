@@ -12,7 +12,7 @@ from ..config import SLIDING, ModelConfig, get_config
 from ..kernel_setup import WORKBOOK_KERNEL, AttentionSplit, KernelSetup
 from ..sol import get_dtype, speed_of_light
 from ..units import ms_entry, positive_int
-from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant
+from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant, fitted_costs
 from .general_stack import general_step, kernel_cost, kernels_per_plan_kernel
 from .pace import op_costs, pace
 from .scheduled import KIND
@@ -126,7 +126,8 @@ def predict(
     """The modelled decode step of ``model`` on ``chip`` (a chip or a slice: ``tpu-v5e-8``) at ``context``
     positions for ``batch`` users. ``setup`` (mk.kernel_setup.KernelSetup, default the workbook's kernel): the
     megakernel's setup, over the slice's chips; ``knockout``: components switched off (mk.params.KNOCKOUTS);
-    ``op_overhead_s``, ``dma_issue_s``: the megakernel's assumed costs (default: data/timing.csv's); ``kernel_s``:
+    ``op_overhead_s``, ``dma_issue_s``: the megakernel's costs (default: data/timing.csv's, assumed; on GPUs the cost
+    per op fitted to a published megakernel step, mk.timing.fitted); ``kernel_s``:
     the general stack's cost per kernel (default: fitted; 0 gives its kernels' work alone). With
     ``setup.draft_tokens`` = K the megakernel verifies K drafted tokens per user in each step (a drafter that costs
     no weight reads: n-gram prompt lookup), emitting ``acceptance`` tokens per user on average
@@ -162,8 +163,9 @@ def predict(
     plan = step_plan(cfg, chip, context, batch, dtype, setup, knockout)
     scheduled = op_costs(plan, chip, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
     costs = assumed_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
+    fitted = fitted_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)  # GPUs' per op, not given
     paced = pace(plan, chip, dtype, **({} if scheduled else costs))
-    cost_words = scheduled["source"] if scheduled else assumed_label(costs)
+    cost_words = scheduled["source"] if scheduled else assumed_label(costs, fitted)
     if chip.chips > 1:
         who = "the busiest chip (whole experts)" if plan.experts_held < cfg.num_experts else "every chip"
         models = f"megakernel on {chip.chips} chips, {setup.name}, paced by {who}"
@@ -184,7 +186,7 @@ def predict(
         setup.name, paced["step_s"], sol.step_s, 1, models + f"; {cost_words}", fits,
         breakdown=paced, draft_tokens=k, tokens_per_round=per_round, drafter_s=drafter_s,
     )  # fmt: skip
-    return _with_constants(p, chip, None, None if scheduled else costs, scheduled and scheduled["source"])
+    return _with_constants(p, chip, None, None if scheduled else costs, scheduled and scheduled["source"], fitted)
 
 
 def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch: int, dtype: str, k: int) -> float:
@@ -204,7 +206,12 @@ def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch
 
 
 def _with_constants(
-    p: Prediction, chip: Chip, kernel_s: float | None, costs: dict | None = None, scheduled: str | None = None
+    p: Prediction,
+    chip: Chip,
+    kernel_s: float | None,
+    costs: dict | None = None,
+    scheduled: str | None = None,
+    fitted: dict[str, str] | None = None,  # the costs that are data/timing.csv's fitted defaults, and their points
 ) -> Prediction:
     used = {"matmul_rows": f"{chip_constant('matmul_rows', chip).value:g} (cited)"}
     if chip.chips > 1:
@@ -221,6 +228,9 @@ def _with_constants(
         used["op_costs"] = scheduled
         return dataclasses.replace(p, constants=used, op_costs=KIND)
     for name, value in costs.items():
+        if name in (fitted or {}):  # not compared with the fit: the fit itself predicts with the cost given
+            used[name] = f"{value:.3g} (fitted to {fitted[name]})"
+            continue
         default = value == constant(name, chip.kind).value
         used[name] = f"{value:g} ({'assumed, data/timing.csv' if default else 'given'})"
     return dataclasses.replace(p, constants=used, op_costs="assumed")
