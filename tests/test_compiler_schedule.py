@@ -73,3 +73,20 @@ def test_without_libtpu_or_stored_rows_one_line_says_what_is_missing(monkeypatch
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "needs libtpu" in err
     with pytest.raises(LookupError, match="no stored schedule"):
         schedule_for(case_plan("tiny-dense", "tpu-v5e", 64, 1, "workbook"), "tpu-v5e", stored=True, folder=tmp_path)
+
+
+def test_predict_takes_the_cores_costs_from_the_stored_schedule(capsys):
+    """The workbook's headline case reads its op costs from data/schedule and says so; an assumed cost given sets the
+    schedule aside (a sensitivity), and a plan with no stored schedule says its costs are assumed."""
+    import json
+
+    from mk.__main__ import main
+    from mk.timing import predict
+
+    assert main(["predict", "--model", "gemma4-26b-a4b", "--chip", "tpu-v5e-8", "--context", "1024", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["op_costs"] == "compiler-scheduled" and "libtpu" in d["constants"]["op_costs"]
+    scheduled = predict("gemma4-26b-a4b", "tpu-v5e-8", 1024)
+    assumed = predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, op_overhead_s=0.0, dma_issue_s=0.0)
+    assert assumed.op_costs == "assumed" and scheduled.step_s > assumed.step_s  # issuing costs the core time
+    assert predict("gemma4-26b-a4b", "tpu-v5e-8", 4096, 2).op_costs == "assumed"  # no schedule kept for it

@@ -83,7 +83,8 @@ WORKBOOK_CLAIMS = {
 def workbook_claims(chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
     """The workbook's own claims (:data:`WORKBOOK_CLAIMS`), each computed now by mk.timing for the workbook's kernel
     (mk.kernel_setup.WORKBOOK_KERNEL) on ``chip``: no published value and so no error; its kind names the model, the
-    setup and what it assumes (the assumed costs of data/timing.csv; for speculation, K and the acceptance)."""
+    setup and where its per-op costs come from (the compiler's schedule, data/schedule, where it has the plan's; else
+    the assumed costs of data/timing.csv; for speculation, K and the acceptance)."""
     assumed = f"{assumed_label(assumed_costs(get_chip(chip).kind))}, data/timing.csv"
     rows = []
     for key, (what, model, context, users, dtype, shown) in WORKBOOK_CLAIMS.items():
@@ -92,7 +93,7 @@ def workbook_claims(chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
             p = predict(model, chip, context, users, dtype=dtype, setup=WORKBOOK_KERNEL)
             value, unit = p.fraction_of_sol, ""
             claim = f"fraction of the speed of light: {model}, the workbook's kernel, {chip}, {dtype} ({size})"
-            kind = f"modelled (mk.timing, {p.setup}; {assumed}"
+            kind = f"modelled (mk.timing, {p.setup}; {p.op_cost_words}"
             kind += "; against its own speed of light, mk.sol)" if dtype != "bf16" else ")"
         else:
             k, a = SPECULATION["draft_tokens"], SPECULATION["accept_rate"]

@@ -26,6 +26,8 @@ def knockouts(
                 knocked_out_ms=off.step_s * 1e3,
                 shrink_ms=(base.step_s - off.step_s) * 1e3,
                 kernel_time_ms=base.components.get(c, float("nan")) * 1e3,
+                # where the megakernel's per-op costs came from, both steps (mk.timing.predict)
+                op_costs=base.op_costs if off.op_costs == base.op_costs else f"{base.op_costs} / {off.op_costs}",
             )
         )
     return pd.DataFrame(rows).assign(

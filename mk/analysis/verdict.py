@@ -3,7 +3,8 @@ and the write-up's verdict (when a megakernel pays off) computed from it.
 
 Every row carries the published value (data/published.csv), the modelled one and the error
 modelled / published - 1, and its role: ``fitted`` where the model was fitted to that very number (not a
-test), ``test`` otherwise, ``test (baseline fitted)`` where one side of a ratio is a fitted point.
+test), ``test`` otherwise, ``test (baseline fitted)`` or ``test (megakernel fitted)`` where one side of a ratio is
+a fitted point.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..config import get_config
 from ..kernel_setup import BEFORE_FIXES, WORKBOOK_KERNEL, WRITE_UP_KERNEL, KernelSetup
 from ..progress import tqdm
 from ..published import published, published_table
-from ..timing import MODELLED, Prediction, constant, constants, kernel_cost, predict, step_plan
+from ..timing import MODELLED, Prediction, assumed_costs, constant, constants, kernel_cost, predict, step_plan
 from ..timing.fitted import fitted_value
 from ..timing.general_stack import general_step
 from .knockouts import knockouts
@@ -63,6 +64,18 @@ def _fitted_cases() -> set[Case]:
     return {_case(t.loc[constant("kernel_s", kind).fit_to]) for kind in ("gpu", "tpu")}
 
 
+def _fitted_megakernel_cases() -> set[Case]:
+    """The megakernel configurations a cost per op was fitted to (data/timing.csv's GPU row: an independent point)."""
+    from ..published import independent_table
+    from ..timing.fitted import context_of
+
+    c = constant("op_overhead_s", "gpu")
+    if c.kind != "fitted":
+        return set()
+    r = independent_table().set_index("key").loc[c.fit_to]
+    return {Case(r["config"], r["chip"], context_of(r)[0], int(r["batch"]), "megakernel", r["dtype"])}
+
+
 def _published_step_points() -> dict[Case, str]:
     """Each case the write-up published a step, tokens/s or fraction of the speed of light for, with its key."""
     out = {}
@@ -87,7 +100,9 @@ def _case(row) -> Case | None:
     return None
 
 
-def _value(quantity: str, p: Prediction, component: str | None, case: Case) -> float:
+def _value(quantity: str, p: Prediction, component: str | None, case: Case, **costs) -> float:
+    """The modelled number a published ``quantity`` is set against; ``costs``: the assumed per-op costs to model a
+    megakernel knock-out with (default: the compiler's schedule where it has the plans)."""
     if quantity == "step_time":
         return p.step_s
     if quantity == "tokens_per_s":
@@ -98,8 +113,9 @@ def _value(quantity: str, p: Prediction, component: str | None, case: Case) -> f
         return p.kernels_per_step
     if quantity == "knockout_time":
         t = knockouts(
-            case.model, case.chip, case.context, case.batch, case.engine, case.dtype, [component], setup=case.setup
-        )
+            case.model, case.chip, case.context, case.batch, case.engine, case.dtype, [component], setup=case.setup,
+            **costs,
+        )  # fmt: skip
         return float(t[("kernel_time_ms" if case.engine == "general" else "shrink_ms")].iloc[0]) / 1e3
     raise KeyError(quantity)
 
@@ -113,7 +129,11 @@ def validation_table() -> pd.DataFrame:
     A step, its tokens/s and its fraction of the speed of light are one published point: ``point`` names the
     row that stands for it (its step where published, else its tokens/s, else its fraction), and the others
     say ``same point as`` it in ``role``. Roles: ``test``, ``fitted`` (the model was fitted to it), ``input``
-    (the model scales from it), ``by construction`` (the model cannot give anything else)."""
+    (the model scales from it), ``by construction`` (the model cannot give anything else).
+
+    ``op_costs`` says where a megakernel's per-op costs came from (mk.timing.predict): the compiler's schedule where
+    data/schedule has the plan's, else data/timing.csv's assumed ones; ``modelled_assumed`` and ``error_assumed``
+    are the same number with the assumed costs, as the model gave it before the schedule."""
     fitted, rows, cache, primary = _fitted_cases(), [], {}, {}
     table = published_table()
     order = {q: i for i, q in enumerate(STEP_QUANTITIES)}
@@ -124,8 +144,11 @@ def validation_table() -> pd.DataFrame:
         component = str(r["engine"]).split(":")[1] if ":" in str(r["engine"]) else None
         if case not in cache:
             cache[case] = case.predict()
-        p = cache[case]
+            # the same case with data/timing.csv's assumed per-op costs, where the schedule gives them now
+            cache[case, ASSUMED] = case.predict(**_assumed(case)) if case.engine == "megakernel" else cache[case]
+        p, old = cache[case], cache[case, ASSUMED]
         modelled = _value(r["quantity"], p, component, case)
+        assumed = _value(r["quantity"], old, component, case, **_assumed(case)) if old is not p else modelled
         point = primary.setdefault(case, r["key"]) if r["quantity"] in STEP_QUANTITIES else r["key"]
         # knock-outs test how the time splits, which the fit does not set
         role = "fitted" if case in fitted and r["quantity"] != "knockout_time" else "test"
@@ -146,10 +169,20 @@ def validation_table() -> pd.DataFrame:
                 unit=r["unit"] if isinstance(r["unit"], str) else "",
                 error=modelled / float(r["value"]) - 1,
                 role=role,
+                op_costs=p.op_costs or "-",
+                modelled_assumed=assumed,
+                error_assumed=assumed / float(r["value"]) - 1,
             )
         )
     out = pd.DataFrame(rows).set_index("key").loc[[k for k in table.key if k in {r["key"] for r in rows}]]
     return out.reset_index().assign(kind=f"{PUBLISHED} vs {MODELLED}")
+
+
+ASSUMED = "assumed"  # a megakernel case modelled with data/timing.csv's assumed per-op costs
+
+
+def _assumed(case: Case) -> dict:
+    return assumed_costs(get_chip(case.chip).kind)
 
 
 STEP_QUANTITIES = ("step_time", "tokens_per_s", "fraction_of_sol")  # one published point, three ways to say it
@@ -167,11 +200,12 @@ def points_table(validation: pd.DataFrame | None = None, verdicts: pd.DataFrame 
     with the error and the role of each. ``validation``, ``verdicts``: the tables, when already computed."""
     v = validation_table() if validation is None else validation
     d = verdict_table() if verdicts is None else verdicts
-    own = v[v.key == v.point][["key", "quantity", "case", "component", "published", "modelled", "error", "role"]]
+    cols = ["key", "quantity", "case", "component", "published", "modelled", "error", "role"]
+    own = v[v.key == v.point][cols + ["op_costs", "error_assumed"]]
     ratios = d.dropna(subset=["modelled"])
     ratios = ratios[~ratios.role.str.startswith("derived")].assign(
         quantity="speedup", case=ratios.situation, component=""
-    )[["key", "quantity", "case", "component", "published", "modelled", "error", "role"]]
+    )[cols]
     return pd.concat([own, ratios], ignore_index=True).assign(kind=f"{PUBLISHED} vs {MODELLED}")
 
 
@@ -321,6 +355,8 @@ def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
         m, g = mk_case.predict(), gen_case.predict()
         modelled = m.tokens_per_s / g.tokens_per_s
         role = "test (baseline fitted)" if gen_case in fitted else "test"
+        if mk_case in _fitted_megakernel_cases():  # its step is the one the GPU cost per op is fitted to
+            role = "test (megakernel fitted)"
         if mk_case in published and gen_case in published:  # a ratio of two published points, not a third
             role = f"derived: {published[mk_case]} / {published[gen_case]}"
         rows.append(

@@ -48,6 +48,7 @@ class Prediction:
     # megakernel: where the core's costs come from: the compiler's schedule (mk.timing.scheduled) or data/timing.csv's
     # assumed costs (none where the engine is the general stack)
     op_costs: str = ""
+    op_cost_words: str = ""  # the same in words, with the schedule's libtpu and code or the assumed values
 
     @property
     def round_s(self) -> float:
@@ -88,6 +89,7 @@ class Prediction:
             sol_tokens_per_s=1.0 / self.sol_step_s,
             kernels_per_step=self.kernels_per_step,
             op_costs=self.op_costs,
+            op_cost_words=self.op_cost_words,
             fits_in_hbm=self.fits_in_hbm,
             models=self.models,
             components_ms={k: v * 1e3 for k, v in self.components.items()},
@@ -186,6 +188,7 @@ def predict(
         setup.name, paced["step_s"], sol.step_s, 1, models + f"; {cost_words}", fits,
         breakdown=paced, draft_tokens=k, tokens_per_round=per_round, drafter_s=drafter_s,
     )  # fmt: skip
+    p = dataclasses.replace(p, op_cost_words=cost_words)
     return _with_constants(p, chip, None, None if scheduled else costs, scheduled and scheduled["source"], fitted)
 
 
