@@ -21,13 +21,14 @@ def _sorted(rows: pd.DataFrame) -> pd.DataFrame:
 
 def test_every_stored_case_has_rows_and_they_add_up():
     """data/schedule holds each case the refresh command compiles: the scoped rows' total within 10% of the step's
-    (the marks' own cost), each item kind named by the plan, and the step's time is its bundles over the clock."""
+    (the marks keep neighbouring items apart, which costs or saves the scheduler a little), each item kind named by the
+    plan, and the step's time is its bundles over the clock."""
     for case in STORED_CASES:
         plan = case_plan(*case)
         rows = stored_rows(plan)
         assert rows is not None, f"{case} has no stored rows: python -m mk schedule --refresh"
         s = scheduled_step(plan, get_chip(case[1]), rows)
-        assert 0 <= s.scoped_overhead < 0.10
+        assert abs(s.scoped_overhead) < 0.10
         assert set(s.by_scope) - {"other"} <= set(s.counts)
         assert s.compute_s == pytest.approx(s.bundles / 1.97e14 * (4 * 128 * 128 * 2))
 

@@ -266,9 +266,9 @@ def test_the_straggler_costs_the_busiest_chips_step_over_an_average_chips():
 def test_assumed_costs_come_from_the_data_file_and_a_given_one_is_said_so():
     rows = [c for c in timing.constants() if c.kind == "assumed"]
     assert {c.name for c in rows} == set(timing.ASSUMED) and all(c.source for c in rows)
-    default = timing.predict(MOE, "tpu-v5e-8", 1024)
-    assert default.constants["op_overhead_s"].endswith("(assumed, data/timing.csv)")
-    more = timing.predict(MOE, "tpu-v5e-8", 1024, op_overhead_s=1e-6, dma_issue_s=1e-6)
+    default = timing.predict(MOE, "tpu-v5e-8", 4096, 2)  # a plan data/schedule keeps no schedule of
+    assert default.op_costs == "assumed" and default.constants["op_overhead_s"].endswith("(assumed, data/timing.csv)")
+    more = timing.predict(MOE, "tpu-v5e-8", 4096, 2, op_overhead_s=1e-6, dma_issue_s=1e-6)
     assert more.step_s > default.step_s and more.constants["op_overhead_s"].endswith("(given)")
     with pytest.raises(ValueError, match="unknown assumed cost"):
         timing.assumed_costs("tpu", per_layer_s=1.0)

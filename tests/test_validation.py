@@ -13,9 +13,10 @@ import pytest
 from mk.analysis import verdict as vd
 
 # The bands (low, high) on the error, each argued in one line.
-# A megakernel step: every byte at the data sheet's bandwidth and no per-op cost, so the model is at most as much
-# faster as a streaming kernel leaves of the bandwidth (it reaches 80% or more: -20%), and slower only by what it
-# charges that the kernel may not pay (tile padding, link latency: +10%).
+# A megakernel step: every byte at the data sheet's bandwidth and the core's issued bundles (this workbook's kernel's,
+# as libtpu schedules it), so the model is at most as much faster as a streaming kernel leaves of the bandwidth (it
+# reaches 80% or more: -20%), and slower only by what it charges that the kernel may not pay (tile padding, link
+# latency: +10%); where the write-up's kernel issues less than this workbook's code, that is a known miss.
 STEP = (-0.20, 0.10)
 # tokens/s and a fraction of the speed of light: the step's band, inverted.
 RATE = (1 / (1 + STEP[1]) - 1, 1 / (1 + STEP[0]) - 1)
@@ -83,10 +84,28 @@ def test_the_megakernel_knock_outs_miss_for_the_reasons_given(reads):
     # experts: the payload alone at the bandwidth meets the published shrink; the padded tiles the model moves do not
     assert within(r.reads_ms["ko_mk_experts"] / r.published_ms["ko_mk_experts"] - 1, SHRINK)
     assert r.moved_ms["ko_mk_experts"] > r.reads_ms["ko_mk_experts"] * 1.2
-    # the router's reads are removed but hidden in the model's timeline; the published shrink is most of their time
-    assert r.modelled_ms["ko_mk_router"] < 0.1 * r.reads_ms["ko_mk_router"] < 0.1 * 2 * r.published_ms["ko_mk_router"]
-    # norms: nothing saved in the model (no per-op cost), a fixed cost published
-    assert r.modelled_ms["ko_mk_norms"] == 0 and r.published_ms["ko_mk_norms"] > 0
+    # the router's reads are removed but hidden in the model's timeline: it saves under a third of their time, about
+    # its issued bundles; the published shrink is most of their time
+    router = r.modelled_ms["ko_mk_router"]
+    assert router < 0.3 * r.reads_ms["ko_mk_router"] < 0.3 * 2 * r.published_ms["ko_mk_router"]
+    # norms: only their issued bundles saved in the model (compiler-scheduled), less than the fixed cost published
+    assert 0 < r.modelled_ms["ko_mk_norms"] < r.published_ms["ko_mk_norms"]
+    # both are charged the compiler's schedule, which the assumed 0 ns per op did not: each saves more with it
+    v = vd.validation_table().set_index("key")
+    for c in ("router", "norms"):
+        key = f"ko_mk_{c}"
+        assert v.op_costs[key] == "compiler-scheduled" and v.modelled[key] > v.modelled_assumed[key], c
+
+
+def test_the_write_ups_kernel_misses_by_this_workbooks_own_issue_costs(points):
+    """The write-up's kernel (d) and its INT8 point, modelled with this workbook's kernel's compiler-scheduled issue
+    costs, are slower than published beyond the band; with the assumed 0 ns per op they are within it, so the miss is
+    the workbook's code's issue time (mk.analysis.verdict.KNOWN_MISSES)."""
+    for key in ("mk_v5e8_moe_step", "mk_v5e8_moe_int8_tps"):
+        row = points.loc[key]
+        assert row.op_costs == "compiler-scheduled" and within(row.error_assumed, BANDS[key]), key
+        step = row.error if key.endswith("step") else 1 / (1 + row.error) - 1  # slower: a longer step, fewer tok/s
+        assert step > (row.error_assumed if key.endswith("step") else 1 / (1 + row.error_assumed) - 1), key
 
 
 def test_the_general_stack_components_miss_for_the_reasons_given(reads, points):

@@ -226,11 +226,20 @@ TEST_GROUPS = {
 
 # Tested points the model cannot meet (tests/test_validation.py asserts each stays outside the band it would have to
 # meet, so a change that fixes one is noticed): key -> why. The sections of notebook 07 named compute the evidence.
+_OWN_CODE = (
+    "modelled with this workbook's kernel's own issue costs (libtpu's schedule of its code in the write-up's setup, "
+    "data/schedule); the write-up's kernel is another program, which issued less or hid more of it: with the assumed "
+    "0 ns per op the model lands in the band (error_assumed, section 2), so the miss is the workbook's code, not the "
+    "bytes"
+)
 KNOWN_MISSES = {
+    "mk_v5e8_moe_step": _OWN_CODE,
+    "mk_v5e8_moe_int8_tps": _OWN_CODE,
     "mk_v5e8_moe_step_before": (
         "the model has the un-fixed kernel's busiest chip (whole experts) and one f32 row per all-reduce at one link's "
         "bandwidth plus a hop latency, not the rest of its time: waits beyond the expected straggler, a larger "
-        "payload, or per-op costs (assumed 0 ns); section 2 computes the gap per all-reduce"
+        "payload, or the un-fixed kernel issuing more than this workbook's code does; section 2 computes the gap per "
+        "all-reduce"
     ),
     "ko_vllm_shared_mlp": (
         "the general stack's kernels are the plan's scaled by one ratio (the published total over the plan's), the "
@@ -269,13 +278,15 @@ KNOWN_MISSES = {
         "have skipped them"
     ),
     "ko_mk_norms": (
-        "the model runs their few FLOPs behind the weight stream and charges no cost per op (assumed 0 ns, "
-        "data/timing.csv), so switching them off saves nothing; the published shrink is such a fixed cost"
+        "the model runs them behind the weight stream, so switching them off saves only their issued bundles (libtpu's "
+        "schedule of this workbook's kernel), less than the published shrink: the write-up's kernel paid a larger "
+        "fixed cost for them"
     ),
     "ko_mk_router": (
         "the model's knock-out removes the router's weight reads, but in its timeline they ran while the chip waited "
-        "on something else (its all-reduces), so its step hardly shrinks; the published shrink is most of those "
-        "reads' time (section 3): the write-up's kernel did not hide them as the model does"
+        "on something else (its all-reduces), so its step shrinks by little more than the router's issued bundles; "
+        "the published shrink is most of those reads' time (section 3): the write-up's kernel did not hide them as "
+        "the model does"
     ),
     "verdict_long_prompt": (
         "the model adds only the extra KV bytes at 8K to the general stack's step; the published speed-up needs that "

@@ -199,14 +199,17 @@ class StepPlan:
 
     @cached_property
     def code_fingerprint(self) -> str:
-        """16 hex digits that change with anything the kernel's code is made from (the model, the sizes, the setup,
-        the items and loads in order, the KV tile of each layer type), but not with the context, which only sets how
-        often each user's loop over KV tiles runs: the key of the compiled schedule's rows (mk.timing.scheduled)."""
+        """16 hex digits that change with anything the kernel's code is made from (the model, the sizes, the setup's
+        switches, the items and loads in order, the KV tile of each layer type), but not with the context, which only
+        sets how often each user's loop over KV tiles runs, nor with the setup's name: the key of the compiled
+        schedule's rows (mk.timing.scheduled)."""
         import hashlib
         from dataclasses import replace
 
-        skip = ("knockout", "buffers", "items", "max_len", "context")
+        skip = ("knockout", "buffers", "items", "max_len", "context", "setup")
         fields_ = [getattr(self, f) for f in self.__dataclass_fields__ if f not in skip]
+        # a setup's name and published key only label it
+        fields_.append(self.setup and replace(self.setup, name="", published=None))
         items = [
             replace(it, flops=0, kv_bytes=0, serial_bytes=0) if isinstance(it, Attend) else it for it in self.items
         ]
