@@ -28,6 +28,7 @@ from .fitted import fitted_value, implied_op_cost, op_overhead_cost
 from .general_stack import GENERAL_STACK, kernel_cost, kernels_per_plan_kernel, plan_kernels
 from .pace import megakernel_costs, pace, pace_distribution, pace_timeline
 from .predict import ENGINES, Prediction, drafter_seconds, predict, step_breakdown
+from .scheduled import op_costs_label
 from .work import compute_seconds, link_latency, load_bytes, step_plan
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "link_latency",
     "load_bytes",
     "megakernel_costs",
+    "op_costs_label",
     "op_overhead_cost",
     "pace",
     "pace_distribution",

@@ -225,3 +225,14 @@ def _costs(s: ScheduledStep) -> dict:
         op_overhead_s=s.by_scope.get(OTHER, 0.0) / ops / s.clock_hz,
         source=f"{KIND} (libtpu {s.libtpu}, code {s.plan.code_fingerprint})",
     )
+
+
+def op_costs_label(kind: str) -> str:
+    """Where a modelled megakernel step's per-op costs come from on ``kind`` chips, in words (a table's kind, a
+    figure's footer): the compiler's schedule where data/schedule keeps the plan's (TPUs), else data/timing.csv's."""
+    from .constants import assumed_costs, assumed_label, fitted_costs
+
+    other = assumed_label(assumed_costs(kind), fitted_costs(kind))
+    if kind != "tpu":
+        return other
+    return f"per-op costs {KIND} (libtpu's schedule, data/schedule) where it keeps the plan's, else {other}"
