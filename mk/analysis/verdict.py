@@ -387,20 +387,34 @@ def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows).assign(kind=f"{PUBLISHED} vs {MODELLED}")
 
 
+def schedule_effect(validation: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The write-up's megakernel points (a step, its tokens/s or its fraction, each once) as the model gave them with
+    data/timing.csv's assumed per-op costs and as it gives them with the core's costs from the compiler's schedule:
+    published, both modelled values and both errors, and where the new costs came from (``op_costs``)."""
+    t = validation_table() if validation is None else validation
+    t = t[(t.key == t.point) & t.quantity.isin(STEP_QUANTITIES) & (t.op_costs != "-")]
+    cols = ["key", "quantity", "case", "published", "modelled_assumed", "error_assumed", "modelled", "error"]
+    return t[cols + ["op_costs", "role"]].reset_index(drop=True).assign(kind=f"{PUBLISHED} vs {MODELLED}")
+
+
 def component_columns(validation: pd.DataFrame | None = None) -> pd.DataFrame:
     """Both columns of the write-up's component table, modelled beside published: the general stack's kernel
     time per component (vLLM on the H100 with FP8) and the megakernel's shrink when the component is
-    switched off (v5e-8, BF16), each with its error. ``validation``: :func:`validation_table`'s rows, when
-    already computed (they hold these)."""
+    switched off (v5e-8, BF16), each with its error; the megakernel's with the core's costs from the compiler's
+    schedule (``op_costs``) and with the assumed 0 ns per op beside it (``modelled_assumed_ms``). ``validation``:
+    :func:`validation_table`'s rows, when already computed (they hold these)."""
     t = validation_table() if validation is None else validation
     t = t[t.quantity == "knockout_time"].copy()
     t["column"] = t.key.map(
         lambda k: "general stack (vLLM, H100, FP8)" if k.startswith("ko_vllm") else "megakernel (v5e-8)"
     )
     t["published_ms"], t["modelled_ms"] = t.published * 1e3, t.modelled * 1e3
+    # the megakernel's shrink with data/timing.csv's assumed per-op costs too (the general stack has no such cost)
+    t["modelled_assumed_ms"] = (t.modelled_assumed * 1e3).where(t.op_costs != "-")
     # the megakernel's kernel setup, from its case's label (mk.analysis.verdict.Case.label)
     t["setup"] = t.case.map(lambda c: c.split("megakernel, ", 1)[1].split(", on ")[0] if "megakernel, " in c else "")
-    columns = ["column", "component", "published_ms", "modelled_ms", "error", "role", "setup", "kind"]
+    columns = ["column", "component", "published_ms", "modelled_ms", "modelled_assumed_ms", "error", "error_assumed",
+               "op_costs", "role", "setup", "kind"]  # fmt: skip
     return t[columns].reset_index(drop=True)
 
 

@@ -17,6 +17,7 @@ RATIO_RANGE = (0.01, 100.0)  # the validation figure's axis: ratios beyond it ar
 ROLES = {
     "test": ("#4e79a7", "circle", "test"),
     "test (baseline fitted)": ("#76b7b2", "circle-open", "test, its baseline fitted"),
+    "test (megakernel fitted)": ("#59a14f", "circle-open", "test, its megakernel step fitted"),
     "fitted": ("#e15759", "diamond", "fitted: the model was fitted to it (not a test)"),
     "input": ("#9c755f", "square", "input: the model scales from it (not a test)"),
     "by construction": ("#b07aa1", "star", "by construction: the model cannot give another value"),
@@ -127,22 +128,27 @@ def validation_figure(table: pd.DataFrame, verdicts: pd.DataFrame | None = None)
 
 
 def component_figure(table: pd.DataFrame) -> go.Figure:
-    """Both columns of the component table, published beside modelled, on a log axis (they span four orders
-    of magnitude)."""
+    """Both columns of the component table, published beside modelled (the megakernel's also with the assumed 0 ns
+    per op), on a log axis (they span four orders of magnitude)."""
     from plotly.subplots import make_subplots
 
     columns = list(dict.fromkeys(table.column))
     fig = make_subplots(rows=1, cols=len(columns), subplot_titles=columns, horizontal_spacing=0.1)
     for i, col in enumerate(columns, start=1):
         g = table[table.column == col]
-        for what, name in (("published_ms", "published"), ("modelled_ms", "modelled (mk.timing)")):
+        costs = sorted({c for c in table.get("op_costs", []) if c != "-"})  # the megakernel rows' per-op costs
+        modelled = "modelled (mk.timing" + (f"; the megakernel's op costs {' / '.join(costs)})" if costs else ")")
+        series = [("published_ms", "published", "#f28e2b"), ("modelled_ms", modelled, "#4e79a7")]
+        if "modelled_assumed_ms" in g and g.modelled_assumed_ms.notna().any():  # the megakernel's, 0 ns per op
+            series.append(("modelled_assumed_ms", "modelled, assumed 0 ns per op", "#bab0ac"))
+        for what, name, colour in series:
             fig.add_bar(
                 x=g.component,
                 y=g[what].clip(lower=1e-4),
                 name=name,
                 legendgroup=name,
-                showlegend=i == 1,
-                marker_color="#f28e2b" if name == "published" else "#4e79a7",
+                showlegend=name not in {t.name for t in fig.data},
+                marker_color=colour,
                 row=1,
                 col=i,
             )
@@ -162,6 +168,7 @@ def component_figure(table: pd.DataFrame) -> go.Figure:
 VERDICT_MODELLED = {  # the modelled bar of each role: its legend entry and its pattern
     "test": ("modelled (mk.timing): a test", ""),
     "test (baseline fitted)": ("modelled: a test whose baseline's per-kernel cost was fitted", "x"),
+    "test (megakernel fitted)": ("modelled: a test whose megakernel step is the fitted point of its cost per op", "+"),
     "derived": ("modelled: a ratio of two published points, not a test of its own", "/"),
 }
 
