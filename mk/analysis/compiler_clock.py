@@ -9,9 +9,9 @@ import pandas as pd
 from ..chips import get_chip
 from ..kernel_setup import KernelSetup
 from ..plan import StepPlan
-from ..timing import predict, step_plan
+from ..timing import predict, scheduled_pace, step_plan
 from ..timing.constants import assumed_costs
-from ..timing.scheduled import KIND, OTHER, ScheduledStep, scheduled_step
+from ..timing.scheduled import KIND, OTHER, ScheduledStep
 
 
 def scope_table(step: ScheduledStep) -> pd.DataFrame:
@@ -53,7 +53,7 @@ def issue_against_hbm(model, chip: str, contexts, users, setup: KernelSetup) -> 
             plan = plan_for(model, chip, n, b, setup)
             row = dict(model=plan.whole_model.name, chip=c.name, context=n, users=b, code=plan.code_fingerprint)
             try:
-                s = scheduled_step(plan, c)
+                s = scheduled_pace(plan, c)
             except LookupError:
                 rows.append(dict(row, stored=False))
                 continue

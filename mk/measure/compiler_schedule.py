@@ -179,14 +179,14 @@ def schedule_for(plan: StepPlan, chip: str, stored: bool = False, keep: bool = F
     """``plan``'s ScheduledStep on ``chip``: compiled now (``keep``: its rows stored too), or ``stored`` ones read.
     Raises RuntimeError without libtpu (when compiling) and LookupError without stored rows (when reading)."""
     from ..chips import get_chip
-    from ..timing.scheduled import scheduled_step
+    from ..timing import scheduled_pace
 
     c = get_chip(chip)
     if stored:
-        return scheduled_step(plan, c, folder=folder)
+        return scheduled_pace(plan, c, folder=folder)
     if c.kind != "tpu":
         raise ValueError(f"{chip} is not a TPU: the schedule is libtpu's")
     rows = compile_schedule(plan, chip)
     if keep:
         store(rows, plan, folder)
-    return scheduled_step(plan, c, rows)
+    return scheduled_pace(plan, c, rows)

@@ -26,10 +26,10 @@ tile's bytes by its component's bytes per element (mk.sol.DTYPES).
 from .constants import ASSUMED, MODELLED, assumed_costs, assumed_label, chip_constant, constant, constants
 from .fitted import fitted_value, implied_op_cost, op_overhead_cost
 from .general_stack import GENERAL_STACK, kernel_cost, kernels_per_plan_kernel, plan_kernels
-from .pace import megakernel_costs, pace, pace_distribution, pace_timeline
+from .pace import megakernel_costs, pace, pace_timeline, scheduled_pace
 from .predict import ENGINES, Prediction, drafter_seconds, predict, step_breakdown
 from .scheduled import op_costs_label
-from .work import compute_seconds, link_latency, load_bytes, step_plan
+from .work import compute_seconds, link_latency, load_bytes, pace_distribution, step_plan
 
 __all__ = [
     "ASSUMED",
@@ -58,6 +58,7 @@ __all__ = [
     "pace_timeline",
     "plan_kernels",
     "predict",
+    "scheduled_pace",
     "step_breakdown",
     "step_plan",
 ]

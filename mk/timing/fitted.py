@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..paths import CONFIGS_DIR
 from ..published import independent_table
-from .constants import Constant, constant
+from .constants import FITS, Constant, constant
 from .general_stack import kernel_cost
 from .predict import Prediction, predict
 
@@ -89,7 +89,9 @@ def op_overhead_cost(kind: str) -> float:
 def fitted_value(c: Constant) -> float:
     """The value of a ``fitted`` row of data/timing.csv, fitted now: the general stack's cost per kernel
     (``kernel_s``) or the megakernel's cost per op (``op_overhead_s``)."""
-    fits = {"kernel_s": kernel_cost, "op_overhead_s": op_overhead_cost}
-    if c.kind != "fitted" or c.name not in fits:
-        raise ValueError(f"{c.name} ({c.applies_to}) is not a constant mk.timing fits (fitted: {', '.join(fits)})")
-    return fits[c.name](c.applies_to)
+    if c.kind != "fitted" or c.name not in FITS:
+        raise ValueError(f"{c.name} ({c.applies_to}) is not a constant mk.timing fits (fitted: {', '.join(FITS)})")
+    return FITS[c.name](c.applies_to)
+
+
+FITS.update(kernel_s=kernel_cost, op_overhead_s=op_overhead_cost)

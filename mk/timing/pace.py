@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 from ..chips import Chip
 from ..plan import Load, StepPlan, step_end, timeline
-from ..routing import busiest_chip_distribution
 from .constants import assumed_costs
-from .work import compute_seconds, link_latency, load_bytes
+from .scheduled import ScheduledStep, scheduled_costs, scheduled_step
+from .work import compute_seconds, link_latency, load_bytes, pace_distribution
 
 
 def megakernel_costs(plan: StepPlan, chip: Chip, dtype: str = "bf16", **assumed) -> dict:
@@ -32,20 +32,9 @@ def megakernel_costs(plan: StepPlan, chip: Chip, dtype: str = "bf16", **assumed)
 def op_costs(plan: StepPlan, chip: Chip, **assumed) -> dict | None:
     """The compiler-scheduled costs of the core for ``plan`` (mk.timing.scheduled.scheduled_costs), unless a cost is
     ``assumed`` (a sensitivity) or data/schedule has none for it: then None."""
-    from .scheduled import scheduled_costs
-
     if any(v is not None for v in assumed.values()):
         return None
     return scheduled_costs(plan, chip)
-
-
-def pace_distribution(plan: StepPlan) -> dict[int, float]:
-    """Distinct experts per layer loaded by the chip that sets the pace, count -> probability (exact,
-    uniform routing): the busiest chip's under whole placement, every chip's otherwise."""
-    cfg = plan.cfg
-    if cfg.is_moe and plan.experts_held < cfg.num_experts:
-        return busiest_chip_distribution(cfg.num_experts, plan.chips, cfg.top_k, plan.batch)
-    return plan.distinct_experts
 
 
 def _likely(dist: dict[int, float], tail: float = 1e-9) -> dict[int, float]:
@@ -116,3 +105,11 @@ def pace_timeline(plan: StepPlan, chip: Chip, dtype: str = "bf16", experts: int 
     dist = pace_distribution(plan)
     n = round(sum(m * p for m, p in dist.items())) if experts is None else experts
     return timeline(plan, chip, _every_layer(plan, n), **megakernel_costs(plan, chip, dtype, **assumed))
+
+
+def scheduled_pace(plan: StepPlan, chip: Chip, rows=None, folder=None) -> ScheduledStep:
+    """``plan``'s compiler-scheduled step (mk.timing.scheduled.scheduled_step) with the HBM time of its bytes: the
+    floor :func:`pace` gives the same plan."""
+    import dataclasses
+
+    return dataclasses.replace(scheduled_step(plan, chip, rows, folder), hbm_s=pace(plan, chip)["hbm_floor_s"])

@@ -24,7 +24,7 @@ import pandas as pd
 from ..chips import Chip
 from ..paths import SCHEDULE_DIR
 from ..plan import ROUTED, Op, StepPlan, Wait, item_scope
-from .pace import pace, pace_distribution
+from .work import pace_distribution
 
 KIND = "compiler-scheduled"
 PLAIN, SCOPED = "plain", "scoped"  # the kernel as it runs; the same kernel with its named scopes kept as marks
@@ -121,6 +121,7 @@ class ScheduledStep:
     by_scope: dict[str, float]
     counts: dict[str, float]
     scoped_overhead: float
+    hbm_s: float = math.nan  # the HBM time of the step's bytes (mk.timing.pace.scheduled_pace gives it)
 
     @property
     def clock_hz(self) -> float:
@@ -129,10 +130,6 @@ class ScheduledStep:
     @property
     def compute_s(self) -> float:
         return self.bundles / self.clock_hz
-
-    @property
-    def hbm_s(self) -> float:
-        return pace(self.plan, self.chip)["hbm_floor_s"]
 
     def ops(self) -> list[dict]:
         """Per scope: items a step runs, bundles each, ns each (``other`` has no items)."""

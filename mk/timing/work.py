@@ -10,6 +10,7 @@ from functools import lru_cache
 from ..chips import Chip
 from ..params import EXPERTS, HEAD, SCHEMES
 from ..plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan
+from ..routing import busiest_chip_distribution
 from ..sol import get_dtype
 from .constants import chip_constant, matching_rows
 
@@ -115,3 +116,12 @@ def check_speculation(speculate: int, acceptance: float | None) -> float:
             f"{speculate + 1} (all accepted) tokens per user"
         )
     return float(acceptance)
+
+
+def pace_distribution(plan: StepPlan) -> dict[int, float]:
+    """Distinct experts per layer loaded by the chip that sets the pace, count -> probability (exact,
+    uniform routing): the busiest chip's under whole placement, every chip's otherwise."""
+    cfg = plan.cfg
+    if cfg.is_moe and plan.experts_held < cfg.num_experts:
+        return busiest_chip_distribution(cfg.num_experts, plan.chips, cfg.top_k, plan.batch)
+    return plan.distinct_experts
