@@ -14,7 +14,7 @@ from ..kernel_setup import WORKBOOK_KERNEL
 from ..published import published_table
 from ..routing import busiest_chip_distribution
 from ..sol import bytes_per_token, speed_of_light
-from ..timing import assumed_costs, assumed_label, predict
+from ..timing import op_costs_label, predict
 from .sweeps import speculation_table
 from .verdict import MEGAKERNEL_SLICE, validation_table, verdict_table
 
@@ -55,7 +55,11 @@ QUANTITIES = {
     "experts_per_layer_max_chip": "the busiest chip's experts per layer",
     "speedup": "speed-up",
 }
-POINT_KINDS = {"test": "modelled", "test (baseline fitted)": "modelled (its baseline fitted)"}
+POINT_KINDS = {
+    "test": "modelled",
+    "test (baseline fitted)": "modelled (its baseline fitted)",
+    "test (megakernel fitted)": "modelled (its megakernel step fitted: the GPU cost per op's point)",
+}
 
 
 # The workbook's own claims: key -> (what, model, context, users, data type; the figures and tables that show it).
@@ -85,7 +89,7 @@ def workbook_claims(chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
     (mk.kernel_setup.WORKBOOK_KERNEL) on ``chip``: no published value and so no error; its kind names the model, the
     setup and where its per-op costs come from (the compiler's schedule, data/schedule, where it has the plan's; else
     the assumed costs of data/timing.csv; for speculation, K and the acceptance)."""
-    assumed = f"{assumed_label(assumed_costs(get_chip(chip).kind))}, data/timing.csv"
+    costs = op_costs_label(get_chip(chip).kind)  # the speculation gain's two steps may take them from either source
     rows = []
     for key, (what, model, context, users, dtype, shown) in WORKBOOK_CLAIMS.items():
         size = f"{context} positions, {users} user{'s' if users > 1 else ''}"
@@ -106,7 +110,7 @@ def workbook_claims(chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
             kind = (
                 f"modelled (mk.timing, {t.setup}, verifying {k} drafts a step; assumes each draft accepted with "
                 f"probability {a:g} (given, not measured) and a drafter that reads no weights (n-gram lookup); "
-                f"{assumed})"
+                f"{costs})"
             )
         rows.append(
             dict(key=key, claim=claim, published=math.nan, workbook=value, unit=unit, kind=kind, error=math.nan,
