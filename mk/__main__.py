@@ -503,36 +503,24 @@ def _add_schedule(sub) -> None:
 
 def _run_schedule(a) -> None:
     from .measure import compiler_schedule as cs
+    from .timing import named_plan
 
     try:
         if a.refresh or a.missing:
             from .timing.scheduled import stored_rows
 
             for case in cs.STORED_CASES:
-                plan = cs.case_plan(*case)
+                plan = named_plan(*case)
                 if a.missing and stored_rows(plan) is not None:
                     continue
                 print(f"{case}: {cs.schedule_for(plan, case[1], keep=True).bundles:,.0f} bundles", flush=True)
             return
-        plan = cs.case_plan(a.model, a.chip, a.context, a.batch, _setup(a), a.dtype)
+        plan = named_plan(a.model, a.chip, a.context, a.batch, _setup(a), a.dtype)
         s = cs.schedule_for(plan, a.chip, stored=a.stored, keep=a.store)
     except (RuntimeError, LookupError) as e:
         print(f"mk schedule: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    d = s.to_dict()
-    lines = [
-        f"{d['model']} on {d['chip']}, context {d['context']}, batch {d['batch']}: {d['kind']} (libtpu {d['libtpu']}, "
-        f"plan {d['plan']})",
-        f"  bundles/step  {d['bundles_per_step']:12,.0f}   at {d['clock_hz'] / 1e9:.3f} GHz (derived: data/chips.csv)",
-        f"  compute       {d['compute_ms']:12.4f} ms   issued bundles over the clock",
-        f"  HBM           {d['hbm_ms']:12.4f} ms   the step's bytes over the chip's bandwidth",
-        f"  {'op kind (scope)':<30}{'count':>9}{'bundles':>12}{'each':>10}{'ns each':>10}",
-        *(
-            f"  {o['kind']:<30}{o['count'] or 0:9.1f}{o['bundles']:12,.0f}{o['bundles_each']:10.1f}{o['ns_each']:10.1f}"
-            for o in d["ops"]
-        ),
-    ]
-    _print(d, a.json, "\n".join(lines))
+    _print(s.to_dict(), a.json, cs.text(s.to_dict()))
 
 
 # report ------------------------------------------------------------------------------------------

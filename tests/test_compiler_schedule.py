@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from mk.chips import get_chip
-from mk.measure.compiler_schedule import STORED_CASES, case_plan, compile_schedule, schedule_for
+from mk.measure.compiler_schedule import STORED_CASES, compile_schedule, schedule_for
+from mk.timing import named_plan
 from mk.timing.scheduled import KV_TILES, PLAIN, SCOPED, evaluate, factor_values, scheduled_step, stored_rows
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="the schedule needs libtpu")
@@ -24,7 +25,7 @@ def test_every_stored_case_has_rows_and_they_add_up():
     (the marks keep neighbouring items apart, which costs or saves the scheduler a little), each item kind named by the
     plan, and the step's time is its bundles over the clock."""
     for case in STORED_CASES:
-        plan = case_plan(*case)
+        plan = named_plan(*case)
         rows = stored_rows(plan)
         assert rows is not None, f"{case} has no stored rows: python -m mk schedule --refresh"
         s = scheduled_step(plan, get_chip(case[1]), rows)
@@ -36,7 +37,7 @@ def test_every_stored_case_has_rows_and_they_add_up():
 @needs_libtpu
 def test_the_stored_small_case_is_what_the_compiler_gives_today():
     case = STORED_CASES[0]
-    plan = case_plan(*case)
+    plan = named_plan(*case)
     today = compile_schedule(plan, case[1])
     pd.testing.assert_frame_equal(_sorted(today), _sorted(stored_rows(plan)))
     # it has work that runs per KV tile and per routed expert slot, and the rows of both compiles
@@ -50,7 +51,7 @@ def test_a_steps_bundles_grow_with_context_and_users():
     step's counted bundles grow by exactly those loops' bundles times the extra tiles. Two users issue more than one."""
     counted, rows = {}, {}
     for context, users in ((1024, 1), (2048, 1), (1024, 2)):
-        plan = case_plan("tiny-dense", "tpu-v5e", context, users, "workbook")
+        plan = named_plan("tiny-dense", "tpu-v5e", context, users, "workbook")
         rows[context, users] = r = compile_schedule(plan, "tpu-v5e", plain=False)
         counted[context, users] = (evaluate(r, factor_values(plan)).sum(), factor_values(plan))
     (short, at_short), (long, at_long) = counted[1024, 1], counted[2048, 1]
@@ -73,7 +74,7 @@ def test_without_libtpu_or_stored_rows_one_line_says_what_is_missing(monkeypatch
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "needs libtpu" in err
     with pytest.raises(LookupError, match="no stored schedule"):
-        schedule_for(case_plan("tiny-dense", "tpu-v5e", 64, 1, "workbook"), "tpu-v5e", stored=True, folder=tmp_path)
+        schedule_for(named_plan("tiny-dense", "tpu-v5e", 64, 1, "workbook"), "tpu-v5e", stored=True, folder=tmp_path)
 
 
 def test_predict_takes_the_cores_costs_from_the_stored_schedule(capsys):

@@ -8,8 +8,7 @@ import pandas as pd
 
 from ..chips import get_chip
 from ..kernel_setup import KernelSetup
-from ..plan import StepPlan
-from ..timing import predict, scheduled_pace, step_plan
+from ..timing import named_plan, predict, scheduled_pace
 from ..timing.constants import assumed_costs
 from ..timing.scheduled import KIND, OTHER, ScheduledStep
 
@@ -35,13 +34,6 @@ def op_kind_table(step: ScheduledStep) -> pd.DataFrame:
     return g.sort_values("bundles", ascending=False).reset_index().assign(kind_of_number=KIND)
 
 
-def plan_for(model, chip: str, context: int, users: int, setup: KernelSetup, dtype: str = "bf16") -> StepPlan:
-    from ..config import get_config
-
-    return step_plan(get_config(model) if isinstance(model, str) else model, get_chip(chip), context, users, dtype,
-                     setup)  # fmt: skip
-
-
 def issue_against_hbm(model, chip: str, contexts, users, setup: KernelSetup) -> pd.DataFrame:
     """For each context and users: the step's issued bundles and their time at the chip's clock (compute with every
     wait taken out) beside the HBM time of the same step's bytes, from the stored schedule of the plan's code (rows
@@ -50,7 +42,7 @@ def issue_against_hbm(model, chip: str, contexts, users, setup: KernelSetup) -> 
     rows = []
     for b in users:
         for n in contexts:
-            plan = plan_for(model, chip, n, b, setup)
+            plan = named_plan(model, chip, n, b, setup)
             row = dict(model=plan.whole_model.name, chip=c.name, context=n, users=b, code=plan.code_fingerprint)
             try:
                 s = scheduled_pace(plan, c)

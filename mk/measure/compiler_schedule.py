@@ -164,17 +164,6 @@ STORED_CASES = (
 )
 
 
-def case_plan(model, chip: str, context: int, batch: int, setup, dtype: str = "bf16", knockout=()) -> StepPlan:
-    """The plan mk.timing times for these arguments (``setup``: a KernelSetup or its command-line name)."""
-    from ..chips import get_chip
-    from ..config import get_config
-    from ..timing.work import step_plan
-
-    setup = SETUPS[setup] if isinstance(setup, str) else setup
-    cfg = get_config(model) if isinstance(model, str) else model
-    return step_plan(cfg, get_chip(chip), context, batch, dtype, setup, frozenset(knockout))
-
-
 def schedule_for(plan: StepPlan, chip: str, stored: bool = False, keep: bool = False, folder: Path | None = None):
     """``plan``'s ScheduledStep on ``chip``: compiled now (``keep``: its rows stored too), or ``stored`` ones read.
     Raises RuntimeError without libtpu (when compiling) and LookupError without stored rows (when reading)."""
@@ -190,3 +179,20 @@ def schedule_for(plan: StepPlan, chip: str, stored: bool = False, keep: bool = F
     if keep:
         store(rows, plan, folder)
     return scheduled_pace(plan, c, rows)
+
+
+def text(d: dict) -> str:
+    """A ScheduledStep's ``to_dict()`` as ``python -m mk schedule`` prints it: the step, then one line per op kind."""
+    lines = [
+        f"{d['model']} on {d['chip']}, context {d['context']}, batch {d['batch']}: {d['kind']} (libtpu {d['libtpu']}, "
+        f"plan {d['plan']})",
+        f"  bundles/step  {d['bundles_per_step']:12,.0f}   at {d['clock_hz'] / 1e9:.3f} GHz (derived: data/chips.csv)",
+        f"  compute       {d['compute_ms']:12.4f} ms   issued bundles over the clock",
+        f"  HBM           {d['hbm_ms']:12.4f} ms   the step's bytes over the chip's bandwidth",
+        f"  {'op kind (scope)':<30}{'count':>9}{'bundles':>12}{'each':>10}{'ns each':>10}",
+    ]
+    lines += [
+        f"  {o['kind']:<30}{o['count'] or 0:9.1f}{o['bundles']:12,.0f}{o['bundles_each']:10.1f}{o['ns_each']:10.1f}"
+        for o in d["ops"]
+    ]
+    return "\n".join(lines)

@@ -29,7 +29,7 @@ from .general_stack import GENERAL_STACK, kernel_cost, kernels_per_plan_kernel, 
 from .pace import megakernel_costs, pace, pace_timeline, scheduled_pace
 from .predict import ENGINES, Prediction, drafter_seconds, predict, step_breakdown
 from .scheduled import op_costs_label
-from .work import compute_seconds, link_latency, load_bytes, pace_distribution, step_plan
+from .work import compute_seconds, link_latency, load_bytes, named_plan, pace_distribution, step_plan
 
 __all__ = [
     "ASSUMED",
@@ -51,6 +51,7 @@ __all__ = [
     "link_latency",
     "load_bytes",
     "megakernel_costs",
+    "named_plan",
     "op_costs_label",
     "op_overhead_cost",
     "pace",

@@ -125,3 +125,16 @@ def pace_distribution(plan: StepPlan) -> dict[int, float]:
     if cfg.is_moe and plan.experts_held < cfg.num_experts:
         return busiest_chip_distribution(cfg.num_experts, plan.chips, cfg.top_k, plan.batch)
     return plan.distinct_experts
+
+
+def named_plan(model, chip, context: int, batch: int, setup, dtype: str = "bf16", knockout=()) -> StepPlan:
+    """:func:`step_plan` from names: ``model`` a name mk.config resolves or a config, ``chip`` a name or a Chip,
+    ``setup`` a KernelSetup or its command-line name (mk.kernel_setup.SETUPS)."""
+    from ..chips import get_chip
+    from ..config import get_config
+    from ..kernel_setup import SETUPS
+
+    setup = SETUPS[setup] if isinstance(setup, str) else setup
+    cfg = get_config(model) if isinstance(model, str) else model
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    return step_plan(cfg, chip, context, batch, dtype, setup, frozenset(knockout))
