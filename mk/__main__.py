@@ -486,8 +486,8 @@ def _add_schedule(sub) -> None:
         help="the megakernel's step as libtpu's compiler schedules it: bundles by op kind, compute time beside the "
         "HBM time (compiles with libtpu, exit 2 without; --stored reads data/schedule)",
     )
-    p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP)
-    p.add_argument("--chip", required=True, help="a TPU (tpu-v5e) or a slice of one (tpu-v5e-8)")
+    p.add_argument("--model", help=MODEL_HELP + RUNNABLE_HELP + " (not with --refresh, --missing)")
+    p.add_argument("--chip", help="a TPU (tpu-v5e) or a slice of one (tpu-v5e-8) (not with --refresh, --missing)")
     p.add_argument("--context", type=_positive_int, default=1024, help="positions in the KV cache (default 1024)")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weight data type policy")
@@ -505,8 +505,14 @@ def _run_schedule(a) -> None:
     from .measure import compiler_schedule as cs
     from .timing import named_plan
 
+    whole = a.refresh or a.missing
+    if whole == bool(a.model or a.chip) or (not whole and not (a.model and a.chip)):
+        raise SystemExit(
+            "mk schedule: give --model and --chip for one plan, or --refresh / --missing (no --model, --chip) for "
+            "every case data/schedule keeps"
+        )
     try:
-        if a.refresh or a.missing:
+        if whole:
             from .timing.scheduled import stored_rows
 
             for case in cs.STORED_CASES:

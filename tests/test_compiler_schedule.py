@@ -10,7 +10,18 @@ import pytest
 from mk.chips import get_chip
 from mk.measure.compiler_schedule import STORED_CASES, compile_schedule, schedule_for
 from mk.timing import named_plan
-from mk.timing.scheduled import KV_TILES, PLAIN, SCOPED, evaluate, factor_values, scheduled_step, stored_rows
+from mk.paths import SCHEDULE_DIR
+from mk.timing.scheduled import (
+    KV_TILES,
+    PLAIN,
+    SCOPED,
+    evaluate,
+    factor_values,
+    kernel_revision,
+    kernel_revisions,
+    scheduled_step,
+    stored_rows,
+)
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="the schedule needs libtpu")
 ROW = ["compile", "scope", "factors", "bundles"]
@@ -32,6 +43,34 @@ def test_every_stored_case_has_rows_and_they_add_up():
         assert abs(s.scoped_overhead) < 0.10
         assert set(s.by_scope) - {"other"} <= set(s.counts)
         assert s.compute_s == pytest.approx(s.bundles / 1.97e14 * (4 * 128 * 128 * 2))
+
+
+def test_each_stored_schedule_names_a_kernel_revision_and_its_file_says_which():
+    """data/kernel_revisions.csv numbers the kernel's revisions 1, 2, ... each with what changed; every stored file is
+    keyed by one of them and its rows say the same revision."""
+    revs = kernel_revisions()
+    assert list(revs.revision) == list(range(1, len(revs) + 1)) and revs.change.str.len().min() > 40
+    assert kernel_revision() == len(revs)
+    files = sorted(SCHEDULE_DIR.glob("*.csv"))
+    assert files
+    for f in files:
+        rev = int(f.name.split("_")[1].removeprefix("k"))
+        assert 1 <= rev <= len(revs), f
+        assert set(pd.read_csv(f, usecols=["revision"]).revision) == {rev}, f
+
+
+def test_revision_two_lists_the_routed_experts_in_fewer_bundles_and_a_shorter_step():
+    """The change data/kernel_revisions.csv records for revision 2 (the routed experts listed by vector work, not a
+    scalar loop over the chip's 128 experts) issues fewer bundles per route in libtpu's schedule, and the modelled step
+    of the workbook's kernel for gemma4-26b-a4b on a v5e-8 shortens with it (both revisions' rows are kept)."""
+    from mk.analysis.compiler_clock import revision_effect
+    from mk.kernel_setup import WORKBOOK_KERNEL
+
+    t = revision_effect("gemma4-26b-a4b", "tpu-v5e-8", [(1024, 1)], WORKBOOK_KERNEL).set_index("revision")
+    assert list(t.index) == [1, 2]
+    assert t.loc[2, "Route bundles each"] < t.loc[1, "Route bundles each"] / 2
+    assert t.loc[2, "step_ms"] < t.loc[1, "step_ms"] and t.loc[2, "step_saved_ms"] > 0
+    assert t.loc[2, "fraction_of_sol"] > t.loc[1, "fraction_of_sol"]
 
 
 @needs_libtpu
@@ -73,6 +112,8 @@ def test_without_libtpu_or_stored_rows_one_line_says_what_is_missing(monkeypatch
         main(["schedule", "--model", "tiny-dense", "--chip", "tpu-v5e"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "needs libtpu" in err
+    with pytest.raises(SystemExit, match="--refresh / --missing"):  # every kept case, or one plan: not both
+        main(["schedule", "--refresh", "--model", "tiny-dense"])
     with pytest.raises(LookupError, match="no stored schedule"):
         schedule_for(named_plan("tiny-dense", "tpu-v5e", 64, 1, "workbook"), "tpu-v5e", stored=True, folder=tmp_path)
 

@@ -221,3 +221,26 @@ def test_twelve_layers_through_the_loop_over_layers():
     r = run_both(cfg, 2, 2, prompt_len=[12, 7], max_len=32)  # the second step reads what the first wrote
     assert not r["races"] and r["diff"] < LOGIT_ATOL and r["cache_diff"] < LOGIT_ATOL
     np.testing.assert_array_equal(np.stack(r["mk"]), np.stack(r["ref"]))
+
+
+@pytest.mark.parametrize("ep, base, held", [(128, 0, 128), (128, 32, 32), (256, 0, 256), (384, 96, 48)])
+def test_expert_table_lists_the_routed_experts_in_order(ep, base, held):
+    """The kernel's routed-expert table (vector work, no scalar loop), compiled for the TPU in interpret mode: row 0
+    the flagged experts among this chip's, in expert order, as indices among them, then its last expert; row 1 how
+    many; for no expert, one, all, and random flags."""
+    from mk.megakernel.moe import COUNT, expert_table
+
+    rng = np.random.default_rng(ep + base)
+    cases = [np.zeros(ep, np.int32), np.eye(1, ep, base + held - 1, dtype=np.int32)[0], np.ones(ep, np.int32)]
+    cases += [(rng.random(ep) < p).astype(np.int32) for p in (0.05, 0.5)]
+
+    def body(used_ref, out_ref):
+        out_ref[...] = expert_table(used_ref[...], base, held, out_ref.shape)
+
+    table = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((8, ep), jnp.int32), interpret=pltpu.InterpretParams())
+    for used in cases:
+        got = np.asarray(table(jnp.asarray(used[None, :])))
+        want = np.flatnonzero(used[base : base + held])
+        assert got[COUNT, 0] == len(want)
+        np.testing.assert_array_equal(got[0, : len(want)], want)
+        assert (got[0, len(want) :] == held - 1).all()  # past the count: the chip's last expert (slot 0 may run)

@@ -1,5 +1,6 @@
 """The kernel's own clock as tables (notebook 11): where the compiler's scheduled bundles go, the step's issue time
-against its HBM time by context and users, and the cost per op it implies beside the assumed one. Every number is read
+against its HBM time by context and users, the cost per op it implies beside the assumed one, and what each revision of
+the kernel's code bought. Every number is read
 from data/schedule/ (mk.timing.scheduled), compiled once by ``python -m mk schedule``."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from ..chips import get_chip
 from ..kernel_setup import KernelSetup
 from ..timing import named_plan, predict, scheduled_pace
 from ..timing.constants import assumed_costs
-from ..timing.scheduled import KIND, OTHER, ScheduledStep
+from ..timing.scheduled import KIND, OTHER, ScheduledStep, kernel_revisions, scheduled_step
 
 
 def scope_table(step: ScheduledStep) -> pd.DataFrame:
@@ -93,3 +94,38 @@ def scheduled_against_assumed(model, chip: str, contexts, users, setup: KernelSe
                 )
             )  # fmt: skip
     return pd.DataFrame(rows).assign(kind="modelled (mk.timing.predict: compiler-scheduled or assumed costs)")
+
+
+def revision_effect(model, chip: str, points, setup: KernelSetup) -> pd.DataFrame:
+    """What each revision of the kernel's code bought (data/kernel_revisions.csv), at each (context, users) of
+    ``points``: the bundles each of the op kinds the revision's change targets issues, the step's bundles, and the
+    modelled step and fraction of the speed of light with that revision's schedule (mk.timing.predict), beside the
+    revision before. Every revision whose schedule data/schedule keeps for the point's plan has a row; a point with
+    none says so."""
+    c = get_chip(chip)
+    revisions = kernel_revisions()
+    targets = ",".join(k for k in revisions.op_kinds if k)
+    rows = []
+    for n, b in points:
+        plan = named_plan(model, chip, n, b, setup)
+        point = dict(model=plan.whole_model.name, chip=c.name, context=n, users=b, setup=setup.name)
+        kept = []
+        for r in revisions.itertuples():
+            try:
+                s = scheduled_step(plan, c, revision=r.revision)
+            except LookupError:
+                continue
+            p = predict(model, c, n, b, setup=setup, revision=r.revision)
+            each = {o["kind"]: o["bundles_each"] for o in s.ops()}
+            kept.append(
+                dict(
+                    point, revision=r.revision, change=r.change,
+                    **{f"{k} bundles each": each.get(k, float("nan")) for k in targets.split(",") if k},
+                    bundles_per_step=s.bundles, step_ms=p.step_s * 1e3, fraction_of_sol=p.fraction_of_sol,
+                )
+            )  # fmt: skip
+        if not kept:
+            rows.append(dict(point, revision=float("nan"), change="no stored schedule for this point's plan"))
+        for before, after in zip([None] + kept, kept):
+            rows.append(dict(after, step_saved_ms=float("nan") if before is None else before["step_ms"] - after["step_ms"]))
+    return pd.DataFrame(rows).assign(kind=f"{KIND} + modelled (mk.timing.predict with each revision's schedule)")

@@ -10,7 +10,8 @@ and skippable stretches in the same order; the scoped one says what each is:
 - code inside a ``Routed`` scope that a branch can skip (an expert slot's work) runs the ``routed`` share of the
   time; other skippable code is counted as run.
 
-The rows (mk.timing.scheduled.COLUMNS) go to data/schedule/ under the plan's code fingerprint and libtpu's version.
+The rows (mk.timing.scheduled.COLUMNS) go to data/schedule/ under the plan's code fingerprint, the kernel's revision
+(data/kernel_revisions.csv) and libtpu's version.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..files import git_commit
 from ..kernel_setup import SETUPS
 from ..params import KNOCKOUTS, SHARED_MLP
 from ..plan import ROUTED, StepPlan
-from ..timing.scheduled import COLUMNS, KV_TILES, OTHER, PLAIN, SCOPED, STEP, schedule_file
+from ..timing.scheduled import COLUMNS, KV_TILES, OTHER, PLAIN, SCOPED, STEP, kernel_revision, schedule_file
 from ..tpu import libtpu_version
 from .bundles import Bundle, final_bundles, find_loops, find_skips, issued, parse_bundles, scope_stacks
 
@@ -121,6 +122,7 @@ def compile_schedule(plan: StepPlan, chip: str, plain: bool = True) -> pd.DataFr
         context=plan.context,
         batch=plan.users,
         setup=plan.setup.name if plan.setup is not None else "one chip",
+        revision=kernel_revision(),
         compile_s=round(seconds, 1),
         date=datetime.date.today().isoformat(),
         commit=git_commit(),

@@ -2,10 +2,15 @@
 
 ``lax.top_k`` and sort have no Mosaic lowering, so top-k is k rounds of max + lowest index among the
 maxima (the tie-break ``lax.top_k`` uses) + mask. The experts any user routed to are flagged in a
-vector, which goes VMEM -> SMEM by DMA; a scalar loop over the experts gathers the distinct ones into
-a list in SMEM, in expert order, with their count. Expert slot j then runs (its DMAs and matmuls) only
-when more than j distinct experts were routed, so each routed expert is read once and applied to every
-user with that user's weight (zero for users that did not pick it).
+vector and listed, distinct and in expert order, with their count, by vector work alone (how many are flagged
+up to each expert from one small matmul), then go VMEM -> SMEM by one DMA. Expert slot j then runs
+(its DMAs and matmuls) only when more than j distinct experts were routed, so each routed expert is read once
+and applied to every user with that user's weight (zero for users that did not pick it).
+
+Kernel revision 1 gathered the list by a scalar loop over the chip's experts, reading the flags from SMEM: with
+128 experts that loop was most of what libtpu schedules for a route, and the route sits on the chain of work
+between two layers' expert streams, where the weight stream waits for it (data/kernel_revisions.csv; notebook 11
+shows the bundles each revision issues).
 """
 
 from __future__ import annotations
@@ -61,17 +66,34 @@ def emit_route(k, op):
     s.gates[...] = gates
     user = jax.lax.broadcasted_iota(jnp.int32, (rows, ep), 0) < B  # padding rows route too: ignore them
     used = jnp.max(jnp.where(picked & user, 1, 0), axis=0, keepdims=True)  # [1, ep]
-    s.used[...] = jnp.broadcast_to(used, s.used.shape)
-    c = pltpu.make_async_copy(s.used, s.used_smem, s.route_sem.at[0])
+    s.expert_table[...] = expert_table(used, k.expert_base, k.plan.experts_held, s.expert_table.shape)
+    c = pltpu.make_async_copy(s.expert_table, s.experts, s.route_sem.at[0])
     c.start()
     c.wait()
-
-    def gather(e, n):  # over this chip's experts (all E unless they are placed whole over chips)
-        s.experts[0, n] = e  # overwritten by the next expert unless this one is used
-        return n + s.used_smem[0, k.expert_base + e]
-
-    s.experts[COUNT, 0] = jax.lax.fori_loop(0, k.plan.experts_held, gather, jnp.int32(0))
     s.acts["moe"][...] = jnp.zeros(s.acts["moe"].shape, jnp.float32)
+
+
+def expert_table(used, base, held: int, shape):
+    """The routed-expert table (``shape`` [8, E_pad] int32) from ``used`` ([1, E_pad], 1 where any user routed to
+    the expert): row 0 lists the flagged experts among this chip's ``held`` from ``base`` (all E unless they are
+    placed whole over chips), distinct and in expert order, as indices among them; row COUNT holds how many.
+    Entries past the count name the chip's last expert: slot 0 runs even when none of the chip's experts was routed
+    (whole experts), and must read a tile the chip holds (its combine weight is then zero).
+
+    With n(e) the flagged experts up to and including e, the j-th flagged expert (from 0) is the number of experts
+    e with n(e) <= j. n(e) is a sum over lanes, done as one matmul of 0/1 values (exact: bf16 holds 0 and 1, the
+    MXU adds in f32) whose result every lane of row e holds; the count over e is a sum over sublanes."""
+    ep = shape[1]
+    lane = jax.lax.broadcasted_iota(jnp.int32, (1, ep), 1)
+    mine = jnp.where((lane >= base) & (lane < base + held), used, 0)  # [1, ep]
+    row = jax.lax.broadcasted_iota(jnp.int32, (ep, ep), 0)  # e
+    col = jax.lax.broadcasted_iota(jnp.int32, (ep, ep), 1)  # e' in the product, list slot j in the result
+    upto = jnp.where(col <= row, jnp.broadcast_to(mine, (ep, ep)), 0).astype(jnp.bfloat16)  # [e, e'] = flag of e' <= e
+    n = jnp.dot(upto, jnp.ones((ep, ep), jnp.bfloat16), preferred_element_type=jnp.float32).astype(jnp.int32)
+    ids = jnp.minimum(jnp.sum(jnp.where(n <= col, 1, 0), axis=0, keepdims=True) - base, held - 1)  # [1, ep]
+    count = jnp.sum(mine, axis=1, keepdims=True)  # [1, 1]
+    r = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+    return jnp.where(r == 0, ids, jnp.where(r == COUNT, count, 0))
 
 
 def emit_gated_act(k, op):

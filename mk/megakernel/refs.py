@@ -81,9 +81,8 @@ class Scratch(NamedTuple):
     embed_rows: Any  # [B, 16, H]: the aligned block of embedding rows around each user's token
     embed_sem: Any  # DMA [1]
     gates: Any  # [rows, E_pad] f32: each user's combine weight of every expert
-    used: Any  # [8, E_pad] int32: row 0 flags the experts any user routed to
+    expert_table: Any  # [8, E_pad] int32: the routed-expert table (mk.megakernel.moe.expert_table), staged for SMEM
     experts: Any  # SMEM [8, E_pad] int32: row 0 the distinct routed experts, [1, 0] how many
-    used_smem: Any  # SMEM [8, E_pad] int32: ``used`` as scalars
     route_sem: Any  # DMA [1]
     users: Any  # SMEM [rows, 128] int32: the users block as scalars
     users_vmem: Any  # [rows, 128] int32: the users block as vectors
@@ -246,9 +245,8 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
         embed_rows=pltpu.VMEM((B, BLOCK, cfg.hidden_size), weight_dtype),
         embed_sem=pltpu.SemaphoreType.DMA((1,)),
         gates=pltpu.VMEM((rows, ep), jnp.float32),
-        used=pltpu.VMEM((ROWS, ep), jnp.int32),
+        expert_table=pltpu.VMEM((ROWS, ep), jnp.int32),
         experts=pltpu.SMEM((ROWS, ep), jnp.int32),
-        used_smem=pltpu.SMEM((ROWS, ep), jnp.int32),
         route_sem=pltpu.SemaphoreType.DMA((1,)),
         users=pltpu.SMEM((rows, LANE), jnp.int32),
         users_vmem=pltpu.VMEM((rows, LANE), jnp.int32),

@@ -13,15 +13,18 @@ from .scheduled import ScheduledStep, scheduled_costs, scheduled_step
 from .work import compute_seconds, link_latency, load_bytes, pace_distribution
 
 
-def megakernel_costs(plan: StepPlan, chip: Chip, dtype: str = "bf16", **assumed) -> dict:
+def megakernel_costs(
+    plan: StepPlan, chip: Chip, dtype: str = "bf16", revision: int | None = None, **assumed
+) -> dict:
     """What mk.plan.timeline charges on ``chip`` for ``plan`` under ``dtype``: the core's cost of each op and DMA
-    start, the link latency and each weight tile's bytes. The core's costs are the compiler's schedule where
-    data/schedule has the plan's (mk.timing.scheduled) and no cost is ``assumed``; otherwise each op's FLOPs at the
-    chip's rate plus the assumed per-op and per-DMA-issue costs (data/timing.csv's, or ``assumed``: a sensitivity)."""
+    start, the link latency and each weight tile's bytes. The core's costs are the compiler's schedule of the kernel's
+    ``revision`` (default: this tree's) where data/schedule has the plan's (mk.timing.scheduled) and no cost is
+    ``assumed``; otherwise each op's FLOPs at the chip's rate plus the assumed per-op and per-DMA-issue costs
+    (data/timing.csv's, or ``assumed``: a sensitivity)."""
     nbytes = load_bytes(dtype)
     load_b = {id(ld): nbytes(ld) for ld in plan.loads}  # once: the pacing chip's variants walk the plan many times
     common = dict(ici_latency_s=link_latency(chip), load_bytes=lambda ld: load_b[id(ld)])
-    scheduled = op_costs(plan, chip, **assumed)
+    scheduled = op_costs(plan, chip, revision, **assumed)
     if scheduled is not None:
         return dict(common, **{k: v for k, v in scheduled.items() if k != "source"})
     compute = compute_seconds(plan, chip)
@@ -29,12 +32,13 @@ def megakernel_costs(plan: StepPlan, chip: Chip, dtype: str = "bf16", **assumed)
     return dict(assumed_costs(chip.kind, **assumed), compute_s=lambda op: op_s[id(op)], **common)
 
 
-def op_costs(plan: StepPlan, chip: Chip, **assumed) -> dict | None:
-    """The compiler-scheduled costs of the core for ``plan`` (mk.timing.scheduled.scheduled_costs), unless a cost is
-    ``assumed`` (a sensitivity) or data/schedule has none for it: then None."""
+def op_costs(plan: StepPlan, chip: Chip, revision: int | None = None, **assumed) -> dict | None:
+    """The compiler-scheduled costs of the core for ``plan`` and the kernel's ``revision`` (default: this tree's;
+    mk.timing.scheduled.scheduled_costs), unless a cost is ``assumed`` (a sensitivity) or data/schedule has none for
+    it: then None."""
     if any(v is not None for v in assumed.values()):
         return None
-    return scheduled_costs(plan, chip)
+    return scheduled_costs(plan, chip, revision)
 
 
 def _likely(dist: dict[int, float], tail: float = 1e-9) -> dict[int, float]:
@@ -64,16 +68,24 @@ def _loaded(plan: StepPlan, nbytes: Callable[[Load], float]) -> Callable[[int], 
     return lambda m: shared + sum(b for slot, b in by_slot.items() if slot < m)
 
 
-def pace(plan: StepPlan, chip: Chip, dtype: str = "bf16", distribution: dict[int, float] | None = None, **assumed):
+def pace(
+    plan: StepPlan,
+    chip: Chip,
+    dtype: str = "bf16",
+    distribution: dict[int, float] | None = None,
+    revision: int | None = None,
+    **assumed,
+):
     """The step of the chip that sets the pace, expected over its experts per layer (``distribution``,
     default :func:`pace_distribution`): each count m's timeline with m experts in every layer, weighted by
-    its probability (the counts that hold all but 1e-9 of it). Exact where a layer's time depends on its own
+    its probability (the counts that hold all but 1e-9 of it); the core's costs from the kernel's ``revision``
+    (:func:`megakernel_costs`). Exact where a layer's time depends on its own
     count only (layers add up); the all-reduce that closes each layer makes the slowest chip's layer
     everyone's. Returns the distinct experts per layer the chip fetches and the share of each it holds (1/C
     with split experts), bytes (weights as the DMAs move them, their payload without the layout's padding,
     KV), bytes each chip sends, and the step and its floors in seconds."""
     dist = {m: p for m, p in (distribution or pace_distribution(plan)).items() if p > 0}
-    costs = megakernel_costs(plan, chip, dtype, **assumed)
+    costs = megakernel_costs(plan, chip, dtype, revision, **assumed)
     timed = _likely(dist)
 
     def expect(f, over=timed):

@@ -124,6 +124,7 @@ def predict(
     kernel_s: float | None = None,
     acceptance: float | None = None,
     assistant=None,
+    revision: int | None = None,
 ) -> Prediction:
     """The modelled decode step of ``model`` on ``chip`` (a chip or a slice: ``tpu-v5e-8``) at ``context``
     positions for ``batch`` users. ``setup`` (mk.kernel_setup.KernelSetup, default the workbook's kernel): the
@@ -135,7 +136,9 @@ def predict(
     no weight reads: n-gram prompt lookup), emitting ``acceptance`` tokens per user on average
     (``check_speculation``); tokens/s and the fraction of the speed of light count emitted tokens. ``assistant``
     (mk.assistant_config.AssistantConfig): the drafts come from Gemma 4's assistant, whose K programs a round cost
-    :func:`drafter_seconds` (default: a drafter that reads nothing). A round is the drafter's time plus the step's."""
+    :func:`drafter_seconds` (default: a drafter that reads nothing). A round is the drafter's time plus the step's.
+    ``revision``: the kernel revision (data/kernel_revisions.csv) whose compiler schedule gives the megakernel's op
+    costs (default: this tree's kernel)."""
     cfg, chip = _check(model, chip, context, batch, engine)
     knockout = frozenset(knockout)
     sol = speed_of_light(cfg, chip, context, batch, dtype)
@@ -163,10 +166,10 @@ def predict(
             f"{setup.attention_split}; model mk.kernel_setup.VERIFYING_KERNEL, or setup.but(attention_split='heads')"
         )
     plan = step_plan(cfg, chip, context, batch, dtype, setup, knockout)
-    scheduled = op_costs(plan, chip, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
+    scheduled = op_costs(plan, chip, revision, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
     costs = assumed_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
     fitted = fitted_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)  # GPUs' per op, not given
-    paced = pace(plan, chip, dtype, **({} if scheduled else costs))
+    paced = pace(plan, chip, dtype, revision=revision, **({} if scheduled else costs))
     cost_words = scheduled["source"] if scheduled else assumed_label(costs, fitted)
     if chip.chips > 1:
         who = "the busiest chip (whole experts)" if plan.experts_held < cfg.num_experts else "every chip"

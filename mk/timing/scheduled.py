@@ -1,7 +1,8 @@
 """The megakernel's own clock: the bundles libtpu's compiler schedules for a step, read from data/schedule/.
 
 mk.measure.compiler_schedule compiles a plan's kernel ahead of time and writes one CSV a kernel's code (the plan's
-code fingerprint, which plans at any context with KV tiles of the same size share) and libtpu version: rows of
+code fingerprint, which plans at any context with KV tiles of the same size share; the kernel's revision, data/
+kernel_revisions.csv, whose last row is the code in this tree) and libtpu version: rows of
 bundles, each with the factors it issues per (the trips of a user's loop over a layer type's KV tiles,
 ``kv_tiles.sliding``; the share of routed expert slots that run, ``Routed``) and the scope it was emitted in (an
 item's kind, mk.plan.item_scope). Rows from the kernel as it runs (``plain``) count the step; rows from the same
@@ -22,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..chips import Chip
-from ..paths import SCHEDULE_DIR
+from ..paths import KERNEL_REVISIONS_CSV, SCHEDULE_DIR
 from ..plan import ROUTED, Op, StepPlan, Wait, item_scope
 from .work import pace_distribution
 
@@ -39,6 +40,7 @@ COLUMNS = (
     "context",
     "batch",
     "setup",
+    "revision",
     "compile",
     "scope",
     "factors",
@@ -50,9 +52,22 @@ COLUMNS = (
 )
 
 
-def schedule_file(plan: StepPlan, libtpu: str, folder: Path | None = None) -> Path:
-    """Where a plan's rows for a libtpu version live."""
-    return Path(folder or SCHEDULE_DIR) / f"{plan.code_fingerprint}_libtpu-{libtpu}.csv"
+def kernel_revisions() -> pd.DataFrame:
+    """data/kernel_revisions.csv: each revision of the megakernel's code, the op kinds its change targets and what
+    changed; the last row is the kernel in this tree (a change to the kernel's code adds a row and refreshes the
+    stored schedules: python -m mk schedule --refresh)."""
+    return pd.read_csv(KERNEL_REVISIONS_CSV, keep_default_na=False)
+
+
+def kernel_revision() -> int:
+    """The revision of the megakernel's code in this tree."""
+    return int(kernel_revisions()["revision"].max())
+
+
+def schedule_file(plan: StepPlan, libtpu: str, folder: Path | None = None, revision: int | None = None) -> Path:
+    """Where a plan's rows for a libtpu version and kernel ``revision`` (default: this tree's) live."""
+    rev = kernel_revision() if revision is None else revision
+    return Path(folder or SCHEDULE_DIR) / f"{plan.code_fingerprint}_k{rev}_libtpu-{libtpu}.csv"
 
 
 @lru_cache(maxsize=64)
@@ -60,11 +75,15 @@ def _read(path: Path, mtime: float) -> pd.DataFrame:
     return pd.read_csv(path, dtype={"factors": str, "plan": str, "libtpu": str}, keep_default_na=False)
 
 
-def stored_rows(plan: StepPlan, libtpu: str | None = None, folder: Path | None = None) -> pd.DataFrame | None:
-    """The stored rows of ``plan``'s schedule (for ``libtpu``, else the newest stored version), or None."""
-    found = sorted(Path(folder or SCHEDULE_DIR).glob(f"{plan.code_fingerprint}_libtpu-*.csv"))
+def stored_rows(
+    plan: StepPlan, libtpu: str | None = None, folder: Path | None = None, revision: int | None = None
+) -> pd.DataFrame | None:
+    """The stored rows of ``plan``'s schedule for kernel ``revision`` (default: this tree's) and ``libtpu`` (else the
+    newest stored version), or None."""
+    rev = kernel_revision() if revision is None else revision
+    found = sorted(Path(folder or SCHEDULE_DIR).glob(f"{plan.code_fingerprint}_k{rev}_libtpu-*.csv"))
     if libtpu is not None:
-        found = [p for p in found if p == schedule_file(plan, libtpu, folder)]
+        found = [p for p in found if p == schedule_file(plan, libtpu, folder, rev)]
     if not found:
         return None
     path = max(found, key=lambda p: p.stat().st_mtime)
@@ -117,6 +136,7 @@ class ScheduledStep:
     plan: StepPlan
     chip: Chip
     libtpu: str
+    revision: int  # of the kernel's code (data/kernel_revisions.csv)
     bundles: float
     by_scope: dict[str, float]
     counts: dict[str, float]
@@ -149,6 +169,7 @@ class ScheduledStep:
             batch=self.plan.users,
             plan=self.plan.code_fingerprint,
             libtpu=self.libtpu,
+            kernel_revision=self.revision,
             bundles_per_step=self.bundles,
             clock_hz=self.clock_hz,
             clock_source=self.chip.clock_source,
@@ -160,17 +181,19 @@ class ScheduledStep:
 
 
 def scheduled_step(
-    plan: StepPlan, chip: Chip, rows: pd.DataFrame | None = None, folder: Path | None = None
+    plan: StepPlan, chip: Chip, rows: pd.DataFrame | None = None, folder: Path | None = None, revision: int | None = None
 ) -> ScheduledStep:
-    """``plan``'s step on ``chip`` from its schedule's rows (default: the ones stored in data/schedule or ``folder``).
-    Refuses a chip with no clock rate and a plan with no rows, naming the command that makes them."""
+    """``plan``'s step on ``chip`` from its schedule's rows (default: the ones stored in data/schedule or ``folder`` for
+    kernel ``revision``, default this tree's). Refuses a chip with no clock rate and a plan with no rows, naming the
+    command that makes them."""
     if math.isnan(chip.clock_hz):
         raise ValueError(f"data/chips.csv derives no clock rate for {chip.base}; add clock_hz with its derivation")
-    rows = stored_rows(plan, folder=folder) if rows is None else rows
+    rows = stored_rows(plan, folder=folder, revision=revision) if rows is None else rows
     if rows is None:
+        rev = kernel_revision() if revision is None else revision
         raise LookupError(
-            f"no stored schedule for this plan ({plan.code_fingerprint}) in data/schedule; compile it with libtpu: "
-            "python -m mk schedule ... --store"
+            f"no stored schedule for this plan ({plan.code_fingerprint}) and kernel revision {rev} in data/schedule; "
+            "compile it with libtpu: python -m mk schedule ... --store"
         )
     values = factor_values(plan)
     issued = evaluate(rows, values)
@@ -181,6 +204,7 @@ def scheduled_step(
         plan,
         chip,
         str(rows["libtpu"].iloc[0]),
+        int(rows["revision"].iloc[0]),
         total,
         {k: float(v) for k, v in by_scope.items()},
         item_counts(plan),
@@ -191,15 +215,17 @@ def scheduled_step(
 _COSTS: dict[tuple, dict | None] = {}
 
 
-def scheduled_costs(plan: StepPlan, chip: Chip) -> dict | None:
-    """The core's costs mk.plan.timeline charges, from the stored schedule of ``plan`` on ``chip`` (None where none is
-    stored or the chip has no clock rate): an op's issued bundles with its tile's wait (``compute_s``), a DMA start's
-    by its tile's component (``dma_issue_s``), and the bundles in no item's scope (loop control, set-up) spread over
-    the ops a step runs (``op_overhead_s``), each over the clock."""
-    key = (plan.code_fingerprint, plan.context, chip.name)
+def scheduled_costs(plan: StepPlan, chip: Chip, revision: int | None = None) -> dict | None:
+    """The core's costs mk.plan.timeline charges, from the stored schedule of ``plan`` on ``chip`` for kernel
+    ``revision`` (default: this tree's; None where none is stored or the chip has no clock rate): an op's issued
+    bundles with its tile's wait (``compute_s``), a DMA start's by its tile's component (``dma_issue_s``), and the
+    bundles in no item's scope (loop control, set-up) spread over the ops a step runs (``op_overhead_s``), each over
+    the clock."""
+    rev = kernel_revision() if revision is None else revision
+    key = (plan.code_fingerprint, plan.context, chip.name, rev)
     if key not in _COSTS:
         try:
-            s = scheduled_step(plan, chip)
+            s = scheduled_step(plan, chip, revision=rev)
         except (LookupError, ValueError):
             _COSTS[key] = None
         else:
@@ -220,7 +246,7 @@ def _costs(s: ScheduledStep) -> dict:
         compute_s=compute_s,
         dma_issue_s=lambda ld: each.get(f"Start.{ld.component}", 0.0),
         op_overhead_s=s.by_scope.get(OTHER, 0.0) / ops / s.clock_hz,
-        source=f"{KIND} (libtpu {s.libtpu}, code {s.plan.code_fingerprint})",
+        source=f"{KIND} (libtpu {s.libtpu}, code {s.plan.code_fingerprint}, kernel revision {s.revision})",
     )
 
 

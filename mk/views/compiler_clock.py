@@ -1,5 +1,5 @@
-"""The kernel's own clock drawn (mk.analysis.compiler_clock's tables): the step's issued bundles by op kind, and its
-issue time against its HBM time by context and users."""
+"""The kernel's own clock drawn (mk.analysis.compiler_clock's tables): the step's issued bundles by op kind, its issue
+time against its HBM time by context and users, and what each revision of the kernel bought."""
 
 from __future__ import annotations
 
@@ -47,4 +47,22 @@ def issue_figure(t: pd.DataFrame, title: str) -> go.Figure:
     fig.update_xaxes(type="log", tickvals=ticks, ticktext=labels, title_text="positions in the KV cache")
     fig.update_yaxes(type="log", title_text="ms a step")
     fig.update_layout(title=title)
+    return fig
+
+
+def revision_figure(t: pd.DataFrame, title: str) -> go.Figure:
+    """The modelled step's fraction of the speed of light at each point (context, users), one bar per kernel revision
+    (mk.analysis.compiler_clock.revision_effect's rows), each bar's step written on it."""
+    t = t[t.revision.notna()]
+    fig = go.Figure()
+    points = [f"{n:,} positions, {u} user{'s' * (u > 1)}" for n, u in zip(t.context, t.users)]
+    t = t.assign(point=points)
+    for colour, (rev, g) in zip(template_colours(), t.groupby("revision")):
+        fig.add_bar(
+            x=g.point, y=g.fraction_of_sol, name=f"kernel revision {rev:.0f}", marker_color=colour,
+            text=[f"{s:.3f} ms" for s in g.step_ms], textposition="outside", cliponaxis=False,
+            hovertemplate=f"revision {rev:.0f}, %{{x}}: %{{y:.1%}} of the speed of light<extra></extra>",
+        )  # fmt: skip
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.1], title_text="fraction of the speed of light (modelled)")
+    fig.update_layout(title=title, barmode="group")
     return fig
