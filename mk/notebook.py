@@ -1,4 +1,5 @@
-"""Small helpers for the notebooks: checking papermill parameters and showing tables with a kind.
+"""Small helpers for the notebooks: checking papermill parameters, showing tables with a kind, and the words a
+sentence uses for where its modelled steps' per-op costs came from.
 
 No analysis here: the numbers come from ``mk.sol`` and friends.
 """
@@ -138,3 +139,26 @@ def in_ms(df: pd.DataFrame, columns=("published", "modelled", "measured")) -> pd
             out[c] = out[c].astype(float).where(~seconds, out[c] * 1e3)
     out["unit"] = out["unit"].where(~seconds, "ms")
     return out
+
+
+# Where a modelled megakernel step's per-op costs came from, in a sentence: a table's ``op_costs`` column holds
+# mk.timing.predict's (``compiler-scheduled`` or ``assumed``), "-" where a row has none (the general stack, the speed
+# of light).
+NO_OP_COSTS = "-"
+
+
+def op_cost_sources(*columns) -> str:
+    """The distinct sources of per-op costs in ``columns`` (``op_costs`` columns, or any iterables of their values),
+    sorted and joined with "and" (``"assumed and compiler-scheduled"``); rows without per-op costs ("-") left out,
+    and "none" when no row has any."""
+    found = set().union(*map(set, columns)) - {NO_OP_COSTS}
+    return " and ".join(sorted(found)) or "none"
+
+
+def not_like_for_like(steps: dict) -> str:
+    """A clause for steps set side by side (a name -> its ``op_costs``) whose per-op costs came from different
+    sources, saying which and that they are not like for like: ``" (per-op costs whole assumed, split
+    compiler-scheduled: not like for like)"``; nothing ("") when they all came from one source."""
+    if len(set(steps.values())) < 2:
+        return ""
+    return f" (per-op costs {', '.join(f'{k} {v}' for k, v in steps.items())}: not like for like)"

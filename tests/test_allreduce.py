@@ -126,6 +126,10 @@ def test_each_fix_is_the_timing_models_prediction_and_published_numbers_sit_besi
     assert steps.loc[fb, "weight_GB"] == steps.loc[fc, "weight_GB"]
     last = FIXES[-1].name  # the intermediate on rows: a chip moves only what holds weights
     assert steps.loc[last, "weight_GB"] == pytest.approx(steps.loc[last, "weight_payload_GB"])
+    # where each step's per-op costs came from: the prediction's
+    assert [steps.op_costs[f.name] for f in FIXES] == [
+        timing.predict(GEMMA4_26B_A4B, CHIP, 1024, 1, setup=f).op_costs for f in FIXES
+    ]
     # another context than the published one has nothing to compare against
     other = ar.fix_steps(GEMMA4_26B_A4B, CHIP, 2048, 1, FIXES[:1])
     assert math.isnan(other.published_ms[0]) and math.isnan(other.error[0])
@@ -136,7 +140,11 @@ def test_more_links_and_assumed_costs_move_the_step_as_they_should():
     fix = WRITE_UP_KERNEL.name
     at = wide[wide.fix == fix].set_index(["links", "overhead_ns"]).step_ms
     assert at[(4, 0.0)] < at[(1, 0.0)] < at[(1, 300.0)]
-    assert wide[wide.default].fix.tolist() == [f.name for f in FIXES]  # the default is one of the cases
+    assert wide[wide.timing_csv].fix.tolist() == [f.name for f in FIXES]  # data/timing.csv's value is one of the cases
+    assert (wide.op_costs == "assumed").all()  # every case charges its assumed cost to every op
+    grid = ar.sensitivity_grid(wide)
+    marked = [c for c in grid.columns if c.endswith("(data/timing.csv)")]
+    assert len(marked) == 1 and marked[0].startswith("1 link, ") and not any("default" in c for c in grid.columns)
     with pytest.raises(ValueError, match="links must be a positive integer"):
         ar.with_links(CHIP, 0)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mk.notebook import check_parameters
+from mk.notebook import check_parameters, not_like_for_like, op_cost_sources
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -61,6 +61,17 @@ def test_check_parameters_accepts_good_values():
 def test_check_parameters_names_parameter_type_and_value(ns, expected, message):
     with pytest.raises(TypeError, match=message):
         check_parameters(ns, **expected)
+
+
+def test_op_cost_words_name_the_sources_and_flag_steps_not_like_for_like():
+    assert op_cost_sources(["assumed", "assumed"]) == "assumed"
+    both = op_cost_sources(["compiler-scheduled", "-"], ("assumed",))  # "-": a row with no per-op costs
+    assert both == "assumed and compiler-scheduled"
+    assert op_cost_sources(["-", "-"]) == op_cost_sources() == "none"
+    assert not_like_for_like({"whole": "assumed", "split": "assumed"}) == ""
+    assert not_like_for_like({"whole": "assumed", "split": "compiler-scheduled"}) == (
+        " (per-op costs whole assumed, split compiler-scheduled: not like for like)"
+    )
 
 
 def run_notebooks(out: Path, figures: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:

@@ -188,7 +188,8 @@ def test_cli_text_and_errors(capsys):
 
 def test_whole_against_split_is_one_setup_placed_each_way_in_04_and_06_and_05s_first_fix_apart():
     from mk.analysis.straggler import straggler_cost, whole_against_split
-    from mk.kernel_setup import BEFORE_FIXES, FIXES, WRITE_UP_KERNEL
+    from mk.kernel_setup import BEFORE_FIXES, FIXES, WRITE_UP_KERNEL, Placement
+    from mk.timing import predict
 
     t = whole_against_split(TINY_MOE, "tpu-v5e-8", 64, 1).set_index("notebook")
     assert list(t.index) == ["04", "06", "05"]
@@ -201,5 +202,11 @@ def test_whole_against_split_is_one_setup_placed_each_way_in_04_and_06_and_05s_f
     assert t.split_saves_ms.to_numpy() == pytest.approx((t.whole_ms - t.split_ms).to_numpy())
     c = straggler_cost(TINY_MOE, "tpu-v5e-8", 64, 1)
     assert c["whole_step_s"] * 1e3 == pytest.approx(t.whole_ms["04"])
+    # each step's per-op costs are the prediction's of its setup (bf16)
+    named = {s.name: s for s in (*FIXES, WRITE_UP_KERNEL.but(placement=Placement.WHOLE))}
+    for side in ("whole", "split"):
+        expected = [predict(TINY_MOE, "tpu-v5e-8", 64, 1, setup=named[n]).op_costs for n in t[f"{side}_setup"]]
+        assert t[f"{side}_op_costs"].tolist() == expected
+    assert (c["whole_op_costs"], c["split_op_costs"]) == (t.whole_op_costs["04"], t.split_op_costs["04"])
     # padding: the lanes layout of (d) pads a split expert's narrow slice; on rows ((g)) nothing at this size
     assert c["ffn_layout"] == "lanes" and c["split_padding"] >= c["whole_padding"] >= 0

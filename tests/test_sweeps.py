@@ -10,7 +10,7 @@ import pytest
 from mk.analysis import sweeps
 from mk.chips import get_chip
 from mk.config import get_config
-from mk.kernel_setup import WORKBOOK_KERNEL, WRITE_UP_KERNEL
+from mk.kernel_setup import WORKBOOK_KERNEL, WRITE_UP_KERNEL, AttentionSplit, Placement
 from mk.published import published
 from mk.routing import expected_distinct_experts
 from mk.sol import speed_of_light
@@ -55,6 +55,10 @@ def test_engine_rows_are_the_timing_models_predictions(tiny_table):
     assert w.setup == WORKBOOK_KERNEL.name and WORKBOOK_KERNEL.name in w.series  # every megakernel row names its setup
     s = tiny_table.set_index(["model", "role", "context", "batch"]).loc[("tiny-dense", sweeps.SOL, 16, 1)]
     assert s.tokens_per_s == pytest.approx(speed_of_light(get_config("tiny-dense"), "tpu-v5e-8", 16).tokens_per_s)
+    # where each megakernel step's per-op costs came from is the prediction's; the others have none
+    assert r.op_costs == p.op_costs and w.op_costs == predict("tiny-moe", "tpu-v5e-8", 64, 3).op_costs
+    assert set(tiny_table[tiny_table.engine == "megakernel"].op_costs) <= {"assumed", "compiler-scheduled"}
+    assert (tiny_table[tiny_table.engine != "megakernel"].op_costs == "-").all()
 
 
 def test_the_baseline_is_in_the_write_ups_data_type_per_model():
@@ -76,6 +80,15 @@ def test_context_change_and_speedups(tiny_table):
     # the workbook's kernel is python -m mk predict's default (mk.kernel_setup.WORKBOOK_KERNEL), beside the write-up's
     r = speed.set_index(["model", "context", "batch"]).loc[("tiny-moe", 64, 3)]
     assert r.workbook_tokens_per_s == pytest.approx(predict("tiny-moe", "tpu-v5e-8", 64, 3).tokens_per_s)
+    # each megakernel's per-op costs, carried from the engine table
+    rows = tiny_table.set_index(["model", "role", "context", "batch"]).op_costs
+    assert r.workbook_op_costs == rows[("tiny-moe", sweeps.WORKBOOK, 64, 3)]
+    assert r.megakernel_op_costs == rows[("tiny-moe", "megakernel", 64, 3)]
+    ends = change.set_index(["model", "series"]).loc[("tiny-moe", sweeps.engine_series("tiny-moe")[0].label)]
+    assert (ends.from_op_costs, ends.to_op_costs) == (
+        rows[("tiny-moe", "megakernel", 16, 1)],
+        rows[("tiny-moe", "megakernel", 64, 1)],
+    )
 
 
 def test_published_points_are_read_and_fractions_scaled_by_the_modelled_speed_of_light():
@@ -115,6 +128,10 @@ def test_whole_experts_wait_for_the_busiest_chip():
         assert r.vs_split["megakernel"] == 1
         assert r.experts_per_chip["whole"] >= r.experts_per_chip["megakernel"]
         assert r.step_ms["before fixes"] >= r.step_ms["whole"] * (1 - 1e-9)
+        whole = predict(
+            "tiny-moe", "tpu-v5e-8", 64, int(r.batch["whole"]), setup=WRITE_UP_KERNEL.but(placement=Placement.WHOLE)
+        )
+        assert r.op_costs["whole"] == whole.op_costs  # the prediction's, each row
     names = [views.placement_label(r) for r in t.drop_duplicates("role").itertuples()]
     assert [n.count("experts") for n in names] == [1, 1, 1] and all(n.startswith("modelled: ") for n in names)
     with pytest.raises(ValueError, match="MoE model on a slice"):
@@ -129,6 +146,8 @@ def test_chip_table_says_which_chips_the_weights_do_not_fit():
     fits = t.drop_duplicates("chip").set_index("chip").fits_in_hbm
     assert not fits["tpu-v5e"] and fits["tpu-v5e-8"]  # about 50 GB of bf16 weights: 16 GB against 128 GB
     assert t.set_index(["chip", "series"]).hbm_GB[("tpu-v5e", "megakernel")] == get_chip("tpu-v5e").hbm_bytes / 1e9
+    assert (t[t.engine != "megakernel"].op_costs == "-").all()  # the general stack and the speed of light have none
+    assert set(t[t.engine == "megakernel"].op_costs) <= {"assumed", "compiler-scheduled"}
     fig = views.chip_figure(t, ["gemma4-26b-a4b"], "chips")
     bars = [d for d in fig.data if d.type == "bar" and d.x[0] is not None]
     assert all("/" in d.marker.pattern.shape[0] and d.text[0].endswith("does not fit") for d in bars)  # tpu-v5e first
@@ -186,6 +205,9 @@ def test_attention_split_table_compares_the_three_splits_where_they_run(capsys):
     assert eight.kv_GB["users"] == pytest.approx(eight.kv_GB["positions"], rel=0.01)
     assert eight.kv_GB["heads"] > 3 * eight.kv_GB["users"]
     assert eight.vs_positions["positions"] == 1 and eight.sent_MB["users"] > eight.sent_MB["heads"]
+    by_users = WORKBOOK_KERNEL.but(attention_split=AttentionSplit.USERS)
+    users = predict("gemma4-26b-a4b", "tpu-v5e-8", 131072, 8, setup=by_users)
+    assert eight.op_costs["users"] == users.op_costs  # the prediction's
     fig = views.attention_split_figure(t, ["gemma4-26b-a4b"], "splits")
     assert sum(len(tr.y) for tr in fig.data) == len(t) and {tr.name for tr in fig.data} == {
         "split by heads", "split by positions", "split by users"

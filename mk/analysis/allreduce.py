@@ -152,9 +152,11 @@ def fix_steps(
     """The modelled step after each fix (``mk.kernel_setup.FIXES``: whole experts without overlap, then split
     experts, the overlap, a bf16 payload, reduce-scatter, the intermediate on rows) on the slice ``chip``
     (``tpu-v5e-8``), one row each: ``mk.timing.predict``'s step and the pacing chip's bytes and floors, beside
-    its published time where data/published.csv has one for this model, slice, context and batch, and the
-    error modelled / published - 1. ``links``: links a chip's sends spread over; ``assumed``: the assumed
-    costs (default data/timing.csv's)."""
+    its published time where data/published.csv has one for this model, slice, context and batch, the
+    error modelled / published - 1, and where the step's per-op costs came from (``op_costs``: mk.timing.predict's,
+    the compiler's schedule where data/schedule keeps the plan's, else assumed). ``links``: links a chip's sends
+    spread over; ``assumed``: the assumed costs (a sensitivity; default none: the schedule where it is kept, else
+    data/timing.csv's)."""
     chip = with_links(chip, links)
     rows = []
     for fix in fixes:
@@ -184,6 +186,7 @@ def fix_steps(
                 fraction_of_sol=p.fraction_of_sol,
                 published_ms=published * 1e3,
                 error=p.step_s / published - 1,
+                op_costs=p.op_costs,
             )
         )
     return pd.DataFrame(rows).assign(kind=MODELLED)
@@ -191,28 +194,31 @@ def fix_steps(
 
 def sensitivity(cfg: ModelConfig, chip: Chip | str, context: int, batch: int, links, overheads_s) -> pd.DataFrame:
     """:func:`fix_steps` for each number of ``links`` a chip's sends spread over and each assumed cost per op
-    and per DMA issued in ``overheads_s`` (seconds; the workbook's default from data/timing.csv among them):
-    how far the model's simplifications move each fix."""
+    and per DMA issued in ``overheads_s`` (seconds; data/timing.csv's assumed value among them), charged to every op
+    in place of the compiler's schedule (every row's ``op_costs`` is assumed): how far the model's simplifications
+    move each fix. ``timing_csv``: the case of one link and data/timing.csv's assumed costs (not the model's default
+    where data/schedule keeps a plan's schedule: :func:`fix_steps` with no cost given)."""
     chip = get_chip(chip) if isinstance(chip, str) else chip
-    default = assumed_costs(chip.kind)
+    csv = assumed_costs(chip.kind)
     runs = [
         fix_steps(cfg, chip, context, batch, FIXES, n, op_overhead_s=o, dma_issue_s=o).assign(
             links=n,
             overhead_ns=o * 1e9,
-            default=n == 1 and all(v == o for v in default.values()),
+            timing_csv=n == 1 and all(v == o for v in csv.values()),
         )
         for n in links
-        for o in sorted({*overheads_s, *default.values()})
+        for o in sorted({*overheads_s, *csv.values()})
     ]
     return pd.concat(runs, ignore_index=True)
 
 
 def sensitivity_grid(table: pd.DataFrame) -> pd.DataFrame:
     """:func:`sensitivity` as one row per fix and one column per case (``1 link, 300 ns``: the modelled step in
-    ms; the workbook's own case marked ``(default)``), beside the published step: the cases read across."""
+    ms; the case of data/timing.csv's assumed costs on one link marked ``(data/timing.csv)``), beside the published
+    step: the cases read across."""
 
     def case(r) -> str:
-        mark = " (default)" if r.default else ""
+        mark = " (data/timing.csv)" if r.timing_csv else ""
         return f"{r.links} link{'s' if r.links > 1 else ''}, {r.overhead_ns:g} ns{mark}"
 
     t = table.assign(case=[case(r) for r in table.itertuples()])

@@ -25,7 +25,7 @@ from ..config import ModelConfig, get_config
 from ..kernel_setup import WRITE_UP_KERNEL, Placement
 from ..progress import tqdm
 from ..routing import busiest_chip_distribution, check_placement, distinct_experts_distribution
-from ..timing import MODELLED, pace, step_plan
+from ..timing import MODELLED, pace, predict, step_plan
 from ..units import ms_entry, positive_int
 
 EXACT = "modelled (exact under uniform routing: mk.analysis.straggler)"
@@ -297,17 +297,22 @@ def straggler_cost(model, chip, context: int = 1024, batch: int = 1, dtype: str 
     with the experts per layer behind each and the share of padding in the weight bytes each placement moves
     (``ffn_layout``: "lanes" pads a chip's slice of an intermediate to whole 128-lane tiles). ``kw``: ``setup``
     (default the write-up's kernel, whose story the straggler is; its placement is set each way) and the assumed
-    costs (mk.timing.predict)."""
+    costs (mk.timing.predict). ``whole_op_costs`` (the whole and the average chip's steps: one plan) and
+    ``split_op_costs`` say where each step's per-op costs came from (mk.timing.predict's ``op_costs``: the compiler's
+    schedule where data/schedule keeps the plan's, else assumed)."""
     cfg, chip = get_config(model), get_chip(chip) if isinstance(chip, str) else chip
     if not cfg.is_moe:
         raise ValueError(f"{cfg.name} is a dense model: it has no experts to place")
     if chip.chips == 1:
         raise ValueError(f"{chip.name} is one chip: name a slice (e.g. {chip.name}-8) to place experts over")
     setup = kw.pop("setup", WRITE_UP_KERNEL)
-    plan = step_plan(cfg, chip, context, batch, dtype, setup.but(placement=Placement.WHOLE))
-    busiest = pace(plan, chip, dtype, **kw)
+    whole_setup, split_setup = setup.but(placement=Placement.WHOLE), setup.but(placement=Placement.SPLIT)
+    # the whole and the split step as mk.timing.predict gives them (its breakdown: the pacing chip's, paced)
+    whole = predict(cfg, chip, context, batch, "megakernel", dtype, setup=whole_setup, **kw)
+    split_p = predict(cfg, chip, context, batch, "megakernel", dtype, setup=split_setup, **kw)
+    busiest, split = whole.breakdown, split_p.breakdown
+    plan = step_plan(cfg, chip, context, batch, dtype, whole_setup, frozenset())  # predict's plan (cached)
     average = pace(plan, chip, dtype, distribution=plan.distinct_experts, **kw)
-    split = pace(step_plan(cfg, chip, context, batch, dtype, setup.but(placement=Placement.SPLIT)), chip, dtype, **kw)
     return dict(
         model=cfg.name,
         chip=chip.name,
@@ -327,13 +332,16 @@ def straggler_cost(model, chip, context: int = 1024, batch: int = 1, dtype: str 
         split_padding=split["weight_bytes"] / split["weight_payload_bytes"] - 1,
         ffn_layout=setup.ffn_layout,
         setup=setup.name,
+        whole_op_costs=whole.op_costs,
+        split_op_costs=split_p.op_costs,
         kind=MODELLED,
     )
 
 
 def straggler_table(model, chip: str, chip_counts, batches, context: int = 1024, dtype: str = "bf16", **kw):
     """:func:`straggler_cost` over slices of ``chip`` (a base chip: ``tpu-v5e``) of each of ``chip_counts`` chips
-    and each batch, one row each, times in ms."""
+    and each batch, one row each, times in ms, with where each row's steps took their per-op costs from
+    (``whole_op_costs``: the whole and the average chip's; ``split_op_costs``)."""
     base = get_chip(chip).base
     cases = [(c, b) for c in chip_counts for b in batches]
     rows = []
@@ -349,7 +357,8 @@ def whole_against_split(model, chip="tpu-v5e-8", context: int = 1024, batch: int
     its placement set each way), ``mk.analysis.sweeps.placement_table`` (notebook 06: the same two setups; the two
     rows agree by construction) and ``mk.analysis.allreduce.fix_steps`` for the first fix (notebook 05: (a) before
     the fixes against (b) = (a) + split experts, the all-reduce not overlapped and its payload f32), so a reader sees
-    why the last differs. Weights in bf16, as in the placement table and the fixes."""
+    why the last differs, and where each step's per-op costs came from (``whole_op_costs``, ``split_op_costs``:
+    mk.timing.predict's). Weights in bf16, as in the placement table and the fixes."""
     from ..kernel_setup import FIXES
     from .allreduce import fix_steps
     from .sweeps import placement_table
@@ -368,12 +377,15 @@ def whole_against_split(model, chip="tpu-v5e-8", context: int = 1024, batch: int
     rows = [
         dict(notebook="04", computed_by="mk.analysis.straggler.straggler_cost", whole_setup=write_up.name,
              split_setup=cost["setup"], **switches(WRITE_UP_KERNEL), whole_ms=cost["whole_step_s"] * 1e3,
-             split_ms=cost["split_step_s"] * 1e3),
+             split_ms=cost["split_step_s"] * 1e3, whole_op_costs=cost["whole_op_costs"],
+             split_op_costs=cost["split_op_costs"]),
         dict(notebook="06", computed_by="mk.analysis.sweeps.placement_table", whole_setup=placed.setup["whole"],
              split_setup=placed.setup["megakernel"], **switches(WRITE_UP_KERNEL),
-             whole_ms=placed.step_ms["whole"], split_ms=placed.step_ms["megakernel"]),
+             whole_ms=placed.step_ms["whole"], split_ms=placed.step_ms["megakernel"],
+             whole_op_costs=placed.op_costs["whole"], split_op_costs=placed.op_costs["megakernel"]),
         dict(notebook="05", computed_by="mk.analysis.allreduce.fix_steps", whole_setup=a.name, split_setup=b.name,
-             **switches(a), whole_ms=fixes.step_ms[a.name], split_ms=fixes.step_ms[b.name]),
+             **switches(a), whole_ms=fixes.step_ms[a.name], split_ms=fixes.step_ms[b.name],
+             whole_op_costs=fixes.op_costs[a.name], split_op_costs=fixes.op_costs[b.name]),
     ]  # fmt: skip
     t = pd.DataFrame(rows)
     return t.assign(

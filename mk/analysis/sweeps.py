@@ -119,6 +119,7 @@ def _row(model: ModelConfig | str, series: Series, context: int, batch: int) -> 
             tokens_per_s_total=s.tokens_per_s_total,
             fraction_of_sol=1.0,
             fits_in_hbm=s.fits_in_hbm,
+            op_costs="-",
             kind=SOL_KIND,
         )
     p = series.case(cfg, context, batch).predict()
@@ -133,6 +134,7 @@ def _row(model: ModelConfig | str, series: Series, context: int, batch: int) -> 
         tokens_per_s_total=p.tokens_per_s_total,
         fraction_of_sol=p.fraction_of_sol,
         fits_in_hbm=p.fits_in_hbm,
+        op_costs=p.op_costs or "-",  # the megakernel's (mk.timing.predict); the general stack has none
         kind=MODELLED,
     )
 
@@ -142,25 +144,32 @@ def engine_table(
 ) -> pd.DataFrame:
     """Every model's engines (:func:`engine_series`) at every context and batch: tokens/s per user and in
     total, the step, the fraction of the speed of light on the series' own chip and data type, the expected
-    distinct experts per layer (uniform routing) and whether weights and caches fit the chip's HBM."""
+    distinct experts per layer (uniform routing), whether weights and caches fit the chip's HBM and where a megakernel
+    step's per-op costs came from (``op_costs``: mk.timing.predict's, the compiler's schedule where data/schedule keeps
+    the plan's, else assumed; "-" for the general stack and the speed of light)."""
     series = {m: engine_series(m, tpu_slice, general_chip) for m in models}
     return pd.DataFrame([_row(m, s, n, b) for m in models for s in series[m] for n in contexts for b in batches])
 
 
 def speedup_table(table: pd.DataFrame) -> pd.DataFrame:
     """Per model, context and batch of an :func:`engine_table`: the megakernel's tokens/s over each general
-    stack's (the baseline and the one on the same slice)."""
-    t = table.pivot_table(index=["model", "context", "batch"], columns="role", values="tokens_per_s", sort=False)
+    stack's (the baseline and the one on the same slice), and where each megakernel step's per-op costs came from
+    (``megakernel_op_costs``, ``workbook_op_costs``: the table's ``op_costs``)."""
+    index = ["model", "context", "batch"]
+    t = table.pivot_table(index=index, columns="role", values="tokens_per_s", sort=False)
+    costs = table.pivot_table(index=index, columns="role", values="op_costs", aggfunc="first", sort=False)
     out = dict(
         megakernel_tokens_per_s=t["megakernel"],
         over_general_baseline=t["megakernel"] / t["general baseline"],
         over_general_same_chip=t["megakernel"] / t["general same chip"],
+        megakernel_op_costs=costs["megakernel"],
     )
     if WORKBOOK in t:
         out.update(
             workbook_tokens_per_s=t[WORKBOOK],
             workbook_over_general_baseline=t[WORKBOOK] / t["general baseline"],
             workbook_over_general_same_chip=t[WORKBOOK] / t["general same chip"],
+            workbook_op_costs=costs[WORKBOOK],
         )
     kind = f"{MODELLED}: the megakernel's tokens/s over the general stack's (the write-up's kernel; the workbook's)"
     return pd.DataFrame(dict(out, kind=kind)).reset_index()
@@ -168,7 +177,8 @@ def speedup_table(table: pd.DataFrame) -> pd.DataFrame:
 
 def context_change(table: pd.DataFrame) -> pd.DataFrame:
     """Per model and series of an :func:`engine_table` over contexts: tokens/s per user at the shortest and the
-    longest context and the change between them."""
+    longest context and the change between them, with where each end's per-op costs came from (``from_op_costs``,
+    ``to_op_costs``: the table's ``op_costs``)."""
     rows = []
     for (model, series), g in table.groupby(["model", "series"], sort=False):
         g = g.sort_values("context")
@@ -184,6 +194,8 @@ def context_change(table: pd.DataFrame) -> pd.DataFrame:
                 change=hi.tokens_per_s / lo.tokens_per_s - 1,
                 from_fraction_of_sol=lo.fraction_of_sol,
                 to_fraction_of_sol=hi.fraction_of_sol,
+                from_op_costs=lo.op_costs,
+                to_op_costs=hi.op_costs,
                 kind=lo.kind,
             )
         )
@@ -231,9 +243,9 @@ def kv_table(models, contexts, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
 def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
     """The workbook's kernel (mk.kernel_setup.WORKBOOK_KERNEL) on ``chip`` with attention cut each way over its chips
     (mk.kernel_setup.AttentionSplit: by heads, by positions, by users), per model, context and batch: the step, its
-    fraction of the speed of light, the KV cache and the bytes one chip sends, the link's time, and the step against
-    the positions split's. The users split is left out where the batch is not a multiple of the chips (it
-    cannot run there)."""
+    fraction of the speed of light, the KV cache and the bytes one chip sends, the link's time, the step against
+    the positions split's, and where its per-op costs came from (``op_costs``, mk.timing.predict's). The users split
+    is left out where the batch is not a multiple of the chips (it cannot run there)."""
     c = get_chip(chip)
     rows = []
     for m in models:
@@ -252,7 +264,7 @@ def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLIC
                             fraction_of_sol=p.fraction_of_sol, kv_GB=p.breakdown["kv_bytes"] / 1e9,
                             sent_MB=p.breakdown["sent_bytes"] / 1e6, ici_ms=p.breakdown["ici_s"] * 1e3,
                             vs_positions=p.step_s / steps[AttentionSplit.POSITIONS] if AttentionSplit.POSITIONS in steps
-                            else math.nan,
+                            else math.nan, op_costs=p.op_costs,
                         )
                     )  # fmt: skip
     return pd.DataFrame(rows).assign(
@@ -267,7 +279,8 @@ def speculation_table(models, chips, users, drafts, accept_rates, context: int =
     with K drafts a user (``draft_tokens=K``) against its own plain decoding, per
     model, slice, users, K and per-draft acceptance rate a (each round then emits mk.speculative.emitted_per_round
     tokens a user): the round's time, tokens/s per user and the speed-up, with the distinct experts a layer's rows
-    route to (expected, uniform routing) beside plain decoding's. The drafter is n-gram lookup (no weights), or with
+    route to (expected, uniform routing) beside plain decoding's, and where each step's per-op costs came from
+    (``op_costs``, ``plain_op_costs``: mk.timing.predict's). The drafter is n-gram lookup (no weights), or with
     ``assistant`` (mk.assistant_config.AssistantConfig) Gemma 4's assistant, its K programs a round costed too."""
     rows = []
     for m in models:
@@ -290,6 +303,7 @@ def speculation_table(models, chips, users, drafts, accept_rates, context: int =
                                 speedup=p.tokens_per_s / plain.tokens_per_s, step_vs_plain=p.step_s / plain.step_s,
                                 distinct_experts=expected_distinct_experts(cfg.num_experts, cfg.top_k, b * (k + 1)),
                                 plain_distinct_experts=expected_distinct_experts(cfg.num_experts, cfg.top_k, b),
+                                op_costs=p.op_costs, plain_op_costs=plain.op_costs,
                             )
                         )  # fmt: skip
     drafter = f"Gemma 4's assistant {assistant.name}" if assistant is not None else "n-gram lookup"
@@ -387,7 +401,8 @@ def placement_table(model: ModelConfig | str, batches, context: int = 1024, tpu_
     """The write-up's kernel on ``tpu_slice`` with the routed experts split over its chips (as published), placed
     whole (the same switches), and whole before the write-up's fixes (overlap off, f32 payload), by batch: tokens/s
     per user and in total, and the experts one chip loads per layer (split: 1/C of each distinct expert, counted in
-    whole experts; whole: the busiest chip's expected count, exact under uniform routing)."""
+    whole experts; whole: the busiest chip's expected count, exact under uniform routing), with where each step's
+    per-op costs came from (``op_costs``, as in :func:`engine_table`)."""
     cfg, chip = get_config(model), get_chip(tpu_slice)
     if chip.chips == 1 or not cfg.is_moe:
         raise ValueError(f"whole against split experts needs an MoE model on a slice, got {cfg.name} on {chip.name}")
@@ -409,8 +424,9 @@ def placement_table(model: ModelConfig | str, batches, context: int = 1024, tpu_
 # Chips ----------------------------------------------------------------------------------------------------
 def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = "bf16") -> pd.DataFrame:
     """Per model and chip (a slice: the write-up's kernel as published): the megakernel, the general
-    stack and the speed of light in ``dtype``, with the model's weights and the chip's HBM and whether weights
-    and caches fit it (a prediction that does not fit still says how fast the step would be)."""
+    stack and the speed of light in ``dtype``, with the model's weights and the chip's HBM, whether weights
+    and caches fit it (a prediction that does not fit still says how fast the step would be) and where the
+    megakernel's per-op costs came from (``op_costs``, as in :func:`engine_table`)."""
     rows = []
     for m in models:
         cfg = get_config(m)
