@@ -506,20 +506,15 @@ def _run_schedule(a) -> None:
     from .timing import named_plan
 
     whole = a.refresh or a.missing
-    if whole == bool(a.model or a.chip) or (not whole and not (a.model and a.chip)):
+    if whole == bool(a.model or a.chip) or not (whole or a.model and a.chip):
         raise SystemExit(
             "mk schedule: give --model and --chip for one plan, or --refresh / --missing (no --model, --chip) for "
             "every case data/schedule keeps"
         )
     try:
         if whole:
-            from .timing.scheduled import stored_rows
-
-            for case in cs.STORED_CASES:
-                plan = named_plan(*case)
-                if a.missing and stored_rows(plan) is not None:
-                    continue
-                print(f"{case}: {cs.schedule_for(plan, case[1], keep=True).bundles:,.0f} bundles", flush=True)
+            for case, bundles in cs.refresh(missing=a.missing):
+                print(f"{case}: {bundles:,.0f} bundles", flush=True)
             return
         plan = named_plan(a.model, a.chip, a.context, a.batch, _setup(a), a.dtype)
         s = cs.schedule_for(plan, a.chip, stored=a.stored, keep=a.store)
