@@ -9,8 +9,8 @@ import pytest
 
 from mk.chips import get_chip
 from mk.measure.compiler_schedule import STORED_CASES, compile_schedule, schedule_for
-from mk.timing import named_plan
 from mk.paths import SCHEDULE_DIR
+from mk.timing import named_plan
 from mk.timing.scheduled import (
     KV_TILES,
     PLAIN,

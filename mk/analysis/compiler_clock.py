@@ -127,5 +127,7 @@ def revision_effect(model, chip: str, points, setup: KernelSetup) -> pd.DataFram
         if not kept:
             rows.append(dict(point, revision=float("nan"), change="no stored schedule for this point's plan"))
         for before, after in zip([None] + kept, kept):
-            rows.append(dict(after, step_saved_ms=float("nan") if before is None else before["step_ms"] - after["step_ms"]))
+            rows.append(
+                dict(after, step_saved_ms=float("nan") if before is None else before["step_ms"] - after["step_ms"])
+            )
     return pd.DataFrame(rows).assign(kind=f"{KIND} + modelled (mk.timing.predict with each revision's schedule)")

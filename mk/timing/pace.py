@@ -13,9 +13,7 @@ from .scheduled import ScheduledStep, scheduled_costs, scheduled_step
 from .work import compute_seconds, link_latency, load_bytes, pace_distribution
 
 
-def megakernel_costs(
-    plan: StepPlan, chip: Chip, dtype: str = "bf16", revision: int | None = None, **assumed
-) -> dict:
+def megakernel_costs(plan: StepPlan, chip: Chip, dtype: str = "bf16", revision: int | None = None, **assumed) -> dict:
     """What mk.plan.timeline charges on ``chip`` for ``plan`` under ``dtype``: the core's cost of each op and DMA
     start, the link latency and each weight tile's bytes. The core's costs are the compiler's schedule of the kernel's
     ``revision`` (default: this tree's) where data/schedule has the plan's (mk.timing.scheduled) and no cost is

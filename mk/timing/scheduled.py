@@ -181,7 +181,11 @@ class ScheduledStep:
 
 
 def scheduled_step(
-    plan: StepPlan, chip: Chip, rows: pd.DataFrame | None = None, folder: Path | None = None, revision: int | None = None
+    plan: StepPlan,
+    chip: Chip,
+    rows: pd.DataFrame | None = None,
+    folder: Path | None = None,
+    revision: int | None = None,
 ) -> ScheduledStep:
     """``plan``'s step on ``chip`` from its schedule's rows (default: the ones stored in data/schedule or ``folder`` for
     kernel ``revision``, default this tree's). Refuses a chip with no clock rate and a plan with no rows, naming the
