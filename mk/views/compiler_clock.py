@@ -60,7 +60,7 @@ def revision_figure(t: pd.DataFrame, title: str) -> go.Figure:
     for colour, (rev, g) in zip(template_colours(), t.groupby("revision")):
         fig.add_bar(
             x=g.point, y=g.fraction_of_sol, name=f"kernel revision {rev:.0f}", marker_color=colour,
-            text=[f"{s:.3f} ms" for s in g.step_ms], textposition="outside", cliponaxis=False,
+            text=[f"{s:.4g} ms" for s in g.step_ms], textposition="outside", cliponaxis=False,
             hovertemplate=f"revision {rev:.0f}, %{{x}}: %{{y:.1%}} of the speed of light<extra></extra>",
         )  # fmt: skip
     fig.update_yaxes(tickformat=".0%", range=[0, 1.1], title_text="fraction of the speed of light (modelled)")
