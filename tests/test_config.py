@@ -264,11 +264,12 @@ TINY_HF = {
 def transformers_count(d: dict) -> int:
     """transformers' own count of what a checkpoint holds: the model built from ``d`` on the meta device, its
     parameters (shared ones once) and its persistent buffers (Gemma 4's layer scalars, DeepSeek's routing
-    bias: loaded from the checkpoint and read every step; RoPE tables are not persistent)."""
+    bias: loaded from the checkpoint and read every step; RoPE tables are not persistent). Kimi K2's ``kimi_k2`` is
+    built as the architecture it names, DeepSeek-V3 (transformers has no config of that name)."""
     import torch
     import transformers
 
-    cls = transformers.CONFIG_MAPPING[d["model_type"]]
+    cls = transformers.CONFIG_MAPPING[{"kimi_k2": "deepseek_v3"}.get(d["model_type"], d["model_type"])]
     cfg = cls(**{k: v for k, v in d.items() if k not in ("model_type", "architectures")})
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
@@ -341,40 +342,20 @@ def test_a_hub_id_is_read_from_the_local_cache_offline(tmp_path, monkeypatch):
         get_config("someone/absent")
 
 
-# Kimi K2's config.json as Moonshot AI published it (model_type kimi_k2, DeepSeek-V3's architecture), its fields
-# spelled out here: data/configs holds none of it yet.
-KIMI_K2 = {
-    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "attention_bias": False,
-    "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": 163584, "eos_token_id": 163585,
-    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02,
-    "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 131072, "moe_intermediate_size": 2048,
-    "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": True,
-    "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 64,
-    "num_nextn_predict_layers": 0, "pretraining_tp": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 50000.0,
-    "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                     "original_max_position_embeddings": 4096, "type": "yarn"},
-    "routed_scaling_factor": 2.827, "scoring_func": "sigmoid", "seq_aux": True, "tie_word_embeddings": False,
-    "topk_group": 1, "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128,
-    "vocab_size": 163840,
-}  # fmt: skip
-
-
-def test_kimi_k2_is_read_as_deepseek_v3s_architecture(tmp_path, mk_json):
-    """Kimi K2's own config.json: DeepSeek-V3's adapter reads it (MLA, one dense layer, 384 experts of which 8 and a
-    shared one a token); its ~1.03T parameters are transformers' DeepseekV3 count under the same fields, and
-    ``python -m mk sol`` answers for it."""
+def test_kimi_k2_is_read_as_deepseek_v3s_architecture(mk_json):
+    """Kimi K2's own config.json (data/configs/kimi-k2): DeepSeek-V3's adapter reads it (MLA, one dense layer, 384
+    experts of which 8 and a shared one a token); its ~1.03T parameters are transformers' DeepseekV3 count under the
+    same fields, and ``python -m mk sol`` answers for it."""
     from mk.sol import bytes_per_token
 
-    folder = tmp_path / "kimi-k2"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(KIMI_K2))
+    folder = CONFIGS / "kimi-k2"
+    kimi = json.loads((folder / "config.json").read_text())
     cfg = get_config(folder / "config.json")
     assert cfg.name == "kimi-k2" and cfg.family == "kimi_k2" and not cfg.runnable
     assert cfg.num_layers == 61 and cfg.dense_layers == (0,) and cfg.dense_intermediate == 18432
     assert (cfg.num_experts, cfg.top_k, cfg.expert_intermediate, cfg.mlp_intermediate) == (384, 8, 2048, 2048)
     assert cfg.latent_attention.q_lora_rank == 1536 and cfg.rope_scaling_kind == "yarn"
-    assert count_params(cfg) == transformers_count(dict(KIMI_K2, model_type="deepseek_v3"))
+    assert count_params(cfg) == transformers_count(kimi)
     assert count_params(cfg) == pytest.approx(1.03e12, rel=0.01)
     got = mk_json("sol", "--model", folder / "config.json", "--chip", "tpu-v5e-8", "--context", 1024, "--json")
     assert got["model"] == "kimi-k2" and got["bytes_per_token"] == bytes_per_token(cfg, 1024).total
