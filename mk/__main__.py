@@ -480,6 +480,7 @@ def _run_predict(a) -> None:
 # schedule ----------------------------------------------------------------------------------------
 def _add_schedule(sub) -> None:
     from .sol import DTYPES
+    from .timing.work import kernel_streams
 
     p = sub.add_parser(
         "schedule",
@@ -490,7 +491,8 @@ def _add_schedule(sub) -> None:
     p.add_argument("--chip", help="a TPU (tpu-v5e) or a slice of one (tpu-v5e-8) (not with --refresh, --missing)")
     p.add_argument("--context", type=_positive_int, default=1024, help="positions in the KV cache (default 1024)")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
-    p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weight data type policy")
+    dtypes = [d for d in DTYPES if kernel_streams(d)]  # FP8 and the 4-bit formats are modelled by bytes: no schedule
+    p.add_argument("--dtype", default="bf16", choices=dtypes, help="the weights' data type as the kernel streams it")
     _add_setup(p, "workbook")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--stored", action="store_true", help="read the rows kept in data/schedule; compile nothing")

@@ -5,7 +5,13 @@ B users: the weights are read once for all of them (the experts that at least on
 to), the KV cache once per user.
 
 INT8 policies (mk.quant's schemes) also read each quantized matrix's scales: 4 bytes (float32) per output
-channel, per distinct routed expert for the experts, counted in that matrix's component.
+channel, per distinct routed expert for the experts, counted in that matrix's component. The 4-bit formats big MoE
+models ship their routed experts in carry a scale per group of 32 values along a row, counted in the bytes per element
+(exact where a row's length is a multiple of 32, as in every model here): ``int4`` (Kimi K2 Thinking's release) and
+``mxfp4`` (gpt-oss's). They apply to a model's routed experts only, and are refused for a model without them. The
+group of 32 and the 4 bits are the releases' own (Kimi K2 Thinking's quantization_config; gpt-oss's ``*_blocks`` and
+``*_scales``, the OCP MX format's E8M0 scale); INT4's BF16 scale is compressed-tensors' usual one, not yet checked
+against a checkpoint here.
 """
 
 from __future__ import annotations
@@ -51,9 +57,11 @@ class DtypePolicy:
     kv: float  # the KV cache
     description: str
     quant: str = "none"  # the mk.quant scheme: its matrices carry per-output-channel scales
+    experts_only: bool = False  # a format of routed experts: refused for a model without them
 
 
 _INT8_SCALES = "with F32 scales per output channel"
+GROUP = 32  # values a scale of the 4-bit expert formats covers, along a row
 DTYPES: dict[str, DtypePolicy] = {
     p.name: p
     for p in (
@@ -64,8 +72,19 @@ DTYPES: dict[str, DtypePolicy] = {
         ),
         DtypePolicy("f32", 4, 4, 4, 4, 4, "all weights and the KV cache in F32"),
         DtypePolicy("int8", 1, 2, 1, 2, 2, f"INT8 matrices but the head {_INT8_SCALES}; the rest BF16", "int8"),
+        DtypePolicy(
+            "int4", 2, 2, 0.5 + 2 / GROUP, 2, 2,
+            f"INT4 routed experts with a BF16 scale per {GROUP} values (Kimi K2 Thinking's release); the rest BF16",
+            experts_only=True,
+        ),
+        DtypePolicy(
+            "mxfp4", 2, 2, 0.5 + 1 / GROUP, 2, 2,
+            f"MXFP4 routed experts: 4-bit E2M1 values with an 8-bit E8M0 scale per {GROUP} (gpt-oss's release); the "
+            "rest BF16",
+            experts_only=True,
+        ),
     )
-}
+}  # fmt: skip
 # Floats an INT8 scheme can be combined with ("f32+int8-experts": what mk.measure.cpu times in f32).
 BASES = ("bf16", "f32")
 
@@ -145,6 +164,11 @@ def bytes_per_token(model: ModelLike, context: int, batch: int = 1, dtype: str =
     positive_int("batch", batch)
     cfg = get_config(model)
     pol = get_dtype(dtype)
+    if pol.experts_only and not cfg.is_moe:
+        raise ValueError(
+            f"dtype {dtype!r} is a format of routed experts ({pol.description.split(';')[0]}); {cfg.name} has none: "
+            "use bf16, fp8 or int8"
+        )
     comp = {c: 0.0 for c in COMPONENT_ORDER}
     specs = param_specs(cfg)
     scaled = frozenset(quantized_in(specs, pol.quant))

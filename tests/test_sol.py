@@ -290,3 +290,23 @@ def test_pre_norm_variants_plans_read_mk_sols_bytes(variant, change):
             len(cfg.sliding_layers) * 4096 * 2 * 8 * 256 * 2
         )
     plan_reads_sols_bytes(cfg)
+
+
+@pytest.mark.parametrize(
+    "model, dtype, per_value",
+    [("kimi-k2", "int4", 0.5 + 2 / 32), ("gpt-oss-20b", "mxfp4", 0.5 + 1 / 32), ("gemma4-26b-a4b", "int4", 0.5625)],
+)
+def test_four_bit_expert_formats_count_their_group_scales_in_the_experts_only(model, dtype, per_value):
+    """INT4 (a BF16 scale per 32 values) and MXFP4 (an 8-bit scale per 32) change the routed experts' bytes only:
+    half a byte a value plus the scale's share, against BF16's two; every other component reads what BF16 reads."""
+    four, bf16 = sol.bytes_per_token(model, 1024, 1, dtype), sol.bytes_per_token(model, 1024, 1, "bf16")
+    assert four.by_component["experts"] == pytest.approx(bf16.by_component["experts"] * per_value / 2, rel=1e-12)
+    for c, v in bf16.by_component.items():
+        if c != "experts":
+            assert four.by_component[c] == v, c
+
+
+@pytest.mark.parametrize("dtype", ["int4", "mxfp4"])
+def test_a_format_of_routed_experts_is_refused_for_a_dense_model(dtype):
+    with pytest.raises(ValueError, match=f"dtype '{dtype}' is a format of routed experts.*gemma4-31b has none"):
+        sol.bytes_per_token("gemma4-31b", 1024, 1, dtype)

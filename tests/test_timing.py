@@ -123,7 +123,7 @@ def test_fits_in_hbm_says_when_the_model_does_not():
         (dict(setup=dict(draft_tokens=-1)), "drafted tokens per user must be 0 or more"),
         (dict(context=0), "context must be a positive integer"),
         (dict(batch=1.5), "batch must be a positive integer"),
-        (dict(dtype="int4"), "unknown dtype"),
+        (dict(dtype="int3"), "unknown dtype"),
         (dict(chip="l40s-8"), r"no interconnect bandwidth for l40s \(ici_bandwidth_Bps\)"),  # PCIe only
         (dict(chip="mi300x-8"), r"no link latency for mi300x \(an ici_hop_latency_s row"),  # no Infinity Fabric latency
     ],

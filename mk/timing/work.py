@@ -31,6 +31,13 @@ def load_bytes(dtype: str, attr: str = "nbytes") -> Callable[[Load], float]:
     return lambda ld: getattr(ld, attr) * per.get(ld.component, pol.matrix / wi)
 
 
+def kernel_streams(dtype: str) -> bool:
+    """Whether the kernel's plan streams ``dtype``'s weights as they are (BF16, F32 and the INT8 schemes): FP8 and
+    the 4-bit expert formats are modelled by their bytes only (:func:`load_bytes`), and so have no schedule."""
+    get_dtype(dtype)
+    return dtype in ("bf16", "f32") or plan_quantize(dtype) != "none"
+
+
 def plan_quantize(dtype: str) -> str:
     """The mk.quant scheme the plan for ``dtype`` streams (``none`` for BF16, F32 and FP8, modelled by bytes)."""
     return dtype if dtype in SCHEMES else "none"
