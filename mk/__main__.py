@@ -49,7 +49,7 @@ def _add_sol(sub) -> None:
 
     p = sub.add_parser("sol", help="speed of light: bytes read per token and the tokens/s they allow on a chip")
     p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP + PLANNED_HELP)
-    p.add_argument("--chip", required=True, help="a chip (h100) or a slice (tpu-v5e-8)")
+    p.add_argument("--chip", required=True, help="a chip (h100), a slice (tpu-v5e-8) or auto (each TPU's smallest)")
     p.add_argument("--context", type=_positive_int, required=True, help="positions in the KV cache")
     p.add_argument("--batch", type=_positive_int, default=1, help="users decoded together (default 1)")
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weight data type policy")
@@ -58,8 +58,11 @@ def _add_sol(sub) -> None:
 
 
 def _run_sol(a) -> None:
-    from .sol import speed_of_light
+    from .sol import smallest_slices, speed_of_light
 
+    if a.chip == "auto":  # the smallest documented slice of each TPU that holds the model
+        t = smallest_slices(a.model, a.context, a.batch, a.dtype).drop(columns=["source"])
+        return _print({"slices": t.to_dict("records")}, a.json, t.to_string(index=False))
     s = speed_of_light(a.model, a.chip, a.context, a.batch, a.dtype)
     d = s.to_dict()
     lines = [

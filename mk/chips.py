@@ -1,7 +1,8 @@
 """Chip and slice specs, read from ``data/chips.csv`` (every row names its source).
 
 A slice is a base chip name with ``-N`` appended (``tpu-v5e-8``): N chips whose HBM, bandwidth
-and FLOP/s add up. Interconnect bandwidth stays per link.
+and FLOP/s add up. Interconnect bandwidth stays per link. ``data/slices.csv`` lists the slice shapes a TPU is
+documented to come in (its torus dimensions and hosts): :func:`slice_shapes`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .paths import CHIPS_CSV
+from .paths import CHIPS_CSV, SLICES_CSV
 
 
 @dataclass(frozen=True)
@@ -107,3 +108,42 @@ def get_chip(name: str) -> Chip:
     raise ValueError(
         f"unknown chip {name!r}; known chips: {', '.join(chips)} (append -N for a slice of N chips, e.g. tpu-v5e-8)"
     )
+
+
+@dataclass(frozen=True)
+class SliceShape:
+    """A slice shape a TPU is documented to come in: its torus (``topology``, ``4x4`` or ``4x4x8``), chips, hosts
+    (a fraction where one host's chips are split into several slices) and where that is documented."""
+
+    chip: str  # the base chip (data/chips.csv)
+    topology: str
+    chips: int
+    hosts: float
+    source: str
+
+    @property
+    def name(self) -> str:
+        """The slice's name as mk.chips.get_chip takes it (``tpu-v5e-16``)."""
+        return self.chip if self.chips == 1 else f"{self.chip}-{self.chips}"
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.topology.split("x"))
+
+
+@lru_cache(maxsize=None)
+def slice_shapes() -> dict[str, tuple[SliceShape, ...]]:
+    """data/slices.csv by base chip, smallest slice first."""
+    with open(SLICES_CSV, newline="") as f:
+        rows = [
+            SliceShape(r["chip"], r["topology"], int(r["chips"]), float(r["hosts"]), r["source"])
+            for r in csv.DictReader(f)
+        ]
+    out: dict[str, list[SliceShape]] = {}
+    for r in rows:
+        if r.chip not in base_chips():
+            raise ValueError(f"data/slices.csv names {r.chip!r}, which data/chips.csv does not have")
+        if math.prod(r.dims) != r.chips:
+            raise ValueError(f"data/slices.csv: {r.chip} {r.topology} is {math.prod(r.dims)} chips, not {r.chips}")
+        out.setdefault(r.chip, []).append(r)
+    return {c: tuple(sorted(v, key=lambda r: r.chips)) for c, v in out.items()}

@@ -18,6 +18,7 @@ FIGURES_ENV = "MK_FIGURES_DIR"  # overrides FIGURES_DIR; an environment variable
 
 DATA_DIR = ROOT / "data"
 CHIPS_CSV = DATA_DIR / "chips.csv"  # chip and slice specs, each with its source
+SLICES_CSV = DATA_DIR / "slices.csv"  # the slice shapes each TPU is documented to come in, with their hosts
 TIMING_CSV = DATA_DIR / "timing.csv"  # the timing model's constants, each with its source and kind
 PUBLISHED_CSV = DATA_DIR / "published.csv"  # the write-up's numbers
 INDEPENDENT_CSV = DATA_DIR / "independent.csv"  # independent published decode measurements

@@ -389,3 +389,27 @@ def batch_sweep(model, chips, batches, context: int = 1024, dtype: str = "bf16")
                 )
             )
     return pd.DataFrame(rows)
+
+
+def smallest_slices(model, context: int, batch: int = 1, dtype: str = "bf16") -> pd.DataFrame:
+    """For each TPU data/slices.csv documents slice shapes of: the smallest slice whose HBM holds the model's weights
+    and its users' caches in ``dtype`` (:attr:`SpeedOfLight.fits_in_hbm`), its torus, hosts and speed of light
+    there; where no documented slice holds it, the largest one, marked ``fits`` False."""
+    from .chips import slice_shapes
+
+    cfg = get_config(model)
+    rows = []
+    for base, shapes in slice_shapes().items():
+        for shape in shapes:
+            s = speed_of_light(cfg, shape.name, context, batch, dtype)
+            if s.fits_in_hbm or shape is shapes[-1]:
+                break
+        rows.append(
+            dict(
+                model=s.model, dtype=dtype, context=context, batch=batch, chip=base, slice=shape.name,
+                topology=shape.topology, chips=shape.chips, hosts=shape.hosts, held_GB=s.held_bytes / 1e9,
+                hbm_GB=s.hbm_bytes / 1e9, fits=s.fits_in_hbm, tokens_per_s=s.tokens_per_s,
+                kind=f"{SOL_KIND}; the slice shapes: data/slices.csv", source=shape.source,
+            )
+        )  # fmt: skip
+    return pd.DataFrame(rows)

@@ -93,3 +93,40 @@ def test_unknown_chip_lists_known_ones(name):
 def test_the_chip_a_device_is(platform, kind, chip):
     """A JAX device's kind as its platform names it, to its row of data/chips.csv (None: no known chip)."""
     assert known_chip(SimpleNamespace(platform=platform, device_kind=kind)) == chip
+
+
+def test_documented_slice_shapes_multiply_out_and_v5e_hosts_hold_eight_chips():
+    from mk.chips import slice_shapes
+
+    shapes = slice_shapes()
+    assert [s.chips for s in shapes["tpu-v5e"]] == [1, 4, 8, 16, 32, 64, 128, 256]
+    assert all(s.hosts * 8 == s.chips for s in shapes["tpu-v5e"])  # 8 chips a host; the smaller slices share one
+    assert all(len(s.dims) == 3 for s in shapes["tpu-v5p"]) and all(len(s.dims) == 2 for s in shapes["tpu-v5e"])
+    assert all(get_chip(s.name).chips == s.chips for v in shapes.values() for s in v)
+
+
+@pytest.mark.parametrize("model, dtype", [("kimi-k2", "bf16"), ("kimi-k2", "int4"), ("gemma4-26b-a4b", "bf16")])
+def test_the_smallest_slice_holds_the_model_and_the_one_before_it_does_not(model, dtype):
+    from mk.chips import slice_shapes
+    from mk.sol import smallest_slices, speed_of_light
+
+    for r in smallest_slices(model, 1024, 1, dtype).itertuples():
+        names = [s.name for s in slice_shapes()[r.chip]]
+        assert r.fits and speed_of_light(model, r.slice, 1024, 1, dtype).fits_in_hbm
+        i = names.index(r.slice)
+        assert i == 0 or not speed_of_light(model, names[i - 1], 1024, 1, dtype).fits_in_hbm
+
+
+def test_kimi_k2_needs_a_v5e_pod_at_bf16_and_no_documented_v5e_slice_holds_it_in_f32(mk_json):
+    got = {
+        r["chip"]: r
+        for r in mk_json("sol", "--model", "kimi-k2", "--chip", "auto", "--context", 1024, "--json")["slices"]
+    }
+    assert got["tpu-v5e"]["slice"] == "tpu-v5e-256" and got["tpu-v5e"]["fits"]
+    f32 = {
+        r["chip"]: r
+        for r in mk_json("sol", "--model", "kimi-k2", "--chip", "auto", "--context", 1024, "--dtype", "f32", "--json")[
+            "slices"
+        ]
+    }
+    assert f32["tpu-v5e"]["slice"] == "tpu-v5e-256" and not f32["tpu-v5e"]["fits"]
