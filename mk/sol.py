@@ -5,7 +5,11 @@ B users: the weights are read once for all of them (the experts that at least on
 to), the KV cache once per user.
 
 INT8 policies (mk.quant's schemes) also read each quantized matrix's scales: 4 bytes (float32) per output
-channel, per distinct routed expert for the experts, counted in that matrix's component. The 4-bit formats big MoE
+channel, per distinct routed expert for the experts, counted in that matrix's component. ``fp8`` is the write-up's FP8
+(every matrix one byte, the head too, no scales: the speed of light its table and its 21% for vLLM are against);
+``fp8-block`` is the format DeepSeek-V3's checkpoints ship in (an F32 scale per 128 x 128 block of every matrix but
+the head, which stays BF16), its scales counted in the bytes per element (exact where both dimensions are multiples
+of 128). The 4-bit formats big MoE
 models ship their routed experts in carry a scale per group of 32 values along a row, counted in the bytes per element
 (exact where a row's length is a multiple of 32, as in every model here): ``int4`` (Kimi K2 Thinking's release) and
 ``mxfp4`` (gpt-oss's). They apply to a model's routed experts only, and are refused for a model without them. The
@@ -62,11 +66,17 @@ class DtypePolicy:
 
 _INT8_SCALES = "with F32 scales per output channel"
 GROUP = 32  # values a scale of the 4-bit expert formats covers, along a row
+BLOCK = 128  # fp8-block's scales cover BLOCK x BLOCK weights
 DTYPES: dict[str, DtypePolicy] = {
     p.name: p
     for p in (
         DtypePolicy("bf16", 2, 2, 2, 2, 2, "all weights and the KV cache in BF16"),
         DtypePolicy("fp8", 1, 1, 1, 2, 2, "FP8 matrices (head included), BF16 norms and KV cache"),
+        DtypePolicy(
+            "fp8-block", 1 + 4 / BLOCK**2, 2, 1 + 4 / BLOCK**2, 2, 2,
+            f"FP8 (e4m3) matrices with an F32 scale per {BLOCK}x{BLOCK} block, as DeepSeek-V3's checkpoints hold them; "
+            "the head, norms and KV cache BF16",
+        ),
         DtypePolicy(
             "int8-experts", 2, 2, 1, 2, 2, f"INT8 expert matrices {_INT8_SCALES}; the rest BF16", "int8-experts"
         ),

@@ -207,7 +207,7 @@ def test_speed_of_light_dict():
         (dict(context=-5), "context must be a positive integer, got -5"),
         (dict(context=1024, batch=0), "batch must be a positive integer, got 0"),
         (dict(context=1024.0), "context must be a positive integer"),
-        (dict(context=1024, dtype="fp4"), "unknown dtype 'fp4'; known: bf16, fp8, int8-experts, f32"),
+        (dict(context=1024, dtype="fp4"), "unknown dtype 'fp4'; known: bf16, fp8, fp8-block, int8-experts, f32"),
     ],
 )
 def test_bad_input_is_named(kwargs, message):
@@ -310,3 +310,12 @@ def test_four_bit_expert_formats_count_their_group_scales_in_the_experts_only(mo
 def test_a_format_of_routed_experts_is_refused_for_a_dense_model(dtype):
     with pytest.raises(ValueError, match=f"dtype '{dtype}' is a format of routed experts.*gemma4-31b has none"):
         sol.bytes_per_token("gemma4-31b", 1024, 1, dtype)
+
+
+def test_fp8_block_is_deepseek_v3s_checkpoint_format_beside_the_write_ups_fp8():
+    """fp8-block: every matrix but the head one byte plus an F32 scale per 128 x 128 block, the head BF16; the
+    write-up's fp8 (its speed-of-light table) reads the head in FP8 and no scales."""
+    block, fp8, bf16 = (sol.bytes_per_token("deepseek-v3", 1024, 1, d) for d in ("fp8-block", "fp8", "bf16"))
+    assert block.by_component["head"] == bf16.by_component["head"] == 2 * fp8.by_component["head"]
+    for c in ("full_attention", "shared_mlp", "experts"):
+        assert block.by_component[c] == pytest.approx(fp8.by_component[c] * (1 + 4 / 128**2), rel=1e-9), c
