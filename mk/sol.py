@@ -423,3 +423,28 @@ def smallest_slices(model, context: int, batch: int = 1, dtype: str = "bf16") ->
             )
         )  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def format_table(models, dtypes, context: int, batch: int = 1) -> pd.DataFrame:
+    """Each model in each of ``dtypes`` that applies to it (a format of routed experts skips a model without them):
+    the bytes one step reads, the weights and caches held, and each TPU's smallest documented slice that holds them
+    (:func:`smallest_slices`: ``<chip> slice``, its hosts and its speed of light; ``none`` where no documented slice
+    holds it)."""
+    rows = []
+    for m in models:
+        cfg = get_config(m)
+        for d in dtypes:
+            if get_dtype(d).experts_only and not cfg.is_moe:
+                continue
+            slices = smallest_slices(cfg, context, batch, d)
+            first = slices.iloc[0]
+            row = dict(
+                model=cfg.name, dtype=d, bytes_per_token_GB=bytes_per_token(cfg, context, batch, d).total / 1e9,
+                held_GB=first.held_GB, context=context, batch=batch,
+            )  # fmt: skip
+            for r in slices.itertuples():
+                row[f"{r.chip} slice"] = r.slice if r.fits else f"none (largest {r.slice})"
+                row[f"{r.chip} hosts"] = r.hosts if r.fits else math.nan
+                row[f"{r.chip} tokens_per_s"] = r.tokens_per_s if r.fits else math.nan
+            rows.append(dict(row, kind=f"{SOL_KIND}; the slice shapes: data/slices.csv"))
+    return pd.DataFrame(rows)

@@ -319,3 +319,11 @@ def test_fp8_block_is_deepseek_v3s_checkpoint_format_beside_the_write_ups_fp8():
     assert block.by_component["head"] == bf16.by_component["head"] == 2 * fp8.by_component["head"]
     for c in ("full_attention", "shared_mlp", "experts"):
         assert block.by_component[c] == pytest.approx(fp8.by_component[c] * (1 + 4 / 128**2), rel=1e-9), c
+
+
+def test_the_format_table_skips_expert_formats_for_a_dense_model_and_names_each_tpus_smallest_slice():
+    t = sol.format_table(["gemma4-31b", "kimi-k2"], ["bf16", "int4"], 1024)
+    assert list(zip(t.model, t.dtype)) == [("gemma4-31b", "bf16"), ("kimi-k2", "bf16"), ("kimi-k2", "int4")]
+    kimi = t[t.model == "kimi-k2"].set_index("dtype")
+    assert kimi.loc["bf16", "tpu-v5e slice"] == "tpu-v5e-256" and kimi.loc["bf16", "tpu-v5e hosts"] == 32
+    assert kimi.loc["int4", "held_GB"] < kimi.loc["bf16", "held_GB"] / 3  # the experts hold almost all of it

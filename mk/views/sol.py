@@ -1,6 +1,6 @@
 """Notebook 01's figures against context (mk.sol.context_sweep), with and without the sliding window: the speed of
-light, and the KV cache read per step. Context ticks are the data's contexts, labelled 1K, 8K, 128K
-(mk.figures.context_label)."""
+light, and the KV cache read per step (context ticks are the data's contexts, labelled 1K, 8K, 128K:
+mk.figures.context_label); notebook 09's weights held by format, with the slice that holds them."""
 
 from __future__ import annotations
 
@@ -83,4 +83,21 @@ def kv_figure(kv: pd.DataFrame, title: str) -> go.Figure:
     fig.update_yaxes(type="log")
     fig.update_yaxes(title_text="GB per step (log)", col=1)
     fig.update_layout(title=title, legend=LEGEND)
+    return fig
+
+
+def format_figure(t: pd.DataFrame, title: str, chip: str = "tpu-v5e") -> go.Figure:
+    """The weights and caches a model holds in each format (mk.sol.format_table), one group of bars per model, each
+    bar labelled with ``chip``'s smallest slice that holds it."""
+    fig = go.Figure()
+    for colour, (dtype, g) in zip(template_colours(), t.groupby("dtype", sort=False)):
+        fig.add_bar(
+            x=g.model, y=g.held_GB, name=dtype, marker_color=colour, text=list(g[f"{chip} slice"]),
+            textposition="outside", cliponaxis=False,
+            hovertemplate=f"{dtype}, %{{x}}: %{{y:.4g}} GB held; {chip}: %{{text}}<extra></extra>",
+        )  # fmt: skip
+    fig.update_yaxes(type="log", dtick=1, title_text="GB held (weights and caches, modelled)")
+    fig.update_layout(
+        title=title, barmode="group", legend_title_text="format", uniformtext=dict(minsize=10, mode="show")
+    )
     return fig
