@@ -197,3 +197,17 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
     want = timing.predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1).step_s * 1e3  # the workbook's kernel, split
     assert t.iloc[0].modelled_ms == pytest.approx(want) and t.iloc[0].error == pytest.approx(want / 2.0 - 1)
     assert vd.measured_megakernel(tmp_path / "none.csv").empty
+
+
+def test_the_write_ups_kimi_rows_are_published_with_the_stand_in_they_will_be_modelled_with():
+    """The write-up's Kimi figures (Inferact's) are in data/published.csv, each naming Kimi K2 as the stand-in for the
+    model it names; none is in the verdict yet: the megakernel on a slice past one host is not modelled."""
+    from mk.config import get_config
+    from mk.published import published_table
+
+    t = published_table().set_index("key")
+    kimi = t[t.model == "kimi-k3"]
+    assert set(kimi.index) == {"verdict_kimi_one_user", "verdict_kimi_eight_users", "kimi_speculative_tps"}
+    assert kimi.source.str.contains("stand-in is Kimi K2|stand-in Kimi K2").all()
+    assert get_config("kimi-k2").family == "kimi_k2"
+    assert not set(kimi.index) & set(vd.verdict_table().key)
