@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .chips import Chip, get_chip
+from .chips import Chip, get_chip, slice_shapes
 from .config import SLIDING, ModelConfig, get_config
 from .params import EMBED, EXPERTS, HEAD, ROUTER, SCALE_BYTES, SHARED_MLP, param_specs, quantized_in, scale_count
 from .published import published_table
@@ -405,8 +405,6 @@ def smallest_slices(model, context: int, batch: int = 1, dtype: str = "bf16") ->
     """For each TPU data/slices.csv documents slice shapes of: the smallest slice whose HBM holds the model's weights
     and its users' caches in ``dtype`` (:attr:`SpeedOfLight.fits_in_hbm`), its torus, hosts and speed of light
     there; where no documented slice holds it, the largest one, marked ``fits`` False."""
-    from .chips import slice_shapes
-
     cfg = get_config(model)
     rows = []
     for base, shapes in slice_shapes().items():
