@@ -58,22 +58,13 @@ def _add_sol(sub) -> None:
 
 
 def _run_sol(a) -> None:
-    from .sol import smallest_slices, speed_of_light
+    from .sol import smallest_slices, speed_of_light, text
 
     if a.chip == "auto":  # the smallest documented slice of each TPU that holds the model
         t = smallest_slices(a.model, a.context, a.batch, a.dtype).drop(columns=["source"])
         return _print({"slices": t.to_dict("records")}, a.json, t.to_string(index=False))
     s = speed_of_light(a.model, a.chip, a.context, a.batch, a.dtype)
-    d = s.to_dict()
-    lines = [
-        f"{s.model} on {s.chip}, context {s.context}, batch {s.batch}, {s.dtype} (modelled)",
-        f"  bytes per step  {s.bytes_per_token / 1e9:10.4f} GB",
-        f"  step            {d['step_ms']:10.4f} ms",
-        f"  tokens/s/user   {s.tokens_per_s:10.1f}",
-        f"  tokens/s total  {s.tokens_per_s_total:10.1f}",
-    ]
-    lines += [f"    {k:<18}{v / 1e9:10.4f} GB" for k, v in s.bytes_by_component.items()]
-    _print(d, a.json, "\n".join(lines))
+    _print(s.to_dict(), a.json, text(s))
 
 
 # models / chips ------------------------------------------------------------------------------------
@@ -510,8 +501,8 @@ def _run_schedule(a) -> None:
     from .measure import compiler_schedule as cs
     from .timing import named_plan
 
-    whole = a.refresh or a.missing
-    if whole == bool(a.model or a.chip) or not (whole or a.model and a.chip):
+    whole = a.refresh or a.missing  # every kept case: no plan named
+    if whole and (a.model or a.chip) or not whole and not (a.model and a.chip):
         raise SystemExit(
             "mk schedule: give --model and --chip for one plan, or --refresh / --missing (no --model, --chip) for "
             "every case data/schedule keeps"

@@ -254,12 +254,28 @@ def speed_of_light(
     model: ModelLike, chip: Chip | str, context: int, batch: int = 1, dtype: str = "bf16"
 ) -> SpeedOfLight:
     """The fastest a decode step can go on ``chip``: all its bytes read at full memory bandwidth."""
-    chip = get_chip(chip) if isinstance(chip, str) else chip
-    bc = bytes_per_token(model, context, batch, dtype)
+    return _on_chip(bytes_per_token(model, context, batch, dtype), get_chip(chip) if isinstance(chip, str) else chip)
+
+
+def text(s: SpeedOfLight) -> str:
+    """A speed of light as ``python -m mk sol`` prints it: the step, then the bytes of each component."""
+    lines = [
+        f"{s.model} on {s.chip}, context {s.context}, batch {s.batch}, {s.dtype} (modelled)",
+        f"  bytes per step  {s.bytes_per_token / 1e9:10.4f} GB",
+        f"  step            {s.step_s * 1e3:10.4f} ms",
+        f"  tokens/s/user   {s.tokens_per_s:10.1f}",
+        f"  tokens/s total  {s.tokens_per_s_total:10.1f}",
+    ]
+    return "\n".join(lines + [f"    {k:<18}{v / 1e9:10.4f} GB" for k, v in s.bytes_by_component.items()])
+
+
+def _on_chip(bc: ByteCount, chip: Chip) -> SpeedOfLight:
+    """:func:`speed_of_light` of a step's bytes, counted once, on ``chip``."""
     held = bc.all_weights + bc.kv
     return SpeedOfLight(
-        bc.model, chip.name, context, batch, dtype, bc.total, chip.hbm_bandwidth, bc.by_component, held, chip.hbm_bytes
-    )
+        bc.model, chip.name, bc.context, bc.batch, bc.dtype, bc.total, chip.hbm_bandwidth, bc.by_component, held,
+        chip.hbm_bytes,
+    )  # fmt: skip
 
 
 # Tables for the notebooks: long DataFrames in bytes, bytes/s and tokens/s, each row with its kind. --------
@@ -405,18 +421,18 @@ def smallest_slices(model, context: int, batch: int = 1, dtype: str = "bf16") ->
     """For each TPU data/slices.csv documents slice shapes of: the smallest slice whose HBM holds the model's weights
     and its users' caches in ``dtype`` (:attr:`SpeedOfLight.fits_in_hbm`), its torus, hosts and speed of light
     there; where no documented slice holds it, the largest one, marked ``fits`` False."""
-    cfg = get_config(model)
+    bc = bytes_per_token(model, context, batch, dtype)  # the same bytes on every slice
     rows = []
     for base, shapes in slice_shapes().items():
         for shape in shapes:
-            s = speed_of_light(cfg, shape.name, context, batch, dtype)
+            s = _on_chip(bc, get_chip(shape.name))
             if s.fits_in_hbm or shape is shapes[-1]:
                 break
         rows.append(
             dict(
                 model=s.model, dtype=dtype, context=context, batch=batch, chip=base, slice=shape.name,
-                topology=shape.topology, chips=shape.chips, hosts=shape.hosts, held_GB=s.held_bytes / 1e9,
-                hbm_GB=s.hbm_bytes / 1e9, fits=s.fits_in_hbm, tokens_per_s=s.tokens_per_s,
+                topology=shape.topology, chips=shape.chips, hosts=shape.hosts, bytes_per_token_GB=bc.total / 1e9,
+                held_GB=s.held_bytes / 1e9, hbm_GB=s.hbm_bytes / 1e9, fits=s.fits_in_hbm, tokens_per_s=s.tokens_per_s,
                 kind=f"{SOL_KIND}; the slice shapes: data/slices.csv", source=shape.source,
             )
         )  # fmt: skip
@@ -437,8 +453,8 @@ def format_table(models, dtypes, context: int, batch: int = 1) -> pd.DataFrame:
             slices = smallest_slices(cfg, context, batch, d)
             first = slices.iloc[0]
             row = dict(
-                model=cfg.name, dtype=d, bytes_per_token_GB=bytes_per_token(cfg, context, batch, d).total / 1e9,
-                held_GB=first.held_GB, context=context, batch=batch,
+                model=cfg.name, dtype=d, bytes_per_token_GB=first.bytes_per_token_GB, held_GB=first.held_GB,
+                context=context, batch=batch,
             )  # fmt: skip
             for r in slices.itertuples():
                 row[f"{r.chip} slice"] = r.slice if r.fits else f"none (largest {r.slice})"

@@ -104,7 +104,7 @@ def revision_effect(model, chip: str, points, setup: KernelSetup) -> pd.DataFram
     none says so."""
     c = get_chip(chip)
     revisions = kernel_revisions()
-    targets = ",".join(k for k in revisions.op_kinds if k)
+    targets = [k for k in revisions.op_kinds if k]
     rows = []
     for n, b in points:
         plan = named_plan(model, chip, n, b, setup)
@@ -120,7 +120,7 @@ def revision_effect(model, chip: str, points, setup: KernelSetup) -> pd.DataFram
             kept.append(
                 dict(
                     point, revision=r.revision, change=r.change,
-                    **{f"{k} bundles each": each.get(k, float("nan")) for k in targets.split(",") if k},
+                    **{f"{k} bundles each": each.get(k, float("nan")) for k in targets},
                     bundles_per_step=s.bundles, step_ms=p.step_s * 1e3, fraction_of_sol=p.fraction_of_sol,
                 )
             )  # fmt: skip

@@ -24,11 +24,23 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..chips import get_chip
 from ..files import git_commit
 from ..kernel_setup import SETUPS
 from ..params import KNOCKOUTS, SHARED_MLP
 from ..plan import ROUTED, StepPlan
-from ..timing.scheduled import COLUMNS, KV_TILES, OTHER, PLAIN, SCOPED, STEP, kernel_revision, schedule_file
+from ..timing import named_plan, scheduled_pace
+from ..timing.scheduled import (
+    COLUMNS,
+    KV_TILES,
+    OTHER,
+    PLAIN,
+    SCOPED,
+    STEP,
+    kernel_revision,
+    schedule_file,
+    stored_rows,
+)
 from ..tpu import libtpu_version
 from .bundles import Bundle, final_bundles, find_loops, find_skips, issued, parse_bundles, scope_stacks
 
@@ -171,9 +183,6 @@ STORED_CASES = (
 def schedule_for(plan: StepPlan, chip: str, stored: bool = False, keep: bool = False, folder: Path | None = None):
     """``plan``'s ScheduledStep on ``chip``: compiled now (``keep``: its rows stored too), or ``stored`` ones read.
     Raises RuntimeError without libtpu (when compiling) and LookupError without stored rows (when reading)."""
-    from ..chips import get_chip
-    from ..timing import scheduled_pace
-
     c = get_chip(chip)
     if stored:
         return scheduled_pace(plan, c, folder=folder)
@@ -188,9 +197,6 @@ def schedule_for(plan: StepPlan, chip: str, stored: bool = False, keep: bool = F
 def refresh(missing: bool = False):
     """Compile and store every case of :data:`STORED_CASES` for the kernel in this tree (``missing``: only those
     data/schedule lacks), yielding each case and its step's bundles as it is stored (a whole model takes minutes)."""
-    from ..timing import named_plan
-    from ..timing.scheduled import stored_rows
-
     for case in STORED_CASES:
         plan = named_plan(*case)
         if missing and stored_rows(plan) is not None:

@@ -52,6 +52,7 @@ COLUMNS = (
 )
 
 
+@lru_cache(maxsize=None)
 def kernel_revisions() -> pd.DataFrame:
     """data/kernel_revisions.csv: each revision of the megakernel's code, the op kinds its change targets and what
     changed; the last row is the kernel in this tree (a change to the kernel's code adds a row and refreshes the
