@@ -91,8 +91,9 @@ def format_figure(t: pd.DataFrame, title: str, chip: str = "tpu-v5e") -> go.Figu
     bar labelled with ``chip``'s smallest slice that holds it."""
     fig = go.Figure()
     for colour, (dtype, g) in zip(template_colours(), t.groupby("dtype", sort=False)):
+        slices = [n.removeprefix("tpu-") for n in g[f"{chip} slice"]]  # short enough for neighbouring bars
         fig.add_bar(
-            x=g.model, y=g.held_GB, name=dtype, marker_color=colour, text=list(g[f"{chip} slice"]),
+            x=g.model, y=g.held_GB, name=dtype, marker_color=colour, text=slices,
             textposition="outside", cliponaxis=False,
             hovertemplate=f"{dtype}, %{{x}}: %{{y:.4g}} GB held; {chip}: %{{text}}<extra></extra>",
         )  # fmt: skip
