@@ -25,9 +25,10 @@ import jax
 import jax.numpy as jnp
 
 from .assistant_config import AssistantConfig, source_layers
+from .blocks import attend_one, embed, residual_layer, rms_norm, rope
 from .config import SLIDING, ModelConfig
 from .params import NORMS, layer_params
-from .reference import attend_one, embed, held_positions, residual_layer, rms_norm, rope
+from .reference import held_positions
 
 
 def assistant_step(params: dict, a: AssistantConfig, target: ModelConfig, target_embed, cache: dict, token, hidden,

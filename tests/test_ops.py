@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mk import reference as R
+from mk import blocks, reference as R
 from mk.config import TINY_MOE
 from mk.kernel_setup import Collective, KernelSetup
 from mk.megakernel.kernel import MegakernelEngine, build_call, users_block
@@ -98,13 +98,13 @@ def test_prologue_and_emit_tokens():
 
 def test_embed():
     out = probe(plan_ops(Embed), {})
-    close(out.acts["x"][:B], R.embed(PARAMS, CFG, TOKENS))
+    close(out.acts["x"][:B], blocks.embed(PARAMS, CFG, TOKENS))
 
 
 def test_norm():
     x = _rand((B, H), 1)
     out = probe(plan_ops(Norm, layer=1), {"x": x})
-    close(out.acts["xn"][:B], R.rms_norm(x, PARAMS["layers.1.input_norm"], CFG.rms_eps))
+    close(out.acts["xn"][:B], blocks.rms_norm(x, PARAMS["layers.1.input_norm"], CFG.rms_eps))
 
 
 @pytest.mark.parametrize("mode", [MatmulMode.COLS, MatmulMode.ROWS])
@@ -126,11 +126,11 @@ def test_qkv_norm_rope():
     out = probe(op, {"q": q, "k": k, "v": v})
     p = {n: PARAMS[f"layers.0.{n}"] for n in ("q_norm", "k_norm")}
     pos = jnp.asarray(POSITIONS)[:, None]
-    want_q = R.rope(R.rms_norm(q.reshape(B, 1, nh, hd), p["q_norm"], CFG.rms_eps), pos, CFG, t)
-    want_k = R.rope(R.rms_norm(k.reshape(B, 1, kv, hd), p["k_norm"], CFG.rms_eps), pos, CFG, t)
+    want_q = blocks.rope(blocks.rms_norm(q.reshape(B, 1, nh, hd), p["q_norm"], CFG.rms_eps), pos, CFG, t)
+    want_k = blocks.rope(blocks.rms_norm(k.reshape(B, 1, kv, hd), p["k_norm"], CFG.rms_eps), pos, CFG, t)
     close(out.acts["q"][:B, : nh * hd], want_q.reshape(B, -1))
     close(out.acts["k"][:B, : kv * hd], want_k.reshape(B, -1))
-    close(out.acts["v"][:B, : kv * hd], R.rms_norm(v, None, CFG.rms_eps))
+    close(out.acts["v"][:B, : kv * hd], blocks.rms_norm(v, None, CFG.rms_eps))
 
 
 @pytest.mark.parametrize("layer", [0, 2], ids=["sliding", "full"])
@@ -151,7 +151,7 @@ def test_attend(layer):
     mask = (np.arange(S)[None] <= POSITIONS[:, None]) & (
         np.arange(S)[None] < (CFG.sliding_window if t == "sliding" else S)
     )
-    want = R.attend_one(jnp.asarray(q.reshape(B, 1, nh, hd)), jnp.asarray(kc), jnp.asarray(vc), jnp.asarray(mask))
+    want = blocks.attend_one(jnp.asarray(q.reshape(B, 1, nh, hd)), jnp.asarray(kc), jnp.asarray(vc), jnp.asarray(mask))
     close(out.acts["attn"][:B, : nh * hd], want.reshape(B, -1))
     written = reference_cache(CFG, out.cache)
     close(written[f"layers.{layer}.k"], kc)
@@ -166,16 +166,16 @@ def test_attention_residual():
     x, attn_out = _residual_inputs(10)
     out = probe(plan_ops(AttentionResidual, layer=1), {"x": x, "attn_out": attn_out})
     p, eps = {k[len("layers.1.") :]: v for k, v in PARAMS.items() if k.startswith("layers.1.")}, CFG.rms_eps
-    x2 = x + R.rms_norm(attn_out, p["post_attn_norm"], eps)
+    x2 = x + blocks.rms_norm(attn_out, p["post_attn_norm"], eps)
     close(out.acts["x"][:B], x2)
-    close(out.acts["xn"][:B], R.rms_norm(x2, p["pre_ffn_norm"], eps))
-    close(out.acts["x2"][:B], R.rms_norm(x2, p["pre_ffn_norm_2"], eps))
-    close(out.acts["rin"][:B], R.rms_norm(x2, None, eps) * p["router_scale"] * H**-0.5)
+    close(out.acts["xn"][:B], blocks.rms_norm(x2, p["pre_ffn_norm"], eps))
+    close(out.acts["x2"][:B], blocks.rms_norm(x2, p["pre_ffn_norm_2"], eps))
+    close(out.acts["rin"][:B], blocks.rms_norm(x2, None, eps) * p["router_scale"] * H**-0.5)
 
 
 def test_route_and_expert_combine():
     """The router's input, its projection tile, routing and two expert slots' combine: gates equal
-    mk.reference.route's weights at its ids, and slots 0 and 1 are the two lowest routed experts."""
+    mk.blocks.route's weights at its ids, and slots 0 and 1 are the two lowest routed experts."""
     x, eo = _rand((B, H), 12), _rand((B, H), 13)
     ops = (
         plan_ops(AttentionResidual, layer=0)
@@ -185,7 +185,7 @@ def test_route_and_expert_combine():
     )
     out = probe(ops, {"x": x, "attn_out": np.zeros((B, H), np.float32), "eo": eo})
     p = {k[len("layers.0.") :]: v for k, v in PARAMS.items() if k.startswith("layers.0.")}
-    w, ids = R.route(p, CFG, jnp.asarray(x), frozenset())
+    w, ids = blocks.route(p, CFG, jnp.asarray(x), frozenset())
     gates = np.zeros((B, CFG.num_experts), np.float32)
     for b in range(B):
         gates[b, np.asarray(ids[b])] = np.asarray(w[b])
@@ -206,8 +206,8 @@ def test_ffn_residual():
     moe = _rand((B, H), 18)
     out = probe(plan_ops(FfnResidual, layer=2), {"x": x, "ffn": ffn, "moe": moe})
     p, eps = {k[len("layers.2.") :]: v for k, v in PARAMS.items() if k.startswith("layers.2.")}, CFG.rms_eps
-    h = R.rms_norm(ffn, p["post_ffn_norm_1"], eps) + R.rms_norm(moe, p["post_ffn_norm_2"], eps)
-    close(out.acts["x"][:B], (x + R.rms_norm(h, p["post_ffn_norm"], eps)) * p["layer_scalar"])
+    h = blocks.rms_norm(ffn, p["post_ffn_norm_1"], eps) + blocks.rms_norm(moe, p["post_ffn_norm_2"], eps)
+    close(out.acts["x"][:B], (x + blocks.rms_norm(h, p["post_ffn_norm"], eps)) * p["layer_scalar"])
 
 
 def test_head_tiles_and_the_greedy_pick():

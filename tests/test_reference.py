@@ -11,10 +11,11 @@ import pytest
 
 from mk import generate as gen
 from mk.__main__ import main
+from mk.blocks import experts_dense, experts_gathered, route
 from mk.config import TINY_DENSE, TINY_MOE
 from mk.engines import engine_names, register_engine, unregister_engine
 from mk.params import KNOCKOUTS, layer_params
-from mk.reference import _prefill, decode_step, experts_dense, experts_gathered, init_cache, prefill, prepare, route
+from mk.reference import _prefill, decode_step, init_cache, prefill, prepare
 from mk.weights import random_params
 
 # Decode and prefill compute the same f32 sums in a different order (one position against a

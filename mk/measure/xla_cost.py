@@ -28,8 +28,8 @@ shapes in bf16 (weights, activations and the KV cache):
 - ``head`` (once per step): the tied embedding ``[vocab, hidden]`` times the normed hidden state, the
   logit softcap, the argmax (the greedy token).
 
-The math is mk.reference's own building blocks (``qkv``, ``write_slots``, ``attend_one``, ``mlp``,
-``route``, ``head``, ``rms_norm``, ``matmul_t``) on the decode layout of :func:`mk.reference.prepare`
+The math is the reference's own (mk.blocks' ``qkv``, ``attend_one``, ``mlp``, ``route``, ``head``, ``rms_norm``,
+``matmul_t`` and mk.reference's ``write_slots``) on the decode layout of :func:`mk.reference.prepare`
 (matrices ``[out, in]``). The q/k norm vectors are read by the attention programs (mk.plan's
 ``QKVNormRope`` is attention's too), though mk.params counts them under ``norms``. The embedding lookup of
 the input token is left out (mk.sol does not count it either), as are the collectives (one chip).
@@ -124,7 +124,7 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
     import jax
     import jax.numpy as jnp
 
-    from .. import reference as R
+    from .. import blocks, reference as R
     from ..sol import bytes_per_token
 
     _check(cfg, context, batch)
@@ -164,12 +164,12 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
         kv_name = "kv_sliding" if t == SLIDING else "kv_full"
 
         def attention(p, xn, k_cache, v_cache, pos, t=t, S=S):
-            q, k, v = R.qkv(p, cfg, t, xn, pos[:, None], ko, R.matmul_t)
+            q, k, v = blocks.qkv(p, cfg, t, xn, pos[:, None], ko, blocks.matmul_t)
             slot = pos % S  # a sliding layer's ring (S = window once the context fills it); a full layer's pos
             k_cache = R.write_slots(k_cache, k.transpose(0, 2, 1, 3).astype(k_cache.dtype), slot)
             v_cache = R.write_slots(v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), slot)
             mask = jnp.arange(S)[None, :] <= pos[:, None]
-            attn = R.matmul_t(R.attend_one(q, k_cache, v_cache, mask, cfg.score_scale(t)), p["o"])
+            attn = blocks.matmul_t(blocks.attend_one(q, k_cache, v_cache, mask, cfg.score_scale(t)), p["o"])
             return attn, k_cache, v_cache
 
         progs[comp] = Program(
@@ -188,7 +188,7 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
     mlp = layer_shapes(0, SHARED_MLP)
 
     def shared_mlp(p, h):
-        return R.mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], R.matmul_t)
+        return blocks.mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], blocks.matmul_t)
 
     progs[SHARED_MLP] = Program(
         SHARED_MLP, SHARED_MLP, PER_LAYER, shared_mlp, (mlp, x), sol_weight_bytes=sol[SHARED_MLP] / L
@@ -200,7 +200,7 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
         flat = sds((B, H))
 
         def route(p, x):
-            return R.route(p, cfg, x, ko, R.matmul_t)
+            return blocks.route(p, cfg, x, ko, blocks.matmul_t)
 
         progs[ROUTER] = Program(ROUTER, ROUTER, PER_LAYER, route, (router, flat), sol_weight_bytes=sol[ROUTER] / L)
 
@@ -214,7 +214,7 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
                 for j in range(k):
                     e = ids[n, j]
                     g, u, d = (jax.lax.dynamic_index_in_dim(p[name], e, keepdims=False) for name in experts)
-                    y = y + w[n, j] * R.mlp(h[n], g, u, d, R.matmul_t)  # summed in slot order, as the reference
+                    y = y + w[n, j] * blocks.mlp(h[n], g, u, d, blocks.matmul_t)  # in slot order, as the reference
                 out.append(y)
             return jnp.stack(out)
 
@@ -237,15 +237,15 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
     def layer_norms(p, x, attn, mlp, moe):
         """What mk.plan's Norm(input_norm), AttentionResidual and FfnResidual compute (mk.reference's
         _layer and _ffn wiring without the blocks between them): the blocks' inputs and the new stream."""
-        xn = R.rms_norm(x, p["input_norm"], eps)
-        x = x + R.rms_norm(attn, p["post_attn_norm"], eps)
-        h = R.rms_norm(x, p["pre_ffn_norm"], eps)
+        xn = blocks.rms_norm(x, p["input_norm"], eps)
+        x = x + blocks.rms_norm(attn, p["post_attn_norm"], eps)
+        h = blocks.rms_norm(x, p["pre_ffn_norm"], eps)
         if cfg.is_moe:
-            h2 = R.rms_norm(x, p["pre_ffn_norm_2"], eps)
-            ffn = R.rms_norm(mlp, p["post_ffn_norm_1"], eps) + R.rms_norm(moe, p["post_ffn_norm_2"], eps)
+            h2 = blocks.rms_norm(x, p["pre_ffn_norm_2"], eps)
+            ffn = blocks.rms_norm(mlp, p["post_ffn_norm_1"], eps) + blocks.rms_norm(moe, p["post_ffn_norm_2"], eps)
         else:
             h2, ffn = None, mlp
-        x = (x + R.rms_norm(ffn, p["post_ffn_norm"], eps)) * p["layer_scalar"].astype(x.dtype)
+        x = (x + blocks.rms_norm(ffn, p["post_ffn_norm"], eps)) * p["layer_scalar"].astype(x.dtype)
         return xn, h, h2, x
 
     final_bytes = H * 2  # final_norm in bf16
@@ -259,7 +259,7 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
     )
 
     def final_norm(w, x):
-        return R.rms_norm(x, w, eps)
+        return blocks.rms_norm(x, w, eps)
 
     progs["final_norm"] = Program(
         "final_norm", NORMS, PER_STEP, final_norm, (sds((H,)), sds((B, H))), sol_weight_bytes=final_bytes
@@ -268,7 +268,7 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
     # The head: logits of the whole vocabulary, softcap, argmax ----------------------------------
     def head(embed, h):
         # the final norm is its own program above: mk.reference's _head with norms switched off
-        logits = R.head({"embed": embed, "final_norm": None}, cfg, h, frozenset({NORMS}))
+        logits = blocks.head({"embed": embed, "final_norm": None}, cfg, h, frozenset({NORMS}))
         return jnp.argmax(logits, axis=-1)
 
     progs[HEAD] = Program(HEAD, HEAD, PER_STEP, head, (sds((V, H)), sds((B, H))), sol_weight_bytes=sol[HEAD])

@@ -125,7 +125,7 @@ def _scales_in_layout(scale, kind, width: int):
 def pack(params: dict, cfg: ModelConfig) -> dict:
     """The kernel's inputs from the reference parameter tree: stacked matrices in the kernel's layout
     (their own dtype), the vector table (f32) and the RoPE inverse frequencies (f32)."""
-    from ..reference import inv_freq
+    from ..blocks import inv_freq
 
     lay = layout_config(cfg)
     quantized = set(quantized_paths(cfg, scheme_of(params, cfg)))

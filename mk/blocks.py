@@ -1,0 +1,263 @@
+"""The reference decoder's building blocks, one layer's worth: RMSNorm, RoPE, the projections, grouped-query
+attention, the gated MLP, routing and the routed experts, a layer's residual wiring, the embedding and the head.
+
+mk.reference strings them into prefill and decode over a KV cache; the assistant drafter (mk.assistant) reuses
+them. Every block follows transformers' arithmetic for the families mk runs (float32 norms and softmaxes, cast
+back), as mk.reference's docstring lists.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .config import ModelConfig
+from .params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP
+
+
+# Building blocks ------------------------------------------------------------------------------------
+def rms_norm(x, w, eps: float, on: bool = True):
+    """transformers' Gemma4RMSNorm: float32 ``x * (mean(x^2) + eps)^-0.5 * w``, cast back. ``w=None``: no weight."""
+    if not on:
+        return x
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.pow(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps, -0.5)
+    if w is not None:
+        y = y * w.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def inv_freq(cfg: ModelConfig, layer_type: str) -> np.ndarray:
+    """RoPE inverse frequencies [head_dim/2]; a full layer's non-rotated pairs have frequency 0; Llama 3's scaling
+    (``cfg.rope_scaling``) slows the long wavelengths, as transformers' ``llama3`` RoPE does (in float32)."""
+    hd = cfg.head_dim(layer_type)
+    rot = cfg.rotary_dims(layer_type) // 2
+    f = (1.0 / (cfg.rope_theta(layer_type) ** (np.arange(0, 2 * rot, 2, dtype=np.float32) / hd))).astype(np.float32)
+    if cfg.rope_scaling is not None:
+        f = _llama3_scaled(f, cfg.rope_scaling)
+    return np.concatenate([f, np.zeros(hd // 2 - rot, np.float32)]).astype(np.float32)
+
+
+def _llama3_scaled(f: np.ndarray, r) -> np.ndarray:
+    old = np.float32(r.original_max_position_embeddings)
+    wavelen = np.float32(2 * np.pi) / f
+    slow = np.where(wavelen > old / np.float32(r.low_freq_factor), f / np.float32(r.factor), f)
+    smooth = (old / wavelen - np.float32(r.low_freq_factor)) / np.float32(r.high_freq_factor - r.low_freq_factor)
+    smoothed = (1 - smooth) * slow / np.float32(r.factor) + smooth * slow
+    medium = ~(wavelen < old / np.float32(r.high_freq_factor)) & ~(wavelen > old / np.float32(r.low_freq_factor))
+    return np.where(medium, smoothed, slow).astype(np.float32)
+
+
+def rope(x, positions, cfg: ModelConfig, layer_type: str):
+    """Rotate ``x [B, T, heads, head_dim]`` at ``positions`` (rotate-half convention, as transformers):
+    ``[T]`` shared by every user, or ``[B, T]`` each user its own."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq(cfg, layer_type))
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    cos = jnp.cos(emb).astype(x.dtype)[..., None, :]
+    sin = jnp.sin(emb).astype(x.dtype)[..., None, :]
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def matmul(x, w):
+    """``x [..., in]`` times a matrix stored as mk's tree stores it, ``[in, out]``."""
+    return x @ w
+
+
+def matmul_t(x, w):
+    """``x [..., in]`` times a matrix stored transposed, ``[out, in]`` (the decode layout of
+    :func:`prepare`): contracting both minor axes is a library GEMV that reads ``w`` in place,
+    measured ~20% faster on XLA:CPU than ``x @ w`` of the same matrix stored [in, out]."""
+    return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
+
+
+def activate(x, activation: str):
+    """The gated MLP's activation of its gate: GELU (tanh approximation; Gemma) or SiLU (Llama, Qwen3)."""
+    return jax.nn.gelu(x, approximate=True) if activation == "gelu_tanh" else jax.nn.silu(x)
+
+
+def mlp(x, gate, up, down, mm=matmul, activation: str = "gelu_tanh"):
+    """A gated MLP: ``down(act(gate(x)) * up(x))`` (GeGLU or SwiGLU), each product by ``mm``."""
+    return mm(activate(mm(x, gate), activation) * mm(x, up), down)
+
+
+def route(p: dict, cfg: ModelConfig, x, ko: frozenset, mm=matmul):
+    """Top-k experts and their weights for each row of ``x [N, H]`` (:func:`router_input`): (weights [N, k],
+    ids [N, k]). Gemma 4: a weightless norm and a learned scale before the projection, the renormalised top-k
+    weights times a per-expert scale; ``softmax_topk`` (Qwen3-MoE, Mixtral): softmax over every expert's logit,
+    the top k, renormalised when ``cfg.norm_topk``."""
+    if ROUTER in ko:
+        n = x.shape[0]
+        ids = jnp.broadcast_to(jnp.arange(cfg.top_k, dtype=jnp.int32), (n, cfg.top_k))
+        return jnp.full((n, cfg.top_k), 1.0 / cfg.top_k, x.dtype), ids
+    h = x
+    if cfg.router == "gemma4":
+        h = rms_norm(x, None, cfg.rms_eps, NORMS not in ko)
+        h = h * p["router_scale"] * jnp.asarray(cfg.hidden_size**-0.5, x.dtype)
+    probs = jax.nn.softmax(mm(h, p["router_proj"]).astype(jnp.float32), axis=-1)
+    w, ids = jax.lax.top_k(probs, cfg.top_k)
+    if cfg.norm_topk:
+        w = w / jnp.sum(w, axis=-1, keepdims=True)
+    if cfg.router == "gemma4":
+        w = w * p["expert_scale"][ids].astype(jnp.float32)
+    return w.astype(x.dtype), ids
+
+
+def router_input(p: dict, cfg: ModelConfig, x, ko: frozenset):
+    """What the router reads of the residual stream ``x`` after attention: Gemma 4's router the stream itself (it
+    norms it on its own); a pre-norm family's router the FFN's input, ``pre_ffn_norm(x)``."""
+    return x if cfg.router == "gemma4" else rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, NORMS not in ko)
+
+
+def experts_gathered(p: dict, x, w, ids, mm=matmul, activation: str = "gelu_tanh"):
+    """Decode path: apply only the selected experts (N*k of them) to ``x [N, H]``.
+
+    A loop over the (row, slot) pairs runs a ``lax.switch`` over the experts whose branch reads its
+    expert as its own array: :func:`prepare` splits the [E, ...] expert arrays into E arrays once, so
+    the dots read each expert's buffer in place. Measured on XLA:CPU (2-core EPYC, JAX 0.10.2): a
+    gather or dynamic slice of an [E, ...] array runs at ~1.5 GB/s (the whole step ~2x slower), and
+    even a static slice ``gate[e]`` in the branch is copied first (~72 copies, ~12 ms of a ~47 ms
+    cpu-moe step; the split layout removes them). Given the plain [E, ...] arrays (a traced tree, or
+    a test's) the branches slice statically. The loop keeps one switch per layer: unrolling the k
+    slots compiles k times the branches (cpu-moe: ~19 s against ~7 s) for the same speed. The slots
+    are summed in order: the sums differ from the dense path by round-off.
+    """
+    gate, up, down = p["expert_gate"], p["expert_up"], p["expert_down"]
+    branches = [partial(_expert_branch, gate, up, down, mm, activation, e) for e in range(len(gate))]
+    k = ids.shape[1]
+
+    def slot(s, y):
+        n, j = s // k, s % k
+        out = jax.lax.switch(ids[n, j], branches, x[n])
+        return y.at[n].add(w[n, j] * out)
+
+    return jax.lax.fori_loop(0, ids.size, slot, jnp.zeros_like(x))
+
+
+def _expert_branch(gate, up, down, mm, activation: str, e: int, x):
+    return mlp(x, gate[e], up[e], down[e], mm, activation)
+
+
+def experts_dense(p: dict, cfg: ModelConfig, x, w, ids):
+    """Prefill path: every expert on every row, weighted by a combine matrix that is zero off the top-k.
+
+    For many rows this reads each expert once instead of gathering N*k copies; the unselected
+    experts add exact zeros.
+    """
+    combine = jnp.sum(jax.nn.one_hot(ids, cfg.num_experts, dtype=x.dtype) * w[..., None], axis=1)  # [N, E]
+    h = activate(jnp.einsum("nh,ehi->nei", x, p["expert_gate"]), cfg.activation)
+    h = h * jnp.einsum("nh,ehi->nei", x, p["expert_up"])
+    return jnp.einsum("nei,eih,ne->nh", h, p["expert_down"], combine)
+
+
+# One layer ------------------------------------------------------------------------------------------
+def qkv(p, cfg: ModelConfig, t: str, h, positions, ko, mm=matmul):
+    """q [B, T, nh, hd], k and v [B, T, kv, hd] after their norms (those the family has) and RoPE."""
+    B, T, _ = h.shape
+    hd, kv, on = cfg.head_dim(t), cfg.kv_heads(t), NORMS not in ko
+    q = mm(h, p["q"]).reshape(B, T, cfg.num_heads, hd)
+    k = mm(h, p["k"]).reshape(B, T, kv, hd)
+    v = mm(h, p["v"]).reshape(B, T, kv, hd) if cfg.has_v_proj(t) else k
+    if cfg.qk_norm:
+        q, k = rms_norm(q, p["q_norm"], cfg.rms_eps, on), rms_norm(k, p["k_norm"], cfg.rms_eps, on)
+    if cfg.v_norm:
+        v = rms_norm(v, None, cfg.rms_eps, on)
+    return rope(q, positions, cfg, t), rope(k, positions, cfg, t), v
+
+
+def attend(q, k, v, mask, scale: float = 1.0):
+    """Grouped-query attention, scores times ``scale`` (:meth:`ModelConfig.score_scale`). q [B, T, nh, hd];
+    k, v [B, kv, S, hd]; mask [T, S] or [S]."""
+    B, T, nh, hd = q.shape
+    kv = k.shape[1]
+    qg = q.reshape(B, T, kv, nh // kv, hd)  # head h reads KV head h // (nh // kv), as repeat_kv
+    s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32) * scale
+    s = jnp.where(mask, s, -jnp.inf)
+    a = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    o = jnp.einsum("bkgts,bksd->btkgd", a, v.astype(q.dtype))
+    return o.reshape(B, T, nh * hd)
+
+
+def attend_one(q, k, v, mask, scale: float = 1.0):
+    """Decode attention: :func:`attend` for one new position (q [B, 1, nh, hd]; k, v the cache
+    [B, kv, S, hd]; mask [B, S], each user's own) with the weighted sum of V written as a
+    multiply-reduce, which XLA:CPU runs on the V cache in place; as a dot it transposes the
+    probabilities, the output and the V cache through copies every layer (measured: about half the
+    step's copy time goes). The scores stay a dot, summed as prefill sums them (a multiply-reduce
+    there too would drop the K cache copies but moves decode's logits ~1e-5 away from prefill's).
+    """
+    B, T, nh, hd = q.shape
+    kv = k.shape[1]
+    qg = q.reshape(B, T, kv, nh // kv, hd)
+    s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32) * scale
+    s = jnp.where(mask[:, None, None, None, :], s, -jnp.inf)
+    a = jax.nn.softmax(s, axis=-1).astype(q.dtype)[:, :, :, 0]  # [B, kv, g, S]
+    o = jnp.sum(a[..., None] * v[:, :, None].astype(q.dtype), axis=-2)  # [B, kv, g, hd]
+    return o.reshape(B, T, nh * hd)
+
+
+def _ffn(p, cfg: ModelConfig, x, ko, dense_experts: bool, mm=matmul):
+    """The FFN block's output (before Gemma's post_ffn_norm) for ``x [B, T, H]``, the residual stream: the shared
+    (or dense) MLP and, for MoE, the routed experts; Gemma 4 norms each of the two before adding them."""
+    on, act = NORMS not in ko, cfg.activation
+    h = rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, on)
+    shared = None
+    if cfg.has_shared_mlp:
+        shared = jnp.zeros_like(x) if SHARED_MLP in ko else mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], mm, act)
+    if not cfg.is_moe:
+        return shared
+    if EXPERTS in ko:
+        moe = jnp.zeros_like(x)
+    else:
+        flat = x.reshape(-1, x.shape[-1])
+        w, ids = route(p, cfg, router_input(p, cfg, flat, ko), ko, mm)
+        h2 = rms_norm(flat, p["pre_ffn_norm_2"], cfg.rms_eps, on) if cfg.sandwich_norms else h.reshape(flat.shape)
+        moe = experts_dense(p, cfg, h2, w, ids) if dense_experts else experts_gathered(p, h2, w, ids, mm, act)
+        moe = moe.reshape(x.shape)
+    if not cfg.sandwich_norms:
+        return moe if shared is None else shared + moe
+    shared = rms_norm(shared, p["post_ffn_norm_1"], cfg.rms_eps, on)
+    return shared + rms_norm(moe, p["post_ffn_norm_2"], cfg.rms_eps, on)
+
+
+def residual_layer(p, cfg: ModelConfig, x, attn_out, ko, dense_experts: bool, mm=matmul):
+    """Residual wiring of one layer given its attention output (o-projected, None when knocked out): Gemma's
+    sandwich (each block's output normed, then the layer scalar), or plain pre-norm residuals."""
+    on = NORMS not in ko
+    if not cfg.sandwich_norms:
+        if attn_out is not None:
+            x = x + attn_out
+        return x + _ffn(p, cfg, x, ko, dense_experts, mm)
+    if attn_out is not None:
+        x = x + rms_norm(attn_out, p["post_attn_norm"], cfg.rms_eps, on)
+    x = x + rms_norm(_ffn(p, cfg, x, ko, dense_experts, mm), p["post_ffn_norm"], cfg.rms_eps, on)
+    if on:
+        x = x * p["layer_scalar"].astype(x.dtype)
+    return x
+
+
+def embed(params, cfg: ModelConfig, tokens):
+    """The tokens' embedding rows, scaled by sqrt(hidden) where the family does (Gemma)."""
+    e = params["embed"]
+    return e[tokens] * jnp.asarray(cfg.hidden_size**0.5, e.dtype) if cfg.scale_embeddings else e[tokens]
+
+
+def head(params, cfg: ModelConfig, x, ko):
+    """Logits [B, V] float32 for the hidden states ``x [B, H]``: the final norm, the tied embedding or the untied
+    head, Gemma's soft cap."""
+    if HEAD in ko:
+        return jnp.zeros((x.shape[0], cfg.vocab_size), jnp.float32)
+    h = rms_norm(x, params["final_norm"], cfg.rms_eps, NORMS not in ko)
+    # the head [V, H] times h as a matrix-vector product (contracting its minor axis), not h @ head.T:
+    # for the latter XLA:CPU fuses the transposed embed and the last layer's residual and norm into
+    # one elemental loop that recomputes them for every vocabulary row (measured: the head took ~2x
+    # its bytes' time; this way it is one library GEMV).
+    w = params["embed"] if cfg.tied_embeddings else params["head"]  # [V, H] either way
+    logits = jax.lax.dot_general(w, h, (((1,), (1,)), ((), ()))).T.astype(jnp.float32)
+    if cfg.final_softcap:
+        logits = cfg.final_softcap * jnp.tanh(logits / cfg.final_softcap)
+    return logits
