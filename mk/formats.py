@@ -23,11 +23,15 @@ tiny checkpoints, and anyone converting a tree). How many bytes each format read
 
 from __future__ import annotations
 
+import csv
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import ml_dtypes
 import numpy as np
+
+from .paths import RELEASED_FORMATS_CSV
 
 FP8 = "fp8"
 INT4 = "compressed-tensors"
@@ -41,6 +45,31 @@ FP4_VALUES = np.array(
 )
 MX_BLOCK = 32  # values an MXFP4 scale covers
 INT4_PER_WORD = 8
+
+
+@dataclass(frozen=True)
+class ReleasedFormat:
+    """The format a model's authors release its weights in (data/released_formats.csv): mk.sol's data type for its
+    bytes, the release it describes, and where that is documented."""
+
+    model: str
+    dtype: str
+    release: str
+    source: str
+
+
+@lru_cache(maxsize=None)
+def released_formats() -> dict[str, ReleasedFormat]:
+    with open(RELEASED_FORMATS_CSV, newline="") as f:
+        return {r["model"]: ReleasedFormat(**r) for r in csv.DictReader(f)}
+
+
+def released_format(model: str) -> ReleasedFormat:
+    """The format ``model`` (a preset's name) is released in; one line naming the models that have one if not known."""
+    known = released_formats()
+    if model not in known:
+        raise ValueError(f"no released format recorded for {model!r}: data/released_formats.csv has {', '.join(known)}")
+    return known[model]
 
 
 # FP8 with block scales -----------------------------------------------------------------------------

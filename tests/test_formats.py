@@ -195,3 +195,18 @@ def test_a_format_checkpoint_missing_its_scales_is_refused_by_name(hf_checkpoint
     _rewrite(folder, tmp_path / "awq", lambda n, a: None, qc)
     with pytest.raises(ValueError, match=r"quant_method 'awq'.*fp8, compressed-tensors, mxfp4"):
         load_checkpoint(tmp_path / "awq")
+
+
+def test_each_released_format_is_one_mk_counts_for_a_model_it_knows():
+    """data/released_formats.csv: each row's model resolves, its data type is mk.sol's and applies to that model (a
+    format for routed experts only on a model with them), and it names its source."""
+    from mk.config import get_config
+    from mk.formats import released_format, released_formats
+    from mk.sol import bytes_per_token
+
+    assert {"kimi-k2", "deepseek-v3", "gpt-oss-20b"} <= set(released_formats())
+    for r in released_formats().values():
+        bytes_per_token(get_config(r.model), 1024, 1, r.dtype)  # refuses a format that does not apply
+        assert len(r.source) > 40 and r.release.count("/") == 1
+    with pytest.raises(ValueError, match="no released format recorded for 'gemma4-31b'.*kimi-k2"):
+        released_format("gemma4-31b")
