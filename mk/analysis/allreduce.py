@@ -242,7 +242,7 @@ def padding_table(cfg: ModelConfig, chip: Chip | str, context: int, batch: int) 
     rows = []
     for layout in FFN_LAYOUTS[::-1]:  # the first layout first
         laid = cfg.replace(ffn_layout=layout)
-        for placement in Placement if cfg.is_moe else (Placement.SPLIT,):
+        for placement in (Placement.WHOLE, Placement.SPLIT) if cfg.is_moe else (Placement.SPLIT,):
             setup = KernelSetup(placement=placement, ffn_layout=layout, name=f"{placement} experts, MLPs on {layout}")
             plan = step_plan(cfg, chip, context, batch, "bf16", setup)
             moved, payload = plan.bytes_by_component(), plan.bytes_by_component(payload=True)
