@@ -86,7 +86,10 @@ def link_latency(chip: Chip) -> float:
 @lru_cache(maxsize=32)  # the sweeps and the pacing chip's variants time the same plan many ways
 def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> StepPlan:
     """The plan the model times for ``setup`` (mk.kernel_setup.KernelSetup) over ``chip``'s chips: chip 0's, in the
-    plan's data type for ``dtype`` (mk.plan.build_plan)."""
+    plan's data type for ``dtype`` (mk.plan.build_plan); past one host, the setup mk.sharding.pods.pod_setup gives
+    (the slice's torus; whole experts over hosts, split within each)."""
+    from ..sharding.pods import pod_setup
+
     wi, ki = plan_itemsizes(dtype)
     return build_plan(
         cfg,
@@ -96,7 +99,7 @@ def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> 
         weight_itemsize=wi,
         kv_itemsize=ki,
         knockout=knockout,
-        setup=setup.on(chip.chips),
+        setup=pod_setup(setup, chip, cfg),
         quantize=plan_quantize(dtype),
     )
 
@@ -130,7 +133,7 @@ def pace_distribution(plan: StepPlan) -> dict[int, float]:
     uniform routing): the busiest chip's under whole placement, every chip's otherwise."""
     cfg = plan.cfg
     if cfg.is_moe and plan.experts_held < cfg.num_experts:
-        return busiest_chip_distribution(cfg.num_experts, plan.chips, cfg.top_k, plan.batch)
+        return busiest_chip_distribution(cfg.num_experts, plan.expert_groups, cfg.top_k, plan.batch)
     return plan.distinct_experts
 
 
