@@ -91,17 +91,30 @@ def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> 
     from ..sharding.pods import pod_setup
 
     wi, ki = plan_itemsizes(dtype)
+    setup = pod_setup(setup, chip, cfg)
     return build_plan(
         cfg,
         batch,
-        context,
+        cache_positions(cfg, context, setup),
         context,
         weight_itemsize=wi,
         kv_itemsize=ki,
         knockout=knockout,
-        setup=pod_setup(setup, chip, cfg),
+        setup=setup,
         quantize=plan_quantize(dtype),
     )
+
+
+def cache_positions(cfg, context: int, setup) -> int:
+    """The cache a step of ``context`` positions is timed with: ``context``, rounded up where the positions of a KV
+    head are split over g chips (mk.sharding.placement.position_share) to g whole blocks, as a deployment would
+    allocate it (128 chips sharing DeepSeek-V3's one latent head at 1K: 2,048 slots, 16 a chip); the step still
+    reads ``context`` positions."""
+    from ..plan.layout import BLOCK
+    from ..sharding.placement import position_share
+
+    multiple = max(position_share(cfg, t, setup) for t in set(cfg.layer_types)) * BLOCK
+    return context if multiple == BLOCK else -(-context // multiple) * multiple
 
 
 def check_speculation(speculate: int, acceptance: float | None) -> float:
