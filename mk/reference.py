@@ -1,4 +1,5 @@
-"""The reference Gemma 4 text decoder in plain JAX: prefill, one-token decode with a KV cache, any batch.
+"""The reference decoder in plain JAX (Gemma 4 text, Llama 3, Qwen3, Qwen3-MoE, Mixtral, gpt-oss): prefill,
+one-token decode with a KV cache, speculative verification, any batch.
 
 This is the "general stack": ordinary XLA ops, one compiled program per decode step. Users need not
 be in step: :func:`prefill` takes right-padded prompts of different lengths (``lengths [B]``; padding
@@ -25,6 +26,14 @@ transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to th
   ``softcap * tanh(logits / softcap)``.
 
 RMSNorms and softmaxes run in float32 and cast back to the activations' dtype, as transformers does.
+
+The other families follow their transformers classes the same way (tests/test_parity.py, tests/test_gpt_oss.py):
+Llama 3 / Qwen3 / Qwen3-MoE / Mixtral's pre-norm residuals, SiLU MLP, scores over sqrt(head_dim), QK-norm (Qwen3),
+softmax-then-top-k routing, Llama 3's RoPE scaling; gpt-oss (``GptOssForCausalLM``) adds biased q/k/v/o, a learned
+sink logit per head in every softmax's denominator (its weight dropped after), sliding and full layers alternating,
+YaRN RoPE (cos and sin times its attention factor), a router taking the top k of its biased logits then a softmax
+over those k, and biased experts with the clamped SwiGLU ``(clip(up, +-limit) + 1) * g * sigmoid(alpha g)``,
+``g = min(gate, limit)``.
 
 INT8 trees (mk.quant: int8 codes plus float32 scales per output channel) are accepted wherever a tree is:
 they are dequantized once (:func:`float_params`, ``mk.quant.dequantize``: codes x scale in float32, rounded
