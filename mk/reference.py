@@ -1,4 +1,5 @@
-"""The reference Gemma 4 text decoder in plain JAX: prefill, one-token decode with a KV cache, any batch.
+"""The reference decoder in plain JAX (Gemma 4 text, Llama 3, Qwen3, Qwen3-MoE, Mixtral, gpt-oss): prefill,
+one-token decode with a KV cache, speculative verification, any batch.
 
 This is the "general stack": ordinary XLA ops, one compiled program per decode step. Users need not
 be in step: :func:`prefill` takes right-padded prompts of different lengths (``lengths [B]``; padding
@@ -25,6 +26,14 @@ transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to th
   ``softcap * tanh(logits / softcap)``.
 
 RMSNorms and softmaxes run in float32 and cast back to the activations' dtype, as transformers does.
+
+The other families follow their transformers classes the same way (tests/test_parity.py, tests/test_gpt_oss.py):
+Llama 3 / Qwen3 / Qwen3-MoE / Mixtral's pre-norm residuals, SiLU MLP, scores over sqrt(head_dim), QK-norm (Qwen3),
+softmax-then-top-k routing, Llama 3's RoPE scaling; gpt-oss (``GptOssForCausalLM``) adds biased q/k/v/o, a learned
+sink logit per head in every softmax's denominator (its weight dropped after), sliding and full layers alternating,
+YaRN RoPE (cos and sin times its attention factor), a router taking the top k of its biased logits then a softmax
+over those k, and biased experts with the clamped SwiGLU ``(clip(up, +-limit) + 1) * g * sigmoid(alpha g)``,
+``g = min(gate, limit)``.
 
 INT8 trees (mk.quant: int8 codes plus float32 scales per output channel) are accepted wherever a tree is:
 they are dequantized once (:func:`float_params`, ``mk.quant.dequantize``: codes x scale in float32, rounded
@@ -55,6 +64,7 @@ import numpy as np
 from .blocks import (
     attend,
     attend_one,
+    biased,
     embed,
     head,
     matmul_t,
@@ -155,7 +165,7 @@ def _prefill(params, cfg: ModelConfig, tokens, lengths, cache):
         q, k, v = qkv(p, cfg, t, h, positions, ko)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv, T, hd]
         mask = causal & window if t == SLIDING else causal
-        attn = attend(q, k, v, mask, cfg.score_scale(t)) @ p["o"]
+        attn = biased(p, "o", attend(q, k, v, mask, cfg.score_scale(t), p.get("sinks")))
         for name, val in (("k", k), ("v", v)):
             c = cache[f"layers.{i}.{name}"]
             if t == SLIDING:
@@ -246,7 +256,8 @@ def _routed_experts(params, cfg: ModelConfig, tokens):
         p = layer_params(params, i)
         q, k, v = qkv(p, cfg, t, rms_norm(x, p["input_norm"], cfg.rms_eps), positions, ko)
         mask = causal & window if t == SLIDING else causal
-        attn = attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, cfg.score_scale(t)) @ p["o"]
+        kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        attn = biased(p, "o", attend(q, kt, vt, mask, cfg.score_scale(t), p.get("sinks")))
         # the stream after attention, as _layer wires it, and what the router reads of it
         routed = x + (rms_norm(attn, p["post_attn_norm"], cfg.rms_eps) if cfg.sandwich_norms else attn)
         h = router_input(p, cfg, routed.reshape(B * T, -1), ko)
@@ -304,7 +315,9 @@ def prepare(params: dict, cfg: ModelConfig) -> dict:
     params = float_params(params, cfg)
     out = {PREPARED: None}
     for path, a in params.items():
-        if path.startswith("layers.") and a.ndim == 3:
+        if path.endswith("_bias"):  # vectors, or gpt-oss's experts' [E, ...] biases: kept as they are
+            pass
+        elif path.startswith("layers.") and a.ndim == 3:
             a = _split_t(a)
         elif path.startswith("layers.") and a.ndim == 2:
             a = _transpose(a)
@@ -393,9 +406,12 @@ def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset):
                 cache[f"layers.{i}.{name}"] = c
             held = held_positions(positions[:, -1:], S)  # [B, S]
             mask = visible(held[:, None, :], positions[:, :, None], cfg, t)  # [B, T, S]
-            kc, vc, scale = cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], cfg.score_scale(t)
-            attn = attend_one(q, kc, vc, mask[:, 0], scale) if T == 1 else attend(q, kc, vc, mask[:, None, None], scale)
-            attn = matmul_t(attn, p["o"])
+            kc, vc, scale, sinks = cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], cfg.score_scale(t), p.get("sinks")
+            if T == 1:
+                attn = attend_one(q, kc, vc, mask[:, 0], scale, sinks)
+            else:
+                attn = attend(q, kc, vc, mask[:, None, None], scale, sinks)
+            attn = biased(p, "o", attn, matmul_t)
         x = residual_layer(p, cfg, x, attn, ko, dense_experts=False, mm=matmul_t)
     return x, cache
 

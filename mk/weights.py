@@ -1,10 +1,12 @@
 """Weights for mk's parameter tree: seeded random initialisation, and loading and saving checkpoints
-in the Hugging Face layout of each family mk runs (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral).
+in the Hugging Face layout of each family mk runs (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral, gpt-oss).
 
 Hugging Face stores Linear weights ``[out, in]``; Gemma 4 its experts as ``gate_up_proj [E, 2I, H]`` (gate rows
-first) and ``down_proj [E, H, I]``, Qwen3-MoE and Mixtral each expert's as its own Linear layers; mk stores
-``[in, out]`` (``mk.params``). ``hf_tensor_map`` is the one
-place the two are tied together, used both ways, so a save and a load round-trip exactly.
+first) and ``down_proj [E, H, I]``, Qwen3-MoE and Mixtral each expert's as its own Linear layers, gpt-oss its
+experts ``[in, out]`` with gate and up interleaved on the last axis (``gate_up_proj [E, H, 2I]``: gate at even
+columns, up at odd; ``gate_up_proj_bias [E, 2I]`` likewise) and ``down_proj [E, I, H]``; mk stores ``[in, out]``
+(``mk.params``; gpt-oss's ``expert_gate_up_bias`` the gate's half first; its MXFP4 experts are not read).
+``hf_tensor_map`` is the one place the two are tied together, used both ways, so a save and a load round-trip.
 
 Loading is lazy: ``safe_open`` memory-maps each file and one tensor at a time is read, transposed and
 cast, so a 52 GB checkpoint never needs twice its size in RAM.
@@ -61,7 +63,7 @@ def random_params(cfg: ModelConfig, seed: int, dtype=jnp.float32) -> dict[str, j
     argmax (greedy output repeats its input); at this scale the layers steer the next token and the
     logits spread over about +-0.25 (N(0, EMBED_STD)). Norm weights, ``layer_scalar``, ``router_scale``
     and ``expert_scale`` are 1 + N(0, 0.1): near 1 as in a trained model, but not all equal, so a
-    wrong wiring shows.
+    wrong wiring shows. Biases and attention sinks (:func:`is_offset`) are N(0, 0.1): small, not zero.
     """
     key = jax.random.key(seed)
     out = {}
@@ -74,12 +76,19 @@ def random_params(cfg: ModelConfig, seed: int, dtype=jnp.float32) -> dict[str, j
         elif s.matrix:
             fan_in = s.shape[-2]
             x = jax.random.normal(k, s.shape, jnp.float32) * fan_in**-0.5
+        elif is_offset(s.path):
+            x = NORM_STD * jax.random.normal(k, s.shape, jnp.float32)
         elif s.component in (NORMS, ROUTER):
             x = 1.0 + NORM_STD * jax.random.normal(k, s.shape, jnp.float32)
         else:
             raise AssertionError(f"no initialiser for {s.path} ({s.component})")
         out[s.path] = x.astype(dtype)
     return out
+
+
+def is_offset(path: str) -> bool:
+    """Whether tensor ``path`` is added rather than multiplied: a bias or an attention sink (drawn around 0)."""
+    return path.endswith(("_bias", "sinks"))
 
 
 # The same weights drawn where they are used, one tensor at a time ------------------------------------
@@ -115,6 +124,8 @@ def random_tensors(cfg: ModelConfig, seed: int = 0, dtype=jnp.bfloat16, device=N
             kind, scale = "matrix", s.shape[1] ** -0.5
         elif s.matrix:
             kind, scale = "matrix", s.shape[-2] ** -0.5
+        elif is_offset(s.path):
+            kind, scale = "matrix", NORM_STD
         else:
             kind, scale = "vector", NORM_STD
         sharding = None if mesh is None else gspmd_sharding(mesh, s.shape)
@@ -154,7 +165,9 @@ class HFTensor:
     """Where an mk tensor lives in a Hugging Face checkpoint and how it is laid out there.
 
     ``kind``: ``same`` (identical layout), ``linear`` (stored [out, in], transpose), ``gate``/``up``
-    (rows :I / I: of ``gate_up_proj [E, 2I, H]``, then [E, H, I]), ``down`` (``[E, H, I]`` -> [E, I, H]),
+    (rows :I / I: of ``gate_up_proj [E, 2I, H]``, then [E, H, I]), ``gate_i``/``up_i`` (the even / odd columns of
+    gpt-oss's ``gate_up_proj [E, H, 2I]``), ``gate_up_bias_i`` (gpt-oss's interleaved ``gate_up_proj_bias
+    [E, 2I]`` as mk's, the gate's half first), ``down`` (``[E, H, I]`` -> [E, I, H]),
     ``experts`` (one ``linear`` per expert, its name with ``{e}`` for the expert's index: the mk tensor
     ``[E, in, out]`` is their transposes stacked). ``names`` lists the accepted suffixes after the text prefix,
     the current name first.
@@ -208,6 +221,20 @@ _MIXTRAL_NAMES = {
     "expert_up": ("block_sparse_moe.experts.{e}.w3.weight", "experts"),
     "expert_down": ("block_sparse_moe.experts.{e}.w2.weight", "experts"),
 }
+# gpt-oss: the pre-norm names, biased attention with sinks, a biased router and biased experts stored [in, out].
+_GPT_OSS_NAMES = {
+    **_PRE_NORM_NAMES,
+    **{f"{m}_bias": (f"self_attn.{m}_proj.bias", "same") for m in "qkvo"},
+    "sinks": ("self_attn.sinks", "same"),
+    "router_proj": ("mlp.router.weight", "linear"),
+    "router_bias": ("mlp.router.bias", "same"),
+    "expert_gate": ("mlp.experts.gate_up_proj", "gate_i"),
+    "expert_up": ("mlp.experts.gate_up_proj", "up_i"),
+    "expert_gate_up_bias": ("mlp.experts.gate_up_proj_bias", "gate_up_bias_i"),
+    "expert_down": ("mlp.experts.down_proj", "same"),
+    "expert_down_bias": ("mlp.experts.down_proj_bias", "same"),
+}
+_NAMES_OF = {GEMMA4: _LAYER_NAMES, "mixtral": _MIXTRAL_NAMES, "gpt_oss": _GPT_OSS_NAMES}
 # Older exports keep the experts and the per-expert scale under ``.moe.``.
 _OLDER = {
     "experts.gate_up_proj": "moe.gate_up_proj",
@@ -222,7 +249,7 @@ def hf_tensor_map(cfg: ModelConfig) -> dict[str, HFTensor]:
     out = {"embed": HFTensor(("embed_tokens.weight",), "same"), "final_norm": HFTensor(("norm.weight",), "same")}
     if not cfg.tied_embeddings:
         out["head"] = HFTensor(("lm_head.weight",), "same", in_text_model=False)  # [V, H], as mk keeps it
-    names_of = {GEMMA4: _LAYER_NAMES, "mixtral": _MIXTRAL_NAMES}.get(cfg.family, _PRE_NORM_NAMES)
+    names_of = _NAMES_OF.get(cfg.family, _PRE_NORM_NAMES)
     for s in param_specs(cfg):
         if not s.path.startswith("layers."):
             continue
@@ -242,6 +269,8 @@ def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     if kind in ("gate", "up"):
         E, H, I = shape
         return (E, 2 * I, H)
+    if kind in ("gate_i", "up_i"):
+        return shape[:-1] + (2 * shape[-1],)
     if kind == "down":
         E, I, H = shape
         return (E, H, I)
@@ -256,15 +285,26 @@ def from_hf_layout(kind: str, a: np.ndarray) -> np.ndarray:
         half = a.shape[1] // 2
         part = a[:, :half] if kind == "gate" else a[:, half:]
         return part.transpose(0, 2, 1)
+    if kind in ("gate_i", "up_i"):
+        return a[..., 0::2] if kind == "gate_i" else a[..., 1::2]
+    if kind == "gate_up_bias_i":
+        return np.concatenate([a[..., 0::2], a[..., 1::2]], axis=-1)
     if kind == "down":
         return a.transpose(0, 2, 1)
     return a
+
+
+def _interleaved(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gpt-oss's layout of a gate and an up half on their last axis: gate at even positions, up at odd."""
+    return np.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], -1)
 
 
 def _hf_scale_shape(path: str, kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape the checkpoint stores the scales of mk matrix ``path`` of ``shape`` in: its HF shape ([..., out,
     in]) less the input axis (one scale per output row), or less the output axis for a down projection."""
     hf = _hf_shape(kind, shape)
+    if kind in ("same", "gate_i", "up_i"):  # stored [..., in, out] (gpt-oss's experts)
+        return hf[:-1] if scales_inputs(path) else hf[:-2] + hf[-1:]
     return hf[:-2] + hf[-1:] if scales_inputs(path) else hf[:-1]
 
 
@@ -273,6 +313,8 @@ def _scale_from_hf(kind: str, a: np.ndarray) -> np.ndarray:
     if kind in ("gate", "up"):
         half = a.shape[-1] // 2
         return a[..., :half] if kind == "gate" else a[..., half:]
+    if kind in ("gate_i", "up_i"):
+        return a[..., 0::2] if kind == "gate_i" else a[..., 1::2]
     return a
 
 
@@ -537,7 +579,7 @@ def load_checkpoint(
         a = cache.pop(name, None)
         if a is None:
             a = ckpt.read(name)
-            if kind in ("gate", "up"):
+            if kind in ("gate", "up", "gate_i", "up_i"):
                 cache[name] = a
         return from_hf_layout(kind, a)
 
@@ -577,7 +619,7 @@ def save_checkpoint(params: dict[str, jax.Array], cfg: ModelConfig, folder) -> P
     tensors = {}
     for path, t in hf_tensor_map(cfg).items():
         name = (TEXT_PREFIXES[-1] if t.in_text_model else "") + t.names[0]
-        if t.kind == "up":
+        if t.kind in ("up", "up_i"):
             continue  # written with its gate half
         a = np.asarray(params[path])
         scale = np.asarray(params[scale_path(path)]) if path in int8 else None
@@ -587,6 +629,13 @@ def save_checkpoint(params: dict[str, jax.Array], cfg: ModelConfig, folder) -> P
             tensors[name] = np.concatenate([a, up], axis=2).transpose(0, 2, 1)
             if scale is not None:
                 scale = np.concatenate([scale, np.asarray(params[scale_path(up_path)])], axis=-1)
+        elif t.kind == "gate_i":
+            up_path = path.replace("expert_gate", "expert_up")
+            tensors[name] = _interleaved(a, np.asarray(params[up_path]))
+            if scale is not None:
+                scale = _interleaved(scale, np.asarray(params[scale_path(up_path)]))
+        elif t.kind == "gate_up_bias_i":
+            tensors[name] = _interleaved(*np.split(a, 2, axis=-1))
         elif t.kind == "experts":  # one Linear [out, in] per expert
             for e in range(a.shape[0]):
                 tensors[name.format(e=e)] = a[e].T

@@ -4,7 +4,8 @@ config's fields (one that may change the architecture and that the adapter does 
 
 Every adapter describes the model as transformers builds it, so mk.params' tensors count what transformers holds
 (tests/test_config.py, on the meta device). What an adapter reads but the reference and the kernel do not run is
-described and planned, and refused by the engines by name (ModelConfig.variants_not_run).
+described and planned, and refused by the engines by name (ModelConfig.variants_not_run; what the reference runs and
+the megakernel not yet: ModelConfig.kernel_lacks).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .model import (
     LatentAttention,
     ModelConfig,
     RopeScaling,
+    YarnScaling,
     period_pattern,
 )
 
@@ -119,7 +121,7 @@ ARCH_FIELDS = {
         "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
     },
     "mixtral": {"num_local_experts", "num_experts_per_tok"},
-    "gpt_oss": {"attention_bias", "num_local_experts", "num_experts_per_tok", "experts_per_token"},
+    "gpt_oss": {"attention_bias", "num_local_experts", "num_experts_per_tok", "experts_per_token", "swiglu_alpha"},
     "deepseek_v3": _DEEPSEEK_FIELDS,
     "kimi_k2": _DEEPSEEK_FIELDS,  # Kimi K2: DeepSeek-V3's architecture (DeepseekV3ForCausalLM) under its own name
     "gemma2": set(),
@@ -197,6 +199,32 @@ def _rope(d: dict) -> tuple[float, RopeScaling | None, str]:
     return theta, RopeScaling(*(float(rope[k]) for k in keys[:3]), int(rope[keys[3]])), ""
 
 
+def yarn_scaling(rope: dict, max_position_embeddings: int | None = None) -> YarnScaling:
+    """A ``rope_type: yarn`` RoPE's parameters (``rope_parameters`` or ``rope_scaling``) as transformers'
+    ``_compute_yarn_parameters`` reads them: ``factor`` (else ``max_position_embeddings`` over the original),
+    ``beta_fast`` / ``beta_slow`` (32 / 1 when absent or 0), ``truncate`` (default true), and ``attention_factor``,
+    ``mscale``, ``mscale_all_dim`` for the cos/sin scale (mk.config.model.YarnScaling)."""
+    if not rope.get("original_max_position_embeddings"):
+        raise ValueError(f"yarn RoPE scaling is missing original_max_position_embeddings: {rope}")
+    old = int(rope["original_max_position_embeddings"])
+    factor = rope.get("factor")
+    if factor is None:
+        if not max_position_embeddings:
+            raise ValueError(f"yarn RoPE scaling without a factor needs max_position_embeddings: {rope}")
+        factor = max_position_embeddings / old
+    af = rope.get("attention_factor")
+    return YarnScaling(
+        factor=float(factor),
+        original_max_position_embeddings=old,
+        beta_fast=float(rope.get("beta_fast") or 32),
+        beta_slow=float(rope.get("beta_slow") or 1),
+        truncate=bool(rope.get("truncate", True)),
+        attention_factor=None if af is None else float(af),
+        mscale=float(rope.get("mscale") or 0.0),
+        mscale_all_dim=float(rope.get("mscale_all_dim") or 0.0),
+    )
+
+
 def _same_heads(d: dict) -> dict:
     """The head counts and dims of a family whose sliding and full layers share them (gpt-oss, Gemma 2 and 3)."""
     nh = d["num_attention_heads"]
@@ -243,13 +271,19 @@ def _gemma2_3_from_hf(d: dict, name: str) -> ModelConfig:
 
 def _gpt_oss_from_hf(d: dict, name: str) -> ModelConfig:
     """gpt-oss: alternating sliding and full layers (the first sliding), attention sinks and biases, biased experts
-    without a shared one, a clamped SwiGLU and YaRN RoPE (planned and timed, not run)."""
+    without a shared one, a clamped SwiGLU and YaRN RoPE (the reference runs it, the megakernel not yet). A RoPE
+    without scaling (``default``) runs too; another scaling is described and refused by name."""
     _require(d, "gpt_oss", ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "sliding_window",
                             "intermediate_size", "num_local_experts"))  # fmt: skip
     n = d["num_hidden_layers"]
     types = d.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
     rope = _rope_parameters(d)
     theta = float(rope.get("rope_theta", d.get("rope_theta", 150_000.0)))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if not rope:  # transformers' default: the published YaRN scaling
+        rope, kind = dict(factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                          original_max_position_embeddings=4096), "yarn"  # fmt: skip
+    scaling = yarn_scaling(rope, d.get("max_position_embeddings")) if kind == "yarn" else None
     return ModelConfig(
         name=name,
         vocab_size=d["vocab_size"],
@@ -271,7 +305,10 @@ def _gpt_oss_from_hf(d: dict, name: str) -> ModelConfig:
         attention_bias=bool(d.get("attention_bias", True)),
         sinks=True,
         expert_bias=True,
-        rope_scaling_kind=_scaling_kind(rope),
+        swiglu_alpha=float(d.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(d.get("swiglu_limit", 7.0)),
+        rope_scaling=scaling,
+        rope_scaling_kind="" if kind in ("default", "yarn") else kind,
     )
 
 
@@ -512,10 +549,42 @@ def _pre_norm_to_hf(cfg: ModelConfig) -> dict:
     return d
 
 
+def _gpt_oss_to_hf(cfg: ModelConfig) -> dict:
+    inv = {v: k for k, v in _HF_LAYER_TYPE.items()}
+    rope = {"rope_type": "default", "rope_theta": cfg.full_rope_theta}
+    if cfg.rope_scaling is not None:
+        y = dataclasses.asdict(cfg.rope_scaling)  # unset: no attention_factor, no mscale (transformers' defaults)
+        unset = [k for k in ("attention_factor", "mscale", "mscale_all_dim") if not y[k]]
+        rope.update(rope_type="yarn", **{k: v for k, v in y.items() if k not in unset})
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.expert_intermediate,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.full_kv_heads,
+        "head_dim": cfg.full_head_dim,
+        "num_local_experts": cfg.num_experts,
+        "num_experts_per_tok": cfg.top_k,
+        "sliding_window": cfg.sliding_window,
+        "layer_types": [inv[t] for t in cfg.layer_types],
+        "attention_bias": cfg.attention_bias,
+        "rms_norm_eps": cfg.rms_eps,
+        "swiglu_alpha": cfg.swiglu_alpha,
+        "swiglu_limit": cfg.swiglu_limit,
+        "tie_word_embeddings": cfg.tied_embeddings,
+        "rope_parameters": rope,
+    }
+
+
 def to_hf_dict(cfg: ModelConfig) -> dict:
     """The Hugging Face text config for ``cfg``, a model mk runs (what ``save_pretrained`` of its transformers class
     writes)."""
     cfg.check_runnable()
+    if cfg.family == "gpt_oss":
+        return _gpt_oss_to_hf(cfg)
     if cfg.family != GEMMA4:
         return _pre_norm_to_hf(cfg)
     inv = {v: k for k, v in _HF_LAYER_TYPE.items()}
