@@ -142,7 +142,8 @@ def encode_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scaled = g / np.ldexp(np.float32(1), exp)
     codes = np.abs(scaled[..., None] - FP4_VALUES).argmin(axis=-1).astype(np.uint8)
     pairs = codes.reshape(*codes.shape[:-1], MX_BLOCK // 2, 2)
-    return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8), (exp[..., 0] + 127).astype(np.uint8)
+    blocks = (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
+    return np.ascontiguousarray(blocks), np.ascontiguousarray(exp[..., 0] + 127, dtype=np.uint8)
 
 
 # A checkpoint seen through its format --------------------------------------------------------------
