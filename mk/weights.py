@@ -1,8 +1,10 @@
 """Weights for mk's parameter tree: seeded random initialisation, and loading and saving checkpoints
-in the Hugging Face layout of each family mk runs (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral).
+in the Hugging Face layout of each family mk runs (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral; DeepSeek-V3 and
+Kimi K2 in BF16 / F32, the reference only).
 
 Hugging Face stores Linear weights ``[out, in]``; Gemma 4 its experts as ``gate_up_proj [E, 2I, H]`` (gate rows
-first) and ``down_proj [E, H, I]``, Qwen3-MoE and Mixtral each expert's as its own Linear layers; mk stores
+first) and ``down_proj [E, H, I]``, Qwen3-MoE, Mixtral and DeepSeek-V3 each expert's as its own Linear layers (what
+transformers 5's save_pretrained writes of its fused experts, and the hub's checkpoints hold); mk stores
 ``[in, out]`` (``mk.params``). ``hf_tensor_map`` is the one
 place the two are tied together, used both ways, so a save and a load round-trip exactly.
 
@@ -206,6 +208,19 @@ _MIXTRAL_NAMES = {
     "expert_up": ("block_sparse_moe.experts.{e}.w3.weight", "experts"),
     "expert_down": ("block_sparse_moe.experts.{e}.w2.weight", "experts"),
 }
+# DeepSeek-V3 (and Kimi K2): MLA's projections, the router's correction bias; a dense layer's MLP is ``mlp.*``, an MoE
+# layer's shared expert(s) ``mlp.shared_experts.*`` (one MLP of n_shared_experts times the experts' width).
+_DEEPSEEK_NAMES = {
+    **_PRE_NORM_NAMES,
+    "q_a": ("self_attn.q_a_proj.weight", "linear"),
+    "q_a_norm": ("self_attn.q_a_layernorm.weight", "same"),
+    "q_b": ("self_attn.q_b_proj.weight", "linear"),
+    "kv_a": ("self_attn.kv_a_proj_with_mqa.weight", "linear"),
+    "kv_a_norm": ("self_attn.kv_a_layernorm.weight", "same"),
+    "kv_b": ("self_attn.kv_b_proj.weight", "linear"),
+    "router_bias": ("mlp.gate.e_score_correction_bias", "same"),
+}
+_SHARED_EXPERTS = {"mlp_gate": "gate_proj", "mlp_up": "up_proj", "mlp_down": "down_proj"}
 # Older exports keep the experts and the per-expert scale under ``.moe.``.
 _OLDER = {
     "experts.gate_up_proj": "moe.gate_up_proj",
@@ -216,16 +231,20 @@ _OLDER = {
 
 def hf_tensor_map(cfg: ModelConfig) -> dict[str, HFTensor]:
     """For every mk path of ``cfg``, its Hugging Face name(s) (without the text prefix) and layout."""
-    cfg.check_runnable()
+    cfg.check_runnable(engine="reference")
     out = {"embed": HFTensor(("embed_tokens.weight",), "same"), "final_norm": HFTensor(("norm.weight",), "same")}
     if not cfg.tied_embeddings:
         out["head"] = HFTensor(("lm_head.weight",), "same", in_text_model=False)  # [V, H], as mk keeps it
     names_of = {GEMMA4: _LAYER_NAMES, "mixtral": _MIXTRAL_NAMES}.get(cfg.family, _PRE_NORM_NAMES)
+    if cfg.latent_attention is not None:
+        names_of = _DEEPSEEK_NAMES
     for s in param_specs(cfg):
         if not s.path.startswith("layers."):
             continue
         _, i, short = s.path.split(".", 2)
         name, kind = names_of[short]
+        if cfg.latent_attention is not None and short in _SHARED_EXPERTS and cfg.is_moe_layer(int(i)):
+            name = f"mlp.shared_experts.{_SHARED_EXPERTS[short]}.weight"
         names = (f"layers.{i}.{name}",)
         if name in _OLDER:
             names += (f"layers.{i}.{_OLDER[name]}",)

@@ -61,6 +61,7 @@ class LatentAttention:
     qk_rope_head_dim: int
     qk_nope_head_dim: int
     v_head_dim: int
+    rope_interleave: bool = True  # the RoPE pairs are (0, 1), (2, 3) ... (transformers' rope_interleave), else halves
 
 
 GEMMA4 = "gemma4_text"
@@ -69,6 +70,10 @@ PRE_NORM_FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral")
 RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES)
 # Planned and timed, not run (Kimi K2 is DeepSeek-V3's architecture under its own model_type).
 PLANNED_FAMILIES = ("gpt_oss", "deepseek_v3", "kimi_k2", "gemma2", "gemma3_text")
+# What the reference runs of a family that the megakernel does not run yet (``check_runnable(engine="reference")``).
+_DEEPSEEK_VARIANTS = ("multi-head latent attention", "a router bias", "dense layers among MoE layers",
+                      "sigmoid_grouped routing")  # fmt: skip
+REFERENCE_ONLY = {"deepseek_v3": _DEEPSEEK_VARIANTS, "kimi_k2": _DEEPSEEK_VARIANTS}
 CONFIG_FAMILIES = (*RUNNABLE_FAMILIES, *PLANNED_FAMILIES)  # the model_types mk reads
 ACTIVATIONS = ("gelu_tanh", "silu", "swiglu_clamped")  # the last gpt-oss's: planned and timed, not run
 # Gemma 4's scaled router; softmax over all experts then the top k; gpt-oss's biased logits, top k, softmax over the k;
@@ -130,7 +135,12 @@ class ModelConfig:
     layer_scalar: bool = True  # each layer's output times a learned scalar (Gemma 4)
     scale_scores: bool = False  # scores / sqrt(head_dim) (Gemma 4: 1, its q/k norms set the scale)
     router: str = "gemma4"
-    norm_topk: bool = True  # softmax_topk: the k weights renormalised to sum to 1
+    norm_topk: bool = True  # softmax_topk, sigmoid_grouped: the k weights renormalised to sum to 1
+    # sigmoid_grouped (DeepSeek-V3): the experts in ``router_groups`` groups, the top k picked among the
+    # ``router_topk_groups`` best groups, their weights times ``routed_scaling``
+    router_groups: int = 1
+    router_topk_groups: int = 1
+    routed_scaling: float = 1.0
     rope_scaling: RopeScaling | None = None
     # Planned and timed, not run (``variants_not_run`` names each) -------------------------------------
     latent_attention: LatentAttention | None = None  # MLA in every layer (full_* are its query/key head dims)
@@ -199,6 +209,13 @@ class ModelConfig:
             problems.append(f"ffn_layout {self.ffn_layout!r} is not one of {list(FFN_LAYOUTS)}")
         if self.router not in ROUTERS:
             problems.append(f"router {self.router!r} is not one of {list(ROUTERS)}")
+        if self.router == "sigmoid_grouped" and self.num_experts:
+            g, per = self.router_groups, self.num_experts // max(self.router_groups, 1)
+            if not (g > 0 and self.num_experts % g == 0 and per >= 2 and 0 < self.router_topk_groups <= g):
+                problems.append(
+                    f"sigmoid_grouped routing needs router_groups dividing num_experts={self.num_experts} into groups "
+                    f"of >= 2 and 0 < router_topk_groups <= router_groups, got {g} and {self.router_topk_groups}"
+                )
         if self.family == GEMMA4 and self.num_experts and not self.mlp_intermediate:
             problems.append("a Gemma 4 MoE model has a shared MLP beside its experts: mlp_intermediate must be > 0")
         if problems:
@@ -283,11 +300,23 @@ class ModelConfig:
         """Whether the reference and the kernel run this model (else its plan, bytes and timing are modelled only)."""
         return self.family in RUNNABLE_FAMILIES and not self.variants_not_run
 
-    def check_runnable(self) -> None:
-        """Refuse, by name, a family or a variant the reference and the kernel do not run."""
-        if self.runnable:
+    @property
+    def reference_runs(self) -> bool:
+        """Whether the reference runs this model: every model the kernel runs, and DeepSeek-V3 / Kimi K2 without a
+        RoPE scaling (REFERENCE_ONLY: what the megakernel does not run yet)."""
+        only = REFERENCE_ONLY.get(self.family)
+        return self.runnable or (only is not None and set(self.variants_not_run) <= set(only))
+
+    def check_runnable(self, engine: str = "kernel") -> None:
+        """Refuse, by name, a family or a variant the ``engine`` (``reference`` or ``kernel``) does not run."""
+        if self.runnable or (engine == "reference" and self.reference_runs):
             return
         variants = ", ".join(self.variants_not_run)
+        if self.reference_runs:
+            raise ValueError(
+                f"{self.name} is a {self.family} model with {variants}: the megakernel does not run it yet; "
+                "use the reference engine"
+            )
         raise ValueError(
             f"{self.name} is a {self.family} model{' with ' + variants if variants else ''}: mk plans and times it "
             f"(mk.plan, mk.timing, mk.sol) but its reference and kernel run {', '.join(RUNNABLE_FAMILIES)} only"
