@@ -1,4 +1,7 @@
-"""The reference Gemma 4 text decoder in plain JAX: prefill, one-token decode with a KV cache, any batch.
+"""The reference decoder in plain JAX: prefill, one-token decode with a KV cache, any batch. It runs Gemma 4 (below),
+Llama 3, Qwen3, Qwen3-MoE and Mixtral (pre-norm layers, mk.blocks), and DeepSeek-V3 / Kimi K2 (multi-head latent
+attention, mk.latent; grouped sigmoid routing with its correction bias, dense first layers, a shared expert), which
+the megakernel does not run yet (``ModelConfig.check_runnable(engine="reference")``).
 
 This is the "general stack": ordinary XLA ops, one compiled program per decode step. Users need not
 be in step: :func:`prefill` takes right-padded prompts of different lengths (``lengths [B]``; padding
@@ -10,7 +13,8 @@ slot count rounded up to a ``multiple``; a sliding layer's ring is all of its sl
 p mod slots), of which a query sees only the window. For speculative verification (:func:`verify_step`) the
 ring is longer than the window (mk.kv_slots.ring_slots), so the K/V written for drafts that are then rejected never
 overwrite a position still read: they are hidden by position until overwritten. It follows
-transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to that):
+transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to that, and the other families to theirs;
+tests/test_mla.py DeepSeek-V3):
 
 - embeddings times sqrt(hidden), the scale rounded to the weights' dtype first (as transformers does);
 - per layer: ``x = x + post_attn_norm(attn(input_norm(x)))``; then the FFN block

@@ -3,9 +3,10 @@
 One config type describes every decoder mk reads: Gemma 4 text (26B-A4B / 31B: sliding and full layers, q/k/v
 norms, sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), the Llama 3 / Qwen3 /
 Qwen3-MoE / Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling,
-softmax top-k routing without a shared expert), which mk runs; and what it plans and times only (``runnable``
-says which): gpt-oss, DeepSeek-V3's MLA (Kimi K2), Gemma 2 and 3, and the pre-norm families' variants (biased
-projections and MLP, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's window). The
+softmax top-k routing without a shared expert), which mk runs; DeepSeek-V3's MLA (Kimi K2), which the reference
+runs and the megakernel does not yet (``reference_runs``); and what it plans and times only (``runnable`` says
+which): gpt-oss, Gemma 2 and 3, and the pre-norm families' variants (biased projections and MLP, Qwen3's sliding
+layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's window). The
 fields that set a family apart (``family``, ``activation``, ``qk_norm`` ...) default to Gemma 4's.
 
 Field names describe the model, not the checkpoint (mk.config.hf maps Hugging Face names onto them). Every derived
@@ -142,7 +143,7 @@ class ModelConfig:
     router_topk_groups: int = 1
     routed_scaling: float = 1.0
     rope_scaling: RopeScaling | None = None
-    # Planned and timed, not run (``variants_not_run`` names each) -------------------------------------
+    # Planned and timed, not run (``variants_not_run`` names each; REFERENCE_ONLY those the reference runs) -------
     latent_attention: LatentAttention | None = None  # MLA in every layer (full_* are its query/key head dims)
     attention_bias: bool = False  # q, k, v and o biases (gpt-oss; a Llama or Qwen3's attention_bias)
     mlp_bias: bool = False  # gate, up and down biases of the dense MLP (a Llama's mlp_bias)
