@@ -31,11 +31,13 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from .assistant_config import AssistantConfig, check_pair, read_assistant_config
 from .config import GEMMA4, ModelConfig, from_hf_dict, is_hub_id, to_hf_dict
 from .files import write_atomic
+from .formats import FORMATS, CheckpointFormat, DecodedCheckpoint
 from .params import NORMS, ROUTER, param_specs, scales_inputs
 from .progress import tqdm
 from .quant import SCALE_SUFFIX, SCHEMES, quantized_paths, scale_path, scheme_of
@@ -304,16 +306,20 @@ def quantization_config(scheme: str) -> dict | None:
     return {"quant_method": QUANT_METHOD, "scheme": scheme, "scale_suffix": SCALE_SUFFIX}
 
 
-def _read_quantization(hf: dict, cfg_file: Path) -> tuple[str, str]:
-    """(scheme, scale suffix) of a checkpoint's config.json: ("none", ...) without a quantization_config."""
+def _read_quantization(hf: dict, cfg_file: Path) -> tuple[str, str, CheckpointFormat | None]:
+    """(scheme, scale suffix, shipped format) of a checkpoint's config.json: ("none", ..., None) without a
+    quantization_config; a format big models ship in (mk.formats: FP8 blocks, INT4 groups, MXFP4) loads decoded
+    to float (scheme "none")."""
     q = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
     if not q:
-        return "none", SCALE_SUFFIX
+        return "none", SCALE_SUFFIX, None
+    if isinstance(q, dict) and q.get("quant_method") in FORMATS:
+        return "none", SCALE_SUFFIX, CheckpointFormat.from_config(q, str(cfg_file))
     if not isinstance(q, dict) or q.get("quant_method") != QUANT_METHOD:
         method = q.get("quant_method") if isinstance(q, dict) else q
         raise ValueError(
-            f"{cfg_file} has a quantization_config with quant_method {method!r}: mk reads float checkpoints and "
-            f"its own INT8 ones ({QUANT_METHOD!r}), not this format"
+            f"{cfg_file} has a quantization_config with quant_method {method!r}: mk reads float checkpoints, "
+            f"its own INT8 ones ({QUANT_METHOD!r}) and the formats {', '.join(FORMATS)}, not this one"
         )
     scheme = q.get("scheme")
     if scheme not in SCHEMES[1:]:
@@ -321,7 +327,7 @@ def _read_quantization(hf: dict, cfg_file: Path) -> tuple[str, str]:
     suffix = q.get("scale_suffix", SCALE_SUFFIX)
     if not isinstance(suffix, str) or not suffix:
         raise ValueError(f"{cfg_file}: quantization_config scale_suffix must be a non-empty string, got {suffix!r}")
-    return scheme, suffix
+    return scheme, suffix, None
 
 
 # Loading ------------------------------------------------------------------------------------------
@@ -379,7 +385,22 @@ class SafetensorsCheckpoint:
                 self.info[name] = (tuple(sl.get_shape()), sl.get_dtype())
 
     def read(self, name: str) -> np.ndarray:
+        shape, dtype = self.info[name]
+        if dtype in _RAW_DTYPES:  # safetensors' NumPy reader has no FP8 type: the bytes, viewed as ml_dtypes' own
+            return _raw_tensor(self.where[name], name).view(_RAW_DTYPES[dtype]).reshape(shape)
         return self._handles[self.where[name]].get_tensor(name)
+
+
+_RAW_DTYPES = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+
+
+def _raw_tensor(file: Path, name: str) -> np.ndarray:
+    """A tensor's bytes, by the safetensors header's offsets (an 8-byte length, the JSON header, the data)."""
+    with open(file, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        start, end = json.loads(f.read(n))[name]["data_offsets"]
+        f.seek(8 + n + start)
+        return np.frombuffer(f.read(end - start), np.uint8)
 
 
 def _text_prefix(names) -> str:
@@ -504,6 +525,8 @@ def load_checkpoint(
     A checkpoint whose config.json has mk's ``quantization_config`` loads as the quantized tree it was saved
     from (mk.quant): INT8 codes and float32 scales exactly as stored (``dtype`` does not touch them), the
     scales after the other tensors, in ``mk.quant.quantized_paths`` order, as ``mk.quant.quantize`` makes them.
+    A checkpoint in a format big models ship in (FP8 blocks, packed INT4 groups, MXFP4: mk.formats) loads as the
+    float tree those weights stand for, each encoded tensor decoded to float32 (then cast to ``dtype``).
     """
     folder = checkpoint_folder(path_or_repo_id)
     cfg_file = folder / "config.json"
@@ -521,8 +544,10 @@ def load_checkpoint(
             k: (v, getattr(file_cfg, k)) for k, v in cfg.to_dict().items() if k != "name" and getattr(file_cfg, k) != v
         }
         raise ValueError(f"config {cfg.name!r} differs from {cfg_file} in {{field: (given, file)}} {diff}")
-    scheme, suffix = _read_quantization(hf, cfg_file)
+    scheme, suffix, shipped = _read_quantization(hf, cfg_file)
     ckpt = SafetensorsCheckpoint(safetensors_files(folder))
+    if shipped is not None:
+        ckpt = DecodedCheckpoint(ckpt, shipped)
     plan = _plan_load(cfg, ckpt, scheme, suffix)
     params, scales, cache = {}, {}, {}
 

@@ -47,7 +47,7 @@ LAYERS = {
         "mk.profiling.*",
     ],
     "arith": ["mk.sol"],
-    "model": ["mk.quant", "mk.blocks", "mk.latent", "mk.reference", "mk.weights", "mk.assistant"],
+    "model": ["mk.quant", "mk.formats", "mk.blocks", "mk.latent", "mk.reference", "mk.weights", "mk.assistant"],
     "plan": ["mk.plan", "mk.plan.*"],
     "kernel": ["mk.megakernel", "mk.megakernel.*", "mk.generate"],
     "cost": ["mk.timing", "mk.timing.*", "mk.measure", "mk.measure.*"],
