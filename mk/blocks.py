@@ -138,6 +138,8 @@ def route(p: dict, cfg: ModelConfig, x, ko: frozenset, mm=matmul):
         n = x.shape[0]
         ids = jnp.broadcast_to(jnp.arange(cfg.top_k, dtype=jnp.int32), (n, cfg.top_k))
         return jnp.full((n, cfg.top_k), 1.0 / cfg.top_k, x.dtype), ids
+    if cfg.router == "sigmoid_grouped":
+        return route_grouped(p, cfg, x, mm)
     h = x
     if cfg.router == "gemma4":
         h = rms_norm(x, None, cfg.rms_eps, NORMS not in ko)
@@ -153,6 +155,25 @@ def route(p: dict, cfg: ModelConfig, x, ko: frozenset, mm=matmul):
     if cfg.router == "gemma4":
         w = w * p["expert_scale"][ids].astype(jnp.float32)
     return w.astype(x.dtype), ids
+
+
+def route_grouped(p: dict, cfg: ModelConfig, x, mm=matmul):
+    """DeepSeek-V3's router, as transformers' DeepseekV3TopkRouter (float32): sigmoid scores; the correction bias
+    added for picking only: each group of experts scored by its two best biased scores, the best
+    ``router_topk_groups`` groups kept, the top k of their experts; the weights are the unbiased scores of those k,
+    renormalised when ``cfg.norm_topk`` (over their sum plus 1e-20), times ``cfg.routed_scaling``."""
+    n, E, G = x.shape[0], cfg.num_experts, cfg.router_groups
+    scores = jax.nn.sigmoid(mm(x.astype(jnp.float32), p["router_proj"].astype(jnp.float32)))
+    choice = scores + p["router_bias"].astype(jnp.float32)
+    best2 = jax.lax.top_k(choice.reshape(n, G, E // G), 2)[0]
+    _, groups = jax.lax.top_k(jnp.sum(best2, axis=-1), cfg.router_topk_groups)  # [n, topk_group]
+    kept = jnp.any(jax.nn.one_hot(groups, G, dtype=jnp.bool_), axis=1)  # [n, G]
+    choice = jnp.where(jnp.repeat(kept, E // G, axis=1), choice, -jnp.inf)
+    _, ids = jax.lax.top_k(choice, cfg.top_k)
+    w = jnp.take_along_axis(scores, ids, axis=1)
+    if cfg.norm_topk:
+        w = w / (jnp.sum(w, axis=-1, keepdims=True) + 1e-20)
+    return (w * cfg.routed_scaling).astype(x.dtype), ids
 
 
 def router_input(p: dict, cfg: ModelConfig, x, ko: frozenset):
@@ -278,13 +299,14 @@ def attend_one(q, k, v, mask, scale: float = 1.0, sinks=None):
 
 def _ffn(p, cfg: ModelConfig, x, ko, dense_experts: bool, mm=matmul):
     """The FFN block's output (before Gemma's post_ffn_norm) for ``x [B, T, H]``, the residual stream: the shared
-    (or dense) MLP and, for MoE, the routed experts; Gemma 4 norms each of the two before adding them."""
+    (or dense) MLP and, in an MoE layer, the routed experts; Gemma 4 norms each of the two before adding them. The
+    layer's tensors say which it has (an MoE model's dense layers have an MLP and no router)."""
     on, act = NORMS not in ko, cfg.activation
     h = rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, on)
     shared = None
-    if cfg.has_shared_mlp:
+    if "mlp_gate" in p:
         shared = jnp.zeros_like(x) if SHARED_MLP in ko else mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], mm, act)
-    if not cfg.is_moe:
+    if "router_proj" not in p:
         return shared
     if EXPERTS in ko:
         moe = jnp.zeros_like(x)

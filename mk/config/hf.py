@@ -384,7 +384,8 @@ def _gemma4_from_hf(d: dict, name: str) -> ModelConfig:
 def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
     """DeepSeek-V3 and Kimi K2 (model_type kimi_k2, DeepSeek-V3's architecture): MLA in every layer, the first
     ``first_k_dense_replace`` layers dense, then routed experts picked by biased sigmoid scores in groups beside shared
-    ones (planned and timed, not run)."""
+    ones. The reference runs it (without a RoPE scaling); the megakernel plans and times it. Missing fields take
+    transformers' DeepseekV3Config defaults."""
     family = d["model_type"]
     need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
             "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "kv_lora_rank", "qk_rope_head_dim",
@@ -392,12 +393,22 @@ def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
     _require(d, family, need)
     if d.get("moe_layer_freq", 1) != 1:
         raise ValueError(f"{name}: moe_layer_freq {d['moe_layer_freq']} (MoE every few layers) is not modelled")
+    for key, want in (("hidden_act", "silu"), ("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
+        if d.get(key, want) != want:
+            raise ValueError(f"{name}: this {family} config's {key} {d[key]!r} is not modelled (mk: {want})")
+    if d.get("attention_bias"):
+        raise ValueError(f"{name}: attention_bias (biased MLA projections) is not modelled for {family}")
     mla = LatentAttention(
-        d.get("q_lora_rank") or 0, d["kv_lora_rank"], d["qk_rope_head_dim"], d["qk_nope_head_dim"], d["v_head_dim"]
+        d.get("q_lora_rank", 1536) or 0,
+        d["kv_lora_rank"],
+        d["qk_rope_head_dim"],
+        d["qk_nope_head_dim"],
+        d["v_head_dim"],
+        rope_interleave=bool(d.get("rope_interleave", True)),
     )
     rope = _rope_parameters(d)
     n = d["num_hidden_layers"]
-    dense = tuple(range(min(d.get("first_k_dense_replace", 0), n)))
+    dense = tuple(range(min(d.get("first_k_dense_replace", 3), n)))
     return ModelConfig(
         name=name,
         vocab_size=d["vocab_size"],
@@ -418,6 +429,10 @@ def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
         family=family,
         tied_embeddings=bool(d.get("tie_word_embeddings", False)),
         router="sigmoid_grouped",
+        norm_topk=bool(d.get("norm_topk_prob", True)),
+        router_groups=d.get("n_group") or 1,
+        router_topk_groups=d.get("topk_group") or 1,
+        routed_scaling=float(d.get("routed_scaling_factor", 2.5)),
         **PRE_NORM_WIRING,  # (RoPE's share of the query/key head: latent_attention.qk_rope_head_dim)
         latent_attention=mla,
         router_bias=True,
@@ -425,6 +440,41 @@ def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
         dense_intermediate=d["intermediate_size"] if dense else 0,
         rope_scaling_kind=_scaling_kind(rope),
     )
+
+
+def _deepseek_to_hf(cfg: ModelConfig) -> dict:
+    """What DeepseekV3ForCausalLM's save_pretrained writes for a DeepSeek-V3 (or Kimi K2) config the reference runs."""
+    mla = cfg.latent_attention
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": cfg.family,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.dense_intermediate or cfg.expert_intermediate,
+        "moe_intermediate_size": cfg.expert_intermediate,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_heads,
+        "n_shared_experts": cfg.mlp_intermediate // cfg.expert_intermediate,
+        "n_routed_experts": cfg.num_experts,
+        "num_experts_per_tok": cfg.top_k,
+        "routed_scaling_factor": cfg.routed_scaling,
+        "n_group": cfg.router_groups,
+        "topk_group": cfg.router_topk_groups,
+        "norm_topk_prob": cfg.norm_topk,
+        "first_k_dense_replace": len(cfg.dense_layers),
+        "q_lora_rank": mla.q_lora_rank or None,
+        "kv_lora_rank": mla.kv_lora_rank,
+        "qk_rope_head_dim": mla.qk_rope_head_dim,
+        "qk_nope_head_dim": mla.qk_nope_head_dim,
+        "v_head_dim": mla.v_head_dim,
+        "rope_interleave": mla.rope_interleave,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_eps,
+        "tie_word_embeddings": cfg.tied_embeddings,
+        "attention_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.full_rope_theta},
+    }
 
 
 def _pre_norm_layer_types(d: dict, family: str, n: int) -> tuple[tuple[str, ...], int]:
@@ -585,6 +635,8 @@ def to_hf_dict(cfg: ModelConfig) -> dict:
     cfg.check_runnable()
     if cfg.family == "gpt_oss":
         return _gpt_oss_to_hf(cfg)
+    if cfg.latent_attention is not None:
+        return _deepseek_to_hf(cfg)
     if cfg.family != GEMMA4:
         return _pre_norm_to_hf(cfg)
     inv = {v: k for k, v in _HF_LAYER_TYPE.items()}

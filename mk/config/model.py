@@ -4,11 +4,12 @@ One config type describes every decoder mk reads: Gemma 4 text (26B-A4B / 31B: s
 norms, sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), the Llama 3 / Qwen3 /
 Qwen3-MoE / Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling,
 softmax top-k routing without a shared expert), which mk runs (reference and megakernel); gpt-oss (attention sinks,
-biased projections and experts, a clamped SwiGLU, YaRN RoPE), which the reference runs and the megakernel not yet
-(``check_runnable(engine)`` says which engine runs what); and what it plans and times only (``runnable`` says
-which): DeepSeek-V3's MLA (Kimi K2), Gemma 2 and 3, and the pre-norm families' variants (biased projections and
-MLP, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's window). The fields that set a
-family apart (``family``, ``activation``, ``qk_norm`` ...) default to Gemma 4's.
+biased projections and experts, a clamped SwiGLU, YaRN RoPE) and DeepSeek-V3 / Kimi K2 (MLA, grouped sigmoid routing
+with its correction bias, dense first layers), which the reference runs and the megakernel not yet
+(``check_runnable(engine)`` says which engine runs what, ``kernel_lacks`` what the kernel lacks); and what it plans
+and times only (``runnable`` says which): DeepSeek-V3's YaRN RoPE, Gemma 2 and 3, and the pre-norm families'
+variants (biased projections and MLP, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's
+window). The fields that set a family apart (``family``, ``activation``, ``qk_norm`` ...) default to Gemma 4's.
 
 Field names describe the model, not the checkpoint (mk.config.hf maps Hugging Face names onto them). Every derived
 quantity (heads per layer type, layer indices) is a property, so a config is just the numbers the architecture
@@ -98,20 +99,24 @@ class LatentAttention:
     qk_rope_head_dim: int
     qk_nope_head_dim: int
     v_head_dim: int
+    rope_interleave: bool = True  # the RoPE pairs are (0, 1), (2, 3) ... (transformers' rope_interleave), else halves
 
 
 GEMMA4 = "gemma4_text"
 # The pre-norm families the reference and the kernel run besides Gemma 4 (without the variants ``runnable`` names).
 PRE_NORM_FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral")
-# The families the reference runs (gpt-oss: the reference only, ModelConfig.kernel_lacks says what the kernel lacks).
-RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES, "gpt_oss")
-# Planned and timed, not run (Kimi K2 is DeepSeek-V3's architecture under its own model_type).
-PLANNED_FAMILIES = ("deepseek_v3", "kimi_k2", "gemma2", "gemma3_text")
+# DeepSeek-V3's architecture, under its own model_type too (Kimi K2)
+DEEPSEEK_FAMILIES = ("deepseek_v3", "kimi_k2")
+# The families the reference runs (gpt-oss and DeepSeek-V3: the reference only, ModelConfig.kernel_lacks says what the
+# kernel lacks).
+RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES, "gpt_oss", *DEEPSEEK_FAMILIES)
+# Planned and timed, not run.
+PLANNED_FAMILIES = ("gemma2", "gemma3_text")
 CONFIG_FAMILIES = (*RUNNABLE_FAMILIES, *PLANNED_FAMILIES)  # the model_types mk reads
 ENGINES = ("reference", "megakernel")  # what ModelConfig.check_runnable asks about
 ACTIVATIONS = ("gelu_tanh", "silu", "swiglu_clamped")  # the last gpt-oss's (the reference runs it, not the kernel)
 # Gemma 4's scaled router; softmax over all experts then the top k; gpt-oss's biased logits, top k, softmax over the k
-# (the reference runs it, not the kernel); DeepSeek-V3's biased sigmoid scores picked in groups (planned and timed)
+# (the reference runs it, not the kernel); DeepSeek-V3's biased sigmoid scores picked in groups (likewise)
 ROUTERS = ("gemma4", "softmax_topk", "topk_softmax", "sigmoid_grouped")
 FFN_LAYOUTS = ("sublanes", "lanes")  # the kernel's layouts of a gated MLP (ModelConfig.ffn_layout)
 GATED_IN = ("mlp_gate", "mlp_up", "expert_gate", "expert_up")  # a gated MLP's input projections [..., H, I]
@@ -169,7 +174,12 @@ class ModelConfig:
     layer_scalar: bool = True  # each layer's output times a learned scalar (Gemma 4)
     scale_scores: bool = False  # scores / sqrt(head_dim) (Gemma 4: 1, its q/k norms set the scale)
     router: str = "gemma4"
-    norm_topk: bool = True  # softmax_topk: the k weights renormalised to sum to 1
+    norm_topk: bool = True  # softmax_topk, sigmoid_grouped: the k weights renormalised to sum to 1
+    # sigmoid_grouped (DeepSeek-V3): the experts in ``router_groups`` groups, the top k picked among the
+    # ``router_topk_groups`` best groups, their weights times ``routed_scaling``
+    router_groups: int = 1
+    router_topk_groups: int = 1
+    routed_scaling: float = 1.0
     rope_scaling: RopeScaling | YarnScaling | None = None  # Llama 3's, or YaRN (gpt-oss; the kernel runs Llama 3's)
     # gpt-oss's: the reference runs them, the kernel not yet (``kernel_lacks`` names each) ----------------
     sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
@@ -241,6 +251,13 @@ class ModelConfig:
             problems.append(f"ffn_layout {self.ffn_layout!r} is not one of {list(FFN_LAYOUTS)}")
         if self.router not in ROUTERS:
             problems.append(f"router {self.router!r} is not one of {list(ROUTERS)}")
+        if self.router == "sigmoid_grouped" and self.num_experts:
+            g, per = self.router_groups, self.num_experts // max(self.router_groups, 1)
+            if not (g > 0 and self.num_experts % g == 0 and per >= 2 and 0 < self.router_topk_groups <= g):
+                problems.append(
+                    f"sigmoid_grouped routing needs router_groups dividing num_experts={self.num_experts} into groups "
+                    f"of >= 2 and 0 < router_topk_groups <= router_groups, got {g} and {self.router_topk_groups}"
+                )
         if self.family == GEMMA4 and self.num_experts and not self.mlp_intermediate:
             problems.append("a Gemma 4 MoE model has a shared MLP beside its experts: mlp_intermediate must be > 0")
         if problems:
@@ -305,14 +322,12 @@ class ModelConfig:
         """What of this model the reference (and so the kernel) does not run (none: the reference runs it, if its
         family is one of RUNNABLE_FAMILIES); mk plans and times all of it."""
         found = {
-            "multi-head latent attention": self.latent_attention is not None,
             # gpt-oss's q/k/v/o biases run; a pre-norm family's attention_bias is planned only
             "attention biases": self.attention_bias and self.family in PRE_NORM_FAMILIES,
             "MLP biases": self.mlp_bias,
-            "a router bias": self.router_bias,
-            "dense layers among MoE layers": bool(self.dense_layers),
+            # DeepSeek-V3's dense first layers run; Qwen3-MoE's dense layers between MoE ones are planned only
+            "dense layers among MoE layers": bool(self.dense_layers) and self.family not in DEEPSEEK_FAMILIES,
             f"{self.rope_scaling_kind} RoPE scaling": bool(self.rope_scaling_kind),
-            f"{self.router} routing": self.router == "sigmoid_grouped",
             # the pre-norm families run with full attention in every layer
             "sliding-window layers": self.family in PRE_NORM_FAMILIES and bool(self.sliding_layers),
         }
@@ -320,8 +335,12 @@ class ModelConfig:
 
     @property
     def kernel_lacks(self) -> tuple[str, ...]:
-        """What of this model the reference runs and the megakernel does not yet (gpt-oss's parts)."""
+        """What of this model the reference runs and the megakernel does not yet (gpt-oss's and DeepSeek-V3's parts)."""
         found = {
+            "multi-head latent attention": self.latent_attention is not None,
+            "a router bias": self.router_bias,
+            "dense layers among MoE layers": bool(self.dense_layers),
+            "sigmoid_grouped routing": self.router == "sigmoid_grouped",
             "attention sinks": self.sinks,
             "attention biases": self.attention_bias,
             "expert biases": self.expert_bias,
