@@ -331,7 +331,8 @@ def test_each_family_reads_its_layers():
 
 
 def test_unknown_family_and_field_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"model_type is 'bert': mk runs gemma4_text, llama.* plans .*deepseek_v3"):
+    refused = r"model_type is 'bert': mk runs gemma4_text, llama.*deepseek_v3, kimi_k2 and plans and times gemma2"
+    with pytest.raises(ValueError, match=refused):
         from_hf_dict({"model_type": "bert"})
     assert "gemma4_text" in CONFIG_FAMILIES
     assert set(CONFIG_FAMILIES) == {"gemma4_text", *ARCH_FIELDS}  # every family but Gemma 4 has its fields checked
