@@ -53,7 +53,7 @@ LAYERS = {
     "cost": ["mk.timing", "mk.timing.*", "mk.measure", "mk.measure.*"],
     "analysis": ["mk.analysis", "mk.analysis.*"],
     "views": ["mk.figures", "mk.report", "mk.views", "mk.views.*"],
-    "face": ["mk.__main__", "mk.notebook"],
+    "face": ["mk.__main__", "mk.cli", "mk.cli.*", "mk.notebook"],
 }
 ORDER = list(LAYERS)
 PLOTTING = ("plotly", "kaleido")  # only views and face may import these
