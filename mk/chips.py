@@ -130,6 +130,11 @@ class SliceShape:
     def dims(self) -> tuple[int, ...]:
         return tuple(int(d) for d in self.topology.split("x"))
 
+    @property
+    def topology_name(self) -> str:
+        """The topology as libtpu names it (``v5e:4x4``: jax.experimental.topologies.get_topology_desc)."""
+        return f"{self.chip.removeprefix('tpu-')}:{self.topology}"
+
 
 @lru_cache(maxsize=None)
 def slice_shapes() -> dict[str, tuple[SliceShape, ...]]:
@@ -147,3 +152,10 @@ def slice_shapes() -> dict[str, tuple[SliceShape, ...]]:
             raise ValueError(f"data/slices.csv: {r.chip} {r.topology} is {math.prod(r.dims)} chips, not {r.chips}")
         out.setdefault(r.chip, []).append(r)
     return {c: tuple(sorted(v, key=lambda r: r.chips)) for c, v in out.items()}
+
+
+def documented_slice(name: str) -> SliceShape | None:
+    """The documented shape (data/slices.csv) of the slice ``name`` (``tpu-v5e-16``: 4x4 over 2 hosts), None where
+    data/slices.csv has none of its size; an unknown chip is refused as :func:`get_chip` refuses it."""
+    c = get_chip(name)
+    return next((s for s in slice_shapes().get(c.base, ()) if s.chips == c.chips), None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .compiler import add_schedule
+from .compiler import add_compile, add_schedule
 from .generate import add_generate
 from .measure import add_bench, add_measure, add_report, add_tpu_smoke
 from .modelled import add_lists, add_predict, add_sol, add_straggler
@@ -19,6 +19,7 @@ COMMANDS = (
     add_straggler,
     add_predict,
     add_schedule,
+    add_compile,
     add_report,
     add_measure,
     add_tpu_smoke,

@@ -1,4 +1,4 @@
-"""The commands that compile the megakernel ahead of time with libtpu (no TPU needed): schedule."""
+"""The commands that compile the megakernel ahead of time with libtpu (no TPU needed): schedule, compile."""
 
 from __future__ import annotations
 
@@ -61,3 +61,47 @@ def _run_schedule(a) -> None:
         print(f"mk schedule: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     show(s.to_dict(), a.json, cs.text(s.to_dict()))
+
+
+# compile -----------------------------------------------------------------------------------------
+def add_compile(sub) -> None:
+    from ..sol import DTYPES
+    from ..timing.work import kernel_streams
+
+    p = sub.add_parser(
+        "compile",
+        help="the megakernel's step compiled ahead of time for a TPU slice, past one host too: per-chip bytes (plan "
+        "against the compiler), VMEM, Mosaic calls, seconds (compiles with libtpu, exit 2 without)",
+    )
+    p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP)
+    p.add_argument(
+        "--chip", required=True,
+        help="a TPU slice: one data/slices.csv documents (tpu-v5e-16, tpu-v5e-64, tpu-v5p-8), tpu-v5e, tpu-v6e, "
+        "tpu-v6e-8, or a topology as libtpu names it (v6e:4x4)",
+    )  # fmt: skip
+    p.add_argument("--context", type=positive, default=1024, help="positions in the KV cache (default 1024)")
+    p.add_argument("--batch", type=positive, default=1, help="users decoded together (default 1)")
+    dtypes = [d for d in DTYPES if kernel_streams(d)]
+    p.add_argument("--dtype", default="bf16", choices=dtypes, help="the weights' data type as the kernel streams it")
+    add_setup(p, "workbook")
+    p.add_argument(
+        "--no-vmem", action="store_true",
+        help="skip the second compile (under half the plan's VMEM) that reads the compiler's own VMEM figure",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run_compile)
+
+
+def _run_compile(a) -> None:
+    from ..megakernel.aot import aot_target
+    from ..megakernel.on_slice import compile_on_slice, text
+    from ..timing import named_plan
+
+    chip, _ = aot_target(a.chip)
+    plan = named_plan(a.model, chip, a.context, a.batch, setup_of(a), a.dtype)
+    try:
+        s = compile_on_slice(plan, a.chip, vmem=not a.no_vmem)
+    except RuntimeError as e:  # no libtpu, or libtpu refusing the step (its first line says why)
+        print(f"mk compile: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
+    show(s.to_dict(), a.json, text(s))

@@ -69,6 +69,11 @@ def add_generate(sub) -> None:
     )  # fmt: skip
     spec.add_argument("--assistant", default=None, help="--speculate mtp: the assistant's checkpoint folder or hub id")
     spec.add_argument("--draft-tokens", type=positive, default=None, help="drafts per user and round (default 3)")
+    p.add_argument(
+        "--multi-host", action="store_true",
+        help="on every host of a multi-host TPU slice: start JAX's multi-controller runtime first "
+        "(jax.distributed.initialize), so the step spans every host's chips (refused on one process)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_generate)
 
@@ -103,6 +108,10 @@ def _run_generate(a) -> None:
     from ..quant import quantized_as, scheme_of
     from ..weights import load_assistant, load_checkpoint, random_params
 
+    if a.multi_host:  # before anything touches JAX's devices
+        from ..tpu import start_multi_host
+
+        start_multi_host()
     check_engine(a.engine)  # an unknown engine fails before any weights are read
     if not a.speculate and (a.assistant or a.draft_tokens):
         raise ValueError("--assistant and --draft-tokens are speculative decoding's: add --speculate ngram|mtp")
