@@ -8,13 +8,14 @@ back), as mk.reference's docstring lists.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import ModelConfig
+from .config import ModelConfig, YarnScaling
 from .params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP
 
 
@@ -32,13 +33,40 @@ def rms_norm(x, w, eps: float, on: bool = True):
 
 def inv_freq(cfg: ModelConfig, layer_type: str) -> np.ndarray:
     """RoPE inverse frequencies [head_dim/2]; a full layer's non-rotated pairs have frequency 0; Llama 3's scaling
-    (``cfg.rope_scaling``) slows the long wavelengths, as transformers' ``llama3`` RoPE does (in float32)."""
+    (``cfg.rope_scaling``) slows the long wavelengths, as transformers' ``llama3`` RoPE does, and YaRN's as its
+    ``yarn`` RoPE does (in float32; :func:`rope` scales cos and sin by YaRN's attention factor)."""
     hd = cfg.head_dim(layer_type)
     rot = cfg.rotary_dims(layer_type) // 2
-    f = (1.0 / (cfg.rope_theta(layer_type) ** (np.arange(0, 2 * rot, 2, dtype=np.float32) / hd))).astype(np.float32)
-    if cfg.rope_scaling is not None:
-        f = _llama3_scaled(f, cfg.rope_scaling)
+    scaling = cfg.rope_scaling
+    if isinstance(scaling, YarnScaling):
+        f = _yarn(cfg.rope_theta(layer_type), 2 * rot, scaling)
+    else:
+        f = (1.0 / (cfg.rope_theta(layer_type) ** (np.arange(0, 2 * rot, 2, dtype=np.float32) / hd))).astype(np.float32)
+        if scaling is not None:
+            f = _llama3_scaled(f, scaling)
     return np.concatenate([f, np.zeros(hd // 2 - rot, np.float32)]).astype(np.float32)
+
+
+def _yarn(base: float, dim: int, y: YarnScaling) -> np.ndarray:
+    """transformers' ``_compute_yarn_parameters`` for ``dim`` rotated dims, step by step in float32 (its bounds in
+    float64, as Python computes them there)."""
+    pos = (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))).astype(np.float32)
+    extrapolation = (np.float32(1.0) / pos).astype(np.float32)
+    interpolation = (np.float32(1.0) / (np.float32(y.factor) * pos)).astype(np.float32)
+
+    def correction_dim(rotations: float) -> float:
+        old = y.original_max_position_embeddings
+        return (dim * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(y.beta_fast), correction_dim(y.beta_slow)
+    if y.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    extrapolated = (np.float32(1) - ramp).astype(np.float32)
+    return (interpolation * (np.float32(1) - extrapolated) + extrapolation * extrapolated).astype(np.float32)
 
 
 def _llama3_scaled(f: np.ndarray, r) -> np.ndarray:
@@ -56,8 +84,12 @@ def rope(x, positions, cfg: ModelConfig, layer_type: str):
     ``[T]`` shared by every user, or ``[B, T]`` each user its own."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq(cfg, layer_type))
     emb = jnp.concatenate([freqs, freqs], axis=-1)
-    cos = jnp.cos(emb).astype(x.dtype)[..., None, :]
-    sin = jnp.sin(emb).astype(x.dtype)[..., None, :]
+    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    if isinstance(cfg.rope_scaling, YarnScaling):  # YaRN's attention factor, in float32 as transformers applies it
+        scale = jnp.float32(cfg.rope_scaling.attention_scale)
+        cos, sin = cos * scale, sin * scale
+    cos = cos.astype(x.dtype)[..., None, :]
+    sin = sin.astype(x.dtype)[..., None, :]
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated * sin
@@ -80,6 +112,17 @@ def activate(x, activation: str):
     return jax.nn.gelu(x, approximate=True) if activation == "gelu_tanh" else jax.nn.silu(x)
 
 
+def gated(g, u, cfg: ModelConfig):
+    """A gated MLP's hidden units from its gate and up projections: ``act(g) * u``, or gpt-oss's clamped SwiGLU
+    (transformers' GptOssExperts): ``g = min(g, limit)``, ``(clip(u, -limit, limit) + 1) * g * sigmoid(alpha g)``."""
+    if cfg.activation != "swiglu_clamped":
+        return activate(g, cfg.activation) * u
+    limit = cfg.swiglu_limit
+    g = jnp.minimum(g, jnp.asarray(limit, g.dtype))
+    u = jnp.clip(u, jnp.asarray(-limit, u.dtype), jnp.asarray(limit, u.dtype))
+    return (u + 1) * (g * jax.nn.sigmoid(g * jnp.asarray(cfg.swiglu_alpha, g.dtype)))
+
+
 def mlp(x, gate, up, down, mm=matmul, activation: str = "gelu_tanh"):
     """A gated MLP: ``down(act(gate(x)) * up(x))`` (GeGLU or SwiGLU), each product by ``mm``."""
     return mm(activate(mm(x, gate), activation) * mm(x, up), down)
@@ -89,16 +132,23 @@ def route(p: dict, cfg: ModelConfig, x, ko: frozenset, mm=matmul):
     """Top-k experts and their weights for each row of ``x [N, H]`` (:func:`router_input`): (weights [N, k],
     ids [N, k]). Gemma 4: a weightless norm and a learned scale before the projection, the renormalised top-k
     weights times a per-expert scale; ``softmax_topk`` (Qwen3-MoE, Mixtral): softmax over every expert's logit,
-    the top k, renormalised when ``cfg.norm_topk``."""
+    the top k, renormalised when ``cfg.norm_topk``; ``topk_softmax`` (gpt-oss): the top k of the biased logits, a
+    softmax over those k."""
     if ROUTER in ko:
         n = x.shape[0]
         ids = jnp.broadcast_to(jnp.arange(cfg.top_k, dtype=jnp.int32), (n, cfg.top_k))
         return jnp.full((n, cfg.top_k), 1.0 / cfg.top_k, x.dtype), ids
+    if cfg.router == "sigmoid_grouped":
+        return route_grouped(p, cfg, x, mm)
     h = x
     if cfg.router == "gemma4":
         h = rms_norm(x, None, cfg.rms_eps, NORMS not in ko)
         h = h * p["router_scale"] * jnp.asarray(cfg.hidden_size**-0.5, x.dtype)
-    probs = jax.nn.softmax(mm(h, p["router_proj"]).astype(jnp.float32), axis=-1)
+    logits = mm(h, p["router_proj"])
+    if cfg.router == "topk_softmax":
+        top, ids = jax.lax.top_k(logits + p["router_bias"], cfg.top_k)
+        return jax.nn.softmax(top.astype(jnp.float32), axis=-1).astype(x.dtype), ids
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     w, ids = jax.lax.top_k(probs, cfg.top_k)
     if cfg.norm_topk:
         w = w / jnp.sum(w, axis=-1, keepdims=True)
@@ -107,13 +157,32 @@ def route(p: dict, cfg: ModelConfig, x, ko: frozenset, mm=matmul):
     return w.astype(x.dtype), ids
 
 
+def route_grouped(p: dict, cfg: ModelConfig, x, mm=matmul):
+    """DeepSeek-V3's router, as transformers' DeepseekV3TopkRouter (float32): sigmoid scores; the correction bias
+    added for picking only: each group of experts scored by its two best biased scores, the best
+    ``router_topk_groups`` groups kept, the top k of their experts; the weights are the unbiased scores of those k,
+    renormalised when ``cfg.norm_topk`` (over their sum plus 1e-20), times ``cfg.routed_scaling``."""
+    n, E, G = x.shape[0], cfg.num_experts, cfg.router_groups
+    scores = jax.nn.sigmoid(mm(x.astype(jnp.float32), p["router_proj"].astype(jnp.float32)))
+    choice = scores + p["router_bias"].astype(jnp.float32)
+    best2 = jax.lax.top_k(choice.reshape(n, G, E // G), 2)[0]
+    _, groups = jax.lax.top_k(jnp.sum(best2, axis=-1), cfg.router_topk_groups)  # [n, topk_group]
+    kept = jnp.any(jax.nn.one_hot(groups, G, dtype=jnp.bool_), axis=1)  # [n, G]
+    choice = jnp.where(jnp.repeat(kept, E // G, axis=1), choice, -jnp.inf)
+    _, ids = jax.lax.top_k(choice, cfg.top_k)
+    w = jnp.take_along_axis(scores, ids, axis=1)
+    if cfg.norm_topk:
+        w = w / (jnp.sum(w, axis=-1, keepdims=True) + 1e-20)
+    return (w * cfg.routed_scaling).astype(x.dtype), ids
+
+
 def router_input(p: dict, cfg: ModelConfig, x, ko: frozenset):
     """What the router reads of the residual stream ``x`` after attention: Gemma 4's router the stream itself (it
     norms it on its own); a pre-norm family's router the FFN's input, ``pre_ffn_norm(x)``."""
     return x if cfg.router == "gemma4" else rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, NORMS not in ko)
 
 
-def experts_gathered(p: dict, x, w, ids, mm=matmul, activation: str = "gelu_tanh"):
+def experts_gathered(p: dict, cfg: ModelConfig, x, w, ids, mm=matmul):
     """Decode path: apply only the selected experts (N*k of them) to ``x [N, H]``.
 
     A loop over the (row, slot) pairs runs a ``lax.switch`` over the experts whose branch reads its
@@ -124,10 +193,12 @@ def experts_gathered(p: dict, x, w, ids, mm=matmul, activation: str = "gelu_tanh
     cpu-moe step; the split layout removes them). Given the plain [E, ...] arrays (a traced tree, or
     a test's) the branches slice statically. The loop keeps one switch per layer: unrolling the k
     slots compiles k times the branches (cpu-moe: ~19 s against ~7 s) for the same speed. The slots
-    are summed in order: the sums differ from the dense path by round-off.
+    are summed in order: the sums differ from the dense path by round-off. gpt-oss's experts add their biases
+    (``expert_gate_up_bias``: the gate's first, then the up's; ``expert_down_bias``).
     """
     gate, up, down = p["expert_gate"], p["expert_up"], p["expert_down"]
-    branches = [partial(_expert_branch, gate, up, down, mm, activation, e) for e in range(len(gate))]
+    biases = (p["expert_gate_up_bias"], p["expert_down_bias"]) if cfg.expert_bias else None
+    branches = [partial(_expert_branch, gate, up, down, biases, mm, cfg, e) for e in range(len(gate))]
     k = ids.shape[1]
 
     def slot(s, y):
@@ -138,8 +209,13 @@ def experts_gathered(p: dict, x, w, ids, mm=matmul, activation: str = "gelu_tanh
     return jax.lax.fori_loop(0, ids.size, slot, jnp.zeros_like(x))
 
 
-def _expert_branch(gate, up, down, mm, activation: str, e: int, x):
-    return mlp(x, gate[e], up[e], down[e], mm, activation)
+def _expert_branch(gate, up, down, biases, mm, cfg: ModelConfig, e: int, x):
+    g, u = mm(x, gate[e]), mm(x, up[e])
+    if biases is None:
+        return mm(gated(g, u, cfg), down[e])
+    gate_up_bias, down_bias = biases
+    I = g.shape[-1]
+    return mm(gated(g + gate_up_bias[e, :I], u + gate_up_bias[e, I:], cfg), down[e]) + down_bias[e]
 
 
 def experts_dense(p: dict, cfg: ModelConfig, x, w, ids):
@@ -149,19 +225,29 @@ def experts_dense(p: dict, cfg: ModelConfig, x, w, ids):
     experts add exact zeros.
     """
     combine = jnp.sum(jax.nn.one_hot(ids, cfg.num_experts, dtype=x.dtype) * w[..., None], axis=1)  # [N, E]
-    h = activate(jnp.einsum("nh,ehi->nei", x, p["expert_gate"]), cfg.activation)
-    h = h * jnp.einsum("nh,ehi->nei", x, p["expert_up"])
-    return jnp.einsum("nei,eih,ne->nh", h, p["expert_down"], combine)
+    g = jnp.einsum("nh,ehi->nei", x, p["expert_gate"])
+    u = jnp.einsum("nh,ehi->nei", x, p["expert_up"])
+    if not cfg.expert_bias:
+        return jnp.einsum("nei,eih,ne->nh", gated(g, u, cfg), p["expert_down"], combine)
+    bias, I = p["expert_gate_up_bias"], g.shape[-1]
+    h = gated(g + bias[:, :I], u + bias[:, I:], cfg)
+    return jnp.einsum("nei,eih,ne->nh", h, p["expert_down"], combine) + combine @ p["expert_down_bias"]
 
 
 # One layer ------------------------------------------------------------------------------------------
+def biased(p, name: str, x, mm=matmul):
+    """``x`` times the layer's matrix ``name``, plus its bias ``name_bias`` where it has one (gpt-oss)."""
+    y = mm(x, p[name])
+    return y + p[name + "_bias"] if name + "_bias" in p else y
+
+
 def qkv(p, cfg: ModelConfig, t: str, h, positions, ko, mm=matmul):
     """q [B, T, nh, hd], k and v [B, T, kv, hd] after their norms (those the family has) and RoPE."""
     B, T, _ = h.shape
     hd, kv, on = cfg.head_dim(t), cfg.kv_heads(t), NORMS not in ko
-    q = mm(h, p["q"]).reshape(B, T, cfg.num_heads, hd)
-    k = mm(h, p["k"]).reshape(B, T, kv, hd)
-    v = mm(h, p["v"]).reshape(B, T, kv, hd) if cfg.has_v_proj(t) else k
+    q = biased(p, "q", h, mm).reshape(B, T, cfg.num_heads, hd)
+    k = biased(p, "k", h, mm).reshape(B, T, kv, hd)
+    v = biased(p, "v", h, mm).reshape(B, T, kv, hd) if cfg.has_v_proj(t) else k
     if cfg.qk_norm:
         q, k = rms_norm(q, p["q_norm"], cfg.rms_eps, on), rms_norm(k, p["k_norm"], cfg.rms_eps, on)
     if cfg.v_norm:
@@ -169,20 +255,31 @@ def qkv(p, cfg: ModelConfig, t: str, h, positions, ko, mm=matmul):
     return rope(q, positions, cfg, t), rope(k, positions, cfg, t), v
 
 
-def attend(q, k, v, mask, scale: float = 1.0):
-    """Grouped-query attention, scores times ``scale`` (:meth:`ModelConfig.score_scale`). q [B, T, nh, hd];
-    k, v [B, kv, S, hd]; mask [T, S] or [S]."""
+def softmax_sinks(s, sinks):
+    """The softmax over the last axis of the float32 scores ``s [B, kv, g, T, S]`` (masked ones -inf), with each
+    head's learned sink logit (``sinks [nh]``, gpt-oss; None: none) in the denominator, its own weight dropped
+    after the softmax, as transformers' GptOss attention does."""
+    if sinks is None:
+        return jax.nn.softmax(s, axis=-1)
+    B, kv, g, T, _ = s.shape
+    sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, kv, g, 1, 1), (B, kv, g, T, 1))
+    return jax.nn.softmax(jnp.concatenate([s, sink], axis=-1), axis=-1)[..., :-1]
+
+
+def attend(q, k, v, mask, scale: float = 1.0, sinks=None):
+    """Grouped-query attention, scores times ``scale`` (:meth:`ModelConfig.score_scale`), each head's sink logit in
+    its softmax (:func:`softmax_sinks`). q [B, T, nh, hd]; k, v [B, kv, S, hd]; mask [T, S] or [S]."""
     B, T, nh, hd = q.shape
     kv = k.shape[1]
     qg = q.reshape(B, T, kv, nh // kv, hd)  # head h reads KV head h // (nh // kv), as repeat_kv
     s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32) * scale
     s = jnp.where(mask, s, -jnp.inf)
-    a = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    a = softmax_sinks(s, sinks).astype(q.dtype)
     o = jnp.einsum("bkgts,bksd->btkgd", a, v.astype(q.dtype))
     return o.reshape(B, T, nh * hd)
 
 
-def attend_one(q, k, v, mask, scale: float = 1.0):
+def attend_one(q, k, v, mask, scale: float = 1.0, sinks=None):
     """Decode attention: :func:`attend` for one new position (q [B, 1, nh, hd]; k, v the cache
     [B, kv, S, hd]; mask [B, S], each user's own) with the weighted sum of V written as a
     multiply-reduce, which XLA:CPU runs on the V cache in place; as a dot it transposes the
@@ -195,20 +292,21 @@ def attend_one(q, k, v, mask, scale: float = 1.0):
     qg = q.reshape(B, T, kv, nh // kv, hd)
     s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32) * scale
     s = jnp.where(mask[:, None, None, None, :], s, -jnp.inf)
-    a = jax.nn.softmax(s, axis=-1).astype(q.dtype)[:, :, :, 0]  # [B, kv, g, S]
+    a = softmax_sinks(s, sinks).astype(q.dtype)[:, :, :, 0]  # [B, kv, g, S]
     o = jnp.sum(a[..., None] * v[:, :, None].astype(q.dtype), axis=-2)  # [B, kv, g, hd]
     return o.reshape(B, T, nh * hd)
 
 
 def _ffn(p, cfg: ModelConfig, x, ko, dense_experts: bool, mm=matmul):
     """The FFN block's output (before Gemma's post_ffn_norm) for ``x [B, T, H]``, the residual stream: the shared
-    (or dense) MLP and, for MoE, the routed experts; Gemma 4 norms each of the two before adding them."""
+    (or dense) MLP and, in an MoE layer, the routed experts; Gemma 4 norms each of the two before adding them. The
+    layer's tensors say which it has (an MoE model's dense layers have an MLP and no router)."""
     on, act = NORMS not in ko, cfg.activation
     h = rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, on)
     shared = None
-    if cfg.has_shared_mlp:
+    if "mlp_gate" in p:
         shared = jnp.zeros_like(x) if SHARED_MLP in ko else mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], mm, act)
-    if not cfg.is_moe:
+    if "router_proj" not in p:
         return shared
     if EXPERTS in ko:
         moe = jnp.zeros_like(x)
@@ -216,7 +314,7 @@ def _ffn(p, cfg: ModelConfig, x, ko, dense_experts: bool, mm=matmul):
         flat = x.reshape(-1, x.shape[-1])
         w, ids = route(p, cfg, router_input(p, cfg, flat, ko), ko, mm)
         h2 = rms_norm(flat, p["pre_ffn_norm_2"], cfg.rms_eps, on) if cfg.sandwich_norms else h.reshape(flat.shape)
-        moe = experts_dense(p, cfg, h2, w, ids) if dense_experts else experts_gathered(p, h2, w, ids, mm, act)
+        moe = experts_dense(p, cfg, h2, w, ids) if dense_experts else experts_gathered(p, cfg, h2, w, ids, mm)
         moe = moe.reshape(x.shape)
     if not cfg.sandwich_norms:
         return moe if shared is None else shared + moe

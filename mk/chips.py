@@ -2,7 +2,8 @@
 
 A slice is a base chip name with ``-N`` appended (``tpu-v5e-8``): N chips whose HBM, bandwidth
 and FLOP/s add up. Interconnect bandwidth stays per link. ``data/slices.csv`` lists the slice shapes a TPU is
-documented to come in (its torus dimensions and hosts): :func:`slice_shapes`.
+documented to come in (its torus dimensions, which of them wrap around, and hosts): :func:`slice_shapes`;
+:func:`slice_shape` finds a slice's own.
 """
 
 from __future__ import annotations
@@ -113,13 +114,16 @@ def get_chip(name: str) -> Chip:
 @dataclass(frozen=True)
 class SliceShape:
     """A slice shape a TPU is documented to come in: its torus (``topology``, ``4x4`` or ``4x4x8``), chips, hosts
-    (a fraction where one host's chips are split into several slices) and where that is documented."""
+    (a fraction where one host's chips are split into several slices), which of its dimensions have wraparound links
+    (``wraparound``, one flag a dimension) and where each is documented."""
 
     chip: str  # the base chip (data/chips.csv)
     topology: str
     chips: int
     hosts: float
     source: str
+    wraparound: tuple[bool, ...] = ()
+    wraparound_source: str = ""
 
     @property
     def name(self) -> str:
@@ -135,27 +139,46 @@ class SliceShape:
         """The topology as libtpu names it (``v5e:4x4``: jax.experimental.topologies.get_topology_desc)."""
         return f"{self.chip.removeprefix('tpu-')}:{self.topology}"
 
+    @property
+    def chips_per_host(self) -> int:
+        """Chips one host (TPU VM) drives: the slice's chips over its hosts (a part-host slice: the host's whole)."""
+        return round(self.chips / self.hosts)
+
+    @property
+    def torus(self) -> tuple[tuple[int, bool], ...]:
+        """Each dimension of the torus with 2 or more chips: (its chips, whether it wraps around)."""
+        return tuple((d, w) for d, w in zip(self.dims, self.wraparound) if d > 1)
+
 
 @lru_cache(maxsize=None)
 def slice_shapes() -> dict[str, tuple[SliceShape, ...]]:
     """data/slices.csv by base chip, smallest slice first."""
     with open(SLICES_CSV, newline="") as f:
         rows = [
-            SliceShape(r["chip"], r["topology"], int(r["chips"]), float(r["hosts"]), r["source"])
+            SliceShape(
+                r["chip"],
+                r["topology"],
+                int(r["chips"]),
+                float(r["hosts"]),
+                r["source"],
+                tuple(w == "1" for w in r["wraparound"].split("x")),
+                r["wraparound_source"],
+            )  # fmt: skip
             for r in csv.DictReader(f)
         ]
     out: dict[str, list[SliceShape]] = {}
     for r in rows:
         if r.chip not in base_chips():
             raise ValueError(f"data/slices.csv names {r.chip!r}, which data/chips.csv does not have")
+        if len(r.wraparound) != len(r.dims):
+            raise ValueError(f"data/slices.csv: {r.chip} {r.topology} needs one wraparound flag a dimension")
         if math.prod(r.dims) != r.chips:
             raise ValueError(f"data/slices.csv: {r.chip} {r.topology} is {math.prod(r.dims)} chips, not {r.chips}")
         out.setdefault(r.chip, []).append(r)
     return {c: tuple(sorted(v, key=lambda r: r.chips)) for c, v in out.items()}
 
 
-def documented_slice(name: str) -> SliceShape | None:
-    """The documented shape (data/slices.csv) of the slice ``name`` (``tpu-v5e-16``: 4x4 over 2 hosts), None where
-    data/slices.csv has none of its size; an unknown chip is refused as :func:`get_chip` refuses it."""
-    c = get_chip(name)
-    return next((s for s in slice_shapes().get(c.base, ()) if s.chips == c.chips), None)
+def slice_shape(chip: Chip) -> SliceShape | None:
+    """The documented shape (data/slices.csv) of the slice ``chip`` (``tpu-v5e-256``: 16x16), or None where its base
+    chip has no documented shape of that many chips."""
+    return next((s for s in slice_shapes().get(chip.base, ()) if s.chips == chip.chips), None)

@@ -34,6 +34,9 @@ class Placement(StrEnum):
 
     WHOLE = "whole"  # E/C whole experts per chip
     SPLIT = "split"  # every expert's intermediate split over all chips
+    # past one host (timed, not run): the chips in groups of ``KernelSetup.host_chips`` (a host's), E/G whole experts
+    # per group of the G groups, each split over its group's chips (mk.sharding.pods)
+    HOSTS = "hosts"
 
 
 class AttentionSplit(StrEnum):
@@ -83,6 +86,12 @@ class KernelSetup:
     name: str = "custom setup"
     published: str | None = None
     axis: str = "x"
+    # past one host (mk.sharding.pods.pod_setup): the slice's torus, each dimension's (chips, wraps around), whose
+    # all-reduce the plan charges dimension by dimension (mk.sharding.links.torus_all_reduce); () for any chip
+    # reaching any over one link (one host, today's model)
+    # (out of the repr, so a one-host plan's code fingerprint, mk.plan.StepPlan.code_fingerprint, stays what it was)
+    torus: tuple[tuple[int, bool], ...] = field(default=(), repr=False)
+    host_chips: int = field(default=0, repr=False)  # chips an expert is split over with placement HOSTS (a host's)
 
     def __post_init__(self):
         positive_int("chips", self.chips)
@@ -98,6 +107,10 @@ class KernelSetup:
                 ) from None
         if self.ffn_layout not in FFN_LAYOUTS:
             raise ValueError(f"unknown ffn_layout {self.ffn_layout!r}; use one of {list(FFN_LAYOUTS)}")
+        if self.placement == Placement.HOSTS and (self.host_chips < 1 or self.chips % self.host_chips):
+            raise ValueError(
+                f"placement 'hosts' needs host_chips dividing the {self.chips} chips, not {self.host_chips}"
+            )
         if self.draft_tokens < 0:
             raise ValueError(f"draft_tokens={self.draft_tokens}: drafted tokens per user must be 0 or more")
 
@@ -120,6 +133,8 @@ class KernelSetup:
             f"{'by reduce-scatter' if c.reduce_scatter else 'all to all'}, attention split by {self.attention_split}, "
             f"MLP intermediate on {'rows' if self.ffn_layout == 'sublanes' else 'lanes'}"
             + (f", {self.draft_tokens} drafts verified a step" if self.draft_tokens else "")
+            + (f", {self.host_chips} chips a host" if self.placement == Placement.HOSTS else "")
+            + (f", all-reduce over the {'x'.join(str(n) for n, _ in self.torus)} torus" if self.torus else "")
         )
 
     def replace(self, **changes) -> KernelSetup:
@@ -135,6 +150,8 @@ class KernelSetup:
             if key == "collective":
                 value = ", ".join(k.replace("_", " ") for k, on in dataclasses.asdict(value).items() if on) or "none"
                 said.append(f"all-reduce switches: {value}")
+            elif key == "torus":
+                said.append(f"all-reduce over the {'x'.join(str(n) for n, _ in value)} torus" if value else "one link")
             else:
                 said.append(_CHANGE_WORDS.get(key, key + " {}").format(value))
         out = self.replace(**changes)
@@ -156,6 +173,7 @@ _CHANGE_WORDS = {
     "attention_split": "attention split by {}",
     "ffn_layout": "MLPs on {}",
     "draft_tokens": "{} drafts verified a step",
+    "host_chips": "{} chips a host",
 }
 
 ONE_CHIP = KernelSetup(name="one chip")

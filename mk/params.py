@@ -127,7 +127,7 @@ def layer_param_specs(cfg: ModelConfig, i: int) -> list[ParamSpec]:
         ]
         if cfg.expert_bias:
             specs += [
-                ParamSpec(p + "expert_gate_up_bias", (E, 2 * I), EXPERTS, False),
+                ParamSpec(p + "expert_gate_up_bias", (E, 2 * I), EXPERTS, False),  # the gate's I first, then the up's
                 ParamSpec(p + "expert_down_bias", (E, H), EXPERTS, False),
             ]
         if gemma:

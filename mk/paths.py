@@ -22,6 +22,7 @@ SLICES_CSV = DATA_DIR / "slices.csv"  # the slice shapes each TPU is documented 
 TIMING_CSV = DATA_DIR / "timing.csv"  # the timing model's constants, each with its source and kind
 PUBLISHED_CSV = DATA_DIR / "published.csv"  # the write-up's numbers
 INDEPENDENT_CSV = DATA_DIR / "independent.csv"  # independent published decode measurements
+RELEASED_FORMATS_CSV = DATA_DIR / "released_formats.csv"  # the format each big model's weights are released in
 CONFIGS_DIR = DATA_DIR / "configs"  # full-size config.json of other decoders, each as its authors published it
 MEASURED_DIR = DATA_DIR / "measured"  # rows measured by this code, each with its provenance
 BENCH_CSV = MEASURED_DIR / "bench.csv"  # the CPU bench

@@ -1,4 +1,8 @@
-"""The reference Gemma 4 text decoder in plain JAX: prefill, one-token decode with a KV cache, any batch.
+"""The reference decoder in plain JAX: prefill, one-token decode with a KV cache, speculative verification, any
+batch. It runs Gemma 4 (below), Llama 3, Qwen3, Qwen3-MoE and Mixtral (pre-norm layers, mk.blocks), gpt-oss
+(attention sinks, biased projections and experts, the clamped SwiGLU, YaRN RoPE) and DeepSeek-V3 / Kimi K2
+(multi-head latent attention, mk.latent; grouped sigmoid routing with its correction bias, dense first layers, a
+shared expert); the megakernel does not run the last two yet (``ModelConfig.check_runnable(engine)``).
 
 This is the "general stack": ordinary XLA ops, one compiled program per decode step. Users need not
 be in step: :func:`prefill` takes right-padded prompts of different lengths (``lengths [B]``; padding
@@ -10,7 +14,8 @@ slot count rounded up to a ``multiple``; a sliding layer's ring is all of its sl
 p mod slots), of which a query sees only the window. For speculative verification (:func:`verify_step`) the
 ring is longer than the window (mk.kv_slots.ring_slots), so the K/V written for drafts that are then rejected never
 overwrite a position still read: they are hidden by position until overwritten. It follows
-transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to that):
+transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to that, and the other families to theirs;
+tests/test_mla.py DeepSeek-V3):
 
 - embeddings times sqrt(hidden), the scale rounded to the weights' dtype first (as transformers does);
 - per layer: ``x = x + post_attn_norm(attn(input_norm(x)))``; then the FFN block
@@ -25,6 +30,14 @@ transformers' ``Gemma4ForCausalLM`` exactly (tests/test_parity.py holds it to th
   ``softcap * tanh(logits / softcap)``.
 
 RMSNorms and softmaxes run in float32 and cast back to the activations' dtype, as transformers does.
+
+The other families follow their transformers classes the same way (tests/test_parity.py, tests/test_gpt_oss.py):
+Llama 3 / Qwen3 / Qwen3-MoE / Mixtral's pre-norm residuals, SiLU MLP, scores over sqrt(head_dim), QK-norm (Qwen3),
+softmax-then-top-k routing, Llama 3's RoPE scaling; gpt-oss (``GptOssForCausalLM``) adds biased q/k/v/o, a learned
+sink logit per head in every softmax's denominator (its weight dropped after), sliding and full layers alternating,
+YaRN RoPE (cos and sin times its attention factor), a router taking the top k of its biased logits then a softmax
+over those k, and biased experts with the clamped SwiGLU ``(clip(up, +-limit) + 1) * g * sigmoid(alpha g)``,
+``g = min(gate, limit)``.
 
 INT8 trees (mk.quant: int8 codes plus float32 scales per output channel) are accepted wherever a tree is:
 they are dequantized once (:func:`float_params`, ``mk.quant.dequantize``: codes x scale in float32, rounded
@@ -52,9 +65,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import latent
 from .blocks import (
     attend,
     attend_one,
+    biased,
     embed,
     head,
     matmul_t,
@@ -80,13 +95,20 @@ def init_cache(
     ``layers.{i}.k`` / ``.v``: ``[batch, kv_heads, slots, head_dim]``; position p lives in slot ``p % slots`` (a
     full layer's slots outnumber its positions: slot p). K is stored after k_norm and RoPE, V after its weightless
     norm. ``multiple``: every layer's slot count is rounded up to a multiple of it (for engines that read the cache
-    in blocks). ``draft_tokens``: a sliding ring that many slots longer (mk.kv_slots.cache_len).
+    in blocks). ``draft_tokens``: a sliding ring that many slots longer (mk.kv_slots.cache_len). Multi-head latent
+    attention (DeepSeek-V3) keeps ``layers.{i}.latent [batch, 1, slots, kv_lora_rank]`` and ``layers.{i}.rope_k
+    [batch, 1, slots, qk_rope_head_dim]`` instead (mk.latent).
     """
     for name, v in (("batch", batch), ("max_len", max_len), ("multiple", multiple)):
         positive_int(name, v)
     cache = {}
     for i, t in enumerate(cfg.layer_types):
         slots = cache_len(cfg, t, int(max_len), int(multiple), int(draft_tokens))
+        mla = cfg.latent_attention
+        if mla is not None:
+            cache[f"layers.{i}.latent"] = jnp.zeros((batch, 1, slots, mla.kv_lora_rank), dtype)
+            cache[f"layers.{i}.rope_k"] = jnp.zeros((batch, 1, slots, mla.qk_rope_head_dim), dtype)
+            continue
         shape = (batch, cfg.kv_heads(t), slots, cfg.head_dim(t))
         cache[f"layers.{i}.k"] = jnp.zeros(shape, dtype)
         cache[f"layers.{i}.v"] = jnp.zeros(shape, dtype)
@@ -111,7 +133,12 @@ def visible(held, query, cfg: ModelConfig, layer_type: str):
 def cache_capacity(cfg: ModelConfig, cache: dict) -> int | None:
     """Positions the cache can hold (its full layers' slots); None when every layer slides."""
     full = cfg.full_layers
-    return cache[f"layers.{full[0]}.k"].shape[2] if full else None
+    return layer_slots(cache, full[0]) if full else None
+
+
+def layer_slots(cache: dict, i: int) -> int:
+    """The slots of layer ``i``'s cache (its arrays are ``[batch, heads, slots, ...]``)."""
+    return next(v.shape[2] for k, v in cache.items() if k.startswith(f"layers.{i}."))
 
 
 def cache_batch(cache: dict) -> int:
@@ -152,11 +179,8 @@ def _prefill(params, cfg: ModelConfig, tokens, lengths, cache):
     for i, t in enumerate(cfg.layer_types):
         p = layer_params(params, i)
         h = rms_norm(x, p["input_norm"], cfg.rms_eps)
-        q, k, v = qkv(p, cfg, t, h, positions, ko)
-        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv, T, hd]
-        mask = causal & window if t == SLIDING else causal
-        attn = attend(q, k, v, mask, cfg.score_scale(t)) @ p["o"]
-        for name, val in (("k", k), ("v", v)):
+        attn, written = _attention(p, cfg, t, h, positions, causal & window if t == SLIDING else causal, ko)
+        for name, val in written.items():
             c = cache[f"layers.{i}.{name}"]
             if t == SLIDING:
                 n = c.shape[2]
@@ -183,7 +207,7 @@ def prefill(params: dict, cfg: ModelConfig, tokens, cache: dict, lengths=None, r
     (:func:`float_params`). ``return_hidden``: (logits, the final-normed hidden state of each user's last prompt
     position [B, H], cache), what Gemma 4's assistant drafts from.
     """
-    cfg.check_runnable()
+    cfg.check_runnable(engine="reference")
     t = np.asarray(tokens)
     if t.ndim != 2 or t.shape[1] == 0:
         raise ValueError(f"tokens must be [batch, length] with length >= 1, got shape {t.shape}")
@@ -218,15 +242,27 @@ def prefill(params: dict, cfg: ModelConfig, tokens, cache: dict, lengths=None, r
     return (logits, hidden, cache) if return_hidden else (logits, cache)
 
 
+def _attention(p, cfg: ModelConfig, t: str, h, positions, mask, ko):
+    """A layer's attention over its own rows (prefill's form) for the normed stream ``h [B, T, H]`` with ``mask [T,
+    T]``: (the o-projected output [B, T, H], what its cache keeps of the rows: ``{name: [B, heads, T, dim]}``)."""
+    if cfg.latent_attention is not None:
+        q, written = latent.project(p, cfg, h, positions, ko)
+        return latent.attend_expanded(p, cfg, q, written["latent"], written["rope_k"], mask) @ p["o"], written
+    q, k, v = qkv(p, cfg, t, h, positions, ko)
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv, T, hd]
+    return biased(p, "o", attend(q, k, v, mask, cfg.score_scale(t), p.get("sinks"))), {"k": k, "v": v}
+
+
 # Routing ------------------------------------------------------------------------------------------
 def routed_experts(params: dict, cfg: ModelConfig, tokens) -> np.ndarray:
     """The experts each position of the token streams ``tokens [B, T]`` routes to in every layer: int32
     ``[layers, B, T, top_k]``, by :func:`route` on the residual stream of one causal pass (prefill's
-    masks, no cache). Position p's routes are those the decode step that reads token p takes (the same
-    arithmetic; summed in another order, so a near tie in the top-k may rarely break the other way)."""
+    masks, no cache); -1 in a dense layer (DeepSeek-V3's first). Position p's routes are those the decode step
+    that reads token p takes (the same arithmetic; summed in another order, so a near tie in the top-k may rarely
+    break the other way)."""
     if not cfg.is_moe:
         raise ValueError(f"{cfg.name} is a dense model: it routes to no experts")
-    cfg.check_runnable()
+    cfg.check_runnable(engine="reference")
     t = check_tokens(cfg, tokens)
     if t.ndim != 2 or t.size == 0:
         raise ValueError(f"tokens must be [batch, length] with both >= 1, got shape {t.shape}")
@@ -244,13 +280,15 @@ def _routed_experts(params, cfg: ModelConfig, tokens):
     ids = []
     for i, t in enumerate(cfg.layer_types):
         p = layer_params(params, i)
-        q, k, v = qkv(p, cfg, t, rms_norm(x, p["input_norm"], cfg.rms_eps), positions, ko)
-        mask = causal & window if t == SLIDING else causal
-        attn = attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, cfg.score_scale(t)) @ p["o"]
-        # the stream after attention, as _layer wires it, and what the router reads of it
-        routed = x + (rms_norm(attn, p["post_attn_norm"], cfg.rms_eps) if cfg.sandwich_norms else attn)
-        h = router_input(p, cfg, routed.reshape(B * T, -1), ko)
-        ids.append(route(p, cfg, h, ko)[1].reshape(B, T, cfg.top_k))
+        h = rms_norm(x, p["input_norm"], cfg.rms_eps)
+        attn, _ = _attention(p, cfg, t, h, positions, causal & window if t == SLIDING else causal, ko)
+        if not cfg.is_moe_layer(i):
+            ids.append(jnp.full((B, T, cfg.top_k), -1, jnp.int32))
+        else:
+            # the stream after attention, as _layer wires it, and what the router reads of it
+            routed = x + (rms_norm(attn, p["post_attn_norm"], cfg.rms_eps) if cfg.sandwich_norms else attn)
+            h = router_input(p, cfg, routed.reshape(B * T, -1), ko)
+            ids.append(route(p, cfg, h, ko)[1].reshape(B, T, cfg.top_k))
         x = residual_layer(p, cfg, x, attn, ko, dense_experts=True)
     return jnp.stack(ids)
 
@@ -304,7 +342,9 @@ def prepare(params: dict, cfg: ModelConfig) -> dict:
     params = float_params(params, cfg)
     out = {PREPARED: None}
     for path, a in params.items():
-        if path.startswith("layers.") and a.ndim == 3:
+        if path.endswith("_bias"):  # vectors, or gpt-oss's experts' [E, ...] biases: kept as they are
+            pass
+        elif path.startswith("layers.") and a.ndim == 3:
             a = _split_t(a)
         elif path.startswith("layers.") and a.ndim == 2:
             a = _transpose(a)
@@ -383,19 +423,31 @@ def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset):
         attn = None
         if attention_component(t) not in ko:
             h = rms_norm(x, p["input_norm"], cfg.rms_eps, NORMS not in ko)
-            q, k, v = qkv(p, cfg, t, h, positions, ko, matmul_t)
-            S = cache[f"layers.{i}.k"].shape[2]
-            for name, val in (("k", k), ("v", v)):
+            if cfg.latent_attention is not None:
+                q, written = latent.project(p, cfg, h, positions, ko, matmul_t)
+            else:
+                q, k, v = qkv(p, cfg, t, h, positions, ko, matmul_t)
+                written = {"k": k.transpose(0, 2, 1, 3), "v": v.transpose(0, 2, 1, 3)}  # [B, kv, T, hd]
+            S = layer_slots(cache, i)
+            for name, val in written.items():
                 c = cache[f"layers.{i}.{name}"]
-                val = val.transpose(0, 2, 1, 3).astype(c.dtype)  # [B, kv, T, hd]
+                val = val.astype(c.dtype)
                 for j in range(T):
                     c = write_slots(c, val[:, :, j : j + 1], (pos + j) % S)
                 cache[f"layers.{i}.{name}"] = c
             held = held_positions(positions[:, -1:], S)  # [B, S]
             mask = visible(held[:, None, :], positions[:, :, None], cfg, t)  # [B, T, S]
-            kc, vc, scale = cache[f"layers.{i}.k"], cache[f"layers.{i}.v"], cfg.score_scale(t)
-            attn = attend_one(q, kc, vc, mask[:, 0], scale) if T == 1 else attend(q, kc, vc, mask[:, None, None], scale)
-            attn = matmul_t(attn, p["o"])
+            if cfg.latent_attention is not None:
+                lc, rc = cache[f"layers.{i}.latent"], cache[f"layers.{i}.rope_k"]
+                attn = latent.attend_absorbed(p, cfg, q, lc, rc, mask[:, None], matmul_t)
+            else:
+                kc, vc = cache[f"layers.{i}.k"], cache[f"layers.{i}.v"]
+                scale, sinks = cfg.score_scale(t), p.get("sinks")
+                if T == 1:
+                    attn = attend_one(q, kc, vc, mask[:, 0], scale, sinks)
+                else:
+                    attn = attend(q, kc, vc, mask[:, None, None], scale, sinks)
+            attn = biased(p, "o", attn, matmul_t)
         x = residual_layer(p, cfg, x, attn, ko, dense_experts=False, mm=matmul_t)
     return x, cache
 
@@ -406,7 +458,7 @@ def verify_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos):
     in the cache, hidden by position (:func:`visible`) until overwritten (the sliding ring has room for them:
     ``init_cache(draft_tokens=T - 1)``). Returns (the greedy pick after each row [B, T] int32, the final-normed
     hidden states [B, T, H] (what Gemma 4's assistant reads), the cache). The cache passed in is donated."""
-    cfg.check_runnable()
+    cfg.check_runnable(engine="reference")
     return verify_step_program(
         prepared(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32)
     )
@@ -426,7 +478,7 @@ def decode_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos, knocko
     Token ids and positions given as Python / NumPy values are checked; device arrays are not (that
     would wait for the device every step).
     """
-    cfg.check_runnable()
+    cfg.check_runnable(engine="reference")
     ko = check_knockout(knockout)
     if isinstance(tokens, (list, tuple, np.ndarray)):
         tokens = check_tokens(cfg, tokens)

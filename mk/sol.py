@@ -439,6 +439,27 @@ def smallest_slices(model, context: int, batch: int = 1, dtype: str = "bf16") ->
     return pd.DataFrame(rows)
 
 
+def auto_chip(model, base_chip: str, dtype: str = "bf16", context: int = 1024, batch: int = 1) -> Chip:
+    """The smallest slice of ``base_chip`` (``tpu-v5e``) whose HBM holds ``model``'s weights and its users' caches in
+    ``dtype`` (:attr:`SpeedOfLight.fits_in_hbm`): of its documented slice shapes (data/slices.csv) where it has
+    any; for a chip without documented shapes (TPU7x, GPUs), the smallest power-of-two count of chips that holds it
+    (a count, not a documented shape). Refuses where even the largest documented slice, or 2^16 chips, does not."""
+    base = get_chip(base_chip)
+    if base.chips != 1:
+        raise ValueError(f"auto_chip takes a base chip ({base.base}), not the slice {base.name}")
+    bc = bytes_per_token(model, context, batch, dtype)
+    shapes = slice_shapes().get(base.name)
+    names = [s.name for s in shapes] if shapes else [base.name] + [f"{base.name}-{2**i}" for i in range(1, 17)]
+    for name in names:
+        chip = get_chip(name)
+        if _on_chip(bc, chip).fits_in_hbm:
+            return chip
+    raise ValueError(
+        f"{bc.model} in {dtype} ({(bc.all_weights + bc.kv) / 1e9:.0f} GB held) fits no "
+        + (f"documented {base.name} slice (the largest: {names[-1]})" if shapes else f"slice up to {names[-1]}")
+    )
+
+
 def format_table(models, dtypes, context: int, batch: int = 1) -> pd.DataFrame:
     """Each model in each of ``dtypes`` that applies to it (a format of routed experts skips a model without them):
     the bytes one step reads, the weights and caches held, and each TPU's smallest documented slice that holds them

@@ -1,10 +1,9 @@
 """Weights for mk's parameter tree: seeded random initialisation, and loading and saving checkpoints
-in the Hugging Face layout of each family mk runs (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral).
+in the Hugging Face layout of each family mk runs (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral, gpt-oss; DeepSeek-V3
+and Kimi K2), and in the formats big models ship in (mk.formats: decoded to float on load).
 
-Hugging Face stores Linear weights ``[out, in]``; Gemma 4 its experts as ``gate_up_proj [E, 2I, H]`` (gate rows
-first) and ``down_proj [E, H, I]``, Qwen3-MoE and Mixtral each expert's as its own Linear layers; mk stores
-``[in, out]`` (``mk.params``). ``hf_tensor_map`` is the one
-place the two are tied together, used both ways, so a save and a load round-trip exactly.
+Each family's names and layouts are mk.hf_layout's (``hf_tensor_map``, the one place the two are tied together,
+used both ways, so a save and a load round-trip exactly).
 
 Loading is lazy: ``safe_open`` memory-maps each file and one tensor at a time is read, transposed and
 cast, so a 52 GB checkpoint never needs twice its size in RAM.
@@ -24,16 +23,18 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from .assistant_config import AssistantConfig, check_pair, read_assistant_config
-from .config import GEMMA4, ModelConfig, from_hf_dict, is_hub_id, to_hf_dict
+from .config import ModelConfig, from_hf_dict, is_hub_id, to_hf_dict
 from .files import write_atomic
+from .formats import FORMATS, CheckpointFormat, DecodedCheckpoint
+from .hf_layout import from_hf_layout, hf_scale_shape, hf_shape, hf_tensor_map, interleaved, scale_from_hf
 from .params import NORMS, ROUTER, param_specs, scales_inputs
 from .progress import tqdm
 from .quant import SCALE_SUFFIX, SCHEMES, quantized_paths, scale_path, scheme_of
@@ -59,7 +60,7 @@ def random_params(cfg: ModelConfig, seed: int, dtype=jnp.float32) -> dict[str, j
     argmax (greedy output repeats its input); at this scale the layers steer the next token and the
     logits spread over about +-0.25 (N(0, EMBED_STD)). Norm weights, ``layer_scalar``, ``router_scale``
     and ``expert_scale`` are 1 + N(0, 0.1): near 1 as in a trained model, but not all equal, so a
-    wrong wiring shows.
+    wrong wiring shows. Biases and attention sinks (:func:`is_offset`) are N(0, 0.1): small, not zero.
     """
     key = jax.random.key(seed)
     out = {}
@@ -72,12 +73,19 @@ def random_params(cfg: ModelConfig, seed: int, dtype=jnp.float32) -> dict[str, j
         elif s.matrix:
             fan_in = s.shape[-2]
             x = jax.random.normal(k, s.shape, jnp.float32) * fan_in**-0.5
+        elif is_offset(s.path):
+            x = NORM_STD * jax.random.normal(k, s.shape, jnp.float32)
         elif s.component in (NORMS, ROUTER):
             x = 1.0 + NORM_STD * jax.random.normal(k, s.shape, jnp.float32)
         else:
             raise AssertionError(f"no initialiser for {s.path} ({s.component})")
         out[s.path] = x.astype(dtype)
     return out
+
+
+def is_offset(path: str) -> bool:
+    """Whether tensor ``path`` is added rather than multiplied: a bias or an attention sink (drawn around 0)."""
+    return path.endswith(("_bias", "sinks"))
 
 
 # The same weights drawn where they are used, one tensor at a time ------------------------------------
@@ -113,6 +121,8 @@ def random_tensors(cfg: ModelConfig, seed: int = 0, dtype=jnp.bfloat16, device=N
             kind, scale = "matrix", s.shape[1] ** -0.5
         elif s.matrix:
             kind, scale = "matrix", s.shape[-2] ** -0.5
+        elif is_offset(s.path):
+            kind, scale = "matrix", NORM_STD
         else:
             kind, scale = "vector", NORM_STD
         sharding = None if mesh is None else gspmd_sharding(mesh, s.shape)
@@ -146,134 +156,6 @@ def device_params(cfg: ModelConfig, seed: int = 0, dtype=jnp.bfloat16, device=No
     return out
 
 
-# The Hugging Face <-> mk name map -----------------------------------------------------------------
-@dataclass(frozen=True)
-class HFTensor:
-    """Where an mk tensor lives in a Hugging Face checkpoint and how it is laid out there.
-
-    ``kind``: ``same`` (identical layout), ``linear`` (stored [out, in], transpose), ``gate``/``up``
-    (rows :I / I: of ``gate_up_proj [E, 2I, H]``, then [E, H, I]), ``down`` (``[E, H, I]`` -> [E, I, H]),
-    ``experts`` (one ``linear`` per expert, its name with ``{e}`` for the expert's index: the mk tensor
-    ``[E, in, out]`` is their transposes stacked). ``names`` lists the accepted suffixes after the text prefix,
-    the current name first.
-    """
-
-    names: tuple[str, ...]
-    kind: str
-    in_text_model: bool = True  # under the text prefix (``model.``); an untied ``lm_head.weight`` is not
-
-
-_LAYER_NAMES = {
-    "input_norm": ("input_layernorm.weight", "same"),
-    "q": ("self_attn.q_proj.weight", "linear"),
-    "k": ("self_attn.k_proj.weight", "linear"),
-    "v": ("self_attn.v_proj.weight", "linear"),
-    "o": ("self_attn.o_proj.weight", "linear"),
-    "q_norm": ("self_attn.q_norm.weight", "same"),
-    "k_norm": ("self_attn.k_norm.weight", "same"),
-    "post_attn_norm": ("post_attention_layernorm.weight", "same"),
-    "pre_ffn_norm": ("pre_feedforward_layernorm.weight", "same"),
-    "mlp_gate": ("mlp.gate_proj.weight", "linear"),
-    "mlp_up": ("mlp.up_proj.weight", "linear"),
-    "mlp_down": ("mlp.down_proj.weight", "linear"),
-    "post_ffn_norm": ("post_feedforward_layernorm.weight", "same"),
-    "layer_scalar": ("layer_scalar", "same"),
-    "router_scale": ("router.scale", "same"),
-    "router_proj": ("router.proj.weight", "linear"),
-    "expert_scale": ("router.per_expert_scale", "same"),
-    "pre_ffn_norm_2": ("pre_feedforward_layernorm_2.weight", "same"),
-    "expert_gate": ("experts.gate_up_proj", "gate"),
-    "expert_up": ("experts.gate_up_proj", "up"),
-    "expert_down": ("experts.down_proj", "down"),
-    "post_ffn_norm_1": ("post_feedforward_layernorm_1.weight", "same"),
-    "post_ffn_norm_2": ("post_feedforward_layernorm_2.weight", "same"),
-}
-# The pre-norm families (Llama, Qwen3, Qwen3-MoE, Mixtral) where they differ from Gemma 4: the post-attention norm is
-# their FFN's input norm, the router is the MoE block's ``gate``, each expert its own Linear layers (as the hub's
-# checkpoints and transformers' save_pretrained store them).
-_PRE_NORM_NAMES = {
-    **_LAYER_NAMES,
-    "pre_ffn_norm": ("post_attention_layernorm.weight", "same"),
-    "router_proj": ("mlp.gate.weight", "linear"),
-    "expert_gate": ("mlp.experts.{e}.gate_proj.weight", "experts"),
-    "expert_up": ("mlp.experts.{e}.up_proj.weight", "experts"),
-    "expert_down": ("mlp.experts.{e}.down_proj.weight", "experts"),
-}
-_MIXTRAL_NAMES = {
-    **_PRE_NORM_NAMES,
-    "router_proj": ("block_sparse_moe.gate.weight", "linear"),
-    "expert_gate": ("block_sparse_moe.experts.{e}.w1.weight", "experts"),
-    "expert_up": ("block_sparse_moe.experts.{e}.w3.weight", "experts"),
-    "expert_down": ("block_sparse_moe.experts.{e}.w2.weight", "experts"),
-}
-# Older exports keep the experts and the per-expert scale under ``.moe.``.
-_OLDER = {
-    "experts.gate_up_proj": "moe.gate_up_proj",
-    "experts.down_proj": "moe.down_proj",
-    "router.per_expert_scale": "moe.per_expert_scale",
-}
-
-
-def hf_tensor_map(cfg: ModelConfig) -> dict[str, HFTensor]:
-    """For every mk path of ``cfg``, its Hugging Face name(s) (without the text prefix) and layout."""
-    cfg.check_runnable()
-    out = {"embed": HFTensor(("embed_tokens.weight",), "same"), "final_norm": HFTensor(("norm.weight",), "same")}
-    if not cfg.tied_embeddings:
-        out["head"] = HFTensor(("lm_head.weight",), "same", in_text_model=False)  # [V, H], as mk keeps it
-    names_of = {GEMMA4: _LAYER_NAMES, "mixtral": _MIXTRAL_NAMES}.get(cfg.family, _PRE_NORM_NAMES)
-    for s in param_specs(cfg):
-        if not s.path.startswith("layers."):
-            continue
-        _, i, short = s.path.split(".", 2)
-        name, kind = names_of[short]
-        names = (f"layers.{i}.{name}",)
-        if name in _OLDER:
-            names += (f"layers.{i}.{_OLDER[name]}",)
-        out[s.path] = HFTensor(names, kind)
-    return out
-
-
-def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape the checkpoint stores for an mk tensor of ``shape``."""
-    if kind == "linear":
-        return shape[::-1]
-    if kind in ("gate", "up"):
-        E, H, I = shape
-        return (E, 2 * I, H)
-    if kind == "down":
-        E, I, H = shape
-        return (E, H, I)
-    return shape
-
-
-def from_hf_layout(kind: str, a: np.ndarray) -> np.ndarray:
-    """A checkpoint array as mk lays it out (a view; the caller copies once while casting)."""
-    if kind == "linear":
-        return a.T
-    if kind in ("gate", "up"):
-        half = a.shape[1] // 2
-        part = a[:, :half] if kind == "gate" else a[:, half:]
-        return part.transpose(0, 2, 1)
-    if kind == "down":
-        return a.transpose(0, 2, 1)
-    return a
-
-
-def _hf_scale_shape(path: str, kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape the checkpoint stores the scales of mk matrix ``path`` of ``shape`` in: its HF shape ([..., out,
-    in]) less the input axis (one scale per output row), or less the output axis for a down projection."""
-    hf = _hf_shape(kind, shape)
-    return hf[:-2] + hf[-1:] if scales_inputs(path) else hf[:-1]
-
-
-def _scale_from_hf(kind: str, a: np.ndarray) -> np.ndarray:
-    """A checkpoint's scales as mk keeps them (mk.quant): ``gate_up_proj``'s are split in halves."""
-    if kind in ("gate", "up"):
-        half = a.shape[-1] // 2
-        return a[..., :half] if kind == "gate" else a[..., half:]
-    return a
-
-
 # Quantization in config.json --------------------------------------------------------------------
 QUANT_METHOD = "mk-int8"
 
@@ -285,16 +167,20 @@ def quantization_config(scheme: str) -> dict | None:
     return {"quant_method": QUANT_METHOD, "scheme": scheme, "scale_suffix": SCALE_SUFFIX}
 
 
-def _read_quantization(hf: dict, cfg_file: Path) -> tuple[str, str]:
-    """(scheme, scale suffix) of a checkpoint's config.json: ("none", ...) without a quantization_config."""
+def _read_quantization(hf: dict, cfg_file: Path) -> tuple[str, str, CheckpointFormat | None]:
+    """(scheme, scale suffix, shipped format) of a checkpoint's config.json: ("none", ..., None) without a
+    quantization_config; a format big models ship in (mk.formats: FP8 blocks, INT4 groups, MXFP4) loads decoded
+    to float (scheme "none")."""
     q = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
     if not q:
-        return "none", SCALE_SUFFIX
+        return "none", SCALE_SUFFIX, None
+    if isinstance(q, dict) and q.get("quant_method") in FORMATS:
+        return "none", SCALE_SUFFIX, CheckpointFormat.from_config(q, str(cfg_file))
     if not isinstance(q, dict) or q.get("quant_method") != QUANT_METHOD:
         method = q.get("quant_method") if isinstance(q, dict) else q
         raise ValueError(
-            f"{cfg_file} has a quantization_config with quant_method {method!r}: mk reads float checkpoints and "
-            f"its own INT8 ones ({QUANT_METHOD!r}), not this format"
+            f"{cfg_file} has a quantization_config with quant_method {method!r}: mk reads float checkpoints, "
+            f"its own INT8 ones ({QUANT_METHOD!r}) and the formats {', '.join(FORMATS)}, not this one"
         )
     scheme = q.get("scheme")
     if scheme not in SCHEMES[1:]:
@@ -302,7 +188,7 @@ def _read_quantization(hf: dict, cfg_file: Path) -> tuple[str, str]:
     suffix = q.get("scale_suffix", SCALE_SUFFIX)
     if not isinstance(suffix, str) or not suffix:
         raise ValueError(f"{cfg_file}: quantization_config scale_suffix must be a non-empty string, got {suffix!r}")
-    return scheme, suffix
+    return scheme, suffix, None
 
 
 # Loading ------------------------------------------------------------------------------------------
@@ -360,7 +246,22 @@ class SafetensorsCheckpoint:
                 self.info[name] = (tuple(sl.get_shape()), sl.get_dtype())
 
     def read(self, name: str) -> np.ndarray:
+        shape, dtype = self.info[name]
+        if dtype in _RAW_DTYPES:  # safetensors' NumPy reader has no FP8 type: the bytes, viewed as ml_dtypes' own
+            return _raw_tensor(self.where[name], name).view(_RAW_DTYPES[dtype]).reshape(shape)
         return self._handles[self.where[name]].get_tensor(name)
+
+
+_RAW_DTYPES = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+
+
+def _raw_tensor(file: Path, name: str) -> np.ndarray:
+    """A tensor's bytes, by the safetensors header's offsets (an 8-byte length, the JSON header, the data)."""
+    with open(file, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        start, end = json.loads(f.read(n))[name]["data_offsets"]
+        f.seek(8 + n + start)
+        return np.frombuffer(f.read(end - start), np.uint8)
 
 
 def _text_prefix(names) -> str:
@@ -390,7 +291,7 @@ def _plan_load(
         first = found not in used  # gate_up_proj holds two mk tensors: check it once
         used.add(found)
         stored, dtype = ckpt.info[found]
-        want = _hf_shape(kind, shape)
+        want = hf_shape(kind, shape)
         if first and stored != want:
             problems.append(f"{found} has shape {list(stored)}, expected {list(want)} for this config")
         if path not in int8:
@@ -411,7 +312,7 @@ def _plan_load(
             problems.append(f"missing {scale} (the scales of {found}, quantization scheme {scheme})")
         elif first:
             s_shape, s_dtype = ckpt.info[scale]
-            s_want = _hf_scale_shape(path, kind, shape)
+            s_want = hf_scale_shape(path, kind, shape)
             if s_shape != s_want:
                 per = "input column" if scales_inputs(path) else "output row"
                 problems.append(
@@ -485,6 +386,8 @@ def load_checkpoint(
     A checkpoint whose config.json has mk's ``quantization_config`` loads as the quantized tree it was saved
     from (mk.quant): INT8 codes and float32 scales exactly as stored (``dtype`` does not touch them), the
     scales after the other tensors, in ``mk.quant.quantized_paths`` order, as ``mk.quant.quantize`` makes them.
+    A checkpoint in a format big models ship in (FP8 blocks, packed INT4 groups, MXFP4: mk.formats) loads as the
+    float tree those weights stand for, each encoded tensor decoded to float32 (then cast to ``dtype``).
     """
     folder = checkpoint_folder(path_or_repo_id)
     cfg_file = folder / "config.json"
@@ -502,8 +405,10 @@ def load_checkpoint(
             k: (v, getattr(file_cfg, k)) for k, v in cfg.to_dict().items() if k != "name" and getattr(file_cfg, k) != v
         }
         raise ValueError(f"config {cfg.name!r} differs from {cfg_file} in {{field: (given, file)}} {diff}")
-    scheme, suffix = _read_quantization(hf, cfg_file)
+    scheme, suffix, shipped = _read_quantization(hf, cfg_file)
     ckpt = SafetensorsCheckpoint(safetensors_files(folder))
+    if shipped is not None:
+        ckpt = DecodedCheckpoint(ckpt, shipped)
     plan = _plan_load(cfg, ckpt, scheme, suffix)
     params, scales, cache = {}, {}, {}
 
@@ -512,7 +417,7 @@ def load_checkpoint(
         a = cache.pop(name, None)
         if a is None:
             a = ckpt.read(name)
-            if kind in ("gate", "up"):
+            if kind in ("gate", "up", "gate_i", "up_i"):
                 cache[name] = a
         return from_hf_layout(kind, a)
 
@@ -525,7 +430,7 @@ def load_checkpoint(
             params[path] = jnp.asarray(np.ascontiguousarray(a, dtype=dtype or a.dtype))
         else:  # INT8 codes and their scales, as stored
             params[path] = jnp.asarray(np.ascontiguousarray(a))
-            s_parts = [_scale_from_hf(kind, ckpt.read(scale)) for _, kind, scale in parts]
+            s_parts = [scale_from_hf(kind, ckpt.read(scale)) for _, kind, scale in parts]
             scales[scale_path(path)] = jnp.asarray(np.ascontiguousarray(np.stack(s_parts) if stacked else s_parts[0]))
     params.update((scale_path(p), scales[scale_path(p)]) for p in quantized_paths(cfg, scheme))
     return cfg, params
@@ -552,7 +457,7 @@ def save_checkpoint(params: dict[str, jax.Array], cfg: ModelConfig, folder) -> P
     tensors = {}
     for path, t in hf_tensor_map(cfg).items():
         name = (TEXT_PREFIXES[-1] if t.in_text_model else "") + t.names[0]
-        if t.kind == "up":
+        if t.kind in ("up", "up_i"):
             continue  # written with its gate half
         a = np.asarray(params[path])
         scale = np.asarray(params[scale_path(path)]) if path in int8 else None
@@ -562,6 +467,13 @@ def save_checkpoint(params: dict[str, jax.Array], cfg: ModelConfig, folder) -> P
             tensors[name] = np.concatenate([a, up], axis=2).transpose(0, 2, 1)
             if scale is not None:
                 scale = np.concatenate([scale, np.asarray(params[scale_path(up_path)])], axis=-1)
+        elif t.kind == "gate_i":
+            up_path = path.replace("expert_gate", "expert_up")
+            tensors[name] = interleaved(a, np.asarray(params[up_path]))
+            if scale is not None:
+                scale = interleaved(scale, np.asarray(params[scale_path(up_path)]))
+        elif t.kind == "gate_up_bias_i":
+            tensors[name] = interleaved(*np.split(a, 2, axis=-1))
         elif t.kind == "experts":  # one Linear [out, in] per expert
             for e in range(a.shape[0]):
                 tensors[name.format(e=e)] = a[e].T

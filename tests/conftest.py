@@ -82,6 +82,32 @@ HF_EIGHT_HEADS = dict(
     moe_intermediate_size=40,
 )
 EIGHT_HEADS_PRE_NORM = dict(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=32)
+DEEPSEEK_V3 = dict(
+    model_type="deepseek_v3",
+    vocab_size=500,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    first_k_dense_replace=1,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    q_lora_rank=24,
+    kv_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    rope_interleave=True,
+    tie_word_embeddings=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+)
 HF_CONFIGS = {
     "tiny-dense": to_hf_dict(TINY_DENSE),
     "tiny-moe": to_hf_dict(TINY_MOE),
@@ -111,6 +137,14 @@ HF_CONFIGS = {
         **dict(vocab_size=500, hidden_size=96, num_attention_heads=3, head_dim=48, num_experts=6),
         **dict(moe_intermediate_size=40, intermediate_size=40),
     },
+    # DeepSeek-V3 (transformers' DeepseekV3ForCausalLM): MLA with a query bottleneck, interleaved RoPE, one dense
+    # layer then 8 routed experts in 2 groups (the best group's experts picked) beside a shared one
+    "deepseek-v3": DEEPSEEK_V3,
+    # no query bottleneck (q_proj), rotate-half RoPE, 4 groups of 2 (the best 2 groups), weights not renormalised
+    "deepseek-v3-no-q-lora": {
+        **DEEPSEEK_V3,
+        **dict(q_lora_rank=None, rope_interleave=False, n_group=4, topk_group=2, norm_topk_prob=False),
+    },
 }
 
 
@@ -125,7 +159,8 @@ def init_hf_weights(model, seed: int) -> None:
 
     Same distributions as mk.weights.random_params, so logits are not degenerate: matrices N(0, 1/fan_in)
     (fan_in is the last axis in transformers' [out, in] / [E, out, in] layout), the embedding
-    N(0, EMBED_STD^2/hidden), every norm weight and scale (incl. layer_scalar) 1 + N(0, NORM_STD^2).
+    N(0, EMBED_STD^2/hidden), every norm weight and scale (incl. layer_scalar) 1 + N(0, NORM_STD^2), DeepSeek-V3's
+    routing bias N(0, 0.3^2) (so it changes which experts are picked).
     """
     import torch
 
@@ -134,7 +169,9 @@ def init_hf_weights(model, seed: int) -> None:
         for name, t in list(model.named_parameters()) + list(model.named_buffers()):
             if name.endswith("inv_freq") or name.endswith("embed_scale"):
                 continue  # derived from the config, not weights
-            if name.endswith("embed_tokens.weight"):
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's routing bias: as wide as the scores' spread
+                t.copy_(0.3 * torch.randn(t.shape, generator=gen))
+            elif name.endswith("embed_tokens.weight"):
                 t.copy_(torch.randn(t.shape, generator=gen) * (EMBED_STD * t.shape[1] ** -0.5))
             elif t.ndim >= 2:
                 t.copy_(torch.randn(t.shape, generator=gen) * t.shape[-1] ** -0.5)

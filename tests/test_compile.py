@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mk.chips import documented_slice
+from mk.chips import get_chip, slice_shape
 from mk.megakernel.aot import aot_target
 from mk.tpu import TOPOLOGIES
 
@@ -23,12 +23,12 @@ def test_slices_compile_for_the_topology_their_documented_shape_names():
     """A slice's topology is read from data/slices.csv; a topology name gives its slice; the hand table agrees with
     the data where both have a slice."""
     for name in ("tpu-v5e-16", "tpu-v5e-64", "tpu-v5p-8"):
-        shape = documented_slice(name)
+        shape = slice_shape(get_chip(name))
         assert aot_target(name) == (name, f"{shape.chip.removeprefix('tpu-')}:{shape.topology}")
     assert aot_target("tpu-v5e-16")[1] == "v5e:4x4" and aot_target("tpu-v5p-8")[1] == "v5p:2x2x2"
     assert aot_target("v6e:4x4") == ("tpu-v6e-16", "v6e:4x4")
     for name, topo in TOPOLOGIES.items():
-        shape = documented_slice(name)
+        shape = slice_shape(get_chip(name))
         if shape is not None and shape.chips > 1:
             assert shape.topology_name == topo
     for bad in ("tpu-v5e-3", "h100-8", "v5e:4xq"):

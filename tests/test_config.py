@@ -202,9 +202,9 @@ def test_a_model_without_sliding_layers_needs_no_sliding_shapes():
         TINY_MOE.replace(mlp_intermediate=0)
 
 
-@pytest.mark.parametrize("folder, family", [("gpt-oss-20b", "gpt_oss"), ("deepseek-v3", "deepseek_v3")])
+@pytest.mark.parametrize("folder, family", [("deepseek-v3", "deepseek_v3")])
 def test_planned_families_are_refused_by_the_reference_and_the_kernel(folder, family):
-    """gpt-oss and DeepSeek-V3 are planned and timed (their configs are read whole), not run: the engines say so."""
+    """DeepSeek-V3 is planned and timed (its config is read whole), not run: the engines say so."""
     from mk import reference as R
     from mk.megakernel.kernel import MegakernelEngine
 
@@ -214,6 +214,16 @@ def test_planned_families_are_refused_by_the_reference_and_the_kernel(folder, fa
         R.prefill({}, cfg, [[1, 2]], {})
     with pytest.raises(ValueError, match="mk plans and times it"):
         MegakernelEngine(cfg)
+
+
+def test_gpt_oss_runs_in_the_reference_and_the_kernel_refuses_it_by_name():
+    """gpt-oss's published config: the reference runs it (tests/test_gpt_oss.py holds it to transformers), the
+    megakernel names what it lacks."""
+    cfg = load_hf_config(Path(__file__).resolve().parent.parent / "data" / "configs" / "gpt-oss-20b")
+    assert cfg.family == "gpt_oss" and cfg.runnable and cfg.rope_scaling.factor == 32.0
+    cfg.check_runnable("reference")
+    with pytest.raises(ValueError, match="attention sinks, .*YaRN RoPE scaling: the megakernel does not run them"):
+        cfg.check_runnable("megakernel")
 
 
 def test_a_folder_of_data_configs_is_a_model_by_its_name():

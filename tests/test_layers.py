@@ -47,7 +47,16 @@ LAYERS = {
         "mk.profiling.*",
     ],
     "arith": ["mk.sol"],
-    "model": ["mk.quant", "mk.blocks", "mk.reference", "mk.weights", "mk.assistant"],
+    "model": [
+        "mk.quant",
+        "mk.formats",
+        "mk.hf_layout",
+        "mk.blocks",
+        "mk.latent",
+        "mk.reference",
+        "mk.weights",
+        "mk.assistant",
+    ],
     "plan": ["mk.plan", "mk.plan.*"],
     "kernel": ["mk.megakernel", "mk.megakernel.*", "mk.generate"],
     "cost": ["mk.timing", "mk.timing.*", "mk.measure", "mk.measure.*"],
@@ -211,6 +220,8 @@ def longest_chain(g: dict[str, dict[str, int]]) -> list[str]:
     folders = {".".join(m.split(".")[:2]) for m in g if m.count(".") >= 2}
 
     def node(m: str) -> str:
+        if m == "mk.__main__":  # python -m mk's entry: a shim that runs mk.cli, no floor of its own
+            return "mk.cli"
         top = ".".join(m.split(".")[:2])
         return top if top in folders else m
 

@@ -10,7 +10,8 @@ import csv
 
 import pytest
 
-from mk.analysis import verdict as vd
+from mk.analysis import measured, verdict as vd
+from mk.kernel_setup import WORKBOOK_KERNEL
 
 # The bands (low, high) on the error, each argued in one line.
 # A megakernel step: every byte at the data sheet's bandwidth and the core's issued bundles (this workbook's kernel's,
@@ -165,7 +166,7 @@ def test_measured_kernel_costs_keep_each_gpu_row_apart_from_the_cpu_rows(tmp_pat
     path = tmp_path / "m.csv"
     with path.open("w", newline="") as f:
         csv.writer(f).writerows([cols, *rows])
-    t = vd.measured_kernel_costs(vd.measured_comparison([path])).set_index("hardware")
+    t = measured.measured_kernel_costs(measured.measured_comparison([path])).set_index("hardware")
     fitted = vd.kernel_cost("gpu") * 1e6
     assert t.loc["gpu", "implied_kernel_us"] == pytest.approx(100.0) and t.loc["gpu", "runs"] == 1
     assert t.loc["gpu", "implied_over_fitted"] == pytest.approx(100.0 / fitted)
@@ -192,11 +193,11 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
         w = csv.DictWriter(f, COLUMNS)
         w.writeheader()
         w.writerows(rows)
-    t = vd.measured_megakernel(path)
-    assert len(t) == 1 and t.iloc[0].measured_ms == 2.0 and t.iloc[0].setup == vd.WORKBOOK_KERNEL.name
+    t = measured.measured_megakernel(path)
+    assert len(t) == 1 and t.iloc[0].measured_ms == 2.0 and t.iloc[0].setup == WORKBOOK_KERNEL.name
     want = timing.predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1).step_s * 1e3  # the workbook's kernel, split
     assert t.iloc[0].modelled_ms == pytest.approx(want) and t.iloc[0].error == pytest.approx(want / 2.0 - 1)
-    assert vd.measured_megakernel(tmp_path / "none.csv").empty
+    assert measured.measured_megakernel(tmp_path / "none.csv").empty
 
 
 def test_the_write_ups_kimi_rows_are_published_with_the_stand_in_they_will_be_modelled_with():

@@ -16,12 +16,13 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..chips import Chip, get_chip
-from ..config import FFN_LAYOUTS, ModelConfig
-from ..kernel_setup import FIXES, Collective, KernelSetup, Placement
+from ..chips import Chip, get_chip, slice_shape
+from ..config import FFN_LAYOUTS, ModelConfig, get_config
+from ..kernel_setup import FIXES, WORKBOOK_KERNEL, Collective, KernelSetup, Placement
 from ..plan import ROWS, AllReduce, GatherBest
 from ..plan.layout import laid_out_intermediate
 from ..published import published, published_table
+from ..sharding import flat_ring_all_reduce, one_link_all_reduce, torus_all_reduce
 from ..timing import MODELLED, assumed_costs, link_latency, predict, step_plan
 from ..units import LANE, positive_int
 
@@ -242,7 +243,7 @@ def padding_table(cfg: ModelConfig, chip: Chip | str, context: int, batch: int) 
     rows = []
     for layout in FFN_LAYOUTS[::-1]:  # the first layout first
         laid = cfg.replace(ffn_layout=layout)
-        for placement in Placement if cfg.is_moe else (Placement.SPLIT,):
+        for placement in (Placement.WHOLE, Placement.SPLIT) if cfg.is_moe else (Placement.SPLIT,):
             setup = KernelSetup(placement=placement, ffn_layout=layout, name=f"{placement} experts, MLPs on {layout}")
             plan = step_plan(cfg, chip, context, batch, "bf16", setup)
             moved, payload = plan.bytes_by_component(), plan.bytes_by_component(payload=True)
@@ -264,3 +265,64 @@ def padding_table(cfg: ModelConfig, chip: Chip | str, context: int, batch: int) 
                     )
                 )
     return pd.DataFrame(rows)
+
+
+# Past one host ----------------------------------------------------------------------------------------------
+def torus_against_ring(chip: Chip | str, payloads_bytes, itemsize: int = 2) -> pd.DataFrame:
+    """One all-reduce of each payload (bytes of a chip's partial sum: one row of payload / itemsize lanes) over the
+    slice ``chip`` (a documented shape, data/slices.csv), three ways, in seconds at its ICI bandwidth one way per link
+    and link latency per round (mk.timing.link_latency): dimension by dimension over its torus
+    (mk.sharding.links.torus_all_reduce, what the timing model charges past one host), one ring through all its
+    chips (``flat ring``, both directions), and today's one-host model (reduce-scatter + all-gather, every byte over
+    one link, two rounds). Rows: algorithm, payload, rounds, bytes a chip sends, its busiest link's bytes, seconds."""
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    shape = slice_shape(chip)
+    if shape is None:
+        raise ValueError(f"{chip.name}: data/slices.csv documents no such slice, so it has no torus to price")
+    latency = link_latency(chip)
+    rows = []
+    for payload in payloads_bytes:
+        width = max(1, int(payload) // itemsize)
+        for algorithm, ex in (
+            (f"torus {shape.topology}, dimension by dimension", torus_all_reduce(1, width, itemsize, shape.torus)),
+            (f"flat ring over {chip.chips} chips", flat_ring_all_reduce(1, width, itemsize, chip.chips)),
+            ("one link, reduce-scatter (one host's model)", one_link_all_reduce(
+                Collective(bf16_payload=itemsize == 2, reduce_scatter=True), 1, width, chip.chips, itemsize)),
+        ):  # fmt: skip
+            rows.append(
+                dict(
+                    chip=chip.name, topology=shape.topology, algorithm=algorithm, payload_bytes=payload,
+                    rounds=ex.rounds, sent_bytes=ex.sent_bytes, link_bytes=ex.link_bytes,
+                    seconds=ex.seconds(chip.ici_bandwidth, latency),
+                )
+            )  # fmt: skip
+    return pd.DataFrame(rows).assign(kind=MODELLED)
+
+
+def allreduce_share(
+    model, base_chip: str = "tpu-v5e", chips=(8, 16, 32, 64, 128, 256), context: int = 1024, batch: int = 1,
+    dtype: str = "bf16", setup: KernelSetup = WORKBOOK_KERNEL,
+) -> pd.DataFrame:  # fmt: skip
+    """The modelled step (mk.timing.predict, ``setup`` as the timing model charges it over each slice: past one host
+    the torus and whole experts over hosts, mk.sharding.pods) of ``model`` on slices of ``base_chip`` of each count in
+    ``chips``, and the time its all-reduces hold compute on the link (the plan's AllReduce ops: their busiest link's
+    bytes at one link's bandwidth plus their rounds' latency): chips, topology, hosts, step_s, allreduce_s, share
+    (allreduce_s / step_s), whether the model fits the slice's HBM in ``dtype``."""
+    cfg = get_config(model) if isinstance(model, str) else model
+    rows = []
+    for n in chips:
+        chip = get_chip(f"{base_chip}-{n}")
+        shape, latency = slice_shape(chip), link_latency(chip)
+        p = predict(cfg, chip, context, batch, dtype=dtype, setup=setup)
+        plan = step_plan(cfg, chip, context, batch, dtype, setup)
+        ar = [op for op in plan.ops if isinstance(op, AllReduce)]
+        allreduce_s = sum(op.wire_bytes / chip.ici_bandwidth + op.rounds * latency for op in ar)
+        rows.append(
+            dict(
+                model=cfg.name, chip=chip.name, chips=n, topology=shape.topology if shape else "",
+                hosts=shape.hosts if shape else float("nan"), placement=p.placement, step_s=p.step_s,
+                allreduce_s=allreduce_s, share=allreduce_s / p.step_s, all_reduces=len(ar),
+                fraction_of_sol=p.fraction_of_sol, fits_in_hbm=p.fits_in_hbm,
+            )
+        )  # fmt: skip
+    return pd.DataFrame(rows).assign(kind=MODELLED)

@@ -446,7 +446,8 @@ def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = 
 
 def family_table(models, context: int = 1024, dtype: str = "bf16") -> pd.DataFrame:
     """Per model (any mk.config takes): its family, layers, experts, parameters (all and read per token), the bytes
-    one decode step reads for one user at ``context`` (mk.sol) and whether mk runs it or plans and times it only."""
+    one decode step reads for one user at ``context`` (mk.sol) and whether mk runs it (both engines, or the reference
+    only) or plans and times it only."""
     from ..params import count_active_params, count_params
     from ..sol import bytes_per_token
 
@@ -459,7 +460,7 @@ def family_table(models, context: int = 1024, dtype: str = "bf16") -> pd.DataFra
                 experts=f"{d.num_experts} (top {d.top_k})" if d.is_moe else "dense",
                 params_B=count_params(d) / 1e9, active_B=count_active_params(d) / 1e9,
                 step_GB=bytes_per_token(d, context, 1, dtype).total / 1e9,
-                mk="runs" if d.runnable else "plans and times",
+                mk=("runs" if not d.kernel_lacks else "reference runs") if d.runnable else "plans and times",
             )
         )  # fmt: skip
     return pd.DataFrame(rows).assign(kind=f"modelled (mk.sol, {dtype}, context {context}); counts: mk.params")

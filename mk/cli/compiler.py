@@ -93,12 +93,22 @@ def add_compile(sub) -> None:
 
 
 def _run_compile(a) -> None:
+    from ..chips import get_chip
+    from ..config import get_config
     from ..megakernel.aot import aot_target
     from ..megakernel.on_slice import compile_on_slice, text
-    from ..timing import named_plan
+    from ..plan import build_plan
+    from ..timing.work import plan_itemsizes, plan_quantize
 
     chip, _ = aot_target(a.chip)
-    plan = named_plan(a.model, chip, a.context, a.batch, setup_of(a), a.dtype)
+    wi, ki = plan_itemsizes(a.dtype)
+    # the kernel as it runs: the setup's all-to-all over every chip of the slice (not the torus and host placement
+    # the timing model gives a slice past one host, mk.sharding.pods, which the kernel does not run)
+    setup = setup_of(a).on(get_chip(chip).chips)
+    plan = build_plan(
+        get_config(a.model), a.batch, a.context, weight_itemsize=wi, kv_itemsize=ki, setup=setup,
+        quantize=plan_quantize(a.dtype),
+    )  # fmt: skip
     try:
         s = compile_on_slice(plan, a.chip, vmem=not a.no_vmem)
     except RuntimeError as e:  # no libtpu, or libtpu refusing the step (its first line says why)

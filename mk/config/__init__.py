@@ -3,12 +3,13 @@ the presets (mk.config.presets), a Hugging Face ``config.json`` read by one adap
 back for the families mk runs (mk.config.hf), and what ``--model`` takes resolved into a config (mk.config.resolve).
 
 The reference, the step plan and the kernel, mk.sol's bytes and the parameter counts all read this one description;
-what the reference and the kernel do not run, they refuse by name (ModelConfig.check_runnable)."""
+what the reference or the kernel does not run, it refuses by name (ModelConfig.check_runnable)."""
 
 from .hf import from_hf_dict, to_hf_dict
 from .model import (
     ACTIVATIONS,
     CONFIG_FAMILIES,
+    ENGINES,
     FFN_LAYOUTS,
     FULL,
     GATED_IN,
@@ -24,6 +25,7 @@ from .model import (
     LayerType,
     ModelConfig,
     RopeScaling,
+    YarnScaling,
 )
 from .presets import (
     CPU_MOE,
@@ -41,6 +43,7 @@ __all__ = [
     "ACTIVATIONS",
     "CONFIG_FAMILIES",
     "CPU_MOE",
+    "ENGINES",
     "FFN_LAYOUTS",
     "FULL",
     "GATED_IN",
@@ -63,6 +66,7 @@ __all__ = [
     "LayerType",
     "ModelConfig",
     "RopeScaling",
+    "YarnScaling",
     "from_hf_dict",
     "get_config",
     "is_hub_id",

@@ -4,7 +4,8 @@ config's fields (one that may change the architecture and that the adapter does 
 
 Every adapter describes the model as transformers builds it, so mk.params' tensors count what transformers holds
 (tests/test_config.py, on the meta device). What an adapter reads but the reference and the kernel do not run is
-described and planned, and refused by the engines by name (ModelConfig.variants_not_run).
+described and planned, and refused by the engines by name (ModelConfig.variants_not_run; what the reference runs and
+the megakernel not yet: ModelConfig.kernel_lacks).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .model import (
     LatentAttention,
     ModelConfig,
     RopeScaling,
+    YarnScaling,
     period_pattern,
 )
 
@@ -119,7 +121,7 @@ ARCH_FIELDS = {
         "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
     },
     "mixtral": {"num_local_experts", "num_experts_per_tok"},
-    "gpt_oss": {"attention_bias", "num_local_experts", "num_experts_per_tok", "experts_per_token"},
+    "gpt_oss": {"attention_bias", "num_local_experts", "num_experts_per_tok", "experts_per_token", "swiglu_alpha"},
     "deepseek_v3": _DEEPSEEK_FIELDS,
     "kimi_k2": _DEEPSEEK_FIELDS,  # Kimi K2: DeepSeek-V3's architecture (DeepseekV3ForCausalLM) under its own name
     "gemma2": set(),
@@ -197,6 +199,32 @@ def _rope(d: dict) -> tuple[float, RopeScaling | None, str]:
     return theta, RopeScaling(*(float(rope[k]) for k in keys[:3]), int(rope[keys[3]])), ""
 
 
+def yarn_scaling(rope: dict, max_position_embeddings: int | None = None) -> YarnScaling:
+    """A ``rope_type: yarn`` RoPE's parameters (``rope_parameters`` or ``rope_scaling``) as transformers'
+    ``_compute_yarn_parameters`` reads them: ``factor`` (else ``max_position_embeddings`` over the original),
+    ``beta_fast`` / ``beta_slow`` (32 / 1 when absent or 0), ``truncate`` (default true), and ``attention_factor``,
+    ``mscale``, ``mscale_all_dim`` for the cos/sin scale (mk.config.model.YarnScaling)."""
+    if not rope.get("original_max_position_embeddings"):
+        raise ValueError(f"yarn RoPE scaling is missing original_max_position_embeddings: {rope}")
+    old = int(rope["original_max_position_embeddings"])
+    factor = rope.get("factor")
+    if factor is None:
+        if not max_position_embeddings:
+            raise ValueError(f"yarn RoPE scaling without a factor needs max_position_embeddings: {rope}")
+        factor = max_position_embeddings / old
+    af = rope.get("attention_factor")
+    return YarnScaling(
+        factor=float(factor),
+        original_max_position_embeddings=old,
+        beta_fast=float(rope.get("beta_fast") or 32),
+        beta_slow=float(rope.get("beta_slow") or 1),
+        truncate=bool(rope.get("truncate", True)),
+        attention_factor=None if af is None else float(af),
+        mscale=float(rope.get("mscale") or 0.0),
+        mscale_all_dim=float(rope.get("mscale_all_dim") or 0.0),
+    )
+
+
 def _same_heads(d: dict) -> dict:
     """The head counts and dims of a family whose sliding and full layers share them (gpt-oss, Gemma 2 and 3)."""
     nh = d["num_attention_heads"]
@@ -243,13 +271,19 @@ def _gemma2_3_from_hf(d: dict, name: str) -> ModelConfig:
 
 def _gpt_oss_from_hf(d: dict, name: str) -> ModelConfig:
     """gpt-oss: alternating sliding and full layers (the first sliding), attention sinks and biases, biased experts
-    without a shared one, a clamped SwiGLU and YaRN RoPE (planned and timed, not run)."""
+    without a shared one, a clamped SwiGLU and YaRN RoPE (the reference runs it, the megakernel not yet). A RoPE
+    without scaling (``default``) runs too; another scaling is described and refused by name."""
     _require(d, "gpt_oss", ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "sliding_window",
                             "intermediate_size", "num_local_experts"))  # fmt: skip
     n = d["num_hidden_layers"]
     types = d.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
     rope = _rope_parameters(d)
     theta = float(rope.get("rope_theta", d.get("rope_theta", 150_000.0)))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if not rope:  # transformers' default: the published YaRN scaling
+        rope, kind = dict(factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                          original_max_position_embeddings=4096), "yarn"  # fmt: skip
+    scaling = yarn_scaling(rope, d.get("max_position_embeddings")) if kind == "yarn" else None
     return ModelConfig(
         name=name,
         vocab_size=d["vocab_size"],
@@ -271,7 +305,10 @@ def _gpt_oss_from_hf(d: dict, name: str) -> ModelConfig:
         attention_bias=bool(d.get("attention_bias", True)),
         sinks=True,
         expert_bias=True,
-        rope_scaling_kind=_scaling_kind(rope),
+        swiglu_alpha=float(d.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(d.get("swiglu_limit", 7.0)),
+        rope_scaling=scaling,
+        rope_scaling_kind="" if kind in ("default", "yarn") else kind,
     )
 
 
@@ -347,7 +384,8 @@ def _gemma4_from_hf(d: dict, name: str) -> ModelConfig:
 def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
     """DeepSeek-V3 and Kimi K2 (model_type kimi_k2, DeepSeek-V3's architecture): MLA in every layer, the first
     ``first_k_dense_replace`` layers dense, then routed experts picked by biased sigmoid scores in groups beside shared
-    ones (planned and timed, not run)."""
+    ones. The reference runs it (without a RoPE scaling); the megakernel plans and times it. Missing fields take
+    transformers' DeepseekV3Config defaults."""
     family = d["model_type"]
     need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
             "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "kv_lora_rank", "qk_rope_head_dim",
@@ -355,12 +393,22 @@ def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
     _require(d, family, need)
     if d.get("moe_layer_freq", 1) != 1:
         raise ValueError(f"{name}: moe_layer_freq {d['moe_layer_freq']} (MoE every few layers) is not modelled")
+    for key, want in (("hidden_act", "silu"), ("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
+        if d.get(key, want) != want:
+            raise ValueError(f"{name}: this {family} config's {key} {d[key]!r} is not modelled (mk: {want})")
+    if d.get("attention_bias"):
+        raise ValueError(f"{name}: attention_bias (biased MLA projections) is not modelled for {family}")
     mla = LatentAttention(
-        d.get("q_lora_rank") or 0, d["kv_lora_rank"], d["qk_rope_head_dim"], d["qk_nope_head_dim"], d["v_head_dim"]
+        d.get("q_lora_rank", 1536) or 0,
+        d["kv_lora_rank"],
+        d["qk_rope_head_dim"],
+        d["qk_nope_head_dim"],
+        d["v_head_dim"],
+        rope_interleave=bool(d.get("rope_interleave", True)),
     )
     rope = _rope_parameters(d)
     n = d["num_hidden_layers"]
-    dense = tuple(range(min(d.get("first_k_dense_replace", 0), n)))
+    dense = tuple(range(min(d.get("first_k_dense_replace", 3), n)))
     return ModelConfig(
         name=name,
         vocab_size=d["vocab_size"],
@@ -381,6 +429,10 @@ def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
         family=family,
         tied_embeddings=bool(d.get("tie_word_embeddings", False)),
         router="sigmoid_grouped",
+        norm_topk=bool(d.get("norm_topk_prob", True)),
+        router_groups=d.get("n_group") or 1,
+        router_topk_groups=d.get("topk_group") or 1,
+        routed_scaling=float(d.get("routed_scaling_factor", 2.5)),
         **PRE_NORM_WIRING,  # (RoPE's share of the query/key head: latent_attention.qk_rope_head_dim)
         latent_attention=mla,
         router_bias=True,
@@ -388,6 +440,41 @@ def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
         dense_intermediate=d["intermediate_size"] if dense else 0,
         rope_scaling_kind=_scaling_kind(rope),
     )
+
+
+def _deepseek_to_hf(cfg: ModelConfig) -> dict:
+    """What DeepseekV3ForCausalLM's save_pretrained writes for a DeepSeek-V3 (or Kimi K2) config the reference runs."""
+    mla = cfg.latent_attention
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": cfg.family,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.dense_intermediate or cfg.expert_intermediate,
+        "moe_intermediate_size": cfg.expert_intermediate,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_heads,
+        "n_shared_experts": cfg.mlp_intermediate // cfg.expert_intermediate,
+        "n_routed_experts": cfg.num_experts,
+        "num_experts_per_tok": cfg.top_k,
+        "routed_scaling_factor": cfg.routed_scaling,
+        "n_group": cfg.router_groups,
+        "topk_group": cfg.router_topk_groups,
+        "norm_topk_prob": cfg.norm_topk,
+        "first_k_dense_replace": len(cfg.dense_layers),
+        "q_lora_rank": mla.q_lora_rank or None,
+        "kv_lora_rank": mla.kv_lora_rank,
+        "qk_rope_head_dim": mla.qk_rope_head_dim,
+        "qk_nope_head_dim": mla.qk_nope_head_dim,
+        "v_head_dim": mla.v_head_dim,
+        "rope_interleave": mla.rope_interleave,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_eps,
+        "tie_word_embeddings": cfg.tied_embeddings,
+        "attention_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.full_rope_theta},
+    }
 
 
 def _pre_norm_layer_types(d: dict, family: str, n: int) -> tuple[tuple[str, ...], int]:
@@ -512,10 +599,44 @@ def _pre_norm_to_hf(cfg: ModelConfig) -> dict:
     return d
 
 
+def _gpt_oss_to_hf(cfg: ModelConfig) -> dict:
+    inv = {v: k for k, v in _HF_LAYER_TYPE.items()}
+    rope = {"rope_type": "default", "rope_theta": cfg.full_rope_theta}
+    if cfg.rope_scaling is not None:
+        y = dataclasses.asdict(cfg.rope_scaling)  # unset: no attention_factor, no mscale (transformers' defaults)
+        unset = [k for k in ("attention_factor", "mscale", "mscale_all_dim") if not y[k]]
+        rope.update(rope_type="yarn", **{k: v for k, v in y.items() if k not in unset})
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.expert_intermediate,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.full_kv_heads,
+        "head_dim": cfg.full_head_dim,
+        "num_local_experts": cfg.num_experts,
+        "num_experts_per_tok": cfg.top_k,
+        "sliding_window": cfg.sliding_window,
+        "layer_types": [inv[t] for t in cfg.layer_types],
+        "attention_bias": cfg.attention_bias,
+        "rms_norm_eps": cfg.rms_eps,
+        "swiglu_alpha": cfg.swiglu_alpha,
+        "swiglu_limit": cfg.swiglu_limit,
+        "tie_word_embeddings": cfg.tied_embeddings,
+        "rope_parameters": rope,
+    }
+
+
 def to_hf_dict(cfg: ModelConfig) -> dict:
     """The Hugging Face text config for ``cfg``, a model mk runs (what ``save_pretrained`` of its transformers class
     writes)."""
     cfg.check_runnable()
+    if cfg.family == "gpt_oss":
+        return _gpt_oss_to_hf(cfg)
+    if cfg.latent_attention is not None:
+        return _deepseek_to_hf(cfg)
     if cfg.family != GEMMA4:
         return _pre_norm_to_hf(cfg)
     inv = {v: k for k, v in _HF_LAYER_TYPE.items()}

@@ -3,10 +3,13 @@
 One config type describes every decoder mk reads: Gemma 4 text (26B-A4B / 31B: sliding and full layers, q/k/v
 norms, sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), the Llama 3 / Qwen3 /
 Qwen3-MoE / Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling,
-softmax top-k routing without a shared expert), which mk runs; and what it plans and times only (``runnable``
-says which): gpt-oss, DeepSeek-V3's MLA (Kimi K2), Gemma 2 and 3, and the pre-norm families' variants (biased
-projections and MLP, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's window). The
-fields that set a family apart (``family``, ``activation``, ``qk_norm`` ...) default to Gemma 4's.
+softmax top-k routing without a shared expert), which mk runs (reference and megakernel); gpt-oss (attention sinks,
+biased projections and experts, a clamped SwiGLU, YaRN RoPE) and DeepSeek-V3 / Kimi K2 (MLA, grouped sigmoid routing
+with its correction bias, dense first layers), which the reference runs and the megakernel not yet
+(``check_runnable(engine)`` says which engine runs what, ``kernel_lacks`` what the kernel lacks); and what it plans
+and times only (``runnable`` says which): DeepSeek-V3's YaRN RoPE, Gemma 2 and 3, and the pre-norm families'
+variants (biased projections and MLP, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's
+window). The fields that set a family apart (``family``, ``activation``, ``qk_norm`` ...) default to Gemma 4's.
 
 Field names describe the model, not the checkpoint (mk.config.hf maps Hugging Face names onto them). Every derived
 quantity (heads per layer type, layer indices) is a property, so a config is just the numbers the architecture
@@ -16,6 +19,7 @@ needs.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -51,6 +55,40 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class YarnScaling:
+    """YaRN RoPE scaling (``rope_type: yarn``; gpt-oss, DeepSeek-V3, Kimi K2), the fields transformers'
+    ``_compute_yarn_parameters`` reads: the frequency pairs that turn fewer than ``beta_slow`` times over
+    ``original_max_position_embeddings`` are slowed by ``factor``, those that turn more than ``beta_fast`` times kept,
+    a linear ramp between (its ends rounded outwards when ``truncate``); cos and sin are multiplied by
+    :attr:`attention_scale`: ``attention_factor`` if the config gives one, else ``0.1 ln(factor) + 1`` or, with
+    ``mscale`` and ``mscale_all_dim`` both set (DeepSeek-V3), the ratio of that form for each. ``factor`` is the
+    config's, or ``max_position_embeddings / original_max_position_embeddings`` where it gives none (as transformers
+    does)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+
+    @property
+    def attention_scale(self) -> float:
+        """What cos and sin are multiplied by (transformers' ``attention_factor``)."""
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+
+        def get_mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if self.mscale and self.mscale_all_dim:
+            return float(get_mscale(self.factor, self.mscale) / get_mscale(self.factor, self.mscale_all_dim))
+        return get_mscale(self.factor)
+
+
+@dataclass(frozen=True)
 class LatentAttention:
     """DeepSeek's multi-head latent attention (MLA): queries through a ``q_lora_rank`` bottleneck (0: none), keys and
     values through one ``kv_lora_rank`` latent a position plus a ``qk_rope_head_dim`` RoPE key shared by every head:
@@ -61,18 +99,24 @@ class LatentAttention:
     qk_rope_head_dim: int
     qk_nope_head_dim: int
     v_head_dim: int
+    rope_interleave: bool = True  # the RoPE pairs are (0, 1), (2, 3) ... (transformers' rope_interleave), else halves
 
 
 GEMMA4 = "gemma4_text"
 # The pre-norm families the reference and the kernel run besides Gemma 4 (without the variants ``runnable`` names).
 PRE_NORM_FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral")
-RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES)
-# Planned and timed, not run (Kimi K2 is DeepSeek-V3's architecture under its own model_type).
-PLANNED_FAMILIES = ("gpt_oss", "deepseek_v3", "kimi_k2", "gemma2", "gemma3_text")
+# DeepSeek-V3's architecture, under its own model_type too (Kimi K2)
+DEEPSEEK_FAMILIES = ("deepseek_v3", "kimi_k2")
+# The families the reference runs (gpt-oss and DeepSeek-V3: the reference only, ModelConfig.kernel_lacks says what the
+# kernel lacks).
+RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES, "gpt_oss", *DEEPSEEK_FAMILIES)
+# Planned and timed, not run.
+PLANNED_FAMILIES = ("gemma2", "gemma3_text")
 CONFIG_FAMILIES = (*RUNNABLE_FAMILIES, *PLANNED_FAMILIES)  # the model_types mk reads
-ACTIVATIONS = ("gelu_tanh", "silu", "swiglu_clamped")  # the last gpt-oss's: planned and timed, not run
-# Gemma 4's scaled router; softmax over all experts then the top k; gpt-oss's biased logits, top k, softmax over the k;
-# DeepSeek-V3's biased sigmoid scores picked in groups (the last two planned and timed, not run)
+ENGINES = ("reference", "megakernel")  # what ModelConfig.check_runnable asks about
+ACTIVATIONS = ("gelu_tanh", "silu", "swiglu_clamped")  # the last gpt-oss's (the reference runs it, not the kernel)
+# Gemma 4's scaled router; softmax over all experts then the top k; gpt-oss's biased logits, top k, softmax over the k
+# (the reference runs it, not the kernel); DeepSeek-V3's biased sigmoid scores picked in groups (likewise)
 ROUTERS = ("gemma4", "softmax_topk", "topk_softmax", "sigmoid_grouped")
 FFN_LAYOUTS = ("sublanes", "lanes")  # the kernel's layouts of a gated MLP (ModelConfig.ffn_layout)
 GATED_IN = ("mlp_gate", "mlp_up", "expert_gate", "expert_up")  # a gated MLP's input projections [..., H, I]
@@ -130,14 +174,22 @@ class ModelConfig:
     layer_scalar: bool = True  # each layer's output times a learned scalar (Gemma 4)
     scale_scores: bool = False  # scores / sqrt(head_dim) (Gemma 4: 1, its q/k norms set the scale)
     router: str = "gemma4"
-    norm_topk: bool = True  # softmax_topk: the k weights renormalised to sum to 1
-    rope_scaling: RopeScaling | None = None
-    # Planned and timed, not run (``variants_not_run`` names each) -------------------------------------
-    latent_attention: LatentAttention | None = None  # MLA in every layer (full_* are its query/key head dims)
-    attention_bias: bool = False  # q, k, v and o biases (gpt-oss; a Llama or Qwen3's attention_bias)
-    mlp_bias: bool = False  # gate, up and down biases of the dense MLP (a Llama's mlp_bias)
+    norm_topk: bool = True  # softmax_topk, sigmoid_grouped: the k weights renormalised to sum to 1
+    # sigmoid_grouped (DeepSeek-V3): the experts in ``router_groups`` groups, the top k picked among the
+    # ``router_topk_groups`` best groups, their weights times ``routed_scaling``
+    router_groups: int = 1
+    router_topk_groups: int = 1
+    routed_scaling: float = 1.0
+    rope_scaling: RopeScaling | YarnScaling | None = None  # Llama 3's, or YaRN (gpt-oss; the kernel runs Llama 3's)
+    # gpt-oss's: the reference runs them, the kernel not yet (``kernel_lacks`` names each) ----------------
     sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
     expert_bias: bool = False  # biases on each expert's projections and on the router (gpt-oss)
+    swiglu_alpha: float = 1.702  # the clamped SwiGLU's: (clip(up, +-limit) + 1) * g * sigmoid(alpha * g),
+    swiglu_limit: float = 7.0  # g = min(gate, limit) (transformers' GptOssExperts)
+    # Planned and timed, not run (``variants_not_run`` names each) -------------------------------------
+    latent_attention: LatentAttention | None = None  # MLA in every layer (full_* are its query/key head dims)
+    attention_bias: bool = False  # q, k, v and o biases (gpt-oss, run; a Llama or Qwen3's, planned only)
+    mlp_bias: bool = False  # gate, up and down biases of the dense MLP (a Llama's mlp_bias)
     router_bias: bool = False  # a bias on the router's scores, for picking only (DeepSeek-V3)
     # An MoE model's layers whose feed-forward is a dense MLP of dense_intermediate instead of routed experts:
     # DeepSeek-V3's first first_k_dense_replace; Qwen3-MoE's off its decoder_sparse_step or in its mlp_only_layers.
@@ -199,6 +251,13 @@ class ModelConfig:
             problems.append(f"ffn_layout {self.ffn_layout!r} is not one of {list(FFN_LAYOUTS)}")
         if self.router not in ROUTERS:
             problems.append(f"router {self.router!r} is not one of {list(ROUTERS)}")
+        if self.router == "sigmoid_grouped" and self.num_experts:
+            g, per = self.router_groups, self.num_experts // max(self.router_groups, 1)
+            if not (g > 0 and self.num_experts % g == 0 and per >= 2 and 0 < self.router_topk_groups <= g):
+                problems.append(
+                    f"sigmoid_grouped routing needs router_groups dividing num_experts={self.num_experts} into groups "
+                    f"of >= 2 and 0 < router_topk_groups <= router_groups, got {g} and {self.router_topk_groups}"
+                )
         if self.family == GEMMA4 and self.num_experts and not self.mlp_intermediate:
             problems.append("a Gemma 4 MoE model has a shared MLP beside its experts: mlp_intermediate must be > 0")
         if problems:
@@ -260,39 +319,59 @@ class ModelConfig:
 
     @property
     def variants_not_run(self) -> tuple[str, ...]:
-        """What of this model the reference and the kernel do not run (none: they run it, if its family is one of
-        RUNNABLE_FAMILIES); mk plans and times all of it."""
+        """What of this model the reference (and so the kernel) does not run (none: the reference runs it, if its
+        family is one of RUNNABLE_FAMILIES); mk plans and times all of it."""
         found = {
-            "multi-head latent attention": self.latent_attention is not None,
-            "attention biases": self.attention_bias,
+            # gpt-oss's q/k/v/o biases run; a pre-norm family's attention_bias is planned only
+            "attention biases": self.attention_bias and self.family in PRE_NORM_FAMILIES,
             "MLP biases": self.mlp_bias,
-            "attention sinks": self.sinks,
-            "expert biases": self.expert_bias,
-            "a router bias": self.router_bias,
-            "dense layers among MoE layers": bool(self.dense_layers),
+            # DeepSeek-V3's dense first layers run; Qwen3-MoE's dense layers between MoE ones are planned only
+            "dense layers among MoE layers": bool(self.dense_layers) and self.family not in DEEPSEEK_FAMILIES,
             f"{self.rope_scaling_kind} RoPE scaling": bool(self.rope_scaling_kind),
-            "a clamped SwiGLU": self.activation == "swiglu_clamped",
-            f"{self.router} routing": self.router in ("topk_softmax", "sigmoid_grouped"),
             # the pre-norm families run with full attention in every layer
             "sliding-window layers": self.family in PRE_NORM_FAMILIES and bool(self.sliding_layers),
         }
         return tuple(what for what, used in found.items() if used)
 
     @property
+    def kernel_lacks(self) -> tuple[str, ...]:
+        """What of this model the reference runs and the megakernel does not yet (gpt-oss's and DeepSeek-V3's parts)."""
+        found = {
+            "multi-head latent attention": self.latent_attention is not None,
+            "a router bias": self.router_bias,
+            "dense layers among MoE layers": bool(self.dense_layers),
+            "sigmoid_grouped routing": self.router == "sigmoid_grouped",
+            "attention sinks": self.sinks,
+            "attention biases": self.attention_bias,
+            "expert biases": self.expert_bias,
+            "a clamped SwiGLU": self.activation == "swiglu_clamped",
+            f"{self.router} routing": self.router == "topk_softmax",
+            "YaRN RoPE scaling": isinstance(self.rope_scaling, YarnScaling),
+        }
+        return tuple(what for what, used in found.items() if used)
+
+    @property
     def runnable(self) -> bool:
-        """Whether the reference and the kernel run this model (else its plan, bytes and timing are modelled only)."""
+        """Whether the reference runs this model (else its plan, bytes and timing are modelled only); the megakernel
+        runs it too when ``kernel_lacks`` is empty (:meth:`check_runnable`)."""
         return self.family in RUNNABLE_FAMILIES and not self.variants_not_run
 
-    def check_runnable(self) -> None:
-        """Refuse, by name, a family or a variant the reference and the kernel do not run."""
-        if self.runnable:
-            return
-        variants = ", ".join(self.variants_not_run)
-        raise ValueError(
-            f"{self.name} is a {self.family} model{' with ' + variants if variants else ''}: mk plans and times it "
-            f"(mk.plan, mk.timing, mk.sol) but its reference and kernel run {', '.join(RUNNABLE_FAMILIES)} only"
-            + (", without those" if variants else "")
-        )
+    def check_runnable(self, engine: str = "reference") -> None:
+        """Refuse, by name, a family or a variant that ``engine`` ("reference" or "megakernel") does not run."""
+        if engine not in ENGINES:
+            raise ValueError(f"engine {engine!r} is not one of {list(ENGINES)}")
+        if not self.runnable:
+            variants = ", ".join(self.variants_not_run)
+            raise ValueError(
+                f"{self.name} is a {self.family} model{' with ' + variants if variants else ''}: mk plans and times "
+                f"it (mk.plan, mk.timing, mk.sol) but its reference and kernel run {', '.join(RUNNABLE_FAMILIES)} "
+                "only" + (", without those" if variants else "")
+            )
+        if engine == "megakernel" and self.kernel_lacks:
+            raise ValueError(
+                f"{self.name} is a {self.family} model with {', '.join(self.kernel_lacks)}: the megakernel does not "
+                "run them yet; use the reference engine"
+            )
 
     def score_scale(self, layer_type: str) -> float:
         """What attention scores are multiplied by before the softmax."""

@@ -61,7 +61,7 @@ def aot_target(chip: str) -> tuple[str, str]:
     ``v5e:4x4``, two hosts), or a topology as libtpu names it (``v6e:4x4``: ``tpu-v6e-16``)."""
     import math
 
-    from ..chips import documented_slice, get_chip, slice_shapes
+    from ..chips import get_chip, slice_shape, slice_shapes
     from ..tpu import TOPOLOGIES
 
     if ":" in chip:
@@ -75,7 +75,7 @@ def aot_target(chip: str) -> tuple[str, str]:
         return get_chip(f"tpu-{gen}-{n}").name, chip
     if chip in TOPOLOGIES:
         return chip, TOPOLOGIES[chip]
-    shape = documented_slice(chip)
+    shape = slice_shape(get_chip(chip))
     if get_chip(chip).kind != "tpu" or shape is None or shape.chips == 1:
         shapes = [s for v in slice_shapes().values() for s in v if s.chips > 1 and s.name not in TOPOLOGIES]
         known = [*TOPOLOGIES, *(s.name for s in shapes)]

@@ -324,7 +324,7 @@ def build_call(
     (mk.megakernel.refs): the next users block (each user's greedy token and next position), the cache,
     and on request the logits [B, V] and the DMA counts. ``probe``: the step takes the activations'
     values before its first op and returns them after its last (to test a plan cut to a few ops)."""
-    plan.cfg.check_runnable()
+    plan.cfg.check_runnable("megakernel")
     split_attention = plan.setup is not None and (
         plan.setup.users_split or any(plan.position_share(t) > 1 for t in set(plan.cfg.layer_types))
     )
@@ -476,7 +476,7 @@ class MegakernelEngine:
         setup: KernelSetup = ONE_CHIP,
         mesh=None,
     ):
-        cfg.check_runnable()
+        cfg.check_runnable("megakernel")
         cfg = setup.laid_out(cfg)  # the packing and the plan read the setup's layout of the gated MLPs from cfg
         self.cfg, self.tiles, self.detect_races, self.setup = cfg, tiles, detect_races, setup
         if setup.sharded:

@@ -92,7 +92,7 @@ def compile_on_slice(plan, chip: str, vmem: bool = True) -> SliceCompile:
     for ``chip`` (mk.megakernel.aot.aot_target: a slice name or a libtpu topology); refused first, in one line, when
     a chip's HBM cannot hold it. ``vmem``: compile a second time under half the plan's VMEM for the compiler's own
     figure."""
-    from ..chips import documented_slice, get_chip
+    from ..chips import get_chip, slice_shape
     from ..tpu import libtpu_version, topology
     from .aot import aot_target, compile_plan, refused_vmem_bytes
 
@@ -112,7 +112,7 @@ def compile_on_slice(plan, chip: str, vmem: bool = True) -> SliceCompile:
         topology=topo,
         chips=c.chips,
         hosts=len({d.process_index for d in topology(topo).devices}),
-        documented_hosts=getattr(documented_slice(name), "hosts", None),
+        documented_hosts=getattr(slice_shape(get_chip(name)), "hosts", None),
         batch=plan.batch,
         context=plan.max_len,
         setup=plan.setup.name,

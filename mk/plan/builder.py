@@ -127,13 +127,17 @@ class Builder:
 
     def all_reduce(self, layer: int, acts: list[str], itemsize: int) -> None:
         """Sum ``acts`` over the chips (nothing on one chip, or with nothing to sum)."""
-        from ..sharding import sent_bytes
+        from ..sharding import one_link_all_reduce, torus_all_reduce
 
         if not self.setup.sharded or not acts:
             return
         coll, width = self.setup.collective, self.cfg.hidden_size
         # only the users' rows travel: whole rows of a packed (sublane) word, 1 in f32, 2 in bf16
         rows = min(round_up(self.batch, 4 // itemsize), round_up(self.batch, ROWS))
+        if self.setup.torus:  # past one host: dimension by dimension over the slice's torus (timed, not run)
+            ex = torus_all_reduce(len(acts) * rows, width, itemsize, self.setup.torus)
+        else:
+            ex = one_link_all_reduce(coll, len(acts) * rows, width, self.setup.chips, itemsize)
         self.op(
             AllReduce(
                 layer,
@@ -144,8 +148,9 @@ class Builder:
                 width=width,
                 itemsize=itemsize,
                 seq=sum(isinstance(o, AllReduce) for o in self.ops),
-                sent_bytes=sent_bytes(coll, len(acts) * rows, width, self.setup.chips, itemsize),
-                rounds=coll.rounds,
+                sent_bytes=ex.sent_bytes,
+                rounds=ex.rounds,
+                link_bytes=ex.link_bytes if self.setup.torus else 0,
             )
         )
 
@@ -324,8 +329,15 @@ class Builder:
         else:
             self.op(NoHead(-1, HEAD, 0))
         if self.setup.sharded:
-            C = self.setup.chips
-            self.op(GatherBest(-1, "collectives", C * ROWS * LANE, sent_bytes=(C - 1) * 2 * ROWS * LANE * 4))
+            from ..sharding import torus_all_gather
+
+            C, block = self.setup.chips, 2 * ROWS * LANE * 4  # each chip's best value and its index
+            if self.setup.torus:  # gathered dimension by dimension over the slice's torus
+                ex = torus_all_gather(block, self.setup.torus)
+                best = GatherBest(-1, "collectives", C * ROWS * LANE, ex.sent_bytes, ex.rounds, ex.link_bytes)
+            else:
+                best = GatherBest(-1, "collectives", C * ROWS * LANE, sent_bytes=(C - 1) * block)
+            self.op(best)
         self.op(EmitTokens(-1, HEAD, 0, serial_bytes=ROWS * LANE * 4))
 
     def attention(self, i: int, t: str):

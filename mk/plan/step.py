@@ -210,6 +210,8 @@ class StepPlan:
         fields_ = [getattr(self, f) for f in self.__dataclass_fields__ if f not in skip]
         # a setup's name and published key only label it
         fields_.append(self.setup and replace(self.setup, name="", published=None))
+        if self.setup is not None and self.setup.torus:  # past one host (out of the setup's repr): timed, not run
+            fields_.append((self.setup.torus, self.setup.host_chips))
         items = [
             replace(it, flops=0, kv_bytes=0, serial_bytes=0) if isinstance(it, Attend) else it for it in self.items
         ]
@@ -225,13 +227,27 @@ class StepPlan:
         return int(kv_tiles_read(position, self.kv_tile(layer_type), self.cache_len(layer_type), share))
 
     # Bytes -------------------------------------------------------------------------------------
+    @property
+    def expert_groups(self) -> int:
+        """The chips (whole experts) or groups of a host's chips (placement ``hosts``) the routed experts are spread
+        over whole (mk.sharding.expert_groups; 1: every expert on, or split over, every chip)."""
+        from ..sharding import expert_groups
+
+        return 1 if self.setup is None else expert_groups(self.whole_model, self.setup)
+
+    @property
+    def expert_share(self) -> float:
+        """The share of each fetched routed expert's bytes this chip holds: 1 whole, 1/C split over all chips, 1/h
+        split over a host's h chips."""
+        return self.cfg.expert_intermediate / self.whole_model.expert_intermediate if self.cfg.is_moe else 1.0
+
     @cached_property
     def distinct_experts(self) -> dict[int, float]:
         """Distribution of the distinct experts this chip fetches in a layer, uniform routing (exact):
-        of all E (one chip, or every expert split over the chips), or of the E/C this chip holds."""
+        of all E (one chip, or every expert split over the chips), or of the E/G its chip or group holds."""
         E, k = self.cfg.num_experts, self.cfg.top_k
         if self.cfg.is_moe and self.experts_held < E:
-            return chip_distinct_experts_distribution(E, self.chips, k, self.batch)
+            return chip_distinct_experts_distribution(E, self.expert_groups, k, self.batch)
         return distinct_experts_distribution(E, k, self.batch)
 
     def fetch_probability(self, ld: Load) -> float:
@@ -450,7 +466,7 @@ def _built_plan(
     cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, knockout, loop_layers, setup, chip, quantize
 ) -> StepPlan:
     from ..params import quantized_paths
-    from ..sharding import chip_config, experts_per_chip, heads_split, position_share, users_per_chip
+    from ..sharding import attention_chips, chip_config, experts_per_chip, position_share, users_per_chip
 
     cfg, draft_tokens = setup.laid_out(cfg), setup.draft_tokens
     if not 0 <= chip < setup.chips:
@@ -470,7 +486,7 @@ def _built_plan(
             )
     ko = check_knockout(knockout)
     local, held = chip_config(cfg, setup), experts_per_chip(cfg, setup)
-    split = heads_split(cfg, setup.chips)
+    split = attention_chips(cfg, setup) > 1
     quantized = frozenset(quantized_paths(local, quantize))
     b = Builder(
         local, rows, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, setup, held, split, quantized,

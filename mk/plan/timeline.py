@@ -25,8 +25,9 @@ def timeline(
     scheduled bundles where it has them). An op's
     ``kv_bytes`` share the DMA engine with the weights; its ``serial_bytes`` are read while compute
     waits (lane "dma (serial)": the prologue, the first KV tile of each user and layer, the router ids,
-    the write-back block, the token ids out). A cross-chip op's ``sent_bytes`` leave over one link at the
-    chip's ICI bandwidth plus ``ici_latency_s`` per round while compute waits (lane "ici"); the weight
+    the write-back block, the token ids out). A cross-chip op's ``sent_bytes`` leave over one link (its
+    ``wire_bytes``: the busiest link's share where it spreads them over a torus) at the chip's ICI bandwidth plus
+    ``ici_latency_s`` per round while compute waits (lane "ici"); the weight
     DMAs already issued go on meanwhile (an all-reduce without overlap has none issued: mk.plan.schedule).
     ``load_bytes(load)``: the bytes a weight DMA moves (default ``load.nbytes``; mk.timing scales it for
     narrower weight types). ``distinct[layer]``: experts fetched per layer (default:
@@ -108,7 +109,7 @@ def _walk(
                     row(lane, stream, f"{op.kind} {op.layer}", op, ks, dma_free)
                     s = max(s, dma_free)
             if op.sent_bytes:
-                e = s + op.rounds * ici_latency_s + op.sent_bytes / chip.ici_bandwidth
+                e = s + op.rounds * ici_latency_s + op.wire_bytes / chip.ici_bandwidth
                 row("ici", "collective", f"{op.kind} {op.layer}", op, s, e)
                 s = e
             compute_free = s + compute_s(op) + op_overhead_s

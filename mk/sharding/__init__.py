@@ -5,13 +5,25 @@ of a whole-expert placement (``straggler``).
 The package itself holds only what the step plans read (pure records and index math, no JAX at import):
 importing it imports nothing of mk above its ground layer. ``straggler`` is imported by name."""
 
-from .links import chunk_width, peers, sent_bytes
+from .links import (
+    Exchange,
+    chunk_width,
+    flat_ring_all_reduce,
+    one_link_all_reduce,
+    peers,
+    ring_hops,
+    sent_bytes,
+    torus_all_gather,
+    torus_all_reduce,
+)
 from .mesh import gspmd_sharding, make_mesh, simulate_chips
 from .placement import (
+    attention_chips,
     cache_split_axis,
     chip_cache,
     chip_config,
     chip_params,
+    expert_groups,
     experts_per_chip,
     first_kv_head,
     heads_split,
@@ -24,12 +36,16 @@ from .placement import (
 )
 
 __all__ = [
+    "Exchange",
+    "attention_chips",
     "cache_split_axis",
     "chip_cache",
     "chip_config",
     "chip_params",
     "chunk_width",
+    "expert_groups",
     "experts_per_chip",
+    "flat_ring_all_reduce",
     "first_kv_head",
     "gspmd_sharding",
     "heads_split",
@@ -37,10 +53,14 @@ __all__ = [
     "position_share",
     "kv_replication_bytes",
     "make_mesh",
+    "one_link_all_reduce",
     "peers",
+    "ring_hops",
     "sent_bytes",
     "simulate_chips",
     "split_axis",
+    "torus_all_gather",
+    "torus_all_reduce",
     "users_per_chip",
     "vocab_per_chip",
 ]

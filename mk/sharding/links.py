@@ -9,9 +9,21 @@ Two algorithms over C chips, both with direct remote DMAs (a TPU slice's ICI rou
   chip's partial and sends the sum back to all: two rounds, 2 (C - 1) / C x payload sent per chip.
 
 Every chip sums in the same (chip) order, so all chips hold bit-identical activations after it.
+
+Both charge the slice as if any chip reached any other over one link: what the kernel does on one host (8 chips),
+and what today's numbers for 8 chips hold. Past one host the timing model charges the torus instead
+(:func:`torus_all_reduce`, timed, not run): a ring reduce-scatter along each torus dimension in turn, then the
+all-gathers back, each chip using its two links of that dimension (both directions of the ring) where the
+dimension wraps around, one way along a line where it does not (data/slices.csv records which do). A dimension of n
+chips costs ``ring_hops`` rounds each way, each paying the link latency, and its busiest link carries that many
+shards in sequence (jax-ml scaling-book sharding.md: a bidirectional ring moves ``V / W_bidi`` in ``n / 2`` hops;
+without wraparound ``(n - 1) V / n`` at one link's one-way bandwidth). :func:`flat_ring_all_reduce` is the same
+over one ring through all chips, what the torus is set against.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..kernel_setup import Collective
 from ..units import LANE, ceil_div, round_up
@@ -36,3 +48,70 @@ def sent_bytes(collective: Collective, rows: int, width: int, chips: int, itemsi
     if collective.reduce_scatter:
         return 2 * (chips - 1) * rows * chunk_width(width, chips) * itemsize
     return (chips - 1) * rows * width * itemsize
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One collective as one chip sees it: ``rounds`` of remote DMAs it waits for in turn (each a hop paying the
+    link latency), the bytes it sends over all its links, and ``link_bytes``: the bytes its busiest link carries
+    one way, in sequence, so that the time on the link is ``link_bytes / bandwidth`` (one way per link) plus
+    ``rounds`` x the latency."""
+
+    rounds: int
+    sent_bytes: int
+    link_bytes: int
+
+    def seconds(self, bandwidth: float, latency_s: float) -> float:
+        return self.link_bytes / bandwidth + self.rounds * latency_s
+
+
+def ring_hops(n: int, wraparound: bool) -> int:
+    """Hops of a ring reduce-scatter (or all-gather) over ``n`` chips: n // 2 with each chip's shard going both
+    ways round a ring that wraps around, n - 1 along a line (the end chips' shards cross every link)."""
+    if n <= 1:
+        return 0
+    return n // 2 if wraparound else n - 1
+
+
+def one_link_all_reduce(collective: Collective, rows: int, width: int, chips: int, itemsize: int | None = None):
+    """Today's all-reduce (all to all, or reduce-scatter + all-gather) as an :class:`Exchange`: every byte over
+    one link, ``collective.rounds`` rounds."""
+    sent = sent_bytes(collective, rows, width, chips, itemsize)
+    return Exchange(collective.rounds if chips > 1 else 0, sent, sent)
+
+
+def torus_all_reduce(rows: int, width: int, itemsize: int, torus) -> Exchange:
+    """An all-reduce of a [rows, width] partial sum over a torus (``torus``: each dimension's (chips, wraps
+    around), mk.chips.SliceShape.torus), one dimension at a time: reduce-scatter along the first (each chip keeps
+    whole-lane chunks of width / n, :func:`chunk_width`), then along the next over those chunks, and so on; then
+    all-gather back in reverse. A dimension of n chips sends (n - 1) shards a chip each way and waits
+    :func:`ring_hops` rounds, its busiest link carrying that many shards."""
+    rounds = sent = link = 0
+    w = width
+    for n, wraps in torus:
+        if n <= 1:
+            continue
+        w = chunk_width(w, n)
+        shard, hops = rows * w * itemsize, ring_hops(n, wraps)
+        rounds, sent, link = rounds + 2 * hops, sent + 2 * (n - 1) * shard, link + 2 * hops * shard
+    return Exchange(rounds, sent, link)
+
+
+def flat_ring_all_reduce(rows: int, width: int, itemsize: int, chips: int, wraparound: bool = True) -> Exchange:
+    """The same all-reduce over one ring through all ``chips`` (both directions where the ring closes): what
+    :func:`torus_all_reduce` is set against."""
+    return torus_all_reduce(rows, width, itemsize, ((chips, wraparound),))
+
+
+def torus_all_gather(block_bytes: int, torus) -> Exchange:
+    """Every chip's ``block_bytes`` gathered to every chip over a torus, one dimension at a time (the blocks held
+    grow by each dimension's chips)."""
+    rounds = sent = link = 0
+    held = block_bytes
+    for n, wraps in torus:
+        if n <= 1:
+            continue
+        hops = ring_hops(n, wraps)
+        rounds, sent, link = rounds + hops, sent + (n - 1) * held, link + hops * held
+        held *= n
+    return Exchange(rounds, sent, link)

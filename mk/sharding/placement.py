@@ -15,6 +15,10 @@ Every chip runs the same kernel on its own slice (tensor parallel):
   chips (every chip loads 1/C of every routed expert);
 - the router, norms and scales are replicated (the routing is the same on every chip).
 
+Past one host (timed, not run) mk.sharding.pods says what changes: placement ``hosts`` (whole experts over groups of a
+host's chips, each split within its group: ``experts_per_chip``, ``expert_groups``) and, where the heads do not
+divide the chips, heads split over the most chips that take whole ones (``attention_chips``).
+
 Partial sums (after attention's output projection, after the FFN, and the embedding) are all-reduced
 inside the kernel (mk.megakernel.collective; its peers and bytes: mk.sharding.links). ``chip_config`` is the slice
 one chip computes, as a config; ``chip_params`` cuts a parameter tree to it; ``SPLIT_AXES`` says which axis of each
@@ -43,6 +47,36 @@ def heads_split(cfg: ModelConfig, chips: int) -> bool:
         if kv % chips and group % per_chip:
             return False
     return True
+
+
+def attention_chips(cfg: ModelConfig, setup: KernelSetup | None) -> int:
+    """The chips attention heads are split over: all C where ``heads_split``; past one host (a setup with a torus,
+    mk.sharding.pods) where they are not, the most chips D dividing C that take whole heads (each head's chips
+    repeated C / D times); else 1 (attention replicated)."""
+    if setup is None or not setup.sharded:
+        return 1
+    C = setup.chips
+    if heads_split(cfg, C):
+        return C
+    if setup.torus:
+        return max((d for d in range(2, C) if C % d == 0 and heads_split(cfg, d)), default=1)
+    return 1
+
+
+def expert_groups(cfg: ModelConfig, setup: KernelSetup) -> int:
+    """The groups of chips the routed experts are spread over whole: C with whole experts, C / host_chips with
+    placement ``hosts``, 1 with every expert split over all chips (or one chip)."""
+    if not cfg.is_moe or not setup.sharded or setup.placement == Placement.SPLIT:
+        return 1
+    return setup.chips if setup.placement == Placement.WHOLE else setup.chips // setup.host_chips
+
+
+def _check_runnable(setup: KernelSetup) -> None:
+    if setup.placement == Placement.HOSTS or setup.torus:
+        raise ValueError(
+            f"{setup.name}: a setup past one host (placement 'hosts', a torus) is planned and timed, not cut into "
+            "chips' parameters or run"
+        )
 
 
 def position_share(cfg: ModelConfig, layer_type: str, setup: "KernelSetup | None") -> int:
@@ -97,12 +131,13 @@ def experts_per_chip(cfg: ModelConfig, setup: KernelSetup) -> int:
     """Routed experts whose weights (or slices) one chip holds."""
     if not cfg.is_moe or setup.placement == Placement.SPLIT or not setup.sharded:
         return cfg.num_experts
-    if cfg.num_experts % setup.chips:
+    groups = expert_groups(cfg, setup)
+    if cfg.num_experts % groups:
         raise ValueError(
-            f"whole-expert placement puts E/C experts on each chip, but {cfg.name} has {cfg.num_experts} "
-            f"experts for {setup.chips} chips; use placement 'split' or a chip count that divides {cfg.num_experts}"
+            f"{setup.placement} placement puts E/G whole experts on each of G = {groups} chips or groups, but "
+            f"{cfg.name} has {cfg.num_experts} experts; use placement 'split' or a count that divides {cfg.num_experts}"
         )
-    return cfg.num_experts // setup.chips
+    return cfg.num_experts // groups
 
 
 def chip_config(cfg: ModelConfig, setup: KernelSetup) -> ModelConfig:
@@ -117,14 +152,19 @@ def chip_config(cfg: ModelConfig, setup: KernelSetup) -> ModelConfig:
         vocab_size=vocab_per_chip(cfg, C),
         mlp_intermediate=ceil_div(cfg.mlp_intermediate, C),
     )
-    if heads_split(cfg, C):
+    if cfg.dense_layers:  # an MoE model's dense layers' MLPs are split like the shared one
+        changes["dense_intermediate"] = ceil_div(cfg.dense_intermediate, C)
+    D = attention_chips(cfg, setup)
+    if D > 1:
         changes.update(
-            num_heads=cfg.num_heads // C,
-            sliding_kv_heads=kv_heads_per_chip(cfg, "sliding", C),
-            full_kv_heads=kv_heads_per_chip(cfg, "full", C),
+            num_heads=cfg.num_heads // D,
+            sliding_kv_heads=kv_heads_per_chip(cfg, "sliding", D),
+            full_kv_heads=kv_heads_per_chip(cfg, "full", D),
         )
     if cfg.is_moe and setup.placement == Placement.SPLIT:
         changes["expert_intermediate"] = ceil_div(cfg.expert_intermediate, C)
+    if cfg.is_moe and setup.placement == Placement.HOSTS:
+        changes["expert_intermediate"] = ceil_div(cfg.expert_intermediate, setup.host_chips)
     return cfg.replace(**changes)
 
 
@@ -148,6 +188,7 @@ _EXPERT_INTER_AXIS = {"expert_gate": 2, "expert_up": 2, "expert_down": 1}
 
 def _matrix_cut(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> tuple[int, int, int] | None:
     """The (axis, start, size) of matrix ``path`` of the reference tree chip ``chip`` takes (None: all of it)."""
+    _check_runnable(setup)
     C, local = setup.chips, chip_config(cfg, setup)
     name = path.rsplit(".", 1)[-1]
     if name in ("embed", "head"):
@@ -194,6 +235,7 @@ def chip_cache(cache: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -> 
     """Chip ``chip``'s KV heads of a reference cache (``layers.{i}.k|v`` [B, kv, slots, hd])."""
     if not setup.sharded or not heads_split(cfg, setup.chips):
         return cache
+    _check_runnable(setup)
     local = chip_config(cfg, setup)
     out = {}
     for path, a in cache.items():
@@ -243,6 +285,7 @@ def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
     tensors are layer-stacked (mk.plan.layout.stacked): matrices [layers, (E,) K, N]."""
     if not setup.sharded:
         return None
+    _check_runnable(setup)
     if tensor.endswith(SCALE_SUFFIX):  # an INT8 matrix's scales [layers, rows, N]: split as its N or experts
         matrix = tensor.removesuffix(SCALE_SUFFIX)
         name = matrix.split(".", 1)[1]

@@ -94,17 +94,16 @@ def pace(
     ends = {m: step_end(plan, chip, _every_layer(plan, m), **costs) for m in timed}
     cross = [op for op in plan.ops if op.sent_bytes]
     bw = chip.per_chip_bandwidth
-    split = plan.cfg.is_moe and plan.chips > 1 and plan.experts_held == plan.cfg.num_experts
     return dict(
         experts_per_layer=expect(float, dist),
-        expert_share=1 / plan.chips if split else 1.0,  # of each fetched expert's bytes this chip holds
+        expert_share=plan.expert_share,  # of each fetched expert's bytes this chip holds
         weight_bytes=weights,
         weight_payload_bytes=real,
         kv_bytes=plan.kv_bytes,
         sent_bytes=sum(op.sent_bytes for op in cross),
         hbm_floor_s=(weights + plan.kv_bytes) / bw,
         payload_floor_s=(real + plan.kv_bytes) / bw,
-        ici_s=sum(op.sent_bytes / chip.ici_bandwidth + op.rounds * costs["ici_latency_s"] for op in cross),
+        ici_s=sum(op.wire_bytes / chip.ici_bandwidth + op.rounds * costs["ici_latency_s"] for op in cross),
         step_s=expect(ends.__getitem__),
     )
 

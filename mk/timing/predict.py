@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..assistant_config import check_pair, source_layers
 from ..chips import Chip, get_chip
 from ..config import SLIDING, ModelConfig, get_config
-from ..kernel_setup import WORKBOOK_KERNEL, AttentionSplit, KernelSetup
+from ..kernel_setup import WORKBOOK_KERNEL, AttentionSplit, KernelSetup, Placement
 from ..sol import get_dtype, speed_of_light
 from ..units import ms_entry, positive_int
 from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant, fitted_costs
@@ -49,6 +49,13 @@ class Prediction:
     # assumed costs (none where the engine is the general stack)
     op_costs: str = ""
     op_cost_words: str = ""  # the same in words, with the schedule's libtpu and code or the assumed values
+
+    @property
+    def fit_note(self) -> str:
+        """Whether the weights and the users' caches fit the slice's HBM in the prediction's data type, in words."""
+        if self.fits_in_hbm:
+            return f"the weights and caches fit {self.chip}'s HBM in {self.dtype}"
+        return f"the weights and caches do not fit {self.chip}'s HBM in {self.dtype}; the time assumes they did"
 
     @property
     def round_s(self) -> float:
@@ -91,6 +98,7 @@ class Prediction:
             op_costs=self.op_costs,
             op_cost_words=self.op_cost_words,
             fits_in_hbm=self.fits_in_hbm,
+            fit_note=self.fit_note,
             models=self.models,
             components_ms={k: v * 1e3 for k, v in self.components.items()},
             constants=dict(self.constants),
@@ -171,8 +179,15 @@ def predict(
     fitted = fitted_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)  # GPUs' per op, not given
     paced = pace(plan, chip, dtype, revision=revision, **({} if scheduled else costs))
     cost_words = scheduled["source"] if scheduled else assumed_label(costs, fitted)
+    setup = plan.setup or setup  # past one host: mk.sharding.pods.pod_setup's (the torus, whole experts over hosts)
     if chip.chips > 1:
-        who = "the busiest chip (whole experts)" if plan.experts_held < cfg.num_experts else "every chip"
+        who = "every chip"
+        if plan.experts_held < cfg.num_experts:
+            who = (
+                f"the busiest of {plan.expert_groups} hosts (whole experts over them, split within each)"
+                if setup.placement == Placement.HOSTS
+                else "the busiest chip (whole experts)"
+            )
         models = f"megakernel on {chip.chips} chips, {setup.name}, paced by {who}"
     else:
         models = "megakernel on one chip"

@@ -86,19 +86,35 @@ def link_latency(chip: Chip) -> float:
 @lru_cache(maxsize=32)  # the sweeps and the pacing chip's variants time the same plan many ways
 def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> StepPlan:
     """The plan the model times for ``setup`` (mk.kernel_setup.KernelSetup) over ``chip``'s chips: chip 0's, in the
-    plan's data type for ``dtype`` (mk.plan.build_plan)."""
+    plan's data type for ``dtype`` (mk.plan.build_plan); past one host, the setup mk.sharding.pods.pod_setup gives
+    (the slice's torus; whole experts over hosts, split within each)."""
+    from ..sharding.pods import pod_setup
+
     wi, ki = plan_itemsizes(dtype)
+    setup = pod_setup(setup, chip, cfg)
     return build_plan(
         cfg,
         batch,
-        context,
+        cache_positions(cfg, context, setup),
         context,
         weight_itemsize=wi,
         kv_itemsize=ki,
         knockout=knockout,
-        setup=setup.on(chip.chips),
+        setup=setup,
         quantize=plan_quantize(dtype),
     )
+
+
+def cache_positions(cfg, context: int, setup) -> int:
+    """The cache a step of ``context`` positions is timed with: ``context``, rounded up where the positions of a KV
+    head are split over g chips (mk.sharding.placement.position_share) to g whole blocks, as a deployment would
+    allocate it (128 chips sharing DeepSeek-V3's one latent head at 1K: 2,048 slots, 16 a chip); the step still
+    reads ``context`` positions."""
+    from ..plan.layout import BLOCK
+    from ..sharding.placement import position_share
+
+    multiple = max(position_share(cfg, t, setup) for t in set(cfg.layer_types)) * BLOCK
+    return context if multiple == BLOCK else -(-context // multiple) * multiple
 
 
 def check_speculation(speculate: int, acceptance: float | None) -> float:
@@ -130,7 +146,7 @@ def pace_distribution(plan: StepPlan) -> dict[int, float]:
     uniform routing): the busiest chip's under whole placement, every chip's otherwise."""
     cfg = plan.cfg
     if cfg.is_moe and plan.experts_held < cfg.num_experts:
-        return busiest_chip_distribution(cfg.num_experts, plan.chips, cfg.top_k, plan.batch)
+        return busiest_chip_distribution(cfg.num_experts, plan.expert_groups, cfg.top_k, plan.batch)
     return plan.distinct_experts
 
 

@@ -1,0 +1,92 @@
+"""Slices past one host (timed, not run): the torus all-reduce, placement 'hosts', the fit, the all-reduce's share."""
+
+import pytest
+
+from mk.chips import get_chip, slice_shape
+from mk.kernel_setup import WORKBOOK_KERNEL, Collective, Placement
+from mk.sharding import flat_ring_all_reduce, one_link_all_reduce, ring_hops, torus_all_gather, torus_all_reduce
+from mk.sharding.pods import pod_setup
+from mk.sol import auto_chip
+from mk.timing import named_plan, predict, step_plan
+
+
+def test_wraparound_is_read_from_the_slice_rows_as_documented():
+    assert slice_shape(get_chip("tpu-v5e-256")).torus == ((16, True), (16, True))
+    assert slice_shape(get_chip("tpu-v5e-128")).torus == ((8, False), (16, True))  # the longer axis wraps
+    assert slice_shape(get_chip("tpu-v5e-16")).torus == ((4, False), (4, False))
+    assert slice_shape(get_chip("tpu-v5p-64")).torus == ((4, True),) * 3  # a full cube
+    assert slice_shape(get_chip("tpu-v5p-32")).torus == ((2, False), (4, False), (4, False))
+    assert (
+        slice_shape(get_chip("tpu-v5e-8")).chips_per_host == 8
+        and slice_shape(get_chip("tpu-v5p-64")).chips_per_host == 4
+    )
+    assert slice_shape(get_chip("tpu-v7x-8")) is None and get_chip("tpu-v7x-8").chips == 8
+
+
+def test_torus_all_reduce_goes_dimension_by_dimension():
+    assert (ring_hops(16, True), ring_hops(4, False), ring_hops(1, True)) == (8, 3, 0)
+    # 2 bf16 rows of 7168 lanes over 16x16: 3584 lanes -> 448 -> 512 lanes (whole tiles), then 32 -> 128
+    ex = torus_all_reduce(2, 7168, 2, ((16, True), (16, True)))
+    x, y = 2 * 512 * 2, 2 * 128 * 2
+    assert ex.rounds == 2 * (8 + 8)
+    assert ex.sent_bytes == 2 * 15 * x + 2 * 15 * y and ex.link_bytes == 2 * 8 * x + 2 * 8 * y
+    # without wraparound a line's end shards cross every link: n - 1 hops, (n - 1) shards on the busiest link
+    line = torus_all_reduce(1, 1024, 4, ((4, False),))
+    assert line.rounds == 6 and line.link_bytes == 2 * 3 * 256 * 4
+    # the flat ring over all 256 chips waits 8x the torus's rounds
+    assert flat_ring_all_reduce(2, 7168, 2, 256).rounds == 256
+    assert torus_all_gather(8192, ((16, True), (16, True))).link_bytes == 8 * 8192 + 8 * 16 * 8192
+    # one host's model is the one-link one, unchanged
+    coll = Collective(bf16_payload=True, reduce_scatter=True)
+    assert one_link_all_reduce(coll, 2, 7168, 8, 2).rounds == 2
+
+
+def test_one_host_keeps_its_setup_and_a_pod_gets_the_torus_and_whole_experts_over_hosts():
+    from mk.config import get_config
+
+    kimi = get_config("kimi-k2")
+    assert pod_setup(WORKBOOK_KERNEL, get_chip("tpu-v5e-8"), kimi) == WORKBOOK_KERNEL.on(8)
+    s = pod_setup(WORKBOOK_KERNEL, get_chip("tpu-v5e-256"), kimi)
+    assert s.placement == Placement.HOSTS and s.host_chips == 8 and s.torus == ((16, True), (16, True))
+    plan = named_plan("kimi-k2", "tpu-v5e-256", 1024, 1, WORKBOOK_KERNEL)
+    assert plan.expert_groups == 32 and plan.experts_held == 12 and plan.cfg.expert_intermediate == 256
+    assert plan.cfg.num_heads == 1  # 64 heads over 64 of the 256 chips, each repeated 4 times
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_kimi_k2_on_a_v5e_pod_pays_more_for_its_all_reduce_than_on_one_host(batch):
+    one, pod = (predict("kimi-k2", c, 1024, batch) for c in ("tpu-v5e-8", "tpu-v5e-256"))
+    assert pod.breakdown["ici_s"] > 2 * one.breakdown["ici_s"]
+    # the straggler: the busiest of 32 hosts fetches more than the mean of its share of the k x B routed experts
+    plan = step_plan(*_args("tpu-v5e-256", batch))
+    mean = sum(n * p for n, p in plan.distinct_experts.items())
+    assert pod.breakdown["experts_per_layer"] > mean
+    assert pod.breakdown["expert_share"] == 1 / 8 and 0 < pod.fraction_of_sol < 1
+    assert "busiest of 32 hosts" in pod.models
+
+
+def _args(chip, batch):
+    from mk.config import get_config
+
+    return get_config("kimi-k2"), get_chip(chip), 1024, batch, "bf16", WORKBOOK_KERNEL
+
+
+def test_the_fit_is_said_plainly():
+    one, pod = predict("kimi-k2", "tpu-v5e-8", 1024), predict("kimi-k2", "tpu-v5e-256", 1024)
+    assert not one.fits_in_hbm and "do not fit" in one.to_dict()["fit_note"]
+    assert pod.fits_in_hbm and pod.to_dict()["fits_in_hbm"]
+    assert predict("kimi-k2", "tpu-v7x-8", 1024, dtype="fp8-block").fits_in_hbm
+    assert auto_chip("kimi-k2", "tpu-v5e", "bf16").name == "tpu-v5e-256"
+    assert auto_chip("kimi-k2", "tpu-v7x", "fp8-block").name == "tpu-v7x-8"  # no slice rows: powers of two
+    with pytest.raises(ValueError, match="fits no documented tpu-v5e slice"):
+        auto_chip("kimi-k2", "tpu-v5e", "f32")
+
+
+def test_the_all_reduce_share_grows_with_the_slice():
+    from mk.analysis.allreduce import allreduce_share, torus_against_ring
+
+    t = allreduce_share("kimi-k2", chips=(8, 64, 256))
+    assert list(t.topology) == ["2x4", "8x8", "16x16"] and list(t.placement) == ["split", "hosts", "hosts"]
+    assert t.allreduce_s.is_monotonic_increasing and t.share.is_monotonic_increasing
+    r = torus_against_ring("tpu-v5e-256", [28672]).set_index("algorithm").seconds
+    assert r.iloc[0] < r.iloc[1]  # the torus beats one ring through all 256 chips
