@@ -108,7 +108,12 @@ def add_predict(sub) -> None:
         "predict", help="modelled decode step: time, tokens/s and fraction of the speed of light (mk.timing)"
     )
     p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP + PLANNED_HELP)
-    p.add_argument("--chip", required=True, help="a chip (h100) or a slice (tpu-v5e-8)")
+    p.add_argument(
+        "--chip",
+        required=True,
+        help="a chip (h100) or a slice (tpu-v5e-8); auto: the smallest documented tpu-v5e slice that holds the model "
+        "in --dtype, auto:CHIP the smallest of CHIP's (auto:tpu-v5p)",
+    )
     p.add_argument("--context", type=positive, required=True, help="positions in the KV cache")
     p.add_argument("--batch", type=positive, default=1, help="users decoded together (default 1)")
     p.add_argument("--engine", default="megakernel", choices=ENGINES, help="one kernel per step, or a general stack")
@@ -139,16 +144,33 @@ def add_predict(sub) -> None:
     p.set_defaults(run=_run_predict)
 
 
+AUTO_BASE = "tpu-v5e"  # --chip auto: the write-up's megakernel ran on v5e
+
+
+def _picked_words(chip: str) -> str:
+    from ..chips import get_chip, slice_shapes
+
+    if get_chip(chip).base in slice_shapes():
+        return "the smallest documented slice that does"
+    return "the fewest chips, a power of two, that do; no slice shapes of this chip are documented in data/slices.csv"
+
+
 def _run_predict(a) -> None:
     from ..assistant_config import read_assistant_config
+    from ..sol import auto_chip
     from ..timing import predict
 
     assistant = read_assistant_config(a.assistant) if a.assistant else None
+    chip, picked = a.chip, a.chip == "auto" or a.chip.startswith("auto:")
+    if picked:
+        base = a.chip.partition(":")[2] or AUTO_BASE
+        chip = auto_chip(a.model, base, a.dtype, a.context, a.batch).name
     p = predict(
-        a.model, a.chip, a.context, a.batch, a.engine, a.dtype, setup=setup_of(a, a.speculate), acceptance=a.acceptance,
+        a.model, chip, a.context, a.batch, a.engine, a.dtype, setup=setup_of(a, a.speculate), acceptance=a.acceptance,
         assistant=assistant,
     )  # fmt: skip
-    d = p.to_dict()
+    links_s = (p.breakdown or {}).get("ici_s")  # the megakernel's time on the links between chips
+    d = dict(p.to_dict(), chip_picked=picked, links_ms=None if links_s is None else links_s * 1e3)
     lines = [
         f"{p.model} on {p.chip}, context {p.context}, batch {p.batch}, {p.dtype}, {p.engine} (modelled: {p.models})",
         f"  setup           {p.setup}",
@@ -158,8 +180,8 @@ def _run_predict(a) -> None:
         f"  tokens/s total  {d['tokens_per_s_total']:10.1f}",
         f"  speed of light  {d['sol_tokens_per_s']:10.1f} tokens/s/user ({d['fraction_of_sol']:.1%} of it)",
         f"  kernels/step    {d['kernels_per_step']:10.0f}",
+        *([f"  on the links    {links_s * 1e3:10.4f} ms (all-reduces and gathers between chips)"] if links_s else []),
+        f"  note: {p.fit_note}" + (f" (--chip {a.chip}: {_picked_words(chip)})" if picked else ""),
     ]
-    if not p.fits_in_hbm:
-        lines.append(f"  note: the weights and caches do not fit {p.chip}'s HBM; the time assumes they did")
     lines += [f"  constant {k}: {v}" for k, v in p.constants.items()]
     show(d, a.json, "\n".join(lines))
