@@ -163,3 +163,25 @@ def test_config_and_checkpoint_round_trip_and_load_in_transformers(hf_checkpoint
     kimi, loaded = load_checkpoint(tmp_path)
     assert kimi.family == "kimi_k2" and kimi.replace(family=cfg.family, name=cfg.name) == cfg
     assert all(np.array_equal(loaded[k], params[k]) for k in params)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2"])
+def test_the_published_configs_yarn_matches_transformers(name):
+    """The published DeepSeek-V3 and Kimi K2 configs (64 RoPE dims, factor 40 / 32, their betas): mk.latent's
+    inverse frequencies and cos/sin factor are transformers' ``_compute_yarn_parameters``'s for DeepseekV3Config, the
+    softmax scale DeepseekV3Attention's (``yarn_apply_mscale``)."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
+
+    from mk.config import get_config
+    from mk.paths import CONFIGS_DIR
+
+    d = json.loads((CONFIGS_DIR / name / "config.json").read_text())
+    hf = AutoConfig.for_model("deepseek_v3", **{k: v for k, v in d.items() if k not in ("model_type", "auto_map")})
+    want_f, want_scale = ROPE_INIT_FUNCTIONS["yarn"](hf)
+    cfg = get_config(name)
+    np.testing.assert_allclose(latent.inv_freq(cfg), want_f.numpy(), rtol=1e-6, atol=0)
+    assert cfg.rope_scaling.attention_scale == pytest.approx(want_scale, rel=1e-12)
+    want_softmax = yarn_apply_mscale(hf.rope_parameters, hf.qk_head_dim**-0.5)
+    assert cfg.score_scale("full") == pytest.approx(want_softmax, rel=1e-12) and want_softmax > 1.5 * 192**-0.5
