@@ -1,14 +1,14 @@
 """The model description: ModelConfig (frozen), the small records it holds, and the names of what it can say.
 
-One config type describes every decoder mk reads: Gemma 4 text (26B-A4B / 31B: sliding and full layers, q/k/v
-norms, sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), the Llama 3 / Qwen3 /
-Qwen3-MoE / Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling,
-softmax top-k routing without a shared expert), which mk runs (reference and megakernel); gpt-oss (attention sinks,
-biased projections and experts, a clamped SwiGLU, YaRN RoPE) and DeepSeek-V3 / Kimi K2 (MLA, grouped sigmoid routing
-with its correction bias, dense first layers), which the reference runs and the megakernel not yet
+One config type describes every decoder mk reads: Gemma 4 text (26B-A4B / 31B: sliding and full layers, q/k/v norms,
+sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), the Llama 3 / Qwen3 / Qwen3-MoE /
+Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling, softmax top-k routing
+without a shared expert), which mk runs (reference and megakernel); gpt-oss (attention sinks, biased projections and
+experts, a clamped SwiGLU, YaRN RoPE) and DeepSeek-V3 / Kimi K2 (MLA, grouped sigmoid routing with its correction
+bias, dense first layers, YaRN RoPE with its softmax mscale), which the reference runs and the megakernel not yet
 (``check_runnable(engine)`` says which engine runs what, ``kernel_lacks`` what the kernel lacks); and what it plans
-and times only (``runnable`` says which): DeepSeek-V3's YaRN RoPE, Gemma 2 and 3, and the pre-norm families'
-variants (biased projections and MLP, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's
+and times only (``runnable`` says which): Gemma 2 and 3, and the pre-norm families' variants (biased projections and
+MLP, a RoPE scaling other than Llama 3's, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's
 window). The fields that set a family apart (``family``, ``activation``, ``qk_norm`` ...) default to Gemma 4's.
 
 Field names describe the model, not the checkpoint (mk.config.hf maps Hugging Face names onto them). Every derived
@@ -63,7 +63,7 @@ class YarnScaling:
     :attr:`attention_scale`: ``attention_factor`` if the config gives one, else ``0.1 ln(factor) + 1`` or, with
     ``mscale`` and ``mscale_all_dim`` both set (DeepSeek-V3), the ratio of that form for each. ``factor`` is the
     config's, or ``max_position_embeddings / original_max_position_embeddings`` where it gives none (as transformers
-    does)."""
+    does). DeepSeek-V3 (MLA) also multiplies its softmax scale by :attr:`score_factor`."""
 
     factor: float
     original_max_position_embeddings: int
@@ -86,6 +86,16 @@ class YarnScaling:
         if self.mscale and self.mscale_all_dim:
             return float(get_mscale(self.factor, self.mscale) / get_mscale(self.factor, self.mscale_all_dim))
         return get_mscale(self.factor)
+
+    @property
+    def score_factor(self) -> float:
+        """What DeepSeek-V3's attention multiplies its softmax scale by (transformers' ``yarn_apply_mscale``):
+        ``(0.1 mscale_all_dim ln(factor) + 1)^2`` where ``mscale_all_dim`` is set (and ``factor`` > 1), else 1.
+        (DeepSeek-V3 / Kimi K2: mscale = mscale_all_dim = 1, so cos and sin are unscaled and the scores take it all.)"""
+        if not self.mscale_all_dim or self.factor <= 1:
+            return 1.0
+        m = 0.1 * self.mscale_all_dim * math.log(self.factor) + 1.0
+        return m * m
 
 
 @dataclass(frozen=True)
@@ -180,7 +190,8 @@ class ModelConfig:
     router_groups: int = 1
     router_topk_groups: int = 1
     routed_scaling: float = 1.0
-    rope_scaling: RopeScaling | YarnScaling | None = None  # Llama 3's, or YaRN (gpt-oss; the kernel runs Llama 3's)
+    # Llama 3's, or YaRN (gpt-oss, DeepSeek-V3: the reference runs it, the kernel runs Llama 3's only)
+    rope_scaling: RopeScaling | YarnScaling | None = None
     # gpt-oss's: the reference runs them, the kernel not yet (``kernel_lacks`` names each) ----------------
     sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
     expert_bias: bool = False  # biases on each expert's projections and on the router (gpt-oss)
@@ -195,7 +206,7 @@ class ModelConfig:
     # DeepSeek-V3's first first_k_dense_replace; Qwen3-MoE's off its decoder_sparse_step or in its mlp_only_layers.
     dense_layers: tuple[int, ...] = ()
     dense_intermediate: int = 0
-    rope_scaling_kind: str = ""  # a RoPE scaling the reference does not run (yarn), named for the record
+    rope_scaling_kind: str = ""  # a RoPE scaling the reference does not run (a Llama's yarn, linear ...), named
     # How the kernel lays out the gated MLPs (mk.plan.layout), carried here so every chip's slice, the packing and
     # the plan agree: "sublanes" holds the intermediate on rows (gate and up transposed), padded to 8 rows;
     # "lanes" (the first layout) on lanes, padded to 128. The reference ignores it.
@@ -345,7 +356,7 @@ class ModelConfig:
             "attention biases": self.attention_bias,
             "expert biases": self.expert_bias,
             "a clamped SwiGLU": self.activation == "swiglu_clamped",
-            f"{self.router} routing": self.router == "topk_softmax",
+            "topk_softmax routing": self.router == "topk_softmax",  # (a key of its own: not sigmoid_grouped's)
             "YaRN RoPE scaling": isinstance(self.rope_scaling, YarnScaling),
         }
         return tuple(what for what, used in found.items() if used)
@@ -374,8 +385,13 @@ class ModelConfig:
             )
 
     def score_scale(self, layer_type: str) -> float:
-        """What attention scores are multiplied by before the softmax."""
-        return self.head_dim(layer_type) ** -0.5 if self.scale_scores else 1.0
+        """What attention scores are multiplied by before the softmax: ``head_dim^-0.5`` where ``scale_scores``, and
+        for MLA (DeepSeek-V3) with YaRN also its :attr:`YarnScaling.score_factor`, as transformers'
+        ``DeepseekV3Attention`` does (gpt-oss's YaRN scales cos and sin only)."""
+        scale = self.head_dim(layer_type) ** -0.5 if self.scale_scores else 1.0
+        if self.latent_attention is not None and isinstance(self.rope_scaling, YarnScaling):
+            scale *= self.rope_scaling.score_factor
+        return scale
 
     def rope_theta(self, layer_type: str) -> float:
         return self.sliding_rope_theta if layer_type == SLIDING else self.full_rope_theta
