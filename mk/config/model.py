@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..units import positive_int
@@ -145,6 +145,11 @@ PRE_NORM_WIRING = dict(
 )
 
 
+# A field added after plans' code fingerprints were stored (data/schedule keys them on a plan's repr, its config's
+# included): its repr leaves it out while it holds its default, so a model that does not use it keeps its fingerprint.
+SHOWN_IF_SET = {"shown_if_set": True}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A decoder: Gemma 4 text (26B-A4B / 31B family: no per-layer inputs, no KV sharing) by default, or another
@@ -187,20 +192,21 @@ class ModelConfig:
     norm_topk: bool = True  # softmax_topk, sigmoid_grouped: the k weights renormalised to sum to 1
     # sigmoid_grouped (DeepSeek-V3): the experts in ``router_groups`` groups, the top k picked among the
     # ``router_topk_groups`` best groups, their weights times ``routed_scaling``
-    router_groups: int = 1
-    router_topk_groups: int = 1
-    routed_scaling: float = 1.0
+    router_groups: int = field(default=1, metadata=SHOWN_IF_SET)
+    router_topk_groups: int = field(default=1, metadata=SHOWN_IF_SET)
+    routed_scaling: float = field(default=1.0, metadata=SHOWN_IF_SET)
     # Llama 3's, or YaRN (gpt-oss, DeepSeek-V3: the reference runs it, the kernel runs Llama 3's only)
     rope_scaling: RopeScaling | YarnScaling | None = None
-    # gpt-oss's: the reference runs them, the kernel not yet (``kernel_lacks`` names each) ----------------
-    sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
-    expert_bias: bool = False  # biases on each expert's projections and on the router (gpt-oss)
-    swiglu_alpha: float = 1.702  # the clamped SwiGLU's: (clip(up, +-limit) + 1) * g * sigmoid(alpha * g),
-    swiglu_limit: float = 7.0  # g = min(gate, limit) (transformers' GptOssExperts)
-    # Planned and timed, not run (``variants_not_run`` names each) -------------------------------------
+    # What the reference runs and the kernel not yet (``kernel_lacks`` names each), or neither runs
+    # (``variants_not_run``) --------------------------------------------------------------------------
     latent_attention: LatentAttention | None = None  # MLA in every layer (full_* are its query/key head dims)
     attention_bias: bool = False  # q, k, v and o biases (gpt-oss, run; a Llama or Qwen3's, planned only)
     mlp_bias: bool = False  # gate, up and down biases of the dense MLP (a Llama's mlp_bias)
+    sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
+    expert_bias: bool = False  # biases on each expert's projections and on the router (gpt-oss)
+    # the clamped SwiGLU's: (clip(up, +-limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit) (GptOssExperts)
+    swiglu_alpha: float = field(default=1.702, metadata=SHOWN_IF_SET)
+    swiglu_limit: float = field(default=7.0, metadata=SHOWN_IF_SET)
     router_bias: bool = False  # a bias on the router's scores, for picking only (DeepSeek-V3)
     # An MoE model's layers whose feed-forward is a dense MLP of dense_intermediate instead of routed experts:
     # DeepSeek-V3's first first_k_dense_replace; Qwen3-MoE's off its decoder_sparse_step or in its mlp_only_layers.
@@ -211,6 +217,14 @@ class ModelConfig:
     # the plan agree: "sublanes" holds the intermediate on rows (gate and up transposed), padded to 8 rows;
     # "lanes" (the first layout) on lanes, padded to 128. The reference ignores it.
     ffn_layout: str = "sublanes"
+
+    def __repr__(self) -> str:
+        shown = (
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if f.repr and not (f.metadata.get("shown_if_set") and getattr(self, f.name) == f.default)
+        )
+        return f"ModelConfig({', '.join(shown)})"
 
     def __post_init__(self) -> None:
         problems = []
