@@ -3,9 +3,9 @@
 One config type describes every decoder mk reads: Gemma 4 text (26B-A4B / 31B: sliding and full layers, q/k/v
 norms, sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), the Llama 3 / Qwen3 /
 Qwen3-MoE / Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling,
-softmax top-k routing without a shared expert), which mk runs (reference and megakernel); gpt-oss (attention sinks,
-biased projections and experts, a clamped SwiGLU, YaRN RoPE) and DeepSeek-V3 / Kimi K2 (MLA, grouped sigmoid routing
-with its correction bias, dense first layers), which the reference runs and the megakernel not yet
+softmax top-k routing without a shared expert) and gpt-oss (attention sinks, biased projections and experts, a
+clamped SwiGLU, YaRN RoPE), which mk runs (reference and megakernel); DeepSeek-V3 / Kimi K2 (MLA, grouped sigmoid
+routing with its correction bias, dense first layers), which the reference runs and the megakernel not yet
 (``check_runnable(engine)`` says which engine runs what, ``kernel_lacks`` what the kernel lacks); and what it plans
 and times only (``runnable`` says which): DeepSeek-V3's YaRN RoPE, Gemma 2 and 3, and the pre-norm families'
 variants (biased projections and MLP, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's
@@ -107,16 +107,16 @@ GEMMA4 = "gemma4_text"
 PRE_NORM_FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral")
 # DeepSeek-V3's architecture, under its own model_type too (Kimi K2)
 DEEPSEEK_FAMILIES = ("deepseek_v3", "kimi_k2")
-# The families the reference runs (gpt-oss and DeepSeek-V3: the reference only, ModelConfig.kernel_lacks says what the
-# kernel lacks).
+# The families the reference runs (DeepSeek-V3: the reference only, ModelConfig.kernel_lacks says what the kernel
+# lacks).
 RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES, "gpt_oss", *DEEPSEEK_FAMILIES)
 # Planned and timed, not run.
 PLANNED_FAMILIES = ("gemma2", "gemma3_text")
 CONFIG_FAMILIES = (*RUNNABLE_FAMILIES, *PLANNED_FAMILIES)  # the model_types mk reads
 ENGINES = ("reference", "megakernel")  # what ModelConfig.check_runnable asks about
-ACTIVATIONS = ("gelu_tanh", "silu", "swiglu_clamped")  # the last gpt-oss's (the reference runs it, not the kernel)
+ACTIVATIONS = ("gelu_tanh", "silu", "swiglu_clamped")  # the last gpt-oss's
 # Gemma 4's scaled router; softmax over all experts then the top k; gpt-oss's biased logits, top k, softmax over the k
-# (the reference runs it, not the kernel); DeepSeek-V3's biased sigmoid scores picked in groups (likewise)
+# (both engines run it); DeepSeek-V3's biased sigmoid scores picked in groups (the reference only)
 ROUTERS = ("gemma4", "softmax_topk", "topk_softmax", "sigmoid_grouped")
 FFN_LAYOUTS = ("sublanes", "lanes")  # the kernel's layouts of a gated MLP (ModelConfig.ffn_layout)
 GATED_IN = ("mlp_gate", "mlp_up", "expert_gate", "expert_up")  # a gated MLP's input projections [..., H, I]
@@ -180,8 +180,8 @@ class ModelConfig:
     router_groups: int = 1
     router_topk_groups: int = 1
     routed_scaling: float = 1.0
-    rope_scaling: RopeScaling | YarnScaling | None = None  # Llama 3's, or YaRN (gpt-oss; the kernel runs Llama 3's)
-    # gpt-oss's: the reference runs them, the kernel not yet (``kernel_lacks`` names each) ----------------
+    rope_scaling: RopeScaling | YarnScaling | None = None  # Llama 3's, or YaRN (gpt-oss's)
+    # gpt-oss's (the reference and the kernel run them) ------------------------------------------------
     sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
     expert_bias: bool = False  # biases on each expert's projections and on the router (gpt-oss)
     swiglu_alpha: float = 1.702  # the clamped SwiGLU's: (clip(up, +-limit) + 1) * g * sigmoid(alpha * g),
@@ -335,18 +335,13 @@ class ModelConfig:
 
     @property
     def kernel_lacks(self) -> tuple[str, ...]:
-        """What of this model the reference runs and the megakernel does not yet (gpt-oss's and DeepSeek-V3's parts)."""
+        """What of this model the reference runs and the megakernel does not yet (DeepSeek-V3's parts; gpt-oss's sinks,
+        biases, clamped SwiGLU, top-k-then-softmax router and YaRN RoPE it runs)."""
         found = {
             "multi-head latent attention": self.latent_attention is not None,
             "a router bias": self.router_bias,
             "dense layers among MoE layers": bool(self.dense_layers),
             "sigmoid_grouped routing": self.router == "sigmoid_grouped",
-            "attention sinks": self.sinks,
-            "attention biases": self.attention_bias,
-            "expert biases": self.expert_bias,
-            "a clamped SwiGLU": self.activation == "swiglu_clamped",
-            f"{self.router} routing": self.router == "topk_softmax",
-            "YaRN RoPE scaling": isinstance(self.rope_scaling, YarnScaling),
         }
         return tuple(what for what, used in found.items() if used)
 
