@@ -39,7 +39,7 @@ def inv_freq(cfg: ModelConfig, layer_type: str) -> np.ndarray:
     rot = cfg.rotary_dims(layer_type) // 2
     scaling = cfg.rope_scaling
     if isinstance(scaling, YarnScaling):
-        f = _yarn(cfg.rope_theta(layer_type), 2 * rot, scaling)
+        f = yarn_inv_freq(cfg.rope_theta(layer_type), 2 * rot, scaling)
     else:
         f = (1.0 / (cfg.rope_theta(layer_type) ** (np.arange(0, 2 * rot, 2, dtype=np.float32) / hd))).astype(np.float32)
         if scaling is not None:
@@ -47,7 +47,7 @@ def inv_freq(cfg: ModelConfig, layer_type: str) -> np.ndarray:
     return np.concatenate([f, np.zeros(hd // 2 - rot, np.float32)]).astype(np.float32)
 
 
-def _yarn(base: float, dim: int, y: YarnScaling) -> np.ndarray:
+def yarn_inv_freq(base: float, dim: int, y: YarnScaling) -> np.ndarray:
     """transformers' ``_compute_yarn_parameters`` for ``dim`` rotated dims, step by step in float32 (its bounds in
     float64, as Python computes them there)."""
     pos = (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))).astype(np.float32)

@@ -135,6 +135,11 @@ class SliceShape:
         return tuple(int(d) for d in self.topology.split("x"))
 
     @property
+    def topology_name(self) -> str:
+        """The topology as libtpu names it (``v5e:4x4``: jax.experimental.topologies.get_topology_desc)."""
+        return f"{self.chip.removeprefix('tpu-')}:{self.topology}"
+
+    @property
     def chips_per_host(self) -> int:
         """Chips one host (TPU VM) drives: the slice's chips over its hosts (a part-host slice: the host's whole)."""
         return round(self.chips / self.hosts)

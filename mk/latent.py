@@ -5,12 +5,14 @@
   kept as is and its ``qk_rope_head_dim`` part rotated;
 - keys and values: ``kv_a(h)`` is the ``kv_lora_rank`` latent (then RMSNormed) and one RoPE key of
   ``qk_rope_head_dim`` shared by every head; ``kv_b(latent)`` gives each head's no-RoPE key and its value;
-- RoPE over ``qk_rope_head_dim`` (theta^(-2i/qk_rope_head_dim)); with ``rope_interleave`` (DeepSeek-V3's default) its
-  pairs are the neighbours (0, 1), (2, 3) ... and the rotated vector comes out de-interleaved (the even
-  dims' results, then the odd's), as transformers' ``apply_rotary_pos_emb_interleave`` writes it (queries and keys
-  alike, so the scores are those of the interleaved layout); else transformers' rotate-half pairs (i, i + d/2);
-- scores times ``(qk_nope_head_dim + qk_rope_head_dim)^-0.5`` (ModelConfig.score_scale; a YaRN scaling's mscale is
-  not run: such a config is refused by name).
+- RoPE over ``qk_rope_head_dim`` (theta^(-2i/qk_rope_head_dim), or YaRN's frequencies over those dims with cos and sin
+  times its attention factor, as transformers' ``_compute_yarn_parameters`` gives them for DeepSeek-V3); with
+  ``rope_interleave`` (DeepSeek-V3's default) its pairs are the neighbours (0, 1), (2, 3) ... and the rotated vector
+  comes out de-interleaved (the even dims' results, then the odd's), as transformers'
+  ``apply_rotary_pos_emb_interleave`` writes it (queries and keys alike, so the scores are those of the interleaved
+  layout); else transformers' rotate-half pairs (i, i + d/2);
+- scores times ``(qk_nope_head_dim + qk_rope_head_dim)^-0.5`` (ModelConfig.score_scale), and with YaRN times
+  ``(0.1 mscale_all_dim ln(factor) + 1)^2`` (YarnScaling.score_factor; transformers' ``yarn_apply_mscale``).
 
 The cache holds, a position, the normed latent and the rotated RoPE key (``layers.{i}.latent [B, 1, slots,
 kv_lora_rank]`` and ``layers.{i}.rope_k [B, 1, slots, qk_rope_head_dim]``: one "KV head", as transformers views
@@ -27,14 +29,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .blocks import matmul, matmul_t, rms_norm
-from .config import FULL, ModelConfig
+from .blocks import matmul, matmul_t, rms_norm, yarn_inv_freq
+from .config import FULL, ModelConfig, YarnScaling
 from .params import NORMS
 
 
 def inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """RoPE's inverse frequencies over the RoPE key's ``qk_rope_head_dim`` dims [qk_rope_head_dim / 2], float32."""
+    """RoPE's inverse frequencies over the RoPE key's ``qk_rope_head_dim`` dims [qk_rope_head_dim / 2], float32
+    (YaRN's where ``cfg.rope_scaling`` is one: transformers' DeepSeek-V3 takes its head_dim as qk_rope_head_dim)."""
     d = cfg.latent_attention.qk_rope_head_dim
+    if isinstance(cfg.rope_scaling, YarnScaling):
+        return yarn_inv_freq(cfg.full_rope_theta, d, cfg.rope_scaling)
     return (1.0 / (cfg.full_rope_theta ** (np.arange(0, d, 2, dtype=np.float32) / d))).astype(np.float32)
 
 
@@ -42,8 +47,11 @@ def rope(x, positions, cfg: ModelConfig):
     """Rotate ``x [B, T, heads, qk_rope_head_dim]`` at ``positions`` (``[T]``, or ``[B, T]`` each user its own), in
     DeepSeek's interleaved layout (the result de-interleaved, as transformers writes it) or in rotate-half pairs."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq(cfg))  # [..., T, d/2]
-    cos = jnp.cos(freqs).astype(x.dtype)[..., None, :]
-    sin = jnp.sin(freqs).astype(x.dtype)[..., None, :]
+    cos, sin = jnp.cos(freqs), jnp.sin(freqs)
+    if isinstance(cfg.rope_scaling, YarnScaling):  # YaRN's attention factor, in float32 as transformers applies it
+        scale = jnp.float32(cfg.rope_scaling.attention_scale)
+        cos, sin = cos * scale, sin * scale
+    cos, sin = cos.astype(x.dtype)[..., None, :], sin.astype(x.dtype)[..., None, :]
     if cfg.latent_attention.rope_interleave:
         x1, x2 = x[..., 0::2], x[..., 1::2]
     else:

@@ -1,8 +1,9 @@
-"""The reference decoder in plain JAX: prefill, one-token decode with a KV cache, speculative verification, any
-batch. It runs Gemma 4 (below), Llama 3, Qwen3, Qwen3-MoE and Mixtral (pre-norm layers, mk.blocks), gpt-oss
-(attention sinks, biased projections and experts, the clamped SwiGLU, YaRN RoPE) and DeepSeek-V3 / Kimi K2
-(multi-head latent attention, mk.latent; grouped sigmoid routing with its correction bias, dense first layers, a
-shared expert); the megakernel does not run the last two yet (``ModelConfig.check_runnable(engine)``).
+"""The reference decoder in plain JAX: prefill, one-token decode with a KV cache, speculative verification, any batch.
+It runs Gemma 4 (below), Llama 3, Qwen3, Qwen3-MoE and Mixtral (pre-norm layers, mk.blocks), gpt-oss (attention
+sinks, biased projections and experts, the clamped SwiGLU, YaRN RoPE) and DeepSeek-V3 / Kimi K2 (multi-head latent
+attention, mk.latent, with YaRN RoPE and its softmax mscale; grouped sigmoid routing with its correction bias, dense
+first layers, a shared expert); the megakernel does not run the last two yet
+(``ModelConfig.check_runnable(engine)``).
 
 This is the "general stack": ordinary XLA ops, one compiled program per decode step. Users need not
 be in step: :func:`prefill` takes right-padded prompts of different lengths (``lengths [B]``; padding

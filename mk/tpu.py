@@ -176,19 +176,22 @@ TOPOLOGIES = {"tpu-v5e": "v5e:2x2", "tpu-v6e": "v6e:2x2", "tpu-v5e-8": "v5e:2x4"
 
 
 def topology(chip: str):
-    """A TPU topology description for ``chip`` (``tpu-v5e``, ``tpu-v6e`` or their 8-chip slices); needs libtpu."""
+    """A TPU topology description for ``chip``: ``tpu-v5e``, ``tpu-v6e`` or their 8-chip slices (:data:`TOPOLOGIES`),
+    or a topology as libtpu names it (``v5e:4x4``, ``v5p:2x2x2``; past one host too: its devices carry each host's
+    ``process_index``); needs libtpu."""
     from jax.experimental import topologies
 
     # libtpu takes a machine-wide lock by default; compiling ahead of time touches no TPU, so
     # several processes (parallel tests, notebooks) may hold it together.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    if chip not in TOPOLOGIES:
-        raise ValueError(f"no AOT topology for {chip!r}; known: {', '.join(TOPOLOGIES)}")
+    if chip not in TOPOLOGIES and ":" not in chip:
+        raise ValueError(f"no AOT topology for {chip!r}; known: {', '.join(TOPOLOGIES)}, or a name like v5e:4x4")
+    name = TOPOLOGIES.get(chip, chip)
     try:
-        return topologies.get_topology_desc(platform="tpu", topology_name=TOPOLOGIES[chip])
+        return topologies.get_topology_desc(platform="tpu", topology_name=name)
     except Exception as e:  # libtpu missing or refusing: say how to get it
         raise RuntimeError(
-            f"cannot describe a {TOPOLOGIES[chip]} TPU topology ({e}); AOT compilation needs "
+            f"cannot describe a {name} TPU topology ({e}); AOT compilation needs "
             "libtpu: pip install 'jax[tpu]' matching your jax version"
         ) from e
 
@@ -240,3 +243,25 @@ def probe_vmem(chip: str, nbytes: int = 200 * 2**20) -> int | None:
             raise
         return int(m.group(1))
     return None
+
+
+def start_multi_host() -> int:
+    """Start JAX's multi-controller runtime (``jax.distributed.initialize()``, which on a TPU slice finds the other
+    hosts from the TPU VM's metadata), so that ``jax.devices()`` lists every host's chips; every host must run the
+    same program. Returns the number of processes; refuses, in one line, where none is started or there is only
+    this one (nothing to join). Call before anything else touches JAX's devices."""
+    import jax
+
+    try:
+        jax.distributed.initialize()
+    except Exception as e:  # no slice to join (no TPU VM metadata, no coordinator given)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"--multi-host: JAX's multi-controller runtime did not start ({first}); run the same command on every "
+            "host of a multi-host TPU slice (gcloud compute tpus tpu-vm ssh NAME --worker=all --command=...), or "
+            "leave --multi-host out on one host"
+        ) from None
+    if jax.process_count() == 1:
+        jax.distributed.shutdown()
+        raise ValueError("--multi-host: this is the only process (a one-host slice); leave --multi-host out")
+    return jax.process_count()

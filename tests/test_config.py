@@ -2,6 +2,7 @@
 validation errors."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from mk.config import (
     TINY_MOE,
     TINY_QWEN3_MOE,
     ModelConfig,
+    YarnScaling,
     from_hf_dict,
     get_config,
     load_hf_config,
@@ -202,17 +204,30 @@ def test_a_model_without_sliding_layers_needs_no_sliding_shapes():
         TINY_MOE.replace(mlp_intermediate=0)
 
 
-@pytest.mark.parametrize("folder, family", [("deepseek-v3", "deepseek_v3")])
-def test_planned_families_are_refused_by_the_reference_and_the_kernel(folder, family):
-    """DeepSeek-V3 is planned and timed (its config is read whole), not run: the engines say so."""
-    from mk import reference as R
+@pytest.mark.parametrize(
+    "name, family, factor, betas",
+    [("deepseek-v3", "deepseek_v3", 40.0, (32.0, 1.0)), ("kimi-k2", "kimi_k2", 32.0, (1.0, 1.0))],
+)
+def test_deepseek_v3_and_kimi_k2_run_in_the_reference_with_yarn_and_the_kernel_refuses_them(
+    name, family, factor, betas
+):
+    """The published DeepSeek-V3 and Kimi K2 configs (YaRN rope_scaling, mscale = mscale_all_dim = 1) are run by the
+    reference (tests/test_mla.py holds YaRN to transformers on tiny checkpoints); the megakernel refuses them naming
+    what it lacks, YaRN among them."""
     from mk.megakernel.kernel import MegakernelEngine
 
-    cfg = load_hf_config(Path(__file__).resolve().parent.parent / "data" / "configs" / folder)
-    assert cfg.family == family and not cfg.runnable
-    with pytest.raises(ValueError, match=r"mk plans and times it .* reference and kernel run gemma4_text, llama"):
-        R.prefill({}, cfg, [[1, 2]], {})
-    with pytest.raises(ValueError, match="mk plans and times it"):
+    cfg = get_config(name)
+    assert cfg.family == family and cfg.runnable and not cfg.variants_not_run and not cfg.rope_scaling_kind
+    y = cfg.rope_scaling
+    assert isinstance(y, YarnScaling) and (y.factor, y.original_max_position_embeddings) == (factor, 4096)
+    assert (y.beta_fast, y.beta_slow, y.mscale, y.mscale_all_dim) == (*betas, 1.0, 1.0)
+    assert y.attention_scale == 1.0 and y.score_factor == pytest.approx((0.1 * math.log(factor) + 1) ** 2)
+    assert cfg.score_scale("full") == pytest.approx(192**-0.5 * y.score_factor)
+    cfg.check_runnable("reference")
+    refused = r"multi-head latent attention, .*YaRN RoPE scaling: the megakernel does not run them yet"
+    with pytest.raises(ValueError, match=refused):
+        cfg.check_runnable("megakernel")
+    with pytest.raises(ValueError, match=refused):
         MegakernelEngine(cfg)
 
 
@@ -367,10 +382,10 @@ def test_kimi_k2_is_read_as_deepseek_v3s_architecture(mk_json):
     folder = CONFIGS / "kimi-k2"
     kimi = json.loads((folder / "config.json").read_text())
     cfg = get_config(folder / "config.json")
-    assert cfg.name == "kimi-k2" and cfg.family == "kimi_k2" and not cfg.runnable
+    assert cfg.name == "kimi-k2" and cfg.family == "kimi_k2" and cfg.runnable
     assert cfg.num_layers == 61 and cfg.dense_layers == (0,) and cfg.dense_intermediate == 18432
     assert (cfg.num_experts, cfg.top_k, cfg.expert_intermediate, cfg.mlp_intermediate) == (384, 8, 2048, 2048)
-    assert cfg.latent_attention.q_lora_rank == 1536 and cfg.rope_scaling_kind == "yarn"
+    assert cfg.latent_attention.q_lora_rank == 1536 and cfg.rope_scaling.factor == 32.0
     assert count_params(cfg) == transformers_count(kimi)
     assert count_params(cfg) == pytest.approx(1.03e12, rel=0.01)
     got = mk_json("sol", "--model", folder / "config.json", "--chip", "tpu-v5e-8", "--context", 1024, "--json")

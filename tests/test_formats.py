@@ -210,3 +210,71 @@ def test_each_released_format_is_one_mk_counts_for_a_model_it_knows():
         assert len(r.source) > 40 and r.release.count("/") == 1
     with pytest.raises(ValueError, match="no released format recorded for 'gemma4-31b'.*kimi-k2"):
         released_format("gemma4-31b")
+
+
+def test_gpt_oss_mxfp4_experts_load_as_transformers_dequantizes_them(tmp_path):
+    """A tiny gpt-oss whose experts are MXFP4 (``*_blocks`` and ``*_scales``, as openai/gpt-oss ships them): mk's
+    experts are transformers' dequantized ones (``Mxfp4Config(dequantize=True)``) weight for weight, and the
+    reference's greedy tokens are its."""
+    import torch
+    from safetensors.torch import load_file
+    from test_gpt_oss import TINY_GPT_OSS, init_gpt_oss
+    from transformers import AutoConfig, AutoModelForCausalLM, Mxfp4Config
+
+    d = {k: v for k, v in TINY_GPT_OSS.items() if k != "model_type"}
+    config = AutoConfig.for_model("gpt_oss", **{**d, "intermediate_size": 64})  # MXFP4 blocks of 32 need it
+    model = AutoModelForCausalLM.from_config(config)
+    init_gpt_oss(model, seed=7)
+    model.save_pretrained(tmp_path / "float")
+
+    def mxfp4(name, a):
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            return None
+        blocks, scales = encode_mxfp4(np.swapaxes(a, -1, -2))  # stored [experts, out, in / 32, 16]
+        return {name + "_blocks": blocks, name + "_scales": scales}
+
+    keep = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+    _rewrite(tmp_path / "float", tmp_path / "mxfp4", mxfp4, {"quant_method": "mxfp4", "modules_to_not_convert": keep})
+    assert any(n.endswith("_blocks") for n in load_file(tmp_path / "mxfp4" / "model.safetensors"))
+    hf = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "mxfp4", quantization_config=Mxfp4Config(dequantize=True), dtype=torch.float32,
+        attn_implementation="eager",
+    ).eval()  # fmt: skip
+    cfg, params = load_checkpoint(tmp_path / "mxfp4")
+    experts = hf.model.layers[1].mlp.experts
+    np.testing.assert_array_equal(np.asarray(params["layers.1.expert_down"]), experts.down_proj.detach().numpy())
+    gate_up = experts.gate_up_proj.detach().numpy()  # gate at even columns, up at odd
+    np.testing.assert_array_equal(np.asarray(params["layers.1.expert_up"]), gate_up[..., 1::2])
+    prompt = np.random.default_rng(8).integers(0, cfg.vocab_size, (2, 7))
+    want, _ = hf_greedy(hf, prompt, NEW_TOKENS)
+    np.testing.assert_array_equal(generate(params, cfg, prompt, NEW_TOKENS), want)
+
+
+def test_a_deepseek_v3_fp8_block_checkpoint_loads_as_transformers_loads_it(hf_checkpoint, tmp_path):
+    """A tiny DeepSeek-V3 in its released layout (every projection FP8 e4m3 with block scales; the router, norms,
+    embedding and head in float): the reference's greedy tokens are those of transformers' dequantized model."""
+    from transformers import AutoModelForCausalLM, FineGrainedFP8Config
+
+    folder, _ = hf_checkpoint("deepseek-v3")
+    # Blocks of 8 x 8 divide every width here: transformers' loader takes a block's size from the scale grid
+    # (rows // scale rows), which misplaces a partial edge block (its 24-row q_a with blocks of 16 reads as 12-row
+    # blocks); mk reads weight_block_size, as the format says (partial edges: test_fp8_block_decoding_is_transformers)
+    qc = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [8, 8], "activation_scheme": "dynamic"}
+
+    def fp8_8x8(name, a):
+        if name.endswith("proj.weight") or name.endswith("proj_with_mqa.weight"):
+            q, s = encode_fp8_block(a, (8, 8))
+            return {name: q, name + "_scale_inv": s}
+        return None
+
+    torch = _rewrite(folder, tmp_path / "fp8", fp8_8x8, qc)
+    model = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "fp8", quantization_config=FineGrainedFP8Config(dequantize=True), dtype=torch.float32,
+        attn_implementation="eager",
+    ).eval()  # fmt: skip
+    cfg, params = load_checkpoint(tmp_path / "fp8")
+    kv_b = model.model.layers[1].self_attn.kv_b_proj.weight.detach().numpy()
+    np.testing.assert_array_equal(np.asarray(params["layers.1.kv_b"]).T, kv_b)
+    prompt = np.random.default_rng(9).integers(0, cfg.vocab_size, (2, 7))
+    want, _ = hf_greedy(model, prompt, NEW_TOKENS)
+    np.testing.assert_array_equal(generate(params, cfg, prompt, NEW_TOKENS), want)

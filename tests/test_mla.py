@@ -2,7 +2,8 @@
 sigmoid routing with its correction bias, a dense first layer and a shared expert, held to transformers'
 DeepseekV3ForCausalLM on tiny random checkpoints it saves itself (tests/conftest.py: deepseek-v3 with a query
 bottleneck and interleaved RoPE, deepseek-v3-no-q-lora with q_proj, rotate-half RoPE, four groups of which two are
-kept, weights not renormalised). The megakernel refuses it by name."""
+kept, weights not renormalised; each again with YaRN RoPE scaling, its frequencies, cos/sin factor and softmax mscale).
+The megakernel refuses it by name."""
 
 import json
 
@@ -13,24 +14,27 @@ import pytest
 from test_parity import LOGIT_ATOL, hf_greedy
 
 from mk import latent
-from mk.config import from_hf_dict, load_hf_config, to_hf_dict
+from mk.config import YarnScaling, from_hf_dict, load_hf_config, to_hf_dict
 from mk.generate import generate
 from mk.reference import init_cache, prefill, prepare
 from mk.weights import load_checkpoint, random_params, save_checkpoint
 
 NAMES = ("deepseek-v3", "deepseek-v3-no-q-lora")
+YARN_NAMES = ("deepseek-v3-yarn", "deepseek-v3-no-q-lora-yarn")  # original_max_position_embeddings 64
 NEW_TOKENS = 8
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + YARN_NAMES)
 def test_ragged_greedy_parity_with_transformers(hf_checkpoint, name):
-    """Two users with prompts of 5 and 13 tokens decoded together: each gets transformers' greedy tokens (and
-    logits) for its prompt run alone."""
+    """Users with prompts of 5 and 13 tokens (and with YaRN one of 70, past its original 64 positions) decoded
+    together, prefill then absorbed decode: each gets transformers' greedy tokens (and logits) for its prompt run
+    alone."""
     folder, model = hf_checkpoint(name)
     cfg, params = load_checkpoint(folder)
     assert cfg.latent_attention is not None and cfg.dense_layers == (0,) and cfg.router == "sigmoid_grouped"
+    assert (name in YARN_NAMES) == isinstance(cfg.rope_scaling, YarnScaling)
     rng = np.random.default_rng(3)
-    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (5, 13)]
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (5, 13, 70)[: 3 if cfg.rope_scaling else 2]]
     tokens, logits = generate(params, cfg, prompts, NEW_TOKENS, return_logits=True)
     for b, prompt in enumerate(prompts):
         want_tokens, want_logits = hf_greedy(model, np.array([prompt]), NEW_TOKENS)
@@ -52,7 +56,7 @@ def test_the_correction_bias_changes_the_picks(hf_checkpoint, name):
     assert np.abs(got[0] - got[1]).max() > 100 * LOGIT_ATOL
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + YARN_NAMES)
 def test_absorbed_decode_attention_equals_the_expanded_form(hf_checkpoint, name):
     """Decode's absorbed attention (the query taken into the latent space, the latents summed, then kv_b's value
     half) equals transformers' form (every latent expanded into per-head keys and values) to float32 round-off, on
@@ -89,20 +93,53 @@ def test_the_megakernel_refuses_it_by_name_and_the_reference_takes_it(hf_checkpo
         cfg.check_runnable("megakernel")
 
 
-def test_a_yarn_rope_scaling_is_refused_by_the_reference_by_name(hf_checkpoint):
-    """YaRN's frequencies and its softmax mscale are not run: such a config is refused, not run wrong."""
+@pytest.mark.parametrize("name", YARN_NAMES)
+def test_each_part_of_yarn_is_needed_for_parity(hf_checkpoint, monkeypatch, name):
+    """Prefill's logits (a prompt past the original 64 positions) miss transformers' by far more than the parity
+    tolerance when YaRN's frequencies, its softmax mscale^2 or (with unequal mscales) its cos/sin factor is dropped:
+    the parity test would see each."""
+    import torch
+
+    folder, model = hf_checkpoint(name)
+    cfg, params = load_checkpoint(folder)
+    prompt = np.random.default_rng(4).integers(0, cfg.vocab_size, (1, 70))
+    with torch.no_grad():
+        want = model(torch.tensor(prompt, dtype=torch.long)).logits[:, -1].float().numpy()
+
+    def miss(c):
+        return np.abs(np.asarray(prefill(params, c, prompt, init_cache(c, 1, 70))[0]) - want).max()
+
+    assert miss(cfg) <= LOGIT_ATOL
+    assert cfg.rope_scaling.score_factor > 1.3
+    assert miss(cfg.replace(rope_scaling=None)) > 100 * LOGIT_ATOL  # plain RoPE, no mscale
+    y = cfg.rope_scaling
+    unscaled = y.__class__(
+        y.factor,
+        y.original_max_position_embeddings,
+        y.beta_fast,
+        y.beta_slow,
+        y.truncate,
+        attention_factor=y.attention_scale,
+    )  # same frequencies and cos/sin, no mscale_all_dim
+    assert unscaled.score_factor == 1.0 and miss(cfg.replace(rope_scaling=unscaled)) > 100 * LOGIT_ATOL
+    if y.attention_scale != 1.0:  # cos and sin unscaled, the rest kept
+        monkeypatch.setattr(YarnScaling, "attention_scale", property(lambda self: 1.0))
+        assert miss(cfg.replace(name="cos-sin-unscaled")) > 100 * LOGIT_ATOL  # (another name: not jit's cached step)
+
+
+def test_a_rope_scaling_other_than_yarn_is_refused_by_the_reference_by_name(hf_checkpoint):
+    """Another RoPE scaling (linear ...) is described, not run: such a config is refused, not run wrong."""
     from mk import reference as R
 
     d = to_hf_dict(load_hf_config(hf_checkpoint("deepseek-v3")[0]))
-    d["rope_parameters"] = dict(rope_type="yarn", rope_theta=1e4, factor=4.0, original_max_position_embeddings=64,
-                                mscale=1.0, mscale_all_dim=1.0)  # fmt: skip
-    cfg = from_hf_dict(d, "yarn")
-    assert not cfg.runnable
-    with pytest.raises(ValueError, match="yarn is a deepseek_v3 model with .*yarn RoPE scaling.*: mk plans and times"):
+    d["rope_parameters"] = dict(rope_type="linear", rope_theta=1e4, factor=4.0)
+    cfg = from_hf_dict(d, "linear")
+    assert not cfg.runnable and cfg.rope_scaling is None
+    with pytest.raises(ValueError, match="linear is a deepseek_v3 model with .*linear RoPE scaling.*: mk plans and"):
         R.prefill({}, cfg, [[1, 2]], {})
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + YARN_NAMES)
 def test_config_and_checkpoint_round_trip_and_load_in_transformers(hf_checkpoint, tmp_path, name):
     """The config transformers saved reads back from mk's to_hf_dict; mk's save_checkpoint of random weights loads
     in transformers (every tensor, nothing missing) and gives the reference's logits; a kimi_k2 config.json of the
@@ -126,3 +163,25 @@ def test_config_and_checkpoint_round_trip_and_load_in_transformers(hf_checkpoint
     kimi, loaded = load_checkpoint(tmp_path)
     assert kimi.family == "kimi_k2" and kimi.replace(family=cfg.family, name=cfg.name) == cfg
     assert all(np.array_equal(loaded[k], params[k]) for k in params)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2"])
+def test_the_published_configs_yarn_matches_transformers(name):
+    """The published DeepSeek-V3 and Kimi K2 configs (64 RoPE dims, factor 40 / 32, their betas): mk.latent's
+    inverse frequencies and cos/sin factor are transformers' ``_compute_yarn_parameters``'s for DeepseekV3Config, the
+    softmax scale DeepseekV3Attention's (``yarn_apply_mscale``)."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
+
+    from mk.config import get_config
+    from mk.paths import CONFIGS_DIR
+
+    d = json.loads((CONFIGS_DIR / name / "config.json").read_text())
+    hf = AutoConfig.for_model("deepseek_v3", **{k: v for k, v in d.items() if k not in ("model_type", "auto_map")})
+    want_f, want_scale = ROPE_INIT_FUNCTIONS["yarn"](hf)
+    cfg = get_config(name)
+    np.testing.assert_allclose(latent.inv_freq(cfg), want_f.numpy(), rtol=1e-6, atol=0)
+    assert cfg.rope_scaling.attention_scale == pytest.approx(want_scale, rel=1e-12)
+    want_softmax = yarn_apply_mscale(hf.rope_parameters, hf.qk_head_dim**-0.5)
+    assert cfg.score_scale("full") == pytest.approx(want_softmax, rel=1e-12) and want_softmax > 1.5 * 192**-0.5

@@ -90,3 +90,20 @@ def test_the_all_reduce_share_grows_with_the_slice():
     assert t.allreduce_s.is_monotonic_increasing and t.share.is_monotonic_increasing
     r = torus_against_ring("tpu-v5e-256", [28672]).set_index("algorithm").seconds
     assert r.iloc[0] < r.iloc[1]  # the torus beats one ring through all 256 chips
+
+
+def test_predict_says_where_kimi_k2_fits_and_picks_the_smallest_slice(mk_json):
+    """``python -m mk predict`` for Kimi K2: it does not fit a v5e-8 in BF16 (and says the time assumes it did), it
+    fits a v7x-8 in FP8 blocks and a v5e-256 in BF16; ``--chip auto`` picks that v5e-256; the time on the links
+    between chips is larger over 256 chips than over 8."""
+
+    def predict_json(chip, dtype="bf16"):
+        return mk_json("predict", "--model", "kimi-k2", "--chip", chip, "--context", 1024, "--dtype", dtype, "--json")
+
+    one = predict_json("tpu-v5e-8")
+    assert not one["fits_in_hbm"] and "do not fit tpu-v5e-8's HBM in bf16; the time assumes" in one["fit_note"]
+    assert predict_json("tpu-v7x-8", "fp8-block")["fits_in_hbm"]
+    pod, auto = predict_json("tpu-v5e-256"), predict_json("auto")
+    assert pod["fits_in_hbm"] and auto["chip"] == "tpu-v5e-256" and auto["chip_picked"] and not pod["chip_picked"]
+    assert pod["links_ms"] > 2 * one["links_ms"] > 0
+    assert predict_json("auto", "fp8-block")["chip"] == "tpu-v5e-128"  # half the bytes: half the chips

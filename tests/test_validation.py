@@ -200,9 +200,10 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
     assert measured.measured_megakernel(tmp_path / "none.csv").empty
 
 
-def test_the_write_ups_kimi_rows_are_published_with_the_stand_in_they_will_be_modelled_with():
+def test_the_write_ups_kimi_rows_are_modelled_with_their_stand_in_named():
     """The write-up's Kimi figures (Inferact's) are in data/published.csv, each naming Kimi K2 as the stand-in for the
-    model it names; none is in the verdict yet: the megakernel on a slice past one host is not modelled."""
+    model it names; the verdict models them with it (its released format, the smallest v5e slice holding it, both
+    engines there), names it, sets DeepSeek-V3 beside it, and does not count them as tests of the model."""
     from mk.config import get_config
     from mk.published import published_table
 
@@ -210,5 +211,15 @@ def test_the_write_ups_kimi_rows_are_published_with_the_stand_in_they_will_be_mo
     kimi = t[t.model == "kimi-k3"]
     assert set(kimi.index) == {"verdict_kimi_one_user", "verdict_kimi_eight_users", "kimi_speculative_tps"}
     assert kimi.source.str.contains("stand-in is Kimi K2|stand-in Kimi K2").all()
-    assert get_config("kimi-k2").family == "kimi_k2"
-    assert not set(kimi.index) & set(vd.verdict_table().key)
+    assert get_config(vd.STAND_INS["kimi-k3"]).family == "kimi_k2"
+    d = vd.verdict_table().set_index("key")
+    rows = d.loc[["verdict_kimi_one_user", "verdict_kimi_eight_users"]]
+    assert rows.situation.str.contains("kimi-k2 as the stand-in for kimi-k3").all()
+    assert (rows.role == vd.STAND_IN_ROLE).all() and not rows.role.map(vd.is_test).any()
+    assert rows.megakernel.str.contains("tpu-v5e-128, fp8-block").all()
+    assert rows.beside.str.startswith("deepseek-v3").all()
+    assert (rows.error == rows.modelled / rows.published - 1).all() and (rows.modelled > 1).all()
+    # the megakernel's case is the general stack's slice and format: a like-for-like ratio
+    mk_case, gen_case = vd.big_model_cases("kimi-k2", 8)
+    assert (mk_case.chip, mk_case.dtype) == (gen_case.chip, gen_case.dtype) and gen_case.engine == "general"
+    assert not set(rows.index) & set(vd.points_table(verdicts=d.reset_index()).query("role.str.startswith('test')").key)

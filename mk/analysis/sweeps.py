@@ -274,24 +274,27 @@ def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLIC
     )
 
 
-def speculation_table(models, chips, users, drafts, accept_rates, context: int = 1024, assistant=None) -> pd.DataFrame:
+def speculation_table(
+    models, chips, users, drafts, accept_rates, context: int = 1024, assistant=None, dtype: str = "bf16"
+) -> pd.DataFrame:
     """The kernel that verifies drafts (mk.kernel_setup.VERIFYING_KERNEL: the workbook's but for the positions split)
     with K drafts a user (``draft_tokens=K``) against its own plain decoding, per
     model, slice, users, K and per-draft acceptance rate a (each round then emits mk.speculative.emitted_per_round
     tokens a user): the round's time, tokens/s per user and the speed-up, with the distinct experts a layer's rows
     route to (expected, uniform routing) beside plain decoding's, and where each step's per-op costs came from
     (``op_costs``, ``plain_op_costs``: mk.timing.predict's). The drafter is n-gram lookup (no weights), or with
-    ``assistant`` (mk.assistant_config.AssistantConfig) Gemma 4's assistant, its K programs a round costed too."""
+    ``assistant`` (mk.assistant_config.AssistantConfig) Gemma 4's assistant, its K programs a round costed too;
+    weights in ``dtype``."""
     rows = []
     for m in models:
         cfg = get_config(m)
         for chip in chips:
             for b in users:
-                plain = predict(cfg, chip, context, b, setup=VERIFYING_KERNEL)
+                plain = predict(cfg, chip, context, b, dtype=dtype, setup=VERIFYING_KERNEL)
                 for k in drafts:
                     # the round's time does not depend on the acceptance: one prediction, its tokens scaled
                     setup = VERIFYING_KERNEL.but(draft_tokens=k)
-                    spec = predict(cfg, chip, context, b, setup=setup, acceptance=1, assistant=assistant)
+                    spec = predict(cfg, chip, context, b, dtype=dtype, setup=setup, acceptance=1, assistant=assistant)
                     for a in accept_rates:
                         emitted = emitted_per_round(a, k)
                         p = dataclasses.replace(spec, tokens_per_round=emitted)

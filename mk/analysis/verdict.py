@@ -353,6 +353,65 @@ VERDICTS = (
 )  # fmt: skip
 
 
+# The write-up's Kimi rows are Inferact's figures for Kimi K3, whose config is not published, on hardware the write-up
+# does not name: they are modelled with Kimi K2 (data/configs/kimi-k2, its stand-in), in the format it is released in
+# (data/released_formats.csv), both engines on the smallest slice of the write-up's TPU that holds it; DeepSeek-V3
+# (the same architecture, no published figure) beside it. A comparison, not a test of the model: another model on
+# hardware of our choosing.
+STAND_INS = {"kimi-k3": "kimi-k2"}
+BIG_VERDICTS = (
+    ("verdict_kimi_one_user", "MoE model past one host, one user (Kimi)", 1),
+    ("verdict_kimi_eight_users", "MoE model past one host, eight users (Kimi)", 8),
+)
+BESIDE = "deepseek-v3"
+STAND_IN_ROLE = "stand-in (another model, on a slice the write-up does not name)"
+
+
+def big_model_cases(model: str, batch: int, context: int = 1024) -> tuple[Case, Case]:
+    """The megakernel's case and the general stack's for ``model`` in its released format, on the smallest documented
+    slice of the write-up's TPU (mk.sol.auto_chip) holding its weights and ``batch`` users' caches."""
+    from ..formats import released_format
+    from ..sol import auto_chip
+
+    fmt = released_format(model).dtype
+    chip = auto_chip(model, get_chip(MEGAKERNEL_SLICE).base, fmt, context, batch).name
+    return (Case(model, chip, context, batch, dtype=fmt),
+            Case(model, chip, context, batch, engine="general", dtype=fmt))  # fmt: skip
+
+
+def _speedup(mk_case: Case, gen_case: Case) -> tuple[float, Prediction, Prediction]:
+    m, g = mk_case.predict(), gen_case.predict()
+    return m.tokens_per_s / g.tokens_per_s, m, g
+
+
+def _tok_s(p: Prediction, case: Case) -> str:
+    setup = f", {p.setup}" if case.engine != "general" else ""  # past one host: the torus and placement it adds
+    return f"{p.tokens_per_s:.0f} tok/s ({case.chip}, {case.dtype}{setup})"
+
+
+def big_verdicts() -> pd.DataFrame:
+    """The write-up's Kimi rows: published (Inferact's, for Kimi K3), modelled with the stand-in (:data:`STAND_INS`)
+    by :func:`big_model_cases`, with the error; ``beside``: DeepSeek-V3's modelled speed-up the same way."""
+    pub = published_table().set_index("key")
+    rows = []
+    for key, situation, batch in BIG_VERDICTS:
+        named = pub.loc[key, "model"]
+        model = STAND_INS[named]
+        mk_case, gen_case = big_model_cases(model, batch)
+        modelled, m, g = _speedup(mk_case, gen_case)
+        d_mk, d_gen = big_model_cases(BESIDE, batch)
+        d_speedup, dm, _ = _speedup(d_mk, d_gen)
+        value = float(pub.loc[key, "value"])
+        rows.append(dict(
+            key=key, situation=f"{situation}: {model} as the stand-in for {named}", published=value,
+            modelled=modelled, error=modelled / value - 1, measured=math.nan,
+            megakernel=_tok_s(m, mk_case), general=_tok_s(g, gen_case), role=STAND_IN_ROLE,
+            megakernel_setup=mk_case.setup.name,
+            beside=f"{BESIDE}: {d_speedup:.2f}x ({_tok_s(dm, d_mk)})",
+        ))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
     """The write-up's verdict table: the published speed-up, the modelled one (megakernel tokens/s per user
     over the general stack's, each on the hardware the write-up used) with its error, and a measured one
@@ -384,7 +443,8 @@ def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
                 megakernel_setup=mk_case.setup.name,
             )
         )
-    return pd.DataFrame(rows).assign(kind=f"{PUBLISHED} vs {MODELLED}")
+    rows = pd.concat([pd.DataFrame(rows).assign(beside=""), big_verdicts()], ignore_index=True)
+    return rows.assign(kind=f"{PUBLISHED} vs {MODELLED}")
 
 
 def schedule_effect(validation: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -384,7 +384,8 @@ def _gemma4_from_hf(d: dict, name: str) -> ModelConfig:
 def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
     """DeepSeek-V3 and Kimi K2 (model_type kimi_k2, DeepSeek-V3's architecture): MLA in every layer, the first
     ``first_k_dense_replace`` layers dense, then routed experts picked by biased sigmoid scores in groups beside shared
-    ones. The reference runs it (without a RoPE scaling); the megakernel plans and times it. Missing fields take
+    ones, YaRN RoPE (``rope_scaling`` or ``rope_parameters``; the published configs') or none. The reference runs it
+    (another RoPE scaling is described and refused by name); the megakernel plans and times it. Missing fields take
     transformers' DeepseekV3Config defaults."""
     family = d["model_type"]
     need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -407,6 +408,10 @@ def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
         rope_interleave=bool(d.get("rope_interleave", True)),
     )
     rope = _rope_parameters(d)
+    kind, longest = rope.get("rope_type", rope.get("type", "default")), d.get("max_position_embeddings", 4096)
+    scaling = None
+    if kind == "yarn":  # transformers takes max_position_embeddings for a missing original length
+        scaling = yarn_scaling({"original_max_position_embeddings": longest, **rope}, longest)
     n = d["num_hidden_layers"]
     dense = tuple(range(min(d.get("first_k_dense_replace", 3), n)))
     return ModelConfig(
@@ -438,7 +443,8 @@ def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
         router_bias=True,
         dense_layers=dense,
         dense_intermediate=d["intermediate_size"] if dense else 0,
-        rope_scaling_kind=_scaling_kind(rope),
+        rope_scaling=scaling,
+        rope_scaling_kind="" if kind == "yarn" else _scaling_kind(rope),
     )
 
 
@@ -473,7 +479,7 @@ def _deepseek_to_hf(cfg: ModelConfig) -> dict:
         "rms_norm_eps": cfg.rms_eps,
         "tie_word_embeddings": cfg.tied_embeddings,
         "attention_bias": False,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.full_rope_theta},
+        "rope_parameters": _yarn_to_hf(cfg),
     }
 
 
@@ -599,13 +605,19 @@ def _pre_norm_to_hf(cfg: ModelConfig) -> dict:
     return d
 
 
-def _gpt_oss_to_hf(cfg: ModelConfig) -> dict:
-    inv = {v: k for k, v in _HF_LAYER_TYPE.items()}
+def _yarn_to_hf(cfg: ModelConfig) -> dict:
+    """``rope_parameters`` of a RoPE that is plain or YaRN-scaled (gpt-oss, DeepSeek-V3)."""
     rope = {"rope_type": "default", "rope_theta": cfg.full_rope_theta}
     if cfg.rope_scaling is not None:
         y = dataclasses.asdict(cfg.rope_scaling)  # unset: no attention_factor, no mscale (transformers' defaults)
         unset = [k for k in ("attention_factor", "mscale", "mscale_all_dim") if not y[k]]
         rope.update(rope_type="yarn", **{k: v for k, v in y.items() if k not in unset})
+    return rope
+
+
+def _gpt_oss_to_hf(cfg: ModelConfig) -> dict:
+    inv = {v: k for k, v in _HF_LAYER_TYPE.items()}
+    rope = _yarn_to_hf(cfg)
     return {
         "architectures": ["GptOssForCausalLM"],
         "model_type": "gpt_oss",

@@ -1,14 +1,14 @@
 """The model description: ModelConfig (frozen), the small records it holds, and the names of what it can say.
 
-One config type describes every decoder mk reads: Gemma 4 text (26B-A4B / 31B: sliding and full layers, q/k/v
-norms, sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), the Llama 3 / Qwen3 /
-Qwen3-MoE / Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling,
-softmax top-k routing without a shared expert) and gpt-oss (attention sinks, biased projections and experts, a
-clamped SwiGLU, YaRN RoPE), which mk runs (reference and megakernel); DeepSeek-V3 / Kimi K2 (MLA, grouped sigmoid
-routing with its correction bias, dense first layers), which the reference runs and the megakernel not yet
+One config type describes every decoder mk reads: Gemma 4 text (26B-A4B / 31B: sliding and full layers, q/k/v norms,
+sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), the Llama 3 / Qwen3 / Qwen3-MoE /
+Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling, softmax top-k routing
+without a shared expert) and gpt-oss (attention sinks, biased projections and experts, a clamped SwiGLU, YaRN RoPE),
+which mk runs (reference and megakernel); DeepSeek-V3 / Kimi K2 (MLA, grouped sigmoid routing with its correction
+bias, dense first layers, YaRN RoPE with its softmax mscale), which the reference runs and the megakernel not yet
 (``check_runnable(engine)`` says which engine runs what, ``kernel_lacks`` what the kernel lacks); and what it plans
-and times only (``runnable`` says which): DeepSeek-V3's YaRN RoPE, Gemma 2 and 3, and the pre-norm families'
-variants (biased projections and MLP, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's
+and times only (``runnable`` says which): Gemma 2 and 3, and the pre-norm families' variants (biased projections and
+MLP, a RoPE scaling other than Llama 3's, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's
 window). The fields that set a family apart (``family``, ``activation``, ``qk_norm`` ...) default to Gemma 4's.
 
 Field names describe the model, not the checkpoint (mk.config.hf maps Hugging Face names onto them). Every derived
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..units import positive_int
@@ -63,7 +63,7 @@ class YarnScaling:
     :attr:`attention_scale`: ``attention_factor`` if the config gives one, else ``0.1 ln(factor) + 1`` or, with
     ``mscale`` and ``mscale_all_dim`` both set (DeepSeek-V3), the ratio of that form for each. ``factor`` is the
     config's, or ``max_position_embeddings / original_max_position_embeddings`` where it gives none (as transformers
-    does)."""
+    does). DeepSeek-V3 (MLA) also multiplies its softmax scale by :attr:`score_factor`."""
 
     factor: float
     original_max_position_embeddings: int
@@ -86,6 +86,16 @@ class YarnScaling:
         if self.mscale and self.mscale_all_dim:
             return float(get_mscale(self.factor, self.mscale) / get_mscale(self.factor, self.mscale_all_dim))
         return get_mscale(self.factor)
+
+    @property
+    def score_factor(self) -> float:
+        """What DeepSeek-V3's attention multiplies its softmax scale by (transformers' ``yarn_apply_mscale``):
+        ``(0.1 mscale_all_dim ln(factor) + 1)^2`` where ``mscale_all_dim`` is set (and ``factor`` > 1), else 1.
+        (DeepSeek-V3 / Kimi K2: mscale = mscale_all_dim = 1, so cos and sin are unscaled and the scores take it all.)"""
+        if not self.mscale_all_dim or self.factor <= 1:
+            return 1.0
+        m = 0.1 * self.mscale_all_dim * math.log(self.factor) + 1.0
+        return m * m
 
 
 @dataclass(frozen=True)
@@ -135,6 +145,11 @@ PRE_NORM_WIRING = dict(
 )
 
 
+# A field added after plans' code fingerprints were stored (data/schedule keys them on a plan's repr, its config's
+# included): its repr leaves it out while it holds its default, so a model that does not use it keeps its fingerprint.
+SHOWN_IF_SET = {"shown_if_set": True}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A decoder: Gemma 4 text (26B-A4B / 31B family: no per-layer inputs, no KV sharing) by default, or another
@@ -177,29 +192,39 @@ class ModelConfig:
     norm_topk: bool = True  # softmax_topk, sigmoid_grouped: the k weights renormalised to sum to 1
     # sigmoid_grouped (DeepSeek-V3): the experts in ``router_groups`` groups, the top k picked among the
     # ``router_topk_groups`` best groups, their weights times ``routed_scaling``
-    router_groups: int = 1
-    router_topk_groups: int = 1
-    routed_scaling: float = 1.0
-    rope_scaling: RopeScaling | YarnScaling | None = None  # Llama 3's, or YaRN (gpt-oss's)
-    # gpt-oss's (the reference and the kernel run them) ------------------------------------------------
-    sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
-    expert_bias: bool = False  # biases on each expert's projections and on the router (gpt-oss)
-    swiglu_alpha: float = 1.702  # the clamped SwiGLU's: (clip(up, +-limit) + 1) * g * sigmoid(alpha * g),
-    swiglu_limit: float = 7.0  # g = min(gate, limit) (transformers' GptOssExperts)
-    # Planned and timed, not run (``variants_not_run`` names each) -------------------------------------
+    router_groups: int = field(default=1, metadata=SHOWN_IF_SET)
+    router_topk_groups: int = field(default=1, metadata=SHOWN_IF_SET)
+    routed_scaling: float = field(default=1.0, metadata=SHOWN_IF_SET)
+    # Llama 3's, or YaRN (gpt-oss: both engines run it; DeepSeek-V3: the reference only)
+    rope_scaling: RopeScaling | YarnScaling | None = None
+    # gpt-oss's (both engines run them), what the reference runs and the kernel not yet (``kernel_lacks`` names
+    # each), or neither runs (``variants_not_run``) -------------------------------------------------------
     latent_attention: LatentAttention | None = None  # MLA in every layer (full_* are its query/key head dims)
     attention_bias: bool = False  # q, k, v and o biases (gpt-oss, run; a Llama or Qwen3's, planned only)
     mlp_bias: bool = False  # gate, up and down biases of the dense MLP (a Llama's mlp_bias)
+    sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
+    expert_bias: bool = False  # biases on each expert's projections and on the router (gpt-oss)
+    # the clamped SwiGLU's: (clip(up, +-limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit) (GptOssExperts)
+    swiglu_alpha: float = field(default=1.702, metadata=SHOWN_IF_SET)
+    swiglu_limit: float = field(default=7.0, metadata=SHOWN_IF_SET)
     router_bias: bool = False  # a bias on the router's scores, for picking only (DeepSeek-V3)
     # An MoE model's layers whose feed-forward is a dense MLP of dense_intermediate instead of routed experts:
     # DeepSeek-V3's first first_k_dense_replace; Qwen3-MoE's off its decoder_sparse_step or in its mlp_only_layers.
     dense_layers: tuple[int, ...] = ()
     dense_intermediate: int = 0
-    rope_scaling_kind: str = ""  # a RoPE scaling the reference does not run (yarn), named for the record
+    rope_scaling_kind: str = ""  # a RoPE scaling the reference does not run (a Llama's yarn, linear ...), named
     # How the kernel lays out the gated MLPs (mk.plan.layout), carried here so every chip's slice, the packing and
     # the plan agree: "sublanes" holds the intermediate on rows (gate and up transposed), padded to 8 rows;
     # "lanes" (the first layout) on lanes, padded to 128. The reference ignores it.
     ffn_layout: str = "sublanes"
+
+    def __repr__(self) -> str:
+        shown = (
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if f.repr and not (f.metadata.get("shown_if_set") and getattr(self, f.name) == f.default)
+        )
+        return f"ModelConfig({', '.join(shown)})"
 
     def __post_init__(self) -> None:
         problems = []
@@ -342,6 +367,8 @@ class ModelConfig:
             "a router bias": self.router_bias,
             "dense layers among MoE layers": bool(self.dense_layers),
             "sigmoid_grouped routing": self.router == "sigmoid_grouped",
+            # YaRN over MLA's RoPE key (gpt-oss's YaRN, sinks, biases, clamped SwiGLU and routing the kernel runs)
+            "YaRN RoPE scaling": isinstance(self.rope_scaling, YarnScaling) and self.latent_attention is not None,
         }
         return tuple(what for what, used in found.items() if used)
 
@@ -369,8 +396,13 @@ class ModelConfig:
             )
 
     def score_scale(self, layer_type: str) -> float:
-        """What attention scores are multiplied by before the softmax."""
-        return self.head_dim(layer_type) ** -0.5 if self.scale_scores else 1.0
+        """What attention scores are multiplied by before the softmax: ``head_dim^-0.5`` where ``scale_scores``, and
+        for MLA (DeepSeek-V3) with YaRN also its :attr:`YarnScaling.score_factor`, as transformers'
+        ``DeepseekV3Attention`` does (gpt-oss's YaRN scales cos and sin only)."""
+        scale = self.head_dim(layer_type) ** -0.5 if self.scale_scores else 1.0
+        if self.latent_attention is not None and isinstance(self.rope_scaling, YarnScaling):
+            scale *= self.rope_scaling.score_factor
+        return scale
 
     def rope_theta(self, layer_type: str) -> float:
         return self.sliding_rope_theta if layer_type == SLIDING else self.full_rope_theta

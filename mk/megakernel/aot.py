@@ -55,20 +55,58 @@ def compile_for_tpu(
     return plan, compile_plan(plan, chip, compiler_options, vmem_limit_bytes)
 
 
+def aot_target(chip: str) -> tuple[str, str]:
+    """(the chip or slice as mk.chips names it, the topology libtpu compiles it for) of ``chip``: a chip or slice of
+    mk.tpu.TOPOLOGIES (``tpu-v5e``: one chip of a 2x2), a slice whose shape data/slices.csv documents (``tpu-v5e-16``:
+    ``v5e:4x4``, two hosts), or a topology as libtpu names it (``v6e:4x4``: ``tpu-v6e-16``)."""
+    import math
+
+    from ..chips import get_chip, slice_shape, slice_shapes
+    from ..tpu import TOPOLOGIES
+
+    if ":" in chip:
+        gen, _, dims = chip.partition(":")
+        try:
+            n = math.prod(int(d) for d in dims.split("x"))
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"{chip!r} is no TPU topology: give one as libtpu names it, like v5e:4x4 or v5p:2x2x2")
+        return get_chip(f"tpu-{gen}-{n}").name, chip
+    if chip in TOPOLOGIES:
+        return chip, TOPOLOGIES[chip]
+    shape = slice_shape(get_chip(chip))
+    if get_chip(chip).kind != "tpu" or shape is None or shape.chips == 1:
+        shapes = [s for v in slice_shapes().values() for s in v if s.chips > 1 and s.name not in TOPOLOGIES]
+        known = [*TOPOLOGIES, *(s.name for s in shapes)]
+        raise ValueError(
+            f"no TPU topology to compile {chip!r} for: give a slice data/slices.csv documents or mk.tpu.TOPOLOGIES "
+            f"has ({', '.join(known)}), or a topology as libtpu names it (v6e:4x4)"
+        )
+    return shape.name, shape.topology_name
+
+
+def plan_dtypes(plan):
+    """The weights' and the KV cache's data types ``plan`` was built for (f32 or bf16, by its item sizes)."""
+    return tuple(jnp.float32 if n == 4 else jnp.bfloat16 for n in (plan.weight_itemsize, plan.kv_itemsize))
+
+
 def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_limit_bytes: int | None = None):
     """The kernel of ``plan`` (one chip's, of a slice where its setup splits the step) compiled ahead of time for
-    ``chip`` in the plan's own data types (bf16 or f32 by its item sizes, INT8 codes by its scheme)."""
+    ``chip`` (:func:`aot_target`: a slice past one host too) in the plan's own data types (bf16 or f32 by its item
+    sizes, INT8 codes by its scheme)."""
     from ..tpu import aot_compile
 
-    weight_dtype, kv_dtype = (jnp.float32 if n == 4 else jnp.bfloat16 for n in (plan.weight_itemsize, plan.kv_itemsize))
-    limit = vmem_limit_bytes or plan.vmem_limit(chip)
+    name, topo = aot_target(chip)
+    weight_dtype, kv_dtype = plan_dtypes(plan)
+    limit = vmem_limit_bytes or plan.vmem_limit(name)
     shapes = input_shapes(plan, weight_dtype, kv_dtype)
     if plan.chips > 1:
-        return _compile_sharded(plan, chip, shapes, weight_dtype, kv_dtype, limit, compiler_options)
+        return _compile_sharded(plan, topo, shapes, weight_dtype, kv_dtype, limit, compiler_options)
     fn = build_call(plan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes=limit)
     return aot_compile(
         lambda p, c, u: tuple(fn(p, c, u)[:2]),
-        chip,
+        topo,
         packed_shapes(plan.whole_model, weight_dtype, plan.quantize),
         shapes.cache,
         shapes.users,
@@ -85,7 +123,7 @@ def _compile_sharded(plan, chip: str, shapes, weight_dtype, kv_dtype, limit: int
 
     from ..tpu import topology
 
-    devices = topology(chip).devices
+    devices = topology(chip).devices  # every host's chips: one program, each host running its own chips' share
     if len(devices) != plan.chips:
         raise ValueError(f"{chip} has {len(devices)} chips, the plan is split over {plan.chips}")
     mesh = Mesh(np.array(devices), (plan.setup.axis,))
@@ -101,11 +139,8 @@ def _compile_sharded(plan, chip: str, shapes, weight_dtype, kv_dtype, limit: int
 
 
 def compiler_vmem_bytes(cfg: ModelConfig, chip: str, batch: int, max_len: int, **kw) -> tuple[int, float]:
-    """(the plan's VMEM bytes, the VMEM libtpu's compiler says the kernel needs): compiled with a limit
-    of half the plan, the compiler refuses it and states the size of its scoped allocation (rounded
-    by the compiler to three digits)."""
-    import re
-
+    """(the plan's VMEM bytes, the VMEM libtpu's compiler says the kernel needs: :func:`refused_vmem_bytes`) of the
+    plan :func:`compile_for_tpu` builds from the same arguments."""
     plan = build_plan(
         cfg,
         batch,
@@ -113,15 +148,26 @@ def compiler_vmem_bytes(cfg: ModelConfig, chip: str, batch: int, max_len: int, *
         weight_itemsize=jnp.dtype(kw.get("weight_dtype", jnp.bfloat16)).itemsize,
         kv_itemsize=jnp.dtype(kw.get("kv_dtype", jnp.bfloat16)).itemsize,
         tiles=kw.get("tiles", Tiles()),
+        knockout=check_knockout(kw.get("knockout", frozenset())),
+        loop_layers=kw.get("loop_layers", True),
+        setup=kw.get("setup", ONE_CHIP),
         quantize=kw.get("quantize", "none"),
     )
+    return plan.vmem_bytes, refused_vmem_bytes(plan, chip)
+
+
+def refused_vmem_bytes(plan, chip: str) -> float:
+    """The VMEM libtpu's compiler says ``plan``'s kernel needs: given a limit of half the plan's budget it refuses the
+    kernel and states the size of its scoped allocation (to three digits)."""
+    import re
+
     try:
-        compile_for_tpu(cfg, chip, batch, max_len, vmem_limit_bytes=plan.vmem_bytes // 2, **kw)
+        compile_plan(plan, chip, vmem_limit_bytes=plan.vmem_bytes // 2)
     except Exception as e:  # libtpu raises a runtime error naming the allocation
         m = re.search(r"Scoped allocation with size ([\d.]+)([KMG]?)", str(e))
         if m is None:
             raise
-        return plan.vmem_bytes, float(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
+        return float(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
     raise AssertionError("the kernel compiled with half the plan's VMEM: the plan over-counts")
 
 

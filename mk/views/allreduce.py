@@ -1,4 +1,5 @@
-"""Notebook 05's figure of the step after each fix (mk.analysis.allreduce.fix_steps)."""
+"""The all-reduce's figures: notebook 05's step after each fix (mk.analysis.allreduce.fix_steps), notebook 09's
+share of the step over slices of 8 to 256 chips (allreduce_share)."""
 
 from __future__ import annotations
 
@@ -64,4 +65,28 @@ def fix_figure(steps: pd.DataFrame, title: str) -> go.Figure:
         xaxis_tickangle=0,  # the labels wrap at each change instead: tilted, the longest ran into the footer
         xaxis_tickfont_size=11,  # seven wrapped labels side by side
     )
+    return fig
+
+
+def share_figure(share: pd.DataFrame, title: str) -> go.Figure:
+    """mk.analysis.allreduce.allreduce_share as stacked bars, one per slice: the step's time holding compute on the
+    all-reduces and the rest of it, in ms, each bar labelled with the all-reduce's share and hatched where the model
+    does not fit the slice's HBM (its time assumes it did)."""
+    label = [
+        f"{r.chips} chips<br>{r.topology}, {r.hosts:g} host{'s' if r.hosts != 1 else ''}" for r in share.itertuples()
+    ]
+    fits = share.fits_in_hbm.tolist()
+    pattern = dict(shape=["" if f else "/" for f in fits])
+    fig = go.Figure()
+    fig.add_bar(x=label, y=share.allreduce_s * 1e3, name="all-reduces (on the links)", marker_pattern=pattern)
+    fig.add_bar(
+        x=label, y=(share.step_s - share.allreduce_s) * 1e3, name="the rest of the step", marker_pattern=pattern,
+        text=[f"{s:.0%} all-reduce" + ("" if f else "<br>(does not fit)") for s, f in zip(share.share, fits)],
+        textposition="outside", cliponaxis=False,
+    )  # fmt: skip
+    fig.update_layout(
+        title=title, barmode="stack", yaxis_title="ms per decode step (modelled)",
+        yaxis_range=[0, 1.2 * float(share.step_s.max()) * 1e3],
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0), xaxis_tickangle=0,
+    )  # fmt: skip
     return fig

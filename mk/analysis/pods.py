@@ -1,0 +1,61 @@
+"""Models past one host: each big model in the format it is released in, on the smallest documented slice of a TPU
+that holds it, the megakernel against the general stack there (both modelled by mk.timing, the megakernel as it is
+charged past one host: the slice's torus, whole experts over hosts), and the write-up's Kimi rows beside their
+stand-in's numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from ..chips import get_chip, slice_shape
+from ..published import published_table
+from ..timing import MODELLED
+from .claims import speculative_stand_in
+from .verdict import BIG_VERDICTS, big_model_cases, big_verdicts
+
+
+def pod_table(models, batches=(1, 8), context: int = 1024) -> pd.DataFrame:
+    """Each model in its released format (data/released_formats.csv) at each batch, on the smallest documented v5e
+    slice holding its weights and that batch's caches (mk.analysis.verdict.big_model_cases): the megakernel's and the
+    general stack's tokens/s per user, the speed-up, the megakernel's step, its time on the links between chips and
+    that time's share of the step, and its fraction of the slice's speed of light."""
+    rows = []
+    for model in models:
+        for batch in batches:
+            mk_case, gen_case = big_model_cases(model, batch, context)
+            m, g = mk_case.predict(), gen_case.predict()
+            shape = slice_shape(get_chip(mk_case.chip))
+            links_s = m.breakdown.get("ici_s", 0.0)
+            rows.append(
+                dict(
+                    model=model, format=mk_case.dtype, chip=mk_case.chip, topology=shape.topology if shape else "",
+                    hosts=shape.hosts if shape else math.nan, users=batch, megakernel_tokens_per_s=m.tokens_per_s,
+                    general_tokens_per_s=g.tokens_per_s, speedup=m.tokens_per_s / g.tokens_per_s,
+                    step_ms=m.step_s * 1e3, links_ms=links_s * 1e3, links_share=links_s / m.step_s,
+                    fraction_of_sol=m.fraction_of_sol, setup=m.setup, op_costs=m.op_costs,
+                )
+            )  # fmt: skip
+    return pd.DataFrame(rows).assign(kind=MODELLED)
+
+
+def stand_in_rows() -> pd.DataFrame:
+    """The write-up's Kimi rows (Inferact's figures, for a model whose config is not published): each published value
+    beside its stand-in's modelled one (mk.analysis.verdict.big_verdicts, mk.analysis.claims.speculative_stand_in),
+    the error, and what was modelled in words."""
+    pub = published_table().set_index("key")
+    verdicts = big_verdicts().set_index("key")
+    rows = []
+    for key, _, _ in BIG_VERDICTS:
+        r = verdicts.loc[key]
+        what = f"speed-up over the general stack ({r.megakernel} against {r.general}); beside it {r.beside}"
+        rows.append(dict(key=key, situation=r.situation, published=r.published, modelled=r.modelled, unit="x",
+                         error=r.error, modelled_as=what))  # fmt: skip
+    for key in pub.index[pub.quantity == "tokens_per_s_lower_bound"]:
+        value, words = speculative_stand_in(pub.loc[key])
+        published = float(pub.loc[key, "value"])
+        rows.append(dict(key=key, situation=f"speculative decoding fused in (over {published:g} tok/s published)",
+                         published=published, modelled=value, unit="tok/s", error=value / published - 1,
+                         modelled_as=words))  # fmt: skip
+    return pd.DataFrame(rows).assign(kind=f"published (the write-up; Inferact's figures) vs {MODELLED}")
