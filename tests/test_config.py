@@ -231,14 +231,19 @@ def test_deepseek_v3_and_kimi_k2_run_in_the_reference_with_yarn_and_the_kernel_r
         MegakernelEngine(cfg)
 
 
-def test_gpt_oss_runs_in_the_reference_and_the_kernel_refuses_it_by_name():
-    """gpt-oss's published config: the reference runs it (tests/test_gpt_oss.py holds it to transformers), the
-    megakernel names what it lacks."""
+def test_gpt_oss_runs_in_the_reference_and_the_kernel():
+    """gpt-oss's published config: both engines run it (tests/test_gpt_oss.py holds the reference to transformers,
+    tests/test_gpt_oss_kernel.py the megakernel to the reference); its 64 query heads split over 8 chips are refused
+    by name (the kernel packs its attention biases and sinks whole, for attention on every chip)."""
+    from mk.kernel_setup import KernelSetup
+    from mk.megakernel.kernel import MegakernelEngine
+
     cfg = load_hf_config(Path(__file__).resolve().parent.parent / "data" / "configs" / "gpt-oss-20b")
-    assert cfg.family == "gpt_oss" and cfg.runnable and cfg.rope_scaling.factor == 32.0
+    assert cfg.family == "gpt_oss" and cfg.runnable and cfg.rope_scaling.factor == 32.0 and not cfg.kernel_lacks
     cfg.check_runnable("reference")
-    with pytest.raises(ValueError, match="attention sinks, .*YaRN RoPE scaling: the megakernel does not run them"):
-        cfg.check_runnable("megakernel")
+    cfg.check_runnable("megakernel")
+    with pytest.raises(ValueError, match="attention biases and sinks with attention on every chip only"):
+        MegakernelEngine(cfg, setup=KernelSetup(8))
 
 
 def test_a_folder_of_data_configs_is_a_model_by_its_name():

@@ -6,7 +6,8 @@ The new token's K/V seed the softmax (they are in VMEM already); cache tiles are
 tile holding the user's position, and a slot counts only where the position it holds (position p lives in slot
 p mod the layer's slots, as in mk.reference) is before the user's and, on a sliding layer, inside its window.
 Scores scaled by the model's score scale (folded into q: 1 for Gemma 4, 1/sqrt(head_dim) for the pre-norm
-families), no softcap.
+families), no softcap. gpt-oss: q/k/v biases added before RoPE, YaRN's factor on cos and sin, each head's sink logit
+in its softmax's denominator (attention on every chip: heads split over chips are refused for it).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ..config import SLIDING
-from ..plan import BLOCK, LANE, kv_tiles_read
+from ..config import SLIDING, YarnScaling
+from ..plan import BLOCK, LANE, kv_tiles_read, round_up
 from .dense import NEG, rms
 from .refs import POSITION
 
@@ -40,12 +41,18 @@ def emit_qkv_norm_rope(k, op):
     pos = s.users_vmem[:, POSITION : POSITION + 1].astype(jnp.float32)  # [rows, 1]
     ang = pos * inv
     cos, sin = jnp.cos(ang), jnp.sin(ang)
+    if isinstance(cfg.rope_scaling, YarnScaling):  # YaRN's attention factor on cos and sin (mk.blocks.rope)
+        factor = jnp.float32(cfg.rope_scaling.attention_scale)
+        cos, sin = cos * factor, sin * factor
     lane = jax.lax.broadcasted_iota(jnp.int32, (1, hd), 1)
     sign = jnp.where(lane < hd // 2, -1.0, 1.0).astype(jnp.float32)
     qk = cfg.qk_norm
     qn, kn = (k.layer_vec(i, "q_norm", hd), k.layer_vec(i, "k_norm", hd)) if qk else (None, None)
     scale = k.model.score_scale(t)  # of the model's own head dim
     q, kr, vr = s.acts["q"], s.acts["k"], s.acts["v"]
+    if cfg.attention_bias:  # gpt-oss: the projections' biases (each head in its lanes, as their columns)
+        for name, ref, heads in (("q", q, nh), ("k", kr, kv), ("v", vr, kv)):
+            ref[:, : heads * hd] = ref[:, : heads * hd] + k.layer_vec(i, f"{name}_bias", heads * hd)
     for h in range(nh):
         c = slice(h * hd, (h + 1) * hd)
         qh = rope(rms(q[:, c], eps, qn, on and qk, n), cos, sin, sign)
@@ -197,7 +204,9 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
 
         state = jax.lax.fori_loop(0, n_tiles, body, tuple(state))
         for g in range(kv):
-            _, l, acc = state[g]
+            m, l, acc = state[g]
+            if cfg.sinks:  # each head's sink logit in the denominator only (mk.blocks.softmax_sinks)
+                l = l + jnp.exp(_head_sinks(k, op.layer, g * rep, rep, R) - m)
             o = acc / l
             for r in range(rep):
                 h = g * rep + r
@@ -212,6 +221,16 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
             writes += _start_write_back(buf, kc, vc, knew, vnew, b, (pos + j) % S, kv, hd, row=first + j)
     for w in writes:
         w.wait()
+
+
+def _head_sinks(k, layer, first: int, rep: int, R: int):
+    """[rep * R, 1]: the sink logits of query heads ``first`` .. ``first + rep - 1``, each on its R rows (head-major,
+    as the query rows of one KV head)."""
+    width = round_up(k.cfg.num_heads, LANE)
+    sinks = k.layer_vec(layer, "sinks", width)  # [1, width]: one head a lane
+    lane = jax.lax.broadcasted_iota(jnp.int32, (rep * R, width), 1)
+    head = first + jax.lax.broadcasted_iota(jnp.int32, (rep * R, width), 0) // R
+    return jnp.sum(jnp.where(lane == head, sinks, 0.0), axis=1, keepdims=True)
 
 
 def emit_attend_users(k, op):

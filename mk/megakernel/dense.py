@@ -127,6 +127,8 @@ def emit_attention_residual(k, op):
     x = a["x"][...]
     if op.attention_on:
         out = a["attn_out"][...]
+        if cfg.attention_bias:  # gpt-oss's o bias: once, after the heads' partial sums meet
+            out = out + k.layer_vec(i, "o_bias")
         x = x + (norm(out, w=k.layer_vec(i, "post_attn_norm")) if cfg.sandwich_norms else out)
         a["x"][...] = x
     a["xn"][...] = norm(x, w=k.layer_vec(i, "pre_ffn_norm"))

@@ -325,6 +325,7 @@ def build_call(
     and on request the logits [B, V] and the DMA counts. ``probe``: the step takes the activations'
     values before its first op and returns them after its last (to test a plan cut to a few ops)."""
     plan.cfg.check_runnable("megakernel")
+    check_heads_split(plan.whole_model, plan.setup)
     split_attention = plan.setup is not None and (
         plan.setup.users_split or any(plan.position_share(t) > 1 for t in set(plan.cfg.layer_types))
     )
@@ -395,6 +396,19 @@ def build_call(
         return out
 
     return step
+
+
+def check_heads_split(cfg: ModelConfig, setup) -> None:
+    """Refuse attention heads split over chips for a model with attention biases or sinks (gpt-oss): their vectors
+    are packed whole, for attention on every chip (its heads fewer than the chips, or one chip)."""
+    from ..sharding import heads_split
+
+    if setup is not None and setup.sharded and (cfg.sinks or cfg.attention_bias) and heads_split(cfg, setup.chips):
+        raise ValueError(
+            f"{cfg.name}: its {cfg.num_heads} query heads would be split over {setup.chips} chips, but the megakernel "
+            "runs attention biases and sinks with attention on every chip only (heads fewer than the chips, or one "
+            "chip); use the reference engine or fewer chips"
+        )
 
 
 def _is_spec(x) -> bool:
@@ -479,6 +493,7 @@ class MegakernelEngine:
         cfg.check_runnable("megakernel")
         cfg = setup.laid_out(cfg)  # the packing and the plan read the setup's layout of the gated MLPs from cfg
         self.cfg, self.tiles, self.detect_races, self.setup = cfg, tiles, detect_races, setup
+        check_heads_split(cfg, setup)
         if setup.sharded:
             chip_config(cfg, setup)  # refuses a placement the model cannot take, before any weights move
             self.mesh = mesh if mesh is not None else make_mesh(setup.chips, jax.devices()[: setup.chips], setup.axis)

@@ -1,4 +1,5 @@
-"""Routing and the routed experts inside the kernel.
+"""Routing and the routed experts inside the kernel (Gemma 4's router, softmax-then-top-k, and gpt-oss's biased
+top-k-then-softmax; gpt-oss's expert biases, each a row read by a small DMA, and its clamped SwiGLU).
 
 ``lax.top_k`` and sort have no Mosaic lowering, so top-k is k rounds of max + lowest index among the
 maxima (the tie-break ``lax.top_k`` uses) + mask. The experts any user routed to are flagged in a
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ..plan import LANE, ROWS
 from .dense import NEG
 
 COUNT = 1  # row of Scratch.experts whose lane 0 holds how many distinct experts were routed
@@ -39,6 +42,8 @@ def emit_route(k, op):
     if not op.router_on:  # the reference's knock-out: experts 0..k-1, weight 1/k each
         gates = jnp.where(lane < K, 1.0 / K, 0.0).astype(jnp.float32)
         picked = lane < K
+    elif cfg.router == "topk_softmax":
+        gates, picked = _topk_softmax(k, op, lane, E, K)
     else:
         logits = jnp.where(lane < E, s.acts["router"][...], NEG)
         p = jnp.exp(logits - jnp.max(logits, axis=1, keepdims=True))
@@ -73,6 +78,31 @@ def emit_route(k, op):
     s.acts["moe"][...] = jnp.zeros(s.acts["moe"].shape, jnp.float32)
 
 
+def _topk_softmax(k, op, lane, E: int, K: int):
+    """gpt-oss's routing (mk.blocks.route): the top k of the logits plus the router's bias, a softmax over those k.
+    (combine weights, picked) over the [rows, E_pad] lanes."""
+    ep = lane.shape[1]
+    logits = jnp.where(lane < E, k.scratch.acts["router"][...] + k.layer_vec(op.layer, "router_bias", ep), NEG)
+    chosen = []
+    for _ in range(K):
+        m = jnp.max(logits, axis=1, keepdims=True)
+        idx = jnp.min(jnp.where(logits == m, lane, ep), axis=1, keepdims=True)
+        chosen.append((m, idx))
+        logits = jnp.where(lane == idx, 2 * NEG, logits)  # below every real and padded logit
+    top = chosen[0][0]  # the largest: the softmax's shift
+    weights = [jnp.exp(m - top) for m, _ in chosen]
+    total = weights[0]
+    for w in weights[1:]:
+        total = total + w
+    gates = jnp.zeros(lane.shape, jnp.float32)
+    picked = jnp.zeros(lane.shape, jnp.bool_)
+    for w, (_, idx) in zip(weights, chosen):
+        hit = lane == idx
+        gates = jnp.where(hit, w / total, gates)
+        picked = picked | hit
+    return gates, picked
+
+
 def expert_table(used, base, held: int, shape):
     """The routed-expert table (``shape`` [8, E_pad] int32) from ``used`` ([1, E_pad], 1 where any user routed to
     the expert): row 0 lists the flagged experts among this chip's ``held`` from ``base`` (all E unless they are
@@ -96,17 +126,56 @@ def expert_table(used, base, held: int, shape):
     return jnp.where(r == 0, ids, jnp.where(r == COUNT, count, 0))
 
 
+def clamped_swiglu(g, u, alpha: float, limit: float):
+    """gpt-oss's clamped SwiGLU (mk.blocks.gated): ``(clip(u, +-limit) + 1) * g * sigmoid(alpha g)``, g capped at
+    ``limit``."""
+    g = jnp.minimum(g, jnp.float32(limit))
+    u = jnp.clip(u, jnp.float32(-limit), jnp.float32(limit))
+    return (u + 1.0) * (g * jax.nn.sigmoid(g * jnp.float32(alpha)))
+
+
 def emit_gated_act(k, op):
-    a = k.scratch.acts
-    act = gelu_tanh if k.cfg.activation == "gelu_tanh" else jax.nn.silu
-    a[op.dst][:, : op.n] = act(a[op.src][:, : op.n]) * a[op.dst][:, : op.n]
+    a, cfg = k.scratch.acts, k.cfg
+    g, u = a[op.src][:, : op.n], a[op.dst][:, : op.n]
+    if cfg.expert_bias and op.expert is not None:  # gpt-oss: the chunk's gate and up biases of the slot's expert
+        half = k.inputs.weights[f"{op.layer_type}.expert_gate_up_bias"].shape[-1] // 2
+        g = g + _expert_bias(k, op, "expert_gate_up_bias", op.off, op.n)
+        u = u + _expert_bias(k, op, "expert_gate_up_bias", half + op.off, op.n)
+    if cfg.activation == "swiglu_clamped":
+        a[op.dst][:, : op.n] = clamped_swiglu(g, u, cfg.swiglu_alpha, cfg.swiglu_limit)
+        return
+    act = gelu_tanh if cfg.activation == "gelu_tanh" else jax.nn.silu
+    a[op.dst][:, : op.n] = act(g) * u
+
+
+def _expert_bias(k, op, name: str, first, n: int):
+    """[1, n] lanes ``first`` .. of the bias ``name`` of the expert in slot ``op.expert``, layer ``op.index`` of its
+    type: the aligned block of 8 rows holding the expert's row, HBM -> VMEM (a serial DMA), its row picked out."""
+    s, src = k.scratch, k.inputs.weights[f"{op.layer_type}.{name}"]
+    e = k.expert_id(op.expert)  # among this chip's experts: the rows of its bias tensors
+    start = e // ROWS * ROWS
+    start = start if isinstance(start, int) else pl.multiple_of(start, ROWS)
+    width = src.shape[-1]
+    c = pltpu.make_async_copy(
+        src.at[op.index, pl.ds(start, ROWS), :], s.expert_bias.at[:, pl.ds(0, width)], s.expert_bias_sem.at[0]
+    )
+    c.start()
+    c.wait()
+    first = first if isinstance(first, int) else pl.multiple_of(first, LANE)
+    block = s.expert_bias[:, pl.ds(first, n)].astype(jnp.float32)
+    pick = jax.lax.broadcasted_iota(jnp.int32, block.shape, 0) == e % ROWS
+    return jnp.sum(jnp.where(pick, block, 0.0), axis=0, keepdims=True)
 
 
 def emit_expert_combine(k, op):
-    """moe += gate[:, e] * (expert e's output), e the expert in slot ``op.expert``."""
+    """moe += gate[:, e] * (expert e's output (+ its down projection's bias, gpt-oss)), e the expert in slot
+    ``op.expert``."""
     s = k.scratch
     e = k.expert_base + k.expert_id(op.expert)
     g = s.gates[...]
     lane = jax.lax.broadcasted_iota(jnp.int32, g.shape, 1)
     w = jnp.sum(jnp.where(lane == e, g, 0.0), axis=1, keepdims=True)
-    s.acts["moe"][...] += w * s.acts["eo"][...]
+    out = s.acts["eo"][...]
+    if k.cfg.expert_bias:
+        out = out + _expert_bias(k, op, "expert_down_bias", 0, out.shape[1])
+    s.acts["moe"][...] += w * out

@@ -24,6 +24,7 @@ from ..config import ModelConfig
 from ..params import scales_inputs
 from ..plan import (
     BLOCK,
+    LANE,
     ROWS,
     layout_config,
     padded_shape,
@@ -33,7 +34,7 @@ from ..plan import (
     vector_rows,
     vector_table_shape,
 )
-from ..plan.layout import head_lanes, scale_rows, scale_width
+from ..plan.layout import EXPERT_BIASES, expert_bias_shape, head_lanes, scale_rows, scale_width
 from ..quant import quantized_paths, scale_path, scheme_of
 from .refs import matrix_shapes, weight_dtypes, weight_shapes
 
@@ -132,6 +133,9 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
     parts: dict[str, list] = {}
     for path, shape in matrix_shapes(cfg).items():
         name = stacked(cfg, path)[0]
+        if path.rsplit(".", 1)[-1] in EXPERT_BIASES:
+            parts.setdefault(name, []).append(expert_bias_to_layout(params[path], path, lay))
+            continue
         parts.setdefault(name, []).append(to_layout(params[path], cfg, path, lay))
         if path in quantized:
             s = scales_to_layout(params[scale_path(path)], cfg, path, shape, lay)
@@ -149,6 +153,11 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
             table[row, :] = v[0]  # broadcast, so x * row multiplies every lane
         elif name in ("q_norm", "k_norm"):
             table[row, head_lanes(v.size)] = v
+        elif name in ("q_bias", "k_bias", "v_bias"):  # each head's in its lanes, as the projection's columns
+            hd = cfg.head_dim(cfg.layer_types[int(path.split(".")[1])])
+            heads = v.size // hd
+            lanes = (np.arange(heads)[:, None] * round_up(hd, LANE) + head_lanes(hd)[None, :]).reshape(-1)
+            table[row, lanes] = v
         else:
             table[row, : v.size] = v
     freqs = np.zeros((ROWS, max(lay.sliding_head_dim, lay.full_head_dim)), np.float32)
@@ -156,6 +165,23 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
         f = inv_freq(cfg, t)
         freqs[r, head_lanes(2 * f.size)] = np.concatenate([f, f])
     return dict(vectors=jnp.asarray(table), inv_freq=jnp.asarray(freqs), weights=weights)
+
+
+def expert_bias_to_layout(a, path: str, lay: ModelConfig):
+    """gpt-oss's expert bias ``[E, 2I]`` (the gate's I, then the up's) or ``[E, H]`` in the kernel's layout
+    (mk.plan.layout.expert_bias_shape): a row an expert; the gate's and the up's each from a whole lane."""
+    name = path.rsplit(".", 1)[-1]
+    rows, width = expert_bias_shape(lay, name, a.shape[0])
+    out = jnp.zeros((rows, width), a.dtype)
+    if name == "expert_gate_up_bias":
+        inter = a.shape[1] // 2
+        return (
+            out.at[: a.shape[0], :inter]
+            .set(a[:, :inter])
+            .at[: a.shape[0], width // 2 : width // 2 + inter]
+            .set(a[:, inter:])
+        )
+    return out.at[: a.shape[0], : a.shape[1]].set(a)
 
 
 def packed_shapes(cfg: ModelConfig, weight_dtype, quantize: str = "none") -> dict:

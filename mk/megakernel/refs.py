@@ -13,7 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 from ..config import ModelConfig
 from ..params import param_specs
 from ..plan import BLOCK, LANE, ROWS, Attend, StepPlan, padded_shape, round_up, stacked, vector_table_shape
-from ..plan.layout import scale_rows, scale_width
+from ..plan.layout import EXPERT_BIASES, scale_rows, scale_width
 from ..quant import SCALE_SUFFIX, quantized_paths, scale_path
 
 TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
@@ -96,6 +96,8 @@ class Scratch(NamedTuple):
     logits_stage: Any = None  # [2, B, 1, head_tile] f32: a head tile's logits on their way to HBM (if asked)
     logits_sem: Any = None  # DMA [2]
     collective: Any = None  # over several chips: CollectiveScratch scratch
+    expert_bias: Any = None  # gpt-oss: [8, width], the aligned block of rows around an expert's biases
+    expert_bias_sem: Any = None  # DMA [1]
 
 
 class Exchange(NamedTuple):
@@ -134,7 +136,9 @@ def weight_shapes(cfg: ModelConfig, experts: int | None = None, quantize: str = 
     for path, shape in matrix_shapes(cfg).items():
         name, index = stacked(cfg, path)
         padded = padded_shape(cfg, path, shape)
-        if experts is not None and path.rsplit(".", 1)[-1].startswith("expert_"):
+        if experts is not None and path.rsplit(".", 1)[-1] in EXPERT_BIASES:
+            padded = padded_shape(cfg, path, (experts, *shape[1:]))
+        elif experts is not None and path.rsplit(".", 1)[-1].startswith("expert_"):
             padded = (experts, *padded[1:])
         out[name] = padded if index is None else (index + 1, *padded)
         if path in quantized:
@@ -260,7 +264,17 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
         logits_stage=pltpu.VMEM((2, B, 1, plan.head_tile), jnp.float32) if with_logits else None,
         logits_sem=pltpu.SemaphoreType.DMA((2,)) if with_logits else None,
         collective=collective_shapes(plan) if plan.chips > 1 else None,
+        **expert_bias_shapes(cfg, shapes.weights),
     )
+
+
+def expert_bias_shapes(cfg: ModelConfig, weights: dict) -> dict:
+    """gpt-oss's expert biases: one VMEM block wide enough for a block of rows of either bias tensor."""
+    if not cfg.expert_bias or not cfg.is_moe:
+        return {}
+    biases = [x for name, x in weights.items() if name.rsplit(".", 1)[-1] in EXPERT_BIASES]
+    width = max(x.shape[-1] for x in biases)
+    return dict(expert_bias=pltpu.VMEM((ROWS, width), biases[0].dtype), expert_bias_sem=pltpu.SemaphoreType.DMA((1,)))
 
 
 def users_split_shapes(plan: StepPlan, t: str) -> UsersSplit:

@@ -285,7 +285,10 @@ class Builder:
                         expert=expert,
                     )
                 )
-            self.op(GatedAct(layer, component, 10 * B * tc, src=gate, dst=up, n=tc, expert=expert))
+            biased = {}
+            if self.cfg.expert_bias and expert is not None:  # gpt-oss's: the chunk's gate and up biases
+                biased = dict(off=c, index=type_index(self.cfg, layer), layer_type=self.cfg.layer_types[layer])
+            self.op(GatedAct(layer, component, 10 * B * tc, src=gate, dst=up, n=tc, expert=expert, **biased))
             lid = self.load(d, layer, component, (c, tc), (0, h), expert, (w, h))
             self.op(
                 MatmulTile(
@@ -470,7 +473,8 @@ class Builder:
             self.act("eo", H)
             for j in range(expert_slots(cfg, B, self.experts_held)):
                 self.mlp(p, i, EXPERTS, x2, "eo", ("expert_gate", "expert_up", "expert_down"), expert=j)
-                self.op(ExpertCombine(i, EXPERTS, 2 * B * H, expert=j))
+                biased = dict(index=type_index(cfg, i), layer_type=t) if cfg.expert_bias else {}
+                self.op(ExpertCombine(i, EXPERTS, 2 * B * H, expert=j, **biased))
         partial_sums = [a for a, on in (("ffn", shared), ("moe", moe and EXPERTS not in self.ko)) if on]
         self.all_reduce(i, partial_sums, self.setup.collective.payload_itemsize())
         self.op(FfnResidual(i, NORMS, 10 * B * H))

@@ -97,6 +97,8 @@ def padded_shape(cfg: ModelConfig, path: str, shape: tuple[int, ...]) -> tuple[i
     """The shape a tensor has in the kernel's HBM layout (mk.params' shape in; expert count padded to 128;
     the intermediates as ``cfg.ffn_layout`` says)."""
     name = path.rsplit(".", 1)[-1]
+    if name in EXPERT_BIASES:  # [E, width] as rows of whole lanes, the experts padded to 8 (a DMA takes 8 rows)
+        return expert_bias_shape(cfg, name, shape[0])
     if cfg.outputs_on_rows(path):
         return (*shape[:-2], laid_out_intermediate(cfg, shape[-1]), shape[-2])
     if cfg.ffn_layout == "sublanes" and name in GATED_OUT:
@@ -112,6 +114,17 @@ def padded_shape(cfg: ModelConfig, path: str, shape: tuple[int, ...]) -> tuple[i
     if cfg.latent_attention is not None and name in ("q", "q_a", "q_b", "kv_a", "kv_b", "o"):
         return tuple(round_up(d, LANE) for d in shape)  # MLA's ranks, latent and head dims need not be whole lanes
     return shape
+
+
+EXPERT_BIASES = ("expert_gate_up_bias", "expert_down_bias")  # gpt-oss's, read a row (one expert's) at a time
+
+
+def expert_bias_shape(cfg: ModelConfig, name: str, experts: int) -> tuple[int, int]:
+    """The kernel's layout of an expert bias of ``experts`` experts: a row an expert, padded to whole sublane tiles;
+    the gate's and the up's biases each in ``round_up(I, 128)`` lanes (the gate's first), the down's in the hidden
+    size's."""
+    width = 2 * round_up(cfg.expert_intermediate, LANE) if name == "expert_gate_up_bias" else cfg.hidden_size
+    return round_up(experts, ROWS), round_up(width, LANE)
 
 
 def type_index(cfg: ModelConfig, i: int) -> int:
@@ -158,8 +171,10 @@ def vector_stride(cfg: ModelConfig) -> int:
 def vector_table_shape(cfg: ModelConfig) -> tuple[int, int]:
     """Rows and width of the packed table of norm weights and scales (one vector a row)."""
     n = 1 + len(vector_rows(cfg))
-    width = round_up(max(cfg.hidden_size, cfg.full_head_dim, cfg.sliding_head_dim, cfg.num_experts, 1), LANE)
-    return n, width
+    width = max(cfg.hidden_size, cfg.full_head_dim, cfg.sliding_head_dim, cfg.num_experts, 1)
+    if cfg.attention_bias:  # q's bias over every query head, each head in whole lanes (mk.megakernel.pack)
+        width = max(width, cfg.num_heads * round_up(max(cfg.full_head_dim, cfg.sliding_head_dim), LANE))
+    return n, round_up(width, LANE)
 
 
 def layers_in_hbm(cfg: ModelConfig, hbm_bytes: float, batch: int, max_len: int, itemsize: int = 2) -> int:

@@ -193,23 +193,32 @@ class MatmulTile(Op):
 
 @dataclass(frozen=True)
 class GatedAct(Op):
-    """dst[:, :n] = act(src[:, :n]) * dst[:, :n]: the gated activation (GeGLU, SwiGLU: the model's ``activation``)
-    of one MLP (or expert) chunk."""
+    """dst[:, :n] = act(src[:, :n]) * dst[:, :n]: the gated activation (GeGLU, SwiGLU, gpt-oss's clamped SwiGLU: the
+    model's ``activation``) of one MLP (or expert) chunk. With expert biases (gpt-oss) the chunk's gate and up
+    biases are added first: the chunk starts at ``off`` of the intermediate, ``index`` is the layer's place in its
+    type's stacked bias tensor, ``layer_type`` its type (unset and out of the code fingerprint otherwise)."""
 
     src: str = ""
     dst: str = ""
     n: int = 0
     expert: int | None = None
+    off: int = field(default=0, repr=False)
+    index: int = field(default=0, repr=False)
+    layer_type: str = field(default="", repr=False)
 
-    STRIDED: ClassVar = ("expert",)
+    STRIDED: ClassVar = ("expert", "off")
     LOOPABLE: ClassVar = True
 
 
 @dataclass(frozen=True)
 class ExpertCombine(Op):
-    """moe += gate[:, e] * expert_out for the expert in routed slot ``expert``."""
+    """moe += gate[:, e] * expert_out for the expert in routed slot ``expert`` (its down projection's bias added to
+    its output first, where experts have biases: ``index`` the layer's place in its ``layer_type``'s stacked bias
+    tensor)."""
 
     expert: int = 0
+    index: int = field(default=0, repr=False)
+    layer_type: str = field(default="", repr=False)
 
     STRIDED: ClassVar = ("expert",)
     LOOPABLE: ClassVar = True

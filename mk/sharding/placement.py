@@ -221,6 +221,9 @@ def chip_params(params: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -
         return params
     out = {}
     for path, a in params.items():
+        if path.endswith(("expert_gate_up_bias", "expert_down_bias")):
+            out[path] = _expert_bias_cut(a, cfg, setup, chip, path)
+            continue
         matrix = path.removesuffix(SCALE_SUFFIX)
         cut = _matrix_cut(cfg, setup, chip, matrix)
         if cut is not None and matrix != path:  # scales: one of the matrix's last two axes is gone
@@ -229,6 +232,20 @@ def chip_params(params: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -
             cut = None if axis is None else (axis, *cut[1:])
         out[path] = a if cut is None else _cut(a, *cut)
     return out
+
+
+def _expert_bias_cut(a, cfg: ModelConfig, setup: KernelSetup, chip: int, path: str):
+    """gpt-oss's expert biases on chip ``chip``: its experts' (whole placement); split, its slice of the gate's and
+    of the up's biases ([E, 2I]: the gate's I first), and the down projection's bias on chip 0 only (zeros
+    elsewhere: the experts' partial sums meet in the all-reduce)."""
+    if setup.placement != Placement.SPLIT:
+        n = experts_per_chip(cfg, setup)
+        return _cut(a, 0, chip * n, n)
+    a = np.asarray(a)
+    if path.endswith("expert_down_bias"):
+        return a if chip == 0 else np.zeros_like(a)
+    inter, n = a.shape[1] // 2, chip_config(cfg, setup).expert_intermediate
+    return np.concatenate([_cut(a[:, :inter], 1, chip * n, n), _cut(a[:, inter:], 1, chip * n, n)], axis=1)
 
 
 def chip_cache(cache: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -> dict:
@@ -304,6 +321,8 @@ def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
         return 2 if heads else None
     if name == "o":
         return 1 if heads else None
+    if name in ("expert_gate_up_bias", "expert_down_bias"):  # [layers, experts padded to 8, width]: each chip's own
+        return 2 if setup.placement == Placement.SPLIT and name == "expert_gate_up_bias" else 1
     rows = cfg.ffn_layout == "sublanes"  # the intermediate on rows: [layers, (E,) I, H] (mk.plan.layout)
     if name in ("mlp_gate", "mlp_up"):
         return 1 if rows else 2
