@@ -196,13 +196,15 @@ def test_int8_checkpoint_round_trips(tmp_path):
         np.testing.assert_array_equal(np.asarray(back[path]), np.asarray(a), path)
 
 
-def test_the_megakernel_refuses_gpt_oss_by_name():
+def test_both_engines_take_gpt_oss_and_the_megakernel_refuses_its_heads_split_by_name():
+    """The reference and the megakernel run gpt-oss (tests/test_gpt_oss_kernel.py holds the kernel to it); its heads
+    split over chips are refused by name, not run wrong."""
+    from mk.kernel_setup import WORKBOOK_KERNEL
     from mk.megakernel.kernel import MegakernelEngine
 
     cfg = from_hf_dict(TINY_GPT_OSS, "tiny-gpt-oss")
-    cfg.check_runnable()  # the reference runs it
-    message = r"tiny-gpt-oss is a gpt_oss model with attention sinks, .*: the megakernel does not run them yet; use"
-    with pytest.raises(ValueError, match=message):
-        cfg.check_runnable("megakernel")
-    with pytest.raises(ValueError, match=message):
-        MegakernelEngine(cfg)
+    cfg.check_runnable()
+    cfg.check_runnable("megakernel")
+    assert not cfg.kernel_lacks
+    with pytest.raises(ValueError, match="4 query heads would be split over 2 chips, but the megakernel runs attention"):
+        MegakernelEngine(cfg, setup=WORKBOOK_KERNEL.on(2))

@@ -43,7 +43,7 @@ def test_without_a_tpu_the_command_says_so_in_one_line_and_exits_2():
     [
         (["--model", "gemma5"], "unknown model 'gemma5'"),
         (["--parity-model", "tiny"], "unknown model 'tiny'"),
-        (["--chips", "3"], "whole-expert placement puts E/C experts on each chip"),  # 128 experts, 3 chips
+        (["--chips", "3"], "whole placement puts E/G whole experts on each of G = 3 chips"),  # 128 experts, 3 chips
         (["--placements", "whole,diagonal"], "placements must be some of"),
         (["--budget-s", "0"], "budget_s must be positive"),
         (["--chip", "tpu-v9"], "unknown chip 'tpu-v9'"),

@@ -178,7 +178,7 @@ def test_engine_registry(moe_params):
         assert "counting" in engine_names() and "reference" in engine_names()
     finally:
         unregister_engine("counting"), unregister_engine("blocked")
-    with pytest.raises(ValueError, match="registered engines: reference"):
+    with pytest.raises(ValueError, match="registered engines: .*reference"):  # the megakernel's too, once imported
         gen.generate(moe_params, TINY_MOE, prompt, 5, engine="nope")
 
 

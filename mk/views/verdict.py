@@ -23,6 +23,7 @@ ROLES = {
     "by construction": ("#b07aa1", "star", "by construction: the model cannot give another value"),
     "same point as": ("#bab0ac", "circle-open", "same point as another row, said another way (not counted again)"),
     "derived": ("#bab0ac", "diamond-open", "derived: a ratio of two published points (not counted again)"),
+    "stand-in": ("#edc948", "triangle-up", "stand-in: another model, on a slice of our choosing (not a test)"),
 }
 
 
@@ -170,6 +171,7 @@ VERDICT_MODELLED = {  # the modelled bar of each role: its legend entry and its 
     "test (baseline fitted)": ("modelled: a test whose baseline's per-kernel cost was fitted", "x"),
     "test (megakernel fitted)": ("modelled: a test whose megakernel step is the fitted point of its cost per op", "+"),
     "derived": ("modelled: a ratio of two published points, not a test of its own", "/"),
+    "stand-in": ("modelled with a stand-in (Kimi K2 for the write-up's Kimi): a comparison, not a test", "."),
 }
 
 
@@ -178,7 +180,8 @@ def verdict_figure(table: pd.DataFrame) -> go.Figure:
     write-up's table: a modelled bar hatched by its role (a test, a test whose baseline was fitted, derived from
     two published points), and a situation with no modelled value with its published bar and a note (its role) in
     place of the modelled one."""
-    t = table.assign(situation=table.situation.map(lambda s: "<br>".join(textwrap.wrap(s, 20))))
+    # the situation before its colon (a stand-in's row names its stand-in after it, in the table), wrapped
+    t = table.assign(situation=table.situation.map(lambda s: "<br>".join(textwrap.wrap(s.split(": ")[0], 16))))
     fig = go.Figure()
     fig.add_bar(
         x=t.situation,
@@ -229,6 +232,7 @@ def verdict_figure(table: pd.DataFrame) -> go.Figure:
         ),
         yaxis=dict(title="speed-up (tokens/s per user,<br>megakernel / general stack)", rangemode="tozero"),
         xaxis_tickangle=0,
+        width=max(1000, 150 * len(t)),  # room for every situation's wrapped label side by side
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
     )
     return fig
