@@ -290,15 +290,16 @@ def test_the_validation_figure_has_one_trace_per_role():
     roles = ["test", "fitted", "input", "by construction", "same point as a", "same point as b", "test"]
     table = pd.DataFrame(dict(key=list("abcdefg"), component="", case="c", unit="s", role=roles,
                               published=1.0, modelled=[1.1, 1.0, 1.0, 1.0, 0.9, 0.9, 1e-4]))  # fmt: skip
-    roles = ["derived: a / b", "test (baseline fitted)", "test (megakernel fitted)", "not modelled (no config)"]
+    roles = ["derived: a / b", "test (baseline fitted)", "test (megakernel fitted)", "not modelled (no config)",
+             "stand-in (another model)"]  # fmt: skip
     verdicts = pd.DataFrame(
-        dict(key=list("vwyx"), situation="s", published=2.0, modelled=[1.9, 2.2, 2.4, None], role=roles)
+        dict(key=list("vwyxz"), situation="s", published=2.0, modelled=[1.9, 2.2, 2.4, None, 1.7], role=roles)
     )
     fig = validation_figure(table, verdicts)
     names = [t.name for t in fig.data]
     assert names == [look[2] for look in ROLES.values()]  # one trace per role, in one order, each named
     assert names[0] == "test" and len(fig.data[0].x) == 2
-    assert sum(len(t.x) for t in fig.data) == len(table) + 3  # one marker per row; the unmodelled one has none
+    assert sum(len(t.x) for t in fig.data) == len(table) + 4  # one marker per row; the unmodelled one has none
     assert role_group("same point as mk_v5e8_moe_step") == "same point as" and role_group("derived: a / b") == "derived"
     assert fig.data[0].marker.symbol[1] == "triangle-left"  # beyond the axis: at its edge
 
