@@ -23,7 +23,7 @@ ROLES = {
     "by construction": ("#b07aa1", "star", "by construction: the model cannot give another value"),
     "same point as": ("#bab0ac", "circle-open", "same point as another row, said another way (not counted again)"),
     "derived": ("#bab0ac", "diamond-open", "derived: a ratio of two published points (not counted again)"),
-    "stand-in": ("#edc948", "triangle-up", "stand-in: another model, on a slice of our choosing (not a test)"),
+    "stand-in": ("#edc948", "hexagon", "stand-in: another model, on a slice of our choosing (not a test)"),
 }
 
 
