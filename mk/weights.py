@@ -229,6 +229,7 @@ class SafetensorsCheckpoint:
         from safetensors import SafetensorError, safe_open
 
         self._handles = {}
+        self._headers: dict[Path, tuple[int, dict]] = {}  # a file's data start and header, once it is read raw
         self.where: dict[str, Path] = {}
         self.info: dict[str, tuple[tuple[int, ...], str]] = {}
         for f in files:
@@ -248,20 +249,24 @@ class SafetensorsCheckpoint:
     def read(self, name: str) -> np.ndarray:
         shape, dtype = self.info[name]
         if dtype in _RAW_DTYPES:  # safetensors' NumPy reader has no FP8 type: the bytes, viewed as ml_dtypes' own
-            return _raw_tensor(self.where[name], name).view(_RAW_DTYPES[dtype]).reshape(shape)
+            return self._raw_bytes(name).view(_RAW_DTYPES[dtype]).reshape(shape)
         return self._handles[self.where[name]].get_tensor(name)
+
+    def _raw_bytes(self, name: str) -> np.ndarray:
+        """A tensor's bytes, by its file's header offsets (an 8-byte length, the JSON header, the data); each file's
+        header is parsed once (a real checkpoint's names thousands of tensors)."""
+        file = self.where[name]
+        with open(file, "rb") as f:
+            if file not in self._headers:
+                n = int.from_bytes(f.read(8), "little")
+                self._headers[file] = (8 + n, json.loads(f.read(n)))
+            data, header = self._headers[file]
+            start, end = header[name]["data_offsets"]
+            f.seek(data + start)
+            return np.frombuffer(f.read(end - start), np.uint8)
 
 
 _RAW_DTYPES = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
-
-
-def _raw_tensor(file: Path, name: str) -> np.ndarray:
-    """A tensor's bytes, by the safetensors header's offsets (an 8-byte length, the JSON header, the data)."""
-    with open(file, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        start, end = json.loads(f.read(n))[name]["data_offsets"]
-        f.seek(8 + n + start)
-        return np.frombuffer(f.read(end - start), np.uint8)
 
 
 def _text_prefix(names) -> str:

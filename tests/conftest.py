@@ -108,6 +108,8 @@ DEEPSEEK_V3 = dict(
     tie_word_embeddings=False,
     rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
 )
+# no query bottleneck (q_proj), rotate-half RoPE, 4 groups of 2 (the best 2 groups), weights not renormalised
+DEEPSEEK_NO_Q_LORA = dict(q_lora_rank=None, rope_interleave=False, n_group=4, topk_group=2, norm_topk_prob=False)
 DEEPSEEK_YARN = dict(rope_type="yarn", rope_theta=10_000.0, factor=8.0, original_max_position_embeddings=64,
                      beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)  # fmt: skip
 HF_CONFIGS = {
@@ -142,18 +144,14 @@ HF_CONFIGS = {
     # DeepSeek-V3 (transformers' DeepseekV3ForCausalLM): MLA with a query bottleneck, interleaved RoPE, one dense
     # layer then 8 routed experts in 2 groups (the best group's experts picked) beside a shared one
     "deepseek-v3": DEEPSEEK_V3,
-    # no query bottleneck (q_proj), rotate-half RoPE, 4 groups of 2 (the best 2 groups), weights not renormalised
-    "deepseek-v3-no-q-lora": {
-        **DEEPSEEK_V3,
-        **dict(q_lora_rank=None, rope_interleave=False, n_group=4, topk_group=2, norm_topk_prob=False),
-    },
+    "deepseek-v3-no-q-lora": {**DEEPSEEK_V3, **DEEPSEEK_NO_Q_LORA},
     # YaRN as DeepSeek-V3 publishes it (beta 32 / 1, mscale = mscale_all_dim = 1: cos and sin unscaled, the scores
     # times mscale^2) over a short original length, so the 4 RoPE frequencies are kept, blended, slowed, slowed
     "deepseek-v3-yarn": {**DEEPSEEK_V3, "rope_parameters": DEEPSEEK_YARN},
     # Kimi K2's betas (1 / 1) and unequal mscales (cos and sin scaled too), rotate-half, no query bottleneck
     "deepseek-v3-no-q-lora-yarn": {
         **DEEPSEEK_V3,
-        **dict(q_lora_rank=None, rope_interleave=False, n_group=4, topk_group=2, norm_topk_prob=False),
+        **DEEPSEEK_NO_Q_LORA,
         "rope_parameters": dict(DEEPSEEK_YARN, beta_fast=1.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.707),
     },
 }

@@ -422,8 +422,7 @@ def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
     for key, situation, mk_case, gen_case in VERDICTS:
         pub = float(published_table().set_index("key").loc[key, "value"])
         got = measured.set_index("key")["speedup"].get(key, math.nan) if measured is not None else math.nan
-        m, g = mk_case.predict(), gen_case.predict()
-        modelled = m.tokens_per_s / g.tokens_per_s
+        modelled, m, g = _speedup(mk_case, gen_case)
         role = "test (baseline fitted)" if gen_case in fitted else "test"
         if mk_case in _fitted_megakernel_cases():  # its step is the one the GPU cost per op is fitted to
             role = "test (megakernel fitted)"

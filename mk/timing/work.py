@@ -10,7 +10,10 @@ from functools import lru_cache
 from ..chips import Chip
 from ..params import EXPERTS, HEAD, SCHEMES
 from ..plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan
+from ..plan.layout import BLOCK
 from ..routing import busiest_chip_distribution
+from ..sharding.placement import position_share
+from ..sharding.pods import pod_setup
 from ..sol import get_dtype
 from .constants import chip_constant, matching_rows
 
@@ -88,8 +91,6 @@ def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> 
     """The plan the model times for ``setup`` (mk.kernel_setup.KernelSetup) over ``chip``'s chips: chip 0's, in the
     plan's data type for ``dtype`` (mk.plan.build_plan); past one host, the setup mk.sharding.pods.pod_setup gives
     (the slice's torus; whole experts over hosts, split within each)."""
-    from ..sharding.pods import pod_setup
-
     wi, ki = plan_itemsizes(dtype)
     setup = pod_setup(setup, chip, cfg)
     return build_plan(
@@ -110,9 +111,6 @@ def cache_positions(cfg, context: int, setup) -> int:
     head are split over g chips (mk.sharding.placement.position_share) to g whole blocks, as a deployment would
     allocate it (128 chips sharing DeepSeek-V3's one latent head at 1K: 2,048 slots, 16 a chip); the step still
     reads ``context`` positions."""
-    from ..plan.layout import BLOCK
-    from ..sharding.placement import position_share
-
     multiple = max(position_share(cfg, t, setup) for t in set(cfg.layer_types)) * BLOCK
     return context if multiple == BLOCK else -(-context // multiple) * multiple
 
