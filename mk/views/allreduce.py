@@ -8,6 +8,8 @@ import textwrap
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..figures import template_colours
+
 LABEL_WIDTH = 18  # characters a line of a bar's label: seven setups' names side by side
 
 
@@ -77,16 +79,25 @@ def share_figure(share: pd.DataFrame, title: str) -> go.Figure:
     ]
     fits = share.fits_in_hbm.tolist()
     pattern = dict(shape=["" if f else "/" for f in fits])
+    links, rest = template_colours()[:2]
     fig = go.Figure()
-    fig.add_bar(x=label, y=share.allreduce_s * 1e3, name="all-reduces (on the links)", marker_pattern=pattern)
+    fig.add_bar(x=label, y=share.allreduce_s * 1e3, marker=dict(color=links, pattern=pattern), showlegend=False)
     fig.add_bar(
-        x=label, y=(share.step_s - share.allreduce_s) * 1e3, name="the rest of the step", marker_pattern=pattern,
+        x=label, y=(share.step_s - share.allreduce_s) * 1e3, marker=dict(color=rest, pattern=pattern),
+        showlegend=False,
         text=[f"{s:.0%} all-reduce" + ("" if f else "<br>(does not fit)") for s, f in zip(share.share, fits)],
         textposition="outside", cliponaxis=False,
     )  # fmt: skip
+    # the legend's own swatches: plain colours for the two parts, the hatching said once
+    for name, colour, shape in (
+        ("all-reduces (on the links)", links, ""),
+        ("the rest of the step", rest, ""),
+        *([("hatched: does not fit the slice's HBM (the time assumes it did)", "#bab0ac", "/")] * (not all(fits))),
+    ):
+        fig.add_bar(x=[None], y=[None], name=name, marker=dict(color=colour, pattern=dict(shape=shape)))
     fig.update_layout(
         title=title, barmode="stack", yaxis_title="ms per decode step (modelled)",
         yaxis_range=[0, 1.2 * float(share.step_s.max()) * 1e3],
-        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0), xaxis_tickangle=0,
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, traceorder="normal"), xaxis_tickangle=0,
     )  # fmt: skip
     return fig
