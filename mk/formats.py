@@ -39,12 +39,41 @@ MXFP4 = "mxfp4"
 FORMATS = (FP8, INT4, MXFP4)  # the quant_method values read here
 
 FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
-# The 16 FP4 (e2m1) values by code: sign bit 3, then exponent and mantissa.
-FP4_VALUES = np.array(
-    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32
-)
 MX_BLOCK = 32  # values an MXFP4 scale covers
 INT4_PER_WORD = 8
+INT4_ZERO = 8  # a packed INT4 nibble is q + 8
+
+
+# The arithmetic of each code, written once for numpy and jax.numpy (``xp``): the decoders here and the megakernel's
+# widening in VMEM (mk.megakernel.formats) both use it.
+def fp4_value(code, xp=np):
+    """The FP4 (e2m1) value of 4-bit ``code``: sign bit 3, exponent bits 1-2, mantissa bit 0 (exponent 0:
+    subnormal, 0.5 m)."""
+    e, m = (code >> 1) & 3, code & 1
+    mag = ((e > 0) + 0.5 * m) * (1 << (xp.maximum(e, 1) - 1))
+    return xp.where(code & 8, -mag, mag).astype(xp.float32)
+
+
+def e8m0_value(scale, xp=np):
+    """The float32 power of two 2^(s - 127) an E8M0 exponent ``s`` (uint8) stands for."""
+    return xp.ldexp(xp.ones(scale.shape, xp.float32), scale.astype(xp.int32) - 127)
+
+
+def nibbles(packed, axis: int, xp=np):
+    """The 4-bit codes of the bytes ``packed``, two a byte along ``axis`` (the low nibble first): that axis doubled."""
+    axis %= packed.ndim
+    codes = xp.stack([packed & 0x0F, packed >> 4], axis=axis + 1)
+    return codes.reshape(*packed.shape[:axis], 2 * packed.shape[axis], *packed.shape[axis + 1 :])
+
+
+def pack_nibbles(codes: np.ndarray, axis: int) -> np.ndarray:
+    """``nibbles``' inverse: 4-bit ``codes`` two a byte along ``axis`` (even length), the first in the low nibble."""
+    pairs = np.moveaxis(np.asarray(codes, np.uint8), axis, -1)
+    packed = pairs[..., 0::2] | (pairs[..., 1::2] << 4)
+    return np.ascontiguousarray(np.moveaxis(packed, -1, axis))
+
+
+FP4_VALUES = fp4_value(np.arange(16))  # the 16 FP4 values by code
 
 
 @dataclass(frozen=True)
@@ -99,7 +128,7 @@ def decode_int4_packed(packed: np.ndarray, scale: np.ndarray, shape) -> np.ndarr
     rows, cols = (int(d) for d in shape)
     words = packed.astype(np.int64) & 0xFFFFFFFF  # as unsigned bits
     shifts = 4 * np.arange(INT4_PER_WORD)
-    q = ((words[..., None] >> shifts) & 0xF).reshape(rows, -1)[:, :cols] - 8
+    q = ((words[..., None] >> shifts) & 0xF).reshape(rows, -1)[:, :cols] - INT4_ZERO
     group = cols // scale.shape[-1]
     return q.astype(np.float32) * np.repeat(scale.astype(np.float32), group, axis=-1)
 
@@ -112,7 +141,7 @@ def encode_int4_packed(w: np.ndarray, group: int = 32) -> tuple[np.ndarray, np.n
     g = w.reshape(rows, cols // group, group).astype(np.float32)
     amax = np.abs(g).max(axis=-1, keepdims=True)
     scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float32)
-    q = np.clip(np.rint(g / scale), -8, 7).astype(np.int64).reshape(rows, cols) + 8
+    q = np.clip(np.rint(g / scale), -8, 7).astype(np.int64).reshape(rows, cols) + INT4_ZERO
     pad = -cols % INT4_PER_WORD
     q = np.pad(q, ((0, 0), (0, pad))).reshape(rows, -1, INT4_PER_WORD)
     words = np.sum(q << (4 * np.arange(INT4_PER_WORD)), axis=-1)
@@ -123,10 +152,8 @@ def encode_int4_packed(w: np.ndarray, group: int = 32) -> tuple[np.ndarray, np.n
 # MXFP4 -----------------------------------------------------------------------------------------------
 def decode_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """``blocks [..., G, 16]`` uint8 and ``scales [..., G]`` uint8 to float32 ``[..., 32 G]`` (not transposed)."""
-    lo, hi = FP4_VALUES[blocks & 0x0F], FP4_VALUES[blocks >> 4]
-    vals = np.stack([lo, hi], axis=-1).reshape(*blocks.shape[:-1], MX_BLOCK)
-    out = np.ldexp(vals, scales.astype(np.int32)[..., None] - 127)
-    return out.reshape(*blocks.shape[:-2], -1)
+    vals = FP4_VALUES[nibbles(blocks, -1)]  # [..., G, 32]
+    return (vals * e8m0_value(scales)[..., None]).reshape(*blocks.shape[:-2], -1)
 
 
 def encode_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -141,9 +168,7 @@ def encode_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     exp = np.clip(exp, -127, 127)
     scaled = g / np.ldexp(np.float32(1), exp)
     codes = np.abs(scaled[..., None] - FP4_VALUES).argmin(axis=-1).astype(np.uint8)
-    pairs = codes.reshape(*codes.shape[:-1], MX_BLOCK // 2, 2)
-    blocks = (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
-    return np.ascontiguousarray(blocks), np.ascontiguousarray(exp[..., 0] + 127, dtype=np.uint8)
+    return pack_nibbles(codes, -1), np.ascontiguousarray(exp[..., 0] + 127, dtype=np.uint8)
 
 
 # A checkpoint seen through its format --------------------------------------------------------------

@@ -77,7 +77,12 @@ def dequantize_matrix(codes, scale, dtype, per_input: bool = False):
 
 def dequantize(params: dict, cfg: ModelConfig, dtype=None) -> dict:
     """The float tree the quantized one stands for (every INT8 matrix dequantized to ``dtype``, by default the
-    embedding's, scales dropped): the weights the reference and the kernel both multiply by."""
+    embedding's, scales dropped): the weights the reference and the kernel both multiply by. A tree in a shipped
+    format (mk.qformats) is decoded by its format."""
+    from . import qformats
+
+    if qformats.format_of(params) is not None:
+        return qformats.dequantize(params, cfg, dtype)
     scheme = scheme_of(params, cfg)
     dtype = dtype or params["embed"].dtype
     out = {k: v for k, v in params.items() if not k.endswith(SCALE_SUFFIX)}

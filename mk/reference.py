@@ -83,6 +83,7 @@ from .blocks import (
 from .config import SLIDING, ModelConfig
 from .kv_slots import cache_len
 from .params import NORMS, attention_component, check_knockout, layer_params
+from .qformats import FSCALE_SUFFIX
 from .quant import SCALE_SUFFIX, dequantize
 from .units import positive_int
 
@@ -299,8 +300,9 @@ PREPARED = "prepared"  # marks a tree in the decode layout (its value, None, hol
 
 
 def is_quantized(params: dict) -> bool:
-    """Whether ``params`` holds INT8 weights or their scales (mk.quant), i.e. is not a plain float tree."""
-    return any(k.endswith(SCALE_SUFFIX) for k in params) or any(
+    """Whether ``params`` holds INT8 weights or their scales (mk.quant), or a shipped format's (mk.qformats), i.e. is
+    not a plain float tree."""
+    return any(k.endswith((SCALE_SUFFIX, FSCALE_SUFFIX)) for k in params) or any(
         getattr(v, "dtype", None) == jnp.int8 for v in params.values()
     )
 

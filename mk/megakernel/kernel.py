@@ -65,6 +65,7 @@ from ..plan import (
     vector_rows,
     vector_stride,
 )
+from ..qformats import FSCALE_SUFFIX, scheme_of_scales
 from ..quant import SCALE_SUFFIX
 from ..sharding import cache_split_axis, chip_config, chip_params, make_mesh, position_share, split_axis
 from ..tpu import host_device, interpret_params
@@ -455,7 +456,11 @@ def global_shapes(plan: StepPlan, tree):
 
 
 def packed_scheme(weights: dict) -> str:
-    """The mk.quant scheme of the kernel's packed weights: which matrices came with INT8 scales."""
+    """The mk.quant scheme of the kernel's packed weights: which matrices came with INT8 scales; or the shipped
+    format (mk.qformats) its block scales and codes are in."""
+    for n, a in weights.items():
+        if n.endswith(FSCALE_SUFFIX):
+            return scheme_of_scales(a.dtype, weights[n.removesuffix(FSCALE_SUFFIX)].dtype)
     scaled = [n.removesuffix(SCALE_SUFFIX).split(".", 1)[1] for n in weights if n.endswith(SCALE_SUFFIX)]
     if not scaled:
         return "none"

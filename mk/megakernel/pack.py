@@ -6,7 +6,8 @@ Once per parameter tree (``pack``) and once per generation (``adopt_cache``), ne
   vocabulary to whole lanes (a head's two RoPE halves at lanes 0 and 64 when hd < 128), the expert
   count to a multiple of 128, the gated MLPs as ``cfg.ffn_layout`` lays them out (gate and up transposed,
   the intermediate on rows); then each layer type's matrices stacked over its layers;
-  INT8 matrices (mk.quant) as their codes, with their scales laid out as their output channels are;
+  INT8 matrices (mk.quant) as their codes, with their scales laid out as their output channels are; a shipped
+  format's (mk.qformats) as its codes and block scales (mk.megakernel.formats);
 - the vector table: every norm weight and scale a row (f32), head vectors in the same head lanes;
 - the RoPE inverse frequencies, one row per layer type, in the same head lanes;
 - the cache: per layer type, K and V stacked over its layers, head dims in the same lanes.
@@ -35,7 +36,9 @@ from ..plan import (
     vector_table_shape,
 )
 from ..plan.layout import EXPERT_BIASES, expert_bias_shape, head_lanes, scale_rows, scale_width
+from ..qformats import format_of, format_paths, fscale_path, get_format
 from ..quant import quantized_paths, scale_path, scheme_of
+from .formats import to_layout as format_to_layout
 from .refs import matrix_shapes, weight_dtypes, weight_shapes
 
 HIDDEN, VOCAB = "hidden", "vocab"
@@ -129,12 +132,18 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
     from ..blocks import inv_freq
 
     lay = layout_config(cfg)
-    quantized = set(quantized_paths(cfg, scheme_of(params, cfg)))
+    fmt = format_of(params)
+    quantized = set(format_paths(cfg, fmt) if fmt else quantized_paths(cfg, scheme_of(params, cfg)))
     parts: dict[str, list] = {}
     for path, shape in matrix_shapes(cfg).items():
         name = stacked(cfg, path)[0]
         if path.rsplit(".", 1)[-1] in EXPERT_BIASES:
             parts.setdefault(name, []).append(expert_bias_to_layout(params[path], path, lay))
+            continue
+        if fmt and path in quantized:
+            codes, scales = format_to_layout(params[path], params[fscale_path(path)], cfg, path, lay, get_format(fmt))
+            parts.setdefault(name, []).append(jnp.asarray(codes))
+            parts.setdefault(fscale_path(name), []).append(jnp.asarray(scales))
             continue
         parts.setdefault(name, []).append(to_layout(params[path], cfg, path, lay))
         if path in quantized:

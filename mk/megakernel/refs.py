@@ -13,7 +13,8 @@ from jax.experimental.pallas import tpu as pltpu
 from ..config import ModelConfig
 from ..params import param_specs
 from ..plan import BLOCK, LANE, ROWS, Attend, StepPlan, padded_shape, round_up, stacked, vector_table_shape
-from ..plan.layout import EXPERT_BIASES, scale_rows, scale_width
+from ..plan.layout import EXPERT_BIASES, layout_grid, scale_rows, scale_width, scales_shape, stored_shape
+from ..qformats import FORMAT_SCHEMES, FSCALE_SUFFIX, format_paths, fscale_path
 from ..quant import SCALE_SUFFIX, quantized_paths, scale_path
 
 TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
@@ -132,7 +133,8 @@ def weight_shapes(cfg: ModelConfig, experts: int | None = None, quantize: str = 
     mk.quant scheme) also has its scales, ``{name}_qscale`` [layers, rows, N]: one row per expert (one
     for a layer's matrix), padded to whole sublane tiles (mk.plan.layout.scale_rows)."""
     out: dict[str, tuple[int, ...]] = {}
-    quantized = set(quantized_paths(cfg, quantize))
+    fmt = FORMAT_SCHEMES.get(quantize)
+    quantized = set(format_paths(cfg, quantize) if fmt else quantized_paths(cfg, quantize))
     for path, shape in matrix_shapes(cfg).items():
         name, index = stacked(cfg, path)
         padded = padded_shape(cfg, path, shape)
@@ -141,14 +143,25 @@ def weight_shapes(cfg: ModelConfig, experts: int | None = None, quantize: str = 
         elif experts is not None and path.rsplit(".", 1)[-1].startswith("expert_"):
             padded = (experts, *padded[1:])
         out[name] = padded if index is None else (index + 1, *padded)
-        if path in quantized:
+        if path in quantized and fmt:  # its codes as the format stores them, a scale a block (mk.megakernel.formats)
+            grid = layout_grid(cfg, path, fmt)
+            out[name], out[fscale_path(name)] = stored_shape(out[name], fmt, grid), scales_shape(out[name], grid)
+        elif path in quantized:
             rows = scale_rows(padded[0] if len(padded) == 3 else 1)
             out[scale_path(name)] = (index + 1, rows, scale_width(cfg, path, padded))
     return out
 
 
 def weight_dtypes(cfg: ModelConfig, quantize: str, weight_dtype) -> dict[str, object]:
-    """The dtype of each of the kernel's HBM weights: INT8 codes, their float32 scales, the rest ``weight_dtype``."""
+    """The dtype of each of the kernel's HBM weights: INT8 codes, their float32 scales, the rest ``weight_dtype``; or
+    a shipped format's codes and scales in its dtypes."""
+    fmt = FORMAT_SCHEMES.get(quantize)
+    if fmt:
+        codes = {stacked(cfg, p)[0] for p in format_paths(cfg, quantize)}
+        return {
+            n: fmt.scales if n.endswith(FSCALE_SUFFIX) else fmt.codes if n in codes else weight_dtype
+            for n in weight_shapes(cfg, quantize=quantize)
+        }
     quantized = {stacked(cfg, p)[0] for p in quantized_paths(cfg, quantize)}
     out = {}
     for name in weight_shapes(cfg, quantize=quantize):

@@ -9,6 +9,10 @@ plan's expected bytes use the expected number of distinct experts (exact under u
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from ..config import ModelConfig
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs, tile_rows_scaled
 from ..units import ceil_div, positive_int
@@ -17,10 +21,13 @@ from .layout import (
     LANE,
     ROWS,
     layout_config,
+    layout_grid,
     padded_shape,
     round_up,
     scale_buffer,
+    scales_shape,
     stacked,
+    stored_shape,
     sublanes,
     type_index,
     vector_table_shape,
@@ -99,7 +106,9 @@ class Builder:
         position_shares: dict | None = None,
         model: ModelConfig | None = None,
         draft_tokens: int = 0,
+        fmt=None,
     ):
+        self.fmt = fmt  # the shipped format (mk.qformats.Format) the ``quantized`` matrices stream in, or INT8
         self.setup, self.experts_held, self.split_heads = setup, experts_held, split_heads
         self.model = model or cfg  # the whole model (its heads: each chip attends over all of them for its users)
         # speculative verification: each user's rows are its token and its drafts, through one weight pass (``batch``
@@ -166,6 +175,8 @@ class Builder:
     def load(self, tensor, layer, component, rows, cols, expert=None, slot_shape=None) -> int:
         shape = (rows[1], cols[1])
         slot_shape = slot_shape or shape
+        if self.fmt is not None and tensor in self.quantized:
+            return self._format_load(tensor, layer, component, rows, cols, expert, slot_shape)
         scaled = tensor in self.quantized
         wb = self.itemsize(tensor)
         # tiles of one shape (and type) share a buffer (q, k, v, gate, up, expert gate/up are all [H, w]):
@@ -207,6 +218,41 @@ class Builder:
             scaled,
             row_scales,
         )
+        self.loads.append(ld)
+        return ld.id
+
+    def _format_load(self, tensor, layer, component, rows, cols, expert, slot_shape) -> int:
+        """A tile of a matrix in a shipped format: its codes, and the scales of its whole blocks (one that would
+        split a block is refused by name)."""
+        fmt = self.fmt
+        grid = layout_grid(self.cfg, tensor, fmt)
+        for (start, n), g, total, what in zip((rows, cols), grid, self.shapes[tensor][-2:], ("rows", "columns")):
+            if start % g or (n % g and start + n != total):
+                raise ValueError(
+                    f"a tile of {tensor}'s {what} {start}..{start + n} splits {fmt.name}'s blocks of {g}: "
+                    "use tiles (mk.plan.Tiles) whose widths are multiples of the block"
+                )
+        codes, scales = stored_shape(slot_shape, fmt, grid), scales_shape(slot_shape, grid)
+        buffer = f"{codes[0]}x{codes[1]}{fmt.name}{grid[0]}.{grid[1]}"
+        if buffer not in self.buffers:
+            self.buffers[buffer] = Buffer(buffer, codes, 1, self.tiles.slots, np.dtype(fmt.codes).name)
+            sb = scale_buffer(buffer)
+            self.buffers[sb] = Buffer(sb, scales, fmt.scale_itemsize, self.tiles.slots, np.dtype(fmt.scales).name)
+        n = self._slot_count.get(buffer, 0)
+        self._slot_count[buffer] = n + 1
+        real = self.specs[tensor].shape[-2:]
+        if self.cfg.outputs_on_rows(tensor):
+            real = real[::-1]
+        real_rows, real_cols = max(0, min(rows[1], real[0] - rows[0])), max(0, min(cols[1], real[1] - cols[0]))
+        per_code = 0.5 if fmt.nibbles else 1
+        payload = real_rows * real_cols * per_code
+        payload += math.ceil(real_rows / grid[0]) * math.ceil(real_cols / grid[1]) * fmt.scale_itemsize
+        name, index = stacked(self.cfg, tensor)
+        ld = Load(
+            len(self.loads), name, index, layer, component, buffer, n % self.tiles.slots, rows, cols,
+            int(rows[1] * cols[1] * per_code) + math.prod(scales_shape((rows[1], cols[1]), grid)) * fmt.scale_itemsize,
+            int(payload), expert, fmt=fmt.name, grid=grid,
+        )  # fmt: skip
         self.loads.append(ld)
         return ld.id
 

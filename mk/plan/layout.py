@@ -76,6 +76,30 @@ def scale_width(cfg: ModelConfig, path: str, padded: tuple[int, ...]) -> int:
     return round_up(padded[-2], LANE) if tile_rows_scaled(cfg, path) else padded[-1]
 
 
+# A shipped format's blocks in the layout (mk.megakernel.formats) ---------------------------------------------
+def layout_grid(lay, path: str, fmt) -> tuple[int, int]:
+    """The (rows, lanes) one scale covers in the kernel's layout of matrix ``path``."""
+    gi, go = fmt.block
+    return (go, gi) if lay.outputs_on_rows(path) else (gi, go)
+
+
+def packed_axis(fmt, grid: tuple[int, int]) -> int | None:
+    """The tile axis two 4-bit codes share a byte along (the input's, the one its groups run along), or None."""
+    return None if not fmt.nibbles else 0 if grid[0] > 1 else 1
+
+
+def stored_shape(shape: tuple[int, ...], fmt, grid: tuple[int, int]) -> tuple[int, ...]:
+    """The codes' shape of a tile or matrix of ``shape`` (its last two axes in the layout)."""
+    axis = packed_axis(fmt, grid)
+    if axis is None:
+        return tuple(shape)
+    return tuple(n // 2 if i == len(shape) - 2 + axis else n for i, n in enumerate(shape))
+
+
+def scales_shape(shape: tuple[int, ...], grid: tuple[int, int]) -> tuple[int, ...]:
+    return (*shape[:-2], math.ceil(shape[-2] / grid[0]), math.ceil(shape[-1] / grid[1]))
+
+
 def scale_rows(rows: int) -> int:
     """Rows of a stacked scale tensor in the kernel's HBM: one per expert (or one for a layer's matrix),
     padded to whole f32 sublane tiles: a DMA takes the aligned block of ``ROWS`` holding a row."""

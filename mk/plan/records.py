@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
+from ..qformats import get_format
 from ..units import LANE, MIB, round_up
 from .layout import ROWS
 
@@ -81,13 +82,22 @@ class Load:
     expert: int | None = None
     scaled: bool = False  # an INT8 tile: the block of its scales comes with it (mk.plan.layout.scale_rows)
     row_scales: bool = False  # an INT8 tile with a scale per row (mk.params.tile_rows_scaled)
+    fmt: str | None = None  # a shipped format's tile (mk.qformats): its codes, then its blocks' scales
+    grid: tuple[int, int] = (1, 1)  # the rows and lanes one of its scales covers (mk.megakernel.formats)
 
     @property
     def scale_lanes(self) -> int:
         return scale_lanes(self.rows[1], self.cols[1], self.row_scales)
 
     @property
+    def nibbles(self) -> bool:
+        return self.fmt is not None and get_format(self.fmt).nibbles
+
+    @property
     def scale_bytes(self) -> int:
+        if self.fmt is not None:
+            blocks = -(-self.rows[1] // self.grid[0]) * -(-self.cols[1] // self.grid[1])
+            return blocks * get_format(self.fmt).scale_itemsize
         return scale_block_bytes(self.rows[1], self.cols[1], self.row_scales) if self.scaled else 0
 
 

@@ -448,7 +448,8 @@ def build_plan(
 
     ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
     and attention FLOPs recorded for timing; the kernel itself reads the tiles each user's position needs.
-    ``quantize`` (mk.params.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales.
+    ``quantize`` (mk.params.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales; or a shipped
+    format (mk.qformats.FORMAT_SCHEMES): its matrices stream as its codes, each tile with its blocks' scales.
     ``setup.draft_tokens``: speculative verification of that many drafted tokens per user: each user's 1 + k rows go
     through one weight pass (the plan's ``batch`` counts rows) and attend over the user's cache.
 
@@ -466,6 +467,7 @@ def _built_plan(
     cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, knockout, loop_layers, setup, chip, quantize
 ) -> StepPlan:
     from ..params import quantized_paths
+    from ..qformats import FORMAT_SCHEMES, format_paths
     from ..sharding import attention_chips, chip_config, experts_per_chip, position_share, users_per_chip
 
     cfg, draft_tokens = setup.laid_out(cfg), setup.draft_tokens
@@ -487,10 +489,11 @@ def _built_plan(
     ko = check_knockout(knockout)
     local, held = chip_config(cfg, setup), experts_per_chip(cfg, setup)
     split = attention_chips(cfg, setup) > 1
-    quantized = frozenset(quantized_paths(local, quantize))
+    fmt = FORMAT_SCHEMES.get(quantize)
+    quantized = frozenset(format_paths(local, quantize) if fmt else quantized_paths(local, quantize))
     b = Builder(
         local, rows, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, setup, held, split, quantized,
-        position_shares=shares, model=cfg, draft_tokens=draft_tokens,
+        position_shares=shares, model=cfg, draft_tokens=draft_tokens, fmt=fmt,
     )  # fmt: skip
     b.build()
     # without overlap, no weight DMA is in flight across an all-reduce

@@ -32,6 +32,7 @@ import numpy as np
 from ..config import LAYER_TYPES, ModelConfig
 from ..kernel_setup import AttentionSplit, KernelSetup, Placement
 from ..params import SCALE_SUFFIX, scales_inputs, tile_rows_scaled
+from ..qformats import FSCALE_SUFFIX, format_cut, fscale_path
 from ..units import LANE, ceil_div, round_up
 
 
@@ -224,6 +225,11 @@ def chip_params(params: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -
         if path.endswith(("expert_gate_up_bias", "expert_down_bias")):
             out[path] = _expert_bias_cut(a, cfg, setup, chip, path)
             continue
+        matrix = path.removesuffix(FSCALE_SUFFIX)
+        if fscale_path(matrix) in params:  # a shipped format's codes or block scales (mk.qformats)
+            cut = _matrix_cut(cfg, setup, chip, matrix)
+            out[path] = a if cut is None else _cut(a, *format_cut(params, path, cut))
+            continue
         matrix = path.removesuffix(SCALE_SUFFIX)
         cut = _matrix_cut(cfg, setup, chip, matrix)
         if cut is not None and matrix != path:  # scales: one of the matrix's last two axes is gone
@@ -303,6 +309,8 @@ def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
     if not setup.sharded:
         return None
     _check_runnable(setup)
+    if tensor.endswith(FSCALE_SUFFIX):  # a shipped format's block scales: laid out as its codes (mk.megakernel.formats)
+        return split_axis(cfg, setup, tensor.removesuffix(FSCALE_SUFFIX))
     if tensor.endswith(SCALE_SUFFIX):  # an INT8 matrix's scales [layers, rows, N]: split as its N or experts
         matrix = tensor.removesuffix(SCALE_SUFFIX)
         name = matrix.split(".", 1)[1]

@@ -1,0 +1,98 @@
+"""The shipped formats (mk.qformats) in the kernel: their HBM layout, their tiles' DMAs, and widening in VMEM.
+
+A format matrix is laid out as its float matrix would be (mk.megakernel.pack.to_layout: padded, heads spread,
+transposed where its outputs sit on rows), then stored as the format stores it: FP8 codes as they are, 4-bit codes
+two a byte along the input axis (rows, or lanes where transposed), and one scale per block of the layout in its
+own dtype, ``{name}_fscale [layers, (E,) ceil(rows / gr), ceil(cols / gc)]`` with (gr, gc) the format's block in
+the layout's orientation. A layout that would put one block's weights in two (a head dim that does not divide
+the block, spread to whole lanes) is refused by name. A tile brings its codes and its blocks' scales; the kernel
+widens it in VMEM with mk.formats' arithmetic: codes to float32, times the scale repeated over its block, rounded
+to the compute dtype: the numbers mk.qformats.dequantize gives the reference."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from ..formats import INT4_ZERO, e8m0_value, fp4_value, nibbles, pack_nibbles
+from ..plan.layout import layout_grid, packed_axis, scale_buffer, scales_shape
+from ..qformats import INT4, MXFP4, Format, fscale_path
+
+
+def _zero(fmt: Format) -> int:
+    return INT4_ZERO if fmt.name == INT4 else 0
+
+
+def to_layout(codes, scales, cfg, path: str, lay, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, scales) of a format matrix (mk.qformats' tree layout) in the kernel's layout ``lay``."""
+    from .pack import to_layout as matrix_to_layout
+
+    c = np.asarray(codes)
+    if fmt.nibbles:  # each code alone, as the signed offset from the format's zero, so padding is a zero weight
+        c = nibbles(c, -2).astype(np.int8) - _zero(fmt)
+    lay_c = np.asarray(matrix_to_layout(jnp.asarray(c), cfg, path, lay))
+    # where each weight's block lands: 1 + its block's index, laid out as the weights are (0: padding)
+    (i, o), (gi, go) = c.shape[-2:], fmt.block
+    blocks_out = math.ceil(o / go)
+    ids = (np.arange(i)[:, None] // gi * blocks_out + np.arange(o)[None, :] // go + 1).astype(np.float32)
+    ids = ids.reshape((1,) * (c.ndim - 2) + ids.shape)
+    lay_ids = np.asarray(matrix_to_layout(jnp.asarray(ids), cfg, path, lay)).reshape(lay_c.shape[-2:])
+    gr, gc = grid = layout_grid(lay, path, fmt)
+    first = lay_ids[::gr, ::gc]
+    spread = np.repeat(np.repeat(first, gr, 0), gc, 1)[: lay_ids.shape[0], : lay_ids.shape[1]]
+    if np.any((lay_ids != 0) & (lay_ids != spread)):
+        raise ValueError(
+            f"{path}: the kernel's layout of it puts weights of one {fmt.name} block of {gi} x {go} into different "
+            f"blocks of {gr} x {gc} (a head dim that does not divide {max(fmt.block)}, spread to whole lanes?): "
+            "use int8 weights for this model"
+        )
+    s = np.asarray(scales)
+    flat = s.reshape(*s.shape[:-2], -1)
+    pick = np.maximum(first.astype(np.int64) - 1, 0)
+    lay_s = np.where(first > 0, flat[..., pick], 0).astype(fmt.scales)
+    axis = packed_axis(fmt, grid)
+    if axis is not None:
+        lay_c = pack_nibbles((lay_c + _zero(fmt)).astype(np.uint8), lay_c.ndim - 2 + axis)
+    return lay_c, lay_s
+
+
+def copies(ld, src, hbm: dict, buffers: dict, sems: dict, expert_row) -> list:
+    """The DMAs of format tile ``ld`` (``src``: its layer's, and expert's, codes in HBM): its codes and the scales
+    of its blocks, each into the slot of its buffer."""
+    gr, gc = ld.grid
+    axis = 0 if ld.grid[0] > 1 else 1
+    halve = (ld.nibbles and axis == 0, ld.nibbles and axis == 1)
+    (r0, nr), (c0, nc) = ((o // 2 if h else o, n // 2 if h else n) for (o, n), h in zip((ld.rows, ld.cols), halve))
+    dst = buffers[ld.buffer].at[ld.slot, pl.ds(0, nr), pl.ds(0, nc)]
+    out = [pltpu.make_async_copy(src.at[pl.ds(r0, nr), pl.ds(c0, nc)], dst, sems[ld.buffer].at[ld.slot])]
+    scales = hbm[fscale_path(ld.tensor)]
+    if ld.index is not None:
+        scales = scales.at[ld.index]
+    if ld.expert is not None:
+        scales = scales.at[expert_row]
+    sr, sc = scales_shape((ld.rows[1], ld.cols[1]), ld.grid)
+    scales = scales.at[pl.ds(ld.rows[0] // gr, sr), pl.ds(ld.cols[0] // gc, sc)]
+    sb = scale_buffer(ld.buffer)
+    out.append(pltpu.make_async_copy(scales, buffers[sb].at[ld.slot, pl.ds(0, sr), pl.ds(0, sc)], sems[sb].at[ld.slot]))
+    return out
+
+
+def widen(ld, buffers: dict, dtype):
+    """Tile ``ld`` from its slot, widened: codes to float32, times each block's scale, rounded to ``dtype``."""
+    rows, cols = ld.rows[1], ld.cols[1]
+    r, c = (rows // 2, cols) if ld.nibbles and ld.grid[0] > 1 else (rows, cols // 2) if ld.nibbles else (rows, cols)
+    codes = buffers[ld.buffer][ld.slot, :r, :c]
+    sr, sc = scales_shape((rows, cols), ld.grid)
+    scales = buffers[scale_buffer(ld.buffer)][ld.slot, :sr, :sc]
+    if not ld.nibbles:
+        vals = codes.astype(jnp.float32)
+    else:
+        q = nibbles(codes, 0 if ld.grid[0] > 1 else 1, jnp).astype(jnp.int32)
+        vals = fp4_value(q, jnp) if ld.fmt == MXFP4 else (q - INT4_ZERO).astype(jnp.float32)
+    s = e8m0_value(scales, jnp) if ld.fmt == MXFP4 else scales.astype(jnp.float32)
+    s = jnp.repeat(jnp.repeat(s, ld.grid[0], axis=0), ld.grid[1], axis=1)[:rows, :cols]
+    return (vals * s).astype(dtype)

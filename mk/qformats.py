@@ -1,0 +1,183 @@
+"""Parameter trees in the formats big models ship in (mk.formats), for the megakernel to stream as they are.
+
+Like mk.quant's INT8 trees, a quantized matrix ``path`` ([..., in, out], as in mk.params) keeps its codes in
+``params[path]`` and its scales in ``params[path + FSCALE_SUFFIX]``, both in the format's own dtypes and in mk's
+orientation (the input axis second to last):
+
+- ``fp8-block`` (DeepSeek-V3): float8 e4m3 codes ``[..., in, out]``, a float32 scale per 128 x 128 block
+  ``[..., ceil(in/128), ceil(out/128)]``; every matrix but the embedding and the head (as mk.sol's ``fp8-block``).
+- ``mxfp4`` (gpt-oss): two FP4 codes a byte along the input ``[..., in/2, out]`` (uint8, the low nibble first) and
+  an E8M0 exponent per 32 inputs ``[..., in/32, out]`` (uint8); the routed experts only.
+- ``int4`` (Kimi K2 Thinking, compressed-tensors' pack-quantized): ``q + 8`` two a byte along the input (its int32
+  words as little-endian bytes) and a BF16 scale per 32 inputs; the routed experts only.
+
+The numbers are mk.formats' own encoders and decoders, run on each matrix transposed to the checkpoints' [out, in]:
+:func:`dequantize` gives exactly the weights a checkpoint in the format loads as (mk.formats.DecodedCheckpoint),
+rounded to the compute dtype, and the megakernel widens each tile in VMEM the same way (mk.megakernel.formats).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from . import formats as F
+from .config import ModelConfig
+from .params import param_specs, quantized_in
+
+FSCALE_SUFFIX = "_fscale"
+
+
+@dataclass(frozen=True)
+class Format:
+    """How a scheme stores a matrix: codes and scales dtypes, the block a scale covers along (input, output), and
+    whether two codes share a byte (along the input)."""
+
+    name: str
+    codes: object
+    scales: object
+    block: tuple[int, int]
+    nibbles: bool
+    experts_only: bool
+    who: str  # the release that ships it
+
+    @property
+    def scale_itemsize(self) -> int:
+        return np.dtype(self.scales).itemsize
+
+
+FP8_BLOCK, MXFP4, INT4 = "fp8-block", "mxfp4", "int4"  # mk.sol's --dtype names for the same bytes
+FORMAT_SCHEMES = {
+    f.name: f
+    for f in (
+        Format(FP8_BLOCK, ml_dtypes.float8_e4m3fn, np.float32, (128, 128), False, False, "DeepSeek-V3"),
+        Format(MXFP4, np.uint8, np.uint8, (F.MX_BLOCK, 1), True, True, "gpt-oss"),
+        Format(INT4, np.uint8, ml_dtypes.bfloat16, (32, 1), True, True, "Kimi K2 Thinking"),
+    )
+}
+
+
+def get_format(scheme: str) -> Format:
+    if scheme not in FORMAT_SCHEMES:
+        raise ValueError(f"unknown format {scheme!r}; known: {', '.join(FORMAT_SCHEMES)}")
+    return FORMAT_SCHEMES[scheme]
+
+
+def fscale_path(path: str) -> str:
+    return path + FSCALE_SUFFIX
+
+
+def format_paths(cfg: ModelConfig, scheme: str) -> tuple[str, ...]:
+    """The matrices ``scheme`` stores in its format, in mk.params order; a format that cannot hold the model is
+    refused by name, with the fix."""
+    fmt = get_format(scheme)
+    if fmt.experts_only and not cfg.is_moe:
+        raise ValueError(f"{scheme} is a format of routed experts ({fmt.who}'s); {cfg.name} has none: use fp8-block")
+    if fmt.experts_only:
+        g = fmt.block[0]
+        for what, n in (("hidden size", cfg.hidden_size), ("expert width", cfg.expert_intermediate)):
+            if n % g:
+                raise ValueError(
+                    f"{scheme} groups {g} inputs of each expert matrix; {cfg.name}'s {what} {n} is not a multiple of "
+                    f"{g}: use fp8-block or int8-experts"
+                )
+    return quantized_in(param_specs(cfg), "int8-experts" if fmt.experts_only else "int8")
+
+
+def _t(a):
+    return np.swapaxes(a, -1, -2)
+
+
+def encode_matrix(w, scheme: str) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, scales) of ``w [..., in, out]`` in ``scheme``'s tree layout (the module's docstring)."""
+    fmt, w = get_format(scheme), np.asarray(w, np.float32)
+    lead = w.shape[:-2]
+    mats = w.reshape(-1, *w.shape[-2:])
+    if scheme == MXFP4:
+        blocks, scales = F.encode_mxfp4(_t(w))  # [..., out, G, 16], [..., out, G]
+        return _t(blocks.reshape(*lead, w.shape[-1], -1)), _t(scales)
+    codes, scales = [], []
+    for m in mats:
+        if scheme == FP8_BLOCK:
+            q, s = F.encode_fp8_block(m.T, fmt.block[::-1])
+        else:
+            words, s, _ = F.encode_int4_packed(m.T, fmt.block[0])
+            q, s = np.ascontiguousarray(words, "<i4").view(np.uint8), s.astype(fmt.scales)
+        codes.append(q.T)
+        scales.append(s.T)
+    return np.stack(codes).reshape(*lead, *codes[0].shape), np.stack(scales).reshape(*lead, *scales[0].shape)
+
+
+def decode_matrix(codes, scales, scheme: str) -> np.ndarray:
+    """The float32 ``[..., in, out]`` a matrix's (codes, scales) stand for: mk.formats' decoders."""
+    fmt, codes, scales = get_format(scheme), np.asarray(codes), np.asarray(scales)
+    if scheme == FP8_BLOCK:
+        return _t(F.decode_fp8_block(_t(codes), _t(scales), fmt.block[::-1]))
+    if scheme == MXFP4:
+        blocks = _t(codes).reshape(*codes.shape[:-2], codes.shape[-1], -1, F.MX_BLOCK // 2)
+        return _t(F.decode_mxfp4(blocks, _t(scales)))
+    out = []
+    for q, s in zip(codes.reshape(-1, *codes.shape[-2:]), scales.reshape(-1, *scales.shape[-2:])):
+        words = np.ascontiguousarray(q.T).view("<i4")
+        out.append(F.decode_int4_packed(words, s.T, (q.shape[1], 2 * q.shape[0])).T)
+    return np.stack(out).reshape(*codes.shape[:-2], 2 * codes.shape[-2], codes.shape[-1])
+
+
+def quantize(params: dict, cfg: ModelConfig, scheme: str) -> dict:
+    """``params`` (a float tree) with the matrices of ``scheme`` as its codes plus scales (a new dict)."""
+    if format_of(params) is not None:
+        raise ValueError(f"the tree is already in {format_of(params)}: quantize a BF16 or F32 parameter tree")
+    out = dict(params)
+    for path in format_paths(cfg, scheme):
+        codes, scales = encode_matrix(params[path], scheme)
+        out[path], out[fscale_path(path)] = jnp.asarray(codes), jnp.asarray(scales)
+    return out
+
+
+def format_of(params: dict) -> str | None:
+    """The format a tree's matrices are in (None: not one of these), told by its scales' dtype."""
+    for k, v in params.items():
+        if k.endswith(FSCALE_SUFFIX):
+            return scheme_of_scales(v.dtype, params[k.removesuffix(FSCALE_SUFFIX)].dtype)
+    return None
+
+
+def scheme_of_scales(scales_dtype, codes_dtype) -> str:
+    for f in FORMAT_SCHEMES.values():
+        if np.dtype(f.scales) == np.dtype(scales_dtype) and np.dtype(f.codes) == np.dtype(codes_dtype):
+            return f.name
+    raise ValueError(f"codes {codes_dtype} with scales {scales_dtype} are none of {', '.join(FORMAT_SCHEMES)}")
+
+
+def dequantize(params: dict, cfg: ModelConfig, dtype=None) -> dict:
+    """The float tree a format tree stands for (each matrix decoded, rounded to ``dtype``, by default the
+    embedding's; scales dropped): the weights the reference and the kernel both multiply by."""
+    scheme = format_of(params)
+    dtype = dtype or params["embed"].dtype
+    out = {k: v for k, v in params.items() if not k.endswith(FSCALE_SUFFIX)}
+    for path in format_paths(cfg, scheme):
+        out[path] = jnp.asarray(decode_matrix(params[path], params[fscale_path(path)], scheme)).astype(dtype)
+    return out
+
+
+def format_cut(params: dict, path: str, cut: tuple[int, int, int]) -> tuple[int, int, int]:
+    """A chip's cut (axis, first, n) of matrix elements as a cut of the stored ``path`` (codes or scales), whose
+    input axis holds two codes a byte or one scale a block; a cut that splits a byte or a block is refused by name."""
+    matrix = path.removesuffix(FSCALE_SUFFIX)
+    scheme = format_of({matrix: params[matrix], fscale_path(matrix): params[fscale_path(matrix)]})
+    fmt, (axis, first, n) = get_format(scheme), cut
+    ndim = params[matrix].ndim
+    if axis < ndim - 2:  # whole experts
+        return cut
+    along = 0 if axis == ndim - 2 else 1
+    unit = fmt.block[along] if path != matrix else 2 if fmt.nibbles and along == 0 else 1
+    if first % unit or n % unit:
+        what = ("input", "output")[along]
+        raise ValueError(
+            f"a chip's {n} {what} channels of {matrix} from {first} split {scheme}'s blocks of {fmt.block[along]} "
+            f"along its {what}: use a placement or chip count whose slices are whole blocks (or int8 weights)"
+        )
+    return axis, first // unit, n // unit

@@ -1,0 +1,87 @@
+"""The megakernel on the formats big models ship in (mk.qformats: FP8 blocks, MXFP4, INT4 groups): it streams their
+codes and scales and widens each tile in VMEM, held to the reference on the dequantized tree (Pallas TPU interpret
+mode, race detector on), on one chip and over 8 simulated chips; the plan's bytes are mk.sol's for the format."""
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from mk import formats as F, qformats, quant
+from mk.config import GEMMA4_26B_A4B, TINY_DENSE, TINY_MOE
+from mk.generate import generate
+from mk.params import EXPERTS
+from mk.plan import build_plan
+from mk.sol import bytes_per_token
+from mk.tpu import races_detected
+from mk.weights import random_params
+
+
+def _kernel_against_dequantized_reference(cfg, scheme, prompts, new_tokens=2, params=None, **options):
+    params = params if params is not None else qformats.quantize(random_params(cfg, 0), cfg, scheme)
+    want_tokens, want_logits = generate(quant.dequantize(params, cfg), cfg, prompts, new_tokens, return_logits=True)
+    got_tokens, got_logits = generate(
+        params, cfg, prompts, new_tokens, engine="megakernel", return_logits=True,
+        engine_options=dict(detect_races=True, **options),
+    )  # fmt: skip
+    assert not races_detected()
+    np.testing.assert_array_equal(np.asarray(got_tokens), np.asarray(want_tokens))
+    for got, want in zip(got_logits, want_logits):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)
+
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9]]
+
+
+def test_kernel_streams_fp8_blocks_and_gives_the_dequantized_references_tokens():
+    """Every matrix but the embedding FP8 with a scale per 128 x 128 block (DeepSeek-V3's release), tiny MoE."""
+    _kernel_against_dequantized_reference(TINY_MOE, "fp8-block", PROMPTS)
+
+
+def test_dropping_the_block_scales_fails():
+    """The mutation the test above must catch: the kernel fed the codes with every block scale 1."""
+    cfg = TINY_DENSE
+    params = qformats.quantize(random_params(cfg, 0), cfg, "fp8-block")
+    want = generate(quant.dequantize(params, cfg), cfg, PROMPTS[:1], 1, return_logits=True)[1]
+    ones = {k: jnp.ones_like(v) if k.endswith(qformats.FSCALE_SUFFIX) else v for k, v in params.items()}
+    got = generate(ones, cfg, PROMPTS[:1], 1, engine="megakernel", return_logits=True)[1]
+    assert not np.allclose(np.asarray(got[-1]), np.asarray(want[-1]), atol=1e-4, rtol=1e-4)
+
+
+def test_format_trees_decode_as_mk_formats_does():
+    """A format tree's matrix is mk.formats' encoding of the float matrix transposed to [out, in] (a checkpoint's
+    orientation), in the format's dtypes: dequantized, each expert is what mk.formats decodes it to."""
+    cfg = TINY_MOE
+    params = random_params(cfg, 1)
+    w = np.asarray(params["layers.2.expert_down"][3]).T  # [out, in]
+    bf16_scales = lambda words, s, shape: F.decode_int4_packed(words, s.astype(ml_dtypes.bfloat16), shape)  # noqa: E731
+    want = {
+        "fp8-block": F.decode_fp8_block(*F.encode_fp8_block(w)),
+        "mxfp4": F.decode_mxfp4(*F.encode_mxfp4(w)),
+        "int4": bf16_scales(*F.encode_int4_packed(w)),
+    }
+    for scheme, fmt in qformats.FORMAT_SCHEMES.items():
+        q = qformats.quantize(params, cfg, scheme)
+        for path in qformats.format_paths(cfg, scheme):
+            assert q[path].dtype == fmt.codes and q[qformats.fscale_path(path)].dtype == fmt.scales
+        got = np.asarray(quant.dequantize(q, cfg)["layers.2.expert_down"][3]).T
+        np.testing.assert_array_equal(got, want[scheme], err_msg=scheme)
+
+
+@pytest.mark.parametrize("scheme", ["fp8-block", "mxfp4", "int4"])
+def test_plan_and_sol_agree_on_format_bytes(scheme):
+    """python -m mk sol --dtype fp8-block (mxfp4, int4) and the plan's real bytes (codes, block scales, KV),
+    expected over uniform routing, within 1%."""
+    plan = build_plan(GEMMA4_26B_A4B, 1, 1024, weight_itemsize=2, kv_itemsize=2, quantize=scheme)
+    sol = bytes_per_token(GEMMA4_26B_A4B, 1024, 1, scheme)
+    assert abs(plan.payload_bytes + plan.kv_bytes - sol.total) / sol.total < 0.01
+    experts = [ld for ld in plan.loads if ld.component == EXPERTS]
+    assert experts and all(ld.fmt == scheme for ld in experts)
+
+
+def test_formats_refuse_what_they_cannot_hold():
+    with pytest.raises(ValueError, match="mxfp4 is a format of routed experts.*use fp8-block"):
+        qformats.format_paths(TINY_DENSE, "mxfp4")
+    odd = TINY_MOE.replace(expert_intermediate=48)
+    with pytest.raises(ValueError, match="expert width 48 is not a multiple of 32"):
+        qformats.format_paths(odd, "int4")
