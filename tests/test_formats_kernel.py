@@ -38,6 +38,12 @@ def test_kernel_streams_fp8_blocks_and_gives_the_dequantized_references_tokens()
     _kernel_against_dequantized_reference(TINY_MOE, "fp8-block", PROMPTS)
 
 
+@pytest.mark.parametrize("scheme", ["mxfp4", "int4"])
+def test_kernel_streams_4_bit_experts_and_gives_the_dequantized_references_tokens(scheme):
+    """The routed experts in MXFP4 (gpt-oss's) or INT4 groups of 32 (Kimi K2 Thinking's), two codes a byte."""
+    _kernel_against_dequantized_reference(TINY_MOE, scheme, PROMPTS)
+
+
 def test_dropping_the_block_scales_fails():
     """The mutation the test above must catch: the kernel fed the codes with every block scale 1."""
     cfg = TINY_DENSE
