@@ -10,6 +10,7 @@ import pytest
 from mk import formats as F, qformats, quant
 from mk.config import GEMMA4_26B_A4B, TINY_DENSE, TINY_MOE
 from mk.generate import generate
+from mk.kernel_setup import KernelSetup
 from mk.params import EXPERTS
 from mk.plan import build_plan
 from mk.sol import bytes_per_token
@@ -42,6 +43,24 @@ def test_kernel_streams_fp8_blocks_and_gives_the_dequantized_references_tokens()
 def test_kernel_streams_4_bit_experts_and_gives_the_dequantized_references_tokens(scheme):
     """The routed experts in MXFP4 (gpt-oss's) or INT4 groups of 32 (Kimi K2 Thinking's), two codes a byte."""
     _kernel_against_dequantized_reference(TINY_MOE, scheme, PROMPTS)
+
+
+@pytest.mark.parametrize("placement", ["whole", "split"])
+def test_kernel_over_8_chips_streams_mxfp4_experts(placement):
+    """MXFP4 experts over 8 simulated chips: whole experts a chip, or each expert's intermediate split (256 / 8 =
+    one group of 32 a chip: its down projection's input groups cut whole)."""
+    cfg = TINY_MOE.replace(expert_intermediate=256)
+    _kernel_against_dequantized_reference(cfg, "mxfp4", PROMPTS, setup=KernelSetup(8, placement))
+
+
+def test_a_chips_slice_that_splits_a_block_is_refused():
+    """The shared MLP's 256 intermediate over 8 chips is 32 a chip: a quarter of an FP8 block of 128."""
+    from mk.sharding import chip_params
+
+    cfg = TINY_MOE
+    params = qformats.quantize(random_params(cfg, 0), cfg, "fp8-block")
+    with pytest.raises(ValueError, match="mlp_gate from 32 split fp8-block's blocks of 128"):
+        chip_params(params, cfg, KernelSetup(8, "whole"), 1)
 
 
 def test_dropping_the_block_scales_fails():
