@@ -243,6 +243,23 @@ class DecodedCheckpoint:
             return base, (name, base + "_scales"), (*lead, groups * MX_BLOCK, rows)
         return None
 
+    def encoded(self, name: str) -> bool:
+        """Whether tensor ``name`` (a float checkpoint's name) is stored in the format."""
+        return name in self._parts
+
+    def read_codes(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """An encoded tensor's codes and scales as stored, turned to the float tensor's orientation (its input axis
+        where the float one has it): FP8 ``[..., out, in]`` and its block scales; INT4 the packed words' bytes,
+        two codes a byte, ``[out, in / 2]`` and ``[out, in / group]``; MXFP4 ``[..., in / 2, rows]`` and
+        ``[..., in / 32, rows]`` (the float tensor is the decoded one transposed)."""
+        a = [self._ckpt.read(p) for p in self._parts[name]]
+        if self.format.method == FP8:
+            return a[0], a[1]
+        if self.format.method == INT4:
+            return np.ascontiguousarray(a[0], "<i4").view(np.uint8), a[1]
+        blocks = a[0].reshape(*a[0].shape[:-2], -1)
+        return np.swapaxes(blocks, -1, -2), np.swapaxes(a[1], -1, -2)
+
     def read(self, name: str) -> np.ndarray:
         parts = self._parts.get(name)
         if parts is None:

@@ -5,7 +5,8 @@ Like mk.quant's INT8 trees, a quantized matrix ``path`` ([..., in, out], as in m
 orientation (the input axis second to last):
 
 - ``fp8-block`` (DeepSeek-V3): float8 e4m3 codes ``[..., in, out]``, a float32 scale per 128 x 128 block
-  ``[..., ceil(in/128), ceil(out/128)]``; every matrix but the embedding and the head (as mk.sol's ``fp8-block``).
+  ``[..., ceil(in/128), ceil(out/128)]``; every matrix but the embedding, the head and the router, which
+  DeepSeek-V3 ships in BF16 (mk.sol's ``fp8-block`` counts its router's few bytes as FP8).
 - ``mxfp4`` (gpt-oss): two FP4 codes a byte along the input ``[..., in/2, out]`` (uint8, the low nibble first) and
   an E8M0 exponent per 32 inputs ``[..., in/32, out]`` (uint8); the routed experts only.
 - ``int4`` (Kimi K2 Thinking, compressed-tensors' pack-quantized): ``q + 8`` two a byte along the input (its int32
@@ -84,7 +85,8 @@ def format_paths(cfg: ModelConfig, scheme: str) -> tuple[str, ...]:
                     f"{scheme} groups {g} inputs of each expert matrix; {cfg.name}'s {what} {n} is not a multiple of "
                     f"{g}: use fp8-block or int8-experts"
                 )
-    return quantized_in(param_specs(cfg), "int8-experts" if fmt.experts_only else "int8")
+    paths = quantized_in(param_specs(cfg), "int8-experts" if fmt.experts_only else "int8")
+    return tuple(p for p in paths if p.rsplit(".", 1)[-1] != "router_proj")  # the router ships in BF16
 
 
 def _t(a):

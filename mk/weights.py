@@ -37,6 +37,7 @@ from .formats import FORMATS, CheckpointFormat, DecodedCheckpoint
 from .hf_layout import from_hf_layout, hf_scale_shape, hf_shape, hf_tensor_map, interleaved, scale_from_hf
 from .params import NORMS, ROUTER, param_specs, scales_inputs
 from .progress import tqdm
+from .qformats import format_paths, fscale_path, get_format
 from .quant import SCALE_SUFFIX, SCHEMES, quantized_paths, scale_path, scheme_of
 
 # Prefixes of the text model: a Gemma4ForConditionalGeneration export, then a text-only Gemma4ForCausalLM.
@@ -380,7 +381,7 @@ def checkpoint_folder(path_or_repo_id: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(
-    path_or_repo_id, cfg: ModelConfig | None = None, dtype=None
+    path_or_repo_id, cfg: ModelConfig | None = None, dtype=None, codes: bool = False
 ) -> tuple[ModelConfig, dict[str, jax.Array]]:
     """Load a Gemma 4 text checkpoint (folder, sharded folder, or hub repo id) into mk's parameter tree.
 
@@ -392,7 +393,8 @@ def load_checkpoint(
     from (mk.quant): INT8 codes and float32 scales exactly as stored (``dtype`` does not touch them), the
     scales after the other tensors, in ``mk.quant.quantized_paths`` order, as ``mk.quant.quantize`` makes them.
     A checkpoint in a format big models ship in (FP8 blocks, packed INT4 groups, MXFP4: mk.formats) loads as the
-    float tree those weights stand for, each encoded tensor decoded to float32 (then cast to ``dtype``).
+    float tree those weights stand for, each encoded tensor decoded to float32 (then cast to ``dtype``); with
+    ``codes``, as the format's tree (mk.qformats: codes and scales as stored, for the megakernel to stream).
     """
     folder = checkpoint_folder(path_or_repo_id)
     cfg_file = folder / "config.json"
@@ -415,6 +417,7 @@ def load_checkpoint(
     if shipped is not None:
         ckpt = DecodedCheckpoint(ckpt, shipped)
     plan = _plan_load(cfg, ckpt, scheme, suffix)
+    fmt = _codes_format(ckpt) if codes else None
     params, scales, cache = {}, {}, {}
 
     def read(name: str, kind: str) -> np.ndarray:
@@ -429,6 +432,12 @@ def load_checkpoint(
     layouts = hf_tensor_map(cfg)
     for path, parts in tqdm(plan.items(), desc=f"loading {folder.name}", leave=False):
         stacked = layouts[path].kind == "experts"  # experts stored one by one
+        if fmt is not None and ckpt.encoded(parts[0][0]):  # the format's codes and scales, laid out as the float's
+            pairs = [ckpt.read_codes(name) for name, _, _ in parts]
+            for out, i in ((path, 0), (fscale_path(path), 1)):
+                a = [from_hf_layout(kind, p[i]) for p, (_, kind, _) in zip(pairs, parts)]
+                params[out] = jnp.asarray(np.ascontiguousarray(np.stack(a) if stacked else a[0]))
+            continue
         arrays = [read(name, kind) for name, kind, _ in parts]
         a = np.stack(arrays) if stacked else arrays[0]
         if parts[0][2] is None:
@@ -438,7 +447,30 @@ def load_checkpoint(
             s_parts = [scale_from_hf(kind, ckpt.read(scale)) for _, kind, scale in parts]
             scales[scale_path(path)] = jnp.asarray(np.ascontiguousarray(np.stack(s_parts) if stacked else s_parts[0]))
     params.update((scale_path(p), scales[scale_path(p)]) for p in quantized_paths(cfg, scheme))
+    if fmt is not None:
+        encoded, want = sorted(p for p in plan if fscale_path(p) in params), sorted(format_paths(cfg, fmt))
+        if encoded != want:
+            raise ValueError(
+                f"the checkpoint's encoded matrices ({len(encoded)}) are not those mk's {fmt} streams ({len(want)}; "
+                f"e.g. {sorted(set(encoded) ^ set(want))[:3]}): load it decoded (codes=False)"
+            )
     return cfg, params
+
+
+def _codes_format(ckpt) -> str:
+    """The mk.qformats scheme a checkpoint in a shipped format loads its codes as; refused by name if it is in none
+    or its blocks are not the scheme's."""
+    if not isinstance(ckpt, DecodedCheckpoint):
+        raise ValueError("codes=True loads a checkpoint in a shipped format (mk.formats); this one is not in one")
+    method = ckpt.format.method
+    fmt = get_format({"fp8": "fp8-block", "compressed-tensors": "int4", "mxfp4": "mxfp4"}[method])
+    block = {"fp8": ckpt.format.block[::-1], "compressed-tensors": (ckpt.format.group, 1)}.get(method, fmt.block)
+    if tuple(block) != fmt.block:
+        raise ValueError(
+            f"the checkpoint's {method} blocks are {block} (in, out); mk's {fmt.name} streams {fmt.block}: load it "
+            "decoded (codes=False)"
+        )
+    return fmt.name
 
 
 # Saving -------------------------------------------------------------------------------------------

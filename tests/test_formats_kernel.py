@@ -110,3 +110,43 @@ def test_formats_refuse_what_they_cannot_hold():
     odd = TINY_MOE.replace(expert_intermediate=48)
     with pytest.raises(ValueError, match="expert width 48 is not a multiple of 32"):
         qformats.format_paths(odd, "int4")
+
+
+def test_checkpoints_in_the_formats_load_as_codes_for_the_kernel(hf_checkpoint, tmp_path):
+    """A tiny Llama saved with FP8 projections in 128 x 128 blocks, and a tiny Qwen3-MoE with packed INT4 experts
+    (compressed-tensors' layout), load with ``codes=True`` as the format trees mk.qformats makes from their float
+    weights, bit for bit; the INT4 one runs in the kernel as the decoded checkpoint does in the reference."""
+    from test_formats import _rewrite
+
+    from mk.weights import load_checkpoint
+
+    def fp8(name, a):
+        if name.endswith("proj.weight"):
+            q, s = F.encode_fp8_block(a, (128, 128))
+            return {name: q, name + "_scale_inv": s}
+        return None
+
+    def int4(name, a):
+        if ".mlp.experts." not in name or not name.endswith(".weight"):
+            return None
+        packed, scale, shape = F.encode_int4_packed(a, 32)
+        base = name[: -len(".weight")]
+        return {base + ".weight_packed": packed, base + ".weight_scale": scale.astype(ml_dtypes.bfloat16),
+                base + ".weight_shape": shape}  # fmt: skip
+
+    group = {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True, "group_size": 32}}
+    cases = [
+        ("tiny-llama", fp8, {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}, "fp8-block"),
+        ("tiny-qwen3-moe", int4, {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                  "config_groups": {"group_0": group}}, "int4"),
+    ]  # fmt: skip
+    for source, encode, qc, scheme in cases:
+        folder, _ = hf_checkpoint(source)
+        _rewrite(folder, tmp_path / scheme, encode, qc)
+        cfg, float_params = load_checkpoint(folder)
+        _, codes = load_checkpoint(tmp_path / scheme, codes=True)
+        want = qformats.quantize(float_params, cfg, scheme)
+        assert qformats.format_of(codes) == scheme and sorted(codes) == sorted(want)
+        for path in want:
+            np.testing.assert_array_equal(np.asarray(codes[path]), np.asarray(want[path]), err_msg=path)
+    _kernel_against_dequantized_reference(cfg, scheme, PROMPTS, params=codes)
