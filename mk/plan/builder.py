@@ -41,6 +41,7 @@ from .records import (
     EmitTokens,
     ExpertCombine,
     FfnResidual,
+    FormatLoad,
     GatedAct,
     GatherBest,
     HeadTile,
@@ -248,7 +249,7 @@ class Builder:
         payload = real_rows * real_cols * per_code
         payload += math.ceil(real_rows / grid[0]) * math.ceil(real_cols / grid[1]) * fmt.scale_itemsize
         name, index = stacked(self.cfg, tensor)
-        ld = Load(
+        ld = FormatLoad(
             len(self.loads), name, index, layer, component, buffer, n % self.tiles.slots, rows, cols,
             int(rows[1] * cols[1] * per_code) + math.prod(scales_shape((rows[1], cols[1]), grid)) * fmt.scale_itemsize,
             int(payload), expert, fmt=fmt.name, grid=grid,

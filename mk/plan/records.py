@@ -82,23 +82,32 @@ class Load:
     expert: int | None = None
     scaled: bool = False  # an INT8 tile: the block of its scales comes with it (mk.plan.layout.scale_rows)
     row_scales: bool = False  # an INT8 tile with a scale per row (mk.params.tile_rows_scaled)
-    fmt: str | None = None  # a shipped format's tile (mk.qformats): its codes, then its blocks' scales
-    grid: tuple[int, int] = (1, 1)  # the rows and lanes one of its scales covers (mk.megakernel.formats)
 
     @property
     def scale_lanes(self) -> int:
         return scale_lanes(self.rows[1], self.cols[1], self.row_scales)
 
     @property
+    def scale_bytes(self) -> int:
+        return scale_block_bytes(self.rows[1], self.cols[1], self.row_scales) if self.scaled else 0
+
+
+@dataclass(frozen=True)
+class FormatLoad(Load):
+    """A tile of a matrix in a shipped format (mk.qformats): its codes, then the scales of its blocks, into
+    ``scale_buffer(buffer)`` (a class of its own: a Load's fields, and so the plans' fingerprints, stay as they were
+    for float and INT8 models)."""
+
+    fmt: str = ""
+    grid: tuple[int, int] = (1, 1)  # the rows and lanes one of its scales covers (mk.megakernel.formats)
+
+    @property
     def nibbles(self) -> bool:
-        return self.fmt is not None and get_format(self.fmt).nibbles
+        return get_format(self.fmt).nibbles
 
     @property
     def scale_bytes(self) -> int:
-        if self.fmt is not None:
-            blocks = -(-self.rows[1] // self.grid[0]) * -(-self.cols[1] // self.grid[1])
-            return blocks * get_format(self.fmt).scale_itemsize
-        return scale_block_bytes(self.rows[1], self.cols[1], self.row_scales) if self.scaled else 0
+        return -(-self.rows[1] // self.grid[0]) * -(-self.cols[1] // self.grid[1]) * get_format(self.fmt).scale_itemsize
 
 
 def scale_lanes(rows: int, cols: int, row_scales: bool) -> int:
