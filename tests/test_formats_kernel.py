@@ -53,6 +53,29 @@ def test_kernel_over_8_chips_streams_mxfp4_experts(placement):
     _kernel_against_dequantized_reference(cfg, "mxfp4", PROMPTS, setup=KernelSetup(8, placement))
 
 
+def test_kernel_over_8_chips_streams_fp8_blocks():
+    """FP8 blocks over 8 simulated chips, whole experts: each chip's 128 of the shared MLP's 1024 are one block."""
+    cfg = TINY_MOE.replace(mlp_intermediate=1024)
+    _kernel_against_dequantized_reference(cfg, "fp8-block", PROMPTS[:1], setup=KernelSetup(8, "whole"))
+
+
+def test_int4_experts_with_the_intermediate_on_lanes():
+    """The "lanes" layout of the gated MLPs: gate and up as they are, their input groups (and nibble pairs) on rows,
+    the down projection's on rows too."""
+    _kernel_against_dequantized_reference(TINY_MOE, "int4", PROMPTS[:1], setup=KernelSetup(1, ffn_layout="lanes"))
+
+
+def test_a_layout_that_splits_a_block_is_refused():
+    """Heads of 96 dims spread to 128 lanes each: the second head's dims straddle two FP8 blocks of 128 columns
+    but share one block of the kernel's lanes."""
+    from mk.megakernel.pack import pack
+
+    cfg = TINY_DENSE.replace(sliding_head_dim=96, full_head_dim=96)
+    params = qformats.quantize(random_params(cfg, 0), cfg, "fp8-block")
+    with pytest.raises(ValueError, match=r"layers.0.q: the kernel's layout of it puts weights of one fp8-block block"):
+        pack(params, cfg)
+
+
 def test_a_chips_slice_that_splits_a_block_is_refused():
     """The shared MLP's 256 intermediate over 8 chips is 32 a chip: a quarter of an FP8 block of 128."""
     from mk.sharding import chip_params
