@@ -21,6 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from . import qformats
 from .config import ModelConfig
 from .params import SCALE_SUFFIX, SCHEMES, check_scheme, param_specs, quantized_paths, scale_path, scales_inputs
 
@@ -55,8 +56,11 @@ def quantize(params: dict, cfg: ModelConfig, scheme: str) -> dict:
 
 
 def scheme_of(params: dict, cfg: ModelConfig) -> str:
-    """Which scheme a parameter tree is quantized with (``none`` for a float tree); a tree that matches no
-    scheme (scales missing, or INT8 where no scheme puts it) is refused with what is wrong."""
+    """Which scheme a parameter tree is quantized with (``none`` for a float tree; a shipped format's name for an
+    mk.qformats tree); a tree that matches no scheme (scales missing, or INT8 where no scheme puts it) is refused
+    with what is wrong."""
+    if qformats.format_of(params) is not None:
+        return qformats.format_of(params)
     int8 = {s.path for s in param_specs(cfg) if s.path in params and params[s.path].dtype == jnp.int8}
     for scheme in SCHEMES:
         if int8 == set(quantized_paths(cfg, scheme)):
@@ -79,8 +83,6 @@ def dequantize(params: dict, cfg: ModelConfig, dtype=None) -> dict:
     """The float tree the quantized one stands for (every INT8 matrix dequantized to ``dtype``, by default the
     embedding's, scales dropped): the weights the reference and the kernel both multiply by. A tree in a shipped
     format (mk.qformats) is decoded by its format."""
-    from . import qformats
-
     if qformats.format_of(params) is not None:
         return qformats.dequantize(params, cfg, dtype)
     scheme = scheme_of(params, cfg)
@@ -93,8 +95,9 @@ def dequantize(params: dict, cfg: ModelConfig, dtype=None) -> dict:
 
 def quantized_as(params: dict, cfg: ModelConfig, scheme: str | None = None) -> dict:
     """``params`` under ``scheme``, as a loader hands them to the engines: a float tree is quantized with
-    ``scheme`` (None: ``none``, left as it is); an already quantized tree (a quantized checkpoint) is used
-    as it is when ``scheme`` is None or its own scheme, and refused otherwise (it cannot be re-quantized)."""
+    ``scheme`` (None: ``none``, left as it is; a shipped format's name: mk.qformats); an already quantized tree (a
+    quantized checkpoint) is used as it is when ``scheme`` is None or its own scheme, and refused otherwise (it
+    cannot be re-quantized)."""
     have = scheme_of(params, cfg)
     if have != "none":
         if scheme not in (None, have):
@@ -103,5 +106,7 @@ def quantized_as(params: dict, cfg: ModelConfig, scheme: str | None = None) -> d
                 f"quantization {scheme!r} does not match: leave it out or ask for {have!r}"
             )
         return params
+    if scheme in qformats.FORMAT_SCHEMES:
+        return qformats.quantize(params, cfg, scheme)
     scheme = check_scheme(scheme or "none")
     return params if scheme == "none" else quantize(params, cfg, scheme)

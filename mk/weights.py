@@ -37,7 +37,7 @@ from .formats import FORMATS, CheckpointFormat, DecodedCheckpoint
 from .hf_layout import from_hf_layout, hf_scale_shape, hf_shape, hf_tensor_map, interleaved, scale_from_hf
 from .params import NORMS, ROUTER, param_specs, scales_inputs
 from .progress import tqdm
-from .qformats import format_paths, fscale_path, get_format
+from .qformats import format_of, format_paths, fscale_path, get_format
 from .quant import SCALE_SUFFIX, SCHEMES, quantized_paths, scale_path, scheme_of
 
 # Prefixes of the text model: a Gemma4ForConditionalGeneration export, then a text-only Gemma4ForCausalLM.
@@ -394,7 +394,8 @@ def load_checkpoint(
     scales after the other tensors, in ``mk.quant.quantized_paths`` order, as ``mk.quant.quantize`` makes them.
     A checkpoint in a format big models ship in (FP8 blocks, packed INT4 groups, MXFP4: mk.formats) loads as the
     float tree those weights stand for, each encoded tensor decoded to float32 (then cast to ``dtype``); with
-    ``codes``, as the format's tree (mk.qformats: codes and scales as stored, for the megakernel to stream).
+    ``codes``, as the format's tree (mk.qformats: codes and scales as stored, for the megakernel to stream; a float
+    checkpoint loads as it always does).
     """
     folder = checkpoint_folder(path_or_repo_id)
     cfg_file = folder / "config.json"
@@ -457,11 +458,11 @@ def load_checkpoint(
     return cfg, params
 
 
-def _codes_format(ckpt) -> str:
-    """The mk.qformats scheme a checkpoint in a shipped format loads its codes as; refused by name if it is in none
-    or its blocks are not the scheme's."""
+def _codes_format(ckpt) -> str | None:
+    """The mk.qformats scheme a checkpoint in a shipped format loads its codes as (None: a float checkpoint); refused
+    by name if its blocks are not the scheme's."""
     if not isinstance(ckpt, DecodedCheckpoint):
-        raise ValueError("codes=True loads a checkpoint in a shipped format (mk.formats); this one is not in one")
+        return None
     method = ckpt.format.method
     fmt = get_format({"fp8": "fp8-block", "compressed-tensors": "int4", "mxfp4": "mxfp4"}[method])
     block = {"fp8": ckpt.format.block[::-1], "compressed-tensors": (ckpt.format.group, 1)}.get(method, fmt.block)
@@ -485,6 +486,11 @@ def save_checkpoint(params: dict[str, jax.Array], cfg: ModelConfig, folder) -> P
     """
     from safetensors.numpy import save_file
 
+    if format_of(params) is not None:
+        raise ValueError(
+            f"a {format_of(params)} tree (mk.qformats) is not saved here: save its float tree, or write the format's "
+            "tensors with mk.formats' encoders"
+        )
     check_params(params, cfg)
     scheme = scheme_of(params, cfg)
     int8 = set(quantized_paths(cfg, scheme))

@@ -173,3 +173,15 @@ def test_checkpoints_in_the_formats_load_as_codes_for_the_kernel(hf_checkpoint, 
         for path in want:
             np.testing.assert_array_equal(np.asarray(codes[path]), np.asarray(want[path]), err_msg=path)
     _kernel_against_dequantized_reference(cfg, scheme, PROMPTS, params=codes)
+
+
+def test_cli_generate_mxfp4_megakernel_gives_the_dequantized_references_tokens(mk_json):
+    """``python -m mk generate --model tiny-moe --quantize mxfp4 --engine megakernel --detect-races``."""
+    params = qformats.quantize(random_params(TINY_MOE, 0), TINY_MOE, "mxfp4")
+    want = generate(quant.dequantize(params, TINY_MOE), TINY_MOE, PROMPTS[:1], 2)
+    got = mk_json(
+        "generate", "--model", "tiny-moe", "--seed", 0, "--quantize", "mxfp4", "--engine", "megakernel",
+        "--detect-races", "--json", "--prompt-ids", ",".join(map(str, PROMPTS[0])), "--new-tokens", 2,
+    )  # fmt: skip
+    assert got["quantize"] == "mxfp4" and not got["races"]
+    assert got["tokens"] == np.asarray(want).tolist()

@@ -21,15 +21,22 @@ def show(obj: dict, as_json: bool, text: str) -> None:
     print(json.dumps(obj) if as_json else text)
 
 
-def add_quantize(p) -> None:
+def add_quantize(p, formats: bool = False) -> None:
+    """--quantize: mk.quant's INT8 schemes, and with ``formats`` the shipped formats (mk.qformats) too."""
     from ..params import SCHEMES
+    from ..qformats import FORMAT_SCHEMES
 
+    shipped = (
+        "; or a format big models ship in (fp8-block, mxfp4, int4: mk.qformats), which a checkpoint in it loads as"
+        if formats
+        else ""
+    )
     p.add_argument(
         "--quantize",
-        choices=SCHEMES,
+        choices=SCHEMES + (tuple(FORMAT_SCHEMES) if formats else ()),
         default=None,
         help="INT8 weights (mk.quant): quantize the float weights at load time, before any engine sees them "
-        "(default none); a quantized checkpoint is used as it is (give its own scheme or leave this out)",
+        f"(default none); a quantized checkpoint is used as it is (give its own scheme or leave this out){shipped}",
     )
 
 

@@ -42,7 +42,7 @@ def add_generate(sub) -> None:
         default=None,
         help="weight dtype (default: the checkpoint's own; float32 for --model)",
     )
-    add_quantize(p)
+    add_quantize(p, formats=True)
     p.add_argument(
         "--max-len",
         type=positive,
@@ -105,6 +105,7 @@ def _run_generate(a) -> None:
     from ..config import get_config
     from ..engines import check_engine
     from ..generate import generate
+    from ..qformats import FORMAT_SCHEMES
     from ..quant import quantized_as, scheme_of
     from ..weights import load_assistant, load_checkpoint, random_params
 
@@ -134,7 +135,7 @@ def _run_generate(a) -> None:
     prompts = _prompts(a.prompt_ids, a.batch)
     dtype = getattr(jnp, a.dtype) if a.dtype else None
     if a.checkpoint:
-        cfg, params = load_checkpoint(a.checkpoint, dtype=dtype)
+        cfg, params = load_checkpoint(a.checkpoint, dtype=dtype, codes=a.quantize in FORMAT_SCHEMES)
     else:
         cfg = get_config(a.model)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
