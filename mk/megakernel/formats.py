@@ -19,8 +19,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..formats import INT4_ZERO, e8m0_value, fp4_value, nibbles, pack_nibbles
-from ..plan.layout import layout_grid, packed_axis, scale_buffer, scales_shape
-from ..qformats import INT4, MXFP4, Format, fscale_path
+from ..plan.layout import layout_grid, packed_axis, scale_buffer, scales_shape, stored_shape
+from ..qformats import INT4, MXFP4, Format, fscale_path, get_format
 
 
 def _zero(fmt: Format) -> int:
@@ -60,13 +60,17 @@ def to_layout(codes, scales, cfg, path: str, lay, fmt: Format) -> tuple[np.ndarr
     return lay_c, lay_s
 
 
+def _stored(ld) -> list[tuple]:
+    """Tile ``ld``'s codes as stored: (first, size) of their rows and of their columns (halved along a 4-bit
+    format's input axis)."""
+    sizes = stored_shape((ld.rows[1], ld.cols[1]), get_format(ld.fmt), ld.grid)
+    return [(first // (n // k), k) for (first, n), k in zip((ld.rows, ld.cols), sizes)]
+
+
 def copies(ld, src, hbm: dict, buffers: dict, sems: dict, expert_row) -> list:
     """The DMAs of format tile ``ld`` (``src``: its layer's, and expert's, codes in HBM): its codes and the scales
     of its blocks, each into the slot of its buffer."""
-    gr, gc = ld.grid
-    axis = 0 if ld.grid[0] > 1 else 1
-    halve = (ld.nibbles and axis == 0, ld.nibbles and axis == 1)
-    (r0, nr), (c0, nc) = ((o // 2 if h else o, n // 2 if h else n) for (o, n), h in zip((ld.rows, ld.cols), halve))
+    (r0, nr), (c0, nc) = _stored(ld)
     dst = buffers[ld.buffer].at[ld.slot, pl.ds(0, nr), pl.ds(0, nc)]
     out = [pltpu.make_async_copy(src.at[pl.ds(r0, nr), pl.ds(c0, nc)], dst, sems[ld.buffer].at[ld.slot])]
     scales = hbm[fscale_path(ld.tensor)]
@@ -75,7 +79,7 @@ def copies(ld, src, hbm: dict, buffers: dict, sems: dict, expert_row) -> list:
     if ld.expert is not None:
         scales = scales.at[expert_row]
     sr, sc = scales_shape((ld.rows[1], ld.cols[1]), ld.grid)
-    scales = scales.at[pl.ds(ld.rows[0] // gr, sr), pl.ds(ld.cols[0] // gc, sc)]
+    scales = scales.at[pl.ds(ld.rows[0] // ld.grid[0], sr), pl.ds(ld.cols[0] // ld.grid[1], sc)]
     sb = scale_buffer(ld.buffer)
     out.append(pltpu.make_async_copy(scales, buffers[sb].at[ld.slot, pl.ds(0, sr), pl.ds(0, sc)], sems[sb].at[ld.slot]))
     return out
@@ -84,14 +88,14 @@ def copies(ld, src, hbm: dict, buffers: dict, sems: dict, expert_row) -> list:
 def widen(ld, buffers: dict, dtype):
     """Tile ``ld`` from its slot, widened: codes to float32, times each block's scale, rounded to ``dtype``."""
     rows, cols = ld.rows[1], ld.cols[1]
-    r, c = (rows // 2, cols) if ld.nibbles and ld.grid[0] > 1 else (rows, cols // 2) if ld.nibbles else (rows, cols)
+    (_, r), (_, c) = _stored(ld)
     codes = buffers[ld.buffer][ld.slot, :r, :c]
     sr, sc = scales_shape((rows, cols), ld.grid)
     scales = buffers[scale_buffer(ld.buffer)][ld.slot, :sr, :sc]
     if not ld.nibbles:
         vals = codes.astype(jnp.float32)
     else:
-        q = nibbles(codes, 0 if ld.grid[0] > 1 else 1, jnp).astype(jnp.int32)
+        q = nibbles(codes, packed_axis(get_format(ld.fmt), ld.grid), jnp).astype(jnp.int32)
         vals = fp4_value(q, jnp) if ld.fmt == MXFP4 else (q - INT4_ZERO).astype(jnp.float32)
     s = e8m0_value(scales, jnp) if ld.fmt == MXFP4 else scales.astype(jnp.float32)
     s = jnp.repeat(jnp.repeat(s, ld.grid[0], axis=0), ld.grid[1], axis=1)[:rows, :cols]
