@@ -86,12 +86,13 @@ def test_a_chips_slice_that_splits_a_block_is_refused():
         chip_params(params, cfg, KernelSetup(8, "whole"), 1)
 
 
-def test_dropping_the_block_scales_fails():
-    """The mutation the test above must catch: the kernel fed the codes with every block scale 1."""
-    cfg = TINY_DENSE
-    params = qformats.quantize(random_params(cfg, 0), cfg, "fp8-block")
+@pytest.mark.parametrize("scheme, cfg", [("fp8-block", TINY_DENSE), ("mxfp4", TINY_MOE)], ids=["fp8-block", "mxfp4"])
+def test_dropping_the_block_scales_fails(scheme, cfg):
+    """The mutation the tests above must catch: the kernel fed the codes with every block scale 1 (E8M0's 127)."""
+    params = qformats.quantize(random_params(cfg, 0), cfg, scheme)
     want = generate(quant.dequantize(params, cfg), cfg, PROMPTS[:1], 1, return_logits=True)[1]
-    ones = {k: jnp.ones_like(v) if k.endswith(qformats.FSCALE_SUFFIX) else v for k, v in params.items()}
+    unit = 127 if scheme == "mxfp4" else 1
+    ones = {k: jnp.full_like(v, unit) if k.endswith(qformats.FSCALE_SUFFIX) else v for k, v in params.items()}
     got = generate(ones, cfg, PROMPTS[:1], 1, engine="megakernel", return_logits=True)[1]
     assert not np.allclose(np.asarray(got[-1]), np.asarray(want[-1]), atol=1e-4, rtol=1e-4)
 
