@@ -2,6 +2,8 @@
 codes and scales and widens each tile in VMEM, held to the reference on the dequantized tree (Pallas TPU interpret
 mode, race detector on), on one chip and over 8 simulated chips; the plan's bytes are mk.sol's for the format."""
 
+import importlib.util
+
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -186,3 +188,15 @@ def test_cli_generate_mxfp4_megakernel_gives_the_dequantized_references_tokens(m
     )  # fmt: skip
     assert got["quantize"] == "mxfp4" and not got["races"]
     assert got["tokens"] == np.asarray(want).tolist()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="AOT compilation for TPU needs libtpu")
+@pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-v6e"])
+def test_fp8_block_step_compiles_for_tpu(chip):
+    """libtpu's Mosaic compiles the step that streams FP8 tiles and their block scales and widens them in VMEM (the
+    4-bit formats' nibble interleave does not lower in Mosaic yet: they run in interpret mode only)."""
+    from mk.megakernel.aot import compile_for_tpu
+
+    plan, compiled = compile_for_tpu(TINY_MOE, chip, 4, 64, quantize="fp8-block")
+    assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
+    assert any(getattr(ld, "fmt", None) == "fp8-block" for ld in plan.loads)
