@@ -28,6 +28,12 @@ from enum import StrEnum
 from .config import FFN_LAYOUTS
 from .units import positive_int
 
+# Up to this many chips each peer of a cross-chip op has its own DMA semaphores (the kernel whose compiler schedules
+# data/schedule stores); past it the peers share one a direction and a round waits on it once a peer: libtpu gives a
+# chip 2 KiB of semaphore flags, which one semaphore a peer overran at 32 chips ("Ran out of memory in memory space
+# sflag", libtpu 0.0.42.1).
+PEER_SEMAPHORE_CHIPS = 16
+
 
 class Placement(StrEnum):
     """Where the routed experts live."""
@@ -117,6 +123,12 @@ class KernelSetup:
     @property
     def sharded(self) -> bool:
         return self.chips > 1
+
+    @property
+    def peer_semaphores(self) -> int:
+        """The DMA semaphores a cross-chip op keeps a direction: one a chip, or one shared past
+        :data:`PEER_SEMAPHORE_CHIPS` chips (mk.megakernel.collective.peer_sem indexes them)."""
+        return self.chips if self.chips <= PEER_SEMAPHORE_CHIPS else 1
 
     @property
     def users_split(self) -> bool:

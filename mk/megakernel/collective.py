@@ -27,6 +27,13 @@ def _peers(k):
     return [(d, (me + d) % C, (me - d) % C) for d in range(1, C)]
 
 
+def _sem(k, i: int) -> int:
+    """Where peer (or step) ``i``'s semaphore sits on a semaphore array's last axis: its own, or the one all peers
+    share past mk.kernel_setup.PEER_SEMAPHORE_CHIPS (a DMA semaphore counts bytes, so a wait for one peer's copy
+    is met by any peer's copy of the same size, and the waits for all of them by all of them)."""
+    return i if k.plan.setup.peer_semaphores > 1 else 0
+
+
 def _device(k, chip):
     return {k.plan.setup.axis: chip}
 
@@ -47,14 +54,18 @@ def _exchange(k, src, dst_at, round_: int, parity, ex):
     for d, peer, _ in _peers(k):
         s = src(peer) if callable(src) else src
         c = pltpu.make_async_remote_copy(
-            s, dst_at(k.chip), ex.send_sem.at[round_, d], recv.at[k.chip], device_id=_device(k, peer)
+            s, dst_at(k.chip), ex.send_sem.at[round_, _sem(k, d)], recv.at[_sem(k, k.chip)], device_id=_device(k, peer)
         )
         c.start()
         sends.append(c)
     for d, _, sender in _peers(k):
         s = src(sender) if callable(src) else src
         pltpu.make_async_remote_copy(
-            s, dst_at(sender), ex.send_sem.at[round_, d], recv.at[sender], device_id=_device(k, k.chip)
+            s,
+            dst_at(sender),
+            ex.send_sem.at[round_, _sem(k, d)],
+            recv.at[_sem(k, sender)],
+            device_id=_device(k, k.chip),
         ).wait_recv()
     for c in sends:
         c.wait_send()
@@ -70,14 +81,18 @@ def exchange_in_group(k, g: int, src, dst_at, sems):
     for d in range(1, g):
         peer = (me + d) % g
         c = pltpu.make_async_remote_copy(
-            src(peer), dst_at(me), sems.at[0, d], sems.at[1, me], device_id=_device(k, base + peer)
+            src(peer), dst_at(me), sems.at[0, _sem(k, d)], sems.at[1, _sem(k, me)], device_id=_device(k, base + peer)
         )
         c.start()
         sends.append(c)
     for d in range(1, g):
         sender = (me - d) % g
         pltpu.make_async_remote_copy(
-            src(sender), dst_at(sender), sems.at[0, d], sems.at[1, sender], device_id=_device(k, k.chip)
+            src(sender),
+            dst_at(sender),
+            sems.at[0, _sem(k, d)],
+            sems.at[1, _sem(k, sender)],
+            device_id=_device(k, k.chip),
         ).wait_recv()
     for c in sends:
         c.wait_send()
@@ -121,7 +136,7 @@ def emit_all_reduce(k, op):
     def rows_of(buf):
         return lambda c: buf.at[c, pl.ds(0, n), pl.ds(0, R)]
 
-    own = pltpu.make_async_copy(chunk(k.chip), rows_of(recv)(k.chip), ex.recv_sem.at[1, parity, k.chip])
+    own = pltpu.make_async_copy(chunk(k.chip), rows_of(recv)(k.chip), ex.recv_sem.at[1, parity, _sem(k, k.chip)])
     own.start()
     own.wait()
     # reduce-scatter: chip c receives chunk c of every chip's partial and sums it
@@ -148,7 +163,11 @@ def emit_gather_best(k, op):
     for d, peer, _ in _peers(k):
         for n, (mine, all_) in enumerate(((s.best, coll.best), (s.best_id, coll.best_id))):
             c = pltpu.make_async_remote_copy(
-                mine, all_.at[k.chip], coll.sems.at[0, n, d], coll.sems.at[1, n, k.chip], device_id=_device(k, peer)
+                mine,
+                all_.at[k.chip],
+                coll.sems.at[0, n, _sem(k, d)],
+                coll.sems.at[1, n, _sem(k, k.chip)],
+                device_id=_device(k, peer),
             )
             c.start()
             sends.append(c)
@@ -157,8 +176,8 @@ def emit_gather_best(k, op):
             pltpu.make_async_remote_copy(
                 mine,
                 all_.at[sender],
-                coll.sems.at[0, n, d],
-                coll.sems.at[1, n, sender],
+                coll.sems.at[0, n, _sem(k, d)],
+                coll.sems.at[1, n, _sem(k, sender)],
                 device_id=_device(k, k.chip),
             ).wait_recv()
     for c in sends:

@@ -52,7 +52,7 @@ class UsersSplit(NamedTuple):
     out: Any  # [rows(u), every query head x hd] f32: their attention outputs
     stage_out: Any  # [C, rows(u), heads x hd] f32: the outputs of each chip's heads, to go back to it
     recv_out: Any  # [C, rows(u), heads x hd] f32: this chip's heads' outputs for each owner's users
-    sems: Any  # DMA [2 (in, out), 2 (send, receive), C]
+    sems: Any  # DMA [2 (in, out), 2 (send, receive), C or 1 shared: KernelSetup.peer_semaphores]
 
 
 class KV(NamedTuple):
@@ -68,7 +68,7 @@ class KV(NamedTuple):
     q_all: Any = None  # [g, rows, heads x head_dim] f32: each member's query heads
     state: Any = None  # [g, B, heads, head_dim + 128] f32: partial states for each member's heads (max, sum: lanes)
     state_in: Any = None  # [g, B, heads, head_dim + 128] f32: each member's partial states of this chip's heads
-    share_sem: Any = None  # DMA [2 (queries, states), 2 (send, receive), g]
+    share_sem: Any = None  # DMA [2 (queries, states), 2 (send, receive), g or 1 shared]
     users: Any = None  # with the users split: UsersSplit
 
 
@@ -106,8 +106,8 @@ class Exchange(NamedTuple):
     stage: Any  # [n, rows, width]: this chip's partial sums as sent (width: C chunks with reduce-scatter)
     recv: Any  # [2 (parity), C, n, rows, width or chunk]: what each chip sent here (own partial at [me])
     gathered: Any  # reduce-scatter: [2, C, n, rows, chunk], each chip's summed chunk; else None
-    send_sem: Any  # DMA [2 (round), C]
-    # DMA [2 (round), 2 (parity), C]: a fast chip's next all-reduce may land before this one's has: a
+    send_sem: Any  # DMA [2 (round), C or 1 shared: KernelSetup.peer_semaphores]
+    # DMA [2 (round), 2 (parity), C or 1]: a fast chip's next all-reduce may land before this one's has: a
     # semaphore of its own keeps its bytes from counting for this one's
     recv_sem: Any
 
@@ -118,7 +118,7 @@ class CollectiveScratch(NamedTuple):
     exchange: dict  # str(itemsize) -> Exchange
     best: Any  # [C, rows, 128] f32: every chip's running maximum
     best_id: Any  # [C, rows, 128] int32
-    sems: Any  # DMA [2 (send, receive), 2 (best, best_id), C]
+    sems: Any  # DMA [2 (send, receive), 2 (best, best_id), C or 1]
 
 
 def matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -227,7 +227,7 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
                     pltpu.VMEM((g, rows, nh * hd), jnp.float32),
                     pltpu.VMEM((g, B, nh, hd + LANE), jnp.float32),
                     pltpu.VMEM((g, B, nh, hd + LANE), jnp.float32),
-                    pltpu.SemaphoreType.DMA((2, 2, g)),
+                    pltpu.SemaphoreType.DMA((2, 2, min(g, plan.setup.peer_semaphores))),
                 )
                 if g > 1
                 else ()
@@ -290,7 +290,7 @@ def users_split_shapes(plan: StepPlan, t: str) -> UsersSplit:
         out=pltpu.VMEM((rows, model.num_heads * hd), jnp.float32),
         stage_out=pltpu.VMEM((C, rows, heads * hd), jnp.float32),
         recv_out=pltpu.VMEM((C, rows, heads * hd), jnp.float32),
-        sems=pltpu.SemaphoreType.DMA((2, 2, C)),
+        sems=pltpu.SemaphoreType.DMA((2, 2, plan.setup.peer_semaphores)),
     )
 
 
@@ -299,6 +299,7 @@ def collective_shapes(plan: StepPlan) -> CollectiveScratch:
     from ..sharding import chunk_width
 
     C, rows, width = plan.chips, plan.rows, plan.layout.hidden_size
+    peers = plan.setup.peer_semaphores
     reduce_scatter = plan.setup.collective.reduce_scatter
     chunk = chunk_width(width, C)
     exchange = {}
@@ -309,12 +310,12 @@ def collective_shapes(plan: StepPlan) -> CollectiveScratch:
             stage=pltpu.VMEM((n, rows, C * chunk if reduce_scatter else width), dtype),
             recv=pltpu.VMEM((2, C, n, rows, chunk if reduce_scatter else width), dtype),
             gathered=pltpu.VMEM((2, C, n, rows, chunk), dtype) if reduce_scatter else None,
-            send_sem=pltpu.SemaphoreType.DMA((2, C)),
-            recv_sem=pltpu.SemaphoreType.DMA((2, 2, C)),
+            send_sem=pltpu.SemaphoreType.DMA((2, peers)),
+            recv_sem=pltpu.SemaphoreType.DMA((2, 2, peers)),
         )
     return CollectiveScratch(
         exchange=exchange,
         best=pltpu.VMEM((C, rows, LANE), jnp.float32),
         best_id=pltpu.VMEM((C, rows, LANE), jnp.int32),
-        sems=pltpu.SemaphoreType.DMA((2, 2, C)),
+        sems=pltpu.SemaphoreType.DMA((2, 2, peers)),
     )
