@@ -98,6 +98,9 @@ class KernelSetup:
     # (out of the repr, so a one-host plan's code fingerprint, mk.plan.StepPlan.code_fingerprint, stays what it was)
     torus: tuple[tuple[int, bool], ...] = field(default=(), repr=False)
     host_chips: int = field(default=0, repr=False)  # chips an expert is split over with placement HOSTS (a host's)
+    # past one host, timed, not run: heads that do not divide the chips split over the most chips D that take whole
+    # ones, each head's chips repeated C / D times (mk.sharding.attention_chips); the kernel replicates them instead
+    repeat_heads: bool = field(default=False, repr=False)
 
     def __post_init__(self):
         positive_int("chips", self.chips)
@@ -162,6 +165,8 @@ class KernelSetup:
             if key == "collective":
                 value = ", ".join(k.replace("_", " ") for k, on in dataclasses.asdict(value).items() if on) or "none"
                 said.append(f"all-reduce switches: {value}")
+            elif key == "repeat_heads":
+                said.append("heads repeated over groups of chips" if value else "heads on every chip or split")
             elif key == "torus":
                 said.append(f"all-reduce over the {'x'.join(str(n) for n, _ in value)} torus" if value else "one link")
             else:

@@ -52,6 +52,9 @@ DEVICE_KINDS = {
     "TPU v6 lite": "tpu-v6e",
     "TPU v6e": "tpu-v6e",
     "TPU7x": "tpu-v7x",
+    "TPU v5": "tpu-v5p",  # as libtpu 0.0.42.1's v5p topologies name their devices
+    "TPU v5p": "tpu-v5p",
+    "TPU v4": "tpu-v4",
 }
 
 
