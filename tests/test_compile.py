@@ -146,3 +146,22 @@ def test_multi_host_joins_the_runtime_and_refuses_a_lone_process(monkeypatch):
     assert calls == ["initialize", "shutdown"]
     monkeypatch.setattr(jax, "process_count", lambda: 4)
     assert start_multi_host() == 4 and calls[-1] == "initialize"
+
+
+def test_multi_host_runs_over_the_slices_torus(monkeypatch):
+    """``generate --multi-host`` takes every chip JAX's runtime joined (its --chips must say how many) and, past one
+    host, sums round the slice's torus as ``mk compile`` compiles it."""
+    from types import SimpleNamespace
+
+    import jax
+
+    from mk.cli.generate import _over_the_slice
+    from mk.kernel_setup import WORKBOOK_KERNEL
+
+    chips = [SimpleNamespace(platform="tpu", device_kind="TPU v5 lite") for _ in range(16)]
+    monkeypatch.setattr(jax, "devices", lambda: chips)
+    setup = _over_the_slice(WORKBOOK_KERNEL.on(16))
+    assert setup.torus == slice_shape(get_chip("tpu-v5e-16")).torus == ((4, False), (4, False))
+    assert setup.placement == WORKBOOK_KERNEL.placement and not setup.repeat_heads
+    with pytest.raises(ValueError, match="give --chips 16"):
+        _over_the_slice(WORKBOOK_KERNEL.on(8))
