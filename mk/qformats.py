@@ -27,7 +27,7 @@ import numpy as np
 
 from . import formats as F
 from .config import ModelConfig
-from .params import param_specs, quantized_in
+from .params import SCALE_SUFFIX, param_specs, quantized_in
 
 FSCALE_SUFFIX = "_fscale"
 
@@ -130,8 +130,8 @@ def decode_matrix(codes, scales, scheme: str) -> np.ndarray:
 
 def quantize(params: dict, cfg: ModelConfig, scheme: str) -> dict:
     """``params`` (a float tree) with the matrices of ``scheme`` as its codes plus scales (a new dict)."""
-    if format_of(params) is not None:
-        raise ValueError(f"the tree is already in {format_of(params)}: quantize a BF16 or F32 parameter tree")
+    if format_of(params) is not None or any(k.endswith(SCALE_SUFFIX) for k in params):
+        raise ValueError("the tree is quantized already (a format's or INT8): quantize a BF16 or F32 parameter tree")
     out = dict(params)
     for path in format_paths(cfg, scheme):
         codes, scales = encode_matrix(params[path], scheme)

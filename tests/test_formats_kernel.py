@@ -47,12 +47,12 @@ def test_kernel_streams_4_bit_experts_and_gives_the_dequantized_references_token
     _kernel_against_dequantized_reference(TINY_MOE, scheme, PROMPTS)
 
 
-@pytest.mark.parametrize("placement", ["whole", "split"])
-def test_kernel_over_8_chips_streams_mxfp4_experts(placement):
-    """MXFP4 experts over 8 simulated chips: whole experts a chip, or each expert's intermediate split (256 / 8 =
-    one group of 32 a chip: its down projection's input groups cut whole)."""
+@pytest.mark.parametrize("scheme, placement", [("mxfp4", "whole"), ("mxfp4", "split"), ("int4", "split")])
+def test_kernel_over_8_chips_streams_4_bit_experts(scheme, placement):
+    """4-bit experts over 8 simulated chips: whole experts a chip, or each expert's intermediate split (256 / 8 =
+    one group of 32 a chip: its down projection's input groups, and their nibble pairs, cut whole)."""
     cfg = TINY_MOE.replace(expert_intermediate=256)
-    _kernel_against_dequantized_reference(cfg, "mxfp4", PROMPTS, setup=KernelSetup(8, placement))
+    _kernel_against_dequantized_reference(cfg, scheme, PROMPTS, setup=KernelSetup(8, placement))
 
 
 def test_kernel_over_8_chips_streams_fp8_blocks():
@@ -131,6 +131,9 @@ def test_plan_and_sol_agree_on_format_bytes(scheme):
 
 
 def test_formats_refuse_what_they_cannot_hold():
+    int8 = quant.quantize(random_params(TINY_MOE, 0), TINY_MOE, "int8-experts")
+    with pytest.raises(ValueError, match="quantized already"):
+        qformats.quantize(int8, TINY_MOE, "mxfp4")
     with pytest.raises(ValueError, match="mxfp4 is a format of routed experts.*use fp8-block"):
         qformats.format_paths(TINY_DENSE, "mxfp4")
     odd = TINY_MOE.replace(expert_intermediate=48)
