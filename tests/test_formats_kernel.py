@@ -88,6 +88,20 @@ def test_a_chips_slice_that_splits_a_block_is_refused():
         chip_params(params, cfg, KernelSetup(8, "whole"), 1)
 
 
+@pytest.mark.parametrize("scheme", ["fp8-block", "int4"])
+def test_in_bf16_the_kernel_on_codes_is_the_kernel_on_their_float_tree(scheme):
+    """In BF16 the widened tiles are the dequantized tree's weights exactly: the kernel streaming the codes gives the
+    tokens and logits of the kernel streaming that BF16 tree, bit for bit (against the reference, BF16 moves a
+    routing near-tie here, as it would without a format)."""
+    params = qformats.quantize(random_params(TINY_MOE, 0, jnp.bfloat16), TINY_MOE, scheme)
+    floats = quant.dequantize(params, TINY_MOE)
+    want = generate(floats, TINY_MOE, PROMPTS, 2, engine="megakernel", return_logits=True)
+    got = generate(params, TINY_MOE, PROMPTS, 2, engine="megakernel", return_logits=True)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+
+
 @pytest.mark.parametrize("scheme, cfg", [("fp8-block", TINY_DENSE), ("mxfp4", TINY_MOE)], ids=["fp8-block", "mxfp4"])
 def test_dropping_the_block_scales_fails(scheme, cfg):
     """The mutation the tests above must catch: the kernel fed the codes with every block scale 1 (E8M0's 127)."""
