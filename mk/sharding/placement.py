@@ -202,8 +202,9 @@ def _matrix_cut(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> t
         else:
             first, n = first_kv_head(cfg, t, C, chip), local.kv_heads(t)
         return _HEAD_AXIS[name], first * cfg.head_dim(t), n * cfg.head_dim(t)
-    if name in _MLP_AXIS:
-        return _MLP_AXIS[name], chip * local.mlp_intermediate, local.mlp_intermediate
+    if name in _MLP_AXIS:  # the dense or shared MLP (an MoE model's dense layers: their own width)
+        n = local.mlp_width(int(path.split(".")[1]))
+        return _MLP_AXIS[name], chip * n, n
     if name in _EXPERT_INTER_AXIS and setup.placement == Placement.SPLIT:
         return _EXPERT_INTER_AXIS[name], chip * local.expert_intermediate, local.expert_intermediate
     if name in _EXPERT_INTER_AXIS:
