@@ -211,8 +211,9 @@ def test_a_model_without_sliding_layers_needs_no_sliding_shapes():
 def test_deepseek_v3_and_kimi_k2_run_in_both_engines_with_yarn(name, family, factor, betas):
     """The published DeepSeek-V3 and Kimi K2 configs (YaRN rope_scaling, mscale = mscale_all_dim = 1) are run by the
     reference (tests/test_mla.py holds YaRN to transformers on tiny checkpoints) and by the megakernel
-    (tests/test_mla_kernel.py), which refuses their query heads split over 8 chips by name."""
-    from mk.kernel_setup import KernelSetup
+    (tests/test_mla_kernel.py), which splits their query heads over chips by heads only (by positions: refused by
+    name)."""
+    from mk.kernel_setup import AttentionSplit, KernelSetup
     from mk.megakernel.kernel import MegakernelEngine
 
     cfg = get_config(name)
@@ -225,8 +226,8 @@ def test_deepseek_v3_and_kimi_k2_run_in_both_engines_with_yarn(name, family, fac
     cfg.check_runnable("reference")
     cfg.check_runnable("megakernel")
     assert not cfg.kernel_lacks
-    with pytest.raises(ValueError, match="multi-head latent attention with attention on every chip only"):
-        MegakernelEngine(cfg, setup=KernelSetup(8))
+    with pytest.raises(ValueError, match="splits multi-head latent attention over chips by heads only"):
+        MegakernelEngine(cfg, setup=KernelSetup(8, attention_split=AttentionSplit.POSITIONS))
 
 
 def test_gpt_oss_runs_in_the_reference_and_the_kernel():

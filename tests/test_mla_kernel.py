@@ -1,10 +1,10 @@
 """DeepSeek-V3 / Kimi K2 in the megakernel: greedy tokens and logits equal to the reference's (and so to transformers',
 tests/test_mla.py) on the tiny checkpoints tests/conftest.py builds, ragged prompts, the race detector on; one chip
 (with the query bottleneck and interleaved RoPE; without it, rotate-half, and Kimi's YaRN) and 8 simulated chips (4
-query heads: attention on every chip; 8 experts whole or split). MLA decoded absorbed, the latent cache, YaRN's
-frequencies, cos/sin factor and softmax mscale, grouped sigmoid routing with its correction bias, the routed scaling,
-the shared expert and the dense first layer all run in the kernel; dropping the correction bias or the mscale in the
-kernel changes its logits past the tolerance."""
+query heads: attention on every chip, 8 experts whole or split; 8 query heads: one a chip, the latent cache on every
+chip). MLA decoded absorbed, the latent cache, YaRN's frequencies, cos/sin factor and softmax mscale, grouped sigmoid
+routing with its correction bias, the routed scaling, the shared expert and the dense first layer all run in the
+kernel; dropping the correction bias or the mscale in the kernel changes its logits past the tolerance."""
 
 import numpy as np
 import pytest
@@ -28,13 +28,15 @@ def _run(params, cfg, prompts, setup=None):
     return generate(params, cfg, prompts, NEW_TOKENS, engine="megakernel", return_logits=True, engine_options=options)
 
 
-IDS = ["one-chip", "one-chip-yarn", "8-chips-whole", "8-chips-split"]
+IDS = ["one-chip", "one-chip-yarn", "8-chips-whole", "8-chips-split", "8-chips-heads-split"]
 CASES = [
     ("deepseek-v3", None, (13, 3)),
     # Kimi K2's YaRN (cos and sin scaled too), a prompt past its original 64 positions
     ("deepseek-v3-no-q-lora-yarn", None, (70, 5)),
     ("deepseek-v3", KernelSetup(8, "whole"), (13, 3)),
     ("deepseek-v3", KernelSetup(8, "split"), (13, 3)),
+    # 8 query heads: each chip its head's queries, kv_b columns and o rows, the latent cache on every chip
+    ("deepseek-v3-eight-heads", KernelSetup(8, "whole"), (13, 3)),
 ]
 
 
@@ -91,9 +93,35 @@ def test_logits_in_the_loop_over_layers_and_what_breaks_them(five_layers, monkey
     assert min(no_bias, no_mscale) > 100 * LOGIT_ATOL, (no_bias, no_mscale)
 
 
-def test_heads_split_over_chips_refused_by_name(hf_checkpoint):
+def test_attention_split_other_than_by_heads_refused_by_name(hf_checkpoint):
+    from mk.kernel_setup import AttentionSplit
     from mk.megakernel.kernel import make_step
 
-    cfg, _ = load_checkpoint(hf_checkpoint("deepseek-v3")[0])
-    with pytest.raises(ValueError, match="multi-head latent attention with attention on every chip only"):
-        make_step(cfg.replace(num_heads=8), setup=KernelSetup(8, "whole"))
+    cfg, _ = load_checkpoint(hf_checkpoint("deepseek-v3-eight-heads")[0])
+    for split in (AttentionSplit.POSITIONS, AttentionSplit.USERS):
+        with pytest.raises(ValueError, match=f"splits multi-head latent attention over chips by heads only.*{split}"):
+            make_step(cfg, setup=KernelSetup(8, "whole", attention_split=split))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_latent_cache_over_many_tiles_equals_the_references(hf_checkpoint, dtype):
+    """Random weights, ragged prompts of 20 and 7, 6 steps, KV tiles of 16 slots (the latent cache read in several
+    double-buffered tiles): in f32 the kernel's tokens, logits and latent cache (each step) are the reference's; in
+    bf16 weights and cache (as on a TPU, fed the reference's tokens) its logits are off the f32 reference by at most
+    1.25x what the rounding alone costs (tests/test_megakernel.py's criterion)."""
+    import jax.numpy as jnp
+
+    from mk.megakernel.parity import compare_with_reference
+    from mk.plan import Tiles
+
+    cfg = load_checkpoint(hf_checkpoint("deepseek-v3")[0])[0]
+    bf16 = dtype == "bfloat16"
+    df = compare_with_reference(cfg, 2, 6, prompt_len=[20, 7], max_len=48, tiles=Tiles(kv_tile=16),
+                                dtype=getattr(jnp, dtype), teacher_forced=bf16)  # fmt: skip
+    assert not df.races.any() and df.kernel_pick_is_argmax.all()
+    if bf16:
+        assert df.max_logit_diff.max() <= 1.25 * df.rounding_logit_diff.max()
+        return
+    np.testing.assert_array_equal(np.stack(df.tokens_megakernel), np.stack(df.tokens_reference))
+    assert df.max_logit_diff.max() < LOGIT_ATOL
+    assert df.max_cache_diff.max() / max(1.0, df.max_cache.max()) < LOGIT_ATOL

@@ -360,8 +360,8 @@ class ModelConfig:
     def kernel_lacks(self) -> tuple[str, ...]:
         """What of this model the reference runs and the megakernel does not yet: nothing now (it runs gpt-oss's sinks,
         biases, clamped SwiGLU and routing, DeepSeek-V3's MLA, grouped routing with its correction bias and dense first
-        layers, YaRN); what it refuses of a setup (MLA's heads split over chips, drafts with MLA) mk.megakernel.kernel
-        names."""
+        layers, YaRN); what it refuses of a setup (MLA split over chips by positions or users, drafts with MLA)
+        mk.megakernel.kernel names."""
         return ()
 
     @property

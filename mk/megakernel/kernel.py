@@ -28,7 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..config import SLIDING, ModelConfig
-from ..kernel_setup import ONE_CHIP, KernelSetup
+from ..kernel_setup import ONE_CHIP, AttentionSplit, KernelSetup
 from ..params import NORMS, check_knockout
 from ..plan import (
     LANE,
@@ -402,17 +402,16 @@ def build_call(
 
 def check_heads_split(cfg: ModelConfig, setup) -> None:
     """Refuse attention heads split over chips for a model with attention biases or sinks (gpt-oss): their vectors
-    are packed whole, for attention on every chip (its heads fewer than the chips, or one chip); and for MLA, whose
-    heads the kernel does not cut."""
+    are packed whole, for attention on every chip (its heads fewer than the chips, or one chip); and MLA's heads
+    split other than by heads (its latent cache is whole on every chip)."""
     from ..sharding import heads_split
 
     if setup is None or not setup.sharded or not heads_split(cfg, setup.chips):
         return
-    if cfg.latent_attention is not None:
+    if cfg.latent_attention is not None and setup.attention_split != AttentionSplit.HEADS:
         raise ValueError(
-            f"{cfg.name}: its {cfg.num_heads} query heads would be split over {setup.chips} chips, but the megakernel "
-            "runs multi-head latent attention with attention on every chip only (heads fewer than the chips, or one "
-            "chip); use the reference engine or fewer chips"
+            f"{cfg.name}: the megakernel splits multi-head latent attention over chips by heads only (each chip its "
+            f"heads, the latent cache on every chip), not by {setup.attention_split}; use attention_split='heads'"
         )
     if cfg.sinks or cfg.attention_bias:
         raise ValueError(

@@ -287,7 +287,7 @@ def reference_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     the same on each: the first copy is taken)."""
     from ..sharding import chip_config, first_kv_head, heads_split, position_share
 
-    if not setup.sharded or setup.users_split or not heads_split(cfg, setup.chips):
+    if not setup.sharded or setup.users_split or not heads_split(cfg, setup.chips) or cfg.latent_attention is not None:
         return reference_cache(cfg, cache)
     local, C = chip_config(cfg, setup), setup.chips
     out = {}
