@@ -28,6 +28,12 @@ from enum import StrEnum
 from .config import FFN_LAYOUTS
 from .units import positive_int
 
+# Up to this many chips each peer of a cross-chip op has its own DMA semaphores (the kernel whose compiler schedules
+# data/schedule stores); past it the peers share one a direction and a round waits on it once a peer: libtpu gives a
+# chip 2 KiB of semaphore flags, which one semaphore a peer overran at 32 chips ("Ran out of memory in memory space
+# sflag", libtpu 0.0.42.1).
+PEER_SEMAPHORE_CHIPS = 16
+
 
 class Placement(StrEnum):
     """Where the routed experts live."""
@@ -92,6 +98,9 @@ class KernelSetup:
     # (out of the repr, so a one-host plan's code fingerprint, mk.plan.StepPlan.code_fingerprint, stays what it was)
     torus: tuple[tuple[int, bool], ...] = field(default=(), repr=False)
     host_chips: int = field(default=0, repr=False)  # chips an expert is split over with placement HOSTS (a host's)
+    # past one host, timed, not run: heads that do not divide the chips split over the most chips D that take whole
+    # ones, each head's chips repeated C / D times (mk.sharding.attention_chips); the kernel replicates them instead
+    repeat_heads: bool = field(default=False, repr=False)
 
     def __post_init__(self):
         positive_int("chips", self.chips)
@@ -117,6 +126,12 @@ class KernelSetup:
     @property
     def sharded(self) -> bool:
         return self.chips > 1
+
+    @property
+    def peer_semaphores(self) -> int:
+        """The DMA semaphores a cross-chip op keeps a direction: one a chip, or one shared past
+        :data:`PEER_SEMAPHORE_CHIPS` chips (mk.megakernel.collective.peer_sem indexes them)."""
+        return self.chips if self.chips <= PEER_SEMAPHORE_CHIPS else 1
 
     @property
     def users_split(self) -> bool:
@@ -150,6 +165,8 @@ class KernelSetup:
             if key == "collective":
                 value = ", ".join(k.replace("_", " ") for k, on in dataclasses.asdict(value).items() if on) or "none"
                 said.append(f"all-reduce switches: {value}")
+            elif key == "repeat_heads":
+                said.append("heads repeated over groups of chips" if value else "heads on every chip or split")
             elif key == "torus":
                 said.append(f"all-reduce over the {'x'.join(str(n) for n, _ in value)} torus" if value else "one link")
             else:

@@ -52,6 +52,9 @@ DEVICE_KINDS = {
     "TPU v6 lite": "tpu-v6e",
     "TPU v6e": "tpu-v6e",
     "TPU7x": "tpu-v7x",
+    "TPU v5": "tpu-v5p",  # as libtpu 0.0.42.1's v5p topologies name their devices
+    "TPU v5p": "tpu-v5p",
+    "TPU v4": "tpu-v4",
 }
 
 
@@ -171,8 +174,15 @@ def reset_interpreter() -> None:
     pltpu.reset_tpu_interpret_mode_state()
 
 
-# A chip compiles as one of a 2x2 slice (libtpu refuses 1x1); a slice of 8 as the 2x4 it is.
-TOPOLOGIES = {"tpu-v5e": "v5e:2x2", "tpu-v6e": "v6e:2x2", "tpu-v5e-8": "v5e:2x4", "tpu-v6e-8": "v6e:2x4"}
+# A chip compiles as one of a 2x2 slice (libtpu refuses 1x1; a v5p's is 2x2x1, a host's four); a slice of 8 as the 2x4
+# it is.
+TOPOLOGIES = {
+    "tpu-v5e": "v5e:2x2",
+    "tpu-v6e": "v6e:2x2",
+    "tpu-v5p": "v5p:2x2x1",
+    "tpu-v5e-8": "v5e:2x4",
+    "tpu-v6e-8": "v6e:2x4",
+}
 
 
 def topology(chip: str):

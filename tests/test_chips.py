@@ -86,7 +86,9 @@ def test_unknown_chip_lists_known_ones(name):
         ("tpu", "TPU v5 lite", "tpu-v5e"),
         ("tpu", "TPU v6 lite", "tpu-v6e"),
         ("tpu", "TPU7x", "tpu-v7x"),
-        ("tpu", "TPU v4", None),
+        ("tpu", "TPU v4", "tpu-v4"),
+        ("tpu", "TPU v5", "tpu-v5p"),  # as libtpu 0.0.42.1 names a v5p topology's devices
+        ("tpu", "TPU v3", None),
         ("cpu", "cpu", None),
     ],
 )

@@ -78,25 +78,46 @@ def test_tiny_moe_compiles_over_a_two_host_slice_as_planned(mk_json):
     )
     assert d["compiler_alias_bytes"] == d["plan_cache_bytes"]
     assert d["compiler_output_bytes"] == d["plan_cache_bytes"] + d["plan_users_bytes"] + _tuple_table_bytes()
-    assert d["plan_vmem_bytes"] < d["compiler_vmem_bytes"] < d["vmem_limit_bytes"]
+    assert d["compiler_vmem_bytes"] < d["vmem_limit_bytes"]
+    assert "all-reduce over the 4x4 torus" in d["setup"]  # past one host the kernel's all-reduce goes round the torus
 
 
 @needs_libtpu
-def test_sixty_four_chips_run_out_of_semaphores_in_one_line():
-    """The known limit past 16 chips: the all-to-all exchanges keep DMA semaphores per peer, and over 64 chips they
-    exceed the core's semaphore memory (sflag); libtpu refuses the step and the command says so in one line."""
-    out = _run("compile", "--model", "tiny-moe", "--chip", "tpu-v5e-64", "--no-vmem")
-    assert out.returncode == 2 and out.stdout == ""
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "sflag" in lines[0], out.stderr[-2000:]
+@pytest.mark.parametrize("chip, topology", [("tpu-v5e-64", "v5e:8x8"), ("tpu-v5p-64", "v5p:4x4x4")])
+def test_tiny_moe_compiles_over_an_eight_host_torus_and_a_v5p_cube_as_planned(mk_json, chip, topology):
+    """Past 16 chips the cross-chip ops' peers share their DMA semaphores (one a semaphore per peer overran libtpu's
+    semaphore memory at 32 chips): tiny-moe compiles over a v5e 8x8 (64 chips) and a v5p 4x4x4 cube (64 chips, a 3D
+    torus), its all-reduce round the torus, one Mosaic call a chip, each chip's arguments the plan's byte for byte."""
+    d = mk_json("compile", "--model", "tiny-moe", "--chip", chip, "--no-vmem", "--json")
+    assert (d["chips"], d["topology"], d["mosaic_calls"]) == (64, topology, 1) and d["hosts"] > 1
+    assert f"all-reduce over the {topology.split(':')[1]} torus" in d["setup"]
+    assert d["compiler_argument_bytes"] == d["plan_bytes"]
+    assert d["compiler_alias_bytes"] == d["plan_cache_bytes"]
+
+
+def test_a_chips_semaphores_stop_growing_with_the_slice_past_sixteen_chips():
+    """One DMA semaphore a peer up to mk.kernel_setup.PEER_SEMAPHORE_CHIPS chips (the kernel whose schedules
+    data/schedule stores), one shared past it: the cross-chip ops keep as many semaphores on 256 chips as on 32."""
+    from mk.config import TINY_MOE
+    from mk.kernel_setup import PEER_SEMAPHORE_CHIPS, WORKBOOK_KERNEL
+    from mk.megakernel.refs import collective_shapes
+    from mk.plan import build_plan
+
+    def sems(chips):
+        c = collective_shapes(build_plan(TINY_MOE, 1, 1024, setup=WORKBOOK_KERNEL.on(chips)))
+        return [s.shape for ex in c.exchange.values() for s in (ex.send_sem, ex.recv_sem)] + [c.sems.shape]
+
+    assert sems(8)[0] == (2, 8) and sems(PEER_SEMAPHORE_CHIPS)[0] == (2, PEER_SEMAPHORE_CHIPS)
+    assert sems(32) == sems(256) and sems(32)[0] == (2, 1)
 
 
 @needs_libtpu
 @pytest.mark.slow
-def test_full_size_moe_compiles_over_a_two_host_slice(mk_json):
-    """gemma4-26b-a4b whole (every layer, bf16) over a v5e-16: one Mosaic call a chip, the plan's bytes a chip holds
-    byte for byte, within its HBM (about 80 s here)."""
-    d = mk_json("compile", "--model", "gemma4-26b-a4b", "--chip", "tpu-v5e-16", "--no-vmem", "--json")
+def test_full_size_moe_compiles_over_an_eight_host_slice(mk_json):
+    """gemma4-26b-a4b whole (every layer, bf16) over a v5e-64 (8x8, its all-reduce round the torus, its peers sharing
+    semaphores): one Mosaic call a chip, the plan's bytes a chip holds byte for byte, within its HBM (about 65 s
+    here)."""
+    d = mk_json("compile", "--model", "gemma4-26b-a4b", "--chip", "tpu-v5e-64", "--no-vmem", "--json")
     assert d["mosaic_calls"] == 1 and d["hosts"] > 1
     assert d["compiler_argument_bytes"] == d["plan_bytes"] < d["hbm_bytes"]
     assert d["compiler_alias_bytes"] == d["plan_cache_bytes"]
@@ -125,3 +146,22 @@ def test_multi_host_joins_the_runtime_and_refuses_a_lone_process(monkeypatch):
     assert calls == ["initialize", "shutdown"]
     monkeypatch.setattr(jax, "process_count", lambda: 4)
     assert start_multi_host() == 4 and calls[-1] == "initialize"
+
+
+def test_multi_host_runs_over_the_slices_torus(monkeypatch):
+    """``generate --multi-host`` takes every chip JAX's runtime joined (its --chips must say how many) and, past one
+    host, sums round the slice's torus as ``mk compile`` compiles it."""
+    from types import SimpleNamespace
+
+    import jax
+
+    from mk.cli.generate import _over_the_slice
+    from mk.kernel_setup import WORKBOOK_KERNEL
+
+    chips = [SimpleNamespace(platform="tpu", device_kind="TPU v5 lite") for _ in range(16)]
+    monkeypatch.setattr(jax, "devices", lambda: chips)
+    setup = _over_the_slice(WORKBOOK_KERNEL.on(16))
+    assert setup.torus == slice_shape(get_chip("tpu-v5e-16")).torus == ((4, False), (4, False))
+    assert setup.placement == WORKBOOK_KERNEL.placement and not setup.repeat_heads
+    with pytest.raises(ValueError, match="give --chips 16"):
+        _over_the_slice(WORKBOOK_KERNEL.on(8))

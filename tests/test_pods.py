@@ -1,10 +1,11 @@
-"""Slices past one host (timed, not run): the torus all-reduce, placement 'hosts', the fit, the all-reduce's share."""
+"""Slices past one host: the torus all-reduce (priced here; the kernel runs it: tests/test_sharding.py), placement
+'hosts' (timed, not run), the fit, the all-reduce's share."""
 
 import pytest
 
 from mk.chips import get_chip, slice_shape
 from mk.kernel_setup import WORKBOOK_KERNEL, Collective, Placement
-from mk.sharding import flat_ring_all_reduce, one_link_all_reduce, ring_hops, torus_all_gather, torus_all_reduce
+from mk.sharding import flat_ring_all_reduce, one_link_all_reduce, ring_hops, torus_all_reduce, torus_best
 from mk.sharding.pods import pod_setup
 from mk.sol import auto_chip
 from mk.timing import named_plan, predict, step_plan
@@ -35,7 +36,8 @@ def test_torus_all_reduce_goes_dimension_by_dimension():
     assert line.rounds == 6 and line.link_bytes == 2 * 3 * 256 * 4
     # the flat ring over all 256 chips waits 8x the torus's rounds
     assert flat_ring_all_reduce(2, 7168, 2, 256).rounds == 256
-    assert torus_all_gather(8192, ((16, True), (16, True))).link_bytes == 8 * 8192 + 8 * 16 * 8192
+    # the greedy pick's best: the block keeps its size, each dimension's group keeping its best
+    assert torus_best(8192, ((16, True), (16, True))).link_bytes == 8 * 8192 + 8 * 8192
     # one host's model is the one-link one, unchanged
     coll = Collective(bf16_payload=True, reduce_scatter=True)
     assert one_link_all_reduce(coll, 2, 7168, 8, 2).rounds == 2

@@ -240,6 +240,76 @@ def test_cli_generate_with_attention_split_over_chips_gives_transformers_greedy_
         assert got["tokens"][b] == want[0].tolist(), f"user {b}"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, setup, prompts, max_len",
+    [
+        ("hf-eight-heads-w64", KernelSetup(8, "split", Collective(reduce_scatter=True), "positions"), (70, 41), 128),
+        ("hf-eight-heads", KernelSetup(8, "whole", attention_split="users"), (30, 17, 25, 9, 12, 28, 21, 5), 48),
+    ],
+    ids=["reduce-scatter-positions-split", "users-split"],
+)
+def test_peers_sharing_their_semaphores_give_transformers_greedy_tokens(
+    hf_checkpoint, monkeypatch, name, setup, prompts, max_len
+):
+    """Past mk.kernel_setup.PEER_SEMAPHORE_CHIPS chips the cross-chip ops' peers share one DMA semaphore a direction
+    (what lets the step compile past 16 chips: tests/test_compile.py); the limit lowered to 4 here so 8 simulated
+    chips take that path, the race detector on: the all-reduce as reduce-scatter then all-gather, the greedy pick's
+    gather, and the exchanges of attention split by positions and by users give transformers' greedy tokens."""
+    import mk.kernel_setup
+    from mk.generate import generate
+    from mk.megakernel.refs import collective_shapes
+    from mk.tpu import races_detected
+    from mk.weights import load_checkpoint
+
+    monkeypatch.setattr(mk.kernel_setup, "PEER_SEMAPHORE_CHIPS", 4)
+    folder, model = hf_checkpoint(name)
+    cfg, params = load_checkpoint(folder)
+    plan = build_plan(cfg, len(prompts), max_len, setup=setup)
+    assert setup.peer_semaphores == 1
+    assert all(ex.send_sem.shape[-1] == 1 for ex in collective_shapes(plan).exchange.values())
+    rng = np.random.default_rng(13)
+    ids = [rng.integers(0, cfg.vocab_size, n).tolist() for n in prompts]
+    got = generate(params, cfg, ids, 2, engine="megakernel", max_len=max_len,
+                   engine_options=dict(setup=setup, kv_tile=16, detect_races=True))  # fmt: skip
+    assert not races_detected()
+    for b, prompt in enumerate(ids):
+        want, _ = hf_greedy(model, np.array([prompt]), 2)
+        assert got[b].tolist() == want[0].tolist(), f"user {b}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, setup",
+    [
+        ("hf-eight-heads", KernelSetup(8, "split", torus=((2, False), (4, True)))),
+        ("hf-eight-heads", KernelSetup(8, "whole", torus=((2, False), (2, False), (2, True)))),
+    ],
+    ids=["2x4-split", "2x2x2-whole"],
+)
+def test_the_all_reduce_over_a_torus_gives_transformers_greedy_tokens(hf_checkpoint, name, setup):
+    """Past one host the kernel sums partials over the slice's torus one dimension at a time (reduce-scatter along
+    each, all-gather back) and picks the greedy token the same way (mk.megakernel.collective): 8 simulated chips laid
+    out as a 2x4 and a 2x2x2 torus, ragged prompts, the race detector on, give transformers' greedy tokens; the
+    chips along a dimension's group are the ones the plan prices (mk.sharding.links.torus_all_reduce)."""
+    from mk.generate import generate
+    from mk.tpu import races_detected
+    from mk.weights import load_checkpoint
+
+    folder, model = hf_checkpoint(name)
+    cfg, params = load_checkpoint(folder)
+    plan = build_plan(cfg, 3, 64, setup=setup)
+    ar = next(op for op in plan.ops if isinstance(op, AllReduce))
+    assert ar.rounds == sum(2 * (n // 2 if wraps else n - 1) for n, wraps in setup.torus)
+    rng = np.random.default_rng(14)
+    ids = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (21, 9, 14)]
+    got = generate(params, cfg, ids, 2, engine="megakernel", engine_options=dict(setup=setup, detect_races=True))
+    assert not races_detected()
+    for b, prompt in enumerate(ids):
+        want, _ = hf_greedy(model, np.array([prompt]), 2)
+        assert got[b].tolist() == want[0].tolist(), f"user {b}"
+
+
 def test_a_bf16_payload_moves_logits_by_its_rounding_only():
     """One step of 4 users at ragged positions over a random cache, on 2 chips (tests/test_ops.py holds the
     8-chip all-reduce to the sum of the rounded partials). An f32 payload gives the reference's logits up to

@@ -81,6 +81,7 @@ def test_vmem_overflow_fails_in_the_compiler_too():
 
     assert probe_vmem("tpu-v5e") == get_chip("tpu-v5e").vmem_bytes
     assert probe_vmem("tpu-v6e") == get_chip("tpu-v6e").vmem_bytes
+    assert probe_vmem("tpu-v5p") == get_chip("tpu-v5p").vmem_bytes == 64 * 2**20  # data/chips.csv from this probe
 
 
 @pytest.mark.parametrize("cfg,batch", [(TINY_DENSE, 1), (TINY_MOE, 4)], ids=lambda x: getattr(x, "name", str(x)))

@@ -98,13 +98,14 @@ def _run_compile(a) -> None:
     from ..megakernel.aot import aot_target
     from ..megakernel.on_slice import compile_on_slice, text
     from ..plan import build_plan
+    from ..sharding.pods import run_setup
     from ..timing.work import plan_itemsizes, plan_quantize
 
     chip, _ = aot_target(a.chip)
     wi, ki = plan_itemsizes(a.dtype)
-    # the kernel as it runs: the setup's all-to-all over every chip of the slice (not the torus and host placement
-    # the timing model gives a slice past one host, mk.sharding.pods, which the kernel does not run)
-    setup = setup_of(a).on(get_chip(chip).chips)
+    # the kernel as it runs over every chip of the slice: past one host, its all-reduce over the slice's torus (the
+    # placement as given: the timing model's whole experts over hosts, mk.sharding.pods, is timed, not run)
+    setup = run_setup(setup_of(a), get_chip(chip))
     plan = build_plan(
         get_config(a.model), a.batch, a.context, weight_itemsize=wi, kv_itemsize=ki, setup=setup,
         quantize=plan_quantize(a.dtype),

@@ -120,6 +120,8 @@ def _run_generate(a) -> None:
 
         check_drafter(a.speculate, a.assistant)
     setup = setup_of(a)
+    if a.multi_host:  # the slice's chips, over its torus (mk.sharding.pods.run_setup), as `mk compile` compiles it
+        setup = _over_the_slice(setup)
     given = dict(kv_tile=a.kv_tile, detect_races=a.detect_races or None)
     options = {k: v for k, v in given.items() if v is not None}
     flags = [f"--{k.replace('_', '-')}" for k in options] + setup_flags(a)
@@ -159,3 +161,18 @@ def _run_generate(a) -> None:
             show(d, a.json, "the race detector fired")
             raise SystemExit(1)
     show(d, a.json, "\n".join(f"user {u}: {' '.join(map(str, t))}" for u, t in enumerate(d["tokens"])))
+
+
+def _over_the_slice(setup):
+    """``setup`` over every chip of the slice JAX's runtime joined (``--chips`` must say all of them), past one
+    host over its torus."""
+    import jax
+
+    from ..chips import get_chip, known_chip
+    from ..sharding.pods import run_setup
+
+    devices = jax.devices()
+    if setup.chips != len(devices):
+        raise ValueError(f"--multi-host: the slice has {len(devices)} chips; give --chips {len(devices)}")
+    kind = known_chip(devices[0])
+    return run_setup(setup, get_chip(f"{kind}-{len(devices)}")) if kind else setup

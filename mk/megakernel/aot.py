@@ -121,9 +121,11 @@ def _compile_sharded(plan, chip: str, shapes, weight_dtype, kv_dtype, limit: int
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
 
+    from ..sharding import torus_order
     from ..tpu import topology
 
     devices = topology(chip).devices  # every host's chips: one program, each host running its own chips' share
+    devices = torus_order(devices) if plan.setup.torus else devices
     if len(devices) != plan.chips:
         raise ValueError(f"{chip} has {len(devices)} chips, the plan is split over {plan.chips}")
     mesh = Mesh(np.array(devices), (plan.setup.axis,))

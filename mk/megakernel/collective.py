@@ -27,6 +27,13 @@ def _peers(k):
     return [(d, (me + d) % C, (me - d) % C) for d in range(1, C)]
 
 
+def _sem(k, i: int) -> int:
+    """Where peer (or step) ``i``'s semaphore sits on a semaphore array's last axis: its own, or the one all peers
+    share past mk.kernel_setup.PEER_SEMAPHORE_CHIPS (a DMA semaphore counts bytes, so a wait for one peer's copy
+    is met by any peer's copy of the same size, and the waits for all of them by all of them)."""
+    return i if k.plan.setup.peer_semaphores > 1 else 0
+
+
 def _device(k, chip):
     return {k.plan.setup.axis: chip}
 
@@ -47,44 +54,74 @@ def _exchange(k, src, dst_at, round_: int, parity, ex):
     for d, peer, _ in _peers(k):
         s = src(peer) if callable(src) else src
         c = pltpu.make_async_remote_copy(
-            s, dst_at(k.chip), ex.send_sem.at[round_, d], recv.at[k.chip], device_id=_device(k, peer)
+            s, dst_at(k.chip), ex.send_sem.at[round_, _sem(k, d)], recv.at[_sem(k, k.chip)], device_id=_device(k, peer)
         )
         c.start()
         sends.append(c)
     for d, _, sender in _peers(k):
         s = src(sender) if callable(src) else src
         pltpu.make_async_remote_copy(
-            s, dst_at(sender), ex.send_sem.at[round_, d], recv.at[sender], device_id=_device(k, k.chip)
+            s,
+            dst_at(sender),
+            ex.send_sem.at[round_, _sem(k, d)],
+            recv.at[_sem(k, sender)],
+            device_id=_device(k, k.chip),
         ).wait_recv()
     for c in sends:
         c.wait_send()
 
 
-def exchange_in_group(k, g: int, src, dst_at, sems):
-    """Within this chip's group of ``g`` consecutive chips (member ``chip % g``): send ``src(member)`` (a ref) to
-    every other member's ``dst_at(my member)``; wait until every other member's has arrived here in
-    ``dst_at(sender)`` and this chip's sends are done. ``sems``: DMA [2 (send, receive), g]."""
-    me = k.chip % g
-    base = k.chip - me
+def exchange_in_group(k, g: int, src, dst_at, sems, stride: int = 1):
+    """Within this chip's group of ``g`` chips ``stride`` apart (member ``chip // stride % g``; consecutive chips by
+    default, a torus dimension's otherwise): send ``src(member)`` (a ref) to every other member's ``dst_at(my
+    member)``; wait until every other member's has arrived here in ``dst_at(sender)`` and this chip's sends are done.
+    ``sems``: DMA [2 (send, receive), g]."""
+    if stride == 1:  # (the one-host kernel's code, unchanged)
+        me = k.chip % g
+        base = k.chip - me
+    else:
+        me = k.chip // stride % g
+        base = k.chip - me * stride
     sends = []
     for d in range(1, g):
         peer = (me + d) % g
         c = pltpu.make_async_remote_copy(
-            src(peer), dst_at(me), sems.at[0, d], sems.at[1, me], device_id=_device(k, base + peer)
+            src(peer),
+            dst_at(me),
+            sems.at[0, _sem(k, d)],
+            sems.at[1, _sem(k, me)],
+            device_id=_device(k, base + peer if stride == 1 else base + peer * stride),
         )
         c.start()
         sends.append(c)
     for d in range(1, g):
         sender = (me - d) % g
         pltpu.make_async_remote_copy(
-            src(sender), dst_at(sender), sems.at[0, d], sems.at[1, sender], device_id=_device(k, k.chip)
+            src(sender),
+            dst_at(sender),
+            sems.at[0, _sem(k, d)],
+            sems.at[1, _sem(k, sender)],
+            device_id=_device(k, k.chip),
         ).wait_recv()
     for c in sends:
         c.wait_send()
 
 
+def _torus_groups(k) -> list[tuple[int, int]]:
+    """Each torus dimension of more than one chip as (chips g, stride): the chips of this chip's group along it are
+    ``stride`` apart, the first dimension's consecutive (mk.sharding.mesh.torus_order lays the mesh out so)."""
+    groups, stride = [], 1
+    for n, _ in k.plan.setup.torus:
+        if n > 1:
+            groups.append((n, stride))
+        stride *= n
+    return groups
+
+
 def emit_all_reduce(k, op):
     """Each of ``op.acts`` summed over the chips, in place (all to all, or reduce-scatter then all-gather)."""
+    if k.plan.setup.torus:
+        return _all_reduce_over_torus(k, op)
     ex = k.scratch.collective.exchange[str(op.itemsize)]
     acts, C, n, R = k.scratch.acts, k.plan.chips, len(op.acts), op.rows
     W = k.cfg.hidden_size
@@ -121,7 +158,7 @@ def emit_all_reduce(k, op):
     def rows_of(buf):
         return lambda c: buf.at[c, pl.ds(0, n), pl.ds(0, R)]
 
-    own = pltpu.make_async_copy(chunk(k.chip), rows_of(recv)(k.chip), ex.recv_sem.at[1, parity, k.chip])
+    own = pltpu.make_async_copy(chunk(k.chip), rows_of(recv)(k.chip), ex.recv_sem.at[1, parity, _sem(k, k.chip)])
     own.start()
     own.wait()
     # reduce-scatter: chip c receives chunk c of every chip's partial and sums it
@@ -138,9 +175,78 @@ def emit_all_reduce(k, op):
                 keep(name, slice(lo, hi), gathered[p, j, :, : hi - lo].astype(jnp.float32))
 
 
+def _all_reduce_over_torus(k, op):
+    """``emit_all_reduce`` over a torus, one dimension at a time (mk.sharding.links.torus_all_reduce prices it):
+    reduce-scatter along the first dimension (this chip keeps the sum of its group's chunk ``me``), then along the
+    next over that chunk, and so on; then all-gather back in reverse. Each dimension's buffers and semaphores are
+    its own, so a chip already a dimension further on never lands its bytes in one still being read."""
+    exs, acts, n, R = k.scratch.collective.exchange[str(op.itemsize)], k.scratch.acts, len(op.acts), op.rows
+    W, parity = k.cfg.hidden_size, op.seq % 2
+    mine = jax.lax.broadcasted_iota(jnp.int32, exs[0].stage.shape[1:], 0) < R  # only rows < R travel
+    groups = [(g, stride, me, ex) for (g, stride), ex in zip(_torus_groups(k), exs) for me in [k.chip // stride % g]]
+
+    def total(buf, j):
+        out = buf[0, j].astype(jnp.float32)
+        for p in range(1, buf.shape[0]):
+            out = out + buf[p, j].astype(jnp.float32)
+        return out
+
+    first = groups[0][3].stage
+    for j, name in enumerate(op.acts):
+        first[j, :, :W] = acts[name][:, :W].astype(first.dtype)
+    if first.shape[2] > W:
+        first[:, :, W:] = jnp.zeros((first.shape[0], first.shape[1], first.shape[2] - W), first.dtype)
+    # reduce-scatter, dimension by dimension
+    for i, (g, stride, me, ex) in enumerate(groups):
+        w, recv = ex.recv.shape[-1], ex.recv.at[parity]
+
+        def chunk(m, ex=ex, w=w):
+            return ex.stage.at[pl.ds(0, n), pl.ds(0, R), pl.ds(pl.multiple_of(m * w, LANE), w)]
+
+        def rows_of(buf):
+            return lambda m: buf.at[m, pl.ds(0, n), pl.ds(0, R)]
+
+        own = pltpu.make_async_copy(chunk(me), rows_of(recv)(me), ex.sems.at[1, parity, 1, _sem(k, me)])
+        own.start()
+        own.wait()
+        exchange_in_group(k, g, chunk, rows_of(recv), ex.sems.at[0, parity], stride)
+        if i + 1 < len(groups):  # this chunk's sum is what the next dimension cuts
+            nxt = groups[i + 1][3].stage
+            for j in range(n):
+                nxt[j, :, :w] = total(recv, j).astype(nxt.dtype)
+            if nxt.shape[2] > w:
+                nxt[:, :, w:] = jnp.zeros((nxt.shape[0], nxt.shape[1], nxt.shape[2] - w), nxt.dtype)
+        else:
+            for j in range(n):
+                ex.gathered[parity, me, j] = total(recv, j).astype(ex.gathered.dtype)
+    # all-gather, back through the dimensions: each member's summed chunk, then the chunk they make up together
+    for i in reversed(range(len(groups))):
+        g, stride, me, ex = groups[i]
+        w, gathered = ex.recv.shape[-1], ex.gathered.at[parity]
+
+        def rows_of(buf):
+            return lambda m: buf.at[m, pl.ds(0, n), pl.ds(0, R)]
+
+        exchange_in_group(k, g, lambda _: rows_of(gathered)(me), rows_of(gathered), ex.sems.at[1, parity], stride)
+        width = W if i == 0 else groups[i - 1][3].recv.shape[-1]
+        for j, name in enumerate(op.acts):
+            for p in range(g):
+                lo, hi = p * w, min((p + 1) * w, width)
+                if lo >= width:
+                    continue
+                part = gathered[p, j, :, : hi - lo]
+                if i == 0:
+                    acts[name][:, lo:hi] = jnp.where(mine[:, : hi - lo], part.astype(jnp.float32), acts[name][:, lo:hi])
+                else:
+                    _, _, up_me, up = groups[i - 1]
+                    up.gathered[parity, up_me, j, :, lo:hi] = part
+
+
 def emit_gather_best(k, op):
     """The greedy pick over the whole vocabulary: every chip's (maximum, first index) gathered, the
     first chip holding the largest wins (chips hold the vocabulary in order)."""
+    if k.plan.setup.torus:
+        return _best_over_torus(k)
     s, coll = k.scratch, k.scratch.collective
     coll.best[k.chip] = s.best[...]
     coll.best_id[k.chip] = s.best_id[...]
@@ -148,7 +254,11 @@ def emit_gather_best(k, op):
     for d, peer, _ in _peers(k):
         for n, (mine, all_) in enumerate(((s.best, coll.best), (s.best_id, coll.best_id))):
             c = pltpu.make_async_remote_copy(
-                mine, all_.at[k.chip], coll.sems.at[0, n, d], coll.sems.at[1, n, k.chip], device_id=_device(k, peer)
+                mine,
+                all_.at[k.chip],
+                coll.sems.at[0, n, _sem(k, d)],
+                coll.sems.at[1, n, _sem(k, k.chip)],
+                device_id=_device(k, peer),
             )
             c.start()
             sends.append(c)
@@ -157,8 +267,8 @@ def emit_gather_best(k, op):
             pltpu.make_async_remote_copy(
                 mine,
                 all_.at[sender],
-                coll.sems.at[0, n, d],
-                coll.sems.at[1, n, sender],
+                coll.sems.at[0, n, _sem(k, d)],
+                coll.sems.at[1, n, _sem(k, sender)],
                 device_id=_device(k, k.chip),
             ).wait_recv()
     for c in sends:
@@ -169,3 +279,45 @@ def emit_gather_best(k, op):
         best, best_id = jnp.where(better, coll.best[p], best), jnp.where(better, coll.best_id[p], best_id)
     s.best[...] = best
     s.best_id[...] = best_id
+
+
+def _best_over_torus(k):
+    """``emit_gather_best`` over a torus: the best of this chip's group along each dimension in turn (the value and
+    its index sent together: one round a dimension), the first member holding the largest winning; first dimension
+    first, so the first chip of all holding it wins."""
+    s, coll = k.scratch, k.scratch.collective
+    for i, (g, stride) in enumerate(_torus_groups(k)):
+        me = k.chip // stride % g
+        base = k.chip - me * stride
+        pairs = ((s.best, coll.best.at[i]), (s.best_id, coll.best_id.at[i]))
+        sends = []
+        for n, (mine, all_) in enumerate(pairs):
+            all_[me] = mine[...]
+            for d in range(1, g):
+                c = pltpu.make_async_remote_copy(
+                    mine,
+                    all_.at[me],
+                    coll.sems.at[i, n, 0, _sem(k, d)],
+                    coll.sems.at[i, n, 1, _sem(k, me)],
+                    device_id=_device(k, base + (me + d) % g * stride),
+                )
+                c.start()
+                sends.append(c)
+        for n, (mine, all_) in enumerate(pairs):
+            for d in range(1, g):
+                sender = (me - d) % g
+                pltpu.make_async_remote_copy(
+                    mine,
+                    all_.at[sender],
+                    coll.sems.at[i, n, 0, _sem(k, d)],
+                    coll.sems.at[i, n, 1, _sem(k, sender)],
+                    device_id=_device(k, k.chip),
+                ).wait_recv()
+        for c in sends:
+            c.wait_send()
+        best, best_id = coll.best[i, 0], coll.best_id[i, 0]
+        for p in range(1, g):
+            better = coll.best[i, p] > best  # strictly: an equal maximum on a later member is a later token
+            best, best_id = jnp.where(better, coll.best[i, p], best), jnp.where(better, coll.best_id[i, p], best_id)
+        s.best[...] = best
+        s.best_id[...] = best_id

@@ -66,7 +66,15 @@ from ..plan import (
     vector_stride,
 )
 from ..quant import SCALE_SUFFIX
-from ..sharding import cache_split_axis, chip_config, chip_params, make_mesh, position_share, split_axis
+from ..sharding import (
+    cache_split_axis,
+    chip_config,
+    chip_params,
+    make_mesh,
+    position_share,
+    split_axis,
+    torus_order,
+)
 from ..tpu import host_device, interpret_params
 from . import attention, collective, dense, head, moe
 from .pack import adopt_cache_chips, pack, reference_cache_chips
@@ -506,7 +514,12 @@ class MegakernelEngine:
         check_heads_split(cfg, setup)
         if setup.sharded:
             chip_config(cfg, setup)  # refuses a placement the model cannot take, before any weights move
-            self.mesh = mesh if mesh is not None else make_mesh(setup.chips, jax.devices()[: setup.chips], setup.axis)
+            devices = jax.devices()[: setup.chips]
+            self.mesh = (
+                mesh
+                if mesh is not None
+                else make_mesh(setup.chips, torus_order(devices) if setup.torus else devices, setup.axis)
+            )
         self._packed_key, self._packed = None, None
         self._steps: dict = {}
 

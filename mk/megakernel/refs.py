@@ -52,7 +52,7 @@ class UsersSplit(NamedTuple):
     out: Any  # [rows(u), every query head x hd] f32: their attention outputs
     stage_out: Any  # [C, rows(u), heads x hd] f32: the outputs of each chip's heads, to go back to it
     recv_out: Any  # [C, rows(u), heads x hd] f32: this chip's heads' outputs for each owner's users
-    sems: Any  # DMA [2 (in, out), 2 (send, receive), C]
+    sems: Any  # DMA [2 (in, out), 2 (send, receive), C or 1 shared: KernelSetup.peer_semaphores]
 
 
 class KV(NamedTuple):
@@ -68,7 +68,7 @@ class KV(NamedTuple):
     q_all: Any = None  # [g, rows, heads x head_dim] f32: each member's query heads
     state: Any = None  # [g, B, heads, head_dim + 128] f32: partial states for each member's heads (max, sum: lanes)
     state_in: Any = None  # [g, B, heads, head_dim + 128] f32: each member's partial states of this chip's heads
-    share_sem: Any = None  # DMA [2 (queries, states), 2 (send, receive), g]
+    share_sem: Any = None  # DMA [2 (queries, states), 2 (send, receive), g or 1 shared]
     users: Any = None  # with the users split: UsersSplit
 
 
@@ -115,19 +115,30 @@ class Exchange(NamedTuple):
     stage: Any  # [n, rows, width]: this chip's partial sums as sent (width: C chunks with reduce-scatter)
     recv: Any  # [2 (parity), C, n, rows, width or chunk]: what each chip sent here (own partial at [me])
     gathered: Any  # reduce-scatter: [2, C, n, rows, chunk], each chip's summed chunk; else None
-    send_sem: Any  # DMA [2 (round), C]
-    # DMA [2 (round), 2 (parity), C]: a fast chip's next all-reduce may land before this one's has: a
+    send_sem: Any  # DMA [2 (round), C or 1 shared: KernelSetup.peer_semaphores]
+    # DMA [2 (round), 2 (parity), C or 1]: a fast chip's next all-reduce may land before this one's has: a
     # semaphore of its own keeps its bytes from counting for this one's
     recv_sem: Any
 
 
-class CollectiveScratch(NamedTuple):
-    """Scratch of the cross-chip ops: an Exchange per payload item size, and the argmax gather."""
+class TorusExchange(NamedTuple):
+    """One torus dimension's all-reduce buffers (over a torus: mk.megakernel.collective.emit_torus_all_reduce): its
+    ``g`` chips each keep a chunk of ``w`` lanes of what came in, ``g * w`` lanes (padded) wide."""
 
-    exchange: dict  # str(itemsize) -> Exchange
+    stage: Any  # [n, rows, g * w]: what this chip sends along the dimension (its partial, or the last one's chunk)
+    recv: Any  # [2 (parity), g, n, rows, w]: each member's chunk for this chip (own at [me])
+    gathered: Any  # [2, g, n, rows, w]: each member's summed chunk, gathered back
+    sems: Any  # DMA [2 (reduce-scatter, all-gather), 2 (parity), 2 (send, receive), g or 1]
+
+
+class CollectiveScratch(NamedTuple):
+    """Scratch of the cross-chip ops: an Exchange per payload item size (over a torus: a TorusExchange per
+    dimension), and the argmax gather (over a torus: [dimension, member] for ``C``)."""
+
+    exchange: dict  # str(itemsize) -> Exchange, or a tuple of TorusExchange (one a torus dimension)
     best: Any  # [C, rows, 128] f32: every chip's running maximum
     best_id: Any  # [C, rows, 128] int32
-    sems: Any  # DMA [2 (send, receive), 2 (best, best_id), C]
+    sems: Any  # DMA [2 (send, receive), 2 (best, best_id), C or 1]; over a torus [dims, 2 (best, id), 2, g or 1]
 
 
 def matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -245,7 +256,7 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
                     pltpu.VMEM((g, rows, nh * hd), jnp.float32),
                     pltpu.VMEM((g, B, nh, hd + LANE), jnp.float32),
                     pltpu.VMEM((g, B, nh, hd + LANE), jnp.float32),
-                    pltpu.SemaphoreType.DMA((2, 2, g)),
+                    pltpu.SemaphoreType.DMA((2, 2, min(g, plan.setup.peer_semaphores))),
                 )
                 if g > 1
                 else ()
@@ -334,7 +345,7 @@ def users_split_shapes(plan: StepPlan, t: str) -> UsersSplit:
         out=pltpu.VMEM((rows, model.num_heads * hd), jnp.float32),
         stage_out=pltpu.VMEM((C, rows, heads * hd), jnp.float32),
         recv_out=pltpu.VMEM((C, rows, heads * hd), jnp.float32),
-        sems=pltpu.SemaphoreType.DMA((2, 2, C)),
+        sems=pltpu.SemaphoreType.DMA((2, 2, plan.setup.peer_semaphores)),
     )
 
 
@@ -343,22 +354,54 @@ def collective_shapes(plan: StepPlan) -> CollectiveScratch:
     from ..sharding import chunk_width
 
     C, rows, width = plan.chips, plan.rows, plan.layout.hidden_size
+    peers = plan.setup.peer_semaphores
     reduce_scatter = plan.setup.collective.reduce_scatter
     chunk = chunk_width(width, C)
+    dims = [n for n, _ in plan.setup.torus if n > 1]
     exchange = {}
     for itemsize in sorted({op.itemsize for op in plan.ops if isinstance(op, AllReduce)}):
         n = max(len(op.acts) for op in plan.ops if isinstance(op, AllReduce) and op.itemsize == itemsize)
         dtype = {2: jnp.bfloat16, 4: jnp.float32}[itemsize]
+        if dims:
+            exchange[str(itemsize)] = _torus_exchanges(dims, n, rows, width, dtype, peers)
+            continue
         exchange[str(itemsize)] = Exchange(
             stage=pltpu.VMEM((n, rows, C * chunk if reduce_scatter else width), dtype),
             recv=pltpu.VMEM((2, C, n, rows, chunk if reduce_scatter else width), dtype),
             gathered=pltpu.VMEM((2, C, n, rows, chunk), dtype) if reduce_scatter else None,
-            send_sem=pltpu.SemaphoreType.DMA((2, C)),
-            recv_sem=pltpu.SemaphoreType.DMA((2, 2, C)),
+            send_sem=pltpu.SemaphoreType.DMA((2, peers)),
+            recv_sem=pltpu.SemaphoreType.DMA((2, 2, peers)),
+        )
+    if dims:  # the greedy pick's best, dimension by dimension
+        g = max(dims)
+        return CollectiveScratch(
+            exchange=exchange,
+            best=pltpu.VMEM((len(dims), g, rows, LANE), jnp.float32),
+            best_id=pltpu.VMEM((len(dims), g, rows, LANE), jnp.int32),
+            sems=pltpu.SemaphoreType.DMA((len(dims), 2, 2, min(g, peers))),
         )
     return CollectiveScratch(
         exchange=exchange,
         best=pltpu.VMEM((C, rows, LANE), jnp.float32),
         best_id=pltpu.VMEM((C, rows, LANE), jnp.int32),
-        sems=pltpu.SemaphoreType.DMA((2, 2, C)),
+        sems=pltpu.SemaphoreType.DMA((2, 2, peers)),
     )
+
+
+def _torus_exchanges(dims, n: int, rows: int, width: int, dtype, peers: int) -> tuple:
+    """A TorusExchange a dimension of ``dims`` chips: each cuts the last one's chunk (first: the ``width`` lanes)
+    into its chips' whole-lane chunks (mk.sharding.links.torus_all_reduce, which prices them)."""
+    from ..sharding import chunk_width
+
+    out, w = [], width
+    for g in dims:
+        w = chunk_width(w, g)
+        out.append(
+            TorusExchange(
+                stage=pltpu.VMEM((n, rows, g * w), dtype),
+                recv=pltpu.VMEM((2, g, n, rows, w), dtype),
+                gathered=pltpu.VMEM((2, g, n, rows, w), dtype),
+                sems=pltpu.SemaphoreType.DMA((2, 2, 2, min(g, peers))),
+            )
+        )
+    return tuple(out)

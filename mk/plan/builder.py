@@ -135,7 +135,7 @@ class Builder:
         coll, width = self.setup.collective, self.cfg.hidden_size
         # only the users' rows travel: whole rows of a packed (sublane) word, 1 in f32, 2 in bf16
         rows = min(round_up(self.batch, 4 // itemsize), round_up(self.batch, ROWS))
-        if self.setup.torus:  # past one host: dimension by dimension over the slice's torus (timed, not run)
+        if self.setup.torus:  # past one host: dimension by dimension over the slice's torus (mk.megakernel.collective)
             ex = torus_all_reduce(len(acts) * rows, width, itemsize, self.setup.torus)
         else:
             ex = one_link_all_reduce(coll, len(acts) * rows, width, self.setup.chips, itemsize)
@@ -333,11 +333,11 @@ class Builder:
         else:
             self.op(NoHead(-1, HEAD, 0))
         if self.setup.sharded:
-            from ..sharding import torus_all_gather
+            from ..sharding import torus_best
 
             C, block = self.setup.chips, 2 * ROWS * LANE * 4  # each chip's best value and its index
-            if self.setup.torus:  # gathered dimension by dimension over the slice's torus
-                ex = torus_all_gather(block, self.setup.torus)
+            if self.setup.torus:  # the best of each dimension's group in turn over the slice's torus
+                ex = torus_best(block, self.setup.torus)
                 best = GatherBest(-1, "collectives", C * ROWS * LANE, ex.sent_bytes, ex.rounds, ex.link_bytes)
             else:
                 best = GatherBest(-1, "collectives", C * ROWS * LANE, sent_bytes=(C - 1) * block)

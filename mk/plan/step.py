@@ -210,8 +210,8 @@ class StepPlan:
         fields_ = [getattr(self, f) for f in self.__dataclass_fields__ if f not in skip]
         # a setup's name and published key only label it
         fields_.append(self.setup and replace(self.setup, name="", published=None))
-        if self.setup is not None and self.setup.torus:  # past one host (out of the setup's repr): timed, not run
-            fields_.append((self.setup.torus, self.setup.host_chips))
+        if self.setup is not None and self.setup.torus:  # past one host (out of the setup's repr)
+            fields_.append((self.setup.torus, self.setup.host_chips) + (("repeat_heads",) * self.setup.repeat_heads))
         items = [
             replace(it, flops=0, kv_bytes=0, serial_bytes=0) if isinstance(it, Attend) else it for it in self.items
         ]

@@ -13,10 +13,10 @@ from .links import (
     peers,
     ring_hops,
     sent_bytes,
-    torus_all_gather,
     torus_all_reduce,
+    torus_best,
 )
-from .mesh import gspmd_sharding, make_mesh, simulate_chips
+from .mesh import gspmd_sharding, make_mesh, simulate_chips, torus_order
 from .placement import (
     attention_chips,
     cache_split_axis,
@@ -53,13 +53,14 @@ __all__ = [
     "position_share",
     "kv_replication_bytes",
     "make_mesh",
+    "torus_order",
     "one_link_all_reduce",
     "peers",
     "ring_hops",
     "sent_bytes",
     "simulate_chips",
     "split_axis",
-    "torus_all_gather",
+    "torus_best",
     "torus_all_reduce",
     "users_per_chip",
     "vocab_per_chip",

@@ -12,13 +12,14 @@ Every chip sums in the same (chip) order, so all chips hold bit-identical activa
 
 Both charge the slice as if any chip reached any other over one link: what the kernel does on one host (8 chips),
 and what today's numbers for 8 chips hold. Past one host the timing model charges the torus instead
-(:func:`torus_all_reduce`, timed, not run): a ring reduce-scatter along each torus dimension in turn, then the
-all-gathers back, each chip using its two links of that dimension (both directions of the ring) where the
-dimension wraps around, one way along a line where it does not (data/slices.csv records which do). A dimension of n
-chips costs ``ring_hops`` rounds each way, each paying the link latency, and its busiest link carries that many
-shards in sequence (jax-ml scaling-book sharding.md: a bidirectional ring moves ``V / W_bidi`` in ``n / 2`` hops;
-without wraparound ``(n - 1) V / n`` at one link's one-way bandwidth). :func:`flat_ring_all_reduce` is the same
-over one ring through all chips, what the torus is set against.
+(:func:`torus_all_reduce`): a reduce-scatter along each torus dimension in turn, then the all-gathers back (the
+kernel's own exchanges past one host, mk.megakernel.collective: a dimension's group of chips send directly to one
+another, which the links carry as the ring's hops), each chip using its two links of that dimension (both directions
+of the ring) where the dimension wraps around, one way along a line where it does not (data/slices.csv records which
+do). A dimension of n chips costs ``ring_hops`` rounds each way, each paying the link latency, and its busiest link
+carries that many shards in sequence (jax-ml scaling-book sharding.md: a bidirectional ring moves ``V / W_bidi`` in
+``n / 2`` hops; without wraparound ``(n - 1) V / n`` at one link's one-way bandwidth). :func:`flat_ring_all_reduce`
+is the same over one ring through all chips, what the torus is set against.
 """
 
 from __future__ import annotations
@@ -103,15 +104,13 @@ def flat_ring_all_reduce(rows: int, width: int, itemsize: int, chips: int, wrapa
     return torus_all_reduce(rows, width, itemsize, ((chips, wraparound),))
 
 
-def torus_all_gather(block_bytes: int, torus) -> Exchange:
-    """Every chip's ``block_bytes`` gathered to every chip over a torus, one dimension at a time (the blocks held
-    grow by each dimension's chips)."""
+def torus_best(block_bytes: int, torus) -> Exchange:
+    """The greedy pick's best over a torus (mk.megakernel.collective): each chip's ``block_bytes`` (its best value
+    and index) to every chip of its group along a dimension, which keeps the group's best, then along the next."""
     rounds = sent = link = 0
-    held = block_bytes
     for n, wraps in torus:
         if n <= 1:
             continue
         hops = ring_hops(n, wraps)
-        rounds, sent, link = rounds + hops, sent + (n - 1) * held, link + hops * held
-        held *= n
+        rounds, sent, link = rounds + hops, sent + (n - 1) * block_bytes, link + hops * block_bytes
     return Exchange(rounds, sent, link)

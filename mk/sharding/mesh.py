@@ -32,6 +32,16 @@ def make_mesh(chips: int, devices=None, axis: str = "x"):
     return Mesh(np.array(devices), (axis,))
 
 
+def torus_order(devices) -> list:
+    """``devices`` in the order a setup over a torus numbers its chips (mk.megakernel.collective: a torus
+    dimension's group is chips ``stride`` apart, the first dimension's consecutive): by their coordinates, the first
+    fastest. Devices without coordinates (the simulated CPU ones) keep their order."""
+    devices = list(devices)
+    if not all(hasattr(d, "coords") for d in devices):
+        return devices
+    return sorted(devices, key=lambda d: tuple(reversed(tuple(d.coords))))
+
+
 def simulate_chips(chips: int) -> None:
     """On a machine without accelerators, have JAX's CPU backend present ``chips`` devices, each run on
     its own thread: the interpret-mode kernel's collectives need every chip in the kernel at once, and

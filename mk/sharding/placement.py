@@ -15,7 +15,8 @@ Every chip runs the same kernel on its own slice (tensor parallel):
   chips (every chip loads 1/C of every routed expert);
 - the router, norms and scales are replicated (the routing is the same on every chip).
 
-Past one host (timed, not run) mk.sharding.pods says what changes: placement ``hosts`` (whole experts over groups of a
+Past one host mk.sharding.pods says what the timing model changes (timed, not run by the kernel, which keeps the
+placement it is given and sums round the slice's torus): placement ``hosts`` (whole experts over groups of a
 host's chips, each split within its group: ``experts_per_chip``, ``expert_groups``) and, where the heads do not
 divide the chips, heads split over the most chips that take whole ones (``attention_chips``).
 
@@ -50,15 +51,15 @@ def heads_split(cfg: ModelConfig, chips: int) -> bool:
 
 
 def attention_chips(cfg: ModelConfig, setup: KernelSetup | None) -> int:
-    """The chips attention heads are split over: all C where ``heads_split``; past one host (a setup with a torus,
-    mk.sharding.pods) where they are not, the most chips D dividing C that take whole heads (each head's chips
-    repeated C / D times); else 1 (attention replicated)."""
+    """The chips attention heads are split over: all C where ``heads_split``; where they are not, with
+    ``repeat_heads`` (past one host, timed: mk.sharding.pods), the most chips D dividing C that take whole heads (each
+    head's chips repeated C / D times); else 1 (attention replicated)."""
     if setup is None or not setup.sharded:
         return 1
     C = setup.chips
     if heads_split(cfg, C):
         return C
-    if setup.torus:
+    if setup.repeat_heads:
         return max((d for d in range(2, C) if C % d == 0 and heads_split(cfg, d)), default=1)
     return 1
 
@@ -72,10 +73,11 @@ def expert_groups(cfg: ModelConfig, setup: KernelSetup) -> int:
 
 
 def _check_runnable(setup: KernelSetup) -> None:
-    if setup.placement == Placement.HOSTS or setup.torus:
+    if setup.placement == Placement.HOSTS or setup.repeat_heads:
         raise ValueError(
-            f"{setup.name}: a setup past one host (placement 'hosts', a torus) is planned and timed, not cut into "
-            "chips' parameters or run"
+            f"{setup.name}: placement 'hosts' (whole experts over hosts, split within) and heads repeated over groups "
+            "of chips are planned and timed, not cut into chips' parameters or run; run placement 'split' or 'whole' "
+            "(over a torus too: mk.sharding.pods.run_setup)"
         )
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 from ..chips import Chip, slice_shape
 from ..kernel_setup import KernelSetup, Placement
 from ..units import LANE
+from .placement import heads_split
 
 
 def host_chips(chip: Chip) -> int | None:
@@ -42,6 +43,14 @@ def past_one_host(chip: Chip) -> bool:
     """Whether ``chip`` is a documented slice of more than one host."""
     shape = slice_shape(chip)
     return shape is not None and shape.hosts > 1
+
+
+def run_setup(setup: KernelSetup, chip: Chip) -> KernelSetup:
+    """``setup`` as the kernel runs it over all of ``chip``'s chips (``mk compile``, ``generate --multi-host``): past
+    one host, its all-reduce and greedy pick over the slice's torus, one dimension at a time
+    (mk.megakernel.collective); the placement as given (``hosts`` is timed, not run)."""
+    setup = setup.on(chip.chips)
+    return setup.but(torus=slice_shape(chip).torus) if past_one_host(chip) and not setup.torus else setup
 
 
 def expert_group(cfg, chips: int, host: int) -> int:
@@ -62,6 +71,8 @@ def pod_setup(setup: KernelSetup, chip: Chip, cfg=None) -> KernelSetup:
     if not past_one_host(chip) or setup.torus:
         return setup
     changes = dict(torus=slice_shape(chip).torus)
+    if cfg is None or not heads_split(cfg, chip.chips):
+        changes.update(repeat_heads=True)
     if cfg is not None and cfg.is_moe and setup.placement == Placement.SPLIT:
         g = expert_group(cfg, chip.chips, host_chips(chip))
         if cfg.num_experts % (chip.chips // g) == 0:
