@@ -106,18 +106,24 @@ def test_attention_split_other_than_by_heads_refused_by_name(hf_checkpoint):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_latent_cache_over_many_tiles_equals_the_references(hf_checkpoint, dtype):
     """Random weights, ragged prompts of 20 and 7, 6 steps, KV tiles of 16 slots (the latent cache read in several
-    double-buffered tiles): in f32 the kernel's tokens, logits and latent cache (each step) are the reference's; in
+    double-buffered tiles) and weight tiles of 128 KiB (kv_b in four tiles of one head each, a loop over tiles whose
+    heads are traced): in f32 the kernel's tokens, logits and latent cache (each step) are the reference's; in
     bf16 weights and cache (as on a TPU, fed the reference's tokens) its logits are off the f32 reference by at most
     1.25x what the rounding alone costs (tests/test_megakernel.py's criterion)."""
     import jax.numpy as jnp
 
     from mk.megakernel.parity import compare_with_reference
-    from mk.plan import Tiles
+    from mk.plan import Loop, Tiles, build_plan
 
     cfg = load_checkpoint(hf_checkpoint("deepseek-v3")[0])[0]
     bf16 = dtype == "bfloat16"
-    df = compare_with_reference(cfg, 2, 6, prompt_len=[20, 7], max_len=48, tiles=Tiles(kv_tile=16),
-                                dtype=getattr(jnp, dtype), teacher_forced=bf16)  # fmt: skip
+    tiles = Tiles(kv_tile=16, weight_tile_bytes=128 * 1024)
+    plan = build_plan(cfg, 2, 48, tiles=tiles)
+    loops = [s for s in plan.folded if isinstance(s, Loop)]
+    ops = [next(it for it in plan.items[slice(*plan.groups[s.start])] if hasattr(it, "mode")) for s in loops]
+    assert [s.count for s, op in zip(loops, ops) if op.mode == "absorb"] == [cfg.num_heads] * cfg.num_layers
+    df = compare_with_reference(cfg, 2, 6, prompt_len=[20, 7], max_len=48, tiles=tiles, dtype=getattr(jnp, dtype),
+                                teacher_forced=bf16)  # fmt: skip
     assert not df.races.any() and df.kernel_pick_is_argmax.all()
     if bf16:
         assert df.max_logit_diff.max() <= 1.25 * df.rounding_logit_diff.max()
