@@ -2,8 +2,7 @@
 It runs Gemma 4 (below), Llama 3, Qwen3, Qwen3-MoE and Mixtral (pre-norm layers, mk.blocks), gpt-oss (attention
 sinks, biased projections and experts, the clamped SwiGLU, YaRN RoPE) and DeepSeek-V3 / Kimi K2 (multi-head latent
 attention, mk.latent, with YaRN RoPE and its softmax mscale; grouped sigmoid routing with its correction bias, dense
-first layers, a shared expert); the megakernel does not run the last two yet
-(``ModelConfig.check_runnable(engine)``).
+first layers, a shared expert), all of which the megakernel runs too (``ModelConfig.check_runnable(engine)``).
 
 This is the "general stack": ordinary XLA ops, one compiled program per decode step. Users need not
 be in step: :func:`prefill` takes right-padded prompts of different lengths (``lengths [B]``; padding

@@ -145,6 +145,8 @@ HF_CONFIGS = {
     # layer then 8 routed experts in 2 groups (the best group's experts picked) beside a shared one
     "deepseek-v3": DEEPSEEK_V3,
     "deepseek-v3-no-q-lora": {**DEEPSEEK_V3, **DEEPSEEK_NO_Q_LORA},
+    # eight query heads: one a chip over 8 chips (the latent cache on every chip)
+    "deepseek-v3-eight-heads": {**DEEPSEEK_V3, "num_attention_heads": 8, "num_key_value_heads": 8},
     # YaRN as DeepSeek-V3 publishes it (beta 32 / 1, mscale = mscale_all_dim = 1: cos and sin unscaled, the scores
     # times mscale^2) over a short original length, so the 4 RoPE frequencies are kept, blended, slowed, slowed
     "deepseek-v3-yarn": {**DEEPSEEK_V3, "rope_parameters": DEEPSEEK_YARN},

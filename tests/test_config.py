@@ -208,12 +208,12 @@ def test_a_model_without_sliding_layers_needs_no_sliding_shapes():
     "name, family, factor, betas",
     [("deepseek-v3", "deepseek_v3", 40.0, (32.0, 1.0)), ("kimi-k2", "kimi_k2", 32.0, (1.0, 1.0))],
 )
-def test_deepseek_v3_and_kimi_k2_run_in_the_reference_with_yarn_and_the_kernel_refuses_them(
-    name, family, factor, betas
-):
+def test_deepseek_v3_and_kimi_k2_run_in_both_engines_with_yarn(name, family, factor, betas):
     """The published DeepSeek-V3 and Kimi K2 configs (YaRN rope_scaling, mscale = mscale_all_dim = 1) are run by the
-    reference (tests/test_mla.py holds YaRN to transformers on tiny checkpoints); the megakernel refuses them naming
-    what it lacks, YaRN among them."""
+    reference (tests/test_mla.py holds YaRN to transformers on tiny checkpoints) and by the megakernel
+    (tests/test_mla_kernel.py), which splits their query heads over chips by heads only (by positions: refused by
+    name)."""
+    from mk.kernel_setup import AttentionSplit, KernelSetup
     from mk.megakernel.kernel import MegakernelEngine
 
     cfg = get_config(name)
@@ -224,11 +224,10 @@ def test_deepseek_v3_and_kimi_k2_run_in_the_reference_with_yarn_and_the_kernel_r
     assert y.attention_scale == 1.0 and y.score_factor == pytest.approx((0.1 * math.log(factor) + 1) ** 2)
     assert cfg.score_scale("full") == pytest.approx(192**-0.5 * y.score_factor)
     cfg.check_runnable("reference")
-    refused = r"multi-head latent attention, .*YaRN RoPE scaling: the megakernel does not run them yet"
-    with pytest.raises(ValueError, match=refused):
-        cfg.check_runnable("megakernel")
-    with pytest.raises(ValueError, match=refused):
-        MegakernelEngine(cfg)
+    cfg.check_runnable("megakernel")
+    assert not cfg.kernel_lacks
+    with pytest.raises(ValueError, match="splits multi-head latent attention over chips by heads only"):
+        MegakernelEngine(cfg, setup=KernelSetup(8, attention_split=AttentionSplit.POSITIONS))
 
 
 def test_gpt_oss_runs_in_the_reference_and_the_kernel():

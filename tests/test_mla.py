@@ -3,7 +3,7 @@ sigmoid routing with its correction bias, a dense first layer and a shared exper
 DeepseekV3ForCausalLM on tiny random checkpoints it saves itself (tests/conftest.py: deepseek-v3 with a query
 bottleneck and interleaved RoPE, deepseek-v3-no-q-lora with q_proj, rotate-half RoPE, four groups of which two are
 kept, weights not renormalised; each again with YaRN RoPE scaling, its frequencies, cos/sin factor and softmax mscale).
-The megakernel refuses it by name."""
+The megakernel runs it too (tests/test_mla_kernel.py)."""
 
 import json
 
@@ -80,17 +80,12 @@ def test_absorbed_decode_attention_equals_the_expanded_form(hf_checkpoint, name)
     assert np.abs(np.asarray(want)).max() > 0.1  # not vanishing
 
 
-def test_the_megakernel_refuses_it_by_name_and_the_reference_takes_it(hf_checkpoint):
-    from mk.megakernel.kernel import MegakernelEngine
-
+def test_both_engines_take_it(hf_checkpoint):
+    """The reference and the megakernel (tests/test_mla_kernel.py holds it to the reference) both run it."""
     cfg = load_hf_config(hf_checkpoint("deepseek-v3")[0])
     cfg.check_runnable("reference")
-    assert cfg.runnable and "multi-head latent attention" in cfg.kernel_lacks
-    refused = r"multi-head latent attention.*the megakernel does not run them yet; use the reference engine"
-    with pytest.raises(ValueError, match=refused):
-        MegakernelEngine(cfg)
-    with pytest.raises(ValueError, match="the megakernel does not run them yet"):
-        cfg.check_runnable("megakernel")
+    cfg.check_runnable("megakernel")
+    assert cfg.runnable and not cfg.kernel_lacks
 
 
 @pytest.mark.parametrize("name", YARN_NAMES)

@@ -271,7 +271,7 @@ def _gemma2_3_from_hf(d: dict, name: str) -> ModelConfig:
 
 def _gpt_oss_from_hf(d: dict, name: str) -> ModelConfig:
     """gpt-oss: alternating sliding and full layers (the first sliding), attention sinks and biases, biased experts
-    without a shared one, a clamped SwiGLU and YaRN RoPE (the reference runs it, the megakernel not yet). A RoPE
+    without a shared one, a clamped SwiGLU and YaRN RoPE (both engines run it). A RoPE
     without scaling (``default``) runs too; another scaling is described and refused by name."""
     _require(d, "gpt_oss", ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "sliding_window",
                             "intermediate_size", "num_local_experts"))  # fmt: skip
@@ -385,7 +385,7 @@ def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
     """DeepSeek-V3 and Kimi K2 (model_type kimi_k2, DeepSeek-V3's architecture): MLA in every layer, the first
     ``first_k_dense_replace`` layers dense, then routed experts picked by biased sigmoid scores in groups beside shared
     ones, YaRN RoPE (``rope_scaling`` or ``rope_parameters``; the published configs') or none. The reference runs it
-    (another RoPE scaling is described and refused by name); the megakernel plans and times it. Missing fields take
+    and the megakernel too (another RoPE scaling is described and refused by name). Missing fields take
     transformers' DeepseekV3Config defaults."""
     family = d["model_type"]
     need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",

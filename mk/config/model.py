@@ -3,10 +3,10 @@
 One config type describes every decoder mk reads: Gemma 4 text (26B-A4B / 31B: sliding and full layers, q/k/v norms,
 sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), the Llama 3 / Qwen3 / Qwen3-MoE /
 Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling, softmax top-k routing
-without a shared expert) and gpt-oss (attention sinks, biased projections and experts, a clamped SwiGLU, YaRN RoPE),
-which mk runs (reference and megakernel); DeepSeek-V3 / Kimi K2 (MLA, grouped sigmoid routing with its correction
-bias, dense first layers, YaRN RoPE with its softmax mscale), which the reference runs and the megakernel not yet
-(``check_runnable(engine)`` says which engine runs what, ``kernel_lacks`` what the kernel lacks); and what it plans
+without a shared expert), gpt-oss (attention sinks, biased projections and experts, a clamped SwiGLU, YaRN RoPE) and
+DeepSeek-V3 / Kimi K2 (MLA, grouped sigmoid routing with its correction bias, dense first layers, YaRN RoPE with its
+softmax mscale), which mk runs (reference and megakernel: ``check_runnable(engine)`` says which engine runs what,
+``kernel_lacks`` what the kernel lacks); and what it plans
 and times only (``runnable`` says which): Gemma 2 and 3, and the pre-norm families' variants (biased projections and
 MLP, a RoPE scaling other than Llama 3's, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's
 window). The fields that set a family apart (``family``, ``activation``, ``qk_norm`` ...) default to Gemma 4's.
@@ -117,8 +117,7 @@ GEMMA4 = "gemma4_text"
 PRE_NORM_FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral")
 # DeepSeek-V3's architecture, under its own model_type too (Kimi K2)
 DEEPSEEK_FAMILIES = ("deepseek_v3", "kimi_k2")
-# The families the reference runs (DeepSeek-V3: the reference only, ModelConfig.kernel_lacks says what the kernel
-# lacks).
+# The families the reference runs (and the megakernel: ModelConfig.kernel_lacks would say what it lacks).
 RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES, "gpt_oss", *DEEPSEEK_FAMILIES)
 # Planned and timed, not run.
 PLANNED_FAMILIES = ("gemma2", "gemma3_text")
@@ -126,7 +125,7 @@ CONFIG_FAMILIES = (*RUNNABLE_FAMILIES, *PLANNED_FAMILIES)  # the model_types mk 
 ENGINES = ("reference", "megakernel")  # what ModelConfig.check_runnable asks about
 ACTIVATIONS = ("gelu_tanh", "silu", "swiglu_clamped")  # the last gpt-oss's
 # Gemma 4's scaled router; softmax over all experts then the top k; gpt-oss's biased logits, top k, softmax over the k
-# (both engines run it); DeepSeek-V3's biased sigmoid scores picked in groups (the reference only)
+# (both engines run it); DeepSeek-V3's biased sigmoid scores picked in groups (both engines)
 ROUTERS = ("gemma4", "softmax_topk", "topk_softmax", "sigmoid_grouped")
 FFN_LAYOUTS = ("sublanes", "lanes")  # the kernel's layouts of a gated MLP (ModelConfig.ffn_layout)
 GATED_IN = ("mlp_gate", "mlp_up", "expert_gate", "expert_up")  # a gated MLP's input projections [..., H, I]
@@ -195,10 +194,9 @@ class ModelConfig:
     router_groups: int = field(default=1, metadata=SHOWN_IF_SET)
     router_topk_groups: int = field(default=1, metadata=SHOWN_IF_SET)
     routed_scaling: float = field(default=1.0, metadata=SHOWN_IF_SET)
-    # Llama 3's, or YaRN (gpt-oss: both engines run it; DeepSeek-V3: the reference only)
+    # Llama 3's, or YaRN (gpt-oss, DeepSeek-V3: both engines run it)
     rope_scaling: RopeScaling | YarnScaling | None = None
-    # gpt-oss's (both engines run them), what the reference runs and the kernel not yet (``kernel_lacks`` names
-    # each), or neither runs (``variants_not_run``) -------------------------------------------------------
+    # gpt-oss's and DeepSeek-V3's (both engines run them), or what neither runs (``variants_not_run``) -----------
     latent_attention: LatentAttention | None = None  # MLA in every layer (full_* are its query/key head dims)
     attention_bias: bool = False  # q, k, v and o biases (gpt-oss, run; a Llama or Qwen3's, planned only)
     mlp_bias: bool = False  # gate, up and down biases of the dense MLP (a Llama's mlp_bias)
@@ -360,17 +358,11 @@ class ModelConfig:
 
     @property
     def kernel_lacks(self) -> tuple[str, ...]:
-        """What of this model the reference runs and the megakernel does not yet (DeepSeek-V3's parts; gpt-oss's sinks,
-        biases, clamped SwiGLU, top-k-then-softmax router and YaRN RoPE it runs)."""
-        found = {
-            "multi-head latent attention": self.latent_attention is not None,
-            "a router bias": self.router_bias,
-            "dense layers among MoE layers": bool(self.dense_layers),
-            "sigmoid_grouped routing": self.router == "sigmoid_grouped",
-            # YaRN over MLA's RoPE key (gpt-oss's YaRN, sinks, biases, clamped SwiGLU and routing the kernel runs)
-            "YaRN RoPE scaling": isinstance(self.rope_scaling, YarnScaling) and self.latent_attention is not None,
-        }
-        return tuple(what for what, used in found.items() if used)
+        """What of this model the reference runs and the megakernel does not yet: nothing now (it runs gpt-oss's sinks,
+        biases, clamped SwiGLU and routing, DeepSeek-V3's MLA, grouped routing with its correction bias and dense first
+        layers, YaRN); what it refuses of a setup (MLA split over chips by positions or users, drafts with MLA)
+        mk.megakernel.kernel names."""
+        return ()
 
     @property
     def runnable(self) -> bool:

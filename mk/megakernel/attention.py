@@ -29,14 +29,10 @@ def rope(x, cos, sin, sign):
     return x * cos + pltpu.roll(x, half, 1) * sign * sin
 
 
-def emit_qkv_norm_rope(k, op):
-    """In place on the q, k, v activations of layer ``op.layer``: q/k norms (where the family has them) + RoPE at
-    each user's position, v's weightless norm (Gemma 4; for K=V layers, v is the k projection before its norm).
-    q is scaled by the model's score scale here, so the scores need none."""
-    cfg, t, i, on = k.cfg, op.layer_type, op.layer, k.norms_on
-    hd, kv, nh, eps = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads, cfg.rms_eps
-    n = k.model.head_dim(t)  # the head's own dims (a padded head has zero lanes)
-    s = k.scratch
+def rope_tables(k, t: str, hd: int):
+    """cos, sin [rows, hd] at each user's position (the layer type's frequencies; YaRN's attention factor on both, as
+    mk.blocks.rope) and the rotate-half's sign [1, hd]."""
+    cfg, s = k.cfg, k.scratch
     inv = s.inv_freq[0:1, :hd] if t == SLIDING else s.inv_freq[1:2, :hd]
     pos = s.users_vmem[:, POSITION : POSITION + 1].astype(jnp.float32)  # [rows, 1]
     ang = pos * inv
@@ -46,6 +42,22 @@ def emit_qkv_norm_rope(k, op):
         cos, sin = cos * factor, sin * factor
     lane = jax.lax.broadcasted_iota(jnp.int32, (1, hd), 1)
     sign = jnp.where(lane < hd // 2, -1.0, 1.0).astype(jnp.float32)
+    return cos, sin, sign
+
+
+def emit_qkv_norm_rope(k, op):
+    """In place on the q, k, v activations of layer ``op.layer``: q/k norms (where the family has them) + RoPE at
+    each user's position, v's weightless norm (Gemma 4; for K=V layers, v is the k projection before its norm).
+    q is scaled by the model's score scale here, so the scores need none. MLA: mk.megakernel.latent.emit_rope."""
+    if k.cfg.latent_attention is not None:
+        from .latent import emit_rope
+
+        return emit_rope(k, op)
+    cfg, t, i, on = k.cfg, op.layer_type, op.layer, k.norms_on
+    hd, kv, nh, eps = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads, cfg.rms_eps
+    n = k.model.head_dim(t)  # the head's own dims (a padded head has zero lanes)
+    s = k.scratch
+    cos, sin, sign = rope_tables(k, t, hd)
     qk = cfg.qk_norm
     qn, kn = (k.layer_vec(i, "q_norm", hd), k.layer_vec(i, "k_norm", hd)) if qk else (None, None)
     scale = k.model.score_scale(t)  # of the model's own head dim
@@ -91,8 +103,13 @@ def _next_tile(kc, vc, buf, T: int, b, tix, n_tiles):
 def _fold_tile(state, qg, kt, vt, valid):
     """One KV tile folded into an online softmax state (running max, sum, weighted values) of the query rows
     ``qg``: masked slots count for nothing, also in a state still empty (max NEG)."""
-    m, l, acc = state
     s = jax.lax.dot_general(qg, kt, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    return fold_scores(state, s, vt, valid)
+
+
+def fold_scores(state, s, vt, valid):
+    """A tile's scores ``s`` [rows, T] and values ``vt`` [T, width] folded into an online softmax state."""
+    m, l, acc = state
     s = jnp.where(valid, s, NEG)
     m2 = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
     p = jnp.where(valid, jnp.exp(s - m2), 0.0)
@@ -113,14 +130,15 @@ def _sees(s_idx, pos, slots: int, window: int | None, ahead=0):
     return (held >= 0) if window is None else (held >= 0) & (held > pos + ahead - window)
 
 
-def _start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, hd: int, row=None) -> list:
+def start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, row=None) -> list:
     """User ``b``'s new K/V (``kv`` heads; row ``row`` of ``knew``/``vnew``, default ``b``) into ``slot`` of its
     cache: a DMA may not cut a (16, 128) bf16 tile, so the aligned block of BLOCK slots around it is read, its row
-    set, and written back; the writes to wait for."""
+    set, and written back; the writes to wait for. K and V may differ in width (MLA's latent and RoPE key)."""
     row = b if row is None else row
     blk = pl.ds(pl.multiple_of(slot // BLOCK * BLOCK, BLOCK), BLOCK)
-    at = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, hd), 0) == slot % BLOCK
     pairs = ((buf.stage_k, kc, knew), (buf.stage_v, vc, vnew))
+    widths = dict.fromkeys(stage.shape[-1] for stage, _, _ in pairs)
+    at = {hd: jax.lax.broadcasted_iota(jnp.int32, (BLOCK, hd), 0) == slot % BLOCK for hd in widths}
     reads = [
         pltpu.make_async_copy(cache.at[b, :, blk, :], stage.at[b], buf.stage_sem.at[n, b])
         for n, (stage, cache, _) in enumerate(pairs)
@@ -131,9 +149,10 @@ def _start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, hd: int, row=No
         c.wait()
     writes = []
     for n, (stage, cache, new) in enumerate(pairs):
+        hd = stage.shape[-1]
         for g in range(kv):
             block = stage[b, g].astype(jnp.float32)
-            stage[b, g] = jnp.where(at, new[row : row + 1, g * hd : (g + 1) * hd], block).astype(stage.dtype)
+            stage[b, g] = jnp.where(at[hd], new[row : row + 1, g * hd : (g + 1) * hd], block).astype(stage.dtype)
         w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, blk, :], buf.stage_sem.at[n, b])
         w.start()
         writes.append(w)
@@ -141,7 +160,12 @@ def _start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, hd: int, row=No
 
 
 def emit_attend(k, op):
-    """attn[b, heads] for every user b, reading layer ``op.layer``'s cache in tiles; writes the new K/V."""
+    """attn[b, heads] for every user b, reading layer ``op.layer``'s cache in tiles; writes the new K/V (MLA:
+    mk.megakernel.latent.emit_attend)."""
+    if k.cfg.latent_attention is not None:
+        from .latent import emit_attend
+
+        return emit_attend(k, op)
     if op.positions_shared > 1:
         return emit_attend_shared(k, op)
     if op.users_split:
@@ -218,7 +242,7 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
                 for w in writes[-2:]:
                     w.wait()
                 writes = writes[:-2]
-            writes += _start_write_back(buf, kc, vc, knew, vnew, b, (pos + j) % S, kv, hd, row=first + j)
+            writes += start_write_back(buf, kc, vc, knew, vnew, b, (pos + j) % S, kv, row=first + j)
     for w in writes:
         w.wait()
 
@@ -338,7 +362,7 @@ def emit_attend_shared(k, op):
         @pl.when(seeded)
         def _(b=b, slot_new=slot_new):
             at = slot_new // BLOCK // g * BLOCK + slot_new % BLOCK  # its slot among this member's
-            for w in _start_write_back(buf, kc, vc, knew, vnew, b, at, 1, hd):
+            for w in start_write_back(buf, kc, vc, knew, vnew, b, at, 1):
                 w.wait()
 
     # 2. each head's partial states to its member; merged here, for this chip's heads

@@ -92,6 +92,10 @@ def emit_embed(k, op):
 
 def emit_norm(k, op):
     a = k.scratch.acts
+    if op.width:  # over its own dims (MLA's query bottleneck)
+        w = k.layer_vec(op.layer, op.vector, a[op.src].shape[1])
+        a[op.dst][...] = rms(a[op.src][...], k.cfg.rms_eps, w, k.norms_on, op.width)
+        return
     final = isinstance(op.layer, int) and op.layer < 0  # the final norm (a layer's may be traced)
     w = k.vec(op.vector, k.cfg.hidden_size) if final else k.layer_vec(op.layer, op.vector)
     a[op.dst][...] = rms(a[op.src][...], k.cfg.rms_eps, w, k.norms_on, k.model.hidden_size)
@@ -99,6 +103,10 @@ def emit_norm(k, op):
 
 def emit_matmul(k, op):
     """dst[:, off:+n] = src @ tile (COLS) or src @ tile.T (COLS_T), or dst (+)= src[:, off:+n] @ tile (ROWS)."""
+    if op.mode == MatmulMode.ABSORB:
+        from .latent import emit_absorb
+
+        return emit_absorb(k, op)
     a = k.scratch.acts
     w = k.weight_tile()
     if op.mode in (MatmulMode.COLS, MatmulMode.COLS_T):
@@ -145,7 +153,7 @@ def emit_ffn_residual(k, op):
     x = a["x"][...]
     h = a["ffn"][...] if cfg.has_shared_mlp and SHARED_MLP not in ko else jnp.zeros_like(x)
     if not cfg.sandwich_norms:
-        if cfg.is_moe and EXPERTS not in ko:
+        if cfg.is_moe and op.routed and EXPERTS not in ko:  # an MoE model's dense layer routes to none
             h = h + a["moe"][...]
         a["x"][...] = x + h
         return

@@ -28,7 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..config import SLIDING, ModelConfig
-from ..kernel_setup import ONE_CHIP, KernelSetup
+from ..kernel_setup import ONE_CHIP, AttentionSplit, KernelSetup
 from ..params import NORMS, check_knockout
 from ..plan import (
     LANE,
@@ -343,6 +343,8 @@ def build_call(
             f"the megakernel verifies drafted tokens (draft_tokens={plan.draft_tokens}) with attention split by heads "
             f"only, not by {plan.setup.attention_split}; use attention_split='heads' (mk.timing models the others)"
         )
+    if plan.draft_tokens and plan.cfg.latent_attention is not None:
+        raise ValueError(f"{plan.cfg.name}: the megakernel verifies drafted tokens with MLA not yet (draft_tokens=0)")
     if plan.draft_tokens and SLIDING in plan.cfg.layer_types and plan.draft_tokens >= plan.cfg.sliding_window:
         raise ValueError(f"draft_tokens={plan.draft_tokens}: drafts must be fewer than the sliding window")
     in_shapes = input_shapes(plan, weight_dtype, kv_dtype)
@@ -409,10 +411,18 @@ def build_call(
 
 def check_heads_split(cfg: ModelConfig, setup) -> None:
     """Refuse attention heads split over chips for a model with attention biases or sinks (gpt-oss): their vectors
-    are packed whole, for attention on every chip (its heads fewer than the chips, or one chip)."""
+    are packed whole, for attention on every chip (its heads fewer than the chips, or one chip); and MLA's heads
+    split other than by heads (its latent cache is whole on every chip)."""
     from ..sharding import heads_split
 
-    if setup is not None and setup.sharded and (cfg.sinks or cfg.attention_bias) and heads_split(cfg, setup.chips):
+    if setup is None or not setup.sharded or not heads_split(cfg, setup.chips):
+        return
+    if cfg.latent_attention is not None and setup.attention_split != AttentionSplit.HEADS:
+        raise ValueError(
+            f"{cfg.name}: the megakernel splits multi-head latent attention over chips by heads only (each chip its "
+            f"heads, the latent cache on every chip), not by {setup.attention_split}; use attention_split='heads'"
+        )
+    if cfg.sinks or cfg.attention_bias:
         raise ValueError(
             f"{cfg.name}: its {cfg.num_heads} query heads would be split over {setup.chips} chips, but the megakernel "
             "runs attention biases and sinks with attention on every chip only (heads fewer than the chips, or one "
@@ -640,20 +650,18 @@ class MegakernelEngine:
                 "adopt_cache(cache) (mk.generate does)"
             )
         ko = check_knockout(knockout)
-        t0 = cfg.layer_types[0]
-        batch = cache[f"{t0}.k"].shape[1]
+        t0, first = cfg.layer_types[0], "latent" if cfg.latent_attention is not None else "k"
+        batch, kv_dtype = cache[f"{t0}.{first}"].shape[1], cache[f"{t0}.{first}"].dtype
         # a chip's full-layer slots, times the chips sharing each KV head's positions (mk.sharding.position_share)
         max_len = (
-            cache["full.k"].shape[3] * position_share(cfg, "full", self.setup)
+            cache[f"full.{first}"].shape[3] * position_share(cfg, "full", self.setup)
             if cfg.full_layers
             else cfg.sliding_window
         )
         packed = self.packed(params)
         weight_dtype = packed["weights"]["embed"].dtype
         quantize = packed_scheme(packed["weights"])
-        c = self.compiled(
-            batch, max_len, weight_dtype, cache[f"{t0}.k"].dtype, ko, with_logits, count_dmas, quantize, draft_tokens
-        )
+        c = self.compiled(batch, max_len, weight_dtype, kv_dtype, ko, with_logits, count_dmas, quantize, draft_tokens)
         return c.fn(packed, cache, tokens, pos)
 
     def __call__(self, params, cfg, cache, tokens, pos, knockout=frozenset()):

@@ -44,6 +44,8 @@ def emit_route(k, op):
         picked = lane < K
     elif cfg.router == "topk_softmax":
         gates, picked = _topk_softmax(k, op, lane, E, K)
+    elif cfg.router == "sigmoid_grouped":
+        gates, picked = _sigmoid_grouped(k, op, lane, E, K)
     else:
         logits = jnp.where(lane < E, s.acts["router"][...], NEG)
         p = jnp.exp(logits - jnp.max(logits, axis=1, keepdims=True))
@@ -101,6 +103,56 @@ def _topk_softmax(k, op, lane, E: int, K: int):
         gates = jnp.where(hit, w / total, gates)
         picked = picked | hit
     return gates, picked
+
+
+def _top(x, lane, ep: int):
+    """Each row's largest value of ``x`` and its lowest lane among the maxima (lax.top_k's tie-break)."""
+    m = jnp.max(x, axis=1, keepdims=True)
+    return m, jnp.min(jnp.where(x == m, lane, ep), axis=1, keepdims=True)
+
+
+def correction_bias(k, op, ep: int):
+    """DeepSeek-V3's routing bias [1, ep] (its e_score_correction_bias): added to the scores for picking only."""
+    return k.layer_vec(op.layer, "router_bias", ep)
+
+
+def _sigmoid_grouped(k, op, lane, E: int, K: int):
+    """DeepSeek-V3's routing (mk.blocks.route_grouped): sigmoid scores, the correction bias added for picking; each
+    group of experts scored by its two best biased scores, the best ``router_topk_groups`` groups kept, the top k of
+    their experts, weighted by their unbiased scores (renormalised where ``norm_topk``) times ``routed_scaling``."""
+    cfg, ep = k.cfg, lane.shape[1]
+    G = cfg.router_groups
+    scores = jax.nn.sigmoid(k.scratch.acts["router"][...])
+    choice = jnp.where(lane < E, scores + correction_bias(k, op, ep), NEG)
+    group = lane // (E // G)  # padded lanes fall past the last group
+    best = []
+    for g in range(G):
+        x = jnp.where(group == g, choice, NEG)
+        m, idx = _top(x, lane, ep)
+        best.append(m + jnp.max(jnp.where(lane == idx, NEG, x), axis=1, keepdims=True))
+    kept = jnp.zeros(lane.shape, jnp.bool_)
+    taken = [jnp.zeros(best[0].shape, jnp.bool_) for _ in range(G)]
+    for _ in range(cfg.router_topk_groups):  # the best groups, the lowest index among equal ones
+        top = jnp.where(taken[0], 4 * NEG, best[0])
+        for g in range(1, G):
+            top = jnp.maximum(top, jnp.where(taken[g], 4 * NEG, best[g]))
+        found = jnp.zeros(top.shape, jnp.bool_)
+        for g in range(G):
+            hit = ~taken[g] & ~found & (best[g] == top)
+            taken[g], found = taken[g] | hit, found | hit
+            kept = kept | (hit & (group == g))
+    choice = jnp.where(kept, choice, 2 * NEG)
+    gates = jnp.zeros(lane.shape, jnp.float32)
+    picked = jnp.zeros(lane.shape, jnp.bool_)
+    for _ in range(K):
+        _, idx = _top(choice, lane, ep)
+        hit = lane == idx
+        gates = jnp.where(hit, scores, gates)
+        picked = picked | hit
+        choice = jnp.where(hit, 4 * NEG, choice)
+    if cfg.norm_topk:
+        gates = gates / (jnp.sum(gates, axis=1, keepdims=True) + 1e-20)
+    return gates * jnp.float32(cfg.routed_scaling), picked
 
 
 def expert_table(used, base, held: int, shape):

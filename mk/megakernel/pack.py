@@ -35,9 +35,10 @@ from ..plan import (
     vector_rows,
     vector_table_shape,
 )
-from ..plan.layout import EXPERT_BIASES, expert_bias_shape, head_lanes, scale_rows, scale_width
+from ..plan.layout import EXPERT_BIASES, LATENT_MATRICES, expert_bias_shape, head_lanes, scale_rows, scale_width
 from ..qformats import format_of, format_paths, fscale_path, get_format
 from ..quant import quantized_paths, scale_path, scheme_of
+from . import latent
 from .formats import to_layout as format_to_layout
 from .refs import matrix_shapes, weight_dtypes, weight_shapes
 
@@ -130,13 +131,20 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
     """The kernel's inputs from the reference parameter tree: stacked matrices in the kernel's layout
     (their own dtype), the vector table (f32) and the RoPE inverse frequencies (f32)."""
     from ..blocks import inv_freq
+    from ..latent import inv_freq as mla_inv_freq
 
     lay = layout_config(cfg)
     fmt = format_of(params)
     quantized = set(format_paths(cfg, fmt) if fmt else quantized_paths(cfg, scheme_of(params, cfg)))
     parts: dict[str, list] = {}
+    mla = cfg.latent_attention is not None
+    if mla and any(p.rsplit(".", 1)[-1] in LATENT_MATRICES for p in quantized):
+        raise ValueError(f"{cfg.name}: the megakernel runs MLA's projections unquantized (quantize the experts only)")
     for path, shape in matrix_shapes(cfg).items():
         name = stacked(cfg, path)[0]
+        if mla and path.rsplit(".", 1)[-1] in LATENT_MATRICES:
+            parts.setdefault(name, []).append(latent.to_layout(params[path], cfg, path, lay))
+            continue
         if path.rsplit(".", 1)[-1] in EXPERT_BIASES:
             parts.setdefault(name, []).append(expert_bias_to_layout(params[path], path, lay))
             continue
@@ -156,6 +164,8 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
     n, width = vector_table_shape(lay)
     table = np.zeros((round_up(n, ROWS), width), np.float32)
     for path, row in vector_rows(cfg).items():
+        if path not in params:  # a vector other layers have (an MoE model's dense layer: the router's bias)
+            continue
         v = np.asarray(params[path], np.float32).reshape(-1)
         name = path.rsplit(".", 1)[-1]
         if name == "layer_scalar":
@@ -171,7 +181,9 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
             table[row, : v.size] = v
     freqs = np.zeros((ROWS, max(lay.sliding_head_dim, lay.full_head_dim)), np.float32)
     for r, t in enumerate(("sliding", "full")):
-        f = inv_freq(cfg, t)
+        if mla and t not in cfg.layer_types:
+            continue
+        f = mla_inv_freq(cfg) if mla else inv_freq(cfg, t)  # MLA's over its RoPE key's dims
         freqs[r, head_lanes(2 * f.size)] = np.concatenate([f, f])
     return dict(vectors=jnp.asarray(table), inv_freq=jnp.asarray(freqs), weights=weights)
 
@@ -210,7 +222,10 @@ def packed_shapes(cfg: ModelConfig, weight_dtype, quantize: str = "none") -> dic
 
 def adopt_cache(cfg: ModelConfig, cache: dict) -> dict:
     """The kernel's cache from the reference's (mk.reference.init_cache with every layer's slots a
-    multiple of the kernel's block): head dims in the kernel's lanes, each layer type's K and V stacked."""
+    multiple of the kernel's block): head dims in the kernel's lanes, each layer type's K and V stacked (MLA's
+    latent and RoPE key: mk.megakernel.latent)."""
+    if cfg.latent_attention is not None:
+        return latent.adopt_cache(cfg, cache)
     out = {}
     for t in sorted(set(cfg.layer_types)):
         for n in ("k", "v"):
@@ -225,6 +240,8 @@ def adopt_cache(cfg: ModelConfig, cache: dict) -> dict:
 
 def reference_cache(cfg: ModelConfig, cache: dict) -> dict:
     """The reference's cache layout from the kernel's (to compare them)."""
+    if cfg.latent_attention is not None:
+        return latent.reference_cache(cfg, cache)
     return {
         f"layers.{i}.{n}": cache[f"{t}.{n}"][type_index(cfg, i)][..., head_lanes(cfg.head_dim(t))]
         for i, t in enumerate(cfg.layer_types)
@@ -279,7 +296,7 @@ def reference_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     the same on each: the first copy is taken)."""
     from ..sharding import chip_config, first_kv_head, heads_split, position_share
 
-    if not setup.sharded or setup.users_split or not heads_split(cfg, setup.chips):
+    if not setup.sharded or setup.users_split or not heads_split(cfg, setup.chips) or cfg.latent_attention is not None:
         return reference_cache(cfg, cache)
     local, C = chip_config(cfg, setup), setup.chips
     out = {}

@@ -13,7 +13,15 @@ from jax.experimental.pallas import tpu as pltpu
 from ..config import ModelConfig
 from ..params import param_specs
 from ..plan import BLOCK, LANE, ROWS, Attend, StepPlan, padded_shape, round_up, stacked, vector_table_shape
-from ..plan.layout import EXPERT_BIASES, layout_grid, scale_rows, scale_width, scales_shape, stored_shape
+from ..plan.layout import (
+    EXPERT_BIASES,
+    latent_lanes,
+    layout_grid,
+    scale_rows,
+    scale_width,
+    scales_shape,
+    stored_shape,
+)
 from ..qformats import FORMAT_SCHEMES, FSCALE_SUFFIX, format_paths, fscale_path
 from ..quant import SCALE_SUFFIX, quantized_paths, scale_path
 
@@ -99,6 +107,15 @@ class Scratch(NamedTuple):
     collective: Any = None  # over several chips: CollectiveScratch scratch
     expert_bias: Any = None  # gpt-oss: [8, width], the aligned block of rows around an expert's biases
     expert_bias_sem: Any = None  # DMA [1]
+    latent: Any = None  # MLA: LatentScratch
+
+
+class LatentScratch(NamedTuple):
+    """MLA's scratch (mk.megakernel.latent); heads padded to 8 rows, widths in whole lanes."""
+
+    qlat: Any  # [heads, kv_lora_rank] f32: one user's queries in the latent space
+    qrope: Any  # [heads, qk_rope_head_dim] f32: their RoPE parts
+    stash: Any  # [kv_lora_rank, heads x v_head_dim]: the layer's kv_b value columns, until its attention's output
 
 
 class Exchange(NamedTuple):
@@ -188,6 +205,12 @@ def cache_shapes(cfg: ModelConfig, batch: int, slots, heads=None) -> dict[str, t
     KV heads (default ``cfg``'s)."""
     out = {}
     heads = heads or cfg.kv_heads
+    if cfg.latent_attention is not None:  # one latent and one RoPE key a position (mk.megakernel.latent)
+        _, Dr, _, L = latent_lanes(cfg)
+        for t in sorted(set(cfg.layer_types)):
+            n = cfg.layer_types.count(t)
+            out[f"{t}.latent"], out[f"{t}.rope_k"] = (n, batch, 1, slots(t), L), (n, batch, 1, slots(t), Dr)
+        return out
     for t in sorted(set(cfg.layer_types)):
         shape = (cfg.layer_types.count(t), batch, heads(t), slots(t), cfg.head_dim(t))
         out[f"{t}.k"] = out[f"{t}.v"] = shape
@@ -239,6 +262,9 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
     for t in types:
         heads, hd, T, g = plan.cache_heads(t), cfg.head_dim(t), plan.kv_tile(t), plan.position_share(t)
         nh = cfg.num_heads
+        if cfg.latent_attention is not None:
+            kv[t] = latent_kv_shapes(plan, t, kv_dtype)
+            continue
         kv[t] = KV(
             pltpu.VMEM((2, heads, T, hd), kv_dtype),
             pltpu.VMEM((2, heads, T, hd), kv_dtype),
@@ -289,6 +315,32 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
         logits_sem=pltpu.SemaphoreType.DMA((2,)) if with_logits else None,
         collective=collective_shapes(plan) if plan.chips > 1 else None,
         **expert_bias_shapes(cfg, shapes.weights),
+        latent=latent_shapes(plan, weight_dtype) if cfg.latent_attention is not None else None,
+    )
+
+
+def latent_kv_shapes(plan: StepPlan, t: str, kv_dtype) -> KV:
+    """MLA's tiles of the latent cache (K: the latents, V: the RoPE keys; one "KV head") and their write-back."""
+    _, Dr, _, L = latent_lanes(plan.layout)
+    T, U = plan.kv_tile(t), plan.cache_users
+    return KV(
+        pltpu.VMEM((2, 1, T, L), kv_dtype),
+        pltpu.VMEM((2, 1, T, Dr), kv_dtype),
+        pltpu.SemaphoreType.DMA((2, 2)),
+        pltpu.VMEM((U, 1, BLOCK, L), kv_dtype),
+        pltpu.VMEM((U, 1, BLOCK, Dr), kv_dtype),
+        pltpu.SemaphoreType.DMA((2, U)),
+    )
+
+
+def latent_shapes(plan: StepPlan, weight_dtype) -> LatentScratch:
+    cfg = plan.layout
+    _, Dr, Dv, L = latent_lanes(cfg)
+    rows = round_up(cfg.num_heads, ROWS)
+    return LatentScratch(
+        qlat=pltpu.VMEM((rows, L), jnp.float32),
+        qrope=pltpu.VMEM((rows, Dr), jnp.float32),
+        stash=pltpu.VMEM((L, cfg.num_heads * Dv), weight_dtype),
     )
 
 

@@ -20,6 +20,7 @@ from .layout import (
     BLOCK,
     LANE,
     ROWS,
+    latent_lanes,
     layout_config,
     layout_grid,
     padded_shape,
@@ -444,25 +445,35 @@ class Builder:
         self.act("attn", nh * max(cfg.sliding_head_dim, cfg.full_head_dim))
 
     def latent_attention(self, i: int, t: str):
-        """DeepSeek's MLA as decode runs it (planned and timed, not run): the query through its bottleneck, the
-        position's latent and RoPE key, the key and value up-projections absorbed into the query and the output (one
-        pass over ``kv_b``: its flops are the two absorbed products'), attention over the latent cache."""
+        """DeepSeek's MLA as the kernel decodes it (mk.megakernel.latent): the query through its bottleneck, the
+        position's latent (normed) and RoPE key, then ``kv_b`` streamed once in tiles of whole heads (their key
+        columns absorb the no-RoPE queries into the latent space, their value columns are kept for the output: the
+        flops of both products), attention over the latent cache."""
         cfg, B, p, mla = self.cfg, self.batch, f"layers.{i}.", self.cfg.latent_attention
         nh, att = cfg.num_heads, attention_component(t)
         lat, rope = mla.kv_lora_rank, mla.qk_rope_head_dim
-        q = self.act("q", nh * (mla.qk_nope_head_dim + rope))
+        D, Dr, Dv, L = latent_lanes(cfg)
+        q = self.act("q", nh * (D + Dr))
         if mla.q_lora_rank:
-            qa = self.act("qa", mla.q_lora_rank)
+            qa = self.act("qa", round_up(mla.q_lora_rank, LANE))
             self.proj_cols(p + "q_a", i, att, "xn", qa)
-            self.op(Norm(i, NORMS, 4 * B * mla.q_lora_rank, src=qa, dst=qa, vector="q_a_norm"))
+            r = mla.q_lora_rank
+            self.op(Norm(i, NORMS, 4 * B * r, src=qa, dst=qa, vector="q_a_norm", width=r))
             self.proj_cols(p + "q_b", i, att, qa, q)
         else:
             self.proj_cols(p + "q", i, att, "xn", q)
-        kva = self.act("kva", lat + rope)
-        self.proj_cols(p + "kv_a", i, att, "xn", kva)
-        self.op(Norm(i, NORMS, 4 * B * lat, src=kva, dst=kva, vector="kv_a_norm"))
-        self.proj_cols(p + "kv_b", i, att, kva, self.act("kvb", nh * (mla.qk_nope_head_dim + mla.v_head_dim)))
-        self.op(QKVNormRope(i, att, 12 * B * (nh + 1) * rope, layer_type=t))
+        self.proj_cols(p + "kv_a", i, att, "xn", self.act("kva", L + Dr))
+        self.act("latent", L)
+        self.act("rope_k", Dr)
+        self.op(QKVNormRope(i, att, 4 * B * lat + 12 * B * (nh + 1) * rope, layer_type=t))
+        w, qlat = D + Dv, self.act("qlat", nh * L)
+        budget = self.tiles.weight_tile_bytes // (L * w * self.itemsize(p + "kv_b"))
+        per = max([n for n in range(1, nh + 1) if nh % n == 0 and n <= budget] or [1])
+        for h in range(0, nh, per):
+            lid = self.load(p + "kv_b", i, att, (0, L), (h * w, per * w))
+            flops = 2 * B * lat * per * (mla.qk_nope_head_dim + mla.v_head_dim)
+            self.op(MatmulTile(i, att, flops, load=lid, src=q, dst=qlat, mode=MatmulMode.ABSORB, dst_off=h * w,
+                               n=per * w))  # fmt: skip
         positions = cfg.cache_positions(t, self.context)
         T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
         per_pos = (lat + rope) * self.kvb  # one latent and one RoPE key a position, read by every head
@@ -478,7 +489,8 @@ class Builder:
                 query_rows=nh,  # every head reads the one latent
             )
         )
-        self.act("attn", nh * mla.v_head_dim)
+        self.act("olat", nh * L)
+        self.act("attn", nh * Dv)
 
     def layer(self, i: int, t: str):
         cfg, B, p = self.cfg, self.batch, f"layers.{i}."
@@ -524,7 +536,7 @@ class Builder:
                 self.op(ExpertCombine(i, EXPERTS, 2 * B * H, expert=j, **biased))
         partial_sums = [a for a, on in (("ffn", shared), ("moe", moe and EXPERTS not in self.ko)) if on]
         self.all_reduce(i, partial_sums, self.setup.collective.payload_itemsize())
-        self.op(FfnResidual(i, NORMS, 10 * B * H))
+        self.op(FfnResidual(i, NORMS, 10 * B * H, **({} if moe or not cfg.is_moe else dict(routed=False))))
 
 
 def check_shapes(cfg: ModelConfig, batch: int, max_len: int, context: int, kv_itemsize: int, tiles: Tiles):

@@ -135,9 +135,30 @@ def padded_shape(cfg: ModelConfig, path: str, shape: tuple[int, ...]) -> tuple[i
         return (shape[0], shape[1], round_up(shape[2], LANE))
     if name == "expert_down":
         return (shape[0], round_up(shape[1], LANE), shape[2])
-    if cfg.latent_attention is not None and name in ("q", "q_a", "q_b", "kv_a", "kv_b", "o"):
-        return tuple(round_up(d, LANE) for d in shape)  # MLA's ranks, latent and head dims need not be whole lanes
+    if cfg.latent_attention is not None and name in LATENT_MATRICES:
+        return latent_shape(cfg, name, shape)
     return shape
+
+
+LATENT_MATRICES = ("q", "q_a", "q_b", "kv_a", "kv_b", "o")
+
+
+def latent_lanes(cfg: ModelConfig) -> tuple[int, int, int, int]:
+    """MLA's widths in the kernel's lanes: a head's no-RoPE query / key part, its RoPE part, its value, the latent
+    (each padded to whole lanes, so the kernel slices only at lane-tile edges)."""
+    mla = cfg.latent_attention
+    dims = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank)
+    return tuple(round_up(d, LANE) for d in dims)
+
+
+def latent_shape(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[int, int]:
+    """An MLA matrix in the kernel's layout (mk.megakernel.latent.to_layout): ranks and the hidden size in whole
+    lanes; each head's query (no-RoPE part, then RoPE part), its kv_b key and value columns and its o rows each
+    from a lane-tile edge."""
+    D, Dr, Dv, L = latent_lanes(cfg)
+    nh = cfg.num_heads
+    cols = {"q": nh * (D + Dr), "q_b": nh * (D + Dr), "kv_a": L + Dr, "kv_b": nh * (D + Dv)}
+    return (nh * Dv if name == "o" else round_up(shape[0], LANE)), cols.get(name, round_up(shape[1], LANE))
 
 
 EXPERT_BIASES = ("expert_gate_up_bias", "expert_down_bias")  # gpt-oss's, read a row (one expert's) at a time
@@ -158,12 +179,22 @@ def type_index(cfg: ModelConfig, i: int) -> int:
 
 def stacked(cfg: ModelConfig, path: str) -> tuple[str, int | None]:
     """The kernel's HBM tensor holding ``path`` and the index in it: ``layers.{i}.{name}`` lives at
-    ``{layer type}.{name}[type_index(i)]``; ``embed`` is not stacked (index None)."""
+    ``{layer type}.{name}[type_index(i)]``; ``embed`` is not stacked (index None).
+    An MoE model's dense layers (``cfg.dense_layers``) stack their MLP apart, as ``dense.{name}`` (its intermediate
+    differs from the shared expert's), and the FFN tensors of the other layers count those layers only."""
     if not path.startswith("layers."):
         return path, None
     _, i, name = path.split(".", 2)
     i = int(i)
-    return f"{cfg.layer_types[i]}.{name}", type_index(cfg, i)
+    t = cfg.layer_types[i]
+    if cfg.dense_layers and name in FFN_MATRICES:
+        dense = i in cfg.dense_layers
+        kin = [j for j in range(i) if (j in cfg.dense_layers) == dense and (dense or cfg.layer_types[j] == t)]
+        return f"{'dense' if dense else t}.{name}", len(kin)
+    return f"{t}.{name}", type_index(cfg, i)
+
+
+FFN_MATRICES = ("mlp_gate", "mlp_up", "mlp_down", "router_proj", "expert_gate", "expert_up", "expert_down")
 
 
 def cache_slots(cfg: ModelConfig, layer_type: str, max_len: int, draft_tokens: int = 0) -> int:
@@ -178,12 +209,15 @@ def kv_tile(positions: int, largest: int, multiple: int = BLOCK) -> int:
 
 
 def vector_rows(cfg: ModelConfig) -> dict[str, int]:
-    """Row of each vector parameter in the packed table (``final_norm`` and every layer's norms/scales)."""
-    out = {}
-    for s in param_specs(cfg):
-        if len(s.shape) == 1:
-            out[s.path] = len(out)
-    return out
+    """Row of each vector parameter in the packed table (``final_norm`` and every layer's norms/scales). Where layers
+    differ in their vectors (an MoE model's dense layers lack the router's bias), every layer gets a row for each
+    vector any layer has (zeros where it has none), so layer i's rows are layer 0's plus i strides."""
+    paths = [s.path for s in param_specs(cfg) if len(s.shape) == 1]
+    if cfg.dense_layers:
+        names = dict.fromkeys(p.split(".", 2)[2] for p in paths if p.startswith("layers."))
+        paths = [p for p in paths if not p.startswith("layers.")]
+        paths += [f"layers.{i}.{n}" for i in range(cfg.num_layers) for n in names]
+    return {p: n for n, p in enumerate(paths)}
 
 
 def vector_stride(cfg: ModelConfig) -> int:

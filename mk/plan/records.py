@@ -137,6 +137,9 @@ class MatmulMode(StrEnum):
     COLS = "cols"  # dst[:, dst_off:+n] = src @ tile (a column tile of W [K, N])
     COLS_T = "cols_t"  # dst[:, dst_off:+n] = src @ tile.T (a row tile of W stored transposed, [N, K])
     ROWS = "rows"  # dst (+)= src[:, src_off:+n] @ tile (a row tile of W [K, N], summed over tiles)
+    # MLA's kv_b tile of whole heads from column dst_off: their queries taken into the latent space, their value
+    # columns kept for the output (mk.megakernel.latent.emit_absorb)
+    ABSORB = "absorb"
 
 
 @dataclass(frozen=True)
@@ -185,11 +188,13 @@ class Embed(Op):
 
 @dataclass(frozen=True)
 class Norm(Op):
-    """dst = rms_norm(src) * weight (``vector``: the weight's name, in the layer or, at layer -1, the model)."""
+    """dst = rms_norm(src) * weight (``vector``: the weight's name, in the layer or, at layer -1, the model); over the
+    hidden size, or ``width`` dims (MLA's query bottleneck)."""
 
     src: str = ""
     dst: str = ""
     vector: str = ""
+    width: int = field(default=0, repr=False)
 
 
 @dataclass(frozen=True)
@@ -291,7 +296,10 @@ class Route(Op):
 
 @dataclass(frozen=True)
 class FfnResidual(Op):
-    """x = (x + post_ffn_norm(mlp [+ experts])) * layer_scalar."""
+    """x = (x + post_ffn_norm(mlp [+ experts])) * layer_scalar; an MoE model's dense layer adds no experts
+    (``routed`` False)."""
+
+    routed: bool = field(default=True, repr=False)
 
 
 @dataclass(frozen=True)

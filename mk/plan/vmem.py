@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..units import LANE, MIB, round_up
-from .layout import BLOCK, ROWS, VREG_BYTES, vector_table_shape
+from .layout import BLOCK, ROWS, VREG_BYTES, latent_lanes, vector_table_shape
 
 
 def vmem_breakdown(plan, with_logits: bool = False) -> dict[str, int]:
@@ -25,7 +25,7 @@ def vmem_breakdown(plan, with_logits: bool = False) -> dict[str, int]:
     ep = round_up(max(cfg.num_experts, 1), LANE)
     rep = max(cfg.num_heads // cfg.kv_heads(t) for t in types)
     hd = max(cfg.sliding_head_dim, cfg.full_head_dim)
-    return {
+    out = {
         "weight buffers": sum(b.nbytes for b in plan.buffers.values()),
         "kv tiles": kv,
         "f32 k/v tile (compiler scratch)": upcast,
@@ -37,6 +37,25 @@ def vmem_breakdown(plan, with_logits: bool = False) -> dict[str, int]:
         "routing": r * ep * 4 * 2 + r * LANE * 4,
         "greedy pick and users": 3 * r * LANE * 4,
         "logits staging": 2 * plan.batch * ROWS * plan.head_tile * 4 if with_logits else 0,
+    }
+    if cfg.latent_attention is not None:
+        out.update(_latent_vmem(plan))
+    return out
+
+
+def _latent_vmem(plan) -> dict[str, int]:
+    """MLA's (mk.megakernel.refs.LatentScratch): latent and RoPE-key tiles, their write-back blocks, one user's
+    queries in the latent space, and the layer's kv_b value columns kept for the output."""
+    cfg = plan.layout
+    _, Dr, Dv, L = latent_lanes(cfg)
+    T = plan.kv_tile(cfg.layer_types[0])
+    upcast = T * (L + Dr) * 4  # attention's f32 copy of a tile, as for K and V
+    return {
+        "kv tiles": 2 * T * (L + Dr) * plan.kv_itemsize,
+        "f32 k/v tile (compiler scratch)": upcast if upcast > VREG_BYTES else 0,
+        "new k/v staging": plan.cache_users * BLOCK * (L + Dr) * plan.kv_itemsize,
+        "query block": round_up(cfg.num_heads, ROWS) * (L + Dr) * 4,
+        "kv_b value columns": L * cfg.num_heads * Dv * plan.weight_itemsize,
     }
 
 

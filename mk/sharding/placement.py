@@ -185,6 +185,7 @@ def _cut(a, axis: int, start: int, size: int):
 
 # Which axis of a reference matrix (mk.params names) holds what a chip takes a slice of.
 _HEAD_AXIS = {"q": 1, "k": 1, "v": 1, "o": 0}
+_LATENT_HEAD_AXIS = {"q": 1, "q_b": 1, "kv_b": 1, "o": 0}  # MLA's per-head matrices (q_a and kv_a: every head's)
 _MLP_AXIS = {"mlp_gate": 1, "mlp_up": 1, "mlp_down": 0}
 _EXPERT_INTER_AXIS = {"expert_gate": 2, "expert_up": 2, "expert_down": 1}
 
@@ -199,14 +200,22 @@ def _matrix_cut(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> t
     if not path.startswith("layers."):
         return None
     t = cfg.layer_types[int(path.split(".")[1])]
+    if cfg.latent_attention is not None and name in _LATENT_HEAD_AXIS:  # MLA: each chip its heads' columns or rows
+        if not heads_split(cfg, C):
+            return None
+        mla = cfg.latent_attention
+        width = mla.v_head_dim if name == "o" else mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        width = mla.qk_nope_head_dim + mla.v_head_dim if name == "kv_b" else width
+        return _LATENT_HEAD_AXIS[name], chip * local.num_heads * width, local.num_heads * width
     if name in _HEAD_AXIS and heads_split(cfg, C):
         if name in ("q", "o"):
             first, n = chip * local.num_heads, local.num_heads
         else:
             first, n = first_kv_head(cfg, t, C, chip), local.kv_heads(t)
         return _HEAD_AXIS[name], first * cfg.head_dim(t), n * cfg.head_dim(t)
-    if name in _MLP_AXIS:
-        return _MLP_AXIS[name], chip * local.mlp_intermediate, local.mlp_intermediate
+    if name in _MLP_AXIS:  # the dense or shared MLP (an MoE model's dense layers: their own width)
+        n = local.mlp_width(int(path.split(".")[1]))
+        return _MLP_AXIS[name], chip * n, n
     if name in _EXPERT_INTER_AXIS and setup.placement == Placement.SPLIT:
         return _EXPERT_INTER_AXIS[name], chip * local.expert_intermediate, local.expert_intermediate
     if name in _EXPERT_INTER_AXIS:
@@ -257,8 +266,9 @@ def _expert_bias_cut(a, cfg: ModelConfig, setup: KernelSetup, chip: int, path: s
 
 
 def chip_cache(cache: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -> dict:
-    """Chip ``chip``'s KV heads of a reference cache (``layers.{i}.k|v`` [B, kv, slots, hd])."""
-    if not setup.sharded or not heads_split(cfg, setup.chips):
+    """Chip ``chip``'s KV heads of a reference cache (``layers.{i}.k|v`` [B, kv, slots, hd]); MLA's latent cache,
+    which every head reads, whole."""
+    if not setup.sharded or not heads_split(cfg, setup.chips) or cfg.latent_attention is not None:
         return cache
     _check_runnable(setup)
     local = chip_config(cfg, setup)
@@ -296,12 +306,12 @@ def users_per_chip(cfg: ModelConfig, setup: KernelSetup | None, batch: int) -> i
 
 def cache_split_axis(cfg: ModelConfig, setup: KernelSetup) -> int | None:
     """The axis of the kernel's KV caches ([layers, B, kv, slots, hd]) split over the chips: the users with the users
-    split, the KV heads where heads are split, else none (attention replicated)."""
+    split, the KV heads where heads are split, else none (attention replicated; MLA's latent cache, on every chip)."""
     if not setup.sharded:
         return None
     if setup.users_split:
         return 1
-    return 2 if heads_split(cfg, setup.chips) else None
+    return 2 if heads_split(cfg, setup.chips) and cfg.latent_attention is None else None
 
 
 def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
@@ -327,7 +337,7 @@ def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
         return None
     _, name = tensor.split(".", 1)
     heads = heads_split(cfg, setup.chips)
-    if name in ("q", "k", "v"):  # [layers, H, heads x hd]
+    if name in ("q", "k", "v", "q_b", "kv_b"):  # [layers, H, heads x hd] (MLA's: [layers, rank, heads x width])
         return 2 if heads else None
     if name == "o":
         return 1 if heads else None
