@@ -217,3 +217,20 @@ def test_fp8_block_step_compiles_for_tpu(chip):
     plan, compiled = compile_for_tpu(TINY_MOE, chip, 4, 64, quantize="fp8-block")
     assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
     assert any(getattr(ld, "fmt", None) == "fp8-block" for ld in plan.loads)
+
+
+@pytest.mark.parametrize("setup", [None, KernelSetup(8, "whole")], ids=["one-chip", "8-chips-whole"])
+def test_kimi_k2_thinkings_int4_experts_on_deepseek_v3_in_the_kernel(hf_checkpoint, setup):
+    """Kimi K2 Thinking's release: the DeepSeek-V3 architecture (latent attention, in the kernel since the MLA work)
+    with INT4 routed experts; the tiny checkpoint's experts quantized, the rest as loaded. FP8 blocks on its latent
+    projections are refused by name (the kernel runs MLA's projections unquantized)."""
+    from mk.megakernel.pack import pack
+    from mk.weights import load_checkpoint
+
+    cfg, params = load_checkpoint(hf_checkpoint("deepseek-v3")[0])
+    options = {} if setup is None else dict(setup=setup)
+    int4 = qformats.quantize(params, cfg, "int4")
+    _kernel_against_dequantized_reference(cfg, "int4", PROMPTS, params=int4, **options)
+    if setup is None:
+        with pytest.raises(ValueError, match="runs MLA's projections unquantized"):
+            pack(qformats.quantize(params, cfg, "fp8-block"), cfg)
