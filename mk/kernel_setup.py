@@ -40,7 +40,7 @@ class Placement(StrEnum):
 
     WHOLE = "whole"  # E/C whole experts per chip
     SPLIT = "split"  # every expert's intermediate split over all chips
-    # past one host (timed, not run): the chips in groups of ``KernelSetup.host_chips`` (a host's), E/G whole experts
+    # past one host: the chips in groups of ``KernelSetup.host_chips`` (a host's), E/G whole experts
     # per group of the G groups, each split over its group's chips (mk.sharding.pods)
     HOSTS = "hosts"
 

@@ -150,18 +150,23 @@ def test_multi_host_joins_the_runtime_and_refuses_a_lone_process(monkeypatch):
 
 def test_multi_host_runs_over_the_slices_torus(monkeypatch):
     """``generate --multi-host`` takes every chip JAX's runtime joined (its --chips must say how many) and, past one
-    host, sums round the slice's torus as ``mk compile`` compiles it."""
+    host, sums round the slice's torus and places a split MoE's experts whole over hosts, as ``mk compile`` compiles
+    it."""
     from types import SimpleNamespace
 
     import jax
 
     from mk.cli.generate import _over_the_slice
+    from mk.config import GEMMA4_26B_A4B
     from mk.kernel_setup import WORKBOOK_KERNEL
+    from mk.sharding.pods import expert_group
 
     chips = [SimpleNamespace(platform="tpu", device_kind="TPU v5 lite") for _ in range(16)]
     monkeypatch.setattr(jax, "devices", lambda: chips)
-    setup = _over_the_slice(WORKBOOK_KERNEL.on(16))
+    setup = _over_the_slice(WORKBOOK_KERNEL.on(16), GEMMA4_26B_A4B)
     assert setup.torus == slice_shape(get_chip("tpu-v5e-16")).torus == ((4, False), (4, False))
-    assert setup.placement == WORKBOOK_KERNEL.placement and not setup.repeat_heads
+    # whole experts over groups of 4 chips: 704 // 8 chips would leave a chip less than a lane tile of each expert
+    assert (setup.placement, setup.host_chips) == ("hosts", expert_group(GEMMA4_26B_A4B, 16, 8)) == ("hosts", 4)
+    assert not setup.repeat_heads
     with pytest.raises(ValueError, match="give --chips 16"):
-        _over_the_slice(WORKBOOK_KERNEL.on(8))
+        _over_the_slice(WORKBOOK_KERNEL.on(8), GEMMA4_26B_A4B)

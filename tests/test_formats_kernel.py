@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from test_int8_kernel import kernel_against_dequantized_reference
 
 from mk import formats as F, qformats, quant
 from mk.config import GEMMA4_26B_A4B, TINY_DENSE, TINY_MOE
@@ -16,21 +17,13 @@ from mk.kernel_setup import KernelSetup
 from mk.params import EXPERTS
 from mk.plan import build_plan
 from mk.sol import bytes_per_token
-from mk.tpu import races_detected
 from mk.weights import random_params
 
 
-def _kernel_against_dequantized_reference(cfg, scheme, prompts, new_tokens=2, params=None, **options):
+def _kernel_against_dequantized_reference(cfg, scheme, prompts, params=None, **options):
+    """The kernel on ``scheme``'s tree (of random weights unless ``params``) against the reference on it dequantized."""
     params = params if params is not None else qformats.quantize(random_params(cfg, 0), cfg, scheme)
-    want_tokens, want_logits = generate(quant.dequantize(params, cfg), cfg, prompts, new_tokens, return_logits=True)
-    got_tokens, got_logits = generate(
-        params, cfg, prompts, new_tokens, engine="megakernel", return_logits=True,
-        engine_options=dict(detect_races=True, **options),
-    )  # fmt: skip
-    assert not races_detected()
-    np.testing.assert_array_equal(np.asarray(got_tokens), np.asarray(want_tokens))
-    for got, want in zip(got_logits, want_logits):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)
+    kernel_against_dequantized_reference(params, cfg, prompts, 2, **options)
 
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9]]

@@ -1,8 +1,9 @@
 """gpt-oss in the megakernel: greedy tokens equal to the reference's (and so to transformers', tests/test_gpt_oss.py)
 on the tiny checkpoint, ragged prompts (one past the sliding window), the race detector on; one chip and 8 simulated
-chips (4 query heads: attention on every chip; experts whole or split). Sinks, the q/k/v/o biases, YaRN's cos/sin
-factor, the router's bias and top-k-then-softmax, the expert biases and the clamped SwiGLU all run in the kernel;
-dropping the sinks or an expert bias in the kernel changes its logits past the tolerance (the last test)."""
+chips (4 query heads: attention on every chip; experts whole, split, or whole over groups of 2 chips and split within
+them: placement hosts). Sinks, the q/k/v/o biases, YaRN's cos/sin factor, the router's bias and top-k-then-softmax,
+the expert biases and the clamped SwiGLU all run in the kernel; dropping the sinks or an expert bias in the kernel
+changes its logits past the tolerance (the last test)."""
 
 import numpy as np
 import pytest
@@ -47,11 +48,12 @@ def _run(params, cfg, setup=None, logits=False, **options):
                     engine_options=dict(detect_races=True, **options))  # fmt: skip
 
 
-@pytest.mark.parametrize("setup", [None, KernelSetup(8, "whole"), KernelSetup(8, "split")],
-                         ids=["one-chip", "8-chips-whole", "8-chips-split"])  # fmt: skip
+@pytest.mark.parametrize("setup", [None, KernelSetup(8, "whole"), KernelSetup(8, "split"),
+                                   KernelSetup(8, "hosts", host_chips=2)],
+                         ids=["one-chip", "8-chips-whole", "8-chips-split", "8-chips-hosts"])  # fmt: skip
 def test_greedy_tokens_equal_the_references(tiny, setup):
     cfg, params = tiny
-    assert not cfg.kernel_lacks
+    cfg.check_runnable("megakernel")
     want = generate(params, cfg, _prompts(cfg), NEW_TOKENS)
     got = _run(params, cfg, setup)
     assert not races_detected()

@@ -46,8 +46,9 @@ def test_plan_and_sol_agree_on_int8_bytes(scheme, batch):
     assert abs(plan.payload_bytes + plan.kv_bytes - sol.total) / sol.total < 0.01
 
 
-def _kernel_against_quantized_reference(cfg, scheme, prompts, new_tokens=3, **options):
-    params = quant.quantize(random_params(cfg, 0), cfg, scheme)
+def kernel_against_dequantized_reference(params, cfg, prompts, new_tokens=3, **options):
+    """The megakernel on a quantized tree (INT8, or a shipped format: tests/test_formats_kernel.py) against the
+    reference on its dequantized tree: the same tokens, logits within 1e-4, no races."""
     want_tokens, want_logits = generate(quant.dequantize(params, cfg), cfg, prompts, new_tokens, return_logits=True)
     got_tokens, got_logits = generate(
         params, cfg, prompts, new_tokens, engine="megakernel", return_logits=True,
@@ -114,8 +115,9 @@ def test_kernel_over_8_chips_gives_the_quantized_references_tokens():
     from conftest import HF_EIGHT_HEADS
 
     cfg = from_hf_dict(HF_EIGHT_HEADS)
-    _kernel_against_quantized_reference(
-        cfg, "int8", [[1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1, 7]], 2, setup=KernelSetup(8, "split")
+    params = quant.quantize(random_params(cfg, 0), cfg, "int8")
+    kernel_against_dequantized_reference(
+        params, cfg, [[1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2, 1, 7]], 2, setup=KernelSetup(8, "split")
     )
 
 

@@ -1,9 +1,10 @@
 """mk's import graph: no cycles, and every import (at module level or inside a function) goes down or across
 the declared layers, never up. Layers, from the ground up (the README's architecture section says the same):
 
-- ground: records, data files, arithmetic every layer shares, and measuring instruments that know no model;
+- ground: records, data files, arithmetic every layer shares (the weights' numerics: INT8, FP8 blocks, INT4, MXFP4,
+  which the sharding cuts by their blocks), and measuring instruments that know no model;
 - arith: the speed of light;
-- model: weights, INT8 numerics, the reference decoder;
+- model: checkpoints, the reference decoder;
 - plan: the step plan;
 - kernel: the megakernel, the engines that generate;
 - cost: the timing model and what measures a step;
@@ -38,6 +39,9 @@ LAYERS = {
         "mk.kv_slots",
         "mk.engines",
         "mk.params",
+        "mk.quant",
+        "mk.formats",
+        "mk.qformats",
         "mk.published",
         "mk.params",
         "mk.assistant_config",
@@ -48,8 +52,6 @@ LAYERS = {
     ],
     "arith": ["mk.sol"],
     "model": [
-        "mk.quant",
-        "mk.formats",
         "mk.hf_layout",
         "mk.blocks",
         "mk.latent",

@@ -294,7 +294,7 @@ def test_expert_bytes_count_the_distinct_experts_the_kernel_fetches():
 
 
 def test_every_op_kind_has_its_cost_and_an_emitter():
-    from mk.megakernel.kernel import EMIT
+    from mk.megakernel.emit import EMIT
 
     assert set(EMIT) == set(OP_KINDS)
     plan = build_plan(TINY_MOE, 2, 64, context=40)

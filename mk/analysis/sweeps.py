@@ -463,7 +463,7 @@ def family_table(models, context: int = 1024, dtype: str = "bf16") -> pd.DataFra
                 experts=f"{d.num_experts} (top {d.top_k})" if d.is_moe else "dense",
                 params_B=count_params(d) / 1e9, active_B=count_active_params(d) / 1e9,
                 step_GB=bytes_per_token(d, context, 1, dtype).total / 1e9,
-                mk=("runs" if not d.kernel_lacks else "reference runs") if d.runnable else "plans and times",
+                mk="runs" if d.runnable else "plans and times",
             )
         )  # fmt: skip
     return pd.DataFrame(rows).assign(kind=f"modelled (mk.sol, {dtype}, context {context}); counts: mk.params")

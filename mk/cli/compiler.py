@@ -103,11 +103,12 @@ def _run_compile(a) -> None:
 
     chip, _ = aot_target(a.chip)
     wi, ki = plan_itemsizes(a.dtype)
-    # the kernel as it runs over every chip of the slice: past one host, its all-reduce over the slice's torus (the
-    # placement as given: the timing model's whole experts over hosts, mk.sharding.pods, is timed, not run)
-    setup = run_setup(setup_of(a), get_chip(chip))
+    # the kernel as it runs over every chip of the slice: past one host, round the slice's torus, a split MoE's experts
+    # whole over hosts (mk.sharding.pods.run_setup)
+    cfg = get_config(a.model)
+    setup = run_setup(setup_of(a), get_chip(chip), cfg)
     plan = build_plan(
-        get_config(a.model), a.batch, a.context, weight_itemsize=wi, kv_itemsize=ki, setup=setup,
+        cfg, a.batch, a.context, weight_itemsize=wi, kv_itemsize=ki, setup=setup,
         quantize=plan_quantize(a.dtype),
     )  # fmt: skip
     try:

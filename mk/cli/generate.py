@@ -121,8 +121,6 @@ def _run_generate(a) -> None:
 
         check_drafter(a.speculate, a.assistant)
     setup = setup_of(a)
-    if a.multi_host:  # the slice's chips, over its torus (mk.sharding.pods.run_setup), as `mk compile` compiles it
-        setup = _over_the_slice(setup)
     given = dict(kv_tile=a.kv_tile, detect_races=a.detect_races or None)
     options = {k: v for k, v in given.items() if v is not None}
     flags = [f"--{k.replace('_', '-')}" for k in options] + setup_flags(a)
@@ -142,6 +140,8 @@ def _run_generate(a) -> None:
         cfg = get_config(a.model)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
     params = quantized_as(params, cfg, a.quantize)
+    if a.multi_host and a.engine == "megakernel":  # the slice as `mk compile` compiles it (mk.sharding.pods.run_setup)
+        options["setup"] = _over_the_slice(setup, cfg)
     d = {"engine": a.engine, "model": cfg.name, "quantize": scheme_of(params, cfg), "batch": len(prompts),
          "prompt_ids": prompts}  # fmt: skip
     run = dict(engine=a.engine, max_len=a.max_len, progress=not a.json, engine_options=options)
@@ -164,9 +164,9 @@ def _run_generate(a) -> None:
     show(d, a.json, "\n".join(f"user {u}: {' '.join(map(str, t))}" for u, t in enumerate(d["tokens"])))
 
 
-def _over_the_slice(setup):
+def _over_the_slice(setup, cfg):
     """``setup`` over every chip of the slice JAX's runtime joined (``--chips`` must say all of them), past one
-    host over its torus."""
+    host round its torus, a split MoE's experts whole over hosts (mk.sharding.pods.run_setup)."""
     import jax
 
     from ..chips import get_chip, known_chip
@@ -176,4 +176,4 @@ def _over_the_slice(setup):
     if setup.chips != len(devices):
         raise ValueError(f"--multi-host: the slice has {len(devices)} chips; give --chips {len(devices)}")
     kind = known_chip(devices[0])
-    return run_setup(setup, get_chip(f"{kind}-{len(devices)}")) if kind else setup
+    return run_setup(setup, get_chip(f"{kind}-{len(devices)}"), cfg) if kind else setup

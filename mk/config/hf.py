@@ -4,8 +4,7 @@ config's fields (one that may change the architecture and that the adapter does 
 
 Every adapter describes the model as transformers builds it, so mk.params' tensors count what transformers holds
 (tests/test_config.py, on the meta device). What an adapter reads but the reference and the kernel do not run is
-described and planned, and refused by the engines by name (ModelConfig.variants_not_run; what the reference runs and
-the megakernel not yet: ModelConfig.kernel_lacks).
+described and planned, and refused by the engines by name (ModelConfig.variants_not_run).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ sandwich norms, a shared MLP beside routed experts, tied and soft-capped head), 
 Mixtral families (pre-norm layers, SiLU, untied head, QK-norm for Qwen3, Llama 3's RoPE scaling, softmax top-k routing
 without a shared expert), gpt-oss (attention sinks, biased projections and experts, a clamped SwiGLU, YaRN RoPE) and
 DeepSeek-V3 / Kimi K2 (MLA, grouped sigmoid routing with its correction bias, dense first layers, YaRN RoPE with its
-softmax mscale), which mk runs (reference and megakernel: ``check_runnable(engine)`` says which engine runs what,
-``kernel_lacks`` what the kernel lacks); and what it plans
+softmax mscale), which mk runs (reference and megakernel: ``check_runnable(engine)``; what a setup of the kernel
+refuses, mk.megakernel names); and what it plans
 and times only (``runnable`` says which): Gemma 2 and 3, and the pre-norm families' variants (biased projections and
 MLP, a RoPE scaling other than Llama 3's, Qwen3's sliding layers, Qwen3-MoE's dense layers between MoE ones, Mixtral's
 window). The fields that set a family apart (``family``, ``activation``, ``qk_norm`` ...) default to Gemma 4's.
@@ -117,7 +117,7 @@ GEMMA4 = "gemma4_text"
 PRE_NORM_FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral")
 # DeepSeek-V3's architecture, under its own model_type too (Kimi K2)
 DEEPSEEK_FAMILIES = ("deepseek_v3", "kimi_k2")
-# The families the reference runs (and the megakernel: ModelConfig.kernel_lacks would say what it lacks).
+# The families the reference and the megakernel run.
 RUNNABLE_FAMILIES = (GEMMA4, *PRE_NORM_FAMILIES, "gpt_oss", *DEEPSEEK_FAMILIES)
 # Planned and timed, not run.
 PLANNED_FAMILIES = ("gemma2", "gemma3_text")
@@ -357,17 +357,9 @@ class ModelConfig:
         return tuple(what for what, used in found.items() if used)
 
     @property
-    def kernel_lacks(self) -> tuple[str, ...]:
-        """What of this model the reference runs and the megakernel does not yet: nothing now (it runs gpt-oss's sinks,
-        biases, clamped SwiGLU and routing, DeepSeek-V3's MLA, grouped routing with its correction bias and dense first
-        layers, YaRN); what it refuses of a setup (MLA split over chips by positions or users, drafts with MLA)
-        mk.megakernel.kernel names."""
-        return ()
-
-    @property
     def runnable(self) -> bool:
-        """Whether the reference runs this model (else its plan, bytes and timing are modelled only); the megakernel
-        runs it too when ``kernel_lacks`` is empty (:meth:`check_runnable`)."""
+        """Whether the reference and the megakernel run this model (else its plan, bytes and timing are modelled
+        only: :meth:`check_runnable`)."""
         return self.family in RUNNABLE_FAMILIES and not self.variants_not_run
 
     def check_runnable(self, engine: str = "reference") -> None:
@@ -380,11 +372,6 @@ class ModelConfig:
                 f"{self.name} is a {self.family} model{' with ' + variants if variants else ''}: mk plans and times "
                 f"it (mk.plan, mk.timing, mk.sol) but its reference and kernel run {', '.join(RUNNABLE_FAMILIES)} "
                 "only" + (", without those" if variants else "")
-            )
-        if engine == "megakernel" and self.kernel_lacks:
-            raise ValueError(
-                f"{self.name} is a {self.family} model with {', '.join(self.kernel_lacks)}: the megakernel does not "
-                "run them yet; use the reference engine"
             )
 
     def score_scale(self, layer_type: str) -> float:

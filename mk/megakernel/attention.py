@@ -48,11 +48,7 @@ def rope_tables(k, t: str, hd: int):
 def emit_qkv_norm_rope(k, op):
     """In place on the q, k, v activations of layer ``op.layer``: q/k norms (where the family has them) + RoPE at
     each user's position, v's weightless norm (Gemma 4; for K=V layers, v is the k projection before its norm).
-    q is scaled by the model's score scale here, so the scores need none. MLA: mk.megakernel.latent.emit_rope."""
-    if k.cfg.latent_attention is not None:
-        from .latent import emit_rope
-
-        return emit_rope(k, op)
+    q is scaled by the model's score scale here, so the scores need none (MLA's: mk.megakernel.latent.emit_rope)."""
     cfg, t, i, on = k.cfg, op.layer_type, op.layer, k.norms_on
     hd, kv, nh, eps = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads, cfg.rms_eps
     n = k.model.head_dim(t)  # the head's own dims (a padded head has zero lanes)
@@ -160,12 +156,8 @@ def start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, row=None) -> lis
 
 
 def emit_attend(k, op):
-    """attn[b, heads] for every user b, reading layer ``op.layer``'s cache in tiles; writes the new K/V (MLA:
+    """attn[b, heads] for every user b, reading layer ``op.layer``'s cache in tiles; writes the new K/V (MLA's:
     mk.megakernel.latent.emit_attend)."""
-    if k.cfg.latent_attention is not None:
-        from .latent import emit_attend
-
-        return emit_attend(k, op)
     if op.positions_shared > 1:
         return emit_attend_shared(k, op)
     if op.users_split:

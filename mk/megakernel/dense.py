@@ -103,10 +103,6 @@ def emit_norm(k, op):
 
 def emit_matmul(k, op):
     """dst[:, off:+n] = src @ tile (COLS) or src @ tile.T (COLS_T), or dst (+)= src[:, off:+n] @ tile (ROWS)."""
-    if op.mode == MatmulMode.ABSORB:
-        from .latent import emit_absorb
-
-        return emit_absorb(k, op)
     a = k.scratch.acts
     w = k.weight_tile()
     if op.mode in (MatmulMode.COLS, MatmulMode.COLS_T):

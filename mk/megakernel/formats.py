@@ -27,10 +27,9 @@ def _zero(fmt: Format) -> int:
     return INT4_ZERO if fmt.name == INT4 else 0
 
 
-def to_layout(codes, scales, cfg, path: str, lay, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, scales) of a format matrix (mk.qformats' tree layout) in the kernel's layout ``lay``."""
-    from .pack import to_layout as matrix_to_layout
-
+def to_layout(codes, scales, cfg, path: str, lay, fmt: Format, matrix_to_layout) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, scales) of a format matrix (mk.qformats' tree layout) in the kernel's layout ``lay``, where
+    ``matrix_to_layout`` (mk.megakernel.pack.to_layout) lays a float matrix out."""
     c = np.asarray(codes)
     if fmt.nibbles:  # each code alone, as the signed offset from the format's zero, so padding is a zero weight
         c = nibbles(c, -2).astype(np.int8) - _zero(fmt)

@@ -149,7 +149,9 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
             parts.setdefault(name, []).append(expert_bias_to_layout(params[path], path, lay))
             continue
         if fmt and path in quantized:
-            codes, scales = format_to_layout(params[path], params[fscale_path(path)], cfg, path, lay, get_format(fmt))
+            codes, scales = format_to_layout(
+                params[path], params[fscale_path(path)], cfg, path, lay, get_format(fmt), to_layout
+            )
             parts.setdefault(name, []).append(jnp.asarray(codes))
             parts.setdefault(fscale_path(name), []).append(jnp.asarray(scales))
             continue

@@ -5,7 +5,7 @@ Each op kind carries what it costs (``flops``; the bytes it reads beside its wei
 streamed behind compute, ``serial_bytes`` read while compute waits) and names the fields that may
 change between the repeats of a loop (``STRIDED``: integers that step by a fixed stride, booleans that
 turn on after the first repeat). The kernel emits an op through one table from its type to an emit
-function (mk.megakernel.kernel.EMIT); the timeline reads each op's own cost. A new kind of op is a new
+function (mk.megakernel.emit.EMIT); the timeline reads each op's own cost. A new kind of op is a new
 record here, its emit function, and its test.
 """
 

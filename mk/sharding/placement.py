@@ -15,10 +15,10 @@ Every chip runs the same kernel on its own slice (tensor parallel):
   chips (every chip loads 1/C of every routed expert);
 - the router, norms and scales are replicated (the routing is the same on every chip).
 
-Past one host mk.sharding.pods says what the timing model changes (timed, not run by the kernel, which keeps the
-placement it is given and sums round the slice's torus): placement ``hosts`` (whole experts over groups of a
-host's chips, each split within its group: ``experts_per_chip``, ``expert_groups``) and, where the heads do not
-divide the chips, heads split over the most chips that take whole ones (``attention_chips``).
+Past one host mk.sharding.pods says what changes: placement ``hosts`` (whole experts over groups of a host's chips,
+each split within its group: ``experts_per_chip``, ``expert_groups``; the kernel runs it) and, where the heads do not
+divide the chips, heads split over the most chips that take whole ones (``attention_chips``; timed, not run: the
+kernel replicates them).
 
 Partial sums (after attention's output projection, after the FFN, and the embedding) are all-reduced
 inside the kernel (mk.megakernel.collective; its peers and bytes: mk.sharding.links). ``chip_config`` is the slice
@@ -74,11 +74,10 @@ def expert_groups(cfg: ModelConfig, setup: KernelSetup) -> int:
 
 
 def _check_runnable(setup: KernelSetup) -> None:
-    if setup.placement == Placement.HOSTS or setup.repeat_heads:
+    if setup.repeat_heads:
         raise ValueError(
-            f"{setup.name}: placement 'hosts' (whole experts over hosts, split within) and heads repeated over groups "
-            "of chips are planned and timed, not cut into chips' parameters or run; run placement 'split' or 'whole' "
-            "(over a torus too: mk.sharding.pods.run_setup)"
+            f"{setup.name}: heads repeated over groups of chips are planned and timed, not cut into chips' parameters "
+            "or run; the kernel replicates heads that do not divide the chips (mk.sharding.pods.run_setup)"
         )
 
 
@@ -190,8 +189,22 @@ _MLP_AXIS = {"mlp_gate": 1, "mlp_up": 1, "mlp_down": 0}
 _EXPERT_INTER_AXIS = {"expert_gate": 2, "expert_up": 2, "expert_down": 1}
 
 
+def _matrix_cuts(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> tuple[tuple[int, int, int], ...]:
+    """The cuts (axis, start, size) of matrix ``path`` of the reference tree chip ``chip`` takes, in turn (none: all
+    of it): one, or with placement ``hosts`` its group's experts and then its share of each."""
+    cut = _matrix_cut(cfg, setup, chip, path)
+    if cut is None:
+        return ()
+    name = path.rsplit(".", 1)[-1]
+    if name in _EXPERT_INTER_AXIS and setup.placement == Placement.HOSTS:
+        h, width = setup.host_chips, chip_config(cfg, setup).expert_intermediate
+        return cut, (_EXPERT_INTER_AXIS[name], chip % h * width, width)
+    return (cut,)
+
+
 def _matrix_cut(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> tuple[int, int, int] | None:
-    """The (axis, start, size) of matrix ``path`` of the reference tree chip ``chip`` takes (None: all of it)."""
+    """The (axis, start, size) of matrix ``path`` of the reference tree chip ``chip`` takes (None: all of it); with
+    placement ``hosts``, its group's experts (:func:`_matrix_cuts` adds its share of each)."""
     _check_runnable(setup)
     C, local = setup.chips, chip_config(cfg, setup)
     name = path.rsplit(".", 1)[-1]
@@ -220,7 +233,8 @@ def _matrix_cut(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> t
         return _EXPERT_INTER_AXIS[name], chip * local.expert_intermediate, local.expert_intermediate
     if name in _EXPERT_INTER_AXIS:
         n = experts_per_chip(cfg, setup)
-        return 0, chip * n, n
+        group = chip // setup.host_chips if setup.placement == Placement.HOSTS else chip
+        return 0, group * n, n
     return None
 
 
@@ -238,31 +252,39 @@ def chip_params(params: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -
             continue
         matrix = path.removesuffix(FSCALE_SUFFIX)
         if fscale_path(matrix) in params:  # a shipped format's codes or block scales (mk.qformats)
-            cut = _matrix_cut(cfg, setup, chip, matrix)
-            out[path] = a if cut is None else _cut(a, *format_cut(params, path, cut))
+            for cut in _matrix_cuts(cfg, setup, chip, matrix):
+                a = _cut(a, *format_cut(params, path, cut))
+            out[path] = a
             continue
         matrix = path.removesuffix(SCALE_SUFFIX)
-        cut = _matrix_cut(cfg, setup, chip, matrix)
-        if cut is not None and matrix != path:  # scales: one of the matrix's last two axes is gone
-            ndim, along = a.ndim + 1, a.ndim - 1 if scales_inputs(matrix) else a.ndim  # the axis they run along
-            axis = cut[0] if cut[0] < ndim - 2 else (a.ndim - 1 if cut[0] == along else None)
-            cut = None if axis is None else (axis, *cut[1:])
-        out[path] = a if cut is None else _cut(a, *cut)
+        for cut in _matrix_cuts(cfg, setup, chip, matrix):
+            if matrix != path:  # scales: one of the matrix's last two axes is gone
+                ndim, along = a.ndim + 1, a.ndim - 1 if scales_inputs(matrix) else a.ndim  # the axis they run along
+                axis = cut[0] if cut[0] < ndim - 2 else (a.ndim - 1 if cut[0] == along else None)
+                if axis is None:
+                    continue
+                cut = (axis, *cut[1:])
+            a = _cut(a, *cut)
+        out[path] = a
     return out
 
 
 def _expert_bias_cut(a, cfg: ModelConfig, setup: KernelSetup, chip: int, path: str):
     """gpt-oss's expert biases on chip ``chip``: its experts' (whole placement); split, its slice of the gate's and
     of the up's biases ([E, 2I]: the gate's I first), and the down projection's bias on chip 0 only (zeros
-    elsewhere: the experts' partial sums meet in the all-reduce)."""
+    elsewhere: the experts' partial sums meet in the all-reduce); placement ``hosts``, its group's experts, then
+    split as over the group's chips."""
+    member = chip
     if setup.placement != Placement.SPLIT:
         n = experts_per_chip(cfg, setup)
-        return _cut(a, 0, chip * n, n)
+        if setup.placement == Placement.WHOLE:
+            return _cut(a, 0, chip * n, n)
+        a, member = _cut(a, 0, chip // setup.host_chips * n, n), chip % setup.host_chips  # hosts: then split
     a = np.asarray(a)
     if path.endswith("expert_down_bias"):
-        return a if chip == 0 else np.zeros_like(a)
+        return a if member == 0 else np.zeros_like(a)
     inter, n = a.shape[1] // 2, chip_config(cfg, setup).expert_intermediate
-    return np.concatenate([_cut(a[:, :inter], 1, chip * n, n), _cut(a[:, inter:], 1, chip * n, n)], axis=1)
+    return np.concatenate([_cut(a[:, :inter], 1, member * n, n), _cut(a[:, inter:], 1, member * n, n)], axis=1)
 
 
 def chip_cache(cache: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -> dict:
@@ -349,7 +371,7 @@ def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
     if name == "mlp_down":
         return 1
     if name in _EXPERT_INTER_AXIS:
-        if setup.placement == Placement.WHOLE:
+        if setup.placement != Placement.SPLIT:  # whole experts, or a group's (hosts): each chip's own experts
             return 1
         return 2 if rows or name == "expert_down" else 3
     return None

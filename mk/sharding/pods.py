@@ -1,5 +1,6 @@
-"""The step past one host (timed, not run): what a slice of several hosts holds on each chip, and the setup the
-timing model charges for it.
+"""The step past one host: what a slice of several hosts holds on each chip, and the setup the timing model charges
+for it (:func:`pod_setup`) and the kernel runs (:func:`run_setup`: the same, but for heads repeated over groups of
+chips, which it replicates).
 
 :func:`pod_setup` takes a setup over a slice whose documented shape (data/slices.csv) spans more than one host and
 gives it the slice's torus (its all-reduce then goes dimension by dimension: mk.sharding.links.torus_all_reduce) and,
@@ -45,12 +46,12 @@ def past_one_host(chip: Chip) -> bool:
     return shape is not None and shape.hosts > 1
 
 
-def run_setup(setup: KernelSetup, chip: Chip) -> KernelSetup:
-    """``setup`` as the kernel runs it over all of ``chip``'s chips (``mk compile``, ``generate --multi-host``): past
-    one host, its all-reduce and greedy pick over the slice's torus, one dimension at a time
-    (mk.megakernel.collective); the placement as given (``hosts`` is timed, not run)."""
-    setup = setup.on(chip.chips)
-    return setup.but(torus=slice_shape(chip).torus) if past_one_host(chip) and not setup.torus else setup
+def run_setup(setup: KernelSetup, chip: Chip, cfg=None) -> KernelSetup:
+    """``setup`` as the kernel runs it over all of ``chip``'s chips (``mk compile``, ``generate --multi-host``): what
+    :func:`pod_setup` charges (past one host: the all-reduce and greedy pick round the slice's torus, a split MoE's
+    experts whole over hosts and split within each), but heads that do not divide the chips replicated, as on one
+    host (their repeats over groups of chips are timed, not run)."""
+    return pod_setup(setup, chip, cfg).replace(repeat_heads=False)
 
 
 def expert_group(cfg, chips: int, host: int) -> int:
