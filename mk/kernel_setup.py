@@ -130,8 +130,20 @@ class KernelSetup:
     @property
     def peer_semaphores(self) -> int:
         """The DMA semaphores a cross-chip op keeps a direction: one a chip, or one shared past
-        :data:`PEER_SEMAPHORE_CHIPS` chips (mk.megakernel.collective.peer_sem indexes them)."""
+        :data:`PEER_SEMAPHORE_CHIPS` chips (mk.megakernel.collective._sem indexes them)."""
         return self.chips if self.chips <= PEER_SEMAPHORE_CHIPS else 1
+
+    @property
+    def torus_groups(self) -> tuple[tuple[int, int], ...]:
+        """Each torus dimension of more than one chip as (its chips g, their stride): along it, this chip's group is
+        the g chips ``stride`` apart, the first dimension's consecutive (mk.sharding.mesh.torus_order numbers the
+        chips so); () off a torus."""
+        groups, stride = [], 1
+        for n, _ in self.torus:
+            if n > 1:
+                groups.append((n, stride))
+            stride *= n
+        return tuple(groups)
 
     @property
     def users_split(self) -> bool:

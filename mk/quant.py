@@ -59,8 +59,8 @@ def scheme_of(params: dict, cfg: ModelConfig) -> str:
     """Which scheme a parameter tree is quantized with (``none`` for a float tree; a shipped format's name for an
     mk.qformats tree); a tree that matches no scheme (scales missing, or INT8 where no scheme puts it) is refused
     with what is wrong."""
-    if qformats.format_of(params) is not None:
-        return qformats.format_of(params)
+    if (fmt := qformats.format_of(params)) is not None:
+        return fmt
     int8 = {s.path for s in param_specs(cfg) if s.path in params and params[s.path].dtype == jnp.int8}
     for scheme in SCHEMES:
         if int8 == set(quantized_paths(cfg, scheme)):

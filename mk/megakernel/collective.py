@@ -76,46 +76,83 @@ def exchange_in_group(k, g: int, src, dst_at, sems, stride: int = 1):
     default, a torus dimension's otherwise): send ``src(member)`` (a ref) to every other member's ``dst_at(my
     member)``; wait until every other member's has arrived here in ``dst_at(sender)`` and this chip's sends are done.
     ``sems``: DMA [2 (send, receive), g]."""
+    _exchange_in_group(k, g, stride, [(src, dst_at, sems)])
+
+
+def _exchange_in_group(k, g: int, stride: int, transfers):
+    """``exchange_in_group`` of each (src, dst_at, sems) of ``transfers`` in one round: all their sends started,
+    then all their arrivals waited for."""
     if stride == 1:  # (the one-host kernel's code, unchanged)
         me = k.chip % g
         base = k.chip - me
     else:
-        me = k.chip // stride % g
+        me = _member(k, g, stride)
         base = k.chip - me * stride
     sends = []
-    for d in range(1, g):
-        peer = (me + d) % g
-        c = pltpu.make_async_remote_copy(
-            src(peer),
-            dst_at(me),
-            sems.at[0, _sem(k, d)],
-            sems.at[1, _sem(k, me)],
-            device_id=_device(k, base + peer if stride == 1 else base + peer * stride),
-        )
-        c.start()
-        sends.append(c)
-    for d in range(1, g):
-        sender = (me - d) % g
-        pltpu.make_async_remote_copy(
-            src(sender),
-            dst_at(sender),
-            sems.at[0, _sem(k, d)],
-            sems.at[1, _sem(k, sender)],
-            device_id=_device(k, k.chip),
-        ).wait_recv()
+    for src, dst_at, sems in transfers:
+        for d in range(1, g):
+            peer = (me + d) % g
+            c = pltpu.make_async_remote_copy(
+                src(peer),
+                dst_at(me),
+                sems.at[0, _sem(k, d)],
+                sems.at[1, _sem(k, me)],
+                device_id=_device(k, base + peer if stride == 1 else base + peer * stride),
+            )
+            c.start()
+            sends.append(c)
+    for src, dst_at, sems in transfers:
+        for d in range(1, g):
+            sender = (me - d) % g
+            pltpu.make_async_remote_copy(
+                src(sender),
+                dst_at(sender),
+                sems.at[0, _sem(k, d)],
+                sems.at[1, _sem(k, sender)],
+                device_id=_device(k, k.chip),
+            ).wait_recv()
     for c in sends:
         c.wait_send()
 
 
-def _torus_groups(k) -> list[tuple[int, int]]:
-    """Each torus dimension of more than one chip as (chips g, stride): the chips of this chip's group along it are
-    ``stride`` apart, the first dimension's consecutive (mk.sharding.mesh.torus_order lays the mesh out so)."""
-    groups, stride = [], 1
-    for n, _ in k.plan.setup.torus:
-        if n > 1:
-            groups.append((n, stride))
-        stride *= n
-    return groups
+def _member(k, g: int, stride: int):
+    """This chip's place in its group of ``g`` chips ``stride`` apart (a torus dimension's: KernelSetup.torus_groups,
+    laid out so by mk.sharding.mesh.torus_order)."""
+    return k.chip // stride % g
+
+
+def _total(buf, j: int):
+    """Partial ``j`` summed over ``buf`` [members, n, rows, width] in f32, in member order (the same on every chip)."""
+    out = buf[0, j].astype(jnp.float32)
+    for p in range(1, buf.shape[0]):
+        out = out + buf[p, j].astype(jnp.float32)
+    return out
+
+
+def _rows(buf, n: int, R: int):
+    """``m -> buf[m]``'s first ``n`` partials, their first ``R`` rows: what travels."""
+    return lambda m: buf.at[m, pl.ds(0, n), pl.ds(0, R)]
+
+
+def _chunks(stage, n: int, R: int, w: int):
+    """``m -> chunk m`` (``w`` lanes) of ``stage``'s first ``n`` partials, their first ``R`` rows."""
+    return lambda m: stage.at[pl.ds(0, n), pl.ds(0, R), pl.ds(pl.multiple_of(m * w, LANE), w)]
+
+
+def _zero_past(stage, width: int) -> None:
+    """Zeros in ``stage``'s lanes past ``width`` (the padding its chunks take)."""
+    if stage.shape[2] > width:
+        stage[:, :, width:] = jnp.zeros((stage.shape[0], stage.shape[1], stage.shape[2] - width), stage.dtype)
+
+
+def _first_best(values, ids, count: int):
+    """The largest of ``values[0..count)`` and its index, the first holding it winning: strictly greater replaces
+    (an equal maximum on a later chip is a later token)."""
+    best, best_id = values[0], ids[0]
+    for p in range(1, count):
+        better = values[p] > best
+        best, best_id = jnp.where(better, values[p], best), jnp.where(better, ids[p], best_id)
+    return best, best_id
 
 
 def emit_all_reduce(k, op):
@@ -133,41 +170,28 @@ def emit_all_reduce(k, op):
     def keep(name, lanes, value):
         acts[name][:, lanes] = jnp.where(mine[:, : value.shape[1]], value, acts[name][:, lanes])
 
-    def total(buf, j):
-        out = buf[0, j].astype(jnp.float32)
-        for p in range(1, C):
-            out = out + buf[p, j].astype(jnp.float32)
-        return out
-
     for j, name in enumerate(op.acts):
         stage[j, :, :W] = acts[name][:, :W].astype(stage.dtype)
     if not k.plan.setup.collective.reduce_scatter:
         for j in range(n):
             recv[k.chip, j] = stage[j]  # this chip's own partial, rounded as the others receive it
-        _exchange(k, stage.at[pl.ds(0, n), pl.ds(0, R)], lambda c: recv.at[c, pl.ds(0, n), pl.ds(0, R)], 0, parity, ex)
+        _exchange(k, stage.at[pl.ds(0, n), pl.ds(0, R)], _rows(recv, n, R), 0, parity, ex)
         for j, name in enumerate(op.acts):
-            keep(name, slice(0, W), total(recv, j))
+            keep(name, slice(0, W), _total(recv, j))
         return
     w = chunk_width(W, C)
-    if stage.shape[2] > W:
-        stage[:, :, W:] = jnp.zeros((stage.shape[0], stage.shape[1], stage.shape[2] - W), stage.dtype)
-
-    def chunk(c):
-        return stage.at[pl.ds(0, n), pl.ds(0, R), pl.ds(pl.multiple_of(c * w, LANE), w)]
-
-    def rows_of(buf):
-        return lambda c: buf.at[c, pl.ds(0, n), pl.ds(0, R)]
-
-    own = pltpu.make_async_copy(chunk(k.chip), rows_of(recv)(k.chip), ex.recv_sem.at[1, parity, _sem(k, k.chip)])
+    _zero_past(stage, W)
+    chunk = _chunks(stage, n, R, w)
+    own = pltpu.make_async_copy(chunk(k.chip), _rows(recv, n, R)(k.chip), ex.recv_sem.at[1, parity, _sem(k, k.chip)])
     own.start()
     own.wait()
     # reduce-scatter: chip c receives chunk c of every chip's partial and sums it
-    _exchange(k, chunk, rows_of(recv), 0, parity, ex)
+    _exchange(k, chunk, _rows(recv, n, R), 0, parity, ex)
     gathered = ex.gathered.at[parity]
     for j in range(n):
-        gathered[k.chip, j] = total(recv, j).astype(gathered.dtype)
+        gathered[k.chip, j] = _total(recv, j).astype(gathered.dtype)
     # all-gather: every chip's summed chunk to every chip
-    _exchange(k, rows_of(gathered)(k.chip), rows_of(gathered), 1, parity, ex)
+    _exchange(k, _rows(gathered, n, R)(k.chip), _rows(gathered, n, R), 1, parity, ex)
     for j, name in enumerate(op.acts):
         for p in range(C):
             lo, hi = p * w, min((p + 1) * w, W)
@@ -183,51 +207,34 @@ def _all_reduce_over_torus(k, op):
     exs, acts, n, R = k.scratch.collective.exchange[str(op.itemsize)], k.scratch.acts, len(op.acts), op.rows
     W, parity = k.cfg.hidden_size, op.seq % 2
     mine = jax.lax.broadcasted_iota(jnp.int32, exs[0].stage.shape[1:], 0) < R  # only rows < R travel
-    groups = [(g, stride, me, ex) for (g, stride), ex in zip(_torus_groups(k), exs) for me in [k.chip // stride % g]]
-
-    def total(buf, j):
-        out = buf[0, j].astype(jnp.float32)
-        for p in range(1, buf.shape[0]):
-            out = out + buf[p, j].astype(jnp.float32)
-        return out
-
-    first = groups[0][3].stage
+    groups = [(g, stride, _member(k, g, stride), ex) for (g, stride), ex in zip(k.plan.setup.torus_groups, exs)]
+    first = exs[0].stage
     for j, name in enumerate(op.acts):
         first[j, :, :W] = acts[name][:, :W].astype(first.dtype)
-    if first.shape[2] > W:
-        first[:, :, W:] = jnp.zeros((first.shape[0], first.shape[1], first.shape[2] - W), first.dtype)
+    _zero_past(first, W)
     # reduce-scatter, dimension by dimension
     for i, (g, stride, me, ex) in enumerate(groups):
         w, recv = ex.recv.shape[-1], ex.recv.at[parity]
-
-        def chunk(m, ex=ex, w=w):
-            return ex.stage.at[pl.ds(0, n), pl.ds(0, R), pl.ds(pl.multiple_of(m * w, LANE), w)]
-
-        def rows_of(buf):
-            return lambda m: buf.at[m, pl.ds(0, n), pl.ds(0, R)]
-
-        own = pltpu.make_async_copy(chunk(me), rows_of(recv)(me), ex.sems.at[1, parity, 1, _sem(k, me)])
+        chunk = _chunks(ex.stage, n, R, w)
+        own = pltpu.make_async_copy(chunk(me), _rows(recv, n, R)(me), ex.sems.at[1, parity, 1, _sem(k, me)])
         own.start()
         own.wait()
-        exchange_in_group(k, g, chunk, rows_of(recv), ex.sems.at[0, parity], stride)
-        if i + 1 < len(groups):  # this chunk's sum is what the next dimension cuts
-            nxt = groups[i + 1][3].stage
-            for j in range(n):
-                nxt[j, :, :w] = total(recv, j).astype(nxt.dtype)
-            if nxt.shape[2] > w:
-                nxt[:, :, w:] = jnp.zeros((nxt.shape[0], nxt.shape[1], nxt.shape[2] - w), nxt.dtype)
-        else:
-            for j in range(n):
-                ex.gathered[parity, me, j] = total(recv, j).astype(ex.gathered.dtype)
+        exchange_in_group(k, g, chunk, _rows(recv, n, R), ex.sems.at[0, parity], stride)
+        # this chunk's sum: what the next dimension cuts, or (the last) where the all-gather starts
+        out = groups[i + 1][3].stage if i + 1 < len(groups) else None
+        for j in range(n):
+            if out is None:
+                ex.gathered[parity, me, j] = _total(recv, j).astype(ex.gathered.dtype)
+            else:
+                out[j, :, :w] = _total(recv, j).astype(out.dtype)
+        if out is not None:
+            _zero_past(out, w)
     # all-gather, back through the dimensions: each member's summed chunk, then the chunk they make up together
     for i in reversed(range(len(groups))):
         g, stride, me, ex = groups[i]
         w, gathered = ex.recv.shape[-1], ex.gathered.at[parity]
-
-        def rows_of(buf):
-            return lambda m: buf.at[m, pl.ds(0, n), pl.ds(0, R)]
-
-        exchange_in_group(k, g, lambda _: rows_of(gathered)(me), rows_of(gathered), ex.sems.at[1, parity], stride)
+        rows = _rows(gathered, n, R)
+        exchange_in_group(k, g, lambda _, rows=rows, me=me: rows(me), rows, ex.sems.at[1, parity], stride)
         width = W if i == 0 else groups[i - 1][3].recv.shape[-1]
         for j, name in enumerate(op.acts):
             for p in range(g):
@@ -273,12 +280,7 @@ def emit_gather_best(k, op):
             ).wait_recv()
     for c in sends:
         c.wait_send()
-    best, best_id = coll.best[0], coll.best_id[0]
-    for p in range(1, k.plan.chips):
-        better = coll.best[p] > best  # strictly: an equal maximum on a later chip is a later token
-        best, best_id = jnp.where(better, coll.best[p], best), jnp.where(better, coll.best_id[p], best_id)
-    s.best[...] = best
-    s.best_id[...] = best_id
+    s.best[...], s.best_id[...] = _first_best(coll.best, coll.best_id, k.plan.chips)
 
 
 def _best_over_torus(k):
@@ -286,38 +288,12 @@ def _best_over_torus(k):
     its index sent together: one round a dimension), the first member holding the largest winning; first dimension
     first, so the first chip of all holding it wins."""
     s, coll = k.scratch, k.scratch.collective
-    for i, (g, stride) in enumerate(_torus_groups(k)):
-        me = k.chip // stride % g
-        base = k.chip - me * stride
-        pairs = ((s.best, coll.best.at[i]), (s.best_id, coll.best_id.at[i]))
-        sends = []
-        for n, (mine, all_) in enumerate(pairs):
-            all_[me] = mine[...]
-            for d in range(1, g):
-                c = pltpu.make_async_remote_copy(
-                    mine,
-                    all_.at[me],
-                    coll.sems.at[i, n, 0, _sem(k, d)],
-                    coll.sems.at[i, n, 1, _sem(k, me)],
-                    device_id=_device(k, base + (me + d) % g * stride),
-                )
-                c.start()
-                sends.append(c)
-        for n, (mine, all_) in enumerate(pairs):
-            for d in range(1, g):
-                sender = (me - d) % g
-                pltpu.make_async_remote_copy(
-                    mine,
-                    all_.at[sender],
-                    coll.sems.at[i, n, 0, _sem(k, d)],
-                    coll.sems.at[i, n, 1, _sem(k, sender)],
-                    device_id=_device(k, k.chip),
-                ).wait_recv()
-        for c in sends:
-            c.wait_send()
-        best, best_id = coll.best[i, 0], coll.best_id[i, 0]
-        for p in range(1, g):
-            better = coll.best[i, p] > best  # strictly: an equal maximum on a later member is a later token
-            best, best_id = jnp.where(better, coll.best[i, p], best), jnp.where(better, coll.best_id[i, p], best_id)
-        s.best[...] = best
-        s.best_id[...] = best_id
+    for i, (g, stride) in enumerate(k.plan.setup.torus_groups):
+        me = _member(k, g, stride)
+        values, ids = coll.best.at[i], coll.best_id.at[i]
+        values[me], ids[me] = s.best[...], s.best_id[...]
+        _exchange_in_group(k, g, stride, [
+            (lambda _: s.best, lambda m: values.at[m], coll.sems.at[i, 0]),
+            (lambda _: s.best_id, lambda m: ids.at[m], coll.sems.at[i, 1]),
+        ])  # fmt: skip
+        s.best[...], s.best_id[...] = _first_best(values, ids, g)

@@ -55,6 +55,7 @@ from ..sharding import (
     cache_split_axis,
     chip_config,
     chip_params,
+    expert_group_member,
     make_mesh,
     position_share,
     split_axis,
@@ -90,8 +91,7 @@ class EmitContext:
         self.vocab = plan.whole_model.vocab_size  # the real vocabulary (the layout pads it)
         self.vocab_base = self.chip * plan.layout.vocab_size
         whole = plan.cfg.is_moe and plan.experts_held < plan.cfg.num_experts  # whole experts, or a host group's
-        group = self.chip // plan.setup.host_chips if whole and plan.setup.placement == "hosts" else self.chip
-        self.expert_base = group * plan.experts_held if whole else 0
+        self.expert_base = expert_group_member(plan.setup, self.chip)[0] * plan.experts_held if whole else 0
         self.norms_on = NORMS not in plan.knockout
         self._vec_rows = vector_rows(plan.layout)
         self.loads = {ld.id: ld for ld in plan.loads}

@@ -52,8 +52,7 @@ def emit_route(k, op):
         p = p / jnp.sum(p, axis=1, keepdims=True)
         chosen = []
         for _ in range(K):
-            m = jnp.max(p, axis=1, keepdims=True)
-            idx = jnp.min(jnp.where(p == m, lane, ep), axis=1, keepdims=True)
+            m, idx = _top(p, lane, ep)
             chosen.append((m, idx))
             p = jnp.where(lane == idx, -1.0, p)
         total = chosen[0][0]
@@ -87,8 +86,7 @@ def _topk_softmax(k, op, lane, E: int, K: int):
     logits = jnp.where(lane < E, k.scratch.acts["router"][...] + k.layer_vec(op.layer, "router_bias", ep), NEG)
     chosen = []
     for _ in range(K):
-        m = jnp.max(logits, axis=1, keepdims=True)
-        idx = jnp.min(jnp.where(logits == m, lane, ep), axis=1, keepdims=True)
+        m, idx = _top(logits, lane, ep)
         chosen.append((m, idx))
         logits = jnp.where(lane == idx, 2 * NEG, logits)  # below every real and padded logit
     top = chosen[0][0]  # the largest: the softmax's shift

@@ -131,7 +131,7 @@ class Exchange(NamedTuple):
 
 
 class TorusExchange(NamedTuple):
-    """One torus dimension's all-reduce buffers (over a torus: mk.megakernel.collective.emit_torus_all_reduce): its
+    """One torus dimension's all-reduce buffers (over a torus: mk.megakernel.collective._all_reduce_over_torus): its
     ``g`` chips each keep a chunk of ``w`` lanes of what came in, ``g * w`` lanes (padded) wide."""
 
     stage: Any  # [n, rows, g * w]: what this chip sends along the dimension (its partial, or the last one's chunk)
@@ -378,7 +378,7 @@ def collective_shapes(plan: StepPlan) -> CollectiveScratch:
     peers = plan.setup.peer_semaphores
     reduce_scatter = plan.setup.collective.reduce_scatter
     chunk = chunk_width(width, C)
-    dims = [n for n, _ in plan.setup.torus if n > 1]
+    dims = [g for g, _ in plan.setup.torus_groups]
     exchange = {}
     for itemsize in sorted({op.itemsize for op in plan.ops if isinstance(op, AllReduce)}):
         n = max(len(op.acts) for op in plan.ops if isinstance(op, AllReduce) and op.itemsize == itemsize)

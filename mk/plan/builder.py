@@ -9,8 +9,6 @@ plan's expected bytes use the expected number of distinct experts (exact under u
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..config import ModelConfig
@@ -56,6 +54,7 @@ from .records import (
     QKVNormRope,
     Route,
     Tiles,
+    format_scale_bytes,
     scale_block_bytes,
     scale_lanes,
 )
@@ -247,12 +246,11 @@ class Builder:
             real = real[::-1]
         real_rows, real_cols = max(0, min(rows[1], real[0] - rows[0])), max(0, min(cols[1], real[1] - cols[0]))
         per_code = 0.5 if fmt.nibbles else 1
-        payload = real_rows * real_cols * per_code
-        payload += math.ceil(real_rows / grid[0]) * math.ceil(real_cols / grid[1]) * fmt.scale_itemsize
+        payload = real_rows * real_cols * per_code + format_scale_bytes(real_rows, real_cols, grid, fmt.name)
         name, index = stacked(self.cfg, tensor)
         ld = FormatLoad(
             len(self.loads), name, index, layer, component, buffer, n % self.tiles.slots, rows, cols,
-            int(rows[1] * cols[1] * per_code) + math.prod(scales_shape((rows[1], cols[1]), grid)) * fmt.scale_itemsize,
+            int(rows[1] * cols[1] * per_code) + format_scale_bytes(rows[1], cols[1], grid, fmt.name),
             int(payload), expert, fmt=fmt.name, grid=grid,
         )  # fmt: skip
         self.loads.append(ld)

@@ -11,13 +11,14 @@ record here, its emit function, and its test.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
 from ..qformats import get_format
 from ..units import LANE, MIB, round_up
-from .layout import ROWS
+from .layout import ROWS, scales_shape
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,12 @@ class FormatLoad(Load):
 
     @property
     def scale_bytes(self) -> int:
-        return -(-self.rows[1] // self.grid[0]) * -(-self.cols[1] // self.grid[1]) * get_format(self.fmt).scale_itemsize
+        return format_scale_bytes(self.rows[1], self.cols[1], self.grid, self.fmt)
+
+
+def format_scale_bytes(rows: int, cols: int, grid: tuple[int, int], fmt: str) -> int:
+    """Bytes of the scales of a ``rows`` x ``cols`` tile in shipped format ``fmt``: one a block of ``grid``."""
+    return math.prod(scales_shape((rows, cols), grid)) * get_format(fmt).scale_itemsize
 
 
 def scale_lanes(rows: int, cols: int, row_scales: bool) -> int:

@@ -73,6 +73,14 @@ def expert_groups(cfg: ModelConfig, setup: KernelSetup) -> int:
     return setup.chips if setup.placement == Placement.WHOLE else setup.chips // setup.host_chips
 
 
+def expert_group_member(setup: KernelSetup, chip):
+    """(the group whose whole experts chip ``chip`` holds, its place among that group's chips): with placement
+    ``hosts`` (chip // host_chips, chip % host_chips), else (chip, chip). ``chip`` may be traced (the kernel's)."""
+    if setup.placement == Placement.HOSTS:
+        return chip // setup.host_chips, chip % setup.host_chips
+    return chip, chip
+
+
 def _check_runnable(setup: KernelSetup) -> None:
     if setup.repeat_heads:
         raise ValueError(
@@ -197,8 +205,8 @@ def _matrix_cuts(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> 
         return ()
     name = path.rsplit(".", 1)[-1]
     if name in _EXPERT_INTER_AXIS and setup.placement == Placement.HOSTS:
-        h, width = setup.host_chips, chip_config(cfg, setup).expert_intermediate
-        return cut, (_EXPERT_INTER_AXIS[name], chip % h * width, width)
+        member, width = expert_group_member(setup, chip)[1], chip_config(cfg, setup).expert_intermediate
+        return cut, (_EXPERT_INTER_AXIS[name], member * width, width)
     return (cut,)
 
 
@@ -233,8 +241,7 @@ def _matrix_cut(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> t
         return _EXPERT_INTER_AXIS[name], chip * local.expert_intermediate, local.expert_intermediate
     if name in _EXPERT_INTER_AXIS:
         n = experts_per_chip(cfg, setup)
-        group = chip // setup.host_chips if setup.placement == Placement.HOSTS else chip
-        return 0, group * n, n
+        return 0, expert_group_member(setup, chip)[0] * n, n
     return None
 
 
@@ -274,12 +281,12 @@ def _expert_bias_cut(a, cfg: ModelConfig, setup: KernelSetup, chip: int, path: s
     of the up's biases ([E, 2I]: the gate's I first), and the down projection's bias on chip 0 only (zeros
     elsewhere: the experts' partial sums meet in the all-reduce); placement ``hosts``, its group's experts, then
     split as over the group's chips."""
-    member = chip
+    group, member = expert_group_member(setup, chip)
     if setup.placement != Placement.SPLIT:
         n = experts_per_chip(cfg, setup)
+        a = _cut(a, 0, group * n, n)
         if setup.placement == Placement.WHOLE:
-            return _cut(a, 0, chip * n, n)
-        a, member = _cut(a, 0, chip // setup.host_chips * n, n), chip % setup.host_chips  # hosts: then split
+            return a
     a = np.asarray(a)
     if path.endswith("expert_down_bias"):
         return a if member == 0 else np.zeros_like(a)

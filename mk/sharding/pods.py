@@ -51,7 +51,7 @@ def run_setup(setup: KernelSetup, chip: Chip, cfg=None) -> KernelSetup:
     :func:`pod_setup` charges (past one host: the all-reduce and greedy pick round the slice's torus, a split MoE's
     experts whole over hosts and split within each), but heads that do not divide the chips replicated, as on one
     host (their repeats over groups of chips are timed, not run)."""
-    return pod_setup(setup, chip, cfg).replace(repeat_heads=False)
+    return pod_setup(setup, chip, cfg, repeat_heads=False)
 
 
 def expert_group(cfg, chips: int, host: int) -> int:
@@ -64,15 +64,16 @@ def expert_group(cfg, chips: int, host: int) -> int:
     return max(g, 1)
 
 
-def pod_setup(setup: KernelSetup, chip: Chip, cfg=None) -> KernelSetup:
-    """``setup`` over ``chip``'s chips as the timing model charges it: past one host, with the slice's torus and,
-    for a model with routed experts whose setup splits them (``split``), placement ``hosts`` over groups of
-    :func:`expert_group` chips; one host, or a slice without a documented shape, as given."""
+def pod_setup(setup: KernelSetup, chip: Chip, cfg=None, repeat_heads: bool = True) -> KernelSetup:
+    """``setup`` over ``chip``'s chips as the timing model charges it: past one host, with the slice's torus, heads
+    that do not divide the chips repeated over groups of chips (``repeat_heads``; its name says so) and, for a model
+    with routed experts whose setup splits them (``split``), placement ``hosts`` over groups of :func:`expert_group`
+    chips; one host, or a slice without a documented shape, as given."""
     setup = setup.on(chip.chips)
     if not past_one_host(chip) or setup.torus:
         return setup
     changes = dict(torus=slice_shape(chip).torus)
-    if cfg is None or not heads_split(cfg, chip.chips):
+    if repeat_heads and (cfg is None or not heads_split(cfg, chip.chips)):
         changes.update(repeat_heads=True)
     if cfg is not None and cfg.is_moe and setup.placement == Placement.SPLIT:
         g = expert_group(cfg, chip.chips, host_chips(chip))
