@@ -62,10 +62,20 @@ def append_csv_rows(rows: list[dict], path: Path, columns: tuple[str, ...], what
     return write_atomic(path, write)
 
 
+COMMIT_ENV = "MK_COMMIT"  # the commit a copy of the tree without its .git was made from, as its sender states it
+
+
 def git_commit(root: Path = ROOT) -> str | None:
-    """The checkout's commit (short), marked when the working tree has uncommitted changes; None without git."""
+    """The checkout's commit (short), marked when the working tree has uncommitted changes; None without git, or where
+    ``root`` is no checkout of its own (a copy inside another repository would otherwise take that one's commit),
+    unless ``$MK_COMMIT`` names the commit the copy was made from (said so)."""
+    if os.environ.get(COMMIT_ENV):
+        return f"{os.environ[COMMIT_ENV][:12]} (a copy, as ${COMMIT_ENV} states)"
     try:
         run = dict(cwd=root, capture_output=True, text=True, timeout=10, check=True)
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], **run).stdout.strip()
+        if Path(top).resolve() != Path(root).resolve():
+            return None
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], **run).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], **run).stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -101,6 +101,10 @@ class KernelSetup:
     # past one host, timed, not run: heads that do not divide the chips split over the most chips D that take whole
     # ones, each head's chips repeated C / D times (mk.sharding.attention_chips); the kernel replicates them instead
     repeat_heads: bool = field(default=False, repr=False)
+    # run, not timed: chip 0 of the slice alone on one device, each cross-chip exchange a local copy of the same bytes
+    # into the same buffers (mk.megakernel.collective), so one real chip runs a chip-of-C step's own work; what it
+    # receives is its own partial, not the other chips' (its values are not the slice's)
+    loopback: bool = field(default=False, repr=False)
 
     def __post_init__(self):
         positive_int("chips", self.chips)
@@ -119,6 +123,11 @@ class KernelSetup:
         if self.placement == Placement.HOSTS and (self.host_chips < 1 or self.chips % self.host_chips):
             raise ValueError(
                 f"placement 'hosts' needs host_chips dividing the {self.chips} chips, not {self.host_chips}"
+            )
+        if self.loopback and (self.chips == 1 or self.attention_split == AttentionSplit.USERS or self.torus):
+            raise ValueError(
+                "loopback stands one chip in for the chips of one host: it needs chips > 1, no torus, and attention "
+                "split by heads or positions (a users split's chip holds its users' caches alone)"
             )
         if self.draft_tokens < 0:
             raise ValueError(f"draft_tokens={self.draft_tokens}: drafted tokens per user must be 0 or more")

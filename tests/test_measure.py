@@ -174,6 +174,23 @@ def test_provenance_names_the_device_the_software_and_the_commit():
     assert all(p[k] for k in harness.PROVENANCE), p  # "none" where a package is absent, never blank
 
 
+def test_a_copy_inside_another_repository_has_no_commit_of_its_own_unless_its_sender_names_it(tmp_path, monkeypatch):
+    """A copy of the tree without its .git, inside another checkout (as a TPU machine receives it), must not take that
+    checkout's commit: unknown, or the commit ``$MK_COMMIT`` names, said to be a copy's."""
+    import subprocess
+
+    from mk.files import COMMIT_ENV, git_commit
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "other"], cwd=tmp_path, check=True)
+    (tmp_path / "copy").mkdir()
+    monkeypatch.delenv(COMMIT_ENV, raising=False)
+    assert git_commit(tmp_path) is not None and git_commit(tmp_path / "copy") is None
+    monkeypatch.setenv(COMMIT_ENV, "0123456789abcdef")
+    assert git_commit(tmp_path / "copy") == "0123456789ab (a copy, as $MK_COMMIT states)"
+
+
 def test_every_driver_writes_the_shared_columns_first_each_named_once():
     for driver in (cpu, gpu, tpu):
         assert driver.COLUMNS[: len(harness.SHARED)] == harness.SHARED

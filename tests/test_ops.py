@@ -70,7 +70,12 @@ def probe(ops, seeds, knockout=frozenset(), with_logits=False, cache=None):
         items += ([Wait(op.load)] if op.load is not None else []) + [op]
     cut = replace(plan, items=tuple(items))
     fn = build_call(
-        cut, jnp.float32, jnp.float32, interpret_params(detect_races=True), with_logits=with_logits, probe=True
+        cut,
+        jnp.float32,
+        jnp.float32,
+        interpret=interpret_params(detect_races=True),
+        with_logits=with_logits,
+        probe=True,
     )
     acts = {}
     for name, (rows, width) in cut.activations.items():
@@ -245,7 +250,7 @@ def probe_chips(setup, ops_of, seeds, with_logits=False):
         cut,
         jnp.float32,
         jnp.float32,
-        interpret_params(detect_races=True),
+        interpret=interpret_params(detect_races=True),
         with_logits=with_logits,
         probe=True,
         mesh=engine.mesh,

@@ -7,7 +7,19 @@ from pathlib import Path
 import pytest
 
 from mk.chips import get_chip
-from mk.config import FULL, GEMMA4_26B_A4B, GEMMA4_31B, SLIDING, TINY_DENSE, TINY_MOE
+from mk.config import (
+    FULL,
+    GEMMA4_26B_A4B,
+    GEMMA4_31B,
+    SLIDING,
+    TINY_DEEPSEEK_V3,
+    TINY_DENSE,
+    TINY_GPT_OSS,
+    TINY_LLAMA,
+    TINY_MIXTRAL,
+    TINY_MOE,
+    TINY_QWEN3_MOE,
+)
 from mk.kernel_setup import Collective, KernelSetup
 from mk.megakernel.aot import compile_for_tpu
 from mk.plan import AllReduce, layers_in_hbm
@@ -52,6 +64,26 @@ TINY_MOE_X4 = TINY_MOE.replace(name="tiny-moe-x4", layer_types=TINY_MOE.layer_ty
 def test_tiny_step_compiles_for_tpu(cfg, batch, chip):
     plan, compiled = compile_for_tpu(cfg, chip, batch, 64)
     _check(plan, compiled, chip)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize(
+    "cfg",
+    [TINY_DENSE, TINY_MOE, TINY_LLAMA, TINY_QWEN3_MOE, TINY_MIXTRAL, TINY_GPT_OSS, TINY_DEEPSEEK_V3],
+    ids=lambda c: c.name,
+)
+def test_every_family_compiles_as_the_engine_builds_it(cfg, dtype):
+    """Each family's tiny kernel through the engine's own build (mk.megakernel.kernel.build_call: the plan's VMEM
+    limit for the chip, each dot's precision from its data type), compiled by libtpu for a v5e: in f32 under
+    ``default_matmul_precision("highest")``, as the parity check runs it (a bf16 dot given HIGHEST does not lower:
+    "Bad lhs type"), and in bf16, with ragged users."""
+    import jax
+    import jax.numpy as jnp
+
+    weights = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype]
+    with jax.default_matmul_precision("highest" if dtype == "f32" else "default"):
+        plan, compiled = compile_for_tpu(cfg, "tpu-v5e", 3, 64, weights, weights)
+    _check(plan, compiled, "tpu-v5e")
 
 
 @pytest.mark.slow

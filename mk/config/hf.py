@@ -589,9 +589,10 @@ def _pre_norm_to_hf(cfg: ModelConfig) -> dict:
         "hidden_act": "silu",
         "rms_norm_eps": cfg.rms_eps,
         "tie_word_embeddings": cfg.tied_embeddings,
-        "attention_bias": False,
         "rope_parameters": rope,
     }
+    if cfg.family != "mixtral":  # MixtralConfig has no attention_bias
+        d["attention_bias"] = False
     if cfg.family == "qwen3_moe":
         d.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.top_k, norm_topk_prob=cfg.norm_topk,
                  moe_intermediate_size=cfg.expert_intermediate, intermediate_size=cfg.expert_intermediate,

@@ -3,6 +3,7 @@ cpu-moe (``python -m mk models`` lists them)."""
 
 from __future__ import annotations
 
+from .hf import from_hf_dict
 from .model import FULL, PRE_NORM_WIRING, SLIDING, ModelConfig, RopeScaling, period_pattern
 
 PRESETS: dict[str, ModelConfig] = {}
@@ -121,5 +122,67 @@ CPU_MOE = _register(
         num_experts=16,
         top_k=4,
         expert_intermediate=384,
+    )
+)
+
+# The other families the kernel runs, tiny, at shapes libtpu's Mosaic compiles (every width a multiple of 128 or a
+# head dim of 64), for the kernel's parity on a real chip (mk.measure.parity) and its ahead-of-time compile; written
+# as transformers' config keys, read by the families' own adapters. Three layers each, ragged prompts cross a window.
+_TINY_HF = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=64, tie_word_embeddings=False)  # fmt: skip
+TINY_MIXTRAL = _register(
+    from_hf_dict(
+        dict(_TINY_HF, model_type="mixtral", num_local_experts=8, num_experts_per_tok=2),
+        "tiny-mixtral",
+    )
+)
+# sinks, biases, the clamped SwiGLU (its limit lowered so it bites at these sizes), YaRN, sliding and full layers
+TINY_GPT_OSS = _register(
+    from_hf_dict(
+        dict(
+            _TINY_HF,
+            model_type="gpt_oss",
+            intermediate_size=128,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=16,
+            swiglu_limit=1.5,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=150000.0,
+                factor=32.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=4096,
+            ),
+        ),  # fmt: skip
+        "tiny-gpt-oss",
+    )
+)
+# MLA with a query LoRA, interleaved RoPE, one dense layer, then 8 routed experts in 2 groups beside a shared one
+TINY_DEEPSEEK_V3 = _register(
+    from_hf_dict(
+        dict(
+            _TINY_HF,
+            model_type="deepseek_v3",
+            num_key_value_heads=4,
+            moe_intermediate_size=128,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            routed_scaling_factor=2.5,
+            first_k_dense_replace=1,
+            q_lora_rank=128,
+            kv_lora_rank=128,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=64,
+            v_head_dim=64,
+            rope_interleave=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+        ),
+        "tiny-deepseek-v3",
     )
 )

@@ -30,12 +30,15 @@ from ..chips import get_chip, known_chip
 from ..files import git_commit
 from ..profiling import Estimate, device_name, fraction_of_sol, gemv_probe
 from ..tpu import libtpu_version
-from .loop import MIN_ROUNDS, PRECISION, Comparison, interleaved
+from .loop import MIN_ROUNDS, PRECISION, Comparison, back_to_back, interleaved
 
 # The data types a measured step's arrays use, each also the mk.sol policy that counts its bytes.
 ARRAY_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 MIN_TIMING_S = 3.0  # the least a group of engines is timed for, whatever is left of a run's budget
 PROBE = "probe"  # the GEMV probe's name in the rounds
+BACK_TO_BACK = " back to back"  # appended to an engine's label for its steps dispatched back to back in the rounds
+# a driver's own columns for the device's time a step (steps dispatched back to back, waited on once), where it asks
+DEVICE_TIMING = ("steps_back_to_back", "device_step_ms", "device_step_low_ms", "device_step_high_ms")
 
 PROVENANCE = (
     "date",
@@ -217,13 +220,18 @@ def time_engines(
     warmup: int = 2,
     watch_fractions: bool = False,
     log: Callable[[str], None] = lambda _: None,
+    steps_back_to_back: int = 0,
 ) -> tuple[Comparison, list[dict]]:
     """Time ``engines`` (and the speed of light's probe, if it has one) interleaved in mk.measure.loop's one
     loop for up to ``budget_s``, until each engine's step (``watch_fractions``: its fraction of the speed of
     light) is known to +-``precision`` of itself. Returns the rounds and one row per engine: ``run``'s
     columns (provenance, model, dtype, context, batch, weights, the driver's own), the engine's, the step's
-    and the speed of light's."""
+    and the speed of light's. The step (``step_ms``) is the host's: one step, waited on. With
+    ``steps_back_to_back`` = n each engine also runs n steps dispatched back to back in every round (the device's
+    time a step: :data:`DEVICE_TIMING`'s columns, known to the same precision)."""
     calls = {e.label: e.call for e in engines}
+    if steps_back_to_back:
+        calls.update({e.label + BACK_TO_BACK: back_to_back(e.call, steps_back_to_back) for e in engines})
     if sol.probe is not None:
         calls[PROBE] = sol.probe
     watch = None
@@ -252,13 +260,19 @@ def time_engines(
         step = cmp.times[e.label]
         fractions = sol.fractions(cmp.raw, e.label)
         frac = None if fractions is None else Estimate.of(fractions, cmp.confidence)
+        device = {}
+        if steps_back_to_back:
+            d = Estimate.of([t / steps_back_to_back for t in cmp.raw[e.label + BACK_TO_BACK]], cmp.confidence)
+            device = dict(
+                zip(DEVICE_TIMING, (steps_back_to_back, *(round(x * 1e3, 4) for x in (d.median, d.low, d.high))))
+            )
         rows.append(
             {
                 **run,
                 "engine": e.engine,
                 **e.columns,
                 "rounds": cmp.rounds,
-                "interleaved_with": ", ".join(n for n in calls if n != e.label),
+                "interleaved_with": ", ".join(n for n in calls if n not in (e.label, e.label + BACK_TO_BACK)),
                 "step_ms": round(step.median * 1e3, 4),
                 "step_low_ms": round(step.low * 1e3, 4),
                 "step_high_ms": round(step.high * 1e3, 4),
@@ -275,6 +289,7 @@ def time_engines(
                 "fraction_of_sol": _significant(frac and frac.median),
                 "fraction_of_sol_low": _significant(frac and frac.low),
                 "fraction_of_sol_high": _significant(frac and frac.high),
+                **device,
             }
         )
     return cmp, rows

@@ -78,6 +78,22 @@ class Comparison:
         )
 
 
+def back_to_back(call: Callable[[], Any], n: int) -> Callable[[], Any]:
+    """``call`` run ``n`` times without waiting in between, its last result returned for the loop to wait on once: a
+    round's time over ``n`` is the device's time a call, the host's dispatch hidden behind the device's work, as a
+    serving loop runs (a call threading state, a donated cache, threads it through all ``n``)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+
+    def run():
+        out = None
+        for _ in range(n):
+            out = call()
+        return out
+
+    return run
+
+
 def _load() -> float:
     try:
         return os.getloadavg()[0]

@@ -4,6 +4,7 @@ compiler, see mk.tpu): the step, the compiler's VMEM figure, and compile time ag
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -99,15 +100,17 @@ def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_lim
 
     name, topo = aot_target(chip)
     weight_dtype, kv_dtype = plan_dtypes(plan)
-    limit = vmem_limit_bytes or plan.vmem_limit(name)
     shapes = input_shapes(plan, weight_dtype, kv_dtype)
-    if plan.chips > 1:
-        return _compile_sharded(plan, topo, shapes, weight_dtype, kv_dtype, limit, compiler_options)
-    fn = build_call(plan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes=limit)
+    # the kernel as the engine builds it (mk.megakernel.kernel.build_call: the plan's VMEM limit for the chip, each
+    # dot's precision from its data type); ``vmem_limit_bytes`` only to probe the compiler's own figure
+    fn = partial(build_call, plan, weight_dtype, kv_dtype, name, interpret=None, vmem_limit_bytes=vmem_limit_bytes)
+    if plan.chips > 1 and not plan.setup.loopback:
+        return _compile_sharded(plan, topo, shapes, fn, compiler_options)
+    fn = fn()
     return aot_compile(
         lambda p, c, u: tuple(fn(p, c, u)[:2]),
         topo,
-        packed_shapes(plan.whole_model, weight_dtype, plan.quantize),
+        packed_shapes(plan.cfg, weight_dtype, plan.quantize),  # one chip's: the model's, or the stand-in's slice
         shapes.cache,
         shapes.users,
         donate_argnums=(1,),
@@ -115,7 +118,7 @@ def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_lim
     )
 
 
-def _compile_sharded(plan, chip: str, shapes, weight_dtype, kv_dtype, limit: int, compiler_options):
+def _compile_sharded(plan, chip: str, shapes, build, compiler_options):
     """The step over the slice's chips, compiled from global shapes that carry their sharding."""
     import jax
     import numpy as np
@@ -129,7 +132,7 @@ def _compile_sharded(plan, chip: str, shapes, weight_dtype, kv_dtype, limit: int
     if len(devices) != plan.chips:
         raise ValueError(f"{chip} has {len(devices)} chips, the plan is split over {plan.chips}")
     mesh = Mesh(np.array(devices), (plan.setup.axis,))
-    fn = build_call(plan, weight_dtype, kv_dtype, interpret=None, vmem_limit_bytes=limit, mesh=mesh)
+    fn = build(mesh=mesh)
     spec = jax.tree.map(
         lambda s, p: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, p)),
         global_shapes(plan, shapes),

@@ -19,6 +19,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..config import SLIDING, YarnScaling
 from ..plan import BLOCK, LANE, kv_tiles_read, round_up
+from . import mxu
 from .dense import NEG, rms
 from .refs import POSITION
 
@@ -96,15 +97,17 @@ def _next_tile(kc, vc, buf, T: int, b, tix, n_tiles):
     return slot
 
 
-def _fold_tile(state, qg, kt, vt, valid):
+def _fold_tile(state, qg, kt, vt, valid, dtype):
     """One KV tile folded into an online softmax state (running max, sum, weighted values) of the query rows
-    ``qg``: masked slots count for nothing, also in a state still empty (max NEG)."""
-    s = jax.lax.dot_general(qg, kt, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    return fold_scores(state, s, vt, valid)
+    ``qg``: masked slots count for nothing, also in a state still empty (max NEG). ``dtype``: the cache's (its
+    products' precision, mk.megakernel.mxu)."""
+    s = mxu.dot(qg, kt, mxu.ROWS_BY_ROWS, dtype)
+    return fold_scores(state, s, vt, valid, dtype)
 
 
-def fold_scores(state, s, vt, valid):
-    """A tile's scores ``s`` [rows, T] and values ``vt`` [T, width] folded into an online softmax state."""
+def fold_scores(state, s, vt, valid, dtype):
+    """A tile's scores ``s`` [rows, T] and values ``vt`` [T, width] folded into an online softmax state (``dtype``:
+    the cache's)."""
     m, l, acc = state
     s = jnp.where(valid, s, NEG)
     m2 = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
@@ -113,7 +116,7 @@ def fold_scores(state, s, vt, valid):
     return (
         m2,
         l * alpha + jnp.sum(p, axis=1, keepdims=True),
-        acc * alpha + jnp.dot(p, vt, preferred_element_type=jnp.float32),
+        acc * alpha + mxu.dot(p, vt, dtype=dtype),
     )
 
 
@@ -206,7 +209,9 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
                 state.append((m, jnp.ones_like(m), jnp.broadcast_to(v0, qg.shape)))
             else:  # the user's rows, each seeing itself and the rows before it
                 empty = jnp.full((n, 1), NEG, jnp.float32)
-                state.append(_fold_tile((empty, jnp.zeros_like(empty), jnp.zeros_like(qg)), qg, k0, v0, causal))
+                state.append(
+                    _fold_tile((empty, jnp.zeros_like(empty), jnp.zeros_like(qg)), qg, k0, v0, causal, buf.k.dtype)
+                )
 
         def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles):
             slot = _next_tile(kc, vc, buf, T, b, tix, n_tiles)
@@ -214,7 +219,7 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
             valid = _sees(s_idx, pos, S, window, draft if R > 1 else 0)
             return tuple(
                 _fold_tile(carry[g], qblk[g, :n, :hd], buf.k[slot, g].astype(jnp.float32),
-                           buf.v[slot, g].astype(jnp.float32), valid)
+                           buf.v[slot, g].astype(jnp.float32), valid, buf.k.dtype)
                 for g in range(kv)
             )  # fmt: skip
 
@@ -341,7 +346,8 @@ def emit_attend_shared(k, op):
             local = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
             s_idx = (local // BLOCK * g + me) * BLOCK + local % BLOCK  # the head's slot each local slot holds
             valid = _sees(s_idx, pos, slots, window)
-            return _fold_tile(carry, qg, buf.k[slot, 0].astype(jnp.float32), buf.v[slot, 0].astype(jnp.float32), valid)
+            kt, vt = buf.k[slot, 0].astype(jnp.float32), buf.v[slot, 0].astype(jnp.float32)
+            return _fold_tile(carry, qg, kt, vt, valid, buf.k.dtype)
 
         m, l, acc = jax.lax.fori_loop(0, n_tiles, body, state)
         for member in range(g):  # each member's heads' partial states, max and sum in lanes hd and hd + 1

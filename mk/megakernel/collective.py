@@ -39,36 +39,60 @@ def _device(k, chip):
 
 
 def barrier(k):
-    """No chip writes into another's VMEM before that chip has entered the kernel."""
+    """No chip writes into another's VMEM before that chip has entered the kernel (none to wait for where one chip
+    stands in for the slice: KernelSetup.loopback)."""
+    if k.plan.setup.loopback:
+        return
     sem = pltpu.get_barrier_semaphore()
     for _, peer, _ in _peers(k):
         pl.semaphore_signal(sem, 1, device_id=_device(k, peer), device_id_type=pl.DeviceIdType.MESH)
     pl.semaphore_wait(sem, k.plan.chips - 1)
 
 
+def _round(k, sends, receives):
+    """One round of remote copies: every send ``(src, dst on the peer, send semaphore, the peer's receive semaphore,
+    peer)`` started, then every receive ``(the sender's src, what it sends this chip, dst here, its send semaphore,
+    receive semaphore)`` waited for, then every send.
+
+    Where one chip stands in for the slice (KernelSetup.loopback) each receive is a local copy of what the sender
+    would send, taken from this chip's own buffers, into the same buffer on the same semaphore: the chip's own work,
+    and a local DMA of the same bytes where the links would be. Its values are those of a slice whose chips all hold
+    this chip's weights and inputs."""
+    if k.plan.setup.loopback:
+        local = [pltpu.make_async_copy(sent, dst, recv) for _, sent, dst, _, recv in receives]
+        for c in local:
+            c.start()
+        for c in local:
+            c.wait()
+        return
+    started = []
+    for src, dst, send, recv, peer in sends:
+        c = pltpu.make_async_remote_copy(src, dst, send, recv, device_id=_device(k, peer))
+        c.start()
+        started.append(c)
+    for src, _, dst, send, recv in receives:
+        pltpu.make_async_remote_copy(src, dst, send, recv, device_id=_device(k, k.chip)).wait_recv()
+    for c in started:
+        c.wait_send()
+
+
 def _exchange(k, src, dst_at, round_: int, parity, ex):
     """Send ``src`` (a ref, or ``src(peer)``) to every peer's ``dst_at(me)``; wait until every peer's
     has arrived here in ``dst_at(sender)`` and this chip's sends are done."""
     recv = ex.recv_sem.at[round_, parity]
-    sends = []
-    for d, peer, _ in _peers(k):
-        s = src(peer) if callable(src) else src
-        c = pltpu.make_async_remote_copy(
-            s, dst_at(k.chip), ex.send_sem.at[round_, _sem(k, d)], recv.at[_sem(k, k.chip)], device_id=_device(k, peer)
-        )
-        c.start()
-        sends.append(c)
-    for d, _, sender in _peers(k):
-        s = src(sender) if callable(src) else src
-        pltpu.make_async_remote_copy(
-            s,
-            dst_at(sender),
-            ex.send_sem.at[round_, _sem(k, d)],
-            recv.at[_sem(k, sender)],
-            device_id=_device(k, k.chip),
-        ).wait_recv()
-    for c in sends:
-        c.wait_send()
+    at = src if callable(src) else (lambda _: src)
+    send_sem = ex.send_sem.at[round_]
+    _round(
+        k,
+        [
+            (at(peer), dst_at(k.chip), send_sem.at[_sem(k, d)], recv.at[_sem(k, k.chip)], peer)
+            for d, peer, _ in _peers(k)
+        ],
+        [
+            (at(sender), at(k.chip), dst_at(sender), send_sem.at[_sem(k, d)], recv.at[_sem(k, sender)])
+            for d, _, sender in _peers(k)
+        ],
+    )
 
 
 def exchange_in_group(k, g: int, src, dst_at, sems, stride: int = 1):
@@ -88,31 +112,14 @@ def _exchange_in_group(k, g: int, stride: int, transfers):
     else:
         me = _member(k, g, stride)
         base = k.chip - me * stride
-    sends = []
+    sends, receives = [], []
     for src, dst_at, sems in transfers:
         for d in range(1, g):
-            peer = (me + d) % g
-            c = pltpu.make_async_remote_copy(
-                src(peer),
-                dst_at(me),
-                sems.at[0, _sem(k, d)],
-                sems.at[1, _sem(k, me)],
-                device_id=_device(k, base + peer if stride == 1 else base + peer * stride),
-            )
-            c.start()
-            sends.append(c)
-    for src, dst_at, sems in transfers:
-        for d in range(1, g):
-            sender = (me - d) % g
-            pltpu.make_async_remote_copy(
-                src(sender),
-                dst_at(sender),
-                sems.at[0, _sem(k, d)],
-                sems.at[1, _sem(k, sender)],
-                device_id=_device(k, k.chip),
-            ).wait_recv()
-    for c in sends:
-        c.wait_send()
+            peer, sender = (me + d) % g, (me - d) % g
+            chip = base + peer if stride == 1 else base + peer * stride
+            sends.append((src(peer), dst_at(me), sems.at[0, _sem(k, d)], sems.at[1, _sem(k, me)], chip))
+            receives.append((src(sender), src(me), dst_at(sender), sems.at[0, _sem(k, d)], sems.at[1, _sem(k, sender)]))
+    _round(k, sends, receives)
 
 
 def _member(k, g: int, stride: int):
@@ -257,29 +264,20 @@ def emit_gather_best(k, op):
     s, coll = k.scratch, k.scratch.collective
     coll.best[k.chip] = s.best[...]
     coll.best_id[k.chip] = s.best_id[...]
-    sends = []
-    for d, peer, _ in _peers(k):
-        for n, (mine, all_) in enumerate(((s.best, coll.best), (s.best_id, coll.best_id))):
-            c = pltpu.make_async_remote_copy(
-                mine,
-                all_.at[k.chip],
-                coll.sems.at[0, n, _sem(k, d)],
-                coll.sems.at[1, n, _sem(k, k.chip)],
-                device_id=_device(k, peer),
-            )
-            c.start()
-            sends.append(c)
-    for d, _, sender in _peers(k):
-        for n, (mine, all_) in enumerate(((s.best, coll.best), (s.best_id, coll.best_id))):
-            pltpu.make_async_remote_copy(
-                mine,
-                all_.at[sender],
-                coll.sems.at[0, n, _sem(k, d)],
-                coll.sems.at[1, n, _sem(k, sender)],
-                device_id=_device(k, k.chip),
-            ).wait_recv()
-    for c in sends:
-        c.wait_send()
+    pairs = list(enumerate(((s.best, coll.best), (s.best_id, coll.best_id))))
+    _round(
+        k,
+        [
+            (mine, all_.at[k.chip], coll.sems.at[0, n, _sem(k, d)], coll.sems.at[1, n, _sem(k, k.chip)], peer)
+            for d, peer, _ in _peers(k)
+            for n, (mine, all_) in pairs
+        ],
+        [
+            (mine, mine, all_.at[sender], coll.sems.at[0, n, _sem(k, d)], coll.sems.at[1, n, _sem(k, sender)])
+            for d, _, sender in _peers(k)
+            for n, (mine, all_) in pairs
+        ],
+    )
     s.best[...], s.best_id[...] = _first_best(coll.best, coll.best_id, k.plan.chips)
 
 

@@ -13,6 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..params import EXPERTS, NORMS, SHARED_MLP
 from ..plan import BLOCK, MatmulMode
+from . import mxu
 
 NEG = -1e30  # a finite "minus infinity": exp(NEG - m) is exactly 0 and never NaN
 SET, ADD = False, True
@@ -108,12 +109,12 @@ def emit_matmul(k, op):
     if op.mode in (MatmulMode.COLS, MatmulMode.COLS_T):
         x = a[op.src][...].astype(w.dtype)
         if op.mode == MatmulMode.COLS:
-            y = jnp.dot(x, w, preferred_element_type=jnp.float32)
+            y = mxu.dot(x, w)
         else:  # contract both on lanes: the tile's rows are output channels
-            y = jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            y = mxu.dot(x, w, mxu.ROWS_BY_ROWS)
         a[op.dst][:, pl.ds(op.dst_off, op.n)] = y
         return
-    y = jnp.dot(a[op.src][:, pl.ds(op.src_off, op.n)].astype(w.dtype), w, preferred_element_type=jnp.float32)
+    y = mxu.dot(a[op.src][:, pl.ds(op.src_off, op.n)].astype(w.dtype), w)
     dst = a[op.dst]
     if op.accumulate is ADD:
         dst[...] += y

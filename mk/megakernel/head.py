@@ -10,6 +10,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..plan import LANE
+from . import mxu
 from .dense import NEG
 from .refs import POSITION, TOKEN
 
@@ -19,7 +20,7 @@ def emit_head_tile(k, op):
     s, cfg = k.scratch, k.cfg
     w = k.weight_tile()
     x = s.acts[op.src][...]
-    y = jax.lax.dot_general(x.astype(w.dtype), w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    y = mxu.dot(x.astype(w.dtype), w, mxu.ROWS_BY_ROWS)
     if cfg.final_softcap:
         y = cfg.final_softcap * jnp.tanh(y / cfg.final_softcap)
     if k.outputs.logits is not None:

@@ -61,7 +61,7 @@ from ..sharding import (
     split_axis,
     torus_order,
 )
-from ..tpu import host_device, interpret_params
+from ..tpu import compile_target, host_device, interpret_params
 from . import collective, moe
 from .emit import emitter
 from .pack import adopt_cache_chips, pack, reference_cache_chips
@@ -86,8 +86,9 @@ class EmitContext:
     def __init__(self, plan: StepPlan, inputs: Inputs, outputs: Outputs, scratch):
         self.plan, self.cfg, self.model = plan, plan.layout, plan.cfg  # kernel sizes; the model's own
         self.inputs, self.outputs, self.scratch = inputs, outputs, scratch
-        # over several chips: this chip's index (traced), where its vocabulary rows and experts start
-        self.chip = jax.lax.axis_index(plan.setup.axis) if plan.chips > 1 else 0
+        # over several chips: this chip's index (traced), where its vocabulary rows and experts start (chip 0 of the
+        # slice where one chip stands in for it: KernelSetup.loopback)
+        self.chip = jax.lax.axis_index(plan.setup.axis) if plan.chips > 1 and not plan.setup.loopback else 0
         self.vocab = plan.whole_model.vocab_size  # the real vocabulary (the layout pads it)
         self.vocab_base = self.chip * plan.layout.vocab_size
         whole = plan.cfg.is_moe and plan.experts_held < plan.cfg.num_experts  # whole experts, or a host group's
@@ -284,10 +285,25 @@ def kernel_name(plan: StepPlan) -> str:
     return "megakernel_" + "".join(c if c.isalnum() else "_" for c in plan.cfg.name)
 
 
+def compiler_params(plan: StepPlan, chip, vmem_limit_bytes: int | None = None):
+    """Mosaic's parameters for ``plan``'s kernel on ``chip`` (a chip of data/chips.csv; None in interpret mode, where
+    there is no compiler): the plan's VMEM limit for that chip (mk.plan.vmem.vmem_limit; ``vmem_limit_bytes`` instead,
+    to probe the compiler's own figure), and the barrier semaphore's collective id over several chips. The engine and
+    the ahead-of-time compile both build the kernel through :func:`build_call`, so both get these."""
+    if vmem_limit_bytes is None and chip is not None:
+        vmem_limit_bytes = plan.vmem_limit(chip)
+    return pltpu.CompilerParams(
+        vmem_limit_bytes=vmem_limit_bytes,
+        has_side_effects=False,
+        **(dict(collective_id=0) if plan.chips > 1 and not plan.setup.loopback else {}),
+    )
+
+
 def build_call(
     plan: StepPlan,
     weight_dtype,
     kv_dtype,
+    chip=None,
     interpret=None,
     vmem_limit_bytes: int | None = None,
     with_logits: bool = False,
@@ -297,8 +313,9 @@ def build_call(
 ):
     """The step as a function ``(packed, cache, users[rows, 128], acts=None) -> Outputs``
     (mk.megakernel.refs): the next users block (each user's greedy token and next position), the cache,
-    and on request the logits [B, V] and the DMA counts. ``probe``: the step takes the activations'
-    values before its first op and returns them after its last (to test a plan cut to a few ops)."""
+    and on request the logits [B, V] and the DMA counts. ``chip``: the chip Mosaic compiles it for (its VMEM limit:
+    :func:`compiler_params`); needed unless ``interpret`` runs it in Pallas's interpreter. ``probe``: the step takes
+    the activations' values before its first op and returns them after its last (to test a plan cut to a few ops)."""
     plan.cfg.check_runnable("megakernel")
     check_heads_split(plan.whole_model, plan.setup)
     split_attention = plan.setup is not None and (
@@ -313,6 +330,10 @@ def build_call(
         raise ValueError(f"{plan.cfg.name}: the megakernel verifies drafted tokens with MLA not yet (draft_tokens=0)")
     if plan.draft_tokens and SLIDING in plan.cfg.layer_types and plan.draft_tokens >= plan.cfg.sliding_window:
         raise ValueError(f"draft_tokens={plan.draft_tokens}: drafts must be fewer than the sliding window")
+    if interpret is None and chip is None:
+        raise ValueError(
+            "build_call: a kernel compiled by Mosaic needs its target chip (chip='tpu-v5e'), for the plan's VMEM limit"
+        )
     in_shapes = input_shapes(plan, weight_dtype, kv_dtype)
     if probe:
         in_shapes = in_shapes._replace(acts=activation_shapes(plan))
@@ -333,7 +354,7 @@ def build_call(
     if count_dmas:
         out_specs = out_specs._replace(dma_counts=pl.BlockSpec(memory_space=pltpu.SMEM))
     name = kernel_name(plan)
-    sharded = plan.chips > 1
+    sharded = plan.chips > 1 and not plan.setup.loopback
     call = pl.pallas_call(
         partial(_body, plan, (in_tree, out_tree, scratch_tree)),
         out_shape=out_leaves,
@@ -341,11 +362,7 @@ def build_call(
         out_specs=jax.tree.leaves(out_specs),
         scratch_shapes=scratch_leaves,
         input_output_aliases=aliases,
-        compiler_params=pltpu.CompilerParams(
-            vmem_limit_bytes=vmem_limit_bytes,
-            has_side_effects=False,
-            **(dict(collective_id=0) if sharded else {}),  # the barrier semaphore's
-        ),
+        compiler_params=compiler_params(plan, chip, vmem_limit_bytes),
         name=name,
         **(dict(interpret=interpret) if interpret is not None else {}),
     )
@@ -483,21 +500,24 @@ class MegakernelEngine:
         cfg = setup.laid_out(cfg)  # the packing and the plan read the setup's layout of the gated MLPs from cfg
         self.cfg, self.tiles, self.detect_races, self.setup = cfg, tiles, detect_races, setup
         check_heads_split(cfg, setup)
+        self.sharded = setup.sharded and not setup.loopback  # a mesh of chips (loopback: one chip alone)
         if setup.sharded:
             chip_config(cfg, setup)  # refuses a placement the model cannot take, before any weights move
+        if self.sharded:
             devices = jax.devices()[: setup.chips]
             self.mesh = (
                 mesh
                 if mesh is not None
                 else make_mesh(setup.chips, torus_order(devices) if setup.torus else devices, setup.axis)
             )
+        self.chip = compile_target(self.mesh.devices.flat[0] if self.sharded else jax.devices()[0])
         self._packed_key, self._packed = None, None
         self._steps: dict = {}
 
     def _place_cache(self, cache: dict) -> dict:
         """Over several chips: each array of the kernel's ``cache`` split over the mesh on its split axis (a step's
         inputs must carry the sharding its shard_map names)."""
-        if not self.setup.sharded:
+        if not self.sharded:
             return cache
         out = {}
         for name, a in cache.items():
@@ -515,7 +535,13 @@ class MegakernelEngine:
             return params
         key = tuple(id(v) for v in params.values())
         if key != self._packed_key:
-            self._packed = self._pack_on_chips(params) if self.setup.sharded else pack(params, self.cfg)
+            if self.sharded:
+                self._packed = self._pack_on_chips(params)
+            elif self.setup.loopback:  # chip 0's slice, on the one chip standing in for the slice
+                host = {path: np.asarray(a) for path, a in params.items()}
+                self._packed = pack(chip_params(host, self.cfg, self.setup, 0), chip_config(self.cfg, self.setup))
+            else:
+                self._packed = pack(params, self.cfg)
             self._packed_key = key
         return self._packed
 
@@ -532,6 +558,12 @@ class MegakernelEngine:
             if dev.process_index == jax.process_index():  # a pod slice's other hosts pack their own chips
                 with jax.default_device(cpu or dev):
                     parts[dev] = pack(chip_params(host, self.cfg, self.setup, c), local)
+        return self.over_mesh(parts)
+
+    def over_mesh(self, parts: dict) -> dict:
+        """The packed step inputs over the mesh from each chip's packed part (``parts``: device -> ``pack``'s output
+        for that chip's slice, this host's chips): each weight one array split on its ``split_axis``, the vectors and
+        frequencies (the same on every chip) replicated."""
         first = next(iter(parts.values()))
         weights = {}
         for name, a in first["weights"].items():
@@ -582,10 +614,11 @@ class MegakernelEngine:
                 plan,
                 weight_dtype,
                 kv_dtype,
+                self.chip,
                 interpret_params(self.detect_races),
                 with_logits=with_logits,
                 count_dmas=count_dmas,
-                mesh=self.mesh if self.setup.sharded else None,
+                mesh=self.mesh if self.sharded else None,
             )
 
             def run(packed, cache, tokens, pos, plan=plan, fn=fn):

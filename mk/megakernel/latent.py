@@ -25,6 +25,7 @@ from jax.experimental import pallas as pl
 from ..config import FULL, ModelConfig
 from ..plan import LANE, kv_tiles_read, type_index
 from ..plan.layout import head_lanes, latent_lanes, latent_shape
+from . import mxu
 from .attention import _next_tile, _sees, _tile_copies, fold_scores, rope, rope_tables, start_write_back
 from .dense import rms
 
@@ -137,9 +138,7 @@ def emit_absorb(k, op):
         h = first + j
         qn = a[op.src][:, _lanes(h * (D + Dr), D)].astype(tile.dtype)
         wk = tile[:, j * w : j * w + D]  # [L, D]
-        a[op.dst][:, _lanes(h * L, L)] = jax.lax.dot_general(
-            qn, wk, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        a[op.dst][:, _lanes(h * L, L)] = mxu.dot(qn, wk, mxu.ROWS_BY_ROWS)
         stash[:, _lanes(h * Dv, Dv)] = tile[:, j * w + D : (j + 1) * w]
 
 
@@ -173,10 +172,9 @@ def emit_attend(k, op):
             slot = _next_tile(lc, rc, buf, T, b, tix, n_tiles)
             valid = _sees(tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1), pos, S, None)
             lt, rt = buf.k[slot, 0].astype(jnp.float32), buf.v[slot, 0].astype(jnp.float32)
-            dims = (((1,), (1,)), ((), ()))
-            s = jax.lax.dot_general(x.qlat[...], lt, dims, preferred_element_type=jnp.float32)
-            s = s + jax.lax.dot_general(x.qrope[...], rt, dims, preferred_element_type=jnp.float32)
-            return fold_scores(carry, s, lt, valid)
+            s = mxu.dot(x.qlat[...], lt, mxu.ROWS_BY_ROWS, buf.k.dtype)
+            s = s + mxu.dot(x.qrope[...], rt, mxu.ROWS_BY_ROWS, buf.k.dtype)
+            return fold_scores(carry, s, lt, valid, buf.k.dtype)
 
         _, l, acc = jax.lax.fori_loop(0, n_tiles, body, state)
         o = acc / l
@@ -189,4 +187,4 @@ def emit_attend(k, op):
     for h in range(nh):
         v = x.stash[:, h * Dv : (h + 1) * Dv]
         o = a["olat"][:, h * L : (h + 1) * L].astype(v.dtype)
-        a["attn"][:, h * Dv : (h + 1) * Dv] = jnp.dot(o, v, preferred_element_type=jnp.float32)
+        a["attn"][:, h * Dv : (h + 1) * Dv] = mxu.dot(o, v)

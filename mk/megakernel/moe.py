@@ -22,6 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..plan import LANE, ROWS
+from . import mxu
 from .dense import NEG
 
 COUNT = 1  # row of Scratch.experts whose lane 0 holds how many distinct experts were routed
@@ -169,7 +170,7 @@ def expert_table(used, base, held: int, shape):
     row = jax.lax.broadcasted_iota(jnp.int32, (ep, ep), 0)  # e
     col = jax.lax.broadcasted_iota(jnp.int32, (ep, ep), 1)  # e' in the product, list slot j in the result
     upto = jnp.where(col <= row, jnp.broadcast_to(mine, (ep, ep)), 0).astype(jnp.bfloat16)  # [e, e'] = flag of e' <= e
-    n = jnp.dot(upto, jnp.ones((ep, ep), jnp.bfloat16), preferred_element_type=jnp.float32).astype(jnp.int32)
+    n = mxu.dot(upto, jnp.ones((ep, ep), jnp.bfloat16)).astype(jnp.int32)
     ids = jnp.minimum(jnp.sum(jnp.where(n <= col, 1, 0), axis=0, keepdims=True) - base, held - 1)  # [1, ep]
     count = jnp.sum(mine, axis=1, keepdims=True)  # [1, 1]
     r = jax.lax.broadcasted_iota(jnp.int32, shape, 0)

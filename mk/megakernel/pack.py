@@ -136,33 +136,26 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
     lay = layout_config(cfg)
     fmt = format_of(params)
     quantized = set(format_paths(cfg, fmt) if fmt else quantized_paths(cfg, scheme_of(params, cfg)))
-    parts: dict[str, list] = {}
     mla = cfg.latent_attention is not None
     if mla and any(p.rsplit(".", 1)[-1] in LATENT_MATRICES for p in quantized):
         raise ValueError(f"{cfg.name}: the megakernel runs MLA's projections unquantized (quantize the experts only)")
+    stacks = _Stacks(cfg)
     for path, shape in matrix_shapes(cfg).items():
-        name = stacked(cfg, path)[0]
         if mla and path.rsplit(".", 1)[-1] in LATENT_MATRICES:
-            parts.setdefault(name, []).append(latent.to_layout(params[path], cfg, path, lay))
-            continue
-        if path.rsplit(".", 1)[-1] in EXPERT_BIASES:
-            parts.setdefault(name, []).append(expert_bias_to_layout(params[path], path, lay))
-            continue
-        if fmt and path in quantized:
+            stacks.put(path, latent.to_layout(params[path], cfg, path, lay))
+        elif path.rsplit(".", 1)[-1] in EXPERT_BIASES:
+            stacks.put(path, expert_bias_to_layout(params[path], path, lay))
+        elif fmt and path in quantized:
             codes, scales = format_to_layout(
                 params[path], params[fscale_path(path)], cfg, path, lay, get_format(fmt), to_layout
             )
-            parts.setdefault(name, []).append(jnp.asarray(codes))
-            parts.setdefault(fscale_path(name), []).append(jnp.asarray(scales))
-            continue
-        parts.setdefault(name, []).append(to_layout(params[path], cfg, path, lay))
-        if path in quantized:
-            s = scales_to_layout(params[scale_path(path)], cfg, path, shape, lay)
-            parts.setdefault(scale_path(name), []).append(s)
-    weights = {}
-    for name in list(parts):  # each name's layers dropped once stacked: the device holds the weights once, plus a stack
-        layers = parts.pop(name)
-        weights[name] = jnp.stack(layers) if "." in name else layers[0]  # embed, head: not stacked
+            stacks.put(path, jnp.asarray(codes))
+            stacks.put(path, jnp.asarray(scales), fscale_path)
+        else:
+            stacks.put(path, to_layout(params[path], cfg, path, lay))
+            if path in quantized:
+                stacks.put(path, scales_to_layout(params[scale_path(path)], cfg, path, shape, lay), scale_path)
+    weights = stacks.out
     n, width = vector_table_shape(lay)
     table = np.zeros((round_up(n, ROWS), width), np.float32)
     for path, row in vector_rows(cfg).items():
@@ -188,6 +181,38 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
         f = mla_inv_freq(cfg) if mla else inv_freq(cfg, t)  # MLA's over its RoPE key's dims
         freqs[r, head_lanes(2 * f.size)] = np.concatenate([f, f])
     return dict(vectors=jnp.asarray(table), inv_freq=jnp.asarray(freqs), weights=weights)
+
+
+class _Stacks:
+    """The kernel's stacked tensors filled layer by layer, in place: each allocated (zeros, on the default device) when
+    its first layer arrives, every layer written into its slot by a donated update. The device holds the packed
+    weights and one layer in flight, never a list of layers beside their stack: a model that fits a chip for the
+    reference fits for the kernel. ``embed`` and an untied ``head`` are not stacked."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg, self.out = cfg, {}
+        self.layers: dict[str, int] = {}  # each stacked tensor's layers
+        for path in matrix_shapes(cfg):
+            name, index = stacked(cfg, path)
+            if index is not None:
+                self.layers[name] = max(self.layers.get(name, 0), index + 1)
+
+    def put(self, path: str, a, named=lambda name: name) -> None:
+        """``a`` (``path``'s layer in the kernel's layout, or its scales: ``named`` gives their tensor's name from the
+        matrix's) into its stacked tensor."""
+        name, index = stacked(self.cfg, path)
+        if index is None:
+            self.out[named(name)] = a
+            return
+        name, layers = named(name), self.layers[name]
+        if name not in self.out:
+            self.out[name] = jnp.zeros((layers, *a.shape), a.dtype)
+        self.out[name] = _set_layer(self.out[name], index, a)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_layer(stack, index, a):
+    return stack.at[index].set(a)
 
 
 def expert_bias_to_layout(a, path: str, lay: ModelConfig):
@@ -277,14 +302,15 @@ def _interleave_blocks(parts: list):
 def adopt_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     """``adopt_cache`` over several chips: each chip's KV heads (mk.sharding.chip_cache) side by side; where chips
     share a KV head's positions (mk.sharding.position_share), each chip's blocks of its slots only. With the users
-    split, the whole cache: its users axis is the one split (chip c's users are rows c * B/C ..)."""
+    split, the whole cache: its users axis is the one split (chip c's users are rows c * B/C ..). Where one chip stands
+    in for the slice (``setup.loopback``), chip 0's part alone."""
     from ..sharding import chip_cache, chip_config, position_share
 
     if not setup.sharded or setup.users_split:
         return adopt_cache(cfg, cache)
     local = chip_config(cfg, setup)
     parts = []
-    for c in range(setup.chips):
+    for c in range(1 if setup.loopback else setup.chips):
         mine = chip_cache(cache, cfg, setup, c)
         for path in mine:
             g = position_share(cfg, cfg.layer_types[int(path.split(".")[1])], setup)

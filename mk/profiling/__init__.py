@@ -12,6 +12,7 @@
 from .bandwidth import (
     DEFAULT_PROBE_BYTES,
     device_name,
+    dma_stream_call,
     fraction_of_sol,
     gemv_probe,
     probe_calls,
@@ -50,6 +51,7 @@ __all__ = [
     "DEFAULT_PROBE_BYTES",
     "gemv_probe",
     "probe_calls",
+    "dma_stream_call",
     "device_name",
     "fraction_of_sol",
 ]

@@ -1,7 +1,9 @@
 """Memory bandwidth probes, so a step time can be set against this device's own measured limit (the
 fraction of the speed of light): a full sum (XLA's reduction) and a matrix-vector product (the library GEMV
 a decode step's weight reads use), each streaming an array once. Timing them is mk.measure's (the loop, the
-bench's probe in the step's own rounds, and ``mk.measure.cpu.dtype_table``'s ratios between data types)."""
+bench's probe in the step's own rounds, and ``mk.measure.cpu.dtype_table``'s ratios between data types); on a TPU also a
+Pallas kernel that streams an array through VMEM with copies in flight, as the megakernel streams its weights
+(``dma_stream_call``), for the chip's read rate (mk.measure.hbm)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,57 @@ def gemv_probe(nbytes: int = DEFAULT_PROBE_BYTES, device=None, dtype=jnp.float32
     kernel a decode step's weight reads use), and the bytes it reads: to time beside a step, interleaved."""
     calls, size = probe_calls(nbytes, dtype, device)
     return calls["matvec"], size
+
+
+def dma_stream_call(nbytes: int, chunk_bytes: int, in_flight: int, device=None, interpret=None):
+    """A Pallas kernel that reads an HBM array of about ``nbytes`` once into VMEM, ``chunk_bytes`` a copy with
+    ``in_flight`` copies outstanding (each chunk's wait followed by the next copy's start, as the megakernel streams its
+    weights), touching a vector of every chunk; and the bytes it reads. ``interpret``: Pallas TPU interpreter
+    parameters (off a TPU). A no-argument call, to time."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    cols = 1024  # bf16: 2 KiB a row
+    rows = chunk_bytes // (2 * cols)
+    chunks = nbytes // (rows * 2 * cols)
+    if rows < 16 or rows % 16 or chunks < in_flight or in_flight < 1:
+        raise ValueError(
+            f"a DMA stream needs chunks of whole 16-row tiles ({chunk_bytes} bytes a chunk gives {rows} rows of "
+            f"{cols} bf16) and at least as many chunks as copies in flight ({chunks} < {in_flight})"
+        )
+    device = device or jax.devices()[0]
+    x = jax.device_put(jnp.ones((chunks * rows, cols), jnp.bfloat16), device)
+
+    def kernel(x_hbm, out, buf, sems):
+        def copy(i):
+            slot = i % in_flight
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(i * rows, rows)], buf.at[slot], sems.at[slot])
+
+        for i in range(in_flight):
+            copy(i).start()
+
+        def body(i, acc):
+            copy(i).wait()
+            acc = acc + buf[i % in_flight, 0:16, 0:128].astype(jnp.float32)
+
+            @pl.when(i + in_flight < chunks)
+            def _():
+                copy(i + in_flight).start()
+
+            return acc
+
+        out[...] = jax.lax.fori_loop(0, chunks, body, jnp.zeros((16, 128), jnp.float32))
+
+    call = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.HBM)],
+        scratch_shapes=[pltpu.VMEM((in_flight, rows, cols), jnp.bfloat16), pltpu.SemaphoreType.DMA((in_flight,))],
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=in_flight * chunk_bytes + 8 * 2**20),
+        **(dict(interpret=interpret) if interpret is not None else {}),
+    )
+    f = jax.jit(call)
+    return (lambda: f(x)), int(x.nbytes)
 
 
 def device_name(device=None) -> str:

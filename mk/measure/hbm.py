@@ -1,0 +1,169 @@
+"""The chip's own limit: how fast it reads its HBM, measured by several methods at several sizes, so a decode step is
+set against what the chip can do as well as against its data sheet.
+
+- **Methods**: a decode-shaped matrix-vector product in XLA (bf16 weights [rows, 4096] times a vector: what a general
+  stack's weight reads compile to), and a Pallas kernel streaming the array through VMEM with copies in flight (as the
+  megakernel streams its weights: mk.profiling.bandwidth.dma_stream_call), at a few chunk sizes and depths.
+- **Sizes**: 0.25 to 8 GiB (the DMA stream at the sizes that fit beside nothing else), one array at a time, freed
+  before the next.
+- **Times**: each probe timed alone in mk.measure.loop's one loop, a call waited on (the host's time) interleaved with
+  ``steps`` calls dispatched back to back and waited on once (the device's), medians with 95% intervals.
+- **The limit**: the best sustained read rate, the largest device-time median over every method and size of at least
+  1 GiB (:func:`measured_limit`), kept with its method, size and date: a measurement, not a fitted constant.
+
+Rows go to data/measured/tpu_hbm.csv (mk.paths.TPU_HBM_CSV) with mk.measure.harness's provenance.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..files import append_csv_rows
+from ..paths import TPU_HBM_CSV
+from ..profiling import Estimate, dma_stream_call, probe_calls
+from ..progress import Log
+from .harness import PROVENANCE, provenance
+from .loop import back_to_back, interleaved
+
+GIB = 2**30
+SIZES = (GIB // 4, GIB // 2, GIB, 2 * GIB, 4 * GIB, 8 * GIB)
+# (chunk bytes, copies in flight) of the DMA stream: the megakernel's weight tiles are 1-4 MiB, two to four deep
+DMA_STREAMS = ((2**20, 2), (4 * 2**20, 2), (4 * 2**20, 4), (8 * 2**20, 4))
+DMA_SIZES = (GIB, 4 * GIB)
+LIMIT_MIN_BYTES = GIB  # the limit is read from probes of at least this size (smaller ones pay a launch's share)
+STEPS = 10
+COLUMNS = PROVENANCE + (
+    "method",
+    "bytes",
+    "chunk_bytes",
+    "in_flight",
+    "rounds",
+    "steps_back_to_back",
+    "host_GBps",
+    "device_GBps",
+    "device_low_GBps",
+    "device_high_GBps",
+    "spec_GBps",
+    "device_fraction_of_spec",
+)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One way to read ``nbytes``: ``method`` "xla matvec" or "pallas dma stream" (with its chunk and depth)."""
+
+    method: str
+    nbytes: int
+    chunk_bytes: int = 0
+    in_flight: int = 0
+
+    def call(self, device, interpret=None):
+        if self.method == "pallas dma stream":
+            return dma_stream_call(self.nbytes, self.chunk_bytes, self.in_flight, device, interpret)
+        import jax.numpy as jnp
+
+        calls, size = probe_calls(self.nbytes, jnp.bfloat16, device)
+        return calls["matvec"], size
+
+
+def probes(sizes=SIZES, dma_sizes=DMA_SIZES, streams=DMA_STREAMS) -> list[Probe]:
+    """The matrix-vector product at every size, the DMA stream at ``dma_sizes`` for each (chunk, depth)."""
+    out = [Probe("xla matvec", n) for n in sizes]
+    return out + [Probe("pallas dma stream", n, c, d) for n in dma_sizes for c, d in streams]
+
+
+def probe_read_rate(
+    device=None,
+    chosen: list[Probe] | None = None,
+    steps: int = STEPS,
+    budget_s: float = 5.0,
+    spec_bandwidth: float | None = None,
+    interpret=None,
+    out: Path | str | None = TPU_HBM_CSV,
+    quiet: bool = False,
+) -> pd.DataFrame:
+    """Time each probe of ``chosen`` (default :func:`probes`) on ``device``: host and device read rates, each against
+    ``spec_bandwidth`` (bytes/s; the device's data sheet where known); rows appended to ``out`` (None: none)."""
+    import jax
+
+    from ..chips import get_chip, known_chip
+
+    device = device or jax.devices()[0]
+    chip = known_chip(device)
+    spec = spec_bandwidth or (get_chip(chip).hbm_bandwidth if chip else None)
+    log, prov, rows = Log(quiet), provenance(device), []
+    for p in chosen or probes():
+        call, size = p.call(device, interpret)
+        cmp = interleaved(
+            {"host": call, "device": back_to_back(call, steps)}, "host", budget_s=budget_s, min_rounds=5, warmup=1
+        )
+        dev = Estimate.of([size * steps / t for t in cmp.raw["device"]], cmp.confidence)
+        host = size / cmp.times["host"].median
+        rows.append(
+            dict(
+                prov,
+                method=p.method,
+                bytes=size,
+                chunk_bytes=p.chunk_bytes or None,
+                in_flight=p.in_flight or None,
+                rounds=cmp.rounds,
+                steps_back_to_back=steps,
+                host_GBps=round(host / 1e9, 2),
+                device_GBps=round(dev.median / 1e9, 2),
+                device_low_GBps=round(dev.low / 1e9, 2),
+                device_high_GBps=round(dev.high / 1e9, 2),
+                spec_GBps=None if spec is None else round(spec / 1e9, 1),
+                device_fraction_of_spec=None if spec is None else round(dev.median / spec, 4),
+            )
+        )
+        how = f" ({p.chunk_bytes >> 20} MiB x {p.in_flight})" if p.in_flight else ""
+        log(
+            f"{p.method} {size / GIB:.2f} GiB{how}: device {dev.median / 1e9:.1f} GB/s "
+            f"({dev.low / 1e9:.1f}-{dev.high / 1e9:.1f}), host {host / 1e9:.1f}"
+        )
+        del call
+        gc.collect()
+    if out is not None and rows:
+        append_csv_rows(rows, Path(out), COLUMNS, "an HBM read-rate row")
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+@dataclass(frozen=True)
+class MeasuredLimit:
+    """A chip's measured HBM read rate: ``bandwidth`` (bytes/s) by ``method`` over ``nbytes``, on ``date``."""
+
+    chip: str
+    bandwidth: float
+    method: str
+    nbytes: int
+    date: str
+    device: str
+
+    @property
+    def source(self) -> str:
+        return (
+            f"measured on {self.device} {self.date[:10]}: best sustained HBM read, {self.method} over "
+            f"{self.nbytes / GIB:.3g} GiB, steps back to back (data/measured/tpu_hbm.csv)"
+        )
+
+
+def measured_limit(chip: str, path: Path | str = TPU_HBM_CSV) -> MeasuredLimit | None:
+    """``chip``'s (a base name of data/chips.csv: ``tpu-v5e``) best sustained read rate measured on one such chip, from
+    ``path``; None where none was measured."""
+    from ..chips import get_chip
+    from ..tpu import DEVICE_KINDS
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    t = pd.read_csv(path)
+    kinds = [k for k, c in DEVICE_KINDS.items() if c == get_chip(chip).base]
+    t = t[t["device"].isin([f"tpu: {k}" for k in kinds]) & (t["chips"] == 1) & (t["bytes"] >= LIMIT_MIN_BYTES)]
+    if t.empty:
+        return None
+    r = t.loc[t["device_GBps"].idxmax()]
+    return MeasuredLimit(chip, float(r["device_GBps"]) * 1e9, r["method"], int(r["bytes"]), r["date"], r["device"])
