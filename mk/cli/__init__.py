@@ -8,7 +8,7 @@ import sys
 
 from .compiler import add_compile, add_schedule
 from .generate import add_generate
-from .measure import add_bench, add_measure, add_report, add_tpu_smoke
+from .measure import add_bench, add_measure, add_report, add_tpu_measure, add_tpu_smoke
 from .modelled import add_lists, add_predict, add_sol, add_straggler
 
 COMMANDS = (
@@ -23,6 +23,7 @@ COMMANDS = (
     add_report,
     add_measure,
     add_tpu_smoke,
+    add_tpu_measure,
 )
 
 

@@ -216,3 +216,40 @@ def _run_tpu_smoke(a) -> None:
     show(r.to_dict(), a.json, tpu_smoke.text(r))
     if r.failed:  # parity did not hold, an engine failed, or nothing was timed
         raise SystemExit(1)
+
+
+# tpu-measure ---------------------------------------------------------------------------------------
+def add_tpu_measure(sub) -> None:
+    from ..measure.tpu_runs import PARTS
+    from ..paths import MEASURED_DIR
+
+    p = sub.add_parser(
+        "tpu-measure",
+        help="on a TPU chip: the kernel's parity for every family and format, the chip's HBM read rate, and the table "
+        "of both engines' steps (host and device times) over models, contexts and batches; resumable (exit 2 without "
+        "a TPU)",
+    )
+    p.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated, some of {', '.join(PARTS)} (default all)"
+    )
+    p.add_argument("--out-dir", default=str(MEASURED_DIR), help=f"where the CSVs go (default {MEASURED_DIR})")
+    p.add_argument(
+        "--deadline-s", type=float, default=540.0, help="start no work after this many seconds (default 540)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run_tpu_measure)
+
+
+def _run_tpu_measure(a) -> None:
+    from ..measure import tpu_runs
+
+    parts = tuple(x.strip() for x in a.parts.split(",") if x.strip())
+    try:
+        done = tpu_runs.run(parts, a.out_dir, a.deadline_s)
+    except tpu_runs.NoTPU as e:
+        print(e, file=sys.stderr)
+        raise SystemExit(2) from None
+    lines = [f"{k}: {v}" for k, v in done.items() if k != "notes"] + [f"note: {n}" for n in done["notes"]]
+    show(done, a.json, "\n".join(lines))
+    if done["parity_held"] is False:
+        raise SystemExit(1)

@@ -186,6 +186,18 @@ def unknown_speed_of_light(bytes_per_step: float, device) -> MeasuredSpeedOfLigh
     return MeasuredSpeedOfLight(f"unknown: {device_name(device)} is no chip in data/chips.csv", bytes_per_step)
 
 
+def usable_hbm(device, fraction: float) -> float | None:
+    """What a run's arrays may hold on one chip: ``fraction`` of its HBM (the device's own figure, else data/chips.csv's
+    for a known chip); None where unknown (a CPU)."""
+    try:
+        limit = (device.memory_stats() or {}).get("bytes_limit")
+    except Exception:  # a backend without memory statistics
+        limit = None
+    if limit is None and known_chip(device) is not None:
+        limit = get_chip(known_chip(device)).hbm_bytes
+    return None if limit is None else fraction * limit
+
+
 # Timing engines into rows ---------------------------------------------------------------------------------
 @dataclass
 class Engine:

@@ -41,14 +41,14 @@ from __future__ import annotations
 import gc
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..chips import get_chip, known_chip
+from ..chips import get_chip
 from ..config import ModelConfig, get_config
 from ..files import append_csv_rows
 from ..paths import TPU_CSV
@@ -58,8 +58,10 @@ from ..sharding.mesh import gspmd_sharding, make_mesh
 from ..sol import bytes_per_token
 from ..tpu import on_tpu, races_detected, reset_interpreter
 from ..units import positive_int
+from . import chip_parity
 from .harness import (
     ARRAY_DTYPES,
+    DEVICE_TIMING,
     MIN_TIMING_S,
     Engine,
     columns,
@@ -67,10 +69,12 @@ from .harness import (
     spec_speed_of_light,
     time_engines,
     unknown_speed_of_light,
+    usable_hbm,
 )
 from .steps import decode_call
 
-COLUMNS = columns("placement", "runs_as", "compile_s", "chip", "parity", "parity_check")
+COLUMNS = columns("placement", "runs_as", "compile_s", "chip", "parity", "parity_check", *DEVICE_TIMING)
+STEPS_BACK_TO_BACK = 20  # a step's device time: this many dispatched back to back, waited on once
 PLACEMENTS = ("whole", "split")
 NO_PLACEMENT = "-"  # a dense model, or one chip: experts are not placed
 PARITY_PROMPTS = (7, 3, 12)  # the parity users' prompt lengths: ragged, each decoding from its own position
@@ -113,10 +117,16 @@ class Result:
     notes: list[str]
     failed: bool  # parity did not hold, or an engine failed (not for lack of memory)
     csv: Path | None = None
+    family_checks: list = field(default_factory=list)  # mk.measure.chip_parity's rows: every family and format
 
     def to_dict(self) -> dict:
         return dict(
-            rows=self.rows, parity=self.parity, notes=self.notes, failed=self.failed, csv=self.csv and str(self.csv)
+            rows=self.rows,
+            parity=self.parity,
+            notes=self.notes,
+            failed=self.failed,
+            csv=self.csv and str(self.csv),
+            family_checks=self.family_checks,
         )
 
 
@@ -272,18 +282,6 @@ def groups_that_fit(needs: dict[str, tuple[float, float]], capacity: float | Non
     return [[e] for e in left], skipped
 
 
-def usable_hbm(dev) -> float | None:
-    """What the engines may hold on one chip: ``HBM_USE`` of its HBM (the device's own figure, else
-    data/chips.csv's for a known chip); None where unknown (a CPU)."""
-    try:
-        limit = (dev.memory_stats() or {}).get("bytes_limit")
-    except Exception:  # a backend without memory statistics
-        limit = None
-    if limit is None and known_chip(dev) is not None:
-        limit = get_chip(known_chip(dev)).hbm_bytes
-    return None if limit is None else HBM_USE * limit
-
-
 def _out_of_memory(e: BaseException) -> bool:
     """XLA refusing an allocation: a runtime error with status RESOURCE_EXHAUSTED."""
     return isinstance(e, RuntimeError) and "RESOURCE_EXHAUSTED" in str(e)
@@ -384,6 +382,8 @@ def run(
     min_rounds: int = 7,
     max_rounds: int | None = None,
     quiet: bool = False,
+    families=chip_parity.FAMILIES,
+    formats=chip_parity.FORMATS,
 ) -> Result:
     """Check the megakernel against the reference on this machine's chips and time both (module docstring);
     append the rows to ``out`` (None: no file). ``require_tpu``: refuse (NoTPU) anywhere but on a TPU.
@@ -418,6 +418,10 @@ def run(
         f"tokens), {parity_tokens} new tokens, {n} chip(s), seed {seed}" + ("" if on_tpu() else ", races checked")
     )
     log(f"parity: {check}")
+    t = time.perf_counter()
+    family_checks = chip_parity.run_checks(chip_parity.checks(families, formats), seed, quiet)
+    if family_checks:
+        log(f"parity of {len(family_checks)} tiny models and formats on one chip: {time.perf_counter() - t:.0f} s")
     parity = check_parity(parity_cfg, n, parity_places, parity_tokens, seed, log)
     forget_prepared()  # the reference kept the parity model's decode layout on the first chip
     held = {r["placement"]: r["held"] for r in parity}
@@ -426,7 +430,7 @@ def run(
     engines = [Candidate("reference")] + [Candidate("megakernel", p) for p in timed_places]
     per_token = bytes_per_token(cfg, context, batch, dtype).total
     sol = spec_speed_of_light(per_token, dev, n, chip) or unknown_speed_of_light(per_token, dev)
-    capacity = usable_hbm(dev)
+    capacity = usable_hbm(dev, HBM_USE)
     needs = {e.label: hbm_per_chip_needed(cfg, e, n, context, batch, dtype) for e in engines}
     groups, skipped = groups_that_fit(needs, capacity)
     log(
@@ -491,8 +495,10 @@ def run(
             max_rounds=max_rounds,
             warmup=1,  # each has run once already (its compile)
             log=log,
+            steps_back_to_back=STEPS_BACK_TO_BACK,
         )
         rows += timed
+        del ready  # the group's arrays go with their engines before the next group's are built
     built.clear()
     if not rows:
         failed = True
@@ -500,7 +506,8 @@ def run(
     if out is not None and rows:
         written = append_csv_rows(rows, Path(out), COLUMNS, "a tpu-smoke row")
         log(f"appended {len(rows)} rows to {written}")
-    return Result(rows, parity, notes, failed, written)
+    failed = failed or not all(r["held"] for r in family_checks)
+    return Result(rows, parity, notes, failed, written, family_checks)
 
 
 def _parity_word(engine: Candidate, held: dict[str, bool]) -> str | None:

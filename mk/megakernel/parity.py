@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
@@ -30,6 +31,7 @@ def compare_with_reference(
     tiles: Tiles = Tiles(),
     dtype=jnp.float32,
     teacher_forced: bool = False,
+    quantize: str = "none",
 ) -> pd.DataFrame:
     """One row per step: each user's position, max |logit difference|, max |cache difference| (and the
     reference cache's largest |value|, its scale), both
@@ -48,23 +50,36 @@ def compare_with_reference(
     Where the kernel rounds, beyond the weights and cache: the embedding row times sqrt(H) is rounded
     to the weight dtype (as the reference does), and every matmul's activations are rounded to the
     weight dtype before the MXU pass (bf16 x bf16, f32 accumulation); norms, softmax, RoPE and the
-    residual stream stay f32. The f32 reference rounds nothing."""
+    residual stream stay f32. The f32 reference rounds nothing: its products run at ``HIGHEST`` (on a TPU XLA's default
+    takes one bf16 pass), while the rounding's own reference runs at the caller's precision (a TPU's one pass rounds the
+    activations to bf16 as the kernel does before each matrix product).
+
+    ``quantize``: the weights as that mk.quant scheme or shipped format (f32 only): the kernel streams their codes and
+    scales, the reference dequantizes the same tree once."""
+    from ..quant import quantized_as
+
     params = random_params(cfg, seed)
-    mk_params = {k: v.astype(dtype) for k, v in params.items()}
+    if quantize != "none":
+        if jnp.dtype(dtype) != jnp.float32:
+            raise ValueError(f"quantize={quantize!r}: compare a quantized tree in f32 (its codes are the rounding)")
+        params = quantized_as(params, cfg, quantize)
+    mk_params = params if quantize != "none" else {k: v.astype(dtype) for k, v in params.items()}
     lengths = np.broadcast_to(np.asarray(prompt_len, np.int32), (batch,)).copy()
     prompt = np.random.RandomState(seed + 1).randint(0, cfg.vocab_size, (batch, int(lengths.max()))).astype(np.int32)
     cache = R.init_cache(cfg, batch, max_len, multiple=BLOCK)
-    logits, cache = R.prefill(params, cfg, prompt, cache, lengths)
+    with jax.default_matmul_precision("highest"):
+        logits, cache = R.prefill(params, cfg, prompt, cache, lengths)
     engine = make_step(cfg, tiles=tiles, detect_races=detect_races)
     mk_cache = engine.adopt_cache({k: v.astype(dtype) for k, v in cache.items()})
     rounded = jnp.dtype(dtype) != jnp.float32
-    r_params = {k: v.astype(jnp.float32) for k, v in mk_params.items()}
+    r_params = {k: v.astype(jnp.float32) for k, v in mk_params.items()} if rounded else None
     r_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in cache.items()}
     tok_ref = tok_mk = jnp.argmax(logits, -1).astype(jnp.int32)
     pos = jnp.asarray(lengths)
     rows = []
     for n in range(steps):
-        l_ref, cache = R.decode_step(params, cfg, cache, tok_ref, pos, knockout)
+        with jax.default_matmul_precision("highest"):
+            l_ref, cache = R.decode_step(params, cfg, cache, tok_ref, pos, knockout)
         t0 = time.perf_counter()
         out = engine.run(
             mk_params,

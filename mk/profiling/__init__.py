@@ -31,7 +31,7 @@ from .kernels import (
     count_kernels,
 )
 from .stats import Estimate, median_interval
-from .trace import trace_kernels
+from .trace import device_seconds_per_call, modules_seconds, trace_kernels
 
 __all__ = [
     "Estimate",
@@ -47,6 +47,8 @@ __all__ = [
     "compile_text",
     "compiled_kernels",
     "trace_kernels",
+    "device_seconds_per_call",
+    "modules_seconds",
     "count_eager_ops",
     "DEFAULT_PROBE_BYTES",
     "gemv_probe",

@@ -1,0 +1,151 @@
+"""The megakernel against the reference on this machine's chip, for a tiny model of every family the kernel runs and
+each format libtpu compiles, in f32 and in bf16: one row a check (``python -m mk tpu-smoke``; off a TPU the kernel runs
+in Pallas's interpreter with its race detector on, and a race fails the check).
+
+Both engines decode greedily for three users with prompts of different lengths (mk.megakernel.parity: the same
+prefilled cache, the kernel from its own greedy picks). What must hold, and why:
+
+- **f32**: the same tokens at every step, and every logit within ``F32_LOGIT_ATOL`` of the reference's. Both run their
+  products at ``HIGHEST`` (the kernel's f32 dots always do, mk.megakernel.mxu; the reference under
+  ``jax.default_matmul_precision("highest")``), six bf16 passes that keep f32's 24 bits: what is left is the order of
+  the sums, about 1e-6 of logits of order 0.3 here. At XLA's default the reference would run one bf16 pass and differ
+  from the kernel by bf16's rounding; that is the reference's imprecision, not the kernel's, so it is not the criterion.
+- **bf16**: the kernel reads bf16 weights and cache and computes in f32 from them; the reference stays f32. Fed the
+  reference's tokens (teacher-forced) for ``BF16_STEPS`` steps of four ragged users (the test suite's bf16 run), the
+  kernel's largest logit error must stay within ``BF16_FACTOR`` times what the rounding alone costs (the f32 reference
+  run on the bf16-rounded weights and cache: ``rounding_logit_diff``), and its greedy picks may leave the reference's
+  at most ``BF16_PICKS_MARGIN`` more often than the rounding's do (random weights have many near-ties). The kernel also
+  rounds each product's activations to bf16, which the rounding reference on a CPU does not: that is the 1.25. On a TPU
+  the rounding reference runs at XLA's default precision, one bf16 pass, which rounds activations as the kernel does;
+  the f32 reference itself at ``HIGHEST``.
+- **Formats** (INT8 experts, FP8 blocks): the kernel streams the codes and their scales; the reference dequantizes the
+  same tree once. f32 as above.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from ..config import get_config
+from ..progress import Log
+from ..tpu import on_tpu, reset_interpreter
+
+FAMILIES = (
+    "tiny-dense",
+    "tiny-moe",
+    "tiny-llama",
+    "tiny-qwen3-moe",
+    "tiny-mixtral",
+    "tiny-gpt-oss",
+    "tiny-deepseek-v3",
+)
+# the formats libtpu's Mosaic compiles today, each on a model it applies to (int4 and mxfp4 do not lower yet)
+FORMATS = (("tiny-moe", "int8-experts"), ("tiny-dense", "fp8-block"))
+PROMPTS = (7, 3, 12)  # the users' prompt lengths: ragged, each decoding from its own position
+STEPS = 4
+F32_LOGIT_ATOL = 1e-4
+BF16_PROMPTS = (20, 11, 30, 5)  # tests/test_megakernel.py's bf16 run: one user across a window of 32, 16 steps
+BF16_STEPS = 16
+BF16_FACTOR = 1.25
+BF16_PICKS_MARGIN = 0.05
+COLUMNS = (
+    "model",
+    "family",
+    "dtype",
+    "quantize",
+    "users",
+    "steps",
+    "same_tokens",
+    "max_logit_diff",
+    "rounding_logit_diff",
+    "picks_kept",
+    "rounding_picks_kept",
+    "criterion",
+    "held",
+    "races",
+    "seconds",
+    "error",
+)
+
+
+def checks(families=FAMILIES, formats=FORMATS) -> list[tuple[str, str, str]]:
+    """(model, dtype, format) of every check: each family in f32 and bf16, each format in f32."""
+    return [(m, d, "none") for m in families for d in ("f32", "bf16")] + [(m, "f32", f) for m, f in formats]
+
+
+def check(model: str, dtype: str, quantize: str = "none", seed: int = 0, steps: int = STEPS) -> dict:
+    """One check (the module's docstring); a kernel that does not compile or run is a row that did not hold."""
+    import jax.numpy as jnp
+
+    from ..megakernel.parity import compare_with_reference
+
+    cfg = get_config(model)
+    bf16 = dtype == "bf16"
+    prompts, steps = (BF16_PROMPTS, BF16_STEPS) if bf16 else (PROMPTS, steps)
+    row = dict(model=cfg.name, family=cfg.family, dtype=dtype, quantize=quantize, users=len(prompts), steps=steps)
+    interpret = not on_tpu()
+    t = time.perf_counter()
+    try:
+        if interpret:
+            reset_interpreter()
+        if dtype == "f32":
+            with jax.default_matmul_precision("highest"):
+                rows = compare_with_reference(
+                    cfg, len(prompts), steps, prompt_len=list(prompts), max_len=32, seed=seed,
+                    detect_races=interpret, quantize=quantize,
+                )  # fmt: skip
+            worst = float(rows["max_logit_diff"].max())
+            same = bool(rows["same_tokens"].all())
+            row.update(same_tokens=same, max_logit_diff=worst, rounding_logit_diff=None)
+            row["criterion"] = f"same tokens, logits within {F32_LOGIT_ATOL:g} (both at HIGHEST)"
+            row["held"] = same and worst <= F32_LOGIT_ATOL
+        else:
+            rows = compare_with_reference(
+                cfg, len(prompts), steps, prompt_len=list(prompts), max_len=64, seed=seed, detect_races=interpret,
+                dtype=jnp.bfloat16, teacher_forced=True,
+            )  # fmt: skip
+            worst, rounding = float(rows["max_logit_diff"].max()), float(rows["rounding_logit_diff"].max())
+            ref = np.array(rows["tokens_reference"].tolist())
+            picks = float((np.array(rows["tokens_megakernel"].tolist()) == ref).mean())
+            rounding_picks = float((np.array(rows["tokens_rounding"].tolist()) == ref).mean())
+            row.update(same_tokens=bool(rows["same_tokens"].all()), max_logit_diff=worst, rounding_logit_diff=rounding)
+            row.update(picks_kept=picks, rounding_picks_kept=rounding_picks)
+            row["criterion"] = (
+                f"teacher-forced: logits within {BF16_FACTOR:g}x the bf16 rounding's own, picks kept within "
+                f"{BF16_PICKS_MARGIN:g} of its"
+            )
+            row["held"] = worst <= BF16_FACTOR * rounding and picks >= rounding_picks - BF16_PICKS_MARGIN
+        row["races"] = bool(rows["races"].any()) if interpret else None
+        row["held"] = row["held"] and not row["races"]
+        row["error"] = ""
+    except Exception as e:  # a kernel that does not compile or run here: the check fails, the run goes on
+        text = str(e).strip().splitlines()
+        row.update(held=False, races=None, error=f"{type(e).__name__}: {text[0] if text else ''}"[:300])
+        row.update(dict.fromkeys(("same_tokens", "max_logit_diff", "rounding_logit_diff", "criterion")))
+    row["seconds"] = round(time.perf_counter() - t, 2)
+    return {k: row.get(k) for k in COLUMNS}
+
+
+def run_checks(chosen=None, seed: int = 0, quiet: bool = False, on_row=None) -> list[dict]:
+    """Every check of ``chosen`` (default :func:`checks`) in turn, a line each; ``on_row(row)`` after each."""
+    log, rows = Log(quiet), []
+    for model, dtype, quantize in chosen or checks():
+        row = check(model, dtype, quantize, seed)
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+        diff = "" if row["max_logit_diff"] is None else f", max logit diff {row['max_logit_diff']:.3g}"
+        if row["rounding_logit_diff"] is not None:
+            diff += f" (rounding's {row['rounding_logit_diff']:.3g})"
+        what = f"{model} {dtype}" + ("" if quantize == "none" else f" {quantize}")
+        log(f"parity {what}: {'held' if row['held'] else 'FAILED ' + (row['error'] or '')}{diff}, {row['seconds']} s")
+    return rows
+
+
+def parity_table(rows: list[dict]):
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=COLUMNS)

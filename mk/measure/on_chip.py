@@ -1,0 +1,377 @@
+"""Decode steps measured on one real chip: the megakernel beside XLA's compiled reference, interleaved, for models
+and truncations that fit the chip, at several contexts and batches; and chip 0 of a slice's step on the one chip
+(``python -m mk tpu-measure``, mk.measure.tpu_runs; the rows go to data/measured/tpu.csv).
+
+- **A case** (:class:`Case`): a model (a preset or a data/configs name), how much of it (every layer, its first n at
+  full width, or its first sliding and first full layer), the weights' data type (``bf16``, or ``bf16+int8-experts``:
+  the kernel streams INT8 expert codes, the reference dequantizes them once at load) and the kernel's setup (one chip,
+  or a stand-in for chip 0 of a one-host slice: mk.kernel_setup.KernelSetup.loopback, no reference then). Random
+  weights (seed 0): decode time does not depend on their values.
+- **Memory**: each engine's bytes (weights as laid out, the largest cell's cache, the largest tensor drawn in f32 while
+  built) are stated before anything is allocated, against ``HBM_USE`` of the chip; the bytes in use once built are
+  read from the device beside them. Weights are built once a case (the megakernel's drawn on the chip, kept on the
+  host, packed on the chip layer by layer), the caches once a cell; one case's arrays are freed before the next.
+- **Times**: the engines interleaved in mk.measure.loop's one loop (harness.time_engines): a step waited on (the host's
+  time, ``step_ms``) and ``STEPS_BACK_TO_BACK`` steps dispatched back to back and waited on once (the device's,
+  ``device_step_ms``), medians with 95% intervals; then each engine's steps in a profiler trace (its device plane's
+  program time, ``profiled_step_ms``, where the profiler gives one).
+- **Limits**: each row's step against the speed of light at the chip's spec bandwidth and at its measured limit
+  (mk.measure.hbm.measured_limit), for the host's and the device's times.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..config import FULL, SLIDING, ModelConfig, get_config
+from ..files import append_csv_rows
+from ..kernel_setup import ONE_CHIP, SETUPS
+from ..progress import Log
+from ..sol import bytes_per_token
+from .harness import DEVICE_TIMING, Engine, columns, provenance, spec_speed_of_light, time_engines, usable_hbm
+
+ONE_CHIP_SETUP = "one chip"
+STAND_INS = ("write-up", "workbook")  # the kernel setups a stand-in for chip 0 of a v5e-8 runs (mk.kernel_setup)
+SLICE = 8  # the stand-in's slice: the write-up's v5e-8
+STEPS_BACK_TO_BACK = 20
+HBM_USE = 0.9  # of the chip's HBM, what the engines' arrays may take; XLA's own buffers and temporaries the rest
+CELL_BUDGET_S = 4.0
+PAIR = "sliding+full"
+COLUMNS = columns(
+    "base_model",
+    "layers",
+    "setup",
+    "runs_as",
+    "compile_s",
+    "chip",
+    *DEVICE_TIMING,
+    "profiled_step_ms",
+    "profile_source",
+    "device_tokens_per_s",
+    "limit_GBps",
+    "limit_source",
+    "host_fraction_of_limit",
+    "device_fraction_of_spec",
+    "device_fraction_of_limit",
+    "hbm_planned_GB",
+    "hbm_in_use_GB",
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    context: int
+    batch: int
+
+
+def grid(contexts=(1024, 8192, 32768), batches=(1, 4, 8), long=(131072,)) -> tuple[Cell, ...]:
+    """Every context with every batch, then each ``long`` context for one user."""
+    return tuple(Cell(c, b) for c in contexts for b in batches) + tuple(Cell(c, 1) for c in long)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model measured on one chip (the module's docstring): ``layers`` None (all), n (the first n), or ``PAIR``."""
+
+    model: str | ModelConfig
+    layers: int | str | None = None
+    dtype: str = "bf16"
+    setup: str = ONE_CHIP_SETUP
+    cells: tuple[Cell, ...] = field(default_factory=grid)
+    alone: str | None = None  # one engine only (a model too big for both): not interleaved, said so in its row
+
+    def config(self) -> ModelConfig:
+        return case_config(self.model, self.layers)
+
+    @property
+    def layers_label(self) -> str:
+        return "all" if self.layers is None else str(self.layers)
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        if self.alone is not None:
+            return (self.alone,)
+        return ("megakernel",) if self.setup != ONE_CHIP_SETUP else ("reference", "megakernel")
+
+    @property
+    def setup_label(self) -> str:
+        return ONE_CHIP_SETUP if self.setup == ONE_CHIP_SETUP else SETUPS[self.setup].name + "; loopback stand-in"
+
+    def kernel_setup(self):
+        if self.setup == ONE_CHIP_SETUP:
+            return ONE_CHIP
+        return SETUPS[self.setup].on(SLICE).replace(loopback=True)
+
+
+def case_config(model: str | ModelConfig, layers) -> ModelConfig:
+    """``model`` (a preset or data/configs name) whole, its first ``layers``, or its first sliding and first full layer
+    at full width (``PAIR``: a context's cost on a model whose every layer is read, at the weights' real shapes)."""
+    cfg = get_config(model)
+    if layers is None or layers == "all":
+        return cfg
+    if layers == PAIR:
+        if SLIDING not in cfg.layer_types or FULL not in cfg.layer_types:
+            raise ValueError(f"{cfg.name} has no sliding and full layer to pair; give a layer count")
+        return cfg.replace(name=f"{cfg.name}[{PAIR}]", layer_types=(SLIDING, FULL), dense_layers=())
+    return cfg.truncated(int(layers))
+
+
+# Memory ---------------------------------------------------------------------------------------------------------
+def _nbytes(shapes) -> int:
+    return int(sum(math.prod(s.shape) * jnp.dtype(s.dtype).itemsize for s in jax.tree.leaves(shapes)))
+
+
+def planned_bytes(case: Case, engine: str, cell: Cell) -> tuple[int, int]:
+    """(bytes ``engine`` holds on the chip for ``cell``: weights and cache, bytes more at the peak of building its
+    weights). The reference draws and lays out its tensors in order on the chip (each drawn and laid out beside those
+    before it; XLA draws and casts in one fusion, so no f32 copy is made); the megakernel draws each on the chip and
+    keeps it on the host, then packs layer by layer into its stacked tensors (one layer in flight)."""
+    from ..generate import cache_multiple
+    from ..megakernel.refs import input_shapes
+    from ..params import param_specs
+    from ..plan import build_plan, round_up
+    from ..reference import init_cache
+    from ..sharding import chip_config
+
+    cfg, setup = case.config(), case.kernel_setup()
+    drawn = chip_config(setup.laid_out(cfg), setup) if setup.loopback else cfg
+    sizes = [2 * math.prod(s.shape) for s in param_specs(drawn)]
+    if engine == "reference":
+        cache = jax.eval_shape(lambda: init_cache(cfg, cell.batch, cell.context, jnp.bfloat16))
+        before = np.cumsum([0, *sizes[:-1]])
+        return sum(sizes) + _nbytes(cache), max(0, int(max(b + 2 * n for b, n in zip(before, sizes))) - sum(sizes))
+    max_len = round_up(cell.context, cache_multiple("megakernel"))
+    plan = build_plan(cfg, cell.batch, max_len, cell.context, weight_itemsize=2, kv_itemsize=2, setup=setup,
+                      quantize=_scheme(case.dtype))  # fmt: skip
+    shapes = input_shapes(plan, jnp.bfloat16, jnp.bfloat16)
+    weights = _nbytes(shapes.weights)
+    return _nbytes(shapes), max(2 * max(sizes), weights + max(sizes)) - weights
+
+
+def _scheme(dtype: str) -> str:
+    return dtype.split("+", 1)[1] if "+" in dtype else "none"
+
+
+def in_use_bytes(device) -> float | None:
+    try:
+        return float((device.memory_stats() or {})["bytes_in_use"])
+    except Exception:  # a backend without memory statistics
+        return None
+
+
+# Engines --------------------------------------------------------------------------------------------------------
+class CaseEngines:
+    """A case's engines with their weights on the chip (built once), and a call for each cell."""
+
+    def __init__(self, case: Case, device, seed: int, log):
+        self.case, self.device, self.seed, self.log = case, device, seed, log
+        self.cfg, self.setup = case.config(), case.kernel_setup()
+        self.weights: dict[str, dict] = {}
+        self.steps: dict = {}
+
+    def build(self, engine: str) -> None:
+        from ..megakernel import make_step
+        from ..weights import device_params
+
+        t = time.perf_counter()
+        with jax.default_device(self.device):
+            if engine == "reference":
+                from ..sharding.mesh import make_mesh
+                from .tpu import reference_step
+
+                mesh = make_mesh(1, [self.device])
+                self.weights[engine] = device_params(self.cfg, self.seed, jnp.bfloat16, mesh)
+                self.steps[engine] = reference_step(mesh)
+            else:
+                step = make_step(self.cfg, self.setup)
+                tree = self._stand_in_weights(step) if self.setup.loopback else step.packed(self._kernel_tree())
+                self.weights[engine], self.steps[engine] = tree, step
+        jax.block_until_ready(self.weights[engine])
+        self.log(f"{engine}: weights on the chip in {time.perf_counter() - t:.1f} s")
+
+    def _kernel_tree(self) -> dict:
+        """The model's weights drawn on the chip one tensor at a time and kept on the host (the kernel packs them on the
+        chip layer by layer), INT8 experts quantized on the host where the case asks."""
+        from ..quant import quantized_as
+        from ..weights import random_tensors
+
+        host = {p: np.asarray(x) for p, x in random_tensors(self.cfg, self.seed, jnp.bfloat16, self.device)}
+        return quantized_as(host, self.cfg, _scheme(self.case.dtype))
+
+    def _stand_in_weights(self, step) -> dict:
+        """Chip 0's slice of the model, drawn at its own shapes (the whole model need not fit the host), packed."""
+        from ..megakernel import pack
+        from ..quant import quantized_as
+        from ..sharding import chip_config
+        from ..weights import random_tensors
+
+        local = chip_config(step.cfg, self.setup)
+        host = {p: np.asarray(x) for p, x in random_tensors(local, self.seed, jnp.bfloat16, self.device)}
+        return pack(quantized_as(host, local, _scheme(self.case.dtype)), local)
+
+    def call(self, engine: str, cell: Cell):
+        """``engine``'s step for ``cell`` (a zero cache of its context, position context - 1), compiled and run once:
+        (the call, seconds to compile and run it)."""
+        from ..generate import cache_multiple
+        from .steps import decode_call
+
+        t = time.perf_counter()
+        multiple = cache_multiple(engine)
+        with jax.default_device(self.device):
+            call = decode_call(self.steps[engine], self.weights[engine], self.cfg, cell.context, cell.batch, "bf16",
+                               cache_multiple=multiple)  # fmt: skip
+            jax.block_until_ready(call())
+        return call, time.perf_counter() - t
+
+    def close(self) -> None:
+        self.weights.clear()
+        self.steps.clear()
+        gc.collect()
+
+
+# Rows -----------------------------------------------------------------------------------------------------------
+def runs_as(engine: str, case: Case, device) -> str:
+    if engine == "reference":
+        return "XLA, one chip" + ("" if case.alone is None else "; alone (the kernel does not fit beside it)")
+    how = (
+        "Pallas kernel compiled by Mosaic" if device.platform == "tpu" else "Pallas TPU interpret mode, no TPU's speed"
+    )
+    alone = "" if case.alone is None else "; alone (the other engine does not fit beside it), not interleaved"
+    if case.kernel_setup().loopback:
+        return f"{how}: chip 0 of a v5e-{SLICE}'s step, its exchanges local copies of the same bytes (a stand-in)"
+    return f"{how}, one chip{alone}"
+
+
+def limit_columns(row: dict, limit, spec_bw: float | None, chips: int) -> dict:
+    """The row's step (host) and device step against the speed of light at the spec and at the measured limit."""
+    per_token = row["bytes_per_token"]
+    host_s, dev_s = row["step_ms"] / 1e3, row["device_step_ms"] / 1e3
+
+    def frac(bw, s):
+        return None if bw is None else float(f"{per_token / (bw * chips) / s:.4g}")
+
+    return dict(
+        device_tokens_per_s=round(1 / dev_s, 2),
+        limit_GBps=None if limit is None else round(limit.bandwidth / 1e9, 2),
+        limit_source=None if limit is None else limit.source,
+        host_fraction_of_limit=frac(limit and limit.bandwidth, host_s),
+        device_fraction_of_spec=frac(spec_bw, dev_s),
+        device_fraction_of_limit=frac(limit and limit.bandwidth, dev_s),
+    )
+
+
+def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: float, log, steps: int,
+                 min_rounds: int) -> list[dict]:  # fmt: skip
+    """Both engines of a case at ``cell``: compiled, timed interleaved (host and device), profiled; its rows."""
+    from ..chips import get_chip
+    from ..profiling import device_seconds_per_call
+
+    case, device = engines.case, engines.device
+    chips = SLICE if case.kernel_setup().loopback else 1
+    per_token = bytes_per_token(engines.cfg, cell.context, cell.batch, case.dtype).total
+    sol = spec_speed_of_light(per_token, device, chips, "tpu-v5e" if device.platform != "tpu" else None)
+    timed, compile_s = [], {}
+    for name in case.engines:
+        call, compile_s[name] = engines.call(name, cell)
+        timed.append(Engine(name, call))
+        log(f"{name}: compiled and run once in {compile_s[name]:.1f} s")
+    in_use = in_use_bytes(device)
+    planned = sum(planned_bytes(case, e, cell)[0] for e in case.engines)
+    run = dict(prov, model=engines.cfg.name, dtype=case.dtype, context=cell.context, batch=cell.batch,
+               weights=f"random (seed {engines.seed})")  # fmt: skip
+    _, rows = time_engines(timed, sol, run, budget_s, min_rounds=min_rounds, steps_back_to_back=steps, log=log)
+    spec_bw = None if sol.chip == "" else get_chip(sol.chip).per_chip_bandwidth
+    out = []
+    for e, row in zip(timed, rows):
+        profiled, source = device_seconds_per_call(e.call, steps)
+        row.update(
+            base_model=get_config(case.model).name, layers=case.layers_label, setup=case.setup_label,
+            runs_as=runs_as(e.label, case, device), compile_s=round(compile_s[e.label], 2), chip=sol.chip,
+            profiled_step_ms=None if profiled is None else round(profiled * 1e3, 4), profile_source=source,
+            hbm_planned_GB=round(planned / 1e9, 3), hbm_in_use_GB=None if in_use is None else round(in_use / 1e9, 3),
+            **limit_columns(row, limit, spec_bw, chips),
+        )  # fmt: skip
+        out.append({k: row.get(k) for k in COLUMNS})
+        log(
+            f"{e.label}: host {row['step_ms']:.3f} ms, device {row['device_step_ms']:.3f} ms"
+            + ("" if profiled is None else f", profiled {profiled * 1e3:.3f} ms")
+            + ("" if row["device_fraction_of_limit"] is None else f", {row['device_fraction_of_limit']:.1%} of limit")
+        )
+    return out
+
+
+def done_cells(path: Path | str | None, backend: str) -> set[tuple]:
+    """(model, dtype, setup, context, batch) of the rows ``path`` holds from a ``backend`` device (a run resumed on
+    one skips them)."""
+    import pandas as pd
+
+    if path is None or not Path(path).exists():
+        return set()
+    t = pd.read_csv(path)
+    t = t[t["backend"] == backend]
+    return {(r.model, r.dtype, r.setup, int(r.context), int(r.batch)) for r in t.itertuples()}
+
+
+def measure_case(case: Case, out=None, seed: int = 0, budget_s: float = CELL_BUDGET_S, deadline: float | None = None,
+                 limit=None, device=None, quiet: bool = False, steps: int = STEPS_BACK_TO_BACK,
+                 min_rounds: int = 5) -> tuple[list[dict], list[str]]:  # fmt: skip
+    """Every cell of ``case`` that fits the chip (the module's docstring), rows appended to ``out`` after each cell
+    (None: none); cells already in ``out`` from this kind of device are skipped, and so is what is left at ``deadline``
+    (time.perf_counter()). ``steps``: dispatched back to back for the device's time (and traced by the profiler).
+    Returns (rows, notes: what was skipped and why)."""
+    device = device or jax.devices()[0]
+    log, notes, rows = Log(quiet), [], []
+    cfg = case.config()
+    setup_name = case.setup_label
+    done = done_cells(out, device.platform)
+    cells = [c for c in case.cells if (cfg.name, case.dtype, setup_name, c.context, c.batch) not in done]
+    capacity = usable_hbm(device, HBM_USE)
+    fitting = []
+    for c in cells:
+        need = sum(planned_bytes(case, e, c)[0] for e in case.engines)
+        extra = max(planned_bytes(case, e, c)[1] for e in case.engines)
+        if capacity is not None and need + extra > capacity:
+            notes.append(f"{cfg.name} {case.dtype} context {c.context} batch {c.batch}: skipped, "
+                         f"{' and '.join(case.engines)} need {(need + extra) / 1e9:.1f} GB, {capacity / 1e9:.1f} GB "
+                         "usable")  # fmt: skip
+            log(notes[-1])
+        else:
+            fitting.append(c)
+    if not fitting:
+        return rows, notes
+    log(f"{cfg.name} {case.dtype} ({setup_name}): {len(fitting)} cells; planned per engine at the largest: "
+        + ", ".join(f"{e} {planned_bytes(case, e, fitting[-1])[0] / 1e9:.2f} GB" for e in case.engines)
+        + ("" if capacity is None else f" of {capacity / 1e9:.1f} GB usable"))  # fmt: skip
+    engines = CaseEngines(case, device, seed, log)
+    prov = provenance(device)
+    try:
+        for e in case.engines:
+            engines.build(e)
+        for c in fitting:
+            if deadline is not None and time.perf_counter() > deadline:
+                notes.append(f"{cfg.name} {case.dtype} context {c.context} batch {c.batch}: not measured, out of time")
+                log(notes[-1])
+                continue
+            try:
+                got = measure_cell(engines, c, limit, prov, budget_s, log, steps, min_rounds)
+            except Exception as e:  # a cell that does not compile or run: said, the run goes on
+                first = str(e).strip().splitlines()
+                notes.append(f"{cfg.name} {case.dtype} context {c.context} batch {c.batch}: failed "
+                             f"({type(e).__name__}: {first[0] if first else ''})"[:400])  # fmt: skip
+                log(notes[-1])
+                gc.collect()
+                continue
+            rows += got
+            if out is not None:
+                append_csv_rows(got, Path(out), COLUMNS, "an on-chip row")
+    finally:
+        engines.close()
+    return rows, notes

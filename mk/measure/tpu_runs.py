@@ -1,0 +1,110 @@
+"""``python -m mk tpu-measure``: what the workbook measures on a TPU chip, as one command that can be resumed.
+
+In order, each part's rows appended to its CSV under ``out_dir`` (data/measured/ by default) as they come:
+
+1. **parity** (mk.measure.chip_parity): the kernel against the reference for a tiny model of every family and each
+   format libtpu compiles, f32 and bf16 -> ``tpu_parity.csv``;
+2. **hbm** (mk.measure.hbm): the chip's HBM read rate by method and size, its best sustained figure the chip's
+   measured limit -> ``tpu_hbm.csv``;
+3. **table** (mk.measure.on_chip): :data:`TABLE`'s models, both engines interleaved, then the truncations too big for
+   both, each engine alone; then chip 0 of the write-up's v5e-8 step on the one chip -> ``tpu.csv``.
+
+A run stops starting work at its ``deadline_s`` (a call on a lent machine has ten minutes) and a later run skips the
+table's cells already measured on a TPU, so the parts can be spread over several calls (``--parts``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ..files import append_csv_rows
+from ..paths import MEASURED_DIR
+from ..progress import Log
+from ..tpu import on_tpu
+from . import chip_parity, hbm, on_chip
+from .harness import provenance
+from .on_chip import PAIR, Case, Cell, grid
+
+PARTS = ("parity", "hbm", "table")
+CONTEXTS, BATCHES = (1024, 8192, 32768), (1, 4, 8)
+ONE_USER = tuple(Cell(c, 1) for c in CONTEXTS)
+# Full-width truncations too big for both engines at once: the six layers first tried on this chip, and the deepest
+# that mk.measure.on_chip.planned_bytes says fit one v5e beside nothing else (26B-A4B: 7 layers, 31B: 9).
+TRUNCATIONS = (("gemma4-26b-a4b", 6), ("gemma4-31b", 6), ("gemma4-26b-a4b", 7), ("gemma4-31b", 9))
+# The table: dense decoders that fit (llama-3.2-1b whole, a Qwen3 at full width), Gemma 4 at full width (a sliding and
+# a full layer: every context's cost at the weights' real shapes; 26B-A4B also with INT8 experts), then the
+# truncations too big for both engines at once, each engine alone, and chip 0 of the write-up's v5e-8 step (the
+# workbook's too) on the one chip.
+TABLE = (
+    Case("llama-3.2-1b", cells=grid(CONTEXTS, BATCHES, long=(131072,))),
+    Case("gemma4-26b-a4b", PAIR, cells=grid(CONTEXTS, BATCHES, long=(131072,))),
+    Case("gemma4-31b", PAIR, cells=grid(CONTEXTS, BATCHES, long=())),
+    Case("gemma4-26b-a4b", None, setup="write-up", cells=grid((1024, 8192, 32768), (1, 8), long=())),
+    Case("gemma4-26b-a4b", None, setup="workbook", cells=grid((1024, 8192, 32768), (1, 8), long=())),
+    Case("gemma4-26b-a4b", PAIR, dtype="bf16+int8-experts", cells=grid(CONTEXTS, BATCHES, long=())),
+    Case("qwen3-8b", 8, cells=grid(CONTEXTS, BATCHES, long=())),
+    *(Case(m, n, alone=e, cells=ONE_USER[:1]) for m, n in TRUNCATIONS for e in ("megakernel", "reference")),
+)
+CSVS = {"parity": "tpu_parity.csv", "hbm": "tpu_hbm.csv", "table": "tpu.csv"}
+PARITY_COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit") + chip_parity.COLUMNS
+
+
+class NoTPU(RuntimeError):
+    """This process found no TPU."""
+
+
+def run(
+    parts=PARTS,
+    out_dir: Path | str = MEASURED_DIR,
+    deadline_s: float = 540.0,
+    cases=TABLE,
+    parity_checks=None,
+    hbm_probes=None,
+    require_tpu: bool = True,
+    quiet: bool = False,
+    **timing,
+) -> dict:
+    """Run ``parts`` (the module's docstring) in order until ``deadline_s`` from now; rows go to ``out_dir``'s CSVs.
+    Returns what was done: rows per part, the notes (what was skipped, what failed), whether every parity check held.
+    ``timing``: mk.measure.on_chip.measure_case's ``steps``, ``min_rounds``, ``budget_s``."""
+    import jax
+
+    unknown = set(parts) - set(PARTS)
+    if unknown or not parts:
+        raise ValueError(f"parts must be some of {PARTS}, got {list(parts)}")
+    if require_tpu and not on_tpu():
+        raise NoTPU(f"tpu-measure: no TPU found (JAX backend: {jax.default_backend()}); run it on a TPU VM")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log, deadline = Log(quiet), time.perf_counter() + deadline_s
+    device = jax.devices()[0]
+    prov = provenance(device)
+    log(f"{device.device_kind}: JAX {prov['jax_version']}, libtpu {prov['libtpu_version']}, commit {prov['commit']}")
+    done = dict(parity=0, hbm=0, table=0, notes=[], parity_held=None)
+    if "parity" in parts:
+        keep = {k: prov[k] for k in PARITY_COLUMNS if k in prov}
+
+        def write(row):
+            append_csv_rows([dict(keep, **row)], out_dir / CSVS["parity"], PARITY_COLUMNS, "a parity row")
+
+        rows = chip_parity.run_checks(parity_checks, quiet=quiet, on_row=write)
+        done.update(parity=len(rows), parity_held=all(r["held"] for r in rows))
+    if "hbm" in parts and time.perf_counter() < deadline:
+        table = hbm.probe_read_rate(device, hbm_probes, out=out_dir / CSVS["hbm"], quiet=quiet)
+        done["hbm"] = len(table)
+    if "table" in parts:
+        limit = hbm.measured_limit("tpu-v5e", out_dir / CSVS["hbm"]) if on_tpu() else None
+        for case in cases:
+            if time.perf_counter() >= deadline:
+                done["notes"].append(
+                    f"{case.config().name} {case.dtype} ({case.setup_label}): not started, out of time"
+                )
+                continue
+            rows, notes = on_chip.measure_case(case, out_dir / CSVS["table"], deadline=deadline, limit=limit,
+                                               device=device, quiet=quiet, **timing)  # fmt: skip
+            done["table"] += len(rows)
+            done["notes"] += notes
+    for n in done["notes"]:
+        log(n)
+    return done

@@ -1,0 +1,93 @@
+"""``python -m mk tpu-measure`` (mk.measure.tpu_runs, .on_chip, .hbm, .chip_parity) run through on the CPU: the kernel
+interpreted (races checked), rows labelled as the CPU's; a resumed run skips what is measured. The numbers it takes on
+a TPU are data/measured/'s."""
+
+import jax.numpy as jnp
+import pandas as pd
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+from mk.config import FULL, TINY_DENSE
+from mk.measure import hbm, on_chip, tpu_runs
+from mk.measure.on_chip import Case, Cell
+
+ONE_LAYER = TINY_DENSE.replace(name="tiny-dense-1", layer_types=(FULL,))
+
+
+def test_without_a_tpu_the_command_says_so_and_exits_2(capsys):
+    from mk.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["tpu-measure"])
+    assert e.value.code == 2 and "tpu-measure: no TPU found" in capsys.readouterr().err
+
+
+def test_a_run_writes_parity_read_rate_and_both_engines_rows_and_a_second_run_resumes(tmp_path):
+    probes = [hbm.Probe("xla matvec", 2**22), hbm.Probe("pallas dma stream", 2**22, 2**20, 2)]
+    case = Case(ONE_LAYER, cells=(Cell(32, 2),))
+    kw = dict(out_dir=tmp_path, cases=(case,), parity_checks=[("tiny-dense", "f32", "none")], require_tpu=False,
+              quiet=True, steps=2, min_rounds=3, budget_s=0.5)  # fmt: skip
+    import mk.measure.hbm as h
+
+    original = h.dma_stream_call
+    h.dma_stream_call = lambda *a: original(*a[:4], pltpu.InterpretParams())  # no Mosaic on a CPU
+    try:
+        done = tpu_runs.run(hbm_probes=probes, **kw)
+    finally:
+        h.dma_stream_call = original
+    assert done["parity"] == 1 and done["parity_held"] and done["hbm"] == 2 and done["table"] == 2, done
+    parity = pd.read_csv(tmp_path / "tpu_parity.csv")
+    assert parity.held.all() and parity.max_logit_diff.max() < 1e-4 and (parity.device.str.startswith("cpu")).all()
+    rates = pd.read_csv(tmp_path / "tpu_hbm.csv")
+    assert set(rates.method) == {"xla matvec", "pallas dma stream"} and (rates.device_GBps > 0).all()
+    t = pd.read_csv(tmp_path / "tpu.csv")
+    assert tuple(t.columns) == on_chip.COLUMNS and set(t.engine) == {"reference", "megakernel"}
+    for r in t.itertuples():
+        assert r.backend == "cpu" and r.model == "tiny-dense-1" and r.layers == "all" and r.steps_back_to_back == 2
+        assert 0 < r.device_step_low_ms <= r.device_step_ms <= r.device_step_high_ms
+        assert r.device_tokens_per_s == pytest.approx(1e3 / r.device_step_ms, rel=1e-3)
+        assert r.chip == "tpu-v5e" and r.device_fraction_of_spec > 0 and pd.isna(r.limit_GBps)  # no TPU limit
+    mk = t[t.engine == "megakernel"].iloc[0]
+    assert "interpret mode" in mk.runs_as and mk.interleaved_with == "reference, reference back to back"
+    again = tpu_runs.run(parts=("table",), **kw)
+    assert again["table"] == 0 and len(pd.read_csv(tmp_path / "tpu.csv")) == 2  # measured on this kind of device
+
+
+def test_a_measured_limit_is_the_best_device_rate_of_a_gib_or_more(tmp_path):
+    base = dict.fromkeys(hbm.COLUMNS, "")
+    rows = [
+        base | dict(device="tpu: TPU v5 lite", chips=1, method="xla matvec", bytes=2**28, device_GBps=800.0,
+                    date="2026-12-04T00:00:00Z"),
+        base | dict(device="tpu: TPU v5 lite", chips=1, method="xla matvec", bytes=2**31, device_GBps=741.5,
+                    date="2026-12-04T00:00:00Z"),
+        base | dict(device="tpu: TPU v5 lite", chips=1, method="pallas dma stream", bytes=2**32, device_GBps=743.0,
+                    date="2026-12-04T00:00:00Z"),
+        base | dict(device="tpu: TPU v6 lite", chips=1, method="xla matvec", bytes=2**32, device_GBps=1500.0,
+                    date="2026-12-04T00:00:00Z"),
+    ]  # fmt: skip
+    pd.DataFrame(rows, columns=hbm.COLUMNS).to_csv(tmp_path / "r.csv", index=False)
+    limit = hbm.measured_limit("tpu-v5e", tmp_path / "r.csv")
+    assert limit.bandwidth == 743e9 and limit.method == "pallas dma stream" and limit.nbytes == 2**32
+    assert "measured on tpu: TPU v5 lite 2026-12-04" in limit.source
+    assert hbm.measured_limit("tpu-v5p", tmp_path / "r.csv") is None
+
+
+def test_the_table_plans_each_engines_bytes_before_it_allocates():
+    cell = Cell(32768, 8)
+    pair = Case("gemma4-26b-a4b", on_chip.PAIR)
+    ref, ref_extra = on_chip.planned_bytes(pair, "reference", cell)
+    mk, mk_extra = on_chip.planned_bytes(pair, "megakernel", cell)
+    assert 3e9 < ref < mk < 1.2 * ref  # the kernel's layout pads; both hold the pair's weights and a 32K cache
+    embed = 2 * 262144 * 2816  # bf16 bytes of the largest tensor, drawn first
+    assert (
+        ref_extra < embed and mk_extra == embed
+    )  # the reference's peak: its last layer's; the kernel's: one in flight
+    assert pair.config().layer_types == ("sliding", "full") and pair.config().name == "gemma4-26b-a4b[sliding+full]"
+    with pytest.raises(ValueError, match="no sliding and full layer"):
+        on_chip.case_config("llama-3.2-1b", on_chip.PAIR)
+    stand_in = Case("gemma4-26b-a4b", setup="write-up")
+    assert stand_in.engines == ("megakernel",) and stand_in.kernel_setup().loopback
+    whole = on_chip.planned_bytes(Case("gemma4-26b-a4b"), "reference", Cell(1024, 1))[0]
+    chip0 = on_chip.planned_bytes(stand_in, "megakernel", Cell(1024, 1))[0]
+    assert whole / 8 < chip0 < whole / 5 < 12e9  # an eighth, and what every chip keeps whole: one v5e holds it
+    assert jnp.dtype("bfloat16").itemsize == 2
