@@ -3,7 +3,9 @@ from call to call; the same step as one jitted program, or dispatched op by op.
 
 The step is timed at position ``context - 1`` of a cache sized to ``context``, so it reads the KV cache
 ``mk.sol`` counts for that context. Decode time does not depend on what the cache holds (the shapes are fixed
-and masked), so the cache is left zero rather than filled by a prefill.
+and masked), so the cache is left zero rather than filled by a prefill. It does depend on the tokens where experts
+are routed: each user decodes a token of its own (users all given one token would all route to the same experts,
+and a kernel that fetches each distinct expert once would read less than ``mk.sol`` counts).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def decode_call(
         def step(p, _cfg, cache, t, i, _knockout):
             return prog(p, cache, t, i)
 
-    tokens = jnp.zeros((batch,), jnp.int32)
+    # each user its own token: a routed model's users pick their own experts (the same token would route all alike)
+    tokens = (jnp.arange(batch, dtype=jnp.int32) * 7919 + 11) % cfg.vocab_size
     pos = jnp.asarray(context - 1, jnp.int32)
     cache = init_cache(cfg, batch, context, ARRAY_DTYPES[dtype], multiple=cache_multiple)
     state = {"cache": adopt(cache) if adopt is not None else cache}
