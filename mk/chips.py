@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .paths import CHIPS_CSV, SLICES_CSV
+from .paths import CHIPS_CSV, SLICES_CSV, TPU_HBM_CSV
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,21 @@ def known_chip(device) -> str | None:
     kind = device.device_kind.lower().replace(" ", "")
     hits = [n for n, c in base_chips().items() if c.kind == device.platform and n.replace("-", "") in kind]
     return max(hits, key=len) if hits else None
+
+
+def compile_target(device) -> str | None:
+    """The chip Mosaic compiles a kernel for on ``device`` (its data/chips.csv name: ``tpu-v5e``), or None off a TPU,
+    where the kernel runs in the interpreter. The engine's one way to its chip (an ahead-of-time compile names its
+    own); a TPU generation data/chips.csv lacks is refused, as its VMEM limit is unknown."""
+    if device.platform != "tpu":
+        return None
+    chip = known_chip(device)
+    if chip is None:
+        raise ValueError(
+            f"the megakernel has no VMEM budget for a {device.device_kind!r}: add its chip to data/chips.csv (VMEM "
+            "from mk.tpu.probe_vmem) and its device kind to mk.tpu.DEVICE_KINDS"
+        )
+    return chip
 
 
 def get_chip(name: str) -> Chip:
@@ -182,3 +197,62 @@ def slice_shape(chip: Chip) -> SliceShape | None:
     """The documented shape (data/slices.csv) of the slice ``chip`` (``tpu-v5e-256``: 16x16), or None where its base
     chip has no documented shape of that many chips."""
     return next((s for s in slice_shapes().get(chip.base, ()) if s.chips == chip.chips), None)
+
+
+# A chip's measured HBM read rate -------------------------------------------------------------------------------------
+GIB = 2**30
+LIMIT_MIN_BYTES = GIB  # the limit is read from probes of at least this size (smaller ones pay a launch's share)
+
+
+@dataclass(frozen=True)
+class MeasuredLimit:
+    """A chip's measured HBM read rate: ``bandwidth`` (bytes/s, one chip) by ``method`` over ``nbytes`` on ``date``,
+    on ``device``, against its data sheet's ``spec`` (bytes/s)."""
+
+    chip: str
+    bandwidth: float
+    method: str
+    nbytes: int
+    date: str
+    device: str
+    spec: float
+
+    @property
+    def fraction_of_spec(self) -> float:
+        return self.bandwidth / self.spec
+
+    @property
+    def source(self) -> str:
+        return (
+            f"measured on {self.device} {self.date[:10]}: best sustained HBM read, {self.method} over "
+            f"{self.nbytes / GIB:.3g} GiB, steps back to back, {self.fraction_of_spec:.1%} of the "
+            f"{self.spec / 1e9:.0f} GB/s spec (data/measured/tpu_hbm.csv)"
+        )
+
+
+def measured_limit(chip: str, path=TPU_HBM_CSV) -> MeasuredLimit | None:
+    """``chip``'s (a chip or slice of data/chips.csv) best sustained HBM read rate measured on one such chip
+    (mk.measure.hbm writes ``path``): the largest device-time median over every method and probe of at least 1 GiB;
+    None where none was measured."""
+    from pathlib import Path
+
+    from .tpu import DEVICE_KINDS
+
+    base = get_chip(chip).base
+    path = Path(path)
+    if not path.exists():
+        return None
+    devices = {f"tpu: {k}" for k, c in DEVICE_KINDS.items() if c == base}
+    with open(path, newline="") as f:
+        rows = [
+            r
+            for r in csv.DictReader(f)
+            if r["device"] in devices and int(r["chips"]) == 1 and int(r["bytes"]) >= LIMIT_MIN_BYTES
+        ]
+    if not rows:
+        return None
+    r = max(rows, key=lambda r: float(r["device_GBps"]))
+    spec = base_chips()[base].hbm_bandwidth
+    return MeasuredLimit(
+        base, float(r["device_GBps"]) * 1e9, r["method"], int(r["bytes"]), r["date"], r["device"], spec
+    )

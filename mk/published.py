@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .config.presets import PRESETS
 from .paths import CONFIGS_DIR, INDEPENDENT_CSV, PUBLISHED_CSV
 
 
@@ -103,8 +104,10 @@ def _check_row(r: dict) -> float:
         raise ValueError(f"chip {r['chip']!r} is a slice of {slice_of.group(1)} but chips is {chips}")
     if chips > 1 and not slice_of:
         raise ValueError(f"chips is {chips} but chip {r['chip']!r} names no slice (append -{chips})")
-    if r["config"] and not (CONFIGS_DIR / r["config"] / "config.json").is_file():
-        raise ValueError(f"config {r['config']!r} is not a folder of {CONFIGS_DIR.name}/ with a config.json")
+    if r["config"] and r["config"] not in PRESETS and not (CONFIGS_DIR / r["config"] / "config.json").is_file():
+        raise ValueError(
+            f"config {r['config']!r} is neither a preset nor a folder of {CONFIGS_DIR.name}/ with a config.json"
+        )
     try:
         value = float(r["value"].replace(",", ""))
     except ValueError:

@@ -122,23 +122,6 @@ def host_device():
         return None
 
 
-def compile_target(device) -> str | None:
-    """The chip Mosaic compiles a kernel for on ``device`` (its data/chips.csv name: ``tpu-v5e``), or None off a TPU,
-    where the kernel runs in the interpreter. The engine's one way to its chip (an ahead-of-time compile names its
-    own); a TPU generation data/chips.csv lacks is refused, as its VMEM limit is unknown."""
-    if device.platform != "tpu":
-        return None
-    from .chips import known_chip
-
-    chip = known_chip(device)
-    if chip is None:
-        raise ValueError(
-            f"the megakernel has no VMEM budget for a {device.device_kind!r}: add its chip to data/chips.csv (VMEM "
-            "from mk.tpu.probe_vmem) and its device kind to mk.tpu.DEVICE_KINDS"
-        )
-    return chip
-
-
 def interpret_params(detect_races: bool = False):
     """``None`` (compile with Mosaic) on a TPU, else TPU interpret-mode parameters."""
     if on_tpu():

@@ -132,3 +132,38 @@ def test_kimi_k2_needs_a_v5e_pod_at_bf16_and_no_documented_v5e_slice_holds_it_in
         ]
     }
     assert f32["tpu-v5e"]["slice"] == "tpu-v5e-256" and not f32["tpu-v5e"]["fits"]
+
+
+def test_the_engine_finds_the_chip_it_compiles_for_from_its_device():
+    """mk.chips.compile_target: a TPU device's chip (its VMEM limit's), None off a TPU (the interpreter), and a TPU
+    generation data/chips.csv lacks refused by name."""
+    import jax
+
+    from mk.chips import compile_target
+
+    class Device:
+        platform = "tpu"
+
+        def __init__(self, kind):
+            self.device_kind = kind
+
+    assert compile_target(Device("TPU v5 lite")) == "tpu-v5e" and compile_target(Device("TPU v6 lite")) == "tpu-v6e"
+    assert compile_target(jax.devices()[0]) is None
+    with pytest.raises(ValueError, match="no VMEM budget for a 'TPU v9'"):
+        compile_target(Device("TPU v9"))
+
+
+def test_a_compiled_kernel_gets_the_plans_vmem_limit_for_its_chip():
+    """The kernel's Mosaic parameters carry the plan's VMEM limit for the chip it is compiled for (the engine and the
+    ahead-of-time compile both build it through build_call); a compile without a chip is refused."""
+    import jax.numpy as jnp
+
+    from mk.config import TINY_MOE
+    from mk.megakernel.kernel import build_call, compiler_params
+    from mk.plan import build_plan
+
+    plan = build_plan(TINY_MOE, 2, 64)
+    assert compiler_params(plan, "tpu-v5e").vmem_limit_bytes == plan.vmem_limit("tpu-v5e") > plan.vmem_bytes
+    assert compiler_params(plan, None).vmem_limit_bytes is None  # interpreted: no compiler
+    with pytest.raises(ValueError, match="needs its target chip"):
+        build_call(plan, jnp.float32, jnp.float32)

@@ -90,6 +90,9 @@ def test_a_run_over_simulated_chips_checks_times_and_writes_rows_labelled_as_the
         min_rounds=3,
         max_rounds=3,
         quiet=True,
+        families=(),  # every family's check on one chip: tests/test_tpu_runs.py
+        formats=(),
+        steps=2,
     )
     assert not r.failed and not r.notes, r.notes
     (check,) = r.parity
@@ -102,9 +105,9 @@ def test_a_run_over_simulated_chips_checks_times_and_writes_rows_labelled_as_the
         rows = {row["engine"]: row for row in reader}
     assert set(rows) == {"reference", "megakernel"}
     ref, mk = rows["reference"], rows["megakernel"]
-    assert mk["parity"] == "held" and ref["parity"] == ""
-    assert mk["placement"] == "whole" and ref["placement"] == "-"
-    assert mk["interleaved_with"] == "reference" and ref["interleaved_with"] == "megakernel[whole]"
+    assert mk["setup"] == "2 chips, whole experts" and ref["setup"] == "GSPMD over 2 chips"
+    assert mk["interleaved_with"] == "reference, reference back to back"
+    assert ref["interleaved_with"] == "megakernel[whole], megakernel[whole] back to back"
     assert "interpret mode" in mk["runs_as"] and "GSPMD over 2 chips" in ref["runs_as"]
     for row in rows.values():
         assert row["device"].startswith("cpu") and row["backend"] == "cpu" and row["chips"] == "2"
@@ -119,5 +122,7 @@ def test_a_run_over_simulated_chips_checks_times_and_writes_rows_labelled_as_the
         assert row["chip"] == "tpu-v5e-2"  # the slice the timing model predicts the row for (mk.analysis.verdict)
         assert 0 < float(row["fraction_of_sol_low"]) <= float(row["fraction_of_sol"]) <= 1
         assert int(row["bytes_per_token"]) > 0
+        assert row["steps_back_to_back"] == "2" and 0 < float(row["device_step_ms"])
+        assert row["limit_GBps"] == "" and row["profile_source"] == "not profiled"  # no TPU measured on a CPU
     assert "tiny-moe-1-layer" in tpu_smoke.text(r) and "parity: whole held" in tpu_smoke.text(r)
     assert json.loads(json.dumps(r.to_dict()))["csv"] == str(out)  # what --json prints

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
+from mk.chips import measured_limit
 from mk.config import FULL, TINY_DENSE
 from mk.measure import hbm, on_chip, tpu_runs
 from mk.measure.on_chip import Case, Cell
@@ -66,10 +67,13 @@ def test_a_measured_limit_is_the_best_device_rate_of_a_gib_or_more(tmp_path):
                     date="2026-12-04T00:00:00Z"),
     ]  # fmt: skip
     pd.DataFrame(rows, columns=hbm.COLUMNS).to_csv(tmp_path / "r.csv", index=False)
-    limit = hbm.measured_limit("tpu-v5e", tmp_path / "r.csv")
+    limit = measured_limit("tpu-v5e", tmp_path / "r.csv")
     assert limit.bandwidth == 743e9 and limit.method == "pallas dma stream" and limit.nbytes == 2**32
     assert "measured on tpu: TPU v5 lite 2026-12-04" in limit.source
-    assert hbm.measured_limit("tpu-v5p", tmp_path / "r.csv") is None
+    assert measured_limit("tpu-v5p", tmp_path / "r.csv") is None
+    assert (
+        limit.fraction_of_spec == pytest.approx(743 / 819) and measured_limit("tpu-v5e-8", tmp_path / "r.csv") == limit
+    )
 
 
 def test_the_table_plans_each_engines_bytes_before_it_allocates():

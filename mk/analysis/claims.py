@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..chips import get_chip
 from ..config import get_config
-from ..kernel_setup import WORKBOOK_KERNEL
+from ..kernel_setup import WORKBOOK_KERNEL, WRITE_UP_KERNEL
 from ..published import published_table
 from ..routing import busiest_chip_distribution
 from ..sol import bytes_per_token, speed_of_light
@@ -123,6 +123,45 @@ def workbook_claims(chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def measured_claims(steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The write-up's claims that a measurement on one real TPU v5e speaks to (mk.analysis.on_tpu), each beside its
+    published value with the error: the MoE headline from chip 0 of the write-up's v5e-8 step measured on the chip
+    plus the links' modelled time, and the dense model's fraction of the speed of light and its speed-up over a
+    general stack on the same TPU from Gemma 4 31B at full width (its first sliding and full layer) on one chip,
+    XLA's compiled reference standing for the general stack. Empty where nothing was measured on a TPU."""
+    from .on_tpu import stand_in_headline, tpu_steps
+
+    s = tpu_steps() if steps is None else steps
+    pub = published_table().set_index("key")
+    rows = []
+    head = stand_in_headline(s)
+    head = head[head.setup == WRITE_UP_KERNEL.name]
+    for r in head.itertuples():
+        date = ", ".join(sorted(set(s.date.str[:10])))
+        kind = f"measured (chip 0 of the v5e-8 step on one TPU v5e, {date}) + modelled (its links, mk.timing)"
+        for key, ours in (("mk_v5e8_moe_step", r.step_ms / 1e3), ("mk_v5e8_moe_tps", r.tokens_per_s),
+                          ("mk_v5e8_moe_sol_fraction", r.fraction_of_sol)):  # fmt: skip
+            rows.append(_measured_row(pub.loc[key], key, ours, kind, ("12_headline",)))
+    dense = s[(s.base_model == DENSE) & (s.context == 1024) & (s.batch == 1) & (s.setup == "one chip")]
+    if set(dense.engine) == {"megakernel", "reference"}:
+        mk, xla = (dense[dense.engine == e].iloc[0] for e in ("megakernel", "reference"))
+        kind = (f"measured ({mk.model} on one TPU v5e, {mk.date[:10]}; the general stack: XLA's compiled reference, "
+                "not vLLM; a fraction of the data sheet's speed of light)")  # fmt: skip
+        rows.append(_measured_row(pub.loc["mk_v5e8_dense_sol_fraction"], "mk_v5e8_dense_sol_fraction",
+                                  mk.device_fraction_of_spec, kind, ("12_steps",)))  # fmt: skip
+        rows.append(_measured_row(pub.loc["verdict_dense_same_tpu"], "verdict_dense_same_tpu",
+                                  xla.device_ms / mk.device_ms, kind, ("12_steps",)))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _measured_row(r, key: str, ours: float, kind: str, shown) -> dict:
+    value = float(r["value"])
+    claim = _claim(r)
+    return dict(key=f"{key} (measured)", claim=claim, published=value, workbook=ours,
+                unit=r["unit"] if isinstance(r["unit"], str) else "", kind=kind, error=ours / value - 1,
+                shown_in=list(shown))  # fmt: skip
+
+
 def claims_table(
     validation: pd.DataFrame | None = None, verdicts: pd.DataFrame | None = None, workbook: bool = True
 ) -> pd.DataFrame:
@@ -179,7 +218,7 @@ def claims_table(
                 shown_in=list(CLAIMS[key]),
             )
         )
-    out = pd.DataFrame(rows)
+    out = pd.concat([pd.DataFrame(rows), measured_claims()], ignore_index=True)
     return pd.concat([out, workbook_claims()], ignore_index=True) if workbook else out
 
 

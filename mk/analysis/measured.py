@@ -1,6 +1,6 @@
-"""The timing model held against what it did not make: XLA's own TPU cost model of the general stack, and the steps
-and per-kernel costs measured on real devices (data/measured/), each row beside the model's step for the same
-configuration."""
+"""The timing model held against what it did not make: XLA's own TPU cost model of the general stack, and the
+general-stack steps and per-kernel costs measured on real devices (data/measured/), each row beside the model's step
+for the same configuration (the steps measured on a TPU: mk.analysis.on_tpu)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pandas as pd
 
 from ..chips import get_chip
 from ..config import get_config
-from ..kernel_setup import WORKBOOK_KERNEL
-from ..timing import MODELLED, kernel_cost, predict
+from ..timing import kernel_cost, predict
 
 
 def xla_comparison(model: str, chip: str, context: int = 1024, batch: int = 1) -> pd.DataFrame:
@@ -112,45 +111,3 @@ def measured_kernel_costs(measured: pd.DataFrame | None = None) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     out["implied_over_fitted"] = out.implied_kernel_us / out.fitted_gpu_kernel_us
     return out[columns].assign(kind="measured (data/measured/) vs fitted (mk.timing, GPUs)")
-
-
-def measured_megakernel(path=None) -> pd.DataFrame:
-    """Every megakernel step measured on a TPU (data/measured/tpu.csv, written by python -m mk tpu-smoke) beside
-    the timing model's prediction for the same model, slice, context, batch, placement and data type (the
-    workbook's kernel, mk.kernel_setup.WORKBOOK_KERNEL, with the run's placement), with the error
-    modelled / measured - 1. Empty (with its columns) until a TPU has run it; rows whose device is not a chip of
-    data/chips.csv are left out."""
-    from ..paths import TPU_CSV
-
-    path = TPU_CSV if path is None else path
-    columns = ["date", "device", "chip", "model", "placement", "dtype", "context", "batch", "measured_ms",
-               "measured_low_ms", "measured_high_ms", "modelled_ms", "setup", "error", "parity", "commit"]  # fmt: skip
-    if not path.exists():
-        return pd.DataFrame(columns=columns)
-    t = pd.read_csv(path, keep_default_na=False)
-    t = t[(t.engine == "megakernel") & (t.chip != "") & (t.backend == "tpu")]
-    rows = []
-    for _, r in t.iterrows():
-        setup = WORKBOOK_KERNEL.replace(placement=r["placement"] if r["placement"] in ("whole", "split") else "split")
-        p = predict(r["model"], r["chip"], int(r["context"]), int(r["batch"]), dtype=r["dtype"], setup=setup)
-        rows.append(
-            dict(
-                date=r["date"],
-                device=r["device"],
-                chip=r["chip"],
-                model=r["model"],
-                placement=r["placement"],
-                dtype=r["dtype"],
-                context=int(r["context"]),
-                batch=int(r["batch"]),
-                measured_ms=float(r["step_ms"]),
-                measured_low_ms=float(r["step_low_ms"]),
-                measured_high_ms=float(r["step_high_ms"]),
-                modelled_ms=p.step_s * 1e3,
-                setup=setup.name,
-                error=p.step_s * 1e3 / float(r["step_ms"]) - 1,
-                parity=r["parity"],
-                commit=r["commit"],
-            )
-        )
-    return pd.DataFrame(rows, columns=columns).assign(kind="measured (TPU, python -m mk tpu-smoke) vs " + MODELLED)

@@ -132,7 +132,7 @@ def check(model: str, dtype: str, quantize: str = "none", seed: int = 0, steps: 
 def run_checks(chosen=None, seed: int = 0, quiet: bool = False, on_row=None) -> list[dict]:
     """Every check of ``chosen`` (default :func:`checks`) in turn, a line each; ``on_row(row)`` after each."""
     log, rows = Log(quiet), []
-    for model, dtype, quantize in chosen or checks():
+    for model, dtype, quantize in checks() if chosen is None else chosen:
         row = check(model, dtype, quantize, seed)
         rows.append(row)
         if on_row is not None:

@@ -9,7 +9,7 @@ set against what the chip can do as well as against its data sheet.
 - **Times**: each probe timed alone in mk.measure.loop's one loop, a call waited on (the host's time) interleaved with
   ``steps`` calls dispatched back to back and waited on once (the device's), medians with 95% intervals.
 - **The limit**: the best sustained read rate, the largest device-time median over every method and size of at least
-  1 GiB (:func:`measured_limit`), kept with its method, size and date: a measurement, not a fitted constant.
+  1 GiB (mk.chips.measured_limit), kept with its method, size and date: a measurement, not a fitted constant.
 
 Rows go to data/measured/tpu_hbm.csv (mk.paths.TPU_HBM_CSV) with mk.measure.harness's provenance.
 """
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..chips import GIB
 from ..files import append_csv_rows
 from ..paths import TPU_HBM_CSV
 from ..profiling import Estimate, dma_stream_call, probe_calls
@@ -29,12 +30,10 @@ from ..progress import Log
 from .harness import PROVENANCE, provenance
 from .loop import back_to_back, interleaved
 
-GIB = 2**30
 SIZES = (GIB // 4, GIB // 2, GIB, 2 * GIB, 4 * GIB, 8 * GIB)
 # (chunk bytes, copies in flight) of the DMA stream: the megakernel's weight tiles are 1-4 MiB, two to four deep
 DMA_STREAMS = ((2**20, 2), (4 * 2**20, 2), (4 * 2**20, 4), (8 * 2**20, 4))
 DMA_SIZES = (GIB, 4 * GIB)
-LIMIT_MIN_BYTES = GIB  # the limit is read from probes of at least this size (smaller ones pay a launch's share)
 STEPS = 10
 COLUMNS = PROVENANCE + (
     "method",
@@ -130,40 +129,3 @@ def probe_read_rate(
     if out is not None and rows:
         append_csv_rows(rows, Path(out), COLUMNS, "an HBM read-rate row")
     return pd.DataFrame(rows, columns=COLUMNS)
-
-
-@dataclass(frozen=True)
-class MeasuredLimit:
-    """A chip's measured HBM read rate: ``bandwidth`` (bytes/s) by ``method`` over ``nbytes``, on ``date``."""
-
-    chip: str
-    bandwidth: float
-    method: str
-    nbytes: int
-    date: str
-    device: str
-
-    @property
-    def source(self) -> str:
-        return (
-            f"measured on {self.device} {self.date[:10]}: best sustained HBM read, {self.method} over "
-            f"{self.nbytes / GIB:.3g} GiB, steps back to back (data/measured/tpu_hbm.csv)"
-        )
-
-
-def measured_limit(chip: str, path: Path | str = TPU_HBM_CSV) -> MeasuredLimit | None:
-    """``chip``'s (a base name of data/chips.csv: ``tpu-v5e``) best sustained read rate measured on one such chip, from
-    ``path``; None where none was measured."""
-    from ..chips import get_chip
-    from ..tpu import DEVICE_KINDS
-
-    path = Path(path)
-    if not path.exists():
-        return None
-    t = pd.read_csv(path)
-    kinds = [k for k, c in DEVICE_KINDS.items() if c == get_chip(chip).base]
-    t = t[t["device"].isin([f"tpu: {k}" for k in kinds]) & (t["chips"] == 1) & (t["bytes"] >= LIMIT_MIN_BYTES)]
-    if t.empty:
-        return None
-    r = t.loc[t["device_GBps"].idxmax()]
-    return MeasuredLimit(chip, float(r["device_GBps"]) * 1e9, r["method"], int(r["bytes"]), r["date"], r["device"])

@@ -185,7 +185,7 @@ class CaseEngines:
         with jax.default_device(self.device):
             if engine == "reference":
                 from ..sharding.mesh import make_mesh
-                from .tpu import reference_step
+                from .steps import reference_step
 
                 mesh = make_mesh(1, [self.device])
                 self.weights[engine] = device_params(self.cfg, self.seed, jnp.bfloat16, mesh)
@@ -266,6 +266,14 @@ def limit_columns(row: dict, limit, spec_bw: float | None, chips: int) -> dict:
         device_fraction_of_spec=frac(spec_bw, dev_s),
         device_fraction_of_limit=frac(limit and limit.bandwidth, dev_s),
     )
+
+
+def complete(row: dict, limit, spec_bw: float | None, chips: int) -> dict:
+    """A timed row (harness.time_engines's, with the device's times) with this table's other columns: its limits,
+    and no profile or memory plan (a run that took neither)."""
+    row = dict(row, profiled_step_ms=None, profile_source="not profiled", hbm_planned_GB=None, hbm_in_use_GB=None)
+    row.update(limit_columns(row, limit, spec_bw, chips))
+    return {k: row.get(k) for k in COLUMNS}
 
 
 def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: float, log, steps: int,

@@ -78,3 +78,17 @@ def op_by_op(call: Callable[[], jax.Array]) -> Callable[[], jax.Array]:
 def step_program(step, cfg: ModelConfig, knockout=frozenset()):
     """The decode step as one jitted program with the cache donated, as an engine runs it."""
     return jax.jit(lambda p, c, t, i: step(p, cfg, c, t, i, knockout), donate_argnums=(1,))
+
+
+def reference_step(mesh):
+    """``mk.reference.decode_step`` with its cache split over ``mesh`` (gspmd_sharding) once made, as
+    ``mk.measure.steps.decode_call`` adopts an engine's cache; its parameters come split already."""
+    from ..reference import decode_step, prepare
+    from ..sharding.mesh import gspmd_sharding
+
+    def step(params, cfg, cache, tokens, pos, knockout=frozenset()):
+        return decode_step(params, cfg, cache, tokens, pos, knockout)
+
+    step.prepare = prepare  # a prepared tree is used as it is
+    step.adopt_cache = lambda cache: {k: jax.device_put(a, gspmd_sharding(mesh, a.shape)) for k, a in cache.items()}
+    return step

@@ -4,7 +4,9 @@ On a TPU VM or slice it finds the chips, checks the megakernel against the refer
 decode steps interleaved, and appends one row per engine timed to ``data/measured/tpu.csv``:
 
 - **The chips**: ``jax.devices()``, all of them in a one-axis mesh (``chips``: the first N).
-- **Parity**: a small model that fits anywhere (``parity_model``, default ``cpu-moe``), random f32 weights
+- **Parity**: first every family's tiny model and each compiled format on one chip, f32 and bf16
+  (mk.measure.chip_parity: about three minutes on a v5e for all sixteen); then over the chips a small model that
+  fits anywhere (``parity_model``, default ``cpu-moe``), random f32 weights
   (``seed``), a few users with prompts of different lengths: the megakernel's greedy tokens over the chips
   must be the reference's, for each expert placement asked (a dense model, or one chip, has none). Both run
   with f32 matrix products at full precision (``jax.default_matmul_precision("highest")``: XLA on a TPU
@@ -14,7 +16,8 @@ decode steps interleaved, and appends one row per engine timed to ``data/measure
   positions (``mk.measure.steps.decode_call``; decode time does not depend on what the cache holds), random
   weights (seed 0, the same draws for both: ``mk.weights.random_tensors``), full size, bf16 by default, timed
   interleaved round by round (``mk.measure.harness.time_engines``, mk.measure.loop's one loop: each median
-  step known to +-1%, medians with 95% intervals). The reference runs
+  step known to +-1%, medians with 95% intervals), one step waited on (the host's time) and ``steps`` dispatched
+  back to back, waited on once (the device's). The reference runs
   as XLA compiles it, its parameters and cache split over the mesh for GSPMD to partition
   (``mk.sharding.gspmd_sharding``); the megakernel as ``python -m mk generate --engine megakernel
   --chips N`` runs it, each chip's slice packed on that chip.
@@ -26,14 +29,15 @@ decode steps interleaved, and appends one row per engine timed to ``data/measure
   (RESOURCE_EXHAUSTED), is skipped and the run says so.
 - **Speed of light**: ``mk.sol``'s bytes per step over the chips' spec HBM bandwidth from data/chips.csv,
   where the device is a known chip (``mk.chips.known_chip``: tpu-v5e, tpu-v6e, tpu-v7x) or ``chip`` names
-  one; otherwise it is unknown and the row says so.
+  one; otherwise it is unknown and the row says so; on a TPU also its measured limit (mk.chips.measured_limit).
 - **Budget**: ``budget_s`` from start to rows; the check and each build run to their end (a compile cannot be
   interrupted), the timing gets what is left, at least ``MIN_TIMING_S`` per group, and what is not started
   by the deadline is skipped.
 
 ``require_tpu=False`` runs the same path anywhere (the tests: the CPU's simulated devices, the kernel in
 interpret mode); every row names its device and how the kernel ran, so a CPU row is never taken for a TPU's.
-Rows have mk.measure.harness's columns, then this driver's own.
+Rows have mk.measure.on_chip's columns (data/measured/tpu.csv is one table, written by ``tpu-measure`` too); the
+arrays of one group of engines are let go before the next group's are built.
 """
 
 from __future__ import annotations
@@ -48,32 +52,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..chips import get_chip
+from ..chips import get_chip, measured_limit
 from ..config import ModelConfig, get_config
 from ..files import append_csv_rows
 from ..paths import TPU_CSV
 from ..progress import Log
 from ..reference import forget_prepared
-from ..sharding.mesh import gspmd_sharding, make_mesh
+from ..sharding.mesh import make_mesh
 from ..sol import bytes_per_token
 from ..tpu import on_tpu, races_detected, reset_interpreter
 from ..units import positive_int
-from . import chip_parity
+from . import chip_parity, on_chip
 from .harness import (
     ARRAY_DTYPES,
-    DEVICE_TIMING,
     MIN_TIMING_S,
     Engine,
-    columns,
     provenance,
     spec_speed_of_light,
     time_engines,
     unknown_speed_of_light,
     usable_hbm,
 )
-from .steps import decode_call
+from .steps import decode_call, reference_step
 
-COLUMNS = columns("placement", "runs_as", "compile_s", "chip", "parity", "parity_check", *DEVICE_TIMING)
+COLUMNS = on_chip.COLUMNS  # one table of steps measured on TPUs, data/measured/tpu.csv
 STEPS_BACK_TO_BACK = 20  # a step's device time: this many dispatched back to back, waited on once
 PLACEMENTS = ("whole", "split")
 NO_PLACEMENT = "-"  # a dense model, or one chip: experts are not placed
@@ -293,19 +295,6 @@ def _first_line(e: BaseException) -> str:
 
 
 # Engines ----------------------------------------------------------------------------------------------------
-def reference_step(mesh):
-    """``mk.reference.decode_step`` with its cache split over ``mesh`` (gspmd_sharding) once made, as
-    ``mk.measure.steps.decode_call`` adopts an engine's cache; its parameters come split already."""
-    from ..reference import decode_step, prepare
-
-    def step(params, cfg, cache, tokens, pos, knockout=frozenset()):
-        return decode_step(params, cfg, cache, tokens, pos, knockout)
-
-    step.prepare = prepare  # a prepared tree is used as it is
-    step.adopt_cache = lambda cache: {k: jax.device_put(a, gspmd_sharding(mesh, a.shape)) for k, a in cache.items()}
-    return step
-
-
 class _Builder:
     """Builds each engine's step on the mesh: the reference's weights drawn split over it, the megakernel's
     drawn there too and brought to the host, from where each chip packs its slice (kept for every placement
@@ -384,11 +373,14 @@ def run(
     quiet: bool = False,
     families=chip_parity.FAMILIES,
     formats=chip_parity.FORMATS,
+    steps: int = STEPS_BACK_TO_BACK,
 ) -> Result:
     """Check the megakernel against the reference on this machine's chips and time both (module docstring);
     append the rows to ``out`` (None: no file). ``require_tpu``: refuse (NoTPU) anywhere but on a TPU.
     ``chip``: the speed of light's chip where the device is none of data/chips.csv's. ``min_rounds``,
-    ``max_rounds``: the timing loop's (None: mk.measure.loop.MAX_ROUNDS)."""
+    ``max_rounds``: the timing loop's (None: mk.measure.loop.MAX_ROUNDS). ``families``, ``formats``: the tiny models
+    and formats checked on one chip first (mk.measure.chip_parity); ``steps``: dispatched back to back for the device's
+    time of a step."""
     cfg, parity_cfg = _config(model), _config(parity_model)
     placements = tuple(placements)
     check_args(cfg, parity_cfg, context, batch, placements, chips, budget_s, dtype)
@@ -453,7 +445,8 @@ def run(
         batch=batch,
         weights=f"random (seed {seed})",
         chip=sol.chip,
-        parity_check=check,
+        base_model=cfg.name,
+        layers="all",
     )
     built: dict[str, Engine] = {}
     gone: set[str] = set()  # failed to build: not tried again
@@ -471,7 +464,7 @@ def run(
                 continue
             try:
                 e = by_label[label]
-                own = dict(placement=e.placement, runs_as=_runs_as(e, dev, n), parity=_parity_word(e, held))
+                own = dict(setup=_setup_word(e, n), runs_as=_runs_as(e, dev, n))
                 built[label] = builder.build(e, own)
             except Exception as e:
                 gone.add(label)
@@ -495,9 +488,11 @@ def run(
             max_rounds=max_rounds,
             warmup=1,  # each has run once already (its compile)
             log=log,
-            steps_back_to_back=STEPS_BACK_TO_BACK,
+            steps_back_to_back=steps,
         )
-        rows += timed
+        limit = measured_limit(sol.chip) if sol.chip and on_tpu() else None  # a chip's limit, for a chip's rows
+        spec = get_chip(sol.chip).per_chip_bandwidth if sol.chip else None
+        rows += [on_chip.complete(r, limit, spec, n) for r in timed]
         del ready  # the group's arrays go with their engines before the next group's are built
     built.clear()
     if not rows:
@@ -510,14 +505,13 @@ def run(
     return Result(rows, parity, notes, failed, written, family_checks)
 
 
-def _parity_word(engine: Candidate, held: dict[str, bool]) -> str | None:
-    """For a megakernel row: whether its placement's check held on the parity model (a dense parity model,
-    or one chip, checks once for every placement; a dense timed model takes every placement's). None for the
-    reference: it is what the check holds to."""
+def _setup_word(engine: Candidate, chips: int) -> str:
+    """A row's setup: the megakernel's chips and where its experts live; the reference's GSPMD split."""
+    if chips == 1:
+        return on_chip.ONE_CHIP_SETUP
     if engine.name == "reference":
-        return None
-    ok = held.get(engine.placement, held.get(NO_PLACEMENT, all(held.values())))
-    return "held" if ok else "failed"
+        return f"GSPMD over {chips} chips"
+    return f"{chips} chips" + ("" if engine.placement == NO_PLACEMENT else f", {engine.placement} experts")
 
 
 def text(result: Result) -> str:
@@ -532,7 +526,7 @@ def text(result: Result) -> str:
         )
         for r in result.rows:
             frac = "" if r["fraction_of_sol"] is None else f"  {100 * r['fraction_of_sol']:.3g}% of the speed of light"
-            label = r["engine"] + ("" if r["placement"] == NO_PLACEMENT else f"[{r['placement']}]")
+            label = f"{r['engine']} ({r['setup']})"
             lines.append(
                 f"  {label:<19} {r['step_ms']:10.3f} ms ({r['step_low_ms']:.3f}-{r['step_high_ms']:.3f}, "
                 f"{r['rounds']} rounds)  {r['tokens_per_s']:9.1f} tok/s{frac}"

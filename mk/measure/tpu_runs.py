@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..chips import measured_limit
 from ..files import append_csv_rows
 from ..paths import MEASURED_DIR
 from ..progress import Log
@@ -94,7 +95,7 @@ def run(
         table = hbm.probe_read_rate(device, hbm_probes, out=out_dir / CSVS["hbm"], quiet=quiet)
         done["hbm"] = len(table)
     if "table" in parts:
-        limit = hbm.measured_limit("tpu-v5e", out_dir / CSVS["hbm"]) if on_tpu() else None
+        limit = measured_limit("tpu-v5e", out_dir / CSVS["hbm"]) if on_tpu() else None
         for case in cases:
             if time.perf_counter() >= deadline:
                 done["notes"].append(

@@ -27,6 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ..chips import compile_target
 from ..config import SLIDING, ModelConfig
 from ..kernel_setup import ONE_CHIP, AttentionSplit, KernelSetup
 from ..params import NORMS, check_knockout
@@ -61,7 +62,7 @@ from ..sharding import (
     split_axis,
     torus_order,
 )
-from ..tpu import compile_target, host_device, interpret_params
+from ..tpu import host_device, interpret_params
 from . import collective, moe
 from .emit import emitter
 from .pack import adopt_cache_chips, pack, reference_cache_chips

@@ -16,8 +16,10 @@ def timeline(
     ici_latency_s: float = 0.0,
     compute_s: Callable[[Op], float] | None = None,
     load_bytes: Callable[[Load], float] | None = None,
+    bandwidth: float | None = None,
 ) -> list[dict]:
-    """The DMA engine serves weight tiles in the order the plan issues them at the chip's HBM bandwidth;
+    """The DMA engine serves weight tiles in the order the plan issues them at ``bandwidth`` (bytes/s a chip, the HBM
+    read rate mk.timing.bandwidth charges the chip: required);
     compute runs the ops in order, each waiting for its tile, at the chip's bf16 FLOP/s plus a fixed
     ``op_overhead_s`` per op (loop step, semaphore wait, vector setup) and ``dma_issue_s`` per DMA it
     issues (a number, or a function of the load; with both zero the model has no cost but bytes and FLOPs).
@@ -33,7 +35,9 @@ def timeline(
     narrower weight types). ``distinct[layer]``: experts fetched per layer (default:
     the expected number under uniform routing, rounded). Rows: lane, stream (weights, kv cache, serial,
     compute), what, layer, component, start_s, end_s. A first-order model of one chip, not a measurement."""
-    return _walk(plan, chip, distinct, op_overhead_s, dma_issue_s, ici_latency_s, compute_s, load_bytes, True)[0]
+    return _walk(
+        plan, chip, distinct, op_overhead_s, dma_issue_s, ici_latency_s, compute_s, load_bytes, True, bandwidth
+    )[0]
 
 
 def step_end(plan, chip, distinct: dict[int, int] | None = None, **costs) -> float:
@@ -51,11 +55,16 @@ def _walk(
     compute_s=None,
     load_bytes=None,
     record=True,
+    bandwidth=None,
 ) -> tuple[list[dict], float]:
     from ..chips import get_chip
 
     chip = get_chip(chip) if isinstance(chip, str) else chip
-    bw, flops = chip.per_chip_bandwidth, chip.bf16_flops / chip.chips
+    if bandwidth is None:
+        raise ValueError(
+            "a timeline needs the HBM read rate it charges (bytes/s a chip: mk.timing.bandwidth.read_rate)"
+        )
+    bw, flops = bandwidth, chip.bf16_flops / chip.chips
     compute_s = compute_s or (lambda op: op.flops / flops)
     load_bytes = load_bytes or (lambda ld: ld.nbytes)
     if distinct is None:

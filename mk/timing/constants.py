@@ -24,7 +24,7 @@ class Constant:
     applies_to: str  # tpu, gpu, all, or base chip names separated by spaces (mi300x mi325x)
     value: float | None
     unit: str
-    kind: str  # cited, published, fitted or assumed
+    kind: str  # cited, published, fitted, assumed, or measured (read from data/measured/ at run time)
     fit_to: str | None  # the published key it is fitted to or read from: data/published.csv's (data/independent.csv's
     # for the GPU megakernel's cost per op)
     source: str

@@ -14,7 +14,6 @@ from functools import lru_cache
 
 import pandas as pd
 
-from ..paths import CONFIGS_DIR
 from ..published import independent_table
 from .constants import FITS, Constant, constant
 from .general_stack import kernel_cost
@@ -34,11 +33,10 @@ def context_of(row) -> tuple[int, bool]:
 
 def point_prediction(row, context: int | None = None, **kw) -> Prediction:
     """:func:`mk.timing.predict` for a point of data/independent.csv (a row of it) in the configuration its page
-    states: its model's config (data/configs), chip or slice, users, weights' data type and engine, at ``context``
-    (default: :func:`context_of`). ``kw``: predict's keywords."""
+    states: its model's config (a data/configs name or a preset), chip or slice, users, weights' data type and engine,
+    at ``context`` (default: :func:`context_of`). ``kw``: predict's keywords."""
     context = context_of(row)[0] if context is None else context
-    return predict(str(CONFIGS_DIR / row["config"]), row["chip"], context, int(row["batch"]), row["engine"],
-                   dtype=row["dtype"], **kw)  # fmt: skip
+    return predict(row["config"], row["chip"], context, int(row["batch"]), row["engine"], dtype=row["dtype"], **kw)
 
 
 def implied_op_cost(row, published_s: float, context: int | None = None, rtol: float = 1e-6) -> float:

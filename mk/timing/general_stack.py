@@ -14,6 +14,7 @@ from ..kernel_setup import ONE_CHIP, Collective, KernelSetup
 from ..plan import HeadTile, MatmulTile, Op, StepPlan
 from ..published import published, published_table
 from ..sol import speed_of_light
+from .bandwidth import read_rate
 from .constants import constant
 from .work import compute_seconds, link_latency, load_bytes, step_plan
 
@@ -152,12 +153,13 @@ class GeneralStep:
     def kernels_per_step(self) -> float:
         return self.scale * len(self.kernels)
 
-    def seconds(self, chip: Chip, kernel_s: float) -> dict[str, float]:
-        """Seconds by component: each kernel's bytes or matrix work, whichever is longer, plus ``kernel_s`` for each
-        of the general stack's kernels it stands for."""
+    def seconds(self, chip: Chip, kernel_s: float, bandwidth: float | None = None) -> dict[str, float]:
+        """Seconds by component: each kernel's bytes (at ``bandwidth``, default mk.timing.bandwidth.read_rate's) or
+        matrix work, whichever is longer, plus ``kernel_s`` for each of the general stack's kernels it stands for."""
         out: dict[str, float] = {}
+        bw = read_rate(chip).per_chip if bandwidth is None else bandwidth
         for k in self.kernels:
-            out[k.component] = out.get(k.component, 0.0) + k.seconds(chip.per_chip_bandwidth) + self.scale * kernel_s
+            out[k.component] = out.get(k.component, 0.0) + k.seconds(bw) + self.scale * kernel_s
         return out
 
 

@@ -8,20 +8,33 @@ from collections.abc import Callable
 
 from ..chips import Chip
 from ..plan import Load, StepPlan, step_end, timeline
+from .bandwidth import read_rate
 from .constants import assumed_costs
 from .scheduled import ScheduledStep, scheduled_costs, scheduled_step
 from .work import compute_seconds, link_latency, load_bytes, pace_distribution
 
 
-def megakernel_costs(plan: StepPlan, chip: Chip, dtype: str = "bf16", revision: int | None = None, **assumed) -> dict:
+def megakernel_costs(
+    plan: StepPlan,
+    chip: Chip,
+    dtype: str = "bf16",
+    revision: int | None = None,
+    bandwidth: float | None = None,
+    **assumed,
+) -> dict:
     """What mk.plan.timeline charges on ``chip`` for ``plan`` under ``dtype``: the core's cost of each op and DMA
     start, the link latency and each weight tile's bytes. The core's costs are the compiler's schedule of the kernel's
     ``revision`` (default: this tree's) where data/schedule has the plan's (mk.timing.scheduled) and no cost is
     ``assumed``; otherwise each op's FLOPs at the chip's rate plus the assumed per-op and per-DMA-issue costs
-    (data/timing.csv's, or ``assumed``: a sensitivity)."""
+    (data/timing.csv's, or ``assumed``: a sensitivity). ``bandwidth``: the HBM read rate a chip is charged (bytes/s;
+    default mk.timing.bandwidth.read_rate's, a sensitivity otherwise)."""
     nbytes = load_bytes(dtype)
     load_b = {id(ld): nbytes(ld) for ld in plan.loads}  # once: the pacing chip's variants walk the plan many times
-    common = dict(ici_latency_s=link_latency(chip), load_bytes=lambda ld: load_b[id(ld)])
+    common = dict(
+        ici_latency_s=link_latency(chip),
+        load_bytes=lambda ld: load_b[id(ld)],
+        bandwidth=read_rate(chip).per_chip if bandwidth is None else bandwidth,
+    )
     scheduled = op_costs(plan, chip, revision, **assumed)
     if scheduled is not None:
         return dict(common, **{k: v for k, v in scheduled.items() if k != "source"})
@@ -72,6 +85,7 @@ def pace(
     dtype: str = "bf16",
     distribution: dict[int, float] | None = None,
     revision: int | None = None,
+    bandwidth: float | None = None,
     **assumed,
 ):
     """The step of the chip that sets the pace, expected over its experts per layer (``distribution``,
@@ -83,7 +97,7 @@ def pace(
     with split experts), bytes (weights as the DMAs move them, their payload without the layout's padding,
     KV), bytes each chip sends, and the step and its floors in seconds."""
     dist = {m: p for m, p in (distribution or pace_distribution(plan)).items() if p > 0}
-    costs = megakernel_costs(plan, chip, dtype, revision, **assumed)
+    costs = megakernel_costs(plan, chip, dtype, revision, bandwidth, **assumed)
     timed = _likely(dist)
 
     def expect(f, over=timed):
@@ -93,7 +107,7 @@ def pace(
     weights, real = expect(_loaded(plan, moved)), expect(_loaded(plan, payload))
     ends = {m: step_end(plan, chip, _every_layer(plan, m), **costs) for m in timed}
     cross = [op for op in plan.ops if op.sent_bytes]
-    bw = chip.per_chip_bandwidth
+    bw = costs["bandwidth"]
     return dict(
         experts_per_layer=expect(float, dist),
         expert_share=plan.expert_share,  # of each fetched expert's bytes this chip holds

@@ -12,6 +12,7 @@ from ..config import SLIDING, ModelConfig, get_config
 from ..kernel_setup import WORKBOOK_KERNEL, AttentionSplit, KernelSetup, Placement
 from ..sol import get_dtype, speed_of_light
 from ..units import ms_entry, positive_int
+from .bandwidth import read_rate
 from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant, fitted_costs
 from .general_stack import general_step, kernel_cost, kernels_per_plan_kernel
 from .pace import op_costs, pace
@@ -133,6 +134,7 @@ def predict(
     acceptance: float | None = None,
     assistant=None,
     revision: int | None = None,
+    hbm_read_Bps: float | None = None,
 ) -> Prediction:
     """The modelled decode step of ``model`` on ``chip`` (a chip or a slice: ``tpu-v5e-8``) at ``context``
     positions for ``batch`` users. ``setup`` (mk.kernel_setup.KernelSetup, default the workbook's kernel): the
@@ -146,7 +148,9 @@ def predict(
     (mk.assistant_config.AssistantConfig): the drafts come from Gemma 4's assistant, whose K programs a round cost
     :func:`drafter_seconds` (default: a drafter that reads nothing). A round is the drafter's time plus the step's.
     ``revision``: the kernel revision (data/kernel_revisions.csv) whose compiler schedule gives the megakernel's op
-    costs (default: this tree's kernel)."""
+    costs (default: this tree's kernel). ``hbm_read_Bps``: the HBM read rate a chip is charged, bytes/s (default: its
+    measured limit, else an assumed fraction of its spec: mk.timing.bandwidth.read_rate; a sensitivity otherwise: the
+    data sheet's own, say)."""
     cfg, chip = _check(model, chip, context, batch, engine)
     knockout = frozenset(knockout)
     sol = speed_of_light(cfg, chip, context, batch, dtype)
@@ -156,7 +160,7 @@ def predict(
             raise ValueError("drafted tokens: verification is modelled for the megakernel (engine='megakernel') only")
         kernel_s = kernel_cost(chip.kind) if kernel_s is None else kernel_s
         work = general_step(cfg, chip, context, batch, dtype, knockout)
-        components = work.seconds(chip, kernel_s)
+        components = work.seconds(chip, kernel_s, hbm_read_Bps)
         where = f"chip 0 of {chip.chips}, tensor-parallel" if chip.chips > 1 else "one chip"
         p = Prediction(
             cfg.name, chip.name, context, batch, dtype, "general", "split" if chip.chips > 1 else "-",
@@ -166,7 +170,7 @@ def predict(
             "them",
             fits, components,
         )  # fmt: skip
-        return _with_constants(p, chip, kernel_s)
+        return _with_constants(p, chip, kernel_s, hbm_read_Bps=hbm_read_Bps)
     per_round = check_speculation(setup.draft_tokens, acceptance)
     if setup.draft_tokens and chip.chips > 1 and setup.attention_split != AttentionSplit.HEADS:
         raise ValueError(
@@ -177,7 +181,7 @@ def predict(
     scheduled = op_costs(plan, chip, revision, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
     costs = assumed_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
     fitted = fitted_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)  # GPUs' per op, not given
-    paced = pace(plan, chip, dtype, revision=revision, **({} if scheduled else costs))
+    paced = pace(plan, chip, dtype, revision=revision, bandwidth=hbm_read_Bps, **({} if scheduled else costs))
     cost_words = scheduled["source"] if scheduled else assumed_label(costs, fitted)
     setup = plan.setup or setup  # past one host: mk.sharding.pods.pod_setup's (the torus, whole experts over hosts)
     if chip.chips > 1:
@@ -207,7 +211,9 @@ def predict(
         breakdown=paced, draft_tokens=k, tokens_per_round=per_round, drafter_s=drafter_s,
     )  # fmt: skip
     p = dataclasses.replace(p, op_cost_words=cost_words)
-    return _with_constants(p, chip, None, None if scheduled else costs, scheduled and scheduled["source"], fitted)
+    return _with_constants(
+        p, chip, None, None if scheduled else costs, scheduled and scheduled["source"], fitted, hbm_read_Bps
+    )
 
 
 def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch: int, dtype: str, k: int) -> float:
@@ -222,7 +228,7 @@ def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch
     for t in source_layers(cfg):
         seen = min(context, cfg.sliding_window + 1) if t == SLIDING else context
         kv += 2 * batch * cfg.kv_heads(t) * seen * cfg.head_dim(t) * pol.kv
-    per_draft = (weights + kv) / chip.chips / chip.per_chip_bandwidth + kernel_cost(chip.kind)
+    per_draft = (weights + kv) / chip.chips / read_rate(chip).per_chip + kernel_cost(chip.kind)
     return k * per_draft
 
 
@@ -233,8 +239,14 @@ def _with_constants(
     costs: dict | None = None,
     scheduled: str | None = None,
     fitted: dict[str, str] | None = None,  # the costs that are data/timing.csv's fitted defaults, and their points
+    hbm_read_Bps: float | None = None,
 ) -> Prediction:
-    used = {"matmul_rows": f"{chip_constant('matmul_rows', chip).value:g} (cited)"}
+    used = {
+        "hbm_read_Bps": read_rate(chip).label
+        if hbm_read_Bps is None
+        else f"{hbm_read_Bps / 1e9:.4g} GB/s a chip (given)",
+        "matmul_rows": f"{chip_constant('matmul_rows', chip).value:g} (cited)",
+    }
     if chip.chips > 1:
         used["ici_hop_latency_s"] = f"{link_latency(chip):g} (cited)"
     if kernel_s is not None:

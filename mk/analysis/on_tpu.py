@@ -1,0 +1,191 @@
+"""What was measured on a real TPU (data/measured/tpu*.csv, ``python -m mk tpu-measure``), beside the timing model: the
+chip's HBM read rate, the kernel's parity, every step with its modelled counterpart and error, and the write-up's
+headline rebuilt from the measured per-chip work plus the modelled links.
+
+The model of a measured step is mk.timing's for the same model (or truncation), chip, context, batch and data type:
+the megakernel's for a megakernel row (one chip; or, for chip 0 of a v5e-8 stood in for by one chip, the v5e-8 step of
+that setup with its links' time taken out), the general stack's for XLA's row. Errors are modelled / measured - 1
+against the device's time (steps back to back), the time the model predicts: a host that waits on every step adds its
+own latency (``host_over_device``)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from ..chips import get_chip, measured_limit
+from ..kernel_setup import SETUPS, WORKBOOK_KERNEL
+from ..paths import MEASURED_DIR, TPU_CSV
+from ..timing import MODELLED, predict
+
+STAND_IN = "; loopback stand-in"  # how a stand-in row's setup ends (mk.measure.on_chip)
+SLICE = "tpu-v5e-8"
+MISS = 0.15  # a row past this |error| is explained below or by a profile
+# Rows the model misses by more than MISS, by (engine, model) or (engine, model, context): why, in words.
+KNOWN_MISSES = {
+    ("reference", "gemma4-26b-a4b[sliding+full]"): (
+        "XLA runs the reference's routed experts as it is written for a CPU (mk.blocks.experts_gathered): a loop over "
+        "the user's 8 slots, each a switch over 128 experts' branches whose three small products read one expert "
+        "(12 MB): 16 such iterations in the pair, one after another, where the general-stack model charges the "
+        "experts' bytes at the chip's read rate; the loop's serial launches and small products do not reach it "
+        "(the step is 37-42% of the limit; an op-level profile would apportion it)"
+    ),
+    ("reference", "llama-3.2-1b", 32768): (
+        "the general-stack model reads the plan's KV cache, laid out for the kernel with head dims padded to 128 "
+        "lanes: llama-3.2-1b's head dim is 64, so it charges XLA twice the cache it reads (section 3 computes it)"
+    ),
+    ("reference", "llama-3.2-1b", 8192): (
+        "as at 32K: the padded cache the general-stack model charges is twice what XLA reads, a smaller share at 8K"
+    ),
+}
+COLUMNS = [
+    "engine", "what", "model", "base_model", "layers", "setup", "chip", "dtype", "context", "batch", "host_ms",
+    "device_ms", "device_low_ms", "device_high_ms", "profiled_ms", "modelled_ms", "error", "host_over_device",
+    "device_fraction_of_spec", "device_fraction_of_limit", "date", "device", "commit",
+]  # fmt: skip
+
+
+def _config(r):
+    from ..measure.on_chip import case_config
+
+    layers = r["layers"]
+    return case_config(r["base_model"], None if layers == "all" else int(layers) if str(layers).isdigit() else layers)
+
+
+def _stand_in_setup(label: str):
+    name = label.removesuffix(STAND_IN)
+    found = [s for s in SETUPS.values() if s.name == name]
+    if not found:
+        raise ValueError(f"a stand-in row names the setup {name!r}, which mk.kernel_setup.SETUPS does not have")
+    return found[0]
+
+
+def modelled_seconds(r) -> tuple[float, str]:
+    """The model's step for a measured row (the module's docstring) and the setup it models."""
+    cfg = _config(r)
+    if r["engine"] != "megakernel":
+        return predict(cfg, r["chip"], int(r["context"]), int(r["batch"]), "general", r["dtype"]).step_s, "general"
+    if str(r["setup"]).endswith(STAND_IN):
+        setup = _stand_in_setup(r["setup"])
+        p = predict(cfg, SLICE, int(r["context"]), int(r["batch"]), "megakernel", r["dtype"], setup=setup)
+        return p.step_s - p.breakdown["ici_s"], setup.name + ", its links' time taken out"
+    p = predict(cfg, r["chip"], int(r["context"]), int(r["batch"]), "megakernel", r["dtype"], setup=WORKBOOK_KERNEL)
+    return p.step_s, "one chip"
+
+
+def tpu_steps(path=None) -> pd.DataFrame:
+    """Every step measured on a TPU (rows from a CPU left out), with the model's step and the error against the
+    device's time; empty, with its columns, where none was measured."""
+    path = TPU_CSV if path is None else path
+    if not path.exists():
+        return pd.DataFrame(columns=COLUMNS)
+    t = pd.read_csv(path)
+    t = t[t.backend == "tpu"]
+    rows = []
+    for _, r in t.iterrows():
+        modelled, _ = modelled_seconds(r)
+        stand_in = str(r.setup).endswith(STAND_IN)
+        what = f"{r.model}, chip 0 of a v5e-8, setup {r.setup.split(' ')[0]}" if stand_in else r.model
+        rows.append(dict(
+            engine=r.engine, what=what, model=r.model, base_model=r.base_model, layers=r.layers, setup=r.setup,
+            chip=r.chip, dtype=r["dtype"], context=int(r.context), batch=int(r.batch), host_ms=r.step_ms,
+            device_ms=r.device_step_ms,
+            device_low_ms=r.device_step_low_ms, device_high_ms=r.device_step_high_ms, profiled_ms=r.profiled_step_ms,
+            modelled_ms=modelled * 1e3, error=modelled * 1e3 / r.device_step_ms - 1,
+            host_over_device=r.step_ms / r.device_step_ms - 1, device_fraction_of_spec=r.device_fraction_of_spec,
+            device_fraction_of_limit=r.device_fraction_of_limit, date=r.date, device=r.device, commit=r.commit,
+        ))  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS).assign(kind=f"measured (TPU, device time) vs {MODELLED}")
+
+
+def known_miss(row) -> str | None:
+    """Why the model misses ``row`` (a :func:`tpu_steps` row) by more than MISS, where known."""
+    return KNOWN_MISSES.get((row["engine"], row["model"], row["context"])) or KNOWN_MISSES.get(
+        (row["engine"], row["model"])
+    )
+
+
+def error_summary(steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per engine: rows, the median and worst |error|, the rows past MISS and how many of them are explained."""
+    s = tpu_steps() if steps is None else steps
+    rows = []
+    for engine, g in s.groupby("engine"):
+        past = g[g.error.abs() > MISS]
+        rows.append(dict(
+            engine=engine, rows=len(g), median_abs_error=statistics.median(g.error.abs()),
+            worst_error=g.error.loc[g.error.abs().idxmax()], past_miss=len(past),
+            explained=sum(known_miss(r) is not None for _, r in past.iterrows()),
+        ))  # fmt: skip
+    return pd.DataFrame(rows).assign(kind=f"measured (TPU) vs {MODELLED}")
+
+
+def misses(steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The rows the model misses by more than MISS, each with its reason."""
+    s = tpu_steps() if steps is None else steps
+    past = s[s.error.abs() > MISS].copy()
+    past["reason"] = [known_miss(r) for _, r in past.iterrows()]
+    return past[["engine", "model", "context", "batch", "device_ms", "modelled_ms", "error", "reason"]]
+
+
+def padded_cache_bytes(model: str, context: int, batch: int = 1) -> tuple[float, float]:
+    """(the KV cache bytes XLA reads, the bytes of the kernel's layout of it: head dims padded to 128 lanes) at
+    ``context`` for ``batch`` users, bf16: what the model's general stack over-charges a model whose head dim is
+    under 128."""
+    from ..config import get_config
+    from ..units import LANE, round_up
+
+    cfg = get_config(model)
+    read = padded = 0.0
+    for t in cfg.layer_types:
+        n = 2 * batch * cfg.kv_heads(t) * cfg.cache_positions(t, context) * 2
+        read += n * cfg.head_dim(t)
+        padded += n * round_up(cfg.head_dim(t), LANE)
+    return read, padded
+
+
+def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) -> pd.DataFrame:
+    """The write-up's 26B-A4B step on a v5e-8 rebuilt, for each stand-in setup measured: chip 0's step measured on one
+    chip (its exchanges local copies) plus the links' time the model gives that setup, against the published step and
+    the model's own whole step. Tokens/s and the fraction of the speed of light at the data sheet's bandwidth (the
+    write-up's definition) and at the measured limit."""
+    from ..published import published
+    from ..sol import speed_of_light
+
+    s = tpu_steps() if steps is None else steps
+    s = s[s.setup.str.endswith(STAND_IN) & (s.context == context) & (s.batch == 1)]
+    sol = speed_of_light("gemma4-26b-a4b", SLICE, context, 1, "bf16")
+    limit = measured_limit(SLICE)
+    rows = []
+    for _, r in s.iterrows():
+        setup = _stand_in_setup(r.setup)
+        p = predict("gemma4-26b-a4b", SLICE, context, 1, "megakernel", "bf16", setup=setup)
+        step = r.device_ms / 1e3 + p.breakdown["ici_s"]
+        rows.append(dict(
+            setup=setup.name, chip0_measured_ms=r.device_ms, links_modelled_ms=p.breakdown["ici_s"] * 1e3,
+            step_ms=step * 1e3, tokens_per_s=1 / step, fraction_of_sol=sol.step_s / step,
+            fraction_of_limit=sol.step_s * get_chip(SLICE).per_chip_bandwidth / limit.bandwidth / step,
+            modelled_step_ms=p.step_s * 1e3, published_step_ms=published("mk_v5e8_moe_step") * 1e3,
+            published_tokens_per_s=published("mk_v5e8_moe_tps"),
+            published_fraction_of_sol=published("mk_v5e8_moe_sol_fraction"),
+        ))  # fmt: skip
+    return pd.DataFrame(rows).assign(kind="measured (chip 0 on one TPU v5e) + modelled (links, mk.timing)")
+
+
+def read_rates(path=None) -> pd.DataFrame:
+    """The chip's HBM read-rate probes (data/measured/tpu_hbm.csv), device and host, by method and size."""
+    path = MEASURED_DIR / "tpu_hbm.csv" if path is None else path
+    if not path.exists():
+        return pd.DataFrame()
+    t = pd.read_csv(path)
+    t["GiB"] = t["bytes"] / 2**30
+    t["how"] = t.method + [
+        f" ({int(c) >> 20} MiB x {int(d)})" if c == c else "" for c, d in zip(t.chunk_bytes, t.in_flight)
+    ]
+    return t.assign(kind="measured (TPU, steps back to back)")
+
+
+def parity(path=None) -> pd.DataFrame:
+    """The kernel's parity on the chip (data/measured/tpu_parity.csv), one row a check."""
+    path = MEASURED_DIR / "tpu_parity.csv" if path is None else path
+    return pd.read_csv(path).assign(kind="measured (TPU)") if path.exists() else pd.DataFrame()

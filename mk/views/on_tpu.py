@@ -1,0 +1,83 @@
+"""What was measured on a real TPU, drawn (mk.analysis.on_tpu's tables): the chip's HBM read rate by method and size,
+each model's measured steps against context beside the model's, and the model's error on every measured row."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..figures import context_ticks, template_colours
+
+ENGINE_WORDS = {"megakernel": "megakernel", "reference": "XLA (the reference)"}
+
+
+def read_rate_figure(t: pd.DataFrame, spec_GBps: float, limit_GBps: float, title: str) -> go.Figure:
+    """Device read rate (GB/s, steps back to back) against the bytes read, one line per method and DMA depth, with
+    the data sheet's bandwidth and the measured limit as lines across."""
+    fig = go.Figure()
+    for colour, (how, g) in zip(template_colours() * 3, t.groupby("how", sort=False)):
+        g = g.sort_values("GiB")
+        fig.add_scatter(
+            x=g.GiB, y=g.device_GBps, mode="lines+markers", name=how, line=dict(color=colour),
+            error_y=dict(type="data", symmetric=False, array=g.device_high_GBps - g.device_GBps,
+                         arrayminus=g.device_GBps - g.device_low_GBps),
+            hovertemplate=f"{how}: %{{y:.4g}} GB/s over %{{x:.3g}} GiB<extra></extra>",
+        )  # fmt: skip
+    for value, words, dash in ((spec_GBps, "data sheet", "dot"), (limit_GBps, "measured limit", "dash")):
+        fig.add_hline(y=value, line=dict(dash=dash, color="grey"), annotation_text=f"{words}: {value:.4g} GB/s",
+                      annotation_position="top left")  # fmt: skip
+    fig.update_xaxes(type="log", title_text="GiB read by one call")
+    fig.update_yaxes(title_text="GB/s, device time (calls back to back)", range=[0, spec_GBps * 1.08])
+    fig.update_layout(title=title)
+    return fig
+
+
+def steps_figure(steps: pd.DataFrame, title: str) -> go.Figure:
+    """Each model's device time a step against context, one panel a model: the measured step (markers, with its 95%
+    interval) and the model's (lines), one colour per engine; one user."""
+    s = steps[steps.batch == 1]
+    models = list(dict.fromkeys(s.what))
+    cols = 2
+    rows = -(-len(models) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=models, horizontal_spacing=0.1, vertical_spacing=0.2)
+    colours = dict(zip(ENGINE_WORDS, template_colours()))
+    for i, model in enumerate(models):
+        at = dict(row=i // cols + 1, col=i % cols + 1)
+        for engine, g in s[s.what == model].groupby("engine"):
+            g, colour, words = g.sort_values("context"), colours[engine], ENGINE_WORDS[engine]
+            fig.add_scatter(
+                x=g.context, y=g.device_ms, mode="markers", marker=dict(color=colour, size=9), **at,
+                name=f"{words}, measured", legendgroup=f"{engine}m", showlegend=i == 0,
+                error_y=dict(type="data", symmetric=False, array=g.device_high_ms - g.device_ms,
+                             arrayminus=g.device_ms - g.device_low_ms),
+                hovertemplate=f"{words}: %{{y:.4g}} ms measured at %{{x}} positions<extra></extra>",
+            )  # fmt: skip
+            fig.add_scatter(
+                x=g.context, y=g.modelled_ms, mode="lines", line=dict(color=colour, dash="dash"), **at,
+                name=f"{words}, modelled", legendgroup=f"{engine}p", showlegend=i == 0,
+                hovertemplate=f"{words}: %{{y:.4g}} ms modelled at %{{x}} positions<extra></extra>",
+            )  # fmt: skip
+        ticks, labels = context_ticks(sorted(set(s[s.what == model].context)))
+        fig.update_xaxes(type="log", tickvals=ticks, ticktext=labels, title_text="positions", **at)
+        fig.update_yaxes(title_text="ms a step", rangemode="tozero", **at)
+    fig.update_layout(title=title, height=380 * rows + 200)
+    return fig
+
+
+def error_figure(steps: pd.DataFrame, band: float, title: str) -> go.Figure:
+    """The model's error (modelled / measured - 1) on every measured row, one colour per engine, the band of +-``band``
+    shaded."""
+    fig = go.Figure()
+    labels = [f"{m}, {c:,} pos, {b} user{'s' * (b > 1)}" for m, c, b in zip(steps.what, steps.context, steps.batch)]
+    s = steps.assign(row=labels)
+    for colour, (engine, g) in zip(template_colours(), s.groupby("engine")):
+        fig.add_scatter(
+            x=g.error * 100, y=g.row, mode="markers", marker=dict(color=colour, size=9), name=ENGINE_WORDS[engine],
+            hovertemplate="%{y}: %{x:+.3g}%<extra></extra>",
+        )  # fmt: skip
+    fig.add_vrect(x0=-band * 100, x1=band * 100, fillcolor="grey", opacity=0.12, line_width=0)
+    fig.update_xaxes(title_text="modelled / measured - 1 (%)", zeroline=True)
+    fig.update_yaxes(autorange="reversed", ticksuffix="  ")
+    fig.update_layout(title=title, height=26 * len(s) + 300, margin=dict(l=330))
+    return fig
