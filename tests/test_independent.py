@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 
 from mk.config import PRESETS
-
 from mk.paths import DATA_DIR, INDEPENDENT_CSV
 from mk.published import (
     ENGINES,

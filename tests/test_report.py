@@ -142,8 +142,12 @@ def test_cli_report(figures, capsys):
 def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(tmp_path, monkeypatch):
     monkeypatch.setattr(mk.figures, "_exporter", False)
     claims = claims_table()
-    assert list(claims.key) == [*CLAIMS, *WORKBOOK_CLAIMS] and claims.key.is_unique
+    measured = [k for k in claims.key if k.endswith("_measured")]  # what a TPU measured (data/measured/tpu.csv)
+    assert list(claims.key) == [*CLAIMS, *measured, *WORKBOOK_CLAIMS] and claims.key.is_unique
     c = claims.set_index("key")
+    assert {k.removesuffix("_measured") for k in measured} <= set(CLAIMS)
+    for k in measured:  # a measured value against its published one, the chip in its kind
+        assert c.kind[k].startswith("measured (") and "TPU v5e" in c.kind[k] and c.published[k] == c.published[k[:-9]]
     assert c.published["mk_v5e8_moe_tps"] == published("mk_v5e8_moe_tps")  # read, never typed
     assert abs(c.error["sol_h100"]) < 0.01 and abs(c.error["bytes_per_token_moe"]) < 0.02  # mk.sol's count
     assert c.workbook["straggler_max_experts"] == pytest.approx(2.53, abs=0.005)  # exact, mk.routing
@@ -164,7 +168,7 @@ def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(
     save_figure(fig, "07_validation", out_dir=out)
     export_table(table(), "07_validation", "modelled", "h100", "mk.timing", out)  # a figure and a table, one name
     page = write_report(out, books, claims=claims).read_text()
-    assert page.count('<tr id="claim-') == len(CLAIMS) + len(WORKBOOK_CLAIMS)
+    assert page.count('<tr id="claim-') == len(CLAIMS) + len(measured) + len(WORKBOOK_CLAIMS)
     assert 'href="#fig-07_validation"' in page and page.index('id="claims"') < page.index('id="nb-07"')
     ids = re.findall(r'\bid="([^"]+)"', page)
     assert len(ids) == len(set(ids)) and {"fig-07_validation", "table-07_validation"} <= set(ids)

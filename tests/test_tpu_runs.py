@@ -26,8 +26,8 @@ def test_without_a_tpu_the_command_says_so_and_exits_2(capsys):
 def test_a_run_writes_parity_read_rate_and_both_engines_rows_and_a_second_run_resumes(tmp_path):
     probes = [hbm.Probe("xla matvec", 2**22), hbm.Probe("pallas dma stream", 2**22, 2**20, 2)]
     case = Case(ONE_LAYER, cells=(Cell(32, 2),))
-    kw = dict(out_dir=tmp_path, cases=(case,), parity_checks=[("tiny-dense", "f32", "none")], require_tpu=False,
-              quiet=True, steps=2, min_rounds=3, budget_s=0.5)  # fmt: skip
+    kw = dict(out_dir=tmp_path, cases=(case,), parity_checks=[("tiny-llama", "f32", "none")], require_tpu=False,
+              quiet=True, steps=2, min_rounds=3, budget_s=0.1, probe_budget_s=0.1)  # fmt: skip
     import mk.measure.hbm as h
 
     original = h.dma_stream_call

@@ -157,7 +157,7 @@ def measured_claims(steps: pd.DataFrame | None = None) -> pd.DataFrame:
 def _measured_row(r, key: str, ours: float, kind: str, shown) -> dict:
     value = float(r["value"])
     claim = _claim(r)
-    return dict(key=f"{key} (measured)", claim=claim, published=value, workbook=ours,
+    return dict(key=f"{key}_measured", claim=claim, published=value, workbook=ours,
                 unit=r["unit"] if isinstance(r["unit"], str) else "", kind=kind, error=ours / value - 1,
                 shown_in=list(shown))  # fmt: skip
 

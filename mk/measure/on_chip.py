@@ -317,15 +317,15 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
 
 
 def done_cells(path: Path | str | None, backend: str) -> set[tuple]:
-    """(model, dtype, setup, context, batch) of the rows ``path`` holds from a ``backend`` device (a run resumed on
-    one skips them)."""
+    """(model, dtype, setup, context, batch, engine) of the rows ``path`` holds from a ``backend`` device (a run resumed
+    on one skips a cell every engine of whose case has a row)."""
     import pandas as pd
 
     if path is None or not Path(path).exists():
         return set()
     t = pd.read_csv(path)
     t = t[t["backend"] == backend]
-    return {(r.model, r.dtype, r.setup, int(r.context), int(r.batch)) for r in t.itertuples()}
+    return {(r.model, r.dtype, r.setup, int(r.context), int(r.batch), r.engine) for r in t.itertuples()}
 
 
 def measure_case(case: Case, out=None, seed: int = 0, budget_s: float = CELL_BUDGET_S, deadline: float | None = None,
@@ -340,7 +340,10 @@ def measure_case(case: Case, out=None, seed: int = 0, budget_s: float = CELL_BUD
     cfg = case.config()
     setup_name = case.setup_label
     done = done_cells(out, device.platform)
-    cells = [c for c in case.cells if (cfg.name, case.dtype, setup_name, c.context, c.batch) not in done]
+    cells = [
+        c for c in case.cells if any((cfg.name, case.dtype, setup_name, c.context, c.batch, e) not in done
+                                     for e in case.engines)
+    ]  # fmt: skip
     capacity = usable_hbm(device, HBM_USE)
     fitting = []
     for c in cells:
