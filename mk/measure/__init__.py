@@ -9,6 +9,9 @@
 - ``gpu``: ``python -m mk measure-gpu``, the reference beside transformers on one GPU (data/measured/gpu.csv);
 - ``tpu``: ``python -m mk tpu-smoke``, the megakernel checked against and timed beside the reference on a TPU
   slice (data/measured/tpu.csv);
+- on one TPU chip: ``chip_parity`` (every family's and format's parity), ``hbm`` (the chip's HBM read rate,
+  data/measured/tpu_hbm.csv), ``on_chip`` (both engines' host and device steps by case and cell, chip 0 of a slice
+  by its loopback stand-in), ``tpu_runs`` (``python -m mk tpu-measure``: the three, resumable);
 - ``knockouts``: the step timed with each component switched off, and the seed's published table beside it;
 - ``xla_cost``: XLA's own TPU cost model per component, compiled ahead of time;
 - ``schedule``: the TPU compiler's own schedule of a kernel (its final VLIW bundles, read from libtpu's dump of an

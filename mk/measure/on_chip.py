@@ -7,16 +7,17 @@ and truncations that fit the chip, at several contexts and batches; and chip 0 o
   the kernel streams INT8 expert codes, the reference dequantizes them once at load) and the kernel's setup (one chip,
   or a stand-in for chip 0 of a one-host slice: mk.kernel_setup.KernelSetup.loopback, no reference then). Random
   weights (seed 0): decode time does not depend on their values.
-- **Memory**: each engine's bytes (weights as laid out, the largest cell's cache, the largest tensor drawn in f32 while
-  built) are stated before anything is allocated, against ``HBM_USE`` of the chip; the bytes in use once built are
-  read from the device beside them. Weights are built once a case (the megakernel's drawn on the chip, kept on the
+- **Memory**: each engine's bytes (weights as laid out, a cell's cache, and the peak of building its weights:
+  :func:`planned_bytes`) are stated before anything is allocated, against ``HBM_USE`` of the chip; a cell that does
+  not fit is skipped, said so; the bytes in use once built are read from the device beside them (``hbm_planned_GB``,
+  ``hbm_in_use_GB``). Weights are built once a case (the megakernel's drawn on the chip, kept on the
   host, packed on the chip layer by layer), the caches once a cell; one case's arrays are freed before the next.
 - **Times**: the engines interleaved in mk.measure.loop's one loop (harness.time_engines): a step waited on (the host's
   time, ``step_ms``) and ``STEPS_BACK_TO_BACK`` steps dispatched back to back and waited on once (the device's,
   ``device_step_ms``), medians with 95% intervals; then each engine's steps in a profiler trace (its device plane's
   program time, ``profiled_step_ms``, where the profiler gives one).
 - **Limits**: each row's step against the speed of light at the chip's spec bandwidth and at its measured limit
-  (mk.measure.hbm.measured_limit), for the host's and the device's times.
+  (mk.chips.measured_limit), for the host's and the device's times.
 """
 
 from __future__ import annotations
