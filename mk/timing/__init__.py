@@ -2,12 +2,13 @@
 path in mk from a step plan to seconds.
 
 - **megakernel** (``pace``): one kernel per step, set up as a mk.kernel_setup.KernelSetup says. Each chip follows
-  its own plan: weight tiles stream at the chip's HBM bandwidth while compute runs behind them (mk.plan.timeline),
+  its own plan: weight tiles stream at the chip's HBM read rate (``bandwidth``: its measured limit where one was
+  measured, else a sourced fraction of its data sheet) while compute runs behind them (mk.plan.timeline),
   matrix work at the chip's FLOP/s with rows padded to what its matrix unit takes at once, all-reduces over one link
   at the ICI bandwidth plus a per-hop latency, and the step waits for the chip that sets the pace (the busiest chip
   under whole experts, exact under uniform routing).
 - **general** (``general_stack``): the general stack, the same work split into many kernels: each kernel reads its
-  bytes at HBM bandwidth or does its matrix work, whichever is longer, with nothing in flight across kernel
+  bytes at the same read rate or does its matrix work, whichever is longer, with nothing in flight across kernel
   boundaries, plus a fixed cost per kernel.
 
 Every constant comes from ``data/timing.csv`` (``constants``) or ``data/chips.csv``, each row naming its source and
@@ -23,6 +24,7 @@ Data types: the plan is built in BF16 (F32 for ``f32``); INT8 (``int8-experts``,
 tile's bytes by its component's bytes per element (mk.sol.DTYPES).
 """
 
+from .bandwidth import ReadRate, read_rate
 from .constants import ASSUMED, MODELLED, assumed_costs, assumed_label, chip_constant, constant, constants
 from .fitted import fitted_value, implied_op_cost, op_overhead_cost
 from .general_stack import GENERAL_STACK, kernel_cost, kernels_per_plan_kernel, plan_kernels
@@ -37,6 +39,7 @@ __all__ = [
     "GENERAL_STACK",
     "MODELLED",
     "Prediction",
+    "ReadRate",
     "assumed_costs",
     "assumed_label",
     "chip_constant",
@@ -59,6 +62,7 @@ __all__ = [
     "pace_timeline",
     "plan_kernels",
     "predict",
+    "read_rate",
     "scheduled_pace",
     "step_breakdown",
     "step_plan",

@@ -35,7 +35,7 @@ def fix_figure(steps: pd.DataFrame, title: str) -> go.Figure:
                 text=[f"{v:.2f} ms" for v in steps.step_ms], **ms)  # fmt: skip
     fig.add_bar(x=label[timed], y=steps.published_ms[timed], name="published step", offsetgroup="published",
                 text=[f"{v:.2f} ms" for v in steps.published_ms[timed]], **ms)  # fmt: skip
-    # the speed of light: every fix's step over its fraction of it (the same bytes at HBM bandwidth for all)
+    # the speed of light: every fix's step over its fraction of it (the same bytes at the data sheet's bandwidth)
     sol = float((steps.step_ms * steps.fraction_of_sol).median())
     fig.add_hline(y=sol, line=dict(color="#555", dash="dash", width=2))
     fig.add_scatter(
@@ -43,10 +43,10 @@ def fix_figure(steps: pd.DataFrame, title: str) -> go.Figure:
         y=[None],
         mode="lines",
         line=dict(color="#555", dash="dash", width=2),
-        name=f"speed of light: {sol:.2f} ms (all bytes at HBM bandwidth)",
+        name=f"speed of light: {sol:.2f} ms (all bytes at the data sheet's bandwidth)",
     )  # its legend entry; fmt: skip
     for column, name, symbol in (
-        ("hbm_floor_ms", "floor: weights as moved (padded) + KV cache at HBM bandwidth", "line-ew"),
+        ("hbm_floor_ms", "floor: weights as moved (padded) + KV cache at the chip's read rate", "line-ew"),
         ("payload_floor_ms", "floor: weights without the padding + KV cache", "x-thin"),
     ):
         fig.add_scatter(
