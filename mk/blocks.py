@@ -9,7 +9,7 @@ back), as mk.reference's docstring lists.
 from __future__ import annotations
 
 import math
-from functools import partial
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -105,6 +105,31 @@ def matmul_t(x, w):
     :func:`prepare`): contracting both minor axes is a library GEMV that reads ``w`` in place,
     measured ~20% faster on XLA:CPU than ``x @ w`` of the same matrix stored [in, out]."""
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
+
+
+matmul_t.layout = "out_in"  # the matrices it takes are stored [out, in] (mk.latent.kv_b_heads reads it)
+
+
+@lru_cache(maxsize=None)
+def activations_rounded(dtype: str):
+    """:func:`matmul_t` with its activations rounded to ``dtype`` first, as a kernel computing in that data type feeds
+    its matrix unit (the megakernel's bf16 step: mk.megakernel.parity's reference that rounds where the kernel does).
+    One function a data type, so a jitted program taking it as static compiles once."""
+    dt = jnp.dtype(dtype)
+
+    def mm(x, w):
+        return matmul_t(x.astype(dt).astype(x.dtype), w)
+
+    mm.layout, mm.activation_dtype = matmul_t.layout, dt  # products mk.latent writes as einsums round the same
+    return mm
+
+
+def fed(x, mm):
+    """``x`` as ``mm`` feeds a product with a weight matrix: rounded to its activations' data type where it has one
+    (:func:`activations_rounded`), else as it is; for products not written as calls of ``mm`` (einsums, the scaled
+    embedding a kernel stores in its weights' type)."""
+    dt = getattr(mm, "activation_dtype", None)
+    return x if dt is None else x.astype(dt).astype(x.dtype)
 
 
 def activate(x, activation: str):
@@ -344,12 +369,15 @@ def embed(params, cfg: ModelConfig, tokens):
     return e[tokens] * jnp.asarray(cfg.hidden_size**0.5, e.dtype) if cfg.scale_embeddings else e[tokens]
 
 
-def head(params, cfg: ModelConfig, x, ko):
+def head(params, cfg: ModelConfig, x, ko, activation_dtype: str | None = None):
     """Logits [B, V] float32 for the hidden states ``x [B, H]``: the final norm, the tied embedding or the untied
-    head, Gemma's soft cap."""
+    head, Gemma's soft cap; the normed states rounded to ``activation_dtype`` first where given
+    (:func:`activations_rounded`)."""
     if HEAD in ko:
         return jnp.zeros((x.shape[0], cfg.vocab_size), jnp.float32)
     h = rms_norm(x, params["final_norm"], cfg.rms_eps, NORMS not in ko)
+    if activation_dtype is not None:
+        h = h.astype(activation_dtype).astype(h.dtype)
     # the head [V, H] times h as a matrix-vector product (contracting its minor axis), not h @ head.T:
     # for the latter XLA:CPU fuses the transposed embed and the last layer's residual and norm into
     # one elemental loop that recomputes them for every vocabulary row (measured: the head took ~2x

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .blocks import matmul, matmul_t, rms_norm, yarn_inv_freq
+from .blocks import fed, matmul, matmul_t, rms_norm, yarn_inv_freq
 from .config import FULL, ModelConfig, YarnScaling
 from .params import NORMS
 
@@ -81,10 +81,11 @@ def project(p: dict, cfg: ModelConfig, h, positions, ko: frozenset, mm=matmul):
 
 def kv_b_heads(w, cfg: ModelConfig, mm=matmul):
     """``kv_b`` as ``[heads, qk_nope_head_dim + v_head_dim, kv_lora_rank]`` (each head's key rows, then its value
-    rows), from mk's ``[in, out]`` tree (``mm`` matmul) or the decode layout's ``[out, in]`` (``mm`` matmul_t)."""
+    rows), from mk's ``[in, out]`` tree (``mm`` matmul) or the decode layout's ``[out, in]`` (``mm`` matmul_t, or one
+    that takes its layout: mk.blocks.activations_rounded)."""
     mla = cfg.latent_attention
     width = mla.qk_nope_head_dim + mla.v_head_dim
-    if mm is matmul_t:
+    if getattr(mm, "layout", None) == matmul_t.layout:
         return w.reshape(cfg.num_heads, width, mla.kv_lora_rank)
     return w.reshape(mla.kv_lora_rank, cfg.num_heads, width).transpose(1, 2, 0)
 
@@ -122,8 +123,8 @@ def attend_absorbed(p: dict, cfg: ModelConfig, q, latent, rope_k, mask, mm=matmu
     B, T, nh, dn = q_nope.shape
     w = kv_b_heads(p["kv_b"], cfg, mm).astype(q_nope.dtype)  # [heads, dn + dv, r]
     c, r = latent[:, 0].astype(q_nope.dtype), rope_k[:, 0].astype(q_rope.dtype)  # [B, S, r], [B, S, dr]
-    q_latent = jnp.einsum("bthd,hdr->bthr", q_nope, w[:, :dn])
+    q_latent = jnp.einsum("bthd,hdr->bthr", fed(q_nope, mm), w[:, :dn])
     s = jnp.einsum("bthr,bsr->bhts", q_latent, c) + jnp.einsum("bthd,bsd->bhts", q_rope, r)
     a = _softmax(s.astype(jnp.float32) * cfg.score_scale(FULL), mask, q_nope.dtype)
     o_latent = jnp.einsum("bhts,bsr->bthr", a, c)
-    return jnp.einsum("bthr,hvr->bthv", o_latent, w[:, dn:]).reshape(B, T, nh * mla.v_head_dim)
+    return jnp.einsum("bthr,hvr->bthv", fed(o_latent, mm), w[:, dn:]).reshape(B, T, nh * mla.v_head_dim)

@@ -67,10 +67,12 @@ import numpy as np
 
 from . import latent
 from .blocks import (
+    activations_rounded,
     attend,
     attend_one,
     biased,
     embed,
+    fed,
     head,
     matmul_t,
     qkv,
@@ -390,14 +392,17 @@ def write_slots(c, val, slot):
     return jax.vmap(lambda cb, vb, sb: jax.lax.dynamic_update_slice_in_dim(cb, vb, sb, axis=1))(c, val, slot)
 
 
-@partial(jax.jit, static_argnames=("cfg", "knockout"), donate_argnames=("cache",))
-def decode_step_program(params, cfg: ModelConfig, cache, tokens, pos, knockout: frozenset):
+@partial(jax.jit, static_argnames=("cfg", "knockout", "activation_dtype"), donate_argnames=("cache",))
+def decode_step_program(
+    params, cfg: ModelConfig, cache, tokens, pos, knockout: frozenset, activation_dtype: str | None = None
+):
     """:func:`decode_step`'s compiled program: ``params`` in :func:`prepare`'s layout, ``tokens`` and ``pos``
     int32 ``[B]`` device arrays, nothing checked (what an ahead-of-time compile lowers)."""
     B = tokens.shape[0]
     pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (B,))  # a shared position, or each user's own
-    x, cache = _decode_rows(params, cfg, cache, tokens[:, None], pos, knockout)
-    return head(params, cfg, x[:, 0], knockout), cache
+    mm = matmul_t if activation_dtype is None else activations_rounded(activation_dtype)
+    x, cache = _decode_rows(params, cfg, cache, tokens[:, None], pos, knockout, mm)
+    return head(params, cfg, x[:, 0], knockout, activation_dtype), cache
 
 
 @partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
@@ -412,12 +417,13 @@ def verify_step_program(params, cfg: ModelConfig, cache, tokens, pos):
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), hidden, cache
 
 
-def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset):
+def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset, mm=matmul_t):
     """The residual stream after the last layer for ``tokens [B, T]``, user b's row j at position ``pos[b] + j``,
     each row's K/V written at its slot first (``(pos + j) % slots``) and each row attending to what it sees
-    (:func:`visible`: its own and earlier rows among them); the updated cache."""
+    (:func:`visible`: its own and earlier rows among them); the updated cache. ``mm``: every product with a weight
+    matrix (:func:`matmul_t`, or its activations rounded first: mk.blocks.activations_rounded)."""
     B, T = tokens.shape
-    x = embed(params, cfg, tokens)  # [B, T, H]
+    x = fed(embed(params, cfg, tokens), mm)  # [B, T, H]: scaled and stored as a kernel stores it, where mm rounds
     positions = pos[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
     cache = dict(cache)
     for i, t in enumerate(cfg.layer_types):
@@ -426,9 +432,9 @@ def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset):
         if attention_component(t) not in ko:
             h = rms_norm(x, p["input_norm"], cfg.rms_eps, NORMS not in ko)
             if cfg.latent_attention is not None:
-                q, written = latent.project(p, cfg, h, positions, ko, matmul_t)
+                q, written = latent.project(p, cfg, h, positions, ko, mm)
             else:
-                q, k, v = qkv(p, cfg, t, h, positions, ko, matmul_t)
+                q, k, v = qkv(p, cfg, t, h, positions, ko, mm)
                 written = {"k": k.transpose(0, 2, 1, 3), "v": v.transpose(0, 2, 1, 3)}  # [B, kv, T, hd]
             S = layer_slots(cache, i)
             for name, val in written.items():
@@ -441,7 +447,7 @@ def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset):
             mask = visible(held[:, None, :], positions[:, :, None], cfg, t)  # [B, T, S]
             if cfg.latent_attention is not None:
                 lc, rc = cache[f"layers.{i}.latent"], cache[f"layers.{i}.rope_k"]
-                attn = latent.attend_absorbed(p, cfg, q, lc, rc, mask[:, None], matmul_t)
+                attn = latent.attend_absorbed(p, cfg, q, lc, rc, mask[:, None], mm)
             else:
                 kc, vc = cache[f"layers.{i}.k"], cache[f"layers.{i}.v"]
                 scale, sinks = cfg.score_scale(t), p.get("sinks")
@@ -449,8 +455,8 @@ def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset):
                     attn = attend_one(q, kc, vc, mask[:, 0], scale, sinks)
                 else:
                     attn = attend(q, kc, vc, mask[:, None, None], scale, sinks)
-            attn = biased(p, "o", attn, matmul_t)
-        x = residual_layer(p, cfg, x, attn, ko, dense_experts=False, mm=matmul_t)
+            attn = biased(p, "o", attn, mm)
+        x = residual_layer(p, cfg, x, attn, ko, dense_experts=False, mm=mm)
     return x, cache
 
 
@@ -466,7 +472,9 @@ def verify_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos):
     )
 
 
-def decode_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos, knockout=frozenset()):
+def decode_step(
+    params: dict, cfg: ModelConfig, cache: dict, tokens, pos, knockout=frozenset(), activation_dtype: str | None = None
+):
     """Decode one token per user: ``tokens [B]``, user b's at position ``pos[b]``.
 
     ``pos``: an int (every user at that position) or ``[B]`` ints (each user its own); inside it is
@@ -478,7 +486,9 @@ def decode_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos, knocko
     ``params`` is mk's tree, float or quantized (its :func:`prepare` layout, float, is made on the first
     call and kept for that tree) or that layout itself.
     Token ids and positions given as Python / NumPy values are checked; device arrays are not (that
-    would wait for the device every step).
+    would wait for the device every step). ``activation_dtype`` (``"bfloat16"``): every product with a weight matrix
+    rounds its activations to it first, as the megakernel's bf16 step feeds its matrix unit (a reference that rounds
+    where the kernel does: mk.megakernel.parity).
     """
     cfg.check_runnable(engine="reference")
     ko = check_knockout(knockout)
@@ -491,8 +501,9 @@ def decode_step(params: dict, cfg: ModelConfig, cache: dict, tokens, pos, knocko
         pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (B,))
     # pos is [B] either way: one program for a shared position and for each user's own
     return decode_step_program(
-        prepared(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32), ko
-    )
+        prepared(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32), ko,
+        activation_dtype,
+    )  # fmt: skip
 
 
 def check_positions(cfg: ModelConfig, cache: dict, pos) -> np.ndarray:

@@ -10,14 +10,19 @@ prefilled cache, the kernel from its own greedy picks). What must hold, and why:
   ``jax.default_matmul_precision("highest")``), six bf16 passes that keep f32's 24 bits: what is left is the order of
   the sums, about 1e-6 of logits of order 0.3 here. At XLA's default the reference would run one bf16 pass and differ
   from the kernel by bf16's rounding; that is the reference's imprecision, not the kernel's, so it is not the criterion.
-- **bf16**: the kernel reads bf16 weights and cache and computes in f32 from them; the reference stays f32. Fed the
-  reference's tokens (teacher-forced) for ``BF16_STEPS`` steps of four ragged users (the test suite's bf16 run), the
-  kernel's largest logit error must stay within ``BF16_FACTOR`` times what the rounding alone costs (the f32 reference
-  run on the bf16-rounded weights and cache: ``rounding_logit_diff``), and its greedy picks may leave the reference's
-  at most ``BF16_PICKS_MARGIN`` more often than the rounding's do (random weights have many near-ties). The kernel also
-  rounds each product's activations to bf16, which the rounding reference on a CPU does not: that is the 1.25. On a TPU
-  the rounding reference runs at XLA's default precision, one bf16 pass, which rounds activations as the kernel does;
-  the f32 reference itself at ``HIGHEST``.
+- **bf16**: the kernel reads bf16 weights and cache and computes in f32 from them, rounding each weight product's
+  activations to bf16; the reference stays f32 (at ``HIGHEST``). Fed the reference's tokens (teacher-forced) for
+  ``BF16_STEPS`` steps of four ragged users (the test suite's bf16 run), the kernel's largest logit error must stay
+  within ``BF16_FACTOR`` times that of a reference that rounds where the kernel does (bf16 weights and cache, and every
+  weight product's activations: ``kernel_rounding_logit_diff``, mk.megakernel.parity), and its greedy picks may leave
+  the reference's at most ``BF16_PICKS_MARGIN`` more often than that reference's do. Rounding the activations is what
+  moves a routed model's experts at a near-tie, and one such flip dominates a maximum over steps. On the CPU the
+  pre-norm routed families' jumps (Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V3) recur step for step in that reference,
+  where the reference rounding the weights and cache alone routes as f32 does and misses them; Gemma 4's per-step
+  errors differ from it (the kernel rounds somewhere it does not: open), their largest within the factor
+  (tests/test_megakernel.py). What the rounding of the weights and cache alone costs is kept beside it
+  (``rounding_logit_diff``). On a TPU both rounding
+  references run at XLA's default precision, one bf16 pass, as the kernel's attention does.
 - **Formats** (INT8 experts, FP8 blocks): the kernel streams the codes and their scales; the reference dequantizes the
   same tree once. f32 as above.
 """
@@ -61,8 +66,10 @@ COLUMNS = (
     "same_tokens",
     "max_logit_diff",
     "rounding_logit_diff",
+    "kernel_rounding_logit_diff",
     "picks_kept",
     "rounding_picks_kept",
+    "kernel_rounding_picks_kept",
     "criterion",
     "held",
     "races",
@@ -107,24 +114,32 @@ def check(model: str, dtype: str, quantize: str = "none", seed: int = 0, steps: 
                 cfg, len(prompts), steps, prompt_len=list(prompts), max_len=64, seed=seed, detect_races=interpret,
                 dtype=jnp.bfloat16, teacher_forced=True,
             )  # fmt: skip
-            worst, rounding = float(rows["max_logit_diff"].max()), float(rows["rounding_logit_diff"].max())
+            worst = float(rows["max_logit_diff"].max())
+            like = float(rows["kernel_rounding_logit_diff"].max())
             ref = np.array(rows["tokens_reference"].tolist())
-            picks = float((np.array(rows["tokens_megakernel"].tolist()) == ref).mean())
-            rounding_picks = float((np.array(rows["tokens_rounding"].tolist()) == ref).mean())
-            row.update(same_tokens=bool(rows["same_tokens"].all()), max_logit_diff=worst, rounding_logit_diff=rounding)
-            row.update(picks_kept=picks, rounding_picks_kept=rounding_picks)
-            row["criterion"] = (
-                f"teacher-forced: logits within {BF16_FACTOR:g}x the bf16 rounding's own, picks kept within "
-                f"{BF16_PICKS_MARGIN:g} of its"
+
+            def kept(column):
+                return float((np.array(rows[column].tolist()) == ref).mean())
+
+            picks, like_picks = kept("tokens_megakernel"), kept("tokens_kernel_rounding")
+            row.update(
+                same_tokens=bool(rows["same_tokens"].all()), max_logit_diff=worst, kernel_rounding_logit_diff=like
             )
-            row["held"] = worst <= BF16_FACTOR * rounding and picks >= rounding_picks - BF16_PICKS_MARGIN
+            row.update(rounding_logit_diff=float(rows["rounding_logit_diff"].max()), picks_kept=picks)
+            row.update(rounding_picks_kept=kept("tokens_rounding"), kernel_rounding_picks_kept=like_picks)
+            row["criterion"] = (
+                f"teacher-forced: logits within {BF16_FACTOR:g}x those of a reference rounding where the kernel does, "
+                f"picks kept within {BF16_PICKS_MARGIN:g} of its"
+            )
+            row["held"] = worst <= BF16_FACTOR * like and picks >= like_picks - BF16_PICKS_MARGIN
         row["races"] = bool(rows["races"].any()) if interpret else None
         row["held"] = row["held"] and not row["races"]
         row["error"] = ""
     except Exception as e:  # a kernel that does not compile or run here: the check fails, the run goes on
         text = str(e).strip().splitlines()
         row.update(held=False, races=None, error=f"{type(e).__name__}: {text[0] if text else ''}"[:300])
-        row.update(dict.fromkeys(("same_tokens", "max_logit_diff", "rounding_logit_diff", "criterion")))
+        row.update(dict.fromkeys(("same_tokens", "max_logit_diff", "rounding_logit_diff", "kernel_rounding_logit_diff",
+                                  "criterion")))  # fmt: skip
     row["seconds"] = round(time.perf_counter() - t, 2)
     return {k: row.get(k) for k in COLUMNS}
 
@@ -138,8 +153,8 @@ def run_checks(chosen=None, seed: int = 0, quiet: bool = False, on_row=None) -> 
         if on_row is not None:
             on_row(row)
         diff = "" if row["max_logit_diff"] is None else f", max logit diff {row['max_logit_diff']:.3g}"
-        if row["rounding_logit_diff"] is not None:
-            diff += f" (rounding's {row['rounding_logit_diff']:.3g})"
+        if row["kernel_rounding_logit_diff"] is not None:
+            diff += f" (a reference rounding as the kernel does: {row['kernel_rounding_logit_diff']:.3g})"
         what = f"{model} {dtype}" + ("" if quantize == "none" else f" {quantize}")
         log(f"parity {what}: {'held' if row['held'] else 'FAILED ' + (row['error'] or '')}{diff}, {row['seconds']} s")
     return rows

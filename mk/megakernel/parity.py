@@ -45,7 +45,9 @@ def compare_with_reference(
     whose greedy stream may leave the reference's at a near-tie). For a ``dtype`` other than float32,
     ``rounding_logit_diff`` and ``tokens_rounding`` give what the rounding alone costs: the float32
     reference against itself run on the rounded weights, its cache rounded to ``dtype`` after every
-    step, fed the same tokens.
+    step, fed the same tokens; ``kernel_rounding_logit_diff`` and ``tokens_kernel_rounding`` the same reference with
+    every weight product's activations rounded to ``dtype`` too (mk.reference.decode_step's ``activation_dtype``):
+    it rounds where the kernel does, so a routing near-tie that rounding flips flips there too.
 
     Where the kernel rounds, beyond the weights and cache: the embedding row times sqrt(H) is rounded
     to the weight dtype (as the reference does), and every matmul's activations are rounded to the
@@ -74,6 +76,7 @@ def compare_with_reference(
     rounded = jnp.dtype(dtype) != jnp.float32
     r_params = {k: v.astype(jnp.float32) for k, v in mk_params.items()} if rounded else None
     r_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in cache.items()}
+    k_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in cache.items()}  # the kernel-like reference's own
     tok_ref = tok_mk = jnp.argmax(logits, -1).astype(jnp.int32)
     pos = jnp.asarray(lengths)
     rows = []
@@ -100,6 +103,11 @@ def compare_with_reference(
                 r_params, cfg, r_cache, tok_ref if teacher_forced else tok_mk, pos, knockout
             )
             r_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in r_cache.items()}
+            l_kernel, k_cache = R.decode_step(
+                r_params, cfg, k_cache, tok_ref if teacher_forced else tok_mk, pos, knockout,
+                activation_dtype=jnp.dtype(dtype).name,
+            )  # fmt: skip
+            k_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in k_cache.items()}
         tok_ref, tok_mk = jnp.argmax(l_ref, -1).astype(jnp.int32), out.users[:batch, TOKEN]
         rows.append(
             dict(
@@ -118,6 +126,8 @@ def compare_with_reference(
                 kernel_pick_is_argmax=bool(jnp.all(tok_mk == jnp.argmax(out.logits, -1))),
                 rounding_logit_diff=float(jnp.max(jnp.abs(l_rounded - l_ref))) if rounded else np.nan,
                 tokens_rounding=np.asarray(jnp.argmax(l_rounded, -1)).tolist() if rounded else None,
+                kernel_rounding_logit_diff=float(jnp.max(jnp.abs(l_kernel - l_ref))) if rounded else np.nan,
+                tokens_kernel_rounding=np.asarray(jnp.argmax(l_kernel, -1)).tolist() if rounded else None,
                 expert_dmas=int(out.dma_counts[0, 0]),
                 step_s=dt,
                 races=races_detected(),
