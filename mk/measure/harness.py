@@ -186,6 +186,12 @@ def unknown_speed_of_light(bytes_per_step: float, device) -> MeasuredSpeedOfLigh
     return MeasuredSpeedOfLight(f"unknown: {device_name(device)} is no chip in data/chips.csv", bytes_per_step)
 
 
+# Of a chip's HBM, what a run's arrays may take together; XLA's own buffers and the steps' temporaries the rest (an
+# assumption: the measured rows record the bytes in use beside the bytes planned, and a build that runs out all the
+# same is caught and skipped).
+HBM_USE = 0.9
+
+
 def usable_hbm(device, fraction: float) -> float | None:
     """What a run's arrays may hold on one chip: ``fraction`` of its HBM (the device's own figure, else data/chips.csv's
     for a known chip); None where unknown (a CPU)."""

@@ -37,13 +37,21 @@ from ..files import append_csv_rows
 from ..kernel_setup import ONE_CHIP, SETUPS
 from ..progress import Log
 from ..sol import bytes_per_token
-from .harness import DEVICE_TIMING, Engine, columns, provenance, spec_speed_of_light, time_engines, usable_hbm
+from .harness import (
+    DEVICE_TIMING,
+    HBM_USE,
+    Engine,
+    columns,
+    provenance,
+    spec_speed_of_light,
+    time_engines,
+    usable_hbm,
+)
 
 ONE_CHIP_SETUP = "one chip"
 STAND_INS = ("write-up", "workbook")  # the kernel setups a stand-in for chip 0 of a v5e-8 runs (mk.kernel_setup)
 SLICE = 8  # the stand-in's slice: the write-up's v5e-8
 STEPS_BACK_TO_BACK = 20
-HBM_USE = 0.9  # of the chip's HBM, what the engines' arrays may take; XLA's own buffers and temporaries the rest
 CELL_BUDGET_S = 4.0
 PAIR = "sliding+full"
 COLUMNS = columns(

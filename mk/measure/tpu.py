@@ -65,6 +65,7 @@ from ..units import positive_int
 from . import chip_parity, on_chip
 from .harness import (
     ARRAY_DTYPES,
+    HBM_USE,
     MIN_TIMING_S,
     Engine,
     provenance,
@@ -81,9 +82,6 @@ PLACEMENTS = ("whole", "split")
 NO_PLACEMENT = "-"  # a dense model, or one chip: experts are not placed
 PARITY_PROMPTS = (7, 3, 12)  # the parity users' prompt lengths: ragged, each decoding from its own position
 PARITY_NEW_TOKENS = 4
-# Of a chip's HBM, what the engines' arrays may take together; XLA's own buffers and the steps' temporaries
-# take the rest (an assumption: a build that runs out all the same is caught and skipped).
-HBM_USE = 0.85
 
 
 class NoTPU(RuntimeError):
