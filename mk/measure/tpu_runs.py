@@ -34,9 +34,9 @@ ONE_USER = tuple(Cell(c, 1) for c in CONTEXTS)
 # case builds its weights once, 30-60 s on a v5e, and compiles each cell, 7-45 s); llama-3.2-1b, the cheapest, takes
 # the whole grid.
 CROSS = ONE_USER + tuple(Cell(CONTEXTS[0], b) for b in BATCHES[1:])
-# Full-width truncations too big for both engines at once: the six layers first tried on this chip, and the deepest
-# that mk.measure.on_chip.planned_bytes says fit one v5e beside nothing else (26B-A4B: 7 layers, 31B: 9).
-TRUNCATIONS = (("gemma4-26b-a4b", 6), ("gemma4-31b", 6), ("gemma4-26b-a4b", 7), ("gemma4-31b", 9))
+# Full-width truncations too big for both engines at once: the deepest that mk.measure.on_chip.planned_bytes says fit
+# one v5e beside nothing else (26B-A4B: 7 layers, 31B: 9), then the six layers first tried on this chip.
+TRUNCATIONS = (("gemma4-26b-a4b", 7), ("gemma4-31b", 9), ("gemma4-26b-a4b", 6), ("gemma4-31b", 6))
 # The table: dense decoders that fit (llama-3.2-1b whole, a Qwen3 at full width), Gemma 4 at full width (a sliding and
 # a full layer: every context's cost at the weights' real shapes; 26B-A4B also with INT8 experts), chip 0 of the
 # write-up's v5e-8 step and the workbook's on the one chip, then the truncations too big for both engines at once,
