@@ -52,7 +52,7 @@ def append_csv_rows(rows: list[dict], path: Path, columns: tuple[str, ...], what
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=columns)
+            w = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")  # as git and pandas write them
             w.writeheader()
             w.writerows(old)
             w.writerows([{k: blank(v) for k, v in r.items()} for r in rows])
