@@ -14,6 +14,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ..config import ModelConfig
 from .harness import ARRAY_DTYPES
@@ -90,5 +91,13 @@ def reference_step(mesh):
         return decode_step(params, cfg, cache, tokens, pos, knockout)
 
     step.prepare = prepare  # a prepared tree is used as it is
-    step.adopt_cache = lambda cache: {k: jax.device_put(a, gspmd_sharding(mesh, a.shape)) for k, a in cache.items()}
+
+    def adopt_cache(cache):
+        # one chip: the placement the step returns (a split over one chip is the same bytes, but keys another compile)
+        def placed(a):
+            return NamedSharding(mesh, PartitionSpec()) if mesh.size == 1 else gspmd_sharding(mesh, a.shape)
+
+        return {k: jax.device_put(a, placed(a)) for k, a in cache.items()}
+
+    step.adopt_cache = adopt_cache
     return step

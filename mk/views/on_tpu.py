@@ -3,6 +3,8 @@ each model's measured steps against context beside the model's, and the model's 
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -40,8 +42,11 @@ def steps_figure(steps: pd.DataFrame, title: str) -> go.Figure:
     models = list(dict.fromkeys(s.what))
     cols = 2
     rows = -(-len(models) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=models, horizontal_spacing=0.1, vertical_spacing=0.2)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=models, horizontal_spacing=0.1,
+                        vertical_spacing=0.3 / rows)  # fmt: skip
     colours = dict(zip(ENGINE_WORDS, template_colours()))
+    ticks, labels = context_ticks(sorted(set(s.context)))  # every panel on the same axis, a model with one context too
+    span = [math.log10(min(s.context)) - 0.15, math.log10(max(s.context)) + 0.15]
     for i, model in enumerate(models):
         at = dict(row=i // cols + 1, col=i % cols + 1)
         for engine, g in s[s.what == model].groupby("engine"):
@@ -58,8 +63,7 @@ def steps_figure(steps: pd.DataFrame, title: str) -> go.Figure:
                 name=f"{words}, modelled", legendgroup=f"{engine}p", showlegend=i == 0,
                 hovertemplate=f"{words}: %{{y:.4g}} ms modelled at %{{x}} positions<extra></extra>",
             )  # fmt: skip
-        ticks, labels = context_ticks(sorted(set(s[s.what == model].context)))
-        fig.update_xaxes(type="log", tickvals=ticks, ticktext=labels, title_text="positions", **at)
+        fig.update_xaxes(type="log", range=span, tickvals=ticks, ticktext=labels, title_text="positions", **at)
         fig.update_yaxes(title_text="ms a step", rangemode="tozero", **at)
     fig.update_layout(title=title, height=380 * rows + 200)
     return fig
