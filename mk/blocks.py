@@ -291,20 +291,22 @@ def softmax_sinks(s, sinks):
     return jax.nn.softmax(jnp.concatenate([s, sink], axis=-1), axis=-1)[..., :-1]
 
 
-def attend(q, k, v, mask, scale: float = 1.0, sinks=None):
+def attend(q, k, v, mask, scale: float = 1.0, sinks=None, mm=matmul):
     """Grouped-query attention, scores times ``scale`` (:meth:`ModelConfig.score_scale`), each head's sink logit in
-    its softmax (:func:`softmax_sinks`). q [B, T, nh, hd]; k, v [B, kv, S, hd]; mask [T, S] or [S]."""
+    its softmax (:func:`softmax_sinks`). q [B, T, nh, hd]; k, v [B, kv, S, hd]; mask [T, S] or [S]. Where ``mm``
+    rounds its activations (:func:`activations_rounded`), the query and the probabilities are rounded the same, as a
+    kernel's one-pass products against its cache are fed (mk.megakernel.mxu)."""
     B, T, nh, hd = q.shape
     kv = k.shape[1]
-    qg = q.reshape(B, T, kv, nh // kv, hd)  # head h reads KV head h // (nh // kv), as repeat_kv
+    qg = fed(q, mm).reshape(B, T, kv, nh // kv, hd)  # head h reads KV head h // (nh // kv), as repeat_kv
     s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32) * scale
     s = jnp.where(mask, s, -jnp.inf)
-    a = softmax_sinks(s, sinks).astype(q.dtype)
+    a = fed(softmax_sinks(s, sinks), mm).astype(q.dtype)
     o = jnp.einsum("bkgts,bksd->btkgd", a, v.astype(q.dtype))
     return o.reshape(B, T, nh * hd)
 
 
-def attend_one(q, k, v, mask, scale: float = 1.0, sinks=None):
+def attend_one(q, k, v, mask, scale: float = 1.0, sinks=None, mm=matmul):
     """Decode attention: :func:`attend` for one new position (q [B, 1, nh, hd]; k, v the cache
     [B, kv, S, hd]; mask [B, S], each user's own) with the weighted sum of V written as a
     multiply-reduce, which XLA:CPU runs on the V cache in place; as a dot it transposes the
@@ -314,10 +316,10 @@ def attend_one(q, k, v, mask, scale: float = 1.0, sinks=None):
     """
     B, T, nh, hd = q.shape
     kv = k.shape[1]
-    qg = q.reshape(B, T, kv, nh // kv, hd)
+    qg = fed(q, mm).reshape(B, T, kv, nh // kv, hd)
     s = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype)).astype(jnp.float32) * scale
     s = jnp.where(mask[:, None, None, None, :], s, -jnp.inf)
-    a = softmax_sinks(s, sinks).astype(q.dtype)[:, :, :, 0]  # [B, kv, g, S]
+    a = fed(softmax_sinks(s, sinks), mm).astype(q.dtype)[:, :, :, 0]  # [B, kv, g, S]
     o = jnp.sum(a[..., None] * v[:, :, None].astype(q.dtype), axis=-2)  # [B, kv, g, hd]
     return o.reshape(B, T, nh * hd)
 

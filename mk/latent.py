@@ -124,7 +124,8 @@ def attend_absorbed(p: dict, cfg: ModelConfig, q, latent, rope_k, mask, mm=matmu
     w = kv_b_heads(p["kv_b"], cfg, mm).astype(q_nope.dtype)  # [heads, dn + dv, r]
     c, r = latent[:, 0].astype(q_nope.dtype), rope_k[:, 0].astype(q_rope.dtype)  # [B, S, r], [B, S, dr]
     q_latent = jnp.einsum("bthd,hdr->bthr", fed(q_nope, mm), w[:, :dn])
-    s = jnp.einsum("bthr,bsr->bhts", q_latent, c) + jnp.einsum("bthd,bsd->bhts", q_rope, r)
-    a = _softmax(s.astype(jnp.float32) * cfg.score_scale(FULL), mask, q_nope.dtype)
+    # the scores' and probabilities' products fed as the kernel's against its cache are (mk.blocks.attend)
+    s = jnp.einsum("bthr,bsr->bhts", fed(q_latent, mm), c) + jnp.einsum("bthd,bsd->bhts", fed(q_rope, mm), r)
+    a = fed(_softmax(s.astype(jnp.float32) * cfg.score_scale(FULL), mask, q_nope.dtype), mm)
     o_latent = jnp.einsum("bhts,bsr->bthr", a, c)
     return jnp.einsum("bthr,hvr->bthv", fed(o_latent, mm), w[:, dn:]).reshape(B, T, nh * mla.v_head_dim)

@@ -452,9 +452,9 @@ def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset, mm
                 kc, vc = cache[f"layers.{i}.k"], cache[f"layers.{i}.v"]
                 scale, sinks = cfg.score_scale(t), p.get("sinks")
                 if T == 1:
-                    attn = attend_one(q, kc, vc, mask[:, 0], scale, sinks)
+                    attn = attend_one(q, kc, vc, mask[:, 0], scale, sinks, mm)
                 else:
-                    attn = attend(q, kc, vc, mask[:, None, None], scale, sinks)
+                    attn = attend(q, kc, vc, mask[:, None, None], scale, sinks, mm)
             attn = biased(p, "o", attn, mm)
         x = residual_layer(p, cfg, x, attn, ko, dense_experts=False, mm=mm)
     return x, cache

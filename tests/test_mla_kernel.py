@@ -110,7 +110,7 @@ def test_the_latent_cache_over_many_tiles_equals_the_references(hf_checkpoint, d
     double-buffered tiles) and weight tiles of 128 KiB (kv_b in four tiles of one head each, a loop over tiles whose
     heads are traced): in f32 the kernel's tokens, logits and latent cache (each step) are the reference's; in
     bf16 weights and cache (as on a TPU, fed the reference's tokens) its logits are off the f32 reference by at most
-    1.25x what the rounding alone costs (tests/test_megakernel.py's criterion)."""
+    1.25x what a reference rounding where the kernel does is off it (mk.measure.chip_parity's criterion)."""
     import jax.numpy as jnp
 
     from mk.megakernel.parity import compare_with_reference
@@ -126,8 +126,9 @@ def test_the_latent_cache_over_many_tiles_equals_the_references(hf_checkpoint, d
     df = compare_with_reference(cfg, 2, 6, prompt_len=[20, 7], max_len=48, tiles=tiles, dtype=getattr(jnp, dtype),
                                 teacher_forced=bf16)  # fmt: skip
     assert not df.races.any() and df.kernel_pick_is_argmax.all()
-    if bf16:
-        assert df.max_logit_diff.max() <= 1.25 * df.rounding_logit_diff.max()
+    if bf16:  # the rounding where the kernel rounds (activations, and attention's query and probabilities too)
+        like = df.kernel_rounding_logit_diff.max()
+        assert df.max_logit_diff.max() <= 1.25 * like, (df.max_logit_diff.max(), like)
         return
     np.testing.assert_array_equal(np.stack(df.tokens_megakernel), np.stack(df.tokens_reference))
     assert df.max_logit_diff.max() < LOGIT_ATOL

@@ -11,18 +11,17 @@ prefilled cache, the kernel from its own greedy picks). What must hold, and why:
   the sums, about 1e-6 of logits of order 0.3 here. At XLA's default the reference would run one bf16 pass and differ
   from the kernel by bf16's rounding; that is the reference's imprecision, not the kernel's, so it is not the criterion.
 - **bf16**: the kernel reads bf16 weights and cache and computes in f32 from them, rounding each weight product's
-  activations to bf16; the reference stays f32 (at ``HIGHEST``). Fed the reference's tokens (teacher-forced) for
-  ``BF16_STEPS`` steps of four ragged users (the test suite's bf16 run), the kernel's largest logit error must stay
-  within ``BF16_FACTOR`` times that of a reference that rounds where the kernel does (bf16 weights and cache, and every
-  weight product's activations: ``kernel_rounding_logit_diff``, mk.megakernel.parity), and its greedy picks may leave
-  the reference's at most ``BF16_PICKS_MARGIN`` more often than that reference's do. Rounding the activations is what
-  moves a routed model's experts at a near-tie, and one such flip dominates a maximum over steps. On the CPU the
-  pre-norm routed families' jumps (Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V3) recur step for step in that reference,
-  where the reference rounding the weights and cache alone routes as f32 does and misses them; Gemma 4's per-step
-  errors differ from it (the kernel rounds somewhere it does not: open), their largest within the factor
-  (tests/test_megakernel.py). What the rounding of the weights and cache alone costs is kept beside it
-  (``rounding_logit_diff``). On a TPU both rounding
-  references run at XLA's default precision, one bf16 pass, as the kernel's attention does.
+  activations, and attention's query and probabilities, to bf16 (mk.megakernel.mxu: what a TPU's one-pass products
+  do, made explicit so that the interpreter computes what the chip does); the reference stays f32. Fed the reference's
+  tokens (teacher-forced) for ``BF16_STEPS`` steps of four ragged users (the test suite's bf16 run), the kernel's
+  largest logit error must stay within ``BF16_FACTOR`` times that of a reference that rounds where the kernel does
+  (``kernel_rounding_logit_diff``, mk.megakernel.parity), and its greedy picks may leave the reference's at most
+  ``BF16_PICKS_MARGIN`` more often than that reference's do. What the rounding of the weights and cache alone costs is
+  kept beside it (``rounding_logit_diff``). Every reference runs at ``HIGHEST`` on every machine, rounding only where
+  it says (on a TPU XLA's default would round operands the kernel keeps f32). A routed model's largest error is one
+  routing near-tie that a rounding flips; which way it falls depends on roundings below what a reference reproduces
+  (the kernel's softmax runs online over tiles), so a family can miss the factor on such a flip: tiny-qwen3-moe does,
+  in the interpreter as on a v5e, its jump the one the weights-and-cache rounding takes (data/measured/).
 - **Formats** (INT8 experts, FP8 blocks): the kernel streams the codes and their scales; the reference dequantizes the
   same tree once. f32 as above.
 """

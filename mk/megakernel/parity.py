@@ -51,10 +51,11 @@ def compare_with_reference(
 
     Where the kernel rounds, beyond the weights and cache: the embedding row times sqrt(H) is rounded
     to the weight dtype (as the reference does), and every matmul's activations are rounded to the
-    weight dtype before the MXU pass (bf16 x bf16, f32 accumulation); norms, softmax, RoPE and the
-    residual stream stay f32. The f32 reference rounds nothing: its products run at ``HIGHEST`` (on a TPU XLA's default
-    takes one bf16 pass), while the rounding's own reference runs at the caller's precision (a TPU's one pass rounds the
-    activations to bf16 as the kernel does before each matrix product).
+    weight dtype before the MXU pass (bf16 x bf16, f32 accumulation), and so are attention's query and probabilities
+    before their products with the cache (mk.megakernel.mxu); norms, softmax, RoPE and the residual stream stay f32.
+    Every reference runs its products at ``HIGHEST``, whatever the machine: the f32 one rounds nothing, the rounding
+    ones round only where they say (on a TPU XLA's default would take one bf16 pass for every product, rounding
+    operands the kernel keeps f32, such as the routed experts' combine weights).
 
     ``quantize``: the weights as that mk.quant scheme or shipped format (f32 only): the kernel streams their codes and
     scales, the reference dequantizes the same tree once."""
@@ -99,14 +100,13 @@ def compare_with_reference(
         mk_cache = out.cache
         mk_as_reference = engine.reference_cache(mk_cache)
         if rounded:
-            l_rounded, r_cache = R.decode_step(
-                r_params, cfg, r_cache, tok_ref if teacher_forced else tok_mk, pos, knockout
-            )
+            fed = tok_ref if teacher_forced else tok_mk
+            with jax.default_matmul_precision("highest"):
+                l_rounded, r_cache = R.decode_step(r_params, cfg, r_cache, fed, pos, knockout)
+                l_kernel, k_cache = R.decode_step(
+                    r_params, cfg, k_cache, fed, pos, knockout, activation_dtype=jnp.dtype(dtype).name
+                )
             r_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in r_cache.items()}
-            l_kernel, k_cache = R.decode_step(
-                r_params, cfg, k_cache, tok_ref if teacher_forced else tok_mk, pos, knockout,
-                activation_dtype=jnp.dtype(dtype).name,
-            )  # fmt: skip
             k_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in k_cache.items()}
         tok_ref, tok_mk = jnp.argmax(l_ref, -1).astype(jnp.int32), out.users[:batch, TOKEN]
         rows.append(
