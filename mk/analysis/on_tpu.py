@@ -229,7 +229,7 @@ def bf16_parity_chip_and_interpreter(chip_path=None, cpu_path=None) -> pd.DataFr
     cpu = parity(MEASURED_DIR / "cpu_parity.csv" if cpu_path is None else cpu_path)
     if chip.empty or cpu.empty:
         return pd.DataFrame()
-    keep = ["model", "max_logit_diff", "kernel_rounding_logit_diff", "held"]
+    keep = ["model", "max_logit_diff", "kernel_rounding_logit_diff", "rounding_logit_diff", "held"]
     both = chip[chip.dtype == "bf16"][keep].merge(
         cpu[cpu.dtype == "bf16"][keep], on="model", suffixes=("_chip", "_cpu")
     )
