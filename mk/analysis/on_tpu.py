@@ -216,9 +216,14 @@ def read_rates(path=None) -> pd.DataFrame:
 
 
 def parity(path=None) -> pd.DataFrame:
-    """The kernel's parity on the chip (data/measured/tpu_parity.csv), one row a check."""
+    """The kernel's parity on the chip (data/measured/tpu_parity.csv), one row a check: its newest run (a file keeps
+    every run's rows, each with its date and commit)."""
     path = MEASURED_DIR / "tpu_parity.csv" if path is None else path
-    return pd.read_csv(path).assign(kind="measured (TPU)") if path.exists() else pd.DataFrame()
+    if not path.exists():
+        return pd.DataFrame()
+    t = pd.read_csv(path)
+    newest = t.sort_values("date", kind="stable").drop_duplicates(["model", "dtype", "quantize"], keep="last")
+    return newest.sort_index().reset_index(drop=True).assign(kind="measured (TPU)")
 
 
 def bf16_parity_chip_and_interpreter(chip_path=None, cpu_path=None) -> pd.DataFrame:
