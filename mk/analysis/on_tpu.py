@@ -38,9 +38,10 @@ KNOWN_MISSES = {
     ("reference", "qwen3-8b[:8]", 32768): (
         "not explained yet: XLA's attention reads this model's cache far slower than llama-3.2-1b's, which holds the "
         "same bytes a position (8 layers of 8 KV heads x 128 against 16 of 8 x 64; section 4's cache read rates "
-        "compute both from 8K to 32K), while XLA's own cost analysis of the step compiled for a v5e counts no bytes "
-        "beyond the weights and cache: a fusion that reads slowly, not extra reads. An op-level profile on the chip "
-        "would name it"
+        "compute both from 8K to 32K), while XLA's own cost analysis of the step compiled for a v5e counts about the "
+        "weights' and cache's bytes (within a few percent), and its cycle estimate of the probabilities-times-V fusion "
+        "a cache byte is llama-3.2-1b's: a fusion that runs slower than XLA expects, not extra reads. An op-level "
+        "profile on the chip would name it"
     ),
     ("reference", "llama-3.2-1b", 8192): (
         "as at 32K: the padded cache the general-stack model charges is twice what XLA reads, a smaller share at 8K"
