@@ -371,15 +371,12 @@ def embed(params, cfg: ModelConfig, tokens):
     return e[tokens] * jnp.asarray(cfg.hidden_size**0.5, e.dtype) if cfg.scale_embeddings else e[tokens]
 
 
-def head(params, cfg: ModelConfig, x, ko, activation_dtype: str | None = None):
+def head(params, cfg: ModelConfig, x, ko, mm=matmul):
     """Logits [B, V] float32 for the hidden states ``x [B, H]``: the final norm, the tied embedding or the untied
-    head, Gemma's soft cap; the normed states rounded to ``activation_dtype`` first where given
-    (:func:`activations_rounded`)."""
+    head, Gemma's soft cap; the normed states fed as ``mm`` feeds its products (:func:`fed`)."""
     if HEAD in ko:
         return jnp.zeros((x.shape[0], cfg.vocab_size), jnp.float32)
-    h = rms_norm(x, params["final_norm"], cfg.rms_eps, NORMS not in ko)
-    if activation_dtype is not None:
-        h = h.astype(activation_dtype).astype(h.dtype)
+    h = fed(rms_norm(x, params["final_norm"], cfg.rms_eps, NORMS not in ko), mm)
     # the head [V, H] times h as a matrix-vector product (contracting its minor axis), not h @ head.T:
     # for the latter XLA:CPU fuses the transposed embed and the last layer's residual and norm into
     # one elemental loop that recomputes them for every vocabulary row (measured: the head took ~2x

@@ -402,7 +402,7 @@ def decode_step_program(
     pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (B,))  # a shared position, or each user's own
     mm = matmul_t if activation_dtype is None else activations_rounded(activation_dtype)
     x, cache = _decode_rows(params, cfg, cache, tokens[:, None], pos, knockout, mm)
-    return head(params, cfg, x[:, 0], knockout, activation_dtype), cache
+    return head(params, cfg, x[:, 0], knockout, mm), cache
 
 
 @partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))

@@ -17,6 +17,7 @@ import pandas as pd
 from ..chips import get_chip, measured_limit
 from ..kernel_setup import SETUPS, WORKBOOK_KERNEL
 from ..paths import MEASURED_DIR, TPU_CSV
+from ..sol import kv_bytes_per_user
 from ..timing import MODELLED, predict
 
 STAND_IN = "; loopback stand-in"  # how a stand-in row's setup ends (mk.measure.on_chip)
@@ -147,7 +148,7 @@ def padded_cache_bytes(model: str, context: int, batch: int = 1) -> tuple[float,
     cfg = get_config(model)
     padded = sum(2 * batch * cfg.kv_heads(t) * cfg.cache_positions(t, context) * 2 * round_up(cfg.head_dim(t), LANE)
                  for t in cfg.layer_types)  # fmt: skip
-    return cache_bytes(cfg, context, batch), padded
+    return _cache_bytes(cfg, context, batch), padded
 
 
 def cache_read_rates(steps: pd.DataFrame | None = None, short: int = 8192, long: int = 32768) -> pd.DataFrame:
@@ -162,17 +163,16 @@ def cache_read_rates(steps: pd.DataFrame | None = None, short: int = 8192, long:
             continue
         ms = g.set_index("context").device_ms
         cfg = _config(g.iloc[0])
-        added = cache_bytes(cfg, long) - cache_bytes(cfg, short)
+        added = _cache_bytes(cfg, long) - _cache_bytes(cfg, short)
         extra_ms = ms[long] - ms[short]
         rows.append(dict(engine=engine, model=model, dtype=dtype, added_cache_GB=added / 1e9, added_device_ms=extra_ms,
                          cache_read_GBps=added / extra_ms / 1e6))  # fmt: skip
     return pd.DataFrame(rows).assign(kind="measured (TPU, device time)")
 
 
-def cache_bytes(cfg, context: int, batch: int = 1) -> float:
-    """The bf16 KV cache bytes a step reads at ``context`` (head dims as they are, as XLA reads them)."""
-    return sum(2 * batch * cfg.kv_heads(t) * cfg.cache_positions(t, context) * 2 * cfg.head_dim(t)
-               for t in cfg.layer_types)  # fmt: skip
+def _cache_bytes(cfg, context: int, batch: int = 1) -> float:
+    """The bf16 KV cache bytes a step reads at ``context`` (head dims as they are, as XLA reads them: mk.sol's)."""
+    return batch * sum(kv_bytes_per_user(cfg, context).values())
 
 
 def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) -> pd.DataFrame:

@@ -230,7 +230,7 @@ class CaseEngines:
         """``engine``'s step for ``cell`` (a zero cache of its context, position context - 1), compiled and run twice:
         (the call, seconds to compile and run it)."""
         from ..generate import cache_multiple
-        from .steps import decode_call
+        from .steps import decode_call, settled
 
         t = time.perf_counter()
         with jax.default_device(self.device):
@@ -241,9 +241,7 @@ class CaseEngines:
             with jax.default_device(self.device):
                 return call()
 
-        for _ in range(2):  # the second call takes the cache the step returns: any compile it needs is counted here
-            jax.block_until_ready(placed())
-        return placed, time.perf_counter() - t
+        return settled(placed), time.perf_counter() - t
 
     def close(self) -> None:
         self.weights.clear()

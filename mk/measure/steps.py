@@ -65,6 +65,14 @@ def decode_call(
     return call
 
 
+def settled(call: Callable[[], jax.Array]) -> Callable[[], jax.Array]:
+    """``call`` run twice and waited on (its compile, and any a second call needs: that one takes the cache the step
+    returned, which may be placed otherwise than the one it was given), so a timing loop after it compiles nothing."""
+    for _ in range(2):
+        jax.block_until_ready(call())
+    return call
+
+
 def op_by_op(call: Callable[[], jax.Array]) -> Callable[[], jax.Array]:
     """``call`` with every primitive dispatched as its own program (``jax.disable_jit``), as an eager
     framework runs it: to time beside the compiled step, interleaved."""

@@ -74,7 +74,7 @@ from .harness import (
     unknown_speed_of_light,
     usable_hbm,
 )
-from .steps import decode_call, reference_step
+from .steps import decode_call, reference_step, settled
 
 COLUMNS = on_chip.COLUMNS  # one table of steps measured on TPUs, data/measured/tpu.csv
 STEPS_BACK_TO_BACK = 20  # a step's device time: this many dispatched back to back, waited on once
@@ -331,8 +331,7 @@ class _Builder:
                 call = decode_call(step, self.host, cfg, self.context, self.batch, self.dtype, cache_multiple=multiple)
             log(f"weights and cache placed in {time.perf_counter() - t:.1f} s; compiling")
             t = time.perf_counter()
-            for _ in range(2):  # the second call takes the cache the step returns: a compile it needs is counted here
-                jax.block_until_ready(call())
+            settled(call)
         finally:
             if engine.name == "megakernel":
                 self.megakernels_left -= 1
