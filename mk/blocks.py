@@ -236,11 +236,12 @@ def experts_gathered(p: dict, cfg: ModelConfig, x, w, ids, mm=matmul):
 
 def _expert_branch(gate, up, down, biases, mm, cfg: ModelConfig, e: int, x):
     g, u = mm(x, gate[e]), mm(x, up[e])
-    if biases is None:
-        return mm(gated(g, u, cfg), down[e])
-    gate_up_bias, down_bias = biases
-    I = g.shape[-1]
-    return mm(gated(g + gate_up_bias[e, :I], u + gate_up_bias[e, I:], cfg), down[e]) + down_bias[e]
+    if biases is not None:
+        gate_up_bias, _ = biases
+        I = g.shape[-1]
+        g, u = g + gate_up_bias[e, :I], u + gate_up_bias[e, I:]
+    y = matmul(fed(gated(g, u, cfg), mm), down[e])  # down is [in, out] in every layout (mk.reference.prepare)
+    return y if biases is None else y + biases[1][e]
 
 
 def experts_dense(p: dict, cfg: ModelConfig, x, w, ids):

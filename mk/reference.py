@@ -333,13 +333,15 @@ def float_params(params: dict, cfg: ModelConfig) -> dict:
 
 
 def prepare(params: dict, cfg: ModelConfig) -> dict:
-    """The decode step's layout of a parameter tree, made once at load time: every layer matrix
-    transposed to ``[out, in]`` (see :func:`matmul_t`) and the experts' ``[E, in, out]`` arrays split
-    into tuples of E ``[out, in]`` arrays, so each expert is its own buffer (see
-    :func:`experts_gathered`). The embedding and the vectors are shared with ``params``; the layer
-    weights are a second copy, held beside ``params`` (which prefill reads). A quantized tree is
-    dequantized first (:func:`float_params`): the layout is always float. ``cfg`` is the engine
-    interface's (mk.generate); the layout follows from the arrays. A prepared tree is returned as is.
+    """The decode step's layout of a parameter tree, made once at load time: every layer matrix transposed to
+    ``[out, in]`` (see :func:`matmul_t`) and the experts' ``[E, in, out]`` arrays split into tuples of E arrays, so each
+    expert is its own buffer (see :func:`experts_gathered`): gate and up ``[out, in]``, down kept ``[in, out]``, so
+    that every expert matrix is ``[intermediate, hidden]``. A TPU's program (XLA for a v5e) otherwise lays every
+    expert's ``[hidden, intermediate]`` down matrix out anew at every step, all of them, whichever were routed
+    (:func:`mk.profiling.hlo.relayouts`). The embedding and the vectors are shared with ``params``; the layer
+    weights are a second copy, held beside ``params`` (which prefill reads). A quantized tree is dequantized first
+    (:func:`float_params`): the layout is always float. ``cfg`` is the engine interface's (mk.generate); the layout
+    follows from the arrays. A prepared tree is returned as is.
     """
     if PREPARED in params:
         return params
@@ -349,7 +351,7 @@ def prepare(params: dict, cfg: ModelConfig) -> dict:
         if path.endswith("_bias"):  # vectors, or gpt-oss's experts' [E, ...] biases: kept as they are
             pass
         elif path.startswith("layers.") and a.ndim == 3:
-            a = _split_t(a)
+            a = _split(a) if path.endswith("expert_down") else _split_t(a)
         elif path.startswith("layers.") and a.ndim == 2:
             a = _transpose(a)
         out[path] = a
@@ -360,6 +362,12 @@ def prepare(params: dict, cfg: ModelConfig) -> dict:
 def _split_t(a):
     """``a [E, in, out]`` as E arrays ``[out, in]``: one compiled program per shape."""
     return tuple(a[e].T for e in range(a.shape[0]))
+
+
+@jax.jit
+def _split(a):
+    """``a [E, in, out]`` as E arrays ``[in, out]``."""
+    return tuple(a[e] for e in range(a.shape[0]))
 
 
 _transpose = jax.jit(jnp.transpose)

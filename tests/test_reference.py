@@ -78,13 +78,15 @@ def test_moe_gathered_equals_dense(moe_params):
 
 def test_prepared_layout(moe_params):
     """Decode runs on a layout made once per tree (matrices [out, in], experts split into their own
-    arrays); a plain tree, a prepared one and a plain one traced by an outer jit give the same logits."""
+    arrays, each [intermediate, hidden]: the down matrices as stored); a plain tree, a prepared one and a plain one
+    traced by an outer jit give the same logits."""
     cfg, p = TINY_MOE, moe_params
     pp = prepare(p, cfg)
     assert prepare(pp, cfg) is pp
     assert pp["layers.0.q"].shape == p["layers.0.q"].shape[::-1] and pp["embed"] is p["embed"]
     assert len(pp["layers.1.expert_down"]) == cfg.num_experts
-    np.testing.assert_array_equal(pp["layers.1.expert_down"][3], p["layers.1.expert_down"][3].T)
+    np.testing.assert_array_equal(pp["layers.1.expert_gate"][3], p["layers.1.expert_gate"][3].T)
+    np.testing.assert_array_equal(pp["layers.1.expert_down"][3], p["layers.1.expert_down"][3])
     toks = np.array([3] * B)
     want, _ = decode_step(p, cfg, init_cache(cfg, B, 8), toks, 0)
     got, _ = decode_step(pp, cfg, init_cache(cfg, B, 8), toks, 0)

@@ -229,13 +229,15 @@ def parity(path=None) -> pd.DataFrame:
 
 def bf16_parity_chip_and_interpreter(chip_path=None, cpu_path=None) -> pd.DataFrame:
     """Each family's bf16 check on the chip beside the same check in the interpreter on a CPU
-    (data/measured/cpu_parity.csv): the kernel's largest logit error and the kernel-rounding reference's on each, so a
-    near-tie the kernel settles alike on both machines and the chip's reference settles otherwise shows as such."""
+    (data/measured/cpu_parity.csv): the kernel's largest logit error and the kernel-rounding reference's on each, with
+    routing as is and (a routed family, since that bound) fixed, so a near-tie the kernel settles alike on both machines
+    and the chip's reference settles otherwise shows as such."""
     chip = parity(chip_path)
     cpu = parity(MEASURED_DIR / "cpu_parity.csv" if cpu_path is None else cpu_path)
     if chip.empty or cpu.empty:
         return pd.DataFrame()
-    keep = ["model", "max_logit_diff", "kernel_rounding_logit_diff", "rounding_logit_diff", "held"]
+    keep = ["model", "max_logit_diff", "kernel_rounding_logit_diff", "rounding_logit_diff", "fixed_routing_logit_diff",
+            "fixed_routing_kernel_rounding_logit_diff", "held"]  # fmt: skip
     both = chip[chip.dtype == "bf16"][keep].merge(
         cpu[cpu.dtype == "bf16"][keep], on="model", suffixes=("_chip", "_cpu")
     )

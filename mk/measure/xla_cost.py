@@ -204,7 +204,7 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
 
         progs[ROUTER] = Program(ROUTER, ROUTER, PER_LAYER, route, (router, flat), sol_weight_bytes=sol[ROUTER] / L)
 
-        # stacked, each expert [out, in] as prepare lays it out
+        # stacked, each expert [out, in] (matmul_t's layout; mk.reference.prepare keeps the down matrices [in, out])
         experts = {"expert_gate": sds((E, I, H)), "expert_up": sds((E, I, H)), "expert_down": sds((E, H, I))}
 
         def routed_experts(p, h, w, ids):

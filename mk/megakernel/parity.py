@@ -137,25 +137,20 @@ def compare_with_reference(
     return pd.DataFrame(rows)
 
 
-def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.bfloat16) -> pd.DataFrame:
-    """Kernels one decode step launches on ``chip``, counted by mk.profiling in the TPU program that
-    libtpu compiles ahead of time: the reference (plain JAX through XLA) against the megakernel."""
+def reference_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.bfloat16):
+    """The reference's decode step (plain JAX through XLA, on :func:`mk.reference.prepare`'s layout) compiled ahead of
+    time for one device of ``chip`` (libtpu, no TPU needed)."""
     from functools import partial
 
-    import jax
-
     from ..params import param_specs
-    from ..profiling import count_kernels
     from ..reference import decode_step_program
     from ..tpu import aot_compile
-    from .aot import compile_for_tpu
 
-    # The reference step runs on its prepared (decode) layout, as decode_step does.
     param_shapes = jax.eval_shape(
         partial(R.prepare, cfg=cfg), {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)}
     )
     cache_shapes = jax.eval_shape(partial(R.init_cache, cfg, batch, max_len, dtype))
-    ref = aot_compile(
+    return aot_compile(
         lambda p, c, t, pos: decode_step_program(p, cfg, c, t, pos, frozenset()),
         chip,
         param_shapes,
@@ -164,6 +159,15 @@ def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.
         jax.ShapeDtypeStruct((batch,), jnp.int32),
         donate_argnums=(1,),
     )
+
+
+def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.bfloat16) -> pd.DataFrame:
+    """Kernels one decode step launches on ``chip``, counted by mk.profiling in the TPU program that
+    libtpu compiles ahead of time: the reference (plain JAX through XLA) against the megakernel."""
+    from ..profiling import count_kernels
+    from .aot import compile_for_tpu
+
+    ref = reference_on_tpu(cfg, chip, batch, max_len, dtype)
     _, mk = compile_for_tpu(cfg, chip, batch, max_len, dtype, dtype)
     rows = []
     for engine, compiled in (("reference (XLA)", ref), ("megakernel", mk)):

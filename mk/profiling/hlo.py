@@ -4,10 +4,12 @@ instruction calls."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _COMP_HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_ARRAY = re.compile(r"^(\w+)\[([\d,]*)\]")
 
 
 @dataclass(frozen=True)
@@ -62,3 +64,16 @@ def callees(rest: str, attr: str) -> list[str]:
     """The computations an attribute names: ``body=%b`` or ``branch_computations={%a, %b}``."""
     m = re.search(r"\b" + attr + r"=(\{[^}]*\}|[^,\s]+)", rest)
     return [c.strip().lstrip("%") for c in m.group(1).strip("{}").split(",")] if m else []
+
+
+def relayouts(text: str) -> dict[str, int]:
+    """The arrays the ENTRY computation of an optimised HLO module copies, by type (``{"bf16[2816,704]": 256}``): on
+    a TPU a copy there lays an input out anew (another tiling or minor dimension) at every run of the program."""
+    comps, entry = parse_hlo(text)
+    copies = {i.name for i in comps[entry] if i.opcode == "copy"}
+    found: Counter = Counter()
+    for line in text.splitlines():
+        m = _INSTR.match(line)
+        if m and m.group(1) in copies and (t := _ARRAY.match(m.group(2))):
+            found[f"{t.group(1)}[{t.group(2)}]"] += 1
+    return dict(found)
