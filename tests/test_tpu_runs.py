@@ -95,3 +95,18 @@ def test_the_table_plans_each_engines_bytes_before_it_allocates():
     chip0 = on_chip.planned_bytes(stand_in, "megakernel", Cell(1024, 1))[0]
     assert whole / 8 < chip0 < whole / 5 < 12e9  # an eighth, and what every chip keeps whole: one v5e holds it
     assert jnp.dtype("bfloat16").itemsize == 2
+
+
+def test_a_routed_familys_bf16_check_takes_its_logits_bound_with_routing_fixed(monkeypatch):
+    """bf16 tiny-qwen3-moe, one user for two teacher-forced steps: the row carries the kernel's and the kernel-like
+    reference's largest logit errors with the router knocked out in both engines, and is held to those (routing as is
+    only keeps the picks: mk.measure.chip_parity's docstring argues why)."""
+    from mk.measure import chip_parity
+
+    monkeypatch.setattr(chip_parity, "BF16_PROMPTS", (11,))
+    monkeypatch.setattr(chip_parity, "BF16_STEPS", 2)
+    row = chip_parity.check("tiny-qwen3-moe", "bf16")
+    assert row["error"] == "" and row["races"] is False, row
+    fixed, like = row["fixed_routing_logit_diff"], row["fixed_routing_kernel_rounding_logit_diff"]
+    assert 0 < fixed <= chip_parity.BF16_FACTOR * like, row
+    assert row["criterion"].startswith("teacher-forced: routing fixed") and row["held"], row

@@ -77,14 +77,18 @@ def modelled_seconds(r) -> tuple[float, str]:
     return p.step_s, "one chip"
 
 
+CELL = ["engine", "model", "dtype", "setup", "chip", "context", "batch"]  # what one measured step is of
+
+
 def tpu_steps(path=None) -> pd.DataFrame:
-    """Every step measured on a TPU (rows from a CPU left out), with the model's step and the error against the
-    device's time; empty, with its columns, where none was measured."""
+    """Every step measured on a TPU (rows from a CPU left out; of a cell measured more than once, the newest), with
+    the model's step and the error against the device's time; empty, with its columns, where none was measured."""
     path = TPU_CSV if path is None else path
     if not path.exists():
         return pd.DataFrame(columns=COLUMNS)
     t = pd.read_csv(path)
-    t = t[t.backend == "tpu"]
+    t = t[t.backend == "tpu"].sort_values("date", kind="stable")
+    t = t.drop_duplicates(CELL, keep="last").sort_index()  # a cell measured again (at a later commit): its newest row
     rows = []
     for _, r in t.iterrows():
         modelled, _ = modelled_seconds(r)
