@@ -35,8 +35,11 @@ KNOWN_MISSES = {
         "same bytes a position (8 layers of 8 KV heads x 128 against 16 of 8 x 64; section 4's cache read rates "
         "compute both from 8K to 32K), while XLA's own cost analysis of the step compiled for a v5e counts about the "
         "weights' and cache's bytes (within a few percent), and its cycle estimate of the probabilities-times-V fusion "
-        "a cache byte is llama-3.2-1b's: a fusion that runs slower than XLA expects, not extra reads. An op-level "
-        "profile on the chip would name it"
+        "a cache byte is llama-3.2-1b's: a fusion that runs slower than XLA expects, not extra reads. A candidate: the "
+        "step compiled for a v5e takes this model's cache with the head dim (128) on lanes and positions on sublanes, "
+        "so its scores contract over lanes, where it takes llama-3.2-1b's (head dim 64) with positions on lanes (the "
+        "entry layouts of mk.megakernel.parity.reference_on_tpu's program); an op-level profile on the chip would "
+        "confirm it"
     ),
     ("reference", "llama-3.2-1b", 8192): (
         "as at 32K: the padded cache the general-stack model charges is twice what XLA reads, a smaller share at 8K"
