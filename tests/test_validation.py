@@ -219,6 +219,34 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
     assert on_tpu.tpu_steps(tmp_path / "none.csv").empty
 
 
+def test_a_cell_measured_again_shows_its_newest_row_and_every_stored_miss_has_its_reason(tmp_path):
+    """A cell measured twice (a later commit) shows its newest row only; every step stored from the chip that the model
+    misses by more than MISS has its reason, a 26B-A4B XLA row's computed from its model (each MoE layer's experts'
+    down matrices, which XLA's v5e program copied at every step while they were stored [hidden, intermediate])."""
+    from mk.analysis import on_tpu
+    from mk.measure.on_chip import COLUMNS
+
+    path = tmp_path / "tpu.csv"
+    base = dict.fromkeys(COLUMNS, "") | dict(backend="tpu", base_model="llama-3.2-1b", model="llama-3.2-1b",
+                                             layers="all", chip="tpu-v5e", dtype="bf16", context=1024, batch=1,
+                                             step_ms=5.0, device_step_ms=4.0, device_step_low_ms=3.9,
+                                             device_step_high_ms=4.1, setup="one chip", engine="reference")  # fmt: skip
+    rows = [base | dict(date="2026-12-05T00:00:00Z", device_step_ms=3.0), base | dict(date="2026-12-04T00:00:00Z")]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    assert on_tpu.tpu_steps(path).device_ms.tolist() == [3.0]
+    steps = on_tpu.tpu_steps()
+    missed = on_tpu.misses(steps)
+    assert missed.reason.notna().all(), missed[missed.reason.isna()]
+    pair = missed[missed.model == "gemma4-26b-a4b[sliding+full]"].reason.iloc[0]
+    assert "256 copies of 2816 x 704 bf16, 1.02 GB" in pair, pair  # 128 experts x 2 MoE layers, as compiled
+    summary = on_tpu.error_summary(steps).set_index("engine")
+    unexplained = sum(r.startswith(on_tpu.UNEXPLAINED) for r in missed.reason)
+    assert summary.loc["reference", "explained"] == summary.loc["reference", "past_miss"] - unexplained
+
+
 def test_the_write_ups_kimi_rows_are_modelled_with_their_stand_in_named():
     """The write-up's Kimi figures (Inferact's) are in data/published.csv, each naming Kimi K2 as the stand-in for the
     model it names; the verdict models them with it (its released format, the smallest v5e slice holding it, both
