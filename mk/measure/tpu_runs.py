@@ -37,10 +37,11 @@ CROSS = ONE_USER + tuple(Cell(CONTEXTS[0], b) for b in BATCHES[1:])
 # Full-width truncations too big for both engines at once: the deepest that mk.measure.on_chip.planned_bytes says fit
 # one v5e beside nothing else (26B-A4B: 7 layers, 31B: 9), then the six layers first tried on this chip.
 TRUNCATIONS = (("gemma4-26b-a4b", 7), ("gemma4-31b", 9), ("gemma4-26b-a4b", 6), ("gemma4-31b", 6))
+LLAMA_ALONE = (Cell(32768, 4), Cell(32768, 8), Cell(131072, 1))
 # The table: dense decoders that fit (llama-3.2-1b whole, a Qwen3 at full width), Gemma 4 at full width (a sliding and
 # a full layer: every context's cost at the weights' real shapes; 26B-A4B also with INT8 experts), chip 0 of the
 # write-up's v5e-8 step and the workbook's on the one chip, then the truncations too big for both engines at once,
-# each engine alone.
+# each engine alone, and llama-3.2-1b's long or many-user cells alone.
 TABLE = (
     Case("llama-3.2-1b", cells=grid(CONTEXTS, BATCHES, long=(131072,))),
     Case("gemma4-26b-a4b", PAIR, cells=CROSS + (Cell(131072, 1),)),
@@ -50,6 +51,8 @@ TABLE = (
     Case("gemma4-26b-a4b", PAIR, dtype="bf16+int8-experts", cells=CROSS),
     Case("qwen3-8b", 8, cells=CROSS),
     *(Case(m, n, alone=e, cells=ONE_USER[:1]) for m, n in TRUNCATIONS for e in ("megakernel", "reference")),
+    # llama-3.2-1b's cells whose caches do not fit both engines at once: each engine alone, where it fits
+    *(Case("llama-3.2-1b", alone=e, cells=LLAMA_ALONE) for e in ("megakernel", "reference")),
 )
 CSVS = {"parity": "tpu_parity.csv", "hbm": "tpu_hbm.csv", "table": "tpu.csv"}
 PARITY_COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit") + chip_parity.COLUMNS
