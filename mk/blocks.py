@@ -235,13 +235,13 @@ def experts_gathered(p: dict, cfg: ModelConfig, x, w, ids, mm=matmul):
 
 
 def _expert_branch(gate, up, down, biases, mm, cfg: ModelConfig, e: int, x):
+    gate_up_bias, down_bias = (None, None) if biases is None else biases
     g, u = mm(x, gate[e]), mm(x, up[e])
-    if biases is not None:
-        gate_up_bias, _ = biases
+    if gate_up_bias is not None:
         I = g.shape[-1]
         g, u = g + gate_up_bias[e, :I], u + gate_up_bias[e, I:]
     y = matmul(fed(gated(g, u, cfg), mm), down[e])  # down is [in, out] in every layout (mk.reference.prepare)
-    return y if biases is None else y + biases[1][e]
+    return y if down_bias is None else y + down_bias[e]
 
 
 def experts_dense(p: dict, cfg: ModelConfig, x, w, ids):

@@ -351,23 +351,18 @@ def prepare(params: dict, cfg: ModelConfig) -> dict:
         if path.endswith("_bias"):  # vectors, or gpt-oss's experts' [E, ...] biases: kept as they are
             pass
         elif path.startswith("layers.") and a.ndim == 3:
-            a = _split(a) if path.endswith("expert_down") else _split_t(a)
+            a = _split(a, transposed=not path.endswith("expert_down"))
         elif path.startswith("layers.") and a.ndim == 2:
             a = _transpose(a)
         out[path] = a
     return out
 
 
-@jax.jit
-def _split_t(a):
-    """``a [E, in, out]`` as E arrays ``[out, in]``: one compiled program per shape."""
-    return tuple(a[e].T for e in range(a.shape[0]))
-
-
-@jax.jit
-def _split(a):
-    """``a [E, in, out]`` as E arrays ``[in, out]``."""
-    return tuple(a[e] for e in range(a.shape[0]))
+@partial(jax.jit, static_argnames="transposed")
+def _split(a, transposed: bool):
+    """``a [E, in, out]`` as E arrays, ``[out, in]`` where ``transposed`` else ``[in, out]``: one compiled program per
+    shape."""
+    return tuple(a[e].T if transposed else a[e] for e in range(a.shape[0]))
 
 
 _transpose = jax.jit(jnp.transpose)

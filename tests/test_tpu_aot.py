@@ -142,13 +142,11 @@ def test_the_references_tpu_program_lays_out_no_expert_anew_at_each_step():
     then copies no expert's weights. With the down matrices [hidden, intermediate] it copied every expert's down
     matrix (E x layers of them, routed or not) at every step: Gemma 4 26B-A4B's pair of layers 2 GB read and
     written, most of XLA's shortfall on the chip."""
-    import dataclasses
-
     from mk.megakernel.parity import reference_on_tpu
     from mk.profiling.hlo import relayouts
 
     H, I = 256, 64
-    cfg = dataclasses.replace(TINY_MOE, hidden_size=H, expert_intermediate=I)
+    cfg = TINY_MOE.replace(hidden_size=H, expert_intermediate=I)
     copies = relayouts(reference_on_tpu(cfg, "tpu-v5e", 1, 32).as_text())
     assert not {f"bf16[{H},{I}]", f"bf16[{I},{H}]"} & set(copies), copies
 

@@ -183,31 +183,38 @@ def test_measured_kernel_costs_keep_each_gpu_row_apart_from_the_cpu_rows(tmp_pat
     assert (t.loc["cpu", "implied_low_us"], t.loc["cpu", "implied_high_us"]) == pytest.approx((10.0, 30.0))
 
 
+def _tpu_csv(folder, changes: list[dict]):
+    """A tpu.csv in ``folder`` of llama-3.2-1b rows on one v5e at 1K, one user (device 4 ms, host 5 ms), each row
+    with its ``changes``."""
+    from mk.measure.on_chip import COLUMNS
+
+    base = dict.fromkeys(COLUMNS, "") | dict(backend="tpu", base_model="llama-3.2-1b", model="llama-3.2-1b",
+                                             layers="all", chip="tpu-v5e", dtype="bf16", context=1024, batch=1,
+                                             step_ms=5.0, device_step_ms=4.0, device_step_low_ms=3.9,
+                                             device_step_high_ms=4.1, setup="one chip")  # fmt: skip
+    path = folder / "tpu.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        w.writerows(base | c for c in changes)
+    return path
+
+
 def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
     """A step measured on a TPU is set beside mk.timing's for the same model, chip, context and batch, against the
     device's time: the megakernel's on one chip, the general stack's for XLA, chip 0 of a v5e-8 stand-in's with its
     links' time taken out; rows from a CPU are left out."""
     from mk import timing
     from mk.analysis import on_tpu
-    from mk.measure.on_chip import COLUMNS
 
-    path = tmp_path / "tpu.csv"
-    base = dict.fromkeys(COLUMNS, "") | dict(backend="tpu", base_model="llama-3.2-1b", model="llama-3.2-1b",
-                                             layers="all", chip="tpu-v5e", dtype="bf16", context=1024, batch=1,
-                                             step_ms=5.0, device_step_ms=4.0, device_step_low_ms=3.9,
-                                             device_step_high_ms=4.1, setup="one chip")  # fmt: skip
     stand_in = f"{vd.WRITE_UP_KERNEL.name}; loopback stand-in"
-    rows = [
-        base | dict(engine="megakernel"),
-        base | dict(engine="reference"),
-        base | dict(engine="megakernel", base_model="gemma4-26b-a4b", model="gemma4-26b-a4b", chip="tpu-v5e-8",
-                    setup=stand_in),
-        base | dict(engine="megakernel", backend="cpu"),
-    ]  # fmt: skip
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
+    path = _tpu_csv(tmp_path, [
+        dict(engine="megakernel"),
+        dict(engine="reference"),
+        dict(engine="megakernel", base_model="gemma4-26b-a4b", model="gemma4-26b-a4b", chip="tpu-v5e-8",
+             setup=stand_in),
+        dict(engine="megakernel", backend="cpu"),
+    ])  # fmt: skip
     t = on_tpu.tpu_steps(path)
     assert len(t) == 3 and (t.device_ms == 4.0).all()
     mk = timing.predict("llama-3.2-1b", "tpu-v5e", 1024, 1).step_s * 1e3
@@ -224,19 +231,10 @@ def test_a_cell_measured_again_shows_its_newest_row_and_every_stored_miss_has_it
     misses by more than MISS has its reason, a 26B-A4B XLA row's computed from its model (each MoE layer's experts'
     down matrices, which XLA's v5e program copied at every step while they were stored [hidden, intermediate])."""
     from mk.analysis import on_tpu
-    from mk.measure.on_chip import COLUMNS
 
-    path = tmp_path / "tpu.csv"
-    base = dict.fromkeys(COLUMNS, "") | dict(backend="tpu", base_model="llama-3.2-1b", model="llama-3.2-1b",
-                                             layers="all", chip="tpu-v5e", dtype="bf16", context=1024, batch=1,
-                                             step_ms=5.0, device_step_ms=4.0, device_step_low_ms=3.9,
-                                             device_step_high_ms=4.1, setup="one chip", engine="reference")  # fmt: skip
-    rows = [base | dict(date="2026-12-05T00:00:00Z", device_step_ms=3.0), base | dict(date="2026-12-04T00:00:00Z")]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    assert on_tpu.tpu_steps(path).device_ms.tolist() == [3.0]
+    again = [dict(engine="reference", date="2026-12-05T00:00:00Z", device_step_ms=3.0),
+             dict(engine="reference", date="2026-12-04T00:00:00Z")]  # fmt: skip
+    assert on_tpu.tpu_steps(_tpu_csv(tmp_path, again)).device_ms.tolist() == [3.0]
     steps = on_tpu.tpu_steps()
     missed = on_tpu.misses(steps)
     assert missed.reason.notna().all(), missed[missed.reason.isna()]

@@ -24,9 +24,31 @@ STAND_IN = "; loopback stand-in"  # how a stand-in row's setup ends (mk.measure.
 SLICE = "tpu-v5e-8"
 MISS = 0.15  # a row past this |error| is explained below or by a profile
 UNEXPLAINED = "not explained yet"  # how a reason that is not (yet) one begins
-# Rows the model misses by more than MISS, by (engine, model) or (engine, model, context): why, in words.
+
+
+def _expert_relayouts(row) -> str:
+    """The 26B-A4B's XLA rows: what XLA's program spent laying its experts' down matrices out anew each step, in the
+    decode layout those rows ran (mk.reference.prepare's down matrices were [hidden, intermediate] then)."""
+    cfg = _config(row)
+    matrices = cfg.num_experts * sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    copied = matrices * cfg.hidden_size * cfg.expert_intermediate * 2  # bf16: what the reference computes from
+    limit = measured_limit(row["chip"])
+    ms = 2 * copied / limit.bandwidth * 1e3
+    return (
+        f"XLA's program laid every expert's down matrix out anew at every step, routed or not: {matrices} copies of "
+        f"{cfg.hidden_size} x {cfg.expert_intermediate} bf16, {copied / 1e9:.2f} GB read and as much written, "
+        f"{ms:.2f} ms at the measured limit of the {row['device_ms'] - row['modelled_ms']:.2f} ms the model is short "
+        "(mk.profiling.hlo.relayouts on the step compiled for a v5e: the reference's decode layout kept those "
+        "matrices [hidden, intermediate] when these rows ran); the rest is the loop over the user's slots, each a "
+        f"switch over {cfg.num_experts} experts' branches, one after another. The layout now keeps every expert "
+        "matrix [intermediate, hidden] and the program copies none: to be measured again on the chip"
+    )
+
+
+# Rows the model misses by more than MISS, by (engine, model, context), (engine, model) or (engine, the model cut):
+# why, in words, or a function of the row that says it.
 KNOWN_MISSES = {
-    ("reference", "gemma4-26b-a4b"): lambda r: _expert_relayouts(r),
+    ("reference", "gemma4-26b-a4b"): _expert_relayouts,
     ("reference", "llama-3.2-1b", 32768): (
         "the general-stack model reads the plan's KV cache, laid out for the kernel with head dims padded to 128 "
         "lanes: llama-3.2-1b's head dim is 64, so it charges XLA twice the cache it reads (section 3 computes it)"
@@ -91,8 +113,7 @@ def tpu_steps(path=None) -> pd.DataFrame:
     if not path.exists():
         return pd.DataFrame(columns=COLUMNS)
     t = pd.read_csv(path)
-    t = t[t.backend == "tpu"].sort_values("date", kind="stable")
-    t = t.drop_duplicates(CELL, keep="last").sort_index()  # a cell measured again (at a later commit): its newest row
+    t = _newest(t[t.backend == "tpu"], CELL)  # a cell measured again (at a later commit): its newest row
     rows = []
     for _, r in t.iterrows():
         modelled, _ = modelled_seconds(r)
@@ -126,25 +147,6 @@ def known_miss(row) -> str | None:
 def _explained(reason: str | None) -> bool:
     """A reason that explains its miss (not one that says what is known while it is not explained yet)."""
     return reason is not None and not reason.startswith(UNEXPLAINED)
-
-
-def _expert_relayouts(row) -> str:
-    """The 26B-A4B's XLA rows: what XLA's program spent laying its experts' down matrices out anew each step, in the
-    decode layout those rows ran (mk.reference.prepare's down matrices were [hidden, intermediate] then)."""
-    cfg = _config(row)
-    matrices = cfg.num_experts * sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
-    copied = matrices * cfg.hidden_size * cfg.expert_intermediate * 2  # bf16: what the reference computes from
-    limit = measured_limit(row["chip"])
-    ms = 2 * copied / limit.bandwidth * 1e3
-    return (
-        f"XLA's program laid every expert's down matrix out anew at every step, routed or not: {matrices} copies of "
-        f"{cfg.hidden_size} x {cfg.expert_intermediate} bf16, {copied / 1e9:.2f} GB read and as much written, "
-        f"{ms:.2f} ms at the measured limit of the {row['device_ms'] - row['modelled_ms']:.2f} ms the model is short "
-        "(mk.profiling.hlo.relayouts on the step compiled for a v5e: the reference's decode layout kept those "
-        "matrices [hidden, intermediate] when these rows ran); the rest is the loop over the user's slots, each a "
-        f"switch over {cfg.num_experts} experts' branches, one after another. The layout now keeps every expert "
-        "matrix [intermediate, hidden] and the program copies none: to be measured again on the chip"
-    )
 
 
 def error_summary(steps: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -253,9 +255,13 @@ def parity(path=None) -> pd.DataFrame:
     path = MEASURED_DIR / "tpu_parity.csv" if path is None else path
     if not path.exists():
         return pd.DataFrame()
-    t = pd.read_csv(path)
-    newest = t.sort_values("date", kind="stable").drop_duplicates(["model", "dtype", "quantize"], keep="last")
-    return newest.sort_index().reset_index(drop=True).assign(kind="measured (TPU)")
+    newest = _newest(pd.read_csv(path), ["model", "dtype", "quantize"])
+    return newest.reset_index(drop=True).assign(kind="measured (TPU)")
+
+
+def _newest(t: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Of the rows alike in ``keys``, the one with the latest date, in the file's order."""
+    return t.sort_values("date", kind="stable").drop_duplicates(keys, keep="last").sort_index()
 
 
 def bf16_parity_chip_and_interpreter(chip_path=None, cpu_path=None) -> pd.DataFrame:

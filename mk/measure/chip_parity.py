@@ -107,7 +107,10 @@ def check(model: str, dtype: str, quantize: str = "none", seed: int = 0, steps: 
     try:
         if interpret:
             reset_interpreter()
-        rows = (_bf16_check if bf16 else _f32_check)(cfg, list(prompts), steps, seed, interpret, quantize, row)
+        if bf16:
+            rows = _bf16_check(cfg, list(prompts), steps, seed, interpret, row)
+        else:
+            rows = _f32_check(cfg, list(prompts), steps, seed, interpret, quantize, row)
         row["races"] = bool(rows["races"].any()) if interpret else None
         row["held"] = row["held"] and not row["races"]
         row["error"] = ""
@@ -135,7 +138,7 @@ def _f32_check(cfg, prompts, steps, seed, interpret, quantize, row):
     return rows
 
 
-def _bf16_check(cfg, prompts, steps, seed, interpret, quantize, row):
+def _bf16_check(cfg, prompts, steps, seed, interpret, row):
     """Teacher-forced bf16 against the rounding references (the module's docstring); a routed family's logits bound
     is taken a second time with the router knocked out in both engines. Fills ``row``; returns the steps."""
     import jax.numpy as jnp

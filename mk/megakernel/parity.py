@@ -84,27 +84,18 @@ def compare_with_reference(
     for n in range(steps):
         with jax.default_matmul_precision("highest"):
             l_ref, cache = R.decode_step(params, cfg, cache, tok_ref, pos, knockout)
+        tok_in = tok_ref if teacher_forced else tok_mk  # what the kernel, and the rounding references, are fed
         t0 = time.perf_counter()
-        out = engine.run(
-            mk_params,
-            cfg,
-            mk_cache,
-            tok_ref if teacher_forced else tok_mk,
-            pos,
-            knockout,
-            with_logits=True,
-            count_dmas=True,
-        )
+        out = engine.run(mk_params, cfg, mk_cache, tok_in, pos, knockout, with_logits=True, count_dmas=True)
         out.logits.block_until_ready()
         dt = time.perf_counter() - t0
         mk_cache = out.cache
         mk_as_reference = engine.reference_cache(mk_cache)
         if rounded:
-            fed = tok_ref if teacher_forced else tok_mk
             with jax.default_matmul_precision("highest"):
-                l_rounded, r_cache = R.decode_step(r_params, cfg, r_cache, fed, pos, knockout)
+                l_rounded, r_cache = R.decode_step(r_params, cfg, r_cache, tok_in, pos, knockout)
                 l_kernel, k_cache = R.decode_step(
-                    r_params, cfg, k_cache, fed, pos, knockout, activation_dtype=jnp.dtype(dtype).name
+                    r_params, cfg, k_cache, tok_in, pos, knockout, activation_dtype=jnp.dtype(dtype).name
                 )
             r_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in r_cache.items()}
             k_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in k_cache.items()}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _COMP_HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_ARRAY = re.compile(r"^(\w+)\[([\d,]*)\]")
+_ARRAY = re.compile(r"^\w+\[[\d,]*\]")
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,7 @@ class _Instr:
     name: str
     opcode: str
     rest: str
+    type: str  # the result's: ``bf16[2816,704]{1,0:T(8,128)(2,1)}``, or a tuple's
 
 
 def _split_type(s: str) -> str:
@@ -51,7 +52,7 @@ def parse_hlo(text: str) -> tuple[dict[str, list[_Instr]], str]:
         if m:
             rest = _split_type(m.group(2))
             opcode = rest.split("(", 1)[0].strip()
-            comps[current].append(_Instr(m.group(1), opcode, rest))
+            comps[current].append(_Instr(m.group(1), opcode, rest, m.group(2)[: len(m.group(2)) - len(rest)].strip()))
     if entry is None:
         raise ValueError(
             "no ENTRY computation in this text: pass the optimised HLO of a compiled program "
@@ -70,10 +71,5 @@ def relayouts(text: str) -> dict[str, int]:
     """The arrays the ENTRY computation of an optimised HLO module copies, by type (``{"bf16[2816,704]": 256}``): on
     a TPU a copy there lays an input out anew (another tiling or minor dimension) at every run of the program."""
     comps, entry = parse_hlo(text)
-    copies = {i.name for i in comps[entry] if i.opcode == "copy"}
-    found: Counter = Counter()
-    for line in text.splitlines():
-        m = _INSTR.match(line)
-        if m and m.group(1) in copies and (t := _ARRAY.match(m.group(2))):
-            found[f"{t.group(1)}[{t.group(2)}]"] += 1
+    found = Counter(t.group(0) for i in comps[entry] if i.opcode == "copy" and (t := _ARRAY.match(i.type)))
     return dict(found)
