@@ -208,23 +208,30 @@ def router_input(p: dict, cfg: ModelConfig, x, ko: frozenset):
 
 
 def experts_gathered(p: dict, cfg: ModelConfig, x, w, ids, mm=matmul):
-    """Decode path: apply only the selected experts (N*k of them) to ``x [N, H]``.
+    """Decode path: apply only the selected experts (N*k of them) to ``x [N, H]``, the slots summed in order (the sums
+    differ from the dense path by round-off), in either of :func:`mk.reference.prepare`'s expert layouts:
 
-    A loop over the (row, slot) pairs runs a ``lax.switch`` over the experts whose branch reads its
-    expert as its own array: :func:`prepare` splits the [E, ...] expert arrays into E arrays once, so
-    the dots read each expert's buffer in place. Measured on XLA:CPU (2-core EPYC, JAX 0.10.2): a
-    gather or dynamic slice of an [E, ...] array runs at ~1.5 GB/s (the whole step ~2x slower), and
-    even a static slice ``gate[e]`` in the branch is copied first (~72 copies, ~12 ms of a ~47 ms
-    cpu-moe step; the split layout removes them). Given the plain [E, ...] arrays (a traced tree, or
-    a test's) the branches slice statically. The loop keeps one switch per layer: unrolling the k
-    slots compiles k times the branches (cpu-moe: ~19 s against ~7 s) for the same speed. The slots
-    are summed in order: the sums differ from the dense path by round-off. gpt-oss's experts add their biases
-    (``expert_gate_up_bias``: the gate's first, then the up's; ``expert_down_bias``).
+    - stacked ``[E, ...]`` arrays (a TPU's layout, or a tree not prepared): each (row, slot) pair's expert is a
+      dynamic slice of them, N*k of them unrolled: a straight-line program whose dots a TPU's XLA feeds from the
+      slices in place (only the routed experts' bytes are read);
+    - E arrays each (a CPU's layout): a loop over the (row, slot) pairs runs a ``lax.switch`` over the experts whose
+      branch reads its expert as its own buffer. Measured on XLA:CPU (2-core EPYC, JAX 0.10.2): a gather or dynamic
+      slice of an [E, ...] array runs at ~1.5 GB/s (the whole step ~2x slower) and even a static slice is copied first
+      (~72 copies, ~12 ms of a ~47 ms cpu-moe step). The loop keeps one switch per layer: unrolling the k slots
+      compiles k times the branches (cpu-moe: ~19 s against ~7 s) for the same speed.
+
+    gpt-oss's experts add their biases (``expert_gate_up_bias``: the gate's first, then the up's; ``expert_down_bias``).
     """
     gate, up, down = p["expert_gate"], p["expert_up"], p["expert_down"]
     biases = (p["expert_gate_up_bias"], p["expert_down_bias"]) if cfg.expert_bias else None
-    branches = [partial(_expert_branch, gate, up, down, biases, mm, cfg, e) for e in range(len(gate))]
-    k = ids.shape[1]
+    N, k = ids.shape
+    if not isinstance(gate, (tuple, list)):
+        y = jnp.zeros_like(x)
+        for n in range(N):
+            for j in range(k):
+                y = y.at[n].add(w[n, j] * _expert(gate, up, down, biases, mm, cfg, ids[n, j], x[n]))
+        return y
+    branches = [partial(_expert, gate, up, down, biases, mm, cfg, e) for e in range(len(gate))]
 
     def slot(s, y):
         n, j = s // k, s % k
@@ -234,7 +241,9 @@ def experts_gathered(p: dict, cfg: ModelConfig, x, w, ids, mm=matmul):
     return jax.lax.fori_loop(0, ids.size, slot, jnp.zeros_like(x))
 
 
-def _expert_branch(gate, up, down, biases, mm, cfg: ModelConfig, e: int, x):
+def _expert(gate, up, down, biases, mm, cfg: ModelConfig, e, x):
+    """Expert ``e`` (an index, static or traced) applied to ``x [H]``: ``gate[e]`` a static or dynamic slice of the
+    stacked arrays, or the e-th of E arrays."""
     gate_up_bias, down_bias = (None, None) if biases is None else biases
     g, u = mm(x, gate[e]), mm(x, up[e])
     if gate_up_bias is not None:

@@ -332,26 +332,42 @@ def float_params(params: dict, cfg: ModelConfig) -> dict:
     return _dequantized[key][1]
 
 
-def prepare(params: dict, cfg: ModelConfig) -> dict:
+EXPERT_LAYOUTS = ("split", "stacked")
+
+
+def expert_layout(backend: str | None = None) -> str:
+    """How :func:`prepare` lays the experts out for ``backend`` (default: JAX's): ``"split"``, E arrays, on a CPU, whose
+    XLA copies a dynamic slice of an ``[E, ...]`` array (~1.5 GB/s) before a dot reads it; ``"stacked"`` elsewhere: a
+    TPU's XLA reads each routed expert's slice in place, in a straight-line program, where the split layout's loop of
+    conditionals over E branches cost 1-4 ms a step more than the experts' bytes on a v5e (data/measured/tpu.csv, its
+    26B-A4B rows before this layout)."""
+    return "split" if (backend or jax.default_backend()) == "cpu" else "stacked"
+
+
+def prepare(params: dict, cfg: ModelConfig, experts: str | None = None) -> dict:
     """The decode step's layout of a parameter tree, made once at load time: every layer matrix transposed to
-    ``[out, in]`` (see :func:`matmul_t`) and the experts' ``[E, in, out]`` arrays split into tuples of E arrays, so each
-    expert is its own buffer (see :func:`experts_gathered`): gate and up ``[out, in]``, down kept ``[in, out]``, so
-    that every expert matrix is ``[intermediate, hidden]``. A TPU's program (XLA for a v5e) otherwise lays every
-    expert's ``[hidden, intermediate]`` down matrix out anew at every step, all of them, whichever were routed
-    (:func:`mk.profiling.hlo.relayouts`). The embedding and the vectors are shared with ``params``; the layer
-    weights are a second copy, held beside ``params`` (which prefill reads). A quantized tree is dequantized first
-    (:func:`float_params`): the layout is always float. ``cfg`` is the engine interface's (mk.generate); the layout
-    follows from the arrays. A prepared tree is returned as is.
+    ``[out, in]`` (see :func:`matmul_t`), every expert matrix ``[intermediate, hidden]`` (gate and up ``[out, in]``,
+    down kept ``[in, out]``): a TPU's program (XLA for a v5e) otherwise lays every expert's ``[hidden, intermediate]``
+    down matrix out anew at every step, all of them, whichever were routed (:func:`mk.profiling.hlo.relayouts`).
+    ``experts`` (:func:`expert_layout`'s, by default): ``"split"`` makes each expert its own array (tuples of E),
+    ``"stacked"`` keeps them ``[E, ...]`` (see :func:`experts_gathered`). The embedding, the vectors and stacked down
+    matrices are shared with ``params``; the other layer weights are a second copy, held beside ``params`` (which
+    prefill reads). A quantized tree is dequantized first (:func:`float_params`): the layout is always float. ``cfg``
+    is the engine interface's (mk.generate); the layout follows from the arrays. A prepared tree is returned as is.
     """
     if PREPARED in params:
         return params
+    experts = experts or expert_layout()
+    if experts not in EXPERT_LAYOUTS:
+        raise ValueError(f"experts must be one of {EXPERT_LAYOUTS}, got {experts!r}")
     params = float_params(params, cfg)
     out = {PREPARED: None}
     for path, a in params.items():
         if path.endswith("_bias"):  # vectors, or gpt-oss's experts' [E, ...] biases: kept as they are
             pass
         elif path.startswith("layers.") and a.ndim == 3:
-            a = _split(a, transposed=not path.endswith("expert_down"))
+            transposed = not path.endswith("expert_down")
+            a = _split(a, transposed) if experts == "split" else _swap_last(a) if transposed else a
         elif path.startswith("layers.") and a.ndim == 2:
             a = _transpose(a)
         out[path] = a
@@ -365,6 +381,7 @@ def _split(a, transposed: bool):
     return tuple(a[e].T if transposed else a[e] for e in range(a.shape[0]))
 
 
+_swap_last = jax.jit(partial(jnp.swapaxes, axis1=1, axis2=2))
 _transpose = jax.jit(jnp.transpose)
 _prepared: dict = {}  # (cfg, ids of the tree's arrays) -> (the arrays, kept so the ids stay theirs; prepared)
 

@@ -143,13 +143,15 @@ def device_params(cfg: ModelConfig, seed: int = 0, dtype=jnp.bfloat16, device=No
     it. Over a mesh every array of the layout is split as ``mk.sharding.mesh.gspmd_sharding`` says."""
     from jax.sharding import Mesh
 
-    from .reference import prepare
+    from .reference import expert_layout, prepare
     from .sharding.mesh import gspmd_sharding
 
     mesh = device if isinstance(device, Mesh) else None
+    first = mesh.devices.flat[0] if mesh is not None else device
+    experts = expert_layout(None if first is None else first.platform)  # the layout of the device it is made on
     out: dict = {}
     for path, x in random_tensors(cfg, seed, dtype, device, log):
-        laid = prepare({path: x}, cfg)  # the decode layout, one tensor at a time
+        laid = prepare({path: x}, cfg, experts)  # the decode layout, one tensor at a time
         if mesh is not None:  # a transposed or split tensor keeps to the rule (a no-op where it already does)
             laid = jax.tree.map(lambda a: jax.device_put(a, gspmd_sharding(mesh, a.shape)), laid)
         out.update(laid)

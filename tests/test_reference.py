@@ -76,15 +76,17 @@ def test_moe_gathered_equals_dense(moe_params):
     np.testing.assert_allclose(gathered, dense, atol=1e-5)
 
 
-def test_prepared_layout(moe_params):
-    """Decode runs on a layout made once per tree (matrices [out, in], experts split into their own
-    arrays, each [intermediate, hidden]: the down matrices as stored); a plain tree, a prepared one and a plain one
-    traced by an outer jit give the same logits."""
+@pytest.mark.parametrize("experts", ["split", "stacked"])
+def test_prepared_layout(moe_params, experts):
+    """Decode runs on a layout made once per tree (matrices [out, in], every expert matrix [intermediate, hidden]: the
+    down matrices as stored), the experts split into their own arrays (a CPU's) or kept stacked (a TPU's, read by
+    dynamic slices); a plain tree, a prepared one and a plain one traced by an outer jit give the same logits."""
     cfg, p = TINY_MOE, moe_params
-    pp = prepare(p, cfg)
+    pp = prepare(p, cfg, experts)
     assert prepare(pp, cfg) is pp
     assert pp["layers.0.q"].shape == p["layers.0.q"].shape[::-1] and pp["embed"] is p["embed"]
     assert len(pp["layers.1.expert_down"]) == cfg.num_experts
+    assert isinstance(pp["layers.1.expert_down"], tuple) == (experts == "split")
     np.testing.assert_array_equal(pp["layers.1.expert_gate"][3], p["layers.1.expert_gate"][3].T)
     np.testing.assert_array_equal(pp["layers.1.expert_down"][3], p["layers.1.expert_down"][3])
     toks = np.array([3] * B)

@@ -137,18 +137,21 @@ def test_kernels_per_step_reference_against_megakernel():
     assert t.loc["reference (XLA)", "kernels"] > 10 * t.loc["megakernel", "kernels"]
 
 
-def test_the_references_tpu_program_lays_out_no_expert_anew_at_each_step():
-    """mk.reference.prepare keeps every expert matrix [intermediate, hidden]: XLA's v5e program of the decode step
-    then copies no expert's weights. With the down matrices [hidden, intermediate] it copied every expert's down
-    matrix (E x layers of them, routed or not) at every step: Gemma 4 26B-A4B's pair of layers 2 GB read and
-    written, most of XLA's shortfall on the chip."""
+def test_the_references_tpu_program_reads_the_routed_experts_in_place():
+    """mk.reference.prepare keeps every expert matrix [intermediate, hidden] and, for a TPU, the experts stacked: XLA's
+    v5e program of the decode step then copies no expert's weights and runs no conditional. With the down matrices
+    [hidden, intermediate] it copied every expert's down matrix (E x layers of them, routed or not) at every step
+    (Gemma 4 26B-A4B's pair of layers: 2 GB read and written); with the experts split into E arrays it looped over a
+    conditional of E branches per routed slot."""
     from mk.megakernel.parity import reference_on_tpu
     from mk.profiling.hlo import relayouts
 
     H, I = 256, 64
     cfg = TINY_MOE.replace(hidden_size=H, expert_intermediate=I)
-    copies = relayouts(reference_on_tpu(cfg, "tpu-v5e", 1, 32).as_text())
+    text = reference_on_tpu(cfg, "tpu-v5e", 2, 32).as_text()
+    copies = relayouts(text)
     assert not {f"bf16[{H},{I}]", f"bf16[{I},{H}]"} & set(copies), copies
+    assert " conditional(" not in text and f"bf16[{cfg.num_experts},{I},{H}]" in text
 
 
 @pytest.mark.slow

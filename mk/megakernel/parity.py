@@ -138,7 +138,7 @@ def reference_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.bfloat1
     from ..tpu import aot_compile
 
     param_shapes = jax.eval_shape(
-        partial(R.prepare, cfg=cfg), {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)}
+        partial(R.prepare, cfg=cfg, experts=R.expert_layout("tpu")), {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)}
     )
     cache_shapes = jax.eval_shape(partial(R.init_cache, cfg, batch, max_len, dtype))
     return aot_compile(
