@@ -228,8 +228,8 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
 
 def test_a_cell_measured_again_shows_its_newest_row_and_every_stored_miss_has_its_reason(tmp_path):
     """A cell measured twice (a later commit) shows its newest row only; every step stored from the chip that the model
-    misses by more than MISS has its reason, a 26B-A4B XLA row's computed from its model (each MoE layer's experts'
-    down matrices, which XLA's v5e program copied at every step while they were stored [hidden, intermediate])."""
+    misses by more than MISS has its reason, a 26B-A4B XLA row's computed from its model (the expert slices XLA reads
+    again for users who share an expert: one per (user, slot) against the distinct experts expected)."""
     from mk.analysis import on_tpu
 
     again = [dict(engine="reference", date="2026-12-05T00:00:00Z", device_step_ms=3.0),
@@ -239,7 +239,8 @@ def test_a_cell_measured_again_shows_its_newest_row_and_every_stored_miss_has_it
     missed = on_tpu.misses(steps)
     assert missed.reason.notna().all(), missed[missed.reason.isna()]
     pair = missed[missed.model == "gemma4-26b-a4b[sliding+full]"].reason.iloc[0]
-    assert "256 copies of 2816 x 704 bf16, 1.02 GB" in pair, pair  # 128 experts x 2 MoE layers, as compiled
+    # 8 users x top 8 of 128 experts: 51.6 distinct expected, 12.4 slices more a layer of 3 x 2816 x 704 bf16, 2 layers
+    assert "64 a layer, where the model reads the 51.6 distinct experts expected: 0.29 GB more" in pair, pair
     summary = on_tpu.error_summary(steps).set_index("engine")
     unexplained = sum(r.startswith(on_tpu.UNEXPLAINED) for r in missed.reason)
     assert summary.loc["reference", "explained"] == summary.loc["reference", "past_miss"] - unexplained

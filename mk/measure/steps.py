@@ -10,6 +10,7 @@ and a kernel that fetches each distinct expert once would read less than ``mk.so
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import jax
@@ -33,7 +34,8 @@ def decode_call(
 ) -> Callable[[], jax.Array]:
     """A no-argument call that runs one decode step of ``batch`` users at position ``context - 1``
     of a zero cache of ``context`` positions (slots rounded up to ``cache_multiple``, in the engine's own
-    layout when its step has ``adopt_cache``), threading the (donated) cache from call to call.
+    layout when its step has ``adopt_cache``),
+    threading the (donated) cache from call to call.
 
     ``program=True`` runs the step as :func:`step_program`, kept as ``call.program``: the program
     ``compiled_kernels(call.program, *call.args())`` counts (compiled once, shared with the calls),
@@ -53,8 +55,9 @@ def decode_call(
     # each user its own token: a routed model's users pick their own experts (the same token would route all alike)
     tokens = (jnp.arange(batch, dtype=jnp.int32) * 7919 + 11) % cfg.vocab_size
     pos = jnp.asarray(context - 1, jnp.int32)
-    cache = init_cache(cfg, batch, context, ARRAY_DTYPES[dtype], multiple=cache_multiple)
-    state = {"cache": adopt(cache) if adopt is not None else cache}
+    zeros = partial(init_cache, cfg, batch, context, ARRAY_DTYPES[dtype], multiple=cache_multiple)
+    # the engine's layout of the zero cache made in one program: the chip never holds the reference's beside it
+    state = {"cache": jax.jit(lambda: adopt(zeros()))() if adopt is not None else zeros()}
 
     def call():
         logits, state["cache"] = step(params, cfg, state["cache"], tokens, pos, knockout)

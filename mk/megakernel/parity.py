@@ -137,9 +137,8 @@ def reference_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.bfloat1
     from ..reference import decode_step_program
     from ..tpu import aot_compile
 
-    param_shapes = jax.eval_shape(
-        partial(R.prepare, cfg=cfg, experts=R.expert_layout("tpu")), {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)}
-    )
+    shapes = {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)}
+    param_shapes = jax.eval_shape(partial(R.prepare, cfg=cfg, experts=R.expert_layout("tpu")), shapes)
     cache_shapes = jax.eval_shape(partial(R.init_cache, cfg, batch, max_len, dtype))
     return aot_compile(
         lambda p, c, t, pos: decode_step_program(p, cfg, c, t, pos, frozenset()),

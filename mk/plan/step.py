@@ -286,16 +286,16 @@ class StepPlan:
 
     @property
     def kv_payload_bytes(self) -> float:
-        """Of ``kv_bytes``, the bytes that hold the cache's values: the layout pads a head dim under 128 lanes (each
-        head's K and V), an MLA latent is read as it is."""
-        total = 0.0
-        for op in self.ops:
-            if op.kind == "Attend":
-                moved = op.kv_bytes + op.serial_bytes
-                if self.cfg.latent_attention is None:
-                    moved *= self.cfg.head_dim(op.layer_type) / self.layout.head_dim(op.layer_type)
-                total += moved
-        return total
+        """Of ``kv_bytes``, the bytes that hold the cache's values (:meth:`kv_payload`)."""
+        return sum(self.kv_payload(op) for op in self.ops if op.kind == "Attend")
+
+    def kv_payload(self, op) -> float:
+        """The cache bytes attention ``op`` moves, without the layout's padding: the layout pads a head dim under 128
+        lanes (each head's K and V), an MLA latent is read as it is."""
+        moved = op.kv_bytes + op.serial_bytes
+        if self.cfg.latent_attention is None:
+            moved *= self.cfg.head_dim(op.layer_type) / self.layout.head_dim(op.layer_type)
+        return moved
 
     @property
     def flops(self) -> int:

@@ -28,6 +28,8 @@ of the kernel's HBM tensors is split over the chips, so packing, ``shard_map`` s
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..config import LAYER_TYPES, ModelConfig
@@ -179,14 +181,16 @@ def chip_config(cfg: ModelConfig, setup: KernelSetup) -> ModelConfig:
 
 
 def _cut(a, axis: int, start: int, size: int):
-    """``a[start:start+size]`` along ``axis``, zero-padded where it runs past the end."""
-    a = np.asarray(a)
+    """``a[start:start+size]`` along ``axis``, zero-padded where it runs past the end: on the host (a traced array, in
+    the program tracing it)."""
+    xp = jnp if isinstance(a, jax.core.Tracer) else np
+    a = a if xp is jnp else np.asarray(a)
     end = max(start, min(start + size, a.shape[axis]))
-    part = np.take(a, np.arange(start, end), axis=axis)
+    part = xp.take(a, xp.arange(start, end), axis=axis)
     if end - start < size:
         pad = [(0, 0)] * a.ndim
         pad[axis] = (0, size - (end - start))
-        part = np.pad(part, pad)
+        part = xp.pad(part, pad)
     return part
 
 

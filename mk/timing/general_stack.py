@@ -53,7 +53,8 @@ def _kernel_key(op: Op, plan: StepPlan) -> tuple:
 
 def plan_kernels(plan: StepPlan, chip: Chip, dtype: str) -> list[GeneralKernel]:
     """The general stack's kernels for one chip's plan, in order, with their expected bytes (routed experts
-    weighted by the probability that they are fetched, the payload without the kernel's layout padding)."""
+    weighted by the probability that they are fetched; weights and cache as stored, without the kernel's layout
+    padding)."""
     loads = plan.loads
     nbytes = load_bytes(dtype, "payload_bytes")
     compute = compute_seconds(plan, chip)
@@ -67,7 +68,8 @@ def plan_kernels(plan: StepPlan, chip: Chip, dtype: str) -> list[GeneralKernel]:
         weights = sum(
             nbytes(loads[op.load]) * plan.fetch_probability(loads[op.load]) for op in ops if op.load is not None
         )
-        streamed = sum(op.kv_bytes + op.serial_bytes for op in ops)
+        # the cache as XLA stores it (a head dim under 128 lanes unpadded), as the weights are
+        streamed = sum(plan.kv_payload(op) if op.kind == "Attend" else op.kv_bytes + op.serial_bytes for op in ops)
         ici = sum(op.sent_bytes / chip.ici_bandwidth + op.rounds * latency for op in ops if op.sent_bytes)
         name = key[2] if key[0] in ("matmul", "experts") else first.kind
         out.append(
