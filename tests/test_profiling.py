@@ -121,3 +121,30 @@ def test_fraction_of_sol():
     assert P.fraction_of_sol(0.2, 1e9, 1e10) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="positive"):
         P.fraction_of_sol(0.0, 1e9, 1e10)
+
+
+def test_a_device_trace_is_read_op_by_op_and_summarised_by_category():
+    """A TPU trace's "XLA Ops" line (here a hand-written one: the CPU's trace has none) gives each op's runs and
+    seconds a call with its category; the summary puts each category's total first, then the longest ops, with shares
+    of every op's time."""
+
+    def event(op: int, start_us: int, us: int, category: str) -> str:
+        return (f"events {{ metadata_id: {op} offset_ps: {start_us * 10**6} duration_ps: {us * 10**6} "
+                f'stats {{ metadata_id: 9 str_value: "{category}" }} }}')  # fmt: skip
+
+    events = [event(1, 0, 3, "convolution fusion"), event(2, 3, 1, "data formatting"),
+              event(1, 5, 5, "convolution fusion"), event(3, 10, 2, "convolution fusion")]  # fmt: skip
+    names = "".join(f'event_metadata {{ key: {i} value {{ id: {i} name: "{n}" }} }} '
+                    for i, n in ((1, "fusion.1"), (2, "copy.2"), (3, "fusion.3")))  # fmt: skip
+    category = 'stat_metadata { key: 9 value { id: 9 name: "hlo_category" } }'
+    text = (f'planes {{ id: 1 name: "/device:TPU:0" lines {{ id: 1 name: "{P.trace.DEVICE_OPS_LINE}" '
+            f'{" ".join(events)} }} {names} {category} }}')  # fmt: skip
+    ops = P.ops_seconds(jax.profiler.ProfileData.from_text_proto(text).planes, calls=2)
+    assert [(o["op"], o["runs"], o["hlo_category"]) for o in ops] == [
+        ("fusion.1", 1.0, "convolution fusion"), ("fusion.3", 0.5, "convolution fusion"),
+        ("copy.2", 0.5, "data formatting")]  # fmt: skip
+    assert ops[0]["seconds"] == pytest.approx(4e-6)
+    summary = P.op_summary(ops, top=1)
+    assert [(r["what"], r["name"]) for r in summary] == [
+        ("category", "convolution fusion"), ("category", "data formatting"), ("op", "fusion.1")]  # fmt: skip
+    assert [r["share"] for r in summary] == pytest.approx([10 / 11, 1 / 11, 8 / 11])

@@ -227,14 +227,18 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
 
 
 def test_a_cell_measured_again_shows_its_newest_row_and_every_stored_miss_has_its_reason(tmp_path):
-    """A cell measured twice (a later commit) shows its newest row only; every step stored from the chip that the model
+    """A cell measured twice (a later commit) shows its newest row only, and its first beside it where cells measured
+    again are listed; every step stored from the chip that the model
     misses by more than MISS has its reason, a 26B-A4B XLA row's computed from its model (the expert slices XLA reads
     again for users who share an expert: one per (user, slot) against the distinct experts expected)."""
     from mk.analysis import on_tpu
 
-    again = [dict(engine="reference", date="2026-12-05T00:00:00Z", device_step_ms=3.0),
-             dict(engine="reference", date="2026-12-04T00:00:00Z")]  # fmt: skip
-    assert on_tpu.tpu_steps(_tpu_csv(tmp_path, again)).device_ms.tolist() == [3.0]
+    again = [dict(engine="reference", date="2026-12-05T00:00:00Z", device_step_ms=3.0, commit="b2"),
+             dict(engine="reference", date="2026-12-04T00:00:00Z", commit="a1 (a copy)")]  # fmt: skip
+    path = _tpu_csv(tmp_path, again)
+    assert on_tpu.tpu_steps(path).device_ms.tolist() == [3.0]
+    first_newest = on_tpu.remeasured(path)[["first_ms", "newest_ms", "first_commit", "newest_commit"]]
+    assert first_newest.values.tolist() == [[4.0, 3.0, "a1", "b2"]]
     steps = on_tpu.tpu_steps()
     missed = on_tpu.misses(steps)
     assert missed.reason.notna().all(), missed[missed.reason.isna()]

@@ -117,6 +117,24 @@ def modelled_seconds(r) -> tuple[float, str]:
 CELL = ["engine", "model", "dtype", "setup", "chip", "context", "batch"]  # what one measured step is of
 
 
+def remeasured(path=None) -> pd.DataFrame:
+    """Every cell measured on a TPU more than once: its first and its newest device time, with their commits (what
+    changed between them is the code at those commits)."""
+    path = TPU_CSV if path is None else path
+    t = pd.read_csv(path)
+    t = t[t.backend == "tpu"].sort_values("date", kind="stable")
+    rows = []
+    for key, g in t.groupby(CELL, sort=False, dropna=False):
+        if len(g) > 1:
+            first, last = g.iloc[0], g.iloc[-1]
+            rows.append(dict(
+                zip(CELL, key), first_ms=first.device_step_ms, newest_ms=last.device_step_ms,
+                first_over_newest=first.device_step_ms / last.device_step_ms,
+                first_commit=first.commit.split(" ")[0], newest_commit=last.commit.split(" ")[0],
+            ))  # fmt: skip
+    return pd.DataFrame(rows).assign(kind="measured (TPU, device time)")
+
+
 def tpu_steps(path=None) -> pd.DataFrame:
     """Every step measured on a TPU (rows from a CPU left out; of a cell measured more than once, the newest), with
     the model's step and the error against the device's time; empty, with its columns, where none was measured."""
@@ -180,19 +198,6 @@ def misses(steps: pd.DataFrame | None = None) -> pd.DataFrame:
     past = s[s.error.abs() > MISS].copy()
     past["reason"] = [known_miss(r) for _, r in past.iterrows()]
     return past[["engine", "model", "context", "batch", "device_ms", "modelled_ms", "error", "reason"]]
-
-
-def padded_cache_bytes(model: str, context: int, batch: int = 1) -> tuple[float, float]:
-    """(the KV cache bytes XLA reads, the bytes of the kernel's layout of it: head dims padded to 128 lanes) at
-    ``context`` for ``batch`` users, bf16: what the model's general stack over-charges a model whose head dim is
-    under 128."""
-    from ..config import get_config
-    from ..units import LANE, round_up
-
-    cfg = get_config(model)
-    padded = sum(2 * batch * cfg.kv_heads(t) * cfg.cache_positions(t, context) * 2 * round_up(cfg.head_dim(t), LANE)
-                 for t in cfg.layer_types)  # fmt: skip
-    return _cache_bytes(cfg, context, batch), padded
 
 
 def cache_read_rates(steps: pd.DataFrame | None = None, short: int = 8192, long: int = 32768) -> pd.DataFrame:

@@ -15,7 +15,8 @@ and truncations that fit the chip, at several contexts and batches; and chip 0 o
 - **Times**: the engines interleaved in mk.measure.loop's one loop (harness.time_engines): a step waited on (the host's
   time, ``step_ms``) and ``STEPS_BACK_TO_BACK`` steps dispatched back to back and waited on once (the device's,
   ``device_step_ms``), medians with 95% intervals; then each engine's steps in a profiler trace (its device plane's
-  program time, ``profiled_step_ms``, where the profiler gives one).
+  program time, ``profiled_step_ms``, where the profiler gives one; and where that time went, each op category's total
+  and the longest ops, to ``OPS_CSV`` beside the rows).
 - **Limits**: each row's step against the speed of light at the chip's spec bandwidth and at its measured limit
   (mk.chips.measured_limit), for the host's and the device's times.
 """
@@ -73,6 +74,12 @@ COLUMNS = columns(
     "hbm_planned_GB",
     "hbm_in_use_GB",
 )
+# Where each measured step's device time went (tpu_ops.csv beside tpu.csv): each op category's total and the longest
+# TOP_OPS ops, from the same trace as profiled_step_ms.
+TOP_OPS = 12
+OPS_CSV = "tpu_ops.csv"
+OP_COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit", "engine", "model", "dtype", "setup",
+              "context", "batch", "what", "name", "hlo_category", "tf_op", "runs", "us", "share")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -289,10 +296,11 @@ def complete(row: dict, limit, spec_bw: float | None, chips: int) -> dict:
 
 
 def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: float, log, steps: int,
-                 min_rounds: int) -> list[dict]:  # fmt: skip
-    """Both engines of a case at ``cell``: compiled, timed interleaved (host and device), profiled; its rows."""
+                 min_rounds: int) -> tuple[list[dict], list[dict]]:  # fmt: skip
+    """Both engines of a case at ``cell``: compiled, timed interleaved (host and device), profiled; (its rows, where
+    each engine's device time went: OP_COLUMNS rows)."""
     from ..chips import get_chip
-    from ..profiling import device_seconds_per_call
+    from ..profiling import device_profile, op_summary
 
     case, device = engines.case, engines.device
     chips = SLICE if case.kernel_setup().loopback else 1
@@ -309,9 +317,13 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
                weights=f"random (seed {engines.seed})")  # fmt: skip
     _, rows = time_engines(timed, sol, run, budget_s, min_rounds=min_rounds, steps_back_to_back=steps, log=log)
     spec_bw = None if sol.chip == "" else get_chip(sol.chip).per_chip_bandwidth
-    out = []
+    out, ops = [], []
     for e, row in zip(timed, rows):
-        profiled, source = device_seconds_per_call(e.call, steps)
+        profile = device_profile(e.call, steps)
+        profiled, source = profile.seconds, profile.source
+        cell_of = {k: row.get(k) for k in OP_COLUMNS} | dict(engine=e.label, setup=case.setup_label)
+        ops += [cell_of | {k: v for k, v in r.items() if k in OP_COLUMNS} | dict(us=round(r["seconds"] * 1e6, 3))
+                for r in op_summary(list(profile.ops), TOP_OPS)]  # fmt: skip
         row.update(
             base_model=get_config(case.model).name, layers=case.layers_label, setup=case.setup_label,
             runs_as=runs_as(e.label, case, device), compile_s=round(compile_s[e.label], 2), chip=sol.chip,
@@ -325,7 +337,7 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
             + ("" if profiled is None else f", profiled {profiled * 1e3:.3f} ms")
             + ("" if row["device_fraction_of_limit"] is None else f", {row['device_fraction_of_limit']:.1%} of limit")
         )
-    return out
+    return out, ops
 
 
 def done_cells(path: Path | str | None, backend: str) -> set[tuple]:
@@ -384,7 +396,7 @@ def measure_case(case: Case, out=None, seed: int = 0, budget_s: float = CELL_BUD
                 log(notes[-1])
                 continue
             try:
-                got = measure_cell(engines, c, limit, prov, budget_s, log, steps, min_rounds)
+                got, ops = measure_cell(engines, c, limit, prov, budget_s, log, steps, min_rounds)
             except Exception as e:  # a cell that does not compile or run: said, the run goes on
                 first = str(e).strip().splitlines()
                 notes.append(f"{cfg.name} {case.dtype} context {c.context} batch {c.batch}: failed "
@@ -395,6 +407,8 @@ def measure_case(case: Case, out=None, seed: int = 0, budget_s: float = CELL_BUD
             rows += got
             if out is not None:
                 append_csv_rows(got, Path(out), COLUMNS, "an on-chip row")
+                if ops:
+                    append_csv_rows(ops, Path(out).with_name(OPS_CSV), OP_COLUMNS, "an op-profile row")
     finally:
         engines.close()
     return rows, notes

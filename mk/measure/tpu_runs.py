@@ -7,7 +7,8 @@ In order, each part's rows appended to its CSV under ``out_dir`` (data/measured/
 2. **hbm** (mk.measure.hbm): the chip's HBM read rate by method and size, its best sustained figure the chip's
    measured limit -> ``tpu_hbm.csv``;
 3. **table** (mk.measure.on_chip): :data:`TABLE`'s models, both engines interleaved, chip 0 of the write-up's and the
-   workbook's v5e-8 steps on the one chip, then the truncations too big for both engines, each alone -> ``tpu.csv``.
+   workbook's v5e-8 steps on the one chip, then the truncations too big for both engines, each alone -> ``tpu.csv``
+   (and where each step's device time went, op by op -> ``tpu_ops.csv``).
 
 A run stops starting work at its ``deadline_s`` (a call on a lent machine has ten minutes) and a later run skips the
 table's cells already measured on a TPU, so the parts can be spread over several calls (``--parts``).

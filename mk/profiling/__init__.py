@@ -3,7 +3,8 @@
 - ``stats``: medians with distribution-free confidence intervals (``Estimate``, ``median_interval``);
 - ``hlo``: reading optimised HLO text (``parse_hlo``);
 - ``kernels``: kernels per step in the compiled program, and what counts as a kernel (``count_kernels``);
-- ``trace``: kernels per step in a profiler trace of the running program (``trace_kernels``);
+- ``trace``: kernels per step in a profiler trace of the running program (``trace_kernels``), and on an accelerator
+  the device's time a step, op by op too (``device_profile``);
 - ``eager``: primitives dispatched one by one without ``jit`` (``count_eager_ops``);
 - ``bandwidth``: the memory bandwidth probes and the fraction of the speed of light (``probe_calls``,
   ``gemv_probe``, ``fraction_of_sol``), the device's name.
@@ -31,7 +32,7 @@ from .kernels import (
     count_kernels,
 )
 from .stats import Estimate, median_interval
-from .trace import device_seconds_per_call, modules_seconds, trace_kernels
+from .trace import DeviceProfile, device_profile, modules_seconds, op_summary, ops_seconds, trace_kernels
 
 __all__ = [
     "Estimate",
@@ -47,7 +48,10 @@ __all__ = [
     "compile_text",
     "compiled_kernels",
     "trace_kernels",
-    "device_seconds_per_call",
+    "DeviceProfile",
+    "device_profile",
+    "op_summary",
+    "ops_seconds",
     "modules_seconds",
     "count_eager_ops",
     "DEFAULT_PROBE_BYTES",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import tempfile
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
@@ -43,11 +44,10 @@ def trace_kernels(call: Callable[[], Any], calls: int, kernel_names: frozenset[s
 DEVICE_MODULES_LINE = "XLA Modules"  # a TPU device plane's line with one event per program run
 
 
-def device_seconds_per_call(call: Callable[[], Any], calls: int) -> tuple[float | None, str]:
-    """The device's time a call of ``call()`` by its profiler: ``calls`` calls dispatched back to back in a trace, the
-    events of the device plane's "XLA Modules" line (one per program the device ran) summed over the calls. Returns
-    (seconds or None, what was read: the plane and line, or why nothing was: the lines a trace had instead)."""
-    jax.block_until_ready(call())  # compile outside the trace
+def _traced_planes(call: Callable[[], Any], calls: int):
+    """The planes of a profiler trace of ``calls`` calls of ``call()`` dispatched back to back (compiled outside the
+    trace), or None where the profiler wrote no trace."""
+    jax.block_until_ready(call())
     with tempfile.TemporaryDirectory() as d:
         jax.profiler.start_trace(d)
         try:
@@ -58,14 +58,58 @@ def device_seconds_per_call(call: Callable[[], Any], calls: int) -> tuple[float 
         finally:
             jax.profiler.stop_trace()
         files = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
-        if not files:
-            return None, "the profiler wrote no trace"
-        return modules_seconds(jax.profiler.ProfileData.from_file(files[0]).planes, calls)
+        return jax.profiler.ProfileData.from_file(files[0]).planes if files else None
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What one trace of a call's runs back to back says of the device: its program time a call (None where the trace
+    has none), what that was read from (or why nothing was), and where the time went op by op (:func:`ops_seconds`)."""
+
+    seconds: float | None
+    source: str
+    ops: tuple[dict, ...]
+
+
+def device_profile(call: Callable[[], Any], calls: int) -> DeviceProfile:
+    """``calls`` calls of ``call()`` dispatched back to back in one profiler trace: the device plane's "XLA Modules"
+    events (one per program the device ran) summed over the calls, and its "XLA Ops" events op by op."""
+    planes = _traced_planes(call, calls)
+    if planes is None:
+        return DeviceProfile(None, "the profiler wrote no trace", ())
+    return DeviceProfile(*modules_seconds(planes, calls), tuple(ops_seconds(planes, calls)))
+
+
+DEVICE_OPS_LINE = "XLA Ops"  # a TPU device plane's line with one event per instruction run
+OP_STATS = ("hlo_category", "tf_op", "long_name")  # what an op's event says of it, where the trace has it
+
+
+def ops_seconds(planes, calls: int) -> list[dict]:
+    """Where the device's time a call goes, op by op, in a trace's ``planes`` (ProfileData's) of ``calls`` calls: the
+    first accelerator plane's "XLA Ops" events grouped by instruction name, each with its runs and seconds a call and
+    the OP_STATS its events carry; the longest first. Empty where the trace has no such line (a CPU's)."""
+    for plane in planes:
+        if not plane.name.startswith("/device:") or "CPU" in plane.name:
+            continue
+        lines = {line.name: line for line in plane.lines}
+        if DEVICE_OPS_LINE not in lines:
+            continue
+        ops: dict[str, dict] = {}
+        for e in lines[DEVICE_OPS_LINE].events:
+            op = ops.setdefault(e.name, dict(op=e.name, runs=0, seconds=0.0))
+            op["runs"] += 1
+            op["seconds"] += e.duration_ns * 1e-9
+            for k, v in e.stats:
+                if k in OP_STATS and k not in op:
+                    op[k] = str(v)
+        rows = [dict(o, runs=o["runs"] / calls, seconds=o["seconds"] / calls) for o in ops.values()]
+        return sorted(rows, key=lambda o: -o["seconds"])
+    return []
 
 
 def modules_seconds(planes, calls: int) -> tuple[float | None, str]:
-    """:func:`device_seconds_per_call`'s reading of a trace's ``planes`` (ProfileData's): the first accelerator
-    plane's "XLA Modules" events, their durations summed, over ``calls``."""
+    """:func:`device_profile`'s program time in a trace's ``planes`` (ProfileData's): the first accelerator plane's
+    "XLA Modules" events, their durations summed, over ``calls``."""
     seen = []
     for plane in planes:
         if not plane.name.startswith("/device:") or "CPU" in plane.name:
@@ -78,3 +122,17 @@ def modules_seconds(planes, calls: int) -> tuple[float | None, str]:
                 total = sum(e.duration_ns for e in events) * 1e-9
                 return total / calls, f"profiler: {plane.name} {DEVICE_MODULES_LINE}, {len(events)} programs"
     return None, "no device plane with XLA modules (" + ("; ".join(seen) or "no device planes") + ")"
+
+
+def op_summary(ops: list[dict], top: int) -> list[dict]:
+    """:func:`ops_seconds`'s ops as a short table: each ``hlo_category``'s total (``what`` "category"), then the
+    ``top`` longest ops (``what`` "op"); each with its share of every op's time."""
+    total = sum(o["seconds"] for o in ops) or 1.0
+    categories: dict[str, dict] = {}
+    for o in ops:
+        c = categories.setdefault(o.get("hlo_category", ""), dict(runs=0.0, seconds=0.0))
+        c["runs"] += o["runs"]
+        c["seconds"] += o["seconds"]
+    rows = [dict(what="category", name=k, hlo_category=k, **v) for k, v in categories.items()]
+    rows = sorted(rows, key=lambda r: -r["seconds"]) + [dict(o, what="op", name=o["op"]) for o in ops[:top]]
+    return [{k: v for k, v in r.items() if k != "op"} | dict(share=r["seconds"] / total) for r in rows]
