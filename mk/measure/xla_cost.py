@@ -15,8 +15,9 @@ shapes in bf16 (weights, activations and the KV cache):
 - ``shared_mlp`` (one layer): gate/up/down of the shared MLP (a dense model's only MLP);
 - ``router`` (one layer, MoE): weightless norm and scale, the router projection, softmax, top-k, the
   renormalised and scaled weights;
-- ``experts`` (one layer, MoE): given the routes, each (user, slot) pair's expert weights taken by a
-  dynamic slice of the stacked ``[E, out, in]`` arrays, its gate/up/down, and the weighted sum. Not a
+- ``experts`` (one layer, MoE): given the routes, the reference's decode experts on a TPU
+  (mk.blocks.experts_gathered on the stacked layout): each (user, slot) pair's expert weights taken by a
+  dynamic slice of the stacked arrays, its gate/up/down, and the weighted sum in slot order. Not a
   gather: XLA's model charges a gather of an ``[E, ...]`` array with many times the whole array (26B-A4B:
   6.2 GB for 95 MB of experts) and for one user gives no estimate (negative), while B*k slices are
   charged their own bytes. Users that share an expert read it once each here (mk.sol counts distinct
@@ -204,19 +205,12 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
 
         progs[ROUTER] = Program(ROUTER, ROUTER, PER_LAYER, route, (router, flat), sol_weight_bytes=sol[ROUTER] / L)
 
-        # stacked, each expert [out, in] (matmul_t's layout; mk.reference.prepare keeps the down matrices [in, out])
-        experts = {"expert_gate": sds((E, I, H)), "expert_up": sds((E, I, H)), "expert_down": sds((E, H, I))}
+        # the reference's program on a TPU: experts stacked, every expert matrix [intermediate, hidden] (gate and up
+        # [out, in], down [in, out]; mk.reference.prepare), each (user, slot)'s a dynamic slice read in place
+        experts = {"expert_gate": sds((E, I, H)), "expert_up": sds((E, I, H)), "expert_down": sds((E, I, H))}
 
         def routed_experts(p, h, w, ids):
-            out = []
-            for n in range(h.shape[0]):
-                y = jnp.zeros((H,), h.dtype)
-                for j in range(k):
-                    e = ids[n, j]
-                    g, u, d = (jax.lax.dynamic_index_in_dim(p[name], e, keepdims=False) for name in experts)
-                    y = y + w[n, j] * blocks.mlp(h[n], g, u, d, blocks.matmul_t)  # in slot order, as the reference
-                out.append(y)
-            return jnp.stack(out)
+            return blocks.experts_gathered(p, cfg, h, w, ids, blocks.matmul_t)
 
         progs[EXPERTS] = Program(
             EXPERTS,
