@@ -55,9 +55,9 @@ def decode_call(
     # each user its own token: a routed model's users pick their own experts (the same token would route all alike)
     tokens = (jnp.arange(batch, dtype=jnp.int32) * 7919 + 11) % cfg.vocab_size
     pos = jnp.asarray(context - 1, jnp.int32)
-    zeros = partial(init_cache, cfg, batch, context, ARRAY_DTYPES[dtype], multiple=cache_multiple)
-    # the engine's layout of the zero cache made in one program: the chip never holds the reference's beside it
-    state = {"cache": jax.jit(lambda: adopt(zeros()))() if adopt is not None else zeros()}
+    dt = ARRAY_DTYPES[dtype]
+    cache = init_cache(cfg, batch, context, dt, multiple=cache_multiple) if adopt is None else None
+    state = {"cache": cache if adopt is None else _zero_cache(adopt, cfg, batch, context, dt, cache_multiple)}
 
     def call():
         logits, state["cache"] = step(params, cfg, state["cache"], tokens, pos, knockout)
@@ -66,6 +66,16 @@ def decode_call(
     call.args = lambda: (params, state["cache"], tokens, pos)  # for compiling the same step
     call.program = prog
     return call
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5))
+def _zero_cache(adopt, cfg: ModelConfig, batch: int, context: int, dtype, multiple: int) -> dict:
+    """A zero cache in the engine's layout (``adopt`` of the reference's), made in one program: the device never holds
+    the reference's layout beside it (a v5e ran out of memory adopting llama-3.2-1b's at 32K x4); compiled once per
+    engine and shape."""
+    from ..reference import init_cache
+
+    return adopt(init_cache(cfg, batch, context, dtype, multiple=multiple))
 
 
 def settled(call: Callable[[], jax.Array]) -> Callable[[], jax.Array]:
