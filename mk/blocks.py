@@ -214,11 +214,11 @@ def experts_gathered(p: dict, cfg: ModelConfig, x, w, ids, mm=matmul):
     - stacked ``[E, ...]`` arrays (a TPU's layout, or a tree not prepared): each (row, slot) pair's expert is a
       dynamic slice of them, N*k of them unrolled: a straight-line program whose dots a TPU's XLA feeds from the
       slices in place (only the routed experts' bytes are read);
-    - E arrays each (a CPU's layout): a loop over the (row, slot) pairs runs a ``lax.switch`` over the experts whose
-      branch reads its expert as its own buffer. Measured on XLA:CPU (2-core EPYC, JAX 0.10.2): a gather or dynamic
-      slice of an [E, ...] array runs at ~1.5 GB/s (the whole step ~2x slower) and even a static slice is copied first
-      (~72 copies, ~12 ms of a ~47 ms cpu-moe step). The loop keeps one switch per layer: unrolling the k slots
-      compiles k times the branches (cpu-moe: ~19 s against ~7 s) for the same speed.
+    - E arrays each (the layout elsewhere, a CPU's): a loop over the (row, slot) pairs runs a ``lax.switch`` over
+      the experts whose branch reads its expert as its own buffer. Measured on XLA:CPU (2-core EPYC, JAX 0.10.2): a
+      gather or dynamic slice of an [E, ...] array runs at ~1.5 GB/s (the whole step ~2x slower) and even a static
+      slice is copied first (~72 copies, ~12 ms of a ~47 ms cpu-moe step). The loop keeps one switch per layer:
+      unrolling the k slots compiles k times the branches (cpu-moe: ~19 s against ~7 s) for the same speed.
 
     gpt-oss's experts add their biases (``expert_gate_up_bias``: the gate's first, then the up's; ``expert_down_bias``).
     """

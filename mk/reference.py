@@ -336,12 +336,12 @@ EXPERT_LAYOUTS = ("split", "stacked")
 
 
 def expert_layout(backend: str | None = None) -> str:
-    """How :func:`prepare` lays the experts out for ``backend`` (default: JAX's): ``"split"``, E arrays, on a CPU, whose
-    XLA copies a dynamic slice of an ``[E, ...]`` array (~1.5 GB/s) before a dot reads it; ``"stacked"`` elsewhere: a
-    TPU's XLA reads each routed expert's slice in place, in a straight-line program, where the split layout's loop of
-    conditionals over E branches cost 1-4 ms a step more than the experts' bytes on a v5e (data/measured/tpu.csv, its
-    26B-A4B rows before this layout)."""
-    return "split" if (backend or jax.default_backend()) == "cpu" else "stacked"
+    """How :func:`prepare` lays the experts out for ``backend`` (default: JAX's): ``"stacked"`` on a TPU, whose XLA
+    reads each routed expert's slice in place in a straight-line program, where the split layout's loop of conditionals
+    over E branches cost 1-4 ms a step more than the experts' bytes on a v5e (data/measured/tpu.csv, its 26B-A4B rows
+    first measured); ``"split"``, E arrays, elsewhere: a CPU's XLA copies a dynamic slice of an ``[E, ...]`` array
+    (~1.5 GB/s) before a dot reads it (a GPU's is not measured stacked)."""
+    return "stacked" if (backend or jax.default_backend()) == "tpu" else "split"
 
 
 def prepare(params: dict, cfg: ModelConfig, experts: str | None = None) -> dict:
