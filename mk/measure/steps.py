@@ -34,8 +34,7 @@ def decode_call(
 ) -> Callable[[], jax.Array]:
     """A no-argument call that runs one decode step of ``batch`` users at position ``context - 1``
     of a zero cache of ``context`` positions (slots rounded up to ``cache_multiple``, in the engine's own
-    layout when its step has ``adopt_cache``),
-    threading the (donated) cache from call to call.
+    layout when its step has ``adopt_cache``), threading the (donated) cache from call to call.
 
     ``program=True`` runs the step as :func:`step_program`, kept as ``call.program``: the program
     ``compiled_kernels(call.program, *call.args())`` counts (compiled once, shared with the calls),
@@ -56,8 +55,11 @@ def decode_call(
     tokens = (jnp.arange(batch, dtype=jnp.int32) * 7919 + 11) % cfg.vocab_size
     pos = jnp.asarray(context - 1, jnp.int32)
     dt = ARRAY_DTYPES[dtype]
-    cache = init_cache(cfg, batch, context, dt, multiple=cache_multiple) if adopt is None else None
-    state = {"cache": cache if adopt is None else _zero_cache(adopt, cfg, batch, context, dt, cache_multiple)}
+    if adopt is None:
+        cache = init_cache(cfg, batch, context, dt, multiple=cache_multiple)
+    else:
+        cache = _zero_cache(adopt, cfg, batch, context, dt, cache_multiple)
+    state = {"cache": cache}
 
     def call():
         logits, state["cache"] = step(params, cfg, state["cache"], tokens, pos, knockout)
