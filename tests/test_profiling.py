@@ -148,3 +148,23 @@ def test_a_device_trace_is_read_op_by_op_and_summarised_by_category():
     assert [(r["what"], r["name"]) for r in summary] == [
         ("category", "convolution fusion"), ("category", "data formatting"), ("op", "fusion.1")]  # fmt: skip
     assert [r["share"] for r in summary] == pytest.approx([10 / 11, 1 / 11, 8 / 11])
+
+
+def test_a_v5e_trace_names_each_op_by_its_hlo_text():
+    """The v5e's "XLA Ops" events carry no category stat and are named by the whole HLO instruction (as a real trace
+    on the chip wrote them): the op is the instruction's name, its category the opcode, a fusion's with its kind."""
+    hlo = ['%copy-start = (bf16[4096,4096]{1,0:T(8,128)(2,1)S(1)}, u32[]{:S(2)}) copy-start(bf16[4096,4096]'
+           '{1,0:T(8,128)(2,1)} %w.1), cross_program_prefetch_index=0',
+           '%slice_reduce_fusion = bf16[8,32]{1,0:T(8,128)(2,1)S(1)} fusion(bf16[8,32,128]{2,1,0:T(8,128)(2,1)S(1)} '
+           '%reduce-window), kind=kLoop, calls=%fused_computation']  # fmt: skip
+    assert [P.trace.hlo_op(h) for h in hlo] == [("copy-start", "copy-start"), ("slice_reduce_fusion", "fusion kLoop")]
+    names = "".join(f'event_metadata {{ key: {i} value {{ id: {i} name: "{n}" }} }} '
+                    for i, n in enumerate(hlo, 1))  # fmt: skip
+    events = " ".join(f"events {{ metadata_id: {i} offset_ps: {t * 10**6} duration_ps: {us * 10**6} }}"
+                      for i, t, us in ((1, 0, 3), (2, 4, 2), (2, 10, 2)))  # fmt: skip
+    text = (f'planes {{ id: 1 name: "/device:TPU:0" lines {{ id: 1 name: "{P.trace.DEVICE_OPS_LINE}" {events} }} '
+            f"{names} }}")  # fmt: skip
+    ops = P.ops_seconds(jax.profiler.ProfileData.from_text_proto(text).planes, calls=1)
+    assert [(o["op"], o["runs"], o["hlo_category"]) for o in ops] == [
+        ("slice_reduce_fusion", 2, "fusion kLoop"), ("copy-start", 1, "copy-start")]  # fmt: skip
+    assert [o["seconds"] for o in ops] == pytest.approx([4e-6, 3e-6])

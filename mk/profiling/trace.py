@@ -4,6 +4,7 @@ program), and on an accelerator the device's own time a step."""
 from __future__ import annotations
 
 import glob
+import re
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -58,7 +59,8 @@ def _traced_planes(call: Callable[[], Any], calls: int):
         finally:
             jax.profiler.stop_trace()
         files = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
-        return jax.profiler.ProfileData.from_file(files[0]).planes if files else None
+        # a list: ProfileData's planes are an iterator, and both the modules and the ops are read from them
+        return list(jax.profiler.ProfileData.from_file(files[0]).planes) if files else None
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,22 @@ DEVICE_OPS_LINE = "XLA Ops"  # a TPU device plane's line with one event per inst
 OP_STATS = ("hlo_category", "tf_op", "long_name")  # what an op's event says of it, where the trace has it
 
 
+_HLO_TEXT = re.compile(r"%(?P<name>[^ ]+) = .*? (?P<opcode>[a-z][a-z0-9-]*)\(")
+_FUSION_KIND = re.compile(r"kind=k(?P<kind>[A-Za-z]+)")
+
+
+def hlo_op(event_name: str) -> tuple[str, str | None]:
+    """An "XLA Ops" event's instruction name and category. The v5e's trace (libtpu 0.0.42) names each event by its
+    whole HLO text (``%fusion.3 = bf16[8,128]{...} fusion(...), kind=kLoop, ...``) and gives no category stat: the
+    name is the instruction's, the category its opcode (a fusion's with its kind, ``fusion kLoop``). A bare name
+    (a trace that carries the category as a stat) is returned as is, with None."""
+    m = _HLO_TEXT.match(event_name)
+    if m is None:
+        return event_name, None
+    kind = _FUSION_KIND.search(event_name) if m["opcode"] == "fusion" else None
+    return m["name"], m["opcode"] + ("" if kind is None else f" k{kind['kind']}")
+
+
 def ops_seconds(planes, calls: int) -> list[dict]:
     """Where the device's time a call goes, op by op, in a trace's ``planes`` (ProfileData's) of ``calls`` calls: the
     first accelerator plane's "XLA Ops" events grouped by instruction name, each with its runs and seconds a call and
@@ -96,7 +114,10 @@ def ops_seconds(planes, calls: int) -> list[dict]:
             continue
         ops: dict[str, dict] = {}
         for e in lines[DEVICE_OPS_LINE].events:
-            op = ops.setdefault(e.name, dict(op=e.name, runs=0, seconds=0.0))
+            name, category = hlo_op(e.name)
+            op = ops.setdefault(
+                name, dict(op=name, runs=0, seconds=0.0) | ({} if category is None else dict(hlo_category=category))
+            )
             op["runs"] += 1
             op["seconds"] += e.duration_ns * 1e-9
             for k, v in e.stats:
