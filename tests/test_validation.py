@@ -102,7 +102,8 @@ def test_the_write_ups_kernel_misses_by_this_workbooks_own_kernel(points):
     """The write-up's kernel (d) and its INT8 point, as this workbook plans them, are slower than published at the
     chip's measured read rate even with 0 ns per op (the bytes it moves), slower still with its compiler-scheduled
     issue costs; and chip 0 of that step, measured on a real v5e with its exchanges made local, takes longer than the
-    published whole step by its own work (mk.analysis.verdict.KNOWN_MISSES), which the model meets within 11%."""
+    published whole step by its own work (mk.analysis.verdict.KNOWN_MISSES), which the model meets inside the
+    workbook's threshold for a miss that needs a reason (mk.analysis.on_tpu.MISS)."""
     from mk.analysis import on_tpu
 
     for key in ("mk_v5e8_moe_step", "mk_v5e8_moe_int8_tps"):
@@ -114,7 +115,7 @@ def test_the_write_ups_kernel_misses_by_this_workbooks_own_kernel(points):
     assert d.chip0_measured_ms > d.published_step_ms == points.loc["mk_v5e8_moe_step", "published"] * 1e3
     steps = on_tpu.tpu_steps()
     chip0 = steps[steps.setup.str.startswith(vd.WRITE_UP_KERNEL.name) & (steps.context == 1024)].iloc[0]
-    assert abs(chip0.error) < 0.11
+    assert abs(chip0.error) < on_tpu.MISS
 
 
 def test_the_general_stack_components_miss_for_the_reasons_given(reads, points):

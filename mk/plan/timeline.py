@@ -25,8 +25,10 @@ def timeline(
     issues (a number, or a function of the load; with both zero the model has no cost but bytes and FLOPs).
     ``compute_s(op)``: an op's time on the core (default its FLOPs at the chip's rate; mk.timing gives the compiler's
     scheduled bundles where it has them). An op's
-    ``kv_bytes`` share the DMA engine with the weights; its ``serial_bytes`` are read while compute
-    waits (lane "dma (serial)": the prologue, the first KV tile of each user and layer, the router ids,
+    ``kv_bytes`` share the DMA engine with the weights and stream behind its compute (the kernel's double-buffered
+    cache tiles: the op ends when its compute is done and, after the last tile arrives, a user's last tile's share of
+    it); its ``serial_bytes`` are read while
+    compute waits (lane "dma (serial)": the prologue, the first KV tile of each user and layer, the router ids,
     the write-back block, the token ids out). A cross-chip op's ``sent_bytes`` leave over one link (its
     ``wire_bytes``: the busiest link's share where it spreads them over a torus) at the chip's ICI bandwidth plus
     ``ici_latency_s`` per round while compute waits (lane "ici"); the weight
@@ -110,18 +112,25 @@ def _walk(
             op: Op = it
             if not fetched(op.expert, op.layer):  # its tile (same slot) was not fetched either
                 continue
-            s = compute_free
+            s, streamed = compute_free, 0.0
             for lane, stream, nbytes in (("dma (serial)", "serial", op.serial_bytes), ("dma", "kv cache", op.kv_bytes)):
                 if nbytes:
                     ks = max(dma_free, s)
                     dma_free = ks + nbytes / bw
                     row(lane, stream, f"{op.kind} {op.layer}", op, ks, dma_free)
-                    s = max(s, dma_free)
-            if op.sent_bytes:
+                    if stream == "serial":
+                        s = max(s, dma_free)
+                    else:  # double-buffered tiles: each tile's compute runs while the next one streams
+                        streamed = dma_free
+            if op.sent_bytes:  # what crosses the links waits for the whole cache read
+                s = max(s, streamed)
                 e = s + op.rounds * ici_latency_s + op.wire_bytes / chip.ici_bandwidth
                 row("ici", "collective", f"{op.kind} {op.layer}", op, s, e)
                 s = e
-            compute_free = s + compute_s(op) + op_overhead_s
+            c = compute_s(op)
+            # a user's last tile is computed after it arrives (the next user's first tile is not read ahead)
+            compute_free = max(s + c, streamed + c / plan.kv_tiles_read(op.layer_type) if streamed else 0.0)
+            compute_free += op_overhead_s
             issued_at = compute_free  # the next Start is issued after this op
             row("compute", "compute", op.kind, op, s, compute_free)
     return rows, max(dma_free, compute_free)
