@@ -274,3 +274,32 @@ def test_the_write_ups_kimi_rows_are_modelled_with_their_stand_in_named():
     mk_case, gen_case = vd.big_model_cases("kimi-k2", 8)
     assert (mk_case.chip, mk_case.dtype) == (gen_case.chip, gen_case.dtype) and gen_case.engine == "general"
     assert not set(rows.index) & set(vd.points_table(verdicts=d.reset_index()).query("role.str.startswith('test')").key)
+
+
+def test_an_op_profile_is_read_newest_first_and_explains_the_many_user_cache_writes(tmp_path):
+    """tpu_ops.csv keeps every profile's rows; a cell profiled twice shows its newest. The stored profiles put the
+    llama-3.2-1b many-user XLA misses in while loops and copies the model does not charge, more than each miss."""
+    import pandas as pd
+
+    from mk.analysis import on_tpu
+    from mk.measure.on_chip import OP_COLUMNS
+
+    cell = dict(device="TPU v5 lite", jax_version="0.10.2", libtpu_version="0.0.42.1", commit="c", engine="reference",
+                model="m", dtype="bf16", setup="one chip", context=1024, batch=8, what="category", hlo_category="",
+                tf_op="", runs=2, share=0.5)  # fmt: skip
+    rows = [dict(cell, date=d, name=n, us=us) for d, n, us in
+            (("2026-12-04T00:00:00Z", "while", 900.0), ("2026-12-05T00:00:00Z", "while", 300.0),
+             ("2026-12-05T00:00:00Z", "copy-done", 200.0))]  # fmt: skip
+    path = tmp_path / "tpu_ops.csv"
+    pd.DataFrame(rows)[list(OP_COLUMNS)].to_csv(path, index=False)
+    ms = on_tpu.profile_categories(cell, on_tpu.op_profiles(path))
+    assert ms.to_dict() == {"while": 0.3, "copy-done": 0.2}
+    assert on_tpu.profile_categories(dict(cell, batch=4), on_tpu.op_profiles(path)) is None
+    steps = on_tpu.tpu_steps()
+    missed = on_tpu.misses(steps)
+    llama = missed[(missed.model == "llama-3.2-1b") & (missed.engine == "reference")]
+    assert len(llama) == 3 and (llama.batch > 1).all()
+    for _, r in llama.iterrows():
+        ms = on_tpu.profile_categories(steps.loc[r.name])
+        assert ms["while"] + ms["copy-done"] >= r.device_ms - r.modelled_ms
+        assert not r.reason.startswith(on_tpu.UNEXPLAINED), r.reason

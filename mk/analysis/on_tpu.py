@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..chips import get_chip, measured_limit
 from ..kernel_setup import SETUPS, WORKBOOK_KERNEL
+from ..measure.on_chip import OPS_CSV
 from ..paths import MEASURED_DIR, TPU_CSV
 from ..sol import kv_bytes_per_user
 from ..timing import MODELLED, predict
@@ -40,32 +41,42 @@ def _shared_experts(row) -> str:
         f"{UNEXPLAINED}: of the {row['device_ms'] - row['modelled_ms']:.2f} ms XLA takes over the model, "
         f"{ms:.2f} ms is at most the experts read again for users who share one (XLA's program takes one slice per "
         f"(user, slot), {B * cfg.top_k} a layer, where the model reads the {distinct:.1f} distinct experts expected: "
-        f"{extra / 1e9:.2f} GB more at the measured limit); the rest is not attributed (an op profile on the chip "
-        "would)"
+        f"{extra / 1e9:.2f} GB more at the measured limit); {_uncharged(row)}"
     )
 
 
-def _batched_cache(row) -> str:
-    """A many-user row of XLA's on a dense model: the time past the model beside the users' cache it reads."""
-    cfg, B = _config(row), int(row["batch"])
-    cache = _cache_bytes(cfg, int(row["context"]), B)
-    ms = cache / measured_limit(row["chip"]).bandwidth * 1e3
+def _uncharged(row) -> str:
+    """What a row's op profile spends in while loops and waiting on copies (ops the model does not charge)."""
+    ms = profile_categories(row)
+    if ms is None:
+        return f"this cell has no op profile ({OPS_CSV})"
+    return (f"its op profile on the chip: {ms.get('while', 0.0):.2f} ms in while loops, {ms.get('copy-done', 0.0):.2f} "
+            "ms waiting on copies")  # fmt: skip
+
+
+def _cache_writes(row) -> str:
+    """A many-user row of XLA's on a dense model: what its op profile on the chip spends on the users' cache writes,
+    which the model's kernels do not charge, against the time the model misses by."""
+    miss = row["device_ms"] - row["modelled_ms"]
+    ms = profile_categories(row)
+    if ms is None:
+        return f"{UNEXPLAINED}: XLA takes {miss:.2f} ms over the model; this cell has no op profile ({OPS_CSV})"
+    loops, copies = ms.get("while", 0.0), ms.get("copy-done", 0.0)
+    text = (
+        f"XLA's op profile on the chip: {loops:.2f} ms in while loops and {copies:.2f} ms waiting on copies, which the "
+        f"model's kernels do not charge: {loops + copies:.2f} ms against the {miss:.2f} ms it misses by (the weights' "
+        "copies run beside them, so not all of it lengthens the step). Its "
+        "program writes each user's new K and V (mk.reference.write_slots, a scatter) in a loop over the users, one a "
+        "layer for K and one for V, with the layer's whole cache copied into the core's own memory for it and back "
+        "(the step compiled for a v5e); one user's is a plain in-place update"
+    )
+    return text if loops + copies >= miss else f"{UNEXPLAINED}: {text}"
+
+
+def _slow_cache_fusions(row) -> str:
+    """XLA's long-context row of a model whose cache it reads far slower than llama-3.2-1b's: what is known, and where
+    its op profile puts the time the longer context adds."""
     return (
-        f"{UNEXPLAINED}: XLA takes {row['device_ms'] - row['modelled_ms']:.2f} ms over the model, whose step reads "
-        f"the {B} users' cache ({cache / 1e9:.2f} GB, {ms:.2f} ms at the measured limit) at the rate one user's is "
-        "read (this model's one-user rows are within 10% up to 128K): XLA's step of many users reads its cache "
-        "slower, or spends on the users' attention what the model's bytes-or-matrix kernels do not charge (its "
-        "program writes each user's new K and V in a loop over the users, two a layer); an op profile on the chip "
-        "would say which"
-    )
-
-
-# Rows the model misses by more than MISS, by (engine, model, context), (engine, model) or (engine, the model cut):
-# why, in words, or a function of the row that says it.
-KNOWN_MISSES = {
-    ("reference", "gemma4-26b-a4b"): _shared_experts,
-    ("reference", "llama-3.2-1b"): _batched_cache,
-    ("reference", "qwen3-8b[:8]", 32768): (
         UNEXPLAINED + ": XLA's attention reads this model's cache far slower than llama-3.2-1b's, which holds the "
         "same bytes a position (8 layers of 8 KV heads x 128 against 16 of 8 x 64; section 4's cache read rates "
         "compute both from 8K to 32K), while XLA's own cost analysis of the step compiled for a v5e counts about the "
@@ -73,9 +84,31 @@ KNOWN_MISSES = {
         "a cache byte is llama-3.2-1b's: a fusion that runs slower than XLA expects, not extra reads. A candidate: the "
         "step compiled for a v5e takes this model's cache with the head dim (128) on lanes and positions on sublanes, "
         "so its scores contract over lanes, where it takes llama-3.2-1b's (head dim 64) with positions on lanes (the "
-        "entry layouts of mk.megakernel.parity.reference_on_tpu's program); an op-level profile on the chip would "
-        "confirm it"
-    ),
+        f"entry layouts of mk.megakernel.parity.reference_on_tpu's program); {_growth(row)}"
+    )
+
+
+def _growth(row) -> str:
+    """Where a row's op profile puts the time its context adds over the same step's profile at the longest shorter
+    context: the two op categories that grew most."""
+    t = op_profiles()
+    ms = profile_categories(row, t)
+    same = ["engine", "model", "dtype", "setup", "batch"]
+    shorter = t[(t[same] == pd.Series({k: row[k] for k in same})).all(axis=1) & (t.context < row["context"])]
+    if ms is None or shorter.empty:
+        return f"no op profile of this cell and of a shorter context ({OPS_CSV})"
+    c0 = int(shorter.context.max())
+    grown = ms.sub(profile_categories(dict(row, context=c0), t), fill_value=0.0).sort_values(ascending=False)
+    return (f"its op profile on the chip, against {c0 // 1024}K positions': the step {grown.sum():+.2f} ms, "
+            + ", ".join(f"{name} {v:+.2f} ms" for name, v in grown.head(2).items()))  # fmt: skip
+
+
+# Rows the model misses by more than MISS, by (engine, model, context), (engine, model) or (engine, the model cut):
+# why, in words, or a function of the row that says it.
+KNOWN_MISSES = {
+    ("reference", "gemma4-26b-a4b"): _shared_experts,
+    ("reference", "llama-3.2-1b"): _cache_writes,
+    ("reference", "qwen3-8b[:8]", 32768): _slow_cache_fusions,
 }
 COLUMNS = [
     "engine", "what", "model", "base_model", "layers", "setup", "chip", "dtype", "context", "batch", "host_ms",
@@ -115,6 +148,7 @@ def modelled_seconds(r) -> tuple[float, str]:
 
 
 CELL = ["engine", "model", "dtype", "setup", "chip", "context", "batch"]  # what one measured step is of
+OP_CELL = ["engine", "model", "dtype", "setup", "context", "batch"]  # what one op profile is of (tpu_ops.csv)
 
 
 def remeasured(path=None) -> pd.DataFrame:
@@ -250,6 +284,47 @@ def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) ->
             published_fraction_of_sol=published("mk_v5e8_moe_sol_fraction"),
         ))  # fmt: skip
     return pd.DataFrame(rows).assign(kind="measured (chip 0 on one TPU v5e) + modelled (links, mk.timing)")
+
+
+def op_profiles(path=None) -> pd.DataFrame:
+    """Where each profiled step's device time went (data/measured/tpu_ops.csv; ``python -m mk tpu-measure`` writes it
+    beside tpu.csv): each op category's total and the longest ops, microseconds a step, of a cell's newest profile."""
+    path = TPU_CSV.with_name(OPS_CSV) if path is None else path
+    if not path.exists():
+        return pd.DataFrame()
+    t = pd.read_csv(path)
+    newest = t.groupby(OP_CELL, dropna=False).date.transform("max")
+    return t[t.date == newest].reset_index(drop=True).assign(kind="measured (TPU, profiler trace)")
+
+
+def profile_categories(row, profiles: pd.DataFrame | None = None) -> pd.Series | None:
+    """Milliseconds a step by op category in the newest op profile of ``row``'s cell (a :func:`tpu_steps` row); None
+    where the cell was not profiled. A while loop's time holds the ops it runs (the profiler nests them)."""
+    t = op_profiles() if profiles is None else profiles
+    if t.empty:
+        return None
+    mine = t[(t.what == "category") & (t[OP_CELL] == pd.Series({k: row[k] for k in OP_CELL})).all(axis=1)]
+    return None if mine.empty else mine.set_index("name").us / 1e3
+
+
+# the op categories a step's time is split into (the rest: "other ops"), in words
+PROFILE_PARTS = {"custom-call": "the Pallas kernel", "while": "while loops", "copy-done": "waiting on copies"}
+
+
+def op_time(profiles: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each profiled step's device time (ms) in PROFILE_PARTS and the other ops, a row a part. The profiler nests a
+    while loop's ops inside it, so the step is every category's time less the loops' (the parts add up to it)."""
+    t = op_profiles() if profiles is None else profiles
+    if t.empty:
+        return pd.DataFrame()
+    rows = []
+    for key, g in t[t.what == "category"].groupby(OP_CELL, sort=False, dropna=False):
+        ms = g.set_index("name").us / 1e3
+        step = ms.sum() - ms.get("while", 0.0)
+        parts = {w: ms.get(c, 0.0) for c, w in PROFILE_PARTS.items()}
+        parts["other ops"] = step - sum(parts.values())
+        rows += [dict(zip(OP_CELL, key), part=p, ms=v, step_ms=step) for p, v in parts.items()]
+    return pd.DataFrame(rows).assign(kind="measured (TPU, profiler trace)")
 
 
 def read_rates(path=None) -> pd.DataFrame:

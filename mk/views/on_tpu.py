@@ -1,5 +1,6 @@
 """What was measured on a real TPU, drawn (mk.analysis.on_tpu's tables): the chip's HBM read rate by method and size,
-each model's measured steps against context beside the model's, and the model's error on every measured row."""
+each model's measured steps against context beside the model's, the model's error on every measured row, and where
+each profiled step's device time went."""
 
 from __future__ import annotations
 
@@ -84,4 +85,21 @@ def error_figure(steps: pd.DataFrame, band: float, title: str) -> go.Figure:
     fig.update_xaxes(title_text="modelled / measured - 1 (%)", zeroline=True)
     fig.update_yaxes(autorange="reversed", ticksuffix="  ")
     fig.update_layout(title=title, height=26 * len(s) + 300, margin=dict(l=330))
+    return fig
+
+
+def op_time_figure(parts: pd.DataFrame, title: str) -> go.Figure:
+    """Each profiled step's device time (mk.analysis.on_tpu.op_time) as a bar of its parts, one bar per engine and
+    cell."""
+    fig = go.Figure()
+    p = parts.assign(row=[f"{ENGINE_WORDS[e]}: {m}, {c:,} pos, {b} user{'s' * (b > 1)}"
+                          for e, m, c, b in zip(parts.engine, parts.model, parts.context, parts.batch)])  # fmt: skip
+    for colour, (part, g) in zip(template_colours(), p.groupby("part", sort=False)):
+        fig.add_bar(
+            x=g.ms, y=g.row, orientation="h", name=part, marker_color=colour,
+            hovertemplate="%{y}: %{x:.3f} ms<extra>" + part + "</extra>",
+        )  # fmt: skip
+    fig.update_xaxes(title_text="device time a step (ms)")
+    fig.update_yaxes(autorange="reversed", ticksuffix="  ")
+    fig.update_layout(title=title, barmode="stack", height=26 * p.row.nunique() + 300, margin=dict(l=420))
     return fig
