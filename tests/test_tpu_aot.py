@@ -154,6 +154,27 @@ def test_the_references_tpu_program_reads_the_routed_experts_in_place():
     assert " conditional(" not in text and f"bf16[{cfg.num_experts},{I},{H}]" in text
 
 
+def test_the_references_many_user_cache_write_is_a_loop_with_the_cache_in_the_cores_memory():
+    """XLA's v5e program writes many users' new K and V (mk.reference.write_slots, a scatter) in a while loop over the
+    users, one a layer for K and one for V, some over the layer's cache copied into the core's memory (memory space 1)
+    and back; one user's write is no loop. What the chip's op profiles of llama-3.2-1b's many-user XLA steps spend
+    their time in (mk.analysis.on_tpu's reason for those misses)."""
+    import re
+
+    from mk.megakernel.parity import reference_on_tpu
+
+    cfg, B, S = TINY_LLAMA, 4, 256
+    cache = f"bf16[{B},{cfg.kv_heads('full')},{S},{cfg.head_dim('full')}]"
+    entry = reference_on_tpu(cfg, "tpu-v5e", B, S).as_text().split("ENTRY", 1)[1]
+    loops = [line for line in entry.splitlines() if " while(" in line]
+    assert len(loops) == 2 * len(cfg.layer_types) and all(cache in line for line in loops), loops
+    into_core = re.findall(rf"= \({re.escape(cache)}\{{[^}}]*S\(1\)\}}, {re.escape(cache)}\{{[^}}S]*\}}", entry)
+    out_of_core = re.findall(rf"= \({re.escape(cache)}\{{[^}}S]*\}}, {re.escape(cache)}\{{[^}}]*S\(1\)\}}", entry)
+    assert into_core and out_of_core, (into_core, out_of_core)
+    one = reference_on_tpu(cfg, "tpu-v5e", 1, S).as_text().split("ENTRY", 1)[1]
+    assert " while(" not in one
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "model, chip, placements, attention_split, drafts",
