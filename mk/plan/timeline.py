@@ -19,24 +19,21 @@ def timeline(
     bandwidth: float | None = None,
 ) -> list[dict]:
     """The DMA engine serves weight tiles in the order the plan issues them at ``bandwidth`` (bytes/s a chip, the HBM
-    read rate mk.timing.bandwidth charges the chip: required);
-    compute runs the ops in order, each waiting for its tile, at the chip's bf16 FLOP/s plus a fixed
-    ``op_overhead_s`` per op (loop step, semaphore wait, vector setup) and ``dma_issue_s`` per DMA it
-    issues (a number, or a function of the load; with both zero the model has no cost but bytes and FLOPs).
-    ``compute_s(op)``: an op's time on the core (default its FLOPs at the chip's rate; mk.timing gives the compiler's
-    scheduled bundles where it has them). An op's
-    ``kv_bytes`` share the DMA engine with the weights and stream behind its compute (the kernel's double-buffered
-    cache tiles: the op ends when its compute is done and, after the last tile arrives, a user's last tile's share of
-    it); its ``serial_bytes`` are read while
-    compute waits (lane "dma (serial)": the prologue, the first KV tile of each user and layer, the router ids,
-    the write-back block, the token ids out). A cross-chip op's ``sent_bytes`` leave over one link (its
-    ``wire_bytes``: the busiest link's share where it spreads them over a torus) at the chip's ICI bandwidth plus
-    ``ici_latency_s`` per round while compute waits (lane "ici"); the weight
-    DMAs already issued go on meanwhile (an all-reduce without overlap has none issued: mk.plan.schedule).
-    ``load_bytes(load)``: the bytes a weight DMA moves (default ``load.nbytes``; mk.timing scales it for
-    narrower weight types). ``distinct[layer]``: experts fetched per layer (default:
-    the expected number under uniform routing, rounded). Rows: lane, stream (weights, kv cache, serial,
-    compute), what, layer, component, start_s, end_s. A first-order model of one chip, not a measurement."""
+    read rate mk.timing.bandwidth charges the chip: required); compute runs the ops in order, each waiting for its
+    tile, at the chip's bf16 FLOP/s plus a fixed ``op_overhead_s`` per op (loop step, semaphore wait, vector setup) and
+    ``dma_issue_s`` per DMA it issues (a number, or a function of the load; with both zero the model has no cost but
+    bytes and FLOPs). ``compute_s(op)``: an op's time on the core (default its FLOPs at the chip's rate; mk.timing
+    gives the compiler's scheduled bundles where it has them). An op's ``kv_bytes`` share the DMA engine with the
+    weights and stream behind its compute (the kernel's double-buffered cache tiles: the op ends when its compute is
+    done and, after the last tile arrives, a tile's share of it); its ``serial_bytes`` are read while compute waits
+    (lane "dma (serial)": the prologue, the first KV tile of each user and layer, the router ids, the write-back block,
+    the token ids out). A cross-chip op's ``sent_bytes`` leave over one link (its ``wire_bytes``: the busiest link's
+    share where it spreads them over a torus) at the chip's ICI bandwidth plus ``ici_latency_s`` per round while
+    compute waits (lane "ici"); the weight DMAs already issued go on meanwhile (an all-reduce without overlap has none
+    issued: mk.plan.schedule). ``load_bytes(load)``: the bytes a weight DMA moves (default ``load.nbytes``; mk.timing
+    scales it for narrower weight types). ``distinct[layer]``: experts fetched per layer (default: the expected number
+    under uniform routing, rounded). Rows: lane, stream (weights, kv cache, serial, compute), what, layer, component,
+    start_s, end_s. A first-order model of one chip, not a measurement."""
     return _walk(
         plan, chip, distinct, op_overhead_s, dma_issue_s, ici_latency_s, compute_s, load_bytes, True, bandwidth
     )[0]
@@ -128,8 +125,10 @@ def _walk(
                 row("ici", "collective", f"{op.kind} {op.layer}", op, s, e)
                 s = e
             c = compute_s(op)
-            # a user's last tile is computed after it arrives (the next user's first tile is not read ahead)
-            compute_free = max(s + c, streamed + c / plan.kv_tiles_read(op.layer_type) if streamed else 0.0)
+            # a user's last tile is computed after it arrives (the next user's first tile is not read ahead): its share
+            # of the compute taken as the first tile's share of the bytes (the serial ones)
+            tail = c * op.serial_bytes / (op.serial_bytes + op.kv_bytes) if streamed else 0.0
+            compute_free = max(s + c, streamed + tail)
             compute_free += op_overhead_s
             issued_at = compute_free  # the next Start is issued after this op
             row("compute", "compute", op.kind, op, s, compute_free)
