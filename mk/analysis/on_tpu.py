@@ -45,23 +45,28 @@ def _shared_experts(row) -> str:
     )
 
 
-def _uncharged(row) -> str:
-    """What a row's op profile spends in while loops and waiting on copies (ops the model does not charge)."""
+def _uncharged_ms(row) -> tuple[float, float] | None:
+    """Milliseconds a row's op profile spends in while loops and waiting on copies (ops the model does not charge);
+    None where the cell was not profiled."""
     ms = profile_categories(row)
-    if ms is None:
+    return None if ms is None else (ms.get("while", 0.0), ms.get("copy-done", 0.0))
+
+
+def _uncharged(row) -> str:
+    got = _uncharged_ms(row)
+    if got is None:
         return f"this cell has no op profile ({OPS_CSV})"
-    return (f"its op profile on the chip: {ms.get('while', 0.0):.2f} ms in while loops, {ms.get('copy-done', 0.0):.2f} "
-            "ms waiting on copies")  # fmt: skip
+    return f"its op profile on the chip: {got[0]:.2f} ms in while loops, {got[1]:.2f} ms waiting on copies"
 
 
 def _cache_writes(row) -> str:
     """A many-user row of XLA's on a dense model: what its op profile on the chip spends on the users' cache writes,
     which the model's kernels do not charge, against the time the model misses by."""
     miss = row["device_ms"] - row["modelled_ms"]
-    ms = profile_categories(row)
-    if ms is None:
+    got = _uncharged_ms(row)
+    if got is None:
         return f"{UNEXPLAINED}: XLA takes {miss:.2f} ms over the model; this cell has no op profile ({OPS_CSV})"
-    loops, copies = ms.get("while", 0.0), ms.get("copy-done", 0.0)
+    loops, copies = got
     text = (
         f"XLA's op profile on the chip: {loops:.2f} ms in while loops and {copies:.2f} ms waiting on copies, which the "
         f"model's kernels do not charge: {loops + copies:.2f} ms against the {miss:.2f} ms it misses by (the weights' "
@@ -93,8 +98,7 @@ def _growth(row) -> str:
     context: the two op categories that grew most."""
     t = op_profiles()
     ms = profile_categories(row, t)
-    same = ["engine", "model", "dtype", "setup", "batch"]
-    shorter = t[(t[same] == pd.Series({k: row[k] for k in same})).all(axis=1) & (t.context < row["context"])]
+    shorter = t[_matching(t, row, ["engine", "model", "dtype", "setup", "batch"]) & (t.context < row["context"])]
     if ms is None or shorter.empty:
         return f"no op profile of this cell and of a shorter context ({OPS_CSV})"
     c0 = int(shorter.context.max())
@@ -303,8 +307,13 @@ def profile_categories(row, profiles: pd.DataFrame | None = None) -> pd.Series |
     t = op_profiles() if profiles is None else profiles
     if t.empty:
         return None
-    mine = t[(t.what == "category") & (t[OP_CELL] == pd.Series({k: row[k] for k in OP_CELL})).all(axis=1)]
+    mine = t[(t.what == "category") & _matching(t, row, OP_CELL)]
     return None if mine.empty else mine.set_index("name").us / 1e3
+
+
+def _matching(t: pd.DataFrame, row, columns: list[str]) -> pd.Series:
+    """Which rows of ``t`` have ``row``'s values in ``columns``."""
+    return (t[columns] == pd.Series({k: row[k] for k in columns})).all(axis=1)
 
 
 # the op categories a step's time is split into (the rest: "other ops"), in words

@@ -128,8 +128,7 @@ def _walk(
             # a user's last tile is computed after it arrives (the next user's first tile is not read ahead): its share
             # of the compute taken as the first tile's share of the bytes (the serial ones)
             tail = c * op.serial_bytes / (op.serial_bytes + op.kv_bytes) if streamed else 0.0
-            compute_free = max(s + c, streamed + tail)
-            compute_free += op_overhead_s
+            compute_free = max(s + c, streamed + tail) + op_overhead_s
             issued_at = compute_free  # the next Start is issued after this op
             row("compute", "compute", op.kind, op, s, compute_free)
     return rows, max(dma_free, compute_free)
