@@ -7,14 +7,17 @@ import os
 # Before JAX is imported anywhere: CPU only, 8 host devices for the sharded/collective tests, and XLA:CPU's
 # code generation unoptimised: the tests compile hundreds of small programs and run each a few times (or
 # spend their time in the interpreter's Python callbacks), so LLVM's optimisation cost more than it saved
-# (tests/test_reference.py with test_parity.py: 229 s -> 149 s on 2 cores), and LLVM's costlier passes off too
-# (tests/test_megakernel.py with test_mla_kernel.py: 200 s -> 191 s). The values are the same (no fast-math either
-# way), and libtpu's programs for the TPU are unchanged (it has its own pipeline).
+# (tests/test_reference.py with test_parity.py: 229 s -> 149 s on 2 cores), LLVM's costlier passes off too
+# (tests/test_megakernel.py with test_mla_kernel.py: 200 s -> 191 s), and XLA:CPU's older elementwise emitters in
+# place of its MLIR fusion emitters, which compile slower (a tiny MoE's reference and kernel, two steps: 5.6 s of
+# compiling -> 3.6 s; test_megakernel.py with test_parity.py 130 s -> 102 s). No fast-math either way; the older
+# emitters' exp and friends may differ in the last bits (that tiny MoE's largest kernel-reference logit gap 1.6e-6 ->
+# 2.4e-6, the tests' bound 1e-4), and libtpu's programs for the TPU are unchanged (it has its own pipeline).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault(
     "XLA_FLAGS",
     "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    " --xla_llvm_disable_expensive_passes=true",
+    " --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false",
 )
 # XLA:CPU runs at most NPROC device programs at once (default: the cores); the 8-chip kernels' collectives
 # need all 8 in the kernel together (mk.sharding.simulate_chips)

@@ -45,7 +45,7 @@ def _run(params, cfg, setup=None, logits=False, new_tokens=NEW_TOKENS, **options
     if setup is not None:
         options["setup"] = setup
     return generate(params, cfg, _prompts(cfg), new_tokens, engine="megakernel", return_logits=logits,
-                    engine_options=dict(detect_races=True, **options))  # fmt: skip
+                    engine_options={"detect_races": True, **options})  # fmt: skip
 
 
 # Two kernel steps (the second reading the cache the first wrote) on one chip and with the experts split over 8; whole
@@ -87,9 +87,10 @@ def test_logits_in_the_loop_over_layers_and_what_breaks_them(six_layers, monkeyp
     assert np.abs(logits - want).max() < LOGIT_ATOL
 
     def broken(module, name, fn):
+        # the first kernel step's logits show a break; the race detector has run over the whole kernel above
         with monkeypatch.context() as m:
             m.setattr(module, name, fn)
-            return np.abs(_run(params, cfg, logits=True)[1] - want).max()
+            return np.abs(_run(params, cfg, logits=True, new_tokens=2, detect_races=False)[1] - want[:, :2]).max()
 
     no_sinks = broken(attention, "_head_sinks", lambda *a: -1e30)  # exp(-1e30 - m) = 0: no sink
     bias = moe._expert_bias

@@ -23,8 +23,8 @@ def _prompts(cfg, lengths=(13, 3)):
     return [rng.integers(0, cfg.vocab_size, n).tolist() for n in lengths]
 
 
-def _run(params, cfg, prompts, setup=None, new_tokens=NEW_TOKENS):
-    options = dict(detect_races=True, **({} if setup is None else dict(setup=setup)))
+def _run(params, cfg, prompts, setup=None, new_tokens=NEW_TOKENS, detect_races=True):
+    options = dict(detect_races=detect_races, **({} if setup is None else dict(setup=setup)))
     return generate(params, cfg, prompts, new_tokens, engine="megakernel", return_logits=True, engine_options=options)
 
 
@@ -86,11 +86,12 @@ def test_logits_in_the_loop_over_layers_and_what_breaks_them(five_layers, monkey
     want = generate(params, cfg, prompts, NEW_TOKENS, return_logits=True)[1]
 
     def off(module, name, fn):
+        # the first kernel step's logits show a break; the race detector has run over the whole kernel below
         with monkeypatch.context() as m:
             m.setattr(module, name, fn)
-            return np.abs(_run(params, cfg, prompts)[1] - want).max()
+            return np.abs(_run(params, cfg, prompts, new_tokens=2, detect_races=False)[1] - want[:, :2]).max()
 
-    assert np.abs(_run(params, cfg, prompts)[1] - want).max() < LOGIT_ATOL
+    assert np.abs(_run(params, cfg, prompts)[1] - want).max() < LOGIT_ATOL and not races_detected()
     no_bias = off(moe, "correction_bias", lambda *a: 0.0)
     no_mscale = off(latent, "score_scale", lambda c: c.score_scale("full") / c.rope_scaling.score_factor)
     assert min(no_bias, no_mscale) > 100 * LOGIT_ATOL, (no_bias, no_mscale)
