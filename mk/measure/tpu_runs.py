@@ -46,14 +46,15 @@ LLAMA_ALONE = (Cell(32768, 4), Cell(32768, 8), Cell(131072, 1))
 TABLE = (
     Case("llama-3.2-1b", cells=grid(CONTEXTS, BATCHES, long=(131072,))),
     Case("gemma4-26b-a4b", PAIR, cells=CROSS + (Cell(131072, 1),)),
-    Case("gemma4-31b", PAIR, cells=CROSS),
+    Case("gemma4-31b", PAIR, cells=CROSS + (Cell(131072, 1),)),
     Case("gemma4-26b-a4b", None, setup="write-up", cells=ONE_USER[:2] + (Cell(1024, 8),)),
     Case("gemma4-26b-a4b", None, setup="workbook", cells=ONE_USER[:2] + (Cell(1024, 8),)),
-    Case("gemma4-26b-a4b", PAIR, dtype="bf16+int8-experts", cells=CROSS),
+    Case("gemma4-26b-a4b", PAIR, dtype="bf16+int8-experts", cells=CROSS + (Cell(131072, 1),)),
     Case("qwen3-8b", 8, cells=CROSS),
     *(Case(m, n, alone=e, cells=ONE_USER[:1]) for m, n in TRUNCATIONS for e in ("megakernel", "reference")),
-    # llama-3.2-1b's cells whose caches do not fit both engines at once: each engine alone, where it fits
+    # cells whose caches do not fit both engines at once: each engine alone, where it fits
     *(Case("llama-3.2-1b", alone=e, cells=LLAMA_ALONE) for e in ("megakernel", "reference")),
+    *(Case("qwen3-8b", 8, alone=e, cells=(Cell(131072, 1),)) for e in ("megakernel", "reference")),
 )
 CSVS = {"parity": "tpu_parity.csv", "hbm": "tpu_hbm.csv", "table": "tpu.csv"}
 PARITY_COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit") + chip_parity.COLUMNS
