@@ -113,6 +113,7 @@ KNOWN_MISSES = {
     ("reference", "gemma4-26b-a4b"): _shared_experts,
     ("reference", "llama-3.2-1b"): _cache_writes,
     ("reference", "qwen3-8b[:8]", 32768): _slow_cache_fusions,
+    ("reference", "qwen3-8b[:8]", 131072): _slow_cache_fusions,
 }
 COLUMNS = [
     "engine", "what", "model", "base_model", "layers", "setup", "chip", "dtype", "context", "batch", "host_ms",
