@@ -290,10 +290,13 @@ def test_an_op_profile_is_read_newest_first_and_explains_the_many_user_cache_wri
     rows = [dict(cell, date=d, name=n, us=us) for d, n, us in
             (("2026-12-04T00:00:00Z", "while", 900.0), ("2026-12-05T00:00:00Z", "while", 300.0),
              ("2026-12-05T00:00:00Z", "copy-done", 200.0))]  # fmt: skip
+    rows.append(dict(cell, dtype="bf16+int8-experts", date="2026-12-05T00:00:00Z", name="custom-call", us=100.0))
     path = tmp_path / "tpu_ops.csv"
     pd.DataFrame(rows)[list(OP_COLUMNS)].to_csv(path, index=False)
     ms = on_tpu.profile_categories(cell, on_tpu.op_profiles(path))
     assert ms.to_dict() == {"while": 0.3, "copy-done": 0.2}
+    # the op-time figure's bars name each cell as the steps' table does: its data type where not bf16
+    assert on_tpu.op_time(on_tpu.op_profiles(path)).what.unique().tolist() == ["m", "m, bf16+int8-experts"]
     assert on_tpu.profile_categories(dict(cell, batch=4), on_tpu.op_profiles(path)) is None
     steps = on_tpu.tpu_steps()
     missed = on_tpu.misses(steps)

@@ -185,11 +185,9 @@ def tpu_steps(path=None) -> pd.DataFrame:
     rows = []
     for _, r in t.iterrows():
         modelled, _ = modelled_seconds(r)
-        stand_in = str(r.setup).endswith(STAND_IN)
-        what = f"{r.model}, chip 0 of a v5e-8, setup {r.setup.split(' ')[0]}" if stand_in else r.model
-        what += "" if r["dtype"] == "bf16" else f", {r['dtype']}"
         rows.append(dict(
-            engine=r.engine, what=what, model=r.model, base_model=r.base_model, layers=r.layers, setup=r.setup,
+            engine=r.engine, what=_what(r.model, r.setup, r["dtype"]), model=r.model, base_model=r.base_model,
+            layers=r.layers, setup=r.setup,
             chip=r.chip, dtype=r["dtype"], context=int(r.context), batch=int(r.batch), host_ms=r.step_ms,
             device_ms=r.device_step_ms,
             device_low_ms=r.device_step_low_ms, device_high_ms=r.device_step_high_ms, profiled_ms=r.profiled_step_ms,
@@ -198,6 +196,12 @@ def tpu_steps(path=None) -> pd.DataFrame:
             device_fraction_of_limit=r.device_fraction_of_limit, date=r.date, device=r.device, commit=r.commit,
         ))  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS).assign(kind=f"measured (TPU, device time) vs {MODELLED}")
+
+
+def _what(model: str, setup: str, dtype: str) -> str:
+    """A measured cell's model in words: a stand-in's chip and setup, a data type other than bf16."""
+    what = f"{model}, chip 0 of a v5e-8, setup {setup.split(' ')[0]}" if str(setup).endswith(STAND_IN) else model
+    return what if dtype == "bf16" else f"{what}, {dtype}"
 
 
 def known_miss(row) -> str | None:
@@ -333,7 +337,9 @@ def op_time(profiles: pd.DataFrame | None = None) -> pd.DataFrame:
         step = ms.sum() - ms.get("while", 0.0)
         parts = {w: ms.get(c, 0.0) for c, w in PROFILE_PARTS.items()}
         parts["other ops"] = step - sum(parts.values())
-        rows += [dict(zip(OP_CELL, key), part=p, ms=v, step_ms=step) for p, v in parts.items()]
+        cell = dict(zip(OP_CELL, key))
+        what = _what(cell["model"], cell["setup"], cell["dtype"])
+        rows += [dict(cell, what=what, part=p, ms=v, step_ms=step) for p, v in parts.items()]
     return pd.DataFrame(rows).assign(kind="measured (TPU, profiler trace)")
 
 

@@ -93,7 +93,7 @@ def op_time_figure(parts: pd.DataFrame, title: str) -> go.Figure:
     cell."""
     fig = go.Figure()
     p = parts.assign(row=[f"{ENGINE_WORDS[e]}: {m}, {c:,} pos, {b} user{'s' * (b > 1)}"
-                          for e, m, c, b in zip(parts.engine, parts.model, parts.context, parts.batch)])  # fmt: skip
+                          for e, m, c, b in zip(parts.engine, parts.what, parts.context, parts.batch)])  # fmt: skip
     for colour, (part, g) in zip(template_colours(), p.groupby("part", sort=False)):
         fig.add_bar(
             x=g.ms, y=g.row, orientation="h", name=part, marker_color=colour,
