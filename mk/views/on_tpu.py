@@ -19,10 +19,14 @@ def read_rate_figure(t: pd.DataFrame, spec_GBps: float, limit_GBps: float, title
     """Device read rate (GB/s, steps back to back) against the bytes read, one line per method and DMA depth, with
     the data sheet's bandwidth and the measured limit as lines across."""
     fig = go.Figure()
-    for colour, (how, g) in zip(template_colours() * 3, t.groupby("how", sort=False)):
+    # the methods read at nearly the same rates: each its own marker, the later ones smaller and on top, so every one
+    # shows where they coincide
+    symbols, dashes = ("circle", "square", "diamond", "triangle-up", "cross"), ("solid", "dash", "dot", "dashdot")
+    for i, (colour, (how, g)) in enumerate(zip(template_colours() * 3, t.groupby("how", sort=False))):
         g = g.sort_values("GiB")
         fig.add_scatter(
-            x=g.GiB, y=g.device_GBps, mode="lines+markers", name=how, line=dict(color=colour),
+            x=g.GiB, y=g.device_GBps, mode="lines+markers", name=how, line=dict(color=colour, dash=dashes[i % 4]),
+            marker=dict(symbol=symbols[i % 5], size=max(16 - 3 * i, 6)),
             error_y=dict(type="data", symmetric=False, array=g.device_high_GBps - g.device_GBps,
                          arrayminus=g.device_GBps - g.device_low_GBps),
             hovertemplate=f"{how}: %{{y:.4g}} GB/s over %{{x:.3g}} GiB<extra></extra>",
