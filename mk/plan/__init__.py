@@ -58,7 +58,7 @@ from .records import (
 )
 from .schedule import fold, groups, start_runs
 from .step import StepPlan, build_plan
-from .timeline import memory_busy_fraction, step_end, timeline
+from .timeline import memory_busy_fraction, step_ends, timeline
 
 __all__ = [
     "BLOCK",
@@ -108,7 +108,7 @@ __all__ = [
     "round_up",
     "stacked",
     "start_runs",
-    "step_end",
+    "step_ends",
     "timeline",
     "type_index",
     "vector_rows",

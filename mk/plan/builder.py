@@ -129,6 +129,7 @@ class Builder:
         self.acts: dict[str, tuple[int, int]] = {}
         self._slot_count: dict[str, int] = {}
         self._route: int | None = None
+        self._all_reduces = 0  # emitted so far: the next one's ``seq``
 
     def act(self, name: str, width: int) -> str:
         """An f32 VMEM activation of at least ``width`` lanes (users padded to 8 rows)."""
@@ -157,12 +158,13 @@ class Builder:
                 rows=rows,
                 width=width,
                 itemsize=itemsize,
-                seq=sum(isinstance(o, AllReduce) for o in self.ops),
+                seq=self._all_reduces,
                 sent_bytes=ex.sent_bytes,
                 rounds=ex.rounds,
                 link_bytes=ex.link_bytes if self.setup.torus else 0,
             )
         )
+        self._all_reduces += 1
 
     def op(self, op: Op) -> None:
         if getattr(op, "expert", None) is not None:

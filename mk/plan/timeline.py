@@ -34,28 +34,32 @@ def timeline(
     scales it for narrower weight types). ``distinct[layer]``: experts fetched per layer (default: the expected number
     under uniform routing, rounded). Rows: lane, stream (weights, kv cache, serial, compute), what, layer, component,
     start_s, end_s. A first-order model of one chip, not a measurement."""
-    return _walk(
-        plan, chip, distinct, op_overhead_s, dma_issue_s, ici_latency_s, compute_s, load_bytes, True, bandwidth
-    )[0]
+    costs = dict(op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s, ici_latency_s=ici_latency_s)
+    items = _resolved(plan, chip, compute_s=compute_s, load_bytes=load_bytes, bandwidth=bandwidth, **costs)
+    return _walk(plan, items, distinct)[0]
 
 
-def step_end(plan, chip, distinct: dict[int, int] | None = None, **costs) -> float:
-    """When :func:`timeline`'s step ends (seconds), without recording its rows."""
-    return _walk(plan, chip, distinct, record=False, **costs)[1]
+def step_ends(plan, chip, distincts: list[dict[int, int] | None], **costs) -> list[float]:
+    """When :func:`timeline`'s step ends (seconds) for each of ``distincts`` (experts fetched per layer), without
+    recording its rows: the plan's items and their costs resolved once, the walks that follow float arithmetic
+    (mk.timing.pace walks one plan for several counts)."""
+    items = _resolved(plan, chip, **costs)
+    return [_walk(plan, items, distinct, record=False)[1] for distinct in distincts]
 
 
-def _walk(
+def _resolved(
     plan,
     chip,
-    distinct=None,
     op_overhead_s=0.0,
     dma_issue_s=0.0,
     ici_latency_s=0.0,
     compute_s=None,
     load_bytes=None,
-    record=True,
     bandwidth=None,
-) -> tuple[list[dict], float]:
+) -> list[tuple]:
+    """The plan's items with their costs in seconds, as :func:`_walk` reads them: a Start (0, load, slot, layer,
+    issue, transfer, load), a Wait (1, load), an op (2, slot, layer, serial read, KV read, bytes sent, link latency,
+    wire time, compute, its last tile's share of it, overhead, op)."""
     from ..chips import get_chip
 
     chip = get_chip(chip) if isinstance(chip, str) else chip
@@ -66,71 +70,86 @@ def _walk(
     bw, flops = bandwidth, chip.bf16_flops / chip.chips
     compute_s = compute_s or (lambda op: op.flops / flops)
     load_bytes = load_bytes or (lambda ld: ld.nbytes)
-    if distinct is None:
-        n = round(sum(k * p for k, p in plan.distinct_experts.items()))
-        distinct = {i: n for i in range(plan.cfg.num_layers)}
+    issue_s = dma_issue_s if callable(dma_issue_s) else (lambda ld: dma_issue_s)
     loads = {ld.id: ld for ld in plan.loads}
-
-    def fetched(slot, layer) -> bool:  # expert slot j runs only when more than j experts were routed
-        return slot is None or slot < distinct[layer]
-
-    rows = []
-
-    def row(lane, stream, what, op_or_load, start, end):
-        if record:
-            rows.append(
-                dict(
-                    lane=lane,
-                    stream=stream,
-                    what=what,
-                    layer=op_or_load.layer,
-                    component=op_or_load.component,
-                    start_s=start,
-                    end_s=end,
-                )
-            )
-
-    dma_free, compute_free, issued_at, arrive = 0.0, 0.0, 0.0, {}
+    items = []
     for it in plan.items:
         if isinstance(it, Start):
             ld = loads[it.load]
-            if not fetched(ld.expert, ld.layer):
-                continue
-            issued_at += dma_issue_s(ld) if callable(dma_issue_s) else dma_issue_s  # the core issuing the DMA
-            compute_free = max(compute_free, issued_at)
-            s = max(dma_free, issued_at)
-            dma_free = s + load_bytes(ld) / bw
-            arrive[it.load] = dma_free
-            row("dma", "weights", ld.tensor, ld, s, dma_free)
+            items.append((0, it.load, ld.expert, ld.layer, issue_s(ld), load_bytes(ld) / bw, ld))
         elif isinstance(it, Wait):
-            if it.load in arrive:
-                compute_free = max(compute_free, arrive[it.load])
+            items.append((1, it.load))
         else:
-            op: Op = it
-            if not fetched(op.expert, op.layer):  # its tile (same slot) was not fetched either
-                continue
-            s, streamed = compute_free, 0.0
-            for lane, stream, nbytes in (("dma (serial)", "serial", op.serial_bytes), ("dma", "kv cache", op.kv_bytes)):
-                if nbytes:
-                    ks = max(dma_free, s)
-                    dma_free = ks + nbytes / bw
-                    row(lane, stream, f"{op.kind} {op.layer}", op, ks, dma_free)
-                    if stream == "serial":
-                        s = max(s, dma_free)
-                    else:  # double-buffered tiles: each tile's compute runs while the next one streams
-                        streamed = dma_free
-            if op.sent_bytes:  # what crosses the links waits for the whole cache read
-                s = max(s, streamed)
-                e = s + op.rounds * ici_latency_s + op.wire_bytes / chip.ici_bandwidth
-                row("ici", "collective", f"{op.kind} {op.layer}", op, s, e)
-                s = e
-            c = compute_s(op)
+            c = compute_s(it)
             # a user's last tile is computed after it arrives (the next user's first tile is not read ahead): its share
             # of the compute taken as the first tile's share of the bytes (the serial ones)
-            tail = c * op.serial_bytes / (op.serial_bytes + op.kv_bytes) if streamed else 0.0
-            compute_free = max(s + c, streamed + tail) + op_overhead_s
+            tail = c * it.serial_bytes / (it.serial_bytes + it.kv_bytes) if it.kv_bytes else 0.0
+            latency, wire = it.rounds * ici_latency_s, it.wire_bytes / chip.ici_bandwidth
+            serial, kv = it.serial_bytes / bw, it.kv_bytes / bw
+            items.append((2, it.expert, it.layer, serial, kv, it.sent_bytes, latency, wire, c, tail, op_overhead_s, it))
+    return items
+
+
+def _walk(plan, items, distinct=None, record=True) -> tuple[list[dict], float]:
+    if distinct is None:
+        n = round(sum(k * p for k, p in plan.distinct_experts.items()))
+        distinct = {i: n for i in range(plan.cfg.num_layers)}
+    rows = []
+
+    def row(lane, stream, what, op_or_load, start, end):
+        rows.append(
+            dict(
+                lane=lane,
+                stream=stream,
+                what=what,
+                layer=op_or_load.layer,
+                component=op_or_load.component,
+                start_s=start,
+                end_s=end,
+            )
+        )
+
+    dma_free, compute_free, issued_at, arrive = 0.0, 0.0, 0.0, {}
+    for it in items:
+        if it[0] == 0:
+            _, load, slot, layer, issue, transfer, ld = it
+            if slot is not None and slot >= distinct[layer]:  # expert slot j runs only when more than j were routed
+                continue
+            issued_at += issue  # the core issuing the DMA
+            compute_free = max(compute_free, issued_at)
+            s = max(dma_free, issued_at)
+            dma_free = s + transfer
+            arrive[load] = dma_free
+            if record:
+                row("dma", "weights", ld.tensor, ld, s, dma_free)
+        elif it[0] == 1:
+            if it[1] in arrive:
+                compute_free = max(compute_free, arrive[it[1]])
+        else:
+            _, slot, layer, serial, kv, sent, latency, wire, c, tail, overhead, op = it
+            if slot is not None and slot >= distinct[layer]:  # its tile (same slot) was not fetched either
+                continue
+            s, streamed = compute_free, 0.0
+            if serial:  # read while compute waits
+                ks = max(dma_free, s)
+                dma_free = s = ks + serial
+                if record:
+                    row("dma (serial)", "serial", f"{op.kind} {op.layer}", op, ks, dma_free)
+            if kv:  # double-buffered tiles: each tile's compute runs while the next one streams
+                ks = max(dma_free, s)
+                dma_free = streamed = ks + kv
+                if record:
+                    row("dma", "kv cache", f"{op.kind} {op.layer}", op, ks, dma_free)
+            if sent:  # what crosses the links waits for the whole cache read
+                s = max(s, streamed)
+                e = s + latency + wire
+                if record:
+                    row("ici", "collective", f"{op.kind} {op.layer}", op, s, e)
+                s = e
+            compute_free = max(s + c, streamed + tail) + overhead
             issued_at = compute_free  # the next Start is issued after this op
-            row("compute", "compute", op.kind, op, s, compute_free)
+            if record:
+                row("compute", "compute", op.kind, op, s, compute_free)
     return rows, max(dma_free, compute_free)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..chips import Chip
-from ..plan import Load, StepPlan, step_end, timeline
+from ..plan import Load, StepPlan, step_ends, timeline
 from .bandwidth import read_rate
 from .constants import assumed_costs
 from .scheduled import ScheduledStep, scheduled_costs, scheduled_step
@@ -105,7 +105,7 @@ def pace(
 
     moved, payload = load_bytes(dtype), load_bytes(dtype, "payload_bytes")
     weights, real = expect(_loaded(plan, moved)), expect(_loaded(plan, payload))
-    ends = {m: step_end(plan, chip, _every_layer(plan, m), **costs) for m in timed}
+    ends = dict(zip(timed, step_ends(plan, chip, [_every_layer(plan, m) for m in timed], **costs)))
     cross = [op for op in plan.ops if op.sent_bytes]
     bw = costs["bandwidth"]
     return dict(
