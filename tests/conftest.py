@@ -19,6 +19,10 @@ os.environ.setdefault(
     "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
     " --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false",
 )
+# The transformers oracles' torch one thread a process: two test workers share 2 cores, and torch's own pool of a
+# thread a core each oversubscribed them (test_parity.py with test_megakernel.py, two workers: 124.7 s -> 104.4 s,
+# interleaved). The processes the tests start (the CLI, the notebooks) inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # XLA:CPU runs at most NPROC device programs at once (default: the cores); the 8-chip kernels' collectives
 # need all 8 in the kernel together (mk.sharding.simulate_chips)
 os.environ.setdefault("NPROC", "16")
