@@ -341,10 +341,10 @@ def check_figure(fig: go.Figure) -> list[str]:
     """What a reader could not see in ``fig``: a horizontal legend above the plot that is not hung below
     the title (:func:`legend_below_title`), a legend over (or under) the provenance footer, several series
     without a legend, a series with no mark inside its axis' range (a bar shorter than 0.5% of the axis is no
-    mark; a legend key, a trace with no data at all, is not a series), a line drawn exactly under another,
-    tick labels that run into each other (:func:`tick_collisions`), a logarithmic axis with fewer than three
-    labelled ticks. Axis ranges and automatic ticks are plotly's own (``full_figure_for_development``, which
-    needs a Chromium), laid out at the size the figure is exported at."""
+    mark, nor a line through one point; a legend key, a trace with no data at all, is not a series), a line drawn
+    exactly under another, tick labels that run into each other (:func:`tick_collisions`), a logarithmic axis with
+    fewer than three labelled ticks. Axis ranges and automatic ticks are plotly's own
+    (``full_figure_for_development``, which needs a Chromium), laid out at the size the figure is exported at."""
     import numpy as np
 
     problems = []
@@ -374,6 +374,9 @@ def check_figure(fig: go.Figure) -> list[str]:
         axis = full.layout[("xaxis" if horizontal else "yaxis") + ((t.xaxis if horizontal else t.yaxis) or "")[1:]]
         v = _numbers(values)
         v = v[np.isfinite(v)]
+        if t.type == "scatter" and "markers" not in (t.mode or "") and v.size == 1:  # a line needs two points
+            problems.append(f"series {t.name!r} is a line through one point: no mark is drawn")
+            continue
         if axis.type == "log":
             v = np.log10(v[v > 0])
         lo, hi = sorted(axis.range)

@@ -117,8 +117,8 @@ def test_without_chromium_html_only_and_one_warning(tmp_path):
 
 
 def test_check_figure_finds_what_a_reader_cannot_see():
-    """A bar too short to see on its axis, several series without a legend, a line under another, a legend
-    over the title: each reported; a clean figure passes."""
+    """A bar too short to see on its axis, a line through one point, several series without a legend, a line under
+    another, a legend over the title: each reported; a clean figure passes."""
     import shutil
 
     if not (shutil.which("chromium") or os.environ.get("BROWSER_PATH")):
@@ -131,6 +131,9 @@ def test_check_figure_finds_what_a_reader_cannot_see():
     assert check_figure(good) == []
     tiny = go.Figure([go.Bar(x=["a"], y=[1000], name="big"), go.Bar(x=["a"], y=[0.5], name="tiny")])
     assert any("'tiny' has no visible mark" in p for p in check_figure(tiny))
+    lone = go.Figure([go.Scatter(x=[1, 2], y=[1, 2], name="two"), go.Scatter(x=[1], y=[3], mode="lines", name="one")])
+    assert any("'one' is a line through one point" in p for p in check_figure(lone))
+    assert check_figure(lone.update_traces(mode="lines+markers", selector=dict(name="one"))) == []
     hidden = go.Figure([go.Scatter(x=[1, 2], y=[1, 2], name="a"), go.Scatter(x=[1, 2], y=[1, 2], name="b")])
     assert any("drawn exactly over" in p for p in check_figure(hidden))
     unnamed = go.Figure([go.Scatter(x=[1, 2], y=[1, 2]), go.Scatter(x=[1, 2], y=[2, 3])])

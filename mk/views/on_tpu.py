@@ -42,7 +42,7 @@ def read_rate_figure(t: pd.DataFrame, spec_GBps: float, limit_GBps: float, title
 
 def steps_figure(steps: pd.DataFrame, title: str) -> go.Figure:
     """Each model's device time a step against context, one panel a model: the measured step (markers, with its 95%
-    interval) and the model's (lines), one colour per engine; one user."""
+    interval) and the model's (dashes, joined by a dashed line), one colour per engine; one user."""
     s = steps[steps.batch == 1]
     models = list(dict.fromkeys(s.what))
     cols = 2
@@ -64,7 +64,8 @@ def steps_figure(steps: pd.DataFrame, title: str) -> go.Figure:
                 hovertemplate=f"{words}: %{{y:.4g}} ms measured at %{{x}} positions<extra></extra>",
             )  # fmt: skip
             fig.add_scatter(
-                x=g.context, y=g.modelled_ms, mode="lines", line=dict(color=colour, dash="dash"), **at,
+                x=g.context, y=g.modelled_ms, mode="lines+markers", line=dict(color=colour, dash="dash"), **at,
+                marker=dict(symbol="line-ew", size=16, line=dict(color=colour, width=2)),  # a cell alone shows too
                 name=f"{words}, modelled", legendgroup=f"{engine}p", showlegend=i == 0,
                 hovertemplate=f"{words}: %{{y:.4g}} ms modelled at %{{x}} positions<extra></extra>",
             )  # fmt: skip
