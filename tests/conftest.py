@@ -1,6 +1,7 @@
 """Shared test setup: JAX on the CPU with 8 simulated devices, tiny configs, and tiny checkpoints written
 by transformers itself (an implementation we did not write) for the parity and loading tests."""
 
+import gc
 import json
 import os
 
@@ -35,6 +36,11 @@ jax.config.update("jax_enable_x64", False)
 
 from mk.config import TINY_DENSE, TINY_LLAMA, TINY_MOE, TINY_QWEN3_MOE, to_hf_dict  # noqa: E402
 from mk.weights import EMBED_STD, NORM_STD  # noqa: E402
+
+# The collector's young generation every 100,000 allocations rather than 700, the older ones rarer: tracing and
+# lowering allocate millions of short-lived objects, and collecting them as often cost a few percent of the run
+# (test_parity.py with test_megakernel.py, two workers: 142.3 s, 135.1 s -> 135.3 s, 125.3 s, interleaved).
+gc.set_threshold(100_000, 50, 100)
 
 # A config written the way a transformers user would (the issue's snippet): sliding and full layers
 # with different KV head counts and head dims, a short window. Built by transformers, not by mk.
