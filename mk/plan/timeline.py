@@ -34,8 +34,7 @@ def timeline(
     scales it for narrower weight types). ``distinct[layer]``: experts fetched per layer (default: the expected number
     under uniform routing, rounded). Rows: lane, stream (weights, kv cache, serial, compute), what, layer, component,
     start_s, end_s. A first-order model of one chip, not a measurement."""
-    costs = dict(op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s, ici_latency_s=ici_latency_s)
-    items = _resolved(plan, chip, compute_s=compute_s, load_bytes=load_bytes, bandwidth=bandwidth, **costs)
+    items = _resolved(plan, chip, op_overhead_s, dma_issue_s, ici_latency_s, compute_s, load_bytes, bandwidth)
     return _walk(plan, items, distinct)[0]
 
 
