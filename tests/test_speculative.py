@@ -274,11 +274,10 @@ def test_speculation_refuses_bad_requests(pairs):
 @pytest.mark.parametrize(
     "name, chips, drafter, prompts, new",
     [
-        ("hf-snippet", 1, "mtp", RAGGED, 4),
         ("hf-eight-heads", 8, "mtp", RAGGED, 3),
         ("hf-eight-heads-dense", 8, "ngram", RAGGED[3:], 6),
     ],
-    ids=["moe-1-chip-mtp-b4", "moe-8-chips-mtp-b4", "dense-8-chips-ngram-b1"],
+    ids=["moe-8-chips-mtp-b4", "dense-8-chips-ngram-b1"],
 )
 def test_cli_megakernel_speculation_gives_greedy_tokens(hf_checkpoint, hf_assistant, mk_json, name, chips, drafter,
                                                         prompts, new):  # fmt: skip
