@@ -374,7 +374,8 @@ def check_figure(fig: go.Figure) -> list[str]:
         axis = full.layout[("xaxis" if horizontal else "yaxis") + ((t.xaxis if horizontal else t.yaxis) or "")[1:]]
         v = _numbers(values)
         v = v[np.isfinite(v)]
-        if t.type == "scatter" and "markers" not in (t.mode or "") and v.size == 1:  # a line needs two points
+        # a line needs two points; plotly resolves the mode (markers by default below 20 points), and text is a mark
+        if t.type == "scatter" and not {"markers", "text"} & set((t.mode or "").split("+")) and v.size == 1:
             problems.append(f"series {t.name!r} is a line through one point: no mark is drawn")
             continue
         if axis.type == "log":

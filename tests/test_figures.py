@@ -134,6 +134,7 @@ def test_check_figure_finds_what_a_reader_cannot_see():
     lone = go.Figure([go.Scatter(x=[1, 2], y=[1, 2], name="two"), go.Scatter(x=[1], y=[3], mode="lines", name="one")])
     assert any("'one' is a line through one point" in p for p in check_figure(lone))
     assert check_figure(lone.update_traces(mode="lines+markers", selector=dict(name="one"))) == []
+    assert check_figure(lone.update_traces(mode="lines+text", text=["3"], selector=dict(name="one"))) == []
     hidden = go.Figure([go.Scatter(x=[1, 2], y=[1, 2], name="a"), go.Scatter(x=[1, 2], y=[1, 2], name="b")])
     assert any("drawn exactly over" in p for p in check_figure(hidden))
     unnamed = go.Figure([go.Scatter(x=[1, 2], y=[1, 2]), go.Scatter(x=[1, 2], y=[2, 3])])
