@@ -48,13 +48,14 @@ def _run(params, cfg, setup=None, logits=False, new_tokens=NEW_TOKENS, **options
                     engine_options={"detect_races": True, **options})  # fmt: skip
 
 
-# Two kernel steps (the second reading the cache the first wrote) on one chip and with the experts split over 8; the
-# hosts' groups one step (the first token is the prefill's): each group of 2 chips holds a quarter of the experts whole,
-# each split over its 2 chips, so a chip's own expert rows of the bias tensors and the split's biases run together (an
-# 8-chip step takes seconds interpreted)
+# Two kernel steps (the second reading the cache the first wrote) on one chip; over 8 chips one step (the first token
+# is the prefill's, and an 8-chip step takes seconds interpreted): with 4 query heads attention runs on every chip,
+# its cache as one chip's. Experts split over 8, and the hosts' groups: each group of 2 chips holds a quarter of the
+# experts whole, each split over its 2, so a chip's own expert rows of the bias tensors and the split's biases run
+# together
 @pytest.mark.parametrize(
     "setup, new_tokens",
-    [(None, NEW_TOKENS), (KernelSetup(8, "split"), NEW_TOKENS), (KernelSetup(8, "hosts", host_chips=2), 2)],
+    [(None, NEW_TOKENS), (KernelSetup(8, "split"), 2), (KernelSetup(8, "hosts", host_chips=2), 2)],
     ids=["one-chip", "8-chips-split", "8-chips-hosts"],
 )  # fmt: skip
 def test_greedy_tokens_equal_the_references(tiny, setup, new_tokens):

@@ -157,9 +157,10 @@ def test_duplicate_experts_are_fetched_once():
     plan = build_plan(cfg, B, 32)
     per_expert = sum(1 for ld in plan.loads if ld.expert == 0) // cfg.num_layers  # tile DMAs of one expert
     slots = sum(1 for ld in plan.loads if ld.expert is not None) // per_expert  # min(B x k, E) per layer, summed
-    fixed = run_both(cfg, B, 2, knockout=frozenset({"router"}), prompt_len=[5, 9, 12, 3, 7, 11, 6, 10])
+    # one step counts the fixed routing's DMAs (every step's are the same); the routed run below takes two
+    fixed = run_both(cfg, B, 1, knockout=frozenset({"router"}), prompt_len=[5, 9, 12, 3, 7, 11, 6, 10])
     assert not fixed["races"] and fixed["diff"] < LOGIT_ATOL
-    assert fixed["df"].expert_dmas.tolist() == [cfg.num_layers * cfg.top_k * per_expert] * 2
+    assert fixed["df"].expert_dmas.tolist() == [cfg.num_layers * cfg.top_k * per_expert]
     r = run_both(cfg, B, 2, prompt_len=[5, 9, 12, 3, 7, 11, 6, 10], max_len=32)
     assert not r["races"] and r["diff"] < LOGIT_ATOL
     np.testing.assert_array_equal(np.stack(r["mk"]), np.stack(r["ref"]))

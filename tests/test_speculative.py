@@ -271,31 +271,22 @@ def test_speculation_refuses_bad_requests(pairs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name, drafter, prompts, new",
-    [
-        ("hf-eight-heads", "mtp", RAGGED, 3),
-        ("hf-eight-heads-dense", "ngram", RAGGED[3:], 6),
-    ],
-    ids=["moe-8-chips-mtp-b4", "dense-8-chips-ngram-b1"],
-)
-def test_cli_megakernel_speculation_gives_greedy_tokens(hf_checkpoint, hf_assistant, mk_json, name, drafter, prompts,
-                                                        new):  # fmt: skip
-    """``generate --engine megakernel --speculate ngram|mtp`` with the race detector on: 3 drafts a user verified in
-    one kernel call a round (experts split over 8 chips, attention by heads), the tokens of plain greedy decoding
-    (the reference's, which the parity tests hold to transformers'), users of ragged prompts accepting their own
-    counts. One chip's verification: notebook 10's parity cell (run by tests/test_notebooks.py)."""
+def test_cli_megakernel_speculation_gives_greedy_tokens(hf_checkpoint, hf_assistant, mk_json):
+    """``generate --engine megakernel --speculate mtp`` with the race detector on: 3 drafts a user verified in one
+    kernel call a round (experts split over 8 chips, attention by heads; the MoE's shared MLP is the dense model's
+    MLP, so a dense model's verification runs here too), the tokens of plain greedy decoding (the reference's, which
+    the parity tests hold to transformers'), users of ragged prompts accepting their own counts. One chip's
+    verification of a dense model's ngram drafts: notebook 10's parity cell (run by tests/test_notebooks.py)."""
+    from mk.generate import generate
     from mk.weights import load_checkpoint
 
+    name, prompts, new = "hf-eight-heads", RAGGED, 3
     folder, _ = hf_checkpoint(name)
     cfg, params = load_checkpoint(folder)
-    from mk.generate import generate
-
     plain = generate(params, cfg, prompts, new).tolist()
-    extra = ["--assistant", hf_assistant(name)[0]] if drafter == "mtp" else []
     got = mk_json("generate", "--checkpoint", folder, "--prompt-ids", ";".join(",".join(map(str, p)) for p in prompts),
                   "--new-tokens", new, "--engine", "megakernel", "--chips", 8, "--detect-races", "--json",
-                  "--speculate", drafter, "--draft-tokens", 3, *extra)  # fmt: skip
+                  "--speculate", "mtp", "--draft-tokens", 3, "--assistant", hf_assistant(name)[0])  # fmt: skip
     assert got["tokens"] == plain and got["races"] is False
     assert all(r + a >= new - 1 for r, a in zip(got["rounds"], got["accepted"]))
 
