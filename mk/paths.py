@@ -28,6 +28,7 @@ MEASURED_DIR = DATA_DIR / "measured"  # rows measured by this code, each with it
 BENCH_CSV = MEASURED_DIR / "bench.csv"  # the CPU bench
 GPU_CSV = MEASURED_DIR / "gpu.csv"  # the reference beside transformers on one GPU
 TPU_CSV = MEASURED_DIR / "tpu.csv"  # the megakernel beside the reference on a TPU slice
+TPU_OPS_CSV = MEASURED_DIR / "tpu_ops.csv"  # the longest ops of profiled TPU steps (mk.measure.on_chip)
 TPU_HBM_CSV = MEASURED_DIR / "tpu_hbm.csv"  # a TPU chip's HBM read rate, by method and size (mk.measure.hbm)
 KERNEL_REVISIONS_CSV = DATA_DIR / "kernel_revisions.csv"  # each revision of the megakernel's code, what changed
 SCHEDULE_DIR = DATA_DIR / "schedule"  # the TPU compiler's schedule of the megakernel, one CSV a plan and libtpu

@@ -1,4 +1,4 @@
-"""``python -m mk tpu-smoke`` (mk.measure.tpu): refused in one line without a TPU; the whole path run once over 8
+"""``python -m mk tpu-smoke`` (mk.measure.smoke): refused in one line without a TPU; the whole path run once over 8
 simulated chips (the kernel in Pallas TPU interpret mode, races checked), its rows labelled as the CPU's; which
 engines are timed together; bad input refused."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from mk.__main__ import main
 from mk.config import FULL, TINY_MOE
-from mk.measure import tpu as tpu_smoke
+from mk.measure import smoke
 
 ROOT = Path(__file__).resolve().parent.parent
 # One full layer of the tiny MoE: the interpreted 8-chip step is the run's cost (~5 s a call on 2 cores).
@@ -58,12 +58,12 @@ def test_bad_input_gets_one_line_and_exit_2(capsys, args, message):
 def test_engines_are_timed_together_where_they_fit_else_beside_the_reference_else_alone():
     gb = 1e9
     needs = {"reference": (6 * gb, 0), "megakernel[whole]": (7 * gb, 2 * gb), "megakernel[split]": (9 * gb, 2 * gb)}
-    assert tpu_smoke.groups_that_fit(needs, None) == ([list(needs)], {})
-    assert tpu_smoke.groups_that_fit(needs, 24 * gb) == ([list(needs)], {})
+    assert smoke.groups_that_fit(needs, None) == ([list(needs)], {})
+    assert smoke.groups_that_fit(needs, 24 * gb) == ([list(needs)], {})
     pairs = [["reference", "megakernel[whole]"], ["reference", "megakernel[split]"]]
-    assert tpu_smoke.groups_that_fit(needs, 17 * gb) == (pairs, {})
-    assert tpu_smoke.groups_that_fit(needs, 13 * gb) == ([[e] for e in needs], {})
-    groups, skipped = tpu_smoke.groups_that_fit(needs, 10 * gb)
+    assert smoke.groups_that_fit(needs, 17 * gb) == (pairs, {})
+    assert smoke.groups_that_fit(needs, 13 * gb) == ([[e] for e in needs], {})
+    groups, skipped = smoke.groups_that_fit(needs, 10 * gb)
     assert groups == [["reference"], ["megakernel[whole]"]]
     assert skipped == {"megakernel[split]": "needs 11.0 GB per chip, 10.0 GB usable"}
 
@@ -76,23 +76,25 @@ def test_a_run_over_simulated_chips_checks_times_and_writes_rows_labelled_as_the
     over the devices by GSPMD), rows appended to a CSV. The speed of light is a v5e-2's, given: the CPU is no
     chip in chips.csv."""
     out = tmp_path / "measured" / "tpu.csv"
-    r = tpu_smoke.run(
-        ONE_LAYER,
-        ONE_LAYER,
-        context=32,
-        placements=("whole",),
-        chips=2,
-        budget_s=600,
-        out=out,
-        require_tpu=False,
-        chip="tpu-v5e",
-        parity_tokens=2,
-        min_rounds=3,
-        max_rounds=3,
-        quiet=True,
-        families=(),  # every family's check on one chip: tests/test_tpu_runs.py
-        formats=(),
-        steps=2,
+    r = smoke.run(
+        smoke.SmokeRun(
+            ONE_LAYER,
+            ONE_LAYER,
+            context=32,
+            placements=("whole",),
+            chips=2,
+            budget_s=600,
+            out=out,
+            require_tpu=False,
+            chip="tpu-v5e",
+            parity_tokens=2,
+            min_rounds=3,
+            max_rounds=3,
+            quiet=True,
+            families=(),  # every family's check on one chip: tests/test_tpu_runs.py
+            formats=(),
+            steps=2,
+        )
     )
     assert not r.failed and not r.notes, r.notes
     (check,) = r.parity
@@ -101,7 +103,7 @@ def test_a_run_over_simulated_chips_checks_times_and_writes_rows_labelled_as_the
     assert os.listdir(out.parent) == ["tpu.csv"]  # no temporary file left beside it
     with open(out, newline="") as f:
         reader = csv.DictReader(f)
-        assert tuple(reader.fieldnames) == tpu_smoke.COLUMNS
+        assert tuple(reader.fieldnames) == smoke.COLUMNS
         rows = {row["engine"]: row for row in reader}
     assert set(rows) == {"reference", "megakernel"}
     ref, mk = rows["reference"], rows["megakernel"]
@@ -124,5 +126,5 @@ def test_a_run_over_simulated_chips_checks_times_and_writes_rows_labelled_as_the
         assert int(row["bytes_per_token"]) > 0
         assert row["steps_back_to_back"] == "2" and 0 < float(row["device_step_ms"])
         assert row["limit_GBps"] == "" and row["profile_source"] == "not profiled"  # no TPU measured on a CPU
-    assert "tiny-moe-1-layer" in tpu_smoke.text(r) and "parity: whole held" in tpu_smoke.text(r)
+    assert "tiny-moe-1-layer" in smoke.text(r) and "parity: whole held" in smoke.text(r)
     assert json.loads(json.dumps(r.to_dict()))["csv"] == str(out)  # what --json prints

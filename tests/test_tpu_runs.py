@@ -8,7 +8,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from mk.chips import measured_limit
-from mk.config import FULL, TINY_DENSE
+from mk.config import FULL, LAYER_PAIR, TINY_DENSE, with_layers
 from mk.measure import hbm, on_chip, tpu_runs
 from mk.measure.on_chip import Case, Cell
 
@@ -78,7 +78,7 @@ def test_a_measured_limit_is_the_best_device_rate_of_a_gib_or_more(tmp_path):
 
 def test_the_table_plans_each_engines_bytes_before_it_allocates():
     cell = Cell(32768, 8)
-    pair = Case("gemma4-26b-a4b", on_chip.PAIR)
+    pair = Case("gemma4-26b-a4b", LAYER_PAIR)
     ref, ref_extra = on_chip.planned_bytes(pair, "reference", cell)
     mk, mk_extra = on_chip.planned_bytes(pair, "megakernel", cell)
     assert 3e9 < ref < mk < 1.2 * ref  # the kernel's layout pads; both hold the pair's weights and a 32K cache
@@ -88,7 +88,7 @@ def test_the_table_plans_each_engines_bytes_before_it_allocates():
     )  # the reference's peak: its last layer's; the kernel's: one in flight
     assert pair.config().layer_types == ("sliding", "full") and pair.config().name == "gemma4-26b-a4b[sliding+full]"
     with pytest.raises(ValueError, match="no sliding and full layer"):
-        on_chip.case_config("llama-3.2-1b", on_chip.PAIR)
+        with_layers("llama-3.2-1b", LAYER_PAIR)
     stand_in = Case("gemma4-26b-a4b", setup="write-up")
     assert stand_in.engines == ("megakernel",) and stand_in.kernel_setup().loopback
     whole = on_chip.planned_bytes(Case("gemma4-26b-a4b"), "reference", Cell(1024, 1))[0]

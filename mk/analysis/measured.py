@@ -6,40 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..chips import get_chip
-from ..config import get_config
-from ..timing import kernel_cost, predict
-
-
-def xla_comparison(model: str, chip: str, context: int = 1024, batch: int = 1) -> pd.DataFrame:
-    """Per component of one step on ONE chip of ``chip``'s kind holding the whole model: XLA's TPU cost model
-    on straight-line programs (mk.measure.xla_cost, compiled ahead of time by libtpu) beside the timing
-    model's general-stack work for the same component (its kernels' bytes and matrix time, no per-kernel
-    cost: XLA's model charges none) and the speed of light's bytes time, with the error model / XLA - 1."""
-    from ..measure.xla_cost import per_step, xla_costs
-    from ..sol import bytes_per_token
-
-    cfg, one = get_config(model), get_chip(get_chip(chip).base)
-    xla = per_step(xla_costs(cfg, chip, context, batch, progress=False), cfg).set_index("component")
-    work = predict(cfg, one, context, batch, "general", kernel_s=0.0).components
-    bc = bytes_per_token(cfg, context, batch).by_component
-    kv = {"sliding_attention": "kv_sliding", "full_attention": "kv_full"}
-    rows = []
-    for component, xla_s in xla["optimal_s"].items():
-        nbytes = bc.get(component, 0.0) + bc.get(kv.get(component, ""), 0.0)
-        modelled = work.get(component, 0.0)
-        rows.append(
-            dict(
-                model=model,
-                chip=one.name,
-                component=component,
-                xla_ms=xla_s * 1e3,
-                modelled_ms=modelled * 1e3,
-                sol_ms=nbytes / one.hbm_bandwidth * 1e3,
-                error=modelled / xla_s - 1,
-            )
-        )
-    return pd.DataFrame(rows).assign(kind="modelled (mk.timing) vs modelled (XLA TPU cost model)")
+from ..timing import kernel_cost
 
 
 def measured_comparison(paths=None) -> pd.DataFrame:

@@ -15,9 +15,9 @@ import statistics
 import pandas as pd
 
 from ..chips import get_chip, measured_limit
+from ..config import with_layers
 from ..kernel_setup import SETUPS, WORKBOOK_KERNEL
-from ..measure.on_chip import OPS_CSV
-from ..paths import MEASURED_DIR, TPU_CSV
+from ..paths import MEASURED_DIR, TPU_CSV, TPU_OPS_CSV
 from ..sol import kv_bytes_per_user
 from ..timing import MODELLED, predict
 
@@ -55,7 +55,7 @@ def _uncharged_ms(row) -> tuple[float, float] | None:
 def _uncharged(row) -> str:
     got = _uncharged_ms(row)
     if got is None:
-        return f"this cell has no op profile ({OPS_CSV})"
+        return f"this cell has no op profile ({TPU_OPS_CSV.name})"
     return f"its op profile on the chip: {got[0]:.2f} ms in while loops, {got[1]:.2f} ms waiting on copies"
 
 
@@ -65,7 +65,8 @@ def _cache_writes(row) -> str:
     miss = row["device_ms"] - row["modelled_ms"]
     got = _uncharged_ms(row)
     if got is None:
-        return f"{UNEXPLAINED}: XLA takes {miss:.2f} ms over the model; this cell has no op profile ({OPS_CSV})"
+        missing = f"this cell has no op profile ({TPU_OPS_CSV.name})"
+        return f"{UNEXPLAINED}: XLA takes {miss:.2f} ms over the model; {missing}"
     loops, copies = got
     text = (
         f"XLA's op profile on the chip: {loops:.2f} ms in while loops and {copies:.2f} ms waiting on copies, which the "
@@ -100,7 +101,7 @@ def _growth(row) -> str:
     ms = profile_categories(row, t)
     shorter = t[_matching(t, row, ["engine", "model", "dtype", "setup", "batch"]) & (t.context < row["context"])]
     if ms is None or shorter.empty:
-        return f"no op profile of this cell and of a shorter context ({OPS_CSV})"
+        return f"no op profile of this cell and of a shorter context ({TPU_OPS_CSV.name})"
     c0 = int(shorter.context.max())
     grown = ms.sub(profile_categories(dict(row, context=c0), t), fill_value=0.0).sort_values(ascending=False)
     return (f"its op profile on the chip, against {c0 // 1024}K positions': the step {grown.sum():+.2f} ms, "
@@ -123,10 +124,8 @@ COLUMNS = [
 
 
 def _config(r):
-    from ..measure.on_chip import case_config
-
     layers = r["layers"]
-    return case_config(r["base_model"], None if layers == "all" else int(layers) if str(layers).isdigit() else layers)
+    return with_layers(r["base_model"], None if layers == "all" else int(layers) if str(layers).isdigit() else layers)
 
 
 def _stand_in_setup(label: str):
@@ -298,7 +297,7 @@ def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) ->
 def op_profiles(path=None) -> pd.DataFrame:
     """Where each profiled step's device time went (data/measured/tpu_ops.csv; ``python -m mk tpu-measure`` writes it
     beside tpu.csv): each op category's total and the longest ops, microseconds a step, of a cell's newest profile."""
-    path = TPU_CSV.with_name(OPS_CSV) if path is None else path
+    path = TPU_OPS_CSV if path is None else path
     if not path.exists():
         return pd.DataFrame()
     t = pd.read_csv(path)

@@ -162,7 +162,7 @@ def _run_measure(a) -> None:
 
 # tpu-smoke ---------------------------------------------------------------------------------------
 def add_tpu_smoke(sub) -> None:
-    from ..measure.tpu import PLACEMENTS
+    from ..measure.smoke import PLACEMENTS
     from ..paths import TPU_CSV
 
     p = sub.add_parser(
@@ -195,25 +195,27 @@ def add_tpu_smoke(sub) -> None:
 
 
 def _run_tpu_smoke(a) -> None:
-    from ..measure import tpu as tpu_smoke
+    from ..measure import smoke
 
     placements = tuple(p.strip() for p in a.placements.split(",") if p.strip())
     try:
-        r = tpu_smoke.run(
-            a.model,
-            a.parity_model,
-            a.context,
-            a.batch,
-            placements,
-            a.chips,
-            a.budget_s,
-            None if a.no_csv else a.out,
-            chip=a.chip,
+        r = smoke.run(
+            smoke.SmokeRun(
+                a.model,
+                a.parity_model,
+                a.context,
+                a.batch,
+                placements,
+                a.chips,
+                a.budget_s,
+                None if a.no_csv else a.out,
+                chip=a.chip,
+            )
         )
-    except tpu_smoke.NoTPU as e:
+    except smoke.NoTPU as e:
         print(e, file=sys.stderr)
         raise SystemExit(2) from None
-    show(r.to_dict(), a.json, tpu_smoke.text(r))
+    show(r.to_dict(), a.json, smoke.text(r))
     if r.failed:  # parity did not hold, an engine failed, or nothing was timed
         raise SystemExit(1)
 

@@ -40,7 +40,7 @@ from .presets import (
     TINY_MOE,
     TINY_QWEN3_MOE,
 )
-from .resolve import get_config, is_hub_id, load_hf_config, read_config_json
+from .resolve import LAYER_PAIR, get_config, is_hub_id, load_hf_config, read_config_json, with_layers
 
 __all__ = [
     "ACTIVATIONS",
@@ -54,6 +54,7 @@ __all__ = [
     "GEMMA4",
     "GEMMA4_26B_A4B",
     "GEMMA4_31B",
+    "LAYER_PAIR",
     "LAYER_TYPES",
     "PLANNED_FAMILIES",
     "PRESETS",
@@ -79,4 +80,5 @@ __all__ = [
     "load_hf_config",
     "read_config_json",
     "to_hf_dict",
+    "with_layers",
 ]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..paths import CONFIGS_DIR
 from .hf import from_hf_dict
-from .model import ModelConfig
+from .model import FULL, SLIDING, ModelConfig
 from .presets import PRESETS
 
 
@@ -25,6 +25,24 @@ def get_config(model: str | Path | ModelConfig) -> ModelConfig:
     if found is None:
         raise ValueError(_unknown_model(model))
     return from_hf_dict(*found)
+
+
+# a model's first sliding and first full layer at full width: a context's cost on a model whose every layer is read,
+# at the weights' real shapes
+LAYER_PAIR = "sliding+full"
+
+
+def with_layers(model: str | Path | ModelConfig, layers: int | str | None) -> ModelConfig:
+    """``model`` (as :func:`get_config` takes it) whole (``layers`` None or ``"all"``), its first ``layers``, or its
+    first sliding and first full layer (``LAYER_PAIR``)."""
+    cfg = get_config(model)
+    if layers is None or layers == "all":
+        return cfg
+    if layers == LAYER_PAIR:
+        if SLIDING not in cfg.layer_types or FULL not in cfg.layer_types:
+            raise ValueError(f"{cfg.name} has no sliding and full layer to pair; give a layer count")
+        return cfg.replace(name=f"{cfg.name}[{LAYER_PAIR}]", layer_types=(SLIDING, FULL), dense_layers=())
+    return cfg.truncated(int(layers))
 
 
 def _unknown_model(model) -> str:

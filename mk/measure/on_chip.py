@@ -16,7 +16,7 @@ and truncations that fit the chip, at several contexts and batches; and chip 0 o
   time, ``step_ms``) and ``STEPS_BACK_TO_BACK`` steps dispatched back to back and waited on once (the device's,
   ``device_step_ms``), medians with 95% intervals; then each engine's steps in a profiler trace (its device plane's
   program time, ``profiled_step_ms``, where the profiler gives one; and where that time went, each op category's total
-  and the longest ops, to ``OPS_CSV`` beside the rows).
+  and the longest ops, to ``tpu_ops.csv`` beside the rows).
 - **Limits**: each row's step against the speed of light at the chip's spec bandwidth and at its measured limit
   (mk.chips.measured_limit), for the host's and the device's times.
 """
@@ -33,9 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import FULL, SLIDING, ModelConfig, get_config
+from ..config import ModelConfig, get_config, with_layers
 from ..files import append_csv_rows
 from ..kernel_setup import ONE_CHIP, SETUPS
+from ..paths import TPU_OPS_CSV
 from ..progress import Log
 from ..sol import bytes_per_token
 from .harness import (
@@ -54,7 +55,6 @@ STAND_INS = ("write-up", "workbook")  # the kernel setups a stand-in for chip 0 
 SLICE = 8  # the stand-in's slice: the write-up's v5e-8
 STEPS_BACK_TO_BACK = 20
 CELL_BUDGET_S = 4.0
-PAIR = "sliding+full"
 COLUMNS = columns(
     "base_model",
     "layers",
@@ -77,7 +77,6 @@ COLUMNS = columns(
 # Where each measured step's device time went (tpu_ops.csv beside tpu.csv): each op category's total and the longest
 # TOP_OPS ops, from the same trace as profiled_step_ms.
 TOP_OPS = 12
-OPS_CSV = "tpu_ops.csv"
 OP_COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit", "engine", "model", "dtype", "setup",
               "context", "batch", "what", "name", "hlo_category", "tf_op", "runs", "us", "share")  # fmt: skip
 
@@ -95,7 +94,8 @@ def grid(contexts=(1024, 8192, 32768), batches=(1, 4, 8), long=(131072,)) -> tup
 
 @dataclass(frozen=True)
 class Case:
-    """A model measured on one chip (the module's docstring): ``layers`` None (all), n (the first n), or ``PAIR``."""
+    """A model measured on one chip (the module's docstring): ``layers`` None (all), n (the first n), or
+    ``LAYER_PAIR`` (mk.config.with_layers)."""
 
     model: str | ModelConfig
     layers: int | str | None = None
@@ -105,7 +105,7 @@ class Case:
     alone: str | None = None  # one engine only (a model too big for both): not interleaved, said so in its row
 
     def config(self) -> ModelConfig:
-        return case_config(self.model, self.layers)
+        return with_layers(self.model, self.layers)
 
     @property
     def layers_label(self) -> str:
@@ -125,19 +125,6 @@ class Case:
         if self.setup == ONE_CHIP_SETUP:
             return ONE_CHIP
         return SETUPS[self.setup].on(SLICE).replace(loopback=True)
-
-
-def case_config(model: str | ModelConfig, layers) -> ModelConfig:
-    """``model`` (a preset or data/configs name) whole, its first ``layers``, or its first sliding and first full layer
-    at full width (``PAIR``: a context's cost on a model whose every layer is read, at the weights' real shapes)."""
-    cfg = get_config(model)
-    if layers is None or layers == "all":
-        return cfg
-    if layers == PAIR:
-        if SLIDING not in cfg.layer_types or FULL not in cfg.layer_types:
-            raise ValueError(f"{cfg.name} has no sliding and full layer to pair; give a layer count")
-        return cfg.replace(name=f"{cfg.name}[{PAIR}]", layer_types=(SLIDING, FULL), dense_layers=())
-    return cfg.truncated(int(layers))
 
 
 # Memory ---------------------------------------------------------------------------------------------------------
@@ -408,7 +395,7 @@ def measure_case(case: Case, out=None, seed: int = 0, budget_s: float = CELL_BUD
             if out is not None:
                 append_csv_rows(got, Path(out), COLUMNS, "an on-chip row")
                 if ops:
-                    append_csv_rows(ops, Path(out).with_name(OPS_CSV), OP_COLUMNS, "an op-profile row")
+                    append_csv_rows(ops, Path(out).with_name(TPU_OPS_CSV.name), OP_COLUMNS, "an op-profile row")
     finally:
         engines.close()
     return rows, notes

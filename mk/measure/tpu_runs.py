@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 
 from ..chips import measured_limit
+from ..config import LAYER_PAIR
 from ..files import append_csv_rows
 from ..paths import MEASURED_DIR
 from ..progress import Log
 from ..tpu import on_tpu
 from . import chip_parity, hbm, on_chip
 from .harness import provenance
-from .on_chip import PAIR, Case, Cell, grid
+from .on_chip import Case, Cell, grid
 
 PARTS = ("parity", "hbm", "table")
 CONTEXTS, BATCHES = (1024, 8192, 32768), (1, 4, 8)
@@ -45,11 +46,11 @@ LLAMA_ALONE = (Cell(32768, 4), Cell(32768, 8), Cell(131072, 1))
 # each engine alone, and llama-3.2-1b's long or many-user cells alone.
 TABLE = (
     Case("llama-3.2-1b", cells=grid(CONTEXTS, BATCHES, long=(131072,))),
-    Case("gemma4-26b-a4b", PAIR, cells=CROSS + (Cell(131072, 1),)),
-    Case("gemma4-31b", PAIR, cells=CROSS + (Cell(131072, 1),)),
+    Case("gemma4-26b-a4b", LAYER_PAIR, cells=CROSS + (Cell(131072, 1),)),
+    Case("gemma4-31b", LAYER_PAIR, cells=CROSS + (Cell(131072, 1),)),
     Case("gemma4-26b-a4b", None, setup="write-up", cells=ONE_USER[:2] + (Cell(1024, 8),)),
     Case("gemma4-26b-a4b", None, setup="workbook", cells=ONE_USER[:2] + (Cell(1024, 8),)),
-    Case("gemma4-26b-a4b", PAIR, dtype="bf16+int8-experts", cells=CROSS + (Cell(131072, 1),)),
+    Case("gemma4-26b-a4b", LAYER_PAIR, dtype="bf16+int8-experts", cells=CROSS + (Cell(131072, 1),)),
     Case("qwen3-8b", 8, cells=CROSS),
     *(Case(m, n, alone=e, cells=ONE_USER[:1]) for m, n in TRUNCATIONS for e in ("megakernel", "reference")),
     # cells whose caches do not fit both engines at once: each engine alone, where it fits

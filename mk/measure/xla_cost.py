@@ -57,12 +57,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Callable
 
 import pandas as pd
 
-from ..config import FULL, GEMMA4, SLIDING, ModelConfig
+from ..chips import get_chip
+from ..config import FULL, GEMMA4, SLIDING, ModelConfig, get_config
 from ..params import (
     EXPERTS,
     HEAD,
@@ -73,6 +74,8 @@ from ..params import (
     attention_component,
     layer_param_specs,
 )
+from ..sol import bytes_per_token
+from ..timing import predict
 from ..units import positive_int
 
 KIND = "modelled (XLA TPU cost model)"
@@ -117,55 +120,75 @@ def layer_counts(cfg: ModelConfig) -> dict[str, int]:
     }
 
 
-def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) -> dict[str, Program]:
-    """The straight-line programs of one decode step of ``cfg`` for one chip (bf16, full-size shapes), by
-    name: ``sliding_attention``, ``full_attention`` (those the model has), ``shared_mlp``, ``router`` and
-    ``experts`` (MoE), ``norms`` (one layer's), ``final_norm`` (component ``norms``, once per step), ``head``.
-    ``context``: positions in the cache (a sliding layer attends over ``min(context, window)`` of them)."""
-    import jax
+@dataclass(frozen=True)
+class _StepShapes:
+    """What the programs of one step are built from: the model, its users and positions, mk.sol's bytes of each
+    component, and how often each kind of program runs (bf16, full-size, no device)."""
+
+    cfg: ModelConfig
+    batch: int
+    context: int
+
+    @cached_property
+    def sol(self) -> dict[str, float]:
+        return bytes_per_token(self.cfg, self.context, self.batch, "bf16").by_component
+
+    @cached_property
+    def counts(self) -> dict[str, int]:
+        return layer_counts(self.cfg)
+
+    def sds(self, shape, dtype=None):
+        import jax
+        import jax.numpy as jnp
+
+        return jax.ShapeDtypeStruct(tuple(shape), jnp.bfloat16 if dtype is None else dtype)
+
+    @property
+    def stream(self):
+        """The residual stream of the users, ``[B, 1, hidden]``."""
+        return self.sds((self.batch, 1, self.cfg.hidden_size))
+
+    @property
+    def flat(self):
+        return self.sds((self.batch, self.cfg.hidden_size))
+
+    def layer(self, i: int, component: str, names=None) -> dict:
+        """Layer i's tensors of ``component`` (or those ``names``), by short name, in the decode layout."""
+        import jax
+
+        from .. import reference as R
+
+        specs = [
+            s
+            for s in layer_param_specs(self.cfg, i)
+            if (s.component == component if names is None else s.path.rsplit(".", 1)[1] in names)
+        ]
+        tree = {s.path: self.sds(s.shape) for s in specs}
+        prepared = jax.eval_shape(partial(R.prepare, cfg=self.cfg), tree)
+        return {k.rsplit(".", 1)[1]: v for k, v in prepared.items() if k != R.PREPARED}
+
+
+def _attention_programs(s: _StepShapes) -> dict[str, Program]:
+    """One layer of each attention kind the model has: q/k/v with norms and RoPE, the new K/V written into the
+    donated cache, attention over the layer's cached positions, the o projection."""
     import jax.numpy as jnp
 
     from .. import blocks, reference as R
-    from ..sol import bytes_per_token
 
-    _check(cfg, context, batch)
-    dt = jnp.bfloat16
-    B, H, V = batch, cfg.hidden_size, cfg.vocab_size
-    counts = layer_counts(cfg)
-    sol = bytes_per_token(cfg, context, batch, "bf16").by_component
-    ko = frozenset()
-
-    def sds(shape, dtype=dt):
-        return jax.ShapeDtypeStruct(tuple(shape), dtype)
-
-    def layer_shapes(i: int, component: str, names=None) -> dict:
-        """Layer i's tensors of ``component`` (or named), by short name, in the decode layout."""
-        specs = [
-            s
-            for s in layer_param_specs(cfg, i)
-            if (s.component == component if names is None else s.path.rsplit(".", 1)[1] in names)
-        ]
-        tree = {s.path: sds(s.shape) for s in specs}
-        prepared = jax.eval_shape(partial(R.prepare, cfg=cfg), tree)
-        return {k.rsplit(".", 1)[1]: v for k, v in prepared.items() if k != R.PREPARED}
-
-    x = sds((B, 1, H))
-    pos = sds((B,), jnp.int32)
-    progs: dict[str, Program] = {}
-
-    # Attention, one layer of each kind ------------------------------------------------------------
+    cfg, progs = s.cfg, {}
+    pos = s.sds((s.batch,), jnp.int32)
     for t in (SLIDING, FULL):
         layers = cfg.sliding_layers if t == SLIDING else cfg.full_layers
         if not layers:
             continue
         comp = attention_component(t)
-        p = layer_shapes(layers[0], comp, names=("q", "k", "v", "o", "q_norm", "k_norm"))
-        S = cfg.cache_positions(t, context)
-        cache = sds((B, cfg.kv_heads(t), S, cfg.head_dim(t)))
+        p = s.layer(layers[0], comp, names=("q", "k", "v", "o", "q_norm", "k_norm"))
+        positions = cfg.cache_positions(t, s.context)
+        cache = s.sds((s.batch, cfg.kv_heads(t), positions, cfg.head_dim(t)))
         kv_name = "kv_sliding" if t == SLIDING else "kv_full"
 
-        def attention(p, xn, k_cache, v_cache, pos, t=t, S=S):
-            q, k, v = blocks.qkv(p, cfg, t, xn, pos[:, None], ko, blocks.matmul_t)
+        def attention(p, xn, k_cache, v_cache, pos, t=t, S=positions):
+            q, k, v = blocks.qkv(p, cfg, t, xn, pos[:, None], frozenset(), blocks.matmul_t)
             slot = pos % S  # a sliding layer's ring (S = window once the context fills it); a full layer's pos
             k_cache = R.write_slots(k_cache, k.transpose(0, 2, 1, 3).astype(k_cache.dtype), slot)
             v_cache = R.write_slots(v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), slot)
@@ -173,60 +196,67 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
             attn = blocks.matmul_t(blocks.attend_one(q, k_cache, v_cache, mask, cfg.score_scale(t)), p["o"])
             return attn, k_cache, v_cache
 
+        runs = s.counts[str(t)]
         progs[comp] = Program(
             comp,
             comp,
             str(t),
             attention,
-            (p, x, cache, cache, pos),
+            (p, s.stream, cache, cache, pos),
             donate_argnums=(2, 3),
-            sol_weight_bytes=sol[comp] / counts[str(t)],
-            sol_kv_bytes=sol[kv_name] / counts[str(t)],
+            sol_weight_bytes=s.sol[comp] / runs,
+            sol_kv_bytes=s.sol[kv_name] / runs,
         )
+    return progs
 
-    # The FFN block, one layer --------------------------------------------------------------------
-    L = cfg.num_layers
-    mlp = layer_shapes(0, SHARED_MLP)
+
+def _ffn_programs(s: _StepShapes) -> dict[str, Program]:
+    """One layer's shared MLP (a dense model's only MLP) and, for a MoE, its router and routed experts."""
+    import jax.numpy as jnp
+
+    from .. import blocks
+
+    cfg, L = s.cfg, s.cfg.num_layers
 
     def shared_mlp(p, h):
         return blocks.mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], blocks.matmul_t)
 
-    progs[SHARED_MLP] = Program(
-        SHARED_MLP, SHARED_MLP, PER_LAYER, shared_mlp, (mlp, x), sol_weight_bytes=sol[SHARED_MLP] / L
-    )
-
-    if cfg.is_moe:
-        E, k, I = cfg.num_experts, cfg.top_k, cfg.expert_intermediate
-        router = layer_shapes(0, ROUTER)
-        flat = sds((B, H))
-
-        def route(p, x):
-            return blocks.route(p, cfg, x, ko, blocks.matmul_t)
-
-        progs[ROUTER] = Program(ROUTER, ROUTER, PER_LAYER, route, (router, flat), sol_weight_bytes=sol[ROUTER] / L)
-
-        # the reference's program on a TPU: experts stacked, every expert matrix [intermediate, hidden] (gate and up
-        # [out, in], down [in, out]; mk.reference.prepare), each (user, slot)'s a dynamic slice read in place
-        experts = {"expert_gate": sds((E, I, H)), "expert_up": sds((E, I, H)), "expert_down": sds((E, I, H))}
-
-        def routed_experts(p, h, w, ids):
-            return blocks.experts_gathered(p, cfg, h, w, ids, blocks.matmul_t)
-
-        progs[EXPERTS] = Program(
-            EXPERTS,
-            EXPERTS,
-            PER_LAYER,
-            routed_experts,
-            (experts, flat, sds((B, k)), sds((B, k), jnp.int32)),
-            sol_weight_bytes=sol[EXPERTS] / L,
+    mlp = s.layer(0, SHARED_MLP)
+    progs = {
+        SHARED_MLP: Program(
+            SHARED_MLP, SHARED_MLP, PER_LAYER, shared_mlp, (mlp, s.stream), sol_weight_bytes=s.sol[SHARED_MLP] / L
         )
+    }
+    if not cfg.is_moe:
+        return progs
 
-    # Norms: one layer's residual wiring, and the final norm ----------------------------------------
+    def route(p, x):
+        return blocks.route(p, cfg, x, frozenset(), blocks.matmul_t)
+
+    def routed_experts(p, h, w, ids):
+        return blocks.experts_gathered(p, cfg, h, w, ids, blocks.matmul_t)
+
+    router = s.layer(0, ROUTER)
+    progs[ROUTER] = Program(ROUTER, ROUTER, PER_LAYER, route, (router, s.flat), sol_weight_bytes=s.sol[ROUTER] / L)
+    # the reference's program on a TPU: experts stacked, every expert matrix [intermediate, hidden] (gate and up
+    # [out, in], down [in, out]; mk.reference.prepare), each (user, slot)'s a dynamic slice read in place
+    stacked = s.sds((cfg.num_experts, cfg.expert_intermediate, cfg.hidden_size))
+    experts = {"expert_gate": stacked, "expert_up": stacked, "expert_down": stacked}
+    routes = (s.sds((s.batch, cfg.top_k)), s.sds((s.batch, cfg.top_k), jnp.int32))
+    progs[EXPERTS] = Program(
+        EXPERTS, EXPERTS, PER_LAYER, routed_experts, (experts, s.flat, *routes), sol_weight_bytes=s.sol[EXPERTS] / L
+    )
+    return progs
+
+
+def _norm_programs(s: _StepShapes) -> dict[str, Program]:
+    """One layer's residual wiring (component ``norms``) and the final norm, once per step."""
+    from .. import blocks
+
+    cfg, eps, x = s.cfg, s.cfg.rms_eps, s.stream
     norm_names = ["input_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "layer_scalar"]
     if cfg.is_moe:
         norm_names += ["pre_ffn_norm_2", "post_ffn_norm_1", "post_ffn_norm_2"]
-    norms = layer_shapes(0, NORMS, names=norm_names)
-    eps = cfg.rms_eps
 
     def layer_norms(p, x, attn, mlp, moe):
         """What mk.plan's Norm(input_norm), AttentionResidual and FfnResidual compute (mk.reference's
@@ -242,31 +272,44 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
         x = (x + blocks.rms_norm(ffn, p["post_ffn_norm"], eps)) * p["layer_scalar"].astype(x.dtype)
         return xn, h, h2, x
 
-    final_bytes = H * 2  # final_norm in bf16
-    progs[NORMS] = Program(
-        NORMS,
-        NORMS,
-        PER_LAYER,
-        layer_norms,
-        (norms, x, x, x, x if cfg.is_moe else None),
-        sol_weight_bytes=(sol[NORMS] - final_bytes) / L,
-    )
-
     def final_norm(w, x):
         return blocks.rms_norm(x, w, eps)
 
-    progs["final_norm"] = Program(
-        "final_norm", NORMS, PER_STEP, final_norm, (sds((H,)), sds((B, H))), sol_weight_bytes=final_bytes
-    )
+    final_bytes = cfg.hidden_size * 2  # final_norm in bf16
+    norms = s.layer(0, NORMS, names=norm_names)
+    args = (norms, x, x, x, x if cfg.is_moe else None)
+    layer_bytes = (s.sol[NORMS] - final_bytes) / cfg.num_layers
+    return {
+        NORMS: Program(NORMS, NORMS, PER_LAYER, layer_norms, args, sol_weight_bytes=layer_bytes),
+        "final_norm": Program(
+            "final_norm", NORMS, PER_STEP, final_norm, (s.sds((cfg.hidden_size,)), s.flat), sol_weight_bytes=final_bytes
+        ),
+    }
 
-    # The head: logits of the whole vocabulary, softcap, argmax ----------------------------------
+
+def _head_program(s: _StepShapes) -> Program:
+    """The logits of the whole vocabulary, the softcap, the argmax (the greedy token)."""
+    import jax.numpy as jnp
+
+    from .. import blocks
+
     def head(embed, h):
-        # the final norm is its own program above: mk.reference's _head with norms switched off
-        logits = blocks.head({"embed": embed, "final_norm": None}, cfg, h, frozenset({NORMS}))
+        # the final norm is its own program: mk.reference's _head with norms switched off
+        logits = blocks.head({"embed": embed, "final_norm": None}, s.cfg, h, frozenset({NORMS}))
         return jnp.argmax(logits, axis=-1)
 
-    progs[HEAD] = Program(HEAD, HEAD, PER_STEP, head, (sds((V, H)), sds((B, H))), sol_weight_bytes=sol[HEAD])
-    return progs
+    embed = s.sds((s.cfg.vocab_size, s.cfg.hidden_size))
+    return Program(HEAD, HEAD, PER_STEP, head, (embed, s.flat), sol_weight_bytes=s.sol[HEAD])
+
+
+def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) -> dict[str, Program]:
+    """The straight-line programs of one decode step of ``cfg`` for one chip (bf16, full-size shapes), by
+    name: ``sliding_attention``, ``full_attention`` (those the model has), ``shared_mlp``, ``router`` and
+    ``experts`` (MoE), ``norms`` (one layer's), ``final_norm`` (component ``norms``, once per step), ``head``.
+    ``context``: positions in the cache (a sliding layer attends over ``min(context, window)`` of them)."""
+    _check(cfg, context, batch)
+    s = _StepShapes(cfg, batch, context)
+    return {**_attention_programs(s), **_ffn_programs(s), **_norm_programs(s), HEAD: _head_program(s)}
 
 
 def _on_device(args, device):
@@ -377,3 +420,31 @@ def per_step(df: pd.DataFrame, cfg: ModelConfig) -> pd.DataFrame:
     out = out.sort_values("component", key=lambda s: s.map(order)).reset_index(drop=True)
     out["share"] = out["optimal_s"] / out["optimal_s"].sum()
     return out[["component", "runs", *scaled, "share", *keys]]
+
+
+def against_timing_model(model: str, chip: str, context: int = 1024, batch: int = 1) -> pd.DataFrame:
+    """Per component of one step on ONE chip of ``chip``'s kind holding the whole model: XLA's TPU cost model
+    on straight-line programs (:func:`xla_costs`, compiled ahead of time by libtpu) beside the timing
+    model's general-stack work for the same component (its kernels' bytes and matrix time, no per-kernel
+    cost: XLA's model charges none) and the speed of light's bytes time, with the error model / XLA - 1."""
+    cfg, one = get_config(model), get_chip(get_chip(chip).base)
+    xla = per_step(xla_costs(cfg, chip, context, batch, progress=False), cfg).set_index("component")
+    work = predict(cfg, one, context, batch, "general", kernel_s=0.0).components
+    bc = bytes_per_token(cfg, context, batch).by_component
+    kv = {"sliding_attention": "kv_sliding", "full_attention": "kv_full"}
+    rows = []
+    for component, xla_s in xla["optimal_s"].items():
+        nbytes = bc.get(component, 0.0) + bc.get(kv.get(component, ""), 0.0)
+        modelled = work.get(component, 0.0)
+        rows.append(
+            dict(
+                model=model,
+                chip=one.name,
+                component=component,
+                xla_ms=xla_s * 1e3,
+                modelled_ms=modelled * 1e3,
+                sol_ms=nbytes / one.hbm_bandwidth * 1e3,
+                error=modelled / xla_s - 1,
+            )
+        )
+    return pd.DataFrame(rows).assign(kind="modelled (mk.timing) vs modelled (XLA TPU cost model)")

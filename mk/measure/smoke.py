@@ -46,6 +46,7 @@ import gc
 import math
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import jax
@@ -131,10 +132,6 @@ class Result:
 
 
 # Checks -------------------------------------------------------------------------------------------------
-def _config(model: ModelConfig | str) -> ModelConfig:
-    return get_config(model) if isinstance(model, str) else model
-
-
 def placements_for(cfg: ModelConfig, chips: int, asked) -> tuple[str, ...]:
     """The expert placements to run ``cfg`` under on ``chips`` chips: those asked, for an MoE model over
     several chips; none otherwise. A placement the chips do not divide is refused (mk.sharding.chip_config)."""
@@ -146,22 +143,6 @@ def placements_for(cfg: ModelConfig, chips: int, asked) -> tuple[str, ...]:
     for p in asked:
         chip_config(cfg, KernelSetup(chips, p))
     return tuple(asked)
-
-
-def check_args(cfg, parity_cfg, context, batch, placements, chips, budget_s, dtype) -> None:
-    positive_int("context", context)
-    positive_int("batch", batch)
-    if chips is not None:
-        positive_int("chips", chips)
-    if not placements or any(p not in PLACEMENTS for p in placements) or len(set(placements)) != len(placements):
-        raise ValueError(f"placements must be some of {PLACEMENTS}, each once, got {placements!r}")
-    if dtype not in ARRAY_DTYPES:
-        raise ValueError(f"dtype must be one of {list(ARRAY_DTYPES)}, got {dtype!r}")
-    if not budget_s > 0:
-        raise ValueError(f"budget_s must be positive, got {budget_s!r}")
-    if chips is not None:  # refused before JAX looks for chips
-        for c in (cfg, parity_cfg):
-            placements_for(c, chips, placements)
 
 
 # Parity ---------------------------------------------------------------------------------------------------
@@ -352,76 +333,112 @@ def _runs_as(engine: Candidate, dev, chips: int) -> str:
 
 
 # The run ------------------------------------------------------------------------------------------------------
-def run(
-    model: ModelConfig | str = "gemma4-26b-a4b",
-    parity_model: ModelConfig | str = "cpu-moe",
-    context: int = 1024,
-    batch: int = 1,
-    placements=PLACEMENTS,
-    chips: int | None = None,
-    budget_s: float = 300.0,
-    out: Path | str | None = TPU_CSV,
-    require_tpu: bool = True,
-    chip: str | None = None,
-    dtype: str = "bf16",
-    seed: int = 0,
-    parity_tokens: int = PARITY_NEW_TOKENS,
-    min_rounds: int = 7,
-    max_rounds: int | None = None,
-    quiet: bool = False,
-    families=chip_parity.FAMILIES,
-    formats=chip_parity.FORMATS,
-    steps: int = STEPS_BACK_TO_BACK,
-) -> Result:
-    """Check the megakernel against the reference on this machine's chips and time both (module docstring);
-    append the rows to ``out`` (None: no file). ``require_tpu``: refuse (NoTPU) anywhere but on a TPU.
-    ``chip``: the speed of light's chip where the device is none of data/chips.csv's. ``min_rounds``,
-    ``max_rounds``: the timing loop's (None: mk.measure.loop.MAX_ROUNDS). ``families``, ``formats``: the tiny models
-    and formats checked on one chip first (mk.measure.chip_parity); ``steps``: dispatched back to back for the device's
-    time of a step."""
-    cfg, parity_cfg = _config(model), _config(parity_model)
-    placements = tuple(placements)
-    check_args(cfg, parity_cfg, context, batch, placements, chips, budget_s, dtype)
-    if chip is not None:
-        get_chip(chip)
-    if require_tpu and not on_tpu():
-        raise NoTPU(no_tpu_message())
-    log = Log(quiet)
-    deadline = log.t0 + budget_s
+@dataclass(frozen=True)
+class SmokeRun:
+    """What one ``tpu-smoke`` run checks and times (the module's docstring). ``out``: the CSV the rows are appended
+    to (None: no file); ``require_tpu``: refuse (NoTPU) anywhere but on a TPU; ``chip``: the speed of light's chip
+    where the device is none of data/chips.csv's; ``min_rounds``, ``max_rounds``: the timing loop's (None:
+    mk.measure.loop.MAX_ROUNDS); ``families``, ``formats``: the tiny models and formats checked on one chip first
+    (mk.measure.chip_parity); ``steps``: dispatched back to back for the device's time of a step. Checked when made."""
+
+    model: ModelConfig | str = "gemma4-26b-a4b"
+    parity_model: ModelConfig | str = "cpu-moe"
+    context: int = 1024
+    batch: int = 1
+    placements: tuple[str, ...] = PLACEMENTS
+    chips: int | None = None
+    budget_s: float = 300.0
+    out: Path | str | None = TPU_CSV
+    require_tpu: bool = True
+    chip: str | None = None
+    dtype: str = "bf16"
+    seed: int = 0
+    parity_tokens: int = PARITY_NEW_TOKENS
+    min_rounds: int = 7
+    max_rounds: int | None = None
+    quiet: bool = False
+    families: tuple[str, ...] = chip_parity.FAMILIES
+    formats: tuple[str, ...] = chip_parity.FORMATS
+    steps: int = STEPS_BACK_TO_BACK
+
+    def __post_init__(self):
+        object.__setattr__(self, "placements", tuple(self.placements))
+        cfgs = (self.cfg, self.parity_cfg)  # an unknown model is refused here
+        positive_int("context", self.context)
+        positive_int("batch", self.batch)
+        if self.chips is not None:
+            positive_int("chips", self.chips)
+        placements = self.placements
+        if not placements or any(p not in PLACEMENTS for p in placements) or len(set(placements)) != len(placements):
+            raise ValueError(f"placements must be some of {PLACEMENTS}, each once, got {placements!r}")
+        if self.dtype not in ARRAY_DTYPES:
+            raise ValueError(f"dtype must be one of {list(ARRAY_DTYPES)}, got {self.dtype!r}")
+        if not self.budget_s > 0:
+            raise ValueError(f"budget_s must be positive, got {self.budget_s!r}")
+        if self.chips is not None:  # refused before JAX looks for chips
+            for c in cfgs:
+                placements_for(c, self.chips, placements)
+        if self.chip is not None:
+            get_chip(self.chip)
+
+    @cached_property
+    def cfg(self) -> ModelConfig:
+        return get_config(self.model)
+
+    @cached_property
+    def parity_cfg(self) -> ModelConfig:
+        return get_config(self.parity_model)
+
+
+@dataclass
+class _Timing:
+    """The engines one run times, the speed of light of their rows, and the groups that fit a chip together."""
+
+    engines: dict[str, Candidate]  # by label
+    sol: object  # mk.measure.harness's speed of light
+    groups: list[list[str]]
+    skipped: dict[str, str]  # label -> why it does not fit
+
+
+def _mesh(smoke: SmokeRun, log):
     devices = jax.devices()
-    n = chips or len(devices)
+    n = smoke.chips or len(devices)
     if n > len(devices):
         raise ValueError(
             f"chips: {n} asked, this process sees {len(devices)} {devices[0].platform} device(s) "
             f"({devices[0].device_kind}); ask for at most {len(devices)}"
         )
-    mesh = make_mesh(n, devices[:n])
-    dev = devices[0]
-    timed_places, parity_places = placements_for(cfg, n, placements), placements_for(parity_cfg, n, placements)
-    prov = provenance(dev, chips=n)
-    log(
-        f"{n} x {dev.device_kind} ({dev.platform}); JAX {prov['jax_version']}, jaxlib {prov['jaxlib_version']}, "
-        f"libtpu {prov['libtpu_version']}, commit {prov['commit']}; budget {budget_s:.0f} s"
-    )
+    return make_mesh(n, devices[:n]), devices[0]
+
+
+def _check_parity(smoke: SmokeRun, chips: int, log) -> tuple[list, list[dict]]:
+    """Every family's tiny model and format on one chip, then ``parity_model`` over the chips."""
+    cfg = smoke.parity_cfg
     check = (
-        f"{parity_cfg.name} f32, {len(PARITY_PROMPTS)} users (prompts of {', '.join(map(str, PARITY_PROMPTS))} "
-        f"tokens), {parity_tokens} new tokens, {n} chip(s), seed {seed}" + ("" if on_tpu() else ", races checked")
+        f"{cfg.name} f32, {len(PARITY_PROMPTS)} users (prompts of {', '.join(map(str, PARITY_PROMPTS))} tokens), "
+        f"{smoke.parity_tokens} new tokens, {chips} chip(s), seed {smoke.seed}"
+        + ("" if on_tpu() else ", races checked")
     )
     log(f"parity: {check}")
     t = time.perf_counter()
-    family_checks = chip_parity.run_checks(chip_parity.checks(families, formats), seed, quiet)
+    family_checks = chip_parity.run_checks(chip_parity.checks(smoke.families, smoke.formats), smoke.seed, smoke.quiet)
     if family_checks:
         log(f"parity of {len(family_checks)} tiny models and formats on one chip: {time.perf_counter() - t:.0f} s")
-    parity = check_parity(parity_cfg, n, parity_places, parity_tokens, seed, log)
+    places = placements_for(cfg, chips, smoke.placements)
+    parity = check_parity(cfg, chips, places, smoke.parity_tokens, smoke.seed, log)
     forget_prepared()  # the reference kept the parity model's decode layout on the first chip
-    held = {r["placement"]: r["held"] for r in parity}
-    notes, failed = [], not all(held.values())
+    return family_checks, parity
 
-    engines = [Candidate("reference")] + [Candidate("megakernel", p) for p in timed_places]
+
+def _timing(smoke: SmokeRun, chips: int, dev, log) -> _Timing:
+    """The engines to time, what each needs of a chip's HBM, and the groups that fit together."""
+    cfg, context, batch, dtype = smoke.cfg, smoke.context, smoke.batch, smoke.dtype
+    engines = [Candidate("reference")]
+    engines += [Candidate("megakernel", p) for p in placements_for(cfg, chips, smoke.placements)]
     per_token = bytes_per_token(cfg, context, batch, dtype).total
-    sol = spec_speed_of_light(per_token, dev, n, chip) or unknown_speed_of_light(per_token, dev)
+    sol = spec_speed_of_light(per_token, dev, chips, smoke.chip) or unknown_speed_of_light(per_token, dev)
     capacity = usable_hbm(dev, HBM_USE)
-    needs = {e.label: hbm_per_chip_needed(cfg, e, n, context, batch, dtype) for e in engines}
+    needs = {e.label: hbm_per_chip_needed(cfg, e, chips, context, batch, dtype) for e in engines}
     groups, skipped = groups_that_fit(needs, capacity)
     log(
         f"{cfg.name}, {dtype}, context {context}, batch {batch}; speed of light: {sol.source}; per chip "
@@ -429,78 +446,102 @@ def run(
         + (f" of {capacity / 1e9:.1f} GB usable" if capacity else " (HBM unknown: not checked)")
         + f"; timed as {' then '.join('[' + ', '.join(g) + ']' for g in groups) or 'nothing'}"
     )
-    for label, why in skipped.items():
-        notes.append(f"{label}: skipped, it does not fit the chips' HBM ({why})")
-        log(notes[-1])
-    by_label = {e.label: e for e in engines}
-    megakernels = sum(by_label[x].name == "megakernel" for g in groups for x in g)
-    builder = _Builder(cfg, mesh, context, batch, dtype, seed, log, megakernels)
-    run = dict(
-        prov,
-        model=cfg.name,
-        dtype=dtype,
-        context=context,
-        batch=batch,
-        weights=f"random (seed {seed})",
-        chip=sol.chip,
-        base_model=cfg.name,
-        layers="all",
-    )
+    return _Timing({e.label: e for e in engines}, sol, groups, skipped)
+
+
+def _build_group(group, built: dict, failed_builds: set, builder: _Builder, timing: _Timing, dev, notes, log) -> bool:
+    """Build the engines of ``group`` not built yet (an engine that failed once is not tried again); whether one
+    failed for another reason than memory."""
+    failed, chips = False, builder.mesh.size
+    for label in group:
+        if label in built or label in failed_builds:
+            continue
+        engine = timing.engines[label]
+        try:
+            row_columns = dict(setup=_setup_word(engine, chips), runs_as=_runs_as(engine, dev, chips))
+            built[label] = builder.build(engine, row_columns)
+        except Exception as e:
+            failed_builds.add(label)
+            gc.collect()
+            if _out_of_memory(e):
+                notes.append(f"{label}: skipped, it ran out of memory ({_first_line(e)})")
+            else:
+                failed = True
+                notes.append(f"{label}: failed ({_first_line(e)})")
+            log(notes[-1])
+    return failed
+
+
+def _time_groups(smoke: SmokeRun, timing: _Timing, mesh, dev, prov, deadline, notes, log) -> tuple[list[dict], bool]:
+    """Each group built (the previous group's arrays let go first) and timed interleaved: the rows, and whether an
+    engine failed."""
+    cfg, chips = smoke.cfg, mesh.size
+    megakernels = sum(timing.engines[x].name == "megakernel" for g in timing.groups for x in g)
+    builder = _Builder(cfg, mesh, smoke.context, smoke.batch, smoke.dtype, smoke.seed, log, megakernels)
+    run_columns = dict(prov, model=cfg.name, dtype=smoke.dtype, context=smoke.context, batch=smoke.batch)
+    run_columns.update(weights=f"random (seed {smoke.seed})", chip=timing.sol.chip, base_model=cfg.name, layers="all")
+    limit = measured_limit(timing.sol.chip) if timing.sol.chip and on_tpu() else None  # a chip's, for its rows
+    spec = get_chip(timing.sol.chip).per_chip_bandwidth if timing.sol.chip else None
     built: dict[str, Engine] = {}
-    gone: set[str] = set()  # failed to build: not tried again
-    rows = []
-    for i, group in enumerate(groups):
+    failed_builds: set[str] = set()
+    rows, failed = [], False
+    for i, group in enumerate(timing.groups):
         for label in [x for x in built if x not in group]:
             del built[label]
         gc.collect()
         if time.perf_counter() >= deadline:
-            notes.append(f"{', '.join(group)}: not timed, the {budget_s:.0f} s budget was spent (a larger --budget-s)")
+            notes.append(
+                f"{', '.join(group)}: not timed, the {smoke.budget_s:.0f} s budget was spent (a larger --budget-s)"
+            )
             log(notes[-1])
             continue
-        for label in group:
-            if label in built or label in gone:
-                continue
-            try:
-                e = by_label[label]
-                own = dict(setup=_setup_word(e, n), runs_as=_runs_as(e, dev, n))
-                built[label] = builder.build(e, own)
-            except Exception as e:
-                gone.add(label)
-                gc.collect()
-                if _out_of_memory(e):
-                    notes.append(f"{label}: skipped, it ran out of memory ({_first_line(e)})")
-                else:
-                    failed = True
-                    notes.append(f"{label}: failed ({_first_line(e)})")
-                log(notes[-1])
+        failed |= _build_group(group, built, failed_builds, builder, timing, dev, notes, log)
         ready = [built[x] for x in group if x in built]
         if not ready:
             continue
-        seconds = max(MIN_TIMING_S, (deadline - time.perf_counter()) / (len(groups) - i))
+        seconds = max(MIN_TIMING_S, (deadline - time.perf_counter()) / (len(timing.groups) - i))
         _, timed = time_engines(
             ready,
-            sol,
-            run,
+            timing.sol,
+            run_columns,
             seconds,
-            min_rounds=min_rounds,
-            max_rounds=max_rounds,
+            min_rounds=smoke.min_rounds,
+            max_rounds=smoke.max_rounds,
             warmup=1,  # each has run once already (its compile)
             log=log,
-            steps_back_to_back=steps,
+            steps_back_to_back=smoke.steps,
         )
-        limit = measured_limit(sol.chip) if sol.chip and on_tpu() else None  # a chip's limit, for a chip's rows
-        spec = get_chip(sol.chip).per_chip_bandwidth if sol.chip else None
-        rows += [on_chip.complete(r, limit, spec, n) for r in timed]
+        rows += [on_chip.complete(r, limit, spec, chips) for r in timed]
         del ready  # the group's arrays go with their engines before the next group's are built
     built.clear()
-    if not rows:
-        failed = True
+    return rows, failed
+
+
+def run(smoke: SmokeRun) -> Result:
+    """Check the megakernel against the reference on this machine's chips and time both (the module's docstring);
+    append the rows to ``smoke.out``."""
+    if smoke.require_tpu and not on_tpu():
+        raise NoTPU(no_tpu_message())
+    log = Log(smoke.quiet)
+    deadline = log.t0 + smoke.budget_s
+    mesh, dev = _mesh(smoke, log)
+    prov = provenance(dev, chips=mesh.size)
+    log(
+        f"{mesh.size} x {dev.device_kind} ({dev.platform}); JAX {prov['jax_version']}, jaxlib {prov['jaxlib_version']},"
+        f" libtpu {prov['libtpu_version']}, commit {prov['commit']}; budget {smoke.budget_s:.0f} s"
+    )
+    family_checks, parity = _check_parity(smoke, mesh.size, log)
+    timing = _timing(smoke, mesh.size, dev, log)
+    notes = [f"{label}: skipped, it does not fit the chips' HBM ({why})" for label, why in timing.skipped.items()]
+    for note in notes:
+        log(note)
+    rows, engine_failed = _time_groups(smoke, timing, mesh, dev, prov, deadline, notes, log)
     written = None
-    if out is not None and rows:
-        written = append_csv_rows(rows, Path(out), COLUMNS, "a tpu-smoke row")
+    if smoke.out is not None and rows:
+        written = append_csv_rows(rows, Path(smoke.out), COLUMNS, "a tpu-smoke row")
         log(f"appended {len(rows)} rows to {written}")
-    failed = failed or not all(r["held"] for r in family_checks)
-    return Result(rows, parity, notes, failed, written, family_checks)
+    held = all(r["held"] for r in parity) and all(r["held"] for r in family_checks)
+    return Result(rows, parity, notes, engine_failed or not rows or not held, written, family_checks)
 
 
 def _setup_word(engine: Candidate, chips: int) -> str:
