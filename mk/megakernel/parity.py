@@ -13,10 +13,75 @@ import pandas as pd
 
 from .. import reference as R
 from ..plan import BLOCK, Tiles
+from ..quant import quantized_as
 from ..tpu import races_detected
 from ..weights import random_params
 from .kernel import make_step
 from .refs import TOKEN
+
+
+def _weights(cfg, seed: int, dtype, quantize: str) -> tuple[dict, dict]:
+    """(the reference's f32 weights, the kernel's: rounded to ``dtype``, or the same quantized tree)."""
+    params = random_params(cfg, seed)
+    if quantize == "none":
+        return params, {k: v.astype(dtype) for k, v in params.items()}
+    if jnp.dtype(dtype) != jnp.float32:
+        raise ValueError(f"quantize={quantize!r}: compare a quantized tree in f32 (its codes are the rounding)")
+    params = quantized_as(params, cfg, quantize)
+    return params, params
+
+
+def _round_cache(cache: dict, dtype) -> dict:
+    return {k: v.astype(dtype).astype(jnp.float32) for k, v in cache.items()}
+
+
+class _RoundingReferences:
+    """The f32 reference run on the kernel's rounded weights, its cache rounded to ``dtype`` after every step
+    (``rounding``), and the same with every weight product's activations rounded to ``dtype`` too
+    (``kernel_rounding``: it rounds where the kernel does)."""
+
+    def __init__(self, cfg, mk_params: dict, cache: dict, dtype):
+        self.cfg, self.dtype = cfg, dtype
+        self.params = {k: v.astype(jnp.float32) for k, v in mk_params.items()}
+        self.caches = {"rounding": _round_cache(cache, dtype), "kernel_rounding": _round_cache(cache, dtype)}
+
+    def step(self, tokens, pos, knockout) -> dict:
+        """Each reference's logits for ``tokens`` at ``pos``, by name."""
+        logits = {}
+        with jax.default_matmul_precision("highest"):
+            for name, activations in (("rounding", None), ("kernel_rounding", jnp.dtype(self.dtype).name)):
+                logits[name], cache = R.decode_step(
+                    self.params, self.cfg, self.caches[name], tokens, pos, knockout, activation_dtype=activations
+                )
+                self.caches[name] = _round_cache(cache, self.dtype)
+        return logits
+
+
+def _max_abs(x) -> float:
+    return float(jnp.max(jnp.abs(x)))
+
+
+def _row(step: int, pos, l_ref, cache, out, mk_as_reference, rounding: dict | None, batch: int, seconds: float) -> dict:
+    """One step of the comparison (:func:`compare_with_reference`'s columns)."""
+    tok_ref, tok_mk = jnp.argmax(l_ref, -1).astype(jnp.int32), out.users[:batch, TOKEN]
+    as_f32 = {k: v.astype(jnp.float32) for k, v in cache.items()}
+    row = dict(
+        max_logit=_max_abs(l_ref),
+        step=step,
+        positions=np.asarray(pos).tolist(),
+        max_logit_diff=_max_abs(l_ref - out.logits),
+        max_cache_diff=max(_max_abs(as_f32[k] - mk_as_reference[k].astype(jnp.float32)) for k in cache),
+        max_cache=max(_max_abs(v) for v in as_f32.values()),
+        tokens_reference=np.asarray(tok_ref).tolist(),
+        tokens_megakernel=np.asarray(tok_mk).tolist(),
+        same_tokens=bool(jnp.all(tok_ref == tok_mk)),
+        kernel_pick_is_argmax=bool(jnp.all(tok_mk == jnp.argmax(out.logits, -1))),
+    )
+    for name in ("rounding", "kernel_rounding"):
+        logits = None if rounding is None else rounding[name]
+        row[f"{name}_logit_diff"] = np.nan if logits is None else _max_abs(logits - l_ref)
+        row[f"tokens_{name}"] = None if logits is None else np.asarray(jnp.argmax(logits, -1)).tolist()
+    return dict(row, expert_dmas=int(out.dma_counts[0, 0]), step_s=seconds, races=races_detected())
 
 
 def compare_with_reference(
@@ -59,14 +124,7 @@ def compare_with_reference(
 
     ``quantize``: the weights as that mk.quant scheme or shipped format (f32 only): the kernel streams their codes and
     scales, the reference dequantizes the same tree once."""
-    from ..quant import quantized_as
-
-    params = random_params(cfg, seed)
-    if quantize != "none":
-        if jnp.dtype(dtype) != jnp.float32:
-            raise ValueError(f"quantize={quantize!r}: compare a quantized tree in f32 (its codes are the rounding)")
-        params = quantized_as(params, cfg, quantize)
-    mk_params = params if quantize != "none" else {k: v.astype(dtype) for k, v in params.items()}
+    params, mk_params = _weights(cfg, seed, dtype, quantize)
     lengths = np.broadcast_to(np.asarray(prompt_len, np.int32), (batch,)).copy()
     prompt = np.random.RandomState(seed + 1).randint(0, cfg.vocab_size, (batch, int(lengths.max()))).astype(np.int32)
     cache = R.init_cache(cfg, batch, max_len, multiple=BLOCK)
@@ -74,10 +132,7 @@ def compare_with_reference(
         logits, cache = R.prefill(params, cfg, prompt, cache, lengths)
     engine = make_step(cfg, tiles=tiles, detect_races=detect_races)
     mk_cache = engine.adopt_cache({k: v.astype(dtype) for k, v in cache.items()})
-    rounded = jnp.dtype(dtype) != jnp.float32
-    r_params = {k: v.astype(jnp.float32) for k, v in mk_params.items()} if rounded else None
-    r_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in cache.items()}
-    k_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in cache.items()}  # the kernel-like reference's own
+    rounding = _RoundingReferences(cfg, mk_params, cache, dtype) if jnp.dtype(dtype) != jnp.float32 else None
     tok_ref = tok_mk = jnp.argmax(logits, -1).astype(jnp.int32)
     pos = jnp.asarray(lengths)
     rows = []
@@ -88,42 +143,11 @@ def compare_with_reference(
         t0 = time.perf_counter()
         out = engine.run(mk_params, cfg, mk_cache, tok_in, pos, knockout, with_logits=True, count_dmas=True)
         out.logits.block_until_ready()
-        dt = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
         mk_cache = out.cache
-        mk_as_reference = engine.reference_cache(mk_cache)
-        if rounded:
-            with jax.default_matmul_precision("highest"):
-                l_rounded, r_cache = R.decode_step(r_params, cfg, r_cache, tok_in, pos, knockout)
-                l_kernel, k_cache = R.decode_step(
-                    r_params, cfg, k_cache, tok_in, pos, knockout, activation_dtype=jnp.dtype(dtype).name
-                )
-            r_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in r_cache.items()}
-            k_cache = {k: v.astype(dtype).astype(jnp.float32) for k, v in k_cache.items()}
+        rounded = None if rounding is None else rounding.step(tok_in, pos, knockout)
+        rows.append(_row(n, pos, l_ref, cache, out, engine.reference_cache(mk_cache), rounded, batch, seconds))
         tok_ref, tok_mk = jnp.argmax(l_ref, -1).astype(jnp.int32), out.users[:batch, TOKEN]
-        rows.append(
-            dict(
-                max_logit=float(jnp.max(jnp.abs(l_ref))),
-                step=n,
-                positions=np.asarray(pos).tolist(),
-                max_logit_diff=float(jnp.max(jnp.abs(l_ref - out.logits))),
-                max_cache_diff=max(
-                    float(jnp.max(jnp.abs(cache[k].astype(jnp.float32) - mk_as_reference[k].astype(jnp.float32))))
-                    for k in cache
-                ),
-                max_cache=max(float(jnp.max(jnp.abs(cache[k].astype(jnp.float32)))) for k in cache),
-                tokens_reference=np.asarray(tok_ref).tolist(),
-                tokens_megakernel=np.asarray(tok_mk).tolist(),
-                same_tokens=bool(jnp.all(tok_ref == tok_mk)),
-                kernel_pick_is_argmax=bool(jnp.all(tok_mk == jnp.argmax(out.logits, -1))),
-                rounding_logit_diff=float(jnp.max(jnp.abs(l_rounded - l_ref))) if rounded else np.nan,
-                tokens_rounding=np.asarray(jnp.argmax(l_rounded, -1)).tolist() if rounded else None,
-                kernel_rounding_logit_diff=float(jnp.max(jnp.abs(l_kernel - l_ref))) if rounded else np.nan,
-                tokens_kernel_rounding=np.asarray(jnp.argmax(l_kernel, -1)).tolist() if rounded else None,
-                expert_dmas=int(out.dma_counts[0, 0]),
-                step_s=dt,
-                races=races_detected(),
-            )
-        )
         pos = pos + 1
     return pd.DataFrame(rows)
 
