@@ -118,6 +118,37 @@ def _check(model, chip, context: int, batch: int, engine: str) -> tuple[ModelCon
     return cfg, chip
 
 
+def _general_prediction(cfg, chip: Chip, context, batch, dtype, knockout, sol, kernel_s, hbm_read_Bps) -> Prediction:
+    """The general stack's step: the plan's kernels scaled to the published count, each at ``kernel_s``."""
+    kernel_s = kernel_cost(chip.kind) if kernel_s is None else kernel_s
+    work = general_step(cfg, chip, context, batch, dtype, knockout)
+    components = work.seconds(chip, kernel_s, hbm_read_Bps)
+    where = f"chip 0 of {chip.chips}, tensor-parallel" if chip.chips > 1 else "one chip"
+    p = Prediction(
+        cfg.name, chip.name, context, batch, dtype, "general", "split" if chip.chips > 1 else "-",
+        "general stack", sum(components.values()), sol.step_s, work.kernels_per_step,
+        f"general stack on {chip.name} ({where}): {len(work.kernels)} kernels of the plan's work x "
+        f"{work.scale:.2f} (the published count's ratio), {kernel_s * 1e6:.2f} us each, nothing in flight across "
+        "them",
+        sol.fits_in_hbm, components,
+    )  # fmt: skip
+    return _with_constants(p, chip, kernel_s, hbm_read_Bps=hbm_read_Bps)
+
+
+def _megakernel_words(plan, cfg: ModelConfig, chip: Chip, setup: KernelSetup) -> str:
+    """What the megakernel's prediction models: its chips, its setup, and which chip sets the pace."""
+    if chip.chips == 1:
+        return "megakernel on one chip"
+    who = "every chip"
+    if plan.experts_held < cfg.num_experts:
+        who = (
+            f"the busiest of {plan.expert_groups} hosts (whole experts over them, split within each)"
+            if setup.placement == Placement.HOSTS
+            else "the busiest chip (whole experts)"
+        )
+    return f"megakernel on {chip.chips} chips, {setup.name}, paced by {who}"
+
+
 def predict(
     model: ModelConfig | str,
     chip: Chip | str,
@@ -158,19 +189,7 @@ def predict(
     if engine == "general":
         if setup.draft_tokens:
             raise ValueError("drafted tokens: verification is modelled for the megakernel (engine='megakernel') only")
-        kernel_s = kernel_cost(chip.kind) if kernel_s is None else kernel_s
-        work = general_step(cfg, chip, context, batch, dtype, knockout)
-        components = work.seconds(chip, kernel_s, hbm_read_Bps)
-        where = f"chip 0 of {chip.chips}, tensor-parallel" if chip.chips > 1 else "one chip"
-        p = Prediction(
-            cfg.name, chip.name, context, batch, dtype, "general", "split" if chip.chips > 1 else "-",
-            "general stack", sum(components.values()), sol.step_s, work.kernels_per_step,
-            f"general stack on {chip.name} ({where}): {len(work.kernels)} kernels of the plan's work x "
-            f"{work.scale:.2f} (the published count's ratio), {kernel_s * 1e6:.2f} us each, nothing in flight across "
-            "them",
-            fits, components,
-        )  # fmt: skip
-        return _with_constants(p, chip, kernel_s, hbm_read_Bps=hbm_read_Bps)
+        return _general_prediction(cfg, chip, context, batch, dtype, knockout, sol, kernel_s, hbm_read_Bps)
     per_round = check_speculation(setup.draft_tokens, acceptance)
     if setup.draft_tokens and chip.chips > 1 and setup.attention_split != AttentionSplit.HEADS:
         raise ValueError(
@@ -184,17 +203,7 @@ def predict(
     paced = pace(plan, chip, dtype, revision=revision, bandwidth=hbm_read_Bps, **({} if scheduled else costs))
     cost_words = scheduled["source"] if scheduled else assumed_label(costs, fitted)
     setup = plan.setup or setup  # past one host: mk.sharding.pods.pod_setup's (the torus, whole experts over hosts)
-    if chip.chips > 1:
-        who = "every chip"
-        if plan.experts_held < cfg.num_experts:
-            who = (
-                f"the busiest of {plan.expert_groups} hosts (whole experts over them, split within each)"
-                if setup.placement == Placement.HOSTS
-                else "the busiest chip (whole experts)"
-            )
-        models = f"megakernel on {chip.chips} chips, {setup.name}, paced by {who}"
-    else:
-        models = "megakernel on one chip"
+    models = _megakernel_words(plan, cfg, chip, setup)
     drafter_s = 0.0
     k = setup.draft_tokens
     if k:
