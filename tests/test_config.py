@@ -214,7 +214,7 @@ def test_deepseek_v3_and_kimi_k2_run_in_both_engines_with_yarn(name, family, fac
     (tests/test_mla_kernel.py), which splits their query heads over chips by heads only (by positions: refused by
     name)."""
     from mk.kernel_setup import AttentionSplit, KernelSetup
-    from mk.megakernel.kernel import MegakernelEngine
+    from mk.megakernel.engine import MegakernelEngine
 
     cfg = get_config(name)
     assert cfg.family == family and cfg.runnable and not cfg.variants_not_run and not cfg.rope_scaling_kind
@@ -234,7 +234,7 @@ def test_gpt_oss_runs_in_the_reference_and_the_kernel():
     tests/test_gpt_oss_kernel.py the megakernel to the reference); its 64 query heads split over 8 chips are refused
     by name (the kernel packs its attention biases and sinks whole, for attention on every chip)."""
     from mk.kernel_setup import KernelSetup
-    from mk.megakernel.kernel import MegakernelEngine
+    from mk.megakernel.engine import MegakernelEngine
 
     cfg = load_hf_config(Path(__file__).resolve().parent.parent / "data" / "configs" / "gpt-oss-20b")
     assert cfg.family == "gpt_oss" and cfg.runnable and cfg.rope_scaling.factor == 32.0
@@ -254,7 +254,7 @@ def test_a_folder_of_data_configs_is_a_model_by_its_name():
 
 def test_a_variant_is_refused_by_the_reference_and_the_kernel_by_name():
     from mk import reference as R
-    from mk.megakernel.kernel import MegakernelEngine
+    from mk.megakernel.engine import MegakernelEngine
 
     cfg = from_hf_dict(TINY_HF["qwen3"], "sliding-qwen3")
     message = "sliding-qwen3 is a qwen3 model with sliding-window layers: mk plans and times it"

@@ -200,7 +200,7 @@ def test_both_engines_take_gpt_oss_and_the_megakernel_refuses_its_heads_split_by
     """The reference and the megakernel run gpt-oss (tests/test_gpt_oss_kernel.py holds the kernel to it); its heads
     split over chips are refused by name, not run wrong."""
     from mk.kernel_setup import WORKBOOK_KERNEL
-    from mk.megakernel.kernel import MegakernelEngine
+    from mk.megakernel.engine import MegakernelEngine
 
     cfg = from_hf_dict(TINY_GPT_OSS, "tiny-gpt-oss")
     cfg.check_runnable()

@@ -100,7 +100,7 @@ def test_logits_in_the_loop_over_layers_and_what_breaks_them(five_layers, monkey
 
 def test_attention_split_other_than_by_heads_refused_by_name(hf_checkpoint):
     from mk.kernel_setup import AttentionSplit
-    from mk.megakernel.kernel import make_step
+    from mk.megakernel.engine import make_step
 
     cfg, _ = load_checkpoint(hf_checkpoint("deepseek-v3-eight-heads")[0])
     for split in (AttentionSplit.POSITIONS, AttentionSplit.USERS):

@@ -12,7 +12,8 @@ import pytest
 from mk import blocks, reference as R
 from mk.config import TINY_MOE
 from mk.kernel_setup import Collective, KernelSetup
-from mk.megakernel.kernel import MegakernelEngine, build_call, users_block
+from mk.megakernel.engine import MegakernelEngine, users_block
+from mk.megakernel.kernel import build_call
 from mk.megakernel.pack import adopt_cache, pack, reference_cache
 from mk.plan import (
     AllReduce,

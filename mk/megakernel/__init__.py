@@ -5,7 +5,8 @@ Importing this package registers the ``megakernel`` engine (mk.engines).
 
 from ..engines import register_engine
 from ..plan import BLOCK
-from .kernel import MegakernelEngine, build_call, make_step
+from .engine import MegakernelEngine, make_step
+from .kernel import build_call
 from .pack import pack
 
 # the kernel reads and writes the cache in aligned blocks of BLOCK positions

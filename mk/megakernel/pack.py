@@ -277,7 +277,7 @@ def reference_cache(cfg: ModelConfig, cache: dict) -> dict:
 
 
 # Over several chips: each chip's cache laid out as above, joined on the axis split over the chips (the weights:
-# each chip's slice packed on that chip, mk.megakernel.kernel.MegakernelEngine.packed).
+# each chip's slice packed on that chip, mk.megakernel.engine.MegakernelEngine.packed).
 def _join_caches(parts: list[dict], cfg: ModelConfig, setup) -> dict:
     from ..sharding import cache_split_axis
 

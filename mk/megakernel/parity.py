@@ -16,7 +16,7 @@ from ..plan import BLOCK, Tiles
 from ..quant import quantized_as
 from ..tpu import races_detected
 from ..weights import random_params
-from .kernel import make_step
+from .engine import make_step
 from .refs import TOKEN
 
 

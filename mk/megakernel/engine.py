@@ -1,0 +1,287 @@
+"""The megakernel's engine: ``make_step(cfg)`` for mk.generate. It packs a parameter tree into the kernel's layout
+once (on each chip its slice, over a mesh), lays the cache out as the kernel reads it, and compiles one kernel
+(mk.megakernel.kernel.build_call) per batch, cache length, data types, knock-out and outputs asked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ..chips import compile_target
+from ..config import ModelConfig
+from ..kernel_setup import ONE_CHIP, KernelSetup
+from ..params import check_knockout
+from ..plan import (
+    LANE,
+    StepPlan,
+    Tiles,
+    build_plan,
+)
+from ..qformats import FSCALE_SUFFIX, scheme_of_scales
+from ..quant import SCALE_SUFFIX
+from ..sharding import (
+    cache_split_axis,
+    chip_config,
+    chip_params,
+    make_mesh,
+    position_share,
+    split_axis,
+    torus_order,
+)
+from ..tpu import host_device, interpret_params
+from .kernel import (
+    axis_spec,
+    build_call,
+    check_heads_split,
+)
+from .pack import adopt_cache_chips, pack, reference_cache_chips
+from .refs import (
+    POSITION,
+    TOKEN,
+    Outputs,
+)
+
+
+def packed_scheme(weights: dict) -> str:
+    """The mk.quant scheme of the kernel's packed weights: which matrices came with INT8 scales; or the shipped
+    format (mk.qformats) its block scales and codes are in."""
+    for n, a in weights.items():
+        if n.endswith(FSCALE_SUFFIX):
+            return scheme_of_scales(a.dtype, weights[n.removesuffix(FSCALE_SUFFIX)].dtype)
+    scaled = [n.removesuffix(SCALE_SUFFIX).split(".", 1)[1] for n in weights if n.endswith(SCALE_SUFFIX)]
+    if not scaled:
+        return "none"
+    return "int8-experts" if all(n.startswith("expert_") for n in scaled) else "int8"
+
+
+def users_block(plan: StepPlan, tokens, positions):
+    """The users block a step reads: row b holds user b's token (lane 0) and position (lane 1)."""
+    B = plan.batch
+    users = jnp.zeros((plan.rows, LANE), jnp.int32)
+    users = users.at[:B, TOKEN].set(jnp.asarray(tokens, jnp.int32).reshape(B))
+    return users.at[:B, POSITION].set(jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (B,)))
+
+
+@dataclass
+class _Compiled:
+    plan: StepPlan
+    fn: object
+
+
+class MegakernelEngine:
+    """``make_step(cfg)`` for mk.generate: a step with decode_step's signature (logits out) and
+    ``greedy`` (token ids out, no logits written), packing the parameters once per parameter tree and
+    compiling one kernel per (batch, cache length, dtypes, knock-out, logits or not)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tiles: Tiles = Tiles(),
+        detect_races: bool = False,
+        setup: KernelSetup = ONE_CHIP,
+        mesh=None,
+    ):
+        cfg.check_runnable("megakernel")
+        cfg = setup.laid_out(cfg)  # the packing and the plan read the setup's layout of the gated MLPs from cfg
+        self.cfg, self.tiles, self.detect_races, self.setup = cfg, tiles, detect_races, setup
+        check_heads_split(cfg, setup)
+        self.sharded = setup.sharded and not setup.loopback  # a mesh of chips (loopback: one chip alone)
+        if setup.sharded:
+            chip_config(cfg, setup)  # refuses a placement the model cannot take, before any weights move
+        if self.sharded:
+            devices = jax.devices()[: setup.chips]
+            self.mesh = (
+                mesh
+                if mesh is not None
+                else make_mesh(setup.chips, torus_order(devices) if setup.torus else devices, setup.axis)
+            )
+        self.chip = compile_target(self.mesh.devices.flat[0] if self.sharded else jax.devices()[0])
+        self._packed_key, self._packed = None, None
+        self._steps: dict = {}
+
+    def _place_cache(self, cache: dict) -> dict:
+        """Over several chips: each array of the kernel's ``cache`` split over the mesh on its split axis (a step's
+        inputs must carry the sharding its shard_map names)."""
+        if not self.sharded:
+            return cache
+        out = {}
+        for name, a in cache.items():
+            spec = axis_spec(a.ndim, cache_split_axis(self.cfg, self.setup), self.setup.axis)
+            out[name] = jax.device_put(a, NamedSharding(self.mesh, spec))
+        return out
+
+    def prepare(self, params: dict, cfg: ModelConfig) -> dict:
+        """The kernel's layout of ``params`` (``pack``), made once: a step given it reads it as it is
+        (mk.measure times the step on it, so the timed program holds no re-layout)."""
+        return self.packed(params)
+
+    def packed(self, params: dict) -> dict:
+        if "weights" in params and "vectors" in params:  # packed already
+            return params
+        key = tuple(id(v) for v in params.values())
+        if key != self._packed_key:
+            if self.sharded:
+                self._packed = self._pack_on_chips(params)
+            elif self.setup.loopback:  # chip 0's slice, on the one chip standing in for the slice
+                host = {path: np.asarray(a) for path, a in params.items()}
+                self._packed = pack(chip_params(host, self.cfg, self.setup, 0), chip_config(self.cfg, self.setup))
+            else:
+                self._packed = pack(params, self.cfg)
+            self._packed_key = key
+        return self._packed
+
+    def _pack_on_chips(self, params: dict) -> dict:
+        """``pack`` over the chips: chip c's slice (mk.sharding.chip_params) packed on the host's CPU device (where
+        there is one; else on chip c), and each weight one array over the mesh made of those slices, split on its
+        ``split_axis``. No chip holds more than its share at any time: a full-size model packed on one chip, then
+        split, would not fit one chip of a slice. One device packs every slice, so the packing programs compile
+        once, not once a chip."""
+        host = {path: np.asarray(a) for path, a in params.items()}  # chip_params cuts on the host
+        local, cpu = chip_config(self.cfg, self.setup), host_device()
+        parts = {}
+        for c, dev in enumerate(self.mesh.devices.flat):
+            if dev.process_index == jax.process_index():  # a pod slice's other hosts pack their own chips
+                with jax.default_device(cpu or dev):
+                    parts[dev] = pack(chip_params(host, self.cfg, self.setup, c), local)
+        return self.over_mesh(parts)
+
+    def over_mesh(self, parts: dict) -> dict:
+        """The packed step inputs over the mesh from each chip's packed part (``parts``: device -> ``pack``'s output
+        for that chip's slice, this host's chips): each weight one array split on its ``split_axis``, the vectors and
+        frequencies (the same on every chip) replicated."""
+        first = next(iter(parts.values()))
+        weights = {}
+        for name, a in first["weights"].items():
+            axis = split_axis(self.cfg, self.setup, name)
+            shape = tuple(n * self.setup.chips if i == axis else n for i, n in enumerate(a.shape))
+            sharding = NamedSharding(self.mesh, axis_spec(a.ndim, axis, self.setup.axis))
+            slices = [jax.device_put(p["weights"][name], dev) for dev, p in parts.items()]
+            weights[name] = jax.make_array_from_single_device_arrays(shape, sharding, slices)
+        rest = {k: v for k, v in first.items() if k != "weights"}  # the vectors and frequencies: on every chip
+        return dict(jax.device_put(rest, NamedSharding(self.mesh, P())), weights=weights)
+
+    def compiled(
+        self,
+        batch: int,
+        max_len: int,
+        weight_dtype,
+        kv_dtype,
+        knockout: frozenset,
+        with_logits: bool,
+        count_dmas: bool = False,
+        quantize: str = "none",
+        draft_tokens: int = 0,
+    ) -> _Compiled:
+        key = (
+            draft_tokens,
+            batch,
+            max_len,
+            jnp.dtype(weight_dtype),
+            jnp.dtype(kv_dtype),
+            knockout,
+            with_logits,
+            count_dmas,
+            quantize,
+        )
+        if key not in self._steps:
+            plan = build_plan(
+                self.cfg,
+                batch,
+                max_len,
+                weight_itemsize=jnp.dtype(weight_dtype).itemsize,
+                kv_itemsize=jnp.dtype(kv_dtype).itemsize,
+                tiles=self.tiles,
+                knockout=knockout,
+                setup=self.setup.replace(draft_tokens=draft_tokens),
+                quantize=quantize,
+            )
+            fn = build_call(
+                plan,
+                weight_dtype,
+                kv_dtype,
+                self.chip,
+                interpret_params(self.detect_races),
+                with_logits=with_logits,
+                count_dmas=count_dmas,
+                mesh=self.mesh if self.sharded else None,
+            )
+
+            def run(packed, cache, tokens, pos, plan=plan, fn=fn):
+                return fn(packed, cache, users_block(plan, tokens, pos))
+
+            self._steps[key] = _Compiled(plan, jax.jit(run, donate_argnums=(1,)))
+        return self._steps[key]
+
+    def adopt_cache(self, cache: dict) -> dict:
+        """The kernel's cache from the reference's (mk.megakernel.pack): once, after prefill (mk.generate)."""
+        return self._place_cache(adopt_cache_chips(self.cfg, cache, self.setup))
+
+    def reference_cache(self, cache: dict) -> dict:
+        """The reference's cache layout from the kernel's (to compare them)."""
+        return reference_cache_chips(self.cfg, cache, self.setup)
+
+    def run(
+        self, params, cfg, cache, tokens, pos, knockout=frozenset(), with_logits=True, count_dmas=False, draft_tokens=0
+    ) -> Outputs:
+        """One step on the kernel's cache layout (``adopt_cache``): the kernel's Outputs (users block,
+        cache, and logits / DMA counts on request). ``draft_tokens`` = K: ``tokens`` and ``pos`` are each user's
+        1 + K rows in turn (speculative verification)."""
+        if self.setup.laid_out(cfg) != self.cfg:
+            raise ValueError(f"this megakernel step was made for {self.cfg.name}, called with {cfg.name}")
+        if "layers.0.k" in cache:
+            raise ValueError(
+                "the megakernel reads its own cache layout: convert a reference cache once with "
+                "adopt_cache(cache) (mk.generate does)"
+            )
+        ko = check_knockout(knockout)
+        t0, first = cfg.layer_types[0], "latent" if cfg.latent_attention is not None else "k"
+        batch, kv_dtype = cache[f"{t0}.{first}"].shape[1], cache[f"{t0}.{first}"].dtype
+        # a chip's full-layer slots, times the chips sharing each KV head's positions (mk.sharding.position_share)
+        max_len = (
+            cache[f"full.{first}"].shape[3] * position_share(cfg, "full", self.setup)
+            if cfg.full_layers
+            else cfg.sliding_window
+        )
+        packed = self.packed(params)
+        weight_dtype = packed["weights"]["embed"].dtype
+        quantize = packed_scheme(packed["weights"])
+        c = self.compiled(batch, max_len, weight_dtype, kv_dtype, ko, with_logits, count_dmas, quantize, draft_tokens)
+        return c.fn(packed, cache, tokens, pos)
+
+    def __call__(self, params, cfg, cache, tokens, pos, knockout=frozenset()):
+        out = self.run(params, cfg, cache, tokens, pos, knockout)
+        return out.logits, out.cache
+
+    def greedy(self, params, cfg, cache, tokens, pos, knockout=frozenset()):
+        """(each user's greedy token [B], the cache): the kernel picks them; no logits are written."""
+        out = self.run(params, cfg, cache, tokens, pos, knockout, with_logits=False)
+        return out.users[: jnp.shape(tokens)[0], TOKEN], out.cache
+
+    def verify(self, params, cfg, cache, tokens, pos):
+        """Speculative verification (mk.reference.verify_step's contract): ``tokens [B, T]`` (each user's last token
+        and its T - 1 drafts) at positions ``pos[b] + j``, one kernel call: (the kernel's greedy pick after each row
+        [B, T], each row's final-normed hidden state [B, T, H], the cache)."""
+        B, T = jnp.shape(tokens)
+        rows = (jnp.asarray(pos, jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)).reshape(-1)
+        out = self.run(params, cfg, cache, jnp.reshape(tokens, -1), rows, with_logits=False, draft_tokens=T - 1)
+        picks = out.users[: B * T, TOKEN].reshape(B, T)
+        return picks, out.hidden[: B * T, : cfg.hidden_size].reshape(B, T, -1), out.cache
+
+
+def make_step(
+    cfg: ModelConfig,
+    setup: KernelSetup = ONE_CHIP,
+    tiles: Tiles = Tiles(),
+    detect_races: bool = False,
+    kv_tile: int | None = None,
+) -> MegakernelEngine:
+    """The megakernel engine for mk.generate, set up as ``setup`` says (mk.kernel_setup.KernelSetup: the chips it
+    runs over, the first ``setup.chips`` devices, where the experts live, the all-reduce's switches, how attention is
+    cut, the gated MLPs' layout); ``kv_tile``: KV positions per tile (overrides ``tiles``)."""
+    if kv_tile is not None:
+        tiles = replace(tiles, kv_tile=kv_tile)
+    return MegakernelEngine(cfg, tiles, detect_races, setup)
