@@ -155,6 +155,56 @@ def check_drafter(drafter, assistant):
     return drafter
 
 
+def _speculation_cache_length(cfg: ModelConfig, lengths, new_tokens: int, k: int, max_len: int | None) -> int:
+    """Cache positions a speculative run needs: the longest prompt, the new tokens, and the ``k`` drafts the last
+    round may write past the last token (``max_len``, when given, must hold them where a full layer keeps them)."""
+    need = int(lengths.max()) + new_tokens - 1 + k
+    if max_len is None:
+        return need
+    if cfg.full_layers and max_len < need:
+        raise ValueError(
+            f"speculation with {k} drafts needs {need} cache positions (the longest prompt, {new_tokens} new tokens "
+            f"and {k} drafts written ahead), the cache holds {max_len}"
+        )
+    return max_len
+
+
+@dataclass
+class _SpeculatingUsers:
+    """Each user's tokens so far and where it stands: ``last`` its last token (its K/V not yet written, at ``pos``),
+    ``hidden`` the target's last hidden state for it (what Gemma 4's assistant drafts from)."""
+
+    out: list[list[int]]
+    history: list[list[int]]
+    pos: np.ndarray
+    last: np.ndarray
+    hidden: np.ndarray
+    rounds: list[int]
+    accepted: list[int]
+
+    @classmethod
+    def start(cls, tokens, lengths, first: np.ndarray, hidden) -> _SpeculatingUsers:
+        B = len(first)
+        out = [[int(t)] for t in first]
+        history = [list(map(int, tokens[b, : lengths[b]])) + out[b] for b in range(B)]
+        return cls(out, history, lengths.astype(np.int32), first, np.asarray(hidden), [0] * B, [0] * B)
+
+    def accept(self, b: int, drafts, picks, hidden_rows, new_tokens: int) -> int:
+        """User ``b`` takes the longest prefix of its drafts equal to the target's picks, then the pick after it (no
+        more than its ``new_tokens``); how many tokens it emitted."""
+        k = len(drafts)
+        n = int(np.cumprod(drafts == picks[:k]).sum())
+        emitted = ([int(t) for t in drafts[:n]] + [int(picks[n])])[: new_tokens - len(self.out[b])]
+        self.out[b] += emitted
+        self.history[b] += emitted
+        self.rounds[b] += 1
+        self.accepted[b] += min(n, len(emitted))
+        self.pos[b] += n + 1
+        self.last[b] = picks[n]
+        self.hidden[b] = hidden_rows[n]
+        return len(emitted)
+
+
 def generate_speculative(
     params: dict,
     cfg: ModelConfig,
@@ -192,59 +242,36 @@ def generate_speculative(
         check_pair(assistant[0], cfg)
     tokens, lengths = prompt_batch(cfg, prompt)
     B, K = tokens.shape[0], draft_tokens
-    need = int(lengths.max()) + new_tokens - 1 + K  # the last round may write K drafts past the last token
-    max_len = need if max_len is None else max_len
-    if cfg.full_layers and max_len < need:
-        raise ValueError(
-            f"speculation with {K} drafts needs {need} cache positions (the longest prompt, {new_tokens} new tokens "
-            f"and {K} drafts written ahead), the cache holds {max_len}"
-        )
+    max_len = _speculation_cache_length(cfg, lengths, new_tokens, K, max_len)
     step = get_step(engine, cfg, **(engine_options or {}))
     verify = getattr(step, "verify", None)
     if verify is None:
         raise ValueError(f"engine {engine!r} has no speculative verification step; use the reference engine")
     cache = init_cache(cfg, B, max_len, cache_dtype, multiple=cache_multiple(engine), draft_tokens=K)
     logits, hidden, cache = prefill(params, cfg, tokens, cache, lengths, return_hidden=True)
-    adopt = getattr(step, "adopt_cache", None)
-    if adopt is not None:
-        cache = adopt(cache)
+    cache = getattr(step, "adopt_cache", lambda c: c)(cache)
     # the assistant reads the reference's cache layout and the target's float embedding
     reference_cache = getattr(step, "reference_cache", lambda c: c)
     embedding = float_params(params, cfg)["embed"]
-    last = np.array(jnp.argmax(logits, axis=-1), np.int32)  # each user's first new token
-    out = [[int(t)] for t in last]
-    pos = lengths.astype(np.int32)  # the position of each user's last token (its K/V not yet written)
-    rounds, accepted = [0] * B, [0] * B
-    history = [list(map(int, tokens[b, : lengths[b]])) + out[b] for b in range(B)]
+    users = _SpeculatingUsers.start(tokens, lengths, np.array(jnp.argmax(logits, axis=-1), np.int32), hidden)
     bar = tqdm(total=B * new_tokens, initial=B, desc=f"speculate ({engine}, {drafter})", disable=not progress)
-    while any(len(o) < new_tokens for o in out):
+    while any(len(o) < new_tokens for o in users.out):
         if drafter != "mtp":
             propose = ngram_draft if drafter == "ngram" else drafter
-            drafts = np.array([_padded(propose(history[b], K), K, history[b][-1]) for b in range(B)], np.int32)
+            drafts = np.array([_padded(propose(h, K), K, h[-1]) for h in users.history], np.int32)
         else:
             a, ap = assistant
-            drafts = np.asarray(draft(ap, a, cfg, embedding, reference_cache(cache), jnp.asarray(last),
-                                      jnp.asarray(hidden), jnp.asarray(pos), K))  # fmt: skip
-        rows = np.concatenate([last[:, None], drafts], axis=1)
-        picks, hidden_rows, cache = verify(params, cfg, cache, jnp.asarray(rows), jnp.asarray(pos))
+            drafts = np.asarray(draft(ap, a, cfg, embedding, reference_cache(cache), jnp.asarray(users.last),
+                                      jnp.asarray(users.hidden), jnp.asarray(users.pos), K))  # fmt: skip
+        rows = np.concatenate([users.last[:, None], drafts], axis=1)
+        picks, hidden_rows, cache = verify(params, cfg, cache, jnp.asarray(rows), jnp.asarray(users.pos))
         picks, hidden_rows = np.asarray(picks), np.asarray(hidden_rows)
-        hidden = np.array(hidden_rows[:, 0])
+        users.hidden = np.array(hidden_rows[:, 0])
         for b in range(B):
-            if len(out[b]) >= new_tokens:
-                continue  # done: its rows ran with the batch, its position stays
-            n = int(np.cumprod(drafts[b] == picks[b, :K]).sum())
-            emitted = [int(t) for t in drafts[b, :n]] + [int(picks[b, n])]
-            emitted = emitted[: new_tokens - len(out[b])]
-            out[b] += emitted
-            history[b] += emitted
-            rounds[b] += 1
-            accepted[b] += min(n, len(emitted))
-            pos[b] += n + 1
-            last[b] = picks[b, n]
-            hidden[b] = hidden_rows[b, n]
-            bar.update(len(emitted))
+            if len(users.out[b]) < new_tokens:  # a user done ran with the batch; its position stays
+                bar.update(users.accept(b, drafts[b], picks[b], hidden_rows[b], new_tokens))
     bar.close()
-    return SpeculativeRun(np.array(out, np.int32), rounds, [K * r for r in rounds], accepted)
+    return SpeculativeRun(np.array(users.out, np.int32), users.rounds, [K * r for r in users.rounds], users.accepted)
 
 
 def _padded(draft: list[int], k: int, filler: int) -> list[int]:
