@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 from mk.config import get_config
-from mk.measure import cpu, gpu, harness, knockouts, loop, tpu
+from mk.measure import cpu, gpu, harness, knockouts, loop, smoke
 from mk.measure.steps import decode_call
 from mk.paths import BENCH_CSV, GPU_CSV, TPU_CSV
 from mk.profiling import Estimate, compiled_kernels
@@ -192,7 +192,7 @@ def test_a_copy_inside_another_repository_has_no_commit_of_its_own_unless_its_se
 
 
 def test_every_driver_writes_the_shared_columns_first_each_named_once():
-    for driver in (cpu, gpu, tpu):
+    for driver in (cpu, gpu, smoke):
         assert driver.COLUMNS[: len(harness.SHARED)] == harness.SHARED
         assert len(set(driver.COLUMNS)) == len(driver.COLUMNS)
         assert "sol_fraction" not in driver.COLUMNS and "fraction_of_sol" in driver.COLUMNS
@@ -202,7 +202,7 @@ def test_every_driver_writes_the_shared_columns_first_each_named_once():
 
 def test_the_committed_rows_have_their_drivers_columns():
     """data/measured/'s CSVs are appended to by the drivers, which refuse a file with other columns."""
-    for path, driver in ((BENCH_CSV, cpu), (GPU_CSV, gpu), (TPU_CSV, tpu)):
+    for path, driver in ((BENCH_CSV, cpu), (GPU_CSV, gpu), (TPU_CSV, smoke)):
         if path.exists():
             with open(path, newline="") as f:
                 assert tuple(next(csv.reader(f))) == driver.COLUMNS, path

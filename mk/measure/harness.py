@@ -227,6 +227,44 @@ def _significant(x: float | None) -> float | None:
     return None if x is None else float(f"{x:.4g}")
 
 
+def _timed_row(
+    e: Engine, cmp: Comparison, sol: MeasuredSpeedOfLight, bw: Estimate | None, run: dict, calls: list, steps: int
+) -> dict:
+    """One engine's row of :func:`time_engines`: the run's columns, the engine's, its step (the host's), the speed of
+    light's bandwidth and its fraction of it, and with ``steps`` back to back the device's time a step."""
+    step = cmp.times[e.label]
+    fractions = sol.fractions(cmp.raw, e.label)
+    frac = None if fractions is None else Estimate.of(fractions, cmp.confidence)
+    device = {}
+    if steps:
+        d = Estimate.of([t / steps for t in cmp.raw[e.label + BACK_TO_BACK]], cmp.confidence)
+        device = dict(zip(DEVICE_TIMING, (steps, *(round(x * 1e3, 4) for x in (d.median, d.low, d.high)))))
+    return {
+        **run,
+        "engine": e.engine,
+        **e.columns,
+        "rounds": cmp.rounds,
+        "interleaved_with": ", ".join(n for n in calls if n not in (e.label, e.label + BACK_TO_BACK)),
+        "step_ms": round(step.median * 1e3, 4),
+        "step_low_ms": round(step.low * 1e3, 4),
+        "step_high_ms": round(step.high * 1e3, 4),
+        "tokens_per_s": round(1 / step.median, 2),
+        "tokens_per_s_total": round(run["batch"] / step.median, 2),
+        "load_before": round(cmp.load[0], 2),
+        "load_after": round(cmp.load[1], 2),
+        "bytes_per_token": int(sol.bytes_per_step),
+        "sol_source": sol.source,
+        "sol_bandwidth_GBps": None if bw is None else round(bw.median / 1e9, 3),
+        "sol_bandwidth_low_GBps": None if bw is None else round(bw.low / 1e9, 3),
+        "sol_bandwidth_high_GBps": None if bw is None else round(bw.high / 1e9, 3),
+        "sol_tokens_per_s": None if bw is None else round(bw.median / sol.bytes_per_step, 2),
+        "fraction_of_sol": _significant(frac and frac.median),
+        "fraction_of_sol_low": _significant(frac and frac.low),
+        "fraction_of_sol_high": _significant(frac and frac.high),
+        **device,
+    }
+
+
 def time_engines(
     engines: list[Engine],
     sol: MeasuredSpeedOfLight,
@@ -272,42 +310,5 @@ def time_engines(
     log(f"timed {cmp.rounds} rounds in {cmp.elapsed_s:.1f} s")
     rounds_bw = sol.bandwidths(cmp.raw)
     bw = None if rounds_bw is None else Estimate.of(rounds_bw, cmp.confidence)
-    batch = run["batch"]
-    rows = []
-    for e in engines:
-        step = cmp.times[e.label]
-        fractions = sol.fractions(cmp.raw, e.label)
-        frac = None if fractions is None else Estimate.of(fractions, cmp.confidence)
-        device = {}
-        if steps_back_to_back:
-            d = Estimate.of([t / steps_back_to_back for t in cmp.raw[e.label + BACK_TO_BACK]], cmp.confidence)
-            device = dict(
-                zip(DEVICE_TIMING, (steps_back_to_back, *(round(x * 1e3, 4) for x in (d.median, d.low, d.high))))
-            )
-        rows.append(
-            {
-                **run,
-                "engine": e.engine,
-                **e.columns,
-                "rounds": cmp.rounds,
-                "interleaved_with": ", ".join(n for n in calls if n not in (e.label, e.label + BACK_TO_BACK)),
-                "step_ms": round(step.median * 1e3, 4),
-                "step_low_ms": round(step.low * 1e3, 4),
-                "step_high_ms": round(step.high * 1e3, 4),
-                "tokens_per_s": round(1 / step.median, 2),
-                "tokens_per_s_total": round(batch / step.median, 2),
-                "load_before": round(cmp.load[0], 2),
-                "load_after": round(cmp.load[1], 2),
-                "bytes_per_token": int(sol.bytes_per_step),
-                "sol_source": sol.source,
-                "sol_bandwidth_GBps": None if bw is None else round(bw.median / 1e9, 3),
-                "sol_bandwidth_low_GBps": None if bw is None else round(bw.low / 1e9, 3),
-                "sol_bandwidth_high_GBps": None if bw is None else round(bw.high / 1e9, 3),
-                "sol_tokens_per_s": None if bw is None else round(bw.median / sol.bytes_per_step, 2),
-                "fraction_of_sol": _significant(frac and frac.median),
-                "fraction_of_sol_low": _significant(frac and frac.low),
-                "fraction_of_sol_high": _significant(frac and frac.high),
-                **device,
-            }
-        )
+    rows = [_timed_row(e, cmp, sol, bw, run, list(calls), steps_back_to_back) for e in engines]
     return cmp, rows
