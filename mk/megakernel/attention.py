@@ -19,7 +19,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..config import SLIDING, YarnScaling
 from ..plan import BLOCK, LANE, kv_tiles_read, round_up
+from ..sharding import first_kv_head
 from . import mxu
+from .collective import exchange_in_group
 from .dense import NEG, rms
 from .refs import POSITION
 
@@ -259,9 +261,6 @@ def emit_attend_users(k, op):
     head: each chip's q, k, v heads of an owner's users go to that owner (one exchange among all chips), which
     assembles their whole q, k, v (a KV head several chips hold comes from the first of them), attends for its users
     over every head and writes their K/V; each chip's heads' outputs for every user come back (a second exchange)."""
-    from ..sharding import first_kv_head
-    from .collective import exchange_in_group
-
     cfg, model, t, C = k.cfg, k.plan.whole_model, op.layer_type, k.plan.chips
     hd, nh, kv = cfg.head_dim(t), cfg.num_heads, cfg.kv_heads(t)  # this chip's heads
     u = k.plan.cache_users
@@ -304,8 +303,6 @@ def emit_attend_shared(k, op):
     empty where another member holds the new position); each head's partial state (running max, sum and weighted
     values) goes to its member, which merges the g states exactly as the online softmax merges tiles. Only the
     member holding a user's new slot writes its K/V."""
-    from .collective import exchange_in_group
-
     cfg, t, B, g = k.cfg, op.layer_type, k.plan.batch, op.positions_shared
     hd, nh = cfg.head_dim(t), cfg.num_heads  # one KV head here, nh of its query heads on each member
     heads = g * nh
@@ -366,7 +363,13 @@ def emit_attend_shared(k, op):
     # 2. each head's partial states to its member; merged here, for this chip's heads
     buf.state_in[me] = buf.state[me]
     exchange_in_group(k, g, lambda m: buf.state.at[m], lambda m: buf.state_in.at[m], buf.share_sem.at[1])
-    for b in range(B):
+    _merge_partial_states(buf, g, B, nh, hd, out)
+
+
+def _merge_partial_states(buf, g: int, batch: int, nh: int, hd: int, out) -> None:
+    """Each user's ``g`` members' partial softmax states of this chip's ``nh`` heads (weighted values, then max and sum
+    in lanes hd and hd + 1) merged exactly as the online softmax merges tiles; the heads' outputs into ``out``."""
+    for b in range(batch):
         parts = [buf.state_in[member, b] for member in range(g)]  # [nh, hd + LANE] each
         top = parts[0][:, hd : hd + 1]
         for x in parts[1:]:
