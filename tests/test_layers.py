@@ -245,3 +245,35 @@ def longest_chain(g: dict[str, dict[str, int]]) -> list[str]:
 def test_the_house_stands_on_at_most_twelve_floors():
     chain = longest_chain(graph())
     assert len(chain) <= 12, " -> ".join(chain)
+
+
+MAX_MODULE_LINES = 700  # one module, one idea
+MAX_FUNCTION_LINES = 80  # a function fits a screen
+
+
+def sizes() -> tuple[dict[str, int], dict[str, int]]:
+    """Lines of every module of mk, and of every function (``module:qualified name``, nested ones too)."""
+    module_lines, function_lines = {}, {}
+    for name, path in modules().items():
+        text = path.read_text()
+        module_lines[name] = len(text.splitlines())
+
+        def walk(node, prefix):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    qualified = f"{prefix}{child.name}"
+                    if not isinstance(child, ast.ClassDef):
+                        function_lines[f"{name}:{qualified}"] = child.end_lineno - child.lineno + 1
+                    walk(child, qualified + ".")
+
+        walk(ast.parse(text), "")
+    return module_lines, function_lines
+
+
+def test_every_module_and_function_fits_its_size():
+    module_lines, function_lines = sizes()
+    assert function_lines["mk.megakernel.kernel:build_call"] > 20  # what is measured: whole functions, by line
+    long_modules = {n: k for n, k in module_lines.items() if k > MAX_MODULE_LINES}
+    long_functions = {n: k for n, k in function_lines.items() if k > MAX_FUNCTION_LINES}
+    assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
+    assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
