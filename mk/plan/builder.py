@@ -14,6 +14,19 @@ import numpy as np
 from ..config import ModelConfig
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs, tile_rows_scaled
 from ..units import ceil_div, positive_int
+from .flops import (
+    attention_flops,
+    attention_residual_flops,
+    expert_combine_flops,
+    ffn_residual_flops,
+    gated_act_flops,
+    head_tile_flops,
+    latent_attention_flops,
+    matmul_flops,
+    norm_flops,
+    qk_norm_rope_flops,
+    route_flops,
+)
 from .layout import (
     BLOCK,
     LANE,
@@ -259,48 +272,23 @@ class Builder:
         return ld.id
 
     # matmul helpers -----------------------------------------------------------------------------
-    def proj_cols(self, tensor, layer, component, src, dst, expert=None):
-        """dst[:, c] = src @ W[:, c], W [K, N] streamed in column tiles."""
+    def project(self, tensor, layer, component, src, dst, mode: MatmulMode, expert=None):
+        """dst = src @ W, W [K, N] streamed in tiles: column tiles (``COLS``: dst[:, c] = src @ W[:, c]) or row tiles
+        summed into dst (``ROWS``)."""
         k, n = self.shapes[tensor][-2:]
-        sp = spans(n, k, self.itemsize(tensor), self.tiles.weight_tile_bytes)
-        for c, tn in sp:
-            lid = self.load(tensor, layer, component, (0, k), (c, tn), expert, (k, sp[0][1]))
-            self.op(
-                MatmulTile(
-                    layer,
-                    component,
-                    2 * self.batch * k * tn,
-                    load=lid,
-                    src=src,
-                    dst=dst,
-                    mode=MatmulMode.COLS,
-                    dst_off=c,
-                    n=tn,
-                    expert=expert,
-                )
-            )
-
-    def proj_rows(self, tensor, layer, component, src, dst, expert=None):
-        """dst = src @ W, W [K, N] streamed in row tiles summed into dst."""
-        k, n = self.shapes[tensor][-2:]
-        sp = spans(k, n, self.itemsize(tensor), self.tiles.weight_tile_bytes)
-        for r, tk in sp:
-            lid = self.load(tensor, layer, component, (r, tk), (0, n), expert, (sp[0][1], n))
-            self.op(
-                MatmulTile(
-                    layer,
-                    component,
-                    2 * self.batch * tk * n,
-                    load=lid,
-                    src=src,
-                    dst=dst,
-                    mode=MatmulMode.ROWS,
-                    src_off=r,
-                    n=tk,
-                    accumulate=r > 0,
-                    expert=expert,
-                )
-            )
+        on_cols = mode == MatmulMode.COLS
+        split, other = (n, k) if on_cols else (k, n)
+        sp = spans(split, other, self.itemsize(tensor), self.tiles.weight_tile_bytes)
+        for start, width in sp:
+            if on_cols:
+                lid = self.load(tensor, layer, component, (0, k), (start, width), expert, (k, sp[0][1]))
+                at = dict(dst_off=start)
+            else:
+                lid = self.load(tensor, layer, component, (start, width), (0, n), expert, (sp[0][1], n))
+                at = dict(src_off=start, accumulate=start > 0)
+            flops = matmul_flops(self.batch, *((k, width) if on_cols else (width, n)))
+            self.op(MatmulTile(layer, component, flops, load=lid, src=src, dst=dst, mode=mode, n=width, expert=expert,
+                               **at))  # fmt: skip
 
     def mlp(self, prefix, layer, component, src, dst, names, expert=None):
         """A gated MLP chunked over its (padded) intermediate: per chunk gate, up, act, down. With the
@@ -324,7 +312,7 @@ class Builder:
                     MatmulTile(
                         layer,
                         component,
-                        2 * B * h * tc,
+                        matmul_flops(B, h, tc),
                         load=lid,
                         src=src,
                         dst=act_dst,
@@ -336,13 +324,13 @@ class Builder:
             biased = {}
             if self.cfg.expert_bias and expert is not None:  # gpt-oss's: the chunk's gate and up biases
                 biased = dict(off=c, index=type_index(self.cfg, layer), layer_type=self.cfg.layer_types[layer])
-            self.op(GatedAct(layer, component, 10 * B * tc, src=gate, dst=up, n=tc, expert=expert, **biased))
+            self.op(GatedAct(layer, component, gated_act_flops(B, tc), src=gate, dst=up, n=tc, expert=expert, **biased))
             lid = self.load(d, layer, component, (c, tc), (0, h), expert, (w, h))
             self.op(
                 MatmulTile(
                     layer,
                     component,
-                    2 * B * tc * h,
+                    matmul_flops(B, tc, h),
                     load=lid,
                     src=up,
                     dst=dst,
@@ -369,14 +357,14 @@ class Builder:
         self.all_reduce(-1, ["x"], 4)  # each chip looked up the tokens in its vocabulary rows (exact in f32)
         for i, t in enumerate(cfg.layer_types):
             self.layer(i, t)
-        self.op(Norm(-1, NORMS, 4 * B * H, src="x", dst="xn", vector="final_norm"))
+        self.op(Norm(-1, NORMS, norm_flops(B, H), src="x", dst="xn", vector="final_norm"))
         # The head: equal tiles (one loop in the kernel), each softcapped and folded into the running argmax.
         tv = even_width(cfg.vocab_size, H, self.wb, self.tiles.head_tile_bytes)
         if HEAD not in self.ko:
             head = "embed" if cfg.tied_embeddings else "head"  # [V, H] either way
             for r in range(0, cfg.vocab_size, tv):
                 lid = self.load(head, -1, HEAD, (r, tv), (0, H))
-                self.op(HeadTile(-1, HEAD, 2 * B * tv * H + 6 * B * tv, load=lid, src="xn", row_off=r, n=tv))
+                self.op(HeadTile(-1, HEAD, head_tile_flops(B, tv, H), load=lid, src="xn", row_off=r, n=tv))
         else:
             self.op(NoHead(-1, HEAD, 0))
         if self.setup.sharded:
@@ -404,11 +392,11 @@ class Builder:
             self.act("k", qkw),
             self.act("v", qkw),
         )
-        self.proj_cols(p + "q", i, att, "xn", q)
-        self.proj_cols(p + "k", i, att, "xn", k)
+        self.project(p + "q", i, att, "xn", q, MatmulMode.COLS)
+        self.project(p + "k", i, att, "xn", k, MatmulMode.COLS)
         if cfg.has_v_proj(t):
-            self.proj_cols(p + "v", i, att, "xn", v)
-        self.op(QKVNormRope(i, att, 12 * B * (nh + 2 * kv) * hd, layer_type=t))
+            self.project(p + "v", i, att, "xn", v, MatmulMode.COLS)
+        self.op(QKVNormRope(i, att, qk_norm_rope_flops(B, nh + 2 * kv, hd), layer_type=t))
         positions = cfg.cache_positions(t, self.context)
         T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
         g = self.position_shares.get(t, 1)
@@ -430,7 +418,7 @@ class Builder:
             Attend(
                 i,
                 att,
-                4 * users * R * heads * hd * positions,
+                attention_flops(users * R, heads, hd, positions),
                 layer_type=t,
                 index=type_index(cfg, i),
                 kv_bytes=users * per_pos * max(0, positions - 1 - T),
@@ -456,22 +444,22 @@ class Builder:
         q = self.act("q", nh * (D + Dr))
         if mla.q_lora_rank:
             qa = self.act("qa", round_up(mla.q_lora_rank, LANE))
-            self.proj_cols(p + "q_a", i, att, "xn", qa)
+            self.project(p + "q_a", i, att, "xn", qa, MatmulMode.COLS)
             r = mla.q_lora_rank
-            self.op(Norm(i, NORMS, 4 * B * r, src=qa, dst=qa, vector="q_a_norm", width=r))
-            self.proj_cols(p + "q_b", i, att, qa, q)
+            self.op(Norm(i, NORMS, norm_flops(B, r), src=qa, dst=qa, vector="q_a_norm", width=r))
+            self.project(p + "q_b", i, att, qa, q, MatmulMode.COLS)
         else:
-            self.proj_cols(p + "q", i, att, "xn", q)
-        self.proj_cols(p + "kv_a", i, att, "xn", self.act("kva", L + Dr))
+            self.project(p + "q", i, att, "xn", q, MatmulMode.COLS)
+        self.project(p + "kv_a", i, att, "xn", self.act("kva", L + Dr), MatmulMode.COLS)
         self.act("latent", L)
         self.act("rope_k", Dr)
-        self.op(QKVNormRope(i, att, 4 * B * lat + 12 * B * (nh + 1) * rope, layer_type=t))
+        self.op(QKVNormRope(i, att, norm_flops(B, lat) + qk_norm_rope_flops(B, nh + 1, rope), layer_type=t))
         w, qlat = D + Dv, self.act("qlat", nh * L)
         budget = self.tiles.weight_tile_bytes // (L * w * self.itemsize(p + "kv_b"))
         per = max([n for n in range(1, nh + 1) if nh % n == 0 and n <= budget] or [1])
         for h in range(0, nh, per):
             lid = self.load(p + "kv_b", i, att, (0, L), (h * w, per * w))
-            flops = 2 * B * lat * per * (mla.qk_nope_head_dim + mla.v_head_dim)
+            flops = matmul_flops(B, lat, per * (mla.qk_nope_head_dim + mla.v_head_dim))
             self.op(MatmulTile(i, att, flops, load=lid, src=q, dst=qlat, mode=MatmulMode.ABSORB, dst_off=h * w,
                                n=per * w))  # fmt: skip
         positions = cfg.cache_positions(t, self.context)
@@ -481,7 +469,7 @@ class Builder:
             Attend(
                 i,
                 att,
-                2 * B * nh * (2 * lat + rope) * positions,  # scores over latent + RoPE key, values over the latent
+                latent_attention_flops(B, nh, lat, rope, positions),
                 layer_type=t,
                 index=type_index(cfg, i),
                 kv_bytes=B * per_pos * max(0, positions - 1 - T),
@@ -497,15 +485,15 @@ class Builder:
         H = cfg.hidden_size
         att = attention_component(t)
         if att not in self.ko:
-            self.op(Norm(i, NORMS, 4 * B * H, src="x", dst="xn", vector="input_norm"))
+            self.op(Norm(i, NORMS, norm_flops(B, H), src="x", dst="xn", vector="input_norm"))
             if cfg.latent_attention is not None:
                 self.latent_attention(i, t)
             else:
                 self.attention(i, t)
-            self.proj_rows(p + "o", i, att, "attn", "attn_out")
+            self.project(p + "o", i, att, "attn", "attn_out", MatmulMode.ROWS)
             if self.split_heads:  # each chip computed its heads' share of the output projection
                 self.all_reduce(i, ["attn_out"], self.setup.collective.payload_itemsize())
-        self.op(AttentionResidual(i, NORMS, 8 * B * H, attention_on=att not in self.ko))
+        self.op(AttentionResidual(i, NORMS, attention_residual_flops(B, H), attention_on=att not in self.ko))
         # Gemma 4's router and experts read their own norms of x; a pre-norm family's the FFN's input, xn
         rin, x2 = ("rin", "x2") if cfg.router == "gemma4" else ("xn", "xn")
         moe = cfg.is_moe_layer(i)  # an MoE model's dense first layers (DeepSeek-V3) route to none
@@ -513,14 +501,14 @@ class Builder:
             E = self.shapes[p + "router_proj"][1]
             self.act("router", E)
             if ROUTER not in self.ko:
-                self.proj_cols(p + "router_proj", i, ROUTER, rin, "router")
+                self.project(p + "router_proj", i, ROUTER, rin, "router", MatmulMode.COLS)
             self._route = len(self.ops)
             # with the router knocked out, Route only sets the fixed experts 0..k-1
             self.op(
                 Route(
                     i,
                     ROUTER,
-                    0 if ROUTER in self.ko else (4 + 2 * cfg.top_k) * B * E,
+                    0 if ROUTER in self.ko else route_flops(B, E, cfg.top_k),
                     router_on=ROUTER not in self.ko,
                     serial_bytes=2 * ROWS * E * 4,
                 )
@@ -533,10 +521,12 @@ class Builder:
             for j in range(expert_slots(cfg, B, self.experts_held)):
                 self.mlp(p, i, EXPERTS, x2, "eo", ("expert_gate", "expert_up", "expert_down"), expert=j)
                 biased = dict(index=type_index(cfg, i), layer_type=t) if cfg.expert_bias else {}
-                self.op(ExpertCombine(i, EXPERTS, 2 * B * H, expert=j, **biased))
+                self.op(ExpertCombine(i, EXPERTS, expert_combine_flops(B, H), expert=j, **biased))
         partial_sums = [a for a, on in (("ffn", shared), ("moe", moe and EXPERTS not in self.ko)) if on]
         self.all_reduce(i, partial_sums, self.setup.collective.payload_itemsize())
-        self.op(FfnResidual(i, NORMS, 10 * B * H, **({} if moe or not cfg.is_moe else dict(routed=False))))
+        self.op(
+            FfnResidual(i, NORMS, ffn_residual_flops(B, H), **({} if moe or not cfg.is_moe else dict(routed=False)))
+        )
 
 
 def check_shapes(cfg: ModelConfig, batch: int, max_len: int, context: int, kv_itemsize: int, tiles: Tiles):
