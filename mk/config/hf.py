@@ -224,6 +224,18 @@ def yarn_scaling(rope: dict, max_position_embeddings: int | None = None) -> Yarn
     )
 
 
+def _read_alike(d: dict, name: str, layer_types, eps: float = 1e-6) -> dict:
+    """The fields every family's config.json spells alike: the model's name, its vocabulary and width, its layers'
+    kinds and the norms' epsilon."""
+    return dict(
+        name=name,
+        vocab_size=d["vocab_size"],
+        hidden_size=d["hidden_size"],
+        layer_types=layer_types,
+        rms_eps=float(d.get("rms_norm_eps", eps)),
+    )
+
+
 def _same_heads(d: dict) -> dict:
     """The head counts and dims of a family whose sliding and full layers share them (gpt-oss, Gemma 2 and 3)."""
     nh = d["num_attention_heads"]
@@ -246,18 +258,14 @@ def _gemma2_3_from_hf(d: dict, name: str) -> ModelConfig:
         types = period_pattern(n, period)
     theta = float(d.get("rope_theta", 10_000.0))
     return ModelConfig(
-        name=name,
-        vocab_size=d["vocab_size"],
-        hidden_size=d["hidden_size"],
-        layer_types=types,
+        **_read_alike(d, name, types),
         **_same_heads(d),
+        final_softcap=float(d.get("final_logit_softcapping") or 0.0),
         sliding_window=d["sliding_window"],
         mlp_intermediate=d["intermediate_size"],
         sliding_rope_theta=float(d.get("rope_local_base_freq", theta)),
         full_rope_theta=theta,
         full_partial_rotary=1.0,
-        rms_eps=float(d.get("rms_norm_eps", 1e-6)),
-        final_softcap=float(d.get("final_logit_softcapping") or 0.0),
         full_k_eq_v=False,
         family=family,
         tied_embeddings=bool(d.get("tie_word_embeddings", True)),
@@ -284,10 +292,7 @@ def _gpt_oss_from_hf(d: dict, name: str) -> ModelConfig:
                           original_max_position_embeddings=4096), "yarn"  # fmt: skip
     scaling = yarn_scaling(rope, d.get("max_position_embeddings")) if kind == "yarn" else None
     return ModelConfig(
-        name=name,
-        vocab_size=d["vocab_size"],
-        hidden_size=d["hidden_size"],
-        layer_types=_layer_types(types, n),
+        **_read_alike(d, name, _layer_types(types, n), eps=1e-5),
         **_same_heads(d),
         sliding_window=d["sliding_window"],
         mlp_intermediate=0,
@@ -296,7 +301,6 @@ def _gpt_oss_from_hf(d: dict, name: str) -> ModelConfig:
         expert_intermediate=d["intermediate_size"],
         sliding_rope_theta=theta,
         full_rope_theta=theta,
-        rms_eps=float(d.get("rms_norm_eps", 1e-5)),
         family="gpt_oss",
         tied_embeddings=bool(d.get("tie_word_embeddings", False)),
         router="topk_softmax",
@@ -357,10 +361,8 @@ def _gemma4_from_hf(d: dict, name: str) -> ModelConfig:
         raise ValueError(f"unsupported rope_parameters {rope}: expected default (sliding) and proportional (full)")
     moe = bool(d.get("enable_moe_block", False))
     return ModelConfig(
-        name=name,
-        vocab_size=d["vocab_size"],
-        hidden_size=d["hidden_size"],
-        layer_types=layer_types,
+        **_read_alike(d, name, layer_types),
+        final_softcap=float(d.get("final_logit_softcapping") or 0.0),
         num_heads=d["num_attention_heads"],
         sliding_kv_heads=d["num_key_value_heads"],
         sliding_head_dim=d["head_dim"],
@@ -374,8 +376,6 @@ def _gemma4_from_hf(d: dict, name: str) -> ModelConfig:
         sliding_rope_theta=float(sl_rope.get("rope_theta", 10_000.0)),
         full_rope_theta=float(fu_rope.get("rope_theta", 1_000_000.0)),
         full_partial_rotary=float(fu_rope.get("partial_rotary_factor", 0.25)),
-        rms_eps=float(d.get("rms_norm_eps", 1e-6)),
-        final_softcap=float(d.get("final_logit_softcapping") or 0.0),
         full_k_eq_v=k_eq_v,
     )
 
@@ -414,10 +414,7 @@ def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
     n = d["num_hidden_layers"]
     dense = tuple(range(min(d.get("first_k_dense_replace", 3), n)))
     return ModelConfig(
-        name=name,
-        vocab_size=d["vocab_size"],
-        hidden_size=d["hidden_size"],
-        layer_types=(FULL,) * n,
+        **_read_alike(d, name, (FULL,) * n),
         num_heads=d["num_attention_heads"],
         sliding_kv_heads=0,
         sliding_head_dim=0,
@@ -429,7 +426,6 @@ def _deepseek_from_hf(d: dict, name: str) -> ModelConfig:
         top_k=d["num_experts_per_tok"],
         expert_intermediate=d["moe_intermediate_size"],
         full_rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10_000.0))),
-        rms_eps=float(d.get("rms_norm_eps", 1e-6)),
         family=family,
         tied_embeddings=bool(d.get("tie_word_embeddings", False)),
         router="sigmoid_grouped",
@@ -527,10 +523,7 @@ def _pre_norm_from_hf(d: dict, name: str) -> ModelConfig:
     else:
         E, k, I, mlp = 0, 0, 0, d["intermediate_size"]
     return ModelConfig(
-        name=name,
-        vocab_size=d["vocab_size"],
-        hidden_size=H,
-        layer_types=layer_types,
+        **_read_alike(d, name, layer_types),
         num_heads=nh,
         **(sliding if window else dict(sliding_kv_heads=0, sliding_head_dim=0, sliding_window=0)),
         full_kv_heads=kv,
@@ -540,7 +533,6 @@ def _pre_norm_from_hf(d: dict, name: str) -> ModelConfig:
         top_k=k,
         expert_intermediate=I,
         full_rope_theta=theta,
-        rms_eps=float(d.get("rms_norm_eps", 1e-6)),
         family=family,
         tied_embeddings=bool(d.get("tie_word_embeddings", False)),
         **dict(PRE_NORM_WIRING, qk_norm=family in ("qwen3", "qwen3_moe")),
