@@ -14,39 +14,33 @@ def _register(cfg: ModelConfig) -> ModelConfig:
     return cfg
 
 
+def _gemma4(
+    name: str, hidden_size: int, layers: int, num_heads: int, kv_heads: tuple[int, int], **widths
+) -> ModelConfig:
+    """A Gemma 4 model at its size: the family's vocabulary, head dims (256 sliding, 512 full), window (1024) and
+    5:1 sliding/full pattern; ``kv_heads``: (sliding, full); ``widths``: its MLP's and experts'."""
+    return ModelConfig(
+        name=name,
+        vocab_size=262_144,
+        hidden_size=hidden_size,
+        layer_types=period_pattern(layers),
+        num_heads=num_heads,
+        sliding_kv_heads=kv_heads[0],
+        sliding_head_dim=256,
+        full_kv_heads=kv_heads[1],
+        full_head_dim=512,
+        sliding_window=1024,
+        **widths,
+    )
+
+
 GEMMA4_26B_A4B = _register(
-    ModelConfig(
-        name="gemma4-26b-a4b",
-        vocab_size=262_144,
-        hidden_size=2816,
-        layer_types=period_pattern(30),
-        num_heads=16,
-        sliding_kv_heads=8,
-        sliding_head_dim=256,
-        full_kv_heads=2,
-        full_head_dim=512,
-        sliding_window=1024,
-        mlp_intermediate=2112,
-        num_experts=128,
-        top_k=8,
-        expert_intermediate=704,
+    _gemma4(
+        "gemma4-26b-a4b", 2816, layers=30, num_heads=16, kv_heads=(8, 2), mlp_intermediate=2112, num_experts=128,
+        top_k=8, expert_intermediate=704,
     )
-)
-GEMMA4_31B = _register(
-    ModelConfig(
-        name="gemma4-31b",
-        vocab_size=262_144,
-        hidden_size=5376,
-        layer_types=period_pattern(60),
-        num_heads=32,
-        sliding_kv_heads=16,
-        sliding_head_dim=256,
-        full_kv_heads=4,
-        full_head_dim=512,
-        sliding_window=1024,
-        mlp_intermediate=21504,
-    )
-)
+)  # fmt: skip
+GEMMA4_31B = _register(_gemma4("gemma4-31b", 5376, layers=60, num_heads=32, kv_heads=(16, 4), mlp_intermediate=21504))
 # Tiny presets for tests: two sliding + one full layer, a window shorter than the test context,
 # head dims and widths that are multiples of 128 so the same shapes lower on a real TPU.
 TINY_DENSE = _register(
