@@ -312,6 +312,16 @@ def _traced(params: dict) -> bool:
     return any(isinstance(v, jax.core.Tracer) for v in params.values())
 
 
+def _kept_for_last_tree(kept: dict, params: dict, cfg: ModelConfig, make):
+    """``make(params, cfg)``, made once for the last tree seen: ``kept`` maps (cfg, the ids of the tree's arrays) to
+    (the arrays, held so their ids stay theirs; what was made)."""
+    key = (cfg, tuple(id(v) for v in params.values()))
+    if key not in kept:
+        kept.clear()
+        kept[key] = (tuple(params.values()), make(params, cfg))
+    return kept[key][1]
+
+
 _dequantized: dict = {}  # (cfg, ids of the quantized tree's arrays) -> (the arrays, kept; its float tree)
 
 
@@ -325,11 +335,7 @@ def float_params(params: dict, cfg: ModelConfig) -> dict:
         return params
     if _traced(params):
         return dequantize(params, cfg)
-    key = (cfg, tuple(id(v) for v in params.values()))
-    if key not in _dequantized:
-        _dequantized.clear()
-        _dequantized[key] = (tuple(params.values()), dequantize(params, cfg))
-    return _dequantized[key][1]
+    return _kept_for_last_tree(_dequantized, params, cfg, dequantize)
 
 
 EXPERT_LAYOUTS = ("split", "stacked")
@@ -392,11 +398,7 @@ def prepared(params: dict, cfg: ModelConfig) -> dict:
     someone's jit is prepared inside it: right, but the re-layout is then in every step."""
     if PREPARED in params or _traced(params):
         return prepare(params, cfg)
-    key = (cfg, tuple(id(v) for v in params.values()))
-    if key not in _prepared:
-        _prepared.clear()
-        _prepared[key] = (tuple(params.values()), prepare(params, cfg))
-    return _prepared[key][1]
+    return _kept_for_last_tree(_prepared, params, cfg, prepare)
 
 
 def forget_prepared() -> None:
