@@ -308,38 +308,16 @@ class Builder:
                     lid = self.load(tensor, layer, component, (c, tc), (0, h), expert, (w, h))
                 else:
                     lid = self.load(tensor, layer, component, (0, h), (c, tc), expert, (h, w))
-                self.op(
-                    MatmulTile(
-                        layer,
-                        component,
-                        matmul_flops(B, h, tc),
-                        load=lid,
-                        src=src,
-                        dst=act_dst,
-                        mode=MatmulMode.COLS_T if on_rows else MatmulMode.COLS,
-                        n=tc,
-                        expert=expert,
-                    )
-                )
+                mode = MatmulMode.COLS_T if on_rows else MatmulMode.COLS
+                self.op(MatmulTile(layer, component, matmul_flops(B, h, tc), load=lid, src=src, dst=act_dst, mode=mode,
+                                   n=tc, expert=expert))  # fmt: skip
             biased = {}
             if self.cfg.expert_bias and expert is not None:  # gpt-oss's: the chunk's gate and up biases
                 biased = dict(off=c, index=type_index(self.cfg, layer), layer_type=self.cfg.layer_types[layer])
             self.op(GatedAct(layer, component, gated_act_flops(B, tc), src=gate, dst=up, n=tc, expert=expert, **biased))
             lid = self.load(d, layer, component, (c, tc), (0, h), expert, (w, h))
-            self.op(
-                MatmulTile(
-                    layer,
-                    component,
-                    matmul_flops(B, tc, h),
-                    load=lid,
-                    src=up,
-                    dst=dst,
-                    mode=MatmulMode.ROWS,
-                    n=tc,
-                    accumulate=c > 0,
-                    expert=expert,
-                )
-            )
+            self.op(MatmulTile(layer, component, matmul_flops(B, tc, h), load=lid, src=up, dst=dst,
+                               mode=MatmulMode.ROWS, n=tc, accumulate=c > 0, expert=expert))  # fmt: skip
 
     # the step ---------------------------------------------------------------------------------
     def build(self):
