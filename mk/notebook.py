@@ -127,7 +127,7 @@ def show(
 UNITS = {"step_time": "s", "knockout_time": "s", "tokens_per_s": "tok/s", "fraction_of_sol": "", "speedup": "x"}
 
 
-def in_ms(df: pd.DataFrame, columns=("published", "modelled", "measured")) -> pd.DataFrame:
+def in_ms(df: pd.DataFrame, columns=("published", "modelled", "modelled_assumed", "measured")) -> pd.DataFrame:
     """``df`` with its rows in seconds (``unit`` "s", or without a unit column a time ``quantity``) shown in
     milliseconds: ``columns`` times 1,000, unit "ms" (a unit column is added after ``quantity`` where missing)."""
     out = df.copy()
@@ -139,6 +139,11 @@ def in_ms(df: pd.DataFrame, columns=("published", "modelled", "measured")) -> pd
             out[c] = out[c].astype(float).where(~seconds, out[c] * 1e3)
     out["unit"] = out["unit"].where(~seconds, "ms")
     return out
+
+
+def with_unit(x: float, unit: str) -> str:
+    """``x`` to 4 significant figures and its unit (a row's ``unit`` column; none for a fraction)."""
+    return f"{x:.4g}" + (f" {unit}" if unit else "")
 
 
 # Where a modelled megakernel step's per-op costs came from, in a sentence: a table's ``op_costs`` column holds

@@ -28,6 +28,45 @@ NAME = re.compile(r"(\d\d)_[A-Za-z0-9_-]+")  # NN_name: the notebook's number, t
 META_SUFFIX = ".meta.json"
 SIGNIFICANT = 4  # figures an exported table's floats keep
 LONG_TABLE = 25  # rows beyond which the page folds a table away behind its row count (its CSV holds every row)
+# A time column names its unit: one of these among the words of its name (``step_ms``, ``ici_ms_per_step``).
+TIME_UNITS = ("s", "ms", "us", "ns")
+# Words that make a column a time (a word after "per" names a rate's denominator, not the column's quantity) ...
+TIME_WORDS = {"time", "step", "seconds", "latency", "overhead", "elapsed", "duration", "wall", "round"}
+# ... unless the column is a ratio of two times (a share, a speed-up, one over another)
+RATIO_WORDS = {"vs", "over", "share", "fraction", "speedup", "ratio", "change"}
+OTHER_UNITS = {"gb", "mb", "gib", "mib", "bytes", "gbps", "tbps", "gflop"}  # a size or a rate: no time
+
+
+def _words(column) -> list[str]:
+    return [w for w in re.split(r"[_\s=-]+", str(column).lower()) if w]
+
+
+def unitless_time_columns(df: pd.DataFrame) -> list[str]:
+    """The float columns of ``df`` whose name says they hold a time but names no unit of :data:`TIME_UNITS`; and, in a
+    table of several quantities (a ``quantity`` column), every value column when some quantity is a time and the
+    table has no ``unit`` column saying each row's unit."""
+    bad = []
+    for c in df.columns:
+        if not pd.api.types.is_float_dtype(df[c]):
+            continue
+        words = _words(c)
+        own = [w for i, w in enumerate(words) if i == 0 or words[i - 1] != "per"]
+        if set(own) & TIME_WORDS and not set(words) & (set(TIME_UNITS) | RATIO_WORDS | OTHER_UNITS):
+            bad.append(str(c))
+    if "quantity" in df.columns and "unit" not in df.columns:
+        if any(str(q).endswith("_time") for q in df["quantity"]):
+            bad += [str(c) for c in df.columns if pd.api.types.is_float_dtype(df[c]) and str(c) not in bad]
+    return bad
+
+
+def check_units(df: pd.DataFrame, name: str) -> None:
+    """Refuse a table whose time columns do not say their unit (:func:`unitless_time_columns`)."""
+    bad = unitless_time_columns(df)
+    if bad:
+        raise ValueError(
+            f"table {name!r}: the time column(s) {bad} name no unit; put it in the name ({', '.join(TIME_UNITS)}: "
+            "step_ms, overhead_ns), or give a table of several quantities a 'unit' column"
+        )
 
 
 def _significant(x: float, figures: int) -> float:
@@ -87,6 +126,7 @@ def export_table(
         raise ValueError(f"table {name!r} needs its hardware (a chip, a slice, this machine's device, or 'any chip')")
     if not isinstance(df.index, pd.RangeIndex):
         df = df.reset_index()  # a meaningful index becomes columns, as the notebook shows it
+    check_units(df, name)
     out = Path(out_dir) if out_dir is not None else figures_dir()
     df = df.assign(**{c: df[c].map(lambda x: _significant(x, significant)) for c in df.columns
                       if pd.api.types.is_float_dtype(df[c])})  # fmt: skip
@@ -299,15 +339,23 @@ def _provenance(item: dict) -> str:
     return f'<p class="prov">{" · ".join(parts)}</p>'
 
 
+SHOWN_FIGURES = 3  # a shown float keeps at least this many significant figures
+
+
 def number_format(digits: int):
-    """Show a float with ``digits`` decimals (as the notebook did), a tiny non-zero one with 3 significant digits."""
+    """Show a float with ``digits`` decimals (as the notebook did), more where it needs them to keep
+    :data:`SHOWN_FIGURES` significant figures (0.004796 with 3 decimals: 0.00480); one under a thousandth in
+    scientific notation (1.23e-05)."""
 
     def fmt(x):
         if _missing(x):  # None, NaN, and pandas' NA (a nullable integer column with every value missing)
             return ""
-        if x != 0 and abs(x) < 0.5 * 10.0**-digits:
-            return f"{x:.3g}"
-        return f"{x:.{digits}f}"
+        if x == 0 or not math.isfinite(x):
+            return f"{x:.{digits}f}"
+        if abs(x) < 1e-3:
+            return f"{x:.{SHOWN_FIGURES}g}"
+        needed = SHOWN_FIGURES - 1 - math.floor(math.log10(abs(x)))
+        return f"{x:.{max(digits, needed)}f}"
 
     return fmt
 

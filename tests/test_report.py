@@ -227,11 +227,42 @@ def test_every_claim_links_to_a_figure_or_table_a_notebook_writes():
     assert not missing, missing
 
 
+@pytest.mark.parametrize(
+    "columns, bad",
+    [
+        (dict(step=[0.006], allreduce_overhead=[1e-4]), ["step", "allreduce_overhead"]),
+        (dict(step_ms=[6.0], ici_ms_per_step=[0.1], overhead_ns=[640.0], compile_s=[3.0]), []),
+        (dict(bytes_per_step=[1e9], step_GB=[2.0], step_vs_plain=[1.2], host_over_device=[1.3]), []),
+        (dict(quantity=["step_time", "tokens_per_s"], published=[1.56e-3, 640.0]), ["published"]),
+        (dict(quantity=["step_time", "tokens_per_s"], unit=["ms", "tok/s"], published=[1.56, 640.0]), []),
+    ],
+)
+def test_an_exported_time_column_names_its_unit(tmp_path, columns, bad):
+    """A float column whose name says it is a time (a step, an overhead: not a rate's "per step", a size, a ratio)
+    names its unit; a table of several quantities, one a time, says each row's unit in a 'unit' column."""
+    df = pd.DataFrame(columns)
+    if bad:
+        with pytest.raises(ValueError, match=re.escape(str(bad)) + ".*name no unit"):
+            export_table(df, "01_t", "modelled", "cpu", out_dir=tmp_path)
+        assert not list(tmp_path.iterdir())
+    else:
+        export_table(df, "01_t", "modelled", "cpu", out_dir=tmp_path)
+
+
+def test_a_shown_number_keeps_three_significant_figures():
+    from mk.report import number_format
+
+    three = number_format(3)
+    shown = [three(x) for x in (0.004796, 0.003, 1234.5, 0.5, 0.0, 1.234e-05)]
+    assert shown == ["0.00480", "0.00300", "1234.500", "0.500", "0.000", "1.23e-05"]
+
+
 def test_in_ms_shows_published_seconds_in_milliseconds():
     t = pd.DataFrame(dict(quantity=["step_time", "tokens_per_s"], published=[1.56e-3, 640.0], modelled=[1.6e-3, 600.0]))
-    ms = in_ms(t)
-    assert list(ms.columns) == ["quantity", "unit", "published", "modelled"]
+    ms = in_ms(t.assign(modelled_assumed=[1.5e-3, 610.0]))
+    assert list(ms.columns) == ["quantity", "unit", "published", "modelled", "modelled_assumed"]
     assert ms.unit.tolist() == ["ms", "tok/s"] and ms.published.tolist() == pytest.approx([1.56, 640.0])
+    assert ms.modelled_assumed.tolist() == pytest.approx([1.5, 610.0])  # every value column of the row, one unit
     assert in_ms(ms.assign(unit=["s", "tok/s"])).modelled.tolist() == pytest.approx([1600.0, 600.0])
 
 

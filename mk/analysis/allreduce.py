@@ -270,8 +270,8 @@ def padding_table(cfg: ModelConfig, chip: Chip | str, context: int, batch: int) 
 # Past one host ----------------------------------------------------------------------------------------------
 def torus_against_ring(chip: Chip | str, payloads_bytes, itemsize: int = 2) -> pd.DataFrame:
     """One all-reduce of each payload (bytes of a chip's partial sum: one row of payload / itemsize lanes) over the
-    slice ``chip`` (a documented shape, data/slices.csv), three ways, in seconds at its ICI bandwidth one way per link
-    and link latency per round (mk.timing.link_latency): dimension by dimension over its torus
+    slice ``chip`` (a documented shape, data/slices.csv), three ways, the exchange's microseconds at its ICI bandwidth
+    one way per link and link latency per round (mk.timing.link_latency): dimension by dimension over its torus
     (mk.sharding.links.torus_all_reduce, what the timing model charges past one host), one ring through all its
     chips (``flat ring``, both directions), and today's one-host model (reduce-scatter + all-gather, every byte over
     one link, two rounds). Rows: algorithm, payload, rounds, bytes a chip sends, its busiest link's bytes, seconds."""
@@ -293,7 +293,7 @@ def torus_against_ring(chip: Chip | str, payloads_bytes, itemsize: int = 2) -> p
                 dict(
                     chip=chip.name, topology=shape.topology, algorithm=algorithm, payload_bytes=payload,
                     rounds=ex.rounds, sent_bytes=ex.sent_bytes, link_bytes=ex.link_bytes,
-                    seconds=ex.seconds(chip.ici_bandwidth, latency),
+                    exchange_us=ex.seconds(chip.ici_bandwidth, latency) * 1e6,
                 )
             )  # fmt: skip
     return pd.DataFrame(rows).assign(kind=MODELLED)
@@ -306,8 +306,8 @@ def allreduce_share(
     """The modelled step (mk.timing.predict, ``setup`` as the timing model charges it over each slice: past one host
     the torus and whole experts over hosts, mk.sharding.pods) of ``model`` on slices of ``base_chip`` of each count in
     ``chips``, and the time its all-reduces hold compute on the link (the plan's AllReduce ops: their busiest link's
-    bytes at one link's bandwidth plus their rounds' latency): chips, topology, hosts, step_s, allreduce_s, share
-    (allreduce_s / step_s), whether the model fits the slice's HBM in ``dtype``."""
+    bytes at one link's bandwidth plus their rounds' latency): chips, topology, hosts, step_ms, allreduce_ms, share
+    (allreduce_ms / step_ms), whether the model fits the slice's HBM in ``dtype``."""
     cfg = get_config(model) if isinstance(model, str) else model
     rows = []
     for n in chips:
@@ -320,8 +320,8 @@ def allreduce_share(
         rows.append(
             dict(
                 model=cfg.name, chip=chip.name, chips=n, topology=shape.topology if shape else "",
-                hosts=shape.hosts if shape else float("nan"), placement=p.placement, step_s=p.step_s,
-                allreduce_s=allreduce_s, share=allreduce_s / p.step_s, all_reduces=len(ar),
+                hosts=shape.hosts if shape else float("nan"), placement=p.placement, step_ms=p.step_s * 1e3,
+                allreduce_ms=allreduce_s * 1e3, share=allreduce_s / p.step_s, all_reduces=len(ar),
                 fraction_of_sol=p.fraction_of_sol, fits_in_hbm=p.fits_in_hbm,
             )
         )  # fmt: skip

@@ -342,6 +342,13 @@ def op_time(profiles: pd.DataFrame | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows).assign(kind="measured (TPU, profiler trace)")
 
 
+def op_time_by_part(parts: pd.DataFrame) -> pd.DataFrame:
+    """:func:`op_time`'s rows as a table, a row a profiled step, a column a part's milliseconds."""
+    wide = parts.pivot_table(index=["engine", "model", "context", "batch"], columns="part", values="ms", sort=False)
+    wide.columns = [f"{part.removeprefix('the ').replace(' ', '_').lower()}_ms" for part in wide.columns]
+    return wide.reset_index().assign(kind=parts.kind.iloc[0])
+
+
 def read_rates(path=None) -> pd.DataFrame:
     """The chip's HBM read-rate probes (data/measured/tpu_hbm.csv), device and host, by method and size."""
     path = MEASURED_DIR / "tpu_hbm.csv" if path is None else path

@@ -85,7 +85,7 @@ COLUMNS = (
     "criterion",
     "held",
     "races",
-    "seconds",
+    "check_s",
     "error",
 )
 _MEASURED = COLUMNS[COLUMNS.index("same_tokens") : COLUMNS.index("criterion")]  # what a check that failed to run lacks
@@ -118,7 +118,7 @@ def check(model: str, dtype: str, quantize: str = "none", seed: int = 0, steps: 
         text = str(e).strip().splitlines()
         row.update(held=False, races=None, error=f"{type(e).__name__}: {text[0] if text else ''}"[:300])
         row.update(dict.fromkeys(_MEASURED + ("criterion",)))
-    row["seconds"] = round(time.perf_counter() - t, 2)
+    row["check_s"] = round(time.perf_counter() - t, 2)
     return {k: row.get(k) for k in COLUMNS}
 
 
@@ -193,7 +193,7 @@ def run_checks(chosen=None, seed: int = 0, quiet: bool = False, on_row=None) -> 
             diff += (f"; routing fixed {row['fixed_routing_logit_diff']:.3g} "
                      f"({row['fixed_routing_kernel_rounding_logit_diff']:.3g})")  # fmt: skip
         what = f"{model} {dtype}" + ("" if quantize == "none" else f" {quantize}")
-        log(f"parity {what}: {'held' if row['held'] else 'FAILED ' + (row['error'] or '')}{diff}, {row['seconds']} s")
+        log(f"parity {what}: {'held' if row['held'] else 'FAILED ' + (row['error'] or '')}{diff}, {row['check_s']} s")
     return rows
 
 

@@ -81,9 +81,9 @@ def share_figure(share: pd.DataFrame, title: str) -> go.Figure:
     pattern = dict(shape=["" if f else "/" for f in fits])
     links, rest = template_colours()[:2]
     fig = go.Figure()
-    fig.add_bar(x=label, y=share.allreduce_s * 1e3, marker=dict(color=links, pattern=pattern), showlegend=False)
+    fig.add_bar(x=label, y=share.allreduce_ms, marker=dict(color=links, pattern=pattern), showlegend=False)
     fig.add_bar(
-        x=label, y=(share.step_s - share.allreduce_s) * 1e3, marker=dict(color=rest, pattern=pattern),
+        x=label, y=share.step_ms - share.allreduce_ms, marker=dict(color=rest, pattern=pattern),
         showlegend=False,
         text=[f"{s:.0%} all-reduce" + ("" if f else "<br>(does not fit)") for s, f in zip(share.share, fits)],
         textposition="outside", cliponaxis=False,
@@ -97,7 +97,7 @@ def share_figure(share: pd.DataFrame, title: str) -> go.Figure:
         fig.add_bar(x=[None], y=[None], name=name, marker=dict(color=colour, pattern=dict(shape=shape)))
     fig.update_layout(
         title=title, barmode="stack", yaxis_title="ms per decode step (modelled)",
-        yaxis_range=[0, 1.2 * float(share.step_s.max()) * 1e3],
+        yaxis_range=[0, 1.2 * float(share.step_ms.max())],
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, traceorder="normal"), xaxis_tickangle=0,
     )  # fmt: skip
     return fig
