@@ -75,7 +75,9 @@ def record_seconds(params_file: Path | None, took: dict[str, float], out: Path) 
 
 def kernel_manager_class():
     """Jupyter's kernel manager with the kernel on local IPC sockets rather than TCP: the kernel then has no
-    unencrypted network port to warn about, and its socket files live in the temporary directory."""
+    unencrypted network port to warn about, and its socket files live in the temporary directory. A notebook that
+    ran to its end is shut down without the interrupt jupyter_client sends first (to stop running code: nothing
+    runs), which the idle kernel logs as an error ("KeyboardInterrupt caught in kernel")."""
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
@@ -87,6 +89,10 @@ def kernel_manager_class():
         @default("ip")
         def _ip_default(self):
             return os.path.join(tempfile.gettempdir(), f"mk-kernel-{os.getpid()}")
+
+        async def _async_interrupt_kernel(self):
+            if not getattr(self, "shutting_down", False):  # a timeout's interrupt still reaches running code
+                await super()._async_interrupt_kernel()
 
     return IPCKernelManager
 
