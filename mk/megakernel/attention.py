@@ -35,13 +35,13 @@ def rope(x, cos, sin, sign):
 def rope_tables(k, t: str, hd: int):
     """cos, sin [rows, hd] at each user's position (the layer type's frequencies; YaRN's attention factor on both, as
     mk.blocks.rope) and the rotate-half's sign [1, hd]."""
-    cfg, s = k.cfg, k.scratch
+    layout, s = k.layout, k.scratch
     inv = s.inv_freq[0:1, :hd] if t == SLIDING else s.inv_freq[1:2, :hd]
     pos = s.users_vmem[:, POSITION : POSITION + 1].astype(jnp.float32)  # [rows, 1]
     ang = pos * inv
     cos, sin = jnp.cos(ang), jnp.sin(ang)
-    if isinstance(cfg.rope_scaling, YarnScaling):  # YaRN's attention factor on cos and sin (mk.blocks.rope)
-        factor = jnp.float32(cfg.rope_scaling.attention_scale)
+    if isinstance(layout.rope_scaling, YarnScaling):  # YaRN's attention factor on cos and sin (mk.blocks.rope)
+        factor = jnp.float32(layout.rope_scaling.attention_scale)
         cos, sin = cos * factor, sin * factor
     lane = jax.lax.broadcasted_iota(jnp.int32, (1, hd), 1)
     sign = jnp.where(lane < hd // 2, -1.0, 1.0).astype(jnp.float32)
@@ -52,16 +52,16 @@ def emit_qkv_norm_rope(k, op):
     """In place on the q, k, v activations of layer ``op.layer``: q/k norms (where the family has them) + RoPE at
     each user's position, v's weightless norm (Gemma 4; for K=V layers, v is the k projection before its norm).
     q is scaled by the model's score scale here, so the scores need none (MLA's: mk.megakernel.latent.emit_rope)."""
-    cfg, t, i, on = k.cfg, op.layer_type, op.layer, k.norms_on
-    hd, kv, nh, eps = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads, cfg.rms_eps
-    n = k.model.head_dim(t)  # the head's own dims (a padded head has zero lanes)
+    layout, t, i, on = k.layout, op.layer_type, op.layer, k.norms_on
+    hd, kv, nh, eps = layout.head_dim(t), layout.kv_heads(t), layout.num_heads, layout.rms_eps
+    n = k.share.head_dim(t)  # the head's own dims (a padded head has zero lanes)
     s = k.scratch
     cos, sin, sign = rope_tables(k, t, hd)
-    qk = cfg.qk_norm
+    qk = layout.qk_norm
     qn, kn = (k.layer_vec(i, "q_norm", hd), k.layer_vec(i, "k_norm", hd)) if qk else (None, None)
-    scale = k.model.score_scale(t)  # of the model's own head dim
+    scale = k.share.score_scale(t)  # of the model's own head dim
     q, kr, vr = s.acts["q"], s.acts["k"], s.acts["v"]
-    if cfg.attention_bias:  # gpt-oss: the projections' biases (each head in its lanes, as their columns)
+    if layout.attention_bias:  # gpt-oss: the projections' biases (each head in its lanes, as their columns)
         for name, ref, heads in (("q", q, nh), ("k", kr, kv), ("v", vr, kv)):
             ref[:, : heads * hd] = ref[:, : heads * hd] + k.layer_vec(i, f"{name}_bias", heads * hd)
     for h in range(nh):
@@ -71,8 +71,8 @@ def emit_qkv_norm_rope(k, op):
     for g in range(kv):
         c = slice(g * hd, (g + 1) * hd)
         kg = kr[:, c]
-        vg = vr[:, c] if cfg.has_v_proj(t) else kg
-        vr[:, c] = rms(vg, eps, None, on and cfg.v_norm, n)
+        vg = vr[:, c] if layout.has_v_proj(t) else kg
+        vr[:, c] = rms(vg, eps, None, on and layout.v_norm, n)
         kr[:, c] = rope(rms(kg, eps, kn, on and qk, n), cos, sin, sign)
 
 
@@ -168,8 +168,8 @@ def emit_attend(k, op):
     if op.users_split:
         return emit_attend_users(k, op)
     a, t = k.scratch.acts, op.layer_type
-    _attend(k, op, k.plan.users, k.position, a["q"], a["k"], a["v"], a["attn"], k.cfg.kv_heads(t), k.cfg.num_heads,
-            k.plan.draft_tokens + 1)  # fmt: skip
+    heads = (k.layout.kv_heads(t), k.layout.num_heads)
+    _attend(k, op, k.plan.users, k.position, a["q"], a["k"], a["v"], a["attn"], *heads, k.plan.draft_tokens + 1)
 
 
 def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, per_user: int = 1):
@@ -177,13 +177,13 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
     KV heads, and their caches' rows; ``position(row)`` the position of a row) over layer ``op.layer``'s cache, in
     tiles; writes the new K/V. ``per_user`` rows a user (speculative verification: its last token and drafts, at
     consecutive positions; row j sees the rows before it and itself, and the cache's positions before the first)."""
-    cfg, t = k.cfg, op.layer_type
-    hd = cfg.head_dim(t)
+    layout, t = k.layout, op.layer_type
+    hd = layout.head_dim(t)
     rep = nh // kv
     R = per_user
     T = k.plan.kv_tile(t)
     S = k.plan.cache_len(t)
-    window = cfg.sliding_window if t == SLIDING else None
+    window = layout.sliding_window if t == SLIDING else None
     kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
     buf = k.scratch.kv[t]
     qblk = k.scratch.qblk
@@ -228,7 +228,7 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
         state = jax.lax.fori_loop(0, n_tiles, body, tuple(state))
         for g in range(kv):
             m, l, acc = state[g]
-            if cfg.sinks:  # each head's sink logit in the denominator only (mk.blocks.softmax_sinks)
+            if layout.sinks:  # each head's sink logit in the denominator only (mk.blocks.softmax_sinks)
                 l = l + jnp.exp(_head_sinks(k, op.layer, g * rep, rep, R) - m)
             o = acc / l
             for r in range(rep):
@@ -249,7 +249,7 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
 def _head_sinks(k, layer, first: int, rep: int, R: int):
     """[rep * R, 1]: the sink logits of query heads ``first`` .. ``first + rep - 1``, each on its R rows (head-major,
     as the query rows of one KV head)."""
-    width = round_up(k.cfg.num_heads, LANE)
+    width = round_up(k.layout.num_heads, LANE)
     sinks = k.layer_vec(layer, "sinks", width)  # [1, width]: one head a lane
     lane = jax.lax.broadcasted_iota(jnp.int32, (rep * R, width), 1)
     head = first + jax.lax.broadcasted_iota(jnp.int32, (rep * R, width), 0) // R
@@ -261,8 +261,8 @@ def emit_attend_users(k, op):
     head: each chip's q, k, v heads of an owner's users go to that owner (one exchange among all chips), which
     assembles their whole q, k, v (a KV head several chips hold comes from the first of them), attends for its users
     over every head and writes their K/V; each chip's heads' outputs for every user come back (a second exchange)."""
-    cfg, model, t, C = k.cfg, k.plan.whole_model, op.layer_type, k.plan.chips
-    hd, nh, kv = cfg.head_dim(t), cfg.num_heads, cfg.kv_heads(t)  # this chip's heads
+    layout, model, t, C = k.layout, k.plan.whole_model, op.layer_type, k.plan.chips
+    hd, nh, kv = layout.head_dim(t), layout.num_heads, layout.kv_heads(t)  # this chip's heads
     u = k.plan.cache_users
     qw, kw = nh * hd, kv * hd
     x = k.scratch.kv[t].users
@@ -273,7 +273,7 @@ def emit_attend_users(k, op):
         x.stage_in[owner, :u, :qw] = a["q"][rows, :qw]
         x.stage_in[owner, :u, qw : qw + kw] = a["k"][rows, :kw]
         x.stage_in[owner, :u, qw + kw : qw + 2 * kw] = a["v"][rows, :kw]
-    x.recv_in[k.chip] = x.stage_in[k.chip]
+    x.recv_in[k.chip_index] = x.stage_in[k.chip_index]
     exchange_in_group(k, C, lambda m: x.stage_in.at[m, pl.ds(0, u)], lambda m: x.recv_in.at[m, pl.ds(0, u)],
                       x.sems.at[0])  # fmt: skip
     held = {}  # KV head -> (the first chip holding it, its place among that chip's)
@@ -285,11 +285,13 @@ def emit_attend_users(k, op):
         x.k[:u, head * hd : (head + 1) * hd] = x.recv_in[c, :u, qw + j * hd : qw + (j + 1) * hd]
         x.v[:u, head * hd : (head + 1) * hd] = x.recv_in[c, :u, qw + kw + j * hd : qw + kw + (j + 1) * hd]
     # 2. this chip's users over every head
-    _attend(k, op, u, lambda b: k.position(k.chip * u + b), x.q, x.k, x.v, x.out, model.kv_heads(t), model.num_heads)
+    _attend(
+        k, op, u, lambda b: k.position(k.chip_index * u + b), x.q, x.k, x.v, x.out, model.kv_heads(t), model.num_heads
+    )
     # 3. each chip's heads' outputs for this chip's users, back to it
     for c in range(C):
         x.stage_out[c, :u] = x.out[:u, c * qw : (c + 1) * qw]
-    x.recv_out[k.chip] = x.stage_out[k.chip]
+    x.recv_out[k.chip_index] = x.stage_out[k.chip_index]
     exchange_in_group(k, C, lambda m: x.stage_out.at[m, pl.ds(0, u)], lambda m: x.recv_out.at[m, pl.ds(0, u)],
                       x.sems.at[1])  # fmt: skip
     for owner in range(C):
@@ -303,16 +305,16 @@ def emit_attend_shared(k, op):
     empty where another member holds the new position); each head's partial state (running max, sum and weighted
     values) goes to its member, which merges the g states exactly as the online softmax merges tiles. Only the
     member holding a user's new slot writes its K/V."""
-    cfg, t, B, g = k.cfg, op.layer_type, k.plan.batch, op.positions_shared
-    hd, nh = cfg.head_dim(t), cfg.num_heads  # one KV head here, nh of its query heads on each member
+    layout, t, B, g = k.layout, op.layer_type, k.plan.batch, op.positions_shared
+    hd, nh = layout.head_dim(t), layout.num_heads  # one KV head here, nh of its query heads on each member
     heads = g * nh
     T, S = k.plan.kv_tile(t), k.plan.cache_len(t)  # this chip's slots
     slots = S * g  # of the head
-    window = cfg.sliding_window if t == SLIDING else None
+    window = layout.sliding_window if t == SLIDING else None
     kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
     buf, qblk, a = k.scratch.kv[t], k.scratch.qblk, k.scratch.acts
     q, knew, vnew, out = a["q"], a["k"], a["v"], a["attn"]
-    me = k.chip % g
+    me = k.chip_index % g
     width = nh * hd
     # 1. every member's query heads, here
     buf.q_all[me] = q[:, :width]

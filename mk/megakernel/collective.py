@@ -23,7 +23,7 @@ from ..sharding import chunk_width
 
 def _peers(k):
     """(d, the chip d steps ahead of this one, the chip d steps behind): who I send to and hear from."""
-    C, me = k.plan.chips, k.chip
+    C, me = k.plan.chips, k.chip_index
     return [(d, (me + d) % C, (me - d) % C) for d in range(1, C)]
 
 
@@ -71,7 +71,7 @@ def _round(k, sends, receives):
         c.start()
         started.append(c)
     for src, _, dst, send, recv in receives:
-        pltpu.make_async_remote_copy(src, dst, send, recv, device_id=_device(k, k.chip)).wait_recv()
+        pltpu.make_async_remote_copy(src, dst, send, recv, device_id=_device(k, k.chip_index)).wait_recv()
     for c in started:
         c.wait_send()
 
@@ -85,11 +85,11 @@ def _exchange(k, src, dst_at, round_: int, parity, ex):
     _round(
         k,
         [
-            (at(peer), dst_at(k.chip), send_sem.at[_sem(k, d)], recv.at[_sem(k, k.chip)], peer)
+            (at(peer), dst_at(k.chip_index), send_sem.at[_sem(k, d)], recv.at[_sem(k, k.chip_index)], peer)
             for d, peer, _ in _peers(k)
         ],
         [
-            (at(sender), at(k.chip), dst_at(sender), send_sem.at[_sem(k, d)], recv.at[_sem(k, sender)])
+            (at(sender), at(k.chip_index), dst_at(sender), send_sem.at[_sem(k, d)], recv.at[_sem(k, sender)])
             for d, _, sender in _peers(k)
         ],
     )
@@ -107,11 +107,11 @@ def _exchange_in_group(k, g: int, stride: int, transfers):
     """``exchange_in_group`` of each (src, dst_at, sems) of ``transfers`` in one round: all their sends started,
     then all their arrivals waited for."""
     if stride == 1:  # (the one-host kernel's code, unchanged)
-        me = k.chip % g
-        base = k.chip - me
+        me = k.chip_index % g
+        base = k.chip_index - me
     else:
         me = _member(k, g, stride)
-        base = k.chip - me * stride
+        base = k.chip_index - me * stride
     sends, receives = [], []
     for src, dst_at, sems in transfers:
         for d in range(1, g):
@@ -125,7 +125,7 @@ def _exchange_in_group(k, g: int, stride: int, transfers):
 def _member(k, g: int, stride: int):
     """This chip's place in its group of ``g`` chips ``stride`` apart (a torus dimension's: KernelSetup.torus_groups,
     laid out so by mk.sharding.mesh.torus_order)."""
-    return k.chip // stride % g
+    return k.chip_index // stride % g
 
 
 def _total(buf, j: int):
@@ -168,7 +168,7 @@ def emit_all_reduce(k, op):
         return _all_reduce_over_torus(k, op)
     ex = k.scratch.collective.exchange[str(op.itemsize)]
     acts, C, n, R = k.scratch.acts, k.plan.chips, len(op.acts), op.rows
-    W = k.cfg.hidden_size
+    W = k.layout.hidden_size
     parity = op.seq % 2
     stage, recv = ex.stage, ex.recv.at[parity]
     # only rows < R travel; the rest of each buffer holds whatever it held, and is never kept
@@ -181,7 +181,7 @@ def emit_all_reduce(k, op):
         stage[j, :, :W] = acts[name][:, :W].astype(stage.dtype)
     if not k.plan.setup.collective.reduce_scatter:
         for j in range(n):
-            recv[k.chip, j] = stage[j]  # this chip's own partial, rounded as the others receive it
+            recv[k.chip_index, j] = stage[j]  # this chip's own partial, rounded as the others receive it
         _exchange(k, stage.at[pl.ds(0, n), pl.ds(0, R)], _rows(recv, n, R), 0, parity, ex)
         for j, name in enumerate(op.acts):
             keep(name, slice(0, W), _total(recv, j))
@@ -189,16 +189,18 @@ def emit_all_reduce(k, op):
     w = chunk_width(W, C)
     _zero_past(stage, W)
     chunk = _chunks(stage, n, R, w)
-    own = pltpu.make_async_copy(chunk(k.chip), _rows(recv, n, R)(k.chip), ex.recv_sem.at[1, parity, _sem(k, k.chip)])
+    own = pltpu.make_async_copy(
+        chunk(k.chip_index), _rows(recv, n, R)(k.chip_index), ex.recv_sem.at[1, parity, _sem(k, k.chip_index)]
+    )
     own.start()
     own.wait()
     # reduce-scatter: chip c receives chunk c of every chip's partial and sums it
     _exchange(k, chunk, _rows(recv, n, R), 0, parity, ex)
     gathered = ex.gathered.at[parity]
     for j in range(n):
-        gathered[k.chip, j] = _total(recv, j).astype(gathered.dtype)
+        gathered[k.chip_index, j] = _total(recv, j).astype(gathered.dtype)
     # all-gather: every chip's summed chunk to every chip
-    _exchange(k, _rows(gathered, n, R)(k.chip), _rows(gathered, n, R), 1, parity, ex)
+    _exchange(k, _rows(gathered, n, R)(k.chip_index), _rows(gathered, n, R), 1, parity, ex)
     for j, name in enumerate(op.acts):
         for p in range(C):
             lo, hi = p * w, min((p + 1) * w, W)
@@ -212,7 +214,7 @@ def _all_reduce_over_torus(k, op):
     next over that chunk, and so on; then all-gather back in reverse. Each dimension's buffers and semaphores are
     its own, so a chip already a dimension further on never lands its bytes in one still being read."""
     exs, acts, n, R = k.scratch.collective.exchange[str(op.itemsize)], k.scratch.acts, len(op.acts), op.rows
-    W, parity = k.cfg.hidden_size, op.seq % 2
+    W, parity = k.layout.hidden_size, op.seq % 2
     mine = jax.lax.broadcasted_iota(jnp.int32, exs[0].stage.shape[1:], 0) < R  # only rows < R travel
     groups = [(g, stride, _member(k, g, stride), ex) for (g, stride), ex in zip(k.plan.setup.torus_groups, exs)]
     first = exs[0].stage
@@ -262,13 +264,19 @@ def emit_gather_best(k, op):
     if k.plan.setup.torus:
         return _best_over_torus(k)
     s, coll = k.scratch, k.scratch.collective
-    coll.best[k.chip] = s.best[...]
-    coll.best_id[k.chip] = s.best_id[...]
+    coll.best[k.chip_index] = s.best[...]
+    coll.best_id[k.chip_index] = s.best_id[...]
     pairs = list(enumerate(((s.best, coll.best), (s.best_id, coll.best_id))))
     _round(
         k,
         [
-            (mine, all_.at[k.chip], coll.sems.at[0, n, _sem(k, d)], coll.sems.at[1, n, _sem(k, k.chip)], peer)
+            (
+                mine,
+                all_.at[k.chip_index],
+                coll.sems.at[0, n, _sem(k, d)],
+                coll.sems.at[1, n, _sem(k, k.chip_index)],
+                peer,
+            )
             for d, peer, _ in _peers(k)
             for n, (mine, all_) in pairs
         ],

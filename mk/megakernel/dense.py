@@ -60,8 +60,8 @@ def emit_embed(k, op):
     aligned block of
     rows holding each user's token and pick the row out in VMEM. Over several chips each holds a range
     of the vocabulary: a token outside this chip's gives zeros (the all-reduce after it sums the rows)."""
-    s, B, H = k.scratch, k.plan.batch, k.cfg.hidden_size
-    rows = k.cfg.vocab_size
+    s, B, H = k.scratch, k.plan.batch, k.layout.hidden_size
+    rows = k.layout.vocab_size
     local = [k.token(b) - k.vocab_base for b in range(B)]
     mine = [(t >= 0) & (t < rows) for t in local]
     toks = [jnp.clip(t, 0, rows - 1) for t in local]
@@ -78,7 +78,7 @@ def emit_embed(k, op):
     for c in copies:
         c.wait()
     # rounded as the reference does
-    scale = float(np.asarray(k.model.hidden_size**0.5, s.embed_rows.dtype)) if k.cfg.scale_embeddings else 1.0
+    scale = float(np.asarray(k.share.hidden_size**0.5, s.embed_rows.dtype)) if k.layout.scale_embeddings else 1.0
     x = k.scratch.acts["x"]
     x[...] = jnp.zeros(x.shape, jnp.float32)
     row = jax.lax.broadcasted_iota(jnp.int32, (BLOCK, H), 0)
@@ -95,11 +95,11 @@ def emit_norm(k, op):
     a = k.scratch.acts
     if op.width:  # over its own dims (MLA's query bottleneck)
         w = k.layer_vec(op.layer, op.vector, a[op.src].shape[1])
-        a[op.dst][...] = rms(a[op.src][...], k.cfg.rms_eps, w, k.norms_on, op.width)
+        a[op.dst][...] = rms(a[op.src][...], k.layout.rms_eps, w, k.norms_on, op.width)
         return
     final = isinstance(op.layer, int) and op.layer < 0  # the final norm (a layer's may be traced)
-    w = k.vec(op.vector, k.cfg.hidden_size) if final else k.layer_vec(op.layer, op.vector)
-    a[op.dst][...] = rms(a[op.src][...], k.cfg.rms_eps, w, k.norms_on, k.model.hidden_size)
+    w = k.vec(op.vector, k.layout.hidden_size) if final else k.layer_vec(op.layer, op.vector)
+    a[op.dst][...] = rms(a[op.src][...], k.layout.rms_eps, w, k.norms_on, k.share.hidden_size)
 
 
 def emit_matmul(k, op):
@@ -127,34 +127,34 @@ def emit_matmul(k, op):
 
 def emit_attention_residual(k, op):
     """x += attention's output (Gemma: normed first); the FFN's input norm xn, and Gemma 4's router and expert norms."""
-    a, cfg, i = k.scratch.acts, k.cfg, op.layer
-    norm = partial(rms, eps=cfg.rms_eps, on=k.norms_on, n=k.model.hidden_size)
+    a, layout, i = k.scratch.acts, k.layout, op.layer
+    norm = partial(rms, eps=layout.rms_eps, on=k.norms_on, n=k.share.hidden_size)
     x = a["x"][...]
     if op.attention_on:
         out = a["attn_out"][...]
-        if cfg.attention_bias:  # gpt-oss's o bias: once, after the heads' partial sums meet
+        if layout.attention_bias:  # gpt-oss's o bias: once, after the heads' partial sums meet
             out = out + k.layer_vec(i, "o_bias")
-        x = x + (norm(out, w=k.layer_vec(i, "post_attn_norm")) if cfg.sandwich_norms else out)
+        x = x + (norm(out, w=k.layer_vec(i, "post_attn_norm")) if layout.sandwich_norms else out)
         a["x"][...] = x
     a["xn"][...] = norm(x, w=k.layer_vec(i, "pre_ffn_norm"))
-    if cfg.is_moe and cfg.router == "gemma4":
+    if layout.is_moe and layout.router == "gemma4":
         a["x2"][...] = norm(x, w=k.layer_vec(i, "pre_ffn_norm_2"))
-        a["rin"][...] = norm(x) * k.layer_vec(i, "router_scale") * jnp.float32(k.model.hidden_size**-0.5)
+        a["rin"][...] = norm(x) * k.layer_vec(i, "router_scale") * jnp.float32(k.share.hidden_size**-0.5)
 
 
 def emit_ffn_residual(k, op):
     """x += the FFN: Gemma's shared MLP and experts each normed, their sum normed, times the layer scalar; a pre-norm
     family's plain sum."""
-    a, cfg, i, ko = k.scratch.acts, k.cfg, op.layer, k.plan.knockout
-    norm = partial(rms, eps=cfg.rms_eps, on=k.norms_on, n=k.model.hidden_size)
+    a, layout, i, ko = k.scratch.acts, k.layout, op.layer, k.plan.knockout
+    norm = partial(rms, eps=layout.rms_eps, on=k.norms_on, n=k.share.hidden_size)
     x = a["x"][...]
-    h = a["ffn"][...] if cfg.has_shared_mlp and SHARED_MLP not in ko else jnp.zeros_like(x)
-    if not cfg.sandwich_norms:
-        if cfg.is_moe and op.routed and EXPERTS not in ko:  # an MoE model's dense layer routes to none
+    h = a["ffn"][...] if layout.has_shared_mlp and SHARED_MLP not in ko else jnp.zeros_like(x)
+    if not layout.sandwich_norms:
+        if layout.is_moe and op.routed and EXPERTS not in ko:  # an MoE model's dense layer routes to none
             h = h + a["moe"][...]
         a["x"][...] = x + h
         return
-    if cfg.is_moe:
+    if layout.is_moe:
         m = a["moe"][...] if EXPERTS not in ko else jnp.zeros_like(x)
         h = norm(h, w=k.layer_vec(i, "post_ffn_norm_1")) + norm(m, w=k.layer_vec(i, "post_ffn_norm_2"))
     x = x + norm(h, w=k.layer_vec(i, "post_ffn_norm"))

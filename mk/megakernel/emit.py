@@ -47,10 +47,12 @@ EMIT = {
 LATENT_EMIT = {QKVNormRope: latent.emit_rope, Attend: latent.emit_attend}  # MLA's own (mk.megakernel.latent)
 
 
-def emitter(cfg: ModelConfig, item):
+def emitter(layout: ModelConfig, item):
     """The emit function of ``item``: MLA's for its RoPE, attention and absorbed matmuls, else ``EMIT``'s."""
     if isinstance(item, MatmulTile) and item.mode == MatmulMode.ABSORB:
         return latent.emit_absorb
     return (
-        LATENT_EMIT[type(item)] if cfg.latent_attention is not None and type(item) in LATENT_EMIT else EMIT[type(item)]
+        LATENT_EMIT[type(item)]
+        if layout.latent_attention is not None and type(item) in LATENT_EMIT
+        else EMIT[type(item)]
     )

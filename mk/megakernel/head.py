@@ -17,16 +17,16 @@ from .refs import POSITION, TOKEN
 
 def emit_head_tile(k, op):
     """y = softcap(xn @ tile.T) for vocabulary rows row_off..+n; best/best_id keep the first maximum."""
-    s, cfg = k.scratch, k.cfg
+    s, layout = k.scratch, k.layout
     w = k.weight_tile()
     x = s.acts[op.src][...]
     y = mxu.dot(x.astype(w.dtype), w, mxu.ROWS_BY_ROWS)
-    if cfg.final_softcap:
-        y = cfg.final_softcap * jnp.tanh(y / cfg.final_softcap)
+    if layout.final_softcap:
+        y = layout.final_softcap * jnp.tanh(y / layout.final_softcap)
     if k.outputs.logits is not None:
         send_logits(k, y, op.row_off // op.n, op.n)
     ids = k.vocab_base + op.row_off + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
-    if k.vocab != k.plan.chips * cfg.vocab_size:  # padded vocabulary rows are no tokens
+    if k.vocab != k.plan.chips * layout.vocab_size:  # padded vocabulary rows are no tokens
         y = jnp.where(ids < k.vocab, y, NEG)
     m = jnp.max(y, axis=1, keepdims=True)
     at = jnp.min(jnp.where(y == m, ids, jnp.iinfo(jnp.int32).max), axis=1, keepdims=True)
@@ -40,7 +40,7 @@ def emit_no_head(k, op):
     k.scratch.best_id[...] = jnp.zeros(k.scratch.best_id.shape, jnp.int32)
     if k.outputs.logits is not None:
         tv = k.plan.head_tile
-        for t in range(k.cfg.vocab_size // tv):
+        for t in range(k.layout.vocab_size // tv):
             send_logits(k, jnp.zeros((k.plan.rows, tv), jnp.float32), t, tv)
 
 
@@ -92,7 +92,7 @@ def send_logits(k, y, t, tv):
 
 def drain_logits(k):
     tv = k.plan.head_tile
-    n = k.cfg.vocab_size // tv
+    n = k.layout.vocab_size // tv
     for t in range(max(0, n - 2), n):
         for b in range(k.plan.batch):
             _logits_copy(k, t, t % 2, b, tv).wait()

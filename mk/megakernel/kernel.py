@@ -71,15 +71,15 @@ class EmitContext:
     """What every emit function reads: the plan, the refs by name, the weight stream, small accessors."""
 
     def __init__(self, plan: StepPlan, inputs: Inputs, outputs: Outputs, scratch):
-        self.plan, self.cfg, self.model = plan, plan.layout, plan.cfg  # kernel sizes; the model's own
+        self.plan, self.layout, self.share = plan, plan.layout, plan.cfg  # the kernel's sizes; this chip's share's own
         self.inputs, self.outputs, self.scratch = inputs, outputs, scratch
         # over several chips: this chip's index (traced), where its vocabulary rows and experts start (chip 0 of the
         # slice where one chip stands in for it: KernelSetup.loopback)
-        self.chip = jax.lax.axis_index(plan.setup.axis) if plan.chips > 1 and not plan.setup.loopback else 0
+        self.chip_index = jax.lax.axis_index(plan.setup.axis) if plan.chips > 1 and not plan.setup.loopback else 0
         self.vocab = plan.whole_model.vocab_size  # the real vocabulary (the layout pads it)
-        self.vocab_base = self.chip * plan.layout.vocab_size
+        self.vocab_base = self.chip_index * plan.layout.vocab_size
         whole = plan.cfg.is_moe and plan.experts_held < plan.cfg.num_experts  # whole experts, or a host group's
-        self.expert_base = expert_group_member(plan.setup, self.chip)[0] * plan.experts_held if whole else 0
+        self.expert_base = expert_group_member(plan.setup, self.chip_index)[0] * plan.experts_held if whole else 0
         self.norms_on = NORMS not in plan.knockout
         self._vec_rows = vector_rows(plan.layout)
         self.loads = {ld.id: ld for ld in plan.loads}
@@ -92,10 +92,10 @@ class EmitContext:
 
     def layer_vec(self, layer, name: str, width: int | None = None):
         """Layer ``layer``'s vector ``name`` (the layer may be traced: a loop over layers)."""
-        width = width or self.cfg.hidden_size
+        width = width or self.layout.hidden_size
         if isinstance(layer, int):
             return self.vec(f"layers.{layer}.{name}", width)
-        row = self._vec_rows[f"layers.0.{name}"] + layer * vector_stride(self.cfg)
+        row = self._vec_rows[f"layers.0.{name}"] + layer * vector_stride(self.layout)
         # Mosaic loads whole (8, 128) tiles at a dynamic row: take the tile holding the row, pick it out
         block = self.scratch.vectors[pl.ds(pl.multiple_of(row // ROWS * ROWS, ROWS), ROWS), :width]
         pick = jax.lax.broadcasted_iota(jnp.int32, block.shape, 0) == row % ROWS
@@ -150,7 +150,7 @@ class EmitContext:
             self.guarded(ld.expert, wait)
         else:
             self.current_load = ld
-            self.guarded(item.expert, partial(emitter(self.cfg, item), self, item))
+            self.guarded(item.expert, partial(emitter(self.layout, item), self, item))
 
 
 @dataclass

@@ -113,15 +113,15 @@ def _lanes(start, size: int):
 def emit_rope(k, op):
     """The position's latent normed into ``latent`` and its RoPE key rotated into ``rope_k`` (from ``kva``); each query
     head's RoPE part rotated in place; the queries times the score scale, so the scores need none."""
-    cfg, a = k.cfg, k.scratch.acts
-    D, Dr, _, L = latent_lanes(cfg)
+    layout, a = k.layout, k.scratch.acts
+    D, Dr, _, L = latent_lanes(layout)
     cos, sin, sign = rope_tables(k, op.layer_type, Dr)
     kva = a["kva"][...]
     norm = k.layer_vec(op.layer, "kv_a_norm", L)
-    a["latent"][...] = rms(kva[:, :L], cfg.rms_eps, norm, k.norms_on, cfg.latent_attention.kv_lora_rank)
+    a["latent"][...] = rms(kva[:, :L], layout.rms_eps, norm, k.norms_on, layout.latent_attention.kv_lora_rank)
     a["rope_k"][...] = rope(kva[:, L : L + Dr], cos, sin, sign)
-    scale, q = jnp.float32(score_scale(k.model)), a["q"]
-    for h in range(cfg.num_heads):
+    scale, q = jnp.float32(score_scale(k.share)), a["q"]
+    for h in range(layout.num_heads):
         c = h * (D + Dr)
         q[:, c : c + D] = q[:, c : c + D] * scale
         q[:, c + D : c + D + Dr] = rope(q[:, c + D : c + D + Dr], cos, sin, sign) * scale
@@ -130,7 +130,7 @@ def emit_rope(k, op):
 def emit_absorb(k, op):
     """A kv_b tile of whole heads (from column ``op.dst_off``): each head's no-RoPE query (of ``op.src``) times its key
     columns, transposed, into its latent-space query (``op.dst``); its value columns into the stash."""
-    D, Dr, Dv, L = latent_lanes(k.cfg)
+    D, Dr, Dv, L = latent_lanes(k.layout)
     w, a, stash = D + Dv, k.scratch.acts, k.scratch.latent.stash
     tile = k.weight_tile()  # [L, heads x (D + Dv)]
     first = op.dst_off // w
@@ -146,9 +146,9 @@ def emit_attend(k, op):
     """Each user's heads over the latent cache of layer ``op.layer`` in tiles (an online softmax seeded by the new
     position, whose latent and RoPE key are then written back), the heads' latent sums into ``olat``; then ``attn``:
     each head's sum through its kv_b value columns."""
-    cfg, t = k.cfg, op.layer_type
-    D, Dr, Dv, L = latent_lanes(cfg)
-    nh = cfg.num_heads
+    layout, t = k.layout, op.layer_type
+    D, Dr, Dv, L = latent_lanes(layout)
+    nh = layout.num_heads
     T, S = k.plan.kv_tile(t), k.plan.cache_len(t)
     lc, rc = k.outputs.cache[f"{t}.latent"].at[op.index], k.outputs.cache[f"{t}.rope_k"].at[op.index]
     buf, x, a = k.scratch.kv[t], k.scratch.latent, k.scratch.acts

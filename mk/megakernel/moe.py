@@ -36,16 +36,16 @@ def gelu_tanh(x):
 def emit_route(k, op):
     """Top-k routing of every user: the combine weights [rows, E_pad] into ``gates``; the distinct
     routed experts into SMEM (``experts``: row 0 the ids, [COUNT, 0] how many)."""
-    cfg, s, B = k.cfg, k.scratch, k.plan.batch
-    E, K = cfg.num_experts, cfg.top_k
+    layout, s, B = k.layout, k.scratch, k.plan.batch
+    E, K = layout.num_experts, layout.top_k
     rows, ep = s.gates.shape
     lane = jax.lax.broadcasted_iota(jnp.int32, (rows, ep), 1)
     if not op.router_on:  # the reference's knock-out: experts 0..k-1, weight 1/k each
         gates = jnp.where(lane < K, 1.0 / K, 0.0).astype(jnp.float32)
         picked = lane < K
-    elif cfg.router == "topk_softmax":
+    elif layout.router == "topk_softmax":
         gates, picked = _topk_softmax(k, op, lane, E, K)
-    elif cfg.router == "sigmoid_grouped":
+    elif layout.router == "sigmoid_grouped":
         gates, picked = _sigmoid_grouped(k, op, lane, E, K)
     else:
         logits = jnp.where(lane < E, s.acts["router"][...], NEG)
@@ -59,13 +59,13 @@ def emit_route(k, op):
         total = chosen[0][0]
         for m, _ in chosen[1:]:
             total = total + m
-        gemma = cfg.router == "gemma4"  # its per-expert scale; softmax_topk renormalises only if norm_topk
+        gemma = layout.router == "gemma4"  # its per-expert scale; softmax_topk renormalises only if norm_topk
         scale = k.layer_vec(op.layer, "expert_scale", ep) if gemma else None
         gates = jnp.zeros((rows, ep), jnp.float32)
         picked = jnp.zeros((rows, ep), jnp.bool_)
         for m, idx in chosen:
             hit = lane == idx
-            w = m / total if cfg.norm_topk else m
+            w = m / total if layout.norm_topk else m
             if gemma:
                 w = w * jnp.sum(jnp.where(hit, scale, 0.0), axis=1, keepdims=True)
             gates = jnp.where(hit, w, gates)
@@ -119,8 +119,8 @@ def _sigmoid_grouped(k, op, lane, E: int, K: int):
     """DeepSeek-V3's routing (mk.blocks.route_grouped): sigmoid scores, the correction bias added for picking; each
     group of experts scored by its two best biased scores, the best ``router_topk_groups`` groups kept, the top k of
     their experts, weighted by their unbiased scores (renormalised where ``norm_topk``) times ``routed_scaling``."""
-    cfg, ep = k.cfg, lane.shape[1]
-    G = cfg.router_groups
+    layout, ep = k.layout, lane.shape[1]
+    G = layout.router_groups
     scores = jax.nn.sigmoid(k.scratch.acts["router"][...])
     choice = jnp.where(lane < E, scores + correction_bias(k, op, ep), NEG)
     group = lane // (E // G)  # padded lanes fall past the last group
@@ -131,7 +131,7 @@ def _sigmoid_grouped(k, op, lane, E: int, K: int):
         best.append(m + jnp.max(jnp.where(lane == idx, NEG, x), axis=1, keepdims=True))
     kept = jnp.zeros(lane.shape, jnp.bool_)
     taken = [jnp.zeros(best[0].shape, jnp.bool_) for _ in range(G)]
-    for _ in range(cfg.router_topk_groups):  # the best groups, the lowest index among equal ones
+    for _ in range(layout.router_topk_groups):  # the best groups, the lowest index among equal ones
         top = jnp.where(taken[0], 4 * NEG, best[0])
         for g in range(1, G):
             top = jnp.maximum(top, jnp.where(taken[g], 4 * NEG, best[g]))
@@ -149,9 +149,9 @@ def _sigmoid_grouped(k, op, lane, E: int, K: int):
         gates = jnp.where(hit, scores, gates)
         picked = picked | hit
         choice = jnp.where(hit, 4 * NEG, choice)
-    if cfg.norm_topk:
+    if layout.norm_topk:
         gates = gates / (jnp.sum(gates, axis=1, keepdims=True) + 1e-20)
-    return gates * jnp.float32(cfg.routed_scaling), picked
+    return gates * jnp.float32(layout.routed_scaling), picked
 
 
 def expert_table(used, base, held: int, shape):
@@ -186,16 +186,16 @@ def clamped_swiglu(g, u, alpha: float, limit: float):
 
 
 def emit_gated_act(k, op):
-    a, cfg = k.scratch.acts, k.cfg
+    a, layout = k.scratch.acts, k.layout
     g, u = a[op.src][:, : op.n], a[op.dst][:, : op.n]
-    if cfg.expert_bias and op.expert is not None:  # gpt-oss: the chunk's gate and up biases of the slot's expert
+    if layout.expert_bias and op.expert is not None:  # gpt-oss: the chunk's gate and up biases of the slot's expert
         half = k.inputs.weights[f"{op.layer_type}.expert_gate_up_bias"].shape[-1] // 2
         g = g + _expert_bias(k, op, "expert_gate_up_bias", op.off, op.n)
         u = u + _expert_bias(k, op, "expert_gate_up_bias", half + op.off, op.n)
-    if cfg.activation == "swiglu_clamped":
-        a[op.dst][:, : op.n] = clamped_swiglu(g, u, cfg.swiglu_alpha, cfg.swiglu_limit)
+    if layout.activation == "swiglu_clamped":
+        a[op.dst][:, : op.n] = clamped_swiglu(g, u, layout.swiglu_alpha, layout.swiglu_limit)
         return
-    act = gelu_tanh if cfg.activation == "gelu_tanh" else jax.nn.silu
+    act = gelu_tanh if layout.activation == "gelu_tanh" else jax.nn.silu
     a[op.dst][:, : op.n] = act(g) * u
 
 
@@ -227,6 +227,6 @@ def emit_expert_combine(k, op):
     lane = jax.lax.broadcasted_iota(jnp.int32, g.shape, 1)
     w = jnp.sum(jnp.where(lane == e, g, 0.0), axis=1, keepdims=True)
     out = s.acts["eo"][...]
-    if k.cfg.expert_bias:
+    if k.layout.expert_bias:
         out = out + _expert_bias(k, op, "expert_down_bias", 0, out.shape[1])
     s.acts["moe"][...] += w * out
