@@ -51,8 +51,8 @@ def test_one_host_keeps_its_setup_and_a_pod_gets_the_torus_and_whole_experts_ove
     s = pod_setup(WORKBOOK_KERNEL, get_chip("tpu-v5e-256"), kimi)
     assert s.placement == Placement.HOSTS and s.host_chips == 8 and s.torus == ((16, True), (16, True))
     plan = named_plan("kimi-k2", "tpu-v5e-256", 1024, 1, WORKBOOK_KERNEL)
-    assert plan.expert_groups == 32 and plan.experts_held == 12 and plan.cfg.expert_intermediate == 256
-    assert plan.cfg.num_heads == 1  # 64 heads over 64 of the 256 chips, each repeated 4 times
+    assert plan.expert_groups == 32 and plan.experts_held == 12 and plan.share.expert_intermediate == 256
+    assert plan.share.num_heads == 1  # 64 heads over 64 of the 256 chips, each repeated 4 times
 
 
 @pytest.mark.parametrize("batch", [1, 8])

@@ -93,7 +93,7 @@ def test_clear_errors_for_placements_and_meshes_that_do_not_fit():
         make_mesh(4, jax.devices()[:2])
     assert make_mesh(8).shape == {"x": 8}
     with pytest.raises(ValueError, match="chip 8 is not one of the 8 chips"):
-        build_plan(CFG8, 1, 64, setup=KernelSetup(8), chip=8)
+        build_plan(CFG8, 1, 64, setup=KernelSetup(8), chip_index=8)
 
 
 def test_busiest_share_of_a_chip_is_hypergeometric_over_the_distinct_experts():

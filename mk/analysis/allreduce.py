@@ -247,7 +247,7 @@ def padding_table(cfg: ModelConfig, chip: Chip | str, context: int, batch: int) 
             setup = KernelSetup(placement=placement, ffn_layout=layout, name=f"{placement} experts, MLPs on {layout}")
             plan = step_plan(cfg, chip, context, batch, "bf16", setup)
             moved, payload = plan.bytes_by_component(), plan.bytes_by_component(payload=True)
-            widths = {"shared_mlp": plan.cfg.mlp_intermediate, "experts": plan.cfg.expert_intermediate}
+            widths = {"shared_mlp": plan.share.mlp_intermediate, "experts": plan.share.expert_intermediate}
             for component in [*moved, "(all weights)"]:
                 m = plan.weight_bytes if component == "(all weights)" else moved[component]
                 p = plan.payload_bytes if component == "(all weights)" else payload[component]

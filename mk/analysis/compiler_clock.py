@@ -44,7 +44,7 @@ def issue_against_hbm(model, chip: str, contexts, users, setup: KernelSetup) -> 
     for b in users:
         for n in contexts:
             plan = named_plan(model, chip, n, b, setup)
-            row = dict(model=plan.whole_model.name, chip=c.name, context=n, users=b, code=plan.code_fingerprint)
+            row = dict(model=plan.model.name, chip=c.name, context=n, users=b, code=plan.code_fingerprint)
             try:
                 s = scheduled_pace(plan, c)
             except LookupError:
@@ -108,7 +108,7 @@ def revision_effect(model, chip: str, points, setup: KernelSetup) -> pd.DataFram
     rows = []
     for n, b in points:
         plan = named_plan(model, chip, n, b, setup)
-        point = dict(model=plan.whole_model.name, chip=c.name, context=n, users=b, setup=setup.name)
+        point = dict(model=plan.model.name, chip=c.name, context=n, users=b, setup=setup.name)
         kept = []
         for r in revisions.itertuples():
             try:

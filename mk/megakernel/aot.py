@@ -110,7 +110,7 @@ def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_lim
     return aot_compile(
         lambda p, c, u: tuple(fn(p, c, u)[:2]),
         topo,
-        packed_shapes(plan.cfg, weight_dtype, plan.quantize),  # one chip's: the model's, or the stand-in's slice
+        packed_shapes(plan.share, weight_dtype, plan.quantize),  # one chip's: the model's, or the stand-in's slice
         shapes.cache,
         shapes.users,
         donate_argnums=(1,),
@@ -185,7 +185,7 @@ def emitted_code(plan) -> dict:
     from ..plan.schedule import pattern_period
 
     loop = [r for r in plan.loop_table() if r["component"] == "layers"]
-    looped = loop[0]["repeats"] * pattern_period(plan.cfg.layer_types) if loop else 0
+    looped = loop[0]["repeats"] * pattern_period(plan.share.layer_types) if loop else 0
     inside = loop[0]["ops_per_repeat"] if loop else 0
     return dict(
         looped_layers=looped,

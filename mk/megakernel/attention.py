@@ -261,7 +261,7 @@ def emit_attend_users(k, op):
     head: each chip's q, k, v heads of an owner's users go to that owner (one exchange among all chips), which
     assembles their whole q, k, v (a KV head several chips hold comes from the first of them), attends for its users
     over every head and writes their K/V; each chip's heads' outputs for every user come back (a second exchange)."""
-    layout, model, t, C = k.layout, k.plan.whole_model, op.layer_type, k.plan.chips
+    layout, model, t, C = k.layout, k.plan.model, op.layer_type, k.plan.chips
     hd, nh, kv = layout.head_dim(t), layout.num_heads, layout.kv_heads(t)  # this chip's heads
     u = k.plan.cache_users
     qw, kw = nh * hd, kv * hd

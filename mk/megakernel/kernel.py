@@ -71,14 +71,15 @@ class EmitContext:
     """What every emit function reads: the plan, the refs by name, the weight stream, small accessors."""
 
     def __init__(self, plan: StepPlan, inputs: Inputs, outputs: Outputs, scratch):
-        self.plan, self.layout, self.share = plan, plan.layout, plan.cfg  # the kernel's sizes; this chip's share's own
+        # the kernel's padded sizes; this chip's share of the model, at its own sizes
+        self.plan, self.layout, self.share = plan, plan.layout, plan.share
         self.inputs, self.outputs, self.scratch = inputs, outputs, scratch
         # over several chips: this chip's index (traced), where its vocabulary rows and experts start (chip 0 of the
         # slice where one chip stands in for it: KernelSetup.loopback)
         self.chip_index = jax.lax.axis_index(plan.setup.axis) if plan.chips > 1 and not plan.setup.loopback else 0
-        self.vocab = plan.whole_model.vocab_size  # the real vocabulary (the layout pads it)
+        self.vocab = plan.model.vocab_size  # the real vocabulary (the layout pads it)
         self.vocab_base = self.chip_index * plan.layout.vocab_size
-        whole = plan.cfg.is_moe and plan.experts_held < plan.cfg.num_experts  # whole experts, or a host group's
+        whole = plan.share.is_moe and plan.experts_held < plan.share.num_experts  # whole experts, or a host group's
         self.expert_base = expert_group_member(plan.setup, self.chip_index)[0] * plan.experts_held if whole else 0
         self.norms_on = NORMS not in plan.knockout
         self._vec_rows = vector_rows(plan.layout)
@@ -269,7 +270,7 @@ def _emit_loop(k: EmitContext, seq: Seq, loop: Loop):
 # The pallas_call ---------------------------------------------------------------------------------
 def kernel_name(plan: StepPlan) -> str:
     """The pallas_call's name (libtpu names the kernel's dumps after it)."""
-    return "megakernel_" + "".join(c if c.isalnum() else "_" for c in plan.cfg.name)
+    return "megakernel_" + "".join(c if c.isalnum() else "_" for c in plan.share.name)
 
 
 def compiler_params(plan: StepPlan, chip, vmem_limit_bytes: int | None = None):
@@ -290,19 +291,19 @@ def check_buildable(plan: StepPlan, chip, interpret) -> None:
     """Refuse a plan the kernel does not run (the model's family, heads split with biases or sinks, drafts with
     attention split otherwise than by heads, with MLA, or as many as a sliding window), or a compile without its
     target chip."""
-    plan.cfg.check_runnable("megakernel")
-    check_heads_split(plan.whole_model, plan.setup)
+    plan.share.check_runnable("megakernel")
+    check_heads_split(plan.model, plan.setup)
     split_attention = plan.setup is not None and (
-        plan.setup.users_split or any(plan.position_share(t) > 1 for t in set(plan.cfg.layer_types))
+        plan.setup.users_split or any(plan.position_share(t) > 1 for t in set(plan.share.layer_types))
     )
     if plan.draft_tokens and split_attention:
         raise ValueError(
             f"the megakernel verifies drafted tokens (draft_tokens={plan.draft_tokens}) with attention split by heads "
             f"only, not by {plan.setup.attention_split}; use attention_split='heads' (mk.timing models the others)"
         )
-    if plan.draft_tokens and plan.cfg.latent_attention is not None:
-        raise ValueError(f"{plan.cfg.name}: the megakernel verifies drafted tokens with MLA not yet (draft_tokens=0)")
-    if plan.draft_tokens and SLIDING in plan.cfg.layer_types and plan.draft_tokens >= plan.cfg.sliding_window:
+    if plan.draft_tokens and plan.share.latent_attention is not None:
+        raise ValueError(f"{plan.share.name}: the megakernel verifies drafted tokens with MLA not yet (draft_tokens=0)")
+    if plan.draft_tokens and SLIDING in plan.share.layer_types and plan.draft_tokens >= plan.share.sliding_window:
         raise ValueError(f"draft_tokens={plan.draft_tokens}: drafts must be fewer than the sliding window")
     if interpret is None and chip is None:
         raise ValueError(
@@ -376,7 +377,7 @@ def build_call(
             out_specs=jax.tree.leaves(partition_specs(plan, out_shapes), is_leaf=_is_spec),
             check_vma=False,
         )
-    vocab = plan.whole_model.vocab_size
+    vocab = plan.model.vocab_size
 
     def step(packed, cache, users, acts=None) -> Outputs:
         inputs = Inputs(users, packed["vectors"], packed["inv_freq"], packed["weights"], cache, acts)
@@ -422,7 +423,7 @@ def partition_specs(plan: StepPlan, tree):
     """A ``PartitionSpec`` for each leaf of the kernel's Inputs or Outputs (shapes): weights and caches split on
     ``mk.sharding.split_axis`` and ``cache_split_axis``, logits on the vocabulary, DMA counts and a probe's
     activations one block of rows per chip, the rest whole on every chip."""
-    model, setup = plan.whole_model, plan.setup
+    model, setup = plan.model, plan.setup
 
     def spec(x, ax=None):
         return axis_spec(len(x.shape), ax, setup.axis)

@@ -80,7 +80,7 @@ def check_fits(plan, chip: str) -> None:
     need, have = sum(b.values()), get_chip(chip).hbm_bytes / c.chips
     if need > have:
         raise ValueError(
-            f"{plan.whole_model.name} does not fit {c.name}: a chip of it would hold {need / 1e9:.2f} GB "
+            f"{plan.model.name} does not fit {c.name}: a chip of it would hold {need / 1e9:.2f} GB "
             f"(weights {b['weights'] / 1e9:.2f}, KV cache {b['cache'] / 1e9:.2f}) in {have / 1e9:.2f} GB of HBM; "
             "take a larger slice (python -m mk sol --chip auto names the smallest), a shorter --context, a smaller "
             "--batch or INT8 weights (--dtype int8)"
@@ -107,7 +107,7 @@ def compile_on_slice(plan, chip: str, vmem: bool = True) -> SliceCompile:
     m = compiled.memory_analysis()
     b = plan_bytes(plan)
     return SliceCompile(
-        model=plan.whole_model.name,
+        model=plan.model.name,
         chip=name,
         topology=topo,
         chips=c.chips,

@@ -242,7 +242,7 @@ def activation_shapes(plan: StepPlan) -> dict:
 
 
 def output_shapes(plan: StepPlan, inputs: Inputs, with_logits: bool, count_dmas: bool, probe: bool = False) -> Outputs:
-    ep = round_up(max(plan.cfg.num_experts, 1), LANE)
+    ep = round_up(max(plan.share.num_experts, 1), LANE)
     return Outputs(
         acts={**activation_shapes(plan), "gates": jax.ShapeDtypeStruct((plan.rows, ep), jnp.float32)}
         if probe
@@ -354,7 +354,7 @@ def expert_bias_shapes(cfg: ModelConfig, weights: dict) -> dict:
 
 
 def users_split_shapes(plan: StepPlan, t: str) -> UsersSplit:
-    cfg, model, C = plan.layout, plan.whole_model, plan.chips
+    cfg, model, C = plan.layout, plan.model, plan.chips
     hd, heads, kv, rows = cfg.head_dim(t), cfg.num_heads, cfg.kv_heads(t), round_up(plan.cache_users, ROWS)
     width = (heads + 2 * kv) * hd
     return UsersSplit(

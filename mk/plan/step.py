@@ -24,7 +24,12 @@ from .schedule import fold_step, groups, pattern_period, schedule
 
 @dataclass(frozen=True)
 class StepPlan:
-    cfg: ModelConfig
+    """One decode step of one chip as the kernel runs it. ``share``: the part of the model this chip computes
+    (mk.sharding.chip_config; the model itself on one chip); ``model``: the whole model; ``layout``: the share at the
+    sizes the kernel lays out (mk.plan.layout.layout_config); ``chip_index``: whose plan this is among the setup's
+    chips (``setup`` None: one chip)."""
+
+    share: ModelConfig
     batch: int
     max_len: int
     context: int
@@ -37,15 +42,17 @@ class StepPlan:
     items: tuple[Item, ...]
     activations: dict[str, tuple[int, int]] = field(default_factory=dict)  # f32 VMEM scratch
     loop_layers: bool = True  # emit repeats of the layer pattern as one loop (False: every layer's own code)
-    # Over several chips ``cfg`` is the slice one chip computes (mk.sharding.chip_config) and ``model``
-    # the whole model; ``setup`` says how it is cut (None: one chip); ``chip``: whose plan this is.
-    model: ModelConfig | None = None
+    model: ModelConfig | None = None  # None: the share (one chip)
     setup: object = None
-    chip: int = 0
+    chip_index: int = 0
     experts_held: int = 0  # routed experts (or expert slices) this chip holds
     quantize: str = "none"  # mk.quant scheme: which matrices stream as INT8 codes with their scales
     # speculative verification: each user's token and its drafts are rows of one weight pass (``batch`` counts rows)
     draft_tokens: int = 0
+
+    def __post_init__(self):
+        if self.model is None:
+            object.__setattr__(self, "model", self.share)
 
     @property
     def users(self) -> int:
@@ -57,17 +64,13 @@ class StepPlan:
         return 1 if self.setup is None else self.setup.chips
 
     @property
-    def whole_model(self) -> ModelConfig:
-        return self.model or self.cfg
-
-    @property
     def rows(self) -> int:
         return round_up(self.batch, ROWS)
 
     @cached_property
     def layout(self) -> ModelConfig:
         """The model with the sizes the kernel lays out (mk.plan.layout.layout_config)."""
-        return layout_config(self.cfg)
+        return layout_config(self.share)
 
     @property
     def head_tile(self) -> int:
@@ -78,8 +81,8 @@ class StepPlan:
 
     @property
     def expert_slots(self) -> int:
-        on = self.cfg.is_moe and EXPERTS not in self.knockout
-        return expert_slots(self.cfg, self.batch, self.experts_held) if on else 0
+        on = self.share.is_moe and EXPERTS not in self.knockout
+        return expert_slots(self.share, self.batch, self.experts_held) if on else 0
 
     @cached_property
     def folded(self) -> tuple[int | Loop | LayerLoop, ...]:
@@ -89,8 +92,8 @@ class StepPlan:
             self.items,
             {ld.id: ld for ld in self.loads},
             self.tiles.slots,
-            self.cfg.num_layers,
-            pattern_period(self.cfg.layer_types) if self.loop_layers else 0,
+            self.share.num_layers,
+            pattern_period(self.share.layer_types) if self.loop_layers else 0,
         )
 
     @cached_property
@@ -175,24 +178,24 @@ class StepPlan:
         """Chips sharing the positions of one of the layer type's KV heads (mk.sharding.position_share; 1: none)."""
         from ..sharding import position_share
 
-        return position_share(self.whole_model, layer_type, self.setup)
+        return position_share(self.model, layer_type, self.setup)
 
     @property
     def cache_users(self) -> int:
         """The users whose caches this chip holds and attends over (mk.sharding.users_per_chip)."""
         from ..sharding import users_per_chip
 
-        return users_per_chip(self.whole_model, self.setup, self.users)
+        return users_per_chip(self.model, self.setup, self.users)
 
     def cache_heads(self, layer_type: str) -> int:
         """The layer type's KV heads in this chip's cache: its own, or every one with the users split."""
         split = self.setup is not None and self.setup.users_split
-        return (self.whole_model if split else self.cfg).kv_heads(layer_type)
+        return (self.model if split else self.share).kv_heads(layer_type)
 
     def cache_len(self, layer_type: str) -> int:
         """Slots of the layer type's KV cache this chip holds in the kernel's layout (padded to whole blocks; its
         share of them where chips share a KV head's positions)."""
-        return cache_slots(self.cfg, layer_type, self.max_len, self.draft_tokens) // self.position_share(layer_type)
+        return cache_slots(self.share, layer_type, self.max_len, self.draft_tokens) // self.position_share(layer_type)
 
     def kv_tile(self, layer_type: str) -> int:
         return kv_tile(self.cache_len(layer_type), self.tiles.kv_tile, 8 * 4 // self.kv_itemsize)
@@ -207,7 +210,12 @@ class StepPlan:
         from dataclasses import replace
 
         skip = ("knockout", "buffers", "items", "max_len", "context", "setup")
-        fields_ = [getattr(self, f) for f in self.__dataclass_fields__ if f not in skip]
+        # one chip's plan keys its rows as it did when its whole model was not repeated beside its share
+        fields_ = [
+            None if f == "model" and self.setup is None else getattr(self, f)
+            for f in self.__dataclass_fields__
+            if f not in skip
+        ]
         # a setup's name and published key only label it
         fields_.append(self.setup and replace(self.setup, name="", published=None))
         if self.setup is not None and self.setup.torus:  # past one host (out of the setup's repr)
@@ -215,7 +223,7 @@ class StepPlan:
         items = [
             replace(it, flops=0, kv_bytes=0, serial_bytes=0) if isinstance(it, Attend) else it for it in self.items
         ]
-        tiles = [(t, self.kv_tile(t)) for t in sorted(set(self.cfg.layer_types))]
+        tiles = [(t, self.kv_tile(t)) for t in sorted(set(self.share.layer_types))]
         canon = repr((fields_, sorted(self.knockout), sorted(self.buffers.items()), items, tiles))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
@@ -233,20 +241,20 @@ class StepPlan:
         over whole (mk.sharding.expert_groups; 1: every expert on, or split over, every chip)."""
         from ..sharding import expert_groups
 
-        return 1 if self.setup is None else expert_groups(self.whole_model, self.setup)
+        return 1 if self.setup is None else expert_groups(self.model, self.setup)
 
     @property
     def expert_share(self) -> float:
         """The share of each fetched routed expert's bytes this chip holds: 1 whole, 1/C split over all chips, 1/h
         split over a host's h chips."""
-        return self.cfg.expert_intermediate / self.whole_model.expert_intermediate if self.cfg.is_moe else 1.0
+        return self.share.expert_intermediate / self.model.expert_intermediate if self.share.is_moe else 1.0
 
     @cached_property
     def distinct_experts(self) -> dict[int, float]:
         """Distribution of the distinct experts this chip fetches in a layer, uniform routing (exact):
         of all E (one chip, or every expert split over the chips), or of the E/G its chip or group holds."""
-        E, k = self.cfg.num_experts, self.cfg.top_k
-        if self.cfg.is_moe and self.experts_held < E:
+        E, k = self.share.num_experts, self.share.top_k
+        if self.share.is_moe and self.experts_held < E:
             return chip_distinct_experts_distribution(E, self.expert_groups, k, self.batch)
         return distinct_experts_distribution(E, k, self.batch)
 
@@ -293,8 +301,8 @@ class StepPlan:
         """The cache bytes attention ``op`` moves, without the layout's padding: the layout pads a head dim under 128
         lanes (each head's K and V), an MLA latent is read as it is."""
         moved = op.kv_bytes + op.serial_bytes
-        if self.cfg.latent_attention is None:
-            moved *= self.cfg.head_dim(op.layer_type) / self.layout.head_dim(op.layer_type)
+        if self.share.latent_attention is None:
+            moved *= self.share.head_dim(op.layer_type) / self.layout.head_dim(op.layer_type)
         return moved
 
     @property
@@ -439,12 +447,12 @@ def build_plan(
     knockout=frozenset(),
     loop_layers: bool = True,
     setup: KernelSetup = ONE_CHIP,
-    chip: int = 0,
+    chip_index: int = 0,
     quantize: str = "none",
 ) -> StepPlan:
-    """The plan of one decode step for ``batch`` users with caches of ``max_len`` positions, on one
-    chip or, with ``setup`` (mk.kernel_setup.KernelSetup) over several chips, chip ``chip``'s share of it, the gated
-    MLPs laid out as the setup says.
+    """The plan of one decode step for ``batch`` users with caches of ``max_len`` positions, on one chip or, with
+    ``setup`` (mk.kernel_setup.KernelSetup) over several chips, chip ``chip_index``'s share of it, the gated MLPs laid
+    out as the setup says.
 
     ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
     and attention FLOPs recorded for timing; the kernel itself reads the tiles each user's position needs.
@@ -458,21 +466,32 @@ def build_plan(
     """
     return _built_plan(
         cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, check_knockout(knockout), loop_layers,
-        setup, chip, quantize,
+        setup, chip_index, quantize,
     )  # fmt: skip
 
 
 @lru_cache(maxsize=64)
 def _built_plan(
-    cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, knockout, loop_layers, setup, chip, quantize
+    cfg,
+    batch,
+    max_len,
+    context,
+    weight_itemsize,
+    kv_itemsize,
+    tiles,
+    knockout,
+    loop_layers,
+    setup,
+    chip_index,
+    quantize,
 ) -> StepPlan:
     from ..params import quantized_paths
     from ..qformats import FORMAT_SCHEMES, format_paths
     from ..sharding import attention_chips, chip_config, experts_per_chip, position_share, users_per_chip
 
     cfg, draft_tokens = setup.laid_out(cfg), setup.draft_tokens
-    if not 0 <= chip < setup.chips:
-        raise ValueError(f"chip {chip} is not one of the {setup.chips} chips (0..{setup.chips - 1})")
+    if not 0 <= chip_index < setup.chips:
+        raise ValueError(f"chip {chip_index} is not one of the {setup.chips} chips (0..{setup.chips - 1})")
     context = max_len if context is None else context
     check_shapes(cfg, batch, max_len, context, kv_itemsize, tiles)
     users_per_chip(cfg, setup, batch)  # refuses a users split the batch or the heads cannot take
@@ -515,7 +534,7 @@ def _built_plan(
         loop_layers,
         cfg if setup.sharded else None,
         setup if setup.sharded else None,
-        chip,
+        chip_index,
         held,
         quantize,
         draft_tokens,

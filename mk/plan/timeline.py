@@ -92,7 +92,7 @@ def _resolved(
 def _walk(plan, items, distinct=None, record=True) -> tuple[list[dict], float]:
     if distinct is None:
         n = round(sum(k * p for k, p in plan.distinct_experts.items()))
-        distinct = {i: n for i in range(plan.cfg.num_layers)}
+        distinct = {i: n for i in range(plan.share.num_layers)}
     rows = []
 
     def row(lane, stream, what, op_or_load, start, end):

@@ -73,7 +73,7 @@ def check_vmem(plan, chip) -> int:
     if need > chip.vmem_bytes:
         parts = ", ".join(f"{k} {v / MIB:.1f}" for k, v in plan.vmem_breakdown().items())
         raise ValueError(
-            f"the step plan for {plan.cfg.name} (batch {plan.batch}, max_len {plan.max_len}) needs "
+            f"the step plan for {plan.share.name} (batch {plan.batch}, max_len {plan.max_len}) needs "
             f"{need / MIB:.1f} MiB of VMEM ({parts} MiB) but {chip.name} has {chip.vmem_bytes / MIB:.0f} MiB "
             f"per core ({chip.source}); lower Tiles.weight_tile_bytes (now {plan.tiles.weight_tile_bytes}) "
             f"or Tiles.kv_tile (now {plan.tiles.kv_tile}), or the batch"

@@ -64,7 +64,7 @@ def _likely(dist: dict[int, float], tail: float = 1e-9) -> dict[int, float]:
 
 
 def _every_layer(plan: StepPlan, experts: int) -> dict[int, int]:
-    return {i: experts for i in range(plan.cfg.num_layers)}
+    return {i: experts for i in range(plan.share.num_layers)}
 
 
 def _loaded(plan: StepPlan, nbytes: Callable[[Load], float]) -> Callable[[int], float]:

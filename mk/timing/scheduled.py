@@ -95,7 +95,7 @@ def factor_values(plan: StepPlan) -> dict[str, float]:
     """What each factor a row names is for ``plan``: the trips of a user's loop over each layer type's KV tiles at the
     plan's context, and the share of the routed expert slots that run for the chip that sets the pace (its expected
     distinct experts over its slots; exact where the slots run as one loop over all of them)."""
-    values = {KV_TILES + t: float(plan.kv_tiles_read(t)) for t in set(plan.cfg.layer_types)}
+    values = {KV_TILES + t: float(plan.kv_tiles_read(t)) for t in set(plan.share.layer_types)}
     if plan.expert_slots:
         values[ROUTED] = sum(m * p for m, p in pace_distribution(plan).items()) / plan.expert_slots
     return values
@@ -164,7 +164,7 @@ class ScheduledStep:
     def to_dict(self) -> dict:
         return dict(
             kind=KIND,
-            model=self.plan.whole_model.name,
+            model=self.plan.model.name,
             chip=self.chip.name,
             context=self.plan.context,
             batch=self.plan.users,

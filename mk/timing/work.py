@@ -142,7 +142,7 @@ def check_speculation(speculate: int, acceptance: float | None) -> float:
 def pace_distribution(plan: StepPlan) -> dict[int, float]:
     """Distinct experts per layer loaded by the chip that sets the pace, count -> probability (exact,
     uniform routing): the busiest chip's under whole placement, every chip's otherwise."""
-    cfg = plan.cfg
+    cfg = plan.share
     if cfg.is_moe and plan.experts_held < cfg.num_experts:
         return busiest_chip_distribution(cfg.num_experts, plan.expert_groups, cfg.top_k, plan.batch)
     return plan.distinct_experts
