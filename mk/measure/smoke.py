@@ -274,7 +274,7 @@ def _first_line(e: BaseException) -> str:
 
 
 # Engines ----------------------------------------------------------------------------------------------------
-class _Builder:
+class _EngineBuilds:
     """Builds each engine's step on the mesh: the reference's weights drawn split over it, the megakernel's
     drawn there too and brought to the host, from where each chip packs its slice (kept for every placement
     until the last megakernel is built)."""
@@ -449,17 +449,19 @@ def _timing(smoke: SmokeRun, chips: int, dev, log) -> _Timing:
     return _Timing({e.label: e for e in engines}, sol, groups, skipped)
 
 
-def _build_group(group, built: dict, failed_builds: set, builder: _Builder, timing: _Timing, dev, notes, log) -> bool:
+def _build_group(
+    group, built: dict, failed_builds: set, builds: _EngineBuilds, timing: _Timing, dev, notes, log
+) -> bool:
     """Build the engines of ``group`` not built yet (an engine that failed once is not tried again); whether one
     failed for another reason than memory."""
-    failed, chips = False, builder.mesh.size
+    failed, chips = False, builds.mesh.size
     for label in group:
         if label in built or label in failed_builds:
             continue
         engine = timing.engines[label]
         try:
             row_columns = dict(setup=_setup_word(engine, chips), runs_as=_runs_as(engine, dev, chips))
-            built[label] = builder.build(engine, row_columns)
+            built[label] = builds.build(engine, row_columns)
         except Exception as e:
             failed_builds.add(label)
             gc.collect()
@@ -477,7 +479,7 @@ def _time_groups(smoke: SmokeRun, timing: _Timing, mesh, dev, prov, deadline, no
     engine failed."""
     cfg, chips = smoke.cfg, mesh.size
     megakernels = sum(timing.engines[x].name == "megakernel" for g in timing.groups for x in g)
-    builder = _Builder(cfg, mesh, smoke.context, smoke.batch, smoke.dtype, smoke.seed, log, megakernels)
+    builds = _EngineBuilds(cfg, mesh, smoke.context, smoke.batch, smoke.dtype, smoke.seed, log, megakernels)
     run_columns = dict(prov, model=cfg.name, dtype=smoke.dtype, context=smoke.context, batch=smoke.batch)
     run_columns.update(weights=f"random (seed {smoke.seed})", chip=timing.sol.chip, base_model=cfg.name, layers="all")
     limit = measured_limit(timing.sol.chip) if timing.sol.chip and on_tpu() else None  # a chip's, for its rows
@@ -495,7 +497,7 @@ def _time_groups(smoke: SmokeRun, timing: _Timing, mesh, dev, prov, deadline, no
             )
             log(notes[-1])
             continue
-        failed |= _build_group(group, built, failed_builds, builder, timing, dev, notes, log)
+        failed |= _build_group(group, built, failed_builds, builds, timing, dev, notes, log)
         ready = [built[x] for x in group if x in built]
         if not ready:
             continue

@@ -100,12 +100,13 @@ def expert_slots(cfg: ModelConfig, batch: int, held: int | None = None) -> int:
 
 class Builder:
     """Appends loads and ops in step order; ``route_of[n]`` is the route op an expert op waits for.
-    ``cfg`` is the slice one chip computes (mk.sharding.chip_config; the model itself on one chip), ``model`` the
-    whole model."""
+    ``share`` is the part of the model one chip computes (mk.sharding.chip_config; the model itself on one chip),
+    ``model`` the whole model; ``layout`` the share at the sizes the kernel lays out (the model's own sizes give the
+    payload bytes)."""
 
     def __init__(
         self,
-        cfg: ModelConfig,
+        share: ModelConfig,
         batch: int,
         max_len: int,
         context: int,
@@ -124,17 +125,22 @@ class Builder:
     ):
         self.fmt = fmt  # the shipped format (mk.qformats.Format) the ``quantized`` matrices stream in, or INT8
         self.setup, self.experts_held, self.split_heads = setup, experts_held, split_heads
-        self.model = model or cfg  # the whole model (its heads: each chip attends over all of them for its users)
+        self.model = model or share  # the whole model (its heads: each chip attends over all of them for its users)
         # speculative verification: each user's rows are its token and its drafts, through one weight pass (``batch``
         # counts rows); they attend over the user's one cache
         self.rows_per_user = draft_tokens + 1
         self.position_shares = position_shares or {}  # layer type -> chips sharing a KV head's positions
         self.quantized = quantized  # matrices streamed as INT8 codes with their scales (mk.quant)
-        self.cfg = layout_config(cfg)  # the shapes the kernel moves; the model's own for payload bytes
+        self.layout = layout_config(share)  # the shapes the kernel moves; the share's own for payload bytes
         self.batch, self.max_len, self.context = batch, max_len, context
-        self.wb, self.kvb, self.tiles, self.ko = weight_itemsize, kv_itemsize, tiles, knockout
-        self.specs = {s.path: s for s in param_specs(cfg)}
-        self.shapes = {s.path: padded_shape(self.cfg, s.path, s.shape) for s in param_specs(self.cfg)}
+        self.weight_itemsize, self.kv_itemsize, self.tiles, self.knockout = (
+            weight_itemsize,
+            kv_itemsize,
+            tiles,
+            knockout,
+        )
+        self.specs = {s.path: s for s in param_specs(share)}
+        self.shapes = {s.path: padded_shape(self.layout, s.path, s.shape) for s in param_specs(self.layout)}
         self.buffers: dict[str, Buffer] = {}
         self.loads: list[Load] = []
         self.ops: list[Op] = []
@@ -155,7 +161,7 @@ class Builder:
 
         if not self.setup.sharded or not acts:
             return
-        coll, width = self.setup.collective, self.cfg.hidden_size
+        coll, width = self.setup.collective, self.layout.hidden_size
         # only the users' rows travel: whole rows of a packed (sublane) word, 1 in f32, 2 in bf16
         rows = min(round_up(self.batch, 4 // itemsize), round_up(self.batch, ROWS))
         if self.setup.torus:  # past one host: dimension by dimension over the slice's torus (mk.megakernel.collective)
@@ -186,7 +192,7 @@ class Builder:
 
     def itemsize(self, tensor: str) -> int:
         """Bytes per element of ``tensor``'s tiles: 1 for INT8 codes, else the plan's weight item size."""
-        return 1 if tensor in self.quantized else self.wb
+        return 1 if tensor in self.quantized else self.weight_itemsize
 
     def load(self, tensor, layer, component, rows, cols, expert=None, slot_shape=None) -> int:
         shape = (rows[1], cols[1])
@@ -197,7 +203,7 @@ class Builder:
         wb = self.itemsize(tensor)
         # tiles of one shape (and type) share a buffer (q, k, v, gate, up, expert gate/up are all [H, w]):
         # fewer buffers, less VMEM, and still the next tile of each shape in flight
-        row_scales = scaled and tile_rows_scaled(self.cfg, tensor)
+        row_scales = scaled and tile_rows_scaled(self.layout, tensor)
         buffer = f"{slot_shape[0]}x{slot_shape[1]}" + ("i8" if scaled else "") + ("r" if row_scales else "")
         if buffer not in self.buffers:
             self.buffers[buffer] = Buffer(buffer, slot_shape, wb, self.tiles.slots, "int8" if scaled else None)
@@ -208,7 +214,7 @@ class Builder:
         n = self._slot_count.get(buffer, 0)
         self._slot_count[buffer] = n + 1
         real = self.specs[tensor].shape[-2:]  # the unpadded matrix: what of the tile holds weights
-        if self.cfg.outputs_on_rows(tensor):
+        if self.layout.outputs_on_rows(tensor):
             real = real[::-1]
         real_rows = max(0, min(rows[1], real[0] - rows[0]))
         real_cols = max(0, min(cols[1], real[1] - cols[0]))
@@ -217,7 +223,7 @@ class Builder:
             payload += real_rows * 4 if cols[0] == 0 else 0
         elif scaled:  # a matrix's column scales are real bytes once, however many row tiles it has
             payload += real_cols * 4 if rows[0] == 0 else 0
-        name, index = stacked(self.cfg, tensor)
+        name, index = stacked(self.layout, tensor)
         ld = Load(
             len(self.loads),
             name,
@@ -241,7 +247,7 @@ class Builder:
         """A tile of a matrix in a shipped format: its codes, and the scales of its whole blocks (one that would
         split a block is refused by name)."""
         fmt = self.fmt
-        grid = layout_grid(self.cfg, tensor, fmt)
+        grid = layout_grid(self.layout, tensor, fmt)
         for (start, n), g, total, what in zip((rows, cols), grid, self.shapes[tensor][-2:], ("rows", "columns")):
             if start % g or (n % g and start + n != total):
                 raise ValueError(
@@ -257,12 +263,12 @@ class Builder:
         n = self._slot_count.get(buffer, 0)
         self._slot_count[buffer] = n + 1
         real = self.specs[tensor].shape[-2:]
-        if self.cfg.outputs_on_rows(tensor):
+        if self.layout.outputs_on_rows(tensor):
             real = real[::-1]
         real_rows, real_cols = max(0, min(rows[1], real[0] - rows[0])), max(0, min(cols[1], real[1] - cols[0]))
         per_code = 0.5 if fmt.nibbles else 1
         payload = real_rows * real_cols * per_code + format_scale_bytes(real_rows, real_cols, grid, fmt.name)
-        name, index = stacked(self.cfg, tensor)
+        name, index = stacked(self.layout, tensor)
         ld = FormatLoad(
             len(self.loads), name, index, layer, component, buffer, n % self.tiles.slots, rows, cols,
             int(rows[1] * cols[1] * per_code) + format_scale_bytes(rows[1], cols[1], grid, fmt.name),
@@ -295,7 +301,7 @@ class Builder:
         intermediate on rows (ffn_layout "sublanes") a chunk is whole lanes of it but the last, which ends
         where the intermediate does (a multiple of 8): chunk offsets stay lane-aligned in the activations."""
         g, u, d = (prefix + n for n in names)
-        on_rows = self.cfg.outputs_on_rows(g)
+        on_rows = self.layout.outputs_on_rows(g)
         inter, h = self.shapes[g][-2:] if on_rows else self.shapes[g][-2:][::-1]
         sp = spans(round_up(inter, LANE), h, self.itemsize(g), self.tiles.weight_tile_bytes)
         sp = [(c, min(tc, inter - c)) for c, tc in sp]
@@ -312,8 +318,8 @@ class Builder:
                 self.op(MatmulTile(layer, component, matmul_flops(B, h, tc), load=lid, src=src, dst=act_dst, mode=mode,
                                    n=tc, expert=expert))  # fmt: skip
             biased = {}
-            if self.cfg.expert_bias and expert is not None:  # gpt-oss's: the chunk's gate and up biases
-                biased = dict(off=c, index=type_index(self.cfg, layer), layer_type=self.cfg.layer_types[layer])
+            if self.layout.expert_bias and expert is not None:  # gpt-oss's: the chunk's gate and up biases
+                biased = dict(off=c, index=type_index(self.layout, layer), layer_type=self.layout.layer_types[layer])
             self.op(GatedAct(layer, component, gated_act_flops(B, tc), src=gate, dst=up, n=tc, expert=expert, **biased))
             lid = self.load(d, layer, component, (c, tc), (0, h), expert, (w, h))
             self.op(MatmulTile(layer, component, matmul_flops(B, tc, h), load=lid, src=up, dst=dst,
@@ -321,26 +327,26 @@ class Builder:
 
     # the step ---------------------------------------------------------------------------------
     def build(self):
-        cfg, B, H = self.cfg, self.batch, self.cfg.hidden_size
+        layout, B, H = self.layout, self.batch, self.layout.hidden_size
         for name in ("x", "xn", "attn_out", "ffn"):
             self.act(name, H)
-        if cfg.is_moe:
+        if layout.is_moe:
             self.act("moe", H)
-        if cfg.is_moe and cfg.router == "gemma4":  # Gemma 4's experts and router read their own norms of x
+        if layout.is_moe and layout.router == "gemma4":  # Gemma 4's experts and router read their own norms of x
             for name in ("x2", "rin"):
                 self.act(name, H)
-        vec_rows, vec_width = vector_table_shape(cfg)
+        vec_rows, vec_width = vector_table_shape(layout)
         self.op(Prologue(-1, NORMS, 0, serial_bytes=round_up(vec_rows, ROWS) * vec_width * 4))
-        self.op(Embed(-1, HEAD, 0, serial_bytes=B * BLOCK * H * self.wb))
+        self.op(Embed(-1, HEAD, 0, serial_bytes=B * BLOCK * H * self.weight_itemsize))
         self.all_reduce(-1, ["x"], 4)  # each chip looked up the tokens in its vocabulary rows (exact in f32)
-        for i, t in enumerate(cfg.layer_types):
+        for i, t in enumerate(layout.layer_types):
             self.layer(i, t)
         self.op(Norm(-1, NORMS, norm_flops(B, H), src="x", dst="xn", vector="final_norm"))
         # The head: equal tiles (one loop in the kernel), each softcapped and folded into the running argmax.
-        tv = even_width(cfg.vocab_size, H, self.wb, self.tiles.head_tile_bytes)
-        if HEAD not in self.ko:
-            head = "embed" if cfg.tied_embeddings else "head"  # [V, H] either way
-            for r in range(0, cfg.vocab_size, tv):
+        tv = even_width(layout.vocab_size, H, self.weight_itemsize, self.tiles.head_tile_bytes)
+        if HEAD not in self.knockout:
+            head = "embed" if layout.tied_embeddings else "head"  # [V, H] either way
+            for r in range(0, layout.vocab_size, tv):
                 lid = self.load(head, -1, HEAD, (r, tv), (0, H))
                 self.op(HeadTile(-1, HEAD, head_tile_flops(B, tv, H), load=lid, src="xn", row_off=r, n=tv))
         else:
@@ -361,21 +367,21 @@ class Builder:
         """Grouped-query attention: q, k, v projections, their norms and RoPE, attention over the KV cache."""
         from ..sharding import users_per_chip
 
-        cfg, B, p = self.cfg, self.batch, f"layers.{i}."
-        hd, kv, nh = cfg.head_dim(t), cfg.kv_heads(t), cfg.num_heads
+        layout, B, p = self.layout, self.batch, f"layers.{i}."
+        hd, kv, nh = layout.head_dim(t), layout.kv_heads(t), layout.num_heads
         att = attention_component(t)
-        qkw = max(cfg.sliding_kv_heads * cfg.sliding_head_dim, cfg.full_kv_heads * cfg.full_head_dim)
+        qkw = max(layout.sliding_kv_heads * layout.sliding_head_dim, layout.full_kv_heads * layout.full_head_dim)
         q, k, v = (
-            self.act("q", nh * max(cfg.sliding_head_dim, cfg.full_head_dim)),
+            self.act("q", nh * max(layout.sliding_head_dim, layout.full_head_dim)),
             self.act("k", qkw),
             self.act("v", qkw),
         )
         self.project(p + "q", i, att, "xn", q, MatmulMode.COLS)
         self.project(p + "k", i, att, "xn", k, MatmulMode.COLS)
-        if cfg.has_v_proj(t):
+        if layout.has_v_proj(t):
             self.project(p + "v", i, att, "xn", v, MatmulMode.COLS)
         self.op(QKVNormRope(i, att, qk_norm_rope_flops(B, nh + 2 * kv, hd), layer_type=t))
-        positions = cfg.cache_positions(t, self.context)
+        positions = layout.cache_positions(t, self.context)
         T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
         g = self.position_shares.get(t, 1)
         R = self.rows_per_user
@@ -391,14 +397,14 @@ class Builder:
             sent, rounds = (C - 1) * users * R * (2 * nh + 2 * kv) * hd * 4, 2
         else:
             sent, rounds = 0, 0
-        per_pos = 2 * cache_kv * hd * self.kvb  # K and V
+        per_pos = 2 * cache_kv * hd * self.kv_itemsize  # K and V
         self.op(
             Attend(
                 i,
                 att,
                 attention_flops(users * R, heads, hd, positions),
                 layer_type=t,
-                index=type_index(cfg, i),
+                index=type_index(layout, i),
                 kv_bytes=users * per_pos * max(0, positions - 1 - T),
                 serial_bytes=users * per_pos * (min(T, positions - 1) + BLOCK),
                 query_rows=heads // cache_kv * R,
@@ -408,17 +414,17 @@ class Builder:
                 rounds=rounds,
             )
         )
-        self.act("attn", nh * max(cfg.sliding_head_dim, cfg.full_head_dim))
+        self.act("attn", nh * max(layout.sliding_head_dim, layout.full_head_dim))
 
     def latent_attention(self, i: int, t: str):
         """DeepSeek's MLA as the kernel decodes it (mk.megakernel.latent): the query through its bottleneck, the
         position's latent (normed) and RoPE key, then ``kv_b`` streamed once in tiles of whole heads (their key
         columns absorb the no-RoPE queries into the latent space, their value columns are kept for the output: the
         flops of both products), attention over the latent cache."""
-        cfg, B, p, mla = self.cfg, self.batch, f"layers.{i}.", self.cfg.latent_attention
-        nh, att = cfg.num_heads, attention_component(t)
+        layout, B, p, mla = self.layout, self.batch, f"layers.{i}.", self.layout.latent_attention
+        nh, att = layout.num_heads, attention_component(t)
         lat, rope = mla.kv_lora_rank, mla.qk_rope_head_dim
-        D, Dr, Dv, L = latent_lanes(cfg)
+        D, Dr, Dv, L = latent_lanes(layout)
         q = self.act("q", nh * (D + Dr))
         if mla.q_lora_rank:
             qa = self.act("qa", round_up(mla.q_lora_rank, LANE))
@@ -440,16 +446,16 @@ class Builder:
             flops = matmul_flops(B, lat, per * (mla.qk_nope_head_dim + mla.v_head_dim))
             self.op(MatmulTile(i, att, flops, load=lid, src=q, dst=qlat, mode=MatmulMode.ABSORB, dst_off=h * w,
                                n=per * w))  # fmt: skip
-        positions = cfg.cache_positions(t, self.context)
+        positions = layout.cache_positions(t, self.context)
         T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
-        per_pos = (lat + rope) * self.kvb  # one latent and one RoPE key a position, read by every head
+        per_pos = (lat + rope) * self.kv_itemsize  # one latent and one RoPE key a position, read by every head
         self.op(
             Attend(
                 i,
                 att,
                 latent_attention_flops(B, nh, lat, rope, positions),
                 layer_type=t,
-                index=type_index(cfg, i),
+                index=type_index(layout, i),
                 kv_bytes=B * per_pos * max(0, positions - 1 - T),
                 serial_bytes=B * per_pos * (min(T, positions - 1) + BLOCK),
                 query_rows=nh,  # every head reads the one latent
@@ -459,26 +465,26 @@ class Builder:
         self.act("attn", nh * Dv)
 
     def layer(self, i: int, t: str):
-        cfg, B, p = self.cfg, self.batch, f"layers.{i}."
-        H = cfg.hidden_size
+        layout, B, p = self.layout, self.batch, f"layers.{i}."
+        H = layout.hidden_size
         att = attention_component(t)
-        if att not in self.ko:
+        if att not in self.knockout:
             self.op(Norm(i, NORMS, norm_flops(B, H), src="x", dst="xn", vector="input_norm"))
-            if cfg.latent_attention is not None:
+            if layout.latent_attention is not None:
                 self.latent_attention(i, t)
             else:
                 self.attention(i, t)
             self.project(p + "o", i, att, "attn", "attn_out", MatmulMode.ROWS)
             if self.split_heads:  # each chip computed its heads' share of the output projection
                 self.all_reduce(i, ["attn_out"], self.setup.collective.payload_itemsize())
-        self.op(AttentionResidual(i, NORMS, attention_residual_flops(B, H), attention_on=att not in self.ko))
+        self.op(AttentionResidual(i, NORMS, attention_residual_flops(B, H), attention_on=att not in self.knockout))
         # Gemma 4's router and experts read their own norms of x; a pre-norm family's the FFN's input, xn
-        rin, x2 = ("rin", "x2") if cfg.router == "gemma4" else ("xn", "xn")
-        moe = cfg.is_moe_layer(i)  # an MoE model's dense first layers (DeepSeek-V3) route to none
+        rin, x2 = ("rin", "x2") if layout.router == "gemma4" else ("xn", "xn")
+        moe = layout.is_moe_layer(i)  # an MoE model's dense first layers (DeepSeek-V3) route to none
         if moe:
             E = self.shapes[p + "router_proj"][1]
             self.act("router", E)
-            if ROUTER not in self.ko:
+            if ROUTER not in self.knockout:
                 self.project(p + "router_proj", i, ROUTER, rin, "router", MatmulMode.COLS)
             self._route = len(self.ops)
             # with the router knocked out, Route only sets the fixed experts 0..k-1
@@ -486,24 +492,24 @@ class Builder:
                 Route(
                     i,
                     ROUTER,
-                    0 if ROUTER in self.ko else route_flops(B, E, cfg.top_k),
-                    router_on=ROUTER not in self.ko,
+                    0 if ROUTER in self.knockout else route_flops(B, E, layout.top_k),
+                    router_on=ROUTER not in self.knockout,
                     serial_bytes=2 * ROWS * E * 4,
                 )
             )
-        shared = cfg.mlp_width(i) > 0 and SHARED_MLP not in self.ko
+        shared = layout.mlp_width(i) > 0 and SHARED_MLP not in self.knockout
         if shared:
             self.mlp(p, i, SHARED_MLP, "xn", "ffn", ("mlp_gate", "mlp_up", "mlp_down"))
-        if moe and EXPERTS not in self.ko:
+        if moe and EXPERTS not in self.knockout:
             self.act("eo", H)
-            for j in range(expert_slots(cfg, B, self.experts_held)):
+            for j in range(expert_slots(layout, B, self.experts_held)):
                 self.mlp(p, i, EXPERTS, x2, "eo", ("expert_gate", "expert_up", "expert_down"), expert=j)
-                biased = dict(index=type_index(cfg, i), layer_type=t) if cfg.expert_bias else {}
+                biased = dict(index=type_index(layout, i), layer_type=t) if layout.expert_bias else {}
                 self.op(ExpertCombine(i, EXPERTS, expert_combine_flops(B, H), expert=j, **biased))
-        partial_sums = [a for a, on in (("ffn", shared), ("moe", moe and EXPERTS not in self.ko)) if on]
+        partial_sums = [a for a, on in (("ffn", shared), ("moe", moe and EXPERTS not in self.knockout)) if on]
         self.all_reduce(i, partial_sums, self.setup.collective.payload_itemsize())
         self.op(
-            FfnResidual(i, NORMS, ffn_residual_flops(B, H), **({} if moe or not cfg.is_moe else dict(routed=False)))
+            FfnResidual(i, NORMS, ffn_residual_flops(B, H), **({} if moe or not layout.is_moe else dict(routed=False)))
         )
 
 
