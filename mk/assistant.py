@@ -35,7 +35,7 @@ def assistant_step(params: dict, a: AssistantConfig, target: ModelConfig, target
                    pos):  # fmt: skip
     """One draft step for every user: ``token [B]`` at position ``pos [B]`` (not in ``cache``, the target's),
     ``hidden [B, target hidden]``. Returns (logits [B, V] float32, the next hidden [B, target hidden])."""
-    cfg, ko = a.decoder, frozenset()
+    cfg, knockout = a.decoder, frozenset()
     x = embed({"embed": target_embed}, target, token)
     x = jnp.concatenate([x, hidden.astype(x.dtype)], axis=-1) @ params["pre_projection"]
     x = x[:, None, :]  # [B, 1, H]
@@ -51,8 +51,8 @@ def assistant_step(params: dict, a: AssistantConfig, target: ModelConfig, target
         # the positions before P; on a sliding layer the window's W and one more, as transformers' assistant reads
         mask = (held >= 0) & ((held >= positions - 1 - cfg.sliding_window) if t == SLIDING else True)
         attn = attend_one(q, kc, vc, mask, cfg.score_scale(t)) @ p["o"]
-        x = residual_layer(p, cfg, x, attn, ko, dense_experts=False)
-    hn = rms_norm(x[:, 0], params["final_norm"], cfg.rms_eps, NORMS not in ko)
+        x = residual_layer(p, cfg, x, attn, knockout, dense_experts=False)
+    hn = rms_norm(x[:, 0], params["final_norm"], cfg.rms_eps, NORMS not in knockout)
     logits = jax.lax.dot_general(hn, params["embed"], (((1,), (1,)), ((), ()))).astype(jnp.float32)
     return logits, hn @ params["post_projection"]
 

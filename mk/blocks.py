@@ -153,13 +153,13 @@ def mlp(x, gate, up, down, mm=matmul, activation: str = "gelu_tanh"):
     return mm(activate(mm(x, gate), activation) * mm(x, up), down)
 
 
-def route(p: dict, cfg: ModelConfig, x, ko: frozenset, mm=matmul):
+def route(p: dict, cfg: ModelConfig, x, knockout: frozenset, mm=matmul):
     """Top-k experts and their weights for each row of ``x [N, H]`` (:func:`router_input`): (weights [N, k],
     ids [N, k]). Gemma 4: a weightless norm and a learned scale before the projection, the renormalised top-k
     weights times a per-expert scale; ``softmax_topk`` (Qwen3-MoE, Mixtral): softmax over every expert's logit,
     the top k, renormalised when ``cfg.norm_topk``; ``topk_softmax`` (gpt-oss): the top k of the biased logits, a
     softmax over those k."""
-    if ROUTER in ko:
+    if ROUTER in knockout:
         n = x.shape[0]
         ids = jnp.broadcast_to(jnp.arange(cfg.top_k, dtype=jnp.int32), (n, cfg.top_k))
         return jnp.full((n, cfg.top_k), 1.0 / cfg.top_k, x.dtype), ids
@@ -167,7 +167,7 @@ def route(p: dict, cfg: ModelConfig, x, ko: frozenset, mm=matmul):
         return route_grouped(p, cfg, x, mm)
     h = x
     if cfg.router == "gemma4":
-        h = rms_norm(x, None, cfg.rms_eps, NORMS not in ko)
+        h = rms_norm(x, None, cfg.rms_eps, NORMS not in knockout)
         h = h * p["router_scale"] * jnp.asarray(cfg.hidden_size**-0.5, x.dtype)
     logits = mm(h, p["router_proj"])
     if cfg.router == "topk_softmax":
@@ -201,10 +201,10 @@ def route_grouped(p: dict, cfg: ModelConfig, x, mm=matmul):
     return (w * cfg.routed_scaling).astype(x.dtype), ids
 
 
-def router_input(p: dict, cfg: ModelConfig, x, ko: frozenset):
+def router_input(p: dict, cfg: ModelConfig, x, knockout: frozenset):
     """What the router reads of the residual stream ``x`` after attention: Gemma 4's router the stream itself (it
     norms it on its own); a pre-norm family's router the FFN's input, ``pre_ffn_norm(x)``."""
-    return x if cfg.router == "gemma4" else rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, NORMS not in ko)
+    return x if cfg.router == "gemma4" else rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, NORMS not in knockout)
 
 
 def experts_gathered(p: dict, cfg: ModelConfig, x, w, ids, mm=matmul):
@@ -276,10 +276,10 @@ def biased(p, name: str, x, mm=matmul):
     return y + p[name + "_bias"] if name + "_bias" in p else y
 
 
-def qkv(p, cfg: ModelConfig, t: str, h, positions, ko, mm=matmul):
+def qkv(p, cfg: ModelConfig, t: str, h, positions, knockout, mm=matmul):
     """q [B, T, nh, hd], k and v [B, T, kv, hd] after their norms (those the family has) and RoPE."""
     B, T, _ = h.shape
-    hd, kv, on = cfg.head_dim(t), cfg.kv_heads(t), NORMS not in ko
+    hd, kv, on = cfg.head_dim(t), cfg.kv_heads(t), NORMS not in knockout
     q = biased(p, "q", h, mm).reshape(B, T, cfg.num_heads, hd)
     k = biased(p, "k", h, mm).reshape(B, T, kv, hd)
     v = biased(p, "v", h, mm).reshape(B, T, kv, hd) if cfg.has_v_proj(t) else k
@@ -334,22 +334,23 @@ def attend_one(q, k, v, mask, scale: float = 1.0, sinks=None, mm=matmul):
     return o.reshape(B, T, nh * hd)
 
 
-def _ffn(p, cfg: ModelConfig, x, ko, dense_experts: bool, mm=matmul):
+def _ffn(p, cfg: ModelConfig, x, knockout, dense_experts: bool, mm=matmul):
     """The FFN block's output (before Gemma's post_ffn_norm) for ``x [B, T, H]``, the residual stream: the shared
     (or dense) MLP and, in an MoE layer, the routed experts; Gemma 4 norms each of the two before adding them. The
     layer's tensors say which it has (an MoE model's dense layers have an MLP and no router)."""
-    on, act = NORMS not in ko, cfg.activation
+    on, act = NORMS not in knockout, cfg.activation
     h = rms_norm(x, p["pre_ffn_norm"], cfg.rms_eps, on)
     shared = None
     if "mlp_gate" in p:
-        shared = jnp.zeros_like(x) if SHARED_MLP in ko else mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], mm, act)
+        off = SHARED_MLP in knockout
+        shared = jnp.zeros_like(x) if off else mlp(h, p["mlp_gate"], p["mlp_up"], p["mlp_down"], mm, act)
     if "router_proj" not in p:
         return shared
-    if EXPERTS in ko:
+    if EXPERTS in knockout:
         moe = jnp.zeros_like(x)
     else:
         flat = x.reshape(-1, x.shape[-1])
-        w, ids = route(p, cfg, router_input(p, cfg, flat, ko), ko, mm)
+        w, ids = route(p, cfg, router_input(p, cfg, flat, knockout), knockout, mm)
         h2 = rms_norm(flat, p["pre_ffn_norm_2"], cfg.rms_eps, on) if cfg.sandwich_norms else h.reshape(flat.shape)
         moe = experts_dense(p, cfg, h2, w, ids) if dense_experts else experts_gathered(p, cfg, h2, w, ids, mm)
         moe = moe.reshape(x.shape)
@@ -359,17 +360,17 @@ def _ffn(p, cfg: ModelConfig, x, ko, dense_experts: bool, mm=matmul):
     return shared + rms_norm(moe, p["post_ffn_norm_2"], cfg.rms_eps, on)
 
 
-def residual_layer(p, cfg: ModelConfig, x, attn_out, ko, dense_experts: bool, mm=matmul):
+def residual_layer(p, cfg: ModelConfig, x, attn_out, knockout, dense_experts: bool, mm=matmul):
     """Residual wiring of one layer given its attention output (o-projected, None when knocked out): Gemma's
     sandwich (each block's output normed, then the layer scalar), or plain pre-norm residuals."""
-    on = NORMS not in ko
+    on = NORMS not in knockout
     if not cfg.sandwich_norms:
         if attn_out is not None:
             x = x + attn_out
-        return x + _ffn(p, cfg, x, ko, dense_experts, mm)
+        return x + _ffn(p, cfg, x, knockout, dense_experts, mm)
     if attn_out is not None:
         x = x + rms_norm(attn_out, p["post_attn_norm"], cfg.rms_eps, on)
-    x = x + rms_norm(_ffn(p, cfg, x, ko, dense_experts, mm), p["post_ffn_norm"], cfg.rms_eps, on)
+    x = x + rms_norm(_ffn(p, cfg, x, knockout, dense_experts, mm), p["post_ffn_norm"], cfg.rms_eps, on)
     if on:
         x = x * p["layer_scalar"].astype(x.dtype)
     return x
@@ -381,12 +382,12 @@ def embed(params, cfg: ModelConfig, tokens):
     return e[tokens] * jnp.asarray(cfg.hidden_size**0.5, e.dtype) if cfg.scale_embeddings else e[tokens]
 
 
-def head(params, cfg: ModelConfig, x, ko, mm=matmul):
+def head(params, cfg: ModelConfig, x, knockout, mm=matmul):
     """Logits [B, V] float32 for the hidden states ``x [B, H]``: the final norm, the tied embedding or the untied
     head, Gemma's soft cap; the normed states fed as ``mm`` feeds its products (:func:`fed`)."""
-    if HEAD in ko:
+    if HEAD in knockout:
         return jnp.zeros((x.shape[0], cfg.vocab_size), jnp.float32)
-    h = fed(rms_norm(x, params["final_norm"], cfg.rms_eps, NORMS not in ko), mm)
+    h = fed(rms_norm(x, params["final_norm"], cfg.rms_eps, NORMS not in knockout), mm)
     # the head [V, H] times h as a matrix-vector product (contracting its minor axis), not h @ head.T:
     # for the latter XLA:CPU fuses the transposed embed and the last layer's residual and norm into
     # one elemental loop that recomputes them for every vocabulary row (measured: the head took ~2x

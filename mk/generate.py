@@ -77,7 +77,7 @@ def generate(
     ``greedy`` picks the tokens itself (the megakernel: inside the kernel, no logits written) unless
     ``return_logits``.
     """
-    ko = check_knockout(knockout)
+    knockout = check_knockout(knockout)
     tokens, lengths = prompt_batch(cfg, prompt)
     positive_int("new_tokens", new_tokens)
     B = tokens.shape[0]
@@ -107,12 +107,12 @@ def generate(
     greedy = None if return_logits else getattr(step, "greedy", None)  # the engine picks the tokens itself
     for n in tqdm(range(new_tokens), desc=f"generate ({engine})", disable=not progress):
         if n and greedy is not None:
-            tok, cache = greedy(params, cfg, cache, out[-1], pos, ko)
+            tok, cache = greedy(params, cfg, cache, out[-1], pos, knockout)
             out.append(tok)
             pos = pos + 1
             continue
         if n:
-            logits, cache = step(params, cfg, cache, out[-1], pos, ko)
+            logits, cache = step(params, cfg, cache, out[-1], pos, knockout)
             pos = pos + 1
         out.append(jnp.argmax(logits, axis=-1).astype(jnp.int32))
         if return_logits:

@@ -60,11 +60,11 @@ def rope(x, positions, cfg: ModelConfig):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def project(p: dict, cfg: ModelConfig, h, positions, ko: frozenset, mm=matmul):
+def project(p: dict, cfg: ModelConfig, h, positions, knockout: frozenset, mm=matmul):
     """One layer's query and its cache entries for the normed stream ``h [B, T, H]``: ``((q_nope [B, T, heads,
     qk_nope_head_dim], q_rope [B, T, heads, qk_rope_head_dim] rotated), {"latent": [B, 1, T, kv_lora_rank] normed,
     "rope_k": [B, 1, T, qk_rope_head_dim] rotated})``."""
-    mla, on = cfg.latent_attention, NORMS not in ko
+    mla, on = cfg.latent_attention, NORMS not in knockout
     B, T, _ = h.shape
     if mla.q_lora_rank:
         q = mm(rms_norm(mm(h, p["q_a"]), p["q_a_norm"], cfg.rms_eps, on), p["q_b"])

@@ -179,11 +179,11 @@ def count_active_params(cfg: ModelConfig) -> int:
 
 def check_knockout(knockout) -> frozenset[str]:
     """Validate a set of component names to switch off."""
-    ko = frozenset(knockout or ())
-    bad = sorted(ko - set(KNOCKOUTS))
+    knockout = frozenset(knockout or ())
+    bad = sorted(knockout - set(KNOCKOUTS))
     if bad:
         raise ValueError(f"unknown component(s) to knock out {bad}; known: {', '.join(KNOCKOUTS)}")
-    return ko
+    return knockout
 
 
 # INT8 schemes: which matrices a scheme stores as INT8 codes, where their scales live, what a scale costs ----------

@@ -168,7 +168,7 @@ def check_tokens(cfg: ModelConfig, tokens) -> np.ndarray:
 def _prefill(params, cfg: ModelConfig, tokens, lengths, cache):
     B, T = tokens.shape
     W = cfg.sliding_window
-    ko = frozenset()
+    knockout = frozenset()
     positions = jnp.arange(T, dtype=jnp.int32)
     causal = positions[None, :] <= positions[:, None]
     window = positions[None, :] > positions[:, None] - W
@@ -182,7 +182,7 @@ def _prefill(params, cfg: ModelConfig, tokens, lengths, cache):
     for i, t in enumerate(cfg.layer_types):
         p = layer_params(params, i)
         h = rms_norm(x, p["input_norm"], cfg.rms_eps)
-        attn, written = _attention(p, cfg, t, h, positions, causal & window if t == SLIDING else causal, ko)
+        attn, written = _attention(p, cfg, t, h, positions, causal & window if t == SLIDING else causal, knockout)
         for name, val in written.items():
             c = cache[f"layers.{i}.{name}"]
             if t == SLIDING:
@@ -193,9 +193,9 @@ def _prefill(params, cfg: ModelConfig, tokens, lengths, cache):
             else:
                 kept, keep, n = val, real[:, None, :, None], T
             cache[f"layers.{i}.{name}"] = c.at[:, :, :n].set(jnp.where(keep, kept.astype(c.dtype), c[:, :, :n]))
-        x = residual_layer(p, cfg, x, attn, ko, dense_experts=True)
+        x = residual_layer(p, cfg, x, attn, knockout, dense_experts=True)
     last_x = x[jnp.arange(B), lengths - 1]
-    return head(params, cfg, last_x, ko), rms_norm(last_x, params["final_norm"], cfg.rms_eps), cache
+    return head(params, cfg, last_x, knockout), rms_norm(last_x, params["final_norm"], cfg.rms_eps), cache
 
 
 def prefill(params: dict, cfg: ModelConfig, tokens, cache: dict, lengths=None, return_hidden: bool = False):
@@ -245,13 +245,13 @@ def prefill(params: dict, cfg: ModelConfig, tokens, cache: dict, lengths=None, r
     return (logits, hidden, cache) if return_hidden else (logits, cache)
 
 
-def _attention(p, cfg: ModelConfig, t: str, h, positions, mask, ko):
+def _attention(p, cfg: ModelConfig, t: str, h, positions, mask, knockout):
     """A layer's attention over its own rows (prefill's form) for the normed stream ``h [B, T, H]`` with ``mask [T,
     T]``: (the o-projected output [B, T, H], what its cache keeps of the rows: ``{name: [B, heads, T, dim]}``)."""
     if cfg.latent_attention is not None:
-        q, written = latent.project(p, cfg, h, positions, ko)
+        q, written = latent.project(p, cfg, h, positions, knockout)
         return latent.attend_expanded(p, cfg, q, written["latent"], written["rope_k"], mask) @ p["o"], written
-    q, k, v = qkv(p, cfg, t, h, positions, ko)
+    q, k, v = qkv(p, cfg, t, h, positions, knockout)
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv, T, hd]
     return biased(p, "o", attend(q, k, v, mask, cfg.score_scale(t), p.get("sinks"))), {"k": k, "v": v}
 
@@ -275,7 +275,7 @@ def routed_experts(params: dict, cfg: ModelConfig, tokens) -> np.ndarray:
 @partial(jax.jit, static_argnames=("cfg",))
 def _routed_experts(params, cfg: ModelConfig, tokens):
     B, T = tokens.shape
-    ko = frozenset()
+    knockout = frozenset()
     positions = jnp.arange(T, dtype=jnp.int32)
     causal = positions[None, :] <= positions[:, None]
     window = positions[None, :] > positions[:, None] - cfg.sliding_window
@@ -284,15 +284,15 @@ def _routed_experts(params, cfg: ModelConfig, tokens):
     for i, t in enumerate(cfg.layer_types):
         p = layer_params(params, i)
         h = rms_norm(x, p["input_norm"], cfg.rms_eps)
-        attn, _ = _attention(p, cfg, t, h, positions, causal & window if t == SLIDING else causal, ko)
+        attn, _ = _attention(p, cfg, t, h, positions, causal & window if t == SLIDING else causal, knockout)
         if not cfg.is_moe_layer(i):
             ids.append(jnp.full((B, T, cfg.top_k), -1, jnp.int32))
         else:
             # the stream after attention, as _layer wires it, and what the router reads of it
             routed = x + (rms_norm(attn, p["post_attn_norm"], cfg.rms_eps) if cfg.sandwich_norms else attn)
-            h = router_input(p, cfg, routed.reshape(B * T, -1), ko)
-            ids.append(route(p, cfg, h, ko)[1].reshape(B, T, cfg.top_k))
-        x = residual_layer(p, cfg, x, attn, ko, dense_experts=True)
+            h = router_input(p, cfg, routed.reshape(B * T, -1), knockout)
+            ids.append(route(p, cfg, h, knockout)[1].reshape(B, T, cfg.top_k))
+        x = residual_layer(p, cfg, x, attn, knockout, dense_experts=True)
     return jnp.stack(ids)
 
 
@@ -431,15 +431,15 @@ def decode_step_program(
 def verify_step_program(params, cfg: ModelConfig, cache, tokens, pos):
     """:func:`verify_step`'s compiled program: ``tokens [B, T]``, ``pos [B]`` int32 device arrays, nothing checked.
     Returns (the target's greedy picks [B, T] int32, the final-normed hidden states [B, T, H], the cache)."""
-    ko = frozenset()
+    knockout = frozenset()
     B, T = tokens.shape
-    x, cache = _decode_rows(params, cfg, cache, tokens, pos, ko)
-    logits = head(params, cfg, x.reshape(B * T, -1), ko).reshape(B, T, -1)
+    x, cache = _decode_rows(params, cfg, cache, tokens, pos, knockout)
+    logits = head(params, cfg, x.reshape(B * T, -1), knockout).reshape(B, T, -1)
     hidden = rms_norm(x, params["final_norm"], cfg.rms_eps)
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), hidden, cache
 
 
-def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset, mm=matmul_t):
+def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, knockout: frozenset, mm=matmul_t):
     """The residual stream after the last layer for ``tokens [B, T]``, user b's row j at position ``pos[b] + j``,
     each row's K/V written at its slot first (``(pos + j) % slots``) and each row attending to what it sees
     (:func:`visible`: its own and earlier rows among them); the updated cache. ``mm``: every product with a weight
@@ -451,12 +451,12 @@ def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset, mm
     for i, t in enumerate(cfg.layer_types):
         p = layer_params(params, i)
         attn = None
-        if attention_component(t) not in ko:
-            h = rms_norm(x, p["input_norm"], cfg.rms_eps, NORMS not in ko)
+        if attention_component(t) not in knockout:
+            h = rms_norm(x, p["input_norm"], cfg.rms_eps, NORMS not in knockout)
             if cfg.latent_attention is not None:
-                q, written = latent.project(p, cfg, h, positions, ko, mm)
+                q, written = latent.project(p, cfg, h, positions, knockout, mm)
             else:
-                q, k, v = qkv(p, cfg, t, h, positions, ko, mm)
+                q, k, v = qkv(p, cfg, t, h, positions, knockout, mm)
                 written = {"k": k.transpose(0, 2, 1, 3), "v": v.transpose(0, 2, 1, 3)}  # [B, kv, T, hd]
             S = layer_slots(cache, i)
             for name, val in written.items():
@@ -478,7 +478,7 @@ def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, ko: frozenset, mm
                 else:
                     attn = attend(q, kc, vc, mask[:, None, None], scale, sinks, mm)
             attn = biased(p, "o", attn, mm)
-        x = residual_layer(p, cfg, x, attn, ko, dense_experts=False, mm=mm)
+        x = residual_layer(p, cfg, x, attn, knockout, dense_experts=False, mm=mm)
     return x, cache
 
 
@@ -513,7 +513,7 @@ def decode_step(
     where the kernel does: mk.megakernel.parity).
     """
     cfg.check_runnable(engine="reference")
-    ko = check_knockout(knockout)
+    knockout = check_knockout(knockout)
     if isinstance(tokens, (list, tuple, np.ndarray)):
         tokens = check_tokens(cfg, tokens)
     B = cache_batch(cache)
@@ -523,7 +523,7 @@ def decode_step(
         pos = jnp.broadcast_to(jnp.asarray(pos, jnp.int32), (B,))
     # pos is [B] either way: one program for a shared position and for each user's own
     return decode_step_program(
-        prepared(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32), ko,
+        prepared(params, cfg), cfg, cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos, jnp.int32), knockout,
         activation_dtype,
     )  # fmt: skip
 

@@ -145,19 +145,19 @@ def emit_attention_residual(k, op):
 def emit_ffn_residual(k, op):
     """x += the FFN: Gemma's shared MLP and experts each normed, their sum normed, times the layer scalar; a pre-norm
     family's plain sum."""
-    a, layout, i, ko = k.scratch.acts, k.layout, op.layer, k.plan.knockout
+    a, layout, i, knockout = k.scratch.acts, k.layout, op.layer, k.plan.knockout
     norm = partial(rms, eps=layout.rms_eps, on=k.norms_on, n=k.share.hidden_size)
     x = a["x"][...]
-    h = a["ffn"][...] if layout.has_shared_mlp and SHARED_MLP not in ko else jnp.zeros_like(x)
+    h = a["ffn"][...] if layout.has_shared_mlp and SHARED_MLP not in knockout else jnp.zeros_like(x)
     if not layout.sandwich_norms:
-        if layout.is_moe and op.routed and EXPERTS not in ko:  # an MoE model's dense layer routes to none
+        if layout.is_moe and op.routed and EXPERTS not in knockout:  # an MoE model's dense layer routes to none
             h = h + a["moe"][...]
         a["x"][...] = x + h
         return
     if layout.is_moe:
-        m = a["moe"][...] if EXPERTS not in ko else jnp.zeros_like(x)
+        m = a["moe"][...] if EXPERTS not in knockout else jnp.zeros_like(x)
         h = norm(h, w=k.layer_vec(i, "post_ffn_norm_1")) + norm(m, w=k.layer_vec(i, "post_ffn_norm_2"))
     x = x + norm(h, w=k.layer_vec(i, "post_ffn_norm"))
-    if NORMS not in ko:
+    if NORMS not in knockout:
         x = x * k.layer_vec(i, "layer_scalar")
     a["x"][...] = x

@@ -237,7 +237,7 @@ class MegakernelEngine:
                 "the megakernel reads its own cache layout: convert a reference cache once with "
                 "adopt_cache(cache) (mk.generate does)"
             )
-        ko = check_knockout(knockout)
+        knockout = check_knockout(knockout)
         t0, first = cfg.layer_types[0], "latent" if cfg.latent_attention is not None else "k"
         batch, kv_dtype = cache[f"{t0}.{first}"].shape[1], cache[f"{t0}.{first}"].dtype
         # a chip's full-layer slots, times the chips sharing each KV head's positions (mk.sharding.position_share)
@@ -249,7 +249,8 @@ class MegakernelEngine:
         packed = self.packed(params)
         weight_dtype = packed["weights"]["embed"].dtype
         quantize = packed_scheme(packed["weights"])
-        c = self.compiled(batch, max_len, weight_dtype, kv_dtype, ko, with_logits, count_dmas, quantize, draft_tokens)
+        outputs = (with_logits, count_dmas)
+        c = self.compiled(batch, max_len, weight_dtype, kv_dtype, knockout, *outputs, quantize, draft_tokens)
         return c.fn(packed, cache, tokens, pos)
 
     def __call__(self, params, cfg, cache, tokens, pos, knockout=frozenset()):

@@ -155,7 +155,7 @@ class EmitContext:
 
 
 @dataclass
-class Seq:
+class ItemsToEmit:
     """Items to emit: ``items`` as emitted (inside a loop over layers their integers may be traced),
     ``groups`` of them, the ``folded`` segments, and ``loads`` (id -> Load as emitted)."""
 
@@ -178,7 +178,7 @@ def _body(plan: StepPlan, trees, *refs):
         collective.barrier(k)
     if k.inputs.acts is not None:  # a probe: run the plan's items from given activations
         _copy_all([(k.inputs.acts[n], k.scratch.acts[n]) for n in k.scratch.acts], k.scratch.out_sem)
-    _emit(k, Seq(list(plan.items), plan.groups, plan.folded, k.loads))
+    _emit(k, ItemsToEmit(list(plan.items), plan.groups, plan.folded, k.loads))
     if k.outputs.acts is not None:
         pairs = [(k.scratch.acts[n], k.outputs.acts[n]) for n in k.scratch.acts]
         _copy_all(pairs + [(k.scratch.gates, k.outputs.acts["gates"])], k.scratch.out_sem)
@@ -191,7 +191,7 @@ def _copy_all(pairs, sem):
         c.wait()
 
 
-def _emit(k: EmitContext, seq: Seq):
+def _emit(k: EmitContext, seq: ItemsToEmit):
     for seg in seq.folded:
         if isinstance(seg, LayerLoop):
             _emit_layer_loop(k, seq, seg)
@@ -202,11 +202,11 @@ def _emit(k: EmitContext, seq: Seq):
                 k.emit(item, _load(seq, item))
 
 
-def _load(seq: Seq, item) -> Load | None:
+def _load(seq: ItemsToEmit, item) -> Load | None:
     return seq.loads[item.load] if item.load is not None else None
 
 
-def _emit_layer_loop(k: EmitContext, seq: Seq, ll: LayerLoop):
+def _emit_layer_loop(k: EmitContext, seq: ItemsToEmit, ll: LayerLoop):
     """One ``fori_loop`` over the repeats of a run of whole layers: in repeat r every item and load is
     the first repeat's with its integers stepped r times by their difference to the second repeat."""
     a0, width = seq.groups[ll.start][0], seq.groups[ll.start + ll.period][0] - seq.groups[ll.start][0]
@@ -221,30 +221,30 @@ def _emit_layer_loop(k: EmitContext, seq: Seq, ll: LayerLoop):
             if a.load is not None:
                 loads[a.load] = at_load(seq.loads[a.load], seq.loads[b.load], r, slots)
             items.append(a if isinstance(a, (Start, Wait)) else shift_op(a, b, r))
-        _emit(k, Seq(items, body_groups, ll.body, loads))
+        _emit(k, ItemsToEmit(items, body_groups, ll.body, loads))
         return carry
 
     jax.lax.fori_loop(0, ll.count, step, 0)
 
 
-def _emit_loop(k: EmitContext, seq: Seq, loop: Loop):
+def _emit_loop(k: EmitContext, seq: ItemsToEmit, loop: Loop):
     """One ``fori_loop`` for the run of groups ``loop``: each body group's Wait and compute with the
     strides of its first two repeats applied to the loop index; each body position's Starts as runs
     (mk.plan.start_runs, found on the planned loads), each issued in the repeats it covers."""
     slots = k.plan.tiles.slots
-    items, gs, P = seq.items, seq.groups, loop.period
-    body = [[items[n] for n in range(*gs[loop.start + j])] for j in range(P)]
-    nxt = [[items[n] for n in range(*gs[loop.start + P + j])] for j in range(P)]
+    items, gs, period = seq.items, seq.groups, loop.period
+    body = [[items[n] for n in range(*gs[loop.start + j])] for j in range(period)]
+    nxt = [[items[n] for n in range(*gs[loop.start + period + j])] for j in range(period)]
     runs = []
-    for j in range(P):
+    for j in range(period):
         starts = [
-            [k.loads[it.load] for it in items[slice(*gs[loop.start + j + P * r])] if isinstance(it, Start)]
+            [k.loads[it.load] for it in items[slice(*gs[loop.start + j + period * r])] if isinstance(it, Start)]
             for r in range(loop.count)
         ]
         runs.append(start_runs(starts, slots))
 
     def step(r, carry):
-        for j in range(P):
+        for j in range(period):
             for a, b in zip(body[j], nxt[j]):
                 if isinstance(a, Start):
                     continue

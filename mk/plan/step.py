@@ -505,13 +505,13 @@ def _built_plan(
                 f"not split into {g} whole blocks of {BLOCK}; use a max_len (and a sliding window) that rounds to a "
                 f"multiple of {g * BLOCK} slots, or attention_split='heads'"
             )
-    ko = check_knockout(knockout)
+    knockout = check_knockout(knockout)
     local, held = chip_config(cfg, setup), experts_per_chip(cfg, setup)
     split = attention_chips(cfg, setup) > 1
     fmt = FORMAT_SCHEMES.get(quantize)
     quantized = frozenset(format_paths(local, quantize) if fmt else quantized_paths(local, quantize))
     b = Builder(
-        local, rows, max_len, context, weight_itemsize, kv_itemsize, tiles, ko, setup, held, split, quantized,
+        local, rows, max_len, context, weight_itemsize, kv_itemsize, tiles, knockout, setup, held, split, quantized,
         position_shares=shares, model=cfg, draft_tokens=draft_tokens, fmt=fmt,
     )  # fmt: skip
     b.build()
@@ -526,7 +526,7 @@ def _built_plan(
         weight_itemsize,
         kv_itemsize,
         tiles,
-        ko,
+        knockout,
         dict(b.buffers),
         tuple(b.loads),
         tuple(items),
