@@ -76,7 +76,7 @@ def emit_qkv_norm_rope(k, op):
         kr[:, c] = rope(rms(kg, eps, kn, on and qk, n), cos, sin, sign)
 
 
-def _tile_copies(kc, vc, buf, T: int, b, tix, slot):
+def tile_copies(kc, vc, buf, T: int, b, tix, slot):
     """The DMAs of user ``b``'s KV tile ``tix`` (``T`` slots of every KV head here) into slot ``slot`` of the buffer."""
     src = pl.ds(pl.multiple_of(tix * T, T), T)
     return (
@@ -85,16 +85,16 @@ def _tile_copies(kc, vc, buf, T: int, b, tix, slot):
     )
 
 
-def _next_tile(kc, vc, buf, T: int, b, tix, n_tiles):
+def next_tile(kc, vc, buf, T: int, b, tix, n_tiles):
     """Start tile ``tix`` + 1 into the other slot (if there is one), wait for tile ``tix``; its slot."""
     slot = tix % 2
 
     @pl.when(tix + 1 < n_tiles)
     def _():
-        for c in _tile_copies(kc, vc, buf, T, b, tix + 1, 1 - slot):
+        for c in tile_copies(kc, vc, buf, T, b, tix + 1, 1 - slot):
             c.start()
 
-    for c in _tile_copies(kc, vc, buf, T, b, tix, slot):
+    for c in tile_copies(kc, vc, buf, T, b, tix, slot):
         c.wait()
     return slot
 
@@ -122,7 +122,7 @@ def fold_scores(state, s, vt, valid, dtype):
     )
 
 
-def _sees(s_idx, pos, slots: int, window: int | None, ahead=0):
+def sees(s_idx, pos, slots: int, window: int | None, ahead=0):
     """Whether a query at ``pos + ahead`` reads slot ``s_idx`` of a cache of ``slots`` (position p in slot
     p % slots) that holds the positions before ``pos``: the slot's newest position before ``pos``
     (mk.reference.held_positions) is written and, on a sliding layer, inside the query's window. The remainder's
@@ -196,7 +196,7 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
         first = b * R
         pos = position(first)
         n_tiles = kv_tiles_read(pos, T, S, xp=jnp)
-        for c in _tile_copies(kc, vc, buf, T, b, 0, 0):
+        for c in tile_copies(kc, vc, buf, T, b, 0, 0):
             c.start()
         state = []
         for g in range(kv):
@@ -216,9 +216,9 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
                 )
 
         def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles):
-            slot = _next_tile(kc, vc, buf, T, b, tix, n_tiles)
+            slot = next_tile(kc, vc, buf, T, b, tix, n_tiles)
             s_idx = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
-            valid = _sees(s_idx, pos, S, window, draft if R > 1 else 0)
+            valid = sees(s_idx, pos, S, window, draft if R > 1 else 0)
             return tuple(
                 _fold_tile(carry[g], qblk[g, :n, :hd], buf.k[slot, g].astype(jnp.float32),
                            buf.v[slot, g].astype(jnp.float32), valid, buf.k.dtype)
@@ -329,7 +329,7 @@ def emit_attend_shared(k, op):
 
         @pl.when(n_tiles > 0)
         def _(b=b):
-            for c in _tile_copies(kc, vc, buf, T, b, 0, 0):
+            for c in tile_copies(kc, vc, buf, T, b, 0, 0):
                 c.start()
 
         for h in range(heads):
@@ -341,10 +341,10 @@ def emit_attend_shared(k, op):
         state = (m, weight * jnp.ones_like(m), jnp.broadcast_to(weight * vnew[b : b + 1, :hd], qg.shape))
 
         def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles, qg=qg):
-            slot = _next_tile(kc, vc, buf, T, b, tix, n_tiles)
+            slot = next_tile(kc, vc, buf, T, b, tix, n_tiles)
             local = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
             s_idx = (local // BLOCK * g + me) * BLOCK + local % BLOCK  # the head's slot each local slot holds
-            valid = _sees(s_idx, pos, slots, window)
+            valid = sees(s_idx, pos, slots, window)
             kt, vt = buf.k[slot, 0].astype(jnp.float32), buf.v[slot, 0].astype(jnp.float32)
             return _fold_tile(carry, qg, kt, vt, valid, buf.k.dtype)
 

@@ -26,7 +26,7 @@ from ..config import FULL, ModelConfig
 from ..plan import LANE, kv_tiles_read, type_index
 from ..plan.layout import head_lanes, latent_lanes, latent_shape
 from . import mxu
-from .attention import _next_tile, _sees, _tile_copies, fold_scores, rope, rope_tables, start_write_back
+from .attention import fold_scores, next_tile, rope, rope_tables, sees, start_write_back, tile_copies
 from .dense import rms
 
 CACHE = ("latent", "rope_k")  # the kernel's cache of an MLA layer type: {type}.latent, {type}.rope_k
@@ -158,7 +158,7 @@ def emit_attend(k, op):
     for b in range(k.plan.users):
         pos = k.position(b)
         n_tiles = kv_tiles_read(pos, T, S, xp=jnp)
-        for c in _tile_copies(lc, rc, buf, T, b, 0, 0):
+        for c in tile_copies(lc, rc, buf, T, b, 0, 0):
             c.start()
         for h in range(nh):
             x.qlat[h : h + 1, :] = a["qlat"][b : b + 1, h * L : (h + 1) * L]
@@ -169,8 +169,8 @@ def emit_attend(k, op):
         state = (m, jnp.ones_like(m), jnp.broadcast_to(new_lat, ql.shape))  # the new position seeds the softmax
 
         def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles):
-            slot = _next_tile(lc, rc, buf, T, b, tix, n_tiles)
-            valid = _sees(tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1), pos, S, None)
+            slot = next_tile(lc, rc, buf, T, b, tix, n_tiles)
+            valid = sees(tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1), pos, S, None)
             lt, rt = buf.k[slot, 0].astype(jnp.float32), buf.v[slot, 0].astype(jnp.float32)
             s = mxu.dot(x.qlat[...], lt, mxu.ROWS_BY_ROWS, buf.k.dtype)
             s = s + mxu.dot(x.qrope[...], rt, mxu.ROWS_BY_ROWS, buf.k.dtype)
