@@ -133,12 +133,8 @@ class Builder:
         self.quantized = quantized  # matrices streamed as INT8 codes with their scales (mk.quant)
         self.layout = layout_config(share)  # the shapes the kernel moves; the share's own for payload bytes
         self.batch, self.max_len, self.context = batch, max_len, context
-        self.weight_itemsize, self.kv_itemsize, self.tiles, self.knockout = (
-            weight_itemsize,
-            kv_itemsize,
-            tiles,
-            knockout,
-        )
+        self.weight_itemsize, self.kv_itemsize = weight_itemsize, kv_itemsize
+        self.tiles, self.knockout = tiles, knockout
         self.specs = {s.path: s for s in param_specs(share)}
         self.shapes = {s.path: padded_shape(self.layout, s.path, s.shape) for s in param_specs(self.layout)}
         self.buffers: dict[str, Buffer] = {}

@@ -471,20 +471,8 @@ def build_plan(
 
 
 @lru_cache(maxsize=64)
-def _built_plan(
-    cfg,
-    batch,
-    max_len,
-    context,
-    weight_itemsize,
-    kv_itemsize,
-    tiles,
-    knockout,
-    loop_layers,
-    setup,
-    chip_index,
-    quantize,
-) -> StepPlan:
+def _built_plan(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, knockout, loop_layers, setup,
+                chip_index, quantize) -> StepPlan:  # fmt: skip
     from ..params import quantized_paths
     from ..qformats import FORMAT_SCHEMES, format_paths
     from ..sharding import attention_chips, chip_config, experts_per_chip, position_share, users_per_chip
@@ -505,7 +493,6 @@ def _built_plan(
                 f"not split into {g} whole blocks of {BLOCK}; use a max_len (and a sliding window) that rounds to a "
                 f"multiple of {g * BLOCK} slots, or attention_split='heads'"
             )
-    knockout = check_knockout(knockout)
     local, held = chip_config(cfg, setup), experts_per_chip(cfg, setup)
     split = attention_chips(cfg, setup) > 1
     fmt = FORMAT_SCHEMES.get(quantize)
