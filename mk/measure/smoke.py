@@ -400,7 +400,7 @@ class _Timing:
     skipped: dict[str, str]  # label -> why it does not fit
 
 
-def _mesh(smoke: SmokeRun, log):
+def _mesh(smoke: SmokeRun):
     devices = jax.devices()
     n = smoke.chips or len(devices)
     if n > len(devices):
@@ -526,7 +526,7 @@ def run(smoke: SmokeRun) -> Result:
         raise NoTPU(no_tpu_message())
     log = Log(smoke.quiet)
     deadline = log.t0 + smoke.budget_s
-    mesh, dev = _mesh(smoke, log)
+    mesh, dev = _mesh(smoke)
     prov = provenance(dev, chips=mesh.size)
     log(
         f"{mesh.size} x {dev.device_kind} ({dev.platform}); JAX {prov['jax_version']}, jaxlib {prov['jaxlib_version']},"
