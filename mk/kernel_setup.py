@@ -6,7 +6,7 @@ gated MLPs are laid out, and how many drafted tokens a step verifies. The plan b
 kernel (mk.megakernel), the timing model (mk.timing.predict), the command line and every table of fixes take it
 whole, and every modelled megakernel number names its setup.
 
-Quantization is not a switch here: it is the weights' data type (mk.sol.DTYPES: ``int8-experts``, ``int8``), the
+Quantization is not a switch here: it is the weights' data type (mk.dtypes.DTYPES: ``int8-experts``, ``int8``), the
 one vocabulary the speed of light, the general stack and the kernel share.
 
 The named setups, in the order the write-up took them (each fix a ``dataclasses.replace`` of the one before):

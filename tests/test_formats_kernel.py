@@ -131,7 +131,7 @@ def test_format_trees_decode_as_mk_formats_does():
 def test_plan_and_sol_agree_on_format_bytes(scheme):
     """python -m mk sol --dtype fp8-block (mxfp4, int4) and the plan's real bytes (codes, block scales, KV),
     expected over uniform routing, within 1%."""
-    plan = build_plan(GEMMA4_26B_A4B, 1, 1024, weight_itemsize=2, kv_itemsize=2, quantize=scheme)
+    plan = build_plan(GEMMA4_26B_A4B, 1, 1024, weight_dtype="bfloat16", kv_dtype="bfloat16", quantize=scheme)
     sol = bytes_per_token(GEMMA4_26B_A4B, 1024, 1, scheme)
     assert abs(plan.payload_bytes + plan.kv_bytes - sol.total) / sol.total < 0.01
     experts = [ld for ld in plan.loads if ld.component == EXPERTS]

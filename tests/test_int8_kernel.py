@@ -18,8 +18,8 @@ from mk.weights import random_params
 
 
 def test_int8_tiles_halve_the_expert_bytes_and_bring_their_scales():
-    bf16 = build_plan(GEMMA4_26B_A4B, 1, 1024, weight_itemsize=2, kv_itemsize=2)
-    int8 = build_plan(GEMMA4_26B_A4B, 1, 1024, weight_itemsize=2, kv_itemsize=2, quantize="int8-experts")
+    bf16 = build_plan(GEMMA4_26B_A4B, 1, 1024, weight_dtype="bfloat16", kv_dtype="bfloat16")
+    int8 = build_plan(GEMMA4_26B_A4B, 1, 1024, weight_dtype="bfloat16", kv_dtype="bfloat16", quantize="int8-experts")
     experts = [ld for ld in int8.loads if ld.component == EXPERTS]
     assert experts and all(ld.scaled and int8.buffers[ld.buffer].itemsize == 1 for ld in experts)
     assert not any(ld.scaled for ld in int8.loads if ld.component != EXPERTS)
@@ -41,7 +41,7 @@ def test_int8_tiles_halve_the_expert_bytes_and_bring_their_scales():
 def test_plan_and_sol_agree_on_int8_bytes(scheme, batch):
     """python -m mk sol --dtype int8-experts (or int8) and the plan's real bytes (codes, scales, KV), expected
     over uniform routing, within 1%."""
-    plan = build_plan(GEMMA4_26B_A4B, batch, 1024, weight_itemsize=2, kv_itemsize=2, quantize=scheme)
+    plan = build_plan(GEMMA4_26B_A4B, batch, 1024, weight_dtype="bfloat16", kv_dtype="bfloat16", quantize=scheme)
     sol = bytes_per_token(GEMMA4_26B_A4B, 1024, batch, scheme)
     assert abs(plan.payload_bytes + plan.kv_bytes - sol.total) / sol.total < 0.01
 

@@ -39,6 +39,7 @@ LAYERS = {
         "mk.kv_slots",
         "mk.engines",
         "mk.params",
+        "mk.dtypes",
         "mk.quant",
         "mk.formats",
         "mk.qformats",

@@ -54,7 +54,9 @@ def test_the_stand_in_compiles_for_one_v5e_as_one_kernel_without_a_barrier():
     pytest.importorskip("libtpu")
     from mk.megakernel.aot import compile_plan
 
-    plan = build_plan(CFG8, 2, 256, weight_itemsize=2, kv_itemsize=2, setup=WRITE_UP_KERNEL.replace(loopback=True))
+    plan = build_plan(
+        CFG8, 2, 256, weight_dtype="bfloat16", kv_dtype="bfloat16", setup=WRITE_UP_KERNEL.replace(loopback=True)
+    )
     text = compile_plan(plan, "tpu-v5e").as_text()
     assert text.count('custom_call_target="tpu_custom_call"') == 1
     assert "all-reduce" not in text and "collective" not in text.replace("collective_id", "")

@@ -72,8 +72,6 @@ def probe(ops, seeds, knockout=frozenset(), with_logits=False, cache=None):
     cut = replace(plan, items=tuple(items))
     fn = build_call(
         cut,
-        jnp.float32,
-        jnp.float32,
         interpret=interpret_params(detect_races=True),
         with_logits=with_logits,
         probe=True,
@@ -249,8 +247,6 @@ def probe_chips(setup, ops_of, seeds, with_logits=False):
     engine = MegakernelEngine(CFG8, setup=setup)
     fn = build_call(
         cut,
-        jnp.float32,
-        jnp.float32,
         interpret=interpret_params(detect_races=True),
         with_logits=with_logits,
         probe=True,

@@ -49,7 +49,7 @@ def _positions(plan):
     ids=lambda x: getattr(x, "name", str(x)),
 )
 def test_every_load_started_then_waited_then_used_and_slots_respected(cfg, batch):
-    plan = build_plan(cfg, batch, 2048 if cfg.sliding_window > 16 else 64, weight_itemsize=2, kv_itemsize=2)
+    plan = build_plan(cfg, batch, 2048 if cfg.sliding_window > 16 else 64, weight_dtype="bfloat16", kv_dtype="bfloat16")
     start, wait, use = _positions(plan)
     assert set(start) == set(wait) == set(use) == {ld.id for ld in plan.loads}
     for ld in plan.loads:
@@ -94,7 +94,7 @@ def test_expert_dmas_start_right_after_routing_and_only_then():
 
 
 def test_dense_plan_streams_every_matrix_once():
-    plan = build_plan(TINY_DENSE, 1, 64, weight_itemsize=2)
+    plan = build_plan(TINY_DENSE, 1, 64, weight_dtype="bfloat16")
     matrices = sum(s.size for s in param_specs(TINY_DENSE) if len(s.shape) >= 2)
     assert plan.weight_bytes == plan.payload_bytes == matrices * 2
 
@@ -113,7 +113,7 @@ def test_knockout_drops_its_loads_and_context_sets_kv_bytes():
 
 @pytest.mark.parametrize("cfg", [GEMMA4_26B_A4B, GEMMA4_31B], ids=lambda c: c.name)
 def test_full_size_tiles_are_tpu_legal_and_fit_v5e(cfg):
-    plan = build_plan(cfg.truncated(6), 1, 2048, weight_itemsize=2, kv_itemsize=2)
+    plan = build_plan(cfg.truncated(6), 1, 2048, weight_dtype="bfloat16", kv_dtype="bfloat16")
     for b in plan.buffers.values():
         assert b.shape[0] % 16 == 0 and b.shape[1] % 128 == 0, b
     for ld in plan.loads:
@@ -127,8 +127,8 @@ def test_vmem_overflow_is_a_clear_error():
         GEMMA4_31B.truncated(6),
         1,
         2048,
-        weight_itemsize=2,
-        kv_itemsize=2,
+        weight_dtype="bfloat16",
+        kv_dtype="bfloat16",
         tiles=Tiles(weight_tile_bytes=64 * 2**20, head_tile_bytes=64 * 2**20),
     )
     with pytest.raises(ValueError, match=r"needs .* MiB of VMEM .* has 128 MiB .*weight_tile_bytes"):
@@ -143,7 +143,7 @@ def test_bad_sizes_are_refused():
     assert build_plan(TINY_DENSE, 1, 48, tiles=Tiles(kv_tile=32)).kv_tile("full") == 24
     assert build_plan(TINY_DENSE, 1, 48, tiles=Tiles(kv_tile=8)).kv_tile("sliding") == 8
     with pytest.raises(ValueError, match="cuts a .16, 128. tile"):
-        build_plan(TINY_DENSE, 1, 48, kv_itemsize=2, tiles=Tiles(kv_tile=8))
+        build_plan(TINY_DENSE, 1, 48, kv_dtype="bfloat16", tiles=Tiles(kv_tile=8))
     with pytest.raises(ValueError, match="batch"):
         build_plan(TINY_DENSE, 0, 64)
     with pytest.raises(ValueError, match="kv_tile"):
@@ -186,7 +186,9 @@ def test_folded_plan_covers_every_item_once_and_loops_repeat_with_fixed_strides(
 
     from mk.plan import Loop, start_runs
 
-    plan = build_plan(cfg, 2, 2048 if cfg.sliding_window > 16 else 64, weight_itemsize=2, kv_itemsize=2, tiles=tiles)
+    plan = build_plan(
+        cfg, 2, 2048 if cfg.sliding_window > 16 else 64, weight_dtype="bfloat16", kv_dtype="bfloat16", tiles=tiles
+    )
     covered = []
     loads = {ld.id: ld for ld in plan.loads}
     for s in plan.folded:
@@ -266,12 +268,19 @@ def test_emitted_code_does_not_grow_with_the_tiles():
     code for (every regular run of tiles is one loop)."""
     cut = GEMMA4_31B.truncated(6)
     big, small = (
-        build_plan(cut, 1, 2048, weight_itemsize=2, kv_itemsize=2, tiles=Tiles(weight_tile_bytes=b, head_tile_bytes=b))
+        build_plan(
+            cut,
+            1,
+            2048,
+            weight_dtype="bfloat16",
+            kv_dtype="bfloat16",
+            tiles=Tiles(weight_tile_bytes=b, head_tile_bytes=b),
+        )
         for b in (4 * 2**20, 2 * 2**20)
     )
     assert len(small.ops) > 1.5 * len(big.ops)
     assert small.emitted_ops == big.emitted_ops < len(big.ops) / 10
-    moe = build_plan(GEMMA4_26B_A4B.truncated(6), 4, 2048, weight_itemsize=2, kv_itemsize=2)
+    moe = build_plan(GEMMA4_26B_A4B.truncated(6), 4, 2048, weight_dtype="bfloat16", kv_dtype="bfloat16")
     experts = [r for r in moe.loop_table() if r["component"] == EXPERTS]
     assert len(experts) == 6 and all(r["repeats"] == 4 * GEMMA4_26B_A4B.top_k for r in experts)
 
@@ -280,7 +289,7 @@ def test_expert_bytes_count_the_distinct_experts_the_kernel_fetches():
     """The plan's expected expert bytes use the expected number of distinct experts (exact under uniform
     routing); at B = 8 the plan's real-weight bytes agree with mk.sol's within 1%."""
     cfg = GEMMA4_26B_A4B
-    plan = build_plan(cfg, 8, 1024, weight_itemsize=2, kv_itemsize=2)
+    plan = build_plan(cfg, 8, 1024, weight_dtype="bfloat16", kv_dtype="bfloat16")
     sol = bytes_per_token(cfg, 1024, 8, "bf16")
     assert abs(plan.payload_bytes + plan.kv_bytes - sol.total) / sol.total < 0.01
     assert plan.bytes_by_component(payload=True)[EXPERTS] == pytest.approx(sol.by_component[EXPERTS], rel=1e-9)
@@ -323,16 +332,16 @@ def test_the_layer_pattern_is_one_loop_and_code_stops_growing_with_depth():
     assert unrolled[0] < unrolled[1] < unrolled[2]
     # the real models: their layer patterns loop too
     for cfg in (GEMMA4_26B_A4B, GEMMA4_31B):
-        plan = build_plan(cfg, 1, 2048, weight_itemsize=2, kv_itemsize=2)
+        plan = build_plan(cfg, 1, 2048, weight_dtype="bfloat16", kv_dtype="bfloat16")
         assert any(isinstance(s, LayerLoop) for s in plan.folded)
         assert (
             plan.emitted_ops
-            < build_plan(cfg, 1, 2048, weight_itemsize=2, kv_itemsize=2, loop_layers=False).emitted_ops / 2
+            < build_plan(cfg, 1, 2048, weight_dtype="bfloat16", kv_dtype="bfloat16", loop_layers=False).emitted_ops / 2
         )
 
 
 def test_the_plan_start_in_phases_and_its_loops_said_once():
-    plan = build_plan(GEMMA4_26B_A4B, 1, 1024, context=1024, weight_itemsize=2, kv_itemsize=2)
+    plan = build_plan(GEMMA4_26B_A4B, 1, 1024, context=1024, weight_dtype="bfloat16", kv_dtype="bfloat16")
     phases = plan.phase_table(1)
     items = plan.table()
     first = next(r["step"] for r in items if r["item"] == "compute" and r["layer"] == 1)
@@ -354,7 +363,7 @@ def test_every_familys_plan_reads_the_bytes_of_mk_sol(folder, batch, context):
     expert, dense first layers) streams, of real weights and cache, the bytes mk.sol counts, within 1%; what the
     layout pads (a head dim under 128 lanes) is on top."""
     cfg = get_config(CONFIGS / folder)
-    plan = build_plan(cfg, batch, context, weight_itemsize=2, kv_itemsize=2)
+    plan = build_plan(cfg, batch, context, weight_dtype="bfloat16", kv_dtype="bfloat16")
     sol = bytes_per_token(cfg, context, batch, "bf16")
     assert abs(plan.payload_bytes + plan.kv_payload_bytes - sol.total) / sol.total < 0.01
     assert plan.kv_bytes >= plan.kv_payload_bytes and plan.weight_bytes >= plan.payload_bytes
@@ -362,7 +371,7 @@ def test_every_familys_plan_reads_the_bytes_of_mk_sol(folder, batch, context):
 
 def test_dense_first_layers_and_the_latent_cache_in_the_plan():
     cfg = get_config(CONFIGS / "deepseek-v3")
-    plan = build_plan(cfg, 1, 4096, weight_itemsize=2, kv_itemsize=2)
+    plan = build_plan(cfg, 1, 4096, weight_dtype="bfloat16", kv_dtype="bfloat16")
     routed = {ld.layer for ld in plan.loads if ld.component == EXPERTS}
     assert cfg.dense_layers == (0, 1, 2) and min(routed) == 3 and len(routed) == cfg.num_layers - 3
     attends = [op for op in plan.ops if isinstance(op, Attend)]
@@ -418,7 +427,7 @@ def test_positions_split_over_the_chips_sharing_a_kv_head():
 
     def plan(split, max_len=131072):
         setup = KernelSetup(8, attention_split="positions" if split else "heads")
-        return build_plan(GEMMA4_26B_A4B, 1, max_len, weight_itemsize=2, kv_itemsize=2, setup=setup)
+        return build_plan(GEMMA4_26B_A4B, 1, max_len, weight_dtype="bfloat16", kv_dtype="bfloat16", setup=setup)
 
     whole, split = plan(False), plan(True)
     assert (split.position_share("full"), split.position_share("sliding")) == (4, 1)
@@ -451,11 +460,11 @@ def test_users_split_over_the_chips():
 
     def plan(split, batch=16, cfg=GEMMA4_26B_A4B):
         setup = KernelSetup(8, attention_split=split)
-        return build_plan(cfg, batch, 32768, weight_itemsize=2, kv_itemsize=2, setup=setup)
+        return build_plan(cfg, batch, 32768, weight_dtype="bfloat16", kv_dtype="bfloat16", setup=setup)
 
     heads, users = plan("heads"), plan("users")
     assert users.cache_users == 2 and users.cache_heads("full") == 2 and users.cache_heads("sliding") == 8
-    one = build_plan(GEMMA4_26B_A4B, 16, 32768, weight_itemsize=2, kv_itemsize=2)
+    one = build_plan(GEMMA4_26B_A4B, 16, 32768, weight_dtype="bfloat16", kv_dtype="bfloat16")
     for t in ("sliding", "full"):
         assert _attend_kv(users, t) == pytest.approx(_attend_kv(one, t) / 8, rel=1e-6)
     assert _attend_kv(users, "sliding") == pytest.approx(_attend_kv(heads, "sliding"), rel=1e-6)

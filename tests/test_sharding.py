@@ -117,8 +117,8 @@ def test_a_chips_plan_carries_its_share_of_the_bytes_and_the_all_reduces(placeme
     """26B-A4B over 8 chips: a chip's expected expert bytes are 1/8 of one chip's (exactly, as real weights);
     one all-reduce after the embedding, two per layer, each with the payload mk.sharding.sent_bytes gives."""
     cfg = GEMMA4_26B_A4B
-    one = build_plan(cfg, 1, 1024, weight_itemsize=2, kv_itemsize=2)
-    plan = build_plan(cfg, 1, 1024, weight_itemsize=2, kv_itemsize=2, setup=KernelSetup(8, placement))
+    one = build_plan(cfg, 1, 1024, weight_dtype="bfloat16", kv_dtype="bfloat16")
+    plan = build_plan(cfg, 1, 1024, weight_dtype="bfloat16", kv_dtype="bfloat16", setup=KernelSetup(8, placement))
     want = one.bytes_by_component(payload=True)[EXPERTS] / 8
     assert plan.bytes_by_component(payload=True)[EXPERTS] == pytest.approx(want, rel=1e-9)
     ars = [op for op in plan.ops if isinstance(op, AllReduce)]

@@ -8,6 +8,7 @@ from test_config import TINY_HF, transformers_count
 
 from mk import sol
 from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_MOE, from_hf_dict, get_config
+from mk.dtypes import get_dtype
 from mk.params import count_params
 from mk.published import published, published_table
 from mk.routing import expected_distinct_experts
@@ -117,7 +118,7 @@ def test_int8_bytes_keep_the_head_in_bf16_and_count_every_scale():
     experts = sol.bytes_per_token(GEMMA4_26B_A4B, 1024, dtype="int8-experts").by_component["experts"]
     assert mixed.by_component == pytest.approx({**f32.by_component, "experts": experts}, rel=1e-12)
     with pytest.raises(ValueError, match="BASE\\+SCHEME"):
-        sol.get_dtype("fp8+int8")
+        get_dtype("fp8+int8")
 
 
 def test_batch_reads_expected_distinct_experts_and_kv_per_user():
@@ -258,7 +259,7 @@ def plan_reads_sols_bytes(cfg) -> None:
     from mk.plan import build_plan
 
     for context in (1024, 16384):
-        plan = build_plan(cfg, 1, context, weight_itemsize=2, kv_itemsize=2)
+        plan = build_plan(cfg, 1, context, weight_dtype="bfloat16", kv_dtype="bfloat16")
         total = sol.bytes_per_token(cfg, context, 1, "bf16").total
         assert abs(plan.payload_bytes + plan.kv_payload_bytes - total) / total < 0.01
 

@@ -41,7 +41,7 @@ def test_a_plan_verifying_drafts_streams_the_weights_once_for_every_row_and_read
 
     def plan(batch, drafts=0):
         setup = KernelSetup(draft_tokens=drafts)
-        return build_plan(GEMMA4_26B_A4B, batch, 4096, weight_itemsize=2, kv_itemsize=2, setup=setup)
+        return build_plan(GEMMA4_26B_A4B, batch, 4096, weight_dtype="bfloat16", kv_dtype="bfloat16", setup=setup)
 
     plain, spec = plan(2), plan(2, 3)
     assert (spec.batch, spec.users) == (8, 2) and plain.users == 2
@@ -319,7 +319,6 @@ def test_speculation_table_and_figure():
 
 
 def test_the_kernel_refuses_drafts_with_attention_split_by_positions_or_users():
-    import jax.numpy as jnp
 
     from mk.config import TINY_MOE
     from mk.kernel_setup import KernelSetup
@@ -331,4 +330,4 @@ def test_the_kernel_refuses_drafts_with_attention_split_by_positions_or_users():
     for split, batch in (("positions", 1), ("users", 8)):
         plan = build_plan(cfg, batch, 256, setup=KernelSetup(8, "split", attention_split=split, draft_tokens=3))
         with pytest.raises(ValueError, match=f"split by heads only, not by {split}"):
-            build_call(plan, jnp.float32, jnp.float32)
+            build_call(plan)

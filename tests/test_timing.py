@@ -95,7 +95,7 @@ def test_int8_experts_read_fewer_bytes_and_step_faster():
 def test_matrix_rows_are_padded_to_what_the_matrix_unit_takes():
     cfg, chip = get_config("tiny-moe"), get_chip("tpu-v5e-8")
     rows = timing.constant("matmul_rows", "tpu").value
-    one, four = (build_plan(cfg, b, 64, weight_itemsize=2, kv_itemsize=2) for b in (1, 4))
+    one, four = (build_plan(cfg, b, 64, weight_dtype="bfloat16", kv_dtype="bfloat16") for b in (1, 4))
     m1 = next(op for op in one.ops if isinstance(op, MatmulTile))
     m4 = next(op for op in four.ops if isinstance(op, MatmulTile))
     assert m4.flops == 4 * m1.flops
@@ -220,7 +220,7 @@ def test_matrix_rows_follow_the_chips_own_row_before_its_kinds(chip, rows):
     """NVIDIA's wgmma (M = 64) is the GPU default; Ampere/Ada (mma.sync) and AMD CDNA 3 (MFMA) pad to 16 rows."""
     c = get_chip(chip)
     assert timing.chip_constant("matmul_rows", c).value == rows
-    plan = build_plan(get_config("tiny-moe"), 1, 64, weight_itemsize=2, kv_itemsize=2)
+    plan = build_plan(get_config("tiny-moe"), 1, 64, weight_dtype="bfloat16", kv_dtype="bfloat16")
     m1 = next(op for op in plan.ops if isinstance(op, MatmulTile))
     assert timing.compute_seconds(plan, c)(m1) == pytest.approx(m1.flops * rows / (c.bf16_flops / c.chips))
     assert timing.constant("matmul_rows", "gpu").value == 64  # without a chip: the kind's row

@@ -78,11 +78,12 @@ def test_every_family_compiles_as_the_engine_builds_it(cfg, dtype):
     ``default_matmul_precision("highest")``, as the parity check runs it (a bf16 dot given HIGHEST does not lower:
     "Bad lhs type"), and in bf16, with ragged users."""
     import jax
-    import jax.numpy as jnp
 
-    weights = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype]
+    from mk.dtypes import get_dtype
+
+    arrays = get_dtype(dtype).arrays
     with jax.default_matmul_precision("highest" if dtype == "f32" else "default"):
-        plan, compiled = compile_for_tpu(cfg, "tpu-v5e", 3, 64, weights, weights)
+        plan, compiled = compile_for_tpu(cfg, "tpu-v5e", 3, 64, weight_dtype=arrays, kv_dtype=arrays)
     _check(plan, compiled, "tpu-v5e")
 
 
@@ -97,7 +98,8 @@ def test_full_size_plan_vmem_agrees_with_the_compiler(cfg, chip):
 
     pair = cfg.replace(name=f"{cfg.name}[sliding+full]", layer_types=(SLIDING, FULL))
     parts = [
-        build_plan(c, 1, 2048, weight_itemsize=2, kv_itemsize=2).vmem_breakdown() for c in (pair, _hbm_cut(cfg, chip))
+        build_plan(c, 1, 2048, weight_dtype="bfloat16", kv_dtype="bfloat16").vmem_breakdown()
+        for c in (pair, _hbm_cut(cfg, chip))
     ]
     vectors = "norm and scale vectors"
     assert {k: v for k, v in parts[0].items() if k != vectors} == {k: v for k, v in parts[1].items() if k != vectors}

@@ -21,8 +21,8 @@ import math
 import pandas as pd
 
 from ..chips import get_chip
+from ..dtypes import DTYPES
 from ..published import independent_table, read_independent
-from ..sol import DTYPES
 from ..timing import MODELLED, assumed_costs, constant, constants
 from ..timing.fitted import (
     ASSUMED_CONTEXT as ASSUMED_CONTEXT,  # the context a point is modelled at: mk.timing's

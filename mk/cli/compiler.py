@@ -16,7 +16,7 @@ from .common import (
 
 # schedule ----------------------------------------------------------------------------------------
 def add_schedule(sub) -> None:
-    from ..sol import DTYPES
+    from ..dtypes import DTYPES
     from ..timing.work import kernel_streams
 
     p = sub.add_parser(
@@ -65,7 +65,7 @@ def _run_schedule(a) -> None:
 
 # compile -----------------------------------------------------------------------------------------
 def add_compile(sub) -> None:
-    from ..sol import DTYPES
+    from ..dtypes import DTYPES
     from ..timing.work import kernel_streams
 
     p = sub.add_parser(
@@ -95,20 +95,21 @@ def add_compile(sub) -> None:
 def _run_compile(a) -> None:
     from ..chips import get_chip
     from ..config import get_config
+    from ..dtypes import get_dtype
     from ..megakernel.aot import aot_target
     from ..megakernel.on_slice import compile_on_slice, text
     from ..plan import build_plan
     from ..sharding.pods import run_setup
-    from ..timing.work import plan_itemsizes, plan_quantize
+    from ..timing.work import plan_quantize
 
     chip, _ = aot_target(a.chip)
-    wi, ki = plan_itemsizes(a.dtype)
+    arrays = get_dtype(a.dtype).arrays
     # the kernel as it runs over every chip of the slice: past one host, round the slice's torus, a split MoE's experts
     # whole over hosts (mk.sharding.pods.run_setup)
     cfg = get_config(a.model)
     setup = run_setup(setup_of(a), get_chip(chip), cfg)
     plan = build_plan(
-        cfg, a.batch, a.context, weight_itemsize=wi, kv_itemsize=ki, setup=setup,
+        cfg, a.batch, a.context, weight_dtype=arrays, kv_dtype=arrays, setup=setup,
         quantize=plan_quantize(a.dtype),
     )  # fmt: skip
     try:

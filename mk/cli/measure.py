@@ -16,7 +16,7 @@ from .common import (
 
 # bench -------------------------------------------------------------------------------------------
 def add_bench(sub) -> None:
-    from ..measure.cpu import ARRAY_DTYPES
+    from ..dtypes import BASES
     from ..paths import BENCH_CSV
 
     p = sub.add_parser("bench", help="time the compiled decode step against this device's measured speed of light")
@@ -36,7 +36,7 @@ def add_bench(sub) -> None:
     p.add_argument("--budget", type=float, default=30.0, help="seconds of interleaved rounds at most (default 30)")
     p.add_argument(
         "--dtype",
-        choices=list(ARRAY_DTYPES),
+        choices=list(BASES),
         default="f32",
         help="weights and KV cache data type (default f32: XLA:CPU runs f32 matvecs fastest)",
     )
@@ -51,7 +51,8 @@ def add_bench(sub) -> None:
 def _run_bench(a) -> None:
     from ..config import get_config
     from ..engines import check_engine
-    from ..measure.cpu import ARRAY_DTYPES, append_row, run_bench
+    from ..measure.cpu import append_row, run_bench
+    from ..measure.harness import array_dtype
     from ..weights import load_checkpoint
 
     if not a.model and not a.checkpoint:
@@ -60,7 +61,7 @@ def _run_bench(a) -> None:
     cfg = get_config(a.model) if a.model else None
     params = weights = None
     if a.checkpoint:
-        cfg, params = load_checkpoint(a.checkpoint, cfg, dtype=ARRAY_DTYPES[a.dtype])
+        cfg, params = load_checkpoint(a.checkpoint, cfg, dtype=array_dtype(a.dtype))
         weights = str(a.checkpoint)
     if not 0 < a.precision < 1 or a.budget <= 0:
         raise ValueError(f"--precision must be in (0, 1) and --budget positive, got {a.precision} and {a.budget}")
@@ -101,7 +102,8 @@ def _run_report(a) -> None:
 
 # measure-gpu -------------------------------------------------------------------------------------
 def add_measure(sub) -> None:
-    from ..measure.gpu import ARRAY_DTYPES, DEVICES, ENGINES
+    from ..dtypes import BASES
+    from ..measure.gpu import DEVICES, ENGINES
     from ..paths import GPU_CSV
 
     p = sub.add_parser(
@@ -123,7 +125,7 @@ def add_measure(sub) -> None:
         default=",".join(ENGINES),
         help=f"comma-separated, some of {', '.join(ENGINES)} (default both, interleaved)",
     )
-    p.add_argument("--dtype", choices=list(ARRAY_DTYPES), default="bf16", help="weights and KV cache (default bf16)")
+    p.add_argument("--dtype", choices=list(BASES), default="bf16", help="weights and KV cache (default bf16)")
     p.add_argument("--chip", default=None, help="the speed of light's chip (default: the device's, if a known chip)")
     p.add_argument("--out", default=str(GPU_CSV), help=f"CSV to append the rows to (default {GPU_CSV})")
     p.add_argument("--no-csv", action="store_true", help="do not append rows")

@@ -15,7 +15,7 @@ from .common import (
 
 # sol ---------------------------------------------------------------------------------------------
 def add_sol(sub) -> None:
-    from ..sol import DTYPES
+    from ..dtypes import DTYPES
 
     p = sub.add_parser("sol", help="speed of light: bytes read per token and the tokens/s they allow on a chip")
     p.add_argument("--model", required=True, help=MODEL_HELP + RUNNABLE_HELP + PLANNED_HELP)
@@ -101,7 +101,7 @@ def _run_straggler(a) -> None:
 
 # predict -----------------------------------------------------------------------------------------
 def add_predict(sub) -> None:
-    from ..sol import DTYPES
+    from ..dtypes import DTYPES
     from ..timing import ENGINES
 
     p = sub.add_parser(

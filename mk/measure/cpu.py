@@ -36,7 +36,7 @@ from ..files import append_csv_rows
 from ..paths import BENCH_CSV
 from ..sol import bytes_per_token
 from ..units import positive_int
-from .harness import ARRAY_DTYPES, PROBE, Engine, columns, probed_speed_of_light, provenance, time_engines
+from .harness import PROBE, Engine, array_dtype, columns, probed_speed_of_light, provenance, time_engines
 from .loop import interleaved
 from .steps import decode_call
 
@@ -138,14 +138,13 @@ def run_bench(
 
     positive_int("context", context)
     positive_int("batch", batch)
-    if dtype not in ARRAY_DTYPES:
-        raise ValueError(f"dtype must be one of {list(ARRAY_DTYPES)}, got {dtype!r}")
+    array_dtype(dtype)
     options = dict(engine_options or {})
     step = get_step(engine, cfg, **options)
     chips, multiple = options["setup"].chips if "setup" in options else 1, cache_multiple(engine)
     label = f"{engine}[{','.join(_option_words(options))}]" if options else engine
     if params is None:
-        params, weights = random_params(cfg, seed, ARRAY_DTYPES[dtype]), f"random (seed {seed})"
+        params, weights = random_params(cfg, seed, array_dtype(dtype)), f"random (seed {seed})"
     params = quantized_as(params, cfg, quantize)
     scheme = scheme_of(params, cfg)
     label_dtype = dtype if scheme == "none" else f"{dtype}+{scheme}"

@@ -71,10 +71,10 @@ from ..sol import bytes_per_token, kv_bytes_per_user
 from ..units import positive_int
 from ..weights import device_params
 from .harness import (
-    ARRAY_DTYPES,
     MIN_TIMING_S,
     Engine,
     MeasuredSpeedOfLight,
+    array_dtype,
     columns,
     probed_speed_of_light,
     provenance,
@@ -146,7 +146,7 @@ def torch_device(device: str) -> str:
 
 def device_bytes(cfg: ModelConfig, context: int, batch: int, dtype: str) -> int:
     """What one engine holds on the device: the weights and the KV cache (each engine has its own)."""
-    item = jnp.dtype(ARRAY_DTYPES[dtype]).itemsize
+    item = array_dtype(dtype).itemsize
     kv = sum(kv_bytes_per_user(cfg, context, item).values()) * batch
     return int(count_params(cfg) * item + kv)
 
@@ -230,9 +230,9 @@ def start_reference(cfg: ModelConfig, context: int, batch: int, dtype: str, dev,
     from .steps import step_program
 
     t = time.perf_counter()
-    params = device_params(cfg, seed, ARRAY_DTYPES[dtype], dev, log)
+    params = device_params(cfg, seed, array_dtype(dtype), dev, log)
     with jax.default_device(dev):
-        cache = init_cache(cfg, batch, context, ARRAY_DTYPES[dtype])
+        cache = init_cache(cfg, batch, context, array_dtype(dtype))
         tokens = jnp.zeros((batch,), jnp.int32)
         pos = jnp.asarray(context - 1, jnp.int32)
     jax.block_until_ready((params, cache))
@@ -433,8 +433,7 @@ def speed_of_light_for(
 def _check(cfg, context, batch, dtype, engines, device, budget_s):
     positive_int("context", context)
     positive_int("batch", batch)
-    if dtype not in ARRAY_DTYPES:
-        raise ValueError(f"dtype must be one of {list(ARRAY_DTYPES)}, got {dtype!r}")
+    array_dtype(dtype)
     if not engines or any(e not in ENGINES for e in engines) or len(set(engines)) != len(engines):
         raise ValueError(f"engines must be some of {ENGINES}, each once, got {engines!r}")
     if not budget_s > 0:

@@ -27,13 +27,21 @@ import jax
 import jax.numpy as jnp
 
 from ..chips import get_chip, known_chip
+from ..dtypes import BASES, get_dtype
 from ..files import git_commit
 from ..profiling import Estimate, device_name, fraction_of_sol, gemv_probe
 from ..tpu import libtpu_version
 from .loop import MIN_ROUNDS, PRECISION, Comparison, back_to_back, interleaved
 
-# The data types a measured step's arrays use, each also the mk.sol policy that counts its bytes.
-ARRAY_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+
+def array_dtype(policy: str):
+    """The JAX element type of a measured step's weights and cache under ``policy`` (mk.dtypes.BASES: ``f32`` or
+    ``bf16``, each also the policy that counts its bytes), or a refusal naming them."""
+    if policy not in BASES:
+        raise ValueError(f"dtype must be one of {list(BASES)}, got {policy!r}")
+    return jnp.dtype(get_dtype(policy).arrays)
+
+
 MIN_TIMING_S = 3.0  # the least a group of engines is timed for, whatever is left of a run's budget
 PROBE = "probe"  # the GEMV probe's name in the rounds
 BACK_TO_BACK = " back to back"  # appended to an engine's label for its steps dispatched back to back in the rounds
@@ -177,7 +185,7 @@ def spec_speed_of_light(bytes_per_step: float, device, chips: int = 1, chip: str
 def probed_speed_of_light(bytes_per_step: float, nbytes: int, device=None, dtype: str = "f32", chips: int = 1):
     """The speed of light over a GEMV probe of ``nbytes`` in ``dtype`` timed in the same rounds as the step:
     this device's own limit (``chips`` devices stream ``chips`` times the bytes)."""
-    call, size = gemv_probe(nbytes, device, ARRAY_DTYPES[dtype])
+    call, size = gemv_probe(nbytes, device, array_dtype(dtype))
     source = f"measured: GEMV probe ({dtype}, {size >> 20} MiB) in the same rounds"
     return MeasuredSpeedOfLight(source, bytes_per_step, probe=call, probe_bytes=size, chips=chips)
 

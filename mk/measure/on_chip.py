@@ -152,9 +152,9 @@ def planned_bytes(case: Case, engine: str, cell: Cell) -> tuple[int, int]:
         before = np.cumsum([0, *sizes[:-1]])
         return sum(sizes) + _nbytes(cache), max(0, int(max(b + 2 * n for b, n in zip(before, sizes))) - sum(sizes))
     max_len = round_up(cell.context, cache_multiple("megakernel"))
-    plan = build_plan(cfg, cell.batch, max_len, cell.context, weight_itemsize=2, kv_itemsize=2, setup=setup,
+    plan = build_plan(cfg, cell.batch, max_len, cell.context, weight_dtype="bfloat16", kv_dtype="bfloat16", setup=setup,
                       quantize=_scheme(case.dtype))  # fmt: skip
-    shapes = input_shapes(plan, jnp.bfloat16, jnp.bfloat16)
+    shapes = input_shapes(plan)
     weights = _nbytes(shapes.weights)
     return _nbytes(shapes), max(2 * max(sizes), weights + max(sizes)) - weights
 

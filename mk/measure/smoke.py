@@ -65,10 +65,10 @@ from ..tpu import on_tpu, races_detected, reset_interpreter
 from ..units import positive_int
 from . import chip_parity, on_chip
 from .harness import (
-    ARRAY_DTYPES,
     HBM_USE,
     MIN_TIMING_S,
     Engine,
+    array_dtype,
     provenance,
     spec_speed_of_light,
     time_engines,
@@ -216,14 +216,14 @@ def hbm_per_chip_needed(cfg: ModelConfig, engine: Candidate, chips: int, context
     from ..params import param_specs
     from ..reference import init_cache
 
-    item = jnp.dtype(ARRAY_DTYPES[dtype]).itemsize
+    item = array_dtype(dtype).itemsize
     if engine.name == "reference":
         weights = 0.0
         for s in param_specs(cfg):
             experts = s.path.startswith("layers.") and len(s.shape) == 3
             shape = s.shape[1:] if experts else s.shape
             weights += _split_bytes(shape, item, chips) * (s.shape[0] if experts else 1)
-        cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, ARRAY_DTYPES[dtype]))
+        cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, array_dtype(dtype)))
         kv = sum(_split_bytes(a.shape, item, chips) for a in cache.values())
         return weights + kv, 0.0
     from ..generate import cache_multiple
@@ -232,8 +232,9 @@ def hbm_per_chip_needed(cfg: ModelConfig, engine: Candidate, chips: int, context
 
     setup = _setup(chips, engine.placement)
     max_len = round_up(context, cache_multiple("megakernel"))
-    plan = build_plan(cfg, batch, max_len, context, weight_itemsize=item, kv_itemsize=item, setup=setup)
-    shapes = input_shapes(plan, ARRAY_DTYPES[dtype], ARRAY_DTYPES[dtype])
+    arrays = array_dtype(dtype).name
+    plan = build_plan(cfg, batch, max_len, context, weight_dtype=arrays, kv_dtype=arrays, setup=setup)
+    shapes = input_shapes(plan)
     return _bytes(shapes), max(_bytes(w) for w in shapes.weights.values())
 
 
@@ -297,14 +298,14 @@ class _EngineBuilds:
 
         try:
             if engine.name == "reference":
-                params = device_params(cfg, self.seed, ARRAY_DTYPES[self.dtype], self.mesh, log)
+                params = device_params(cfg, self.seed, array_dtype(self.dtype), self.mesh, log)
                 call = decode_call(reference_step(self.mesh), params, cfg, self.context, self.batch, self.dtype)
             else:
                 from ..generate import cache_multiple
                 from ..megakernel import make_step
 
                 if self.host is None:
-                    tensors = random_tensors(cfg, self.seed, ARRAY_DTYPES[self.dtype], self.mesh, log)
+                    tensors = random_tensors(cfg, self.seed, array_dtype(self.dtype), self.mesh, log)
                     self.host = {path: np.asarray(x) for path, x in tensors}
                     log(f"weights: {_bytes(self.host) / 1e9:.2f} GB on the host, each chip packs its slice")
                 step = make_step(cfg, _setup(chips, engine.placement), detect_races=not on_tpu())
@@ -371,8 +372,7 @@ class SmokeRun:
         placements = self.placements
         if not placements or any(p not in PLACEMENTS for p in placements) or len(set(placements)) != len(placements):
             raise ValueError(f"placements must be some of {PLACEMENTS}, each once, got {placements!r}")
-        if self.dtype not in ARRAY_DTYPES:
-            raise ValueError(f"dtype must be one of {list(ARRAY_DTYPES)}, got {self.dtype!r}")
+        array_dtype(self.dtype)
         if not self.budget_s > 0:
             raise ValueError(f"budget_s must be positive, got {self.budget_s!r}")
         if self.chips is not None:  # refused before JAX looks for chips

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..config import ModelConfig
-from .harness import ARRAY_DTYPES
+from .harness import array_dtype
 
 
 def decode_call(
@@ -54,7 +54,7 @@ def decode_call(
     # each user its own token: a routed model's users pick their own experts (the same token would route all alike)
     tokens = (jnp.arange(batch, dtype=jnp.int32) * 7919 + 11) % cfg.vocab_size
     pos = jnp.asarray(context - 1, jnp.int32)
-    dt = ARRAY_DTYPES[dtype]
+    dt = array_dtype(dtype)
     if adopt is None:
         cache = init_cache(cfg, batch, context, dt, multiple=cache_multiple)
     else:

@@ -7,13 +7,11 @@ import time
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import pandas as pd
 
 from ..config import ModelConfig
 from ..kernel_setup import ONE_CHIP, KernelSetup
-from ..params import check_knockout
-from ..plan import Tiles, build_plan
+from ..plan import build_plan
 from .kernel import build_call, global_shapes, partition_specs
 from .pack import packed_shapes
 from .refs import input_shapes
@@ -24,36 +22,24 @@ def compile_for_tpu(
     chip: str,
     batch: int,
     max_len: int,
-    weight_dtype=jnp.bfloat16,
-    kv_dtype=jnp.bfloat16,
-    tiles: Tiles = Tiles(),
-    knockout=frozenset(),
+    *,
     compiler_options: dict | None = None,
     vmem_limit_bytes: int | None = None,
-    loop_layers: bool = True,
-    setup: KernelSetup = ONE_CHIP,
-    quantize: str = "none",
+    **plan_options,
 ):
     """Compile one decode step (users block in, users block out) for ``chip`` ahead of time with
     libtpu's Mosaic compiler (see mk.tpu). The plan's VMEM budget is checked against the chip first and
-    given to the compiler as its VMEM limit. With ``setup`` the step is split over the slice's chips
-    (``chip`` a slice of ``setup.chips``: ``tpu-v5e-8``), each weight and cache sharded on its split
-    axis (``setup.draft_tokens``: the speculative step verifying that many drafts a user, 1 + K rows each).
-    ``quantize``: the mk.quant scheme whose matrices stream as INT8 with their scales. Returns (plan, compiled): one
-    chip's plan, the program of every chip."""
-    plan = build_plan(
-        cfg,
-        batch,
-        max_len,
-        weight_itemsize=jnp.dtype(weight_dtype).itemsize,
-        kv_itemsize=jnp.dtype(kv_dtype).itemsize,
-        tiles=tiles,
-        knockout=check_knockout(knockout),
-        loop_layers=loop_layers,
-        setup=setup,
-        quantize=quantize,
-    )
+    given to the compiler as its VMEM limit. ``plan_options``: mk.plan.build_plan's keywords (the arrays in
+    ``bfloat16`` unless ``weight_dtype``/``kv_dtype`` say otherwise); with ``setup`` the step is split over the slice's
+    chips (``chip`` a slice of ``setup.chips``: ``tpu-v5e-8``), each weight and cache sharded on its split axis.
+    Returns (plan, compiled): one chip's plan, the program of every chip."""
+    plan = _plan(cfg, batch, max_len, plan_options)
     return plan, compile_plan(plan, chip, compiler_options, vmem_limit_bytes)
+
+
+def _plan(cfg: ModelConfig, batch: int, max_len: int, plan_options: dict):
+    """The plan :func:`compile_for_tpu` compiles: mk.plan.build_plan's, its arrays bfloat16 by default."""
+    return build_plan(cfg, batch, max_len, **{"weight_dtype": "bfloat16", "kv_dtype": "bfloat16", **plan_options})
 
 
 def aot_target(chip: str) -> tuple[str, str]:
@@ -87,11 +73,6 @@ def aot_target(chip: str) -> tuple[str, str]:
     return shape.name, shape.topology_name
 
 
-def plan_dtypes(plan):
-    """The weights' and the KV cache's data types ``plan`` was built for (f32 or bf16, by its item sizes)."""
-    return tuple(jnp.float32 if n == 4 else jnp.bfloat16 for n in (plan.weight_itemsize, plan.kv_itemsize))
-
-
 def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_limit_bytes: int | None = None):
     """The kernel of ``plan`` (one chip's, of a slice where its setup splits the step) compiled ahead of time for
     ``chip`` (:func:`aot_target`: a slice past one host too) in the plan's own data types (bf16 or f32 by its item
@@ -99,18 +80,17 @@ def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_lim
     from ..tpu import aot_compile
 
     name, topo = aot_target(chip)
-    weight_dtype, kv_dtype = plan_dtypes(plan)
-    shapes = input_shapes(plan, weight_dtype, kv_dtype)
+    shapes = input_shapes(plan)
     # the kernel as the engine builds it (mk.megakernel.kernel.build_call: the plan's VMEM limit for the chip, each
     # dot's precision from its data type); ``vmem_limit_bytes`` only to probe the compiler's own figure
-    fn = partial(build_call, plan, weight_dtype, kv_dtype, name, interpret=None, vmem_limit_bytes=vmem_limit_bytes)
+    fn = partial(build_call, plan, name, interpret=None, vmem_limit_bytes=vmem_limit_bytes)
     if plan.chips > 1 and not plan.setup.loopback:
         return _compile_sharded(plan, topo, shapes, fn, compiler_options)
     fn = fn()
     return aot_compile(
         lambda p, c, u: tuple(fn(p, c, u)[:2]),
         topo,
-        packed_shapes(plan.share, weight_dtype, plan.quantize),  # one chip's: the model's, or the stand-in's slice
+        packed_shapes(plan.share, plan.weight_dtype, plan.quantize),  # one chip's: the model's or the stand-in's
         shapes.cache,
         shapes.users,
         donate_argnums=(1,),
@@ -143,21 +123,10 @@ def _compile_sharded(plan, chip: str, shapes, build, compiler_options):
     return step.lower(packed, spec.cache, spec.users).compile(compiler_options)
 
 
-def compiler_vmem_bytes(cfg: ModelConfig, chip: str, batch: int, max_len: int, **kw) -> tuple[int, float]:
+def compiler_vmem_bytes(cfg: ModelConfig, chip: str, batch: int, max_len: int, **plan_options) -> tuple[int, float]:
     """(the plan's VMEM bytes, the VMEM libtpu's compiler says the kernel needs: :func:`refused_vmem_bytes`) of the
     plan :func:`compile_for_tpu` builds from the same arguments."""
-    plan = build_plan(
-        cfg,
-        batch,
-        max_len,
-        weight_itemsize=jnp.dtype(kw.get("weight_dtype", jnp.bfloat16)).itemsize,
-        kv_itemsize=jnp.dtype(kw.get("kv_dtype", jnp.bfloat16)).itemsize,
-        tiles=kw.get("tiles", Tiles()),
-        knockout=check_knockout(kw.get("knockout", frozenset())),
-        loop_layers=kw.get("loop_layers", True),
-        setup=kw.get("setup", ONE_CHIP),
-        quantize=kw.get("quantize", "none"),
-    )
+    plan = _plan(cfg, batch, max_len, plan_options)
     return plan.vmem_bytes, refused_vmem_bytes(plan, chip)
 
 
@@ -197,7 +166,7 @@ def emitted_code(plan) -> dict:
 
 
 def emitted_code_table(
-    cfg: ModelConfig, layer_counts, batch: int = 1, max_len: int = 256, itemsize: int = 2, loops=(False, True)
+    cfg: ModelConfig, layer_counts, batch: int = 1, max_len: int = 256, dtype: str = "bfloat16", loops=(False, True)
 ) -> pd.DataFrame:
     """:func:`emitted_code` of ``cfg`` cut to each layer count, without the loop over layers and with it
     (``loops``: the ``loop_layers`` settings): counted from the step plan, nothing compiled (what
@@ -205,14 +174,14 @@ def emitted_code_table(
     rows = []
     for n in layer_counts:
         for loop in loops:
-            plan = build_plan(
-                cfg.truncated(n), batch, max_len, weight_itemsize=itemsize, kv_itemsize=itemsize, loop_layers=loop
-            )
+            plan = build_plan(cfg.truncated(n), batch, max_len, weight_dtype=dtype, kv_dtype=dtype, loop_layers=loop)
             rows.append(dict(layers=n, loop_layers=loop, **emitted_code(plan)))
     return pd.DataFrame(rows)
 
 
-def layer_loop_onset(cfg: ModelConfig, batch: int = 1, max_len: int = 256, itemsize: int = 2) -> tuple[int, int | None]:
+def layer_loop_onset(
+    cfg: ModelConfig, batch: int = 1, max_len: int = 256, dtype: str = "bfloat16"
+) -> tuple[int, int | None]:
     """(the period of ``cfg``'s layer pattern, the fewest layers of that pattern repeated at which the loop over layers
     forms, None if it forms at no count up to six periods): counted from the step plan, nothing compiled."""
     from ..plan.schedule import pattern_period
@@ -220,9 +189,7 @@ def layer_loop_onset(cfg: ModelConfig, batch: int = 1, max_len: int = 256, items
     period = pattern_period(cfg.layer_types) or cfg.num_layers
     pattern = cfg.replace(layer_types=cfg.layer_types[:period] * 6)
     for n in range(2 * period, 6 * period + 1):
-        plan = build_plan(
-            pattern.truncated(n), batch, max_len, weight_itemsize=itemsize, kv_itemsize=itemsize, loop_layers=True
-        )
+        plan = build_plan(pattern.truncated(n), batch, max_len, weight_dtype=dtype, kv_dtype=dtype, loop_layers=True)
         if emitted_code(plan)["looped_layers"]:
             return period, n
     return period, None
@@ -234,7 +201,7 @@ def compile_times(
     layer_counts,
     batch: int = 1,
     max_len: int = 256,
-    dtype=jnp.bfloat16,
+    dtype: str = "bfloat16",
     repeats: int = 3,
     confidence: float = 0.95,
 ) -> pd.DataFrame:
@@ -246,14 +213,16 @@ def compile_times(
     (mk.profiling.median_interval: with 3 repeats, the whole range)."""
     from ..profiling import Estimate
 
-    compile_for_tpu(cfg.truncated(min(layer_counts)), chip, batch, max_len, dtype, dtype)
+    compile_for_tpu(cfg.truncated(min(layer_counts)), chip, batch, max_len, weight_dtype=dtype, kv_dtype=dtype)
     configs = [(n, loop) for n in layer_counts for loop in (False, True)]
     times: dict = {c: [] for c in configs}
     ops: dict = {}
     for _ in range(repeats):
         for n, loop in configs:
             t0 = time.perf_counter()
-            plan, _ = compile_for_tpu(cfg.truncated(n), chip, batch, max_len, dtype, dtype, loop_layers=loop)
+            plan, _ = compile_for_tpu(
+                cfg.truncated(n), chip, batch, max_len, weight_dtype=dtype, kv_dtype=dtype, loop_layers=loop
+            )
             times[(n, loop)].append(time.perf_counter() - t0)
             ops[(n, loop)] = emitted_code(plan)
     rows = []
@@ -315,7 +284,7 @@ def sharded_compiles(
                     quantize=quantize,
                 )
                 seconds = time.perf_counter() - t0
-                shapes = input_shapes(plan, jnp.bfloat16, jnp.bfloat16)
+                shapes = input_shapes(plan)
                 plan_hbm = sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(shapes))
                 need = plan.vmem_bytes
                 rows.append(

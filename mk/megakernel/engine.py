@@ -66,6 +66,23 @@ def users_block(plan: StepPlan, tokens, positions):
     return users.at[:B, POSITION].set(jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (B,)))
 
 
+@dataclass(frozen=True)
+class StepRequest:
+    """What one compiled step is made for, read off the arrays a call passes (:meth:`MegakernelEngine.run`): users and
+    cache length, the weights' and cache's element types (mk.dtypes.ARRAY_DTYPES) and scheme, what is knocked out,
+    the drafts a user verifies, and the outputs asked for."""
+
+    batch: int
+    max_len: int
+    weight_dtype: str
+    kv_dtype: str
+    quantize: str
+    knockout: frozenset
+    draft_tokens: int
+    with_logits: bool
+    count_dmas: bool
+
+
 @dataclass
 class _Compiled:
     plan: StepPlan
@@ -164,57 +181,34 @@ class MegakernelEngine:
         rest = {k: v for k, v in first.items() if k != "weights"}  # the vectors and frequencies: on every chip
         return dict(jax.device_put(rest, NamedSharding(self.mesh, P())), weights=weights)
 
-    def compiled(
-        self,
-        batch: int,
-        max_len: int,
-        weight_dtype,
-        kv_dtype,
-        knockout: frozenset,
-        with_logits: bool,
-        count_dmas: bool = False,
-        quantize: str = "none",
-        draft_tokens: int = 0,
-    ) -> _Compiled:
-        key = (
-            draft_tokens,
-            batch,
-            max_len,
-            jnp.dtype(weight_dtype),
-            jnp.dtype(kv_dtype),
-            knockout,
-            with_logits,
-            count_dmas,
-            quantize,
-        )
-        if key not in self._steps:
+    def compiled(self, request: StepRequest) -> _Compiled:
+        """The step made for ``request``, built and jitted once."""
+        if request not in self._steps:
             plan = build_plan(
                 self.cfg,
-                batch,
-                max_len,
-                weight_itemsize=jnp.dtype(weight_dtype).itemsize,
-                kv_itemsize=jnp.dtype(kv_dtype).itemsize,
+                request.batch,
+                request.max_len,
+                weight_dtype=request.weight_dtype,
+                kv_dtype=request.kv_dtype,
                 tiles=self.tiles,
-                knockout=knockout,
-                setup=self.setup.replace(draft_tokens=draft_tokens),
-                quantize=quantize,
+                knockout=request.knockout,
+                setup=self.setup.replace(draft_tokens=request.draft_tokens),
+                quantize=request.quantize,
             )
             fn = build_call(
                 plan,
-                weight_dtype,
-                kv_dtype,
                 self.chip,
                 interpret_params(self.detect_races),
-                with_logits=with_logits,
-                count_dmas=count_dmas,
+                with_logits=request.with_logits,
+                count_dmas=request.count_dmas,
                 mesh=self.mesh if self.sharded else None,
             )
 
             def run(packed, cache, tokens, pos, plan=plan, fn=fn):
                 return fn(packed, cache, users_block(plan, tokens, pos))
 
-            self._steps[key] = _Compiled(plan, jax.jit(run, donate_argnums=(1,)))
-        return self._steps[key]
+            self._steps[request] = _Compiled(plan, jax.jit(run, donate_argnums=(1,)))
+        return self._steps[request]
 
     def adopt_cache(self, cache: dict) -> dict:
         """The kernel's cache from the reference's (mk.megakernel.pack): once, after prefill (mk.generate)."""
@@ -239,7 +233,7 @@ class MegakernelEngine:
             )
         knockout = check_knockout(knockout)
         t0, first = cfg.layer_types[0], "latent" if cfg.latent_attention is not None else "k"
-        batch, kv_dtype = cache[f"{t0}.{first}"].shape[1], cache[f"{t0}.{first}"].dtype
+        batch, kv_dtype = cache[f"{t0}.{first}"].shape[1], jnp.dtype(cache[f"{t0}.{first}"].dtype).name
         # a chip's full-layer slots, times the chips sharing each KV head's positions (mk.sharding.position_share)
         max_len = (
             cache[f"full.{first}"].shape[3] * position_share(cfg, "full", self.setup)
@@ -247,11 +241,12 @@ class MegakernelEngine:
             else cfg.sliding_window
         )
         packed = self.packed(params)
-        weight_dtype = packed["weights"]["embed"].dtype
+        weight_dtype = jnp.dtype(packed["weights"]["embed"].dtype).name
         quantize = packed_scheme(packed["weights"])
-        outputs = (with_logits, count_dmas)
-        c = self.compiled(batch, max_len, weight_dtype, kv_dtype, knockout, *outputs, quantize, draft_tokens)
-        return c.fn(packed, cache, tokens, pos)
+        request = StepRequest(
+            batch, max_len, weight_dtype, kv_dtype, quantize, knockout, draft_tokens, with_logits, count_dmas
+        )
+        return self.compiled(request).fn(packed, cache, tokens, pos)
 
     def __call__(self, params, cfg, cache, tokens, pos, knockout=frozenset()):
         out = self.run(params, cfg, cache, tokens, pos, knockout)

@@ -321,8 +321,6 @@ def _cache_aliases(in_shapes: Inputs, out_shapes: Outputs) -> dict[int, int]:
 
 def build_call(
     plan: StepPlan,
-    weight_dtype,
-    kv_dtype,
     chip=None,
     interpret=None,
     vmem_limit_bytes: int | None = None,
@@ -335,13 +333,14 @@ def build_call(
     (mk.megakernel.refs): the next users block (each user's greedy token and next position), the cache,
     and on request the logits [B, V] and the DMA counts. ``chip``: the chip Mosaic compiles it for (its VMEM limit:
     :func:`compiler_params`); needed unless ``interpret`` runs it in Pallas's interpreter. ``probe``: the step takes
-    the activations' values before its first op and returns them after its last (to test a plan cut to a few ops)."""
+    the activations' values before its first op and returns them after its last (to test a plan cut to a few ops).
+    Its arrays are the plan's (``plan.arrays``: the weights and cache in the plan's data types)."""
     check_buildable(plan, chip, interpret)
-    in_shapes = input_shapes(plan, weight_dtype, kv_dtype)
+    in_shapes = input_shapes(plan)
     if probe:
         in_shapes = in_shapes._replace(acts=activation_shapes(plan))
     out_shapes = output_shapes(plan, in_shapes, with_logits, count_dmas, probe)
-    scratch = scratch_shapes(plan, weight_dtype, kv_dtype, with_logits)
+    scratch = scratch_shapes(plan, with_logits)
     in_leaves, in_tree = jax.tree.flatten(in_shapes)
     out_leaves, out_tree = jax.tree.flatten(out_shapes)
     scratch_leaves, scratch_tree = jax.tree.flatten(scratch)

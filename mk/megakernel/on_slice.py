@@ -60,10 +60,9 @@ class SliceCompile:
 
 def plan_bytes(plan) -> dict[str, int]:
     """A chip's bytes of ``plan``'s kernel arguments, in its own data types: weights, cache, users block."""
-    from .aot import plan_dtypes
     from .refs import input_shapes
 
-    shapes = input_shapes(plan, *plan_dtypes(plan))
+    shapes = input_shapes(plan)
 
     def size(tree) -> int:
         return sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(tree))

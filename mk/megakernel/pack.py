@@ -35,12 +35,13 @@ from ..plan import (
     vector_rows,
     vector_table_shape,
 )
+from ..plan.arrays import matrix_shapes, packed_arrays
 from ..plan.layout import EXPERT_BIASES, LATENT_MATRICES, expert_bias_shape, head_lanes, scale_rows, scale_width
 from ..qformats import format_of, format_paths, fscale_path, get_format
 from ..quant import quantized_paths, scale_path, scheme_of
 from . import latent
 from .formats import to_layout as format_to_layout
-from .refs import matrix_shapes, weight_dtypes, weight_shapes
+from .refs import struct
 
 HIDDEN, VOCAB = "hidden", "vocab"
 
@@ -232,19 +233,12 @@ def expert_bias_to_layout(a, path: str, lay: ModelConfig):
     return out.at[: a.shape[0], : a.shape[1]].set(a)
 
 
-def packed_shapes(cfg: ModelConfig, weight_dtype, quantize: str = "none") -> dict:
-    """``jax.ShapeDtypeStruct``s of ``pack``'s output, without any weights."""
-    lay = layout_config(cfg)
-    n, width = vector_table_shape(lay)
-    dtypes = weight_dtypes(lay, quantize, weight_dtype)
-    return dict(
-        vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
-        inv_freq=jax.ShapeDtypeStruct((ROWS, max(lay.sliding_head_dim, lay.full_head_dim)), jnp.float32),
-        weights={
-            name: jax.ShapeDtypeStruct(shape, dtypes[name])
-            for name, shape in weight_shapes(lay, quantize=quantize).items()
-        },
-    )
+def packed_shapes(cfg: ModelConfig, weight_dtype: str, quantize: str = "none") -> dict:
+    """``jax.ShapeDtypeStruct``s of ``pack``'s output, without any weights (``weight_dtype``: the float weights' element
+    type, mk.dtypes.ARRAY_DTYPES)."""
+    arrays = packed_arrays(layout_config(cfg), weight_dtype, quantize)
+    weights = {name: struct(a) for name, a in arrays.weights.items()}
+    return dict(vectors=struct(arrays.vectors), inv_freq=struct(arrays.inv_freq), weights=weights)
 
 
 def adopt_cache(cfg: ModelConfig, cache: dict) -> dict:

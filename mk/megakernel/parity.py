@@ -182,7 +182,8 @@ def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.
     from .aot import compile_for_tpu
 
     ref = reference_on_tpu(cfg, chip, batch, max_len, dtype)
-    _, mk = compile_for_tpu(cfg, chip, batch, max_len, dtype, dtype)
+    arrays = jnp.dtype(dtype).name
+    _, mk = compile_for_tpu(cfg, chip, batch, max_len, weight_dtype=arrays, kv_dtype=arrays)
     rows = []
     for engine, compiled in (("reference (XLA)", ref), ("megakernel", mk)):
         kc = count_kernels(compiled.as_text())

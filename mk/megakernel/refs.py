@@ -11,19 +11,9 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
 from ..config import ModelConfig
-from ..params import param_specs
-from ..plan import BLOCK, LANE, ROWS, Attend, StepPlan, padded_shape, round_up, stacked, vector_table_shape
-from ..plan.layout import (
-    EXPERT_BIASES,
-    latent_lanes,
-    layout_grid,
-    scale_rows,
-    scale_width,
-    scales_shape,
-    stored_shape,
-)
-from ..qformats import FORMAT_SCHEMES, FSCALE_SUFFIX, format_paths, fscale_path
-from ..quant import SCALE_SUFFIX, quantized_paths, scale_path
+from ..plan import BLOCK, LANE, ROWS, Attend, StepPlan, round_up
+from ..plan.arrays import Array
+from ..plan.layout import EXPERT_BIASES, latent_lanes
 
 TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
 
@@ -150,90 +140,20 @@ class CollectiveScratch(NamedTuple):
     sems: Any  # DMA [2 (send, receive), 2 (best, best_id), C or 1]; over a torus [dims, 2 (best, id), 2, g or 1]
 
 
-def matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every matrix of the parameter tree and its (unpadded) shape."""
-    return {s.path: s.shape for s in param_specs(cfg) if len(s.shape) >= 2}
+def struct(array: Array) -> jax.ShapeDtypeStruct:
+    """A plan's HBM array (mk.plan.arrays) as JAX describes it."""
+    return jax.ShapeDtypeStruct(array.shape, jnp.dtype(array.dtype))
 
 
-def weight_shapes(cfg: ModelConfig, experts: int | None = None, quantize: str = "none") -> dict[str, tuple[int, ...]]:
-    """The kernel's HBM weights: ``embed`` and each layer matrix stacked by layer type, padded;
-    ``experts``: the routed experts a chip holds (default all). A quantized matrix (``quantize``: the
-    mk.quant scheme) also has its scales, ``{name}_qscale`` [layers, rows, N]: one row per expert (one
-    for a layer's matrix), padded to whole sublane tiles (mk.plan.layout.scale_rows)."""
-    out: dict[str, tuple[int, ...]] = {}
-    fmt = FORMAT_SCHEMES.get(quantize)
-    quantized = set(format_paths(cfg, quantize) if fmt else quantized_paths(cfg, quantize))
-    for path, shape in matrix_shapes(cfg).items():
-        name, index = stacked(cfg, path)
-        padded = padded_shape(cfg, path, shape)
-        if experts is not None and path.rsplit(".", 1)[-1] in EXPERT_BIASES:
-            padded = padded_shape(cfg, path, (experts, *shape[1:]))
-        elif experts is not None and path.rsplit(".", 1)[-1].startswith("expert_"):
-            padded = (experts, *padded[1:])
-        out[name] = padded if index is None else (index + 1, *padded)
-        if path in quantized and fmt:  # its codes as the format stores them, a scale a block (mk.megakernel.formats)
-            grid = layout_grid(cfg, path, fmt)
-            out[name], out[fscale_path(name)] = stored_shape(out[name], fmt, grid), scales_shape(out[name], grid)
-        elif path in quantized:
-            rows = scale_rows(padded[0] if len(padded) == 3 else 1)
-            out[scale_path(name)] = (index + 1, rows, scale_width(cfg, path, padded))
-    return out
-
-
-def weight_dtypes(cfg: ModelConfig, quantize: str, weight_dtype) -> dict[str, object]:
-    """The dtype of each of the kernel's HBM weights: INT8 codes, their float32 scales, the rest ``weight_dtype``; or
-    a shipped format's codes and scales in its dtypes."""
-    fmt = FORMAT_SCHEMES.get(quantize)
-    if fmt:
-        codes = {stacked(cfg, p)[0] for p in format_paths(cfg, quantize)}
-        return {
-            n: fmt.scales if n.endswith(FSCALE_SUFFIX) else fmt.codes if n in codes else weight_dtype
-            for n in weight_shapes(cfg, quantize=quantize)
-        }
-    quantized = {stacked(cfg, p)[0] for p in quantized_paths(cfg, quantize)}
-    out = {}
-    for name in weight_shapes(cfg, quantize=quantize):
-        if name.endswith(SCALE_SUFFIX):
-            out[name] = jnp.float32
-        else:
-            out[name] = jnp.int8 if name in quantized else weight_dtype
-    return out
-
-
-def cache_shapes(cfg: ModelConfig, batch: int, slots, heads=None) -> dict[str, tuple[int, ...]]:
-    """The kernel's KV cache: per layer type, K and V stacked over its layers; ``slots(t)`` per layer, ``heads(t)``
-    KV heads (default ``cfg``'s)."""
-    out = {}
-    heads = heads or cfg.kv_heads
-    if cfg.latent_attention is not None:  # one latent and one RoPE key a position (mk.megakernel.latent)
-        _, Dr, _, L = latent_lanes(cfg)
-        for t in sorted(set(cfg.layer_types)):
-            n = cfg.layer_types.count(t)
-            out[f"{t}.latent"], out[f"{t}.rope_k"] = (n, batch, 1, slots(t), L), (n, batch, 1, slots(t), Dr)
-        return out
-    for t in sorted(set(cfg.layer_types)):
-        shape = (cfg.layer_types.count(t), batch, heads(t), slots(t), cfg.head_dim(t))
-        out[f"{t}.k"] = out[f"{t}.v"] = shape
-    return out
-
-
-def input_shapes(plan: StepPlan, weight_dtype, kv_dtype) -> Inputs:
-    """``jax.ShapeDtypeStruct``s of the kernel's inputs, without any weights."""
-    cfg = plan.layout
-    n, width = vector_table_shape(cfg)
-    dtypes = weight_dtypes(cfg, plan.quantize, weight_dtype)
+def input_shapes(plan: StepPlan) -> Inputs:
+    """``jax.ShapeDtypeStruct``s of the kernel's inputs, without any weights: the plan's HBM arrays."""
+    arrays = plan.arrays
     return Inputs(
         users=jax.ShapeDtypeStruct((plan.rows, LANE), jnp.int32),
-        vectors=jax.ShapeDtypeStruct((round_up(n, ROWS), width), jnp.float32),
-        inv_freq=jax.ShapeDtypeStruct((ROWS, max(cfg.sliding_head_dim, cfg.full_head_dim)), jnp.float32),
-        weights={
-            name: jax.ShapeDtypeStruct(shape, dtypes[name])
-            for name, shape in weight_shapes(cfg, plan.experts_held or None, plan.quantize).items()
-        },
-        cache={
-            name: jax.ShapeDtypeStruct(shape, kv_dtype)
-            for name, shape in cache_shapes(cfg, plan.cache_users, plan.cache_len, plan.cache_heads).items()
-        },
+        vectors=struct(arrays.vectors),
+        inv_freq=struct(arrays.inv_freq),
+        weights={name: struct(a) for name, a in arrays.weights.items()},
+        cache={name: struct(a) for name, a in arrays.cache.items()},
     )
 
 
@@ -255,8 +175,9 @@ def output_shapes(plan: StepPlan, inputs: Inputs, with_logits: bool, count_dmas:
     )
 
 
-def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) -> Scratch:
+def scratch_shapes(plan: StepPlan, with_logits: bool) -> Scratch:
     cfg, B, rows, U = plan.layout, plan.batch, plan.rows, plan.cache_users
+    weight_dtype, kv_dtype = jnp.dtype(plan.weight_dtype), jnp.dtype(plan.kv_dtype)
     types = sorted(set(cfg.layer_types))
     kv = {}
     for t in types:
@@ -289,7 +210,7 @@ def scratch_shapes(plan: StepPlan, weight_dtype, kv_dtype, with_logits: bool) ->
     # positions, or the model's where each chip attends over every head for its users
     rep = max((op.query_rows for op in plan.ops if isinstance(op, Attend)), default=1)
     ep = round_up(max(cfg.num_experts, 1), LANE)
-    shapes = input_shapes(plan, weight_dtype, kv_dtype)
+    shapes = input_shapes(plan)
     return Scratch(
         weights={b.name: pltpu.VMEM((b.slots, *b.shape), b.dtype or weight_dtype) for b in plan.buffers.values()},
         weight_sems={b.name: pltpu.SemaphoreType.DMA((b.slots,)) for b in plan.buffers.values()},

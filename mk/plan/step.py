@@ -8,14 +8,16 @@ cannot drift; tests and the timing model read the same records for bytes, FLOPs 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
 from ..config import ModelConfig
+from ..dtypes import array_itemsize
 from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..params import EXPERTS, check_knockout
 from ..routing import chip_distinct_experts_distribution, distinct_experts_distribution
 from ..units import round_up
+from .arrays import Array, HbmArrays, cache_shapes, packed_arrays
 from .builder import Builder, check_shapes, even_width, expert_slots
 from .layout import BLOCK, ROWS, cache_slots, kv_tile, kv_tiles_read, layout_config
 from .records import AllReduce, Attend, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
@@ -33,8 +35,8 @@ class StepPlan:
     batch: int
     max_len: int
     context: int
-    weight_itemsize: int
-    kv_itemsize: int
+    weight_dtype: str  # the float weights' element type (mk.dtypes.ARRAY_DTYPES); INT8 or format codes: ``quantize``
+    kv_dtype: str  # the KV cache's
     tiles: Tiles
     knockout: frozenset
     buffers: dict[str, Buffer]
@@ -55,6 +57,14 @@ class StepPlan:
             object.__setattr__(self, "model", self.share)
 
     @property
+    def weight_itemsize(self) -> int:
+        return array_itemsize(self.weight_dtype)
+
+    @property
+    def kv_itemsize(self) -> int:
+        return array_itemsize(self.kv_dtype)
+
+    @property
     def users(self) -> int:
         """Users decoded: ``batch`` rows of 1 + ``draft_tokens`` each."""
         return self.batch // (self.draft_tokens + 1)
@@ -71,6 +81,13 @@ class StepPlan:
     def layout(self) -> ModelConfig:
         """The model with the sizes the kernel lays out (mk.plan.layout.layout_config)."""
         return layout_config(self.share)
+
+    @cached_property
+    def arrays(self) -> HbmArrays:
+        """The kernel's inputs in HBM (mk.plan.arrays): this chip's weights in the plan's types, and its KV cache."""
+        packed = packed_arrays(self.layout, self.weight_dtype, self.quantize, self.experts_held or None)
+        cache = cache_shapes(self.layout, self.cache_users, self.cache_len, self.cache_heads)
+        return replace(packed, cache={name: Array(shape, self.kv_dtype) for name, shape in cache.items()})
 
     @property
     def head_tile(self) -> int:
@@ -207,15 +224,13 @@ class StepPlan:
         sets how often each user's loop over KV tiles runs, nor with the setup's name: the key of the compiled
         schedule's rows (mk.timing.scheduled)."""
         import hashlib
-        from dataclasses import replace
 
         skip = ("knockout", "buffers", "items", "max_len", "context", "setup")
         # one chip's plan keys its rows as it did when its whole model was not repeated beside its share
-        fields_ = [
-            None if f == "model" and self.setup is None else getattr(self, f)
-            for f in self.__dataclass_fields__
-            if f not in skip
-        ]
+        # and its data types by their item sizes, as they were keyed before the plan named them
+        named = {"model": None if self.setup is None else self.model, "weight_dtype": self.weight_itemsize}
+        named["kv_dtype"] = self.kv_itemsize
+        fields_ = [named[f] if f in named else getattr(self, f) for f in self.__dataclass_fields__ if f not in skip]
         # a setup's name and published key only label it
         fields_.append(self.setup and replace(self.setup, name="", published=None))
         if self.setup is not None and self.setup.torus:  # past one host (out of the setup's repr)
@@ -441,8 +456,8 @@ def build_plan(
     max_len: int,
     context: int | None = None,
     *,
-    weight_itemsize: int = 4,
-    kv_itemsize: int = 4,
+    weight_dtype: str = "float32",
+    kv_dtype: str = "float32",
     tiles: Tiles = Tiles(),
     knockout=frozenset(),
     loop_layers: bool = True,
@@ -456,6 +471,7 @@ def build_plan(
 
     ``context`` (positions in the cache after this step, default ``max_len``) only sets the KV bytes
     and attention FLOPs recorded for timing; the kernel itself reads the tiles each user's position needs.
+    ``weight_dtype``, ``kv_dtype``: the float weights' and the KV cache's element types (mk.dtypes.ARRAY_DTYPES).
     ``quantize`` (mk.params.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales; or a shipped
     format (mk.qformats.FORMAT_SCHEMES): its matrices stream as its codes, each tile with its blocks' scales.
     ``setup.draft_tokens``: speculative verification of that many drafted tokens per user: each user's 1 + k rows go
@@ -465,14 +481,14 @@ def build_plan(
     kept and handed out again (the timing model, the kernel builder and the tables ask for the same ones often).
     """
     return _built_plan(
-        cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, check_knockout(knockout), loop_layers,
-        setup, chip_index, quantize,
+        cfg, batch, max_len, context, weight_dtype, kv_dtype, tiles, check_knockout(knockout), loop_layers, setup,
+        chip_index, quantize,
     )  # fmt: skip
 
 
 @lru_cache(maxsize=64)
-def _built_plan(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tiles, knockout, loop_layers, setup,
-                chip_index, quantize) -> StepPlan:  # fmt: skip
+def _built_plan(cfg, batch, max_len, context, weight_dtype, kv_dtype, tiles, knockout, loop_layers, setup, chip_index,
+                quantize) -> StepPlan:  # fmt: skip
     from ..params import quantized_paths
     from ..qformats import FORMAT_SCHEMES, format_paths
     from ..sharding import attention_chips, chip_config, experts_per_chip, position_share, users_per_chip
@@ -481,6 +497,7 @@ def _built_plan(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tile
     if not 0 <= chip_index < setup.chips:
         raise ValueError(f"chip {chip_index} is not one of the {setup.chips} chips (0..{setup.chips - 1})")
     context = max_len if context is None else context
+    weight_itemsize, kv_itemsize = array_itemsize(weight_dtype), array_itemsize(kv_dtype)
     check_shapes(cfg, batch, max_len, context, kv_itemsize, tiles)
     users_per_chip(cfg, setup, batch)  # refuses a users split the batch or the heads cannot take
     rows = batch * (draft_tokens + 1)
@@ -510,8 +527,8 @@ def _built_plan(cfg, batch, max_len, context, weight_itemsize, kv_itemsize, tile
         rows,
         max_len,
         context,
-        weight_itemsize,
-        kv_itemsize,
+        weight_dtype,
+        kv_dtype,
         tiles,
         knockout,
         dict(b.buffers),

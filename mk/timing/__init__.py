@@ -21,7 +21,7 @@ step shows them as a sensitivity too). ``work`` holds one chip's work as charged
 
 Data types: the plan is built in BF16 (F32 for ``f32``); INT8 (``int8-experts``, ``int8``) is the plan's own
 (mk.quant: the kernel streams the codes and their scales); FP8, which no kernel here streams, scales each weight
-tile's bytes by its component's bytes per element (mk.sol.DTYPES).
+tile's bytes by its component's bytes per element (mk.dtypes.DTYPES).
 """
 
 from .bandwidth import ReadRate, read_rate

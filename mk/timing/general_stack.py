@@ -56,7 +56,7 @@ def plan_kernels(plan: StepPlan, chip: Chip, dtype: str) -> list[GeneralKernel]:
     weighted by the probability that they are fetched; weights and cache as stored, without the kernel's layout
     padding)."""
     loads = plan.loads
-    nbytes = load_bytes(dtype, "payload_bytes")
+    nbytes = load_bytes(plan, dtype, "payload_bytes")
     compute = compute_seconds(plan, chip)
     latency = link_latency(chip)
     groups: dict[tuple, list[Op]] = {}

@@ -17,18 +17,19 @@ from .work import compute_seconds, link_latency, load_bytes, pace_distribution
 def megakernel_costs(
     plan: StepPlan,
     chip: Chip,
-    dtype: str = "bf16",
+    dtype: str | None = None,
     revision: int | None = None,
     bandwidth: float | None = None,
     **assumed,
 ) -> dict:
-    """What mk.plan.timeline charges on ``chip`` for ``plan`` under ``dtype``: the core's cost of each op and DMA
+    """What mk.plan.timeline charges on ``chip`` for ``plan`` (its tiles' bytes under the policy ``dtype``:
+    mk.timing.work.load_bytes, default the plan's own): the core's cost of each op and DMA
     start, the link latency and each weight tile's bytes. The core's costs are the compiler's schedule of the kernel's
     ``revision`` (default: this tree's) where data/schedule has the plan's (mk.timing.scheduled) and no cost is
     ``assumed``; otherwise each op's FLOPs at the chip's rate plus the assumed per-op and per-DMA-issue costs
     (data/timing.csv's, or ``assumed``: a sensitivity). ``bandwidth``: the HBM read rate a chip is charged (bytes/s;
     default mk.timing.bandwidth.read_rate's, a sensitivity otherwise)."""
-    nbytes = load_bytes(dtype)
+    nbytes = load_bytes(plan, dtype)
     load_b = {id(ld): nbytes(ld) for ld in plan.loads}  # once: the pacing chip's variants walk the plan many times
     common = dict(
         ici_latency_s=link_latency(chip),
@@ -82,7 +83,7 @@ def _loaded(plan: StepPlan, nbytes: Callable[[Load], float]) -> Callable[[int], 
 def pace(
     plan: StepPlan,
     chip: Chip,
-    dtype: str = "bf16",
+    dtype: str | None = None,
     distribution: dict[int, float] | None = None,
     revision: int | None = None,
     bandwidth: float | None = None,
@@ -103,7 +104,7 @@ def pace(
     def expect(f, over=timed):
         return sum(p * f(m) for m, p in over.items())
 
-    moved, payload = load_bytes(dtype), load_bytes(dtype, "payload_bytes")
+    moved, payload = load_bytes(plan, dtype), load_bytes(plan, dtype, "payload_bytes")
     weights, real = expect(_loaded(plan, moved)), expect(_loaded(plan, payload))
     ends = dict(zip(timed, step_ends(plan, chip, [_every_layer(plan, m) for m in timed], **costs)))
     cross = [op for op in plan.ops if op.sent_bytes]
@@ -122,7 +123,7 @@ def pace(
     )
 
 
-def pace_timeline(plan: StepPlan, chip: Chip, dtype: str = "bf16", experts: int | None = None, **assumed):
+def pace_timeline(plan: StepPlan, chip: Chip, dtype: str | None = None, experts: int | None = None, **assumed):
     """The timeline (mk.plan.timeline rows) of the chip that sets the pace, ``experts`` fetched in every layer
     (default: the expected number, rounded), with the costs :func:`pace` charges."""
     dist = pace_distribution(plan)

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from ..assistant_config import check_pair, source_layers
 from ..chips import Chip, get_chip
 from ..config import SLIDING, ModelConfig, get_config
+from ..dtypes import get_dtype
 from ..kernel_setup import WORKBOOK_KERNEL, AttentionSplit, KernelSetup, Placement
-from ..sol import get_dtype, speed_of_light
+from ..sol import speed_of_light
 from ..units import ms_entry, positive_int
 from .bandwidth import read_rate
 from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant, fitted_costs

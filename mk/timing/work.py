@@ -8,30 +8,25 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from ..chips import Chip
+from ..dtypes import get_dtype
 from ..params import EXPERTS, HEAD, SCHEMES
 from ..plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan
 from ..plan.layout import BLOCK
 from ..routing import busiest_chip_distribution
 from ..sharding.placement import position_share
 from ..sharding.pods import pod_setup
-from ..sol import get_dtype
 from .constants import chip_constant, matching_rows
 
 
-def plan_itemsizes(dtype: str) -> tuple[int, int]:
-    """Weight and KV bytes per element of the plan a data type is modelled with."""
-    get_dtype(dtype)
-    return (4, 4) if dtype == "f32" else (2, 2)
-
-
-def load_bytes(dtype: str, attr: str = "nbytes") -> Callable[[Load], float]:
-    """The bytes a weight tile's DMA moves under ``dtype`` (``attr``: ``nbytes`` with the layout's padding,
-    ``payload_bytes`` without): the plan's bytes scaled by the component's bytes per element."""
-    pol, (wi, _) = get_dtype(dtype), plan_itemsizes(dtype)
-    if plan_quantize(dtype) != "none":  # the plan streams the INT8 codes and their scales itself
+def load_bytes(plan: StepPlan, dtype: str | None = None, attr: str = "nbytes") -> Callable[[Load], float]:
+    """The bytes a weight tile of ``plan`` moves (``attr``: ``nbytes`` with the layout's padding, ``payload_bytes``
+    without): the plan's own, or under the policy ``dtype`` (mk.dtypes: FP8 and the 4-bit formats, which the plan
+    does not stream itself) the plan's bytes scaled by the component's bytes per element over the plan's."""
+    if dtype is None or plan_quantize(dtype) != "none":  # the plan streams the INT8 codes and their scales itself
         return lambda ld: getattr(ld, attr)
-    per = {EXPERTS: pol.expert / wi, HEAD: pol.head / wi}
-    return lambda ld: getattr(ld, attr) * per.get(ld.component, pol.matrix / wi)
+    pol, own = get_dtype(dtype), plan.weight_itemsize
+    per = {EXPERTS: pol.expert / own, HEAD: pol.head / own}
+    return lambda ld: getattr(ld, attr) * per.get(ld.component, pol.matrix / own)
 
 
 def kernel_streams(dtype: str) -> bool:
@@ -91,15 +86,15 @@ def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> 
     """The plan the model times for ``setup`` (mk.kernel_setup.KernelSetup) over ``chip``'s chips: chip 0's, in the
     plan's data type for ``dtype`` (mk.plan.build_plan); past one host, the setup mk.sharding.pods.pod_setup gives
     (the slice's torus; whole experts over hosts, split within each)."""
-    wi, ki = plan_itemsizes(dtype)
+    arrays = get_dtype(dtype).arrays
     setup = pod_setup(setup, chip, cfg)
     return build_plan(
         cfg,
         batch,
         cache_positions(cfg, context, setup),
         context,
-        weight_itemsize=wi,
-        kv_itemsize=ki,
+        weight_dtype=arrays,
+        kv_dtype=arrays,
         knockout=knockout,
         setup=setup,
         quantize=plan_quantize(dtype),
