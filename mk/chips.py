@@ -99,8 +99,11 @@ def compile_target(device) -> str | None:
     return chip
 
 
-def get_chip(name: str) -> Chip:
-    """A chip (``h100``) or a slice (``tpu-v5e-8``); an unknown name lists the known ones."""
+def get_chip(name: str | Chip) -> Chip:
+    """A chip (``h100``) or a slice (``tpu-v5e-8``) by name (a Chip is returned as it is); an unknown name lists the
+    known ones."""
+    if isinstance(name, Chip):
+        return name
     chips = base_chips()
     key = name.strip().lower()
     if key in chips:

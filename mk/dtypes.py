@@ -62,15 +62,16 @@ class DtypePolicy:
 
 _INT8_SCALES = "with F32 scales per output channel"
 GROUP = 32  # values a scale of the 4-bit expert formats covers, along a row
-BLOCK = 128  # fp8-block's scales cover BLOCK x BLOCK weights
+SCALE_BLOCK = 128  # fp8-block's scales cover SCALE_BLOCK x SCALE_BLOCK weights
 DTYPES: dict[str, DtypePolicy] = {
     p.name: p
     for p in (
         DtypePolicy("bf16", 2, 2, 2, 2, 2, "all weights and the KV cache in BF16"),
         DtypePolicy("fp8", 1, 1, 1, 2, 2, "FP8 matrices (head included), BF16 norms and KV cache"),
         DtypePolicy(
-            "fp8-block", 1 + 4 / BLOCK**2, 2, 1 + 4 / BLOCK**2, 2, 2,
-            f"FP8 (e4m3) matrices with an F32 scale per {BLOCK}x{BLOCK} block, as DeepSeek-V3's checkpoints hold them; "
+            "fp8-block", 1 + 4 / SCALE_BLOCK**2, 2, 1 + 4 / SCALE_BLOCK**2, 2, 2,
+            f"FP8 (e4m3) matrices with an F32 scale per {SCALE_BLOCK}x{SCALE_BLOCK} block, as DeepSeek-V3's "
+            "checkpoints hold them; "
             "the head, norms and KV cache BF16",
         ),
         DtypePolicy(

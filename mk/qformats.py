@@ -27,6 +27,7 @@ import numpy as np
 
 from . import formats as F
 from .config import ModelConfig
+from .dtypes import SCALE_BLOCK
 from .params import SCALE_SUFFIX, param_specs, quantized_in
 
 FSCALE_SUFFIX = "_fscale"
@@ -54,7 +55,7 @@ FP8_BLOCK, MXFP4, INT4 = "fp8-block", "mxfp4", "int4"  # mk.sol's --dtype names 
 FORMAT_SCHEMES = {
     f.name: f
     for f in (
-        Format(FP8_BLOCK, ml_dtypes.float8_e4m3fn, np.float32, (128, 128), False, False, "DeepSeek-V3"),
+        Format(FP8_BLOCK, ml_dtypes.float8_e4m3fn, np.float32, (SCALE_BLOCK, SCALE_BLOCK), False, False, "DeepSeek-V3"),
         Format(MXFP4, np.uint8, np.uint8, (F.MX_BLOCK, 1), True, True, "gpt-oss"),
         Format(INT4, np.uint8, ml_dtypes.bfloat16, (32, 1), True, True, "Kimi K2 Thinking"),
     )

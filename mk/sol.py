@@ -93,25 +93,19 @@ def bytes_per_token(model: ModelLike, context: int, batch: int = 1, dtype: str =
             "use bf16, fp8 or int8"
         )
     comp = {c: 0.0 for c in COMPONENT_ORDER}
+    for k, v in kv_bytes_per_user(cfg, context, pol.kv).items():
+        comp[k] = v * batch
     specs = param_specs(cfg)
     scaled = frozenset(quantized_in(specs, pol.quant))
-    # distinct experts the batch routes to, the same in every MoE layer (each picks top_k of num_experts)
-    read = expected_distinct_experts(cfg.num_experts, cfg.top_k, batch) if cfg.is_moe else 0.0
     held = 0.0
     for s in specs:
         scales = scale_count(s) * SCALE_BYTES if s.path in scaled else 0.0
         per = {EXPERTS: pol.expert, HEAD: pol.head}.get(s.component, pol.matrix) if s.matrix else pol.vector
         held += s.size * per + scales
-        if s.component == EMBED:
-            continue
-        if s.component == EXPERTS:
-            comp[EXPERTS] += (s.size * pol.expert + scales) / cfg.num_experts * read
-        elif s.component == HEAD:
-            comp[HEAD] += s.size * pol.head + scales
-        else:
-            comp[s.component] += s.size * (pol.matrix if s.matrix else pol.vector) + scales
-    for k, v in kv_bytes_per_user(cfg, context, pol.kv).items():
-        comp[k] = v * batch
+        if s.component != EMBED:
+            comp[s.component] += s.size * per + scales
+    if cfg.is_moe:  # the share of the experts the batch routes to: the same in every MoE layer (top_k of num_experts)
+        comp[EXPERTS] *= expected_distinct_experts(cfg.num_experts, cfg.top_k, batch) / cfg.num_experts
     return ByteCount(cfg.name, context, batch, dtype, comp, held)
 
 
@@ -167,7 +161,7 @@ def speed_of_light(
     model: ModelLike, chip: Chip | str, context: int, batch: int = 1, dtype: str = "bf16"
 ) -> SpeedOfLight:
     """The fastest a decode step can go on ``chip``: all its bytes read at full memory bandwidth."""
-    return _on_chip(bytes_per_token(model, context, batch, dtype), get_chip(chip) if isinstance(chip, str) else chip)
+    return _on_chip(bytes_per_token(model, context, batch, dtype), get_chip(chip))
 
 
 def text(s: SpeedOfLight) -> str:

@@ -7,6 +7,7 @@ import numbers
 
 LANE = 128  # lanes of a TPU vector register: the last axis of every VMEM tile
 MIB = 2**20
+BLOCK = 16  # rows a DMA moves at a dynamic offset: one bf16 sublane tile (embedding rows, new K/V, cache positions)
 
 
 def ceil_div(n: int, m: int) -> int:

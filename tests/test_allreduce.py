@@ -72,25 +72,25 @@ def test_the_pace_is_the_busiest_chip_under_whole_placement_and_every_chip_split
     whole = plan("whole", Collective(overlap=False))
     p = timing.pace(whole, CHIP)
     busiest = busiest_chip_distribution(128, 8, 8, 1)
-    assert p["experts_per_layer"] == pytest.approx(sum(m * q for m, q in busiest.items()))
-    assert p["expert_share"] == 1
+    assert p.experts_per_layer == pytest.approx(sum(m * q for m, q in busiest.items()))
+    assert p.expert_share == 1
     split = plan("split")
     q = timing.pace(split, CHIP, **COSTS)
-    assert q["experts_per_layer"] == 8 and q["expert_share"] == 1 / 8  # one user: 1/8 of each of 8 experts
-    assert q["weight_bytes"] == pytest.approx(split.weight_bytes)
-    assert q["weight_payload_bytes"] == pytest.approx(split.payload_bytes)
+    assert q.experts_per_layer == 8 and q.expert_share == 1 / 8  # one user: 1/8 of each of 8 experts
+    assert q.weight_bytes == pytest.approx(split.weight_bytes)
+    assert q.weight_payload_bytes == pytest.approx(split.payload_bytes)
     costs = timing.megakernel_costs(split, CHIP, **COSTS)
-    assert q["step_s"] == pytest.approx(max(r["end_s"] for r in timeline(split, CHIP, None, **costs)))
-    assert q["step_s"] > q["hbm_floor_s"] == pytest.approx(q["payload_floor_s"])  # the MLPs on rows: no padding
+    assert q.step_s == pytest.approx(max(r["end_s"] for r in timeline(split, CHIP, None, **costs)))
+    assert q.step_s > q.hbm_floor_s == pytest.approx(q.payload_floor_s)  # the MLPs on rows: no padding
     lanes = timing.pace(plan("split", layout="lanes"), CHIP, **COSTS)
-    assert lanes["step_s"] > lanes["hbm_floor_s"] > lanes["payload_floor_s"]  # the first layout pads to lanes
+    assert lanes.step_s > lanes.hbm_floor_s > lanes.payload_floor_s  # the first layout pads to lanes
 
 
 def test_the_expected_step_matches_layers_drawn_one_by_one():
     """The step expected over the busiest chip's count with one count in every layer against layers drawn
     independently: layers add up, so the two agree within the draws' noise."""
     whole = plan("whole", Collective(overlap=False))
-    dist = timing.pace_distribution(whole)
+    dist = whole.pacing_experts
     counts, probs = np.array(list(dist)), np.array(list(dist.values()))
     rng = np.random.default_rng(0)
     costs = timing.megakernel_costs(whole, CHIP, **COSTS)
@@ -101,7 +101,7 @@ def test_the_expected_step_matches_layers_drawn_one_by_one():
         )
         for _ in range(40)
     ]
-    assert timing.pace(whole, CHIP, **COSTS)["step_s"] == pytest.approx(np.mean(ends), rel=0.01)
+    assert timing.pace(whole, CHIP, **COSTS).step_s == pytest.approx(np.mean(ends), rel=0.01)
 
 
 def test_each_fix_is_the_timing_models_prediction_and_published_numbers_sit_beside_their_own_case(steps):

@@ -58,12 +58,12 @@ def test_one_host_keeps_its_setup_and_a_pod_gets_the_torus_and_whole_experts_ove
 @pytest.mark.parametrize("batch", [1, 8])
 def test_kimi_k2_on_a_v5e_pod_pays_more_for_its_all_reduce_than_on_one_host(batch):
     one, pod = (predict("kimi-k2", c, 1024, batch) for c in ("tpu-v5e-8", "tpu-v5e-256"))
-    assert pod.breakdown["ici_s"] > 2 * one.breakdown["ici_s"]
+    assert pod.pacing.ici_s > 2 * one.pacing.ici_s
     # the straggler: the busiest of 32 hosts fetches more than the mean of its share of the k x B routed experts
     plan = step_plan(*_args("tpu-v5e-256", batch))
     mean = sum(n * p for n, p in plan.distinct_experts.items())
-    assert pod.breakdown["experts_per_layer"] > mean
-    assert pod.breakdown["expert_share"] == 1 / 8 and 0 < pod.fraction_of_sol < 1
+    assert pod.pacing.experts_per_layer > mean
+    assert pod.pacing.expert_share == 1 / 8 and 0 < pod.fraction_of_sol < 1
     assert "busiest of 32 hosts" in pod.models
 
 

@@ -9,7 +9,7 @@ from test_config import TINY_HF, transformers_count
 from mk import sol
 from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_MOE, from_hf_dict, get_config
 from mk.dtypes import get_dtype
-from mk.params import count_params
+from mk.params import count_params, param_specs
 from mk.published import published, published_table
 from mk.routing import expected_distinct_experts
 
@@ -298,10 +298,17 @@ def test_pre_norm_variants_plans_read_mk_sols_bytes(variant, change):
     [("kimi-k2", "int4", 0.5 + 2 / 32), ("gpt-oss-20b", "mxfp4", 0.5 + 1 / 32), ("gemma4-26b-a4b", "int4", 0.5625)],
 )
 def test_four_bit_expert_formats_count_their_group_scales_in_the_experts_only(model, dtype, per_value):
-    """INT4 (a BF16 scale per 32 values) and MXFP4 (an 8-bit scale per 32) change the routed experts' bytes only:
-    half a byte a value plus the scale's share, against BF16's two; every other component reads what BF16 reads."""
+    """INT4 (a BF16 scale per 32 values) and MXFP4 (an 8-bit scale per 32) change the routed experts' matrices only:
+    half a byte a value plus the scale's share, against BF16's two (gpt-oss's expert biases stay vectors, as its
+    checkpoint holds them); every other component reads what BF16 reads."""
     four, bf16 = sol.bytes_per_token(model, 1024, 1, dtype), sol.bytes_per_token(model, 1024, 1, "bf16")
-    assert four.by_component["experts"] == pytest.approx(bf16.by_component["experts"] * per_value / 2, rel=1e-12)
+    specs = [s for s in param_specs(get_config(model)) if s.component == "experts"]
+    matrices, vectors = sum(s.size for s in specs if s.matrix), sum(s.size for s in specs if not s.matrix)
+    vector_bytes = get_dtype(dtype).vector
+    assert get_dtype("bf16").vector == vector_bytes
+    read = bf16.by_component["experts"] / (2 * matrices + vector_bytes * vectors)  # the share of the experts read
+    expected = read * (per_value * matrices + vector_bytes * vectors)
+    assert four.by_component["experts"] == pytest.approx(expected, rel=1e-12)
     for c, v in bf16.by_component.items():
         if c != "experts":
             assert four.by_component[c] == v, c

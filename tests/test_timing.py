@@ -175,7 +175,7 @@ def test_cli_predicts_nvlink_slices_no_faster_than_the_speed_of_light(chip, mk_j
     assert d["chip"] == chip and d["kind"].startswith("modelled")
     assert d["step_ms"] >= sol["step_ms"] * (1 - 1e-12) and 0 < d["fraction_of_sol"] <= 1
     assert d["constants"]["ici_hop_latency_s"] == "6e-07 (cited)"  # NVLink's, not the TPU's 1 us
-    assert d["breakdown"]["ici_ms"] > 0
+    assert d["pacing"]["ici_ms"] > 0
 
 
 def test_cli_ffn_layout_switch_gives_the_step_before_and_after(mk_json):
@@ -183,8 +183,8 @@ def test_cli_ffn_layout_switch_gives_the_step_before_and_after(mk_json):
     lanes`` is the first layout, the write-up's fixes' step (mk.kernel_setup.FIXES (e)), with its padding."""
     args = ["--model", MOE, "--chip", "tpu-v5e-8", "--context", 1024, "--json"]
     rows, lanes = mk_json("predict", *args), mk_json("predict", *args, "--ffn-layout", "lanes")
-    assert rows["breakdown"]["weight_bytes"] == pytest.approx(rows["breakdown"]["weight_payload_bytes"], rel=1e-9)
-    assert lanes["breakdown"]["weight_bytes"] > 1.2 * lanes["breakdown"]["weight_payload_bytes"]
+    assert rows["pacing"]["weight_bytes"] == pytest.approx(rows["pacing"]["weight_payload_bytes"], rel=1e-9)
+    assert lanes["pacing"]["weight_bytes"] > 1.2 * lanes["pacing"]["weight_payload_bytes"]
     assert rows["step_ms"] < lanes["step_ms"]
     lanes_setup = WORKBOOK_KERNEL.but(ffn_layout="lanes")
     assert lanes["step_ms"] == pytest.approx(timing.predict(MOE, "tpu-v5e-8", 1024, setup=lanes_setup).step_s * 1e3)
@@ -200,7 +200,7 @@ def test_positions_split_keep_long_contexts_near_the_speed_of_light(mk_json):
     args = ["--model", MOE, "--chip", "tpu-v5e-8", "--context", 131072, "--json"]
     split, whole = mk_json("predict", *args), mk_json("predict", *args, "--attention-split", "heads")
     assert split["fraction_of_sol"] >= 0.75 > whole["fraction_of_sol"]
-    assert split["breakdown"]["kv_bytes"] < 0.4 * whole["breakdown"]["kv_bytes"]
+    assert split["pacing"]["kv_bytes"] < 0.4 * whole["pacing"]["kv_bytes"]
     assert whole["step_ms"] == pytest.approx(timing.predict(MOE, "tpu-v5e-8", 131072, setup=FIXES[-2]).step_s * 1e3)
 
 

@@ -221,7 +221,7 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
     mk = timing.predict("llama-3.2-1b", "tpu-v5e", 1024, 1).step_s * 1e3
     general = timing.predict("llama-3.2-1b", "tpu-v5e", 1024, 1, "general").step_s * 1e3
     d8 = timing.predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1, setup=vd.WRITE_UP_KERNEL)
-    assert t.modelled_ms.tolist() == pytest.approx([mk, general, (d8.step_s - d8.breakdown["ici_s"]) * 1e3])
+    assert t.modelled_ms.tolist() == pytest.approx([mk, general, (d8.step_s - d8.pacing.ici_s) * 1e3])
     assert t.error.iloc[0] == pytest.approx(mk / 4.0 - 1) and t.host_over_device.iloc[0] == pytest.approx(0.25)
     assert t.what.iloc[2] == "gemma4-26b-a4b, chip 0 of a v5e-8, setup (d)"
     assert on_tpu.tpu_steps(tmp_path / "none.csv").empty

@@ -39,7 +39,7 @@ SWITCHES = tuple(
 
 def with_links(chip: Chip | str, links: int) -> Chip:
     """``chip`` with its sends spread evenly over ``links`` links (ICI bandwidth x links)."""
-    chip = get_chip(chip) if isinstance(chip, str) else chip
+    chip = get_chip(chip)
     positive_int("links", links)
     return dataclasses.replace(chip, ici_bandwidth=chip.ici_bandwidth * links)
 
@@ -59,7 +59,7 @@ def payload_table(cfg: ModelConfig, chip: Chip | str, batches, context: int = 10
     blocks), the bytes one chip sends, the rounds, how often a step does it, and the time at one link of
     the slice ``chip``'s ICI bandwidth plus its link latency per round (mk.timing.link_latency). Also what the
     users' own rows alone would send (``unpadded``)."""
-    chip = get_chip(chip) if isinstance(chip, str) else chip
+    chip = get_chip(chip)
     chips, ici_latency_s = chip.chips, link_latency(chip)
     rows = []
     for batch in batches:
@@ -162,7 +162,7 @@ def fix_steps(
     rows = []
     for fix in fixes:
         p = predict(cfg, chip, context, batch, setup=fix, **assumed)
-        b = p.breakdown
+        b = p.pacing
         published = published_step(fix.published, cfg, chip, context, batch) if fix.published else float("nan")
         rows.append(
             dict(
@@ -174,15 +174,15 @@ def fix_steps(
                 ffn_layout=fix.ffn_layout,
                 attention_split=str(fix.attention_split),
                 pace="busiest chip" if fix.placement == Placement.WHOLE and cfg.is_moe else "every chip",
-                experts_fetched=b["experts_per_layer"],
-                whole_experts_worth=b["experts_per_layer"] * b["expert_share"],
-                weight_GB=b["weight_bytes"] / 1e9,
-                weight_payload_GB=b["weight_payload_bytes"] / 1e9,
-                kv_GB=b["kv_bytes"] / 1e9,
-                sent_MB=b["sent_bytes"] / 1e6,
-                hbm_floor_ms=b["hbm_floor_s"] * 1e3,
-                payload_floor_ms=b["payload_floor_s"] * 1e3,
-                ici_ms=b["ici_s"] * 1e3,
+                experts_fetched=b.experts_per_layer,
+                whole_experts_worth=b.experts_per_layer * b.expert_share,
+                weight_GB=b.weight_bytes / 1e9,
+                weight_payload_GB=b.weight_payload_bytes / 1e9,
+                kv_GB=b.kv_bytes / 1e9,
+                sent_MB=b.sent_bytes / 1e6,
+                hbm_floor_ms=b.hbm_floor_s * 1e3,
+                payload_floor_ms=b.payload_floor_s * 1e3,
+                ici_ms=b.ici_s * 1e3,
                 step_ms=p.step_s * 1e3,
                 fraction_of_sol=p.fraction_of_sol,
                 published_ms=published * 1e3,
@@ -199,7 +199,7 @@ def sensitivity(cfg: ModelConfig, chip: Chip | str, context: int, batch: int, li
     in place of the compiler's schedule (every row's ``op_costs`` is assumed): how far the model's simplifications
     move each fix. ``timing_csv``: the case of one link and data/timing.csv's assumed costs (not the model's default
     where data/schedule keeps a plan's schedule: :func:`fix_steps` with no cost given)."""
-    chip = get_chip(chip) if isinstance(chip, str) else chip
+    chip = get_chip(chip)
     csv = assumed_costs(chip.kind)
     runs = [
         fix_steps(cfg, chip, context, batch, FIXES, n, op_overhead_s=o, dma_issue_s=o).assign(
@@ -239,7 +239,7 @@ def padding_table(cfg: ModelConfig, chip: Chip | str, context: int, batch: int) 
     move them (the "lanes" layout pads every matrix's intermediate to whole 128-lane tiles, "sublanes" to rows of 8)
     against the bytes that hold weights: the plan's ``weight_bytes`` against its ``payload_bytes`` (average chip,
     uniform routing), with the intermediate widths a chip holds and lays out."""
-    chip = get_chip(chip) if isinstance(chip, str) else chip
+    chip = get_chip(chip)
     rows = []
     for layout in FFN_LAYOUTS[::-1]:  # the first layout first
         laid = cfg.replace(ffn_layout=layout)
@@ -275,7 +275,7 @@ def torus_against_ring(chip: Chip | str, payloads_bytes, itemsize: int = 2) -> p
     (mk.sharding.links.torus_all_reduce, what the timing model charges past one host), one ring through all its
     chips (``flat ring``, both directions), and today's one-host model (reduce-scatter + all-gather, every byte over
     one link, two rounds). Rows: algorithm, payload, rounds, bytes a chip sends, its busiest link's bytes, seconds."""
-    chip = get_chip(chip) if isinstance(chip, str) else chip
+    chip = get_chip(chip)
     shape = slice_shape(chip)
     if shape is None:
         raise ValueError(f"{chip.name}: data/slices.csv documents no such slice, so it has no torus to price")
@@ -308,7 +308,7 @@ def allreduce_share(
     ``chips``, and the time its all-reduces hold compute on the link (the plan's AllReduce ops: their busiest link's
     bytes at one link's bandwidth plus their rounds' latency): chips, topology, hosts, step_ms, allreduce_ms, share
     (allreduce_ms / step_ms), whether the model fits the slice's HBM in ``dtype``."""
-    cfg = get_config(model) if isinstance(model, str) else model
+    cfg = get_config(model)
     rows = []
     for n in chips:
         chip = get_chip(f"{base_chip}-{n}")

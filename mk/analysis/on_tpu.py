@@ -146,7 +146,7 @@ def modelled_seconds(r) -> tuple[float, str]:
     if str(r["setup"]).endswith(STAND_IN):
         setup = _stand_in_setup(r["setup"])
         p = predict(cfg, SLICE, int(r["context"]), int(r["batch"]), "megakernel", r["dtype"], setup=setup)
-        return p.step_s - p.breakdown["ici_s"], setup.name + ", its links' time taken out"
+        return p.step_s - p.pacing.ici_s, setup.name + ", its links' time taken out"
     p = predict(cfg, r["chip"], int(r["context"]), int(r["batch"]), "megakernel", r["dtype"], setup=WORKBOOK_KERNEL)
     return p.step_s, "one chip"
 
@@ -282,9 +282,9 @@ def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) ->
     for _, r in s.iterrows():
         setup = _stand_in_setup(r.setup)
         p = predict("gemma4-26b-a4b", SLICE, context, 1, "megakernel", "bf16", setup=setup)
-        step = r.device_ms / 1e3 + p.breakdown["ici_s"]
+        step = r.device_ms / 1e3 + p.pacing.ici_s
         rows.append(dict(
-            setup=setup.name, chip0_measured_ms=r.device_ms, links_modelled_ms=p.breakdown["ici_s"] * 1e3,
+            setup=setup.name, chip0_measured_ms=r.device_ms, links_modelled_ms=p.pacing.ici_s * 1e3,
             step_ms=step * 1e3, tokens_per_s=1 / step, fraction_of_sol=sol.step_s / step,
             fraction_of_limit=sol.step_s * get_chip(SLICE).per_chip_bandwidth / limit.bandwidth / step,
             modelled_step_ms=p.step_s * 1e3, published_step_ms=published("mk_v5e8_moe_step") * 1e3,

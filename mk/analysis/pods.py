@@ -27,7 +27,7 @@ def pod_table(models, batches=(1, 8), context: int = 1024) -> pd.DataFrame:
             mk_case, gen_case = big_model_cases(model, batch, context)
             m, g = mk_case.predict(), gen_case.predict()
             shape = slice_shape(get_chip(mk_case.chip))
-            links_s = m.breakdown.get("ici_s", 0.0)
+            links_s = m.pacing.ici_s if m.pacing else 0.0
             rows.append(
                 dict(
                     model=model, format=mk_case.dtype, chip=mk_case.chip, topology=shape.topology if shape else "",

@@ -300,17 +300,17 @@ def straggler_cost(model, chip, context: int = 1024, batch: int = 1, dtype: str 
     costs (mk.timing.predict). ``whole_op_costs`` (the whole and the average chip's steps: one plan) and
     ``split_op_costs`` say where each step's per-op costs came from (mk.timing.predict's ``op_costs``: the compiler's
     schedule where data/schedule keeps the plan's, else assumed)."""
-    cfg, chip = get_config(model), get_chip(chip) if isinstance(chip, str) else chip
+    cfg, chip = get_config(model), get_chip(chip)
     if not cfg.is_moe:
         raise ValueError(f"{cfg.name} is a dense model: it has no experts to place")
     if chip.chips == 1:
         raise ValueError(f"{chip.name} is one chip: name a slice (e.g. {chip.name}-8) to place experts over")
     setup = kw.pop("setup", WRITE_UP_KERNEL)
     whole_setup, split_setup = setup.but(placement=Placement.WHOLE), setup.but(placement=Placement.SPLIT)
-    # the whole and the split step as mk.timing.predict gives them (its breakdown: the pacing chip's, paced)
+    # the whole and the split step as mk.timing.predict gives them (their pacing: the chip that sets the pace)
     whole = predict(cfg, chip, context, batch, "megakernel", dtype, setup=whole_setup, **kw)
     split_p = predict(cfg, chip, context, batch, "megakernel", dtype, setup=split_setup, **kw)
-    busiest, split = whole.breakdown, split_p.breakdown
+    busiest, split = whole.pacing, split_p.pacing
     plan = step_plan(cfg, chip, context, batch, dtype, whole_setup, frozenset())  # predict's plan (cached)
     average = pace(plan, chip, dtype, distribution=plan.distinct_experts, **kw)
     return dict(
@@ -320,16 +320,16 @@ def straggler_cost(model, chip, context: int = 1024, batch: int = 1, dtype: str 
         context=context,
         batch=batch,
         dtype=dtype,
-        busiest_experts=busiest["experts_per_layer"],
-        average_experts=average["experts_per_layer"],
-        whole_step_s=busiest["step_s"],
-        average_chip_step_s=average["step_s"],
-        straggler_s=busiest["step_s"] - average["step_s"],
-        split_step_s=split["step_s"],
-        split_saves_s=busiest["step_s"] - split["step_s"],
+        busiest_experts=busiest.experts_per_layer,
+        average_experts=average.experts_per_layer,
+        whole_step_s=busiest.step_s,
+        average_chip_step_s=average.step_s,
+        straggler_s=busiest.step_s - average.step_s,
+        split_step_s=split.step_s,
+        split_saves_s=busiest.step_s - split.step_s,
         # the weight bytes the DMAs move beyond those that hold weights (the layout's padding), each placement
-        whole_padding=busiest["weight_bytes"] / busiest["weight_payload_bytes"] - 1,
-        split_padding=split["weight_bytes"] / split["weight_payload_bytes"] - 1,
+        whole_padding=busiest.weight_bytes / busiest.weight_payload_bytes - 1,
+        split_padding=split.weight_bytes / split.weight_payload_bytes - 1,
         ffn_layout=setup.ffn_layout,
         setup=setup.name,
         whole_op_costs=whole.op_costs,
@@ -363,7 +363,7 @@ def whole_against_split(model, chip="tpu-v5e-8", context: int = 1024, batch: int
     from .allreduce import fix_steps
     from .sweeps import placement_table
 
-    cfg, slice_ = get_config(model), get_chip(chip) if isinstance(chip, str) else chip
+    cfg, slice_ = get_config(model), get_chip(chip)
     cost = straggler_cost(cfg, slice_, context, batch, "bf16")
     placed = placement_table(cfg, [batch], context, slice_.name).set_index("role")
     a, b = FIXES[0], FIXES[1]

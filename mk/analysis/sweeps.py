@@ -123,12 +123,12 @@ def _row(model: ModelConfig | str, series: Series, context: int, batch: int) -> 
             kind=SOL_KIND,
         )
     p = series.case(cfg, context, batch).predict()
-    paced = p.breakdown
+    paced = p.pacing
     return base | dict(
         placement=p.placement if cfg.is_moe else "-",  # a dense model has no experts to place
         setup=p.setup,
         # whole experts' worth one chip loads per layer: the pacing chip's distinct experts x its share of each
-        experts_per_chip=paced["experts_per_layer"] * paced["expert_share"] if paced and cfg.is_moe else math.nan,
+        experts_per_chip=paced.experts_per_layer * paced.expert_share if paced and cfg.is_moe else math.nan,
         step_ms=p.step_s * 1e3,
         tokens_per_s=p.tokens_per_s,
         tokens_per_s_total=p.tokens_per_s_total,
@@ -261,8 +261,8 @@ def attention_split_table(models, contexts, batches, chip: str = MEGAKERNEL_SLIC
                     rows.append(
                         dict(
                             model=cfg.name, attention_split=str(split), context=n, batch=b, step_ms=p.step_s * 1e3,
-                            fraction_of_sol=p.fraction_of_sol, kv_GB=p.breakdown["kv_bytes"] / 1e9,
-                            sent_MB=p.breakdown["sent_bytes"] / 1e6, ici_ms=p.breakdown["ici_s"] * 1e3,
+                            fraction_of_sol=p.fraction_of_sol, kv_GB=p.pacing.kv_bytes / 1e9,
+                            sent_MB=p.pacing.sent_bytes / 1e6, ici_ms=p.pacing.ici_s * 1e3,
                             vs_positions=p.step_s / steps[AttentionSplit.POSITIONS] if AttentionSplit.POSITIONS in steps
                             else math.nan, op_costs=p.op_costs,
                         )

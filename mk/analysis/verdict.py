@@ -495,10 +495,10 @@ def knockout_reads(validation: pd.DataFrame | None = None) -> pd.DataFrame:
         row = dict(key=r.key, case=case.label, component=r.component, published_ms=r.published * 1e3)
         row["modelled_ms"] = r.modelled * 1e3
         if case.engine == "megakernel":
-            b = base.setdefault(case, case.predict().breakdown)
-            off = case.predict(knockout={r.component}).breakdown
-            real = b["weight_payload_bytes"] + b["kv_bytes"] - off["weight_payload_bytes"] - off["kv_bytes"]
-            moved = b["weight_bytes"] + b["kv_bytes"] - off["weight_bytes"] - off["kv_bytes"]
+            b = base.setdefault(case, case.predict().pacing)
+            off = case.predict(knockout={r.component}).pacing
+            real = b.weight_payload_bytes + b.kv_bytes - off.weight_payload_bytes - off.kv_bytes
+            moved = b.weight_bytes + b.kv_bytes - off.weight_bytes - off.kv_bytes
             row |= dict(reads_MB=real / 1e6, reads_ms=real / chip.per_chip_bandwidth * 1e3, moved_MB=moved / 1e6)
             row |= dict(moved_ms=moved / chip.per_chip_bandwidth * 1e3, modelled_bf16_ms=math.nan)
         else:

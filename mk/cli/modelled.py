@@ -169,7 +169,7 @@ def _run_predict(a) -> None:
         a.model, chip, a.context, a.batch, a.engine, a.dtype, setup=setup_of(a, a.speculate), acceptance=a.acceptance,
         assistant=assistant,
     )  # fmt: skip
-    links_s = (p.breakdown or {}).get("ici_s")  # the megakernel's time on the links between chips
+    links_s = None if p.pacing is None else p.pacing.ici_s  # the megakernel's time on the links between chips
     d = dict(p.to_dict(), chip_picked=picked, links_ms=None if links_s is None else links_s * 1e3)
     lines = [
         f"{p.model} on {p.chip}, context {p.context}, batch {p.batch}, {p.dtype}, {p.engine} (modelled: {p.models})",

@@ -23,10 +23,9 @@ import numpy as np
 from ..config import GATED_OUT, ModelConfig
 from ..kv_slots import cache_len
 from ..params import layer_param_specs, param_specs, tile_rows_scaled
-from ..units import LANE, round_up
+from ..units import BLOCK, LANE, round_up
 
 ROWS = 8  # users pad to one f32 sublane tile
-BLOCK = 16  # rows a DMA moves at a dynamic offset: one bf16 sublane tile (embedding rows, new K/V)
 VREG_BYTES = 64 * 4096  # a TensorCore's vector register file: 64 registers of 8 x 128 x 4 bytes
 
 

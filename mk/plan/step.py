@@ -15,7 +15,7 @@ from ..config import ModelConfig
 from ..dtypes import array_itemsize
 from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..params import EXPERTS, check_knockout
-from ..routing import chip_distinct_experts_distribution, distinct_experts_distribution
+from ..routing import busiest_chip_distribution, chip_distinct_experts_distribution, distinct_experts_distribution
 from ..units import round_up
 from .arrays import Array, HbmArrays, cache_shapes, packed_arrays
 from .builder import Builder, check_shapes, even_width, expert_slots
@@ -272,6 +272,16 @@ class StepPlan:
         if self.share.is_moe and self.experts_held < E:
             return chip_distinct_experts_distribution(E, self.expert_groups, k, self.batch)
         return distinct_experts_distribution(E, k, self.batch)
+
+    @cached_property
+    def pacing_experts(self) -> dict[int, float]:
+        """Distribution of the distinct experts per layer the chip that sets the pace fetches, count -> probability
+        (exact, uniform routing): the busiest chip's or group's where experts are placed whole, this chip's (every
+        chip's) otherwise."""
+        E = self.share.num_experts
+        if self.share.is_moe and self.experts_held < E:
+            return busiest_chip_distribution(E, self.expert_groups, self.share.top_k, self.batch)
+        return self.distinct_experts
 
     def fetch_probability(self, ld: Load) -> float:
         """Probability that the kernel issues ``ld``: 1, or for routed slot j, P(more than j distinct experts)."""

@@ -61,7 +61,7 @@ def _resolved(
     wire time, compute, its last tile's share of it, overhead, op)."""
     from ..chips import get_chip
 
-    chip = get_chip(chip) if isinstance(chip, str) else chip
+    chip = get_chip(chip)
     if bandwidth is None:
         raise ValueError(
             "a timeline needs the HBM read rate it charges (bytes/s a chip: mk.timing.bandwidth.read_rate)"

@@ -63,7 +63,7 @@ def check_vmem(plan, chip) -> int:
     """Raise if the plan's VMEM does not fit one core of ``chip`` (a Chip or a name)."""
     from ..chips import get_chip
 
-    chip = get_chip(chip) if isinstance(chip, str) else chip
+    chip = get_chip(chip)
     if chip.vmem_bytes != chip.vmem_bytes:  # NaN: not checked for this chip
         raise ValueError(
             f"{chip.name} has no checked VMEM size in data/chips.csv; check it with the "
@@ -86,6 +86,6 @@ def vmem_limit(plan, chip) -> int:
     quarter and 8 MiB of headroom for Mosaic's own internal scratch, at most the core's VMEM."""
     from ..chips import get_chip
 
-    chip = get_chip(chip) if isinstance(chip, str) else chip
+    chip = get_chip(chip)
     need = check_vmem(plan, chip)
     return int(min(chip.vmem_bytes, need + need // 4 + 8 * MIB))

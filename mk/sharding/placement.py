@@ -36,7 +36,7 @@ from ..config import LAYER_TYPES, ModelConfig
 from ..kernel_setup import AttentionSplit, KernelSetup, Placement
 from ..params import SCALE_SUFFIX, scales_inputs, tile_rows_scaled
 from ..qformats import FSCALE_SUFFIX, format_cut, fscale_path
-from ..units import LANE, ceil_div, round_up
+from ..units import BLOCK, LANE, ceil_div, round_up
 
 
 def heads_split(cfg: ModelConfig, chips: int) -> bool:
@@ -101,6 +101,15 @@ def position_share(cfg: ModelConfig, layer_type: str, setup: "KernelSetup | None
         return 1
     kv = cfg.kv_heads(layer_type)
     return setup.chips // kv if kv < setup.chips else 1
+
+
+def allocated_positions(cfg: ModelConfig, context: int, setup: KernelSetup) -> int:
+    """The cache positions a step of ``context`` positions is planned with: ``context``, rounded up where the
+    positions of a KV head are split over g chips (:func:`position_share`) to g whole blocks, as a deployment would
+    allocate it (128 chips sharing DeepSeek-V3's one latent head at 1K: 2,048 slots, 16 a chip); the step still
+    reads ``context`` positions."""
+    multiple = max(position_share(cfg, t, setup) for t in set(cfg.layer_types)) * BLOCK
+    return context if multiple == BLOCK else round_up(context, multiple)
 
 
 def kv_heads_per_chip(cfg: ModelConfig, layer_type: str, chips: int) -> int:

@@ -31,7 +31,7 @@ from .general_stack import GENERAL_STACK, kernel_cost, kernels_per_plan_kernel, 
 from .pace import megakernel_costs, pace, pace_timeline, scheduled_pace
 from .predict import ENGINES, Prediction, drafter_seconds, predict, step_breakdown
 from .scheduled import op_costs_label
-from .work import compute_seconds, link_latency, load_bytes, named_plan, pace_distribution, step_plan
+from .work import compute_seconds, link_latency, load_bytes, named_plan, step_plan
 
 __all__ = [
     "ASSUMED",
@@ -58,7 +58,6 @@ __all__ = [
     "op_costs_label",
     "op_overhead_cost",
     "pace",
-    "pace_distribution",
     "pace_timeline",
     "plan_kernels",
     "predict",

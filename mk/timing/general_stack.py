@@ -168,5 +168,9 @@ class GeneralStep:
 def general_step(cfg, chip: Chip, context: int, batch: int, dtype: str, knockout=frozenset()) -> GeneralStep:
     """The general stack's step: the plan's work split tensor-parallel over the slice's chips, nothing in flight
     across kernels."""
-    plan = step_plan(cfg, chip, context, batch, dtype, GENERAL_STACK, frozenset(knockout))
+    return general_step_of(step_plan(cfg, chip, context, batch, dtype, GENERAL_STACK, frozenset(knockout)), chip, dtype)
+
+
+def general_step_of(plan: StepPlan, chip: Chip, dtype: str) -> GeneralStep:
+    """The general stack's step for ``plan`` (its setup :data:`GENERAL_STACK`'s) on ``chip``."""
     return GeneralStep(tuple(plan_kernels(plan, chip, dtype)), kernels_per_plan_kernel())

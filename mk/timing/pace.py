@@ -5,13 +5,30 @@ the pace (the busiest chip under whole experts, its distribution exact under uni
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from ..chips import Chip
 from ..plan import Load, StepPlan, step_ends, timeline
 from .bandwidth import read_rate
 from .constants import assumed_costs
 from .scheduled import ScheduledStep, scheduled_costs, scheduled_step
-from .work import compute_seconds, link_latency, load_bytes, pace_distribution
+from .work import compute_seconds, link_latency, load_bytes
+
+
+@dataclass(frozen=True)
+class Pace:
+    """The step of the chip that sets the megakernel's pace (:func:`pace`), expected over its experts per layer."""
+
+    experts_per_layer: float  # distinct routed experts a layer the chip fetches
+    expert_share: float  # the share of each fetched expert's bytes the chip holds (1 whole, 1/C split over C chips)
+    weight_bytes: float  # as the DMAs move them, the layout's padding included
+    weight_payload_bytes: float  # without the padding
+    kv_bytes: float
+    sent_bytes: float  # the chip sends over the links a step
+    hbm_floor_s: float  # the moved bytes at the HBM read rate charged
+    payload_floor_s: float  # the payload's
+    ici_s: float  # the links' time: bytes at a link's bandwidth plus the latency of every round
+    step_s: float
 
 
 def megakernel_costs(
@@ -88,16 +105,14 @@ def pace(
     revision: int | None = None,
     bandwidth: float | None = None,
     **assumed,
-):
+) -> Pace:
     """The step of the chip that sets the pace, expected over its experts per layer (``distribution``,
-    default :func:`pace_distribution`): each count m's timeline with m experts in every layer, weighted by
+    default the plan's ``pacing_experts``): each count m's timeline with m experts in every layer, weighted by
     its probability (the counts that hold all but 1e-9 of it); the core's costs from the kernel's ``revision``
     (:func:`megakernel_costs`). Exact where a layer's time depends on its own
     count only (layers add up); the all-reduce that closes each layer makes the slowest chip's layer
-    everyone's. Returns the distinct experts per layer the chip fetches and the share of each it holds (1/C
-    with split experts), bytes (weights as the DMAs move them, their payload without the layout's padding,
-    KV), bytes each chip sends, and the step and its floors in seconds."""
-    dist = {m: p for m, p in (distribution or pace_distribution(plan)).items() if p > 0}
+    everyone's."""
+    dist = {m: p for m, p in (distribution or plan.pacing_experts).items() if p > 0}
     costs = megakernel_costs(plan, chip, dtype, revision, bandwidth, **assumed)
     timed = _likely(dist)
 
@@ -106,19 +121,21 @@ def pace(
 
     moved, payload = load_bytes(plan, dtype), load_bytes(plan, dtype, "payload_bytes")
     weights, real = expect(_loaded(plan, moved)), expect(_loaded(plan, payload))
-    ends = dict(zip(timed, step_ends(plan, chip, [_every_layer(plan, m) for m in timed], **costs)))
     cross = [op for op in plan.ops if op.sent_bytes]
+    ici_s = sum(op.wire_bytes / chip.ici_bandwidth + op.rounds * costs["ici_latency_s"] for op in cross)
+    counts = [_every_layer(plan, m) for m in timed]
+    ends = dict(zip(timed, step_ends(plan, chip, counts, **costs)))
     bw = costs["bandwidth"]
-    return dict(
+    return Pace(
         experts_per_layer=expect(float, dist),
-        expert_share=plan.expert_share,  # of each fetched expert's bytes this chip holds
+        expert_share=plan.expert_share,
         weight_bytes=weights,
         weight_payload_bytes=real,
         kv_bytes=plan.kv_bytes,
         sent_bytes=sum(op.sent_bytes for op in cross),
         hbm_floor_s=(weights + plan.kv_bytes) / bw,
         payload_floor_s=(real + plan.kv_bytes) / bw,
-        ici_s=sum(op.wire_bytes / chip.ici_bandwidth + op.rounds * costs["ici_latency_s"] for op in cross),
+        ici_s=ici_s,
         step_s=expect(ends.__getitem__),
     )
 
@@ -126,7 +143,7 @@ def pace(
 def pace_timeline(plan: StepPlan, chip: Chip, dtype: str | None = None, experts: int | None = None, **assumed):
     """The timeline (mk.plan.timeline rows) of the chip that sets the pace, ``experts`` fetched in every layer
     (default: the expected number, rounded), with the costs :func:`pace` charges."""
-    dist = pace_distribution(plan)
+    dist = plan.pacing_experts
     n = round(sum(m * p for m, p in dist.items())) if experts is None else experts
     return timeline(plan, chip, _every_layer(plan, n), **megakernel_costs(plan, chip, dtype, **assumed))
 
@@ -134,6 +151,4 @@ def pace_timeline(plan: StepPlan, chip: Chip, dtype: str | None = None, experts:
 def scheduled_pace(plan: StepPlan, chip: Chip, rows=None, folder=None) -> ScheduledStep:
     """``plan``'s compiler-scheduled step (mk.timing.scheduled.scheduled_step) with the HBM time of its bytes: the
     floor :func:`pace` gives the same plan."""
-    import dataclasses
-
-    return dataclasses.replace(scheduled_step(plan, chip, rows, folder), hbm_s=pace(plan, chip)["hbm_floor_s"])
+    return replace(scheduled_step(plan, chip, rows, folder), hbm_s=pace(plan, chip).hbm_floor_s)

@@ -3,8 +3,7 @@ the general stack), beside the speed of light, with every constant it used and w
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from ..assistant_config import check_pair, source_layers
 from ..chips import Chip, get_chip
@@ -15,8 +14,8 @@ from ..sol import speed_of_light
 from ..units import ms_entry, positive_int
 from .bandwidth import read_rate
 from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant, fitted_costs
-from .general_stack import general_step, kernel_cost, kernels_per_plan_kernel
-from .pace import op_costs, pace
+from .general_stack import GENERAL_STACK, general_step_of, kernel_cost, kernels_per_plan_kernel
+from .pace import Pace, op_costs, pace
 from .scheduled import KIND
 from .work import check_speculation, link_latency, step_plan
 
@@ -43,7 +42,7 @@ class Prediction:
     fits_in_hbm: bool
     components: dict[str, float] = field(default_factory=dict)  # seconds by component (general: kernel time)
     constants: dict[str, str] = field(default_factory=dict)  # constant -> value and kind
-    breakdown: dict[str, float] = field(default_factory=dict)  # megakernel: the pacing chip's bytes and floors
+    pacing: Pace | None = None  # megakernel: the step of the chip that sets the pace, its bytes and floors
     draft_tokens: int = 0  # tokens drafted per user and verified in the step
     tokens_per_round: float = 1.0
     drafter_s: float = 0.0  # a round's drafting outside the step (Gemma 4's assistant: one program per draft)
@@ -104,14 +103,14 @@ class Prediction:
             models=self.models,
             components_ms={k: v * 1e3 for k, v in self.components.items()},
             constants=dict(self.constants),
-            breakdown=dict(ms_entry(k, v) for k, v in self.breakdown.items()),
+            pacing={} if self.pacing is None else dict(ms_entry(k, v) for k, v in asdict(self.pacing).items()),
             kind=MODELLED,
         )
 
 
 def _check(model, chip, context: int, batch: int, engine: str) -> tuple[ModelConfig, Chip]:
     cfg = get_config(model)
-    chip = get_chip(chip) if isinstance(chip, str) else chip
+    chip = get_chip(chip)
     positive_int("context", context)
     positive_int("batch", batch)
     if engine not in ENGINES:
@@ -119,35 +118,66 @@ def _check(model, chip, context: int, batch: int, engine: str) -> tuple[ModelCon
     return cfg, chip
 
 
-def _general_prediction(cfg, chip: Chip, context, batch, dtype, knockout, sol, kernel_s, hbm_read_Bps) -> Prediction:
-    """The general stack's step: the plan's kernels scaled to the published count, each at ``kernel_s``."""
+def _general_fields(plan, chip: Chip, dtype: str, kernel_s: float | None, hbm_read_Bps: float | None) -> dict:
+    """The general stack's step (:class:`Prediction`'s fields but the speed of light's): the plan's kernels scaled to
+    the published count, each at ``kernel_s``."""
     kernel_s = kernel_cost(chip.kind) if kernel_s is None else kernel_s
-    work = general_step(cfg, chip, context, batch, dtype, knockout)
+    work = general_step_of(plan, chip, dtype)
     components = work.seconds(chip, kernel_s, hbm_read_Bps)
     where = f"chip 0 of {chip.chips}, tensor-parallel" if chip.chips > 1 else "one chip"
-    p = Prediction(
-        cfg.name, chip.name, context, batch, dtype, "general", "split" if chip.chips > 1 else "-",
-        "general stack", sum(components.values()), sol.step_s, work.kernels_per_step,
-        f"general stack on {chip.name} ({where}): {len(work.kernels)} kernels of the plan's work x "
+    return dict(
+        engine="general", placement="split" if chip.chips > 1 else "-", setup="general stack",
+        step_s=sum(components.values()), kernels_per_step=work.kernels_per_step, components=components,
+        models=f"general stack on {chip.name} ({where}): {len(work.kernels)} kernels of the plan's work x "
         f"{work.scale:.2f} (the published count's ratio), {kernel_s * 1e6:.2f} us each, nothing in flight across "
         "them",
-        sol.fits_in_hbm, components,
+        constants=_general_constants(chip, kernel_s, hbm_read_Bps),
     )  # fmt: skip
-    return _with_constants(p, chip, kernel_s, hbm_read_Bps=hbm_read_Bps)
 
 
-def _megakernel_words(plan, cfg: ModelConfig, chip: Chip, setup: KernelSetup) -> str:
+def _megakernel_fields(plan, setup: KernelSetup, chip: Chip, dtype: str, revision, hbm_read_Bps, **costs_given) -> dict:
+    """The megakernel's step (:class:`Prediction`'s fields but the speed of light's): the chip that sets the pace,
+    its core's costs from the compiler's schedule of the kernel's ``revision`` where data/schedule keeps the plan's
+    and no cost is given, else data/timing.csv's assumed (or fitted) costs."""
+    setup = plan.setup or setup  # past one host: mk.sharding.pods.pod_setup's (the torus, whole experts over hosts)
+    models = _megakernel_words(plan, chip, setup)
+    scheduled = op_costs(plan, chip, revision, **costs_given)
+    assumed = assumed_costs(chip.kind, **costs_given)
+    fitted = fitted_costs(chip.kind, **costs_given)  # GPUs' per op, where not given
+    cost_words = scheduled["source"] if scheduled else assumed_label(assumed, fitted)
+    constants = _megakernel_constants(chip, None if scheduled else assumed, cost_words, fitted, hbm_read_Bps)
+    paced = pace(plan, chip, dtype, revision=revision, bandwidth=hbm_read_Bps, **({} if scheduled else assumed))
+    return dict(
+        engine="megakernel", placement=str(setup.placement) if chip.chips > 1 else "-", setup=setup.name,
+        step_s=paced.step_s, kernels_per_step=1, models=models, pacing=paced, constants=constants,
+        op_costs=KIND if scheduled else "assumed", op_cost_words=cost_words,
+    )  # fmt: skip
+
+
+def _megakernel_words(plan, chip: Chip, setup: KernelSetup) -> str:
     """What the megakernel's prediction models: its chips, its setup, and which chip sets the pace."""
     if chip.chips == 1:
         return "megakernel on one chip"
     who = "every chip"
-    if plan.experts_held < cfg.num_experts:
+    if plan.experts_held < plan.model.num_experts:
         who = (
             f"the busiest of {plan.expert_groups} hosts (whole experts over them, split within each)"
             if setup.placement == Placement.HOSTS
             else "the busiest chip (whole experts)"
         )
     return f"megakernel on {chip.chips} chips, {setup.name}, paced by {who}"
+
+
+def _check_drafts(setup: KernelSetup, chip: Chip, engine: str, assistant) -> None:
+    if setup.draft_tokens and engine == "general":
+        raise ValueError("drafted tokens: verification is modelled for the megakernel (engine='megakernel') only")
+    if setup.draft_tokens and chip.chips > 1 and setup.attention_split != AttentionSplit.HEADS:
+        raise ValueError(
+            f"{setup.name}: the megakernel verifies drafts with attention split by heads only, not by "
+            f"{setup.attention_split}; model mk.kernel_setup.VERIFYING_KERNEL, or setup.but(attention_split='heads')"
+        )
+    if assistant is not None and not setup.draft_tokens:
+        raise ValueError("assistant: a drafter's cost is modelled with a setup that verifies K drafted tokens")
 
 
 def predict(
@@ -184,46 +214,28 @@ def predict(
     measured limit, else an assumed fraction of its spec: mk.timing.bandwidth.read_rate; a sensitivity otherwise: the
     data sheet's own, say)."""
     cfg, chip = _check(model, chip, context, batch, engine)
-    knockout = frozenset(knockout)
-    sol = speed_of_light(cfg, chip, context, batch, dtype)
-    fits = sol.fits_in_hbm
-    if engine == "general":
-        if setup.draft_tokens:
-            raise ValueError("drafted tokens: verification is modelled for the megakernel (engine='megakernel') only")
-        return _general_prediction(cfg, chip, context, batch, dtype, knockout, sol, kernel_s, hbm_read_Bps)
     per_round = check_speculation(setup.draft_tokens, acceptance)
-    if setup.draft_tokens and chip.chips > 1 and setup.attention_split != AttentionSplit.HEADS:
-        raise ValueError(
-            f"{setup.name}: the megakernel verifies drafts with attention split by heads only, not by "
-            f"{setup.attention_split}; model mk.kernel_setup.VERIFYING_KERNEL, or setup.but(attention_split='heads')"
-        )
-    plan = step_plan(cfg, chip, context, batch, dtype, setup, knockout)
-    scheduled = op_costs(plan, chip, revision, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
-    costs = assumed_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
-    fitted = fitted_costs(chip.kind, op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)  # GPUs' per op, not given
-    paced = pace(plan, chip, dtype, revision=revision, bandwidth=hbm_read_Bps, **({} if scheduled else costs))
-    cost_words = scheduled["source"] if scheduled else assumed_label(costs, fitted)
-    setup = plan.setup or setup  # past one host: mk.sharding.pods.pod_setup's (the torus, whole experts over hosts)
-    models = _megakernel_words(plan, cfg, chip, setup)
-    drafter_s = 0.0
+    _check_drafts(setup, chip, engine, assistant)
     k = setup.draft_tokens
+    drafter_s = 0.0 if assistant is None else drafter_seconds(assistant, cfg, chip, context, batch, dtype, k)
+    plan = step_plan(cfg, chip, context, batch, dtype, setup if engine == "megakernel" else GENERAL_STACK,
+                     frozenset(knockout))  # fmt: skip
+    if engine == "general":
+        fields = _general_fields(plan, chip, dtype, kernel_s, hbm_read_Bps)
+    else:
+        given = dict(op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
+        fields = _megakernel_fields(plan, setup, chip, dtype, revision, hbm_read_Bps, **given)
     if k:
-        models += f"; {k} drafted tokens verified per user a round, {per_round:g} emitted (given)"
-        if assistant is not None:
-            check_pair(assistant, cfg)
-            drafter_s = drafter_seconds(assistant, cfg, chip, context, batch, dtype, k)
-            models += f"; drafts by {assistant.name}, {k} programs of its own"
-    elif assistant is not None:
-        raise ValueError("assistant: a drafter's cost is modelled with a setup that verifies K drafted tokens")
-    p = Prediction(
-        cfg.name, chip.name, context, batch, dtype, "megakernel", str(setup.placement) if chip.chips > 1 else "-",
-        setup.name, paced["step_s"], sol.step_s, 1, models + f"; {cost_words}", fits,
-        breakdown=paced, draft_tokens=k, tokens_per_round=per_round, drafter_s=drafter_s,
+        fields["models"] += f"; {k} drafted tokens verified per user a round, {per_round:g} emitted (given)"
+    if assistant is not None:
+        fields["models"] += f"; drafts by {assistant.name}, {k} programs of its own"
+    if engine == "megakernel":
+        fields["models"] += f"; {fields['op_cost_words']}"
+    sol = speed_of_light(cfg, chip, context, batch, dtype)
+    return Prediction(
+        cfg.name, chip.name, context, batch, dtype, **fields, sol_step_s=sol.step_s, fits_in_hbm=sol.fits_in_hbm,
+        draft_tokens=k, tokens_per_round=per_round, drafter_s=drafter_s,
     )  # fmt: skip
-    p = dataclasses.replace(p, op_cost_words=cost_words)
-    return _with_constants(
-        p, chip, None, None if scheduled else costs, scheduled and scheduled["source"], fitted, hbm_read_Bps
-    )
 
 
 def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch: int, dtype: str, k: int) -> float:
@@ -231,7 +243,9 @@ def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch
     ``k`` programs, each reading the assistant's weights and the target's K/V it attends to (the last layer of each
     attention type: up to ``context`` positions, a sliding layer's window and one more), spread evenly over the
     slice's chips at their bandwidth, plus one general-stack kernel's cost (fitted, data/timing.csv) for its launch.
-    A lower bound of a separate drafter: every byte once, one launch a draft."""
+    A lower bound of a separate drafter: every byte once, one launch a draft. Refuses an assistant that is not
+    ``cfg``'s (mk.assistant_config.check_pair)."""
+    check_pair(assistant, cfg)
     pol = get_dtype(dtype)
     weights = assistant.weight_bytes(pol.matrix)
     kv = 0
@@ -242,41 +256,45 @@ def drafter_seconds(assistant, cfg: ModelConfig, chip: Chip, context: int, batch
     return k * per_draft
 
 
-def _with_constants(
-    p: Prediction,
-    chip: Chip,
-    kernel_s: float | None,
-    costs: dict | None = None,
-    scheduled: str | None = None,
-    fitted: dict[str, str] | None = None,  # the costs that are data/timing.csv's fitted defaults, and their points
-    hbm_read_Bps: float | None = None,
-) -> Prediction:
+def _shared_constants(chip: Chip, hbm_read_Bps: float | None) -> dict[str, str]:
     used = {
         "hbm_read_Bps": read_rate(chip).label
         if hbm_read_Bps is None
         else f"{hbm_read_Bps / 1e9:.4g} GB/s a chip (given)",
-        "matmul_rows": f"{chip_constant('matmul_rows', chip).value:g} (cited)",
     }
     if chip.chips > 1:
         used["ici_hop_latency_s"] = f"{link_latency(chip):g} (cited)"
-    if kernel_s is not None:
-        fitted = kernel_s == kernel_cost(chip.kind)
-        used["kernel_s"] = f"{kernel_s:.3g} " + (
-            f"(fitted to {constant('kernel_s', chip.kind).fit_to})" if fitted else "(given)"
-        )
-        used["kernels_per_plan_kernel"] = f"{kernels_per_plan_kernel():.3f} (published count / plan count)"
-        return dataclasses.replace(p, constants=used)
-    if scheduled:  # the core's time is the compiler's bundles, not FLOPs at a padded rate
-        del used["matmul_rows"]
-        used["op_costs"] = scheduled
-        return dataclasses.replace(p, constants=used, op_costs=KIND)
-    for name, value in costs.items():
-        if name in (fitted or {}):  # not compared with the fit: the fit itself predicts with the cost given
+    return used
+
+
+def _general_constants(chip: Chip, kernel_s: float, hbm_read_Bps: float | None) -> dict[str, str]:
+    fitted = kernel_s == kernel_cost(chip.kind)
+    return _shared_constants(chip, hbm_read_Bps) | {
+        "matmul_rows": f"{chip_constant('matmul_rows', chip).value:g} (cited)",
+        "kernel_s": f"{kernel_s:.3g} "
+        + (f"(fitted to {constant('kernel_s', chip.kind).fit_to})" if fitted else "(given)"),
+        "kernels_per_plan_kernel": f"{kernels_per_plan_kernel():.3f} (published count / plan count)",
+    }
+
+
+def _megakernel_constants(
+    chip: Chip,
+    assumed: dict | None,  # the core's costs where no schedule gives them, else None
+    cost_words: str,
+    fitted: dict[str, str],  # the costs that are data/timing.csv's fitted defaults, and their points
+    hbm_read_Bps: float | None,
+) -> dict[str, str]:
+    used = _shared_constants(chip, hbm_read_Bps)
+    if assumed is None:  # the core's time is the compiler's bundles, not FLOPs at a padded rate
+        return used | {"op_costs": cost_words}
+    used["matmul_rows"] = f"{chip_constant('matmul_rows', chip).value:g} (cited)"
+    for name, value in assumed.items():
+        if name in fitted:  # not compared with the fit: the fit itself predicts with the cost given
             used[name] = f"{value:.3g} (fitted to {fitted[name]})"
             continue
         default = value == constant(name, chip.kind).value
         used[name] = f"{value:g} ({'assumed, data/timing.csv' if default else 'given'})"
-    return dataclasses.replace(p, constants=used, op_costs="assumed")
+    return used
 
 
 def step_breakdown(model, chip, context: int, batch: int = 1, dtype: str = "bf16", **kw) -> dict:
@@ -297,10 +315,10 @@ def step_breakdown(model, chip, context: int, batch: int = 1, dtype: str = "bf16
         step_s=p.step_s,
         sol_step_s=p.sol_step_s,
         fraction_of_sol=p.fraction_of_sol,
-        weights_moved_bytes=p.breakdown["weight_bytes"],
-        weights_real_bytes=p.breakdown["weight_payload_bytes"],
+        weights_moved_bytes=p.pacing.weight_bytes,
+        weights_real_bytes=p.pacing.weight_payload_bytes,
         scale_blocks_bytes=scales,
-        kv_bytes=p.breakdown["kv_bytes"],
-        hbm_floor_s=p.breakdown["hbm_floor_s"],
-        beyond_floor_s=p.step_s - p.breakdown["hbm_floor_s"],
+        kv_bytes=p.pacing.kv_bytes,
+        hbm_floor_s=p.pacing.hbm_floor_s,
+        beyond_floor_s=p.step_s - p.pacing.hbm_floor_s,
     )

@@ -25,7 +25,6 @@ import pandas as pd
 from ..chips import Chip
 from ..paths import KERNEL_REVISIONS_CSV, SCHEDULE_DIR
 from ..plan import ROUTED, Op, StepPlan, Wait, item_scope
-from .work import pace_distribution
 
 KIND = "compiler-scheduled"
 PLAIN, SCOPED = "plain", "scoped"  # the kernel as it runs; the same kernel with its named scopes kept as marks
@@ -97,7 +96,7 @@ def factor_values(plan: StepPlan) -> dict[str, float]:
     distinct experts over its slots; exact where the slots run as one loop over all of them)."""
     values = {KV_TILES + t: float(plan.kv_tiles_read(t)) for t in set(plan.share.layer_types)}
     if plan.expert_slots:
-        values[ROUTED] = sum(m * p for m, p in pace_distribution(plan).items()) / plan.expert_slots
+        values[ROUTED] = sum(m * p for m, p in plan.pacing_experts.items()) / plan.expert_slots
     return values
 
 
@@ -117,7 +116,7 @@ def evaluate(rows: pd.DataFrame, values: dict[str, float]) -> pd.Series:
 def item_counts(plan: StepPlan) -> dict[str, float]:
     """How many items of each scope one step runs on the chip that sets the pace: an expert slot's items as often as
     that slot holds an expert (mk.plan.item_scope names the scopes)."""
-    dist = pace_distribution(plan)
+    dist = plan.pacing_experts
     live = {j: sum(p for m, p in dist.items() if m > j) for j in range(plan.expert_slots)}
     loads = {ld.id: ld for ld in plan.loads}
     counts: dict[str, float] = {}

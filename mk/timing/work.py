@@ -11,9 +11,7 @@ from ..chips import Chip
 from ..dtypes import get_dtype
 from ..params import EXPERTS, HEAD, SCHEMES
 from ..plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan
-from ..plan.layout import BLOCK
-from ..routing import busiest_chip_distribution
-from ..sharding.placement import position_share
+from ..sharding.placement import allocated_positions
 from ..sharding.pods import pod_setup
 from .constants import chip_constant, matching_rows
 
@@ -91,7 +89,7 @@ def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> 
     return build_plan(
         cfg,
         batch,
-        cache_positions(cfg, context, setup),
+        allocated_positions(cfg, context, setup),
         context,
         weight_dtype=arrays,
         kv_dtype=arrays,
@@ -99,15 +97,6 @@ def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> 
         setup=setup,
         quantize=plan_quantize(dtype),
     )
-
-
-def cache_positions(cfg, context: int, setup) -> int:
-    """The cache a step of ``context`` positions is timed with: ``context``, rounded up where the positions of a KV
-    head are split over g chips (mk.sharding.placement.position_share) to g whole blocks, as a deployment would
-    allocate it (128 chips sharing DeepSeek-V3's one latent head at 1K: 2,048 slots, 16 a chip); the step still
-    reads ``context`` positions."""
-    multiple = max(position_share(cfg, t, setup) for t in set(cfg.layer_types)) * BLOCK
-    return context if multiple == BLOCK else -(-context // multiple) * multiple
 
 
 def check_speculation(speculate: int, acceptance: float | None) -> float:
@@ -134,15 +123,6 @@ def check_speculation(speculate: int, acceptance: float | None) -> float:
     return float(acceptance)
 
 
-def pace_distribution(plan: StepPlan) -> dict[int, float]:
-    """Distinct experts per layer loaded by the chip that sets the pace, count -> probability (exact,
-    uniform routing): the busiest chip's under whole placement, every chip's otherwise."""
-    cfg = plan.share
-    if cfg.is_moe and plan.experts_held < cfg.num_experts:
-        return busiest_chip_distribution(cfg.num_experts, plan.expert_groups, cfg.top_k, plan.batch)
-    return plan.distinct_experts
-
-
 def named_plan(model, chip, context: int, batch: int, setup, dtype: str = "bf16", knockout=()) -> StepPlan:
     """:func:`step_plan` from names: ``model`` a name mk.config resolves or a config, ``chip`` a name or a Chip,
     ``setup`` a KernelSetup or its command-line name (mk.kernel_setup.SETUPS)."""
@@ -151,6 +131,6 @@ def named_plan(model, chip, context: int, batch: int, setup, dtype: str = "bf16"
     from ..kernel_setup import SETUPS
 
     setup = SETUPS[setup] if isinstance(setup, str) else setup
-    cfg = get_config(model) if isinstance(model, str) else model
-    chip = get_chip(chip) if isinstance(chip, str) else chip
+    cfg = get_config(model)
+    chip = get_chip(chip)
     return step_plan(cfg, chip, context, batch, dtype, setup, frozenset(knockout))
