@@ -13,8 +13,10 @@ import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from .paths import CHIPS_CSV, SLICES_CSV, TPU_HBM_CSV
+from .tpu import DEVICE_KINDS
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,6 @@ def known_chip(device) -> str | None:
     """The chip of data/chips.csv a JAX device is (``NVIDIA H200`` -> ``h200``, a TPU's ``TPU v5 lite`` ->
     ``tpu-v5e``: mk.tpu.DEVICE_KINDS), or None."""
     if device.platform == "tpu":
-        from .tpu import DEVICE_KINDS
-
         return DEVICE_KINDS.get(device.device_kind)
     kind = device.device_kind.lower().replace(" ", "")
     hits = [n for n, c in base_chips().items() if c.kind == device.platform and n.replace("-", "") in kind]
@@ -237,9 +237,6 @@ def measured_limit(chip: str, path=TPU_HBM_CSV) -> MeasuredLimit | None:
     """``chip``'s (a chip or slice of data/chips.csv) best sustained HBM read rate measured on one such chip
     (mk.measure.hbm writes ``path``): the largest device-time median over every method and probe of at least 1 GiB;
     None where none was measured."""
-    from pathlib import Path
-
-    from .tpu import DEVICE_KINDS
 
     base = get_chip(chip).base
     path = Path(path)

@@ -11,9 +11,13 @@ legend stays at the right of the plot, beside any title.
 from __future__ import annotations
 
 import atexit
+import base64
 import datetime
+import html
+import logging
 import math
 import os
+import re
 import textwrap
 import warnings
 from pathlib import Path
@@ -246,7 +250,6 @@ def _start_exporter() -> bool:
             stacklevel=3,
         )
         return False
-    import logging
 
     import kaleido
 
@@ -415,8 +418,6 @@ LEGEND_KEY = 45  # pixels of a legend entry besides its text: the symbol and the
 
 def _plain_text(text) -> list[str]:
     """A label's lines as plain text (plotly's ``<br>`` breaks, tags dropped, entities read)."""
-    import html
-    import re
 
     lines = re.split(r"<br\s*/?>", str(text if text is not None else ""), flags=re.I)
     return [html.unescape(re.sub(r"<[^>]+>", "", line)) for line in lines]
@@ -606,7 +607,6 @@ def _legend_key(trace) -> bool:
 
 def _numbers(values):
     """A trace's values as floats (non-numbers NaN), from a list or plotly's typed-array JSON (``bdata``)."""
-    import base64
 
     import numpy as np
 

@@ -22,11 +22,14 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
+from .assistant import draft
+from .assistant_config import check_pair
 from .config import ModelConfig
 from .engines import cache_multiple, get_step, register_engine
 from .params import check_knockout
 from .progress import tqdm
-from .reference import check_tokens, decode_step, init_cache, prefill
+from .reference import check_tokens, decode_step, float_params, init_cache, prefill
+from .speculative import ngram_draft
 from .units import positive_int
 
 register_engine("reference", lambda cfg: decode_step)
@@ -230,10 +233,6 @@ def generate_speculative(
     its params): Gemma 4's assistant, reading the target's cache and last hidden state), or a function
     ``(tokens so far, k) -> up to k drafts`` of one user (as ``ngram_draft`` is).
     """
-    from .assistant import draft
-    from .assistant_config import check_pair
-    from .reference import float_params
-    from .speculative import ngram_draft
 
     check_drafter(drafter, assistant)
     positive_int("new_tokens", new_tokens)

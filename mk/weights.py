@@ -39,6 +39,8 @@ from .params import NORMS, ROUTER, param_specs, scales_inputs
 from .progress import tqdm
 from .qformats import format_of, format_paths, fscale_path, get_format
 from .quant import SCALE_SUFFIX, SCHEMES, quantized_paths, scale_path, scheme_of
+from .reference import expert_layout, prepare
+from .sharding.mesh import gspmd_sharding
 
 # Prefixes of the text model: a Gemma4ForConditionalGeneration export, then a text-only Gemma4ForCausalLM.
 TEXT_PREFIXES = ("model.language_model.", "model.")
@@ -109,8 +111,6 @@ def random_tensors(cfg: ModelConfig, seed: int = 0, dtype=jnp.bfloat16, device=N
     every fifth of the layers."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from .sharding.mesh import gspmd_sharding
-
     mesh = device if isinstance(device, Mesh) else None
     place = NamedSharding(mesh, P()) if mesh is not None else (device or jax.devices()[0])
     key = jax.device_put(jax.random.key(seed), place)
@@ -142,9 +142,6 @@ def device_params(cfg: ModelConfig, seed: int = 0, dtype=jnp.bfloat16, device=No
     mesh) never holds more than the model (its share) plus one tensor's two copies, and the host holds none of
     it. Over a mesh every array of the layout is split as ``mk.sharding.mesh.gspmd_sharding`` says."""
     from jax.sharding import Mesh
-
-    from .reference import expert_layout, prepare
-    from .sharding.mesh import gspmd_sharding
 
     mesh = device if isinstance(device, Mesh) else None
     first = mesh.devices.flat[0] if mesh is not None else device

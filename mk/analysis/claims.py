@@ -15,6 +15,7 @@ from ..published import published_table
 from ..routing import busiest_chip_distribution
 from ..sol import bytes_per_token, speed_of_light
 from ..timing import op_costs_label, predict
+from .on_tpu import stand_in_headline, tpu_steps
 from .sweeps import speculation_table
 from .verdict import MEGAKERNEL_SLICE, STAND_IN_ROLE, STAND_INS, big_model_cases, validation_table, verdict_table
 
@@ -129,7 +130,6 @@ def measured_claims(steps: pd.DataFrame | None = None) -> pd.DataFrame:
     plus the links' modelled time, and the dense model's fraction of the speed of light and its speed-up over a
     general stack on the same TPU from Gemma 4 31B at full width (its first sliding and full layer) on one chip,
     XLA's compiled reference standing for the general stack. Empty where nothing was measured on a TPU."""
-    from .on_tpu import stand_in_headline, tpu_steps
 
     s = tpu_steps() if steps is None else steps
     pub = published_table().set_index("key")

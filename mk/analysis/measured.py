@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..paths import MEASURED_DIR
 from ..timing import kernel_cost
 
 
@@ -14,7 +15,6 @@ def measured_comparison(paths=None) -> pd.DataFrame:
     beside the model's form for it: its bytes at the bandwidth the run measured (the speed of light it
     reports) plus its kernels at the general stack's fitted per-kernel cost for GPUs, the error against the
     measured step, and the per-kernel cost the measurement implies ((step - bytes time) / kernels)."""
-    from ..paths import MEASURED_DIR
 
     paths = paths or sorted(MEASURED_DIR.glob("*.csv"))
     c_gpu = kernel_cost("gpu")

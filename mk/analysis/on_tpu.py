@@ -18,7 +18,9 @@ from ..chips import get_chip, measured_limit
 from ..config import with_layers
 from ..kernel_setup import SETUPS, WORKBOOK_KERNEL
 from ..paths import MEASURED_DIR, TPU_CSV, TPU_OPS_CSV
-from ..sol import kv_bytes_per_user
+from ..published import published
+from ..routing import expected_distinct_experts
+from ..sol import kv_bytes_per_user, speed_of_light
 from ..timing import MODELLED, predict
 
 STAND_IN = "; loopback stand-in"  # how a stand-in row's setup ends (mk.measure.on_chip)
@@ -30,7 +32,6 @@ UNEXPLAINED = "not explained yet"  # how a reason that is not (yet) one begins
 def _shared_experts(row) -> str:
     """A many-user MoE row of XLA's: what reading one expert slice per (user, slot) costs over the distinct experts the
     model reads, at the measured limit."""
-    from ..routing import expected_distinct_experts
 
     cfg, B = _config(row), int(row["batch"])
     layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
@@ -271,8 +272,6 @@ def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) ->
     chip (its exchanges local copies) plus the links' time the model gives that setup, against the published step and
     the model's own whole step. Tokens/s and the fraction of the speed of light at the data sheet's bandwidth (the
     write-up's definition) and at the measured limit."""
-    from ..published import published
-    from ..sol import speed_of_light
 
     s = tpu_steps() if steps is None else steps
     s = s[s.setup.str.endswith(STAND_IN) & (s.context == context) & (s.batch == 1)]

@@ -22,11 +22,15 @@ import pandas as pd
 
 from ..chips import get_chip
 from ..config import ModelConfig, get_config
-from ..kernel_setup import WRITE_UP_KERNEL, Placement
+from ..generate import generate
+from ..kernel_setup import FIXES, WRITE_UP_KERNEL, Placement
 from ..progress import tqdm
+from ..reference import routed_experts
 from ..routing import busiest_chip_distribution, check_placement, distinct_experts_distribution
 from ..timing import MODELLED, pace, predict, step_plan
 from ..units import ms_entry, positive_int
+from .allreduce import fix_steps
+from .sweeps import placement_table
 
 EXACT = "modelled (exact under uniform routing: mk.analysis.straggler)"
 SAMPLED = "modelled (sampled routing: mk.analysis.straggler)"
@@ -191,8 +195,6 @@ def measured_busiest(
     reference engine); the routes each step took (at the position of the token it read, in every layer:
     mk.reference.routed_experts) are grouped ``batch`` users at a time. One draw per (layer, step, group):
     the draws of one stream are not independent."""
-    from ..generate import generate
-    from ..reference import routed_experts
 
     check_placement(cfg.num_experts, chips, cfg.top_k, batch)
     for name, value in (("streams", streams), ("prompt_len", prompt_len), ("new_tokens", new_tokens)):
@@ -359,9 +361,6 @@ def whole_against_split(model, chip="tpu-v5e-8", context: int = 1024, batch: int
     the fixes against (b) = (a) + split experts, the all-reduce not overlapped and its payload f32), so a reader sees
     why the last differs, and where each step's per-op costs came from (``whole_op_costs``, ``split_op_costs``:
     mk.timing.predict's). Weights in bf16, as in the placement table and the fixes."""
-    from ..kernel_setup import FIXES
-    from .allreduce import fix_steps
-    from .sweeps import placement_table
 
     cfg, slice_ = get_config(model), get_chip(chip)
     cost = straggler_cost(cfg, slice_, context, batch, "bf16")

@@ -29,6 +29,7 @@ from ..kernel_setup import (
     KernelSetup,
     Placement,
 )
+from ..params import count_active_params, count_params
 from ..published import published_table
 from ..routing import expected_distinct_experts
 from ..sharding import kv_replication, position_share
@@ -451,8 +452,6 @@ def family_table(models, context: int = 1024, dtype: str = "bf16") -> pd.DataFra
     """Per model (any mk.config takes): its family, layers, experts, parameters (all and read per token), the bytes
     one decode step reads for one user at ``context`` (mk.sol) and whether mk runs it (both engines, or the reference
     only) or plans and times it only."""
-    from ..params import count_active_params, count_params
-    from ..sol import bytes_per_token
 
     rows = []
     for m in models:

@@ -16,11 +16,13 @@ import pandas as pd
 
 from ..chips import get_chip
 from ..config import get_config
+from ..formats import released_format
 from ..kernel_setup import BEFORE_FIXES, WRITE_UP_KERNEL, KernelSetup
 from ..progress import tqdm
-from ..published import published, published_table
+from ..published import independent_table, published, published_table
+from ..sol import auto_chip
 from ..timing import MODELLED, Prediction, assumed_costs, constant, constants, kernel_cost, predict, step_plan
-from ..timing.fitted import fitted_value
+from ..timing.fitted import context_of, fitted_value
 from ..timing.general_stack import general_step
 from .knockouts import knockouts
 
@@ -66,8 +68,6 @@ def _fitted_cases() -> set[Case]:
 
 def _fitted_megakernel_cases() -> set[Case]:
     """The megakernel configurations a cost per op was fitted to (data/timing.csv's GPU row: an independent point)."""
-    from ..published import independent_table
-    from ..timing.fitted import context_of
 
     c = constant("op_overhead_s", "gpu")
     if c.kind != "fitted":
@@ -371,8 +371,6 @@ STAND_IN_ROLE = "stand-in (another model, on a slice the write-up does not name)
 def big_model_cases(model: str, batch: int, context: int = 1024) -> tuple[Case, Case]:
     """The megakernel's case and the general stack's for ``model`` in its released format, on the smallest documented
     slice of the write-up's TPU (mk.sol.auto_chip) holding its weights and ``batch`` users' caches."""
-    from ..formats import released_format
-    from ..sol import auto_chip
 
     fmt = released_format(model).dtype
     chip = auto_chip(model, get_chip(MEGAKERNEL_SLICE).base, fmt, context, batch).name

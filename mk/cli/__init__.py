@@ -1,5 +1,6 @@
 """The ``python -m mk`` command line: one module per group of subcommands, each parsing its arguments and calling
-into ``mk``; this module puts them together in one parser (``mk.__main__`` runs it)."""
+into ``mk``; this module puts them together in one parser (``mk.__main__`` runs it). Each command imports what it
+runs inside its own function, so that ``python -m mk sol`` answers without loading JAX, the kernels or torch."""
 
 from __future__ import annotations
 

@@ -43,6 +43,7 @@ import jax
 import numpy as np
 
 from ..config import get_config
+from ..megakernel.parity import compare_with_reference
 from ..params import ROUTER
 from ..progress import Log
 from ..tpu import on_tpu, reset_interpreter
@@ -124,7 +125,6 @@ def check(model: str, dtype: str, quantize: str = "none", seed: int = 0, steps: 
 
 def _f32_check(cfg, prompts, steps, seed, interpret, quantize, row):
     """Both engines at HIGHEST: the same tokens, logits within F32_LOGIT_ATOL. Fills ``row``; returns the steps."""
-    from ..megakernel.parity import compare_with_reference
 
     with jax.default_matmul_precision("highest"):
         rows = compare_with_reference(
@@ -142,8 +142,6 @@ def _bf16_check(cfg, prompts, steps, seed, interpret, row):
     """Teacher-forced bf16 against the rounding references (the module's docstring); a routed family's logits bound
     is taken a second time with the router knocked out in both engines. Fills ``row``; returns the steps."""
     import jax.numpy as jnp
-
-    from ..megakernel.parity import compare_with_reference
 
     def compare(knockout=frozenset()):
         return compare_with_reference(

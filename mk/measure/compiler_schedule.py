@@ -27,6 +27,7 @@ import pandas as pd
 from ..chips import get_chip
 from ..files import git_commit
 from ..kernel_setup import SETUPS
+from ..megakernel.kernel import kernel_name
 from ..params import KNOCKOUTS, SHARED_MLP
 from ..plan import ROUTED, StepPlan
 from ..timing import named_plan, scheduled_pace
@@ -109,7 +110,6 @@ def _rows(counts, scopes, compile_: str) -> list[dict]:
 def compile_schedule(plan: StepPlan, chip: str, plain: bool = True) -> pd.DataFrame:
     """The rows of ``plan``'s schedule on ``chip`` (a chip, or the slice its setup splits the step over), compiled now
     in two child processes (a whole model takes a minute or two); ``plain=False``: the scoped compile's rows only."""
-    from ..megakernel.kernel import kernel_name
 
     with tempfile.TemporaryDirectory(prefix="mk-plan-") as d:
         path = Path(d) / "plan.pickle"

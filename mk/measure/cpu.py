@@ -33,9 +33,13 @@ import pandas as pd
 from .. import profiling
 from ..config import ModelConfig
 from ..files import append_csv_rows
+from ..generate import cache_multiple, get_step
+from ..kernel_setup import KernelSetup
 from ..paths import BENCH_CSV
+from ..quant import quantized_as, scheme_of
 from ..sol import bytes_per_token
 from ..units import positive_int
+from ..weights import random_params
 from .harness import PROBE, Engine, array_dtype, columns, probed_speed_of_light, provenance, time_engines
 from .loop import interleaved
 from .steps import decode_call
@@ -132,9 +136,6 @@ def run_bench(
     they are (``quantize`` None or their own scheme: ``mk.quant.quantized_as``). The result's ``dtype`` is then
     ``DTYPE+SCHEME``.
     """
-    from ..generate import cache_multiple, get_step
-    from ..quant import quantized_as, scheme_of
-    from ..weights import random_params
 
     positive_int("context", context)
     positive_int("batch", batch)
@@ -187,7 +188,6 @@ def run_bench(
 
 def _option_words(options: dict) -> list[str]:
     """``k=v`` for each engine option; a kernel setup by its chips, placement and (unless the default) name."""
-    from ..kernel_setup import KernelSetup
 
     words = []
     for k, v in options.items():

@@ -67,9 +67,10 @@ from ..params import count_params
 from ..paths import GPU_CSV
 from ..profiling import count_kernels, device_name, trace_kernels
 from ..progress import Log
+from ..reference import decode_step, init_cache
 from ..sol import bytes_per_token, kv_bytes_per_user
 from ..units import positive_int
-from ..weights import device_params
+from ..weights import EMBED_STD, NORM_STD, device_params
 from .harness import (
     MIN_TIMING_S,
     Engine,
@@ -81,6 +82,7 @@ from .harness import (
     spec_speed_of_light,
     time_engines,
 )
+from .steps import step_program
 
 ENGINES = ("reference", "transformers")
 DEVICES = ("gpu", "cpu")
@@ -180,8 +182,6 @@ def init_torch_weights(model, seed: int = 0) -> None:
     scale) are kept."""
     import torch
 
-    from ..weights import EMBED_STD, NORM_STD
-
     dev = next(model.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(seed)
     with torch.no_grad():
@@ -226,8 +226,6 @@ def start_reference(cfg: ModelConfig, context: int, batch: int, dtype: str, dev,
     """Build the reference's weights and cache on ``dev`` and start compiling its step in the
     background; returns ``finish(deadline) -> Engine`` (raises TimeoutError if the compile is not done
     by ``deadline``)."""
-    from ..reference import decode_step, init_cache
-    from .steps import step_program
 
     t = time.perf_counter()
     params = device_params(cfg, seed, array_dtype(dtype), dev, log)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..chips import GIB
+from ..chips import GIB, get_chip, known_chip
 from ..files import append_csv_rows
 from ..paths import TPU_HBM_CSV
 from ..profiling import Estimate, dma_stream_call, probe_calls
@@ -88,8 +88,6 @@ def probe_read_rate(
     """Time each probe of ``chosen`` (default :func:`probes`) on ``device``: host and device read rates, each against
     ``spec_bandwidth`` (bytes/s; the device's data sheet where known); rows appended to ``out`` (None: none)."""
     import jax
-
-    from ..chips import get_chip, known_chip
 
     device = device or jax.devices()[0]
     chip = known_chip(device)

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from ..profiling.kernels import compiled_kernels
+from ..published import published, published_table
 from .loop import interleaved
 
 WHOLE = "(whole step)"
@@ -77,7 +78,6 @@ def _kernels(call) -> dict:
 
 def with_seed_columns(table: pd.DataFrame) -> pd.DataFrame:
     """Add the seed's published component table (vLLM H100 kernel time, megakernel v5e-8 shrink)."""
-    from ..published import published, published_table
 
     pub = published_table()
     pub = pub[pub["quantity"] == "knockout_time"]

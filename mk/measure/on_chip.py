@@ -33,12 +33,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..chips import get_chip
 from ..config import ModelConfig, get_config, with_layers
 from ..files import append_csv_rows
+from ..generate import cache_multiple
 from ..kernel_setup import ONE_CHIP, SETUPS
+from ..megakernel import make_step, pack
+from ..megakernel.refs import input_shapes
+from ..params import param_specs
 from ..paths import TPU_OPS_CSV
+from ..plan import build_plan, round_up
+from ..profiling import device_profile, op_summary
 from ..progress import Log
+from ..quant import quantized_as
+from ..reference import init_cache
+from ..sharding import chip_config
+from ..sharding.mesh import make_mesh
 from ..sol import bytes_per_token
+from ..weights import device_params, random_tensors
 from .harness import (
     DEVICE_TIMING,
     HBM_USE,
@@ -49,6 +61,7 @@ from .harness import (
     time_engines,
     usable_hbm,
 )
+from .steps import decode_call, reference_step, settled
 
 ONE_CHIP_SETUP = "one chip"
 STAND_INS = ("write-up", "workbook")  # the kernel setups a stand-in for chip 0 of a v5e-8 runs (mk.kernel_setup)
@@ -137,12 +150,6 @@ def planned_bytes(case: Case, engine: str, cell: Cell) -> tuple[int, int]:
     weights). The reference draws and lays out its tensors in order on the chip (each drawn and laid out beside those
     before it; XLA draws and casts in one fusion, so no f32 copy is made); the megakernel draws each on the chip and
     keeps it on the host, then packs layer by layer into its stacked tensors (one layer in flight)."""
-    from ..generate import cache_multiple
-    from ..megakernel.refs import input_shapes
-    from ..params import param_specs
-    from ..plan import build_plan, round_up
-    from ..reference import init_cache
-    from ..sharding import chip_config
 
     cfg, setup = case.config(), case.kernel_setup()
     drawn = chip_config(setup.laid_out(cfg), setup) if setup.loopback else cfg
@@ -181,15 +188,10 @@ class CaseEngines:
         self.steps: dict = {}
 
     def build(self, engine: str) -> None:
-        from ..megakernel import make_step
-        from ..weights import device_params
 
         t = time.perf_counter()
         with jax.default_device(self.device):
             if engine == "reference":
-                from ..sharding.mesh import make_mesh
-                from .steps import reference_step
-
                 mesh = make_mesh(1, [self.device])
                 self.weights[engine] = device_params(self.cfg, self.seed, jnp.bfloat16, mesh)
                 self.steps[engine] = reference_step(mesh)
@@ -203,18 +205,12 @@ class CaseEngines:
     def _kernel_tree(self) -> dict:
         """The model's weights drawn on the chip one tensor at a time and kept on the host (the kernel packs them on the
         chip layer by layer), INT8 experts quantized on the host where the case asks."""
-        from ..quant import quantized_as
-        from ..weights import random_tensors
 
         host = {p: np.asarray(x) for p, x in random_tensors(self.cfg, self.seed, jnp.bfloat16, self.device)}
         return quantized_as(host, self.cfg, _scheme(self.case.dtype))
 
     def _stand_in_weights(self, step) -> dict:
         """Chip 0's slice of the model, drawn at its own shapes (the whole model need not fit the host), packed."""
-        from ..megakernel import pack
-        from ..quant import quantized_as
-        from ..sharding import chip_config
-        from ..weights import random_tensors
 
         local = chip_config(step.cfg, self.setup)
         host = {p: np.asarray(x) for p, x in random_tensors(local, self.seed, jnp.bfloat16, self.device)}
@@ -223,8 +219,6 @@ class CaseEngines:
     def call(self, engine: str, cell: Cell):
         """``engine``'s step for ``cell`` (a zero cache of its context, position context - 1), compiled and run twice:
         (the call, seconds to compile and run it)."""
-        from ..generate import cache_multiple
-        from .steps import decode_call, settled
 
         t = time.perf_counter()
         with jax.default_device(self.device):
@@ -286,8 +280,6 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
                  min_rounds: int) -> tuple[list[dict], list[dict]]:  # fmt: skip
     """Both engines of a case at ``cell``: compiled, timed interleaved (host and device), profiled; (its rows, where
     each engine's device time went: OP_COLUMNS rows)."""
-    from ..chips import get_chip
-    from ..profiling import device_profile, op_summary
 
     case, device = engines.case, engines.device
     chips = SLICE if case.kernel_setup().loopback else 1

@@ -56,13 +56,21 @@ import numpy as np
 from ..chips import get_chip, measured_limit
 from ..config import ModelConfig, get_config
 from ..files import append_csv_rows
+from ..generate import cache_multiple, generate
+from ..kernel_setup import KernelSetup
+from ..megakernel import make_step
+from ..megakernel.refs import input_shapes
+from ..params import param_specs
 from ..paths import TPU_CSV
+from ..plan import build_plan, round_up
 from ..progress import Log
-from ..reference import forget_prepared
+from ..reference import forget_prepared, init_cache
+from ..sharding import chip_config
 from ..sharding.mesh import make_mesh
 from ..sol import bytes_per_token
 from ..tpu import on_tpu, races_detected, reset_interpreter
 from ..units import positive_int
+from ..weights import device_params, random_params, random_tensors
 from . import chip_parity, on_chip
 from .harness import (
     HBM_USE,
@@ -135,8 +143,6 @@ class Result:
 def placements_for(cfg: ModelConfig, chips: int, asked) -> tuple[str, ...]:
     """The expert placements to run ``cfg`` under on ``chips`` chips: those asked, for an MoE model over
     several chips; none otherwise. A placement the chips do not divide is refused (mk.sharding.chip_config)."""
-    from ..kernel_setup import KernelSetup
-    from ..sharding import chip_config
 
     if not cfg.is_moe or chips == 1:
         return (NO_PLACEMENT,)
@@ -154,8 +160,6 @@ def parity_prompts(cfg: ModelConfig, seed: int) -> list[list[int]]:
 def check_parity(cfg: ModelConfig, chips: int, placements, new_tokens: int, seed: int, log) -> list[dict]:
     """The megakernel's greedy tokens over ``chips`` chips against the reference's, random f32 weights, ragged
     prompts: one row per placement (same_tokens, the first token that differs, races off a TPU, an error)."""
-    from ..generate import generate
-    from ..weights import random_params
 
     params = random_params(cfg, seed)
     prompts = parity_prompts(cfg, seed)
@@ -192,7 +196,6 @@ def check_parity(cfg: ModelConfig, chips: int, placements, new_tokens: int, seed
 def _setup(chips: int, placement: str):
     """The kernel's setup over ``chips`` chips with its experts placed so (KernelSetup's default without a
     placement: a dense model, or one chip)."""
-    from ..kernel_setup import KernelSetup
 
     return KernelSetup(chips) if placement == NO_PLACEMENT else KernelSetup(chips, placement)
 
@@ -213,8 +216,6 @@ def hbm_per_chip_needed(cfg: ModelConfig, engine: Candidate, chips: int, context
     decode layout (every expert its own array, ``mk.reference.prepare``) and its cache, split as
     gspmd_sharding splits them. The megakernel: its inputs as its plan lays them out on one chip (padded,
     ``refs.input_shapes``), and while packing, one stacked weight beside the layers it is stacked from."""
-    from ..params import param_specs
-    from ..reference import init_cache
 
     item = array_dtype(dtype).itemsize
     if engine.name == "reference":
@@ -226,9 +227,6 @@ def hbm_per_chip_needed(cfg: ModelConfig, engine: Candidate, chips: int, context
         cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, array_dtype(dtype)))
         kv = sum(_split_bytes(a.shape, item, chips) for a in cache.values())
         return weights + kv, 0.0
-    from ..generate import cache_multiple
-    from ..megakernel.refs import input_shapes
-    from ..plan import build_plan, round_up
 
     setup = _setup(chips, engine.placement)
     max_len = round_up(context, cache_multiple("megakernel"))
@@ -288,7 +286,6 @@ class _EngineBuilds:
 
     def build(self, engine: Candidate, columns: dict) -> Engine:
         """``engine``'s step compiled and run twice, its row's own ``columns`` beside its compile time."""
-        from ..weights import device_params, random_tensors
 
         cfg, chips = self.cfg, self.mesh.size
         t = time.perf_counter()
@@ -301,9 +298,6 @@ class _EngineBuilds:
                 params = device_params(cfg, self.seed, array_dtype(self.dtype), self.mesh, log)
                 call = decode_call(reference_step(self.mesh), params, cfg, self.context, self.batch, self.dtype)
             else:
-                from ..generate import cache_multiple
-                from ..megakernel import make_step
-
                 if self.host is None:
                     tensors = random_tensors(cfg, self.seed, array_dtype(self.dtype), self.mesh, log)
                     self.host = {path: np.asarray(x) for path, x in tensors}

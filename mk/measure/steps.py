@@ -18,6 +18,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..config import ModelConfig
+from ..reference import decode_step, init_cache, prepare
+from ..sharding.mesh import gspmd_sharding
 from .harness import array_dtype
 
 
@@ -40,7 +42,6 @@ def decode_call(
     ``compiled_kernels(call.program, *call.args())`` counts (compiled once, shared with the calls),
     and whose instruction names a profiler trace of the call shows.
     """
-    from ..reference import init_cache
 
     prepare, adopt = getattr(step, "prepare", None), getattr(step, "adopt_cache", None)
     if prepare is not None:  # the engine's own layout, made once outside the timed (and jitted) step
@@ -75,7 +76,6 @@ def _zero_cache(adopt, cfg: ModelConfig, batch: int, context: int, dtype, multip
     """A zero cache in the engine's layout (``adopt`` of the reference's), made in one program: the device never holds
     the reference's layout beside it (a v5e ran out of memory adopting llama-3.2-1b's at 32K x4); compiled once per
     engine and shape."""
-    from ..reference import init_cache
 
     return adopt(init_cache(cfg, batch, context, dtype, multiple=multiple))
 
@@ -107,8 +107,6 @@ def step_program(step, cfg: ModelConfig, knockout=frozenset()):
 def reference_step(mesh):
     """``mk.reference.decode_step`` with its cache split over ``mesh`` (gspmd_sharding) once made, as
     ``mk.measure.steps.decode_call`` adopts an engine's cache; its parameters come split already."""
-    from ..reference import decode_step, prepare
-    from ..sharding.mesh import gspmd_sharding
 
     def step(params, cfg, cache, tokens, pos, knockout=frozenset()):
         return decode_step(params, cfg, cache, tokens, pos, knockout)

@@ -62,6 +62,7 @@ from typing import Callable
 
 import pandas as pd
 
+from .. import blocks, reference as R
 from ..chips import get_chip
 from ..config import FULL, GEMMA4, SLIDING, ModelConfig, get_config
 from ..params import (
@@ -74,9 +75,12 @@ from ..params import (
     attention_component,
     layer_param_specs,
 )
+from ..progress import tqdm
 from ..sol import bytes_per_token
 from ..timing import predict
+from ..tpu import TOPOLOGIES, topology
 from ..units import positive_int
+from .harness import versions
 
 KIND = "modelled (XLA TPU cost model)"
 # libtpu's compile option switching memory-space assignment (HBM -> VMEM prefetches) on or off
@@ -156,8 +160,6 @@ class _StepShapes:
         """Layer i's tensors of ``component`` (or those ``names``), by short name, in the decode layout."""
         import jax
 
-        from .. import reference as R
-
         specs = [
             s
             for s in layer_param_specs(self.cfg, i)
@@ -172,8 +174,6 @@ def _attention_programs(s: _StepShapes) -> dict[str, Program]:
     """One layer of each attention kind the model has: q/k/v with norms and RoPE, the new K/V written into the
     donated cache, attention over the layer's cached positions, the o projection."""
     import jax.numpy as jnp
-
-    from .. import blocks, reference as R
 
     cfg, progs = s.cfg, {}
     pos = s.sds((s.batch,), jnp.int32)
@@ -214,8 +214,6 @@ def _ffn_programs(s: _StepShapes) -> dict[str, Program]:
     """One layer's shared MLP (a dense model's only MLP) and, for a MoE, its router and routed experts."""
     import jax.numpy as jnp
 
-    from .. import blocks
-
     cfg, L = s.cfg, s.cfg.num_layers
 
     def shared_mlp(p, h):
@@ -251,7 +249,6 @@ def _ffn_programs(s: _StepShapes) -> dict[str, Program]:
 
 def _norm_programs(s: _StepShapes) -> dict[str, Program]:
     """One layer's residual wiring (component ``norms``) and the final norm, once per step."""
-    from .. import blocks
 
     cfg, eps, x = s.cfg, s.cfg.rms_eps, s.stream
     norm_names = ["input_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "layer_scalar"]
@@ -290,8 +287,6 @@ def _norm_programs(s: _StepShapes) -> dict[str, Program]:
 def _head_program(s: _StepShapes) -> Program:
     """The logits of the whole vocabulary, the softcap, the argmax (the greedy token)."""
     import jax.numpy as jnp
-
-    from .. import blocks
 
     def head(embed, h):
         # the final norm is its own program: mk.reference's _head with norms switched off
@@ -340,7 +335,6 @@ def compile_cost(program: Program, device, msa: bool = False) -> tuple[dict, flo
 
 
 def _tpu_device(chip: str):
-    from ..tpu import TOPOLOGIES, topology
 
     if chip not in TOPOLOGIES:
         raise ValueError(
@@ -360,8 +354,6 @@ def xla_costs(
     them: every instruction's operands and results, so reads of the same bytes more than once too), what
     mk.sol counts for it (sol_weight_bytes, sol_kv_bytes), compile_s, and the model, chip, device,
     context, batch, msa, versions and kind."""
-    from ..progress import tqdm
-    from .harness import versions
 
     _check(cfg, context, batch)
     device = _tpu_device(chip)

@@ -3,15 +3,22 @@ compiler, see mk.tpu): the step, the compiler's VMEM figure, and compile time ag
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from functools import partial
 
 import jax
 import pandas as pd
 
-from ..config import ModelConfig
+from ..chips import get_chip, slice_shape, slice_shapes
+from ..config import ModelConfig, get_config
 from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..plan import build_plan
+from ..plan.schedule import pattern_period
+from ..profiling import Estimate
+from ..sharding import torus_order
+from ..tpu import TOPOLOGIES, aot_compile, topology
 from .kernel import build_call, global_shapes, partition_specs
 from .pack import packed_shapes
 from .refs import input_shapes
@@ -46,10 +53,6 @@ def aot_target(chip: str) -> tuple[str, str]:
     """(the chip or slice as mk.chips names it, the topology libtpu compiles it for) of ``chip``: a chip or slice of
     mk.tpu.TOPOLOGIES (``tpu-v5e``: one chip of a 2x2), a slice whose shape data/slices.csv documents (``tpu-v5e-16``:
     ``v5e:4x4``, two hosts), or a topology as libtpu names it (``v6e:4x4``: ``tpu-v6e-16``)."""
-    import math
-
-    from ..chips import get_chip, slice_shape, slice_shapes
-    from ..tpu import TOPOLOGIES
 
     if ":" in chip:
         gen, _, dims = chip.partition(":")
@@ -77,7 +80,6 @@ def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_lim
     """The kernel of ``plan`` (one chip's, of a slice where its setup splits the step) compiled ahead of time for
     ``chip`` (:func:`aot_target`: a slice past one host too) in the plan's own data types (bf16 or f32 by its item
     sizes, INT8 codes by its scheme)."""
-    from ..tpu import aot_compile
 
     name, topo = aot_target(chip)
     shapes = input_shapes(plan)
@@ -103,9 +105,6 @@ def _compile_sharded(plan, chip: str, shapes, build, compiler_options):
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
-
-    from ..sharding import torus_order
-    from ..tpu import topology
 
     devices = topology(chip).devices  # every host's chips: one program, each host running its own chips' share
     devices = torus_order(devices) if plan.setup.torus else devices
@@ -133,7 +132,6 @@ def compiler_vmem_bytes(cfg: ModelConfig, chip: str, batch: int, max_len: int, *
 def refused_vmem_bytes(plan, chip: str) -> float:
     """The VMEM libtpu's compiler says ``plan``'s kernel needs: given a limit of half the plan's budget it refuses the
     kernel and states the size of its scoped allocation (to three digits)."""
-    import re
 
     try:
         compile_plan(plan, chip, vmem_limit_bytes=plan.vmem_bytes // 2)
@@ -151,7 +149,6 @@ def emitted_code(plan) -> dict:
     at least two whole repeats of the pattern between the first, whose DMAs start before the step, and the last,
     which prefetches the head), the ops its body emits once, and the ops emitted outside it (the layers before and
     after it, each with its own code, and the head)."""
-    from ..plan.schedule import pattern_period
 
     loop = [r for r in plan.loop_table() if r["component"] == "layers"]
     looped = loop[0]["repeats"] * pattern_period(plan.share.layer_types) if loop else 0
@@ -184,7 +181,6 @@ def layer_loop_onset(
 ) -> tuple[int, int | None]:
     """(the period of ``cfg``'s layer pattern, the fewest layers of that pattern repeated at which the loop over layers
     forms, None if it forms at no count up to six periods): counted from the step plan, nothing compiled."""
-    from ..plan.schedule import pattern_period
 
     period = pattern_period(cfg.layer_types) or cfg.num_layers
     pattern = cfg.replace(layer_types=cfg.layer_types[:period] * 6)
@@ -211,7 +207,6 @@ def compile_times(
     Rows: layers, loop_layers, what the kernel writes code for (:func:`emitted_code`: the layers inside the loop over
     layers, the ops emitted inside and outside it, their sum ``emitted_ops``), compile_s (median) with its interval
     (mk.profiling.median_interval: with 3 repeats, the whole range)."""
-    from ..profiling import Estimate
 
     compile_for_tpu(cfg.truncated(min(layer_counts)), chip, batch, max_len, weight_dtype=dtype, kv_dtype=dtype)
     configs = [(n, loop) for n in layer_counts for loop in (False, True)]
@@ -265,8 +260,6 @@ def sharded_compiles(
     slice, compiled ahead of time by libtpu (both expert placements for an MoE model): per chip, the HBM its
     arguments take as the compiler reports it beside the plan's (weights and cache, sharded), the plan's VMEM
     and the limit the compiler accepted it under, and the compile time."""
-    from ..chips import get_chip
-    from ..config import get_config
 
     rows = []
     for model in models:

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 
 import jax
 
+from ..chips import get_chip, slice_shape
+from ..tpu import libtpu_version, topology
 from ..units import MIB
+from .aot import aot_target, compile_plan, refused_vmem_bytes
+from .refs import input_shapes
 
 # A Mosaic kernel in the compiled program (XLA's own custom calls, its layout plumbing, are not counted)
 MOSAIC_CALL = 'custom_call_target="tpu_custom_call"'
@@ -60,7 +64,6 @@ class SliceCompile:
 
 def plan_bytes(plan) -> dict[str, int]:
     """A chip's bytes of ``plan``'s kernel arguments, in its own data types: weights, cache, users block."""
-    from .refs import input_shapes
 
     shapes = input_shapes(plan)
 
@@ -73,7 +76,6 @@ def plan_bytes(plan) -> dict[str, int]:
 
 def check_fits(plan, chip: str) -> None:
     """Raise a one-line ValueError when a chip of ``chip`` cannot hold ``plan``'s weights and cache in its HBM."""
-    from ..chips import get_chip
 
     c, b = get_chip(chip), plan_bytes(plan)
     need, have = sum(b.values()), get_chip(chip).hbm_bytes / c.chips
@@ -91,9 +93,6 @@ def compile_on_slice(plan, chip: str, vmem: bool = True) -> SliceCompile:
     for ``chip`` (mk.megakernel.aot.aot_target: a slice name or a libtpu topology); refused first, in one line, when
     a chip's HBM cannot hold it. ``vmem``: compile a second time under half the plan's VMEM for the compiler's own
     figure."""
-    from ..chips import get_chip, slice_shape
-    from ..tpu import libtpu_version, topology
-    from .aot import aot_target, compile_plan, refused_vmem_bytes
 
     name, topo = aot_target(chip)
     c = get_chip(name)

@@ -21,7 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..blocks import inv_freq
 from ..config import ModelConfig
+from ..latent import inv_freq as mla_inv_freq
 from ..params import scales_inputs
 from ..plan import (
     BLOCK,
@@ -39,6 +41,7 @@ from ..plan.arrays import matrix_shapes, packed_arrays
 from ..plan.layout import EXPERT_BIASES, LATENT_MATRICES, expert_bias_shape, head_lanes, scale_rows, scale_width
 from ..qformats import format_of, format_paths, fscale_path, get_format
 from ..quant import quantized_paths, scale_path, scheme_of
+from ..sharding import cache_split_axis, chip_cache, chip_config, first_kv_head, heads_split, position_share
 from . import latent
 from .formats import to_layout as format_to_layout
 from .refs import struct
@@ -131,8 +134,6 @@ def _scales_in_layout(scale, kind, width: int):
 def pack(params: dict, cfg: ModelConfig) -> dict:
     """The kernel's inputs from the reference parameter tree: stacked matrices in the kernel's layout
     (their own dtype), the vector table (f32) and the RoPE inverse frequencies (f32)."""
-    from ..blocks import inv_freq
-    from ..latent import inv_freq as mla_inv_freq
 
     lay = layout_config(cfg)
     fmt = format_of(params)
@@ -273,7 +274,6 @@ def reference_cache(cfg: ModelConfig, cache: dict) -> dict:
 # Over several chips: each chip's cache laid out as above, joined on the axis split over the chips (the weights:
 # each chip's slice packed on that chip, mk.megakernel.engine.MegakernelEngine.packed).
 def _join_caches(parts: list[dict], cfg: ModelConfig, setup) -> dict:
-    from ..sharding import cache_split_axis
 
     axis = cache_split_axis(cfg, setup)
     return {n: parts[0][n] if axis is None else jnp.concatenate([p[n] for p in parts], axis) for n in parts[0]}
@@ -298,7 +298,6 @@ def adopt_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     share a KV head's positions (mk.sharding.position_share), each chip's blocks of its slots only. With the users
     split, the whole cache: its users axis is the one split (chip c's users are rows c * B/C ..). Where one chip stands
     in for the slice (``setup.loopback``), chip 0's part alone."""
-    from ..sharding import chip_cache, chip_config, position_share
 
     if not setup.sharded or setup.users_split:
         return adopt_cache(cfg, cache)
@@ -316,7 +315,6 @@ def adopt_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
 def reference_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     """The reference's cache from ``adopt_cache_chips``'s layout (a KV head kept on several chips is
     the same on each: the first copy is taken)."""
-    from ..sharding import chip_config, first_kv_head, heads_split, position_share
 
     if not setup.sharded or setup.users_split or not heads_split(cfg, setup.chips) or cfg.latent_attention is not None:
         return reference_cache(cfg, cache)

@@ -5,6 +5,7 @@ generation; users may have prompts of different lengths."""
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -12,10 +13,14 @@ import numpy as np
 import pandas as pd
 
 from .. import reference as R
+from ..params import param_specs
 from ..plan import BLOCK, Tiles
+from ..profiling import count_kernels
 from ..quant import quantized_as
-from ..tpu import races_detected
+from ..reference import decode_step_program
+from ..tpu import aot_compile, races_detected
 from ..weights import random_params
+from .aot import compile_for_tpu
 from .engine import make_step
 from .refs import TOKEN
 
@@ -155,11 +160,6 @@ def compare_with_reference(
 def reference_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.bfloat16):
     """The reference's decode step (plain JAX through XLA, on :func:`mk.reference.prepare`'s layout) compiled ahead of
     time for one device of ``chip`` (libtpu, no TPU needed)."""
-    from functools import partial
-
-    from ..params import param_specs
-    from ..reference import decode_step_program
-    from ..tpu import aot_compile
 
     shapes = {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)}
     param_shapes = jax.eval_shape(partial(R.prepare, cfg=cfg, experts=R.expert_layout("tpu")), shapes)
@@ -178,8 +178,6 @@ def reference_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.bfloat1
 def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.bfloat16) -> pd.DataFrame:
     """Kernels one decode step launches on ``chip``, counted by mk.profiling in the TPU program that
     libtpu compiles ahead of time: the reference (plain JAX through XLA) against the megakernel."""
-    from ..profiling import count_kernels
-    from .aot import compile_for_tpu
 
     ref = reference_on_tpu(cfg, chip, batch, max_len, dtype)
     arrays = jnp.dtype(dtype).name

@@ -11,9 +11,10 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
 from ..config import ModelConfig
-from ..plan import BLOCK, LANE, ROWS, Attend, StepPlan, round_up
+from ..plan import BLOCK, LANE, ROWS, AllReduce, Attend, StepPlan, round_up
 from ..plan.arrays import Array
 from ..plan.layout import EXPERT_BIASES, latent_lanes
+from ..sharding import chunk_width
 
 TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
 
@@ -292,8 +293,6 @@ def users_split_shapes(plan: StepPlan, t: str) -> UsersSplit:
 
 
 def collective_shapes(plan: StepPlan) -> CollectiveScratch:
-    from ..plan import AllReduce
-    from ..sharding import chunk_width
 
     C, rows, width = plan.chips, plan.rows, plan.layout.hidden_size
     peers = plan.setup.peer_semaphores
@@ -333,7 +332,6 @@ def collective_shapes(plan: StepPlan) -> CollectiveScratch:
 def _torus_exchanges(dims, n: int, rows: int, width: int, dtype, peers: int) -> tuple:
     """A TorusExchange a dimension of ``dims`` chips: each cuts the last one's chunk (first: the ``width`` lanes)
     into its chips' whole-lane chunks (mk.sharding.links.torus_all_reduce, which prices them)."""
-    from ..sharding import chunk_width
 
     out, w = [], width
     for g in dims:

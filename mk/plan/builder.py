@@ -13,6 +13,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs, tile_rows_scaled
+from ..sharding import one_link_all_reduce, torus_all_reduce, torus_best, users_per_chip
 from ..units import ceil_div, positive_int
 from .flops import (
     attention_flops,
@@ -153,7 +154,6 @@ class Builder:
 
     def all_reduce(self, layer: int, acts: list[str], itemsize: int) -> None:
         """Sum ``acts`` over the chips (nothing on one chip, or with nothing to sum)."""
-        from ..sharding import one_link_all_reduce, torus_all_reduce
 
         if not self.setup.sharded or not acts:
             return
@@ -348,8 +348,6 @@ class Builder:
         else:
             self.op(NoHead(-1, HEAD, 0))
         if self.setup.sharded:
-            from ..sharding import torus_best
-
             C, block = self.setup.chips, 2 * ROWS * LANE * 4  # each chip's best value and its index
             if self.setup.torus:  # the best of each dimension's group in turn over the slice's torus
                 ex = torus_best(block, self.setup.torus)
@@ -361,7 +359,6 @@ class Builder:
 
     def attention(self, i: int, t: str):
         """Grouped-query attention: q, k, v projections, their norms and RoPE, attention over the KV cache."""
-        from ..sharding import users_per_chip
 
         layout, B, p = self.layout, self.batch, f"layers.{i}."
         hd, kv, nh = layout.head_dim(t), layout.kv_heads(t), layout.num_heads

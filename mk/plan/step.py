@@ -8,20 +8,24 @@ cannot drift; tests and the timing model read the same records for bytes, FLOPs 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
 from ..config import ModelConfig
 from ..dtypes import array_itemsize
 from ..kernel_setup import ONE_CHIP, KernelSetup
-from ..params import EXPERTS, check_knockout
+from ..params import EXPERTS, check_knockout, quantized_paths
+from ..qformats import FORMAT_SCHEMES, format_paths
 from ..routing import busiest_chip_distribution, chip_distinct_experts_distribution, distinct_experts_distribution
+from ..sharding import attention_chips, chip_config, expert_groups, experts_per_chip, position_share, users_per_chip
 from ..units import round_up
 from .arrays import Array, HbmArrays, cache_shapes, packed_arrays
 from .builder import Builder, check_shapes, even_width, expert_slots
 from .layout import BLOCK, ROWS, cache_slots, kv_tile, kv_tiles_read, layout_config
 from .records import AllReduce, Attend, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
+from .vmem import check_vmem, vmem_breakdown, vmem_limit
 
 
 @dataclass(frozen=True)
@@ -193,14 +197,12 @@ class StepPlan:
 
     def position_share(self, layer_type: str) -> int:
         """Chips sharing the positions of one of the layer type's KV heads (mk.sharding.position_share; 1: none)."""
-        from ..sharding import position_share
 
         return position_share(self.model, layer_type, self.setup)
 
     @property
     def cache_users(self) -> int:
         """The users whose caches this chip holds and attends over (mk.sharding.users_per_chip)."""
-        from ..sharding import users_per_chip
 
         return users_per_chip(self.model, self.setup, self.users)
 
@@ -223,7 +225,6 @@ class StepPlan:
         switches, the items and loads in order, the KV tile of each layer type), but not with the context, which only
         sets how often each user's loop over KV tiles runs, nor with the setup's name: the key of the compiled
         schedule's rows (mk.timing.scheduled)."""
-        import hashlib
 
         skip = ("knockout", "buffers", "items", "max_len", "context", "setup")
         # one chip's plan keys its rows as it did when its whole model was not repeated beside its share
@@ -254,7 +255,6 @@ class StepPlan:
     def expert_groups(self) -> int:
         """The chips (whole experts) or groups of a host's chips (placement ``hosts``) the routed experts are spread
         over whole (mk.sharding.expert_groups; 1: every expert on, or split over, every chip)."""
-        from ..sharding import expert_groups
 
         return 1 if self.setup is None else expert_groups(self.model, self.setup)
 
@@ -345,7 +345,6 @@ class StepPlan:
 
     # VMEM (mk.plan.vmem) -------------------------------------------------------------------------
     def vmem_breakdown(self, with_logits: bool = False) -> dict[str, int]:
-        from .vmem import vmem_breakdown
 
         return vmem_breakdown(self, with_logits)
 
@@ -354,13 +353,11 @@ class StepPlan:
         return sum(self.vmem_breakdown().values())
 
     def check_vmem(self, chip) -> int:
-        from .vmem import check_vmem
 
         return check_vmem(self, chip)
 
     def vmem_limit(self, chip) -> int:
         """The VMEM limit a compile of this plan for ``chip`` is given (mk.plan.vmem.vmem_limit)."""
-        from .vmem import vmem_limit
 
         return vmem_limit(self, chip)
 
@@ -499,9 +496,6 @@ def build_plan(
 @lru_cache(maxsize=64)
 def _built_plan(cfg, batch, max_len, context, weight_dtype, kv_dtype, tiles, knockout, loop_layers, setup, chip_index,
                 quantize) -> StepPlan:  # fmt: skip
-    from ..params import quantized_paths
-    from ..qformats import FORMAT_SCHEMES, format_paths
-    from ..sharding import attention_chips, chip_config, experts_per_chip, position_share, users_per_chip
 
     cfg, draft_tokens = setup.laid_out(cfg), setup.draft_tokens
     if not 0 <= chip_index < setup.chips:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..chips import get_chip
 from ..units import LANE, MIB, round_up
 from .layout import BLOCK, ROWS, VREG_BYTES, latent_lanes, vector_table_shape
 
@@ -61,7 +62,6 @@ def _latent_vmem(plan) -> dict[str, int]:
 
 def check_vmem(plan, chip) -> int:
     """Raise if the plan's VMEM does not fit one core of ``chip`` (a Chip or a name)."""
-    from ..chips import get_chip
 
     chip = get_chip(chip)
     if chip.vmem_bytes != chip.vmem_bytes:  # NaN: not checked for this chip
@@ -84,7 +84,6 @@ def check_vmem(plan, chip) -> int:
 def vmem_limit(plan, chip) -> int:
     """The VMEM limit the compiler is given for ``plan`` on ``chip``: the plan's budget (checked to fit) plus a
     quarter and 8 MiB of headroom for Mosaic's own internal scratch, at most the core's VMEM."""
-    from ..chips import get_chip
 
     chip = get_chip(chip)
     need = check_vmem(plan, chip)

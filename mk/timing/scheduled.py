@@ -25,6 +25,7 @@ import pandas as pd
 from ..chips import Chip
 from ..paths import KERNEL_REVISIONS_CSV, SCHEDULE_DIR
 from ..plan import ROUTED, Op, StepPlan, Wait, item_scope
+from .constants import assumed_costs, assumed_label, fitted_costs
 
 KIND = "compiler-scheduled"
 PLAIN, SCOPED = "plain", "scoped"  # the kernel as it runs; the same kernel with its named scopes kept as marks
@@ -257,7 +258,6 @@ def _costs(s: ScheduledStep) -> dict:
 def op_costs_label(kind: str) -> str:
     """Where a modelled megakernel step's per-op costs come from on ``kind`` chips, in words (a table's kind, a
     figure's footer): the compiler's schedule where data/schedule keeps the plan's (TPUs), else data/timing.csv's."""
-    from .constants import assumed_costs, assumed_label, fitted_costs
 
     other = assumed_label(assumed_costs(kind), fitted_costs(kind))
     if kind != "tpu":

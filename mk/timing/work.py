@@ -7,8 +7,10 @@ import math
 from collections.abc import Callable
 from functools import lru_cache
 
-from ..chips import Chip
+from ..chips import Chip, get_chip
+from ..config import get_config
 from ..dtypes import get_dtype
+from ..kernel_setup import SETUPS
 from ..params import EXPERTS, HEAD, SCHEMES
 from ..plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan
 from ..sharding.placement import allocated_positions
@@ -126,9 +128,6 @@ def check_speculation(speculate: int, acceptance: float | None) -> float:
 def named_plan(model, chip, context: int, batch: int, setup, dtype: str = "bf16", knockout=()) -> StepPlan:
     """:func:`step_plan` from names: ``model`` a name mk.config resolves or a config, ``chip`` a name or a Chip,
     ``setup`` a KernelSetup or its command-line name (mk.kernel_setup.SETUPS)."""
-    from ..chips import get_chip
-    from ..config import get_config
-    from ..kernel_setup import SETUPS
 
     setup = SETUPS[setup] if isinstance(setup, str) else setup
     cfg = get_config(model)
