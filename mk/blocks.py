@@ -107,7 +107,7 @@ def matmul_t(x, w):
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
 
 
-matmul_t.layout = "out_in"  # the matrices it takes are stored [out, in] (mk.latent.kv_b_heads reads it)
+matmul_t.layout = "out_in"  # the matrices it takes are stored [out, in] (mk.mla.kv_b_heads reads it)
 
 
 @lru_cache(maxsize=None)
@@ -120,7 +120,7 @@ def activations_rounded(dtype: str):
     def mm(x, w):
         return matmul_t(x.astype(dt).astype(x.dtype), w)
 
-    mm.layout, mm.activation_dtype = matmul_t.layout, dt  # products mk.latent writes as einsums round the same
+    mm.layout, mm.activation_dtype = matmul_t.layout, dt  # products mk.mla writes as einsums round the same
     return mm
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from . import qformats
+from . import format_trees
 from .config import ModelConfig
 from .params import SCALE_SUFFIX, SCHEMES, check_scheme, param_specs, quantized_paths, scale_path, scales_inputs
 
@@ -57,9 +57,9 @@ def quantize(params: dict, cfg: ModelConfig, scheme: str) -> dict:
 
 def scheme_of(params: dict, cfg: ModelConfig) -> str:
     """Which scheme a parameter tree is quantized with (``none`` for a float tree; a shipped format's name for an
-    mk.qformats tree); a tree that matches no scheme (scales missing, or INT8 where no scheme puts it) is refused
+    mk.format_trees tree); a tree that matches no scheme (scales missing, or INT8 where no scheme puts it) is refused
     with what is wrong."""
-    if (fmt := qformats.format_of(params)) is not None:
+    if (fmt := format_trees.format_of(params)) is not None:
         return fmt
     int8 = {s.path for s in param_specs(cfg) if s.path in params and params[s.path].dtype == jnp.int8}
     for scheme in SCHEMES:
@@ -82,9 +82,9 @@ def dequantize_matrix(codes, scale, dtype, per_input: bool = False):
 def dequantize(params: dict, cfg: ModelConfig, dtype=None) -> dict:
     """The float tree the quantized one stands for (every INT8 matrix dequantized to ``dtype``, by default the
     embedding's, scales dropped): the weights the reference and the kernel both multiply by. A tree in a shipped
-    format (mk.qformats) is decoded by its format."""
-    if qformats.format_of(params) is not None:
-        return qformats.dequantize(params, cfg, dtype)
+    format (mk.format_trees) is decoded by its format."""
+    if format_trees.format_of(params) is not None:
+        return format_trees.dequantize(params, cfg, dtype)
     scheme = scheme_of(params, cfg)
     dtype = dtype or params["embed"].dtype
     out = {k: v for k, v in params.items() if not k.endswith(SCALE_SUFFIX)}
@@ -95,7 +95,7 @@ def dequantize(params: dict, cfg: ModelConfig, dtype=None) -> dict:
 
 def quantized_as(params: dict, cfg: ModelConfig, scheme: str | None = None) -> dict:
     """``params`` under ``scheme``, as a loader hands them to the engines: a float tree is quantized with
-    ``scheme`` (None: ``none``, left as it is; a shipped format's name: mk.qformats); an already quantized tree (a
+    ``scheme`` (None: ``none``, left as it is; a shipped format's name: mk.format_trees); an already quantized tree (a
     quantized checkpoint) is used as it is when ``scheme`` is None or its own scheme, and refused otherwise (it
     cannot be re-quantized)."""
     have = scheme_of(params, cfg)
@@ -106,7 +106,7 @@ def quantized_as(params: dict, cfg: ModelConfig, scheme: str | None = None) -> d
                 f"quantization {scheme!r} does not match: leave it out or ask for {have!r}"
             )
         return params
-    if scheme in qformats.FORMAT_SCHEMES:
-        return qformats.quantize(params, cfg, scheme)
+    if scheme in format_trees.FORMAT_SCHEMES:
+        return format_trees.quantize(params, cfg, scheme)
     scheme = check_scheme(scheme or "none")
     return params if scheme == "none" else quantize(params, cfg, scheme)

@@ -1,7 +1,7 @@
 """The reference decoder in plain JAX: prefill, one-token decode with a KV cache, speculative verification, any batch.
 It runs Gemma 4 (below), Llama 3, Qwen3, Qwen3-MoE and Mixtral (pre-norm layers, mk.blocks), gpt-oss (attention
 sinks, biased projections and experts, the clamped SwiGLU, YaRN RoPE) and DeepSeek-V3 / Kimi K2 (multi-head latent
-attention, mk.latent, with YaRN RoPE and its softmax mscale; grouped sigmoid routing with its correction bias, dense
+attention, mk.mla, with YaRN RoPE and its softmax mscale; grouped sigmoid routing with its correction bias, dense
 first layers, a shared expert), all of which the megakernel runs too (``ModelConfig.check_runnable(engine)``).
 
 This is the "general stack": ordinary XLA ops, one compiled program per decode step. Users need not
@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import latent
+from . import mla
 from .blocks import (
     activations_rounded,
     attend,
@@ -82,9 +82,9 @@ from .blocks import (
     router_input,
 )
 from .config import SLIDING, ModelConfig
+from .format_trees import FSCALE_SUFFIX
 from .kv_slots import cache_len
 from .params import NORMS, attention_component, check_knockout, layer_params
-from .qformats import FSCALE_SUFFIX
 from .quant import SCALE_SUFFIX, dequantize
 from .units import positive_int
 
@@ -100,17 +100,17 @@ def init_cache(
     norm. ``multiple``: every layer's slot count is rounded up to a multiple of it (for engines that read the cache
     in blocks). ``draft_tokens``: a sliding ring that many slots longer (mk.kv_slots.cache_len). Multi-head latent
     attention (DeepSeek-V3) keeps ``layers.{i}.latent [batch, 1, slots, kv_lora_rank]`` and ``layers.{i}.rope_k
-    [batch, 1, slots, qk_rope_head_dim]`` instead (mk.latent).
+    [batch, 1, slots, qk_rope_head_dim]`` instead (mk.mla).
     """
     for name, v in (("batch", batch), ("max_len", max_len), ("multiple", multiple)):
         positive_int(name, v)
     cache = {}
     for i, t in enumerate(cfg.layer_types):
         slots = cache_len(cfg, t, int(max_len), int(multiple), int(draft_tokens))
-        mla = cfg.latent_attention
-        if mla is not None:
-            cache[f"layers.{i}.latent"] = jnp.zeros((batch, 1, slots, mla.kv_lora_rank), dtype)
-            cache[f"layers.{i}.rope_k"] = jnp.zeros((batch, 1, slots, mla.qk_rope_head_dim), dtype)
+        shape = cfg.latent_attention
+        if shape is not None:
+            cache[f"layers.{i}.latent"] = jnp.zeros((batch, 1, slots, shape.kv_lora_rank), dtype)
+            cache[f"layers.{i}.rope_k"] = jnp.zeros((batch, 1, slots, shape.qk_rope_head_dim), dtype)
             continue
         shape = (batch, cfg.kv_heads(t), slots, cfg.head_dim(t))
         cache[f"layers.{i}.k"] = jnp.zeros(shape, dtype)
@@ -249,8 +249,8 @@ def _attention(p, cfg: ModelConfig, t: str, h, positions, mask, knockout):
     """A layer's attention over its own rows (prefill's form) for the normed stream ``h [B, T, H]`` with ``mask [T,
     T]``: (the o-projected output [B, T, H], what its cache keeps of the rows: ``{name: [B, heads, T, dim]}``)."""
     if cfg.latent_attention is not None:
-        q, written = latent.project(p, cfg, h, positions, knockout)
-        return latent.attend_expanded(p, cfg, q, written["latent"], written["rope_k"], mask) @ p["o"], written
+        q, written = mla.project(p, cfg, h, positions, knockout)
+        return mla.attend_expanded(p, cfg, q, written["latent"], written["rope_k"], mask) @ p["o"], written
     q, k, v = qkv(p, cfg, t, h, positions, knockout)
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, kv, T, hd]
     return biased(p, "o", attend(q, k, v, mask, cfg.score_scale(t), p.get("sinks"))), {"k": k, "v": v}
@@ -301,7 +301,7 @@ PREPARED = "prepared"  # marks a tree in the decode layout (its value, None, hol
 
 
 def is_quantized(params: dict) -> bool:
-    """Whether ``params`` holds INT8 weights or their scales (mk.quant), or a shipped format's (mk.qformats), i.e. is
+    """Whether ``params`` holds INT8 weights or their scales (mk.quant), or a shipped format's (mk.format_trees): is
     not a plain float tree."""
     return any(k.endswith((SCALE_SUFFIX, FSCALE_SUFFIX)) for k in params) or any(
         getattr(v, "dtype", None) == jnp.int8 for v in params.values()
@@ -454,7 +454,7 @@ def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, knockout: frozens
         if attention_component(t) not in knockout:
             h = rms_norm(x, p["input_norm"], cfg.rms_eps, NORMS not in knockout)
             if cfg.latent_attention is not None:
-                q, written = latent.project(p, cfg, h, positions, knockout, mm)
+                q, written = mla.project(p, cfg, h, positions, knockout, mm)
             else:
                 q, k, v = qkv(p, cfg, t, h, positions, knockout, mm)
                 written = {"k": k.transpose(0, 2, 1, 3), "v": v.transpose(0, 2, 1, 3)}  # [B, kv, T, hd]
@@ -469,7 +469,7 @@ def _decode_rows(params, cfg: ModelConfig, cache, tokens, pos, knockout: frozens
             mask = visible(held[:, None, :], positions[:, :, None], cfg, t)  # [B, T, S]
             if cfg.latent_attention is not None:
                 lc, rc = cache[f"layers.{i}.latent"], cache[f"layers.{i}.rope_k"]
-                attn = latent.attend_absorbed(p, cfg, q, lc, rc, mask[:, None], mm)
+                attn = mla.attend_absorbed(p, cfg, q, lc, rc, mask[:, None], mm)
             else:
                 kc, vc = cache[f"layers.{i}.k"], cache[f"layers.{i}.v"]
                 scale, sinks = cfg.score_scale(t), p.get("sinks")

@@ -406,7 +406,9 @@ def _figure_html(item: dict) -> str:
     )
 
 
-def _table_html(item: dict) -> str:
+def table_item_html(item: dict) -> str:
+    """A table of the report (``item``: its name, title, frame, kind and date) as HTML: its kind above it, a long one
+    folded behind its first rows and a link to its CSV."""
     name, df = _esc(item["name"]), item["df"]
     if "kind" in df.columns and df["kind"].nunique(dropna=False) == 1:
         label = str(df["kind"].iloc[0])
@@ -470,7 +472,7 @@ def write_report(
         book = books[number]
         out.append(f'<h2 id="nb-{number}">{_esc(book["title"])}</h2>')
         out.append(f'<p class="meta">notebook <code>notebooks/{_esc(book["file"])}</code></p>')
-        out += [_figure_html(i) if i["type"] == "figure" else _table_html(i) for i in group]
+        out += [_figure_html(i) if i["type"] == "figure" else table_item_html(i) for i in group]
     if left_out:
         out.append("<h2>Left out</h2><ul>" + "".join(f"<li>{_esc(x)}</li>" for x in left_out) + "</ul>")
     out.append("</body></html>\n")

@@ -1,6 +1,6 @@
 """Weights for mk's parameter tree: seeded random initialisation, and loading and saving checkpoints
 in the Hugging Face layout of each family mk runs (Gemma 4, Llama 3, Qwen3, Qwen3-MoE, Mixtral, gpt-oss; DeepSeek-V3
-and Kimi K2), and in the formats big models ship in (mk.formats: decoded to float on load).
+and Kimi K2), and in the formats big models ship in (mk.checkpoint_formats: decoded to float on load).
 
 Each family's names and layouts are mk.hf_layout's (``hf_tensor_map``, the one place the two are tied together,
 used both ways, so a save and a load round-trip exactly).
@@ -31,13 +31,13 @@ import ml_dtypes
 import numpy as np
 
 from .assistant_config import AssistantConfig, check_pair, read_assistant_config
+from .checkpoint_formats import FORMATS, CheckpointFormat, DecodedCheckpoint
 from .config import ModelConfig, from_hf_dict, is_hub_id, to_hf_dict
 from .files import write_atomic
-from .formats import FORMATS, CheckpointFormat, DecodedCheckpoint
+from .format_trees import format_of, format_paths, fscale_path, get_format
 from .hf_layout import from_hf_layout, hf_scale_shape, hf_shape, hf_tensor_map, interleaved, scale_from_hf
 from .params import NORMS, ROUTER, param_specs, scales_inputs
 from .progress import tqdm
-from .qformats import format_of, format_paths, fscale_path, get_format
 from .quant import SCALE_SUFFIX, SCHEMES, quantized_paths, scale_path, scheme_of
 from .reference import expert_layout, prepare
 from .sharding.mesh import gspmd_sharding
@@ -169,8 +169,8 @@ def quantization_config(scheme: str) -> dict | None:
 
 def _read_quantization(hf: dict, cfg_file: Path) -> tuple[str, str, CheckpointFormat | None]:
     """(scheme, scale suffix, shipped format) of a checkpoint's config.json: ("none", ..., None) without a
-    quantization_config; a format big models ship in (mk.formats: FP8 blocks, INT4 groups, MXFP4) loads decoded
-    to float (scheme "none")."""
+    quantization_config; a format big models ship in (mk.checkpoint_formats: FP8 blocks, INT4 groups, MXFP4) loads
+    decoded to float (scheme "none")."""
     q = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
     if not q:
         return "none", SCALE_SUFFIX, None
@@ -391,9 +391,9 @@ def load_checkpoint(
     A checkpoint whose config.json has mk's ``quantization_config`` loads as the quantized tree it was saved
     from (mk.quant): INT8 codes and float32 scales exactly as stored (``dtype`` does not touch them), the
     scales after the other tensors, in ``mk.quant.quantized_paths`` order, as ``mk.quant.quantize`` makes them.
-    A checkpoint in a format big models ship in (FP8 blocks, packed INT4 groups, MXFP4: mk.formats) loads as the
-    float tree those weights stand for, each encoded tensor decoded to float32 (then cast to ``dtype``); with
-    ``codes``, as the format's tree (mk.qformats: codes and scales as stored, for the megakernel to stream; a float
+    A checkpoint in a format big models ship in (FP8 blocks, packed INT4 groups, MXFP4: mk.checkpoint_formats) loads as
+    the float tree those weights stand for, each encoded tensor decoded to float32 (then cast to ``dtype``); with
+    ``codes``, as the format's tree (mk.format_trees: codes and scales as stored, for the megakernel to stream; a float
     checkpoint loads as it always does).
     """
     folder = checkpoint_folder(path_or_repo_id)
@@ -458,7 +458,7 @@ def load_checkpoint(
 
 
 def _codes_format(ckpt) -> str | None:
-    """The mk.qformats scheme a checkpoint in a shipped format loads its codes as (None: a float checkpoint); refused
+    """The mk.format_trees scheme a shipped format's checkpoint loads its codes as (None: a float checkpoint); refused
     by name if its blocks are not the scheme's."""
     if not isinstance(ckpt, DecodedCheckpoint):
         return None
@@ -487,8 +487,8 @@ def save_checkpoint(params: dict[str, jax.Array], cfg: ModelConfig, folder) -> P
 
     if format_of(params) is not None:
         raise ValueError(
-            f"a {format_of(params)} tree (mk.qformats) is not saved here: save its float tree, or write the format's "
-            "tensors with mk.formats' encoders"
+            f"a {format_of(params)} tree (mk.format_trees) is not saved here: save its float tree, or write the "
+            "format's tensors with mk.checkpoint_formats' encoders"
         )
     check_params(params, cfg)
     scheme = scheme_of(params, cfg)

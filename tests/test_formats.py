@@ -1,4 +1,4 @@
-"""mk.formats: the checkpoint layouts big models ship in (FP8 with block scales, INT4 in packed groups, MXFP4),
+"""mk.checkpoint_formats: the layouts big models ship in (FP8 with block scales, INT4 in packed groups, MXFP4),
 decoded as the code that ships them decodes them, and loaded by mk.weights as float trees.
 
 Oracles we did not write: transformers' FP8 dequantizer (``_dequantize_fp8_weight``) and its FP8 loading
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_parity import hf_greedy
 
-from mk.formats import (
+from mk.checkpoint_formats import (
     decode_fp8_block,
     decode_int4_packed,
     decode_mxfp4,
@@ -59,7 +59,7 @@ def test_mxfp4_decoding_is_transformers():
     blocks = rng.integers(0, 256, (3, 6, 2, 16), dtype=np.uint8)  # [experts, rows, groups, 16 bytes]
     scales = rng.integers(118, 136, (3, 6, 2), dtype=np.uint8)
     want = _convert_moe_packed_tensors(_torch(blocks), _torch(scales), dtype=torch.float32).numpy()
-    got = np.swapaxes(decode_mxfp4(blocks, scales), -1, -2)  # as mk.formats.DecodedCheckpoint shows it
+    got = np.swapaxes(decode_mxfp4(blocks, scales), -1, -2)  # as mk.checkpoint_formats.DecodedCheckpoint shows it
     np.testing.assert_array_equal(got, want)
 
 
@@ -200,8 +200,8 @@ def test_a_format_checkpoint_missing_its_scales_is_refused_by_name(hf_checkpoint
 def test_each_released_format_is_one_mk_counts_for_a_model_it_knows():
     """data/released_formats.csv: each row's model resolves, its data type is mk.sol's and applies to that model (a
     format for routed experts only on a model with them), and it names its source."""
+    from mk.checkpoint_formats import released_format, released_formats
     from mk.config import get_config
-    from mk.formats import released_format, released_formats
     from mk.sol import bytes_per_token
 
     assert {"kimi-k2", "deepseek-v3", "gpt-oss-20b"} <= set(released_formats())

@@ -1,4 +1,4 @@
-"""The megakernel on the formats big models ship in (mk.qformats: FP8 blocks, MXFP4, INT4 groups): it streams their
+"""The megakernel on the formats big models ship in (mk.format_trees: FP8 blocks, MXFP4, INT4 groups): it streams their
 codes and scales and widens each tile in VMEM, held to the reference on the dequantized tree (Pallas TPU interpret
 mode, race detector on), on one chip and over 8 simulated chips; the plan's bytes are mk.sol's for the format."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_int8_kernel import kernel_against_dequantized_reference
 
-from mk import formats as F, qformats, quant
+from mk import checkpoint_formats as F, format_trees, quant
 from mk.config import GEMMA4_26B_A4B, TINY_DENSE, TINY_MOE
 from mk.generate import generate
 from mk.kernel_setup import KernelSetup
@@ -22,7 +22,7 @@ from mk.weights import random_params
 
 def _kernel_against_dequantized_reference(cfg, scheme, prompts, params=None, **options):
     """The kernel on ``scheme``'s tree (of random weights unless ``params``) against the reference on it dequantized."""
-    params = params if params is not None else qformats.quantize(random_params(cfg, 0), cfg, scheme)
+    params = params if params is not None else format_trees.quantize(random_params(cfg, 0), cfg, scheme)
     kernel_against_dequantized_reference(params, cfg, prompts, 2, **options)
 
 
@@ -67,7 +67,7 @@ def test_a_layout_that_splits_a_block_is_refused():
     from mk.megakernel.pack import pack
 
     cfg = TINY_DENSE.replace(sliding_head_dim=96, full_head_dim=96)
-    params = qformats.quantize(random_params(cfg, 0), cfg, "fp8-block")
+    params = format_trees.quantize(random_params(cfg, 0), cfg, "fp8-block")
     with pytest.raises(ValueError, match=r"layers.0.q: the kernel's layout of it puts weights of one fp8-block block"):
         pack(params, cfg)
 
@@ -77,7 +77,7 @@ def test_a_chips_slice_that_splits_a_block_is_refused():
     from mk.sharding import chip_params
 
     cfg = TINY_MOE
-    params = qformats.quantize(random_params(cfg, 0), cfg, "fp8-block")
+    params = format_trees.quantize(random_params(cfg, 0), cfg, "fp8-block")
     with pytest.raises(ValueError, match="mlp_gate from 32 split fp8-block's blocks of 128"):
         chip_params(params, cfg, KernelSetup(8, "whole"), 1)
 
@@ -87,7 +87,7 @@ def test_in_bf16_the_kernel_on_codes_is_the_kernel_on_their_float_tree(scheme):
     """In BF16 the widened tiles are the dequantized tree's weights exactly: the kernel streaming the codes gives the
     tokens and logits of the kernel streaming that BF16 tree, bit for bit (the reference in BF16 differs from
     both alike, by more than the F32 tests' tolerance, for these weights)."""
-    params = qformats.quantize(random_params(TINY_MOE, 0, jnp.bfloat16), TINY_MOE, scheme)
+    params = format_trees.quantize(random_params(TINY_MOE, 0, jnp.bfloat16), TINY_MOE, scheme)
     floats = quant.dequantize(params, TINY_MOE)
     want = generate(floats, TINY_MOE, PROMPTS, 2, engine="megakernel", return_logits=True)
     got = generate(params, TINY_MOE, PROMPTS, 2, engine="megakernel", return_logits=True)
@@ -99,17 +99,18 @@ def test_in_bf16_the_kernel_on_codes_is_the_kernel_on_their_float_tree(scheme):
 @pytest.mark.parametrize("scheme, cfg", [("fp8-block", TINY_DENSE), ("mxfp4", TINY_MOE)], ids=["fp8-block", "mxfp4"])
 def test_dropping_the_block_scales_fails(scheme, cfg):
     """The mutation the tests above must catch: the kernel fed the codes with every block scale 1 (E8M0's 127)."""
-    params = qformats.quantize(random_params(cfg, 0), cfg, scheme)
+    params = format_trees.quantize(random_params(cfg, 0), cfg, scheme)
     want = generate(quant.dequantize(params, cfg), cfg, PROMPTS[:1], 1, return_logits=True)[1]
     unit = 127 if scheme == "mxfp4" else 1
-    ones = {k: jnp.full_like(v, unit) if k.endswith(qformats.FSCALE_SUFFIX) else v for k, v in params.items()}
+    ones = {k: jnp.full_like(v, unit) if k.endswith(format_trees.FSCALE_SUFFIX) else v for k, v in params.items()}
     got = generate(ones, cfg, PROMPTS[:1], 1, engine="megakernel", return_logits=True)[1]
     assert not np.allclose(np.asarray(got[-1]), np.asarray(want[-1]), atol=1e-4, rtol=1e-4)
 
 
-def test_format_trees_decode_as_mk_formats_does():
-    """A format tree's matrix is mk.formats' encoding of the float matrix transposed to [out, in] (a checkpoint's
-    orientation), in the format's dtypes: dequantized, each expert is what mk.formats decodes it to."""
+def test_format_trees_decode_as_checkpoint_formats_does():
+    """A format tree's matrix is mk.checkpoint_formats' encoding of the float matrix transposed to [out, in] (a
+    checkpoint's orientation), in the format's dtypes: dequantized, each expert is what mk.checkpoint_formats decodes
+    it to."""
     cfg = TINY_MOE
     params = random_params(cfg, 1)
     w = np.asarray(params["layers.2.expert_down"][3]).T  # [out, in]
@@ -119,10 +120,10 @@ def test_format_trees_decode_as_mk_formats_does():
         "mxfp4": F.decode_mxfp4(*F.encode_mxfp4(w)),
         "int4": bf16_scales(*F.encode_int4_packed(w)),
     }
-    for scheme, fmt in qformats.FORMAT_SCHEMES.items():
-        q = qformats.quantize(params, cfg, scheme)
-        for path in qformats.format_paths(cfg, scheme):
-            assert q[path].dtype == fmt.codes and q[qformats.fscale_path(path)].dtype == fmt.scales
+    for scheme, fmt in format_trees.FORMAT_SCHEMES.items():
+        q = format_trees.quantize(params, cfg, scheme)
+        for path in format_trees.format_paths(cfg, scheme):
+            assert q[path].dtype == fmt.codes and q[format_trees.fscale_path(path)].dtype == fmt.scales
         got = np.asarray(quant.dequantize(q, cfg)["layers.2.expert_down"][3]).T
         np.testing.assert_array_equal(got, want[scheme], err_msg=scheme)
 
@@ -141,17 +142,17 @@ def test_plan_and_sol_agree_on_format_bytes(scheme):
 def test_formats_refuse_what_they_cannot_hold():
     int8 = quant.quantize(random_params(TINY_MOE, 0), TINY_MOE, "int8-experts")
     with pytest.raises(ValueError, match="quantized already"):
-        qformats.quantize(int8, TINY_MOE, "mxfp4")
+        format_trees.quantize(int8, TINY_MOE, "mxfp4")
     with pytest.raises(ValueError, match="mxfp4 is a format of routed experts.*use fp8-block"):
-        qformats.format_paths(TINY_DENSE, "mxfp4")
+        format_trees.format_paths(TINY_DENSE, "mxfp4")
     odd = TINY_MOE.replace(expert_intermediate=48)
     with pytest.raises(ValueError, match="expert width 48 is not a multiple of 32"):
-        qformats.format_paths(odd, "int4")
+        format_trees.format_paths(odd, "int4")
 
 
 def test_checkpoints_in_the_formats_load_as_codes_for_the_kernel(hf_checkpoint, tmp_path):
     """A tiny Llama saved with FP8 projections in 128 x 128 blocks, and a tiny Qwen3-MoE with packed INT4 experts
-    (compressed-tensors' layout), load with ``codes=True`` as the format trees mk.qformats makes from their float
+    (compressed-tensors' layout), load with ``codes=True`` as the format trees mk.format_trees makes from their float
     weights, bit for bit; the INT4 one runs in the kernel as the decoded checkpoint does in the reference."""
     from test_formats import _rewrite
 
@@ -182,8 +183,8 @@ def test_checkpoints_in_the_formats_load_as_codes_for_the_kernel(hf_checkpoint, 
         _rewrite(folder, tmp_path / scheme, encode, qc)
         cfg, float_params = load_checkpoint(folder)
         _, codes = load_checkpoint(tmp_path / scheme, codes=True)
-        want = qformats.quantize(float_params, cfg, scheme)
-        assert qformats.format_of(codes) == scheme and sorted(codes) == sorted(want)
+        want = format_trees.quantize(float_params, cfg, scheme)
+        assert format_trees.format_of(codes) == scheme and sorted(codes) == sorted(want)
         for path in want:
             np.testing.assert_array_equal(np.asarray(codes[path]), np.asarray(want[path]), err_msg=path)
     _kernel_against_dequantized_reference(cfg, scheme, PROMPTS, params=codes)
@@ -191,7 +192,7 @@ def test_checkpoints_in_the_formats_load_as_codes_for_the_kernel(hf_checkpoint, 
 
 def test_cli_generate_mxfp4_megakernel_gives_the_dequantized_references_tokens(mk_json):
     """``python -m mk generate --model tiny-moe --quantize mxfp4 --engine megakernel --detect-races``."""
-    params = qformats.quantize(random_params(TINY_MOE, 0), TINY_MOE, "mxfp4")
+    params = format_trees.quantize(random_params(TINY_MOE, 0), TINY_MOE, "mxfp4")
     want = generate(quant.dequantize(params, TINY_MOE), TINY_MOE, PROMPTS[:1], 2)
     got = mk_json(
         "generate", "--model", "tiny-moe", "--seed", 0, "--quantize", "mxfp4", "--engine", "megakernel",
@@ -223,8 +224,8 @@ def test_kimi_k2_thinkings_int4_experts_on_deepseek_v3_in_the_kernel(hf_checkpoi
 
     cfg, params = load_checkpoint(hf_checkpoint("deepseek-v3")[0])
     options = {} if setup is None else dict(setup=setup)
-    int4 = qformats.quantize(params, cfg, "int4")
+    int4 = format_trees.quantize(params, cfg, "int4")
     _kernel_against_dequantized_reference(cfg, "int4", PROMPTS, params=int4, **options)
     if setup is None:
         with pytest.raises(ValueError, match="runs MLA's projections unquantized"):
-            pack(qformats.quantize(params, cfg, "fp8-block"), cfg)
+            pack(format_trees.quantize(params, cfg, "fp8-block"), cfg)

@@ -156,7 +156,7 @@ def test_the_fraction_pairs_each_rounds_step_with_the_same_rounds_probe(monkeypa
 
     monkeypatch.setattr(harness, "interleaved", fake_interleaved)
     sol = harness.MeasuredSpeedOfLight("measured: GEMV probe", bytes_per_step=50, probe=lambda: None, probe_bytes=100)
-    _, (row,) = harness.time_engines([harness.Engine("ref", None)], sol, {"batch": 1}, 1.0)
+    _, (row,) = harness.time_engines([harness.TimedStep("ref", None)], sol, {"batch": 1}, 1.0)
     pairs = sorted(50 / (100 / p) / t for p, t in zip(probe, steps))  # 0.5 each round but 0.25 in three
     assert row["fraction_of_sol"] == pytest.approx(pairs[3]) == 0.5
     assert row["fraction_of_sol_low"] == pytest.approx(pairs[0]) and row["fraction_of_sol_high"] == pytest.approx(

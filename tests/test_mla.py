@@ -1,4 +1,4 @@
-"""DeepSeek-V3 (and Kimi K2, the same architecture) in the reference: multi-head latent attention (mk.latent), grouped
+"""DeepSeek-V3 (and Kimi K2, the same architecture) in the reference: multi-head latent attention (mk.mla), grouped
 sigmoid routing with its correction bias, a dense first layer and a shared expert, held to transformers'
 DeepseekV3ForCausalLM on tiny random checkpoints it saves itself (tests/conftest.py: deepseek-v3 with a query
 bottleneck and interleaved RoPE, deepseek-v3-no-q-lora with q_proj, rotate-half RoPE, four groups of which two are
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_parity import LOGIT_ATOL, hf_greedy
 
-from mk import latent
+from mk import mla
 from mk.config import YarnScaling, from_hf_dict, load_hf_config, to_hf_dict
 from mk.generate import generate
 from mk.reference import init_cache, prefill, prepare
@@ -67,15 +67,15 @@ def test_absorbed_decode_attention_equals_the_expanded_form(hf_checkpoint, name)
     B, T, S = 2, 3, 11
     k1, k2 = jax.random.split(jax.random.key(0))
     h = jax.random.normal(k1, (B, T, cfg.hidden_size))
-    q, _ = latent.project(p, cfg, h, jnp.array([[4, 5, 6], [8, 9, 10]]), frozenset())
+    q, _ = mla.project(p, cfg, h, jnp.array([[4, 5, 6], [8, 9, 10]]), frozenset())
     cache_h = jax.random.normal(k2, (B, S, cfg.hidden_size))
-    _, kv = latent.project(p, cfg, cache_h, jnp.arange(S), frozenset())
+    _, kv = mla.project(p, cfg, cache_h, jnp.arange(S), frozenset())
     mask = (jnp.arange(S)[None, None, :] <= jnp.array([[4, 5, 6], [8, 9, 10]])[:, :, None])[:, None]  # [B, 1, T, S]
-    want = latent.attend_expanded(p, cfg, q, kv["latent"], kv["rope_k"], mask)
-    got = latent.attend_absorbed(p, cfg, q, kv["latent"], kv["rope_k"], mask)
+    want = mla.attend_expanded(p, cfg, q, kv["latent"], kv["rope_k"], mask)
+    got = mla.attend_absorbed(p, cfg, q, kv["latent"], kv["rope_k"], mask)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     t = {k.removeprefix("layers.1."): v for k, v in prepare(params, cfg).items() if k.startswith("layers.1.")}
-    got_t = latent.attend_absorbed(t, cfg, q, kv["latent"], kv["rope_k"], mask, latent.matmul_t)
+    got_t = mla.attend_absorbed(t, cfg, q, kv["latent"], kv["rope_k"], mask, mla.matmul_t)
     np.testing.assert_allclose(got_t, want, rtol=1e-5, atol=1e-5)
     assert np.abs(np.asarray(want)).max() > 0.1  # not vanishing
 
@@ -163,7 +163,7 @@ def test_config_and_checkpoint_round_trip_and_load_in_transformers(hf_checkpoint
 
 @pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2"])
 def test_the_published_configs_yarn_matches_transformers(name):
-    """The published DeepSeek-V3 and Kimi K2 configs (64 RoPE dims, factor 40 / 32, their betas): mk.latent's
+    """The published DeepSeek-V3 and Kimi K2 configs (64 RoPE dims, factor 40 / 32, their betas): mk.mla's
     inverse frequencies and cos/sin factor are transformers' ``_compute_yarn_parameters``'s for DeepseekV3Config, the
     softmax scale DeepseekV3Attention's (``yarn_apply_mscale``)."""
     from transformers import AutoConfig
@@ -177,7 +177,7 @@ def test_the_published_configs_yarn_matches_transformers(name):
     hf = AutoConfig.for_model("deepseek_v3", **{k: v for k, v in d.items() if k not in ("model_type", "auto_map")})
     want_f, want_scale = ROPE_INIT_FUNCTIONS["yarn"](hf)
     cfg = get_config(name)
-    np.testing.assert_allclose(latent.inv_freq(cfg), want_f.numpy(), rtol=1e-6, atol=0)
+    np.testing.assert_allclose(mla.inv_freq(cfg), want_f.numpy(), rtol=1e-6, atol=0)
     assert cfg.rope_scaling.attention_scale == pytest.approx(want_scale, rel=1e-12)
     want_softmax = yarn_apply_mscale(hf.rope_parameters, hf.qk_head_dim**-0.5)
     assert cfg.score_scale("full") == pytest.approx(want_softmax, rel=1e-12) and want_softmax > 1.5 * 192**-0.5

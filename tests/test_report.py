@@ -277,7 +277,7 @@ def test_html_table_leaves_missing_cells_empty_in_any_column():
 
 
 def test_long_headers_may_break_and_long_tables_fold_behind_their_csv():
-    from mk.report import LONG_TABLE, _table_html, html_table
+    from mk.report import LONG_TABLE, html_table, table_item_html
 
     wide = pd.DataFrame({"seed_megakernel_v5e8_ms": [1.5], "why": ["a long reason " * 20]})
     page = html_table(wide, 3)
@@ -285,6 +285,7 @@ def test_long_headers_may_break_and_long_tables_fold_behind_their_csv():
     item = dict(
         type="table", name="09_x", title="x", df=pd.DataFrame({"n": range(LONG_TABLE + 5)}), kind="modelled", date="d"
     )
-    long = _table_html(item)
+    long = table_item_html(item)
     assert "<details>" in long and f"show all {LONG_TABLE + 5} rows" in long and 'href="09_x.csv"' in long
-    assert "<details>" not in _table_html(item | dict(df=item["df"].head(LONG_TABLE)))  # a short table is shown whole
+    short = item | dict(df=item["df"].head(LONG_TABLE))
+    assert "<details>" not in table_item_html(short)  # a short table is shown whole

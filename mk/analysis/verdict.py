@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ..checkpoint_formats import released_format
 from ..chips import get_chip
 from ..config import get_config
-from ..formats import released_format
 from ..kernel_setup import BEFORE_FIXES, WRITE_UP_KERNEL, KernelSetup
 from ..progress import tqdm
 from ..published import independent_table, published, published_table

@@ -22,12 +22,12 @@ def show(obj: dict, as_json: bool, text: str) -> None:
 
 
 def add_quantize(p, formats: bool = False) -> None:
-    """--quantize: mk.quant's INT8 schemes, and with ``formats`` the shipped formats (mk.qformats) too."""
+    """--quantize: mk.quant's INT8 schemes, and with ``formats`` the shipped formats (mk.format_trees) too."""
+    from ..format_trees import FORMAT_SCHEMES
     from ..params import SCHEMES
-    from ..qformats import FORMAT_SCHEMES
 
     shipped = (
-        "; or a format big models ship in (fp8-block, mxfp4, int4: mk.qformats), which a checkpoint in it loads as"
+        "; or a format big models ship in (fp8-block, mxfp4, int4: mk.format_trees), which a checkpoint in it loads as"
         if formats
         else ""
     )

@@ -104,8 +104,8 @@ def _run_generate(a) -> None:
 
     from ..config import get_config
     from ..engines import check_engine
+    from ..format_trees import FORMAT_SCHEMES
     from ..generate import generate
-    from ..qformats import FORMAT_SCHEMES
     from ..quant import quantized_as, scheme_of
     from ..weights import load_assistant, load_checkpoint, random_params
 

@@ -40,7 +40,7 @@ from ..quant import quantized_as, scheme_of
 from ..sol import bytes_per_token
 from ..units import positive_int
 from ..weights import random_params
-from .harness import PROBE, Engine, array_dtype, columns, probed_speed_of_light, provenance, time_engines
+from .harness import PROBE, TimedStep, array_dtype, columns, probed_speed_of_light, provenance, time_engines
 from .loop import interleaved
 from .steps import decode_call
 
@@ -163,7 +163,7 @@ def run_bench(
     }
     columns = {"kernels_per_step": kernels.total}
     cmp, (row,) = time_engines(
-        [Engine(label, call, columns=columns)], sol, run, budget_s, precision, watch_fractions=True
+        [TimedStep(label, call, columns=columns)], sol, run, budget_s, precision, watch_fractions=True
     )
     rounds = sol.fractions(cmp.raw, label)
     bw = profiling.Estimate.of(sol.bandwidths(cmp.raw), cmp.confidence)  # the chips' bandwidth, bytes/s

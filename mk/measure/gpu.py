@@ -73,8 +73,8 @@ from ..units import positive_int
 from ..weights import EMBED_STD, NORM_STD, device_params
 from .harness import (
     MIN_TIMING_S,
-    Engine,
     MeasuredSpeedOfLight,
+    TimedStep,
     array_dtype,
     columns,
     probed_speed_of_light,
@@ -224,7 +224,7 @@ class _Background:
 
 def start_reference(cfg: ModelConfig, context: int, batch: int, dtype: str, dev, seed: int, log) -> Callable:
     """Build the reference's weights and cache on ``dev`` and start compiling its step in the
-    background; returns ``finish(deadline) -> Engine`` (raises TimeoutError if the compile is not done
+    background; returns ``finish(deadline) -> TimedStep`` (raises TimeoutError if the compile is not done
     by ``deadline``)."""
 
     t = time.perf_counter()
@@ -244,7 +244,7 @@ def start_reference(cfg: ModelConfig, context: int, batch: int, dtype: str, dev,
 
     job = _Background(compile_step)
 
-    def finish(deadline: float) -> Engine:
+    def finish(deadline: float) -> TimedStep:
         compiled, compile_s = job.result(deadline)
         log(f"reference: compiled in {compile_s:.1f} s")
         state = {"cache": cache, "params": params}
@@ -264,7 +264,7 @@ def start_reference(cfg: ModelConfig, context: int, batch: int, dtype: str, dev,
             traced = None
         by = "profiler trace" if traced else "compiled program"
         log(f"reference: {count.total:.0f} kernels in the compiled program, {traced} in a profiler trace")
-        return Engine(
+        return TimedStep(
             "reference",
             call,
             columns=dict(
@@ -345,7 +345,9 @@ def transformers_step(model, context: int, batch: int, token: int = 0):
     return step, reset
 
 
-def start_transformers(cfg: ModelConfig, context: int, batch: int, dtype: str, device: str, seed: int, log) -> Engine:
+def start_transformers(
+    cfg: ModelConfig, context: int, batch: int, dtype: str, device: str, seed: int, log
+) -> TimedStep:
     """transformers' step for ``cfg`` on ``device`` (``build_transformers``, ``transformers_step``),
     its kernels counted."""
     torch = transformers_modules()[0]
@@ -382,7 +384,7 @@ def start_transformers(cfg: ModelConfig, context: int, batch: int, dtype: str, d
         if cuda:
             torch.cuda.empty_cache()
 
-    return Engine(
+    return TimedStep(
         "transformers",
         call,
         columns=dict(

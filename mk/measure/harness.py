@@ -214,7 +214,7 @@ def usable_hbm(device, fraction: float) -> float | None:
 
 # Timing engines into rows ---------------------------------------------------------------------------------
 @dataclass
-class Engine:
+class TimedStep:
     """A decode step ready to time: ``call()`` runs one step (holding the engine's arrays). ``label``: its
     name in the rounds (``megakernel[split]``); ``engine``: the row's; ``columns``: the driver's own columns
     that describe it (kernels, placement, ...); ``close()`` lets its memory go."""
@@ -236,7 +236,7 @@ def _significant(x: float | None) -> float | None:
 
 
 def _timed_row(
-    e: Engine, cmp: Comparison, sol: MeasuredSpeedOfLight, bw: Estimate | None, run: dict, calls: list, steps: int
+    e: TimedStep, cmp: Comparison, sol: MeasuredSpeedOfLight, bw: Estimate | None, run: dict, calls: list, steps: int
 ) -> dict:
     """One engine's row of :func:`time_engines`: the run's columns, the engine's, its step (the host's), the speed of
     light's bandwidth and its fraction of it, and with ``steps`` back to back the device's time a step."""
@@ -274,7 +274,7 @@ def _timed_row(
 
 
 def time_engines(
-    engines: list[Engine],
+    engines: list[TimedStep],
     sol: MeasuredSpeedOfLight,
     run: dict,
     budget_s: float,

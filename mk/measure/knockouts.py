@@ -54,9 +54,7 @@ def knockout_table(
         rows.append(
             dict(
                 component=name,
-                step_s=t.median,
-                step_low_s=t.low,
-                step_high_s=t.high,
+                **t.columns("step"),
                 shrink_s=0.0 if name == WHOLE else shrink[0],
                 shrink_low_s=0.0 if name == WHOLE else shrink[1],
                 shrink_high_s=0.0 if name == WHOLE else shrink[2],

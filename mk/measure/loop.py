@@ -50,12 +50,8 @@ class Comparison:
             rows.append(
                 dict(
                     variant=name,
-                    median_s=t.median,
-                    low_s=t.low,
-                    high_s=t.high,
-                    diff_s=d.median,
-                    diff_low_s=d.low,
-                    diff_high_s=d.high,
+                    **t.columns("step"),
+                    **d.columns("diff"),
                     resolved=name == self.baseline or not d.holds_zero,
                     rounds=self.rounds,
                 )

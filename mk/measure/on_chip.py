@@ -54,7 +54,7 @@ from ..weights import device_params, random_tensors
 from .harness import (
     DEVICE_TIMING,
     HBM_USE,
-    Engine,
+    TimedStep,
     columns,
     provenance,
     spec_speed_of_light,
@@ -288,7 +288,7 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
     timed, compile_s = [], {}
     for name in case.engines:
         call, compile_s[name] = engines.call(name, cell)
-        timed.append(Engine(name, call))
+        timed.append(TimedStep(name, call))
         log(f"{name}: compiled and run twice in {compile_s[name]:.1f} s")
     in_use = in_use_bytes(device)
     planned = sum(planned_bytes(case, e, cell)[0] for e in case.engines)

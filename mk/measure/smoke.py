@@ -75,7 +75,7 @@ from . import chip_parity, on_chip
 from .harness import (
     HBM_USE,
     MIN_TIMING_S,
-    Engine,
+    TimedStep,
     array_dtype,
     provenance,
     spec_speed_of_light,
@@ -105,7 +105,7 @@ def no_tpu_message() -> str:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class EngineChoice:
     """One engine to time: the reference, or the megakernel with its experts placed."""
 
     name: str  # "reference" or "megakernel"
@@ -211,7 +211,7 @@ def _split_bytes(shape: tuple[int, ...], itemsize: int, chips: int) -> float:
     return n / chips if any(d % chips == 0 for d in shape) else n
 
 
-def hbm_per_chip_needed(cfg: ModelConfig, engine: Candidate, chips: int, context: int, batch: int, dtype: str):
+def hbm_per_chip_needed(cfg: ModelConfig, engine: EngineChoice, chips: int, context: int, batch: int, dtype: str):
     """(bytes one chip holds for ``engine``'s step, bytes more while it is built). The reference: its
     decode layout (every expert its own array, ``mk.reference.prepare``) and its cache, split as
     gspmd_sharding splits them. The megakernel: its inputs as its plan lays them out on one chip (padded,
@@ -284,7 +284,7 @@ class _EngineBuilds:
         self.host: dict | None = None
         self.megakernels_left = megakernels
 
-    def build(self, engine: Candidate, columns: dict) -> Engine:
+    def build(self, engine: EngineChoice, columns: dict) -> TimedStep:
         """``engine``'s step compiled and run twice, its row's own ``columns`` beside its compile time."""
 
         cfg, chips = self.cfg, self.mesh.size
@@ -315,11 +315,11 @@ class _EngineBuilds:
                     self.host = None  # every placement has packed its own copy
         compile_s = time.perf_counter() - t
         log(f"compiled and run twice in {compile_s:.1f} s")
-        return Engine(engine.label, call, engine.name, {**columns, "compile_s": round(compile_s, 2)})
+        return TimedStep(engine.label, call, engine.name, {**columns, "compile_s": round(compile_s, 2)})
 
 
 # Timing -----------------------------------------------------------------------------------------------------
-def _runs_as(engine: Candidate, dev, chips: int) -> str:
+def _runs_as(engine: EngineChoice, dev, chips: int) -> str:
     if engine.name == "reference":
         return "XLA" + (f", GSPMD over {chips} chips" if chips > 1 else ", one chip")
     if on_tpu():
@@ -388,7 +388,7 @@ class SmokeRun:
 class _Timing:
     """The engines one run times, the speed of light of their rows, and the groups that fit a chip together."""
 
-    engines: dict[str, Candidate]  # by label
+    engines: dict[str, EngineChoice]  # by label
     sol: object  # mk.measure.harness's speed of light
     groups: list[list[str]]
     skipped: dict[str, str]  # label -> why it does not fit
@@ -427,8 +427,8 @@ def _check_parity(smoke: SmokeRun, chips: int, log) -> tuple[list, list[dict]]:
 def _timing(smoke: SmokeRun, chips: int, dev, log) -> _Timing:
     """The engines to time, what each needs of a chip's HBM, and the groups that fit together."""
     cfg, context, batch, dtype = smoke.cfg, smoke.context, smoke.batch, smoke.dtype
-    engines = [Candidate("reference")]
-    engines += [Candidate("megakernel", p) for p in placements_for(cfg, chips, smoke.placements)]
+    engines = [EngineChoice("reference")]
+    engines += [EngineChoice("megakernel", p) for p in placements_for(cfg, chips, smoke.placements)]
     per_token = bytes_per_token(cfg, context, batch, dtype).total
     sol = spec_speed_of_light(per_token, dev, chips, smoke.chip) or unknown_speed_of_light(per_token, dev)
     capacity = usable_hbm(dev, HBM_USE)
@@ -478,7 +478,7 @@ def _time_groups(smoke: SmokeRun, timing: _Timing, mesh, dev, prov, deadline, no
     run_columns.update(weights=f"random (seed {smoke.seed})", chip=timing.sol.chip, base_model=cfg.name, layers="all")
     limit = measured_limit(timing.sol.chip) if timing.sol.chip and on_tpu() else None  # a chip's, for its rows
     spec = get_chip(timing.sol.chip).per_chip_bandwidth if timing.sol.chip else None
-    built: dict[str, Engine] = {}
+    built: dict[str, TimedStep] = {}
     failed_builds: set[str] = set()
     rows, failed = [], False
     for i, group in enumerate(timing.groups):
@@ -540,7 +540,7 @@ def run(smoke: SmokeRun) -> Result:
     return Result(rows, parity, notes, engine_failed or not rows or not held, written, family_checks)
 
 
-def _setup_word(engine: Candidate, chips: int) -> str:
+def _setup_word(engine: EngineChoice, chips: int) -> str:
     """A row's setup: the megakernel's chips and where its experts live; the reference's GSPMD split."""
     if chips == 1:
         return on_chip.ONE_CHIP_SETUP

@@ -228,9 +228,7 @@ def compile_times(
                 layers=n,
                 loop_layers=loop,
                 **ops[(n, loop)],
-                compile_s=e.median,
-                low_s=e.low,
-                high_s=e.high,
+                **e.columns("compile"),
                 repeats=len(ts),
             )
         )

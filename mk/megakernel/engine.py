@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..chips import compile_target
 from ..config import ModelConfig
+from ..format_trees import FSCALE_SUFFIX, scheme_of_scales
 from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..params import check_knockout
 from ..plan import (
@@ -21,7 +22,6 @@ from ..plan import (
     Tiles,
     build_plan,
 )
-from ..qformats import FSCALE_SUFFIX, scheme_of_scales
 from ..quant import SCALE_SUFFIX
 from ..sharding import (
     cache_split_axis,
@@ -48,7 +48,7 @@ from .refs import (
 
 def packed_scheme(weights: dict) -> str:
     """The mk.quant scheme of the kernel's packed weights: which matrices came with INT8 scales; or the shipped
-    format (mk.qformats) its block scales and codes are in."""
+    format (mk.format_trees) its block scales and codes are in."""
     for n, a in weights.items():
         if n.endswith(FSCALE_SUFFIX):
             return scheme_of_scales(a.dtype, weights[n.removesuffix(FSCALE_SUFFIX)].dtype)

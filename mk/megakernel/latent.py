@@ -1,5 +1,5 @@
 """DeepSeek's multi-head latent attention (MLA; DeepSeek-V3, Kimi K2) inside the kernel, decoded absorbed as
-mk.latent.attend_absorbed does:
+mk.mla.attend_absorbed does:
 
 - QKVNormRope: the position's latent (kv_a's first kv_lora_rank columns, RMSNormed) and its RoPE key, each query
   head's RoPE part rotated, the queries times the score scale (YaRN's mscale included: ``score_scale``);
@@ -12,7 +12,7 @@ mk.latent.attend_absorbed does:
 The layout (``to_layout``): every head's no-RoPE query, RoPE query, kv_b key and value columns and o rows start at a
 lane-tile edge (mk.plan.layout.latent_shape); the RoPE columns of q and kv_a are reordered so that DeepSeek's
 interleaved pairs (0, 1), (2, 3) ... become the rotate-half's (i, i + d/2) in the kernel's head lanes: the rotated
-key comes out in the order transformers writes it (mk.latent.rope), so the cache is the reference's.
+key comes out in the order transformers writes it (mk.mla.rope), so the cache is the reference's.
 """
 
 from __future__ import annotations

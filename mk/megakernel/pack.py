@@ -7,7 +7,7 @@ Once per parameter tree (``pack``) and once per generation (``adopt_cache``), ne
   count to a multiple of 128, the gated MLPs as ``cfg.ffn_layout`` lays them out (gate and up transposed,
   the intermediate on rows); then each layer type's matrices stacked over its layers;
   INT8 matrices (mk.quant) as their codes, with their scales laid out as their output channels are; a shipped
-  format's (mk.qformats) as its codes and block scales (mk.megakernel.formats);
+  format's (mk.format_trees) as its codes and block scales (mk.megakernel.format_tiles);
 - the vector table: every norm weight and scale a row (f32), head vectors in the same head lanes;
 - the RoPE inverse frequencies, one row per layer type, in the same head lanes;
 - the cache: per layer type, K and V stacked over its layers, head dims in the same lanes.
@@ -23,7 +23,8 @@ import numpy as np
 
 from ..blocks import inv_freq
 from ..config import ModelConfig
-from ..latent import inv_freq as mla_inv_freq
+from ..format_trees import format_of, format_paths, fscale_path, get_format
+from ..mla import inv_freq as mla_inv_freq
 from ..params import scales_inputs
 from ..plan import (
     BLOCK,
@@ -39,11 +40,10 @@ from ..plan import (
 )
 from ..plan.arrays import matrix_shapes, packed_arrays
 from ..plan.layout import EXPERT_BIASES, LATENT_MATRICES, expert_bias_shape, head_lanes, scale_rows, scale_width
-from ..qformats import format_of, format_paths, fscale_path, get_format
 from ..quant import quantized_paths, scale_path, scheme_of
 from ..sharding import cache_split_axis, chip_cache, chip_config, first_kv_head, heads_split, position_share
 from . import latent
-from .formats import to_layout as format_to_layout
+from .format_tiles import to_layout as format_to_layout
 from .refs import struct
 
 HIDDEN, VOCAB = "hidden", "vocab"

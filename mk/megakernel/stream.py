@@ -8,7 +8,7 @@ buffer. The tile is dequantized in VMEM when an op reads it, exactly as mk.quant
 times the scales of their output channel, rounded to the plan's weight dtype. The matrix unit then
 multiplies BF16 (or F32) weights as it does for an unquantized model: decode streams weights, and the
 matrix unit is idle most of the step, so an INT8 matmul (which would also need INT8 activations) would
-save nothing the stream does not already hide. A shipped format's tile (``FormatLoad``) is mk.megakernel.formats'."""
+save nothing the stream does not already hide. A shipped format's tile (``FormatLoad``): mk.megakernel.format_tiles."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ..plan import ROWS, Load
 from ..plan.layout import scale_buffer
 from ..plan.records import FormatLoad
 from ..quant import scale_path
-from . import formats
+from . import format_tiles
 
 
 class WeightStream:
@@ -44,7 +44,7 @@ class WeightStream:
             src = src.at[self.expert_id(ld.expert)]
         if isinstance(ld, FormatLoad):
             row = None if ld.expert is None else self.expert_id(ld.expert)
-            return formats.copies(ld, src, self.hbm, self.buffers, self.sems, row)
+            return format_tiles.copies(ld, src, self.hbm, self.buffers, self.sems, row)
         # offsets and slot may be traced (a loop over tiles)
         src = src.at[pl.ds(ld.rows[0], ld.rows[1]), pl.ds(ld.cols[0], ld.cols[1])]
         dst = self.buffers[ld.buffer].at[ld.slot, pl.ds(0, ld.rows[1]), pl.ds(0, ld.cols[1])]
@@ -63,7 +63,7 @@ class WeightStream:
     def tile(self, ld: Load):
         """The tile ``ld`` brought in, as a value (its slot may be larger than the tile); dequantized if INT8."""
         if isinstance(ld, FormatLoad):
-            return formats.widen(ld, self.buffers, self.dtype)
+            return format_tiles.widen(ld, self.buffers, self.dtype)
         w = self.buffers[ld.buffer][ld.slot, : ld.rows[1], : ld.cols[1]]
         if not ld.scaled:
             return w

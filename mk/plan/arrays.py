@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ModelConfig
+from ..format_trees import FORMAT_SCHEMES, FSCALE_SUFFIX, format_paths, fscale_path
 from ..params import SCALE_SUFFIX, param_specs, quantized_paths, scale_path
-from ..qformats import FORMAT_SCHEMES, FSCALE_SUFFIX, format_paths, fscale_path
 from ..units import round_up
 from .layout import (
     EXPERT_BIASES,
@@ -72,7 +72,7 @@ def weight_shapes(cfg: ModelConfig, experts: int | None = None, quantize: str = 
         elif experts is not None and path.rsplit(".", 1)[-1].startswith("expert_"):
             padded = (experts, *padded[1:])
         out[name] = padded if index is None else (index + 1, *padded)
-        if path in quantized and fmt:  # its codes as the format stores them, a scale a block (mk.megakernel.formats)
+        if path in quantized and fmt:  # its codes as stored, a scale a block (mk.megakernel.format_tiles)
             grid = layout_grid(cfg, path, fmt)
             out[name], out[fscale_path(name)] = stored_shape(out[name], fmt, grid), scales_shape(out[name], grid)
         elif path in quantized:

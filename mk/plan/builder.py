@@ -124,7 +124,7 @@ class Builder:
         draft_tokens: int = 0,
         fmt=None,
     ):
-        self.fmt = fmt  # the shipped format (mk.qformats.Format) the ``quantized`` matrices stream in, or INT8
+        self.fmt = fmt  # the shipped format (mk.format_trees.Format) the ``quantized`` matrices stream in, or INT8
         self.setup, self.experts_held, self.split_heads = setup, experts_held, split_heads
         self.model = model or share  # the whole model (its heads: each chip attends over all of them for its users)
         # speculative verification: each user's rows are its token and its drafts, through one weight pass (``batch``
@@ -244,10 +244,10 @@ class Builder:
         split a block is refused by name)."""
         fmt = self.fmt
         grid = layout_grid(self.layout, tensor, fmt)
-        for (start, n), g, total, what in zip((rows, cols), grid, self.shapes[tensor][-2:], ("rows", "columns")):
-            if start % g or (n % g and start + n != total):
+        for (start, n), block, total, what in zip((rows, cols), grid, self.shapes[tensor][-2:], ("rows", "columns")):
+            if start % block or (n % block and start + n != total):
                 raise ValueError(
-                    f"a tile of {tensor}'s {what} {start}..{start + n} splits {fmt.name}'s blocks of {g}: "
+                    f"a tile of {tensor}'s {what} {start}..{start + n} splits {fmt.name}'s blocks of {block}: "
                     "use tiles (mk.plan.Tiles) whose widths are multiples of the block"
                 )
         codes, scales = stored_shape(slot_shape, fmt, grid), scales_shape(slot_shape, grid)
@@ -296,16 +296,16 @@ class Builder:
         """A gated MLP chunked over its (padded) intermediate: per chunk gate, up, act, down. With the
         intermediate on rows (ffn_layout "sublanes") a chunk is whole lanes of it but the last, which ends
         where the intermediate does (a multiple of 8): chunk offsets stay lane-aligned in the activations."""
-        g, u, d = (prefix + n for n in names)
-        on_rows = self.layout.outputs_on_rows(g)
-        inter, h = self.shapes[g][-2:] if on_rows else self.shapes[g][-2:][::-1]
-        sp = spans(round_up(inter, LANE), h, self.itemsize(g), self.tiles.weight_tile_bytes)
+        gate_w, up_w, down_w = (prefix + n for n in names)
+        on_rows = self.layout.outputs_on_rows(gate_w)
+        inter, h = self.shapes[gate_w][-2:] if on_rows else self.shapes[gate_w][-2:][::-1]
+        sp = spans(round_up(inter, LANE), h, self.itemsize(gate_w), self.tiles.weight_tile_bytes)
         sp = [(c, min(tc, inter - c)) for c, tc in sp]
         w = sp[0][1]
         gate, up = self.act("gate", w), self.act("up", w)
         B = self.batch
         for c, tc in sp:
-            for tensor, act_dst in ((g, gate), (u, up)):
+            for tensor, act_dst in ((gate_w, gate), (up_w, up)):
                 if on_rows:
                     lid = self.load(tensor, layer, component, (c, tc), (0, h), expert, (w, h))
                 else:
@@ -317,7 +317,7 @@ class Builder:
             if self.layout.expert_bias and expert is not None:  # gpt-oss's: the chunk's gate and up biases
                 biased = dict(off=c, index=type_index(self.layout, layer), layer_type=self.layout.layer_types[layer])
             self.op(GatedAct(layer, component, gated_act_flops(B, tc), src=gate, dst=up, n=tc, expert=expert, **biased))
-            lid = self.load(d, layer, component, (c, tc), (0, h), expert, (w, h))
+            lid = self.load(down_w, layer, component, (c, tc), (0, h), expert, (w, h))
             self.op(MatmulTile(layer, component, matmul_flops(B, tc, h), load=lid, src=up, dst=dst,
                                mode=MatmulMode.ROWS, n=tc, accumulate=c > 0, expert=expert))  # fmt: skip
 
@@ -376,14 +376,14 @@ class Builder:
         self.op(QKVNormRope(i, att, qk_norm_rope_flops(B, nh + 2 * kv, hd), layer_type=t))
         positions = layout.cache_positions(t, self.context)
         T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
-        g = self.position_shares.get(t, 1)
+        shared = self.position_shares.get(t, 1)  # chips that share this layer type's positions of a KV head
         R = self.rows_per_user
         # whose caches, of how many query and KV heads, this chip attends over
         users, heads, cache_kv = users_per_chip(self.model, self.setup, B // R), nh, kv
-        if g > 1:  # this chip's share of the positions, for the g chips' query heads: q in, partial states out
-            positions, heads = ceil_div(positions, g), g * nh
+        if shared > 1:  # this chip's share of the positions, for the chips' query heads: q in, partial states out
+            positions, heads = ceil_div(positions, shared), shared * nh
             state = B * nh * (hd + LANE) * 4  # each head's weighted values, running max and sum, f32, per user
-            sent, rounds = (g - 1) * (B * nh * hd * 4 + state), 2
+            sent, rounds = (shared - 1) * (B * nh * hd * 4 + state), 2
         elif self.setup.users_split:  # this chip's users over every head: their q, k, v in, their outputs out
             C = self.setup.chips
             heads, cache_kv = self.model.num_heads, self.model.kv_heads(t)
@@ -401,7 +401,7 @@ class Builder:
                 kv_bytes=users * per_pos * max(0, positions - 1 - T),
                 serial_bytes=users * per_pos * (min(T, positions - 1) + BLOCK),
                 query_rows=heads // cache_kv * R,
-                positions_shared=g,
+                positions_shared=shared,
                 users_split=self.setup.users_split,
                 sent_bytes=sent,
                 rounds=rounds,

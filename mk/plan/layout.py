@@ -75,7 +75,7 @@ def scale_width(cfg: ModelConfig, path: str, padded: tuple[int, ...]) -> int:
     return round_up(padded[-2], LANE) if tile_rows_scaled(cfg, path) else padded[-1]
 
 
-# A shipped format's blocks in the layout (mk.megakernel.formats) ---------------------------------------------
+# A shipped format's blocks in the layout (mk.megakernel.format_tiles) ---------------------------------------------
 def layout_grid(lay, path: str, fmt) -> tuple[int, int]:
     """The (rows, lanes) one scale covers in the kernel's layout of matrix ``path``."""
     gi, go = fmt.block

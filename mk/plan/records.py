@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
-from ..qformats import get_format
+from ..format_trees import get_format
 from ..units import LANE, MIB, round_up
 from .layout import ROWS, scales_shape
 
@@ -95,12 +95,12 @@ class Load:
 
 @dataclass(frozen=True)
 class FormatLoad(Load):
-    """A tile of a matrix in a shipped format (mk.qformats): its codes, then the scales of its blocks, into
+    """A tile of a matrix in a shipped format (mk.format_trees): its codes, then the scales of its blocks, into
     ``scale_buffer(buffer)`` (a class of its own: a Load's fields, and so the plans' fingerprints, stay as they were
     for float and INT8 models)."""
 
     fmt: str = ""
-    grid: tuple[int, int] = (1, 1)  # the rows and lanes one of its scales covers (mk.megakernel.formats)
+    grid: tuple[int, int] = (1, 1)  # the rows and lanes one of its scales covers (mk.megakernel.format_tiles)
 
     @property
     def nibbles(self) -> bool:

@@ -14,9 +14,9 @@ from functools import cached_property, lru_cache
 
 from ..config import ModelConfig
 from ..dtypes import array_itemsize
+from ..format_trees import FORMAT_SCHEMES, format_paths
 from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..params import EXPERTS, check_knockout, quantized_paths
-from ..qformats import FORMAT_SCHEMES, format_paths
 from ..routing import busiest_chip_distribution, chip_distinct_experts_distribution, distinct_experts_distribution
 from ..sharding import attention_chips, chip_config, expert_groups, experts_per_chip, position_share, users_per_chip
 from ..units import round_up
@@ -480,7 +480,7 @@ def build_plan(
     and attention FLOPs recorded for timing; the kernel itself reads the tiles each user's position needs.
     ``weight_dtype``, ``kv_dtype``: the float weights' and the KV cache's element types (mk.dtypes.ARRAY_DTYPES).
     ``quantize`` (mk.params.SCHEMES): the matrices that stream as INT8 codes, each tile with its scales; or a shipped
-    format (mk.qformats.FORMAT_SCHEMES): its matrices stream as its codes, each tile with its blocks' scales.
+    format (mk.format_trees.FORMAT_SCHEMES): its matrices stream as its codes, each tile with its blocks' scales.
     ``setup.draft_tokens``: speculative verification of that many drafted tokens per user: each user's 1 + k rows go
     through one weight pass (the plan's ``batch`` counts rows) and attend over the user's cache.
 

@@ -34,6 +34,15 @@ class Estimate:
         lo, hi = median_interval(xs, confidence)
         return cls(statistics.median(xs), lo, hi, len(xs))
 
+    def columns(self, name: str, unit: str = "s", scale: float = 1.0) -> dict[str, float]:
+        """The median and its interval as a table's three columns, ``{name}_{unit}``, ``{name}_low_{unit}`` and
+        ``{name}_high_{unit}``, each times ``scale`` (1e3 for seconds shown as ms)."""
+        return {
+            f"{name}_{unit}": self.median * scale,
+            f"{name}_low_{unit}": self.low * scale,
+            f"{name}_high_{unit}": self.high * scale,
+        }
+
     @property
     def halfwidth(self) -> float:
         return (self.high - self.low) / 2

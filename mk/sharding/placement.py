@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import LAYER_TYPES, ModelConfig
+from ..format_trees import FSCALE_SUFFIX, format_cut, fscale_path
 from ..kernel_setup import AttentionSplit, KernelSetup, Placement
 from ..params import SCALE_SUFFIX, scales_inputs, tile_rows_scaled
-from ..qformats import FSCALE_SUFFIX, format_cut, fscale_path
 from ..units import BLOCK, LANE, ceil_div, round_up
 
 
@@ -271,7 +271,7 @@ def chip_params(params: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -
             out[path] = _expert_bias_cut(a, cfg, setup, chip, path)
             continue
         matrix = path.removesuffix(FSCALE_SUFFIX)
-        if fscale_path(matrix) in params:  # a shipped format's codes or block scales (mk.qformats)
+        if fscale_path(matrix) in params:  # a shipped format's codes or block scales (mk.format_trees)
             for cut in _matrix_cuts(cfg, setup, chip, matrix):
                 a = _cut(a, *format_cut(params, path, cut))
             out[path] = a
@@ -363,7 +363,7 @@ def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
     if not setup.sharded:
         return None
     _check_runnable(setup)
-    if tensor.endswith(FSCALE_SUFFIX):  # a shipped format's block scales: laid out as its codes (mk.megakernel.formats)
+    if tensor.endswith(FSCALE_SUFFIX):  # a shipped format's block scales, laid out as its codes (format_tiles)
         return split_axis(cfg, setup, tensor.removesuffix(FSCALE_SUFFIX))
     if tensor.endswith(SCALE_SUFFIX):  # an INT8 matrix's scales [layers, rows, N]: split as its N or experts
         matrix = tensor.removesuffix(SCALE_SUFFIX)

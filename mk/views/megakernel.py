@@ -17,7 +17,12 @@ def compile_time_figure(times: pd.DataFrame, model: str) -> go.Figure:
             x=g.layers,
             y=g.compile_s,
             mode="lines+markers",
-            error_y=dict(type="data", symmetric=False, array=g.high_s - g.compile_s, arrayminus=g.compile_s - g.low_s),
+            error_y=dict(
+                type="data",
+                symmetric=False,
+                array=g.compile_high_s - g.compile_s,
+                arrayminus=g.compile_s - g.compile_low_s,
+            ),
             name="one loop over the layer pattern (after)" if loop else "every layer emitted (before)",
             hovertext=[
                 f"{n} layers: {t:.2f} s, {o} ops emitted" for n, t, o in zip(g.layers, g.compile_s, g.emitted_ops)

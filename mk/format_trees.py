@@ -1,4 +1,4 @@
-"""Parameter trees in the formats big models ship in (mk.formats), for the megakernel to stream as they are.
+"""Parameter trees in the formats big models ship in (mk.checkpoint_formats), for the megakernel to stream as they are.
 
 Like mk.quant's INT8 trees, a quantized matrix ``path`` ([..., in, out], as in mk.params) keeps its codes in
 ``params[path]`` and its scales in ``params[path + FSCALE_SUFFIX]``, both in the format's own dtypes and in mk's
@@ -12,9 +12,9 @@ orientation (the input axis second to last):
 - ``int4`` (Kimi K2 Thinking, compressed-tensors' pack-quantized): ``q + 8`` two a byte along the input (its int32
   words as little-endian bytes) and a BF16 scale per 32 inputs; the routed experts only.
 
-The numbers are mk.formats' own encoders and decoders, run on each matrix transposed to the checkpoints' [out, in]:
-:func:`dequantize` gives exactly the weights a checkpoint in the format loads as (mk.formats.DecodedCheckpoint),
-rounded to the compute dtype, and the megakernel widens each tile in VMEM the same way (mk.megakernel.formats).
+The numbers are mk.checkpoint_formats' encoders and decoders, run on each matrix transposed to checkpoints' [out, in]:
+:func:`dequantize` gives the weights a checkpoint in the format loads as (mk.checkpoint_formats.DecodedCheckpoint),
+rounded to the compute dtype, and the megakernel widens each tile in VMEM the same way (mk.megakernel.format_tiles).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from . import formats as F
+from . import checkpoint_formats as F
 from .config import ModelConfig
 from .dtypes import SCALE_BLOCK
 from .params import SCALE_SUFFIX, param_specs, quantized_in
@@ -115,7 +115,7 @@ def encode_matrix(w, scheme: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def decode_matrix(codes, scales, scheme: str) -> np.ndarray:
-    """The float32 ``[..., in, out]`` a matrix's (codes, scales) stand for: mk.formats' decoders."""
+    """The float32 ``[..., in, out]`` a matrix's (codes, scales) stand for: mk.checkpoint_formats' decoders."""
     fmt, codes, scales = get_format(scheme), np.asarray(codes), np.asarray(scales)
     if scheme == FP8_BLOCK:
         return _t(F.decode_fp8_block(_t(codes), _t(scales), fmt.block[::-1]))

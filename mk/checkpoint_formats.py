@@ -45,7 +45,7 @@ INT4_ZERO = 8  # a packed INT4 nibble is q + 8
 
 
 # The arithmetic of each code, written once for numpy and jax.numpy (``xp``): the decoders here and the megakernel's
-# widening in VMEM (mk.megakernel.formats) both use it.
+# widening in VMEM (mk.megakernel.format_tiles) both use it.
 def fp4_value(code, xp=np):
     """The FP4 (e2m1) value of 4-bit ``code``: sign bit 3, exponent bits 1-2, mantissa bit 0 (exponent 0:
     subnormal, 0.5 m)."""

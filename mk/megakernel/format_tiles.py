@@ -1,4 +1,4 @@
-"""The shipped formats (mk.qformats) in the kernel: their HBM layout, their tiles' DMAs, and widening in VMEM.
+"""The shipped formats (mk.format_trees) in the kernel: their HBM layout, their tiles' DMAs, and widening in VMEM.
 
 A format matrix is laid out as its float matrix would be (mk.megakernel.pack.to_layout: padded, heads spread,
 transposed where its outputs sit on rows), then stored as the format stores it: FP8 codes as they are, 4-bit codes
@@ -6,8 +6,8 @@ two a byte along the input axis (rows, or lanes where transposed), and one scale
 own dtype, ``{name}_fscale [layers, (E,) ceil(rows / gr), ceil(cols / gc)]`` with (gr, gc) the format's block in
 the layout's orientation. A layout that would put one block's weights in two (a head dim that does not divide
 the block, spread to whole lanes) is refused by name. A tile brings its codes and its blocks' scales; the kernel
-widens it in VMEM with mk.formats' arithmetic: codes to float32, times the scale repeated over its block, rounded
-to the compute dtype: the numbers mk.qformats.dequantize gives the reference."""
+widens it in VMEM with mk.checkpoint_formats' arithmetic: codes to float32, times the scale repeated over its block,
+rounded to the compute dtype: the numbers mk.format_trees.dequantize gives the reference."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ..formats import INT4_ZERO, e8m0_value, fp4_value, nibbles, pack_nibbles
+from ..checkpoint_formats import INT4_ZERO, e8m0_value, fp4_value, nibbles, pack_nibbles
+from ..format_trees import INT4, MXFP4, Format, fscale_path, get_format
 from ..plan.layout import layout_grid, packed_axis, scale_buffer, scales_shape, stored_shape
-from ..qformats import INT4, MXFP4, Format, fscale_path, get_format
 
 
 def _zero(fmt: Format) -> int:
@@ -28,7 +28,7 @@ def _zero(fmt: Format) -> int:
 
 
 def to_layout(codes, scales, cfg, path: str, lay, fmt: Format, matrix_to_layout) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, scales) of a format matrix (mk.qformats' tree layout) in the kernel's layout ``lay``, where
+    """(codes, scales) of a format matrix (mk.format_trees' tree layout) in the kernel's layout ``lay``, where
     ``matrix_to_layout`` (mk.megakernel.pack.to_layout) lays a float matrix out."""
     c = np.asarray(codes)
     if fmt.nibbles:  # each code alone, as the signed offset from the format's zero, so padding is a zero weight
