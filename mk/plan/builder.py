@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
+from ..dtypes import array_itemsize
 from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs, tile_rows_scaled
 from ..sharding import one_link_all_reduce, torus_all_reduce, torus_best, users_per_chip
 from ..units import ceil_div, positive_int
@@ -107,35 +108,26 @@ class Builder:
 
     def __init__(
         self,
+        request,  # mk.plan.step.PlanRequest: the step, its data types, tiles, knock-outs and kernel setup
+        model: ModelConfig,  # laid out as the setup says (its FFN layout)
         share: ModelConfig,
-        batch: int,
-        max_len: int,
-        context: int,
-        weight_itemsize: int,
-        kv_itemsize: int,
-        tiles: Tiles,
-        knockout: frozenset,
-        setup,
+        rows: int,  # the users' rows: with speculative verification each user's token and its drafts
         experts_held: int,
         split_heads: bool,
-        quantized: frozenset = frozenset(),
-        position_shares: dict | None = None,
-        model: ModelConfig | None = None,
-        draft_tokens: int = 0,
-        fmt=None,
+        quantized: frozenset,  # matrices streamed as INT8 codes with their scales (mk.quant), or as ``fmt``'s
+        position_shares: dict[str, int],  # layer type -> chips sharing a KV head's positions
+        fmt=None,  # the shipped format (mk.format_trees.Format) the ``quantized`` matrices stream in, or INT8
     ):
-        self.fmt = fmt  # the shipped format (mk.format_trees.Format) the ``quantized`` matrices stream in, or INT8
-        self.setup, self.experts_held, self.split_heads = setup, experts_held, split_heads
-        self.model = model or share  # the whole model (its heads: each chip attends over all of them for its users)
-        # speculative verification: each user's rows are its token and its drafts, through one weight pass (``batch``
-        # counts rows); they attend over the user's one cache
-        self.rows_per_user = draft_tokens + 1
-        self.position_shares = position_shares or {}  # layer type -> chips sharing a KV head's positions
-        self.quantized = quantized  # matrices streamed as INT8 codes with their scales (mk.quant)
+        self.fmt, self.quantized, self.position_shares = fmt, quantized, position_shares
+        self.setup, self.experts_held, self.split_heads = request.setup, experts_held, split_heads
+        self.model = model  # the whole model (its heads: each chip attends over all of them for its users)
+        # speculative verification: each user's rows go through one weight pass and attend over the user's one cache
+        self.rows_per_user = request.setup.draft_tokens + 1
         self.layout = layout_config(share)  # the shapes the kernel moves; the share's own for payload bytes
-        self.batch, self.max_len, self.context = batch, max_len, context
-        self.weight_itemsize, self.kv_itemsize = weight_itemsize, kv_itemsize
-        self.tiles, self.knockout = tiles, knockout
+        self.batch, self.max_len, self.context = rows, request.max_len, request.context
+        self.weight_itemsize = array_itemsize(request.weight_dtype)
+        self.kv_itemsize = array_itemsize(request.kv_dtype)
+        self.tiles, self.knockout = request.tiles, request.knockout
         self.specs = {s.path: s for s in param_specs(share)}
         self.shapes = {s.path: padded_shape(self.layout, s.path, s.shape) for s in param_specs(self.layout)}
         self.buffers: dict[str, Buffer] = {}
@@ -196,25 +188,19 @@ class Builder:
         if self.fmt is not None and tensor in self.quantized:
             return self._format_load(tensor, layer, component, rows, cols, expert, slot_shape)
         scaled = tensor in self.quantized
-        wb = self.itemsize(tensor)
+        itemsize = self.itemsize(tensor)
         # tiles of one shape (and type) share a buffer (q, k, v, gate, up, expert gate/up are all [H, w]):
         # fewer buffers, less VMEM, and still the next tile of each shape in flight
         row_scales = scaled and tile_rows_scaled(self.layout, tensor)
         buffer = f"{slot_shape[0]}x{slot_shape[1]}" + ("i8" if scaled else "") + ("r" if row_scales else "")
         if buffer not in self.buffers:
-            self.buffers[buffer] = Buffer(buffer, slot_shape, wb, self.tiles.slots, "int8" if scaled else None)
+            self.buffers[buffer] = Buffer(buffer, slot_shape, itemsize, self.tiles.slots, "int8" if scaled else None)
             if scaled:  # each slot's scales: the aligned f32 block holding its expert's (or matrix's) row of them
                 sb = scale_buffer(buffer)
                 lanes = scale_lanes(*slot_shape, row_scales)
                 self.buffers[sb] = Buffer(sb, (ROWS, lanes), 4, self.tiles.slots, "float32")
-        n = self._slot_count.get(buffer, 0)
-        self._slot_count[buffer] = n + 1
-        real = self.specs[tensor].shape[-2:]  # the unpadded matrix: what of the tile holds weights
-        if self.layout.outputs_on_rows(tensor):
-            real = real[::-1]
-        real_rows = max(0, min(rows[1], real[0] - rows[0]))
-        real_cols = max(0, min(cols[1], real[1] - cols[0]))
-        payload = real_rows * real_cols * wb
+        real_rows, real_cols = self._real_extent(tensor, rows, cols)
+        payload = real_rows * real_cols * itemsize
         if row_scales:  # the scale block moves with every tile, its rows' scales real bytes once
             payload += real_rows * 4 if cols[0] == 0 else 0
         elif scaled:  # a matrix's column scales are real bytes once, however many row tiles it has
@@ -227,10 +213,10 @@ class Builder:
             layer,
             component,
             buffer,
-            n % self.tiles.slots,
+            self._next_slot(buffer),
             rows,
             cols,
-            shape[0] * shape[1] * wb + (scale_block_bytes(*shape, row_scales) if scaled else 0),
+            shape[0] * shape[1] * itemsize + (scale_block_bytes(*shape, row_scales) if scaled else 0),
             payload,
             expert,
             scaled,
@@ -238,6 +224,20 @@ class Builder:
         )
         self.loads.append(ld)
         return ld.id
+
+    def _next_slot(self, buffer: str) -> int:
+        """The slot of ``buffer`` the next tile of its shape goes to: its tiles take the slots in turn."""
+        n = self._slot_count.get(buffer, 0)
+        self._slot_count[buffer] = n + 1
+        return n % self.tiles.slots
+
+    def _real_extent(self, tensor: str, rows: tuple[int, int], cols: tuple[int, int]) -> tuple[int, int]:
+        """The rows and columns of a tile (``rows``, ``cols``: start and count in the layout) that hold weights of
+        the unpadded matrix."""
+        real = self.specs[tensor].shape[-2:]
+        if self.layout.outputs_on_rows(tensor):
+            real = real[::-1]
+        return max(0, min(rows[1], real[0] - rows[0])), max(0, min(cols[1], real[1] - cols[0]))
 
     def _format_load(self, tensor, layer, component, rows, cols, expert, slot_shape) -> int:
         """A tile of a matrix in a shipped format: its codes, and the scales of its whole blocks (one that would
@@ -256,17 +256,12 @@ class Builder:
             self.buffers[buffer] = Buffer(buffer, codes, 1, self.tiles.slots, np.dtype(fmt.codes).name)
             sb = scale_buffer(buffer)
             self.buffers[sb] = Buffer(sb, scales, fmt.scale_itemsize, self.tiles.slots, np.dtype(fmt.scales).name)
-        n = self._slot_count.get(buffer, 0)
-        self._slot_count[buffer] = n + 1
-        real = self.specs[tensor].shape[-2:]
-        if self.layout.outputs_on_rows(tensor):
-            real = real[::-1]
-        real_rows, real_cols = max(0, min(rows[1], real[0] - rows[0])), max(0, min(cols[1], real[1] - cols[0]))
+        real_rows, real_cols = self._real_extent(tensor, rows, cols)
         per_code = 0.5 if fmt.nibbles else 1
         payload = real_rows * real_cols * per_code + format_scale_bytes(real_rows, real_cols, grid, fmt.name)
         name, index = stacked(self.layout, tensor)
         ld = FormatLoad(
-            len(self.loads), name, index, layer, component, buffer, n % self.tiles.slots, rows, cols,
+            len(self.loads), name, index, layer, component, buffer, self._next_slot(buffer), rows, cols,
             int(rows[1] * cols[1] * per_code) + format_scale_bytes(rows[1], cols[1], grid, fmt.name),
             int(payload), expert, fmt=fmt.name, grid=grid,
         )  # fmt: skip

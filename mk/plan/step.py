@@ -487,27 +487,44 @@ def build_plan(
     A plan is a pure function of its arguments and is not changed after it is made: the last plans built are
     kept and handed out again (the timing model, the kernel builder and the tables ask for the same ones often).
     """
-    return _built_plan(
-        cfg, batch, max_len, context, weight_dtype, kv_dtype, tiles, check_knockout(knockout), loop_layers, setup,
-        chip_index, quantize,
+    request = PlanRequest(
+        cfg, batch, max_len, max_len if context is None else context, weight_dtype, kv_dtype, tiles,
+        check_knockout(knockout), loop_layers, setup, chip_index, quantize,
     )  # fmt: skip
+    return _built_plan(request)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a plan is built from (:func:`build_plan`'s arguments, the context given): one record, the key its cache
+    keeps the plan under, and what the builder reads."""
+
+    cfg: ModelConfig
+    batch: int
+    max_len: int
+    context: int
+    weight_dtype: str
+    kv_dtype: str
+    tiles: Tiles
+    knockout: frozenset
+    loop_layers: bool
+    setup: KernelSetup
+    chip_index: int
+    quantize: str
 
 
 @lru_cache(maxsize=64)
-def _built_plan(cfg, batch, max_len, context, weight_dtype, kv_dtype, tiles, knockout, loop_layers, setup, chip_index,
-                quantize) -> StepPlan:  # fmt: skip
-
-    cfg, draft_tokens = setup.laid_out(cfg), setup.draft_tokens
-    if not 0 <= chip_index < setup.chips:
-        raise ValueError(f"chip {chip_index} is not one of the {setup.chips} chips (0..{setup.chips - 1})")
-    context = max_len if context is None else context
-    weight_itemsize, kv_itemsize = array_itemsize(weight_dtype), array_itemsize(kv_dtype)
-    check_shapes(cfg, batch, max_len, context, kv_itemsize, tiles)
-    users_per_chip(cfg, setup, batch)  # refuses a users split the batch or the heads cannot take
-    rows = batch * (draft_tokens + 1)
+def _built_plan(request: PlanRequest) -> StepPlan:
+    r, setup = request, request.setup
+    cfg, draft_tokens = setup.laid_out(r.cfg), setup.draft_tokens
+    if not 0 <= r.chip_index < setup.chips:
+        raise ValueError(f"chip {r.chip_index} is not one of the {setup.chips} chips (0..{setup.chips - 1})")
+    check_shapes(cfg, r.batch, r.max_len, r.context, array_itemsize(r.kv_dtype), r.tiles)
+    users_per_chip(cfg, setup, r.batch)  # refuses a users split the batch or the heads cannot take
+    rows = r.batch * (draft_tokens + 1)
     shares = {t: position_share(cfg, t, setup) for t in set(cfg.layer_types)}
     for t, g in shares.items():
-        slots = cache_slots(cfg, t, max_len, draft_tokens)
+        slots = cache_slots(cfg, t, r.max_len, draft_tokens)
         if slots % (g * BLOCK):
             raise ValueError(
                 f"attention split by positions: {g} chips share each {t} KV head, but its cache of {slots} slots does "
@@ -516,34 +533,15 @@ def _built_plan(cfg, batch, max_len, context, weight_dtype, kv_dtype, tiles, kno
             )
     local, held = chip_config(cfg, setup), experts_per_chip(cfg, setup)
     split = attention_chips(cfg, setup) > 1
-    fmt = FORMAT_SCHEMES.get(quantize)
-    quantized = frozenset(format_paths(local, quantize) if fmt else quantized_paths(local, quantize))
-    b = Builder(
-        local, rows, max_len, context, weight_itemsize, kv_itemsize, tiles, knockout, setup, held, split, quantized,
-        position_shares=shares, model=cfg, draft_tokens=draft_tokens, fmt=fmt,
-    )  # fmt: skip
+    fmt = FORMAT_SCHEMES.get(r.quantize)
+    quantized = frozenset(format_paths(local, r.quantize) if fmt else quantized_paths(local, r.quantize))
+    b = Builder(request, cfg, local, rows, held, split, quantized, shares, fmt)
     b.build()
     # without overlap, no weight DMA is in flight across an all-reduce
     fences = () if setup.collective.overlap else {n for n, op in enumerate(b.ops) if isinstance(op, AllReduce)}
-    items = schedule(b.ops, b.loads, b.route_of, tiles.slots, fences)
+    items = schedule(b.ops, b.loads, b.route_of, r.tiles.slots, fences)
     return StepPlan(
-        local,
-        rows,
-        max_len,
-        context,
-        weight_dtype,
-        kv_dtype,
-        tiles,
-        knockout,
-        dict(b.buffers),
-        tuple(b.loads),
-        tuple(items),
-        dict(b.acts),
-        loop_layers,
-        cfg if setup.sharded else None,
-        setup if setup.sharded else None,
-        chip_index,
-        held,
-        quantize,
-        draft_tokens,
-    )
+        local, rows, r.max_len, r.context, r.weight_dtype, r.kv_dtype, r.tiles, r.knockout, dict(b.buffers),
+        tuple(b.loads), tuple(items), dict(b.acts), r.loop_layers, cfg if setup.sharded else None,
+        setup if setup.sharded else None, r.chip_index, held, r.quantize, draft_tokens,
+    )  # fmt: skip
