@@ -96,7 +96,8 @@ def kinds_named(texts) -> str:
     """The kinds that free-text ``kind`` labels name (a table's ``kind`` column), in :data:`KINDS` order,
     joined by ``" + "``: ``"measured (cpu, JAX 0.6); seed_* published"`` gives ``"published + measured"``."""
     texts = [str(t) for t in texts]
-    found = [k for k in KINDS if any(re.search(rf"\b{k}\b", t) for t in texts)]
+    # a kind said not to apply ("given, not measured") is not named
+    found = [k for k in KINDS if any(re.search(rf"(?<!not )\b{k}\b", t) for t in texts)]
     if not found:
         raise ValueError(f"the kind labels {sorted(set(texts))} name none of {KINDS}")
     return " + ".join(found)
@@ -270,14 +271,16 @@ def _claims_html(claims: pd.DataFrame, present: dict[str, str]) -> str:
     for c in claims.itertuples():
         shown = [n for n in c.shown_in if n in present]
         link = f'<a href="#{_esc(present[shown[0]])}">{_esc(shown[0])}</a>' if shown else "not on this page"
-        error = "" if pd.isna(c.error) else "0.0%" if abs(c.error) < 5e-4 else f"{c.error:+.1%}"
         rows.append(
             f'<tr id="claim-{_esc(c.key)}"><td class="text">{_esc(c.claim)}<br><code>{_esc(c.key)}</code></td>'
             f'<td class="num">{"" if pd.isna(c.published) else _esc(_value(c.published, c.unit))}</td>'
-            f'<td class="num">{_esc(_value(c.workbook, c.unit))}</td>'
-            f'<td class="text">{_esc(c.kind)}</td><td class="num">{_esc(error)}</td><td class="text">{link}</td></tr>'
+            f'<td class="num">{_esc(_value(c.workbook, c.unit))}</td><td class="text">{_esc(c.kind)}</td>'
+            f'<td class="text">{_esc(c.role)}</td><td class="text">{_esc(c.op_costs)}</td>'
+            f'<td class="num">{_esc(_error_words(c.error, c.role))}</td><td class="text">{link}</td></tr>'
         )
-    head = "".join(f"<th>{h}</th>" for h in ("claim", "published", "workbook", "kind", "error", "shown in"))
+    head = "".join(
+        f"<th>{h}</th>" for h in ("claim", "published", "workbook", "kind", "role", "per-op costs", "error", "shown in")
+    )
     return (
         "<h2 id=\"claims\">The write-up's claims against the workbook, and the workbook's own</h2>"
         '<p class="meta">Each claim of the write-up (<code>data/published.csv</code>), its published value, the value '
@@ -285,11 +288,23 @@ def _claims_html(claims: pd.DataFrame, present: dict[str, str]) -> str:
         "kind: "
         "<b>modelled</b> is a test of the workbook; <b>fitted</b>, <b>input</b> and <b>by construction</b> are met by "
         "design and test nothing; <b>derived</b> is a ratio of two other claims; error = workbook / published - 1. "
+        "Its role says the same for the row (a test, a fitted point, a bound: a published 'over' or 'under' figure, "
+        "compared as a bound), and its per-op costs where a timed step's core costs come from (compiler-scheduled: "
+        "libtpu's schedule of the kernel; assumed or fitted: data/timing.csv; '-': none enters). "
         "Then the workbook's own claims, with no published value and so no error: their kind names the model, the "
         "kernel setup and what they assume.</p>"
         f'<div class="scroll"><table class="data claims"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
         "</table></div>"
     )
+
+
+def _error_words(error: float, role: str) -> str:
+    """A claim's error as the table shows it: workbook / published - 1, or for a bound how far past or short of it."""
+    if pd.isna(error):
+        return ""
+    if role == "bound":
+        return f"meets the bound (+{error:.1%})" if error >= 0 else f"short of the bound ({error:+.1%})"
+    return "0.0%" if abs(error) < 5e-4 else f"{error:+.1%}"
 
 
 def anchor(item: dict) -> str:

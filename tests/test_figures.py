@@ -294,7 +294,7 @@ def test_the_validation_figure_has_one_trace_per_role():
     roles = ["test", "fitted", "input", "by construction", "same point as a", "same point as b", "test"]
     table = pd.DataFrame(dict(key=list("abcdefg"), component="", case="c", unit="s", role=roles,
                               published=1.0, modelled=[1.1, 1.0, 1.0, 1.0, 0.9, 0.9, 1e-4]))  # fmt: skip
-    roles = ["derived: a / b", "test (baseline fitted)", "test (megakernel fitted)", "not modelled (no config)",
+    roles = ["derived: a / b", "test (baseline fitted)", "fitted (megakernel step)", "not modelled (no config)",
              "stand-in (another model)"]  # fmt: skip
     verdicts = pd.DataFrame(
         dict(key=list("vwyxz"), situation="s", published=2.0, modelled=[1.9, 2.2, 2.4, None, 1.7], role=roles)

@@ -10,10 +10,11 @@ import pytest
 import mk.figures
 from mk.__main__ import main
 from mk.analysis.claims import CLAIMS, WORKBOOK_CLAIMS, claims_table
+from mk.analysis.verdict import STAND_IN_ROLE, is_test
 from mk.figures import provenance, save_figure
 from mk.notebook import Table, in_ms, show
 from mk.paths import FIGURES_ENV, NOTEBOOKS_DIR
-from mk.published import published
+from mk.published import published, published_table
 from mk.report import export_table, kinds_named, write_report
 
 
@@ -55,6 +56,8 @@ def test_kinds_named_reads_free_text_labels():
         "published + modelled + measured"
     )
     assert kinds_named(["modelled (mk.sol)", "modelled (mk.sol)"]) == "modelled"
+    # a kind said not to apply is not named: an acceptance "given, not measured" makes no table measured
+    assert kinds_named(["modelled (mk.timing; acceptance 0.7, given, not measured)"]) == "modelled"
     with pytest.raises(ValueError, match="name none of"):
         kinds_named(["guessed"])
 
@@ -90,7 +93,9 @@ def figures(tmp_path, monkeypatch):
     """Two saved figures (one with a stand-in PNG), one table, and a stale figure of no notebook."""
     monkeypatch.setattr(mk.figures, "_exporter", False)  # no PNG export here: fast, with or without a Chromium
     claim = dict(key="sol_h100", claim="speed of light: h100", published=427.0, workbook=425.4, unit="tok/s")
-    claims = pd.DataFrame([dict(claim, kind="modelled", error=425.4 / 427 - 1, shown_in=["01_bars"])])
+    claims = pd.DataFrame(
+        [dict(claim, kind="modelled", role="test", op_costs="-", error=425.4 / 427 - 1, shown_in=["01_bars"])]
+    )
     monkeypatch.setattr("mk.report.claims_table", lambda: claims)  # the real one: test_the_claims_table
     books, out = tmp_path / "notebooks", tmp_path / "figures"
     books.mkdir()
@@ -155,8 +160,20 @@ def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(
     assert c.kind["mk_v5e8_moe_step"] == "modelled" and "same point as" in c.kind["mk_v5e8_moe_tps"]
     assert c.kind["verdict_moe_one_user"].startswith("derived")
     assert c.workbook.notna().all()  # every claim computed, the Llama 1B verdict from its config (data/configs)
-    # the small model's megakernel step is the point the GPU megakernel's cost per op is fitted to
-    assert c.kind["verdict_small_model"].startswith("modelled (its megakernel step fitted")
+    # the small model's megakernel step is the point the GPU megakernel's cost per op is fitted to: not a test
+    assert c.kind["verdict_small_model"].startswith("fitted (its megakernel step") and not is_test(
+        c.role["verdict_small_model"]
+    )
+    # every row says what it is and where a timed step's per-op costs come from
+    roles = {"test", "test (baseline fitted)", "fitted", "fitted (megakernel step)", "input", "by construction",
+             "derived", "bound", "measured", "workbook's own", STAND_IN_ROLE}  # fmt: skip
+    assert set(c.role) <= roles
+    assert c.role["sol_h100"] == "test" and c.op_costs["sol_h100"] == "-"
+    assert c.op_costs["mk_v5e8_moe_step"] in ("compiler-scheduled", "assumed")
+    # a published "over 700 tok/s" is a bound: compared as one, on the page too
+    assert c.role["kimi_speculative_tps"] == "bound" and published_table().set_index("key").quantity[
+        "kimi_speculative_tps"
+    ].endswith("lower_bound")
     assert c.published[list(CLAIMS)].notna().all()
     out, books = tmp_path / "figures", tmp_path / "notebooks"
     books.mkdir()
@@ -169,6 +186,8 @@ def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(
     export_table(table(), "07_validation", "modelled", "h100", "mk.timing", out)  # a figure and a table, one name
     page = write_report(out, books, claims=claims).read_text()
     assert page.count('<tr id="claim-') == len(CLAIMS) + len(measured) + len(WORKBOOK_CLAIMS)
+    bound = "meets the bound" if c.error["kimi_speculative_tps"] >= 0 else "short of the bound"
+    assert page.count(bound) == 1
     assert 'href="#fig-07_validation"' in page and page.index('id="claims"') < page.index('id="nb-07"')
     ids = re.findall(r'\bid="([^"]+)"', page)
     assert len(ids) == len(set(ids)) and {"fig-07_validation", "table-07_validation"} <= set(ids)

@@ -62,9 +62,14 @@ QUANTITIES = {
 POINT_KINDS = {
     "test": "modelled",
     "test (baseline fitted)": "modelled (its baseline fitted)",
-    "test (megakernel fitted)": "modelled (its megakernel step fitted: the GPU cost per op's point)",
+    "fitted (megakernel step)": "fitted (its megakernel step: the GPU cost per op's point; the general stack modelled)",
     STAND_IN_ROLE: "modelled: {}, in its released format on the smallest v5e slice holding it",
 }
+# What a claim's row is: a test of the workbook, a point it was fitted to or scales from, one it meets by construction,
+# a ratio of two others, a bound (a published "over" or "under" figure, compared as a bound), a measurement, or the
+# workbook's own claim (no published value).
+TEST, BOUND, MEASURED, OWN = "test", "bound", "measured", "workbook's own"
+NO_OP_COSTS = "-"  # a claim no per-op cost enters (bytes, the speed of light, routing, a measurement)
 
 
 # The workbook's own claims: key -> (what, model, context, users, data type; the figures and tables that show it).
@@ -100,7 +105,7 @@ def workbook_claims(chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
         size = f"{context} positions, {users} user{'s' if users > 1 else ''}"
         if what == "fraction_of_sol":
             p = predict(model, chip, context, users, dtype=dtype, setup=WORKBOOK_KERNEL)
-            value, unit = p.fraction_of_sol, ""
+            value, unit, op_costs = p.fraction_of_sol, "", p.op_costs
             claim = f"fraction of the speed of light: {model}, the workbook's kernel, {chip}, {dtype} ({size})"
             kind = f"modelled (mk.timing, {p.setup}; {p.op_cost_words}"
             kind += "; against its own speed of light, mk.sol)" if dtype != "bf16" else ")"
@@ -108,6 +113,7 @@ def workbook_claims(chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
             k, a = SPECULATION["draft_tokens"], SPECULATION["accept_rate"]
             t = speculation_table([model], [chip], [users], [k], [a], context).iloc[0]
             value, unit = float(t.speedup), "x"
+            op_costs = " / ".join(sorted({t.op_costs, t.plain_op_costs}))
             claim = (
                 f"speculative decoding's gain, tokens/s with {k} n-gram drafts a step over plain decoding: {model}, "
                 f"{t.setup}, {chip}, {dtype} ({size})"
@@ -118,8 +124,8 @@ def workbook_claims(chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
                 f"{costs})"
             )
         rows.append(
-            dict(key=key, claim=claim, published=math.nan, workbook=value, unit=unit, kind=kind, error=math.nan,
-                 shown_in=list(shown))
+            dict(key=key, claim=claim, published=math.nan, workbook=value, unit=unit, kind=kind, role=OWN,
+                 op_costs=op_costs, error=math.nan, shown_in=list(shown))
         )  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -158,8 +164,8 @@ def _measured_row(r, key: str, ours: float, kind: str, shown) -> dict:
     value = float(r["value"])
     claim = _claim(r)
     return dict(key=f"{key}_measured", claim=claim, published=value, workbook=ours,
-                unit=r["unit"] if isinstance(r["unit"], str) else "", kind=kind, error=ours / value - 1,
-                shown_in=list(shown))  # fmt: skip
+                unit=r["unit"] if isinstance(r["unit"], str) else "", kind=kind, role=MEASURED, op_costs=NO_OP_COSTS,
+                error=ours / value - 1, shown_in=list(shown))  # fmt: skip
 
 
 def claims_table(
@@ -176,36 +182,8 @@ def claims_table(
     d = (verdict_table() if verdicts is None else verdicts).set_index("key")
     rows = []
     for key, r in published_table().set_index("key").loc[list(CLAIMS)].iterrows():
-        q, value = r["quantity"], float(r["value"])
-        cfg = (
-            get_config(r["model"]) if q in ("speed_of_light", "bytes_per_token", "experts_per_layer_max_chip") else None
-        )
-        if q == "speed_of_light":
-            ours, kind = (
-                speed_of_light(cfg, r["chip"], int(r["context"]), int(r["batch"]), r["dtype"]).tokens_per_s,
-                "modelled",
-            )
-        elif q == "bytes_per_token":
-            ours, kind = bytes_per_token(cfg, int(r["context"]), int(r["batch"]), r["dtype"]).total, "modelled"
-        elif q == "experts_per_layer_max_chip":
-            dist = busiest_chip_distribution(cfg.num_experts, get_chip(r["chip"]).chips, cfg.top_k, int(r["batch"]))
-            ours, kind = sum(m * p for m, p in dist.items()), "modelled (exact, uniform routing)"
-        elif q == "speedup":
-            row = d.loc[key]
-            ours, role = row["modelled"], row["role"]
-            if role.startswith("derived:"):  # "derived: A / B"
-                kind = f"derived ({role.split(':', 1)[1].strip()})"
-            else:
-                kind = POINT_KINDS.get(role, role).format(row["situation"].split(": ", 1)[-1])
-        elif q == "tokens_per_s_lower_bound":
-            ours, kind = speculative_stand_in(r)
-        else:
-            row = v.loc[key]
-            point = v.loc[row["point"], "role"]
-            kind = POINT_KINDS.get(point, point)
-            if row["point"] != key:
-                kind += f" (same point as {row['point']})"
-            ours = row["modelled"]
+        value = float(r["value"])
+        ours, kind, role, op_costs = _workbook_value(key, r, v, d)
         rows.append(
             dict(
                 key=key,
@@ -214,7 +192,9 @@ def claims_table(
                 workbook=ours,
                 unit=r["unit"] if isinstance(r["unit"], str) else "",
                 kind=kind,
-                error=ours / value - 1,
+                role=role,
+                op_costs=op_costs,
+                error=ours / value - 1,  # for a bound: how far past it (above a lower bound is >= 0)
                 shown_in=list(CLAIMS[key]),
             )
         )
@@ -222,7 +202,38 @@ def claims_table(
     return pd.concat([out, workbook_claims()], ignore_index=True) if workbook else out
 
 
-def speculative_stand_in(r) -> tuple[float, str]:
+def _workbook_value(key: str, r, v: pd.DataFrame, d: pd.DataFrame) -> tuple[float, str, str, str]:
+    """The workbook's value for the write-up's claim ``key`` (its published row ``r``), its kind, its role
+    (:data:`TEST`, :data:`BOUND`, the validation's and verdict's roles) and where its per-op costs come from
+    (``v``, ``d``: the validation and verdict tables by key)."""
+    q = r["quantity"]
+    if q in ("speed_of_light", "bytes_per_token", "experts_per_layer_max_chip"):
+        cfg = get_config(r["model"])
+        if q == "speed_of_light":
+            s = speed_of_light(cfg, r["chip"], int(r["context"]), int(r["batch"]), r["dtype"])
+            return s.tokens_per_s, "modelled", TEST, NO_OP_COSTS
+        if q == "bytes_per_token":
+            total = bytes_per_token(cfg, int(r["context"]), int(r["batch"]), r["dtype"]).total
+            return total, "modelled", TEST, NO_OP_COSTS
+        dist = busiest_chip_distribution(cfg.num_experts, get_chip(r["chip"]).chips, cfg.top_k, int(r["batch"]))
+        return sum(m * p for m, p in dist.items()), "modelled (exact, uniform routing)", TEST, NO_OP_COSTS
+    if q == "speedup":
+        row = d.loc[key]
+        role = row["role"]
+        if role.startswith("derived:"):  # "derived: A / B"
+            return row["modelled"], f"derived ({role.split(':', 1)[1].strip()})", "derived", row["op_costs"]
+        kind = POINT_KINDS.get(role, role).format(row["situation"].split(": ", 1)[-1])
+        return row["modelled"], kind, role, row["op_costs"]
+    if q == "tokens_per_s_lower_bound":
+        ours, kind, op_costs = speculative_stand_in(r)
+        return ours, kind, BOUND, op_costs
+    row = v.loc[key]
+    point = v.loc[row["point"], "role"]
+    kind = POINT_KINDS.get(point, point) + (f" (same point as {row['point']})" if row["point"] != key else "")
+    return row["modelled"], kind, point, row["op_costs"]
+
+
+def speculative_stand_in(r) -> tuple[float, str, str]:
     """A published speculative decoding figure for a model past one host (Inferact's Kimi K3): tokens/s per user
     of its stand-in (mk.analysis.verdict.STAND_INS) in its released format on the smallest v5e slice holding it,
     verifying SPECULATION's n-gram drafts a step (the drafter the workbook has for it), and the kind in words."""
@@ -234,7 +245,7 @@ def speculative_stand_in(r) -> tuple[float, str]:
         f"modelled with a stand-in: {model} for {r['model']}, {mk_case.dtype} on {mk_case.chip}, {k} n-gram drafts a "
         f"step each accepted with probability {a:g} (given, not measured); {t.plain_tokens_per_s:.0f} tok/s without"
     )
-    return float(t.tokens_per_s), kind
+    return float(t.tokens_per_s), kind, t.op_costs
 
 
 def _claim(r) -> str:

@@ -3,8 +3,8 @@ and the write-up's verdict (when a megakernel pays off) computed from it.
 
 Every row carries the published value (data/published.csv), the modelled one and the error
 modelled / published - 1, and its role: ``fitted`` where the model was fitted to that very number (not a
-test), ``test`` otherwise, ``test (baseline fitted)`` or ``test (megakernel fitted)`` where one side of a ratio is
-a fitted point.
+test), ``test`` otherwise, ``test (baseline fitted)`` where the general stack's side of a ratio is a fitted point, and
+``fitted (megakernel step)`` where the megakernel's side is the point a cost per op is fitted to (not a test).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pandas as pd
 from ..checkpoint_formats import released_format
 from ..chips import get_chip
 from ..config import get_config
-from ..kernel_setup import BEFORE_FIXES, WRITE_UP_KERNEL, KernelSetup
+from ..kernel_setup import BEFORE_FIXES, WORKBOOK_KERNEL, WRITE_UP_KERNEL, KernelSetup
 from ..progress import tqdm
 from ..published import independent_table, published, published_table
 from ..sol import auto_chip
@@ -72,8 +72,8 @@ def _fitted_megakernel_cases() -> set[Case]:
     c = constant("op_overhead_s", "gpu")
     if c.kind != "fitted":
         return set()
-    r = independent_table().set_index("key").loc[c.fit_to]
-    return {Case(r["config"], r["chip"], context_of(r)[0], int(r["batch"]), "megakernel", r["dtype"])}
+    r = independent_table().set_index("key").loc[c.fit_to]  # fitted with the workbook's kernel (mk.timing.fitted)
+    return {Case(r["config"], r["chip"], context_of(r)[0], int(r["batch"]), "megakernel", r["dtype"], WORKBOOK_KERNEL)}
 
 
 def _published_step_points() -> dict[Case, str]:
@@ -347,9 +347,10 @@ VERDICTS = (
     ("verdict_dense_same_tpu", "Large dense model, against vLLM on the same TPU", Case("gemma4-31b", MEGAKERNEL_SLICE),
      Case("gemma4-31b", MEGAKERNEL_SLICE, engine="general")),
     # the Llama figure is Hazy Research's: Llama-3.2-1B on one H100, a 32-token prompt and 128 tokens generated (the
-    # mean context while decoding, 96), their megakernel against vLLM
+    # mean context while decoding, 96), their megakernel against vLLM; the megakernel's step is the point the GPU cost
+    # per op is fitted to, with the workbook's kernel (mk.timing.fitted): the same step as there
     ("verdict_small_model", "Small model, one user (Llama 1B)",
-     Case("llama-3.2-1b", GENERAL_GPU, context=SMALL_CONTEXT),
+     Case("llama-3.2-1b", GENERAL_GPU, context=SMALL_CONTEXT, setup=WORKBOOK_KERNEL),
      Case("llama-3.2-1b", GENERAL_GPU, context=SMALL_CONTEXT, engine="general")),
 )  # fmt: skip
 
@@ -405,7 +406,7 @@ def big_verdicts() -> pd.DataFrame:
             key=key, situation=f"{situation}: {model} as the stand-in for {named}", published=value,
             modelled=modelled, error=modelled / value - 1, measured=math.nan,
             megakernel=_tok_s(m, mk_case), general=_tok_s(g, gen_case), role=STAND_IN_ROLE,
-            megakernel_setup=mk_case.setup.name,
+            op_costs=m.op_costs or "-", megakernel_setup=mk_case.setup.name,
             beside=f"{BESIDE}: {d_speedup:.2f}x ({_tok_s(dm, d_mk)})",
         ))  # fmt: skip
     return pd.DataFrame(rows)
@@ -424,7 +425,7 @@ def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
         modelled, m, g = _speedup(mk_case, gen_case)
         role = "test (baseline fitted)" if gen_case in fitted else "test"
         if mk_case in _fitted_megakernel_cases():  # its step is the one the GPU cost per op is fitted to
-            role = "test (megakernel fitted)"
+            role = "fitted (megakernel step)"
         if mk_case in published and gen_case in published:  # a ratio of two published points, not a third
             role = f"derived: {published[mk_case]} / {published[gen_case]}"
         rows.append(
@@ -438,6 +439,7 @@ def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
                 megakernel=f"{m.tokens_per_s:.0f} tok/s ({mk_case.chip}, {mk_case.dtype}, {mk_case.setup.name})",
                 general=f"{g.tokens_per_s:.0f} tok/s ({gen_case.chip}, {gen_case.dtype})",
                 role=role,
+                op_costs=m.op_costs or "-",
                 megakernel_setup=mk_case.setup.name,
             )
         )

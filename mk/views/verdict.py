@@ -17,7 +17,7 @@ RATIO_RANGE = (0.01, 100.0)  # the validation figure's axis: ratios beyond it ar
 ROLES = {
     "test": ("#4e79a7", "circle", "test"),
     "test (baseline fitted)": ("#76b7b2", "circle-open", "test, its baseline fitted"),
-    "test (megakernel fitted)": ("#59a14f", "circle-open", "test, its megakernel step fitted"),
+    "fitted (megakernel step)": ("#59a14f", "diamond-open", "fitted: its megakernel step, the GPU per-op cost's point"),
     "fitted": ("#e15759", "diamond", "fitted: the model was fitted to it (not a test)"),
     "input": ("#9c755f", "square", "input: the model scales from it (not a test)"),
     "by construction": ("#b07aa1", "star", "by construction: the model cannot give another value"),
@@ -169,7 +169,7 @@ def component_figure(table: pd.DataFrame) -> go.Figure:
 VERDICT_MODELLED = {  # the modelled bar of each role: its legend entry and its pattern
     "test": ("modelled (mk.timing): a test", ""),
     "test (baseline fitted)": ("modelled: a test whose baseline's per-kernel cost was fitted", "x"),
-    "test (megakernel fitted)": ("modelled: a test whose megakernel step is the fitted point of its cost per op", "+"),
+    "fitted (megakernel step)": ("modelled: its megakernel step is the GPU per-op cost's fitted point", "+"),
     "derived": ("modelled: a ratio of two published points, not a test of its own", "/"),
     "stand-in": ("modelled with a stand-in (Kimi K2 for the write-up's Kimi): a comparison, not a test", "."),
 }
