@@ -34,6 +34,8 @@ class Chip:
     source: str
     clock_hz: float = math.nan  # one core's clock (NaN where data/chips.csv derives none)
     clock_source: str = ""
+    # the devices JAX sees in one chip (TPU v7x: two TensorCores, each its own device; libtpu's tpu7x topologies)
+    devices_per_chip: int = 1
 
     @property
     def base(self) -> str:
@@ -65,6 +67,7 @@ def base_chips() -> dict[str, Chip]:
             source=r["source"],
             clock_hz=_float(r["clock_hz"]),
             clock_source=r["clock_source"],
+            devices_per_chip=int(r["devices_per_chip"]),
         )
         for r in rows
     }
@@ -123,10 +126,24 @@ def get_chip(name: str | Chip) -> Chip:
             source=c.source,
             clock_hz=c.clock_hz,
             clock_source=c.clock_source,
+            devices_per_chip=c.devices_per_chip,
         )
     raise ValueError(
         f"unknown chip {name!r}; known chips: {', '.join(chips)} (append -N for a slice of N chips, e.g. tpu-v5e-8)"
     )
+
+
+def check_one_device(chip: Chip) -> Chip:
+    """``chip`` where each of its chips is one device, as mk's megakernel runs one program a chip; refused by name
+    otherwise (TPU v7x: two TensorCores a chip, each its own device, which the kernel does not yet run as neighbours),
+    so that no step of it is modelled or compiled as if it were one. Its speed of light (mk.sol) needs no kernel."""
+    if chip.devices_per_chip != 1:
+        raise ValueError(
+            f"{chip.name}: each {chip.base} chip is {chip.devices_per_chip} devices (TensorCores, data/chips.csv "
+            "devices_per_chip) and mk's megakernel runs one program a chip, so its step is not modelled or compiled "
+            "there; its speed of light is (python -m mk sol), and the general stack's"
+        )
+    return chip
 
 
 @dataclass(frozen=True)

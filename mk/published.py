@@ -36,8 +36,9 @@ def published(key: str) -> float:
 
 INDEPENDENT_COLUMNS = (
     "key", "model", "config", "chip", "chips", "engine", "stack", "batch", "prompt_tokens", "output_tokens", "dtype",
-    "quantity", "value", "unit", "date", "url", "quote", "note",
+    "quantity", "value", "unit", "bound", "date", "url", "quote", "note",
 )  # fmt: skip
+BOUNDS = ("", "upper", "lower")  # a value the page gives as a bound ("under one millisecond": upper), or as it is
 ENGINES = ("megakernel", "general")
 MAX_BATCH = 8  # the file's scope: one to eight users decoded together
 # quantity -> unit -> milliseconds per unit. step_ms: time per output token per user; tokens_per_s: tokens per second
@@ -82,6 +83,8 @@ def _check_row(r: dict) -> float:
         raise ValueError(f"key {r['key']!r} is not snake_case")
     if r["engine"] not in ENGINES:
         raise ValueError(f"unknown engine {r['engine']!r}; engines: {', '.join(ENGINES)}")
+    if r["bound"] not in BOUNDS:
+        raise ValueError(f"bound {r['bound']!r} is none of {BOUNDS}: empty (the value as it is), upper or lower")
     if r["quantity"] not in QUANTITY_UNITS:
         raise ValueError(f"unknown quantity {r['quantity']!r}; quantities: {', '.join(QUANTITY_UNITS)}")
     units = QUANTITY_UNITS[r["quantity"]]

@@ -77,7 +77,7 @@ def test_the_fit_is_said_plainly():
     one, pod = predict("kimi-k2", "tpu-v5e-8", 1024), predict("kimi-k2", "tpu-v5e-256", 1024)
     assert not one.fits_in_hbm and "do not fit" in one.to_dict()["fit_note"]
     assert pod.fits_in_hbm and pod.to_dict()["fits_in_hbm"]
-    assert predict("kimi-k2", "tpu-v7x-8", 1024, dtype="fp8-block").fits_in_hbm
+    assert predict("kimi-k2", "tpu-v5p-32", 1024, dtype="fp8-block").fits_in_hbm
     assert auto_chip("kimi-k2", "tpu-v5e", "bf16").name == "tpu-v5e-256"
     assert auto_chip("kimi-k2", "tpu-v7x", "fp8-block").name == "tpu-v7x-8"  # no slice rows: powers of two
     with pytest.raises(ValueError, match="fits no documented tpu-v5e slice"):
@@ -96,7 +96,7 @@ def test_the_all_reduce_share_grows_with_the_slice():
 
 def test_predict_says_where_kimi_k2_fits_and_picks_the_smallest_slice(mk_json):
     """``python -m mk predict`` for Kimi K2: it does not fit a v5e-8 in BF16 (and says the time assumes it did), it
-    fits a v7x-8 in FP8 blocks and a v5e-256 in BF16; ``--chip auto`` picks that v5e-256; the time on the links
+    fits a v5p-32 in FP8 blocks and a v5e-256 in BF16; ``--chip auto`` picks that v5e-256; the time on the links
     between chips is larger over 256 chips than over 8."""
 
     def predict_json(chip, dtype="bf16"):
@@ -104,7 +104,7 @@ def test_predict_says_where_kimi_k2_fits_and_picks_the_smallest_slice(mk_json):
 
     one = predict_json("tpu-v5e-8")
     assert not one["fits_in_hbm"] and "do not fit tpu-v5e-8's HBM in bf16; the time assumes" in one["fit_note"]
-    assert predict_json("tpu-v7x-8", "fp8-block")["fits_in_hbm"]
+    assert predict_json("tpu-v5p-32", "fp8-block")["fits_in_hbm"]
     pod, auto = predict_json("tpu-v5e-256"), predict_json("auto")
     assert pod["fits_in_hbm"] and auto["chip"] == "tpu-v5e-256" and auto["chip_picked"] and not pod["chip_picked"]
     assert pod["links_ms"] > 2 * one["links_ms"] > 0

@@ -42,6 +42,10 @@ def test_every_constant_names_its_source_and_kind():
 @pytest.mark.parametrize("chip", known_chips() + ["tpu-v5e-8", "tpu-v6e-8"])
 @pytest.mark.parametrize("engine", timing.ENGINES)
 def test_predictions_never_beat_the_speed_of_light(chip, engine):
+    if engine == "megakernel" and get_chip(chip).devices_per_chip > 1:  # refused by name: not modelled
+        with pytest.raises(ValueError, match="devices"):
+            timing.predict(MOE, chip, 1024, 1, engine)
+        return
     for model, context, batch in ((MOE, 1024, 1), ("tiny-moe", 64, 3)):
         p = timing.predict(model, chip, context, batch, engine)
         sol = speed_of_light(get_config(model), chip, context, batch)
@@ -52,7 +56,16 @@ def test_predictions_never_beat_the_speed_of_light(chip, engine):
         assert p.tokens_per_s_total == pytest.approx(batch / p.step_s)
 
 
-@pytest.mark.parametrize("chip", ["tpu-v5e-8", "tpu-v6e-8", "h100", "h200", "b200", "tpu-v7x"])
+def test_a_chip_of_two_devices_is_refused_by_name_not_modelled():
+    """TPU v7x: two TensorCores a chip, each a device, where mk's megakernel runs one program a chip: its step is
+    refused by name, its speed of light and the general stack's step are still given."""
+    with pytest.raises(ValueError, match=r"tpu-v7x-8: each tpu-v7x chip is 2 devices"):
+        timing.predict(MOE, "tpu-v7x-8", 1024)
+    assert timing.predict(MOE, "tpu-v7x", 1024, engine="general").step_s > 0
+    assert speed_of_light(MOE, "tpu-v7x", 1024).step_s > 0
+
+
+@pytest.mark.parametrize("chip", ["tpu-v5e-8", "tpu-v6e-8", "h100", "h200", "b200"])
 def test_the_megakernel_beats_the_general_stack_for_the_moe_model_at_one_user(chip):
     mk = timing.predict(MOE, chip, 1024, 1, "megakernel")
     general = timing.predict(MOE, chip, 1024, 1, "general")
@@ -147,6 +160,9 @@ def test_cli_predict_answers_for_every_chip_and_engine_below_mk_sol(chip, capsys
     assert main(["sol", *args]) == 0
     sol = json.loads(capsys.readouterr().out)
     for engine in timing.ENGINES:
+        if engine == "megakernel" and get_chip(chip).devices_per_chip > 1:  # refused by name, with the reason
+            assert main(["predict", *args, "--engine", engine]) != 0 and "devices" in capsys.readouterr().err
+            continue
         assert main(["predict", *args, "--engine", engine]) == 0
         d = json.loads(capsys.readouterr().out)
         assert {"step_ms", "tokens_per_s", "fraction_of_sol"} <= set(d)

@@ -36,6 +36,7 @@ from ..sharding import kv_replication, position_share
 from ..sol import SOL_KIND, bytes_per_token, speed_of_light
 from ..speculative import emitted_per_round
 from ..timing import MODELLED, predict
+from ..timing.fitted import fitted_bound
 from .verdict import BASELINE_DTYPE, GENERAL_GPU, MEGAKERNEL_SLICE, Case, validation_table
 
 SOL = "speed of light"
@@ -446,6 +447,25 @@ def chip_table(models, chips, context: int = 1024, batch: int = 1, dtype: str = 
                 rows.append(_row(cfg, s, context, batch) | extra)
     t = pd.DataFrame(rows)
     return t.assign(series=t.engine.map({"megakernel": "megakernel", "general": "general stack", SOL: SOL}))
+
+
+def megakernel_losses(chips: pd.DataFrame) -> pd.DataFrame:
+    """Where the megakernel is slower than the general stack on the same chip (rows of :func:`chip_table`): model,
+    chip, both tokens/s per user, their ratio and where the megakernel's per-op costs came from. ``lower_bound``: the
+    megakernel's tokens/s is a lower bound, its cost per op fitted to a step published as an upper bound
+    (mk.timing.fitted.fitted_bound: GPUs, Hazy's "under one millisecond"), so a loss there may be the bound's."""
+    mk = chips[chips.engine == "megakernel"].set_index(["model", "chip"])
+    general = chips[chips.engine == "general"].set_index(["model", "chip"])
+    t = pd.DataFrame(
+        dict(
+            megakernel_tokens_per_s=mk.tokens_per_s,
+            general_tokens_per_s=general.tokens_per_s,
+            ratio=mk.tokens_per_s / general.tokens_per_s,
+            op_costs=mk.op_costs,
+        )
+    ).reset_index()
+    t["lower_bound"] = t.chip.map(lambda c: fitted_bound(get_chip(c).kind) == "upper")
+    return t[t.ratio < 1].reset_index(drop=True).assign(kind=MODELLED)
 
 
 def family_table(models, context: int = 1024, dtype: str = "bf16") -> pd.DataFrame:

@@ -11,7 +11,7 @@ from functools import partial
 import jax
 import pandas as pd
 
-from ..chips import get_chip, slice_shape, slice_shapes
+from ..chips import check_one_device, get_chip, slice_shape, slice_shapes
 from ..config import ModelConfig, get_config
 from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..plan import build_plan
@@ -82,6 +82,7 @@ def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_lim
     sizes, INT8 codes by its scheme)."""
 
     name, topo = aot_target(chip)
+    check_one_device(get_chip(name))
     shapes = input_shapes(plan)
     # the kernel as the engine builds it (mk.megakernel.kernel.build_call: the plan's VMEM limit for the chip, each
     # dot's precision from its data type); ``vmem_limit_bytes`` only to probe the compiler's own figure

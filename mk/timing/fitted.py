@@ -84,6 +84,17 @@ def op_overhead_cost(kind: str) -> float:
     return cost
 
 
+def fitted_bound(kind: str) -> str:
+    """Whether the point ``kind`` chips' cost per op is fitted to is published as a bound: ``upper`` where its page
+    gives the step as one ("under one millisecond", data/independent.csv's ``bound``), so the cost fitted to it is an
+    upper bound too and every megakernel step charged with it an upper bound (its tokens/s a lower bound); empty where
+    the point is a value or the cost is not fitted."""
+    c = constant("op_overhead_s", kind)
+    if c.kind != "fitted":
+        return ""
+    return str(independent_table().set_index("key").loc[c.fit_to, "bound"])
+
+
 def fitted_value(c: Constant) -> float:
     """The value of a ``fitted`` row of data/timing.csv, fitted now: the general stack's cost per kernel
     (``kernel_s``) or the megakernel's cost per op (``op_overhead_s``)."""

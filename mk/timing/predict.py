@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..assistant_config import check_pair, source_layers
-from ..chips import Chip, get_chip
+from ..chips import Chip, check_one_device, get_chip
 from ..config import SLIDING, ModelConfig, get_config
 from ..dtypes import get_dtype
 from ..kernel_setup import WORKBOOK_KERNEL, AttentionSplit, KernelSetup, Placement
@@ -115,6 +115,8 @@ def _check(model, chip, context: int, batch: int, engine: str) -> tuple[ModelCon
     positive_int("batch", batch)
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    if engine == "megakernel":
+        check_one_device(chip)
     return cfg, chip
 
 
