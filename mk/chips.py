@@ -36,6 +36,9 @@ class Chip:
     clock_source: str = ""
     # the devices JAX sees in one chip (TPU v7x: two TensorCores, each its own device; libtpu's tpu7x topologies)
     devices_per_chip: int = 1
+    # what a slice's name counts per chip: 1 (chips: v5e, v6e, GPUs) or 2 (TensorCores: v4 and v5p, as Google's
+    # AcceleratorType names them: a v5p-32 is 16 chips)
+    name_units_per_chip: int = 1
 
     @property
     def base(self) -> str:
@@ -68,6 +71,7 @@ def base_chips() -> dict[str, Chip]:
             clock_hz=_float(r["clock_hz"]),
             clock_source=r["clock_source"],
             devices_per_chip=int(r["devices_per_chip"]),
+            name_units_per_chip=int(r["name_units_per_chip"]),
         )
         for r in rows
     }
@@ -103,8 +107,9 @@ def compile_target(device) -> str | None:
 
 
 def get_chip(name: str | Chip) -> Chip:
-    """A chip (``h100``) or a slice (``tpu-v5e-8``) by name (a Chip is returned as it is); an unknown name lists the
-    known ones."""
+    """A chip (``h100``) or a slice by name (a Chip is returned as it is): ``tpu-v5e-8`` is 8 chips, and a v4 or v5p
+    slice is named by its TensorCores as Google names it (``tpu-v5p-8``: 4 chips; the chip's ``name_units_per_chip``).
+    An unknown name lists the known ones."""
     if isinstance(name, Chip):
         return name
     chips = base_chips()
@@ -113,7 +118,14 @@ def get_chip(name: str | Chip) -> Chip:
         return chips[key]
     m = re.fullmatch(r"(.+)-(\d+)", key)
     if m and m.group(1) in chips and int(m.group(2)) > 0:
-        c, n = chips[m.group(1)], int(m.group(2))
+        c, units = chips[m.group(1)], int(m.group(2))
+        if units % c.name_units_per_chip or units == c.name_units_per_chip:
+            raise ValueError(
+                f"{key}: a {c.name} slice is named by its TensorCores, {c.name_units_per_chip} a chip (Google's "
+                f"AcceleratorType: v5p-32 is 16 chips); give a multiple of {c.name_units_per_chip} above it, or "
+                f"{c.name} for one chip"
+            )
+        n = units // c.name_units_per_chip
         return Chip(
             name=key,
             kind=c.kind,
@@ -127,10 +139,18 @@ def get_chip(name: str | Chip) -> Chip:
             clock_hz=c.clock_hz,
             clock_source=c.clock_source,
             devices_per_chip=c.devices_per_chip,
+            name_units_per_chip=c.name_units_per_chip,
         )
     raise ValueError(
-        f"unknown chip {name!r}; known chips: {', '.join(chips)} (append -N for a slice of N chips, e.g. tpu-v5e-8)"
+        f"unknown chip {name!r}; known chips: {', '.join(chips)} (append -N for a slice of N chips, e.g. tpu-v5e-8; "
+        "of N TensorCores for v4 and v5p, e.g. tpu-v5p-8: 4 chips)"
     )
+
+
+def slice_of(base: str, chips: int) -> Chip:
+    """The slice of ``chips`` chips of ``base`` (a chip of data/chips.csv), under the name its users know it by."""
+    c = get_chip(base)
+    return c if chips == 1 else get_chip(f"{c.name}-{chips * c.name_units_per_chip}")
 
 
 def check_one_device(chip: Chip) -> Chip:
@@ -162,8 +182,8 @@ class SliceShape:
 
     @property
     def name(self) -> str:
-        """The slice's name as mk.chips.get_chip takes it (``tpu-v5e-16``)."""
-        return self.chip if self.chips == 1 else f"{self.chip}-{self.chips}"
+        """The slice's name as mk.chips.get_chip takes it (``tpu-v5e-16``; ``tpu-v5p-16`` for 8 v5p chips)."""
+        return slice_of(self.chip, self.chips).name
 
     @property
     def dims(self) -> tuple[int, ...]:

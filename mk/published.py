@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .chips import get_chip
 from .config.presets import PRESETS
 from .paths import CONFIGS_DIR, INDEPENDENT_CSV, PUBLISHED_CSV
 
@@ -102,11 +103,9 @@ def _check_row(r: dict) -> float:
         raise ValueError(f"batch {batch} is outside the file's scope of 1 to {MAX_BATCH} users")
     _int(r["prompt_tokens"], "prompt_tokens", optional=True)
     output_tokens = _int(r["output_tokens"], "output_tokens", optional=True)
-    slice_of = re.fullmatch(r".*-(\d+)", r["chip"])
-    if slice_of and int(slice_of.group(1)) != chips:
-        raise ValueError(f"chip {r['chip']!r} is a slice of {slice_of.group(1)} but chips is {chips}")
-    if chips > 1 and not slice_of:
-        raise ValueError(f"chips is {chips} but chip {r['chip']!r} names no slice (append -{chips})")
+    named = get_chip(r["chip"]).chips
+    if named != chips:
+        raise ValueError(f"chip {r['chip']!r} is {named} chip(s) but chips is {chips}")
     if r["config"] and r["config"] not in PRESETS and not (CONFIGS_DIR / r["config"] / "config.json").is_file():
         raise ValueError(
             f"config {r['config']!r} is neither a preset nor a folder of {CONFIGS_DIR.name}/ with a config.json"

@@ -25,7 +25,8 @@ def test_slices_compile_for_the_topology_their_documented_shape_names():
     for name in ("tpu-v5e-16", "tpu-v5e-64", "tpu-v5p-8"):
         shape = slice_shape(get_chip(name))
         assert aot_target(name) == (name, f"{shape.chip.removeprefix('tpu-')}:{shape.topology}")
-    assert aot_target("tpu-v5e-16")[1] == "v5e:4x4" and aot_target("tpu-v5p-8")[1] == "v5p:2x2x2"
+    assert aot_target("tpu-v5e-16")[1] == "v5e:4x4" and aot_target("tpu-v5p-16")[1] == "v5p:2x2x2"
+    assert aot_target("v5p:2x2x2") == ("tpu-v5p-16", "v5p:2x2x2")  # a v5p slice named by its TensorCores
     assert aot_target("v6e:4x4") == ("tpu-v6e-16", "v6e:4x4")
     for name, topo in TOPOLOGIES.items():
         shape = slice_shape(get_chip(name))
@@ -83,7 +84,7 @@ def test_tiny_moe_compiles_over_a_two_host_slice_as_planned(mk_json):
 
 
 @needs_libtpu
-@pytest.mark.parametrize("chip, topology", [("tpu-v5e-64", "v5e:8x8"), ("tpu-v5p-64", "v5p:4x4x4")])
+@pytest.mark.parametrize("chip, topology", [("tpu-v5e-64", "v5e:8x8"), ("tpu-v5p-128", "v5p:4x4x4")])
 def test_tiny_moe_compiles_over_an_eight_host_torus_and_a_v5p_cube_as_planned(mk_json, chip, topology):
     """Past 16 chips the cross-chip ops' peers share their DMA semaphores (one a semaphore per peer overran libtpu's
     semaphore memory at 32 chips): tiny-moe compiles over a v5e 8x8 (64 chips) and a v5p 4x4x4 cube (64 chips, a 3D

@@ -15,12 +15,16 @@ def test_wraparound_is_read_from_the_slice_rows_as_documented():
     assert slice_shape(get_chip("tpu-v5e-256")).torus == ((16, True), (16, True))
     assert slice_shape(get_chip("tpu-v5e-128")).torus == ((8, False), (16, True))  # the longer axis wraps
     assert slice_shape(get_chip("tpu-v5e-16")).torus == ((4, False), (4, False))
-    assert slice_shape(get_chip("tpu-v5p-64")).torus == ((4, True),) * 3  # a full cube
-    assert slice_shape(get_chip("tpu-v5p-32")).torus == ((2, False), (4, False), (4, False))
+    # a v5p slice is named by its TensorCores, two a chip (Google's AcceleratorType): v5p-128 is a 64-chip cube
+    assert slice_shape(get_chip("tpu-v5p-128")).torus == ((4, True),) * 3  # a full cube
+    assert slice_shape(get_chip("tpu-v5p-64")).torus == ((2, False), (4, False), (4, False))
+    assert get_chip("tpu-v5p-8").chips == 4 and slice_shape(get_chip("tpu-v5p-8")).topology == "2x2x1"
     assert (
         slice_shape(get_chip("tpu-v5e-8")).chips_per_host == 8
-        and slice_shape(get_chip("tpu-v5p-64")).chips_per_host == 4
+        and slice_shape(get_chip("tpu-v5p-128")).chips_per_host == 4
     )
+    with pytest.raises(ValueError, match="named by its TensorCores, 2 a chip"):
+        get_chip("tpu-v5p-7")
     assert slice_shape(get_chip("tpu-v7x-8")) is None and get_chip("tpu-v7x-8").chips == 8
 
 

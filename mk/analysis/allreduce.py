@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..chips import Chip, get_chip, slice_shape
+from ..chips import Chip, get_chip, slice_of, slice_shape
 from ..config import FFN_LAYOUTS, ModelConfig, get_config
 from ..kernel_setup import FIXES, WORKBOOK_KERNEL, Collective, KernelSetup, Placement
 from ..plan import ROWS, AllReduce, GatherBest
@@ -311,7 +311,7 @@ def allreduce_share(
     cfg = get_config(model)
     rows = []
     for n in chips:
-        chip = get_chip(f"{base_chip}-{n}")
+        chip = slice_of(base_chip, n)
         shape, latency = slice_shape(chip), link_latency(chip)
         p = predict(cfg, chip, context, batch, dtype=dtype, setup=setup)
         plan = step_plan(cfg, chip, context, batch, dtype, setup)

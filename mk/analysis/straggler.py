@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..chips import get_chip
+from ..chips import get_chip, slice_of
 from ..config import ModelConfig, get_config
 from ..generate import generate
 from ..kernel_setup import FIXES, WRITE_UP_KERNEL, Placement
@@ -348,7 +348,7 @@ def straggler_table(model, chip: str, chip_counts, batches, context: int = 1024,
     cases = [(c, b) for c in chip_counts for b in batches]
     rows = []
     for c, b in tqdm(cases, desc="straggler", leave=False, disable=not kw.pop("progress", False)):
-        r = straggler_cost(model, f"{base}-{c}", context, b, dtype, **kw)
+        r = straggler_cost(model, slice_of(base, c), context, b, dtype, **kw)
         rows.append(dict(ms_entry(k, v) for k, v in r.items() if k != "kind"))
     return pd.DataFrame(rows).assign(kind=MODELLED)
 

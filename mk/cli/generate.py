@@ -169,11 +169,11 @@ def _over_the_slice(setup, cfg):
     host round its torus, a split MoE's experts whole over hosts (mk.sharding.pods.run_setup)."""
     import jax
 
-    from ..chips import get_chip, known_chip
+    from ..chips import known_chip, slice_of
     from ..sharding.pods import run_setup
 
     devices = jax.devices()
     if setup.chips != len(devices):
         raise ValueError(f"--multi-host: the slice has {len(devices)} chips; give --chips {len(devices)}")
     kind = known_chip(devices[0])
-    return run_setup(setup, get_chip(f"{kind}-{len(devices)}"), cfg) if kind else setup
+    return run_setup(setup, slice_of(kind, len(devices)), cfg) if kind else setup

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from ..chips import get_chip, known_chip
+from ..chips import get_chip, known_chip, slice_of
 from ..dtypes import BASES, get_dtype
 from ..files import git_commit
 from ..profiling import Estimate, device_name, fraction_of_sol, gemv_probe
@@ -176,7 +176,7 @@ def spec_speed_of_light(bytes_per_step: float, device, chips: int = 1, chip: str
     if name is None:
         return None
     base = get_chip(name).base
-    c = get_chip(base if chips == 1 else f"{base}-{chips}")
+    c = slice_of(base, chips)
     given = "" if name == known_chip(device) else f"; given, the device is {device_name(device)}"
     source = f"{c.name} spec ({c.hbm_bandwidth / 1e12:.2f} TB/s, mk.sol){given}"
     return MeasuredSpeedOfLight(source, bytes_per_step, c.hbm_bandwidth, c.name)

@@ -11,7 +11,7 @@ from functools import partial
 import jax
 import pandas as pd
 
-from ..chips import check_one_device, get_chip, slice_shape, slice_shapes
+from ..chips import check_one_device, get_chip, slice_of, slice_shape, slice_shapes
 from ..config import ModelConfig, get_config
 from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..plan import build_plan
@@ -62,7 +62,7 @@ def aot_target(chip: str) -> tuple[str, str]:
             n = 0
         if n < 1:
             raise ValueError(f"{chip!r} is no TPU topology: give one as libtpu names it, like v5e:4x4 or v5p:2x2x2")
-        return get_chip(f"tpu-{gen}-{n}").name, chip
+        return slice_of(f"tpu-{gen}", n).name, chip
     if chip in TOPOLOGIES:
         return chip, TOPOLOGIES[chip]
     shape = slice_shape(get_chip(chip))
