@@ -135,13 +135,15 @@ def legend_below_title(fig: go.Figure) -> go.Figure:
     if legend.orientation != "h" or (legend.y is not None and legend.y < 1 and legend.yref != "container"):
         return fig  # vertical (right of the plot), or horizontal inside/below the plot: not over the title
     height = fig.layout.height or EXPORT_SIZE["height"]
-    top = TITLE_PAD
+    top, pad = TITLE_PAD, TITLE_PAD
     if title.text:
         size = title.font.size or 1.4 * (fig.layout.font.size or FONT_SIZE)
-        top += (title.text.count("<br>") + 1) * size * 1.3 + 8
+        lines = title.text.count("<br>") + 1
+        top += lines * size * 1.3 + 8
+        pad += (lines - 1) * size * 1.3  # plotly hangs a title's first line from its anchor, the rest above it
     fig.update_layout(
         height=height,
-        title=dict(yref="container", y=1, yanchor="top", pad=dict(t=TITLE_PAD)),
+        title=dict(yref="container", y=1, yanchor="top", pad=dict(t=pad)),
         legend=dict(yref="container", y=1 - top / height, yanchor="top"),
     )
     return fig

@@ -10,7 +10,11 @@ import pandas as pd
 import plotly.graph_objects as go
 
 # Figures ----------------------------------------------------------------------------------------------
-RATIO_RANGE = (0.01, 100.0)  # the validation figure's axis: ratios beyond it are drawn at its edge
+# The validation figure's axis: wide enough for the tests' spread, narrow enough that 30% reads; a ratio beyond it is
+# drawn at its edge as a triangle with its value beside it.
+RATIO_RANGE = (0.2, 5.0)
+RATIO_TICKS = (0.2, 0.3, 0.5, 0.7, 1, 1.3, 2, 3, 5)
+WITHIN = 0.3  # the band drawn around 1: modelled within 30% of published
 
 
 # Each role's look: a test is a filled circle, a point that tests nothing is told apart by colour and symbol.
@@ -110,11 +114,25 @@ def validation_figure(table: pd.DataFrame, verdicts: pd.DataFrame | None = None)
             ],
             hoverinfo="text",
         )
+    for r in t[t.low | t.high].itertuples():  # a clipped ratio's value beside its triangle
+        fig.add_annotation(
+            x=math.log10(r.ratio),
+            y=r.label,
+            text=f"{r.modelled / r.published:.3g}x",
+            showarrow=False,
+            xanchor="right" if r.high else "left",
+            xshift=-10 if r.high else 10,
+            font=dict(size=11),
+        )
+    fig.add_vrect(x0=1 - WITHIN, x1=1 + WITHIN, fillcolor="#e8e8e8", opacity=0.5, line_width=0, layer="below")
     fig.add_vline(x=1, line=dict(color="black", width=1))
     fig.update_xaxes(
-        title_text="modelled / published (log; 1 is exact; triangles: beyond {:g} or {:g})".format(*RATIO_RANGE),
+        title_text=f"modelled / published (log; the band: within {WITHIN:.0%}; triangles: beyond {RATIO_RANGE[0]:g} or "
+        f"{RATIO_RANGE[1]:g}, their value beside them)",
         type="log",
-        range=[math.log10(RATIO_RANGE[0]) - 0.1, math.log10(RATIO_RANGE[1]) + 0.1],
+        range=[math.log10(RATIO_RANGE[0]) - 0.05, math.log10(RATIO_RANGE[1]) + 0.05],
+        tickvals=list(RATIO_TICKS),
+        ticktext=[f"{v:g}" for v in RATIO_TICKS],
     )
     labels = list(t.label)  # in the table's order: a point's other forms sit beside it
     fig.update_yaxes(autorange="reversed", title_text="", categoryorder="array", categoryarray=labels)
@@ -170,7 +188,7 @@ VERDICT_MODELLED = {  # the modelled bar of each role: its legend entry and its 
     "test": ("modelled (mk.timing): a test", ""),
     "test (baseline fitted)": ("modelled: a test whose baseline's per-kernel cost was fitted", "x"),
     "fitted (megakernel step)": ("modelled: its megakernel step is the GPU per-op cost's fitted point", "+"),
-    "derived": ("modelled: a ratio of two published points, not a test of its own", "/"),
+    "derived": ("modelled, where the published speed-up divides two published steps (each tested on its own)", "/"),
     "stand-in": ("modelled with a stand-in (Kimi K2 for the write-up's Kimi): a comparison, not a test", "."),
 }
 
