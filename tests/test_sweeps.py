@@ -28,10 +28,11 @@ def tiny_table():
 
 def test_engine_table_has_every_series_context_and_batch(tiny_table):
     t = tiny_table
-    assert len(t) == len(TINY) * 5 * 2 * 2
-    assert set(t.role) == {"megakernel", sweeps.WORKBOOK, "general baseline", "general same chip", sweeps.SOL}
-    assert set(t[t.role == "general baseline"].chip) == {"h100"}
-    assert set(t[t.role != "general baseline"].chip) == {"tpu-v5e-8"}
+    assert len(t) == len(TINY) * 6 * 2 * 2
+    roles = {"megakernel", sweeps.WORKBOOK, "general baseline", "general same chip", sweeps.SOL, sweeps.SOL_BASELINE}
+    assert set(t.role) == roles
+    on_the_baseline = t.role.isin(["general baseline", sweeps.SOL_BASELINE])  # each line beside its own bound
+    assert set(t[on_the_baseline].chip) == {"h100"} and set(t[~on_the_baseline].chip) == {"tpu-v5e-8"}
     sol = t[t.engine == sweeps.SOL]
     assert (sol.fraction_of_sol == 1).all() and sol.kind.str.contains("mk.sol").all()
     engines = t[t.engine != sweeps.SOL]
@@ -65,12 +66,14 @@ def test_the_baseline_is_in_the_write_ups_data_type_per_model():
     series = {m: {s.role: s for s in sweeps.engine_series(m)} for m in FULL}
     assert series["gemma4-26b-a4b"]["general baseline"].dtype == "fp8"
     assert series["gemma4-31b"]["general baseline"].dtype == "bf16"
-    assert all(s.dtype == "bf16" for m in FULL for r, s in series[m].items() if r != "general baseline")
+    baseline = ("general baseline", sweeps.SOL_BASELINE)  # the baseline and its bound, in its data type
+    assert all(series[m][sweeps.SOL_BASELINE].dtype == series[m]["general baseline"].dtype for m in FULL)
+    assert all(s.dtype == "bf16" for m in FULL for r, s in series[m].items() if r not in baseline)
 
 
 def test_context_change_and_speedups(tiny_table):
     change = sweeps.context_change(tiny_table[tiny_table.batch == 1])
-    assert len(change) == len(TINY) * 5
+    assert len(change) == len(TINY) * 6
     assert (change.from_context == 16).all() and (change.to_context == 64).all()
     r = change.iloc[0]
     assert r.change == pytest.approx(r.to_tokens_per_s / r.from_tokens_per_s - 1)
@@ -170,7 +173,7 @@ def test_context_figure_draws_every_series_and_labels_the_published_points(tiny_
     t = sweeps.engine_table(FULL, [1024, 131072], [1])
     fig = views.context_figure(t, points, FULL, "context")
     names = [d.name for d in fig.data if d.showlegend is not False]
-    assert len(names) == len(set(names)) == 5 + 1  # one entry per engine, one for every published point
+    assert len(names) == len(set(names)) == 6 + 1  # one entry per series, one for every published point
     assert any(WRITE_UP_KERNEL.name in n for n in names) and any(WORKBOOK_KERNEL.name in n for n in names)
     assert any("fp8 MoE, bf16 dense" in n for n in names)
     assert sum("fraction x modelled speed of light" in n for n in names) == 1

@@ -53,6 +53,7 @@ BEFORE_FIXES_KEY = "mk_v5e8_moe_step_before"  # the megakernel with whole expert
 
 # The series -------------------------------------------------------------------------------------------
 WORKBOOK = "workbook kernel"  # the role of the workbook's own megakernel (mk.kernel_setup.WORKBOOK_KERNEL)
+SOL_BASELINE = "speed of light baseline"  # the role of the baseline chip's own speed of light, the bound of its line
 
 
 @dataclass(frozen=True)
@@ -85,14 +86,16 @@ def engine_series(
 ) -> tuple[Series, ...]:
     """The write-up's engines for ``model``: the megakernel on ``tpu_slice`` (split experts, bf16), the general
     stack on ``general_chip`` in the baseline's data type and on ``tpu_slice`` (bf16), the speed of light on
-    ``tpu_slice``; and beside the write-up's megakernel the workbook's (mk.kernel_setup.WORKBOOK_KERNEL)."""
-    name = get_config(model).name
+    ``tpu_slice`` and on ``general_chip`` (each line's own bound); and beside the write-up's megakernel the
+    workbook's (mk.kernel_setup.WORKBOOK_KERNEL)."""
+    baseline = BASELINE_DTYPE.get(get_config(model).name, "bf16")
     return (
         Series("megakernel", "megakernel", tpu_slice, "bf16", WRITE_UP_KERNEL),
         Series(WORKBOOK, "megakernel", tpu_slice, "bf16", WORKBOOK_KERNEL),
-        Series("general baseline", "general", general_chip, BASELINE_DTYPE.get(name, "bf16")),
+        Series("general baseline", "general", general_chip, baseline),
         Series("general same chip", "general", tpu_slice, "bf16"),
         Series(SOL, SOL, tpu_slice, "bf16"),
+        Series(SOL_BASELINE, SOL, general_chip, baseline),
     )
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..analysis.sweeps import FRACTION_OF_SOL, SOL, WORKBOOK
+from ..analysis.sweeps import FRACTION_OF_SOL, SOL, SOL_BASELINE, WORKBOOK
 from ..analysis.verdict import GENERAL_GPU
 from ..config import get_config
 from ..figures import context_label, context_ticks
@@ -35,6 +35,8 @@ def _legend_name(table: pd.DataFrame, role: str) -> str:
     g = table[table.role == role]
     if role == SOL:
         return f"modelled: speed of light, {g.chip.iloc[0]} (a bound)"
+    if role == SOL_BASELINE:
+        return f"modelled: speed of light, {g.chip.iloc[0]} (the baseline's bound, in its data type)"
     label = f"modelled: {'megakernel' if g.engine.iloc[0] == 'megakernel' else 'general stack'}, {g.chip.iloc[0]}"
     if role == "general baseline":
         label += ", the baseline"
@@ -123,7 +125,8 @@ def _series_lines(fig, table, models, x: str, y: str, row: int = 1, legend: bool
     for role in dict.fromkeys(table.role):
         for model, g in table[table.role == role].groupby("model", sort=False):
             g = g.sort_values(x)
-            dash = {SOL: "dash", WORKBOOK: "dot"}.get(role)  # dotted: the write-up's line shows where they meet
+            # dashed: a bound; dotted: the workbook's kernel (the write-up's line shows where they meet)
+            dash = {SOL: "dash", SOL_BASELINE: "dash", WORKBOOK: "dot"}.get(role)
             fig.add_scatter(
                 x=g[x],
                 y=g[y],
@@ -422,6 +425,7 @@ COLOURS = {
     "general baseline": "#f28e2b",
     "general same chip": "#e15759",
     SOL: "#555555",
+    SOL_BASELINE: "#f5b87a",  # the baseline's colour, lighter: its bound
 }
 
 
