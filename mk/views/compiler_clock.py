@@ -32,27 +32,28 @@ def op_kind_figure(t: pd.DataFrame, title: str) -> go.Figure:
 
 def issue_figure(t: pd.DataFrame, title: str) -> go.Figure:
     """The step's issue time (solid) and its HBM time (dashed) against context, one colour per number of users
-    (mk.analysis.compiler_clock.issue_against_hbm's rows that have a stored schedule)."""
+    (mk.analysis.compiler_clock.issue_against_hbm's rows that have a stored schedule), in µs as the op kinds' figure."""
     t = t[t.stored]
     fig = go.Figure()
     for colour, (users, g) in zip(template_colours(), t.groupby("users")):
         g = g.sort_values("context")
         for column, dash, what in (("compute_ms", "solid", "issue"), ("hbm_ms", "dash", "HBM")):
             fig.add_scatter(
-                x=g.context, y=g[column], mode="lines+markers", line=dict(color=colour, dash=dash),
+                x=g.context, y=g[column] * 1e3, mode="lines+markers", line=dict(color=colour, dash=dash),
                 name=f"{users} user{'s' * (users > 1)}: {what}",
-                hovertemplate=f"{users} user(s), {what}: %{{y:.4g}} ms at %{{x}} positions<extra></extra>",
+                hovertemplate=f"{users} user(s), {what}: %{{y:.4g}} µs at %{{x}} positions<extra></extra>",
             )  # fmt: skip
     ticks, labels = context_ticks(sorted(set(t.context)))
     fig.update_xaxes(type="log", tickvals=ticks, ticktext=labels, title_text="positions in the KV cache")
-    fig.update_yaxes(type="log", title_text="ms a step")
+    fig.update_yaxes(type="log", title_text="µs a step")
     fig.update_layout(title=title)
     return fig
 
 
 def revision_figure(t: pd.DataFrame, title: str) -> go.Figure:
     """The modelled step's fraction of the speed of light at each point (context, users), one bar per kernel revision
-    (mk.analysis.compiler_clock.revision_effect's rows), each bar's step written on it."""
+    (mk.analysis.compiler_clock.revision_effect's rows), each bar's step written on it in µs (as notebook 11's other
+    figures)."""
     t = t[t.revision.notna()]
     fig = go.Figure()
     points = [f"{n:,} positions, {u} user{'s' * (u > 1)}" for n, u in zip(t.context, t.users)]
@@ -60,7 +61,7 @@ def revision_figure(t: pd.DataFrame, title: str) -> go.Figure:
     for colour, (rev, g) in zip(template_colours(), t.groupby("revision")):
         fig.add_bar(
             x=g.point, y=g.fraction_of_sol, name=f"kernel revision {rev:.0f}", marker_color=colour,
-            text=[f"{s:.4g} ms" for s in g.step_ms], textposition="outside", cliponaxis=False,
+            text=[f"{s * 1e3:.4g} µs" for s in g.step_ms], textposition="outside", cliponaxis=False,
             hovertemplate=f"revision {rev:.0f}, %{{x}}: %{{y:.1%}} of the speed of light<extra></extra>",
         )  # fmt: skip
     fig.update_yaxes(tickformat=".0%", range=[0, 1.1], title_text="fraction of the speed of light (modelled)")
