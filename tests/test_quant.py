@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from mk import reference, sol
-from mk.analysis.quality import quality, quality_summary
+from mk.analysis.quality import RANDOM_WEIGHTS, quality, quality_summary
 from mk.config import TINY_DENSE, TINY_MOE
 from mk.generate import generate
 from mk.measure import cpu as bench
@@ -249,8 +249,9 @@ def test_quality_reports_sensible_numbers():
     assert (t.max_abs_logit_error >= t.mean_abs_logit_error).all() and (t.mean_abs_logit_error >= 0).all()
     assert t.max_abs_logit_error.max() > 0  # INT8 moves the logits
     assert (t.reference_margin >= 0).all()
-    s = quality_summary(t)
+    s = quality_summary(t, {cfg.name})
     assert s.user.tolist() == [0, 1] and ((s.agreement >= 0) & (s.agreement <= 1)).all()
+    assert (s.weights == RANDOM_WEIGHTS).all()  # random weights say so on every row: not a trained model's quality
     assert ((s.forced_agreement >= 0) & (s.forced_agreement <= 1)).all()
     for row in s.itertuples():
         assert (row.agreement == 1) == pd.isna(row.first_divergence)

@@ -79,11 +79,16 @@ def quality(params: dict, cfg: ModelConfig, scheme: str, prompts, new_tokens: in
     return pd.DataFrame(rows)
 
 
-def quality_summary(table):
+RANDOM_WEIGHTS = "random: the mechanism, not a trained model's quality"  # a summary row's ``weights``
+
+
+def quality_summary(table, random_models=frozenset()):
     """One row per (model, scheme, user) of a :func:`quality` table: ``agreement`` (the fraction of new tokens
     the free-running quantized model picks the same as the float one), ``first_divergence`` (the first step
     where they differ; missing when they never do), ``forced_agreement`` (the same fraction given the float
-    model's prefix), and the logit error over the steps (its largest, and the mean of each step's mean)."""
+    model's prefix), and the logit error over the steps (its largest, and the mean of each step's mean). ``weights``
+    says which rows are models of ``random_models`` (random weights: their flat logits measure the mechanism, not a
+    trained model's quality) and which a checkpoint's."""
     rows = []
     for (model, scheme, user), g in table.groupby(["model", "scheme", "user"], sort=False):
         g = g.sort_values("step")
@@ -91,6 +96,7 @@ def quality_summary(table):
         rows.append(
             dict(
                 model=model,
+                weights=RANDOM_WEIGHTS if model in random_models else "a checkpoint",
                 scheme=scheme,
                 user=user,
                 new_tokens=len(g),
