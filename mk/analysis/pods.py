@@ -43,7 +43,7 @@ def pod_table(models, batches=(1, 8), context: int = 1024) -> pd.DataFrame:
 def stand_in_rows() -> pd.DataFrame:
     """The write-up's Kimi rows (Inferact's figures, for a model whose config is not published): each published value
     beside its stand-in's modelled one (mk.analysis.verdict.big_verdicts, mk.analysis.claims.speculative_stand_in),
-    the error, and what was modelled in words."""
+    the error, how it is compared (a value, or a published lower bound met or not) and what was modelled in words."""
     pub = published_table().set_index("key")
     verdicts = big_verdicts().set_index("key")
     rows = []
@@ -51,11 +51,12 @@ def stand_in_rows() -> pd.DataFrame:
         r = verdicts.loc[key]
         what = f"speed-up over the general stack ({r.megakernel} against {r.general}); beside it {r.beside}"
         rows.append(dict(key=key, situation=r.situation, published=r.published, modelled=r.modelled, unit="x",
-                         error=r.error, modelled_as=what))  # fmt: skip
+                         error=r.error, compared_as="a value", modelled_as=what))  # fmt: skip
     for key in pub.index[pub.quantity == "tokens_per_s_lower_bound"]:
-        value, words = speculative_stand_in(pub.loc[key])
+        value, words, _ = speculative_stand_in(pub.loc[key])
         published = float(pub.loc[key, "value"])
+        bound = "a lower bound: " + ("met" if value >= published else "not met")  # "over 700 tok/s"
         rows.append(dict(key=key, situation=f"speculative decoding fused in (over {published:g} tok/s published)",
                          published=published, modelled=value, unit="tok/s", error=value / published - 1,
-                         modelled_as=words))  # fmt: skip
+                         compared_as=bound, modelled_as=words))  # fmt: skip
     return pd.DataFrame(rows).assign(kind=f"published (the write-up; Inferact's figures) vs {MODELLED}")
