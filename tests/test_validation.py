@@ -191,6 +191,16 @@ def test_measured_kernel_costs_keep_each_gpu_row_apart_from_the_cpu_rows(tmp_pat
     assert (t.loc["cpu", "implied_low_us"], t.loc["cpu", "implied_high_us"]) == pytest.approx((10.0, 30.0))
 
 
+def test_stored_runs_are_one_configurations_rows_of_the_bench_file():
+    """Notebook 02 sets a step measured now beside the stored runs of the same configuration, not in their place."""
+    rows = csv.DictReader((measured.MEASURED_DIR / "bench.csv").open())
+    first = next(r for r in rows if r["engine"] == "reference")
+    t = measured.stored_runs(first["model"], first["dtype"], int(first["context"]), int(first["batch"]))
+    assert len(t) >= 1 and (t.step_low_ms <= t.step_ms).all() and (t.step_ms <= t.step_high_ms).all()
+    assert first["date"] in set(t.date) and t.kind.str.startswith("measured").all()
+    assert measured.stored_runs(first["model"], first["dtype"], int(first["context"]) + 1, 1).empty
+
+
 def _tpu_csv(folder, changes: list[dict]):
     """A tpu.csv in ``folder`` of llama-3.2-1b rows on one v5e at 1K, one user (device 4 ms, host 5 ms), each row
     with its ``changes``."""

@@ -49,6 +49,16 @@ def measured_comparison(paths=None) -> pd.DataFrame:
     return pd.DataFrame(rows).assign(kind="measured vs modelled (mk.timing's general-stack form)")
 
 
+def stored_runs(model: str, dtype: str, context: int, batch: int, engine: str = "reference") -> pd.DataFrame:
+    """The runs of one configuration stored in data/measured/bench.csv (``python -m mk bench``): each its date,
+    device, step with its 95% interval and fraction of its measured speed of light. Each is its own run of the
+    machine it names, so a step measured now sits beside them, not in their place."""
+    t = pd.read_csv(MEASURED_DIR / "bench.csv")
+    same = (t.model == model) & (t["dtype"] == dtype) & (t.context == context) & (t.batch == batch)
+    cols = ["date", "device", "step_ms", "step_low_ms", "step_high_ms", "fraction_of_sol"]
+    return t[same & (t.engine == engine)][cols].reset_index(drop=True).assign(kind="measured (data/measured/bench.csv)")
+
+
 def measured_kernel_costs(measured: pd.DataFrame | None = None) -> pd.DataFrame:
     """The per-kernel cost the measured rows imply, by the hardware they ran on, never pooled across it: each GPU
     row on its own (its device and engine: the cost it implies beside the one fitted for GPUs, and the error of the
