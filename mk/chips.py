@@ -274,7 +274,6 @@ def measured_limit(chip: str, path=TPU_HBM_CSV) -> MeasuredLimit | None:
     """``chip``'s (a chip or slice of data/chips.csv) best sustained HBM read rate measured on one such chip
     (mk.measure.hbm writes ``path``): the largest device-time median over every method and probe of at least 1 GiB;
     None where none was measured."""
-
     base = get_chip(chip).base
     path = Path(path)
     if not path.exists():

@@ -420,7 +420,6 @@ LEGEND_KEY = 45  # pixels of a legend entry besides its text: the symbol and the
 
 def _plain_text(text) -> list[str]:
     """A label's lines as plain text (plotly's ``<br>`` breaks, tags dropped, entities read)."""
-
     lines = re.split(r"<br\s*/?>", str(text if text is not None else ""), flags=re.I)
     return [html.unescape(re.sub(r"<[^>]+>", "", line)) for line in lines]
 
@@ -609,7 +608,6 @@ def _legend_key(trace) -> bool:
 
 def _numbers(values):
     """A trace's values as floats (non-numbers NaN), from a list or plotly's typed-array JSON (``bdata``)."""
-
     import numpy as np
 
     if isinstance(values, dict) and "bdata" in values:

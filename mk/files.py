@@ -29,7 +29,6 @@ def append_csv_rows(rows: list[dict], path: Path, columns: tuple[str, ...], what
     """Append ``rows`` (each with exactly ``columns``; None and NaN written empty) to the CSV at ``path``
     atomically: the whole file is rewritten under a temporary name and renamed over the old one, the header
     with the first rows. A file with other columns is refused (it was written by another version of mk)."""
-
     path = Path(path)
     for row in rows:
         missing = [c for c in columns if c not in row]

@@ -233,7 +233,6 @@ def generate_speculative(
     its params): Gemma 4's assistant, reading the target's cache and last hidden state), or a function
     ``(tokens so far, k) -> up to k drafts`` of one user (as ``ngram_draft`` is).
     """
-
     check_drafter(drafter, assistant)
     positive_int("new_tokens", new_tokens)
     positive_int("draft_tokens", draft_tokens)

@@ -227,7 +227,6 @@ def aot_compile(fn, chip: str, *shapes, donate_argnums=(), compiler_options: dic
 def probe_vmem(chip: str, nbytes: int = 200 * 2**20) -> int | None:
     """VMEM per core of ``chip`` as libtpu's compiler states it when refusing a kernel with an
     ``nbytes`` scratch buffer (``None`` if that compiled: the VMEM is larger)."""
-
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl

@@ -136,7 +136,6 @@ def measured_claims(steps: pd.DataFrame | None = None) -> pd.DataFrame:
     plus the links' modelled time, and the dense model's fraction of the speed of light and its speed-up over a
     general stack on the same TPU from Gemma 4 31B at full width (its first sliding and full layer) on one chip,
     XLA's compiled reference standing for the general stack. Empty where nothing was measured on a TPU."""
-
     s = tpu_steps() if steps is None else steps
     pub = published_table().set_index("key")
     rows = []

@@ -15,7 +15,6 @@ def measured_comparison(paths=None) -> pd.DataFrame:
     beside the model's form for it: its bytes at the bandwidth the run measured (the speed of light it
     reports) plus its kernels at the general stack's fitted per-kernel cost for GPUs, the error against the
     measured step, and the per-kernel cost the measurement implies ((step - bytes time) / kernels)."""
-
     paths = paths or sorted(MEASURED_DIR.glob("*.csv"))
     c_gpu = kernel_cost("gpu")
     rows = []

@@ -32,7 +32,6 @@ UNEXPLAINED = "not explained yet"  # how a reason that is not (yet) one begins
 def _shared_experts(row) -> str:
     """A many-user MoE row of XLA's: what reading one expert slice per (user, slot) costs over the distinct experts the
     model reads, at the measured limit."""
-
     cfg, B = _config(row), int(row["batch"])
     layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
     distinct = expected_distinct_experts(cfg.num_experts, cfg.top_k, B)
@@ -272,7 +271,6 @@ def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) ->
     chip (its exchanges local copies) plus the links' time the model gives that setup, against the published step and
     the model's own whole step. Tokens/s and the fraction of the speed of light at the data sheet's bandwidth (the
     write-up's definition) and at the measured limit."""
-
     s = tpu_steps() if steps is None else steps
     s = s[s.setup.str.endswith(STAND_IN) & (s.context == context) & (s.batch == 1)]
     sol = speed_of_light("gemma4-26b-a4b", SLICE, context, 1, "bf16")

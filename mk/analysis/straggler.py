@@ -195,7 +195,6 @@ def measured_busiest(
     reference engine); the routes each step took (at the position of the token it read, in every layer:
     mk.reference.routed_experts) are grouped ``batch`` users at a time. One draw per (layer, step, group):
     the draws of one stream are not independent."""
-
     check_placement(cfg.num_experts, chips, cfg.top_k, batch)
     for name, value in (("streams", streams), ("prompt_len", prompt_len), ("new_tokens", new_tokens)):
         positive_int(name, value)
@@ -361,7 +360,6 @@ def whole_against_split(model, chip="tpu-v5e-8", context: int = 1024, batch: int
     the fixes against (b) = (a) + split experts, the all-reduce not overlapped and its payload f32), so a reader sees
     why the last differs, and where each step's per-op costs came from (``whole_op_costs``, ``split_op_costs``:
     mk.timing.predict's). Weights in bf16, as in the placement table and the fixes."""
-
     cfg, slice_ = get_config(model), get_chip(chip)
     cost = straggler_cost(cfg, slice_, context, batch, "bf16")
     placed = placement_table(cfg, [batch], context, slice_.name).set_index("role")

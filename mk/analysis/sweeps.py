@@ -475,7 +475,6 @@ def family_table(models, context: int = 1024, dtype: str = "bf16") -> pd.DataFra
     """Per model (any mk.config takes): its family, layers, experts, parameters (all and read per token), the bytes
     one decode step reads for one user at ``context`` (mk.sol) and whether mk runs it (both engines, or the reference
     only) or plans and times it only."""
-
     rows = []
     for m in models:
         d = get_config(m)

@@ -68,7 +68,6 @@ def _fitted_cases() -> set[Case]:
 
 def _fitted_megakernel_cases() -> set[Case]:
     """The megakernel configurations a cost per op was fitted to (data/timing.csv's GPU row: an independent point)."""
-
     c = constant("op_overhead_s", "gpu")
     if c.kind != "fitted":
         return set()
@@ -372,7 +371,6 @@ STAND_IN_ROLE = "stand-in (another model, on a slice the write-up does not name)
 def big_model_cases(model: str, batch: int, context: int = 1024) -> tuple[Case, Case]:
     """The megakernel's case and the general stack's for ``model`` in its released format, on the smallest documented
     slice of the write-up's TPU (mk.sol.auto_chip) holding its weights and ``batch`` users' caches."""
-
     fmt = released_format(model).dtype
     chip = auto_chip(model, get_chip(MEGAKERNEL_SLICE).base, fmt, context, batch).name
     return (Case(model, chip, context, batch, dtype=fmt),

@@ -125,7 +125,6 @@ def check(model: str, dtype: str, quantize: str = "none", seed: int = 0, steps: 
 
 def _f32_check(cfg, prompts, steps, seed, interpret, quantize, row):
     """Both engines at HIGHEST: the same tokens, logits within F32_LOGIT_ATOL. Fills ``row``; returns the steps."""
-
     with jax.default_matmul_precision("highest"):
         rows = compare_with_reference(
             cfg, len(prompts), steps, prompt_len=prompts, max_len=32, seed=seed, detect_races=interpret,

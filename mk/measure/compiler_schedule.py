@@ -110,7 +110,6 @@ def _rows(counts, scopes, compile_: str) -> list[dict]:
 def compile_schedule(plan: StepPlan, chip: str, plain: bool = True) -> pd.DataFrame:
     """The rows of ``plan``'s schedule on ``chip`` (a chip, or the slice its setup splits the step over), compiled now
     in two child processes (a whole model takes a minute or two); ``plain=False``: the scoped compile's rows only."""
-
     with tempfile.TemporaryDirectory(prefix="mk-plan-") as d:
         path = Path(d) / "plan.pickle"
         path.write_bytes(pickle.dumps(plan))

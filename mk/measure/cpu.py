@@ -136,7 +136,6 @@ def run_bench(
     they are (``quantize`` None or their own scheme: ``mk.quant.quantized_as``). The result's ``dtype`` is then
     ``DTYPE+SCHEME``.
     """
-
     positive_int("context", context)
     positive_int("batch", batch)
     array_dtype(dtype)
@@ -188,7 +187,6 @@ def run_bench(
 
 def _option_words(options: dict) -> list[str]:
     """``k=v`` for each engine option; a kernel setup by its chips, placement and (unless the default) name."""
-
     words = []
     for k, v in options.items():
         if isinstance(v, KernelSetup):

@@ -226,7 +226,6 @@ def start_reference(cfg: ModelConfig, context: int, batch: int, dtype: str, dev,
     """Build the reference's weights and cache on ``dev`` and start compiling its step in the
     background; returns ``finish(deadline) -> TimedStep`` (raises TimeoutError if the compile is not done
     by ``deadline``)."""
-
     t = time.perf_counter()
     params = device_params(cfg, seed, array_dtype(dtype), dev, log)
     with jax.default_device(dev):

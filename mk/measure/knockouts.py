@@ -76,7 +76,6 @@ def _kernels(call) -> dict:
 
 def with_seed_columns(table: pd.DataFrame) -> pd.DataFrame:
     """Add the seed's published component table (vLLM H100 kernel time, megakernel v5e-8 shrink)."""
-
     pub = published_table()
     pub = pub[pub["quantity"] == "knockout_time"]
     out = table.copy()

@@ -150,7 +150,6 @@ def planned_bytes(case: Case, engine: str, cell: Cell) -> tuple[int, int]:
     weights). The reference draws and lays out its tensors in order on the chip (each drawn and laid out beside those
     before it; XLA draws and casts in one fusion, so no f32 copy is made); the megakernel draws each on the chip and
     keeps it on the host, then packs layer by layer into its stacked tensors (one layer in flight)."""
-
     cfg, setup = case.config(), case.kernel_setup()
     drawn = chip_config(setup.laid_out(cfg), setup) if setup.loopback else cfg
     sizes = [2 * math.prod(s.shape) for s in param_specs(drawn)]
@@ -205,13 +204,11 @@ class CaseEngines:
     def _kernel_tree(self) -> dict:
         """The model's weights drawn on the chip one tensor at a time and kept on the host (the kernel packs them on the
         chip layer by layer), INT8 experts quantized on the host where the case asks."""
-
         host = {p: np.asarray(x) for p, x in random_tensors(self.cfg, self.seed, jnp.bfloat16, self.device)}
         return quantized_as(host, self.cfg, _scheme(self.case.dtype))
 
     def _stand_in_weights(self, step) -> dict:
         """Chip 0's slice of the model, drawn at its own shapes (the whole model need not fit the host), packed."""
-
         local = chip_config(step.cfg, self.setup)
         host = {p: np.asarray(x) for p, x in random_tensors(local, self.seed, jnp.bfloat16, self.device)}
         return pack(quantized_as(host, local, _scheme(self.case.dtype)), local)
@@ -219,7 +216,6 @@ class CaseEngines:
     def call(self, engine: str, cell: Cell):
         """``engine``'s step for ``cell`` (a zero cache of its context, position context - 1), compiled and run twice:
         (the call, seconds to compile and run it)."""
-
         t = time.perf_counter()
         with jax.default_device(self.device):
             call = decode_call(self.steps[engine], self.weights[engine], self.cfg, cell.context, cell.batch, "bf16",
@@ -280,7 +276,6 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
                  min_rounds: int) -> tuple[list[dict], list[dict]]:  # fmt: skip
     """Both engines of a case at ``cell``: compiled, timed interleaved (host and device), profiled; (its rows, where
     each engine's device time went: OP_COLUMNS rows)."""
-
     case, device = engines.case, engines.device
     chips = SLICE if case.kernel_setup().loopback else 1
     per_token = bytes_per_token(engines.cfg, cell.context, cell.batch, case.dtype).total

@@ -143,7 +143,6 @@ class Result:
 def placements_for(cfg: ModelConfig, chips: int, asked) -> tuple[str, ...]:
     """The expert placements to run ``cfg`` under on ``chips`` chips: those asked, for an MoE model over
     several chips; none otherwise. A placement the chips do not divide is refused (mk.sharding.chip_config)."""
-
     if not cfg.is_moe or chips == 1:
         return (NO_PLACEMENT,)
     for p in asked:
@@ -160,7 +159,6 @@ def parity_prompts(cfg: ModelConfig, seed: int) -> list[list[int]]:
 def check_parity(cfg: ModelConfig, chips: int, placements, new_tokens: int, seed: int, log) -> list[dict]:
     """The megakernel's greedy tokens over ``chips`` chips against the reference's, random f32 weights, ragged
     prompts: one row per placement (same_tokens, the first token that differs, races off a TPU, an error)."""
-
     params = random_params(cfg, seed)
     prompts = parity_prompts(cfg, seed)
     interpret = not on_tpu()
@@ -196,7 +194,6 @@ def check_parity(cfg: ModelConfig, chips: int, placements, new_tokens: int, seed
 def _setup(chips: int, placement: str):
     """The kernel's setup over ``chips`` chips with its experts placed so (KernelSetup's default without a
     placement: a dense model, or one chip)."""
-
     return KernelSetup(chips) if placement == NO_PLACEMENT else KernelSetup(chips, placement)
 
 
@@ -216,7 +213,6 @@ def hbm_per_chip_needed(cfg: ModelConfig, engine: EngineChoice, chips: int, cont
     decode layout (every expert its own array, ``mk.reference.prepare``) and its cache, split as
     gspmd_sharding splits them. The megakernel: its inputs as its plan lays them out on one chip (padded,
     ``refs.input_shapes``), and while packing, one stacked weight beside the layers it is stacked from."""
-
     item = array_dtype(dtype).itemsize
     if engine.name == "reference":
         weights = 0.0
@@ -286,7 +282,6 @@ class _EngineBuilds:
 
     def build(self, engine: EngineChoice, columns: dict) -> TimedStep:
         """``engine``'s step compiled and run twice, its row's own ``columns`` beside its compile time."""
-
         cfg, chips = self.cfg, self.mesh.size
         t = time.perf_counter()
 

@@ -42,7 +42,6 @@ def decode_call(
     ``compiled_kernels(call.program, *call.args())`` counts (compiled once, shared with the calls),
     and whose instruction names a profiler trace of the call shows.
     """
-
     prepare, adopt = getattr(step, "prepare", None), getattr(step, "adopt_cache", None)
     if prepare is not None:  # the engine's own layout, made once outside the timed (and jitted) step
         params = prepare(params, cfg)
@@ -76,7 +75,6 @@ def _zero_cache(adopt, cfg: ModelConfig, batch: int, context: int, dtype, multip
     """A zero cache in the engine's layout (``adopt`` of the reference's), made in one program: the device never holds
     the reference's layout beside it (a v5e ran out of memory adopting llama-3.2-1b's at 32K x4); compiled once per
     engine and shape."""
-
     return adopt(init_cache(cfg, batch, context, dtype, multiple=multiple))
 
 

@@ -249,7 +249,6 @@ def _ffn_programs(s: _StepShapes) -> dict[str, Program]:
 
 def _norm_programs(s: _StepShapes) -> dict[str, Program]:
     """One layer's residual wiring (component ``norms``) and the final norm, once per step."""
-
     cfg, eps, x = s.cfg, s.cfg.rms_eps, s.stream
     norm_names = ["input_norm", "post_attn_norm", "pre_ffn_norm", "post_ffn_norm", "layer_scalar"]
     if cfg.is_moe:
@@ -354,7 +353,6 @@ def xla_costs(
     them: every instruction's operands and results, so reads of the same bytes more than once too), what
     mk.sol counts for it (sol_weight_bytes, sol_kv_bytes), compile_s, and the model, chip, device,
     context, batch, msa, versions and kind."""
-
     _check(cfg, context, batch)
     device = _tpu_device(chip)
     ver = versions()

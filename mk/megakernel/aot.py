@@ -53,7 +53,6 @@ def aot_target(chip: str) -> tuple[str, str]:
     """(the chip or slice as mk.chips names it, the topology libtpu compiles it for) of ``chip``: a chip or slice of
     mk.tpu.TOPOLOGIES (``tpu-v5e``: one chip of a 2x2), a slice whose shape data/slices.csv documents (``tpu-v5e-16``:
     ``v5e:4x4``, two hosts), or a topology as libtpu names it (``v6e:4x4``: ``tpu-v6e-16``)."""
-
     if ":" in chip:
         gen, _, dims = chip.partition(":")
         try:
@@ -80,7 +79,6 @@ def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_lim
     """The kernel of ``plan`` (one chip's, of a slice where its setup splits the step) compiled ahead of time for
     ``chip`` (:func:`aot_target`: a slice past one host too) in the plan's own data types (bf16 or f32 by its item
     sizes, INT8 codes by its scheme)."""
-
     name, topo = aot_target(chip)
     check_one_device(get_chip(name))
     shapes = input_shapes(plan)
@@ -133,7 +131,6 @@ def compiler_vmem_bytes(cfg: ModelConfig, chip: str, batch: int, max_len: int, *
 def refused_vmem_bytes(plan, chip: str) -> float:
     """The VMEM libtpu's compiler says ``plan``'s kernel needs: given a limit of half the plan's budget it refuses the
     kernel and states the size of its scoped allocation (to three digits)."""
-
     try:
         compile_plan(plan, chip, vmem_limit_bytes=plan.vmem_bytes // 2)
     except Exception as e:  # libtpu raises a runtime error naming the allocation
@@ -150,7 +147,6 @@ def emitted_code(plan) -> dict:
     at least two whole repeats of the pattern between the first, whose DMAs start before the step, and the last,
     which prefetches the head), the ops its body emits once, and the ops emitted outside it (the layers before and
     after it, each with its own code, and the head)."""
-
     loop = [r for r in plan.loop_table() if r["component"] == "layers"]
     looped = loop[0]["repeats"] * pattern_period(plan.share.layer_types) if loop else 0
     inside = loop[0]["ops_per_repeat"] if loop else 0
@@ -182,7 +178,6 @@ def layer_loop_onset(
 ) -> tuple[int, int | None]:
     """(the period of ``cfg``'s layer pattern, the fewest layers of that pattern repeated at which the loop over layers
     forms, None if it forms at no count up to six periods): counted from the step plan, nothing compiled."""
-
     period = pattern_period(cfg.layer_types) or cfg.num_layers
     pattern = cfg.replace(layer_types=cfg.layer_types[:period] * 6)
     for n in range(2 * period, 6 * period + 1):
@@ -208,7 +203,6 @@ def compile_times(
     Rows: layers, loop_layers, what the kernel writes code for (:func:`emitted_code`: the layers inside the loop over
     layers, the ops emitted inside and outside it, their sum ``emitted_ops``), compile_s (median) with its interval
     (mk.profiling.median_interval: with 3 repeats, the whole range)."""
-
     compile_for_tpu(cfg.truncated(min(layer_counts)), chip, batch, max_len, weight_dtype=dtype, kv_dtype=dtype)
     configs = [(n, loop) for n in layer_counts for loop in (False, True)]
     times: dict = {c: [] for c in configs}
@@ -259,7 +253,6 @@ def sharded_compiles(
     slice, compiled ahead of time by libtpu (both expert placements for an MoE model): per chip, the HBM its
     arguments take as the compiler reports it beside the plan's (weights and cache, sharded), the plan's VMEM
     and the limit the compiler accepted it under, and the compile time."""
-
     rows = []
     for model in models:
         cfg = get_config(model)

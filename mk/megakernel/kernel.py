@@ -393,7 +393,6 @@ def check_heads_split(cfg: ModelConfig, setup) -> None:
     """Refuse attention heads split over chips for a model with attention biases or sinks (gpt-oss): their vectors
     are packed whole, for attention on every chip (its heads fewer than the chips, or one chip); and MLA's heads
     split other than by heads (its latent cache is whole on every chip)."""
-
     if setup is None or not setup.sharded or not heads_split(cfg, setup.chips):
         return
     if cfg.latent_attention is not None and setup.attention_split != AttentionSplit.HEADS:

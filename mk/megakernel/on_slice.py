@@ -64,7 +64,6 @@ class SliceCompile:
 
 def plan_bytes(plan) -> dict[str, int]:
     """A chip's bytes of ``plan``'s kernel arguments, in its own data types: weights, cache, users block."""
-
     shapes = input_shapes(plan)
 
     def size(tree) -> int:
@@ -76,7 +75,6 @@ def plan_bytes(plan) -> dict[str, int]:
 
 def check_fits(plan, chip: str) -> None:
     """Raise a one-line ValueError when a chip of ``chip`` cannot hold ``plan``'s weights and cache in its HBM."""
-
     c, b = get_chip(chip), plan_bytes(plan)
     need, have = sum(b.values()), get_chip(chip).hbm_bytes / c.chips
     if need > have:
@@ -93,7 +91,6 @@ def compile_on_slice(plan, chip: str, vmem: bool = True) -> SliceCompile:
     for ``chip`` (mk.megakernel.aot.aot_target: a slice name or a libtpu topology); refused first, in one line, when
     a chip's HBM cannot hold it. ``vmem``: compile a second time under half the plan's VMEM for the compiler's own
     figure."""
-
     name, topo = aot_target(chip)
     c = get_chip(name)
     if plan.chips != c.chips:

@@ -134,7 +134,6 @@ def _scales_in_layout(scale, kind, width: int):
 def pack(params: dict, cfg: ModelConfig) -> dict:
     """The kernel's inputs from the reference parameter tree: stacked matrices in the kernel's layout
     (their own dtype), the vector table (f32) and the RoPE inverse frequencies (f32)."""
-
     lay = layout_config(cfg)
     fmt = format_of(params)
     quantized = set(format_paths(cfg, fmt) if fmt else quantized_paths(cfg, scheme_of(params, cfg)))
@@ -298,7 +297,6 @@ def adopt_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     share a KV head's positions (mk.sharding.position_share), each chip's blocks of its slots only. With the users
     split, the whole cache: its users axis is the one split (chip c's users are rows c * B/C ..). Where one chip stands
     in for the slice (``setup.loopback``), chip 0's part alone."""
-
     if not setup.sharded or setup.users_split:
         return adopt_cache(cfg, cache)
     local = chip_config(cfg, setup)
@@ -315,7 +313,6 @@ def adopt_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
 def reference_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     """The reference's cache from ``adopt_cache_chips``'s layout (a KV head kept on several chips is
     the same on each: the first copy is taken)."""
-
     if not setup.sharded or setup.users_split or not heads_split(cfg, setup.chips) or cfg.latent_attention is not None:
         return reference_cache(cfg, cache)
     local, C = chip_config(cfg, setup), setup.chips

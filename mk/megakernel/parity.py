@@ -160,7 +160,6 @@ def compare_with_reference(
 def reference_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.bfloat16):
     """The reference's decode step (plain JAX through XLA, on :func:`mk.reference.prepare`'s layout) compiled ahead of
     time for one device of ``chip`` (libtpu, no TPU needed)."""
-
     shapes = {s.path: jax.ShapeDtypeStruct(s.shape, dtype) for s in param_specs(cfg)}
     param_shapes = jax.eval_shape(partial(R.prepare, cfg=cfg, experts=R.expert_layout("tpu")), shapes)
     cache_shapes = jax.eval_shape(partial(R.init_cache, cfg, batch, max_len, dtype))
@@ -178,7 +177,6 @@ def reference_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.bfloat1
 def kernels_per_step_on_tpu(cfg, chip: str, batch: int, max_len: int, dtype=jnp.bfloat16) -> pd.DataFrame:
     """Kernels one decode step launches on ``chip``, counted by mk.profiling in the TPU program that
     libtpu compiles ahead of time: the reference (plain JAX through XLA) against the megakernel."""
-
     ref = reference_on_tpu(cfg, chip, batch, max_len, dtype)
     arrays = jnp.dtype(dtype).name
     _, mk = compile_for_tpu(cfg, chip, batch, max_len, weight_dtype=arrays, kv_dtype=arrays)

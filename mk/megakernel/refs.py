@@ -332,7 +332,6 @@ def collective_shapes(plan: StepPlan) -> CollectiveScratch:
 def _torus_exchanges(dims, n: int, rows: int, width: int, dtype, peers: int) -> tuple:
     """A TorusExchange a dimension of ``dims`` chips: each cuts the last one's chunk (first: the ``width`` lanes)
     into its chips' whole-lane chunks (mk.sharding.links.torus_all_reduce, which prices them)."""
-
     out, w = [], width
     for g in dims:
         w = chunk_width(w, g)

@@ -146,7 +146,6 @@ class Builder:
 
     def all_reduce(self, layer: int, acts: list[str], itemsize: int) -> None:
         """Sum ``acts`` over the chips (nothing on one chip, or with nothing to sum)."""
-
         if not self.setup.sharded or not acts:
             return
         coll, width = self.setup.collective, self.layout.hidden_size
@@ -354,7 +353,6 @@ class Builder:
 
     def attention(self, i: int, t: str):
         """Grouped-query attention: q, k, v projections, their norms and RoPE, attention over the KV cache."""
-
         layout, B, p = self.layout, self.batch, f"layers.{i}."
         hd, kv, nh = layout.head_dim(t), layout.kv_heads(t), layout.num_heads
         att = attention_component(t)

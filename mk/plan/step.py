@@ -197,13 +197,11 @@ class StepPlan:
 
     def position_share(self, layer_type: str) -> int:
         """Chips sharing the positions of one of the layer type's KV heads (mk.sharding.position_share; 1: none)."""
-
         return position_share(self.model, layer_type, self.setup)
 
     @property
     def cache_users(self) -> int:
         """The users whose caches this chip holds and attends over (mk.sharding.users_per_chip)."""
-
         return users_per_chip(self.model, self.setup, self.users)
 
     def cache_heads(self, layer_type: str) -> int:
@@ -225,7 +223,6 @@ class StepPlan:
         switches, the items and loads in order, the KV tile of each layer type), but not with the context, which only
         sets how often each user's loop over KV tiles runs, nor with the setup's name: the key of the compiled
         schedule's rows (mk.timing.scheduled)."""
-
         skip = ("knockout", "buffers", "items", "max_len", "context", "setup")
         # one chip's plan keys its rows as it did when its whole model was not repeated beside its share
         # and its data types by their item sizes, as they were keyed before the plan named them
@@ -255,7 +252,6 @@ class StepPlan:
     def expert_groups(self) -> int:
         """The chips (whole experts) or groups of a host's chips (placement ``hosts``) the routed experts are spread
         over whole (mk.sharding.expert_groups; 1: every expert on, or split over, every chip)."""
-
         return 1 if self.setup is None else expert_groups(self.model, self.setup)
 
     @property
@@ -358,7 +354,6 @@ class StepPlan:
 
     def vmem_limit(self, chip) -> int:
         """The VMEM limit a compile of this plan for ``chip`` is given (mk.plan.vmem.vmem_limit)."""
-
         return vmem_limit(self, chip)
 
     def table(self) -> list[dict]:

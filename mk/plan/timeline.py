@@ -60,7 +60,6 @@ def _resolved(
     """The plan's items with their costs in seconds, as :func:`_walk` reads them: a Start (0, load, slot, layer,
     issue, transfer, load), a Wait (1, load), an op (2, slot, layer, serial read, KV read, bytes sent, link latency,
     wire time, compute, its last tile's share of it, overhead, op)."""
-
     chip = get_chip(chip)
     if bandwidth is None:
         raise ValueError(

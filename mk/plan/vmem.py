@@ -62,7 +62,6 @@ def _latent_vmem(plan) -> dict[str, int]:
 
 def check_vmem(plan, chip) -> int:
     """Raise if the plan's VMEM does not fit one core of ``chip`` (a Chip or a name)."""
-
     chip = get_chip(chip)
     if chip.vmem_bytes != chip.vmem_bytes:  # NaN: not checked for this chip
         raise ValueError(
@@ -84,7 +83,6 @@ def check_vmem(plan, chip) -> int:
 def vmem_limit(plan, chip) -> int:
     """The VMEM limit the compiler is given for ``plan`` on ``chip``: the plan's budget (checked to fit) plus a
     quarter and 8 MiB of headroom for Mosaic's own internal scratch, at most the core's VMEM."""
-
     chip = get_chip(chip)
     need = check_vmem(plan, chip)
     return int(min(chip.vmem_bytes, need + need // 4 + 8 * MIB))

@@ -258,7 +258,6 @@ def _costs(s: ScheduledStep) -> dict:
 def op_costs_label(kind: str) -> str:
     """Where a modelled megakernel step's per-op costs come from on ``kind`` chips, in words (a table's kind, a
     figure's footer): the compiler's schedule where data/schedule keeps the plan's (TPUs), else data/timing.csv's."""
-
     other = assumed_label(assumed_costs(kind), fitted_costs(kind))
     if kind != "tpu":
         return other

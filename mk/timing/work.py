@@ -128,7 +128,6 @@ def check_speculation(speculate: int, acceptance: float | None) -> float:
 def named_plan(model, chip, context: int, batch: int, setup, dtype: str = "bf16", knockout=()) -> StepPlan:
     """:func:`step_plan` from names: ``model`` a name mk.config resolves or a config, ``chip`` a name or a Chip,
     ``setup`` a KernelSetup or its command-line name (mk.kernel_setup.SETUPS)."""
-
     setup = SETUPS[setup] if isinstance(setup, str) else setup
     cfg = get_config(model)
     chip = get_chip(chip)
