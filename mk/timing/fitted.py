@@ -68,13 +68,9 @@ def op_overhead_cost(kind: str) -> float:
     """The megakernel's cost per op on ``kind`` chips: data/timing.csv's value where it gives one (TPUs: assumed, 0),
     else fitted at run time to the published megakernel step its ``fit_to`` names (a key of data/independent.csv;
     not a test of the model): the cost :func:`implied_op_cost` solves for at that point."""
-    c = constant("op_overhead_s", kind)
-    if c.kind != "fitted":
+    c, row = constant("op_overhead_s", kind), _fit_point(kind)
+    if row is None:
         return c.value
-    points = independent_table().set_index("key", drop=False)
-    if c.fit_to not in points.index:
-        raise ValueError(f"op_overhead_s for {kind} chips is fitted to {c.fit_to!r}, not a key of data/independent.csv")
-    row = points.loc[c.fit_to]
     cost = implied_op_cost(row, row["step_ms"] / 1e3)
     if math.isnan(cost):
         raise ValueError(
@@ -84,15 +80,25 @@ def op_overhead_cost(kind: str) -> float:
     return cost
 
 
+def _fit_point(kind: str):
+    """The row of data/independent.csv ``kind`` chips' cost per op is fitted to (data/timing.csv's ``fit_to``), or
+    None where the cost is not fitted."""
+    c = constant("op_overhead_s", kind)
+    if c.kind != "fitted":
+        return None
+    points = independent_table().set_index("key", drop=False)
+    if c.fit_to not in points.index:
+        raise ValueError(f"op_overhead_s for {kind} chips is fitted to {c.fit_to!r}, not a key of data/independent.csv")
+    return points.loc[c.fit_to]
+
+
 def fitted_bound(kind: str) -> str:
     """Whether the point ``kind`` chips' cost per op is fitted to is published as a bound: ``upper`` where its page
     gives the step as one ("under one millisecond", data/independent.csv's ``bound``), so the cost fitted to it is an
     upper bound too and every megakernel step charged with it an upper bound (its tokens/s a lower bound); empty where
     the point is a value or the cost is not fitted."""
-    c = constant("op_overhead_s", kind)
-    if c.kind != "fitted":
-        return ""
-    return str(independent_table().set_index("key").loc[c.fit_to, "bound"])
+    row = _fit_point(kind)
+    return "" if row is None else str(row["bound"])
 
 
 def fitted_value(c: Constant) -> float:
