@@ -19,10 +19,10 @@ from ..chips import get_chip
 from ..config import get_config
 from ..kernel_setup import BEFORE_FIXES, WORKBOOK_KERNEL, WRITE_UP_KERNEL, KernelSetup
 from ..progress import tqdm
-from ..published import independent_table, published, published_table
+from ..published import published, published_table
 from ..sol import auto_chip
 from ..timing import MODELLED, Prediction, assumed_costs, constant, constants, kernel_cost, predict, step_plan
-from ..timing.fitted import context_of, fitted_value
+from ..timing.fitted import context_of, fit_point, fitted_value
 from ..timing.general_stack import general_step
 from .knockouts import knockouts
 
@@ -68,10 +68,10 @@ def _fitted_cases() -> set[Case]:
 
 def _fitted_megakernel_cases() -> set[Case]:
     """The megakernel configurations a cost per op was fitted to (data/timing.csv's GPU row: an independent point)."""
-    c = constant("op_overhead_s", "gpu")
-    if c.kind != "fitted":
+    r = fit_point("gpu")
+    if r is None:
         return set()
-    r = independent_table().set_index("key").loc[c.fit_to]  # fitted with the workbook's kernel (mk.timing.fitted)
+    # fitted with the workbook's kernel (mk.timing.fitted)
     return {Case(r["config"], r["chip"], context_of(r)[0], int(r["batch"]), "megakernel", r["dtype"], WORKBOOK_KERNEL)}
 
 

@@ -68,7 +68,7 @@ def op_overhead_cost(kind: str) -> float:
     """The megakernel's cost per op on ``kind`` chips: data/timing.csv's value where it gives one (TPUs: assumed, 0),
     else fitted at run time to the published megakernel step its ``fit_to`` names (a key of data/independent.csv;
     not a test of the model): the cost :func:`implied_op_cost` solves for at that point."""
-    c, row = constant("op_overhead_s", kind), _fit_point(kind)
+    c, row = constant("op_overhead_s", kind), fit_point(kind)
     if row is None:
         return c.value
     cost = implied_op_cost(row, row["step_ms"] / 1e3)
@@ -80,7 +80,7 @@ def op_overhead_cost(kind: str) -> float:
     return cost
 
 
-def _fit_point(kind: str):
+def fit_point(kind: str):
     """The row of data/independent.csv ``kind`` chips' cost per op is fitted to (data/timing.csv's ``fit_to``), or
     None where the cost is not fitted."""
     c = constant("op_overhead_s", kind)
@@ -97,7 +97,7 @@ def fitted_bound(kind: str) -> str:
     gives the step as one ("under one millisecond", data/independent.csv's ``bound``), so the cost fitted to it is an
     upper bound too and every megakernel step charged with it an upper bound (its tokens/s a lower bound); empty where
     the point is a value or the cost is not fitted."""
-    row = _fit_point(kind)
+    row = fit_point(kind)
     return "" if row is None else str(row["bound"])
 
 
