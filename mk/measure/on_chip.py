@@ -187,7 +187,6 @@ class CaseEngines:
         self.steps: dict = {}
 
     def build(self, engine: str) -> None:
-
         t = time.perf_counter()
         with jax.default_device(self.device):
             if engine == "reference":

@@ -334,7 +334,6 @@ def compile_cost(program: Program, device, msa: bool = False) -> tuple[dict, flo
 
 
 def _tpu_device(chip: str):
-
     if chip not in TOPOLOGIES:
         raise ValueError(
             f"XLA's TPU cost model needs a TPU chip; {chip!r} is not one mk can compile for "

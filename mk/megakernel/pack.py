@@ -273,7 +273,6 @@ def reference_cache(cfg: ModelConfig, cache: dict) -> dict:
 # Over several chips: each chip's cache laid out as above, joined on the axis split over the chips (the weights:
 # each chip's slice packed on that chip, mk.megakernel.engine.MegakernelEngine.packed).
 def _join_caches(parts: list[dict], cfg: ModelConfig, setup) -> dict:
-
     axis = cache_split_axis(cfg, setup)
     return {n: parts[0][n] if axis is None else jnp.concatenate([p[n] for p in parts], axis) for n in parts[0]}
 

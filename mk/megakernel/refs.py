@@ -293,7 +293,6 @@ def users_split_shapes(plan: StepPlan, t: str) -> UsersSplit:
 
 
 def collective_shapes(plan: StepPlan) -> CollectiveScratch:
-
     C, rows, width = plan.chips, plan.rows, plan.layout.hidden_size
     peers = plan.setup.peer_semaphores
     reduce_scatter = plan.setup.collective.reduce_scatter

@@ -341,7 +341,6 @@ class StepPlan:
 
     # VMEM (mk.plan.vmem) -------------------------------------------------------------------------
     def vmem_breakdown(self, with_logits: bool = False) -> dict[str, int]:
-
         return vmem_breakdown(self, with_logits)
 
     @property
@@ -349,7 +348,6 @@ class StepPlan:
         return sum(self.vmem_breakdown().values())
 
     def check_vmem(self, chip) -> int:
-
         return check_vmem(self, chip)
 
     def vmem_limit(self, chip) -> int:
