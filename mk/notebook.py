@@ -12,9 +12,6 @@ import typing
 
 import pandas as pd
 
-from .figures import KINDS
-from .report import export_table, html_table, kinds_named, number_format
-
 
 def _type_name(t) -> str:
     return getattr(t, "__name__", None) if typing.get_origin(t) is None else str(t).replace("typing.", "")
@@ -73,11 +70,15 @@ class Table:
         self.digits = digits
 
     def _repr_html_(self) -> str:
+        # mk.report here, not at the top: it loads the claims table's analysis (JAX, the timing model), seconds a
+        # notebook that only shows tables should not pay at its first import
+        from .report import html_table
 
         body = html_table(self.df, self.digits)
         return f'<p style="margin:0.2em 0;font-size:0.9em;color:#444"><b>{html.escape(self.caption)}</b></p>{body}'
 
     def __repr__(self) -> str:
+        from .report import number_format
 
         fmt = number_format(self.digits)
         numbers = {c: fmt for c in self.df.columns if _is_float(self.df[c])}
@@ -111,6 +112,9 @@ def show(
         df = df.assign(kind=kind)
     table = Table(df, digits)
     if export is not None:
+        from .figures import KINDS
+        from .report import export_table, kinds_named
+
         labels = table.labels
         if source is None and len(labels) > 1:
             source = "per row, in the kind column"
