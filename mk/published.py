@@ -41,6 +41,7 @@ INDEPENDENT_COLUMNS = (
 )  # fmt: skip
 BOUNDS = ("", "upper", "lower")  # a value the page gives as a bound ("under one millisecond": upper), or as it is
 ENGINES = ("megakernel", "general")
+
 MAX_BATCH = 8  # the file's scope: one to eight users decoded together
 # quantity -> unit -> milliseconds per unit. step_ms: time per output token per user; tokens_per_s: tokens per second
 # per user (step_ms = 1000 / value); request_latency: end-to-end time of one batch, its prompt's prefill included, for
@@ -50,6 +51,14 @@ QUANTITY_UNITS = {
     "tokens_per_s": {"tok/s": None},
     "request_latency": {"ms": 1.0, "s": 1e3},
 }
+
+
+def bound_words(error: float) -> str:
+    """A value set against a published lower bound (``error``: value / bound - 1), in words: how far past the bound
+    it is, or how far short of it."""
+    return f"meets the bound (+{error:.1%})" if error >= 0 else f"short of the bound ({error:+.1%})"
+
+
 _KEY = re.compile(r"^[a-z0-9]+(?:_[a-z0-9]+)*$")
 _WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 

@@ -22,6 +22,7 @@ from .analysis.claims import claims_table
 from .figures import FOOTER_NAME, KINDS
 from .files import git_commit, write_atomic
 from .paths import NOTEBOOKS_DIR, figures_dir
+from .published import bound_words
 
 REPORT_NAME = "index.html"
 NAME = re.compile(r"(\d\d)_[A-Za-z0-9_-]+")  # NN_name: the notebook's number, then a plain file name
@@ -303,7 +304,7 @@ def _error_words(error: float, role: str) -> str:
     if pd.isna(error):
         return ""
     if role == "bound":
-        return f"meets the bound (+{error:.1%})" if error >= 0 else f"short of the bound ({error:+.1%})"
+        return bound_words(error)
     return "0.0%" if abs(error) < 5e-4 else f"{error:+.1%}"
 
 

@@ -124,12 +124,12 @@ def test_predict_takes_the_cores_costs_from_the_stored_schedule(capsys):
     import json
 
     from mk.__main__ import main
-    from mk.timing import predict
+    from mk.timing import GivenCosts, predict
 
     assert main(["predict", "--model", "gemma4-26b-a4b", "--chip", "tpu-v5e-8", "--context", "1024", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["op_costs"] == "compiler-scheduled" and "libtpu" in d["constants"]["op_costs"]
     scheduled = predict("gemma4-26b-a4b", "tpu-v5e-8", 1024)
-    assumed = predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, op_overhead_s=0.0, dma_issue_s=0.0)
+    assumed = predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, costs=GivenCosts(0.0, 0.0))
     assert assumed.op_costs == "assumed" and scheduled.step_s > assumed.step_s  # issuing costs the core time
     assert predict("gemma4-26b-a4b", "tpu-v5e-8", 4096, 2).op_costs == "assumed"  # no schedule kept for it

@@ -197,15 +197,15 @@ def test_the_implied_costs_meet_the_published_steps(held):
     """The cost per kernel (general stack) or per op (megakernel) a row reports, put into the model, gives the
     published step: what the model would have to charge, not a number fitted into it."""
     from mk.analysis.independent import TESTED
-    from mk.timing import predict
+    from mk.timing import GivenCosts, predict
 
     for r in held[held.role == TESTED].itertuples():
         args = (r.config, r.chip, r.context, r.batch, r.engine)
         if r.engine == "general":
-            p = predict(*args, dtype=r.dtype, kernel_s=r.implied_kernel_us * 1e-6)
+            p = predict(*args, dtype=r.dtype, costs=GivenCosts(kernel_s=r.implied_kernel_us * 1e-6))
             assert p.step_s * 1e3 == pytest.approx(r.published_ms, rel=1e-9), r.key
         elif not math.isnan(r.implied_op_ns):
-            p = predict(*args, dtype=r.dtype, op_overhead_s=r.implied_op_ns * 1e-9)
+            p = predict(*args, dtype=r.dtype, costs=GivenCosts(op_overhead_s=r.implied_op_ns * 1e-9))
             assert p.step_s * 1e3 == pytest.approx(r.published_ms, rel=2e-3), r.key
 
 
@@ -222,7 +222,7 @@ def test_the_summary_and_the_misses_follow_the_errors(held):
 
 # The GPU megakernel's cost per op: fitted to the H100 point, tested on the others (mk.timing.fitted) ---------------
 def test_the_fitted_op_cost_meets_the_h100_points_published_step():
-    from mk.timing import op_overhead_cost, predict
+    from mk.timing import GivenCosts, op_overhead_cost, predict
     from mk.timing.fitted import context_of, point_prediction
 
     row = independent_table().set_index("key", drop=False).loc[H100_MEGAKERNEL]
@@ -234,9 +234,13 @@ def test_the_fitted_op_cost_meets_the_h100_points_published_step():
     assert f"fitted to {H100_MEGAKERNEL}" in p.models
     # without it the model is well off the point, so meeting it is the fit's doing
     zero = predict(str(DATA_DIR / "configs" / row["config"]), row["chip"], context_of(row)[0], int(row["batch"]),
-                   dtype=row["dtype"], op_overhead_s=0.0, dma_issue_s=0.0)  # fmt: skip
+                   dtype=row["dtype"], costs=GivenCosts(0.0, 0.0))  # fmt: skip
     assert zero.step_s * 1e3 < 0.95 * row["step_ms"]
-    assert predict("llama-3.2-1b", "b200", 96, op_overhead_s=cost).constants["op_overhead_s"].endswith("(given)")
+    assert (
+        predict("llama-3.2-1b", "b200", 96, costs=GivenCosts(op_overhead_s=cost))
+        .constants["op_overhead_s"]
+        .endswith("(given)")
+    )
 
 
 def test_a_tpu_keeps_the_assumed_op_cost_and_a_gpu_gets_the_fitted_one():

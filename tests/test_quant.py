@@ -233,7 +233,7 @@ def test_cli_generate_quantized_is_the_quantized_reference_and_deterministic(mk_
 
 
 def test_bench_row_records_the_quantization(tmp_path):
-    r = bench.run_bench(TINY_DENSE, 16, 1, budget_s=0.3, probe_bytes=2**20, quantize="int8")
+    r = bench.run_bench(TINY_DENSE, 16, 1, weights=bench.BenchWeights(quantize="int8"), budget_s=0.3, probe_bytes=2**20)
     row = r.row()
     assert row["dtype"] == "f32+int8" and r.bytes_per_token == sol.bytes_per_token(TINY_DENSE, 16, 1, "f32+int8").total
     assert r.bytes_per_token < sol.bytes_per_token(TINY_DENSE, 16, 1, "f32").total

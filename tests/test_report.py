@@ -230,8 +230,8 @@ def test_the_workbooks_own_claims_are_computed_with_their_setup_and_assumptions(
     from mk.config import get_config
     from mk.timing import scheduled_pace, step_plan
 
-    costs = dict(op_overhead_s=0.0, dma_issue_s=0.0)
-    short, long = (timing.predict(MOE, "tpu-v5e-8", n, setup=WORKBOOK_KERNEL, **costs) for n in (1024, 131072))
+    costs = timing.GivenCosts(op_overhead_s=0.0, dma_issue_s=0.0)
+    short, long = (timing.predict(MOE, "tpu-v5e-8", n, setup=WORKBOOK_KERNEL, costs=costs) for n in (1024, 131072))
     assert short.fraction_of_sol < long.fraction_of_sol
     chip = get_chip("tpu-v5e-8")
     issued = [scheduled_pace(step_plan(get_config(MOE), chip, n, 1, "bf16", WORKBOOK_KERNEL), chip).bundles

@@ -286,7 +286,7 @@ def test_assumed_costs_come_from_the_data_file_and_a_given_one_is_said_so():
     assert {c.name for c in rows} == set(timing.ASSUMED) and all(c.source for c in rows)
     default = timing.predict(MOE, "tpu-v5e-8", 4096, 2)  # a plan data/schedule keeps no schedule of
     assert default.op_costs == "assumed" and default.constants["op_overhead_s"].endswith("(assumed, data/timing.csv)")
-    more = timing.predict(MOE, "tpu-v5e-8", 4096, 2, op_overhead_s=1e-6, dma_issue_s=1e-6)
+    more = timing.predict(MOE, "tpu-v5e-8", 4096, 2, costs=timing.GivenCosts(1e-6, 1e-6))
     assert more.step_s > default.step_s and more.constants["op_overhead_s"].endswith("(given)")
     with pytest.raises(ValueError, match="unknown assumed cost"):
         timing.assumed_costs("tpu", per_layer_s=1.0)

@@ -23,7 +23,7 @@ from ..plan import ROWS, AllReduce, GatherBest
 from ..plan.layout import laid_out_intermediate
 from ..published import published, published_table
 from ..sharding import flat_ring_all_reduce, one_link_all_reduce, torus_all_reduce
-from ..timing import MODELLED, assumed_costs, link_latency, predict, step_plan
+from ..timing import DEFAULT_COSTS, MODELLED, GivenCosts, assumed_costs, link_latency, predict, step_plan
 from ..units import LANE, positive_int
 
 # Which partial sum each activation of an all-reduce is.
@@ -148,7 +148,13 @@ def published_step(key: str, cfg: ModelConfig, chip: Chip, context: int, batch: 
 
 
 def fix_steps(
-    cfg: ModelConfig, chip: Chip | str, context: int, batch: int, fixes=FIXES, links: int = 1, **assumed
+    cfg: ModelConfig,
+    chip: Chip | str,
+    context: int,
+    batch: int,
+    fixes=FIXES,
+    links: int = 1,
+    costs: GivenCosts = DEFAULT_COSTS,
 ) -> pd.DataFrame:
     """The modelled step after each fix (``mk.kernel_setup.FIXES``: whole experts without overlap, then split
     experts, the overlap, a bf16 payload, reduce-scatter, the intermediate on rows) on the slice ``chip``
@@ -156,12 +162,12 @@ def fix_steps(
     its published time where data/published.csv has one for this model, slice, context and batch, the
     error modelled / published - 1, and where the step's per-op costs came from (``op_costs``: mk.timing.predict's,
     the compiler's schedule where data/schedule keeps the plan's, else assumed). ``links``: links a chip's sends
-    spread over; ``assumed``: the assumed costs (a sensitivity; default none: the schedule where it is kept, else
-    data/timing.csv's)."""
+    spread over; ``costs`` (mk.timing.GivenCosts): op costs given (a sensitivity; default none: the schedule where it
+    is kept, else data/timing.csv's)."""
     chip = with_links(chip, links)
     rows = []
     for fix in fixes:
-        p = predict(cfg, chip, context, batch, setup=fix, **assumed)
+        p = predict(cfg, chip, context, batch, setup=fix, costs=costs)
         b = p.pacing
         published = published_step(fix.published, cfg, chip, context, batch) if fix.published else float("nan")
         rows.append(
@@ -202,7 +208,7 @@ def sensitivity(cfg: ModelConfig, chip: Chip | str, context: int, batch: int, li
     chip = get_chip(chip)
     csv = assumed_costs(chip.kind)
     runs = [
-        fix_steps(cfg, chip, context, batch, FIXES, n, op_overhead_s=o, dma_issue_s=o).assign(
+        fix_steps(cfg, chip, context, batch, FIXES, n, GivenCosts(o, o)).assign(
             links=n,
             overhead_ns=o * 1e9,
             timing_csv=n == 1 and all(v == o for v in csv.values()),

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..chips import get_chip
 from ..kernel_setup import KernelSetup
-from ..timing import named_plan, predict, scheduled_pace
+from ..timing import GivenCosts, named_plan, predict, scheduled_pace
 from ..timing.constants import assumed_costs
 from ..timing.scheduled import KIND, OTHER, ScheduledStep, kernel_revisions, scheduled_step
 
@@ -81,11 +81,11 @@ def scheduled_against_assumed(model, chip: str, contexts, users, setup: KernelSe
     """The modelled step (mk.timing.predict) with the core's costs from the compiler's schedule, where data/schedule
     has the plan's (``op_costs`` says), against the same step with data/timing.csv's assumed costs."""
     c = get_chip(chip)
-    costs = assumed_costs(c.kind)
+    costs = GivenCosts(**assumed_costs(c.kind))
     rows = []
     for b in users:
         for n in contexts:
-            sched, assumed = predict(model, c, n, b, setup=setup), predict(model, c, n, b, setup=setup, **costs)
+            sched, assumed = predict(model, c, n, b, setup=setup), predict(model, c, n, b, setup=setup, costs=costs)
             rows.append(
                 dict(
                     model=sched.model, context=n, users=b, op_costs=sched.op_costs, step_ms=sched.step_s * 1e3,
@@ -115,7 +115,7 @@ def revision_effect(model, chip: str, points, setup: KernelSetup) -> pd.DataFram
                 s = scheduled_step(plan, c, revision=r.revision)
             except LookupError:
                 continue
-            p = predict(model, c, n, b, setup=setup, revision=r.revision)
+            p = predict(model, c, n, b, setup=setup, costs=GivenCosts(revision=r.revision))
             each = {o["kind"]: o["bundles_each"] for o in s.ops()}
             kept.append(
                 dict(

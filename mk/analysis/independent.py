@@ -23,7 +23,7 @@ import pandas as pd
 from ..chips import get_chip
 from ..dtypes import DTYPES
 from ..published import independent_table, read_independent
-from ..timing import MODELLED, assumed_costs, constant, constants
+from ..timing import MODELLED, GivenCosts, assumed_costs, constant, constants
 from ..timing.fitted import (
     ASSUMED_CONTEXT as ASSUMED_CONTEXT,  # the context a point is modelled at: mk.timing's
     context_of,
@@ -50,7 +50,7 @@ def _implied(r, context: int, published_s: float, p) -> tuple[float, float]:
     ``op_overhead_s``: mk.timing.fitted.implied_op_cost, by bisection). NaN where the published step is faster than
     the model's with no such cost."""
     if r["engine"] == "general":
-        work = point_prediction(r, context, kernel_s=0.0).step_s
+        work = point_prediction(r, context, costs=GivenCosts(kernel_s=0.0)).step_s
         return (published_s - work) / p.kernels_per_step * 1e6, math.nan
     return math.nan, implied_op_cost(r, published_s, context) * 1e9
 
@@ -88,7 +88,7 @@ def predictions(path=None) -> pd.DataFrame:
             rows.append(dict(out, role=f"not modelled: {reason}"))
             continue
         kernel_us, op_ns = _implied(r, context, r["step_ms"] / 1e3, p)
-        zero = point_prediction(r, context, op_overhead_s=0.0, dma_issue_s=0.0) if r["engine"] == "megakernel" else None
+        zero = point_prediction(r, context, costs=GivenCosts(0.0, 0.0)) if r["engine"] == "megakernel" else None
         rows.append(
             dict(
                 out,

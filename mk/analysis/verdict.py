@@ -21,7 +21,18 @@ from ..kernel_setup import BEFORE_FIXES, WORKBOOK_KERNEL, WRITE_UP_KERNEL, Kerne
 from ..progress import tqdm
 from ..published import published, published_table
 from ..sol import auto_chip
-from ..timing import MODELLED, Prediction, assumed_costs, constant, constants, kernel_cost, predict, step_plan
+from ..timing import (
+    DEFAULT_COSTS,
+    MODELLED,
+    GivenCosts,
+    Prediction,
+    assumed_costs,
+    constant,
+    constants,
+    kernel_cost,
+    predict,
+    step_plan,
+)
 from ..timing.fitted import context_of, fit_point, fitted_value
 from ..timing.general_stack import general_step
 from .knockouts import knockouts
@@ -99,9 +110,9 @@ def _case(row) -> Case | None:
     return None
 
 
-def _value(quantity: str, p: Prediction, component: str | None, case: Case, **costs) -> float:
-    """The modelled number a published ``quantity`` is set against; ``costs``: the assumed per-op costs to model a
-    megakernel knock-out with (default: the compiler's schedule where it has the plans)."""
+def _value(quantity: str, p: Prediction, component: str | None, case: Case, costs=DEFAULT_COSTS) -> float:
+    """The modelled number a published ``quantity`` is set against; ``costs`` (mk.timing.GivenCosts): the assumed
+    per-op costs to model a megakernel knock-out with (default: the compiler's schedule where it has the plans)."""
     if quantity == "step_time":
         return p.step_s
     if quantity == "tokens_per_s":
@@ -113,7 +124,7 @@ def _value(quantity: str, p: Prediction, component: str | None, case: Case, **co
     if quantity == "knockout_time":
         t = knockouts(
             case.model, case.chip, case.context, case.batch, case.engine, case.dtype, [component], setup=case.setup,
-            **costs,
+            costs=costs,
         )  # fmt: skip
         return float(t[("kernel_time_ms" if case.engine == "general" else "shrink_ms")].iloc[0]) / 1e3
     raise KeyError(quantity)
@@ -144,10 +155,10 @@ def validation_table() -> pd.DataFrame:
         if case not in cache:
             cache[case] = case.predict()
             # the same case with data/timing.csv's assumed per-op costs, where the schedule gives them now
-            cache[case, ASSUMED] = case.predict(**_assumed(case)) if case.engine == "megakernel" else cache[case]
+            cache[case, ASSUMED] = case.predict(costs=_assumed(case)) if case.engine == "megakernel" else cache[case]
         p, old = cache[case], cache[case, ASSUMED]
         modelled = _value(r["quantity"], p, component, case)
-        assumed = _value(r["quantity"], old, component, case, **_assumed(case)) if old is not p else modelled
+        assumed = _value(r["quantity"], old, component, case, _assumed(case)) if old is not p else modelled
         point = primary.setdefault(case, r["key"]) if r["quantity"] in STEP_QUANTITIES else r["key"]
         # knock-outs test how the time splits, which the fit does not set
         role = "fitted" if case in fitted and r["quantity"] != "knockout_time" else "test"
@@ -180,8 +191,8 @@ def validation_table() -> pd.DataFrame:
 ASSUMED = "assumed"  # a megakernel case modelled with data/timing.csv's assumed per-op costs
 
 
-def _assumed(case: Case) -> dict:
-    return assumed_costs(get_chip(case.chip).kind)
+def _assumed(case: Case) -> GivenCosts:
+    return GivenCosts(**assumed_costs(get_chip(case.chip).kind))
 
 
 STEP_QUANTITIES = ("step_time", "tokens_per_s", "fraction_of_sol")  # one published point, three ways to say it
@@ -523,7 +534,7 @@ def overhead_sensitivity(overheads_s, cases=None) -> pd.DataFrame:
     rows = []
     for key, case in cases.items():
         for o in overheads_s:
-            p = case.predict(op_overhead_s=o, dma_issue_s=o)
+            p = case.predict(costs=GivenCosts(o, o))
             q = t.loc[key, "quantity"]
             modelled = _value(q, p, None, case)
             rows.append(

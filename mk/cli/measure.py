@@ -51,7 +51,7 @@ def add_bench(sub) -> None:
 def _run_bench(a) -> None:
     from ..config import get_config
     from ..engines import check_engine
-    from ..measure.cpu import append_row, run_bench
+    from ..measure.cpu import BenchWeights, append_row, run_bench
     from ..measure.harness import array_dtype
     from ..weights import load_checkpoint
 
@@ -59,10 +59,10 @@ def _run_bench(a) -> None:
         raise ValueError("bench needs --model MODEL (random weights) or --checkpoint DIR")
     check_engine(a.engine)
     cfg = get_config(a.model) if a.model else None
-    params = weights = None
+    weights = BenchWeights(quantize=a.quantize)
     if a.checkpoint:
         cfg, params = load_checkpoint(a.checkpoint, cfg, dtype=array_dtype(a.dtype))
-        weights = str(a.checkpoint)
+        weights = BenchWeights(params, str(a.checkpoint), quantize=a.quantize)
     if not 0 < a.precision < 1 or a.budget <= 0:
         raise ValueError(f"--precision must be in (0, 1) and --budget positive, got {a.precision} and {a.budget}")
     r = run_bench(
@@ -71,11 +71,9 @@ def _run_bench(a) -> None:
         a.batch,
         a.dtype,
         a.engine,
-        params=params,
-        weights=weights,
+        weights,
         precision=a.precision,
         budget_s=a.budget,
-        quantize=a.quantize,
     )
     row = r.row()
     if not a.no_csv:

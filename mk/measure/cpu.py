@@ -54,6 +54,30 @@ def append_row(row: dict, path: Path = BENCH_CSV) -> Path:
     return append_csv_rows([row], path, COLUMNS, "a bench row")
 
 
+@dataclass(frozen=True, eq=False)
+class BenchWeights:
+    """The weights a bench times: ``params`` (``source`` says where they came from: a checkpoint's folder), else
+    random ones drawn from ``seed`` (timing does not depend on the values); ``quantize`` (an mk.quant scheme) quantizes
+    float weights before the engine sees them, and quantized ones are used as they are (``quantize`` None or their own
+    scheme: ``mk.quant.quantized_as``)."""
+
+    params: dict | None = None
+    source: str = "given"
+    seed: int = 0
+    quantize: str | None = None
+
+    def arrays(self, cfg: ModelConfig, dtype: str) -> tuple[dict, str]:
+        """The weights' arrays for ``cfg`` in ``dtype`` (random ones where none are given), and where they came from."""
+        if self.params is None:
+            params, source = random_params(cfg, self.seed, array_dtype(dtype)), f"random (seed {self.seed})"
+        else:
+            params, source = self.params, self.source
+        return quantized_as(params, cfg, self.quantize), source
+
+
+RANDOM_WEIGHTS = BenchWeights()
+
+
 @dataclass(frozen=True)
 class BenchResult:
     """One benchmark run: the step, the probe's bandwidth and the fraction of the speed of light, each a
@@ -115,26 +139,21 @@ def run_bench(
     batch: int = 1,
     dtype: str = "f32",
     engine: str = "reference",
-    params: dict | None = None,
-    weights: str | None = None,
+    weights: BenchWeights = RANDOM_WEIGHTS,
     precision: float = PRECISION,
     budget_s: float = 30.0,
     probe_bytes: int = profiling.DEFAULT_PROBE_BYTES,
-    seed: int = 0,
     engine_options: dict | None = None,
-    quantize: str | None = None,
 ) -> BenchResult:
     """Benchmark ``engine``'s decode step for ``cfg`` at ``context`` positions and ``batch`` users: the
     step and the bandwidth probe interleaved until the fraction of the speed of light is known to
     +-``precision`` of itself (its 95% interval's half-width; 0: to the budget) or ``budget_s`` is spent.
 
-    ``params`` default to random weights (seeded: timing does not depend on the values).
-    ``engine_options`` go to the engine's ``make_step`` (the megakernel's ``setup=KernelSetup(8, "split")``):
+    ``weights`` (:class:`BenchWeights`): the weights timed, random ones by default. ``engine_options`` go to the
+    engine's ``make_step`` (the megakernel's ``setup=KernelSetup(8, "split")``):
     over C chips the speed of light is C times one chip's probed bandwidth, and the row's engine names the
-    options (``megakernel[chips=8,placement=split]``, then the setup's name where it has one). ``quantize`` (an
-    mk.quant scheme) quantizes the float ``params`` before the engine sees them; quantized ``params`` are used as
-    they are (``quantize`` None or their own scheme: ``mk.quant.quantized_as``). The result's ``dtype`` is then
-    ``DTYPE+SCHEME``.
+    options (``megakernel[chips=8,placement=split]``, then the setup's name where it has one). With quantized weights
+    the result's ``dtype`` is ``DTYPE+SCHEME``.
     """
     positive_int("context", context)
     positive_int("batch", batch)
@@ -143,9 +162,7 @@ def run_bench(
     step = get_step(engine, cfg, **options)
     chips, multiple = options["setup"].chips if "setup" in options else 1, cache_multiple(engine)
     label = f"{engine}[{','.join(_option_words(options))}]" if options else engine
-    if params is None:
-        params, weights = random_params(cfg, seed, array_dtype(dtype)), f"random (seed {seed})"
-    params = quantized_as(params, cfg, quantize)
+    params, source = weights.arrays(cfg, dtype)
     scheme = scheme_of(params, cfg)
     label_dtype = dtype if scheme == "none" else f"{dtype}+{scheme}"
     call = decode_call(step, params, cfg, context, batch, dtype, program=True, cache_multiple=multiple)
@@ -158,7 +175,7 @@ def run_bench(
         "dtype": label_dtype,
         "context": context,
         "batch": batch,
-        "weights": weights or "given",
+        "weights": source,
     }
     columns = {"kernels_per_step": kernels.total}
     cmp, (row,) = time_engines(

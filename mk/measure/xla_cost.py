@@ -77,7 +77,7 @@ from ..params import (
 )
 from ..progress import tqdm
 from ..sol import bytes_per_token
-from ..timing import predict
+from ..timing import GivenCosts, predict
 from ..tpu import TOPOLOGIES, topology
 from ..units import positive_int
 from .harness import versions
@@ -418,7 +418,7 @@ def against_timing_model(model: str, chip: str, context: int = 1024, batch: int 
     cost: XLA's model charges none) and the speed of light's bytes time, with the error model / XLA - 1."""
     cfg, one = get_config(model), get_chip(get_chip(chip).base)
     xla = per_step(xla_costs(cfg, chip, context, batch, progress=False), cfg).set_index("component")
-    work = predict(cfg, one, context, batch, "general", kernel_s=0.0).components
+    work = predict(cfg, one, context, batch, "general", costs=GivenCosts(kernel_s=0.0)).components
     bc = bytes_per_token(cfg, context, batch).by_component
     kv = {"sliding_attention": "kv_sliding", "full_attention": "kv_full"}
     rows = []

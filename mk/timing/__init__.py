@@ -29,14 +29,16 @@ from .constants import ASSUMED, MODELLED, assumed_costs, assumed_label, chip_con
 from .fitted import fitted_value, implied_op_cost, op_overhead_cost
 from .general_stack import GENERAL_STACK, kernel_cost, kernels_per_plan_kernel, plan_kernels
 from .pace import megakernel_costs, pace, pace_timeline, scheduled_pace
-from .predict import ENGINES, Prediction, drafter_seconds, predict, step_breakdown
+from .predict import DEFAULT_COSTS, ENGINES, GivenCosts, Prediction, drafter_seconds, predict, step_breakdown
 from .scheduled import op_costs_label
 from .work import compute_seconds, link_latency, load_bytes, named_plan, step_plan
 
 __all__ = [
     "ASSUMED",
+    "DEFAULT_COSTS",
     "ENGINES",
     "GENERAL_STACK",
+    "GivenCosts",
     "MODELLED",
     "Prediction",
     "ReadRate",

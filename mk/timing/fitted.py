@@ -17,7 +17,7 @@ import pandas as pd
 from ..published import independent_table
 from .constants import FITS, Constant, constant
 from .general_stack import kernel_cost
-from .predict import Prediction, predict
+from .predict import GivenCosts, Prediction, predict
 
 ASSUMED_CONTEXT = 1024  # positions where a page gives no prompt or output length
 
@@ -46,7 +46,7 @@ def implied_op_cost(row, published_s: float, context: int | None = None, rtol: f
     of them calls the fit). NaN where the published step is no slower than the model's with no per-op cost."""
 
     def step(cost: float) -> float:
-        return point_prediction(row, context, op_overhead_s=cost).step_s
+        return point_prediction(row, context, costs=GivenCosts(op_overhead_s=cost)).step_s
 
     if published_s <= step(0.0):
         return math.nan

@@ -23,6 +23,31 @@ ENGINES = ("megakernel", "general")
 
 
 @dataclass(frozen=True)
+class GivenCosts:
+    """What a prediction is given in place of its defaults, to see how it moves (a sensitivity); None keeps the
+    default. The megakernel's ``op_overhead_s`` and ``dma_issue_s`` (default: the compiler's schedule of the kernel's
+    ``revision`` where data/schedule keeps the plan's, else data/timing.csv's assumed costs; on GPUs the cost per op
+    fitted to a published megakernel step, mk.timing.fitted); ``kernel_s``, the general stack's cost per kernel
+    (default: fitted; 0 gives its kernels' work alone); ``revision``, the kernel revision (data/kernel_revisions.csv)
+    whose schedule gives the megakernel's op costs (default: this tree's kernel); ``hbm_read_Bps``, the HBM read rate
+    a chip is charged, bytes/s (default: its measured limit, else an assumed fraction of its spec:
+    mk.timing.bandwidth.read_rate)."""
+
+    op_overhead_s: float | None = None
+    dma_issue_s: float | None = None
+    kernel_s: float | None = None
+    revision: int | None = None
+    hbm_read_Bps: float | None = None
+
+    def op_costs(self) -> dict[str, float | None]:
+        """The megakernel's per-op costs as given (mk.timing.constants.ASSUMED's names)."""
+        return dict(op_overhead_s=self.op_overhead_s, dma_issue_s=self.dma_issue_s)
+
+
+DEFAULT_COSTS = GivenCosts()
+
+
+@dataclass(frozen=True)
 class Prediction:
     """A modelled decode step beside the speed of light: ``step_s`` emits ``tokens_per_round`` tokens per user (1;
     with speculation, the mean of the drafted tokens accepted, plus the target's own)."""
@@ -137,18 +162,19 @@ def _general_fields(plan, chip: Chip, dtype: str, kernel_s: float | None, hbm_re
     )  # fmt: skip
 
 
-def _megakernel_fields(plan, setup: KernelSetup, chip: Chip, dtype: str, revision, hbm_read_Bps, **costs_given) -> dict:
+def _megakernel_fields(plan, setup: KernelSetup, chip: Chip, dtype: str, costs: GivenCosts) -> dict:
     """The megakernel's step (:class:`Prediction`'s fields but the speed of light's): the chip that sets the pace,
-    its core's costs from the compiler's schedule of the kernel's ``revision`` where data/schedule keeps the plan's
-    and no cost is given, else data/timing.csv's assumed (or fitted) costs."""
+    its core's costs from the compiler's schedule of the kernel's ``costs.revision`` where data/schedule keeps the
+    plan's and no op cost is given, else data/timing.csv's assumed (or fitted) costs."""
     setup = plan.setup or setup  # past one host: mk.sharding.pods.pod_setup's (the torus, whole experts over hosts)
     models = _megakernel_words(plan, chip, setup)
-    scheduled = op_costs(plan, chip, revision, **costs_given)
-    assumed = assumed_costs(chip.kind, **costs_given)
-    fitted = fitted_costs(chip.kind, **costs_given)  # GPUs' per op, where not given
+    given, revision, rate = costs.op_costs(), costs.revision, costs.hbm_read_Bps
+    scheduled = op_costs(plan, chip, revision, **given)
+    assumed = assumed_costs(chip.kind, **given)
+    fitted = fitted_costs(chip.kind, **given)  # GPUs' per op, where not given
     cost_words = scheduled["source"] if scheduled else assumed_label(assumed, fitted)
-    constants = _megakernel_constants(chip, None if scheduled else assumed, cost_words, fitted, hbm_read_Bps)
-    paced = pace(plan, chip, dtype, revision=revision, bandwidth=hbm_read_Bps, **({} if scheduled else assumed))
+    constants = _megakernel_constants(chip, None if scheduled else assumed, cost_words, fitted, rate)
+    paced = pace(plan, chip, dtype, revision=revision, bandwidth=rate, **({} if scheduled else assumed))
     return dict(
         engine="megakernel", placement=str(setup.placement) if chip.chips > 1 else "-", setup=setup.name,
         step_s=paced.step_s, kernels_per_step=1, models=models, pacing=paced, constants=constants,
@@ -192,29 +218,20 @@ def predict(
     *,
     setup: KernelSetup = WORKBOOK_KERNEL,
     knockout=frozenset(),
-    op_overhead_s: float | None = None,
-    dma_issue_s: float | None = None,
-    kernel_s: float | None = None,
+    costs: GivenCosts = DEFAULT_COSTS,
     acceptance: float | None = None,
     assistant=None,
-    revision: int | None = None,
-    hbm_read_Bps: float | None = None,
 ) -> Prediction:
     """The modelled decode step of ``model`` on ``chip`` (a chip or a slice: ``tpu-v5e-8``) at ``context``
     positions for ``batch`` users. ``setup`` (mk.kernel_setup.KernelSetup, default the workbook's kernel): the
     megakernel's setup, over the slice's chips; ``knockout``: components switched off (mk.params.KNOCKOUTS);
-    ``op_overhead_s``, ``dma_issue_s``: the megakernel's costs (default: data/timing.csv's, assumed; on GPUs the cost
-    per op fitted to a published megakernel step, mk.timing.fitted); ``kernel_s``:
-    the general stack's cost per kernel (default: fitted; 0 gives its kernels' work alone). With
+    ``costs`` (:class:`GivenCosts`): op costs, the general stack's cost per kernel, the schedule's kernel revision
+    or the HBM read rate given in place of the defaults (a sensitivity). With
     ``setup.draft_tokens`` = K the megakernel verifies K drafted tokens per user in each step (a drafter that costs
     no weight reads: n-gram prompt lookup), emitting ``acceptance`` tokens per user on average
     (``check_speculation``); tokens/s and the fraction of the speed of light count emitted tokens. ``assistant``
     (mk.assistant_config.AssistantConfig): the drafts come from Gemma 4's assistant, whose K programs a round cost
-    :func:`drafter_seconds` (default: a drafter that reads nothing). A round is the drafter's time plus the step's.
-    ``revision``: the kernel revision (data/kernel_revisions.csv) whose compiler schedule gives the megakernel's op
-    costs (default: this tree's kernel). ``hbm_read_Bps``: the HBM read rate a chip is charged, bytes/s (default: its
-    measured limit, else an assumed fraction of its spec: mk.timing.bandwidth.read_rate; a sensitivity otherwise: the
-    data sheet's own, say)."""
+    :func:`drafter_seconds` (default: a drafter that reads nothing). A round is the drafter's time plus the step's."""
     cfg, chip = _check(model, chip, context, batch, engine)
     per_round = check_speculation(setup.draft_tokens, acceptance)
     _check_drafts(setup, chip, engine, assistant)
@@ -223,10 +240,9 @@ def predict(
     plan = step_plan(cfg, chip, context, batch, dtype, setup if engine == "megakernel" else GENERAL_STACK,
                      frozenset(knockout))  # fmt: skip
     if engine == "general":
-        fields = _general_fields(plan, chip, dtype, kernel_s, hbm_read_Bps)
+        fields = _general_fields(plan, chip, dtype, costs.kernel_s, costs.hbm_read_Bps)
     else:
-        given = dict(op_overhead_s=op_overhead_s, dma_issue_s=dma_issue_s)
-        fields = _megakernel_fields(plan, setup, chip, dtype, revision, hbm_read_Bps, **given)
+        fields = _megakernel_fields(plan, setup, chip, dtype, costs)
     if k:
         fields["models"] += f"; {k} drafted tokens verified per user a round, {per_round:g} emitted (given)"
     if assistant is not None:
