@@ -22,6 +22,7 @@ import textwrap
 import warnings
 from pathlib import Path
 
+import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
@@ -154,8 +155,6 @@ def log_ticks(fig: go.Figure) -> go.Figure:
     that would leave fewer than four labels), with whole numbers (plotly's own minor labels read "2", "5" for
     20, 50, 200, ...). An axis with its own tick values is left alone; one with its own range is labelled over
     that range."""
-    import numpy as np
-
     names = [k for k in fig.layout if k.startswith(("xaxis", "yaxis"))]
 
     def root(name):  # facet axes that match another share its ticks and its data
@@ -188,8 +187,6 @@ def log_ticks(fig: go.Figure) -> go.Figure:
 def log_tick_values(lo: float, hi: float) -> list[float]:
     """Ticks for a logarithmic axis over ``lo``..``hi``: 1, 2 and 5 times powers of ten (and the next one out on
     either side, for a little margin), or finer steps where those give fewer than four inside."""
-    import numpy as np
-
     for steps in ((1, 2, 5), (1, 1.5, 2, 3, 4, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)):
         every = [m * 10.0**k for k in np.arange(np.floor(np.log10(lo)) - 1, np.ceil(np.log10(hi)) + 1) for m in steps]
         inside = [t for t in every if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]
@@ -311,8 +308,6 @@ def save_figure(fig: go.Figure, name: str, svg: bool = False, out_dir: Path | No
 def log_floor(values, decades: float = 3.0) -> float:
     """The floor of a logarithmic bar axis: the power of ten ``decades`` below the largest value, or the one
     below the smallest positive value when that is higher. Bars start at it; see :func:`floored`."""
-    import numpy as np
-
     v = _numbers(values)
     v = v[np.isfinite(v) & (v > 0)]
     if v.size == 0:
@@ -325,8 +320,6 @@ def floored(values, floor: float, unit: str = "") -> tuple[list, list, list]:
     pattern and its text. A value at or below the floor (zero, negative, or just tiny) is drawn as a short
     hatched stub with its value written above it, a missing one (NaN) as a stub that says so, so every
     bar of a group is seen; the others are drawn as they are, without text."""
-    import numpy as np
-
     stub = floor * STUB
     heights, patterns, texts = [], [], []
     for x in _numbers(values):
@@ -350,8 +343,6 @@ def check_figure(fig: go.Figure) -> list[str]:
     exactly under another, tick labels that run into each other (:func:`tick_collisions`), a logarithmic axis with
     fewer than three labelled ticks. Axis ranges and automatic ticks are plotly's own
     (``full_figure_for_development``, which needs a Chromium), laid out at the size the figure is exported at."""
-    import numpy as np
-
     problems = []
     sized = go.Figure(fig)  # at the export size (plotly's own default is 700 pixels wide)
     sized.update_layout(
@@ -495,9 +486,6 @@ def _axes_ticks(full) -> dict[str, list[tuple[float, str]]]:
     """Every shown axis' labelled ticks inside its range: ``{"xaxis2": [(position, label), ...]}``, positions in
     the axis' own units (log10 of the value on a log axis, the index on a category axis). Plotly's automatic
     ticks are rebuilt from its ``tick0`` and ``dtick``; date and multicategory axes are left out."""
-
-    import numpy as np
-
     out = {}
     names = [k for k in full.layout if k.startswith(("xaxis", "yaxis"))]
     for name in names:
@@ -568,7 +556,6 @@ def tick_collisions(full) -> list[str]:
     label's width and height estimated from its font size and characters, against the ticks' spacing in pixels
     over the axis' length. A horizontal axis' labels may be tilted: by ``tickangle``, or where plotly picks the
     angle (``autotickangles``) at the first of its angles that fits, so they collide only if none fits."""
-
     problems = []
     width, height, left, top, plot_w, plot_h = _plot_box(full)
     for name, ticks in _axes_ticks(full).items():
@@ -601,15 +588,11 @@ def tick_collisions(full) -> list[str]:
 
 def _legend_key(trace) -> bool:
     """A trace with no data at all (``x=[None], y=[None]``): a legend entry that explains a style, not a series."""
-    import numpy as np
-
     return all(v is not None and not np.isfinite(_numbers(v)).any() for v in (trace.x, trace.y))
 
 
 def _numbers(values):
     """A trace's values as floats (non-numbers NaN), from a list or plotly's typed-array JSON (``bdata``)."""
-    import numpy as np
-
     if isinstance(values, dict) and "bdata" in values:
         return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).astype(float)
     out = []

@@ -60,7 +60,10 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
 import pandas as pd
+from jax.sharding import SingleDeviceSharding
 
 from .. import blocks, reference as R
 from ..chips import get_chip
@@ -142,9 +145,6 @@ class _StepShapes:
         return layer_counts(self.cfg)
 
     def sds(self, shape, dtype=None):
-        import jax
-        import jax.numpy as jnp
-
         return jax.ShapeDtypeStruct(tuple(shape), jnp.bfloat16 if dtype is None else dtype)
 
     @property
@@ -158,8 +158,6 @@ class _StepShapes:
 
     def layer(self, i: int, component: str, names=None) -> dict:
         """Layer i's tensors of ``component`` (or those ``names``), by short name, in the decode layout."""
-        import jax
-
         specs = [
             s
             for s in layer_param_specs(self.cfg, i)
@@ -173,8 +171,6 @@ class _StepShapes:
 def _attention_programs(s: _StepShapes) -> dict[str, Program]:
     """One layer of each attention kind the model has: q/k/v with norms and RoPE, the new K/V written into the
     donated cache, attention over the layer's cached positions, the o projection."""
-    import jax.numpy as jnp
-
     cfg, progs = s.cfg, {}
     pos = s.sds((s.batch,), jnp.int32)
     for t in (SLIDING, FULL):
@@ -212,8 +208,6 @@ def _attention_programs(s: _StepShapes) -> dict[str, Program]:
 
 def _ffn_programs(s: _StepShapes) -> dict[str, Program]:
     """One layer's shared MLP (a dense model's only MLP) and, for a MoE, its router and routed experts."""
-    import jax.numpy as jnp
-
     cfg, L = s.cfg, s.cfg.num_layers
 
     def shared_mlp(p, h):
@@ -285,7 +279,6 @@ def _norm_programs(s: _StepShapes) -> dict[str, Program]:
 
 def _head_program(s: _StepShapes) -> Program:
     """The logits of the whole vocabulary, the softcap, the argmax (the greedy token)."""
-    import jax.numpy as jnp
 
     def head(embed, h):
         # the final norm is its own program: mk.reference's _head with norms switched off
@@ -307,9 +300,6 @@ def component_programs(cfg: ModelConfig, context: int = 1024, batch: int = 1) ->
 
 
 def _on_device(args, device):
-    import jax
-    from jax.sharding import SingleDeviceSharding
-
     sharding = SingleDeviceSharding(device)
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), args)
 
@@ -318,8 +308,6 @@ def compile_cost(program: Program, device, msa: bool = False) -> tuple[dict, flo
     """XLA's cost analysis of ``program`` compiled for ``device`` (a TPU topology's), with memory-space
     assignment on or off (``msa``; see the module's docstring), and the seconds the lowering and
     compilation took."""
-    import jax
-
     t0 = time.perf_counter()
     compiled = (
         jax.jit(program.fn, donate_argnums=program.donate_argnums)
