@@ -81,7 +81,7 @@ def scheduled_against_assumed(model, chip: str, contexts, users, setup: KernelSe
     """The modelled step (mk.timing.predict) with the core's costs from the compiler's schedule, where data/schedule
     has the plan's (``op_costs`` says), against the same step with data/timing.csv's assumed costs."""
     c = get_chip(chip)
-    costs = GivenCosts(**assumed_costs(c.kind))
+    costs = GivenCosts.assumed(c.kind)
     rows = []
     for b in users:
         for n in contexts:

@@ -26,7 +26,6 @@ from ..timing import (
     MODELLED,
     GivenCosts,
     Prediction,
-    assumed_costs,
     constant,
     constants,
     kernel_cost,
@@ -192,7 +191,7 @@ ASSUMED = "assumed"  # a megakernel case modelled with data/timing.csv's assumed
 
 
 def _assumed(case: Case) -> GivenCosts:
-    return GivenCosts(**assumed_costs(get_chip(case.chip).kind))
+    return GivenCosts.assumed(get_chip(case.chip).kind)
 
 
 STEP_QUANTITIES = ("step_time", "tokens_per_s", "fraction_of_sol")  # one published point, three ways to say it

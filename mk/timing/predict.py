@@ -39,6 +39,12 @@ class GivenCosts:
     revision: int | None = None
     hbm_read_Bps: float | None = None
 
+    @classmethod
+    def assumed(cls, kind: str) -> GivenCosts:
+        """data/timing.csv's assumed op costs for ``kind`` chips (``tpu``, ``gpu``), given: the model as it was before
+        the compiler's schedule, for a like-for-like comparison where a schedule is kept for some plans only."""
+        return cls(**assumed_costs(kind))
+
     def op_costs(self) -> dict[str, float | None]:
         """The megakernel's per-op costs as given (mk.timing.constants.ASSUMED's names)."""
         return dict(op_overhead_s=self.op_overhead_s, dma_issue_s=self.dma_issue_s)
