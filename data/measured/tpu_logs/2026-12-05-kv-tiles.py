@@ -6,8 +6,10 @@ shared by every variant (packing does not depend on the tiles). Its output: 2026
 this file. Not a table the workbook shows: what it finds is to become kernel revisions, measured by mk.measure.
 
     python data/measured/tpu_logs/2026-12-05-kv-tiles.py OUT.csv [MODEL] [CONTEXT ...]
+    MK_ATTENTION_OFF=1 python data/measured/tpu_logs/2026-12-05-kv-tiles.py OUT.csv [MODEL] [CONTEXT ...]
 """
 
+import os
 import sys
 import time
 
@@ -28,13 +30,18 @@ from mk.sol import bytes_per_token
 VARIANTS = {"kv512-slots2": Tiles(), "kv1024-slots2": Tiles(kv_tile=1024), "kv2048-slots2": Tiles(kv_tile=2048),
             "kv512-slots3": Tiles(slots=3)}  # fmt: skip
 STEPS, BUDGET_S, MIN_ROUNDS = 20, 20.0, 5
+# A second call (MK_ATTENTION_OFF=1) drops the KV tile variants but the default and times each engine with its
+# attention knocked out beside its whole step (mk.params.KNOCKOUTS; llama's layers are all full attention).
+ATTENTION_OFF = frozenset({"full_attention"}) if os.environ.get("MK_ATTENTION_OFF") else frozenset()
+if ATTENTION_OFF:
+    VARIANTS = {"kv512-slots2": Tiles()}
 
 
-def variant_call(engines: CaseEngines, tiles: Tiles, context: int):
-    step = make_step(engines.cfg, ONE_CHIP, tiles=tiles)
+def variant_call(engines: CaseEngines, engine: str, context: int, tiles: Tiles | None = None, knockout=frozenset()):
+    step = engines.steps[engine] if tiles is None else make_step(engines.cfg, ONE_CHIP, tiles=tiles)
     with jax.default_device(engines.device):
-        call = decode_call(step, engines.weights["megakernel"], engines.cfg, context, 1, "bf16",
-                           cache_multiple=cache_multiple("megakernel"))  # fmt: skip
+        call = decode_call(step, engines.weights[engine], engines.cfg, context, 1, "bf16", frozenset(knockout),
+                           cache_multiple=cache_multiple(engine))  # fmt: skip
 
     def placed():
         with jax.default_device(engines.device):
@@ -52,8 +59,11 @@ def main(out: str, model: str = "llama-3.2-1b", *contexts: str) -> None:
     for context in [int(c) for c in contexts] or [32768, 8192]:
         t = time.perf_counter()
         timed = [TimedStep("reference", engines.call("reference", Cell(context, 1))[0])]
-        timed += [TimedStep(f"megakernel[{name}]", variant_call(engines, tiles, context), engine="megakernel")
-                  for name, tiles in VARIANTS.items()]  # fmt: skip
+        timed += [TimedStep(f"megakernel[{name}]", variant_call(engines, "megakernel", context, tiles),
+                            engine="megakernel") for name, tiles in VARIANTS.items()]  # fmt: skip
+        if ATTENTION_OFF:  # the second call: how much of each engine's step its attention takes
+            timed += [TimedStep(f"{e}[attention off]", variant_call(engines, e, context, knockout=ATTENTION_OFF),
+                                engine=e) for e in ("reference", "megakernel")]  # fmt: skip
         log(f"context {context}: {len(timed)} steps compiled in {time.perf_counter() - t:.0f} s")
         per_token = bytes_per_token(engines.cfg, context, 1, "bf16").total
         sol = spec_speed_of_light(per_token, device, 1, "tpu-v5e" if device.platform != "tpu" else None)
