@@ -1,9 +1,10 @@
-"""An exploration for the long-context loss (issue 43, item 2), run once on the lent TPU v5e on 2026-12-05: the
+"""An exploration of the megakernel's loss at long contexts, run once on a TPU v5e on 2026-12-05: the
 megakernel's KV tile (positions a tile) and weight-buffer slots (copies in flight), each variant of llama-3.2-1b's
 step interleaved with XLA's compiled reference in one loop, one user, device time (20 steps dispatched back to back,
 blocked once), medians with 95% intervals (mk.measure.harness.time_engines). The kernel's weights are packed once and
 shared by every variant (packing does not depend on the tiles). Its output: 2026-12-05-kv-tiles.csv and .txt beside
-this file. Not a table the workbook shows: what it finds is to become kernel revisions, measured by mk.measure.
+this file; the second call's (MK_ATTENTION_OFF=1): 2026-12-05-attention-off.csv and .txt. Not a table the workbook
+shows: what it finds is to become kernel revisions, measured by mk.measure.
 
     python data/measured/tpu_logs/2026-12-05-kv-tiles.py OUT.csv [MODEL] [CONTEXT ...]
     MK_ATTENTION_OFF=1 python data/measured/tpu_logs/2026-12-05-kv-tiles.py OUT.csv [MODEL] [CONTEXT ...]
