@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .chips import Chip, get_chip, slice_shapes
+from .chips import Chip, get_chip, slice_of, slice_shapes
 from .config import SLIDING, ModelConfig, get_config
 from .dtypes import get_dtype
 from .params import EMBED, EXPERTS, HEAD, ROUTER, SCALE_BYTES, SHARED_MLP, param_specs, quantized_in, scale_count
@@ -356,7 +356,7 @@ def auto_chip(model, base_chip: str, dtype: str = "bf16", context: int = 1024, b
         raise ValueError(f"auto_chip takes a base chip ({base.base}), not the slice {base.name}")
     bc = bytes_per_token(model, context, batch, dtype)
     shapes = slice_shapes().get(base.name)
-    names = [s.name for s in shapes] if shapes else [base.name] + [f"{base.name}-{2**i}" for i in range(1, 17)]
+    names = [s.name for s in shapes] if shapes else [slice_of(base.name, 2**i).name for i in range(17)]
     for name in names:
         chip = get_chip(name)
         if _on_chip(bc, chip).fits_in_hbm:

@@ -84,6 +84,8 @@ def test_the_fit_is_said_plainly():
     assert predict("kimi-k2", "tpu-v5p-32", 1024, dtype="fp8-block").fits_in_hbm
     assert auto_chip("kimi-k2", "tpu-v5e", "bf16").name == "tpu-v5e-256"
     assert auto_chip("kimi-k2", "tpu-v7x", "fp8-block").name == "tpu-v7x-8"  # no slice rows: powers of two
+    # no slice rows for v4: powers of two of chips, each named by its TensorCores (2 chips: tpu-v4-4)
+    assert auto_chip("gemma4-31b", "tpu-v4").chips == 2 and auto_chip("gemma4-31b", "tpu-v4").name == "tpu-v4-4"
     with pytest.raises(ValueError, match="fits no documented tpu-v5e slice"):
         auto_chip("kimi-k2", "tpu-v5e", "f32")
 
