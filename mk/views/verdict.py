@@ -127,8 +127,9 @@ def validation_figure(table: pd.DataFrame, verdicts: pd.DataFrame | None = None)
     fig.add_vrect(x0=1 - WITHIN, x1=1 + WITHIN, fillcolor="#e8e8e8", opacity=0.5, line_width=0, layer="below")
     fig.add_vline(x=1, line=dict(color="black", width=1))
     fig.update_xaxes(
-        title_text=f"modelled / published (log; the band: within {WITHIN:.0%}; triangles: beyond {RATIO_RANGE[0]:g} or "
-        f"{RATIO_RANGE[1]:g}, their value beside them)",
+        # two lines: the plot area is the figure's right half (the rows' labels take the left), and one line ran off it
+        title_text=f"modelled / published (log; the band: within {WITHIN:.0%})<br>triangles: beyond {RATIO_RANGE[0]:g} "
+        f"or {RATIO_RANGE[1]:g}, their value beside them",
         type="log",
         range=[math.log10(RATIO_RANGE[0]) - 0.05, math.log10(RATIO_RANGE[1]) + 0.05],
         tickvals=list(RATIO_TICKS),
