@@ -238,6 +238,9 @@ def add_tpu_measure(sub) -> None:
     p.add_argument(
         "--deadline-s", type=float, default=540.0, help="start no work after this many seconds (default 540)"
     )
+    p.add_argument(
+        "--models", default=None, help="the table's cases of these models only, comma-separated (default every case)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_tpu_measure)
 
@@ -247,7 +250,7 @@ def _run_tpu_measure(a) -> None:
 
     parts = tuple(x.strip() for x in a.parts.split(",") if x.strip())
     try:
-        done = tpu_runs.run(parts, a.out_dir, a.deadline_s)
+        done = tpu_runs.run(parts, a.out_dir, a.deadline_s, cases=tpu_runs.table_cases(a.models))
     except tpu_runs.NoTPU as e:
         print(e, file=sys.stderr)
         raise SystemExit(2) from None

@@ -50,6 +50,7 @@ from ..reference import init_cache
 from ..sharding import chip_config
 from ..sharding.mesh import make_mesh
 from ..sol import bytes_per_token
+from ..timing.scheduled import kernel_revision
 from ..weights import device_params, random_tensors
 from .harness import (
     DEVICE_TIMING,
@@ -72,6 +73,7 @@ COLUMNS = columns(
     "base_model",
     "layers",
     "setup",
+    "kernel_revision",
     "runs_as",
     "compile_s",
     "chip",
@@ -266,7 +268,8 @@ def limit_columns(row: dict, limit, spec_bw: float | None, chips: int) -> dict:
 def complete(row: dict, limit, spec_bw: float | None, chips: int) -> dict:
     """A timed row (harness.time_engines's, with the device's times) with this table's other columns: its limits,
     and no profile or memory plan (a run that took neither)."""
-    row = dict(row, profiled_step_ms=None, profile_source="not profiled", hbm_planned_GB=None, hbm_in_use_GB=None)
+    row = dict(row, profiled_step_ms=None, profile_source="not profiled", hbm_planned_GB=None, hbm_in_use_GB=None,
+               kernel_revision=kernel_revision())  # fmt: skip
     row.update(limit_columns(row, limit, spec_bw, chips))
     return {k: row.get(k) for k in COLUMNS}
 
@@ -299,6 +302,7 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
                 for r in op_summary(list(profile.ops), TOP_OPS)]  # fmt: skip
         row.update(
             base_model=get_config(case.model).name, layers=case.layers_label, setup=case.setup_label,
+            kernel_revision=kernel_revision(),
             runs_as=runs_as(e.label, case, device), compile_s=round(compile_s[e.label], 2), chip=sol.chip,
             profiled_step_ms=None if profiled is None else round(profiled * 1e3, 4), profile_source=source,
             hbm_planned_GB=round(planned / 1e9, 3), hbm_in_use_GB=None if in_use is None else round(in_use / 1e9, 3),
@@ -314,14 +318,15 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
 
 
 def done_cells(path: Path | str | None, backend: str) -> set[tuple]:
-    """(model, dtype, setup, context, batch, engine) of the rows ``path`` holds from a ``backend`` device (a run resumed
-    on one skips a cell every engine of whose case has a row)."""
+    """(model, dtype, setup, context, batch, engine) of the rows ``path`` holds from a ``backend`` device for the kernel
+    revision in this tree (a run resumed on one skips a cell every engine of whose case has a row; a new revision of
+    the kernel measures every cell again)."""
     import pandas as pd
 
     if path is None or not Path(path).exists():
         return set()
     t = pd.read_csv(path)
-    t = t[t["backend"] == backend]
+    t = t[(t["backend"] == backend) & (t["kernel_revision"] == kernel_revision())]
     return {(r.model, r.dtype, r.setup, int(r.context), int(r.batch), r.engine) for r in t.itertuples()}
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..chips import measured_limit
-from ..config import LAYER_PAIR
+from ..config import LAYER_PAIR, get_config
 from ..files import append_csv_rows
 from ..paths import MEASURED_DIR
 from ..progress import Log
@@ -59,6 +59,18 @@ TABLE = (
 )
 CSVS = {"parity": "tpu_parity.csv", "hbm": "tpu_hbm.csv", "table": "tpu.csv"}
 PARITY_COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit") + chip_parity.COLUMNS
+
+
+def table_cases(models: str | None = None) -> tuple[Case, ...]:
+    """:data:`TABLE`'s cases of ``models`` (comma-separated names; None: every case). Refuses a name no case has."""
+    if models is None:
+        return TABLE
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    known = {get_config(c.model).name for c in TABLE}
+    unknown = [m for m in names if m not in known]
+    if unknown or not names:
+        raise ValueError(f"--models: {unknown or models!r} not in the table; its models are {sorted(known)}")
+    return tuple(c for c in TABLE if get_config(c.model).name in names)
 
 
 class NoTPU(RuntimeError):

@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..config import SLIDING, YarnScaling
-from ..plan import BLOCK, LANE, kv_tiles_read, round_up
+from ..plan import BLOCK, LANE, group_width, head_groups, heads_a_group, heads_lanes, kv_tiles_read, round_up
 from ..sharding import first_kv_head
 from . import mxu
 from .collective import exchange_in_group
@@ -26,25 +26,82 @@ from .dense import NEG, rms
 from .refs import POSITION
 
 
-def rope(x, cos, sin, sign):
-    """Rotate-half RoPE on ``x [rows, head_dim]``: x*cos + [-x2, x1]*sin (a lane roll by half)."""
-    half = x.shape[-1] // 2
-    return x * cos + pltpu.roll(x, half, 1) * sign * sin
+def head_at(head: int, w: int) -> tuple[slice, int]:
+    """The lanes of the group holding head ``head`` of heads ``w`` lanes wide (mk.plan.layout.head_groups), and the
+    head's first lane in the group."""
+    W = group_width(w)
+    group, lane = divmod(head * w, W)
+    return slice(group * W, (group + 1) * W), lane
+
+
+def moved(x, lane: int, to: int, w: int):
+    """``x`` [rows, group lanes] with its head of ``w`` lanes at ``lane`` moved to lane ``to``, every other lane
+    zero (a head as wide as the group: ``x`` itself)."""
+    W = x.shape[-1]
+    if w == W:
+        return x
+    if lane != to:
+        x = pltpu.roll(x, (to - lane) % W, 1)
+    at = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    return jnp.where((at >= to) & (at < to + w), x, 0.0)
+
+
+def gathered_group(j: int, heads: int, w: int, head):
+    """Group ``j`` of ``heads`` heads of ``w`` lanes: (its lanes, its value), head ``h`` taken from ``head(h)`` -> (x
+    [rows, group lanes] holding it, its first lane in x)."""
+    W, n = group_width(w), heads_a_group(w)
+    parts = [moved(*head(h), (h % n) * w, w) for h in range(j * n, min(heads, (j + 1) * n))]
+    return slice(j * W, (j + 1) * W), sum(parts[1:], parts[0])
+
+
+def gathered_groups(heads: int, w: int, head):
+    """Every group of ``heads`` heads of ``w`` lanes (``gathered_group``), one at a time."""
+    for j in range(head_groups(heads, w)):
+        yield gathered_group(j, heads, w, head)
+
+
+def group_cols(heads: int, w: int) -> list[slice]:
+    """The lanes of each group ``heads`` heads of ``w`` lanes take."""
+    W = group_width(w)
+    return [slice(j * W, (j + 1) * W) for j in range(head_groups(heads, w))]
+
+
+def head_rms(x, eps, weight, on: bool, n: int, hd: int):
+    """``rms`` of each head of a group ``x`` [rows, group lanes] of heads ``hd`` lanes wide, ``n`` of them a head's
+    own: a product with a block-diagonal of ones gives each lane its head's sum of squares."""
+    W = x.shape[-1]
+    if hd == W or not on:
+        return rms(x, eps, weight, on, n)
+    same = jax.lax.broadcasted_iota(jnp.int32, (W, W), 0) // hd == jax.lax.broadcasted_iota(jnp.int32, (W, W), 1) // hd
+    y = x * jax.lax.rsqrt(mxu.dot(x * x, same.astype(jnp.float32), dtype=jnp.float32) / n + eps)
+    return y if weight is None else y * weight
+
+
+def rope(x, cos, sin, sign, hd: int | None = None):
+    """Rotate-half RoPE on each head of ``x [rows, lanes]`` (heads ``hd`` lanes wide, default one head): x*cos +
+    [-x2, x1]*sin, a lane roll by half a head; where heads share the lanes, a head's first half takes the lanes half
+    a head on (a second roll, picked by ``sign``)."""
+    W = x.shape[-1]
+    if hd is None or hd == W:
+        return x * cos + pltpu.roll(x, W // 2, 1) * sign * sin
+    turned = jnp.where(sign < 0, pltpu.roll(x, W - hd // 2, 1), pltpu.roll(x, hd // 2, 1))
+    return x * cos + turned * sign * sin
 
 
 def rope_tables(k, t: str, hd: int):
-    """cos, sin [rows, hd] at each user's position (the layer type's frequencies; YaRN's attention factor on both, as
-    mk.blocks.rope) and the rotate-half's sign [1, hd]."""
+    """cos, sin [rows, group lanes] at each user's position (the layer type's frequencies in each head of the group;
+    YaRN's attention factor on both, as mk.blocks.rope) and the rotate-half's sign [1, group lanes]."""
     layout, s = k.layout, k.scratch
-    inv = s.inv_freq[0:1, :hd] if t == SLIDING else s.inv_freq[1:2, :hd]
+    W = group_width(hd)
+    inv = s.inv_freq[0:1, :W] if t == SLIDING else s.inv_freq[1:2, :W]
     pos = s.users_vmem[:, POSITION : POSITION + 1].astype(jnp.float32)  # [rows, 1]
     ang = pos * inv
     cos, sin = jnp.cos(ang), jnp.sin(ang)
     if isinstance(layout.rope_scaling, YarnScaling):  # YaRN's attention factor on cos and sin (mk.blocks.rope)
         factor = jnp.float32(layout.rope_scaling.attention_scale)
         cos, sin = cos * factor, sin * factor
-    lane = jax.lax.broadcasted_iota(jnp.int32, (1, hd), 1)
-    sign = jnp.where(lane < hd // 2, -1.0, 1.0).astype(jnp.float32)
+    lane = jax.lax.broadcasted_iota(jnp.int32, (1, W), 1)
+    sign = jnp.where((lane % hd if hd < W else lane) < hd // 2, -1.0, 1.0).astype(jnp.float32)
     return cos, sin, sign
 
 
@@ -58,26 +115,27 @@ def emit_qkv_norm_rope(k, op):
     s = k.scratch
     cos, sin, sign = rope_tables(k, t, hd)
     qk = layout.qk_norm
-    qn, kn = (k.layer_vec(i, "q_norm", hd), k.layer_vec(i, "k_norm", hd)) if qk else (None, None)
+    W = group_width(hd)  # a group of heads at a time (their norms' weights in each head of it)
+    qn, kn = (k.layer_vec(i, "q_norm", W), k.layer_vec(i, "k_norm", W)) if qk else (None, None)
     scale = k.share.score_scale(t)  # of the model's own head dim
     q, kr, vr = s.acts["q"], s.acts["k"], s.acts["v"]
     if layout.attention_bias:  # gpt-oss: the projections' biases (each head in its lanes, as their columns)
         for name, ref, heads in (("q", q, nh), ("k", kr, kv), ("v", vr, kv)):
-            ref[:, : heads * hd] = ref[:, : heads * hd] + k.layer_vec(i, f"{name}_bias", heads * hd)
-    for h in range(nh):
-        c = slice(h * hd, (h + 1) * hd)
-        qh = rope(rms(q[:, c], eps, qn, on and qk, n), cos, sin, sign)
+            width = heads_lanes(heads, hd)
+            ref[:, :width] = ref[:, :width] + k.layer_vec(i, f"{name}_bias", width)
+    for c in group_cols(nh, hd):
+        qh = rope(head_rms(q[:, c], eps, qn, on and qk, n, hd), cos, sin, sign, hd)
         q[:, c] = qh if scale == 1.0 else qh * jnp.float32(scale)
-    for g in range(kv):
-        c = slice(g * hd, (g + 1) * hd)
+    for c in group_cols(kv, hd):
         kg = kr[:, c]
         vg = vr[:, c] if layout.has_v_proj(t) else kg
-        vr[:, c] = rms(vg, eps, None, on and layout.v_norm, n)
-        kr[:, c] = rope(rms(kg, eps, kn, on and qk, n), cos, sin, sign)
+        vr[:, c] = head_rms(vg, eps, None, on and layout.v_norm, n, hd)
+        kr[:, c] = rope(head_rms(kg, eps, kn, on and qk, n, hd), cos, sin, sign, hd)
 
 
 def tile_copies(kc, vc, buf, T: int, b, tix, slot):
-    """The DMAs of user ``b``'s KV tile ``tix`` (``T`` slots of every KV head here) into slot ``slot`` of the buffer."""
+    """The DMAs of user ``b``'s KV tile ``tix`` (``T`` slots of every head group here) into slot ``slot`` of the
+    buffer."""
     src = pl.ds(pl.multiple_of(tix * T, T), T)
     return (
         pltpu.make_async_copy(kc.at[b, :, src, :], buf.k.at[slot], buf.sem.at[0, slot]),
@@ -131,9 +189,9 @@ def sees(s_idx, pos, slots: int, window: int | None, ahead=0):
     return (held >= 0) if window is None else (held >= 0) & (held > pos + ahead - window)
 
 
-def start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, row=None) -> list:
-    """User ``b``'s new K/V (``kv`` heads; row ``row`` of ``knew``/``vnew``, default ``b``) into ``slot`` of its
-    cache: a DMA may not cut a (16, 128) bf16 tile, so the aligned block of BLOCK slots around it is read, its row
+def start_write_back(buf, kc, vc, knew, vnew, b, slot, groups: int, row=None) -> list:
+    """User ``b``'s new K/V (``groups`` head groups; row ``row`` of ``knew``/``vnew``, default ``b``) into ``slot`` of
+    its cache: a DMA may not cut a (16, 128) bf16 tile, so the aligned block of BLOCK slots around it is read, its row
     set, and written back; the writes to wait for. K and V may differ in width (MLA's latent and RoPE key)."""
     row = b if row is None else row
     blk = pl.ds(pl.multiple_of(slot // BLOCK * BLOCK, BLOCK), BLOCK)
@@ -150,10 +208,10 @@ def start_write_back(buf, kc, vc, knew, vnew, b, slot, kv: int, row=None) -> lis
         c.wait()
     writes = []
     for n, (stage, cache, new) in enumerate(pairs):
-        hd = stage.shape[-1]
-        for g in range(kv):
+        W = stage.shape[-1]
+        for g in range(groups):
             block = stage[b, g].astype(jnp.float32)
-            stage[b, g] = jnp.where(at[hd], new[row : row + 1, g * hd : (g + 1) * hd], block).astype(stage.dtype)
+            stage[b, g] = jnp.where(at[W], new[row : row + 1, g * W : (g + 1) * W], block).astype(stage.dtype)
         w = pltpu.make_async_copy(stage.at[b], cache.at[b, :, blk, :], buf.stage_sem.at[n, b])
         w.start()
         writes.append(w)
@@ -176,9 +234,12 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
     """Attention for ``users`` users (their rows of ``q``, ``knew``, ``vnew`` and ``out``, ``nh`` query and ``kv``
     KV heads, and their caches' rows; ``position(row)`` the position of a row) over layer ``op.layer``'s cache, in
     tiles; writes the new K/V. ``per_user`` rows a user (speculative verification: its last token and drafts, at
-    consecutive positions; row j sees the rows before it and itself, and the cache's positions before the first)."""
+    consecutive positions; row j sees the rows before it and itself, and the cache's positions before the first).
+    A head group's KV heads are read together: each of their query heads' rows holds the head in its KV head's lanes
+    and zeros elsewhere, so one product over the group's lanes gives every row its own head's scores."""
     layout, t = k.layout, op.layer_type
     hd = layout.head_dim(t)
+    W, per, G = group_width(hd), heads_a_group(hd), head_groups(kv, hd)
     rep = nh // kv
     R = per_user
     T = k.plan.kv_tile(t)
@@ -187,9 +248,14 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
     kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
     buf = k.scratch.kv[t]
     qblk = k.scratch.qblk
-    n = rep * R  # query rows a KV head: head-major, then the user's rows
-    draft = jax.lax.broadcasted_iota(jnp.int32, (n, 1), 0) % R  # each query row's place among the user's rows
-    causal = jax.lax.broadcasted_iota(jnp.int32, (n, R), 1) <= draft
+    # query rows read against group j: its KV heads' query heads, head-major, then the user's rows
+    rows = [min(per, kv - j * per) * rep * R for j in range(G)]
+    draft = jax.lax.broadcasted_iota(jnp.int32, (max(rows), 1), 0) % R  # each query row's place among the user's
+    causal = jax.lax.broadcasted_iota(jnp.int32, (max(rows), R), 1) <= draft
+
+    def place(h: int) -> tuple[int, int, int]:  # query head h's group, first row there, and its KV head's lane
+        g = h // rep
+        return g // per, ((g % per) * rep + h % rep) * R, (g % per) * hd
 
     writes = []
     for b in range(users):
@@ -199,41 +265,47 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
         for c in tile_copies(kc, vc, buf, T, b, 0, 0):
             c.start()
         state = []
-        for g in range(kv):
-            for r in range(rep):
-                h = g * rep + r
-                qblk[g, r * R : (r + 1) * R, :hd] = q[first : first + R, h * hd : (h + 1) * hd]
-            qg = qblk[g, :n, :hd]
-            k0 = knew[first : first + R, g * hd : (g + 1) * hd]
-            v0 = vnew[first : first + R, g * hd : (g + 1) * hd]
+        for j in range(G):
+            for h in range(j * per * rep, min(kv, (j + 1) * per) * rep):  # the group's query heads
+                _, row, lane = place(h)
+                cols, at = head_at(h, hd)
+                qblk[j, row : row + R, :W] = moved(q[first : first + R, cols], at, lane, hd)
+            qg = qblk[j, : rows[j], :W]
+            k0, v0 = knew[first : first + R, j * W : (j + 1) * W], vnew[first : first + R, j * W : (j + 1) * W]
             if R == 1:  # the new token's K/V seed the softmax
                 m = jnp.sum(qg * k0, axis=1, keepdims=True)
                 state.append((m, jnp.ones_like(m), jnp.broadcast_to(v0, qg.shape)))
             else:  # the user's rows, each seeing itself and the rows before it
-                empty = jnp.full((n, 1), NEG, jnp.float32)
-                state.append(
-                    _fold_tile((empty, jnp.zeros_like(empty), jnp.zeros_like(qg)), qg, k0, v0, causal, buf.k.dtype)
-                )
+                empty = jnp.full((rows[j], 1), NEG, jnp.float32)
+                fresh = (empty, jnp.zeros_like(empty), jnp.zeros_like(qg))
+                state.append(_fold_tile(fresh, qg, k0, v0, _first(causal, rows[j]), buf.k.dtype))
 
         def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles):
             slot = next_tile(kc, vc, buf, T, b, tix, n_tiles)
             s_idx = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
             valid = sees(s_idx, pos, S, window, draft if R > 1 else 0)
             return tuple(
-                _fold_tile(carry[g], qblk[g, :n, :hd], buf.k[slot, g].astype(jnp.float32),
-                           buf.v[slot, g].astype(jnp.float32), valid, buf.k.dtype)
-                for g in range(kv)
+                _fold_tile(carry[j], qblk[j, : rows[j], :W], buf.k[slot, j].astype(jnp.float32),
+                           buf.v[slot, j].astype(jnp.float32), _first(valid, rows[j]), buf.k.dtype)
+                for j in range(G)
             )  # fmt: skip
 
         state = jax.lax.fori_loop(0, n_tiles, body, tuple(state))
-        for g in range(kv):
-            m, l, acc = state[g]
+        outs, stored = [], 0
+
+        def head_out(h, outs=outs):
+            j, row, lane = place(h)
+            return outs[j][row : row + R], lane
+
+        for j in range(G):
+            m, l, acc = state[j]
             if layout.sinks:  # each head's sink logit in the denominator only (mk.blocks.softmax_sinks)
-                l = l + jnp.exp(_head_sinks(k, op.layer, g * rep, rep, R) - m)
-            o = acc / l
-            for r in range(rep):
-                h = g * rep + r
-                out[first : first + R, h * hd : (h + 1) * hd] = o[r * R : (r + 1) * R]
+                l = l + jnp.exp(_head_sinks(k, op.layer, j * per * rep, rows[j] // R, R) - m)
+            outs.append(acc / l)
+            while stored < head_groups(nh, hd) and min(nh, (stored + 1) * per) <= (j + 1) * per * rep:
+                cols, x = gathered_group(stored, nh, hd, head_out)  # a group of outputs whose heads are all done
+                out[first : first + R, cols] = x
+                stored += 1
         # every read of this user's cache is done: write its rows' K/V back (one block at a time: a later row may
         # share the block of an earlier one)
         for j in range(R):
@@ -241,9 +313,14 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
                 for w in writes[-2:]:
                     w.wait()
                 writes = writes[:-2]
-            writes += start_write_back(buf, kc, vc, knew, vnew, b, (pos + j) % S, kv, row=first + j)
+            writes += start_write_back(buf, kc, vc, knew, vnew, b, (pos + j) % S, G, row=first + j)
     for w in writes:
         w.wait()
+
+
+def _first(mask, rows: int):
+    """A mask's first ``rows`` rows (one row, or as many, broadcasts as it is)."""
+    return mask if mask.shape[0] in (1, rows) else mask[:rows]
 
 
 def _head_sinks(k, layer, first: int, rep: int, R: int):
@@ -264,7 +341,7 @@ def emit_attend_users(k, op):
     layout, model, t, C = k.layout, k.plan.model, op.layer_type, k.plan.chips
     hd, nh, kv = layout.head_dim(t), layout.num_heads, layout.kv_heads(t)  # this chip's heads
     u = k.plan.cache_users
-    qw, kw = nh * hd, kv * hd
+    qw, kw = heads_lanes(nh, hd), heads_lanes(kv, hd)
     x = k.scratch.kv[t].users
     a = k.scratch.acts
     # 1. each owner's users' q, k, v of this chip's heads, to the owner
@@ -277,20 +354,33 @@ def emit_attend_users(k, op):
     exchange_in_group(k, C, lambda m: x.stage_in.at[m, pl.ds(0, u)], lambda m: x.recv_in.at[m, pl.ds(0, u)],
                       x.sems.at[0])  # fmt: skip
     held = {}  # KV head -> (the first chip holding it, its place among that chip's)
-    for c in range(C):  # whole heads: chip c's query heads in order, each KV head from its first holder
-        x.q[:u, c * qw : (c + 1) * qw] = x.recv_in[c, :u, :qw]
+    for c in range(C):
         for j in range(kv):
             held.setdefault(first_kv_head(model, t, C, c) + j, (c, j))
-    for head, (c, j) in held.items():
-        x.k[:u, head * hd : (head + 1) * hd] = x.recv_in[c, :u, qw + j * hd : qw + (j + 1) * hd]
-        x.v[:u, head * hd : (head + 1) * hd] = x.recv_in[c, :u, qw + kw + j * hd : qw + kw + (j + 1) * hd]
+
+    def sent(c: int, head: int, base: int = 0):  # chip c's head ``head`` of what it sent, from lane ``base``
+        cols, lane = head_at(head, hd)
+        return x.recv_in[c, :u, base + cols.start : base + cols.stop], lane
+
+    # whole heads: chip c's query heads in order, each KV head from its first holder
+    for cols, val in gathered_groups(model.num_heads, hd, lambda h: sent(*divmod(h, nh))):
+        x.q[:u, cols] = val
+    for part, base in ((x.k, qw), (x.v, qw + kw)):
+        for cols, val in gathered_groups(model.kv_heads(t), hd, lambda h, base=base: sent(*held[h], base)):
+            part[:u, cols] = val
     # 2. this chip's users over every head
     _attend(
         k, op, u, lambda b: k.position(k.chip_index * u + b), x.q, x.k, x.v, x.out, model.kv_heads(t), model.num_heads
     )
+
     # 3. each chip's heads' outputs for this chip's users, back to it
+    def attended(h: int):
+        cols, lane = head_at(h, hd)
+        return x.out[:u, cols], lane
+
     for c in range(C):
-        x.stage_out[c, :u] = x.out[:u, c * qw : (c + 1) * qw]
+        for cols, val in gathered_groups(nh, hd, lambda h, c=c: attended(c * nh + h)):
+            x.stage_out[c, :u, cols] = val
     x.recv_out[k.chip_index] = x.stage_out[k.chip_index]
     exchange_in_group(k, C, lambda m: x.stage_out.at[m, pl.ds(0, u)], lambda m: x.recv_out.at[m, pl.ds(0, u)],
                       x.sems.at[1])  # fmt: skip
@@ -307,6 +397,7 @@ def emit_attend_shared(k, op):
     member holding a user's new slot writes its K/V."""
     layout, t, B, g = k.layout, op.layer_type, k.plan.batch, op.positions_shared
     hd, nh = layout.head_dim(t), layout.num_heads  # one KV head here, nh of its query heads on each member
+    W = group_width(hd)  # the KV head at lane 0 of its group
     heads = g * nh
     T, S = k.plan.kv_tile(t), k.plan.cache_len(t)  # this chip's slots
     slots = S * g  # of the head
@@ -315,7 +406,7 @@ def emit_attend_shared(k, op):
     buf, qblk, a = k.scratch.kv[t], k.scratch.qblk, k.scratch.acts
     q, knew, vnew, out = a["q"], a["k"], a["v"], a["attn"]
     me = k.chip_index % g
-    width = nh * hd
+    width = heads_lanes(nh, hd)
     # 1. every member's query heads, here
     buf.q_all[me] = q[:, :width]
     exchange_in_group(k, g, lambda _: q.at[:, pl.ds(0, width)], lambda m: buf.q_all.at[m], buf.share_sem.at[0])
@@ -333,12 +424,13 @@ def emit_attend_shared(k, op):
                 c.start()
 
         for h in range(heads):
-            qblk[0, h : h + 1, :hd] = buf.q_all[h // nh, b : b + 1, (h % nh) * hd : (h % nh + 1) * hd]
-        qg = qblk[0, :, :hd]
+            cols, at = head_at(h % nh, hd)
+            qblk[0, h : h + 1, :W] = moved(buf.q_all[h // nh, b : b + 1, cols], at, 0, hd)
+        qg = qblk[0, :, :W]
         seeded = owner == me  # the new token's K/V seed the softmax on the member that holds its slot
         weight = jnp.where(seeded, 1.0, 0.0)
-        m = jnp.where(seeded, jnp.sum(qg * knew[b : b + 1, :hd], axis=1, keepdims=True), NEG)
-        state = (m, weight * jnp.ones_like(m), jnp.broadcast_to(weight * vnew[b : b + 1, :hd], qg.shape))
+        m = jnp.where(seeded, jnp.sum(qg * knew[b : b + 1, :W], axis=1, keepdims=True), NEG)
+        state = (m, weight * jnp.ones_like(m), jnp.broadcast_to(weight * vnew[b : b + 1, :W], qg.shape))
 
         def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles, qg=qg):
             slot = next_tile(kc, vc, buf, T, b, tix, n_tiles)
@@ -349,11 +441,11 @@ def emit_attend_shared(k, op):
             return _fold_tile(carry, qg, kt, vt, valid, buf.k.dtype)
 
         m, l, acc = jax.lax.fori_loop(0, n_tiles, body, state)
-        for member in range(g):  # each member's heads' partial states, max and sum in lanes hd and hd + 1
+        for member in range(g):  # each member's heads' partial states, max and sum in lanes W and W + 1
             rows = slice(member * nh, (member + 1) * nh)
-            buf.state[member, b, :, :hd] = acc[rows]
+            buf.state[member, b, :, :W] = acc[rows]
             ml = jnp.where(lane == 0, m[rows], jnp.where(lane == 1, l[rows], 0.0))
-            buf.state[member, b, :, hd : hd + LANE] = ml
+            buf.state[member, b, :, W : W + LANE] = ml
 
         # every read of this user's cache here is done: its holder writes the new position back
         @pl.when(seeded)
@@ -369,17 +461,19 @@ def emit_attend_shared(k, op):
 
 
 def _merge_partial_states(buf, g: int, batch: int, nh: int, hd: int, out) -> None:
-    """Each user's ``g`` members' partial softmax states of this chip's ``nh`` heads (weighted values, then max and sum
-    in lanes hd and hd + 1) merged exactly as the online softmax merges tiles; the heads' outputs into ``out``."""
+    """Each user's ``g`` members' partial softmax states of this chip's ``nh`` heads (weighted values in a group's W
+    lanes, then max and sum in lanes W and W + 1) merged exactly as the online softmax merges tiles; the heads'
+    outputs into ``out``."""
+    W = group_width(hd)
     for b in range(batch):
-        parts = [buf.state_in[member, b] for member in range(g)]  # [nh, hd + LANE] each
-        top = parts[0][:, hd : hd + 1]
+        parts = [buf.state_in[member, b] for member in range(g)]  # [nh, W + LANE] each
+        top = parts[0][:, W : W + 1]
         for x in parts[1:]:
-            top = jnp.maximum(top, x[:, hd : hd + 1])
-        total, acc = jnp.zeros_like(top), jnp.zeros((nh, hd), jnp.float32)
+            top = jnp.maximum(top, x[:, W : W + 1])
+        total, acc = jnp.zeros_like(top), jnp.zeros((nh, W), jnp.float32)
         for x in parts:
-            w = jnp.exp(x[:, hd : hd + 1] - top)
-            total, acc = total + w * x[:, hd + 1 : hd + 2], acc + w * x[:, :hd]
-        o = acc / total
-        for h in range(nh):
-            out[b : b + 1, h * hd : (h + 1) * hd] = o[h : h + 1]
+            w = jnp.exp(x[:, W : W + 1] - top)
+            total, acc = total + w * x[:, W + 1 : W + 2], acc + w * x[:, :W]
+        o = acc / total  # each head's output at lane 0
+        for cols, val in gathered_groups(nh, hd, lambda h, o=o: (o[h : h + 1], 0)):
+            out[b : b + 1, cols] = val

@@ -50,10 +50,10 @@ def _placement(cfg: ModelConfig, name: str, n: int, axis: int) -> tuple[np.ndarr
     heads = np.arange(nh)[:, None]
     if axis == 1 and name in ("q", "q_b"):  # per head: its no-RoPE part, then its RoPE part
         src = np.concatenate([heads * (dn + dr) + np.arange(dn), heads * (dn + dr) + dn + _rope_order(cfg)], 1)
-        dst = np.concatenate([heads * (D + Dr) + np.arange(dn), heads * (D + Dr) + D + head_lanes(dr)], 1)
+        dst = np.concatenate([heads * (D + Dr) + np.arange(dn), heads * (D + Dr) + D + head_lanes(dr, Dr)], 1)
     elif axis == 1 and name == "kv_a":  # the latent, then the RoPE key
         src = np.concatenate([np.arange(lat), lat + _rope_order(cfg)])
-        dst = np.concatenate([np.arange(lat), L + head_lanes(dr)])
+        dst = np.concatenate([np.arange(lat), L + head_lanes(dr, Dr)])
     elif axis == 1 and name == "kv_b":  # per head: its key columns, then its value columns
         src = heads * (dn + dv) + np.arange(dn + dv)
         dst = np.concatenate([heads * (D + Dv) + np.arange(dn), heads * (D + Dv) + D + np.arange(dv)], 1)
@@ -82,7 +82,7 @@ def adopt_cache(cfg: ModelConfig, cache: dict) -> dict:
     out = {}
     for i in range(cfg.num_layers):
         lat, rk = cache[f"layers.{i}.latent"], cache[f"layers.{i}.rope_k"]
-        wide = jnp.zeros((*rk.shape[:-1], Dr), rk.dtype).at[..., head_lanes(dr)].set(rk)
+        wide = jnp.zeros((*rk.shape[:-1], Dr), rk.dtype).at[..., head_lanes(dr, Dr)].set(rk)
         out.setdefault(f"{FULL}.latent", []).append(jnp.pad(lat, [(0, 0)] * 3 + [(0, L - lat.shape[-1])]))
         out.setdefault(f"{FULL}.rope_k", []).append(wide)
     return {n: jnp.stack(v) for n, v in out.items()}
@@ -95,7 +95,8 @@ def reference_cache(cfg: ModelConfig, cache: dict) -> dict:
     for i in range(cfg.num_layers):
         j = type_index(cfg, i)
         out[f"layers.{i}.latent"] = cache[f"{FULL}.latent"][j][..., : mla.kv_lora_rank]
-        out[f"layers.{i}.rope_k"] = cache[f"{FULL}.rope_k"][j][..., head_lanes(mla.qk_rope_head_dim)]
+        rope_lanes = head_lanes(mla.qk_rope_head_dim, latent_lanes(cfg)[1])
+        out[f"layers.{i}.rope_k"] = cache[f"{FULL}.rope_k"][j][..., rope_lanes]
     return out
 
 

@@ -39,7 +39,18 @@ from ..plan import (
     vector_table_shape,
 )
 from ..plan.arrays import matrix_shapes, packed_arrays
-from ..plan.layout import EXPERT_BIASES, LATENT_MATRICES, expert_bias_shape, head_lanes, scale_rows, scale_width
+from ..plan.layout import (
+    EXPERT_BIASES,
+    LATENT_MATRICES,
+    expert_bias_shape,
+    freq_width,
+    head_groups,
+    head_lanes,
+    head_width,
+    heads_a_group,
+    scale_rows,
+    scale_width,
+)
 from ..quant import quantized_paths, scale_path, scheme_of
 from ..sharding import cache_split_axis, chip_cache, chip_config, first_kv_head, heads_split, position_share
 from . import latent
@@ -71,14 +82,33 @@ def _axes(cfg: ModelConfig, path: str, ndim: int) -> tuple:
 
 
 def _spread_heads(a, axis: int, heads: int, hd: int):
-    """Axis ``axis`` of ``a`` (heads x hd) as heads x round_up(hd, 128), each head in ``head_lanes``."""
+    """Axis ``axis`` of ``a`` (heads x hd) as heads x head_width(hd), each head in ``head_lanes``."""
     lanes = head_lanes(hd)
-    if lanes[-1] == hd - 1:  # hd is a multiple of 128 already
+    if lanes[-1] == hd - 1:  # hd is a head's width already
         return a
     a = jnp.moveaxis(a, axis, -1)
     split = a.reshape(*a.shape[:-1], heads, hd)
-    out = jnp.zeros((*split.shape[:-1], round_up(hd, 128)), a.dtype).at[..., lanes].set(split)
+    out = jnp.zeros((*split.shape[:-1], head_width(hd)), a.dtype).at[..., lanes].set(split)
     return jnp.moveaxis(out.reshape(*a.shape[:-1], -1), -1, axis)
+
+
+def _grouped(a, hd: int):
+    """A cache [..., heads, slots, hd] in the kernel's head groups, [..., groups, slots, group lanes]: group j's
+    lanes hold heads j * n .. j * n + n - 1 side by side (n = heads_a_group), each in its ``head_lanes``."""
+    w = head_width(hd)
+    n, a = heads_a_group(w), _spread_heads(a, a.ndim - 1, 1, hd)
+    *lead, heads, S, _ = a.shape
+    G = head_groups(heads, w)
+    a = _pad_to(a, (*lead, G * n, S, w)).reshape(*lead, G, n, S, w)
+    return jnp.swapaxes(a, -3, -2).reshape(*lead, G, S, n * w)
+
+
+def _ungrouped(a, heads: int, hd: int):
+    """``_grouped``'s inverse: [..., groups, slots, group lanes] -> [..., heads, slots, hd]."""
+    w = head_width(hd)
+    *lead, G, S, _ = a.shape
+    a = jnp.swapaxes(a.reshape(*lead, G, S, heads_a_group(w), w), -3, -2).reshape(*lead, -1, S, w)
+    return a[..., :heads, :, :][..., head_lanes(hd)]
 
 
 def _layout_shape(cfg: ModelConfig, path: str, shape: tuple, lay: ModelConfig) -> tuple:
@@ -86,8 +116,7 @@ def _layout_shape(cfg: ModelConfig, path: str, shape: tuple, lay: ModelConfig) -
     axes = _axes(cfg, path, len(shape))
     sizes = {HIDDEN: lay.hidden_size, VOCAB: lay.vocab_size}
     spread = tuple(
-        kind[0] * round_up(kind[1], 128) if isinstance(kind, tuple) else sizes.get(kind, n)
-        for kind, n in zip(axes, shape)
+        kind[0] * head_width(kind[1]) if isinstance(kind, tuple) else sizes.get(kind, n) for kind, n in zip(axes, shape)
     )
     return padded_shape(lay, path, spread)
 
@@ -166,22 +195,31 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
         name = path.rsplit(".", 1)[-1]
         if name == "layer_scalar":
             table[row, :] = v[0]  # broadcast, so x * row multiplies every lane
-        elif name in ("q_norm", "k_norm"):
-            table[row, head_lanes(v.size)] = v
+        elif name in ("q_norm", "k_norm"):  # in each head of a group (the norm runs on a group at once)
+            table[row, _heads_lanes(v.size, heads_a_group(head_width(v.size)))] = np.tile(
+                v, heads_a_group(head_width(v.size))
+            )
         elif name in ("q_bias", "k_bias", "v_bias"):  # each head's in its lanes, as the projection's columns
             hd = cfg.head_dim(cfg.layer_types[int(path.split(".")[1])])
-            heads = v.size // hd
-            lanes = (np.arange(heads)[:, None] * round_up(hd, LANE) + head_lanes(hd)[None, :]).reshape(-1)
-            table[row, lanes] = v
+            table[row, _heads_lanes(hd, v.size // hd)] = v
         else:
             table[row, : v.size] = v
-    freqs = np.zeros((ROWS, max(lay.sliding_head_dim, lay.full_head_dim)), np.float32)
+    freqs = np.zeros((ROWS, freq_width(lay)), np.float32)
     for r, t in enumerate(("sliding", "full")):
-        if mla and t not in cfg.layer_types:
+        if t not in cfg.layer_types:
             continue
-        f = mla_inv_freq(cfg) if mla else inv_freq(cfg, t)  # MLA's over its RoPE key's dims
-        freqs[r, head_lanes(2 * f.size)] = np.concatenate([f, f])
+        if mla:  # over its RoPE key's dims, in whole lanes
+            f = mla_inv_freq(cfg)
+            freqs[r, head_lanes(2 * f.size, round_up(2 * f.size, LANE))] = np.concatenate([f, f])
+        else:  # in each head of a group
+            f, n = inv_freq(cfg, t), heads_a_group(head_width(cfg.head_dim(t)))
+            freqs[r, _heads_lanes(2 * f.size, n)] = np.tile(np.concatenate([f, f]), n)
     return dict(vectors=jnp.asarray(table), inv_freq=jnp.asarray(freqs), weights=weights)
+
+
+def _heads_lanes(hd: int, heads: int) -> np.ndarray:
+    """The lanes of ``heads`` heads of ``hd`` dims side by side, each in its ``head_lanes``."""
+    return (np.arange(heads)[:, None] * head_width(hd) + head_lanes(hd)[None, :]).reshape(-1)
 
 
 class _Stacks:
@@ -251,9 +289,7 @@ def adopt_cache(cfg: ModelConfig, cache: dict) -> dict:
     for t in sorted(set(cfg.layer_types)):
         for n in ("k", "v"):
             layers = [
-                _spread_heads(cache[f"layers.{i}.{n}"], 3, 1, cfg.head_dim(t))
-                for i, u in enumerate(cfg.layer_types)
-                if u == t
+                _grouped(cache[f"layers.{i}.{n}"], cfg.head_dim(t)) for i, u in enumerate(cfg.layer_types) if u == t
             ]
             out[f"{t}.{n}"] = jnp.stack(layers)
     return out
@@ -264,7 +300,7 @@ def reference_cache(cfg: ModelConfig, cache: dict) -> dict:
     if cfg.latent_attention is not None:
         return latent.reference_cache(cfg, cache)
     return {
-        f"layers.{i}.{n}": cache[f"{t}.{n}"][type_index(cfg, i)][..., head_lanes(cfg.head_dim(t))]
+        f"layers.{i}.{n}": _ungrouped(cache[f"{t}.{n}"][type_index(cfg, i)], cfg.kv_heads(t), cfg.head_dim(t))
         for i, t in enumerate(cfg.layer_types)
         for n in ("k", "v")
     }
@@ -319,7 +355,9 @@ def reference_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     for i, t in enumerate(cfg.layer_types):
         kv, g = local.kv_heads(t), position_share(cfg, t, setup)
         for n in ("k", "v"):
-            a = cache[f"{t}.{n}"][type_index(cfg, i)][..., head_lanes(cfg.head_dim(t))]  # [B, C * kv, S, hd]
+            a = cache[f"{t}.{n}"][type_index(cfg, i)]  # [B, C * groups, S, lanes]: each chip's groups
+            a = _ungrouped(a.reshape(a.shape[0], C, -1, *a.shape[2:]), kv, cfg.head_dim(t))
+            a = a.reshape(a.shape[0], C * kv, *a.shape[3:])  # [B, C * kv, S, hd]
             heads = {}
             for c in range(0, C, g):  # where g chips share a head's positions: its g members' blocks, in order
                 for h in range(kv):

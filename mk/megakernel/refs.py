@@ -13,7 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 from ..config import ModelConfig
 from ..plan import BLOCK, LANE, ROWS, AllReduce, Attend, StepPlan, round_up
 from ..plan.arrays import Array
-from ..plan.layout import EXPERT_BIASES, latent_lanes
+from ..plan.layout import EXPERT_BIASES, freq_width, group_width, head_groups, heads_lanes, latent_lanes
 from ..sharding import chunk_width
 
 TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
@@ -44,12 +44,12 @@ class UsersSplit(NamedTuple):
     """One layer type's exchanges where each chip attends for its own u = B / C users (AttentionSplit.USERS);
     ``heads`` are this chip's query heads, ``kv`` its KV heads, ``hd`` the head dim, rows padded to 8."""
 
-    stage_in: Any  # [C, rows(u), (heads + 2 kv) x hd] f32: each owner's users' q, k, v of this chip's heads
-    recv_in: Any  # [C, rows(u), (heads + 2 kv) x hd] f32: what each chip sent of this chip's users
-    q: Any  # [rows(u), every query head x hd] f32: this chip's users' whole q, k and v
-    k: Any  # [rows(u), every KV head x hd] f32
+    stage_in: Any  # [C, rows(u), heads' + 2 x kv heads' lanes] f32: each owner's users' q, k, v of this chip's heads
+    recv_in: Any  # [C, rows(u), heads' + 2 x kv heads' lanes] f32: what each chip sent of this chip's users
+    q: Any  # [rows(u), every query head's lanes] f32: this chip's users' whole q, k and v
+    k: Any  # [rows(u), every KV head's lanes] f32
     v: Any
-    out: Any  # [rows(u), every query head x hd] f32: their attention outputs
+    out: Any  # [rows(u), every query head's lanes] f32: their attention outputs
     stage_out: Any  # [C, rows(u), heads x hd] f32: the outputs of each chip's heads, to go back to it
     recv_out: Any  # [C, rows(u), heads x hd] f32: this chip's heads' outputs for each owner's users
     sems: Any  # DMA [2 (in, out), 2 (send, receive), C or 1 shared: KernelSetup.peer_semaphores]
@@ -58,16 +58,16 @@ class UsersSplit(NamedTuple):
 class KV(NamedTuple):
     """One layer type's attention scratch (kv_heads: the heads of this chip's cache)."""
 
-    k: Any  # [2, kv_heads, T, head_dim]: K tiles, double-buffered
-    v: Any  # [2, kv_heads, T, head_dim]
+    k: Any  # [2, head groups, T, group lanes]: K tiles, double-buffered (mk.plan.layout.head_groups)
+    v: Any  # [2, head groups, T, group lanes]
     sem: Any  # DMA [2 (k, v), 2 (slot)]
-    stage_k: Any  # [users, kv_heads, 16, head_dim]: the block around each user's write-back slot
+    stage_k: Any  # [users, head groups, 16, group lanes]: the block around each user's write-back slot
     stage_v: Any
     stage_sem: Any  # DMA [2 (k, v), users]
     # where g chips share a KV head's positions (StepPlan.position_share), else None:
-    q_all: Any = None  # [g, rows, heads x head_dim] f32: each member's query heads
-    state: Any = None  # [g, B, heads, head_dim + 128] f32: partial states for each member's heads (max, sum: lanes)
-    state_in: Any = None  # [g, B, heads, head_dim + 128] f32: each member's partial states of this chip's heads
+    q_all: Any = None  # [g, rows, heads' lanes] f32: each member's query heads
+    state: Any = None  # [g, B, heads, group lanes + 128] f32: partial states for each member's heads (max, sum: lanes)
+    state_in: Any = None  # [g, B, heads, group lanes + 128] f32: each member's partial states of this chip's heads
     share_sem: Any = None  # DMA [2 (queries, states), 2 (send, receive), g or 1 shared]
     users: Any = None  # with the users split: UsersSplit
 
@@ -77,7 +77,7 @@ class Scratch(NamedTuple):
     weight_sems: dict  # buffer name -> DMA [slots]
     acts: dict  # activation name -> [rows, width] f32
     kv: dict  # layer type -> KV
-    qblk: Any  # [kv_heads, 8k, head_dim] f32: the query heads that share one KV head
+    qblk: Any  # [head groups, 8k, group lanes] f32: the query heads read against one head group of the cache
     embed_rows: Any  # [B, 16, H]: the aligned block of embedding rows around each user's token
     embed_sem: Any  # DMA [1]
     gates: Any  # [rows, E_pad] f32: each user's combine weight of every expert
@@ -182,23 +182,24 @@ def scratch_shapes(plan: StepPlan, with_logits: bool) -> Scratch:
     types = sorted(set(cfg.layer_types))
     kv = {}
     for t in types:
-        heads, hd, T, g = plan.cache_heads(t), cfg.head_dim(t), plan.kv_tile(t), plan.position_share(t)
+        hd, T, g = cfg.head_dim(t), plan.kv_tile(t), plan.position_share(t)
+        groups, W = head_groups(plan.cache_heads(t), hd), group_width(hd)
         nh = cfg.num_heads
         if cfg.latent_attention is not None:
             kv[t] = latent_kv_shapes(plan, t, kv_dtype)
             continue
         kv[t] = KV(
-            pltpu.VMEM((2, heads, T, hd), kv_dtype),
-            pltpu.VMEM((2, heads, T, hd), kv_dtype),
+            pltpu.VMEM((2, groups, T, W), kv_dtype),
+            pltpu.VMEM((2, groups, T, W), kv_dtype),
             pltpu.SemaphoreType.DMA((2, 2)),
-            pltpu.VMEM((U, heads, BLOCK, hd), kv_dtype),
-            pltpu.VMEM((U, heads, BLOCK, hd), kv_dtype),
+            pltpu.VMEM((U, groups, BLOCK, W), kv_dtype),
+            pltpu.VMEM((U, groups, BLOCK, W), kv_dtype),
             pltpu.SemaphoreType.DMA((2, U)),
             *(
                 (
-                    pltpu.VMEM((g, rows, nh * hd), jnp.float32),
-                    pltpu.VMEM((g, B, nh, hd + LANE), jnp.float32),
-                    pltpu.VMEM((g, B, nh, hd + LANE), jnp.float32),
+                    pltpu.VMEM((g, rows, heads_lanes(nh, hd)), jnp.float32),
+                    pltpu.VMEM((g, B, nh, W + LANE), jnp.float32),
+                    pltpu.VMEM((g, B, nh, W + LANE), jnp.float32),
                     pltpu.SemaphoreType.DMA((2, 2, min(g, plan.setup.peer_semaphores))),
                 )
                 if g > 1
@@ -206,10 +207,10 @@ def scratch_shapes(plan: StepPlan, with_logits: bool) -> Scratch:
             ),
             users=users_split_shapes(plan, t) if plan.setup is not None and plan.setup.users_split else None,
         )
-    hd = max(cfg.sliding_head_dim, cfg.full_head_dim)
-    # the query heads read against one KV head: this chip's, or every sharing chip's where they split its
+    # the query heads read against one head group: this chip's, or every sharing chip's where they split its
     # positions, or the model's where each chip attends over every head for its users
     rep = max((op.query_rows for op in plan.ops if isinstance(op, Attend)), default=1)
+    groups = max(head_groups(plan.cache_heads(t), cfg.head_dim(t)) for t in types)
     ep = round_up(max(cfg.num_experts, 1), LANE)
     shapes = input_shapes(plan)
     return Scratch(
@@ -217,7 +218,7 @@ def scratch_shapes(plan: StepPlan, with_logits: bool) -> Scratch:
         weight_sems={b.name: pltpu.SemaphoreType.DMA((b.slots,)) for b in plan.buffers.values()},
         acts={name: pltpu.VMEM(shape, jnp.float32) for name, shape in plan.activations.items()},
         kv=kv,
-        qblk=pltpu.VMEM((max(plan.cache_heads(t) for t in types), round_up(rep, ROWS), hd), jnp.float32),
+        qblk=pltpu.VMEM((groups, round_up(rep, ROWS), freq_width(cfg)), jnp.float32),
         embed_rows=pltpu.VMEM((B, BLOCK, cfg.hidden_size), weight_dtype),
         embed_sem=pltpu.SemaphoreType.DMA((1,)),
         gates=pltpu.VMEM((rows, ep), jnp.float32),
@@ -278,16 +279,16 @@ def expert_bias_shapes(cfg: ModelConfig, weights: dict) -> dict:
 def users_split_shapes(plan: StepPlan, t: str) -> UsersSplit:
     cfg, model, C = plan.layout, plan.model, plan.chips
     hd, heads, kv, rows = cfg.head_dim(t), cfg.num_heads, cfg.kv_heads(t), round_up(plan.cache_users, ROWS)
-    width = (heads + 2 * kv) * hd
+    width = heads_lanes(heads, hd) + 2 * heads_lanes(kv, hd)
     return UsersSplit(
         stage_in=pltpu.VMEM((C, rows, width), jnp.float32),
         recv_in=pltpu.VMEM((C, rows, width), jnp.float32),
-        q=pltpu.VMEM((rows, model.num_heads * hd), jnp.float32),
-        k=pltpu.VMEM((rows, model.kv_heads(t) * hd), jnp.float32),
-        v=pltpu.VMEM((rows, model.kv_heads(t) * hd), jnp.float32),
-        out=pltpu.VMEM((rows, model.num_heads * hd), jnp.float32),
-        stage_out=pltpu.VMEM((C, rows, heads * hd), jnp.float32),
-        recv_out=pltpu.VMEM((C, rows, heads * hd), jnp.float32),
+        q=pltpu.VMEM((rows, heads_lanes(model.num_heads, hd)), jnp.float32),
+        k=pltpu.VMEM((rows, heads_lanes(model.kv_heads(t), hd)), jnp.float32),
+        v=pltpu.VMEM((rows, heads_lanes(model.kv_heads(t), hd)), jnp.float32),
+        out=pltpu.VMEM((rows, heads_lanes(model.num_heads, hd)), jnp.float32),
+        stage_out=pltpu.VMEM((C, rows, heads_lanes(heads, hd)), jnp.float32),
+        recv_out=pltpu.VMEM((C, rows, heads_lanes(heads, hd)), jnp.float32),
         sems=pltpu.SemaphoreType.DMA((2, 2, plan.setup.peer_semaphores)),
     )
 

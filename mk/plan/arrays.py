@@ -16,6 +16,9 @@ from ..units import round_up
 from .layout import (
     EXPERT_BIASES,
     ROWS,
+    freq_width,
+    group_width,
+    head_groups,
     latent_lanes,
     layout_grid,
     padded_shape,
@@ -95,8 +98,8 @@ def weight_dtypes(cfg: ModelConfig, quantize: str, weight_dtype: str) -> dict[st
 
 
 def cache_shapes(cfg: ModelConfig, batch: int, slots, heads=None) -> dict[str, Shape]:
-    """The kernel's KV cache: per layer type, K and V stacked over its layers; ``slots(t)`` per layer, ``heads(t)``
-    KV heads (default ``cfg``'s)."""
+    """The kernel's KV cache: per layer type, K and V stacked over its layers, [layers, B, head groups, slots, group
+    lanes]; ``slots(t)`` per layer, ``heads(t)`` KV heads (default ``cfg``'s)."""
     out = {}
     heads = heads or cfg.kv_heads
     if cfg.latent_attention is not None:  # one latent and one RoPE key a position (mk.megakernel.latent)
@@ -105,8 +108,9 @@ def cache_shapes(cfg: ModelConfig, batch: int, slots, heads=None) -> dict[str, S
             n = cfg.layer_types.count(t)
             out[f"{t}.latent"], out[f"{t}.rope_k"] = (n, batch, 1, slots(t), latent), (n, batch, 1, slots(t), rope)
         return out
-    for t in sorted(set(cfg.layer_types)):
-        shape = (cfg.layer_types.count(t), batch, heads(t), slots(t), cfg.head_dim(t))
+    for t in sorted(set(cfg.layer_types)):  # the heads in groups of 128 lanes (mk.plan.layout.head_groups)
+        w = cfg.head_dim(t)
+        shape = (cfg.layer_types.count(t), batch, head_groups(heads(t), w), slots(t), group_width(w))
         out[f"{t}.k"] = out[f"{t}.v"] = shape
     return out
 
@@ -118,7 +122,7 @@ def packed_arrays(layout: ModelConfig, weight_dtype: str, quantize: str, experts
     dtypes = weight_dtypes(layout, quantize, weight_dtype)
     return HbmArrays(
         vectors=Array((round_up(n, ROWS), width), "float32"),
-        inv_freq=Array((ROWS, max(layout.sliding_head_dim, layout.full_head_dim)), "float32"),
+        inv_freq=Array((ROWS, freq_width(layout)), "float32"),
         weights={name: Array(s, dtypes[name]) for name, s in weight_shapes(layout, experts, quantize).items()},
         cache={},
     )

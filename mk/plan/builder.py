@@ -33,6 +33,9 @@ from .layout import (
     BLOCK,
     LANE,
     ROWS,
+    group_width,
+    heads_a_group,
+    heads_lanes,
     latent_lanes,
     layout_config,
     layout_grid,
@@ -355,12 +358,12 @@ class Builder:
         """Grouped-query attention: q, k, v projections, their norms and RoPE, attention over the KV cache."""
         layout, B, p = self.layout, self.batch, f"layers.{i}."
         hd, kv, nh = layout.head_dim(t), layout.kv_heads(t), layout.num_heads
+        W = group_width(hd)  # the lanes attention's products take a head group (mk.plan.layout.head_groups)
         att = attention_component(t)
-        qkw = max(layout.sliding_kv_heads * layout.sliding_head_dim, layout.full_kv_heads * layout.full_head_dim)
         q, k, v = (
-            self.act("q", nh * max(layout.sliding_head_dim, layout.full_head_dim)),
-            self.act("k", qkw),
-            self.act("v", qkw),
+            self.act("q", heads_lanes(nh, hd)),
+            self.act("k", heads_lanes(kv, hd)),
+            self.act("v", heads_lanes(kv, hd)),
         )
         self.project(p + "q", i, att, "xn", q, MatmulMode.COLS)
         self.project(p + "k", i, att, "xn", k, MatmulMode.COLS)
@@ -375,32 +378,32 @@ class Builder:
         users, heads, cache_kv = users_per_chip(self.model, self.setup, B // R), nh, kv
         if shared > 1:  # this chip's share of the positions, for the chips' query heads: q in, partial states out
             positions, heads = ceil_div(positions, shared), shared * nh
-            state = B * nh * (hd + LANE) * 4  # each head's weighted values, running max and sum, f32, per user
-            sent, rounds = (shared - 1) * (B * nh * hd * 4 + state), 2
+            state = B * nh * (W + LANE) * 4  # each head's weighted values, running max and sum, f32, per user
+            sent, rounds = (shared - 1) * (B * heads_lanes(nh, hd) * 4 + state), 2
         elif self.setup.users_split:  # this chip's users over every head: their q, k, v in, their outputs out
             C = self.setup.chips
             heads, cache_kv = self.model.num_heads, self.model.kv_heads(t)
-            sent, rounds = (C - 1) * users * R * (2 * nh + 2 * kv) * hd * 4, 2
+            sent, rounds = (C - 1) * users * R * (2 * heads_lanes(nh, hd) + 2 * heads_lanes(kv, hd)) * 4, 2
         else:
             sent, rounds = 0, 0
-        per_pos = 2 * cache_kv * hd * self.kv_itemsize  # K and V
+        per_pos = 2 * heads_lanes(cache_kv, hd) * self.kv_itemsize  # K and V, whole head groups
         self.op(
             Attend(
                 i,
                 att,
-                attention_flops(users * R, heads, hd, positions),
+                attention_flops(users * R, heads, W, positions),  # a group's products over all its lanes
                 layer_type=t,
                 index=type_index(layout, i),
                 kv_bytes=users * per_pos * max(0, positions - 1 - T),
                 serial_bytes=users * per_pos * (min(T, positions - 1) + BLOCK),
-                query_rows=heads // cache_kv * R,
+                query_rows=heads // cache_kv * min(heads_a_group(hd), cache_kv) * R,  # a head group's
                 positions_shared=shared,
                 users_split=self.setup.users_split,
                 sent_bytes=sent,
                 rounds=rounds,
             )
         )
-        self.act("attn", nh * max(layout.sliding_head_dim, layout.full_head_dim))
+        self.act("attn", heads_lanes(nh, hd))
 
     def latent_attention(self, i: int, t: str):
         """DeepSeek's MLA as the kernel decodes it (mk.megakernel.latent): the query through its bottleneck, the

@@ -2,13 +2,16 @@
 table of small vectors, KV tiles, and how many layers fit one chip's HBM.
 
 Layers of one type are stacked: the kernel's HBM holds ``sliding.q`` [n_sliding, H, nh * hd] rather
-than one ``layers.{i}.q`` per layer, and the cache ``sliding.k`` [n_sliding, B, kv, slots, hd], so
+than one ``layers.{i}.q`` per layer, and the cache ``sliding.k`` [n_sliding, B, head groups, slots, lanes], so
 one loop over the layers can address layer i's weights and cache with an index.
 
 TPU layout rules applied here: a weight tile's last dim is whole lanes (128) and its rows whole
 sublanes (8); dims that are not are padded with zeros (the router's expert count, head dims, and
-the hidden size), which leaves every result exact; users pad to 8 rows. The gated MLPs' intermediate
-(a chip's slice of it, when split) sits on rows, padded only to 8 (ModelConfig.ffn_layout
+the hidden size), which leaves every result exact; users pad to 8 rows. Heads narrower than 128 lanes are
+packed, not padded to 128: a head takes the next power of two of lanes (64 for 64, 64 for 48), and 128 / that many
+heads share a 128-lane group (``head_width``, ``head_groups``), in the projections' columns and in the KV cache
+([n, B, groups, slots, 128]), so a 64-wide head's K and V are read once, not beside 64 lanes of zeros. The gated
+MLPs' intermediate (a chip's slice of it, when split) sits on rows, padded only to 8 (ModelConfig.ffn_layout
 "sublanes": gate and up stored transposed, [I, H]; down as it is, [I, H]): a split 26B-A4B expert's
 88 columns a chip would pad to 128 lanes are 88 rows. The "lanes" layout keeps the intermediate on
 lanes (gate and up [H, I], padded to 128: 704 -> 768), as the kernel first did.
@@ -30,25 +33,56 @@ VREG_BYTES = 64 * 4096  # a TensorCore's vector register file: 64 registers of 8
 
 
 def layout_config(cfg: ModelConfig) -> ModelConfig:
-    """The model as the kernel lays it out: hidden size, head dims and vocabulary rounded up to whole
-    lanes. The padding is zeros, so every product is exact; where it would count (a norm's mean, the
-    greedy pick over the vocabulary) the kernel uses the model's own sizes. A head of hd < 128 lanes keeps
-    its two RoPE halves at lanes 0 and 64 (``head_lanes``), so the rotate-half is still a roll by half."""
+    """The model as the kernel lays it out: hidden size and vocabulary rounded up to whole lanes, head dims to
+    ``head_width``. The padding is zeros, so every product is exact; where it would count (a norm's mean, the
+    greedy pick over the vocabulary) the kernel uses the model's own sizes. A head keeps its two RoPE halves half its
+    width apart (``head_lanes``), so the rotate-half is a roll by half within the head."""
     padded = dict(
         hidden_size=round_up(cfg.hidden_size, LANE),
         vocab_size=round_up(cfg.vocab_size, LANE),
-        sliding_head_dim=round_up(cfg.sliding_head_dim, LANE),
-        full_head_dim=round_up(cfg.full_head_dim, LANE),
+        sliding_head_dim=head_width(cfg.sliding_head_dim),
+        full_head_dim=head_width(cfg.full_head_dim),
     )
     if all(getattr(cfg, k) == v for k, v in padded.items()):
         return cfg
     return cfg.replace(**padded)
 
 
-def head_lanes(hd: int) -> np.ndarray:
-    """Where each of a head's ``hd`` dims sits in its ``round_up(hd, 128)`` lanes: the first half from lane
-    0, the second half from the middle lane (the pairs RoPE rotates stay half a head apart)."""
-    half, mid = hd // 2, round_up(hd, LANE) // 2
+def head_width(hd: int) -> int:
+    """The lanes a head of ``hd`` dims takes in the layout: under 128, the next power of two (it divides 128, so whole
+    heads share a 128-lane group and none straddles a group's edge); else whole lanes (0 for no heads)."""
+    return round_up(hd, LANE) if hd >= LANE or hd == 0 else 1 << (hd - 1).bit_length()
+
+
+def group_width(w: int) -> int:
+    """Lanes of a head group of heads ``w`` lanes wide: 128 lanes holding 128 // w heads, or one head of w >= 128."""
+    return max(w, LANE)
+
+
+def heads_a_group(w: int) -> int:
+    """Heads of width ``w`` one group holds."""
+    return group_width(w) // w
+
+
+def head_groups(heads: int, w: int) -> int:
+    """Groups ``heads`` heads of width ``w`` take (the last one part empty where they do not fill it)."""
+    return -(-heads * w // group_width(w))
+
+
+def heads_lanes(heads: int, w: int) -> int:
+    """Lanes ``heads`` heads of width ``w`` take: whole groups (a projection's columns, an activation's width)."""
+    return head_groups(heads, w) * group_width(w)
+
+
+def freq_width(cfg: ModelConfig) -> int:
+    """Lanes of the RoPE frequency table: a group of either layer type (a head's frequencies in each of its heads)."""
+    return max(group_width(cfg.sliding_head_dim), group_width(cfg.full_head_dim))
+
+
+def head_lanes(hd: int, width: int | None = None) -> np.ndarray:
+    """Where each of a head's ``hd`` dims sits in its ``width`` lanes (default ``head_width(hd)``): the first half
+    from lane 0, the second half from the middle lane (the pairs RoPE rotates stay half a head apart)."""
+    half, mid = hd // 2, (width or head_width(hd)) // 2
     return np.concatenate([np.arange(half), mid + np.arange(hd - half)])
 
 
@@ -136,7 +170,13 @@ def padded_shape(cfg: ModelConfig, path: str, shape: tuple[int, ...]) -> tuple[i
         return (shape[0], round_up(shape[1], LANE), shape[2])
     if cfg.latent_attention is not None and name in LATENT_MATRICES:
         return latent_shape(cfg, name, shape)
+    if name in HEAD_MATRICES:  # the heads' columns (q, k, v) or rows (o) in whole groups
+        axis = 0 if name == "o" else len(shape) - 1
+        return tuple(round_up(n, LANE) if a == axis else n for a, n in enumerate(shape))
     return shape
+
+
+HEAD_MATRICES = ("q", "k", "v", "o")
 
 
 LATENT_MATRICES = ("q", "q_a", "q_b", "kv_a", "kv_b", "o")
@@ -229,8 +269,8 @@ def vector_table_shape(cfg: ModelConfig) -> tuple[int, int]:
     """Rows and width of the packed table of norm weights and scales (one vector a row)."""
     n = 1 + len(vector_rows(cfg))
     width = max(cfg.hidden_size, cfg.full_head_dim, cfg.sliding_head_dim, cfg.num_experts, 1)
-    if cfg.attention_bias:  # q's bias over every query head, each head in whole lanes (mk.megakernel.pack)
-        width = max(width, cfg.num_heads * round_up(max(cfg.full_head_dim, cfg.sliding_head_dim), LANE))
+    if cfg.attention_bias:  # q's bias over every query head, each head in its lanes (mk.megakernel.pack)
+        width = max(width, heads_lanes(cfg.num_heads, max(cfg.full_head_dim, cfg.sliding_head_dim)))
     return n, round_up(width, LANE)
 
 

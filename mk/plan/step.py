@@ -22,7 +22,7 @@ from ..sharding import attention_chips, chip_config, expert_groups, experts_per_
 from ..units import round_up
 from .arrays import Array, HbmArrays, cache_shapes, packed_arrays
 from .builder import Builder, check_shapes, even_width, expert_slots
-from .layout import BLOCK, ROWS, cache_slots, kv_tile, kv_tiles_read, layout_config
+from .layout import BLOCK, ROWS, cache_slots, heads_lanes, kv_tile, kv_tiles_read, layout_config
 from .records import AllReduce, Attend, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
 from .vmem import check_vmem, vmem_breakdown, vmem_limit
@@ -319,11 +319,13 @@ class StepPlan:
         return sum(self.kv_payload(op) for op in self.ops if op.kind == "Attend")
 
     def kv_payload(self, op) -> float:
-        """The cache bytes attention ``op`` moves, without the layout's padding: the layout pads a head dim under 128
-        lanes (each head's K and V), an MLA latent is read as it is."""
+        """The cache bytes attention ``op`` moves, without the layout's padding: the layout pads a head dim to its
+        ``head_width`` (48 -> 64, 96 -> 128: each head's K and V), an MLA latent is read as it is."""
         moved = op.kv_bytes + op.serial_bytes
-        if self.share.latent_attention is None:
-            moved *= self.share.head_dim(op.layer_type) / self.layout.head_dim(op.layer_type)
+        if self.share.latent_attention is None:  # of a group's lanes, its heads' own dims
+            t = op.layer_type
+            heads = self.cache_heads(t)
+            moved *= heads * self.share.head_dim(t) / heads_lanes(heads, self.layout.head_dim(t))
         return moved
 
     @property

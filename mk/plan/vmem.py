@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from ..chips import get_chip
 from ..units import LANE, MIB, round_up
-from .layout import BLOCK, ROWS, VREG_BYTES, latent_lanes, vector_table_shape
+from .layout import (
+    BLOCK,
+    ROWS,
+    VREG_BYTES,
+    freq_width,
+    group_width,
+    head_groups,
+    heads_a_group,
+    latent_lanes,
+    vector_table_shape,
+)
 
 
 def vmem_breakdown(plan, with_logits: bool = False) -> dict[str, int]:
@@ -15,24 +25,24 @@ def vmem_breakdown(plan, with_logits: bool = False) -> dict[str, int]:
     # K and V tiles, double-buffered, all KV heads of one user; each layer type has its own, but the
     # compiler's VMEM figure counts only the larger type's (measured: full-size AOT, both models, v5e and
     # v6e, and the tiny presets), as if their lifetimes never overlap (they never do: one layer at a time)
-    kv = max(2 * 2 * cfg.kv_heads(t) * plan.kv_tile(t) * cfg.head_dim(t) * plan.kv_itemsize for t in types)
+    kv = max(2 * 2 * _groups(cfg, t) * plan.kv_tile(t) * _lanes(cfg, t) * plan.kv_itemsize for t in types)
     # Attention's f32 copy of one K (or V) tile, all KV heads: past the vector registers (64 x 4 KiB)
     # Mosaic keeps it in its own scratch. The compiler's VMEM figure exceeds the explicit buffers by
     # this and it grows with kv_tile (v5e/v6e AOT, full-size steps); tiny tiles stay in registers.
-    upcast = max(cfg.kv_heads(t) * plan.kv_tile(t) * cfg.head_dim(t) * 4 for t in types)
+    upcast = max(_groups(cfg, t) * plan.kv_tile(t) * _lanes(cfg, t) * 4 for t in types)
     upcast = upcast if upcast > VREG_BYTES else 0
-    stage = max(2 * plan.batch * cfg.kv_heads(t) * BLOCK * cfg.head_dim(t) * plan.kv_itemsize for t in types)
+    stage = max(2 * plan.batch * _groups(cfg, t) * BLOCK * _lanes(cfg, t) * plan.kv_itemsize for t in types)
     vec_rows, vec_width = vector_table_shape(cfg)
     ep = round_up(max(cfg.num_experts, 1), LANE)
-    rep = max(cfg.num_heads // cfg.kv_heads(t) for t in types)
-    hd = max(cfg.sliding_head_dim, cfg.full_head_dim)
+    rows = max(cfg.num_heads // cfg.kv_heads(t) * min(heads_a_group(cfg.head_dim(t)), cfg.kv_heads(t)) for t in types)
+    hd = freq_width(cfg)
     out = {
         "weight buffers": sum(b.nbytes for b in plan.buffers.values()),
         "kv tiles": kv,
         "f32 k/v tile (compiler scratch)": upcast,
         "new k/v staging": stage,
         "activations": sum(a * b * 4 for a, b in plan.activations.values()),
-        "query block": max(cfg.kv_heads(t) for t in types) * round_up(rep, ROWS) * hd * 4,
+        "query block": max(_groups(cfg, t) for t in types) * round_up(rows, ROWS) * hd * 4,
         "norm and scale vectors": round_up(vec_rows, ROWS) * vec_width * 4 + ROWS * hd * 4,
         "embedding rows": plan.batch * BLOCK * cfg.hidden_size * plan.weight_itemsize,
         "routing": r * ep * 4 * 2 + r * LANE * 4,
@@ -42,6 +52,15 @@ def vmem_breakdown(plan, with_logits: bool = False) -> dict[str, int]:
     if cfg.latent_attention is not None:
         out.update(_latent_vmem(plan))
     return out
+
+
+def _groups(cfg, t: str) -> int:
+    """Groups of 128 lanes the layer type's KV heads take (mk.plan.layout.head_groups)."""
+    return head_groups(cfg.kv_heads(t), cfg.head_dim(t))
+
+
+def _lanes(cfg, t: str) -> int:
+    return group_width(cfg.head_dim(t))
 
 
 def _latent_vmem(plan) -> dict[str, int]:
