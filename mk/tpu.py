@@ -212,6 +212,11 @@ def aot_compile(fn, chip: str, *shapes, donate_argnums=(), compiler_options: dic
     slice, ahead of time on this machine. ``shapes`` are one chip's ``jax.ShapeDtypeStruct``s
     (pytrees); every chip gets the same (replicated) inputs, so the per-chip program is exactly
     ``fn``'s. Returns the compiled object."""
+    return aot_trace(fn, chip, *shapes, donate_argnums=donate_argnums).lower().compile(compiler_options)
+
+
+def aot_trace(fn, chip: str, *shapes, donate_argnums=()):
+    """What :func:`aot_compile` compiles, traced only (a ``jax.stages.Traced``: its jaxpr, no compile)."""
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -221,7 +226,7 @@ def aot_compile(fn, chip: str, *shapes, donate_argnums=(), compiler_options: dic
     replicated = NamedSharding(mesh, P())
     specs = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
     mapped = jax.shard_map(fn, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
-    return jax.jit(mapped, donate_argnums=donate_argnums).lower(*specs).compile(compiler_options)
+    return jax.jit(mapped, donate_argnums=donate_argnums).trace(*specs)
 
 
 def probe_vmem(chip: str, nbytes: int = 200 * 2**20) -> int | None:

@@ -9,6 +9,7 @@ import pytest
 
 from mk.chips import get_chip
 from mk.measure.compiler_schedule import STORED_CASES, compile_schedule, schedule_for
+from mk.megakernel.aot import program_digest
 from mk.paths import SCHEDULE_DIR
 from mk.timing import named_plan
 from mk.timing.scheduled import (
@@ -62,15 +63,27 @@ def test_each_stored_schedule_names_a_kernel_revision_and_its_file_says_which():
 def test_revision_two_lists_the_routed_experts_in_fewer_bundles_and_a_shorter_step():
     """The change data/kernel_revisions.csv records for revision 2 (the routed experts listed by vector work, not a
     scalar loop over the chip's 128 experts) issues fewer bundles per route in libtpu's schedule, and the modelled step
-    of the workbook's kernel for gemma4-26b-a4b on a v5e-8 shortens with it (both revisions' rows are kept)."""
+    of the workbook's kernel for gemma4-26b-a4b on a v5e-8 shortens with it (both revisions' rows are kept). Revision 3
+    (heads under 128 lanes packed) leaves its 256- and 512-lane heads' kernel as it was: the same schedule."""
     from mk.analysis.compiler_clock import revision_effect
     from mk.kernel_setup import WORKBOOK_KERNEL
 
     t = revision_effect("gemma4-26b-a4b", "tpu-v5e-8", [(1024, 1)], WORKBOOK_KERNEL).set_index("revision")
-    assert list(t.index) == [1, 2]
+    assert list(t.index) == [1, 2, 3]
+    assert t.loc[3, "bundles_per_step"] == t.loc[2, "bundles_per_step"] and t.loc[3, "step_ms"] == t.loc[2, "step_ms"]
     assert t.loc[2, "Route bundles each"] < t.loc[1, "Route bundles each"] / 2
     assert t.loc[2, "step_ms"] < t.loc[1, "step_ms"] and t.loc[2, "step_saved_ms"] > 0
     assert t.loc[2, "fraction_of_sol"] > t.loc[1, "fraction_of_sol"]
+
+
+@needs_libtpu
+def test_the_tiny_stored_cases_name_the_program_this_tree_traces():
+    """A stored schedule names the digest of the program it was compiled from (or carried over to a later kernel
+    revision unchanged): the tiny cases' are the kernel this tree traces, so changed kernel code is never charged the
+    old code's schedule."""
+    for case in STORED_CASES[:3]:
+        plan = named_plan(*case)
+        assert set(stored_rows(plan)["program"]) == {program_digest(plan, case[1])}, case
 
 
 @needs_libtpu

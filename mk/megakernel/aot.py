@@ -3,6 +3,7 @@ compiler, see mk.tpu): the step, the compiler's VMEM figure, and compile time ag
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import time
@@ -18,7 +19,7 @@ from ..plan import build_plan
 from ..plan.schedule import pattern_period
 from ..profiling import Estimate
 from ..sharding import torus_order
-from ..tpu import TOPOLOGIES, aot_compile, topology
+from ..tpu import TOPOLOGIES, aot_trace, topology
 from .kernel import build_call, global_shapes, partition_specs
 from .pack import packed_shapes
 from .refs import input_shapes
@@ -79,6 +80,11 @@ def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_lim
     """The kernel of ``plan`` (one chip's, of a slice where its setup splits the step) compiled ahead of time for
     ``chip`` (:func:`aot_target`: a slice past one host too) in the plan's own data types (bf16 or f32 by its item
     sizes, INT8 codes by its scheme)."""
+    return traced_plan(plan, chip, vmem_limit_bytes).lower().compile(compiler_options)
+
+
+def traced_plan(plan, chip: str, vmem_limit_bytes: int | None = None):
+    """What :func:`compile_plan` compiles, traced only (a ``jax.stages.Traced``)."""
     name, topo = aot_target(chip)
     check_one_device(get_chip(name))
     shapes = input_shapes(plan)
@@ -86,21 +92,27 @@ def compile_plan(plan, chip: str, compiler_options: dict | None = None, vmem_lim
     # dot's precision from its data type); ``vmem_limit_bytes`` only to probe the compiler's own figure
     fn = partial(build_call, plan, name, interpret=None, vmem_limit_bytes=vmem_limit_bytes)
     if plan.chips > 1 and not plan.setup.loopback:
-        return _compile_sharded(plan, topo, shapes, fn, compiler_options)
+        return _traced_sharded(plan, topo, shapes, fn)
     fn = fn()
-    return aot_compile(
+    return aot_trace(
         lambda p, c, u: tuple(fn(p, c, u)[:2]),
         topo,
         packed_shapes(plan.share, plan.weight_dtype, plan.quantize),  # one chip's: the model's or the stand-in's
         shapes.cache,
         shapes.users,
         donate_argnums=(1,),
-        compiler_options=compiler_options,
     )
 
 
-def _compile_sharded(plan, chip: str, shapes, build, compiler_options):
-    """The step over the slice's chips, compiled from global shapes that carry their sharding."""
+def program_digest(plan, chip: str) -> str:
+    """A digest of the kernel of ``plan`` as traced for ``chip`` (its printed jaxpr, without source locations): two
+    trees whose digests agree hand the compiler the same program (mk.measure.compiler_schedule carries a plan's schedule
+    over to a new kernel revision on it)."""
+    return hashlib.sha256(str(traced_plan(plan, chip).jaxpr).encode()).hexdigest()[:16]
+
+
+def _traced_sharded(plan, chip: str, shapes, build):
+    """The step over the slice's chips, traced from global shapes that carry their sharding."""
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
@@ -118,7 +130,7 @@ def _compile_sharded(plan, chip: str, shapes, build, compiler_options):
     )
     packed = dict(vectors=spec.vectors, inv_freq=spec.inv_freq, weights=spec.weights)
     step = jax.jit(lambda p, c, u: tuple(fn(p, c, u)[:2]), donate_argnums=(1,))
-    return step.lower(packed, spec.cache, spec.users).compile(compiler_options)
+    return step.trace(packed, spec.cache, spec.users)
 
 
 def compiler_vmem_bytes(cfg: ModelConfig, chip: str, batch: int, max_len: int, **plan_options) -> tuple[int, float]:

@@ -49,14 +49,16 @@ COLUMNS = (
     "date",
     "commit",
     "jax",
+    "program",  # the digest of the kernel's traced program (mk.megakernel.aot.program_digest); blank: not recorded
 )
 
 
 @lru_cache(maxsize=None)
 def kernel_revisions() -> pd.DataFrame:
     """data/kernel_revisions.csv: each revision of the megakernel's code, the op kinds its change targets and what
-    changed; the last row is the kernel in this tree (a change to the kernel's code adds a row and refreshes the
-    stored schedules: python -m mk schedule --refresh)."""
+    changed; the last row is the kernel in this tree (a change to the kernel's code adds a row and stores the
+    schedules for it: python -m mk schedule --missing, which carries a plan's rows over where its traced program is
+    unchanged and compiles the rest)."""
     return pd.read_csv(KERNEL_REVISIONS_CSV, keep_default_na=False)
 
 
@@ -73,7 +75,7 @@ def schedule_file(plan: StepPlan, libtpu: str, folder: Path | None = None, revis
 
 @lru_cache(maxsize=64)
 def _read(path: Path, mtime: float) -> pd.DataFrame:
-    return pd.read_csv(path, dtype={"factors": str, "plan": str, "libtpu": str}, keep_default_na=False)
+    return pd.read_csv(path, dtype={"factors": str, "plan": str, "libtpu": str, "program": str}, keep_default_na=False)
 
 
 def stored_rows(
