@@ -248,3 +248,48 @@ def test_expert_table_lists_the_routed_experts_in_order(ep, base, held):
         assert got[COUNT, 0] == len(want)
         np.testing.assert_array_equal(got[0, : len(want)], want)
         assert (got[0, len(want) :] == held - 1).all()  # past the count: the chip's last expert (slot 0 may run)
+
+
+def test_a_cache_of_narrow_heads_packs_into_groups_and_back():
+    """Three 48-wide KV heads take two 128-lane groups in the kernel's cache (two heads, then one beside zeros), each
+    head's RoPE halves half its 64 lanes apart, and the reference's cache comes back from it exactly."""
+    from mk.megakernel.pack import adopt_cache, reference_cache
+    from mk.reference import init_cache
+
+    cfg = TINY_DENSE.replace(name="odd", num_heads=3, sliding_kv_heads=3, full_kv_heads=3, sliding_head_dim=48,
+                             full_head_dim=48)  # fmt: skip
+    empty = init_cache(cfg, 2, 32)
+    cache = {k: jax.random.normal(jax.random.key(n), v.shape) for n, (k, v) in enumerate(empty.items())}
+    packed = adopt_cache(cfg, cache)
+    k = packed["full.k"]
+    assert k.shape[2:] == (2, 32, 128)
+    assert not np.asarray(k[:, :, 1, :, 64:]).any() and not np.asarray(k[:, :, :, :, 24:32]).any()
+    np.testing.assert_array_equal(k[0, :, 0, :, 64 + 32 : 64 + 56], cache["layers.2.k"][:, 1, :, 24:])
+    back = reference_cache(cfg, packed)
+    for name, x in cache.items():
+        np.testing.assert_array_equal(back[name], x)
+
+
+def test_steps_in_one_call_give_the_tokens_of_single_steps():
+    """``greedy_steps``: two greedy steps in one compiled call, each step's picks fed to the next on the chip, two
+    users at their own positions, give the tokens and cache of two single steps (races checked)."""
+    from mk.config import TINY_MIXTRAL
+    from mk.megakernel import make_step
+    from mk.reference import init_cache
+    from mk.weights import random_params
+
+    step = make_step(TINY_MIXTRAL, detect_races=True)  # 64-wide heads, two to a group of lanes
+    params = step.packed(random_params(TINY_MIXTRAL, 5))
+    tokens, pos = jnp.asarray([3, 17]), jnp.asarray([4, 9])
+    cache = step.adopt_cache(init_cache(TINY_MIXTRAL, 2, 32, multiple=16))
+    picks, looped = step.greedy_steps(params, TINY_MIXTRAL, jax.tree.map(jnp.copy, cache), tokens, pos, 2)
+    singles = []
+    for i in range(2):
+        tokens, cache = step.greedy(params, TINY_MIXTRAL, cache, tokens, pos + i)
+        singles.append(np.asarray(tokens))
+    assert not races_detected()
+    np.testing.assert_array_equal(np.asarray(picks), np.stack(singles))
+    for name in cache:  # interpreted, the loop is one XLA program on the CPU: f32 sums fused in another order
+        np.testing.assert_allclose(np.asarray(looped[name]), np.asarray(cache[name]), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="steps must be at least 1"):
+        step.greedy_steps(params, TINY_MIXTRAL, cache, tokens, pos, 0)

@@ -23,6 +23,9 @@ from mk.plan import (
     Tiles,
     Wait,
     build_plan,
+    head_groups,
+    head_width,
+    heads_lanes,
     layers_in_hbm,
 )
 from mk.routing import expected_distinct_experts
@@ -476,3 +479,22 @@ def test_users_split_over_the_chips():
         plan("users", batch=4)
     with pytest.raises(ValueError, match="not split"):
         plan("users", cfg=GEMMA4_26B_A4B.replace(num_heads=4, sliding_kv_heads=4))
+
+
+def test_narrow_heads_share_a_group_of_lanes_and_move_no_padding():
+    """A head under 128 lanes takes the next power of two of lanes and shares a 128-lane group with its neighbours
+    (kernel revision 3): llama-3.2-1b's 64-wide heads move their projections' and cache's own bytes, no padding; a
+    48-wide head pads to 64 and three of them take two groups: their cache's payload is 3 x 48 of the 256 lanes."""
+    assert [head_width(d) for d in (0, 16, 48, 64, 96, 128, 256)] == [0, 16, 64, 64, 128, 128, 256]
+    llama = get_config("llama-3.2-1b")
+    plan = build_plan(llama, 1, 8192)
+    assert plan.kv_payload_bytes == plan.kv_bytes
+    q = [ld for ld in plan.loads if ld.tensor == "full.q" and ld.layer == 0]
+    moved = sum(ld.nbytes for ld in q)
+    assert moved == sum(ld.payload_bytes for ld in q)
+    assert moved == llama.hidden_size * llama.num_heads * llama.full_head_dim * plan.weight_itemsize
+    odd = TINY_DENSE.replace(name="odd", num_heads=3, sliding_kv_heads=3, full_kv_heads=3, sliding_head_dim=48,
+                             full_head_dim=48)  # fmt: skip
+    plan = build_plan(odd, 1, 1024)
+    assert plan.kv_payload_bytes == pytest.approx(3 * 48 / 256 * plan.kv_bytes)
+    assert [head_groups(3, head_width(48)), heads_lanes(3, head_width(48))] == [2, 256]

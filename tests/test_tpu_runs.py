@@ -11,6 +11,7 @@ from mk.chips import measured_limit
 from mk.config import FULL, LAYER_PAIR, TINY_DENSE, with_layers
 from mk.measure import hbm, on_chip, tpu_runs
 from mk.measure.on_chip import Case, Cell
+from mk.timing.scheduled import kernel_revision
 
 ONE_LAYER = TINY_DENSE.replace(name="tiny-dense-1", layer_types=(FULL,))
 
@@ -50,8 +51,19 @@ def test_a_run_writes_parity_read_rate_and_both_engines_rows_and_a_second_run_re
         assert r.chip == "tpu-v5e" and r.device_fraction_of_spec > 0 and pd.isna(r.limit_GBps)  # no TPU limit
     mk = t[t.engine == "megakernel"].iloc[0]
     assert "interpret mode" in mk.runs_as and mk.interleaved_with == "reference, reference back to back"
+    assert (t.kernel_revision == kernel_revision()).all()
     again = tpu_runs.run(parts=("table",), **kw)
     assert again["table"] == 0 and len(pd.read_csv(tmp_path / "tpu.csv")) == 2  # measured on this kind of device
+    t.assign(kernel_revision=kernel_revision() - 1).to_csv(tmp_path / "older.csv", index=False)
+    assert on_chip.done_cells(tmp_path / "older.csv", "cpu") == set()  # an earlier kernel's rows: measured again
+
+
+def test_the_table_can_be_cut_to_some_models_and_refuses_one_it_lacks():
+    cases = tpu_runs.table_cases("llama-3.2-1b,qwen3-8b")
+    assert cases and {c.config().name.split("[")[0] for c in cases} == {"llama-3.2-1b", "qwen3-8b"}
+    assert tpu_runs.table_cases() == tpu_runs.TABLE
+    with pytest.raises(ValueError, match="'llama-3-8b'.*llama-3.2-1b"):
+        tpu_runs.table_cases("llama-3-8b")
 
 
 def test_a_measured_limit_is_the_best_device_rate_of_a_gib_or_more(tmp_path):

@@ -209,7 +209,7 @@ def _tpu_csv(folder, changes: list[dict]):
     base = dict.fromkeys(COLUMNS, "") | dict(backend="tpu", base_model="llama-3.2-1b", model="llama-3.2-1b",
                                              layers="all", chip="tpu-v5e", dtype="bf16", context=1024, batch=1,
                                              step_ms=5.0, device_step_ms=4.0, device_step_low_ms=3.9,
-                                             device_step_high_ms=4.1, setup="one chip")  # fmt: skip
+                                             device_step_high_ms=4.1, setup="one chip", kernel_revision=2)  # fmt: skip
     path = folder / "tpu.csv"
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
@@ -251,12 +251,12 @@ def test_a_cell_measured_again_shows_its_newest_row_and_every_stored_miss_has_it
     again for users who share an expert: one per (user, slot) against the distinct experts expected)."""
     from mk.analysis import on_tpu
 
-    again = [dict(engine="reference", date="2026-12-05T00:00:00Z", device_step_ms=3.0, commit="b2"),
+    again = [dict(engine="reference", date="2026-12-05T00:00:00Z", device_step_ms=3.0, commit="b2", kernel_revision=3),
              dict(engine="reference", date="2026-12-04T00:00:00Z", commit="a1 (a copy)")]  # fmt: skip
     path = _tpu_csv(tmp_path, again)
     assert on_tpu.tpu_steps(path).device_ms.tolist() == [3.0]
-    first_newest = on_tpu.remeasured(path)[["first_ms", "newest_ms", "first_commit", "newest_commit"]]
-    assert first_newest.values.tolist() == [[4.0, 3.0, "a1", "b2"]]
+    cols = ["first_ms", "newest_ms", "first_commit", "newest_commit", "first_revision", "newest_revision"]
+    assert on_tpu.remeasured(path)[cols].values.tolist() == [[4.0, 3.0, "a1", "b2", 2, 3]]
     steps = on_tpu.tpu_steps()
     missed = on_tpu.misses(steps)
     assert missed.reason.notna().all(), missed[missed.reason.isna()]

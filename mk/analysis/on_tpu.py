@@ -156,8 +156,8 @@ OP_CELL = ["engine", "model", "dtype", "setup", "context", "batch"]  # what one 
 
 
 def remeasured(path=None) -> pd.DataFrame:
-    """Every cell measured on a TPU more than once: its first and its newest device time, with their commits (what
-    changed between them is the code at those commits)."""
+    """Every cell measured on a TPU more than once: its first and its newest device time, with their commits and the
+    megakernel's revisions they ran (data/kernel_revisions.csv: what changed between them)."""
     path = TPU_CSV if path is None else path
     t = pd.read_csv(path)
     t = t[t.backend == "tpu"].sort_values("date", kind="stable")
@@ -169,6 +169,7 @@ def remeasured(path=None) -> pd.DataFrame:
                 zip(CELL, key), first_ms=first.device_step_ms, newest_ms=last.device_step_ms,
                 first_over_newest=first.device_step_ms / last.device_step_ms,
                 first_commit=first.commit.split(" ")[0], newest_commit=last.commit.split(" ")[0],
+                first_revision=int(first.kernel_revision), newest_revision=int(last.kernel_revision),
             ))  # fmt: skip
     return pd.DataFrame(rows).assign(kind="measured (TPU, device time)")
 

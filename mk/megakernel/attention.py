@@ -12,6 +12,8 @@ in its softmax's denominator (attention on every chip: heads split over chips ar
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -230,6 +232,56 @@ def emit_attend(k, op):
     _attend(k, op, k.plan.users, k.position, a["q"], a["k"], a["v"], a["attn"], *heads, k.plan.draft_tokens + 1)
 
 
+@dataclass(frozen=True)
+class QueryRows:
+    """Where a user's query heads sit in the query block read against each head group of its cache (``nh`` query and
+    ``kv`` KV heads of ``hd`` lanes, ``R`` rows a user): group j's KV heads' query heads, head-major, each its R rows,
+    each in its KV head's lanes of the group and zeros elsewhere."""
+
+    hd: int
+    kv: int
+    nh: int
+    R: int
+
+    @property
+    def per(self) -> int:  # KV heads a group
+        return heads_a_group(self.hd)
+
+    @property
+    def rep(self) -> int:  # query heads a KV head
+        return self.nh // self.kv
+
+    def rows(self, j: int) -> int:
+        return min(self.per, self.kv - j * self.per) * self.rep * self.R
+
+    def heads(self, j: int) -> range:
+        """Group j's query heads."""
+        return range(j * self.per * self.rep, min(self.kv, (j + 1) * self.per) * self.rep)
+
+    def place(self, h: int) -> tuple[int, int, int]:
+        """Query head h's group, its first row there, and its KV head's first lane in the group."""
+        g = h // self.rep
+        return g // self.per, ((g % self.per) * self.rep + h % self.rep) * self.R, (g % self.per) * self.hd
+
+    def fill(self, qblk, q, first: int, j: int) -> None:
+        """Group j's query rows of the user whose rows start at ``first`` of ``q``, into ``qblk[j]``."""
+        for h in self.heads(j):
+            _, row, lane = self.place(h)
+            cols, at = head_at(h, self.hd)
+            x = moved(q[first : first + self.R, cols], at, lane, self.hd)
+            qblk[j, row : row + self.R, : group_width(self.hd)] = x
+
+
+def _seeded(qg, k0, v0, causal, dtype):
+    """A group's softmax state before the cache: the new token's K/V (one row a user), or the user's rows, each seeing
+    itself and the rows before it (speculative verification)."""
+    if k0.shape[0] == 1:
+        m = jnp.sum(qg * k0, axis=1, keepdims=True)
+        return m, jnp.ones_like(m), jnp.broadcast_to(v0, qg.shape)
+    empty = jnp.full((qg.shape[0], 1), NEG, jnp.float32)
+    return _fold_tile((empty, jnp.zeros_like(empty), jnp.zeros_like(qg)), qg, k0, v0, causal, dtype)
+
+
 def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, per_user: int = 1):
     """Attention for ``users`` users (their rows of ``q``, ``knew``, ``vnew`` and ``out``, ``nh`` query and ``kv``
     KV heads, and their caches' rows; ``position(row)`` the position of a row) over layer ``op.layer``'s cache, in
@@ -239,23 +291,15 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
     and zeros elsewhere, so one product over the group's lanes gives every row its own head's scores."""
     layout, t = k.layout, op.layer_type
     hd = layout.head_dim(t)
-    W, per, G = group_width(hd), heads_a_group(hd), head_groups(kv, hd)
-    rep = nh // kv
-    R = per_user
-    T = k.plan.kv_tile(t)
-    S = k.plan.cache_len(t)
+    W, G, R = group_width(hd), head_groups(kv, hd), per_user
+    qr = QueryRows(hd, kv, nh, R)
+    rows = [qr.rows(j) for j in range(G)]
+    T, S = k.plan.kv_tile(t), k.plan.cache_len(t)
     window = layout.sliding_window if t == SLIDING else None
     kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
-    buf = k.scratch.kv[t]
-    qblk = k.scratch.qblk
-    # query rows read against group j: its KV heads' query heads, head-major, then the user's rows
-    rows = [min(per, kv - j * per) * rep * R for j in range(G)]
+    buf, qblk = k.scratch.kv[t], k.scratch.qblk
     draft = jax.lax.broadcasted_iota(jnp.int32, (max(rows), 1), 0) % R  # each query row's place among the user's
     causal = jax.lax.broadcasted_iota(jnp.int32, (max(rows), R), 1) <= draft
-
-    def place(h: int) -> tuple[int, int, int]:  # query head h's group, first row there, and its KV head's lane
-        g = h // rep
-        return g // per, ((g % per) * rep + h % rep) * R, (g % per) * hd
 
     writes = []
     for b in range(users):
@@ -266,19 +310,10 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
             c.start()
         state = []
         for j in range(G):
-            for h in range(j * per * rep, min(kv, (j + 1) * per) * rep):  # the group's query heads
-                _, row, lane = place(h)
-                cols, at = head_at(h, hd)
-                qblk[j, row : row + R, :W] = moved(q[first : first + R, cols], at, lane, hd)
+            qr.fill(qblk, q, first, j)
             qg = qblk[j, : rows[j], :W]
-            k0, v0 = knew[first : first + R, j * W : (j + 1) * W], vnew[first : first + R, j * W : (j + 1) * W]
-            if R == 1:  # the new token's K/V seed the softmax
-                m = jnp.sum(qg * k0, axis=1, keepdims=True)
-                state.append((m, jnp.ones_like(m), jnp.broadcast_to(v0, qg.shape)))
-            else:  # the user's rows, each seeing itself and the rows before it
-                empty = jnp.full((rows[j], 1), NEG, jnp.float32)
-                fresh = (empty, jnp.zeros_like(empty), jnp.zeros_like(qg))
-                state.append(_fold_tile(fresh, qg, k0, v0, _first(causal, rows[j]), buf.k.dtype))
+            new = [x[first : first + R, j * W : (j + 1) * W] for x in (knew, vnew)]
+            state.append(_seeded(qg, *new, _first(causal, rows[j]), buf.k.dtype))
 
         def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles):
             slot = next_tile(kc, vc, buf, T, b, tix, n_tiles)
@@ -291,21 +326,7 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
             )  # fmt: skip
 
         state = jax.lax.fori_loop(0, n_tiles, body, tuple(state))
-        outs, stored = [], 0
-
-        def head_out(h, outs=outs):
-            j, row, lane = place(h)
-            return outs[j][row : row + R], lane
-
-        for j in range(G):
-            m, l, acc = state[j]
-            if layout.sinks:  # each head's sink logit in the denominator only (mk.blocks.softmax_sinks)
-                l = l + jnp.exp(_head_sinks(k, op.layer, j * per * rep, rows[j] // R, R) - m)
-            outs.append(acc / l)
-            while stored < head_groups(nh, hd) and min(nh, (stored + 1) * per) <= (j + 1) * per * rep:
-                cols, x = gathered_group(stored, nh, hd, head_out)  # a group of outputs whose heads are all done
-                out[first : first + R, cols] = x
-                stored += 1
+        _store_outputs(k, op, qr, state, out, first)
         # every read of this user's cache is done: write its rows' K/V back (one block at a time: a later row may
         # share the block of an earlier one)
         for j in range(R):
@@ -316,6 +337,26 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
             writes += start_write_back(buf, kc, vc, knew, vnew, b, (pos + j) % S, G, row=first + j)
     for w in writes:
         w.wait()
+
+
+def _store_outputs(k, op, qr: QueryRows, state, out, first: int) -> None:
+    """Each group's softmax state finished (each head's sink logit in its denominator, where the family has them) and
+    its query heads' outputs into ``out``'s rows from ``first``, a group of ``out``'s lanes as soon as its heads are
+    done."""
+    outs, stored, R = [], 0, qr.R
+
+    def head_out(h):
+        j, row, lane = qr.place(h)
+        return outs[j][row : row + R], lane
+
+    for j, (m, l, acc) in enumerate(state):
+        if k.layout.sinks:  # each head's sink logit in the denominator only (mk.blocks.softmax_sinks)
+            l = l + jnp.exp(_head_sinks(k, op.layer, qr.heads(j).start, qr.rows(j) // R, R) - m)
+        outs.append(acc / l)
+        while stored < head_groups(qr.nh, qr.hd) and min(qr.nh, (stored + 1) * qr.per) <= qr.heads(j).stop:
+            cols, x = gathered_group(stored, qr.nh, qr.hd, head_out)
+            out[first : first + R, cols] = x
+            stored += 1
 
 
 def _first(mask, rows: int):

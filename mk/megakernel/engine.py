@@ -5,6 +5,7 @@ once (on each chip its slice, over a mesh), lays the cache out as the kernel rea
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +87,8 @@ class StepRequest:
 @dataclass
 class _Compiled:
     plan: StepPlan
-    fn: object
+    fn: object  # jitted: (packed, cache, tokens, pos) -> Outputs
+    call: object  # the kernel's call, not jitted: (packed, cache, users block) -> Outputs
 
 
 class MegakernelEngine:
@@ -119,6 +121,7 @@ class MegakernelEngine:
         self.chip = compile_target(self.mesh.devices.flat[0] if self.sharded else jax.devices()[0])
         self._packed_key, self._packed = None, None
         self._steps: dict = {}
+        self._loops: dict = {}  # (StepRequest, steps) -> the jitted loop of that many greedy steps
 
     def _place_cache(self, cache: dict) -> dict:
         """Over several chips: each array of the kernel's ``cache`` split over the mesh on its split axis (a step's
@@ -207,7 +210,7 @@ class MegakernelEngine:
             def run(packed, cache, tokens, pos, plan=plan, fn=fn):
                 return fn(packed, cache, users_block(plan, tokens, pos))
 
-            self._steps[request] = _Compiled(plan, jax.jit(run, donate_argnums=(1,)))
+            self._steps[request] = _Compiled(plan, jax.jit(run, donate_argnums=(1,)), fn)
         return self._steps[request]
 
     def adopt_cache(self, cache: dict) -> dict:
@@ -224,6 +227,12 @@ class MegakernelEngine:
         """One step on the kernel's cache layout (``adopt_cache``): the kernel's Outputs (users block,
         cache, and logits / DMA counts on request). ``draft_tokens`` = K: ``tokens`` and ``pos`` are each user's
         1 + K rows in turn (speculative verification)."""
+        request, packed = self._request(params, cfg, cache, knockout, with_logits, count_dmas, draft_tokens)
+        return self.compiled(request).fn(packed, cache, tokens, pos)
+
+    def _request(self, params, cfg, cache, knockout, with_logits, count_dmas=False, draft_tokens=0):
+        """(the StepRequest a call with these arrays makes, the packed weights); refuses another model's call or a
+        reference cache."""
         if self.setup.laid_out(cfg) != self.cfg:
             raise ValueError(f"this megakernel step was made for {self.cfg.name}, called with {cfg.name}")
         if "layers.0.k" in cache:
@@ -246,7 +255,7 @@ class MegakernelEngine:
         request = StepRequest(
             batch, max_len, weight_dtype, kv_dtype, quantize, knockout, draft_tokens, with_logits, count_dmas
         )
-        return self.compiled(request).fn(packed, cache, tokens, pos)
+        return request, packed
 
     def __call__(self, params, cfg, cache, tokens, pos, knockout=frozenset()):
         out = self.run(params, cfg, cache, tokens, pos, knockout)
@@ -257,6 +266,19 @@ class MegakernelEngine:
         out = self.run(params, cfg, cache, tokens, pos, knockout, with_logits=False)
         return out.users[: jnp.shape(tokens)[0], TOKEN], out.cache
 
+    def greedy_steps(self, params, cfg, cache, tokens, pos, steps: int, knockout=frozenset()):
+        """``steps`` greedy steps in one compiled call, each step's tokens fed to the next on the chip, every user at
+        its own position: (the tokens [steps, B], the cache), exactly those of ``steps`` calls of :meth:`greedy`. The
+        host waits once for ``steps`` tokens."""
+        if steps < 1:
+            raise ValueError(f"steps must be at least 1, got {steps}")
+        request, packed = self._request(params, cfg, cache, knockout, with_logits=False)
+        if (request, steps) not in self._loops:
+            c = self.compiled(request)
+            loop = partial(greedy_loop, c.plan, c.call, steps)
+            self._loops[request, steps] = jax.jit(loop, donate_argnums=(1,))
+        return self._loops[request, steps](packed, cache, tokens, pos)
+
     def verify(self, params, cfg, cache, tokens, pos):
         """Speculative verification (mk.reference.verify_step's contract): ``tokens [B, T]`` (each user's last token
         and its T - 1 drafts) at positions ``pos[b] + j``, one kernel call: (the kernel's greedy pick after each row
@@ -266,6 +288,22 @@ class MegakernelEngine:
         out = self.run(params, cfg, cache, jnp.reshape(tokens, -1), rows, with_logits=False, draft_tokens=T - 1)
         picks = out.users[: B * T, TOKEN].reshape(B, T)
         return picks, out.hidden[: B * T, : cfg.hidden_size].reshape(B, T, -1), out.cache
+
+
+def greedy_loop(plan: StepPlan, call, steps: int, packed, cache, tokens, pos):
+    """``steps`` calls of the kernel (``call``: packed, cache, users block -> Outputs) in a loop on the chip, each
+    call's users block out (each user's pick and next position, mk.megakernel.head) the next call's in: (the picks
+    [steps, B], the cache)."""
+    B = plan.batch
+
+    def body(i, carry):
+        cache, users, picks = carry
+        out = call(packed, cache, users)
+        return out.cache, out.users, picks.at[i].set(out.users[:B, TOKEN])
+
+    init = (cache, users_block(plan, tokens, pos), jnp.zeros((steps, B), jnp.int32))
+    cache, _, picks = jax.lax.fori_loop(0, steps, body, init)
+    return picks, cache
 
 
 def make_step(
