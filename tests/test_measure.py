@@ -222,3 +222,21 @@ def test_the_speed_of_light_of_a_known_chip_a_given_one_and_an_unknown_one():
     assert harness.spec_speed_of_light(per_step, cpu_dev) is None
     unknown = harness.unknown_speed_of_light(per_step, cpu_dev)
     assert not unknown.known and unknown.fractions({"a": [1.0]}, "a") is None
+
+
+def test_steps_in_one_call_for_xla_pick_what_single_steps_pick():
+    """mk.measure.steps.greedy_steps_call for the general stack: three greedy steps in one program (a fori_loop), each
+    step's picks the next one's tokens, pick what three single steps pick from the same cache and positions."""
+    from mk.config import TINY_LLAMA
+    from mk.measure.steps import greedy_steps_call
+    from mk.reference import decode_step, init_cache
+    from mk.weights import random_params
+
+    params, context, batch = random_params(TINY_LLAMA, 1), 32, 2
+    picks = greedy_steps_call(decode_step, params, TINY_LLAMA, context, batch, "f32", 3)()
+    cache = init_cache(TINY_LLAMA, batch, context)
+    tokens, pos = (jnp.arange(batch, dtype=jnp.int32) * 7919 + 11) % TINY_LLAMA.vocab_size, context - 3
+    for i in range(3):
+        logits, cache = decode_step(params, TINY_LLAMA, cache, tokens, jnp.full((batch,), pos + i, jnp.int32))
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        assert (picks[i] == tokens).all(), i

@@ -42,23 +42,14 @@ def decode_call(
     ``compiled_kernels(call.program, *call.args())`` counts (compiled once, shared with the calls),
     and whose instruction names a profiler trace of the call shows.
     """
-    prepare, adopt = getattr(step, "prepare", None), getattr(step, "adopt_cache", None)
-    if prepare is not None:  # the engine's own layout, made once outside the timed (and jitted) step
-        params = prepare(params, cfg)
+    params, tokens, cache = _inputs(step, params, cfg, context, batch, dtype, cache_multiple)
     prog = step_program(step, cfg, knockout) if program else None
     if program:
 
         def step(p, _cfg, cache, t, i, _knockout):
             return prog(p, cache, t, i)
 
-    # each user its own token: a routed model's users pick their own experts (the same token would route all alike)
-    tokens = (jnp.arange(batch, dtype=jnp.int32) * 7919 + 11) % cfg.vocab_size
     pos = jnp.asarray(context - 1, jnp.int32)
-    dt = array_dtype(dtype)
-    if adopt is None:
-        cache = init_cache(cfg, batch, context, dt, multiple=cache_multiple)
-    else:
-        cache = _zero_cache(adopt, cfg, batch, context, dt, cache_multiple)
     state = {"cache": cache}
 
     def call():
@@ -68,6 +59,55 @@ def decode_call(
     call.args = lambda: (params, state["cache"], tokens, pos)  # for compiling the same step
     call.program = prog
     return call
+
+
+def _inputs(step, params: dict, cfg: ModelConfig, context: int, batch: int, dtype: str, cache_multiple: int):
+    """(the step's parameters in its own layout, each user's token, a zero cache of ``context`` positions in the step's
+    layout), made once outside the timed (and jitted) calls."""
+    prepare, adopt = getattr(step, "prepare", None), getattr(step, "adopt_cache", None)
+    if prepare is not None:
+        params = prepare(params, cfg)
+    # each user its own token: a routed model's users pick their own experts (the same token would route all alike)
+    tokens = (jnp.arange(batch, dtype=jnp.int32) * 7919 + 11) % cfg.vocab_size
+    dt = array_dtype(dtype)
+    if adopt is None:
+        return params, tokens, init_cache(cfg, batch, context, dt, multiple=cache_multiple)
+    return params, tokens, _zero_cache(adopt, cfg, batch, context, dt, cache_multiple)
+
+
+def greedy_steps_call(
+    step, params: dict, cfg: ModelConfig, context: int, batch: int, dtype: str, steps: int, cache_multiple: int = 1
+) -> Callable[[], jax.Array]:
+    """A no-argument call that runs ``steps`` greedy decode steps of ``batch`` users in one compiled call, from
+    position ``context - steps`` of a zero cache of ``context`` positions, each step's picks the next one's tokens on
+    the device (the cache threaded from call to call); it returns the picks [steps, batch]. The megakernel runs them
+    as its ``greedy_steps``; any other step in a ``jax.lax.fori_loop`` of its steps (:func:`looped_greedy`)."""
+    params, tokens, cache = _inputs(step, params, cfg, context, batch, dtype, cache_multiple)
+    pos = jnp.full((batch,), context - steps, jnp.int32)
+    run = getattr(step, "greedy_steps", None) or partial(looped_greedy, step)
+    state = {"cache": cache}
+
+    def call():
+        picks, state["cache"] = run(params, cfg, state["cache"], tokens, pos, steps)
+        return picks
+
+    return call
+
+
+@partial(jax.jit, static_argnums=(0, 2, 6), donate_argnums=(3,))
+def looped_greedy(step, params: dict, cfg: ModelConfig, cache: dict, tokens, pos, steps: int):
+    """``steps`` greedy steps of ``step`` (decode_step's signature, logits out) in one program: (the picks [steps, B],
+    the cache)."""
+
+    def body(i, carry):
+        cache, tokens, picks = carry
+        logits, cache = step(params, cfg, cache, tokens, pos + i)
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return cache, tokens, picks.at[i].set(tokens)
+
+    init = (cache, tokens, jnp.zeros((steps, tokens.shape[0]), jnp.int32))
+    cache, _, picks = jax.lax.fori_loop(0, steps, body, init)
+    return picks, cache
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5))
