@@ -55,13 +55,16 @@ def steps_figure(steps: pd.DataFrame, title: str) -> go.Figure:
     colours = dict(zip(ENGINE_WORDS, template_colours()))
     ticks, labels = context_ticks(sorted(set(s.context)))  # every panel on the same axis, a model with one context too
     span = [math.log10(min(s.context)) - 0.15, math.log10(max(s.context)) + 0.15]
+    shown = set()  # engines in the legend already: each at its first panel (the first panel may have one engine)
     for i, model in enumerate(models):
         at = dict(row=i // cols + 1, col=i % cols + 1)
         for engine, g in s[s.what == model].groupby("engine"):
             g, colour, words = g.sort_values("context"), colours[engine], ENGINE_WORDS[engine]
+            first = engine not in shown
+            shown.add(engine)
             fig.add_scatter(
                 x=g.context, y=g.device_ms, mode="markers", marker=dict(color=colour, size=9), **at,
-                name=f"{words}, measured", legendgroup=f"{engine}m", showlegend=i == 0,
+                name=f"{words}, measured", legendgroup=f"{engine}m", showlegend=first,
                 error_y=dict(type="data", symmetric=False, array=g.device_high_ms - g.device_ms,
                              arrayminus=g.device_ms - g.device_low_ms),
                 hovertemplate=f"{words}: %{{y:.4g}} ms measured at %{{x}} positions<extra></extra>",
@@ -69,7 +72,7 @@ def steps_figure(steps: pd.DataFrame, title: str) -> go.Figure:
             fig.add_scatter(
                 x=g.context, y=g.modelled_ms, mode="lines+markers", line=dict(color=colour, dash="dash"), **at,
                 marker=dict(symbol="line-ew", size=16, line=dict(color=colour, width=2)),  # a cell alone shows too
-                name=f"{words}, modelled", legendgroup=f"{engine}p", showlegend=i == 0,
+                name=f"{words}, modelled", legendgroup=f"{engine}p", showlegend=first,
                 hovertemplate=f"{words}: %{{y:.4g}} ms modelled at %{{x}} positions<extra></extra>",
             )  # fmt: skip
         fig.update_xaxes(type="log", range=span, tickvals=ticks, ticktext=labels, title_text="positions", **at)
