@@ -45,14 +45,33 @@ BANDS = {
 }
 
 
+# The tables the tests read, each computed once here (seconds each: the timing model over every published case and
+# every stored TPU row); the tests only read them.
 @pytest.fixture(scope="module")
-def points():
-    return vd.points_table().set_index("key")
+def validation():
+    return vd.validation_table()
 
 
 @pytest.fixture(scope="module")
-def reads():
-    return vd.knockout_reads().set_index("key")
+def verdicts():
+    return vd.verdict_table()
+
+
+@pytest.fixture(scope="module")
+def stored_steps():
+    from mk.analysis import on_tpu
+
+    return on_tpu.tpu_steps()
+
+
+@pytest.fixture(scope="module")
+def points(validation, verdicts):
+    return vd.points_table(validation, verdicts).set_index("key")
+
+
+@pytest.fixture(scope="module")
+def reads(validation):
+    return vd.knockout_reads(validation).set_index("key")
 
 
 def within(error: float, band: tuple[float, float]) -> bool:
@@ -79,7 +98,7 @@ def test_each_known_miss_is_still_a_miss(points):
     assert not fixed, f"now within their bands: take them out of mk.analysis.verdict.KNOWN_MISSES: {fixed}"
 
 
-def test_the_megakernel_knock_outs_miss_for_the_reasons_given(reads):
+def test_the_megakernel_knock_outs_miss_for_the_reasons_given(reads, validation):
     r = reads
     # the write-up's shrink is less than the component's own bytes take at the data sheet's bandwidth: reads kept
     for c in ("head", "sliding_attention", "full_attention"):
@@ -94,13 +113,13 @@ def test_the_megakernel_knock_outs_miss_for_the_reasons_given(reads):
     # norms: only their issued bundles saved in the model (compiler-scheduled), less than the fixed cost published
     assert 0 < r.modelled_ms["ko_mk_norms"] < r.published_ms["ko_mk_norms"]
     # both are charged the compiler's schedule, which the assumed 0 ns per op did not: each saves more with it
-    v = vd.validation_table().set_index("key")
+    v = validation.set_index("key")
     for c in ("router", "norms"):
         key = f"ko_mk_{c}"
         assert v.op_costs[key] == "compiler-scheduled" and v.modelled[key] > v.modelled_assumed[key], c
 
 
-def test_the_write_ups_kernel_misses_by_this_workbooks_own_kernel(points):
+def test_the_write_ups_kernel_misses_by_this_workbooks_own_kernel(points, stored_steps):
     """The write-up's kernel (d) and its INT8 point, as this workbook plans them, are slower than published at the
     chip's measured read rate even with 0 ns per op (the bytes it moves), slower still with its compiler-scheduled
     issue costs; and chip 0 of that step, measured on a real v5e with its exchanges made local, takes longer than the
@@ -115,7 +134,7 @@ def test_the_write_ups_kernel_misses_by_this_workbooks_own_kernel(points):
     head = on_tpu.stand_in_headline()
     d = head.set_index("setup").loc[vd.WRITE_UP_KERNEL.name]
     assert d.chip0_measured_ms > d.published_step_ms == points.loc["mk_v5e8_moe_step", "published"] * 1e3
-    steps = on_tpu.tpu_steps()
+    steps = stored_steps
     chip0 = steps[steps.setup.str.startswith(vd.WRITE_UP_KERNEL.name) & (steps.context == 1024)].iloc[0]
     assert abs(chip0.error) < on_tpu.MISS
 
@@ -142,15 +161,15 @@ def test_the_error_summary_keeps_whole_steps_components_and_speedups_apart(point
     assert s.loc["component", "points"] == 13 and s.loc["component", "worst"] == "ko_mk_head"
 
 
-def test_each_published_point_counts_once(points):
-    v = vd.validation_table()
+def test_each_published_point_counts_once(points, validation, verdicts):
+    v = validation
     # the write-up's 640 tok/s, 1.56 ms and 77% are one point, tested once
     same = v[v.point == "mk_v5e8_moe_step"]
     assert set(same.key) == {"mk_v5e8_moe_step", "mk_v5e8_moe_tps", "mk_v5e8_moe_sol_fraction"}
     assert (same.set_index("key").role.drop("mk_v5e8_moe_step") == "same point as mk_v5e8_moe_step").all()
     assert points.index.is_unique and "mk_v5e8_moe_tps" not in points.index
     # a verdict that divides two published points is derived from them, not a third test
-    d = vd.verdict_table().set_index("key")
+    d = verdicts.set_index("key")
     assert d.loc["verdict_moe_one_user", "role"] == "derived: mk_v5e8_moe_step / vllm_h100_moe_step"
     assert d.loc["verdict_dense_same_tpu", "role"].startswith("derived: mk_v5e8_dense_sol_fraction")
     assert "verdict_moe_one_user" not in points.index
@@ -244,7 +263,7 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
     assert on_tpu.tpu_steps(tmp_path / "none.csv").empty
 
 
-def test_a_cell_measured_again_shows_its_newest_row_and_every_stored_miss_has_its_reason(tmp_path):
+def test_a_cell_measured_again_shows_its_newest_row_and_every_stored_miss_has_its_reason(tmp_path, stored_steps):
     """A cell measured twice (a later commit) shows its newest row only, and its first beside it where cells measured
     again are listed; every step stored from the chip that the model
     misses by more than MISS has its reason, a 26B-A4B XLA row's computed from its model (the expert slices XLA reads
@@ -257,7 +276,7 @@ def test_a_cell_measured_again_shows_its_newest_row_and_every_stored_miss_has_it
     assert on_tpu.tpu_steps(path).device_ms.tolist() == [3.0]
     cols = ["first_ms", "newest_ms", "first_commit", "newest_commit", "first_revision", "newest_revision"]
     assert on_tpu.remeasured(path)[cols].values.tolist() == [[4.0, 3.0, "a1", "b2", 2, 3]]
-    steps = on_tpu.tpu_steps()
+    steps = stored_steps
     missed = on_tpu.misses(steps)
     assert missed.reason.notna().all(), missed[missed.reason.isna()]
     pair = missed[missed.model == "gemma4-26b-a4b[sliding+full]"].reason.iloc[0]
@@ -268,7 +287,7 @@ def test_a_cell_measured_again_shows_its_newest_row_and_every_stored_miss_has_it
     assert summary.loc["reference", "explained"] == summary.loc["reference", "past_miss"] - unexplained
 
 
-def test_the_write_ups_kimi_rows_are_modelled_with_their_stand_in_named():
+def test_the_write_ups_kimi_rows_are_modelled_with_their_stand_in_named(validation, verdicts):
     """The write-up's Kimi figures (Inferact's) are in data/published.csv, each naming Kimi K2 as the stand-in for the
     model it names; the verdict models them with it (its released format, the smallest v5e slice holding it, both
     engines there), names it, sets DeepSeek-V3 beside it, and does not count them as tests of the model."""
@@ -280,7 +299,7 @@ def test_the_write_ups_kimi_rows_are_modelled_with_their_stand_in_named():
     assert set(kimi.index) == {"verdict_kimi_one_user", "verdict_kimi_eight_users", "kimi_speculative_tps"}
     assert kimi.source.str.contains("stand-in is Kimi K2|stand-in Kimi K2").all()
     assert get_config(vd.STAND_INS["kimi-k3"]).family == "kimi_k2"
-    d = vd.verdict_table().set_index("key")
+    d = verdicts.set_index("key")
     rows = d.loc[["verdict_kimi_one_user", "verdict_kimi_eight_users"]]
     assert rows.situation.str.contains("kimi-k2 as the stand-in for kimi-k3").all()
     assert (rows.role == vd.STAND_IN_ROLE).all() and not rows.role.map(vd.is_test).any()
@@ -290,10 +309,11 @@ def test_the_write_ups_kimi_rows_are_modelled_with_their_stand_in_named():
     # the megakernel's case is the general stack's slice and format: a like-for-like ratio
     mk_case, gen_case = vd.big_model_cases("kimi-k2", 8)
     assert (mk_case.chip, mk_case.dtype) == (gen_case.chip, gen_case.dtype) and gen_case.engine == "general"
-    assert not set(rows.index) & set(vd.points_table(verdicts=d.reset_index()).query("role.str.startswith('test')").key)
+    tested = vd.points_table(validation, d.reset_index()).query("role.str.startswith('test')").key
+    assert not set(rows.index) & set(tested)
 
 
-def test_an_op_profile_is_read_newest_first_and_explains_the_many_user_cache_writes(tmp_path):
+def test_an_op_profile_is_read_newest_first_and_explains_the_many_user_cache_writes(tmp_path, stored_steps):
     """tpu_ops.csv keeps every profile's rows; a cell profiled twice shows its newest. The stored profiles put the
     llama-3.2-1b many-user XLA misses in while loops and copies the model does not charge, more than each miss."""
     import pandas as pd
@@ -315,7 +335,7 @@ def test_an_op_profile_is_read_newest_first_and_explains_the_many_user_cache_wri
     # the op-time figure's bars name each cell as the steps' table does: its data type where not bf16
     assert on_tpu.op_time(on_tpu.op_profiles(path)).what.unique().tolist() == ["m", "m, bf16+int8-experts"]
     assert on_tpu.profile_categories(dict(cell, batch=4), on_tpu.op_profiles(path)) is None
-    steps = on_tpu.tpu_steps()
+    steps = stored_steps
     missed = on_tpu.misses(steps)
     llama = missed[(missed.model == "llama-3.2-1b") & (missed.engine == "reference")]
     assert len(llama) == 3 and (llama.batch > 1).all()
