@@ -30,8 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from mk.files import write_atomic
-from mk.paths import BUILD_DIR, FIGURES_ENV, NOTEBOOKS_DIR, ROOT, figures_dir
+# jsonschema (nbformat's validator, under papermill) builds an RFC 3987 grammar at import where rfc3987_syntax is
+# installed (jupyterlab's dependencies bring it): 1.2 s a process, and this runner starts one a notebook. A notebook's
+# schema checks no IRI, so that format checker is left out.
+sys.modules.setdefault("rfc3987_syntax", None)
+
+from mk.files import write_atomic  # noqa: E402
+from mk.paths import BUILD_DIR, FIGURES_ENV, NOTEBOOKS_DIR, ROOT, figures_dir  # noqa: E402
 
 OUT = BUILD_DIR / "notebooks"
 # Seconds each notebook took in its last run into an output folder (written there after every run), else in a

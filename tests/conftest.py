@@ -4,6 +4,7 @@ by transformers itself (an implementation we did not write) for the parity and l
 import gc
 import json
 import os
+import sys
 
 # Before JAX is imported anywhere: CPU only, 8 host devices for the sharded/collective tests, and XLA:CPU's
 # code generation unoptimised: the tests compile hundreds of small programs and run each a few times (or
@@ -27,6 +28,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # XLA:CPU runs at most NPROC device programs at once (default: the cores); the 8-chip kernels' collectives
 # need all 8 in the kernel together (mk.sharding.simulate_chips)
 os.environ.setdefault("NPROC", "16")
+
+# jsonschema (nbformat's validator) builds an RFC 3987 grammar at import where rfc3987_syntax is installed (jupyterlab's
+# dependencies bring it): 1.2 s a test process; a notebook's schema checks no IRI, so that format checker is left out
+# (ci/run_notebooks.py does the same in the processes it starts).
+sys.modules.setdefault("rfc3987_syntax", None)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
