@@ -8,6 +8,10 @@ p mod the layer's slots, as in mk.reference) is before the user's and, on a slid
 Scores scaled by the model's score scale (folded into q: 1 for Gemma 4, 1/sqrt(head_dim) for the pre-norm
 families), no softcap. gpt-oss: q/k/v biases added before RoPE, YaRN's factor on cos and sin, each head's sink logit
 in its softmax's denominator (attention on every chip: heads split over chips are refused for it).
+
+Heads narrower than 128 lanes share 128-lane groups (mk.plan.layout.head_groups): q, k, v and the cache hold a group's
+heads side by side, and a group's KV heads are read with one product per tile, each query row holding its head in its
+KV head's lanes and zeros elsewhere (:class:`QueryRows`), so no lane of the cache is read for nothing.
 """
 
 from __future__ import annotations
