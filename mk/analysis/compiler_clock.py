@@ -96,6 +96,12 @@ def scheduled_against_assumed(model, chip: str, contexts, users, setup: KernelSe
     return pd.DataFrame(rows).assign(kind="modelled (mk.timing.predict: compiler-scheduled or assumed costs)")
 
 
+def _bundles_each(s: ScheduledStep, kind: str) -> float:
+    """Bundles an op of ``kind`` issues, over every op of it (``Attend``: ``Attend.full`` and ``Attend.sliding``)."""
+    ops = [o for o in s.ops() if o["count"] and (o["kind"] == kind or o["kind"].startswith(kind + "."))]
+    return sum(o["bundles"] for o in ops) / sum(o["count"] for o in ops) if ops else float("nan")
+
+
 def revision_effect(model, chip: str, points, setup: KernelSetup) -> pd.DataFrame:
     """What each revision of the kernel's code bought (data/kernel_revisions.csv), at each (context, users) of
     ``points``: the bundles each of the op kinds the revision's change targets issues, the step's bundles, and the
@@ -104,7 +110,7 @@ def revision_effect(model, chip: str, points, setup: KernelSetup) -> pd.DataFram
     none says so."""
     c = get_chip(chip)
     revisions = kernel_revisions()
-    targets = [k for k in revisions.op_kinds if k]
+    targets = list(dict.fromkeys(k for kinds in revisions.op_kinds for k in kinds.split(",") if k))  # comma-separated
     rows = []
     for n, b in points:
         plan = named_plan(model, chip, n, b, setup)
@@ -116,11 +122,11 @@ def revision_effect(model, chip: str, points, setup: KernelSetup) -> pd.DataFram
             except LookupError:
                 continue
             p = predict(model, c, n, b, setup=setup, costs=GivenCosts(revision=r.revision))
-            each = {o["kind"]: o["bundles_each"] for o in s.ops()}
+            each = {k: _bundles_each(s, k) for k in targets}
             kept.append(
                 dict(
                     point, revision=r.revision, change=r.change,
-                    **{f"{k} bundles each": each.get(k, float("nan")) for k in targets},
+                    **{f"{k} bundles each": each[k] for k in targets},
                     bundles_per_step=s.bundles, step_ms=p.step_s * 1e3, fraction_of_sol=p.fraction_of_sol,
                 )
             )  # fmt: skip

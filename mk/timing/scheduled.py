@@ -55,10 +55,10 @@ COLUMNS = (
 
 @lru_cache(maxsize=None)
 def kernel_revisions() -> pd.DataFrame:
-    """data/kernel_revisions.csv: each revision of the megakernel's code, the op kinds its change targets and what
-    changed; the last row is the kernel in this tree (a change to the kernel's code adds a row and stores the
-    schedules for it: python -m mk schedule --missing, which carries a plan's rows over where its traced program is
-    unchanged and compiles the rest)."""
+    """data/kernel_revisions.csv: each revision of the megakernel's code, the op kinds its change targets
+    (comma-separated) and what changed; the last row is the kernel in this tree (a change to the kernel's code adds a
+    row and stores the schedules for it: python -m mk schedule --missing, which carries a plan's rows over where its
+    traced program is unchanged and compiles the rest)."""
     return pd.read_csv(KERNEL_REVISIONS_CSV, keep_default_na=False)
 
 
