@@ -28,7 +28,6 @@ from ..mla import inv_freq as mla_inv_freq
 from ..params import scales_inputs
 from ..plan import (
     BLOCK,
-    LANE,
     ROWS,
     layout_config,
     padded_shape,
@@ -48,6 +47,7 @@ from ..plan.layout import (
     head_lanes,
     head_width,
     heads_a_group,
+    latent_lanes,
     scale_rows,
     scale_width,
 )
@@ -196,9 +196,8 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
         if name == "layer_scalar":
             table[row, :] = v[0]  # broadcast, so x * row multiplies every lane
         elif name in ("q_norm", "k_norm"):  # in each head of a group (the norm runs on a group at once)
-            table[row, _heads_lanes(v.size, heads_a_group(head_width(v.size)))] = np.tile(
-                v, heads_a_group(head_width(v.size))
-            )
+            lanes, values = _in_each_head(v)
+            table[row, lanes] = values
         elif name in ("q_bias", "k_bias", "v_bias"):  # each head's in its lanes, as the projection's columns
             hd = cfg.head_dim(cfg.layer_types[int(path.split(".")[1])])
             table[row, _heads_lanes(hd, v.size // hd)] = v
@@ -210,11 +209,18 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
             continue
         if mla:  # over its RoPE key's dims, in whole lanes
             f = mla_inv_freq(cfg)
-            freqs[r, head_lanes(2 * f.size, round_up(2 * f.size, LANE))] = np.concatenate([f, f])
+            freqs[r, head_lanes(2 * f.size, latent_lanes(cfg)[1])] = np.concatenate([f, f])
         else:  # in each head of a group
-            f, n = inv_freq(cfg, t), heads_a_group(head_width(cfg.head_dim(t)))
-            freqs[r, _heads_lanes(2 * f.size, n)] = np.tile(np.concatenate([f, f]), n)
+            lanes, values = _in_each_head(np.concatenate([inv_freq(cfg, t)] * 2))
+            freqs[r, lanes] = values
     return dict(vectors=jnp.asarray(table), inv_freq=jnp.asarray(freqs), weights=weights)
+
+
+def _in_each_head(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A head's vector ``v`` (its norm's weights, its RoPE frequencies) in each head of a 128-lane group: (the lanes,
+    the values), for a row of the vector table or the frequency table."""
+    n = heads_a_group(head_width(v.size))
+    return _heads_lanes(v.size, n), np.tile(v, n)
 
 
 def _heads_lanes(hd: int, heads: int) -> np.ndarray:

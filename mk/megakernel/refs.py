@@ -13,7 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 from ..config import ModelConfig
 from ..plan import BLOCK, LANE, ROWS, AllReduce, Attend, StepPlan, round_up
 from ..plan.arrays import Array
-from ..plan.layout import EXPERT_BIASES, freq_width, group_width, head_groups, heads_lanes, latent_lanes
+from ..plan.layout import EXPERT_BIASES, freq_width, group_width, heads_lanes, latent_lanes
 from ..sharding import chunk_width
 
 TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
@@ -50,8 +50,8 @@ class UsersSplit(NamedTuple):
     k: Any  # [rows(u), every KV head's lanes] f32
     v: Any
     out: Any  # [rows(u), every query head's lanes] f32: their attention outputs
-    stage_out: Any  # [C, rows(u), heads x hd] f32: the outputs of each chip's heads, to go back to it
-    recv_out: Any  # [C, rows(u), heads x hd] f32: this chip's heads' outputs for each owner's users
+    stage_out: Any  # [C, rows(u), heads' lanes] f32: the outputs of each chip's heads, to go back to it
+    recv_out: Any  # [C, rows(u), heads' lanes] f32: this chip's heads' outputs for each owner's users
     sems: Any  # DMA [2 (in, out), 2 (send, receive), C or 1 shared: KernelSetup.peer_semaphores]
 
 
@@ -183,7 +183,7 @@ def scratch_shapes(plan: StepPlan, with_logits: bool) -> Scratch:
     kv = {}
     for t in types:
         hd, T, g = cfg.head_dim(t), plan.kv_tile(t), plan.position_share(t)
-        groups, W = head_groups(plan.cache_heads(t), hd), group_width(hd)
+        groups, W = plan.cache_groups(t), group_width(hd)
         nh = cfg.num_heads
         if cfg.latent_attention is not None:
             kv[t] = latent_kv_shapes(plan, t, kv_dtype)
@@ -210,7 +210,7 @@ def scratch_shapes(plan: StepPlan, with_logits: bool) -> Scratch:
     # the query heads read against one head group: this chip's, or every sharing chip's where they split its
     # positions, or the model's where each chip attends over every head for its users
     rep = max((op.query_rows for op in plan.ops if isinstance(op, Attend)), default=1)
-    groups = max(head_groups(plan.cache_heads(t), cfg.head_dim(t)) for t in types)
+    groups = max(plan.cache_groups(t) for t in types)
     ep = round_up(max(cfg.num_experts, 1), LANE)
     shapes = input_shapes(plan)
     return Scratch(

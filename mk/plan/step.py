@@ -22,7 +22,7 @@ from ..sharding import attention_chips, chip_config, expert_groups, experts_per_
 from ..units import round_up
 from .arrays import Array, HbmArrays, cache_shapes, packed_arrays
 from .builder import Builder, check_shapes, even_width, expert_slots
-from .layout import BLOCK, ROWS, cache_slots, heads_lanes, kv_tile, kv_tiles_read, layout_config
+from .layout import BLOCK, ROWS, cache_slots, head_groups, heads_lanes, kv_tile, kv_tiles_read, layout_config
 from .records import AllReduce, Attend, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
 from .vmem import check_vmem, vmem_breakdown, vmem_limit
@@ -208,6 +208,10 @@ class StepPlan:
         """The layer type's KV heads in this chip's cache: its own, or every one with the users split."""
         split = self.setup is not None and self.setup.users_split
         return (self.model if split else self.share).kv_heads(layer_type)
+
+    def cache_groups(self, layer_type: str) -> int:
+        """Groups of 128 lanes the layer type's KV heads in this chip's cache take (mk.plan.layout.head_groups)."""
+        return head_groups(self.cache_heads(layer_type), self.layout.head_dim(layer_type))
 
     def cache_len(self, layer_type: str) -> int:
         """Slots of the layer type's KV cache this chip holds in the kernel's layout (padded to whole blocks; its
