@@ -151,6 +151,7 @@ def modelled_seconds(r) -> tuple[float, str]:
     return p.step_s, "one chip"
 
 
+STEPS = "steps_a_call"  # tpu.csv's greedy decode steps a call (mk.measure.on_chip: a row's times are a step's)
 CELL = ["engine", "model", "dtype", "setup", "chip", "context", "batch"]  # what one measured step is of
 OP_CELL = ["engine", "model", "dtype", "setup", "context", "batch"]  # what one op profile is of (tpu_ops.csv)
 
@@ -159,7 +160,7 @@ def remeasured(path=None) -> pd.DataFrame:
     """Every cell measured on a TPU more than once: its first and its newest device time, with their commits and the
     megakernel's revisions they ran (data/kernel_revisions.csv: what changed between them)."""
     path = TPU_CSV if path is None else path
-    t = pd.read_csv(path)
+    t = _one_step_a_call(pd.read_csv(path))
     t = t[t.backend == "tpu"].sort_values("date", kind="stable")
     rows = []
     for key, g in t.groupby(CELL, sort=False, dropna=False):
@@ -180,7 +181,7 @@ def tpu_steps(path=None) -> pd.DataFrame:
     path = TPU_CSV if path is None else path
     if not path.exists():
         return pd.DataFrame(columns=COLUMNS)
-    t = pd.read_csv(path)
+    t = _one_step_a_call(pd.read_csv(path))
     t = _newest(t[t.backend == "tpu"], CELL)  # a cell measured again (at a later commit): its newest row
     rows = []
     for _, r in t.iterrows():
@@ -196,6 +197,30 @@ def tpu_steps(path=None) -> pd.DataFrame:
             device_fraction_of_limit=r.device_fraction_of_limit, date=r.date, device=r.device, commit=r.commit,
         ))  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS).assign(kind=f"measured (TPU, device time) vs {MODELLED}")
+
+
+def _one_step_a_call(t: pd.DataFrame) -> pd.DataFrame:
+    """The rows of one decode step a call (those of several a call: :func:`steps_a_call`)."""
+    return t[t[STEPS].fillna(1) == 1] if STEPS in t else t
+
+
+def steps_a_call(path=None) -> pd.DataFrame:
+    """Each engine's token with N greedy steps in one compiled call, timed in one run (the newest run of a cell): the
+    host's time a token and the device's, and the host's over the device's; empty where none was measured."""
+    path = TPU_CSV if path is None else path
+    t = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=[*CELL, STEPS])
+    t = t[(t.backend == "tpu") & t[STEPS].notna()]
+    runs = t[t.groupby(CELL, dropna=False)[STEPS].transform("nunique") > 1]  # cells timed at several N
+    runs = runs[runs.date == runs.groupby(["model", "context", "batch"]).date.transform("max")]
+    out = runs.assign(
+        steps_a_call=runs[STEPS].astype(int),
+        host_token_ms=runs.step_ms,
+        device_token_ms=runs.device_step_ms,
+        host_over_device=runs.step_ms / runs.device_step_ms - 1,
+    )
+    cols = ["engine", "model", "dtype", "context", "batch", "steps_a_call", "host_token_ms", "device_token_ms",
+            "host_over_device", "kernel_revision", "date", "commit"]  # fmt: skip
+    return out[cols].sort_values(["batch", "engine", "steps_a_call"]).assign(kind="measured (TPU): host and device")
 
 
 def _what(model: str, setup: str, dtype: str) -> str:

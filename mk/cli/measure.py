@@ -227,9 +227,9 @@ def add_tpu_measure(sub) -> None:
 
     p = sub.add_parser(
         "tpu-measure",
-        help="on a TPU chip: the kernel's parity for every family and format, the chip's HBM read rate, and the table "
-        "of both engines' steps (host and device times) over models, contexts and batches; resumable (exit 2 without "
-        "a TPU)",
+        help="on a TPU chip: the kernel's parity for every family and format, the chip's HBM read rate, the table "
+        "of both engines' steps (host and device times) over models, contexts and batches, the core's clock and each "
+        "component's knock-out in device time; resumable (exit 2 without a TPU)",
     )
     p.add_argument(
         "--parts", default=",".join(PARTS), help=f"comma-separated, some of {', '.join(PARTS)} (default all)"
@@ -239,7 +239,9 @@ def add_tpu_measure(sub) -> None:
         "--deadline-s", type=float, default=540.0, help="start no work after this many seconds (default 540)"
     )
     p.add_argument(
-        "--models", default=None, help="the table's cases of these models only, comma-separated (default every case)"
+        "--models",
+        default=None,
+        help="the table's and the knock-outs' cases of these models only, comma-separated (default every case)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_tpu_measure)
@@ -250,7 +252,10 @@ def _run_tpu_measure(a) -> None:
 
     parts = tuple(x.strip() for x in a.parts.split(",") if x.strip())
     try:
-        done = tpu_runs.run(parts, a.out_dir, a.deadline_s, cases=tpu_runs.table_cases(a.models))
+        done = tpu_runs.run(
+            parts, a.out_dir, a.deadline_s, cases=tpu_runs.table_cases(a.models),
+            knockout_cases=tpu_runs.table_cases(a.models, tpu_runs.chip_knockouts.CASES, strict=False),
+        )  # fmt: skip
     except tpu_runs.NoTPU as e:
         print(e, file=sys.stderr)
         raise SystemExit(2) from None

@@ -62,13 +62,14 @@ from .harness import (
     time_engines,
     usable_hbm,
 )
-from .steps import decode_call, reference_step, settled
+from .steps import decode_call, greedy_steps_call, reference_step, settled
 
 ONE_CHIP_SETUP = "one chip"
 STAND_INS = ("write-up", "workbook")  # the kernel setups a stand-in for chip 0 of a v5e-8 runs (mk.kernel_setup)
 SLICE = 8  # the stand-in's slice: the write-up's v5e-8
 STEPS_BACK_TO_BACK = 20
 CELL_BUDGET_S = 4.0
+STEPS = "steps_a_call"  # greedy decode steps in one compiled call (1: one step a call); the row's times are a step's
 COLUMNS = columns(
     "base_model",
     "layers",
@@ -88,6 +89,7 @@ COLUMNS = columns(
     "device_fraction_of_limit",
     "hbm_planned_GB",
     "hbm_in_use_GB",
+    STEPS,
 )
 # Where each measured step's device time went (tpu_ops.csv beside tpu.csv): each op category's total and the longest
 # TOP_OPS ops, from the same trace as profiled_step_ms.
@@ -118,6 +120,9 @@ class Case:
     setup: str = ONE_CHIP_SETUP
     cells: tuple[Cell, ...] = field(default_factory=grid)
     alone: str | None = None  # one engine only (a model too big for both): not interleaved, said so in its row
+    # greedy decode steps an engine runs in one compiled call, each a row, all interleaved: a row's times are a call's
+    # over its steps (a token's), each step's picks the next one's tokens on the chip
+    steps_a_call: tuple[int, ...] = (1,)
 
     def config(self) -> ModelConfig:
         return with_layers(self.model, self.layers)
@@ -214,13 +219,20 @@ class CaseEngines:
         host = {p: np.asarray(x) for p, x in random_tensors(local, self.seed, jnp.bfloat16, self.device)}
         return pack(quantized_as(host, local, _scheme(self.case.dtype)), local)
 
-    def call(self, engine: str, cell: Cell):
-        """``engine``'s step for ``cell`` (a zero cache of its context, position context - 1), compiled and run twice:
-        (the call, seconds to compile and run it)."""
+    def call(self, engine: str, cell: Cell, knockout=frozenset(), steps: int = 1):
+        """``engine``'s step for ``cell`` (a zero cache of its context, position context - 1; with ``steps`` > 1 that
+        many greedy steps a call, ending there), ``knockout``'s components off, compiled and run twice: (the call,
+        seconds to compile and run it)."""
         t = time.perf_counter()
+        step, weights, multiple = self.steps[engine], self.weights[engine], cache_multiple(engine)
         with jax.default_device(self.device):
-            call = decode_call(self.steps[engine], self.weights[engine], self.cfg, cell.context, cell.batch, "bf16",
-                               cache_multiple=cache_multiple(engine))  # fmt: skip
+            if steps > 1:
+                if knockout:
+                    raise ValueError("knock-outs are timed one step a call; several steps a call have none")
+                call = greedy_steps_call(step, weights, self.cfg, cell.context, cell.batch, "bf16", steps, multiple)
+            else:
+                call = decode_call(step, weights, self.cfg, cell.context, cell.batch, "bf16", knockout,
+                                   cache_multiple=multiple)  # fmt: skip
 
         def placed():  # every call under the device its arrays were made on: a jit keyed alike, compiled once
             with jax.default_device(self.device):
@@ -276,17 +288,19 @@ def complete(row: dict, limit, spec_bw: float | None, chips: int) -> dict:
 
 def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: float, log, steps: int,
                  min_rounds: int) -> tuple[list[dict], list[dict]]:  # fmt: skip
-    """Both engines of a case at ``cell``: compiled, timed interleaved (host and device), profiled; (its rows, where
-    each engine's device time went: OP_COLUMNS rows)."""
+    """Both engines of a case at ``cell``, each at each of the case's steps a call: compiled, timed interleaved (host
+    and device), profiled (one step a call); (its rows, where each engine's device time went: OP_COLUMNS rows)."""
     case, device = engines.case, engines.device
     chips = SLICE if case.kernel_setup().loopback else 1
     per_token = bytes_per_token(engines.cfg, cell.context, cell.batch, case.dtype).total
     sol = spec_speed_of_light(per_token, device, chips, "tpu-v5e" if device.platform != "tpu" else None)
     timed, compile_s = [], {}
     for name in case.engines:
-        call, compile_s[name] = engines.call(name, cell)
-        timed.append(TimedStep(name, call))
-        log(f"{name}: compiled and run twice in {compile_s[name]:.1f} s")
+        for n in case.steps_a_call:
+            e = TimedStep(name if n == 1 else f"{name}[{n} steps a call]", None, engine=name, columns={STEPS: n})
+            e.call, compile_s[e.label] = engines.call(name, cell, steps=n)
+            timed.append(e)
+            log(f"{e.label}: compiled and run twice in {compile_s[e.label]:.1f} s")
     in_use = in_use_bytes(device)
     planned = sum(planned_bytes(case, e, cell)[0] for e in case.engines)
     run = dict(prov, model=engines.cfg.name, dtype=case.dtype, context=cell.context, batch=cell.batch,
@@ -295,39 +309,57 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
     spec_bw = None if sol.chip == "" else get_chip(sol.chip).per_chip_bandwidth
     out, ops = [], []
     for e, row in zip(timed, rows):
-        profile = device_profile(e.call, steps)
-        profiled, source = profile.seconds, profile.source
-        cell_of = {k: row.get(k) for k in OP_COLUMNS} | dict(engine=e.label, setup=case.setup_label)
-        ops += [cell_of | {k: v for k, v in r.items() if k in OP_COLUMNS} | dict(us=round(r["seconds"] * 1e6, 3))
-                for r in op_summary(list(profile.ops), TOP_OPS)]  # fmt: skip
+        row, profiled, source = a_token(row, e.columns[STEPS]), None, "not profiled: several steps a call"
+        if e.columns[STEPS] == 1:
+            profile = device_profile(e.call, steps)
+            profiled, source = profile.seconds, profile.source
+            cell_of = {k: row.get(k) for k in OP_COLUMNS} | dict(engine=e.label, setup=case.setup_label)
+            ops += [cell_of | {k: v for k, v in r.items() if k in OP_COLUMNS} | dict(us=round(r["seconds"] * 1e6, 3))
+                    for r in op_summary(list(profile.ops), TOP_OPS)]  # fmt: skip
         row.update(
             base_model=get_config(case.model).name, layers=case.layers_label, setup=case.setup_label,
             kernel_revision=kernel_revision(),
-            runs_as=runs_as(e.label, case, device), compile_s=round(compile_s[e.label], 2), chip=sol.chip,
+            runs_as=runs_as(e.engine, case, device), compile_s=round(compile_s[e.label], 2), chip=sol.chip,
             profiled_step_ms=None if profiled is None else round(profiled * 1e3, 4), profile_source=source,
             hbm_planned_GB=round(planned / 1e9, 3), hbm_in_use_GB=None if in_use is None else round(in_use / 1e9, 3),
             **limit_columns(row, limit, spec_bw, chips),
         )  # fmt: skip
         out.append({k: row.get(k) for k in COLUMNS})
         log(
-            f"{e.label}: host {row['step_ms']:.3f} ms, device {row['device_step_ms']:.3f} ms"
+            f"{e.label}: host {row['step_ms']:.3f} ms, device {row['device_step_ms']:.3f} ms a step"
             + ("" if profiled is None else f", profiled {profiled * 1e3:.3f} ms")
             + ("" if row["device_fraction_of_limit"] is None else f", {row['device_fraction_of_limit']:.1%} of limit")
         )
     return out, ops
 
 
+def a_token(row: dict, steps: int) -> dict:
+    """A timed row of calls of ``steps`` decode steps as a step's: times over ``steps``, rates and fractions of the
+    speed of light (a token's bytes against a call's time) times ``steps``."""
+    if steps == 1:
+        return row
+    over = ("step_ms", "step_low_ms", "step_high_ms", "device_step_ms", "device_step_low_ms", "device_step_high_ms")
+    rates = ("tokens_per_s", "tokens_per_s_total", "fraction_of_sol", "fraction_of_sol_low", "fraction_of_sol_high")
+    return (
+        row
+        | {k: round(row[k] / steps, 4) for k in over if row.get(k) is not None}
+        | {k: float(f"{row[k] * steps:.4g}") for k in rates if row.get(k) is not None}
+    )
+
+
 def done_cells(path: Path | str | None, backend: str) -> set[tuple]:
-    """(model, dtype, setup, context, batch, engine) of the rows ``path`` holds from a ``backend`` device for the kernel
-    revision in this tree (a run resumed on one skips a cell every engine of whose case has a row; a new revision of
-    the kernel measures every cell again)."""
+    """(model, dtype, setup, context, batch, engine, steps a call) of the rows ``path`` holds from a ``backend``
+    device for the kernel revision in this tree (a run resumed on one skips a cell every engine of whose case has a
+    row; a new revision of the kernel measures every cell again)."""
     import pandas as pd
 
     if path is None or not Path(path).exists():
         return set()
     t = pd.read_csv(path)
     t = t[(t["backend"] == backend) & (t["kernel_revision"] == kernel_revision())]
-    return {(r.model, r.dtype, r.setup, int(r.context), int(r.batch), r.engine) for r in t.itertuples()}
+    steps = t[STEPS].fillna(1).astype(int) if STEPS in t else [1] * len(t)
+    keys = zip(t.model, t["dtype"], t.setup, t.context.astype(int), t.batch.astype(int), t.engine, steps)
+    return set(keys)
 
 
 def measure_case(case: Case, out=None, seed: int = 0, budget_s: float = CELL_BUDGET_S, deadline: float | None = None,
@@ -343,8 +375,8 @@ def measure_case(case: Case, out=None, seed: int = 0, budget_s: float = CELL_BUD
     setup_name = case.setup_label
     done = done_cells(out, device.platform)
     cells = [
-        c for c in case.cells if any((cfg.name, case.dtype, setup_name, c.context, c.batch, e) not in done
-                                     for e in case.engines)
+        c for c in case.cells if any((cfg.name, case.dtype, setup_name, c.context, c.batch, e, n) not in done
+                                     for e in case.engines for n in case.steps_a_call)
     ]  # fmt: skip
     capacity = usable_hbm(device, HBM_USE)
     fitting = []

@@ -7,8 +7,15 @@ In order, each part's rows appended to its CSV under ``out_dir`` (data/measured/
 2. **hbm** (mk.measure.hbm): the chip's HBM read rate by method and size, its best sustained figure the chip's
    measured limit -> ``tpu_hbm.csv``;
 3. **table** (mk.measure.on_chip): :data:`TABLE`'s models, both engines interleaved, chip 0 of the write-up's and the
-   workbook's v5e-8 steps on the one chip, then the truncations too big for both engines, each alone -> ``tpu.csv``
-   (and where each step's device time went, op by op -> ``tpu_ops.csv``).
+   workbook's v5e-8 steps on the one chip, then the truncations too big for both engines, each alone, and
+   llama-3.2-1b's greedy steps several a call -> ``tpu.csv`` (and where each step's device time went, op by op ->
+   ``tpu_ops.csv``);
+4. **clock** (mk.measure.chip_clock): the core's clock, an issue-bound kernel's scheduled bundles over its device
+   time -> ``tpu_clock.csv``;
+5. **knockouts** (mk.measure.chip_knockouts): each component of a step switched off in turn, in device time ->
+   ``tpu_knockouts.csv``;
+6. **anchor** (mk.measure.attention_anchor): JAX's ragged paged attention over the same cache beside the megakernel's
+   attention, by context -> ``tpu_attention.csv``.
 
 A run stops starting work at its ``deadline_s`` (a call on a lent machine has ten minutes) and a later run skips the
 table's cells already measured on a TPU, so the parts can be spread over several calls (``--parts``).
@@ -19,17 +26,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..chips import measured_limit
+from ..chips import get_chip, measured_limit
 from ..config import LAYER_PAIR, get_config
 from ..files import append_csv_rows
 from ..paths import MEASURED_DIR
 from ..progress import Log
 from ..tpu import on_tpu
-from . import chip_parity, hbm, on_chip
+from . import attention_anchor, chip_clock, chip_knockouts, chip_parity, hbm, on_chip
 from .harness import provenance
 from .on_chip import Case, Cell, grid
 
-PARTS = ("parity", "hbm", "table")
+PARTS = ("parity", "hbm", "table", "clock", "knockouts", "anchor")
 CONTEXTS, BATCHES = (1024, 8192, 32768), (1, 4, 8)
 ONE_USER = tuple(Cell(c, 1) for c in CONTEXTS)
 # Every context for one user, every batch at the first context: the cells a chip's half hour holds for every case (a
@@ -56,21 +63,25 @@ TABLE = (
     # cells whose caches do not fit both engines at once: each engine alone, where it fits
     *(Case("llama-3.2-1b", alone=e, cells=LLAMA_ALONE) for e in ("megakernel", "reference")),
     *(Case("qwen3-8b", 8, alone=e, cells=(Cell(131072, 1),)) for e in ("megakernel", "reference")),
+    # the host's time a token with several greedy steps in one compiled call, beside one step a call, in one run
+    Case("llama-3.2-1b", cells=(Cell(1024, 1), Cell(1024, 8)), steps_a_call=(1, 4, 16)),
 )
-CSVS = {"parity": "tpu_parity.csv", "hbm": "tpu_hbm.csv", "table": "tpu.csv"}
+CSVS = dict(parity="tpu_parity.csv", hbm="tpu_hbm.csv", table="tpu.csv", clock="tpu_clock.csv",
+            knockouts="tpu_knockouts.csv", anchor="tpu_attention.csv")  # fmt: skip
 PARITY_COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit") + chip_parity.COLUMNS
 
 
-def table_cases(models: str | None = None) -> tuple[Case, ...]:
-    """:data:`TABLE`'s cases of ``models`` (comma-separated names; None: every case). Refuses a name no case has."""
+def table_cases(models: str | None = None, cases=TABLE, strict: bool = True) -> tuple[Case, ...]:
+    """``cases``' cases of ``models`` (comma-separated names; None: every case). ``strict``: a name no case has is
+    refused (otherwise it selects nothing)."""
     if models is None:
-        return TABLE
+        return cases
     names = [m.strip() for m in models.split(",") if m.strip()]
-    known = {get_config(c.model).name for c in TABLE}
+    known = {get_config(c.model).name for c in cases}
     unknown = [m for m in names if m not in known]
-    if unknown or not names:
+    if strict and (unknown or not names):
         raise ValueError(f"--models: {unknown or models!r} not in the table; its models are {sorted(known)}")
-    return tuple(c for c in TABLE if get_config(c.model).name in names)
+    return tuple(c for c in cases if get_config(c.model).name in names)
 
 
 class NoTPU(RuntimeError):
@@ -82,6 +93,7 @@ def run(
     out_dir: Path | str = MEASURED_DIR,
     deadline_s: float = 540.0,
     cases=TABLE,
+    knockout_cases=chip_knockouts.CASES,
     parity_checks=None,
     hbm_probes=None,
     require_tpu: bool = True,
@@ -106,7 +118,7 @@ def run(
     device = jax.devices()[0]
     prov = provenance(device)
     log(f"{device.device_kind}: JAX {prov['jax_version']}, libtpu {prov['libtpu_version']}, commit {prov['commit']}")
-    done = dict(parity=0, hbm=0, table=0, notes=[], parity_held=None)
+    done = dict(parity=0, hbm=0, table=0, clock=0, knockouts=0, anchor=0, notes=[], parity_held=None)
     if "parity" in parts:
         keep = {k: prov[k] for k in PARITY_COLUMNS if k in prov}
 
@@ -118,8 +130,8 @@ def run(
     if "hbm" in parts and time.perf_counter() < deadline:
         table = hbm.probe_read_rate(device, hbm_probes, budget_s=probe_budget_s, out=out_dir / CSVS["hbm"], quiet=quiet)
         done["hbm"] = len(table)
+    limit = measured_limit("tpu-v5e", out_dir / CSVS["hbm"]) if on_tpu() else None
     if "table" in parts:
-        limit = measured_limit("tpu-v5e", out_dir / CSVS["hbm"]) if on_tpu() else None
         for case in cases:
             if time.perf_counter() >= deadline:
                 done["notes"].append(
@@ -130,6 +142,15 @@ def run(
                                                device=device, quiet=quiet, **timing)  # fmt: skip
             done["table"] += len(rows)
             done["notes"] += notes
+    if "clock" in parts and time.perf_counter() < deadline:
+        done["clock"] = len(chip_clock.measure(out=out_dir / CSVS["clock"], assumed_hz=get_chip("tpu-v5e").clock_hz,
+                                               quiet=quiet, interpret=not on_tpu()))  # fmt: skip
+    if "knockouts" in parts:
+        rows, notes = chip_knockouts.run(knockout_cases, out_dir / CSVS["knockouts"], limit, device, deadline,
+                                         quiet=quiet)  # fmt: skip
+        done["knockouts"], done["notes"] = len(rows), done["notes"] + notes
+    if "anchor" in parts and time.perf_counter() < deadline:
+        done["anchor"] = len(attention_anchor.measure(out=out_dir / CSVS["anchor"], limit=limit, quiet=quiet))
     for n in done["notes"]:
         log(n)
     return done

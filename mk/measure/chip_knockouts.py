@@ -1,0 +1,103 @@
+"""Component knock-outs timed on the chip (``python -m mk tpu-measure --parts knockouts``): a case's megakernel step
+whole and with each of its components switched off in turn (mk.params.KNOCKOUTS: the kernel skips the component's
+weight tiles, its KV reads and its ops), in device time (``STEPS_BACK_TO_BACK`` steps dispatched back to back, waited on
+once), all interleaved in one run (mk.measure.knockouts.knockout_table: the shrink is the median of the paired per-round
+differences, with its 95% interval). Beside each shrink: the time the component's bytes take at the chip's measured
+limit (one-chip cases), so a shrink reads as the component's bytes streamed at the limit, more (its ops' issue time
+showing) or less (hidden under other reads). Rows go to data/measured/tpu_knockouts.csv; notebook 12 sets them beside
+the timing model's knock-outs of the same steps (mk.analysis.knockouts)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ..config import LAYER_PAIR
+from ..files import append_csv_rows
+from ..params import FULL_ATTENTION, KNOCKOUTS, SLIDING_ATTENTION, param_specs
+from ..progress import Log
+from ..sol import KV_FULL, KV_SLIDING, bytes_per_token
+from ..timing.scheduled import kernel_revision
+from .harness import provenance
+from .knockouts import WHOLE, knockout_table
+from .loop import back_to_back
+from .on_chip import Case, CaseEngines, Cell
+
+STEPS_BACK_TO_BACK = 10
+CASES = (
+    Case("llama-3.2-1b", cells=(Cell(1024, 1), Cell(32768, 1), Cell(1024, 8))),
+    Case("gemma4-26b-a4b", LAYER_PAIR, cells=(Cell(1024, 1), Cell(1024, 8))),
+    Case("gemma4-26b-a4b", None, setup="workbook", cells=(Cell(1024, 1), Cell(1024, 8))),
+)
+COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit", "kernel_revision", "model", "layers", "setup",
+           "dtype", "context", "batch", "component", "steps_back_to_back", "rounds", "whole_ms", "device_step_ms",
+           "shrink_ms", "shrink_low_ms", "shrink_high_ms", "bytes_at_limit_ms", "limit_GBps", "verdict")  # fmt: skip
+_OWN_KV = {FULL_ATTENTION: KV_FULL, SLIDING_ATTENTION: KV_SLIDING}  # an attention type's knock-out skips its cache too
+
+
+def component_bytes(case: Case, cell: Cell) -> dict[str, float] | None:
+    """Bytes a step reads for each component it has (an attention type's with its KV cache); None for a stand-in
+    (chip 0 of a slice reads its own share, not the model's)."""
+    if case.kernel_setup().loopback:
+        return None
+    by = bytes_per_token(case.config(), cell.context, cell.batch, case.dtype).by_component
+    got = {c: by.get(c, 0.0) + by.get(_OWN_KV.get(c, ""), 0.0) for c in KNOCKOUTS}
+    return {c: b for c, b in got.items() if b > 0}
+
+
+def measure_knockouts(case: Case, cell: Cell, engines: CaseEngines, limit, budget_s: float, log) -> list[dict]:
+    """The rows of ``case`` at ``cell`` (the module's docstring), the megakernel built in ``engines``."""
+    by = component_bytes(case, cell)
+    present = {s.component for s in param_specs(case.config())}
+    components = [c for c in KNOCKOUTS if c in present]
+    n = STEPS_BACK_TO_BACK
+    t = time.perf_counter()
+
+    def call_for(knockout):
+        return back_to_back(engines.call("megakernel", cell, knockout)[0], n)
+
+    bytes_time = None if by is None or limit is None else {c: n * b / limit.bandwidth for c, b in by.items()}
+    table = knockout_table(call_for, components, bytes_time_s=bytes_time, budget_s=budget_s, min_rounds=5)
+    log(f"{cell}: {len(components) + 1} steps compiled and timed in {time.perf_counter() - t:.0f} s")
+    whole = table.loc[table.component == WHOLE, "step_s"].iloc[0]
+    ms = 1e3 / n
+    return [
+        dict(
+            component=r.component, steps_back_to_back=n, rounds=table.attrs["rounds"], whole_ms=round(whole * ms, 4),
+            device_step_ms=round(r.step_s * ms, 4), shrink_ms=round(r.shrink_s * ms, 4),
+            shrink_low_ms=round(r.shrink_low_s * ms, 4), shrink_high_ms=round(r.shrink_high_s * ms, 4),
+            bytes_at_limit_ms=None if bytes_time is None or r.component == WHOLE else round(r.bytes_time_s * ms, 4),
+            limit_GBps=None if limit is None else round(limit.bandwidth / 1e9, 2), verdict=r.verdict,
+        )
+        for r in table.itertuples()
+    ]  # fmt: skip
+
+
+def run(cases=CASES, out: Path | str | None = None, limit=None, device=None, deadline: float | None = None,
+        budget_s: float = 15.0, quiet: bool = False) -> tuple[list[dict], list[str]]:  # fmt: skip
+    """Every cell of ``cases``, rows appended to ``out`` after each cell; what is left at ``deadline``
+    (time.perf_counter()) is not started, said so. Returns (rows, notes)."""
+    import jax
+
+    device = device or jax.devices()[0]
+    log, rows, notes = Log(quiet), [], []
+    prov = provenance(device)
+    keep = {k: prov[k] for k in ("date", "device", "jax_version", "libtpu_version", "commit")}
+    for case in cases:
+        engines = CaseEngines(case, device, 0, log)
+        try:
+            engines.build("megakernel")
+            for cell in case.cells:
+                what = f"{case.config().name} ({case.setup_label}) context {cell.context} batch {cell.batch}"
+                if deadline is not None and time.perf_counter() > deadline:
+                    notes.append(f"knock-outs of {what}: not measured, out of time")
+                    continue
+                got = [dict(keep, kernel_revision=kernel_revision(), model=case.config().name, layers=case.layers_label,
+                            setup=case.setup_label, dtype=case.dtype, context=cell.context, batch=cell.batch, **r)
+                       for r in measure_knockouts(case, cell, engines, limit, budget_s, log)]  # fmt: skip
+                rows += got
+                if out is not None:
+                    append_csv_rows(got, Path(out), COLUMNS, "a knock-out row")
+        finally:
+            engines.close()
+    return rows, notes
