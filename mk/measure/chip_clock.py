@@ -26,7 +26,7 @@ from .bundles import final_bundles, issued_bundles, parse_bundles
 from .harness import provenance
 from .loop import back_to_back, interleaved
 
-KINDS = ("matmul", "vector")
+KINDS = ("matmul", "vector", "elementwise")
 TRIPS = (2_000, 20_000)
 ROWS, WIDTH = 8, 512
 STEPS_BACK_TO_BACK = 10
@@ -55,6 +55,8 @@ def resident_kernel(kind: str, trips: int, interpret: bool = False):
     def body(w_ref, i, acc):
         if kind == "matmul":
             return jnp.dot(acc.astype(jnp.bfloat16), w_ref[...], preferred_element_type=jnp.float32) * 0.5
+        if kind == "elementwise":  # the vector unit's plain arithmetic: no reduction across lanes, no transcendental
+            return acc * 0.5 + 1.0
         scale = jax.lax.rsqrt(jnp.mean(acc * acc, axis=-1, keepdims=True) + 1e-6)
         return acc * scale + 1e-3
 

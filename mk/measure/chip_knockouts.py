@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from ..config import LAYER_PAIR
 from ..files import append_csv_rows
 from ..params import FULL_ATTENTION, KNOCKOUTS, SLIDING_ATTENTION, param_specs
@@ -73,21 +75,38 @@ def measure_knockouts(case: Case, cell: Cell, engines: CaseEngines, limit, budge
     ]  # fmt: skip
 
 
+def _key(case: Case, cell: Cell) -> tuple:
+    return case.config().name, case.setup_label, case.dtype, cell.context, cell.batch
+
+
+def _done(out) -> set[tuple]:
+    """The cells ``out`` holds rows of at this tree's kernel revision (a resumed run skips them)."""
+    if out is None or not Path(out).exists():
+        return set()
+    t = pd.read_csv(out)
+    t = t[t.kernel_revision == kernel_revision()]
+    return set(zip(t.model, t.setup, t["dtype"], t.context.astype(int), t.batch.astype(int)))
+
+
 def run(cases=CASES, out: Path | str | None = None, limit=None, device=None, deadline: float | None = None,
-        budget_s: float = 15.0, quiet: bool = False) -> tuple[list[dict], list[str]]:  # fmt: skip
-    """Every cell of ``cases``, rows appended to ``out`` after each cell; what is left at ``deadline``
-    (time.perf_counter()) is not started, said so. Returns (rows, notes)."""
+        budget_s: float = 8.0, quiet: bool = False) -> tuple[list[dict], list[str]]:  # fmt: skip
+    """Every cell of ``cases`` not in ``out`` at this kernel revision, rows appended to ``out`` after each cell; what is
+    left at ``deadline`` (time.perf_counter()) is not started, said so. Returns (rows, notes)."""
     import jax
 
     device = device or jax.devices()[0]
     log, rows, notes = Log(quiet), [], []
     prov = provenance(device)
     keep = {k: prov[k] for k in ("date", "device", "jax_version", "libtpu_version", "commit")}
+    done = _done(out)
     for case in cases:
+        cells = [c for c in case.cells if _key(case, c) not in done]
+        if not cells:
+            continue
         engines = CaseEngines(case, device, 0, log)
         try:
             engines.build("megakernel")
-            for cell in case.cells:
+            for cell in cells:
                 what = f"{case.config().name} ({case.setup_label}) context {cell.context} batch {cell.batch}"
                 if deadline is not None and time.perf_counter() > deadline:
                     notes.append(f"knock-outs of {what}: not measured, out of time")
