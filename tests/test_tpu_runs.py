@@ -34,7 +34,7 @@ def test_a_run_writes_parity_read_rate_and_both_engines_rows_and_a_second_run_re
     original = h.dma_stream_call
     h.dma_stream_call = lambda *a: original(*a[:4], pltpu.InterpretParams())  # no Mosaic on a CPU
     try:
-        done = tpu_runs.run(hbm_probes=probes, **kw)
+        done = tpu_runs.run(("parity", "hbm", "table"), hbm_probes=probes, **kw)
     finally:
         h.dma_stream_call = original
     assert done["parity"] == 1 and done["parity_held"] and done["hbm"] == 2 and done["table"] == 2, done

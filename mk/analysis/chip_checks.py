@@ -1,0 +1,96 @@
+"""The chip's own checks of what the timing model assumes (notebook 12), each a table read from a file that
+``python -m mk tpu-measure`` wrote on a TPU (mk.measure.tpu_runs):
+
+- **knock-outs** (tpu_knockouts.csv): each component switched off in turn, the step's shrink in device time, beside
+  the component's bytes at the chip's measured limit and the timing model's shrink of the same step;
+- **the clock** (tpu_clock.csv): an issue-bound kernel's scheduled bundles over its device time, against the clock the
+  model turns bundles into time with;
+- **the attention anchor** (tpu_attention.csv): JAX's ragged paged attention beside the megakernel's attention, by
+  context, and each one's rate for one more cached byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ..config import with_layers
+from ..kernel_setup import WORKBOOK_KERNEL
+from ..paths import MEASURED_DIR
+from .knockouts import knockouts as modelled_knockouts
+
+KNOCKOUTS_CSV, CLOCK_CSV, ATTENTION_CSV = "tpu_knockouts.csv", "tpu_clock.csv", "tpu_attention.csv"
+WHOLE = "(whole step)"
+ISSUE_BOUND = 0.9  # the share of a call its trips must take for its device time to measure their issue
+
+
+def _read(name: str, folder) -> pd.DataFrame:
+    path = Path(folder or MEASURED_DIR) / name
+    return pd.read_csv(path) if path.exists() else pd.DataFrame()
+
+
+def _config(model: str, layers: str):
+    base, _, cut = model.partition("[")
+    return with_layers(base, None if layers == "all" else int(layers) if str(layers).isdigit() else layers) if cut \
+        else with_layers(base, None)  # fmt: skip
+
+
+def knockout_table(folder=None) -> pd.DataFrame:
+    """Each knock-out measured on the chip (of a cell measured more than once, the runs' median of each column) beside
+    its bytes at the limit and the timing model's shrink of the same step, ms."""
+    t = _read(KNOCKOUTS_CSV, folder)
+    if t.empty:
+        return t
+    keys = ["model", "layers", "setup", "dtype", "context", "batch", "component"]
+    num = ["whole_ms", "device_step_ms", "shrink_ms", "shrink_low_ms", "shrink_high_ms", "bytes_at_limit_ms"]
+    g = t.groupby(keys, sort=False, dropna=False)
+    out = g[num].median().join(g.size().rename("runs")).join(g.verdict.last()).reset_index()
+    out = out[out.component != WHOLE]
+    modelled = []
+    for cell, rows in out.groupby(["model", "layers", "setup", "dtype", "context", "batch"], sort=False):
+        model, layers, setup, dtype, context, batch = cell
+        if setup != "one chip":
+            modelled += [float("nan")] * len(rows)
+            continue
+        m = modelled_knockouts(_config(model, layers), "tpu-v5e", int(context), int(batch), dtype=dtype,
+                               components=list(rows.component), setup=WORKBOOK_KERNEL)  # fmt: skip
+        modelled += list(m.shrink_ms)
+    return out.assign(modelled_shrink_ms=modelled, kind="measured (TPU, device time) beside modelled")
+
+
+def clock_table(folder=None) -> pd.DataFrame:
+    """Each kind of issue-bound kernel: its scheduled bundles a trip, its device time a trip (the two trip counts'
+    difference), the clock that implies against the assumed one, and the device time over the bundles' time at it."""
+    t = _read(CLOCK_CSV, folder)
+    if t.empty:
+        return t
+    rows = []
+    for (date, kind), g in t.groupby(["date", "kind"], sort=False):
+        lo, hi = g.iloc[0], g.iloc[-1]
+        trip_bundles = (hi.bundles - lo.bundles) / (hi.trips - lo.trips)
+        # the share of the longest call its trips take: near 1 the kernel is issue-bound and gives a clock; far below,
+        # the call's fixed cost (its dispatch) hides the trips and the difference is noise
+        trips_share = (hi.device_us - lo.device_us) / hi.device_us * hi.trips / (hi.trips - lo.trips)
+        rows.append(dict(
+            date=date, work=kind, trips=f"{lo.trips}-{hi.trips}", bundles_a_trip=trip_bundles,
+            device_ns_a_trip=(hi.device_us - lo.device_us) / (hi.trips - lo.trips) * 1e3,
+            longest_call_us=hi.device_us, clock_GHz=hi.clock_GHz, clock_low_GHz=hi.clock_low_GHz,
+            clock_high_GHz=hi.clock_high_GHz, assumed_clock_GHz=hi.assumed_clock_GHz,
+            time_over_schedule=hi.assumed_clock_GHz / hi.clock_GHz, trips_share=trips_share,
+            verdict="issue-bound: a clock" if trips_share > ISSUE_BOUND else "the call's fixed cost hides the trips",
+        ))  # fmt: skip
+    return pd.DataFrame(rows).assign(kind="measured (TPU, device time) against the compiler's schedule")
+
+
+def attention_table(folder=None) -> pd.DataFrame:
+    """The anchor and the megakernel's attention at each context (device ms), and each one's rate for one more cached
+    byte as a fraction of the chip's measured limit."""
+    t = _read(ATTENTION_CSV, folder)
+    if t.empty:
+        return t
+    t = t[t.date == t.date.max()]
+    return t.assign(slope_fraction_of_limit=t.slope_GBps / t.limit_GBps)[
+        ["model", "batch", "engine", "context", "kv_bytes", "device_step_ms", "device_step_low_ms",
+         "device_step_high_ms", "slope_GBps", "slope_low_GBps", "slope_high_GBps", "slope_fraction_of_limit",
+         "limit_GBps", "kernel_revision", "commit"]
+    ].assign(kind="measured (TPU, device time)")  # fmt: skip

@@ -1,0 +1,88 @@
+"""The chip's own checks of the model (mk.measure.chip_knockouts, .chip_clock, .attention_anchor, several steps a
+call in mk.measure.on_chip) and their tables (mk.analysis.chip_checks), run on the CPU with calls of known times."""
+
+import time
+from types import SimpleNamespace
+
+import jax.numpy as jnp
+import pandas as pd
+import pytest
+
+from mk.analysis import chip_checks
+from mk.config import get_config
+from mk.measure import attention_anchor, chip_clock, chip_knockouts
+from mk.measure.on_chip import Case, Cell, a_token
+from mk.params import FULL_ATTENTION, HEAD, NORMS, SHARED_MLP
+
+
+def test_a_call_of_n_steps_reads_as_a_step():
+    row = dict(step_ms=8.0, step_low_ms=7.6, step_high_ms=8.4, device_step_ms=6.0, device_step_low_ms=5.6,
+               device_step_high_ms=6.4, tokens_per_s=125.0, tokens_per_s_total=250.0, fraction_of_sol=0.2,
+               fraction_of_sol_low=0.19, fraction_of_sol_high=0.21, batch=2)  # fmt: skip
+    got = a_token(row, 4)
+    assert (got["step_ms"], got["device_step_ms"], got["device_step_high_ms"]) == (2.0, 1.5, 1.6)
+    assert (got["tokens_per_s"], got["tokens_per_s_total"], got["fraction_of_sol"]) == (500.0, 1000.0, 0.8)
+    assert a_token(row, 1) is row
+
+
+class _SleepingEngines:
+    """Stands for mk.measure.on_chip.CaseEngines: a step sleeps 3 ms, 1.5 ms less with the MLP knocked out."""
+
+    def call(self, engine, cell, knockout=frozenset()):
+        assert engine == "megakernel" and cell == Cell(64, 1)
+        pause = 0.003 - (0.0015 if SHARED_MLP in knockout else 0.0)
+        return (lambda: time.sleep(pause)), 0.0
+
+
+def test_knockouts_give_each_components_shrink_a_step_beside_its_bytes():
+    case, cell = Case("tiny-llama", cells=(Cell(64, 1),)), Cell(64, 1)
+    limit = SimpleNamespace(bandwidth=1e9)
+    rows = chip_knockouts.measure_knockouts(case, cell, _SleepingEngines(), limit, 0.5, lambda _: None)
+    by = {r["component"]: r for r in rows}
+    assert set(by) == {"(whole step)", FULL_ATTENTION, SHARED_MLP, NORMS, HEAD}
+    assert by[SHARED_MLP]["shrink_ms"] == pytest.approx(1.5, abs=0.5)
+    assert by[SHARED_MLP]["shrink_low_ms"] > 0.5 and by[HEAD]["shrink_low_ms"] < 0.5
+    assert by["(whole step)"]["whole_ms"] == pytest.approx(3.0, rel=0.4)  # a step's, not STEPS_BACK_TO_BACK's
+    mlp_bytes = chip_knockouts.component_bytes(case, cell)[SHARED_MLP]
+    assert by[SHARED_MLP]["bytes_at_limit_ms"] == pytest.approx(mlp_bytes / 1e9 * 1e3, rel=1e-3)
+
+
+def test_a_stand_in_has_no_bytes_of_the_whole_model():
+    stand_in = Case("tiny-moe", setup="workbook", cells=(Cell(64, 1),))
+    assert chip_knockouts.component_bytes(stand_in, Cell(64, 1)) is None
+
+
+def test_the_resident_kernel_computes_its_chain_and_refuses_other_work():
+    x = jnp.full((chip_clock.ROWS, chip_clock.WIDTH), 2.0, jnp.float32)
+    w = (jnp.eye(chip_clock.WIDTH) * 0.5).astype(jnp.bfloat16)
+    assert float(chip_clock.resident_kernel("matmul", 3, interpret=True)(x, w)[0, 0]) == 2.0 * 0.25**3
+    assert float(chip_clock.resident_kernel("elementwise", 2, interpret=True)(x, w)[0, 0]) == 2.0
+    with pytest.raises(ValueError, match="kind must be one of"):
+        chip_clock.resident_kernel("transpose", 2)
+
+
+def test_the_clock_table_says_which_kernels_give_a_clock(tmp_path):
+    rows = [dict(date="d", kind=k, trips=n, bundles=b * n, device_us=us, clock_GHz=c, clock_low_GHz=c,
+                 clock_high_GHz=c, assumed_clock_GHz=1.5) for k, b, c, runs in
+            (("matmul", 150, 1.0, ((1000, 160.0), (10000, 1510.0))), ("elementwise", 8, 5.0, ((1000, 100.0),
+             (10000, 114.0)))) for n, us in runs]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / chip_checks.CLOCK_CSV, index=False)
+    t = chip_checks.clock_table(tmp_path).set_index("work")
+    assert t.loc["matmul", "verdict"].startswith("issue-bound")
+    assert t.loc["matmul", "device_ns_a_trip"] == pytest.approx(150.0)
+    assert t.loc["matmul", "time_over_schedule"] == pytest.approx(1.5)
+    assert t.loc["elementwise", "verdict"] == "the call's fixed cost hides the trips"
+
+
+def test_the_anchors_cache_is_the_users_pages_of_one_layer_type():
+    cfg = get_config("tiny-llama")
+    q, pages, lens, indices, cu_q, seqs = attention_anchor.paged_inputs(cfg, 300, 2)
+    per_user = -(-300 // attention_anchor.PAGE)
+    hd = cfg.head_dim(cfg.layer_types[0])
+    assert q.shape == (2, cfg.num_heads, hd) and len(pages) == cfg.num_layers
+    assert pages[0].shape == (2 * per_user, attention_anchor.PAGE, 2 * cfg.kv_heads(cfg.layer_types[0]), hd)
+    assert lens.tolist() == [300, 300] and indices[1, 0] == per_user and cu_q.tolist() == [0, 1, 2]
+    assert seqs.tolist() == [2]
+    assert attention_anchor.attention_only(cfg) == {SHARED_MLP, NORMS, HEAD}
+    with pytest.raises(ValueError, match="one attention type"):
+        attention_anchor.paged_inputs(get_config("tiny-dense"), 64, 1)  # sliding and full layers
