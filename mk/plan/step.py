@@ -16,7 +16,7 @@ from ..config import ModelConfig
 from ..dtypes import array_itemsize
 from ..format_trees import FORMAT_SCHEMES, format_paths
 from ..kernel_setup import ONE_CHIP, KernelSetup
-from ..params import EXPERTS, check_knockout, quantized_paths
+from ..params import EXPERTS, ROUTER, check_knockout, quantized_paths
 from ..routing import busiest_chip_distribution, chip_distinct_experts_distribution, distinct_experts_distribution
 from ..sharding import attention_chips, chip_config, expert_groups, experts_per_chip, position_share, users_per_chip
 from ..units import round_up
@@ -271,6 +271,8 @@ class StepPlan:
         E, k = self.share.num_experts, self.share.top_k
         if self.share.is_moe and self.experts_held < E:
             return chip_distinct_experts_distribution(E, self.expert_groups, k, self.batch)
+        if ROUTER in self.knockout:  # the kernel's knock-out routes every user to experts 0..k-1: k distinct, always
+            return {k: 1.0}
         return distinct_experts_distribution(E, k, self.batch)
 
     @cached_property
