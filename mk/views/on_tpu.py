@@ -114,3 +114,29 @@ def op_time_figure(parts: pd.DataFrame, title: str) -> go.Figure:
     fig.update_yaxes(autorange="reversed", ticksuffix="  ")
     fig.update_layout(title=title, barmode="stack", height=26 * p.row.nunique() + 300, margin=dict(l=420))
     return fig
+
+
+def knockout_figure(knocked: pd.DataFrame, title: str) -> go.Figure:
+    """Each knock-out's shrink (mk.analysis.chip_checks.knockout_table) measured on the chip, with its 95% interval,
+    beside the timing model's and the component's bytes at the measured limit, one row per component and cell."""
+    k = knocked.assign(row=[f"{m}, {c:,} pos, {b} user{'s' * (b > 1)}: {comp}" for m, c, b, comp in
+                            zip(knocked.model, knocked.context, knocked.batch, knocked.component)])  # fmt: skip
+    colours = template_colours()
+    fig = go.Figure()
+    fig.add_bar(
+        x=k.shrink_ms, y=k.row, orientation="h", name="measured (device time)", marker_color=colours[0],
+        error_x=dict(type="data", array=k.shrink_high_ms - k.shrink_ms, arrayminus=k.shrink_ms - k.shrink_low_ms),
+        hovertemplate="%{y}: %{x:.3f} ms<extra>measured</extra>",
+    )  # fmt: skip
+    beside = (("modelled_shrink_ms", "modelled", "diamond"), ("bytes_at_limit_ms", "its bytes at the measured limit",
+                                                              "circle-open"))  # fmt: skip
+    for colour, (col, name, symbol) in zip(colours[1:], beside):  # an open ring: the diamond under it shows
+        fig.add_scatter(
+            x=k[col], y=k.row, mode="markers", name=name,
+            marker=dict(color=colour, size=14 if symbol == "circle-open" else 9, symbol=symbol, line=dict(width=2)),
+            hovertemplate="%{y}: %{x:.3f} ms<extra>" + name + "</extra>",
+        )  # fmt: skip
+    fig.update_xaxes(title_text="how much the step shrinks with the component off (ms)")
+    fig.update_yaxes(autorange="reversed", ticksuffix="  ")
+    fig.update_layout(title=title, height=24 * len(k) + 300, margin=dict(l=430))
+    return fig
