@@ -97,3 +97,11 @@ def test_a_knocked_out_router_reads_the_first_k_experts_only():
     off = named_plan("tiny-moe", "tpu-v5e", 64, 8, ONE_CHIP, knockout=(ROUTER,))
     on = named_plan("tiny-moe", "tpu-v5e", 64, 8, ONE_CHIP)
     assert off.distinct_experts == {2: 1.0} and sum(n * p for n, p in on.distinct_experts.items()) > 5
+
+
+def test_a_rate_is_the_extra_work_over_the_extra_time_paired_by_round():
+    from mk.measure.loop import Comparison
+
+    raw = {"short": [1.0, 1.2, 1.0], "long": [3.0, 3.2, 3.5]}  # each time spans 10 calls
+    c = Comparison("short", {}, {}, 0.95, 3, 0.0, (0.0, 0.0), raw=raw)
+    assert c.rate("short", "long", 100.0, calls=10).median == pytest.approx(500.0)  # 100 a call over 2 s / 10

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..config import with_layers
 from ..kernel_setup import WORKBOOK_KERNEL
 from ..paths import MEASURED_DIR
 from .knockouts import knockouts as modelled_knockouts
+from .on_tpu import measured_config
 
 KNOCKOUTS_CSV, CLOCK_CSV, ATTENTION_CSV = "tpu_knockouts.csv", "tpu_clock.csv", "tpu_attention.csv"
 WHOLE = "(whole step)"
@@ -27,12 +27,6 @@ ISSUE_BOUND = 0.9  # the share of a call its trips must take for its device time
 def _read(name: str, folder) -> pd.DataFrame:
     path = Path(folder or MEASURED_DIR) / name
     return pd.read_csv(path) if path.exists() else pd.DataFrame()
-
-
-def _config(model: str, layers: str):
-    base, _, cut = model.partition("[")
-    return with_layers(base, None if layers == "all" else int(layers) if str(layers).isdigit() else layers) if cut \
-        else with_layers(base, None)  # fmt: skip
 
 
 def knockout_table(folder=None) -> pd.DataFrame:
@@ -52,7 +46,8 @@ def knockout_table(folder=None) -> pd.DataFrame:
         if setup != "one chip":
             modelled += [float("nan")] * len(rows)
             continue
-        m = modelled_knockouts(_config(model, layers), "tpu-v5e", int(context), int(batch), dtype=dtype,
+        cfg = measured_config(dict(base_model=model.partition("[")[0], layers=layers))  # the CSV names the cut model
+        m = modelled_knockouts(cfg, "tpu-v5e", int(context), int(batch), dtype=dtype,
                                components=list(rows.component), setup=WORKBOOK_KERNEL)  # fmt: skip
         modelled += list(m.shrink_ms)
     return out.assign(modelled_shrink_ms=modelled, kind="measured (TPU, device time) beside modelled")

@@ -32,7 +32,7 @@ UNEXPLAINED = "not explained yet"  # how a reason that is not (yet) one begins
 def _shared_experts(row) -> str:
     """A many-user MoE row of XLA's: what reading one expert slice per (user, slot) costs over the distinct experts the
     model reads, at the measured limit."""
-    cfg, B = _config(row), int(row["batch"])
+    cfg, B = measured_config(row), int(row["batch"])
     layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
     distinct = expected_distinct_experts(cfg.num_experts, cfg.top_k, B)
     extra = layers * (B * cfg.top_k - distinct) * 3 * cfg.hidden_size * cfg.expert_intermediate * 2  # bf16
@@ -123,7 +123,9 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def _config(r):
+def measured_config(r):
+    """The model a measured row ran: its ``base_model`` cut to its ``layers`` (``all``, a count, or mk.config's
+    LAYER_PAIR)."""
     layers = r["layers"]
     return with_layers(r["base_model"], None if layers == "all" else int(layers) if str(layers).isdigit() else layers)
 
@@ -138,7 +140,7 @@ def _stand_in_setup(label: str):
 
 def modelled_seconds(r) -> tuple[float, str]:
     """The model's step for a measured row (the module's docstring) and the setup it models."""
-    cfg = _config(r)
+    cfg = measured_config(r)
     if r["engine"] != "megakernel":
         # mk.reference computes a quantized tree's float tree (dequantized once): XLA reads the float weights
         dtype = str(r["dtype"]).split("+", 1)[0]
@@ -279,7 +281,7 @@ def cache_read_rates(steps: pd.DataFrame | None = None, short: int = 8192, long:
         if set(g.context) != {short, long}:
             continue
         ms = g.set_index("context").device_ms
-        cfg = _config(g.iloc[0])
+        cfg = measured_config(g.iloc[0])
         added = _cache_bytes(cfg, long) - _cache_bytes(cfg, short)
         extra_ms = ms[long] - ms[short]
         rows.append(dict(engine=engine, model=model, dtype=dtype, added_cache_GB=added / 1e9, added_device_ms=extra_ms,

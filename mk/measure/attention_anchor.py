@@ -20,11 +20,10 @@ import jax.numpy as jnp
 from ..config import ModelConfig
 from ..files import append_csv_rows
 from ..params import FULL_ATTENTION, KNOCKOUTS, SLIDING_ATTENTION, param_specs
-from ..profiling import Estimate
 from ..progress import Log
 from ..sol import kv_bytes_per_user
 from ..timing.scheduled import kernel_revision
-from .harness import provenance
+from .harness import CHIP_PROVENANCE, chip_provenance
 from .loop import back_to_back, interleaved
 from .on_chip import Case, CaseEngines, Cell
 
@@ -36,9 +35,9 @@ STEPS_BACK_TO_BACK = 10
 # lanes, so llama-3.2-1b's 64-wide heads do not run in it
 CASE = Case("qwen3-8b", 8, cells=tuple(Cell(c, 1) for c in CONTEXTS))
 ANCHOR, MEGAKERNEL = "ragged paged attention (JAX's Pallas TPU kernel)", "megakernel, attention only"
-COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit", "kernel_revision", "model", "batch", "engine",
-           "context", "kv_bytes", "steps_back_to_back", "rounds", "device_step_ms", "device_step_low_ms",
-           "device_step_high_ms", "slope_GBps", "slope_low_GBps", "slope_high_GBps", "limit_GBps")  # fmt: skip
+COLUMNS = (*CHIP_PROVENANCE, "kernel_revision", "model", "batch", "engine", "context", "kv_bytes",
+           "steps_back_to_back", "rounds", "device_step_ms", "device_step_low_ms", "device_step_high_ms", "slope_GBps",
+           "slope_low_GBps", "slope_high_GBps", "limit_GBps")  # fmt: skip
 
 
 def attention_only(cfg: ModelConfig) -> frozenset[str]:
@@ -103,19 +102,17 @@ def measure(case: Case = CASE, out: Path | str | None = None, limit=None, budget
 
 
 def _rows(cmp, case: Case, kv: dict, limit, out, log) -> list[dict]:
-    prov = provenance(jax.devices()[0])
-    keep = {k: prov[k] for k in ("date", "device", "jax_version", "libtpu_version", "commit")}
+    keep = chip_provenance()
     lo, hi, rows = min(kv), max(kv), []
     for engine in (ANCHOR, MEGAKERNEL):
-        per = {c: [t / STEPS_BACK_TO_BACK for t in cmp.raw[f"{engine} at {c}"]] for c in kv}
-        slope = Estimate.of([(kv[hi] - kv[lo]) / (b - a) for a, b in zip(per[lo], per[hi])], cmp.confidence)
+        slope = cmp.rate(f"{engine} at {lo}", f"{engine} at {hi}", kv[hi] - kv[lo], STEPS_BACK_TO_BACK)
         for c in kv:
-            t = Estimate.of(per[c], cmp.confidence)
+            t, ms = cmp.times[f"{engine} at {c}"], 1e3 / STEPS_BACK_TO_BACK
             rows.append(dict(
                 keep, kernel_revision=kernel_revision(), model=case.config().name, batch=case.cells[0].batch,
                 engine=engine, context=c, kv_bytes=int(kv[c]), steps_back_to_back=STEPS_BACK_TO_BACK,
-                rounds=cmp.rounds, device_step_ms=round(t.median * 1e3, 4), device_step_low_ms=round(t.low * 1e3, 4),
-                device_step_high_ms=round(t.high * 1e3, 4), slope_GBps=round(slope.median / 1e9, 2),
+                rounds=cmp.rounds, device_step_ms=round(t.median * ms, 4), device_step_low_ms=round(t.low * ms, 4),
+                device_step_high_ms=round(t.high * ms, 4), slope_GBps=round(slope.median / 1e9, 2),
                 slope_low_GBps=round(slope.low / 1e9, 2), slope_high_GBps=round(slope.high / 1e9, 2),
                 limit_GBps=None if limit is None else round(limit.bandwidth / 1e9, 2),
             ))  # fmt: skip

@@ -19,20 +19,19 @@ import jax.numpy as jnp
 import pandas as pd
 
 from ..files import append_csv_rows
-from ..profiling import Estimate
 from ..progress import Log
 from ..tpu import interpret_params
 from .bundles import final_bundles, issued_bundles, parse_bundles
-from .harness import provenance
+from .harness import CHIP_PROVENANCE, chip_provenance
 from .loop import back_to_back, interleaved
 
 KINDS = ("matmul", "vector", "elementwise")
 TRIPS = (2_000, 20_000)
 ROWS, WIDTH = 8, 512
 STEPS_BACK_TO_BACK = 10
-COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit", "kind", "trips", "bundles",
-           "steps_back_to_back", "rounds", "device_us", "device_low_us", "device_high_us", "bundles_over_time_GHz",
-           "clock_GHz", "clock_low_GHz", "clock_high_GHz", "assumed_clock_GHz")  # fmt: skip
+COLUMNS = (*CHIP_PROVENANCE, "kind", "trips", "bundles", "steps_back_to_back", "rounds", "device_us", "device_low_us",
+           "device_high_us", "bundles_over_time_GHz", "clock_GHz", "clock_low_GHz", "clock_high_GHz",
+           "assumed_clock_GHz")  # fmt: skip
 _COMPILE = """
 from mk.measure.chip_clock import compile_resident
 compile_resident({kind!r}, {trips})
@@ -91,7 +90,7 @@ def measure(kinds=KINDS, trips=TRIPS, out: Path | str | None = None, assumed_hz:
     module's docstring); rows appended to ``out``. ``interpret``: the kernels in interpret mode (a CPU's check of
     the rows, no TPU's clock)."""
     log, device = Log(quiet), jax.devices()[0]
-    keep = {k: v for k, v in provenance(device).items() if k in COLUMNS}
+    keep = chip_provenance(device)
     rows = []
     for kind in kinds:
         bundles = {n: scheduled_bundles(kind, n) for n in trips}
@@ -105,8 +104,7 @@ def measure(kinds=KINDS, trips=TRIPS, out: Path | str | None = None, assumed_hz:
             calls[f"{n} trips"] = back_to_back(lambda f=f: f(x, w), STEPS_BACK_TO_BACK)
         cmp = interleaved(calls, f"{trips[0]} trips", budget_s=budget_s, min_rounds=5)
         lo, hi = trips[0], trips[-1]
-        per = {n: [t / STEPS_BACK_TO_BACK for t in cmp.raw[f"{n} trips"]] for n in trips}
-        clock = Estimate.of([(bundles[hi] - bundles[lo]) / (b - a) for a, b in zip(per[lo], per[hi])], cmp.confidence)
+        clock = cmp.rate(f"{lo} trips", f"{hi} trips", bundles[hi] - bundles[lo], STEPS_BACK_TO_BACK)
         for n in trips:
             t = cmp.times[f"{n} trips"]
             rows.append(dict(

@@ -20,7 +20,7 @@ from ..params import FULL_ATTENTION, KNOCKOUTS, SLIDING_ATTENTION, param_specs
 from ..progress import Log
 from ..sol import KV_FULL, KV_SLIDING, bytes_per_token
 from ..timing.scheduled import kernel_revision
-from .harness import provenance
+from .harness import CHIP_PROVENANCE, chip_provenance
 from .knockouts import WHOLE, knockout_table
 from .loop import back_to_back
 from .on_chip import Case, CaseEngines, Cell
@@ -31,9 +31,9 @@ CASES = (
     Case("gemma4-26b-a4b", LAYER_PAIR, cells=(Cell(1024, 1), Cell(1024, 8))),
     Case("gemma4-26b-a4b", None, setup="workbook", cells=(Cell(1024, 1), Cell(1024, 8))),
 )
-COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit", "kernel_revision", "model", "layers", "setup",
-           "dtype", "context", "batch", "component", "steps_back_to_back", "rounds", "whole_ms", "device_step_ms",
-           "shrink_ms", "shrink_low_ms", "shrink_high_ms", "bytes_at_limit_ms", "limit_GBps", "verdict")  # fmt: skip
+COLUMNS = (*CHIP_PROVENANCE, "kernel_revision", "model", "layers", "setup", "dtype", "context", "batch", "component",
+           "steps_back_to_back", "rounds", "whole_ms", "device_step_ms", "shrink_ms", "shrink_low_ms",
+           "shrink_high_ms", "bytes_at_limit_ms", "limit_GBps", "verdict")  # fmt: skip
 _OWN_KV = {FULL_ATTENTION: KV_FULL, SLIDING_ATTENTION: KV_SLIDING}  # an attention type's knock-out skips its cache too
 
 
@@ -96,8 +96,7 @@ def run(cases=CASES, out: Path | str | None = None, limit=None, device=None, dea
 
     device = device or jax.devices()[0]
     log, rows, notes = Log(quiet), [], []
-    prov = provenance(device)
-    keep = {k: prov[k] for k in ("date", "device", "jax_version", "libtpu_version", "commit")}
+    keep = chip_provenance(device)
     done = _done(out)
     for case in cases:
         cells = [c for c in case.cells if _key(case, c) not in done]

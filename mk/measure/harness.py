@@ -123,6 +123,16 @@ def versions(device=None) -> dict:
     )
 
 
+# the columns a chip check's rows lead with
+CHIP_PROVENANCE = ("date", "device", "jax_version", "libtpu_version", "commit")
+
+
+def chip_provenance(device=None) -> dict:
+    """:func:`provenance`'s :data:`CHIP_PROVENANCE` columns."""
+    prov = provenance(device)
+    return {k: prov[k] for k in CHIP_PROVENANCE}
+
+
 def provenance(device=None, chips: int = 1) -> dict:
     """Where and when a measurement is taken: date (UTC), device, backend, the chips it runs on, versions."""
     device = device or jax.devices()[0]

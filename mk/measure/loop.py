@@ -64,6 +64,12 @@ class Comparison:
         pairs = zip(self.raw[name], self.raw[self.baseline])
         return Estimate.of([a / b for a, b in pairs], self.confidence)
 
+    def rate(self, short: str, long: str, amount: float, calls: int = 1) -> Estimate:
+        """``amount`` (of work: bytes, bundles) over ``long``'s time less ``short``'s, paired by round, each time over
+        the ``calls`` it spans: the rate of the work ``long`` does beyond ``short``, their fixed costs cancelled."""
+        pairs = zip(self.raw[short], self.raw[long])
+        return Estimate.of([amount * calls / (b - a) for a, b in pairs], self.confidence)
+
     def provenance(self) -> dict:
         return dict(
             confidence=self.confidence,

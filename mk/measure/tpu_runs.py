@@ -33,7 +33,7 @@ from ..paths import MEASURED_DIR
 from ..progress import Log
 from ..tpu import on_tpu
 from . import attention_anchor, chip_clock, chip_knockouts, chip_parity, hbm, on_chip
-from .harness import provenance
+from .harness import CHIP_PROVENANCE, provenance
 from .on_chip import Case, Cell, grid
 
 PARTS = ("parity", "hbm", "table", "clock", "knockouts", "anchor")
@@ -68,7 +68,7 @@ TABLE = (
 )
 CSVS = dict(parity="tpu_parity.csv", hbm="tpu_hbm.csv", table="tpu.csv", clock="tpu_clock.csv",
             knockouts="tpu_knockouts.csv", anchor="tpu_attention.csv")  # fmt: skip
-PARITY_COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit") + chip_parity.COLUMNS
+PARITY_COLUMNS = CHIP_PROVENANCE + chip_parity.COLUMNS
 
 
 def table_cases(models: str | None = None, cases=TABLE, strict: bool = True) -> tuple[Case, ...]:
