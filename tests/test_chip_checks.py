@@ -105,3 +105,14 @@ def test_a_rate_is_the_extra_work_over_the_extra_time_paired_by_round():
     raw = {"short": [1.0, 1.2, 1.0], "long": [3.0, 3.2, 3.5]}  # each time spans 10 calls
     c = Comparison("short", {}, {}, 0.95, 3, 0.0, (0.0, 0.0), raw=raw)
     assert c.rate("short", "long", 100.0, calls=10).median == pytest.approx(500.0)  # 100 a call over 2 s / 10
+
+
+def test_a_resumed_knockout_run_skips_the_cells_this_kind_of_device_measured(tmp_path):
+    from mk.timing.scheduled import kernel_revision
+
+    base = dict.fromkeys(chip_knockouts.COLUMNS, "") | dict(
+        kernel_revision=kernel_revision(), model="tiny-llama", setup="one chip", dtype="bf16", context=64, batch=1
+    )
+    rows = [base | dict(device="cpu: a CPU"), base | dict(device="tpu: TPU v5 lite", context=128)]
+    pd.DataFrame(rows).to_csv(tmp_path / "k.csv", index=False)
+    assert chip_knockouts._done(tmp_path / "k.csv", "tpu") == {("tiny-llama", "one chip", "bf16", 128, 1)}

@@ -79,12 +79,13 @@ def _key(case: Case, cell: Cell) -> tuple:
     return case.config().name, case.setup_label, case.dtype, cell.context, cell.batch
 
 
-def _done(out) -> set[tuple]:
-    """The cells ``out`` holds rows of at this tree's kernel revision (a resumed run skips them)."""
+def _done(out, backend: str) -> set[tuple]:
+    """The cells ``out`` holds rows of from a ``backend`` device at this tree's kernel revision (a resumed run skips
+    them; a CPU's interpreted rows never stand for a chip's)."""
     if out is None or not Path(out).exists():
         return set()
     t = pd.read_csv(out)
-    t = t[t.kernel_revision == kernel_revision()]
+    t = t[(t.kernel_revision == kernel_revision()) & t.device.str.startswith(f"{backend}:")]
     return set(zip(t.model, t.setup, t["dtype"], t.context.astype(int), t.batch.astype(int)))
 
 
@@ -97,7 +98,7 @@ def run(cases=CASES, out: Path | str | None = None, limit=None, device=None, dea
     device = device or jax.devices()[0]
     log, rows, notes = Log(quiet), [], []
     keep = chip_provenance(device)
-    done = _done(out)
+    done = _done(out, device.platform)
     for case in cases:
         cells = [c for c in case.cells if _key(case, c) not in done]
         if not cells:
