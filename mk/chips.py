@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .paths import CHIPS_CSV, SLICES_CSV, TPU_HBM_CSV
+from .paths import CHIPS_CSV, SLICES_CSV, TPU_CLOCK_CSV, TPU_HBM_CSV
 from .tpu import DEVICE_KINDS
 
 
@@ -292,3 +292,38 @@ def measured_limit(chip: str, path=TPU_HBM_CSV) -> MeasuredLimit | None:
     return MeasuredLimit(
         base, float(r["device_GBps"]) * 1e9, r["method"], int(r["bytes"]), r["date"], r["device"], spec
     )
+
+
+# A core's measured issue rate ----------------------------------------------------------------------------------------
+ISSUE_BOUND = 0.9  # the share of a call its trips must take for its device time to measure their issue
+
+
+def trips_share(lo, hi) -> float:
+    """The share of the longer call (``hi``) its trips take, from two calls of a clock check's kernel at
+    ``lo`` and ``hi`` trips (rows of tpu_clock.csv): near 1 the kernel is issue-bound and gives a clock; far below,
+    the call's fixed cost (its dispatch) hides the trips and their difference is noise."""
+    lo_us, hi_us, lo_n, hi_n = (float(x) for x in (lo["device_us"], hi["device_us"], lo["trips"], hi["trips"]))
+    return (hi_us - lo_us) / hi_us * hi_n / (hi_n - lo_n)
+
+
+@lru_cache(maxsize=None)
+def measured_issue_rates(chip: str, path=TPU_CLOCK_CSV) -> dict[str, float]:
+    """``chip``'s (a chip or slice of data/chips.csv) scheduled bundles issued a second, measured on one such chip,
+    by kind of work (mk.measure.chip_clock: a chain of that work resident in VMEM, the device time of its trips
+    against the compiler's bundles for them): each kind's newest run whose trips dominate its call
+    (:data:`ISSUE_BOUND`); {} where none was measured."""
+    base, path = get_chip(chip).base, Path(path)
+    if not path.exists():
+        return {}
+    devices = {f"tpu: {k}" for k, c in DEVICE_KINDS.items() if c == base}
+    runs: dict[tuple, list] = {}
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if r["device"] in devices:
+                runs.setdefault((r["date"], r["kind"]), []).append(r)
+    rates = {}
+    for (_, kind), rows in sorted(runs.items()):
+        lo, hi = min(rows, key=lambda r: int(r["trips"])), max(rows, key=lambda r: int(r["trips"]))
+        if trips_share(lo, hi) > ISSUE_BOUND:
+            rates[kind] = float(hi["clock_GHz"]) * 1e9
+    return rates

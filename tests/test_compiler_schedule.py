@@ -146,3 +146,29 @@ def test_predict_takes_the_cores_costs_from_the_stored_schedule(capsys):
     assumed = predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, costs=GivenCosts(0.0, 0.0))
     assert assumed.op_costs == "assumed" and scheduled.step_s > assumed.step_s  # issuing costs the core time
     assert predict("gemma4-26b-a4b", "tpu-v5e-8", 4096, 2).op_costs == "assumed"  # no schedule kept for it
+
+
+def test_bundles_waiting_on_a_unit_take_the_measured_issue_rate(tmp_path):
+    """A clock check's issue-bound kinds (trips most of their call) give the rates the model charges a matrix
+    product's and a norm's bundles at; a kind whose dispatch hides its trips gives none; other scopes, and every scope
+    with ``stalls`` off, one cycle of the chip's clock."""
+    from mk.chips import measured_issue_rates
+    from mk.timing import GivenCosts, predict
+    from mk.timing.scheduled import OTHER, seconds_a_bundle
+
+    rows = [("matmul", 2000, 420.0, 0.96), ("matmul", 20000, 3700.0, 0.96),  # issue-bound: trips 100% of the call
+            ("elementwise", 2000, 137.0, 5.6), ("elementwise", 20000, 158.0, 5.6)]  # fmt: skip
+    path = tmp_path / "clock.csv"
+    pd.DataFrame(
+        [dict(date="d", device="tpu: TPU v5 lite", kind=k, trips=n, device_us=us, clock_GHz=g) for k, n, us, g in rows]
+        + [dict(date="d", device="tpu: TPU v4", kind="vector", trips=n, device_us=n, clock_GHz=0.3) for n in (1, 9)]
+    ).to_csv(path, index=False)
+    assert measured_issue_rates("tpu-v5e-8", path) == {"matmul": 0.96e9}
+    v5e = get_chip("tpu-v5e")
+    bundle_s = seconds_a_bundle(v5e)  # the stored tpu_clock.csv: both kinds measured issue-bound
+    assert bundle_s("MatmulTile.experts") == bundle_s("HeadTile") == pytest.approx(1 / 0.9595e9, rel=0.01)
+    assert bundle_s("Norm") == pytest.approx(1 / 0.2947e9, rel=0.01)
+    assert bundle_s("Attend.full") == bundle_s(OTHER) == seconds_a_bundle(v5e, stalls=False)("Norm") == 1 / v5e.clock_hz
+    stalled, at_clock = (predict("llama-3.2-1b", "tpu-v5e", 1024, costs=GivenCosts(stalls=s)) for s in (True, False))
+    assert stalled.op_costs == at_clock.op_costs == "compiler-scheduled" and "tpu_clock.csv" in stalled.op_cost_words
+    assert stalled.step_s > at_clock.step_s and "tpu_clock.csv" not in at_clock.op_cost_words

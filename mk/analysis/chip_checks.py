@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..chips import ISSUE_BOUND, trips_share
 from ..kernel_setup import WORKBOOK_KERNEL
 from ..paths import MEASURED_DIR
+from ..timing import GivenCosts
+from . import on_tpu
 from .knockouts import knockouts as modelled_knockouts
-from .on_tpu import measured_config
 
 KNOCKOUTS_CSV, CLOCK_CSV, ATTENTION_CSV = "tpu_knockouts.csv", "tpu_clock.csv", "tpu_attention.csv"
 WHOLE = "(whole step)"
-ISSUE_BOUND = 0.9  # the share of a call its trips must take for its device time to measure their issue
 
 
 def _read(name: str, folder) -> pd.DataFrame:
@@ -46,7 +47,8 @@ def knockout_table(folder=None) -> pd.DataFrame:
         if setup != "one chip":
             modelled += [float("nan")] * len(rows)
             continue
-        cfg = measured_config(dict(base_model=model.partition("[")[0], layers=layers))  # the CSV names the cut model
+        # the CSV names the cut model
+        cfg = on_tpu.measured_config(dict(base_model=model.partition("[")[0], layers=layers))
         m = modelled_knockouts(cfg, "tpu-v5e", int(context), int(batch), dtype=dtype,
                                components=list(rows.component), setup=WORKBOOK_KERNEL)  # fmt: skip
         modelled += list(m.shrink_ms)
@@ -63,16 +65,14 @@ def clock_table(folder=None) -> pd.DataFrame:
     for (date, kind), g in t.groupby(["date", "kind"], sort=False):
         lo, hi = g.iloc[0], g.iloc[-1]
         trip_bundles = (hi.bundles - lo.bundles) / (hi.trips - lo.trips)
-        # the share of the longest call its trips take: near 1 the kernel is issue-bound and gives a clock; far below,
-        # the call's fixed cost (its dispatch) hides the trips and the difference is noise
-        trips_share = (hi.device_us - lo.device_us) / hi.device_us * hi.trips / (hi.trips - lo.trips)
+        share = trips_share(lo, hi)
         rows.append(dict(
             date=date, work=kind, trips=f"{lo.trips}-{hi.trips}", bundles_a_trip=trip_bundles,
             device_ns_a_trip=(hi.device_us - lo.device_us) / (hi.trips - lo.trips) * 1e3,
             longest_call_us=hi.device_us, clock_GHz=hi.clock_GHz, clock_low_GHz=hi.clock_low_GHz,
             clock_high_GHz=hi.clock_high_GHz, assumed_clock_GHz=hi.assumed_clock_GHz,
-            time_over_schedule=hi.assumed_clock_GHz / hi.clock_GHz, trips_share=trips_share,
-            verdict="issue-bound: a clock" if trips_share > ISSUE_BOUND else "the call's fixed cost hides the trips",
+            time_over_schedule=hi.assumed_clock_GHz / hi.clock_GHz, trips_share=share,
+            verdict="issue-bound: a clock" if share > ISSUE_BOUND else "the call's fixed cost hides the trips",
         ))  # fmt: skip
     return pd.DataFrame(rows).assign(kind="measured (TPU, device time) against the compiler's schedule")
 
@@ -89,3 +89,21 @@ def attention_table(folder=None) -> pd.DataFrame:
          "device_step_high_ms", "slope_GBps", "slope_low_GBps", "slope_high_GBps", "slope_fraction_of_limit",
          "limit_GBps", "kernel_revision", "commit"]
     ].assign(kind="measured (TPU, device time)")  # fmt: skip
+
+
+def stall_effect(steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The megakernel's measured steps beside the model's with the schedule's waits on a unit charged at the chip's
+    measured issue rate (the default, mk.timing.scheduled.seconds_a_bundle) and without (every bundle one cycle of
+    the clock): each one's error against the device's time. A step whose plan has no stored schedule is charged
+    assumed op costs either way (``op_costs`` says which): the clock check moves only the others."""
+    t = on_tpu.tpu_steps() if steps is None else steps
+    rows = []
+    for _, r in t[t.engine == "megakernel"].iterrows():
+        at_clock = on_tpu.measured_prediction(r, GivenCosts(stalls=False))  # its op costs' source is the default's
+        without = on_tpu.modelled_step(r, at_clock) * 1e3
+        rows.append(dict(
+            model=r.model, setup=r.setup, dtype=r["dtype"], context=r.context, batch=r.batch, device_ms=r.device_ms,
+            modelled_ms=r.modelled_ms, error=r.error, at_clock_ms=without, error_at_clock=without / r.device_ms - 1,
+            op_costs=at_clock.op_costs,
+        ))  # fmt: skip
+    return pd.DataFrame(rows).assign(kind="measured (TPU, device time) against modelled (mk.timing)")

@@ -21,7 +21,7 @@ from ..paths import MEASURED_DIR, TPU_CSV, TPU_OPS_CSV
 from ..published import published
 from ..routing import expected_distinct_experts
 from ..sol import kv_bytes_per_user, speed_of_light
-from ..timing import MODELLED, predict
+from ..timing import DEFAULT_COSTS, MODELLED, GivenCosts, Prediction, predict
 
 STAND_IN = "; loopback stand-in"  # how a stand-in row's setup ends (mk.measure.on_chip)
 SLICE = "tpu-v5e-8"
@@ -138,18 +138,32 @@ def _stand_in_setup(label: str):
     return found[0]
 
 
-def modelled_seconds(r) -> tuple[float, str]:
-    """The model's step for a measured row (the module's docstring) and the setup it models."""
-    cfg = measured_config(r)
+def measured_prediction(r, costs: GivenCosts = DEFAULT_COSTS) -> Prediction:
+    """The model's prediction of a measured row's step (the module's docstring); ``costs``: a sensitivity
+    (mk.timing.GivenCosts)."""
+    cfg, context, batch = measured_config(r), int(r["context"]), int(r["batch"])
     if r["engine"] != "megakernel":
         # mk.reference computes a quantized tree's float tree (dequantized once): XLA reads the float weights
-        dtype = str(r["dtype"]).split("+", 1)[0]
-        return predict(cfg, r["chip"], int(r["context"]), int(r["batch"]), "general", dtype).step_s, "general"
+        return predict(cfg, r["chip"], context, batch, "general", str(r["dtype"]).split("+", 1)[0], costs=costs)
     if str(r["setup"]).endswith(STAND_IN):
         setup = _stand_in_setup(r["setup"])
-        p = predict(cfg, SLICE, int(r["context"]), int(r["batch"]), "megakernel", r["dtype"], setup=setup)
-        return p.step_s - p.pacing.ici_s, setup.name + ", its links' time taken out"
-    p = predict(cfg, r["chip"], int(r["context"]), int(r["batch"]), "megakernel", r["dtype"], setup=WORKBOOK_KERNEL)
+        return predict(cfg, SLICE, context, batch, "megakernel", r["dtype"], setup=setup, costs=costs)
+    return predict(cfg, r["chip"], context, batch, "megakernel", r["dtype"], setup=WORKBOOK_KERNEL, costs=costs)
+
+
+def modelled_step(r, p: Prediction) -> float:
+    """A measured row's modelled step from its prediction ``p`` (:func:`measured_prediction`): a stand-in's without
+    its links' time (chip 0 alone exchanges with itself)."""
+    return p.step_s - p.pacing.ici_s if str(r["setup"]).endswith(STAND_IN) else p.step_s
+
+
+def modelled_seconds(r, costs: GivenCosts = DEFAULT_COSTS) -> tuple[float, str]:
+    """A measured row's modelled step (:func:`modelled_step`) and the setup it models."""
+    p = measured_prediction(r, costs)
+    if r["engine"] != "megakernel":
+        return p.step_s, "general"
+    if str(r["setup"]).endswith(STAND_IN):
+        return modelled_step(r, p), p.setup + ", its links' time taken out"
     return p.step_s, "one chip"
 
 

@@ -37,8 +37,9 @@ COLUMNS = (*CHIP_PROVENANCE, "kernel_revision", "model", "layers", "setup", "dty
 _OWN_KV = {FULL_ATTENTION: KV_FULL, SLIDING_ATTENTION: KV_SLIDING}  # an attention type's knock-out skips its cache too
 # knock-outs a loopback stand-in does not run on a chip, and why (each found by running it there)
 NOT_ON_STAND_IN = {
-    NORMS: "halts the v5e's core (a semaphore nonzero at the kernel's exit; data/measured/tpu_logs/"
-    "2026-12-06-stand-in-knockouts.txt); the interpreter, races checked, runs it clean: not found yet",
+    NORMS: "halts the v5e's core: the semaphore of the expert down-projection tiles' buffer is nonzero at the "
+    "kernel's exit (data/measured/tpu_logs/2026-12-06-stand-in-knockouts.txt, 12 layers and all 30); the whole "
+    "step and every other knock-out run, and the interpreter runs it clean, races checked: not found yet",
 }
 
 

@@ -37,6 +37,7 @@ def megakernel_costs(
     dtype: str | None = None,
     revision: int | None = None,
     bandwidth: float | None = None,
+    stalls: bool = True,
     **assumed,
 ) -> dict:
     """What mk.plan.timeline charges on ``chip`` for ``plan`` (its tiles' bytes under the policy ``dtype``:
@@ -45,7 +46,8 @@ def megakernel_costs(
     ``revision`` (default: this tree's) where data/schedule has the plan's (mk.timing.scheduled) and no cost is
     ``assumed``; otherwise each op's FLOPs at the chip's rate plus the assumed per-op and per-DMA-issue costs
     (data/timing.csv's, or ``assumed``: a sensitivity). ``bandwidth``: the HBM read rate a chip is charged (bytes/s;
-    default mk.timing.bandwidth.read_rate's, a sensitivity otherwise)."""
+    default mk.timing.bandwidth.read_rate's, a sensitivity otherwise). ``stalls``: the schedule's bundles that wait
+    on a unit charged at the chip's measured issue rate (mk.timing.scheduled.seconds_a_bundle; False: at its clock)."""
     nbytes = load_bytes(plan, dtype)
     load_b = {id(ld): nbytes(ld) for ld in plan.loads}  # once: the pacing chip's variants walk the plan many times
     common = dict(
@@ -53,7 +55,7 @@ def megakernel_costs(
         load_bytes=lambda ld: load_b[id(ld)],
         bandwidth=read_rate(chip).per_chip if bandwidth is None else bandwidth,
     )
-    scheduled = op_costs(plan, chip, revision, **assumed)
+    scheduled = op_costs(plan, chip, revision, stalls, **assumed)
     if scheduled is not None:
         return dict(common, **{k: v for k, v in scheduled.items() if k != "source"})
     compute = compute_seconds(plan, chip)
@@ -61,13 +63,13 @@ def megakernel_costs(
     return dict(assumed_costs(chip.kind, **assumed), compute_s=lambda op: op_s[id(op)], **common)
 
 
-def op_costs(plan: StepPlan, chip: Chip, revision: int | None = None, **assumed) -> dict | None:
+def op_costs(plan: StepPlan, chip: Chip, revision: int | None = None, stalls: bool = True, **assumed) -> dict | None:
     """The compiler-scheduled costs of the core for ``plan`` and the kernel's ``revision`` (default: this tree's;
     mk.timing.scheduled.scheduled_costs), unless a cost is ``assumed`` (a sensitivity) or data/schedule has none for
     it: then None."""
     if any(v is not None for v in assumed.values()):
         return None
-    return scheduled_costs(plan, chip, revision)
+    return scheduled_costs(plan, chip, revision, stalls)
 
 
 def _likely(dist: dict[int, float], tail: float = 1e-9) -> dict[int, float]:
@@ -104,6 +106,7 @@ def pace(
     distribution: dict[int, float] | None = None,
     revision: int | None = None,
     bandwidth: float | None = None,
+    stalls: bool = True,
     **assumed,
 ) -> Pace:
     """The step of the chip that sets the pace, expected over its experts per layer (``distribution``,
@@ -113,7 +116,7 @@ def pace(
     count only (layers add up); the all-reduce that closes each layer makes the slowest chip's layer
     everyone's."""
     dist = {m: p for m, p in (distribution or plan.pacing_experts).items() if p > 0}
-    costs = megakernel_costs(plan, chip, dtype, revision, bandwidth, **assumed)
+    costs = megakernel_costs(plan, chip, dtype, revision, bandwidth, stalls, **assumed)
     timed = _likely(dist)
 
     def expect(f, over=timed):

@@ -31,13 +31,15 @@ class GivenCosts:
     (default: fitted; 0 gives its kernels' work alone); ``revision``, the kernel revision (data/kernel_revisions.csv)
     whose schedule gives the megakernel's op costs (default: this tree's kernel); ``hbm_read_Bps``, the HBM read rate
     a chip is charged, bytes/s (default: its measured limit, else an assumed fraction of its spec:
-    mk.timing.bandwidth.read_rate)."""
+    mk.timing.bandwidth.read_rate); ``stalls``, the schedule's bundles that wait on a unit's result at the chip's
+    measured issue rate (default; False: every bundle one cycle of its clock, the schedule's own time)."""
 
     op_overhead_s: float | None = None
     dma_issue_s: float | None = None
     kernel_s: float | None = None
     revision: int | None = None
     hbm_read_Bps: float | None = None
+    stalls: bool = True
 
     @classmethod
     def assumed(cls, kind: str) -> GivenCosts:
@@ -175,12 +177,13 @@ def _megakernel_fields(plan, setup: KernelSetup, chip: Chip, dtype: str, costs: 
     setup = plan.setup or setup  # past one host: mk.sharding.pods.pod_setup's (the torus, whole experts over hosts)
     models = _megakernel_words(plan, chip, setup)
     given, revision, rate = costs.op_costs(), costs.revision, costs.hbm_read_Bps
-    scheduled = op_costs(plan, chip, revision, **given)
+    scheduled = op_costs(plan, chip, revision, costs.stalls, **given)
     assumed = assumed_costs(chip.kind, **given)
     fitted = fitted_costs(chip.kind, **given)  # GPUs' per op, where not given
     cost_words = scheduled["source"] if scheduled else assumed_label(assumed, fitted)
     constants = _megakernel_constants(chip, None if scheduled else assumed, cost_words, fitted, rate)
-    paced = pace(plan, chip, dtype, revision=revision, bandwidth=rate, **({} if scheduled else assumed))
+    paced = pace(plan, chip, dtype, revision=revision, bandwidth=rate, stalls=costs.stalls,
+                 **({} if scheduled else assumed))  # fmt: skip
     return dict(
         engine="megakernel", placement=str(setup.placement) if chip.chips > 1 else "-", setup=setup.name,
         step_s=paced.step_s, kernels_per_step=1, models=models, pacing=paced, constants=constants,

@@ -19,10 +19,11 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
-from ..chips import Chip
+from ..chips import Chip, measured_issue_rates
 from ..paths import KERNEL_REVISIONS_CSV, SCHEDULE_DIR
 from ..plan import ROUTED, Op, StepPlan, Wait, item_scope
 from .constants import assumed_costs, assumed_label, fitted_costs
@@ -220,28 +221,45 @@ def scheduled_step(
 
 
 _COSTS: dict[tuple, dict | None] = {}
+# The scopes whose bundles wait on a unit's result, by the kind of work a clock check times (mk.measure.chip_clock):
+# a tile's matrix products on the MXU's, a norm's mean and rsqrt on the cross-lane and transcendental units'. The
+# schedule does not show these waits; on the v5e they stretch a chain's bundles 1.6x and 5x (tpu_clock.csv).
+WAITS_ON = {"matmul": ("MatmulTile", "HeadTile"), "vector": ("Norm", "QKVNormRope")}
 
 
-def scheduled_costs(plan: StepPlan, chip: Chip, revision: int | None = None) -> dict | None:
+def seconds_a_bundle(chip: Chip, stalls: bool = True) -> Callable[[str], float]:
+    """A scope's (mk.plan.item_scope) seconds a scheduled bundle on ``chip``: one cycle of its clock, or, with
+    ``stalls``, where the scope's work waits on a unit's result (:data:`WAITS_ON`), one bundle at the issue rate
+    measured on such a chip for that work (mk.chips.measured_issue_rates; the clock where none was measured)."""
+    rates = measured_issue_rates(chip.name) if stalls else {}
+    by_prefix = {p: 1 / rates[w] for w, ps in WAITS_ON.items() if w in rates for p in ps}
+
+    def seconds(scope: str) -> float:
+        return by_prefix.get(scope.partition(".")[0], 1 / chip.clock_hz)
+
+    return seconds
+
+
+def scheduled_costs(plan: StepPlan, chip: Chip, revision: int | None = None, stalls: bool = True) -> dict | None:
     """The core's costs mk.plan.timeline charges, from the stored schedule of ``plan`` on ``chip`` for kernel
     ``revision`` (default: this tree's; None where none is stored or the chip has no clock rate): an op's issued
     bundles with its tile's wait (``compute_s``), a DMA start's by its tile's component (``dma_issue_s``), and the
-    bundles in no item's scope (loop control, set-up) spread over the ops a step runs (``op_overhead_s``), each over
-    the clock."""
+    bundles in no item's scope (loop control, set-up) spread over the ops a step runs (``op_overhead_s``), each
+    bundle at :func:`seconds_a_bundle` (``stalls``: with the measured waits of matrix products and norms)."""
     rev = kernel_revision() if revision is None else revision
-    key = (plan.code_fingerprint, plan.context, chip.name, rev)
+    key = (plan.code_fingerprint, plan.context, chip.name, rev, stalls)
     if key not in _COSTS:
         try:
             s = scheduled_step(plan, chip, revision=rev)
         except (LookupError, ValueError):
             _COSTS[key] = None
         else:
-            _COSTS[key] = _costs(s)
+            _COSTS[key] = _costs(s, seconds_a_bundle(chip, stalls))
     return _COSTS[key]
 
 
-def _costs(s: ScheduledStep) -> dict:
-    each = {o["kind"]: o["bundles_each"] / s.clock_hz for o in s.ops() if o["count"]}
+def _costs(s: ScheduledStep, bundle_s: Callable[[str], float]) -> dict:
+    each = {o["kind"]: o["bundles_each"] * bundle_s(o["kind"]) for o in s.ops() if o["count"]}
     loads = {ld.id: ld for ld in s.plan.loads}
     ops = sum(n for scope, n in s.counts.items() if not scope.startswith(("Start.", "Wait.")))
 
@@ -252,9 +270,19 @@ def _costs(s: ScheduledStep) -> dict:
     return dict(
         compute_s=compute_s,
         dma_issue_s=lambda ld: each.get(f"Start.{ld.component}", 0.0),
-        op_overhead_s=s.by_scope.get(OTHER, 0.0) / ops / s.clock_hz,
-        source=f"{KIND} (libtpu {s.libtpu}, code {s.plan.code_fingerprint}, kernel revision {s.revision})",
+        op_overhead_s=s.by_scope.get(OTHER, 0.0) / ops * bundle_s(OTHER),
+        source=f"{KIND} (libtpu {s.libtpu}, code {s.plan.code_fingerprint}, kernel revision {s.revision})"
+        + stall_words(s.chip, bundle_s),
     )
+
+
+def stall_words(chip: Chip, bundle_s: Callable[[str], float]) -> str:
+    """``bundle_s``'s charge beyond the clock, in words ('' where it charges every bundle one cycle)."""
+    slower = {w: bundle_s(ps[0]) * chip.clock_hz for w, ps in WAITS_ON.items() if bundle_s(ps[0]) * chip.clock_hz != 1}
+    if not slower:
+        return ""
+    said = ", ".join(f"{'+'.join(WAITS_ON[w])} {x:.2f}x" for w, x in slower.items())
+    return f"; bundles waiting on a unit at the measured issue rate ({said} the clock's cycle; tpu_clock.csv)"
 
 
 def op_costs_label(kind: str) -> str:
