@@ -124,12 +124,14 @@ def host_device():
 
 
 def interpret_params(detect_races: bool = False):
-    """``None`` (compile with Mosaic) on a TPU, else TPU interpret-mode parameters."""
+    """``None`` (compile with Mosaic) on a TPU, else TPU interpret-mode parameters. DMAs run when started, as a
+    chip's do: the interpreter's default runs one only when something waits on its semaphore, so a DMA started and
+    never waited on (which halts a chip's core) never signals and goes unseen (:func:`semaphores_left`)."""
     if on_tpu():
         return None
     from jax.experimental.pallas import tpu as pltpu
 
-    return pltpu.InterpretParams(detect_races=detect_races)
+    return pltpu.InterpretParams(detect_races=detect_races, dma_execution_mode="eager")
 
 
 def races_detected() -> bool:
@@ -166,6 +168,16 @@ def races_detected() -> bool:
             "record changed shape, update mk/tpu.py for this JAX version"
         )
     return found
+
+
+# Pallas's TPU interpreter prints this line (it does not raise) for each semaphore a kernel leaves nonzero at its exit,
+# a DMA started and never waited on, say, where a real chip's core halts: JAX's wording, read here only
+_LEFT_NONZERO = re.compile(r"^Semaphore \S+ has non-zero count for .* at kernel exit.*$", re.MULTILINE)
+
+
+def semaphores_left(output: str) -> list[str]:
+    """The interpreter's lines in ``output`` (a kernel's printed output) for semaphores it left nonzero at its exit."""
+    return _LEFT_NONZERO.findall(output)
 
 
 def reset_interpreter() -> None:

@@ -41,12 +41,26 @@ import pytest  # noqa: E402
 jax.config.update("jax_enable_x64", False)
 
 from mk.config import TINY_DENSE, TINY_LLAMA, TINY_MOE, TINY_QWEN3_MOE, to_hf_dict  # noqa: E402
+from mk.tpu import semaphores_left  # noqa: E402
 from mk.weights import EMBED_STD, NORM_STD  # noqa: E402
 
 # The collector's young generation every 100,000 allocations rather than 700, the older ones rarer: tracing and
 # lowering allocate millions of short-lived objects, and collecting them as often cost a few percent of the run
 # (test_parity.py with test_megakernel.py, two workers: 142.3 s, 135.1 s -> 135.3 s, 125.3 s, interleaved).
 gc.set_threshold(100_000, 50, 100)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test whose kernels left a semaphore nonzero at their exit fails: the interpreter only prints it (a chip's
+    core halts on it)."""
+    outcome = yield
+    report = outcome.get_result()
+    left = semaphores_left(report.capstdout) if report.when == "call" and report.passed else []
+    if left:
+        report.outcome = "failed"
+        report.longrepr = f"a kernel left {len(left)} semaphore(s) nonzero at its exit: " + "; ".join(left[:3])
+
 
 # A config written the way a transformers user would (the issue's snippet): sliding and full layers
 # with different KV head counts and head dims, a short window. Built by transformers, not by mk.

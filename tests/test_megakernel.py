@@ -168,6 +168,31 @@ def test_duplicate_experts_are_fetched_once():
         assert dmas % per_expert == 0 and cfg.num_layers * cfg.top_k <= dmas // per_expert <= slots
 
 
+def test_a_layer_that_routes_to_no_expert_waits_on_every_tile_it_started(capfd):
+    """Routing on non-finite logits picks no expert (as on a chip holding none of the routed experts whole): the
+    count is 0, yet slot 0 always runs. Its index is traced where the expert slots run as a loop (16 experts, top
+    8): kernel revision 3 guarded that slot 0 by the count, so a tile's start (outside the loop) and its wait (inside)
+    disagreed, a DMA was left unwaited, and the v5e's core halted (the 26B-A4B stand-in with its norms knocked out).
+    The interpreter, DMAs run when started (mk.tpu.interpret_params), reports such a semaphore at the kernel's exit."""
+    from mk.config import with_layers
+    from mk.megakernel import make_step
+    from mk.reference import init_cache
+    from mk.tpu import semaphores_left
+    from mk.weights import random_params
+
+    cfg = with_layers("gemma4-26b-a4b", 1).replace(
+        name="one-layer-16-experts", hidden_size=128, num_experts=16, vocab_size=256, mlp_intermediate=128,
+        expert_intermediate=128, num_heads=2, sliding_kv_heads=1, sliding_head_dim=128,
+    )  # fmt: skip
+    params = random_params(cfg, 0)
+    params["layers.0.router_proj"] = jnp.full_like(params["layers.0.router_proj"], jnp.nan)
+    step = make_step(cfg, detect_races=True)
+    out = step.run(step.packed(params), cfg, step.adopt_cache(init_cache(cfg, 1, 64, jnp.float32)), jnp.asarray([7]), 9)
+    assert np.isfinite(np.asarray(out.logits)).all()  # the expert slot's combine weight is 0 on a NaN route
+    jax.effects_barrier()
+    assert semaphores_left(capfd.readouterr().out) == [] and not races_detected()
+
+
 def test_dense_attention_knockouts():
     r = run_both(TINY_DENSE, 1, 3, knockout=frozenset({"sliding_attention", "norms"}))
     assert not r["races"] and r["diff"] < LOGIT_ATOL

@@ -78,3 +78,33 @@ def test_a_moved_or_reshaped_record_is_a_clear_error(monkeypatch):
     monkeypatch.delattr(ipc, "races")  # moved
     with pytest.raises(RuntimeError, match=rf"JAX {jax.__version__} has no .*interpret_pallas_call\.races"):
         tpu.races_detected()
+
+
+def test_a_dma_never_waited_on_is_reported_and_fails_its_test(capfd):
+    """In mk's interpret mode (DMAs run when started) the interpreter prints a semaphore a kernel leaves nonzero at
+    its exit (a chip's core halts on it); mk.tpu.semaphores_left reads the line, and tests/conftest.py fails any test
+    whose output holds one. In the interpreter's default mode the DMA never runs and nothing is said."""
+
+    def kernel(x_hbm, o_ref, buf, sem):
+        pltpu.make_async_copy(x_hbm, buf, sem.at[0]).start()  # never waited on
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    x = jnp.ones((8, 128), jnp.float32)
+
+    def run(params):
+        pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.HBM)],
+            scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))],
+            interpret=params,
+        )(x).block_until_ready()
+        jax.effects_barrier()
+        return tpu.semaphores_left(capfd.readouterr().out)  # read, so this test's own output no longer holds it
+
+    left = run(tpu.interpret_params())
+    assert len(left) == 1 and "at kernel exit: 4096" in left[0], left  # the copy's bytes
+    assert run(pltpu.InterpretParams()) == []
+    _run(wait_before_read=True)
+    jax.effects_barrier()
+    assert tpu.semaphores_left(capfd.readouterr().out) == []

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..config import LAYER_PAIR
 from ..files import append_csv_rows
-from ..params import FULL_ATTENTION, KNOCKOUTS, NORMS, SLIDING_ATTENTION, param_specs
+from ..params import FULL_ATTENTION, KNOCKOUTS, SLIDING_ATTENTION, param_specs
 from ..progress import Log
 from ..sol import KV_FULL, KV_SLIDING, bytes_per_token
 from ..timing.scheduled import kernel_revision
@@ -35,12 +35,6 @@ COLUMNS = (*CHIP_PROVENANCE, "kernel_revision", "model", "layers", "setup", "dty
            "steps_back_to_back", "rounds", "whole_ms", "device_step_ms", "shrink_ms", "shrink_low_ms",
            "shrink_high_ms", "bytes_at_limit_ms", "limit_GBps", "verdict")  # fmt: skip
 _OWN_KV = {FULL_ATTENTION: KV_FULL, SLIDING_ATTENTION: KV_SLIDING}  # an attention type's knock-out skips its cache too
-# knock-outs a loopback stand-in does not run on a chip, and why (each found by running it there)
-NOT_ON_STAND_IN = {
-    NORMS: "halts the v5e's core: the semaphore of the expert down-projection tiles' buffer is nonzero at the "
-    "kernel's exit (data/measured/tpu_logs/2026-12-06-stand-in-knockouts.txt, 12 layers and all 30); the whole "
-    "step and every other knock-out run, and the interpreter runs it clean, races checked: not found yet",
-}
 
 
 def component_bytes(case: Case, cell: Cell) -> dict[str, float] | None:
@@ -53,17 +47,11 @@ def component_bytes(case: Case, cell: Cell) -> dict[str, float] | None:
     return {c: b for c, b in got.items() if b > 0}
 
 
-def knocked_out(case: Case) -> list[str]:
-    """The components ``case``'s knock-outs switch off: those its model has, less NOT_ON_STAND_IN's on a stand-in."""
-    present = {s.component for s in param_specs(case.config())}
-    skip = NOT_ON_STAND_IN if case.kernel_setup().loopback else {}
-    return [c for c in KNOCKOUTS if c in present and c not in skip]
-
-
 def measure_knockouts(case: Case, cell: Cell, engines: CaseEngines, limit, budget_s: float, log) -> list[dict]:
     """The rows of ``case`` at ``cell`` (the module's docstring), the megakernel built in ``engines``."""
     by = component_bytes(case, cell)
-    components = knocked_out(case)
+    present = {s.component for s in param_specs(case.config())}
+    components = [c for c in KNOCKOUTS if c in present]
     n = STEPS_BACK_TO_BACK
     t = time.perf_counter()
 
@@ -115,10 +103,6 @@ def run(cases=CASES, out: Path | str | None = None, limit=None, device=None, dea
         cells = [c for c in case.cells if _key(case, c) not in done]
         if not cells:
             continue
-        if case.kernel_setup().loopback:
-            notes += [
-                f"{case.config().name} stand-in: {c} not knocked out, it {why}" for c, why in NOT_ON_STAND_IN.items()
-            ]
         engines = CaseEngines(case, device, 0, log)
         try:
             engines.build("megakernel")

@@ -120,11 +120,13 @@ class EmitContext:
 
     def guarded(self, slot, fn):
         """Run ``fn`` now, or, for expert slot ``slot`` > 0, only if more than ``slot`` distinct experts
-        were routed (every user routes to at least one, so slot 0 always runs)."""
+        were routed. Slot 0 always runs, its index static or traced (a loop's first repeat): a chip none of whose
+        experts was routed (whole experts; routing on non-finite logits) still reads and waits on slot 0's tiles, so
+        a tile's start and its wait, emitted in and out of a loop, agree."""
         if slot is None or (isinstance(slot, int) and slot == 0):
             return fn()
         with jax.named_scope(ROUTED):  # how often it runs follows from the routing (mk.timing.scheduled)
-            pl.when(slot < self.scratch.experts[moe.COUNT, 0])(fn)
+            pl.when(slot < jnp.maximum(self.scratch.experts[moe.COUNT, 0], 1))(fn)
 
     def emit(self, item, ld: Load | None):
         """Code for one item; ``ld`` is its load, with offsets and slot possibly traced (in a loop). Each item's code
