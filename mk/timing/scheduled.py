@@ -223,7 +223,7 @@ def scheduled_step(
 _COSTS: dict[tuple, dict | None] = {}
 # The scopes whose bundles wait on a unit's result, by the kind of work a clock check times (mk.measure.chip_clock):
 # a tile's matrix products on the MXU's, a norm's mean and rsqrt on the cross-lane and transcendental units'. The
-# schedule does not show these waits; on the v5e they stretch a chain's bundles 1.6x and 5x (tpu_clock.csv).
+# schedule does not show these waits; on the v5e a chain of either takes well over a cycle a bundle (tpu_clock.csv).
 WAITS_ON = {"matmul": ("MatmulTile", "HeadTile"), "vector": ("Norm", "QKVNormRope")}
 
 
