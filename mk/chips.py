@@ -270,6 +270,11 @@ class MeasuredLimit:
         )
 
 
+def _device_names(base: str) -> set[str]:
+    """How the measured CSVs' ``device`` column names a chip of ``base`` (mk.measure.harness.provenance)."""
+    return {f"tpu: {k}" for k, c in DEVICE_KINDS.items() if c == base}
+
+
 def measured_limit(chip: str, path=TPU_HBM_CSV) -> MeasuredLimit | None:
     """``chip``'s (a chip or slice of data/chips.csv) best sustained HBM read rate measured on one such chip
     (mk.measure.hbm writes ``path``): the largest device-time median over every method and probe of at least 1 GiB;
@@ -278,7 +283,7 @@ def measured_limit(chip: str, path=TPU_HBM_CSV) -> MeasuredLimit | None:
     path = Path(path)
     if not path.exists():
         return None
-    devices = {f"tpu: {k}" for k, c in DEVICE_KINDS.items() if c == base}
+    devices = _device_names(base)
     with open(path, newline="") as f:
         rows = [
             r
@@ -315,7 +320,7 @@ def measured_issue_rates(chip: str, path=TPU_CLOCK_CSV) -> dict[str, float]:
     base, path = get_chip(chip).base, Path(path)
     if not path.exists():
         return {}
-    devices = {f"tpu: {k}" for k, c in DEVICE_KINDS.items() if c == base}
+    devices = _device_names(base)
     runs: dict[tuple, list] = {}
     with open(path, newline="") as f:
         for r in csv.DictReader(f):

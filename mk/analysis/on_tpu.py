@@ -162,9 +162,8 @@ def modelled_seconds(r, costs: GivenCosts = DEFAULT_COSTS) -> tuple[float, str]:
     p = measured_prediction(r, costs)
     if r["engine"] != "megakernel":
         return p.step_s, "general"
-    if str(r["setup"]).endswith(STAND_IN):
-        return modelled_step(r, p), p.setup + ", its links' time taken out"
-    return p.step_s, "one chip"
+    stand_in = str(r["setup"]).endswith(STAND_IN)
+    return modelled_step(r, p), p.setup + ", its links' time taken out" if stand_in else "one chip"
 
 
 STEPS = "steps_a_call"  # tpu.csv's greedy decode steps a call (mk.measure.on_chip: a row's times are a step's)

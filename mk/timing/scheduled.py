@@ -278,7 +278,8 @@ def _costs(s: ScheduledStep, bundle_s: Callable[[str], float]) -> dict:
 
 def stall_words(chip: Chip, bundle_s: Callable[[str], float]) -> str:
     """``bundle_s``'s charge beyond the clock, in words ('' where it charges every bundle one cycle)."""
-    slower = {w: bundle_s(ps[0]) * chip.clock_hz for w, ps in WAITS_ON.items() if bundle_s(ps[0]) * chip.clock_hz != 1}
+    cycles = {w: bundle_s(ps[0]) * chip.clock_hz for w, ps in WAITS_ON.items()}
+    slower = {w: x for w, x in cycles.items() if x != 1}
     if not slower:
         return ""
     said = ", ".join(f"{'+'.join(WAITS_ON[w])} {x:.2f}x" for w, x in slower.items())
