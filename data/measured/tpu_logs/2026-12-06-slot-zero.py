@@ -20,9 +20,9 @@ import jax
 import pandas as pd
 
 import mk_before.measure.on_chip as before
+from mk.config import LAYER_PAIR
 from mk.measure.harness import TimedStep, provenance, spec_speed_of_light, time_engines
 from mk.measure.on_chip import SLICE, Case, CaseEngines, Cell
-from mk.config import LAYER_PAIR
 from mk.progress import Log
 from mk.sol import bytes_per_token
 
