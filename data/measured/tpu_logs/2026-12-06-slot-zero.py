@@ -10,7 +10,10 @@ Revision 3 is mk at commit 13ea1f0, importable as ``mk_before`` from the reposit
 
     git archive 13ea1f0 mk | tar -x -C SCRATCH && mv SCRATCH/mk mk_before
     sed -i 's/"mk.generate", "mk.megakernel"/"mk_before.generate", "mk_before.megakernel"/' mk_before/engines.py
-    python data/measured/tpu_logs/2026-12-06-slot-zero.py OUT.csv [pair|stand-in ...]
+    python data/measured/tpu_logs/2026-12-06-slot-zero.py OUT.csv [pair|stand-in ...] [--share-weights]
+
+Run as ``OUT.csv pair stand-in``, the stand-in's second copy of the weights did not fit the chip (the .txt's first
+part); the stand-in was run again with ``--share-weights`` (both revisions' steps on one copy).
 """
 
 import sys
@@ -25,6 +28,7 @@ from mk.measure.harness import TimedStep, provenance, spec_speed_of_light, time_
 from mk.measure.on_chip import SLICE, Case, CaseEngines, Cell
 from mk.progress import Log
 from mk.sol import bytes_per_token
+from mk_before.megakernel import make_step as make_step_before
 
 CASES = {
     "pair": (dict(model="gemma4-26b-a4b", layers=LAYER_PAIR), (Cell(1024, 1), Cell(1024, 8)), True),
@@ -33,20 +37,29 @@ CASES = {
 STEPS, BUDGET_S, MIN_ROUNDS = 20, 15.0, 5
 
 
-def measure(name: str, log, device, rows: list, out: str) -> None:
+def measure(name: str, log, device, rows: list, out: str, share: bool) -> None:
     spec, cells, with_reference = CASES[name]
     t = time.perf_counter()
     now = CaseEngines(Case(**spec), device, 0, log)
     old = before.CaseEngines(before.Case(**spec), device, 0, log)
     for e in ("megakernel", "reference") if with_reference else ("megakernel",):
         now.build(e)
-    old.build("megakernel")
+    if share:  # one copy of the weights for both revisions: their packing code is the same (mk/weights.py and
+        # mk/megakernel/ differ only in kernel.py's guard), and two copies of the stand-in's do not fit the chip
+        old.weights["megakernel"], old.steps["megakernel"] = (
+            now.weights["megakernel"],
+            make_step_before(old.cfg, old.setup),
+        )
+    else:
+        old.build("megakernel")
     log(f"{name}: engines built in {time.perf_counter() - t:.0f} s")
     chips = SLICE if now.setup.loopback else 1
     for cell in cells:
         t = time.perf_counter()
-        timed = [TimedStep("megakernel[r3]", old.call("megakernel", cell)[0], engine="megakernel"),
-                 TimedStep("megakernel[r4]", now.call("megakernel", cell)[0], engine="megakernel")]
+        timed = [
+            TimedStep("megakernel[r3]", old.call("megakernel", cell)[0], engine="megakernel"),
+            TimedStep("megakernel[r4]", now.call("megakernel", cell)[0], engine="megakernel"),
+        ]
         if with_reference:
             timed.insert(0, TimedStep("reference", now.call("reference", cell)[0]))
         log(f"{name} {cell}: {len(timed)} steps compiled in {time.perf_counter() - t:.0f} s")
@@ -66,8 +79,9 @@ def measure(name: str, log, device, rows: list, out: str) -> None:
 
 def main(out: str, *names: str) -> None:
     log, device, rows = Log(False), jax.devices()[0], []
-    for name in names or tuple(CASES):
-        measure(name, log, device, rows, out)
+    share = "--share-weights" in names
+    for name in [n for n in names if n != "--share-weights"] or tuple(CASES):
+        measure(name, log, device, rows, out, share)
 
 
 if __name__ == "__main__":
