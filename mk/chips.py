@@ -275,6 +275,14 @@ def _device_names(base: str) -> set[str]:
     return {f"tpu: {k}" for k, c in DEVICE_KINDS.items() if c == base}
 
 
+def measured_chip(device: str) -> str:
+    """The chip of data/chips.csv a measured CSV's ``device`` column names (``tpu: TPU v5 lite`` -> ``tpu-v5e``)."""
+    for k, c in DEVICE_KINDS.items():
+        if device == f"tpu: {k}":
+            return c
+    raise ValueError(f"measured on {device!r}, a device mk.tpu.DEVICE_KINDS does not name; add its kind there")
+
+
 def measured_limit(chip: str, path=TPU_HBM_CSV) -> MeasuredLimit | None:
     """``chip``'s (a chip or slice of data/chips.csv) best sustained HBM read rate measured on one such chip
     (mk.measure.hbm writes ``path``): the largest device-time median over every method and probe of at least 1 GiB;

@@ -10,9 +10,11 @@ import pytest
 
 from mk.analysis import chip_checks
 from mk.config import get_config
+from mk.kernel_setup import SETUPS
 from mk.measure import attention_anchor, chip_clock, chip_knockouts
 from mk.measure.on_chip import Case, Cell, a_token
-from mk.params import FULL_ATTENTION, HEAD, NORMS, SHARED_MLP
+from mk.params import EXPERTS, FULL_ATTENTION, HEAD, NORMS, SHARED_MLP
+from mk.timing import predict
 
 
 def test_a_call_of_n_steps_reads_as_a_step():
@@ -50,6 +52,24 @@ def test_knockouts_give_each_components_shrink_a_step_beside_its_bytes():
 def test_a_stand_in_has_no_bytes_of_the_whole_model():
     stand_in = Case("tiny-moe", setup="workbook", cells=(Cell(64, 1),))
     assert chip_knockouts.component_bytes(stand_in, Cell(64, 1)) is None
+
+
+def test_a_stand_ins_modelled_knockout_is_its_chips_share_without_links(tmp_path):
+    one, stand_in = Case("tiny-moe"), Case("tiny-moe", setup="workbook")
+    rows = [dict(model="tiny-moe", layers="all", setup=c.setup_label, dtype="bf16", context=64, batch=1,
+                 component=comp, whole_ms=1.0, device_step_ms=0.5, shrink_ms=0.5, shrink_low_ms=0.4,
+                 shrink_high_ms=0.6, bytes_at_limit_ms=None, verdict="resolved", device="tpu: TPU v5 lite")
+            for c in (one, stand_in) for comp in ("(whole step)", EXPERTS)]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / chip_checks.KNOCKOUTS_CSV, index=False)
+    t = chip_checks.knockout_table(tmp_path).set_index("setup")
+    assert list(t.component) == [EXPERTS, EXPERTS]
+    assert t.loc[stand_in.setup_label, "what"].startswith("tiny-moe, chip 0 of a v5e-8")
+    on_eight = [predict(get_config("tiny-moe"), "tpu-v5e-8", 64, 1, "megakernel", setup=SETUPS["workbook"],
+                        knockout=k) for k in ((), {EXPERTS})]  # fmt: skip
+    whole, off = (p.step_s - p.pacing.ici_s for p in on_eight)  # chip 0 exchanges with itself: no link time
+    assert t.loc[stand_in.setup_label, "modelled_shrink_ms"] == pytest.approx((whole - off) * 1e3)
+    # chip 0 holds an eighth of the experts: knocking them out saves it less than it saves one chip holding all
+    assert 0 < t.loc[stand_in.setup_label, "modelled_shrink_ms"] < t.loc[one.setup_label, "modelled_shrink_ms"]
 
 
 def test_the_resident_kernel_computes_its_chain_and_refuses_other_work():

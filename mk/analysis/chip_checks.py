@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..chips import ISSUE_BOUND, trips_share
-from ..kernel_setup import WORKBOOK_KERNEL
+from ..chips import ISSUE_BOUND, measured_chip, trips_share
 from ..paths import MEASURED_DIR
 from ..timing import GivenCosts
 from . import on_tpu
-from .knockouts import knockouts as modelled_knockouts
 
 KNOCKOUTS_CSV, CLOCK_CSV, ATTENTION_CSV = "tpu_knockouts.csv", "tpu_clock.csv", "tpu_attention.csv"
 WHOLE = "(whole step)"
@@ -39,20 +37,19 @@ def knockout_table(folder=None) -> pd.DataFrame:
     keys = ["model", "layers", "setup", "dtype", "context", "batch", "component"]
     num = ["whole_ms", "device_step_ms", "shrink_ms", "shrink_low_ms", "shrink_high_ms", "bytes_at_limit_ms"]
     g = t.groupby(keys, sort=False, dropna=False)
-    out = g[num].median().join(g.size().rename("runs")).join(g.verdict.last()).reset_index()
+    out = g[num].median().join(g.size().rename("runs")).join(g.verdict.last()).join(g.device.last()).reset_index()
     out = out[out.component != WHOLE]
     modelled = []
     for cell, rows in out.groupby(["model", "layers", "setup", "dtype", "context", "batch"], sort=False):
         model, layers, setup, dtype, context, batch = cell
-        if setup != "one chip":
-            modelled += [float("nan")] * len(rows)
-            continue
-        # the CSV names the cut model
-        cfg = on_tpu.measured_config(dict(base_model=model.partition("[")[0], layers=layers))
-        m = modelled_knockouts(cfg, "tpu-v5e", int(context), int(batch), dtype=dtype,
-                               components=list(rows.component), setup=WORKBOOK_KERNEL)  # fmt: skip
-        modelled += list(m.shrink_ms)
-    return out.assign(modelled_shrink_ms=modelled, kind="measured (TPU, device time) beside modelled")
+        # the CSV names the cut model; a stand-in's step is modelled without its links (on_tpu.modelled_step)
+        row = dict(base_model=model.partition("[")[0], layers=layers, setup=setup, dtype=dtype, context=context,
+                   batch=batch, engine="megakernel", chip=measured_chip(rows.device.iloc[0]))  # fmt: skip
+        whole = on_tpu.modelled_step(row, on_tpu.measured_prediction(row))
+        modelled += [(whole - on_tpu.modelled_step(row, on_tpu.measured_prediction(row, knockout={c}))) * 1e3
+                     for c in rows.component]  # fmt: skip
+    what = [on_tpu.cell_words(m, s, d) for m, s, d in zip(out.model, out.setup, out["dtype"])]
+    return out.assign(what=what, modelled_shrink_ms=modelled, kind="measured (TPU, device time) beside modelled")
 
 
 def clock_table(folder=None) -> pd.DataFrame:

@@ -138,17 +138,17 @@ def _stand_in_setup(label: str):
     return found[0]
 
 
-def measured_prediction(r, costs: GivenCosts = DEFAULT_COSTS) -> Prediction:
+def measured_prediction(r, costs: GivenCosts = DEFAULT_COSTS, knockout=frozenset()) -> Prediction:
     """The model's prediction of a measured row's step (the module's docstring); ``costs``: a sensitivity
-    (mk.timing.GivenCosts)."""
+    (mk.timing.GivenCosts); ``knockout``: components switched off (mk.timing.predict's)."""
     cfg, context, batch = measured_config(r), int(r["context"]), int(r["batch"])
+    kw = dict(costs=costs, knockout=knockout)
     if r["engine"] != "megakernel":
         # mk.reference computes a quantized tree's float tree (dequantized once): XLA reads the float weights
-        return predict(cfg, r["chip"], context, batch, "general", str(r["dtype"]).split("+", 1)[0], costs=costs)
+        return predict(cfg, r["chip"], context, batch, "general", str(r["dtype"]).split("+", 1)[0], **kw)
     if str(r["setup"]).endswith(STAND_IN):
-        setup = _stand_in_setup(r["setup"])
-        return predict(cfg, SLICE, context, batch, "megakernel", r["dtype"], setup=setup, costs=costs)
-    return predict(cfg, r["chip"], context, batch, "megakernel", r["dtype"], setup=WORKBOOK_KERNEL, costs=costs)
+        return predict(cfg, SLICE, context, batch, "megakernel", r["dtype"], setup=_stand_in_setup(r["setup"]), **kw)
+    return predict(cfg, r["chip"], context, batch, "megakernel", r["dtype"], setup=WORKBOOK_KERNEL, **kw)
 
 
 def modelled_step(r, p: Prediction) -> float:
@@ -202,7 +202,7 @@ def tpu_steps(path=None) -> pd.DataFrame:
     for _, r in t.iterrows():
         modelled, _ = modelled_seconds(r)
         rows.append(dict(
-            engine=r.engine, what=_what(r.model, r.setup, r["dtype"]), model=r.model, base_model=r.base_model,
+            engine=r.engine, what=cell_words(r.model, r.setup, r["dtype"]), model=r.model, base_model=r.base_model,
             layers=r.layers, setup=r.setup,
             chip=r.chip, dtype=r["dtype"], context=int(r.context), batch=int(r.batch), host_ms=r.step_ms,
             device_ms=r.device_step_ms,
@@ -238,7 +238,7 @@ def steps_a_call(path=None) -> pd.DataFrame:
     return out[cols].sort_values(["batch", "engine", "steps_a_call"]).assign(kind="measured (TPU): host and device")
 
 
-def _what(model: str, setup: str, dtype: str) -> str:
+def cell_words(model: str, setup: str, dtype: str) -> str:
     """A measured cell's model in words: a stand-in's chip and setup, a data type other than bf16."""
     what = f"{model}, chip 0 of a v5e-8, setup {setup.split(' ')[0]}" if str(setup).endswith(STAND_IN) else model
     return what if dtype == "bf16" else f"{what}, {dtype}"
@@ -375,7 +375,7 @@ def op_time(profiles: pd.DataFrame | None = None) -> pd.DataFrame:
         parts = {w: ms.get(c, 0.0) for c, w in PROFILE_PARTS.items()}
         parts["other ops"] = step - sum(parts.values())
         cell = dict(zip(OP_CELL, key))
-        what = _what(cell["model"], cell["setup"], cell["dtype"])
+        what = cell_words(cell["model"], cell["setup"], cell["dtype"])
         rows += [dict(cell, what=what, part=p, ms=v, step_ms=step) for p, v in parts.items()]
     return pd.DataFrame(rows).assign(kind="measured (TPU, profiler trace)")
 

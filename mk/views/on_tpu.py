@@ -119,8 +119,8 @@ def op_time_figure(parts: pd.DataFrame, title: str) -> go.Figure:
 def knockout_figure(knocked: pd.DataFrame, title: str) -> go.Figure:
     """Each knock-out's shrink (mk.analysis.chip_checks.knockout_table) measured on the chip, with its 95% interval,
     beside the timing model's and the component's bytes at the measured limit, one row per component and cell."""
-    k = knocked.assign(row=[f"{m}, {c:,} pos, {b} user{'s' * (b > 1)}: {comp}" for m, c, b, comp in
-                            zip(knocked.model, knocked.context, knocked.batch, knocked.component)])  # fmt: skip
+    k = knocked.assign(row=[f"{w}, {c:,} pos, {b} user{'s' * (b > 1)}: {comp}" for w, c, b, comp in
+                            zip(knocked.what, knocked.context, knocked.batch, knocked.component)])  # fmt: skip
     colours = template_colours()
     fig = go.Figure()
     fig.add_bar(
