@@ -136,3 +136,17 @@ def test_a_resumed_knockout_run_skips_the_cells_this_kind_of_device_measured(tmp
     rows = [base | dict(device="cpu: a CPU"), base | dict(device="tpu: TPU v5 lite", context=128)]
     pd.DataFrame(rows).to_csv(tmp_path / "k.csv", index=False)
     assert chip_knockouts._done(tmp_path / "k.csv", "tpu") == {("tiny-llama", "one chip", "bf16", 128, 1)}
+
+
+def test_a_revision_run_reads_as_the_change_between_its_kernels(tmp_path):
+    ms = {"reference": 5.0, "megakernel[r2]": 4.0, "megakernel[r3]": 3.0}
+    rows = [dict(date="2026-12-05T00:00:00Z", model="tiny-llama", context=64, batch=1, variant=v, rounds=9,
+                 device_step_ms=m, device_step_low_ms=m - 0.01, device_step_high_ms=m + 0.01)
+            for v, m in ms.items()]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "one.csv", index=False)
+    stand_in = [dict(r, setup=Case("tiny-moe", setup="workbook").setup_label, model="tiny-moe") for r in rows[1:]]
+    pd.DataFrame(stand_in).to_csv(tmp_path / "two.csv", index=False)
+    t = chip_checks.revision_table(tmp_path, ("one.csv", "two.csv"))
+    assert list(t.revisions) == ["2 -> 3", "2 -> 3"] and list(t.what)[0] == "tiny-llama"
+    assert t.change.tolist() == pytest.approx([-0.25, -0.25]) and t.xla_over_after.iloc[0] == pytest.approx(5 / 3)
+    assert t.what.iloc[1].startswith("tiny-moe, chip 0 of a v5e-8") and t.xla_ms.isna().iloc[1]

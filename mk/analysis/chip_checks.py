@@ -6,7 +6,9 @@
 - **the clock** (tpu_clock.csv): an issue-bound kernel's scheduled bundles over its device time, against the clock the
   model turns bundles into time with;
 - **the attention anchor** (tpu_attention.csv): JAX's ragged paged attention beside the megakernel's attention, by
-  context, and each one's rate for one more cached byte."""
+  context, and each one's rate for one more cached byte;
+- **kernel revisions** (tpu_logs/, :data:`REVISION_RUNS`): a revision of the megakernel against the one before it,
+  both interleaved with XLA's compiled reference in one run (data/kernel_revisions.csv says what each changed)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,15 @@ from pathlib import Path
 import pandas as pd
 
 from ..chips import ISSUE_BOUND, measured_chip, trips_share
-from ..paths import MEASURED_DIR
+from ..paths import MEASURED_DIR, TPU_LOGS_DIR
 from ..timing import GivenCosts
 from . import on_tpu
 
 KNOCKOUTS_CSV, CLOCK_CSV, ATTENTION_CSV = "tpu_knockouts.csv", "tpu_clock.csv", "tpu_attention.csv"
 WHOLE = "(whole step)"
+# The runs that timed a kernel revision against the one before it on the chip (each CSV's script beside it); a
+# variant ``megakernel[rN]`` is revision N.
+REVISION_RUNS = ("2026-12-05-packed-heads.csv", "2026-12-06-slot-zero.csv", "2026-12-06-slot-zero-stand-in.csv")
 
 
 def _read(name: str, folder) -> pd.DataFrame:
@@ -104,3 +109,29 @@ def stall_effect(steps: pd.DataFrame | None = None) -> pd.DataFrame:
             op_costs=at_clock.op_costs,
         ))  # fmt: skip
     return pd.DataFrame(rows).assign(kind="measured (TPU, device time) against modelled (mk.timing)")
+
+
+def revision_table(folder=None, runs=REVISION_RUNS) -> pd.DataFrame:
+    """Each cell of each :data:`REVISION_RUNS` run: the megakernel's device time at the revision before and after
+    (medians of steps back to back, 95% intervals), the change, and XLA's reference timed in the same loop where the
+    cell has one (a stand-in has none)."""
+    rows = []
+    for name in runs:
+        t = pd.read_csv(Path(folder or TPU_LOGS_DIR) / name)
+        setups = t["setup"] if "setup" in t else pd.Series("one chip", index=t.index)
+        t = t.assign(setup=setups.fillna("one chip"), revision=t.variant.str.extract(r"\[r(\d+)\]")[0])
+        for (model, setup, context, batch), g in t.groupby(["model", "setup", "context", "batch"], sort=False):
+            kernels = g.dropna(subset=["revision"]).sort_values("revision", key=lambda r: r.astype(int))
+            before, after = kernels.iloc[0], kernels.iloc[-1]
+            xla = g[g.variant == "reference"].device_step_ms
+            rows.append(dict(
+                what=on_tpu.cell_words(model, setup, "bf16"), context=int(context), batch=int(batch),
+                revisions=f"{before.revision} -> {after.revision}", before_ms=before.device_step_ms,
+                before_low_ms=before.device_step_low_ms, before_high_ms=before.device_step_high_ms,
+                after_ms=after.device_step_ms, after_low_ms=after.device_step_low_ms,
+                after_high_ms=after.device_step_high_ms, change=after.device_step_ms / before.device_step_ms - 1,
+                xla_ms=xla.iloc[0] if len(xla) else float("nan"),
+                xla_over_after=xla.iloc[0] / after.device_step_ms if len(xla) else float("nan"),
+                rounds=int(after.rounds), date=str(after.date)[:10], source=f"tpu_logs/{name}",
+            ))  # fmt: skip
+    return pd.DataFrame(rows).assign(kind="measured (TPU, device time), interleaved in one run")
