@@ -1,13 +1,10 @@
 """Shared test setup: JAX on the CPU with 8 simulated devices, tiny configs, and tiny checkpoints written
 by transformers itself (an implementation we did not write) for the parity and loading tests."""
 
-import atexit
 import gc
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 # Before JAX is imported anywhere: CPU only, 8 host devices for the sharded/collective tests, and XLA:CPU's
 # code generation unoptimised: the tests compile hundreds of small programs and run each a few times (or
@@ -31,17 +28,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # XLA:CPU runs at most NPROC device programs at once (default: the cores); the 8-chip kernels' collectives
 # need all 8 in the kernel together (mk.sharding.simulate_chips)
 os.environ.setdefault("NPROC", "16")
-
-# One persistent compilation cache for the run, in a temporary folder removed at its end, shared by the test workers
-# (the first process to load this file makes it; the workers it starts inherit it) and the processes they start (the
-# CLI, the notebooks): the same programs (the references' steps, the packing) are compiled by many tests and
-# processes, each a fresh jit. XLA keys an entry on the program and its options; an interpret-mode kernel (host
-# callbacks) is never cached.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="mk-tests-jax-cache-")
-    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 # jsonschema (nbformat's validator) builds an RFC 3987 grammar at import where rfc3987_syntax is installed (jupyterlab's
 # dependencies bring it): 1.2 s a test process; a notebook's schema checks no IRI, so that format checker is left out
