@@ -45,8 +45,7 @@ def knockout_table(folder=None) -> pd.DataFrame:
     out = g[num].median().join(g.size().rename("runs")).join(g.verdict.last()).join(g.device.last()).reset_index()
     out = out[out.component != WHOLE]
     modelled = []
-    for cell, rows in out.groupby(["model", "layers", "setup", "dtype", "context", "batch"], sort=False):
-        model, layers, setup, dtype, context, batch = cell
+    for (model, layers, setup, dtype, context, batch), rows in out.groupby(keys[:-1], sort=False):  # a step's cell
         # the CSV names the cut model; a stand-in's step is modelled without its links (on_tpu.modelled_step)
         row = dict(base_model=model.partition("[")[0], layers=layers, setup=setup, dtype=dtype, context=context,
                    batch=batch, engine="megakernel", chip=measured_chip(rows.device.iloc[0]))  # fmt: skip
