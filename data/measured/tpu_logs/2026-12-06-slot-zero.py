@@ -13,7 +13,8 @@ Revision 3 is mk at commit 13ea1f0, importable as ``mk_before`` from the reposit
     python data/measured/tpu_logs/2026-12-06-slot-zero.py OUT.csv [pair|stand-in ...] [--share-weights]
 
 Run as ``OUT.csv pair stand-in``, the stand-in's second copy of the weights did not fit the chip (the .txt's first
-part); the stand-in was run again with ``--share-weights`` (both revisions' steps on one copy).
+part); the stand-in was run again with ``--share-weights`` (both revisions' steps on one copy), at one user
+(2026-12-06-slot-zero-stand-in.*) and at eight (``stand-in-8``: 2026-12-06-slot-zero-stand-in-8.*).
 """
 
 import sys
@@ -33,6 +34,7 @@ from mk_before.megakernel import make_step as make_step_before
 CASES = {
     "pair": (dict(model="gemma4-26b-a4b", layers=LAYER_PAIR), (Cell(1024, 1), Cell(1024, 8)), True),
     "stand-in": (dict(model="gemma4-26b-a4b", layers=None, setup="workbook"), (Cell(1024, 1),), False),
+    "stand-in-8": (dict(model="gemma4-26b-a4b", layers=None, setup="workbook"), (Cell(1024, 8),), False),
 }
 STEPS, BUDGET_S, MIN_ROUNDS = 20, 15.0, 5
 
