@@ -25,7 +25,12 @@ KNOCKOUTS_CSV, CLOCK_CSV, ATTENTION_CSV = "tpu_knockouts.csv", "tpu_clock.csv", 
 WHOLE = "(whole step)"
 # The runs that timed a kernel revision against the one before it on the chip (each CSV's script beside it); a
 # variant ``megakernel[rN]`` is revision N.
-REVISION_RUNS = ("2026-12-05-packed-heads.csv", "2026-12-06-slot-zero.csv", "2026-12-06-slot-zero-stand-in.csv")
+REVISION_RUNS = (
+    "2026-12-05-packed-heads.csv",
+    "2026-12-06-slot-zero.csv",
+    "2026-12-06-slot-zero-stand-in.csv",
+    "2026-12-06-slot-zero-stand-in-8.csv",
+)
 
 
 def _read(name: str, folder) -> pd.DataFrame:
