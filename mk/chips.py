@@ -270,17 +270,20 @@ class MeasuredLimit:
         )
 
 
+# How the measured CSVs' ``device`` column names a TPU (mk.measure.harness.provenance), and the chip it is
+_MEASURED_DEVICES = {f"tpu: {k}": c for k, c in DEVICE_KINDS.items()}
+
+
 def _device_names(base: str) -> set[str]:
-    """How the measured CSVs' ``device`` column names a chip of ``base`` (mk.measure.harness.provenance)."""
-    return {f"tpu: {k}" for k, c in DEVICE_KINDS.items() if c == base}
+    """The ``device`` column's names of a chip of ``base``."""
+    return {d for d, c in _MEASURED_DEVICES.items() if c == base}
 
 
 def measured_chip(device: str) -> str:
     """The chip of data/chips.csv a measured CSV's ``device`` column names (``tpu: TPU v5 lite`` -> ``tpu-v5e``)."""
-    for k, c in DEVICE_KINDS.items():
-        if device == f"tpu: {k}":
-            return c
-    raise ValueError(f"measured on {device!r}, a device mk.tpu.DEVICE_KINDS does not name; add its kind there")
+    if device not in _MEASURED_DEVICES:
+        raise ValueError(f"measured on {device!r}, a device mk.tpu.DEVICE_KINDS does not name; add its kind there")
+    return _MEASURED_DEVICES[device]
 
 
 def measured_limit(chip: str, path=TPU_HBM_CSV) -> MeasuredLimit | None:
