@@ -20,6 +20,7 @@ checkpoint (it is mk's format, not one of transformers' quantization methods).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -56,7 +57,8 @@ NORM_STD = 0.1  # spread of norm weights and scales around 1
 
 
 def random_params(cfg: ModelConfig, seed: int, dtype=jnp.float32) -> dict[str, jax.Array]:
-    """The full parameter tree of ``cfg``, seeded and deterministic.
+    """The full parameter tree of ``cfg``, seeded and deterministic (a new dict each call; a small model's arrays
+    drawn once a process, see :data:`_MEMO_ELEMENTS`).
 
     Matrices are N(0, 1/fan_in) so every projection keeps its input's scale. The embedding is
     N(0, EMBED_STD^2/hidden): with a tied head, a larger embedding makes each token's own row win the
@@ -65,6 +67,23 @@ def random_params(cfg: ModelConfig, seed: int, dtype=jnp.float32) -> dict[str, j
     and ``expert_scale`` are 1 + N(0, 0.1): near 1 as in a trained model, but not all equal, so a
     wrong wiring shows. Biases and attention sinks (:func:`is_offset`) are N(0, 0.1): small, not zero.
     """
+    if sum(int(np.prod(s.shape)) for s in param_specs(cfg)) <= _MEMO_ELEMENTS:
+        return dict(_small_random_params(cfg, seed, jnp.dtype(dtype)))
+    return _draw_params(cfg, seed, dtype)
+
+
+# A tiny model's tree is drawn again and again by the tests and notebooks in one process (one eager op a tensor:
+# 1-3 s for a 12-layer tiny MoE); its arrays are immutable, so each call gets a new dict of the same arrays.
+# A real model's (a gigabyte or more) is never kept.
+_MEMO_ELEMENTS = 2**24
+
+
+@functools.lru_cache(maxsize=16)
+def _small_random_params(cfg: ModelConfig, seed: int, dtype) -> dict[str, jax.Array]:
+    return _draw_params(cfg, seed, dtype)
+
+
+def _draw_params(cfg: ModelConfig, seed: int, dtype) -> dict[str, jax.Array]:
     key = jax.random.key(seed)
     out = {}
     for idx, s in enumerate(param_specs(cfg)):

@@ -16,7 +16,7 @@ from mk.config import TINY_DENSE, TINY_MOE, to_hf_dict
 from mk.params import param_specs
 from mk.reference import prepare
 from mk.sharding import make_mesh
-from mk.weights import device_params, load_checkpoint, random_params, save_checkpoint
+from mk.weights import _small_random_params, device_params, load_checkpoint, random_params, save_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,12 @@ def test_random_params_tree_and_determinism(tiny_cfg):
     p = random_params(tiny_cfg, seed=1)
     assert {k: v.shape for k, v in p.items()} == {s.path: s.shape for s in param_specs(tiny_cfg)}
     assert all(v.dtype == jnp.float32 for v in p.values())
-    assert _equal(p, random_params(tiny_cfg, seed=1))
+    p["embed"] = None  # each call's dict is its own: the memo of a small model's arrays is not changed through it
+    again = random_params(tiny_cfg, seed=1)
+    assert again["embed"] is not None
+    _small_random_params.cache_clear()  # drawn afresh: the same values
+    p = random_params(tiny_cfg, seed=1)
+    assert _equal(p, again)
     other = random_params(tiny_cfg, seed=2)
     assert not any(np.array_equal(p[k], other[k]) for k in p)
     norms = np.concatenate([np.asarray(v).ravel() for k, v in p.items() if "norm" in k or "scal" in k])
