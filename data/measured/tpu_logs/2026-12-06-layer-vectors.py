@@ -10,10 +10,13 @@ timed interleaved in one loop, one copy of the weights, context 1024, one and ei
   weights and scales are picked from the vector table by a select and a sublane sum over an (8, W) tile
   (``EmitContext.layer_vec``, the layer index traced); here layer 0's row is read at a static place instead, so its
   step less base's is what those picks cost.
+- ``no-head-norms`` (a probe): the q, k and v heads' norms inside the attention's q/k/v op (QKVNormRope: the
+  attention's component, not the norms', in the timing model) passed through, as the norms knock-out passes them.
 
-Run once on 2026-12-06 as ``python data/measured/tpu_logs/2026-12-06-layer-vectors.py OUT.csv`` from the repository's
-root; its output: 2026-12-06-layer-vectors.csv and .txt beside this file. ``tiny`` as a second argument runs the same
-on the CPU (tiny-moe, one chip, interpret mode) to check the script.
+Run on 2026-12-06 as ``python data/measured/tpu_logs/2026-12-06-layer-vectors.py OUT.csv`` from the repository's
+root (the first three variants; output 2026-12-06-layer-vectors.csv and .txt beside this file), then as ``OUT.csv
+stand-in-1 base,no-head-norms`` (one user; 2026-12-06-head-norms.csv and .txt). ``tiny`` as the second argument runs
+the same on the CPU (tiny-moe, one chip, interpret mode) to check the script.
 """
 
 import contextlib
@@ -26,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
+import mk.megakernel.attention as attention
 import mk.megakernel.dense as dense
 import mk.megakernel.emit as emit
 import mk.megakernel.kernel as kernel
@@ -67,29 +71,38 @@ def static_layer_vec(self, layer, name, width=None):
     return self.vec(f"layers.0.{name}", width or self.layout.hidden_size)
 
 
+original_head_rms = attention.head_rms
+
+
+def no_head_rms(x, eps, weight, on, n, hd):
+    """A probe: a head's norm passed through, as with the norms knocked out."""
+    return original_head_rms(x, eps, weight, False, n, hd)
+
+
 @contextlib.contextmanager
 def variant(name: str):
     """The kernel's code as ``name`` builds it, while a step is compiled."""
-    saved = emit.EMIT[AttentionResidual], kernel.EmitContext.layer_vec
+    saved = emit.EMIT[AttentionResidual], kernel.EmitContext.layer_vec, attention.head_rms
     if name == "shared-rms":
         emit.EMIT[AttentionResidual] = shared_rms_residual
     elif name == "static-vectors":
         kernel.EmitContext.layer_vec = static_layer_vec
+    elif name == "no-head-norms":
+        attention.head_rms = no_head_rms
     try:
         yield
     finally:
-        emit.EMIT[AttentionResidual], kernel.EmitContext.layer_vec = saved
+        emit.EMIT[AttentionResidual], kernel.EmitContext.layer_vec, attention.head_rms = saved
 
 
-VARIANTS = ("base", "shared-rms", "static-vectors")
-
-
-def main(out: str, which: str = "stand-in") -> None:
+def main(out: str, which: str = "stand-in", variants: str = "base,shared-rms,static-vectors") -> None:
     log, device, rows = Log(False), jax.devices()[0], []
+    VARIANTS = tuple(variants.split(","))
     if which == "tiny":
         spec, cells = dict(model="tiny-moe", layers=None), (Cell(64, 1),)
     else:
-        spec, cells = dict(model="gemma4-26b-a4b", layers=None, setup="workbook"), (Cell(1024, 1), Cell(1024, 8))
+        spec = dict(model="gemma4-26b-a4b", layers=None, setup="workbook")
+        cells = (Cell(1024, 1),) if which == "stand-in-1" else (Cell(1024, 1), Cell(1024, 8))
     t = time.perf_counter()
     engines = {v: CaseEngines(Case(**spec), device, 0, log) for v in VARIANTS}
     engines["base"].build("megakernel")
