@@ -37,7 +37,7 @@ from .config import ModelConfig, from_hf_dict, is_hub_id, to_hf_dict
 from .files import write_atomic
 from .format_trees import format_of, format_paths, fscale_path, get_format
 from .hf_layout import from_hf_layout, hf_scale_shape, hf_shape, hf_tensor_map, interleaved, scale_from_hf
-from .params import NORMS, ROUTER, param_specs, scales_inputs
+from .params import NORMS, ROUTER, count_params, param_specs, scales_inputs
 from .progress import tqdm
 from .quant import SCALE_SUFFIX, SCHEMES, quantized_paths, scale_path, scheme_of
 from .reference import expert_layout, prepare
@@ -67,7 +67,7 @@ def random_params(cfg: ModelConfig, seed: int, dtype=jnp.float32) -> dict[str, j
     and ``expert_scale`` are 1 + N(0, 0.1): near 1 as in a trained model, but not all equal, so a
     wrong wiring shows. Biases and attention sinks (:func:`is_offset`) are N(0, 0.1): small, not zero.
     """
-    if sum(int(np.prod(s.shape)) for s in param_specs(cfg)) <= _MEMO_ELEMENTS:
+    if count_params(cfg) <= _MEMO_ELEMENTS:
         return dict(_small_random_params(cfg, seed, jnp.dtype(dtype)))
     return _draw_params(cfg, seed, dtype)
 
