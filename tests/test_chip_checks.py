@@ -150,3 +150,51 @@ def test_a_revision_run_reads_as_the_change_between_its_kernels(tmp_path):
     assert list(t.revisions) == ["2 -> 3", "2 -> 3"] and list(t.what)[0] == "tiny-llama"
     assert t.change.tolist() == pytest.approx([-0.25, -0.25]) and t.xla_over_after.iloc[0] == pytest.approx(5 / 3)
     assert t.what.iloc[1].startswith("tiny-moe, chip 0 of a v5e-8") and t.xla_ms.isna().iloc[1]
+
+
+def test_a_routed_models_router_and_norms_knockouts_are_not_like_for_like(tmp_path):
+    rows = [dict(model=m, layers="all", setup="one chip", dtype="bf16", context=64, batch=1, component=c, whole_ms=1.0,
+                 device_step_ms=0.5, shrink_ms=0.2, shrink_low_ms=0.1, shrink_high_ms=0.3, bytes_at_limit_ms=0.01,
+                 verdict="resolved", device="tpu: TPU v5 lite")
+            for m in ("tiny-moe", "tiny-llama") for c in ("(whole step)", NORMS, SHARED_MLP)]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / chip_checks.KNOCKOUTS_CSV, index=False)
+    t = chip_checks.knockout_table(tmp_path).set_index(["model", "component"]).verdict
+    assert t["tiny-moe", NORMS].startswith("not like for like") and t["tiny-moe", SHARED_MLP] == "resolved"
+    assert t["tiny-llama", NORMS] == "resolved"  # no routing to change
+
+
+def _probe_rows(variants: dict, **cell):
+    return [dict(date="2026-12-06T00:00:00Z", model="tiny-moe", context=64, batch=1, variant=v, device_step_ms=m,
+                 device_step_low_ms=m - 0.001, device_step_high_ms=m + 0.001, **cell)
+            for v, m in variants.items()]  # fmt: skip
+
+
+def test_a_probe_reads_as_its_change_against_the_kernel_it_differs_from(tmp_path):
+    stand_in = Case("tiny-moe", setup="workbook").setup_label
+    pd.DataFrame(_probe_rows({"base": 1.0, "fixed-route": 0.9, "fixed-route-no-route-wait": 0.8995},
+                             setup=stand_in)).to_csv(tmp_path / "a.csv", index=False)  # fmt: skip
+    depths = pd.DataFrame(_probe_rows({"deep": 0.3, "shallow": 0.25})).drop(columns="variant").assign(layers=[30, 1])
+    depths.to_csv(tmp_path / "b.csv", index=False)
+    probes = (("a.csv", "fixed-route", "base", "x"), ("a.csv", "fixed-route-no-route-wait", "fixed-route", "y"),
+              ("b.csv", "1 layers", "30 layers", "z"), ("a.csv", "not run", "base", "w"))  # fmt: skip
+    t = chip_checks.probe_table(tmp_path, probes)
+    assert list(t.probe) == ["fixed-route", "fixed-route-no-route-wait", "1 layers"]
+    assert t.difference_ms.tolist() == pytest.approx([-0.1, -0.0005, -0.05])
+    assert t.beyond_both_intervals.tolist() == [True, False, True]
+    assert t.what.iloc[0].startswith("tiny-moe, chip 0 of a v5e-8") and t.what.iloc[2] == "tiny-moe"
+
+
+def test_the_stand_ins_share_parts_add_up_to_its_step_past_its_bytes():
+    stand_in = Case("tiny-moe", setup="workbook").setup_label
+    rows = (("a", 9.0, 0.5), ("b", 2.0, 0.8))  # (date, device ms, fraction of the limit)
+    steps = pd.DataFrame([dict(setup=stand_in, context=1024, batch=1, engine="megakernel", date=d, device_ms=ms,
+                               device_fraction_of_limit=f) for d, ms, f in rows])  # fmt: skip
+    what = f"tiny-moe, chip 0 of a v5e-8, {stand_in}"
+    probes = pd.DataFrame([dict(what=what, batch=1, context=1024, probe=p, difference_ms=d, source="s")
+                           for p, d in (("fixed-route-no-route-wait", -0.1), ("step, picks only", 0.01),
+                                        ("fixed-route", -0.3))])  # fmt: skip
+    t = chip_checks.stand_in_share_parts(steps, probes).set_index("part")
+    assert t.ms.iloc[0] == pytest.approx(0.4) and t.step_ms.iloc[0] == 2.0  # the newest row: 2 ms at 0.8 of the limit
+    assert t.loc["the experts' loads held back for their route", "share_of_past"] == pytest.approx(0.25)
+    assert t.loc["writing the logits out", "ms"] == pytest.approx(-0.01)  # a probe that costs shows, placing nothing
+    assert t.loc["not placed by these probes", "ms"] == pytest.approx(0.3)  # the router's knock-out is not a part

@@ -8,7 +8,9 @@
 - **the attention anchor** (tpu_attention.csv): JAX's ragged paged attention beside the megakernel's attention, by
   context, and each one's rate for one more cached byte;
 - **kernel revisions** (tpu_logs/, :data:`REVISION_RUNS`): a revision of the megakernel against the one before it,
-  both interleaved with XLA's compiled reference in one run (data/kernel_revisions.csv says what each changed)."""
+  both interleaved with XLA's compiled reference in one run (data/kernel_revisions.csv says what each changed);
+- **probes** (tpu_logs/, :data:`PROBES`): a kernel built with one piece of its work left out or changed, timed
+  interleaved with the kernel it differs from (each CSV's script beside it says how it was built)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..chips import ISSUE_BOUND, measured_chip, trips_share
+from ..config import get_config
+from ..params import NORMS, ROUTER
 from ..paths import MEASURED_DIR, TPU_LOGS_DIR
 from ..timing import GivenCosts
 from . import on_tpu
@@ -31,6 +35,29 @@ REVISION_RUNS = (
     "2026-12-06-slot-zero-stand-in.csv",
     "2026-12-06-slot-zero-stand-in-8.csv",
 )
+
+# A routed model's knock-outs that change which experts are read: the router's (every user takes the first experts)
+# and the norms' (the residual stream overflows and routing picks none): their shrinks are not those components' cost
+ROUTING_KNOCKOUTS = {
+    ROUTER: "not like for like: every user takes the first experts, so other experts are read",
+    NORMS: "not like for like: routing then runs on un-normed activations (the 26B-A4B's overflow and its router picks "
+    "no expert, so the experts' tiles are skipped)",
+}
+
+# The chip's probes: (run, variant, the variant it differs from, what it changes); each run's script beside its CSV
+PROBES = (
+    ("2026-12-06-layer-vectors.csv", "shared-rms", "base", "the residual's three norms of x share one rsqrt (exact)"),
+    ("2026-12-06-layer-vectors.csv", "static-vectors", "base", "each layer's norm weights read at a fixed row"),
+    ("2026-12-06-head-norms.csv", "no-head-norms", "base", "the q, k and v heads' norms passed through"),
+    ("2026-12-06-logits-out.csv", "step, picks only", "step, logits out", "no logits written, the picks alone"),
+    ("2026-12-06-floor.csv", "fixed-route", "base", "the router knocked out: routing fixed, its projection not read"),
+    ("2026-12-06-floor.csv", "fixed-route-no-exchanges", "fixed-route", "the exchanges' local copies left out"),
+    ("2026-12-06-route-wait.csv", "fixed-route-no-route-wait", "fixed-route",
+     "the experts' loads free to start before the route (logits equal)"),
+    ("2026-12-06-floor.csv", "floor", "base", "every component knocked out: the floor"),
+    ("2026-12-06-floor.csv", "floor-bare", "floor", "the floor less its route, residuals and exchanges' copies"),
+    ("2026-12-06-floor-layers.csv", "1 layers", "30 layers", "the floor of the first layer alone"),
+)  # fmt: skip
 
 
 def _read(name: str, folder) -> pd.DataFrame:
@@ -58,7 +85,11 @@ def knockout_table(folder=None) -> pd.DataFrame:
         modelled += [(whole - on_tpu.modelled_step(row, on_tpu.measured_prediction(row, knockout={c}))) * 1e3
                      for c in rows.component]  # fmt: skip
     what = [on_tpu.cell_words(m, s, d) for m, s, d in zip(out.model, out.setup, out["dtype"])]
-    return out.assign(what=what, modelled_shrink_ms=modelled, kind="measured (TPU, device time) beside modelled")
+    routed = [get_config(m.partition("[")[0]).is_moe for m in out.model]
+    verdict = [ROUTING_KNOCKOUTS[c] if moe and c in ROUTING_KNOCKOUTS else v
+               for moe, c, v in zip(routed, out.component, out.verdict)]  # fmt: skip
+    return out.assign(what=what, modelled_shrink_ms=modelled, verdict=verdict,
+                      kind="measured (TPU, device time) beside modelled")  # fmt: skip
 
 
 def clock_table(folder=None) -> pd.DataFrame:
@@ -139,3 +170,62 @@ def revision_table(folder=None, runs=REVISION_RUNS) -> pd.DataFrame:
                 rounds=int(after.rounds), date=str(after.date)[:10], source=f"tpu_logs/{name}",
             ))  # fmt: skip
     return pd.DataFrame(rows).assign(kind="measured (TPU, device time), interleaved in one run")
+
+
+def probe_table(folder=None, probes=PROBES) -> pd.DataFrame:
+    """Each of :data:`PROBES`'s variants beside the one it differs from, for every cell of its run: both device times
+    (medians of steps back to back, 95% intervals), the change in ms, and whether it lies beyond both intervals."""
+    rows = []
+    for name, variant, against, change in probes:
+        t = pd.read_csv(Path(folder or TPU_LOGS_DIR) / name)
+        setups = t["setup"] if "setup" in t else pd.Series("one chip", index=t.index)
+        # a run of one kernel at several depths names its variants by their layers
+        variants = t["variant"] if "variant" in t else t["layers"].astype(str) + " layers"
+        t = t.assign(setup=setups.fillna("one chip"), variant=variants)
+        for (model, setup, context, batch), g in t.groupby(["model", "setup", "context", "batch"], sort=False):
+            by = g.set_index("variant")
+            if variant not in by.index:
+                continue
+            a, b = by.loc[against], by.loc[variant]
+            beyond = b.device_step_high_ms < a.device_step_low_ms or b.device_step_low_ms > a.device_step_high_ms
+            rows.append(dict(
+                what=on_tpu.cell_words(model, setup, "bf16"), context=int(context), batch=int(batch), probe=variant,
+                against=against, change=change, against_ms=a.device_step_ms, against_low_ms=a.device_step_low_ms,
+                against_high_ms=a.device_step_high_ms, probe_ms=b.device_step_ms, probe_low_ms=b.device_step_low_ms,
+                probe_high_ms=b.device_step_high_ms, difference_ms=b.device_step_ms - a.device_step_ms,
+                beyond_both_intervals=bool(beyond), date=str(b.date)[:10], source=f"tpu_logs/{name}",
+            ))  # fmt: skip
+    return pd.DataFrame(rows).assign(kind="measured (TPU, device time), interleaved in one run")
+
+
+# The probes that each take one piece of the stand-in's one-user step away without changing its bytes: (probe, the
+# piece in words). Not the router's knock-out: what it saves there is about its projection's bytes at the limit
+SHARE_PARTS = (
+    ("fixed-route-no-route-wait", "the experts' loads held back for their route"),
+    ("fixed-route-no-exchanges", "the exchanges' local copies"),
+    ("step, picks only", "writing the logits out"),
+    ("shared-rms", "the residual norms' separate rsqrts"),
+)
+
+
+def stand_in_share_parts(steps: pd.DataFrame, probes: pd.DataFrame | None = None, context: int = 1024) -> pd.DataFrame:
+    """The stand-in's one-user step past its bytes at the chip's measured limit (its newest measured row in ``steps``,
+    :func:`mk.analysis.on_tpu.tpu_steps`), and the part of it each of :data:`SHARE_PARTS` removes on the chip (ms):
+    what holds its share of the limit under 1."""
+    p = probe_table() if probes is None else probes
+    mine = steps[steps.setup.str.endswith(on_tpu.STAND_IN) & steps.setup.str.startswith("(g)")
+                 & (steps.context == context) & (steps.batch == 1) & (steps.engine == "megakernel")]  # fmt: skip
+    if mine.empty or p.empty:
+        return pd.DataFrame()
+    row = mine.sort_values("date").iloc[-1]
+    past = row.device_ms * (1 - row.device_fraction_of_limit)
+    stand_in = p[p.what.str.contains("chip 0 of") & (p.batch == 1) & (p.context == context)].set_index("probe")
+    rows = [dict(part="the step past its bytes at the limit", ms=past, share_of_past=1.0, source="tpu.csv")]
+    for probe, words in SHARE_PARTS:
+        if probe in stand_in.index:
+            ms = -stand_in.loc[probe, "difference_ms"]
+            rows.append(dict(part=words, ms=ms, share_of_past=ms / past, source=stand_in.loc[probe, "source"]))
+    placed = sum(max(r["ms"], 0.0) for r in rows[1:])
+    rows.append(dict(part="not placed by these probes", ms=past - placed, share_of_past=1 - placed / past, source=""))
+    kind = "measured (TPU, device time): the step's row, and probes interleaved with their kernel"
+    return pd.DataFrame(rows).assign(step_ms=row.device_ms, fraction_of_limit=row.device_fraction_of_limit, kind=kind)
