@@ -231,17 +231,17 @@ def test_deepseek_v3_and_kimi_k2_run_in_both_engines_with_yarn(name, family, fac
 
 def test_gpt_oss_runs_in_the_reference_and_the_kernel():
     """gpt-oss's published config: both engines run it (tests/test_gpt_oss.py holds the reference to transformers,
-    tests/test_gpt_oss_kernel.py the megakernel to the reference); its 64 query heads split over 8 chips are refused
-    by name (the kernel packs its attention biases and sinks whole, for attention on every chip)."""
+    tests/test_gpt_oss_kernel.py the megakernel to the reference); its 64 query heads split over 8 chips, each chip
+    its heads' biases and sinks in a vector table of its own."""
     from mk.kernel_setup import KernelSetup
-    from mk.megakernel.engine import MegakernelEngine
+    from mk.sharding import heads_split, vectors_split
 
     cfg = load_hf_config(Path(__file__).resolve().parent.parent / "data" / "configs" / "gpt-oss-20b")
     assert cfg.family == "gpt_oss" and cfg.runnable and cfg.rope_scaling.factor == 32.0
     cfg.check_runnable("reference")
     cfg.check_runnable("megakernel")
-    with pytest.raises(ValueError, match="attention biases and sinks with attention on every chip only"):
-        MegakernelEngine(cfg, setup=KernelSetup(8))
+    assert heads_split(cfg, 8) and vectors_split(cfg, KernelSetup(8))
+    assert not vectors_split(get_config("llama-3.2-1b"), KernelSetup(8))  # no vector a head owns: one table
 
 
 def test_a_folder_of_data_configs_is_a_model_by_its_name():

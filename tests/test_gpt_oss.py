@@ -196,14 +196,16 @@ def test_int8_checkpoint_round_trips(tmp_path):
         np.testing.assert_array_equal(np.asarray(back[path]), np.asarray(a), path)
 
 
-def test_both_engines_take_gpt_oss_and_the_megakernel_refuses_its_heads_split_by_name():
-    """The reference and the megakernel run gpt-oss (tests/test_gpt_oss_kernel.py holds the kernel to it); its heads
-    split over chips are refused by name, not run wrong."""
+def test_both_engines_take_gpt_oss_and_a_cache_its_chips_cannot_share_is_refused_by_name():
+    """The reference and the megakernel run gpt-oss (tests/test_gpt_oss_kernel.py holds the kernel to it, its heads
+    split over chips too); chips sharing a KV head's positions whose cache (a sliding window of 4: 4 slots) does not
+    split into whole blocks among them are refused by name when the cache is laid out, not run wrong."""
     from mk.kernel_setup import WORKBOOK_KERNEL
-    from mk.megakernel.engine import MegakernelEngine
+    from mk.megakernel.pack import adopt_cache_chips
+    from mk.reference import init_cache
 
     cfg = from_hf_dict(TINY_GPT_OSS, "tiny-gpt-oss")
     cfg.check_runnable()
     cfg.check_runnable("megakernel")
-    with pytest.raises(ValueError, match="4 query heads would be split over 2 chips, but the megakernel runs"):
-        MegakernelEngine(cfg, setup=WORKBOOK_KERNEL.on(2))
+    with pytest.raises(ValueError, match="2 chips share each sliding KV head, but its cache of 4 slots does not"):
+        adopt_cache_chips(cfg, init_cache(cfg, 1, 64), WORKBOOK_KERNEL.on(4))

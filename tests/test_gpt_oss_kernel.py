@@ -1,16 +1,18 @@
 """gpt-oss in the megakernel: greedy tokens equal to the reference's (and so to transformers', tests/test_gpt_oss.py)
-on the tiny checkpoint, ragged prompts (one past the sliding window), the race detector on; one chip and 8 simulated
-chips (4 query heads: attention on every chip; experts whole, split, or whole over groups of 2 chips and split within
-them: placement hosts). Sinks, the q/k/v/o biases, YaRN's cos/sin factor, the router's bias and top-k-then-softmax,
-the expert biases and the clamped SwiGLU all run in the kernel; dropping the sinks or an expert bias in the kernel
-changes its logits past the tolerance (the last test)."""
+on the tiny checkpoint, ragged prompts (one past the sliding window), the race detector on; one chip, and 2, 4 and 8
+simulated chips with its heads split over them (8 query heads; each chip its heads' biases and sinks) or, with 4
+query heads on 8 chips, attention on every chip; experts whole, split, or whole over groups of 2 chips and split
+within them (placement hosts). Sinks, the q/k/v/o biases, YaRN's cos/sin factor, the router's bias and
+top-k-then-softmax, the expert biases and the clamped SwiGLU all run in the kernel; dropping the sinks or an expert
+bias in the kernel, or giving every chip the first chip's heads' biases or sinks, changes its logits past the
+tolerance."""
 
 import numpy as np
 import pytest
 from test_gpt_oss import TINY_GPT_OSS, init_gpt_oss
 
 from mk.generate import generate
-from mk.kernel_setup import KernelSetup
+from mk.kernel_setup import AttentionSplit, KernelSetup
 from mk.tpu import races_detected
 from mk.weights import load_checkpoint
 
@@ -36,35 +38,71 @@ def tiny(tmp_path_factory):
     return _checkpoint(tmp_path_factory.mktemp("tiny-gpt-oss-8e"), num_local_experts=8)
 
 
+@pytest.fixture(scope="module")
+def eight_heads(tmp_path_factory):
+    """The same with 8 query heads (2 KV heads): split over 2, 4 or 8 chips; a sliding window of 32, so that 2 chips
+    sharing a KV head's positions each hold a whole block of its sliding cache."""
+    folder = tmp_path_factory.mktemp("tiny-gpt-oss-8h")
+    return _checkpoint(folder, num_local_experts=8, num_attention_heads=8, sliding_window=32)
+
+
 def _prompts(cfg):
     rng = np.random.default_rng(3)
     return [rng.integers(0, cfg.vocab_size, n).tolist() for n in (13, 3)]
 
 
-def _run(params, cfg, setup=None, logits=False, new_tokens=NEW_TOKENS, **options):
+def _run(params, cfg, setup=None, logits=False, new_tokens=NEW_TOKENS, max_len=None, **options):
     if setup is not None:
         options["setup"] = setup
     return generate(params, cfg, _prompts(cfg), new_tokens, engine="megakernel", return_logits=logits,
-                    engine_options={"detect_races": True, **options})  # fmt: skip
+                    max_len=max_len, engine_options={"detect_races": True, **options})  # fmt: skip
 
 
-# Two kernel steps (the second reading the cache the first wrote) on one chip; over 8 chips one step (the first token
-# is the prefill's, and an 8-chip step takes seconds interpreted): with 4 query heads attention runs on every chip,
-# its cache as one chip's. Experts split over 8, and the hosts' groups: each group of 2 chips holds a quarter of the
-# experts whole, each split over its 2, so a chip's own expert rows of the bias tensors and the split's biases run
-# together
+# Two kernel steps (the second reading the cache the first wrote) on one chip; over chips one step (the first token
+# is the prefill's, and an 8-chip step takes seconds interpreted): with 4 query heads on 8 chips attention runs on
+# every chip, its cache as one chip's; with 8 each chip runs its heads, their biases and sinks, and with attention
+# split by positions 2 chips share each KV head (each head's sink added once, when their partial softmaxes merge).
+# Experts split, whole, and the hosts' groups: each group of 2 chips holds its half of the experts whole, each split
+# over its 2, so a chip's own expert rows of the bias tensors and the split's biases run together
+POSITIONS = KernelSetup(4, "split", attention_split=AttentionSplit.POSITIONS)
+
+
 @pytest.mark.parametrize(
-    "setup, new_tokens",
-    [(None, NEW_TOKENS), (KernelSetup(8, "split"), 2), (KernelSetup(8, "hosts", host_chips=2), 2)],
-    ids=["one-chip", "8-chips-split", "8-chips-hosts"],
+    "checkpoint, setup, max_len",
+    [("tiny", None, None), ("tiny", KernelSetup(8, "split"), None), ("eight_heads", KernelSetup(8, "split"), None),
+     ("eight_heads", KernelSetup(4, "hosts", host_chips=2), None), ("eight_heads", KernelSetup(4, "whole"), None),
+     ("eight_heads", KernelSetup(2, "split"), None), ("eight_heads", POSITIONS, 64)],
+    ids=["one-chip", "8-chips-split-heads-whole", "8-chips-split", "4-chips-hosts", "4-chips-whole", "2-chips-split",
+         "4-chips-positions"],
 )  # fmt: skip
-def test_greedy_tokens_equal_the_references(tiny, setup, new_tokens):
-    cfg, params = tiny
+def test_greedy_tokens_equal_the_references(checkpoint, setup, max_len, request):
+    from mk.sharding import heads_split, position_share
+
+    cfg, params = request.getfixturevalue(checkpoint)
     cfg.check_runnable("megakernel")
-    want = generate(params, cfg, _prompts(cfg), new_tokens)
-    got = _run(params, cfg, setup, new_tokens=new_tokens)
+    assert setup is None or heads_split(cfg, setup.chips) == (checkpoint == "eight_heads")
+    assert setup is not POSITIONS or {position_share(cfg, t, setup) for t in cfg.layer_types} == {2}
+    new_tokens = NEW_TOKENS if setup is None else 2
+    want_tokens, want = generate(params, cfg, _prompts(cfg), new_tokens, return_logits=True, max_len=max_len)
+    tokens, logits = _run(params, cfg, setup, logits=True, new_tokens=new_tokens, max_len=max_len)
     assert not races_detected()
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(tokens, want_tokens)
+    assert np.abs(logits - want).max() < LOGIT_ATOL
+
+
+@pytest.mark.parametrize("vector", ["sinks", "k_bias"])  # cut as the query heads, and as the KV heads
+def test_every_chip_needs_its_own_heads_vectors(eight_heads, vector, monkeypatch):
+    """Over 2 chips with the heads split, each chip given the first chip's heads' ``vector`` instead of its own: the
+    logits leave the reference's by far more than the tolerance."""
+    from mk.sharding import placement
+
+    cfg, params = eight_heads
+    _, want = generate(params, cfg, _prompts(cfg), 2, return_logits=True)  # the second token is the kernel's
+    cut = placement._matrix_cut
+    monkeypatch.setattr(placement, "_matrix_cut",
+                        lambda c, s, chip, path: cut(c, s, 0 if path.endswith(vector) else chip, path))  # fmt: skip
+    _, logits = _run(params, cfg, KernelSetup(2, "split"), logits=True, new_tokens=2, detect_races=False)
+    assert np.abs(logits - want).max() > 100 * LOGIT_ATOL
 
 
 @pytest.fixture(scope="module")

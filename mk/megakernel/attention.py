@@ -502,13 +502,15 @@ def emit_attend_shared(k, op):
     # 2. each head's partial states to its member; merged here, for this chip's heads
     buf.state_in[me] = buf.state[me]
     exchange_in_group(k, g, lambda m: buf.state.at[m], lambda m: buf.state_in.at[m], buf.share_sem.at[1])
-    _merge_partial_states(buf, g, B, nh, hd, out)
+    sinks = _head_sinks(k, op.layer, 0, nh, 1) if layout.sinks else None  # this chip's heads'
+    _merge_partial_states(buf, g, B, nh, hd, out, sinks)
 
 
-def _merge_partial_states(buf, g: int, batch: int, nh: int, hd: int, out) -> None:
+def _merge_partial_states(buf, g: int, batch: int, nh: int, hd: int, out, sinks=None) -> None:
     """Each user's ``g`` members' partial softmax states of this chip's ``nh`` heads (weighted values in a group's W
-    lanes, then max and sum in lanes W and W + 1) merged exactly as the online softmax merges tiles; the heads'
-    outputs into ``out``."""
+    lanes, then max and sum in lanes W and W + 1) merged exactly as the online softmax merges tiles, each head's sink
+    logit (``sinks`` [nh, 1], where the family has them) in the merged denominator once; the heads' outputs into
+    ``out``."""
     W = group_width(hd)
     for b in range(batch):
         parts = [buf.state_in[member, b] for member in range(g)]  # [nh, W + LANE] each
@@ -519,6 +521,8 @@ def _merge_partial_states(buf, g: int, batch: int, nh: int, hd: int, out) -> Non
         for x in parts:
             w = jnp.exp(x[:, W : W + 1] - top)
             total, acc = total + w * x[:, W + 1 : W + 2], acc + w * x[:, :W]
+        if sinks is not None:
+            total = total + jnp.exp(sinks - top)
         o = acc / total  # each head's output at lane 0
         for cols, val in gathered_groups(nh, hd, lambda h, o=o: (o[h : h + 1], 0)):
             out[b : b + 1, cols] = val

@@ -32,6 +32,7 @@ from ..sharding import (
     position_share,
     split_axis,
     torus_order,
+    vectors_split,
 )
 from ..tpu import host_device, interpret_params
 from .kernel import (
@@ -171,18 +172,25 @@ class MegakernelEngine:
 
     def over_mesh(self, parts: dict) -> dict:
         """The packed step inputs over the mesh from each chip's packed part (``parts``: device -> ``pack``'s output
-        for that chip's slice, this host's chips): each weight one array split on its ``split_axis``, the vectors and
-        frequencies (the same on every chip) replicated."""
+        for that chip's slice, this host's chips): each weight one array split on its ``split_axis``, the vectors
+        split on their rows where each chip's are its own (mk.sharding.vectors_split), else replicated as the
+        frequencies are (the same on every chip)."""
         first = next(iter(parts.values()))
-        weights = {}
-        for name, a in first["weights"].items():
-            axis = split_axis(self.cfg, self.setup, name)
-            shape = tuple(n * self.setup.chips if i == axis else n for i, n in enumerate(a.shape))
-            sharding = NamedSharding(self.mesh, axis_spec(a.ndim, axis, self.setup.axis))
-            slices = [jax.device_put(p["weights"][name], dev) for dev, p in parts.items()]
-            weights[name] = jax.make_array_from_single_device_arrays(shape, sharding, slices)
+        weights = {n: self._joined(parts, lambda p, n=n: p["weights"][n], split_axis(self.cfg, self.setup, n))
+                   for n in first["weights"]}  # fmt: skip
         rest = {k: v for k, v in first.items() if k != "weights"}  # the vectors and frequencies: on every chip
-        return dict(jax.device_put(rest, NamedSharding(self.mesh, P())), weights=weights)
+        out = dict(jax.device_put(rest, NamedSharding(self.mesh, P())), weights=weights)
+        if vectors_split(self.cfg, self.setup):
+            out["vectors"] = self._joined(parts, lambda p: p["vectors"], 0)
+        return out
+
+    def _joined(self, parts: dict, part, axis: int | None):
+        """One array over the mesh of each chip's ``part(its packed inputs)``, split on ``axis`` (None: replicated)."""
+        a = part(next(iter(parts.values())))
+        shape = tuple(n * self.setup.chips if i == axis else n for i, n in enumerate(a.shape))
+        sharding = NamedSharding(self.mesh, axis_spec(a.ndim, axis, self.setup.axis))
+        slices = [jax.device_put(part(p), dev) for dev, p in parts.items()]
+        return jax.make_array_from_single_device_arrays(shape, sharding, slices)
 
     def compiled(self, request: StepRequest) -> _Compiled:
         """The step made for ``request``, built and jitted once."""

@@ -50,6 +50,7 @@ from ..sharding import (
     expert_group_member,
     heads_split,
     split_axis,
+    vectors_split,
 )
 from . import collective, moe
 from .emit import emitter
@@ -392,21 +393,13 @@ def build_call(
 
 
 def check_heads_split(cfg: ModelConfig, setup) -> None:
-    """Refuse attention heads split over chips for a model with attention biases or sinks (gpt-oss): their vectors
-    are packed whole, for attention on every chip (its heads fewer than the chips, or one chip); and MLA's heads
-    split other than by heads (its latent cache is whole on every chip)."""
+    """Refuse MLA's heads split other than by heads (its latent cache is whole on every chip)."""
     if setup is None or not setup.sharded or not heads_split(cfg, setup.chips):
         return
     if cfg.latent_attention is not None and setup.attention_split != AttentionSplit.HEADS:
         raise ValueError(
             f"{cfg.name}: the megakernel splits multi-head latent attention over chips by heads only (each chip its "
             f"heads, the latent cache on every chip), not by {setup.attention_split}; use attention_split='heads'"
-        )
-    if cfg.sinks or cfg.attention_bias:
-        raise ValueError(
-            f"{cfg.name}: its {cfg.num_heads} query heads would be split over {setup.chips} chips, but the megakernel "
-            "runs attention biases and sinks with attention on every chip only (heads fewer than the chips, or one "
-            "chip); use the reference engine or fewer chips"
         )
 
 
@@ -437,6 +430,8 @@ def partition_specs(plan: StepPlan, tree):
             parts[f] = {name: spec(x, split_axis(model, setup, name)) for name, x in v.items()}
         elif f == "cache":
             parts[f] = {name: spec(x, cache_split_axis(model, setup)) for name, x in v.items()}
+        elif f == "vectors" and vectors_split(model, setup):  # each chip its heads' biases and sinks
+            parts[f] = spec(v, 0)
         else:
             # a probe's activations: each chip's own rows (its partial sums differ)
             parts[f] = jax.tree.map(partial(spec, ax={"logits": 1, "dma_counts": 0, "acts": 0}.get(f)), v)

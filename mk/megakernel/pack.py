@@ -51,6 +51,7 @@ from ..plan.layout import (
     scale_rows,
     scale_width,
 )
+from ..plan.step import check_slots_shared
 from ..quant import quantized_paths, scale_path, scheme_of
 from ..sharding import cache_split_axis, chip_cache, chip_config, first_kv_head, heads_split, position_share
 from . import latent
@@ -345,7 +346,9 @@ def adopt_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     for c in range(1 if setup.loopback else setup.chips):
         mine = chip_cache(cache, cfg, setup, c)
         for path in mine:
-            g = position_share(cfg, cfg.layer_types[int(path.split(".")[1])], setup)
+            t = cfg.layer_types[int(path.split(".")[1])]
+            g = position_share(cfg, t, setup)
+            check_slots_shared(t, g, mine[path].shape[-2])
             mine[path] = _blocks_of(mine[path], c % g, g) if g > 1 else mine[path]
         parts.append(adopt_cache(local, mine))
     return _join_caches(parts, cfg, setup)

@@ -514,6 +514,26 @@ class PlanRequest:
     quantize: str
 
 
+def check_positions_split(cfg: ModelConfig, setup, max_len: int) -> dict:
+    """How many chips share each layer type's KV head's positions (mk.sharding.position_share), refusing a cache that
+    does not split into that many whole blocks of BLOCK slots."""
+    shares = {t: position_share(cfg, t, setup) for t in set(cfg.layer_types)}
+    for t, g in shares.items():
+        check_slots_shared(t, g, cache_slots(cfg, t, max_len, setup.draft_tokens))
+    return shares
+
+
+def check_slots_shared(layer_type: str, g: int, slots: int) -> None:
+    """Refuse a ``layer_type`` KV head's cache of ``slots`` that ``g`` chips sharing its positions cannot split into
+    whole blocks of BLOCK."""
+    if slots % (g * BLOCK):
+        raise ValueError(
+            f"attention split by positions: {g} chips share each {layer_type} KV head, but its cache of {slots} slots "
+            f"does not split into {g} whole blocks of {BLOCK}; use a max_len (and a sliding window) that rounds to a "
+            f"multiple of {g * BLOCK} slots, or attention_split='heads'"
+        )
+
+
 @lru_cache(maxsize=64)
 def _built_plan(request: PlanRequest) -> StepPlan:
     r, setup = request, request.setup
@@ -523,15 +543,7 @@ def _built_plan(request: PlanRequest) -> StepPlan:
     check_shapes(cfg, r.batch, r.max_len, r.context, array_itemsize(r.kv_dtype), r.tiles)
     users_per_chip(cfg, setup, r.batch)  # refuses a users split the batch or the heads cannot take
     rows = r.batch * (draft_tokens + 1)
-    shares = {t: position_share(cfg, t, setup) for t in set(cfg.layer_types)}
-    for t, g in shares.items():
-        slots = cache_slots(cfg, t, r.max_len, draft_tokens)
-        if slots % (g * BLOCK):
-            raise ValueError(
-                f"attention split by positions: {g} chips share each {t} KV head, but its cache of {slots} slots does "
-                f"not split into {g} whole blocks of {BLOCK}; use a max_len (and a sliding window) that rounds to a "
-                f"multiple of {g * BLOCK} slots, or attention_split='heads'"
-            )
+    shares = check_positions_split(cfg, setup, r.max_len)
     local, held = chip_config(cfg, setup), experts_per_chip(cfg, setup)
     split = attention_chips(cfg, setup) > 1
     fmt = FORMAT_SCHEMES.get(r.quantize)

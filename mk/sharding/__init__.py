@@ -33,6 +33,7 @@ from .placement import (
     position_share,
     split_axis,
     users_per_chip,
+    vectors_split,
     vocab_per_chip,
 )
 
@@ -65,5 +66,6 @@ __all__ = [
     "torus_best",
     "torus_all_reduce",
     "users_per_chip",
+    "vectors_split",
     "vocab_per_chip",
 ]

@@ -206,6 +206,9 @@ def _cut(a, axis: int, start: int, size: int):
 # Which axis of a reference matrix (mk.params names) holds what a chip takes a slice of.
 _HEAD_AXIS = {"q": 1, "k": 1, "v": 1, "o": 0}
 _LATENT_HEAD_AXIS = {"q": 1, "q_b": 1, "kv_b": 1, "o": 0}  # MLA's per-head matrices (q_a and kv_a: every head's)
+# A head's own vectors (axis 0), cut as the heads of the matrix named: the o bias, added once after the all-reduce,
+# stays whole
+_HEAD_VECTORS = {"q_bias": "q", "k_bias": "k", "v_bias": "v", "sinks": "q"}
 _MLP_AXIS = {"mlp_gate": 1, "mlp_up": 1, "mlp_down": 0}
 _EXPERT_INTER_AXIS = {"expert_gate": 2, "expert_up": 2, "expert_down": 1}
 
@@ -241,6 +244,10 @@ def _matrix_cut(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> t
         width = mla.v_head_dim if name == "o" else mla.qk_nope_head_dim + mla.qk_rope_head_dim
         width = mla.qk_nope_head_dim + mla.v_head_dim if name == "kv_b" else width
         return _LATENT_HEAD_AXIS[name], chip * local.num_heads * width, local.num_heads * width
+    if name in _HEAD_VECTORS and heads_split(cfg, C):  # gpt-oss's q/k/v biases and sinks: the chip's heads'
+        matrix, width = _HEAD_VECTORS[name], 1 if name == "sinks" else cfg.head_dim(t)
+        first = chip * local.num_heads if matrix == "q" else first_kv_head(cfg, t, C, chip)
+        return 0, first * width, (local.num_heads if matrix == "q" else local.kv_heads(t)) * width
     if name in _HEAD_AXIS and heads_split(cfg, C):
         if name in ("q", "o"):
             first, n = chip * local.num_heads, local.num_heads
@@ -354,6 +361,13 @@ def cache_split_axis(cfg: ModelConfig, setup: KernelSetup) -> int | None:
     if setup.users_split:
         return 1
     return 2 if heads_split(cfg, setup.chips) and cfg.latent_attention is None else None
+
+
+def vectors_split(cfg: ModelConfig, setup: KernelSetup) -> bool:
+    """Whether each chip's vector table (mk.megakernel.pack) is its own: where heads are split and the model has
+    vectors a head owns (gpt-oss's q/k/v biases and sinks), each chip's holds its heads' (the tables stacked on their
+    rows over the chips); elsewhere every chip's is the same, held whole on each."""
+    return setup.sharded and heads_split(cfg, setup.chips) and bool(cfg.sinks or cfg.attention_bias)
 
 
 def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
