@@ -118,9 +118,12 @@ def op_time_figure(parts: pd.DataFrame, title: str) -> go.Figure:
 
 def knockout_figure(knocked: pd.DataFrame, title: str) -> go.Figure:
     """Each knock-out's shrink (mk.analysis.chip_checks.knockout_table) measured on the chip, with its 95% interval,
-    beside the timing model's and the component's bytes at the measured limit, one row per component and cell."""
-    k = knocked.assign(row=[f"{w}, {c:,} pos, {b} user{'s' * (b > 1)}: {comp}" for w, c, b, comp in
-                            zip(knocked.what, knocked.context, knocked.batch, knocked.component)])  # fmt: skip
+    beside the timing model's and the component's bytes at the measured limit, one row per component and cell; a
+    knock-out that changes which experts are read (its verdict: not like for like) is marked with a dagger."""
+    unlike = knocked.verdict.str.startswith("not like for like")
+    k = knocked.assign(row=[f"{w}, {c:,} pos, {b} user{'s' * (b > 1)}: {comp}" + (" \u2020" * u)
+                            for w, c, b, comp, u in zip(knocked.what, knocked.context, knocked.batch,
+                                                        knocked.component, unlike)])  # fmt: skip
     colours = template_colours()
     fig = go.Figure()
     fig.add_bar(
@@ -136,7 +139,8 @@ def knockout_figure(knocked: pd.DataFrame, title: str) -> go.Figure:
             marker=dict(color=colour, size=14 if symbol == "circle-open" else 9, symbol=symbol, line=dict(width=2)),
             hovertemplate="%{y}: %{x:.3f} ms<extra>" + name + "</extra>",
         )  # fmt: skip
-    fig.update_xaxes(title_text="how much the step shrinks with the component off (ms)")
+    dagger = "; \u2020 other experts read" if unlike.any() else ""
+    fig.update_xaxes(title_text=f"how much the step shrinks with the component off (ms){dagger}")
     fig.update_yaxes(autorange="reversed", ticksuffix="  ")
     fig.update_layout(title=title, height=24 * len(k) + 300, margin=dict(l=430))
     return fig
