@@ -185,11 +185,13 @@ def test_a_probe_reads_as_its_change_against_the_kernel_it_differs_from(tmp_path
 
 
 def test_the_stand_ins_share_parts_add_up_to_its_step_past_its_bytes():
+    from mk.analysis.on_tpu import cell_words
+
     stand_in = Case("tiny-moe", setup="workbook").setup_label
     rows = (("a", 9.0, 0.5), ("b", 2.0, 0.8))  # (date, device ms, fraction of the limit)
-    steps = pd.DataFrame([dict(setup=stand_in, context=1024, batch=1, engine="megakernel", date=d, device_ms=ms,
-                               device_fraction_of_limit=f) for d, ms, f in rows])  # fmt: skip
-    what = f"tiny-moe, chip 0 of a v5e-8, {stand_in}"
+    steps = pd.DataFrame([dict(model="tiny-moe", setup=stand_in, context=1024, batch=1, engine="megakernel", date=d,
+                               device_ms=ms, device_fraction_of_limit=f) for d, ms, f in rows])  # fmt: skip
+    what = cell_words("tiny-moe", stand_in, "bf16")
     probes = pd.DataFrame([dict(what=what, batch=1, context=1024, probe=p, difference_ms=d, source="s")
                            for p, d in (("fixed-route-no-route-wait", -0.1), ("step, picks only", 0.01),
                                         ("fixed-route", -0.3))])  # fmt: skip

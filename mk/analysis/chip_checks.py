@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..chips import ISSUE_BOUND, measured_chip, trips_share
 from ..config import get_config
+from ..kernel_setup import WORKBOOK_KERNEL
 from ..params import NORMS, ROUTER
 from ..paths import MEASURED_DIR, TPU_LOGS_DIR
 from ..timing import GivenCosts
@@ -213,13 +214,15 @@ def stand_in_share_parts(steps: pd.DataFrame, probes: pd.DataFrame | None = None
     :func:`mk.analysis.on_tpu.tpu_steps`), and the part of it each of :data:`SHARE_PARTS` removes on the chip (ms):
     what holds its share of the limit under 1."""
     p = probe_table() if probes is None else probes
-    mine = steps[steps.setup.str.endswith(on_tpu.STAND_IN) & steps.setup.str.startswith("(g)")
-                 & (steps.context == context) & (steps.batch == 1) & (steps.engine == "megakernel")]  # fmt: skip
+    setup = WORKBOOK_KERNEL.name + on_tpu.STAND_IN
+    mine = steps[(steps.setup == setup) & (steps.context == context) & (steps.batch == 1)
+                 & (steps.engine == "megakernel")]  # fmt: skip
     if mine.empty or p.empty:
         return pd.DataFrame()
     row = mine.sort_values("date").iloc[-1]
     past = row.device_ms * (1 - row.device_fraction_of_limit)
-    stand_in = p[p.what.str.contains("chip 0 of") & (p.batch == 1) & (p.context == context)].set_index("probe")
+    what = on_tpu.cell_words(row.model, setup, "bf16")
+    stand_in = p[(p.what == what) & (p.batch == 1) & (p.context == context)].set_index("probe")
     rows = [dict(part="the step past its bytes at the limit", ms=past, share_of_past=1.0, source="tpu.csv")]
     for probe, words in SHARE_PARTS:
         if probe in stand_in.index:
