@@ -66,6 +66,13 @@ def _read(name: str, folder) -> pd.DataFrame:
     return pd.read_csv(path) if path.exists() else pd.DataFrame()
 
 
+def _read_run(name: str, folder) -> pd.DataFrame:
+    """A run's CSV in tpu_logs/, each row's setup named ("one chip" where the run had none)."""
+    t = pd.read_csv(Path(folder or TPU_LOGS_DIR) / name)
+    setups = t["setup"] if "setup" in t else pd.Series("one chip", index=t.index)
+    return t.assign(setup=setups.fillna("one chip"))
+
+
 def knockout_table(folder=None) -> pd.DataFrame:
     """Each knock-out measured on the chip (of a cell measured more than once, the runs' median of each column) beside
     its bytes at the limit and the timing model's shrink of the same step, ms."""
@@ -153,9 +160,8 @@ def revision_table(folder=None, runs=REVISION_RUNS) -> pd.DataFrame:
     cell has one (a stand-in has none)."""
     rows = []
     for name in runs:
-        t = pd.read_csv(Path(folder or TPU_LOGS_DIR) / name)
-        setups = t["setup"] if "setup" in t else pd.Series("one chip", index=t.index)
-        t = t.assign(setup=setups.fillna("one chip"), revision=t.variant.str.extract(r"\[r(\d+)\]")[0])
+        t = _read_run(name, folder)
+        t = t.assign(revision=t.variant.str.extract(r"\[r(\d+)\]")[0])
         for (model, setup, context, batch), g in t.groupby(["model", "setup", "context", "batch"], sort=False):
             kernels = g.dropna(subset=["revision"]).sort_values("revision", key=lambda r: r.astype(int))
             before, after = kernels.iloc[0], kernels.iloc[-1]
@@ -178,11 +184,9 @@ def probe_table(folder=None, probes=PROBES) -> pd.DataFrame:
     (medians of steps back to back, 95% intervals), the change in ms, and whether it lies beyond both intervals."""
     rows = []
     for name, variant, against, change in probes:
-        t = pd.read_csv(Path(folder or TPU_LOGS_DIR) / name)
-        setups = t["setup"] if "setup" in t else pd.Series("one chip", index=t.index)
+        t = _read_run(name, folder)
         # a run of one kernel at several depths names its variants by their layers
-        variants = t["variant"] if "variant" in t else t["layers"].astype(str) + " layers"
-        t = t.assign(setup=setups.fillna("one chip"), variant=variants)
+        t = t.assign(variant=t["variant"] if "variant" in t else t["layers"].astype(str) + " layers")
         for (model, setup, context, batch), g in t.groupby(["model", "setup", "context", "batch"], sort=False):
             by = g.set_index("variant")
             if variant not in by.index:

@@ -178,11 +178,9 @@ class MegakernelEngine:
         first = next(iter(parts.values()))
         weights = {n: self._joined(parts, lambda p, n=n: p["weights"][n], split_axis(self.cfg, self.setup, n))
                    for n in first["weights"]}  # fmt: skip
-        rest = {k: v for k, v in first.items() if k != "weights"}  # the vectors and frequencies: on every chip
-        out = dict(jax.device_put(rest, NamedSharding(self.mesh, P())), weights=weights)
-        if vectors_split(self.cfg, self.setup):
-            out["vectors"] = self._joined(parts, lambda p: p["vectors"], 0)
-        return out
+        vectors = self._joined(parts, lambda p: p["vectors"], 0 if vectors_split(self.cfg, self.setup) else None)
+        rest = {k: v for k, v in first.items() if k not in ("weights", "vectors")}  # the frequencies: on every chip
+        return dict(jax.device_put(rest, NamedSharding(self.mesh, P())), weights=weights, vectors=vectors)
 
     def _joined(self, parts: dict, part, axis: int | None):
         """One array over the mesh of each chip's ``part(its packed inputs)``, split on ``axis`` (None: replicated)."""

@@ -244,16 +244,13 @@ def _matrix_cut(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> t
         width = mla.v_head_dim if name == "o" else mla.qk_nope_head_dim + mla.qk_rope_head_dim
         width = mla.qk_nope_head_dim + mla.v_head_dim if name == "kv_b" else width
         return _LATENT_HEAD_AXIS[name], chip * local.num_heads * width, local.num_heads * width
-    if name in _HEAD_VECTORS and heads_split(cfg, C):  # gpt-oss's q/k/v biases and sinks: the chip's heads'
-        matrix, width = _HEAD_VECTORS[name], 1 if name == "sinks" else cfg.head_dim(t)
-        first = chip * local.num_heads if matrix == "q" else first_kv_head(cfg, t, C, chip)
-        return 0, first * width, (local.num_heads if matrix == "q" else local.kv_heads(t)) * width
-    if name in _HEAD_AXIS and heads_split(cfg, C):
-        if name in ("q", "o"):
+    if (name in _HEAD_AXIS or name in _HEAD_VECTORS) and heads_split(cfg, C):  # the chip's heads' (gpt-oss: vectors)
+        if _HEAD_VECTORS.get(name, name) in ("q", "o"):
             first, n = chip * local.num_heads, local.num_heads
         else:
             first, n = first_kv_head(cfg, t, C, chip), local.kv_heads(t)
-        return _HEAD_AXIS[name], first * cfg.head_dim(t), n * cfg.head_dim(t)
+        width = 1 if name == "sinks" else cfg.head_dim(t)
+        return _HEAD_AXIS.get(name, 0), first * width, n * width
     if name in _MLP_AXIS:  # the dense or shared MLP (an MoE model's dense layers: their own width)
         n = local.mlp_width(int(path.split(".")[1]))
         return _MLP_AXIS[name], chip * n, n
