@@ -19,6 +19,7 @@ rounded to the compute dtype, and the megakernel widens each tile in VMEM the sa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax.numpy as jnp
@@ -116,9 +117,9 @@ def encode_matrix(w, scheme: str) -> tuple[np.ndarray, np.ndarray]:
 
 def decode_matrix(codes, scales, scheme: str) -> np.ndarray:
     """The float32 ``[..., in, out]`` a matrix's (codes, scales) stand for: mk.checkpoint_formats' decoders."""
-    fmt, codes, scales = get_format(scheme), np.asarray(codes), np.asarray(scales)
+    codes, scales = np.asarray(codes), np.asarray(scales)
     if scheme == FP8_BLOCK:
-        return _t(F.decode_fp8_block(_t(codes), _t(scales), fmt.block[::-1]))
+        return _t(F.decode_fp8_block(_t(codes), _t(scales), matrix_block(codes, scales, scheme)[::-1]))
     if scheme == MXFP4:
         blocks = _t(codes).reshape(*codes.shape[:-2], codes.shape[-1], -1, F.MX_BLOCK // 2)
         return _t(F.decode_mxfp4(blocks, _t(scales)))
@@ -166,21 +167,39 @@ def dequantize(params: dict, cfg: ModelConfig, dtype=None) -> dict:
     return out
 
 
-def format_cut(params: dict, path: str, cut: tuple[int, int, int]) -> tuple[int, int, int]:
-    """A chip's cut (axis, first, n) of matrix elements as a cut of the stored ``path`` (codes or scales), whose
-    input axis holds two codes a byte or one scale a block; a cut that splits a byte or a block is refused by name."""
-    matrix = path.removesuffix(FSCALE_SUFFIX)
-    scheme = format_of({matrix: params[matrix], fscale_path(matrix): params[fscale_path(matrix)]})
+def matrix_block(codes, scales, scheme: str) -> tuple[int, int]:
+    """The (input, output) elements one scale of a stored matrix covers: the format's block, or along an axis a
+    chip's cut split blocks of (:func:`format_cuts`), the finer blocks it left (the scales then count more)."""
+    fmt = get_format(scheme)
+    sizes = (codes.shape[-2] * (2 if fmt.nibbles else 1), codes.shape[-1])
+    return tuple(b if math.ceil(n / b) == k else n // k for n, k, b in zip(sizes, scales.shape[-2:], fmt.block))
+
+
+def format_cuts(codes, scales, path: str, cut: tuple[int, int, int]):
+    """A chip's cut (axis, first, n) of a stored matrix's elements as (its scales, the cut of its codes, the cut of
+    its scales): the input axis holds two codes a byte or one scale a block. FP8 blocks may split (a chip's 192
+    columns of DeepSeek-V3's q_b, its 144 of an 18,432-wide MLP on 128 chips): the scales come back repeated over the
+    finer blocks of ``gcd(block, n)`` elements the cut leaves (every chip's the same: mk.plan.layout.layout_grid),
+    each taking its block's scale. A cut that splits a byte or a 4-bit format's group is refused by name."""
+    scheme = scheme_of_scales(scales.dtype, codes.dtype)
     fmt, (axis, first, n) = get_format(scheme), cut
-    ndim = params[matrix].ndim
-    if axis < ndim - 2:  # whole experts
-        return cut
-    along = 0 if axis == ndim - 2 else 1
-    unit = fmt.block[along] if path != matrix else 2 if fmt.nibbles and along == 0 else 1
-    if first % unit or n % unit:
-        what = ("input", "output")[along]
-        raise ValueError(
-            f"a chip's {n} {what} channels of {matrix} from {first} split {scheme}'s blocks of {fmt.block[along]} "
-            f"along its {what}: use a placement or chip count whose slices are whole blocks (or int8 weights)"
-        )
-    return axis, first // unit, n // unit
+    if axis < codes.ndim - 2:  # whole experts
+        return scales, cut, cut
+    along = axis - (codes.ndim - 2)
+    block = matrix_block(codes, scales, scheme)[along]
+    if not fmt.nibbles and (first % block or n % block):
+        finer = math.gcd(block, first, n)
+        xp = np if isinstance(scales, np.ndarray) else jnp
+        kept = [slice(None)] * scales.ndim
+        kept[axis] = slice(0, math.ceil(codes.shape[axis] / finer))
+        scales, block = xp.repeat(scales, block // finer, axis=axis)[tuple(kept)], finer
+    unit = 2 if fmt.nibbles and along == 0 else 1
+    for step in (unit, block):
+        if first % step or n % step:
+            what = ("input", "output")[along]
+            raise ValueError(
+                f"a chip's {n} {what} channels of {path} from {first} split {scheme}'s blocks of {block} along its "
+                f"{what}: "
+                "use a placement or chip count whose slices are whole blocks (or int8 weights)"
+            )
+    return scales, (axis, first // unit, n // unit), (axis, first // block, n // block)

@@ -185,6 +185,17 @@ HF_CONFIGS = {
     "deepseek-v3-no-q-lora": {**DEEPSEEK_V3, **DEEPSEEK_NO_Q_LORA},
     # eight query heads: one a chip over 8 chips (the latent cache on every chip)
     "deepseek-v3-eight-heads": {**DEEPSEEK_V3, "num_attention_heads": 8, "num_key_value_heads": 8},
+    # Kimi K2 at this size: DeepSeek-V3's architecture with one group of experts, its YaRN betas (1 / 1) and scaling
+    # factor, eight query heads (one a chip over 8)
+    "kimi-k2": {
+        **DEEPSEEK_V3,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 2.827,
+        "rope_parameters": dict(DEEPSEEK_YARN, beta_fast=1.0, beta_slow=1.0),
+    },
     # YaRN as DeepSeek-V3 publishes it (beta 32 / 1, mscale = mscale_all_dim = 1: cos and sin unscaled, the scores
     # times mscale^2) over a short original length, so the 4 RoPE frequencies are kept, blended, slowed, slowed
     "deepseek-v3-yarn": {**DEEPSEEK_V3, "rope_parameters": DEEPSEEK_YARN},

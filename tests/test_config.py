@@ -226,7 +226,7 @@ def test_deepseek_v3_and_kimi_k2_run_in_both_engines_with_yarn(name, family, fac
     cfg.check_runnable("reference")
     cfg.check_runnable("megakernel")
     with pytest.raises(ValueError, match="splits multi-head latent attention over chips by heads only"):
-        MegakernelEngine(cfg, setup=KernelSetup(8, attention_split=AttentionSplit.POSITIONS))
+        MegakernelEngine(cfg, setup=KernelSetup(8, attention_split=AttentionSplit.USERS))
 
 
 def test_gpt_oss_runs_in_the_reference_and_the_kernel():

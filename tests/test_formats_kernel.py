@@ -3,6 +3,7 @@ codes and scales and widens each tile in VMEM, held to the reference on the dequ
 mode, race detector on), on one chip and over 8 simulated chips; the plan's bytes are mk.sol's for the format."""
 
 import importlib.util
+import json
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -72,14 +73,24 @@ def test_a_layout_that_splits_a_block_is_refused():
         pack(params, cfg)
 
 
-def test_a_chips_slice_that_splits_a_block_is_refused():
-    """The shared MLP's 256 intermediate over 8 chips is 32 a chip: a quarter of an FP8 block of 128."""
+def test_a_chips_slice_may_split_an_fp8_block_but_not_a_4_bit_group():
+    """A shared MLP of 768 over 8 chips is 96 a chip: chip 1's columns 96..191 end one FP8 block of 128 and start the
+    next. Its codes are those columns, its scales its blocks' over blocks of 32 (three), and they stand for its slice
+    of the matrix's weights exactly. A split expert's 128 over 8 chips, 16 a chip, would cut INT4's groups of 32
+    inputs of its down projection: refused by name."""
     from mk.sharding import chip_params
 
-    cfg = TINY_MOE
-    params = format_trees.quantize(random_params(cfg, 0), cfg, "fp8-block")
-    with pytest.raises(ValueError, match="mlp_gate from 32 split fp8-block's blocks of 128"):
-        chip_params(params, cfg, KernelSetup(8, "whole"), 1)
+    cfg, setup = TINY_MOE.replace(mlp_intermediate=768), KernelSetup(8, "split")
+    fp8 = format_trees.quantize(random_params(cfg, 0), cfg, "fp8-block")
+    whole = format_trees.decode_matrix(fp8["layers.0.mlp_gate"], fp8["layers.0.mlp_gate_fscale"], "fp8-block")
+    chip = chip_params(fp8, cfg, setup, 1)
+    codes, scales = chip["layers.0.mlp_gate"], chip["layers.0.mlp_gate_fscale"]
+    assert codes.shape[-1] == 96 and scales.shape[-1] == 3
+    assert format_trees.matrix_block(codes, scales, "fp8-block") == (128, 32)
+    np.testing.assert_array_equal(format_trees.decode_matrix(codes, scales, "fp8-block"), whole[:, 96:192])
+    int4 = format_trees.quantize(random_params(TINY_MOE, 0), TINY_MOE, "int4")
+    with pytest.raises(ValueError, match="expert_down from 16 split int4's blocks of 32 along its input"):
+        chip_params(int4, cfg, setup, 1)
 
 
 @pytest.mark.parametrize("scheme", ["fp8-block", "int4"])
@@ -214,11 +225,30 @@ def test_fp8_block_step_compiles_for_tpu(chip):
     assert any(getattr(ld, "fmt", None) == "fp8-block" for ld in plan.loads)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="AOT compilation for TPU needs libtpu")
+def test_latent_attention_in_fp8_blocks_compiles_with_the_plans_bytes():
+    """Kimi K2's layers at its own head dims (128 + 64 query dims a head, 128 value dims, ranks 1,536 and 512) in a
+    narrower model (2,048 wide, 2 heads, 8 experts: the compile a tenth of the full width's): Mosaic lowers the FP8
+    tiles of MLA's projections, q_b's scales in cells of 128 x 64 (each head's 192 columns from lane-tile edges),
+    every tile bringing its matrix's whole scales; the compiler's argument bytes are the plan's, byte for byte."""
+    from mk.config import get_config
+    from mk.megakernel.aot import compile_for_tpu
+    from mk.megakernel.on_slice import plan_bytes
+
+    narrow = dict(hidden_size=2048, vocab_size=4096, mlp_intermediate=512, dense_intermediate=1024, num_experts=8)
+    heads = dict(num_heads=2, sliding_kv_heads=2, full_kv_heads=2, expert_intermediate=256)
+    cfg = get_config("kimi-k2").truncated(2).replace(**narrow, **heads)
+    plan, compiled = compile_for_tpu(cfg, "tpu-v5e", 1, 256, quantize="fp8-block")
+    assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
+    assert {ld.grid for ld in plan.loads if ld.tensor == "full.q_b"} == {(128, 64)}
+    assert compiled.memory_analysis().argument_size_in_bytes == sum(plan_bytes(plan).values())
+
+
 @pytest.mark.parametrize("setup", [None, KernelSetup(8, "whole")], ids=["one-chip", "8-chips-whole"])
 def test_kimi_k2_thinkings_int4_experts_on_deepseek_v3_in_the_kernel(hf_checkpoint, setup):
     """Kimi K2 Thinking's release: the DeepSeek-V3 architecture (latent attention, in the kernel since the MLA work)
-    with INT4 routed experts; the tiny checkpoint's experts quantized, the rest as loaded. FP8 blocks on its latent
-    projections are refused by name (the kernel runs MLA's projections unquantized)."""
+    with INT4 routed experts; the tiny checkpoint's experts quantized, the rest as loaded. INT8 on the latent
+    projections is refused by name (no release ships them so)."""
     from mk.megakernel.pack import pack
     from mk.weights import load_checkpoint
 
@@ -227,5 +257,45 @@ def test_kimi_k2_thinkings_int4_experts_on_deepseek_v3_in_the_kernel(hf_checkpoi
     int4 = format_trees.quantize(params, cfg, "int4")
     _kernel_against_dequantized_reference(cfg, "int4", PROMPTS, params=int4, **options)
     if setup is None:
-        with pytest.raises(ValueError, match="runs MLA's projections unquantized"):
-            pack(format_trees.quantize(params, cfg, "fp8-block"), cfg)
+        with pytest.raises(ValueError, match="MLA's projections as shipped .FP8 blocks. or unquantized, not as INT8"):
+            pack(quant.quantize(params, cfg, "int8"), cfg)
+
+
+def _fp8_128(name, a):
+    """DeepSeek-V3's and Kimi K2's release: every projection (attention's latent ones, the MLPs', each expert's) FP8
+    in 128 x 128 blocks; the router, norms, embedding and head as they are."""
+    if name.endswith(("proj.weight", "proj_with_mqa.weight")):
+        q, s = F.encode_fp8_block(a, (128, 128))
+        return {name: q, name + "_scale_inv": s}
+    return None
+
+
+@pytest.mark.parametrize(
+    "source, setup",
+    [("deepseek-v3", None), ("deepseek-v3", KernelSetup(8, "whole")),
+     ("kimi-k2", None), ("kimi-k2", KernelSetup(8, "split"))],
+    ids=["deepseek-v3-one-chip", "deepseek-v3-8-chips-whole", "kimi-k2-one-chip", "kimi-k2-8-chips-split"],
+)  # fmt: skip
+def test_deepseek_v3_and_kimi_k2_as_shipped_in_fp8_blocks(hf_checkpoint, tmp_path, source, setup):
+    """The tiny checkpoints saved as the releases are (FP8 blocks of 128 x 128; Kimi K2's config names its own
+    model type), loaded as shipped (``codes=True``): every projection streams as FP8 codes and block scales, MLA's
+    latent ones too, and the kernel gives the dequantized reference's tokens. Over 8 chips the chips' cuts split
+    blocks: DeepSeek-V3's dense and shared MLPs' 96 and 32 columns are 12 and 4 a chip; Kimi K2's 8 query heads are
+    one a chip (24 q_b columns), its experts' 32 columns 4 a chip. The kernel's layout of MLA's projections spreads
+    each head's parts to lane-tile edges, its block scales with them."""
+    from test_formats import _rewrite
+
+    from mk.weights import load_checkpoint
+
+    qc = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+    folder = tmp_path / source
+    _rewrite(hf_checkpoint(source)[0], folder, _fp8_128, qc)
+    if source == "kimi-k2":
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(dict(config, model_type="kimi_k2")))
+    cfg, params = load_checkpoint(folder, codes=True)
+    shipped = {p for p in params if p.endswith(format_trees.FSCALE_SUFFIX)}
+    assert shipped == {format_trees.fscale_path(p) for p in format_trees.format_paths(cfg, "fp8-block")}
+    assert {"layers.0.q_b_fscale", "layers.0.kv_a_fscale", "layers.2.o_fscale"} <= shipped
+    options = {} if setup is None else dict(setup=setup)
+    kernel_against_dequantized_reference(params, cfg, PROMPTS[:1], 2, **options)

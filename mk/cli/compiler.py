@@ -66,6 +66,7 @@ def _run_schedule(a) -> None:
 # compile -----------------------------------------------------------------------------------------
 def add_compile(sub) -> None:
     from ..dtypes import DTYPES
+    from ..format_trees import FORMAT_SCHEMES
     from ..timing.work import kernel_streams
 
     p = sub.add_parser(
@@ -81,8 +82,12 @@ def add_compile(sub) -> None:
     )  # fmt: skip
     p.add_argument("--context", type=positive, default=1024, help="positions in the KV cache (default 1024)")
     p.add_argument("--batch", type=positive, default=1, help="users decoded together (default 1)")
-    dtypes = [d for d in DTYPES if kernel_streams(d)]
-    p.add_argument("--dtype", default="bf16", choices=dtypes, help="the weights' data type as the kernel streams it")
+    dtypes = [d for d in DTYPES if kernel_streams(d) or d in FORMAT_SCHEMES]
+    p.add_argument(
+        "--dtype", default="bf16", choices=dtypes,
+        help="the weights' data type as the kernel streams it (fp8-block, int4, mxfp4: as the releases ship them, "
+        "codes and block scales)",
+    )  # fmt: skip
     add_setup(p, "workbook")
     p.add_argument(
         "--no-vmem", action="store_true",
@@ -96,6 +101,7 @@ def _run_compile(a) -> None:
     from ..chips import get_chip
     from ..config import get_config
     from ..dtypes import get_dtype
+    from ..format_trees import FORMAT_SCHEMES
     from ..megakernel.aot import aot_target
     from ..megakernel.on_slice import compile_on_slice, text
     from ..plan import build_plan
@@ -110,7 +116,7 @@ def _run_compile(a) -> None:
     setup = run_setup(setup_of(a), get_chip(chip), cfg)
     plan = build_plan(
         cfg, a.batch, a.context, weight_dtype=arrays, kv_dtype=arrays, setup=setup,
-        quantize=plan_quantize(a.dtype),
+        quantize=a.dtype if a.dtype in FORMAT_SCHEMES else plan_quantize(a.dtype),
     )  # fmt: skip
     try:
         s = compile_on_slice(plan, a.chip, vmem=not a.no_vmem)

@@ -11,16 +11,18 @@ rounded to the compute dtype: the numbers mk.format_trees.dequantize gives the r
 
 from __future__ import annotations
 
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..checkpoint_formats import INT4_ZERO, e8m0_value, fp4_value, nibbles, pack_nibbles
-from ..format_trees import INT4, MXFP4, Format, fscale_path, get_format
-from ..plan.layout import layout_grid, packed_axis, scale_buffer, scales_shape, stored_shape
+from ..format_trees import INT4, MXFP4, Format, fscale_path, get_format, matrix_block
+from ..plan.layout import format_scales_shape, layout_grid, packed_axis, scales_shape, stored_shape
 
 
 def _zero(fmt: Format) -> int:
@@ -31,11 +33,12 @@ def to_layout(codes, scales, cfg, path: str, lay, fmt: Format, matrix_to_layout)
     """(codes, scales) of a format matrix (mk.format_trees' tree layout) in the kernel's layout ``lay``, where
     ``matrix_to_layout`` (mk.megakernel.pack.to_layout) lays a float matrix out."""
     c = np.asarray(codes)
+    gi, go = matrix_block(c, scales, fmt.name)  # the format's, or the finer blocks a chip's cut left
     if fmt.nibbles:  # each code alone, as the signed offset from the format's zero, so padding is a zero weight
         c = nibbles(c, -2).astype(np.int8) - _zero(fmt)
     lay_c = np.asarray(matrix_to_layout(jnp.asarray(c), cfg, path, lay))
     # where each weight's block lands: 1 + its block's index, laid out as the weights are (0: padding)
-    (i, o), (gi, go) = c.shape[-2:], fmt.block
+    i, o = c.shape[-2:]
     blocks_out = math.ceil(o / go)
     ids = (np.arange(i)[:, None] // gi * blocks_out + np.arange(o)[None, :] // go + 1).astype(np.float32)
     ids = ids.reshape((1,) * (c.ndim - 2) + ids.shape)
@@ -46,13 +49,15 @@ def to_layout(codes, scales, cfg, path: str, lay, fmt: Format, matrix_to_layout)
     if np.any((lay_ids != 0) & (lay_ids != spread)):
         raise ValueError(
             f"{path}: the kernel's layout of it puts weights of one {fmt.name} block of {gi} x {go} into different "
-            f"blocks of {gr} x {gc} (a head dim that does not divide {max(fmt.block)}, spread to whole lanes?): "
+            f"blocks of {gr} x {gc} (a head dim that does not divide {max(gi, go)}, spread to whole lanes?): "
             "use int8 weights for this model"
         )
     s = np.asarray(scales)
     flat = s.reshape(*s.shape[:-2], -1)
     pick = np.maximum(first.astype(np.int64) - 1, 0)
     lay_s = np.where(first > 0, flat[..., pick], 0).astype(fmt.scales)
+    stored = format_scales_shape(lay_ids.shape, grid, fmt)
+    lay_s = np.pad(lay_s, [(0, 0)] * (lay_s.ndim - 2) + [(0, n - k) for n, k in zip(stored, lay_s.shape[-2:])])
     axis = packed_axis(fmt, grid)
     if axis is not None:
         lay_c = pack_nibbles((lay_c + _zero(fmt)).astype(np.uint8), lay_c.ndim - 2 + axis)
@@ -67,8 +72,8 @@ def _stored(ld) -> list[tuple]:
 
 
 def copies(ld, src, hbm: dict, buffers: dict, sems: dict, expert_row) -> list:
-    """The DMAs of format tile ``ld`` (``src``: its layer's, and expert's, codes in HBM): its codes and the scales
-    of its blocks, each into the slot of its buffer."""
+    """The DMAs of format tile ``ld`` (``src``: its layer's, and expert's, codes in HBM): its codes, and its matrix's
+    scales (FP8: all of them) or its blocks', each into the slot of its buffer."""
     (r0, nr), (c0, nc) = _stored(ld)
     dst = buffers[ld.buffer].at[ld.slot, pl.ds(0, nr), pl.ds(0, nc)]
     out = [pltpu.make_async_copy(src.at[pl.ds(r0, nr), pl.ds(c0, nc)], dst, sems[ld.buffer].at[ld.slot])]
@@ -77,11 +82,36 @@ def copies(ld, src, hbm: dict, buffers: dict, sems: dict, expert_row) -> list:
         scales = scales.at[ld.index]
     if ld.expert is not None:
         scales = scales.at[expert_row]
+    sb = ld.scales_buffer
+    if ld.matrix_scales is not None:
+        out.append(pltpu.make_async_copy(scales, buffers[sb].at[ld.slot], sems[sb].at[ld.slot]))
+        return out
     sr, sc = scales_shape((ld.rows[1], ld.cols[1]), ld.grid)
     scales = scales.at[pl.ds(ld.rows[0] // ld.grid[0], sr), pl.ds(ld.cols[0] // ld.grid[1], sc)]
-    sb = scale_buffer(ld.buffer)
     out.append(pltpu.make_async_copy(scales, buffers[sb].at[ld.slot, pl.ds(0, sr), pl.ds(0, sc)], sems[sb].at[ld.slot]))
     return out
+
+
+def _lane_scales(ld, buffers: dict):
+    """Tile ``ld``'s scales as float32 [its blocks down, its columns]: each column's scale in each block of rows, from
+    its slot: its own blocks', or picked from its matrix's whole scales, by one-hot products (exact at the highest
+    precision; the tile's offsets may be traced in a loop)."""
+    cols, (gr, gc) = ld.cols[1], ld.grid
+    sr, sc = scales_shape((ld.rows[1], cols), ld.grid)
+    exact = dict(precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    if ld.matrix_scales is None:
+        own = buffers[ld.scales_buffer][ld.slot, :sr, :sc].astype(jnp.float32)
+        return own if gc == 1 else jnp.dot(own, _one_hot((sc, cols), 0, gc), **exact)
+    whole = buffers[ld.scales_buffer][ld.slot].astype(jnp.float32)
+    R, C = ld.matrix_scales
+    picked = jnp.dot(_one_hot((R, sr), ld.rows[0] // gr).T, whole, **exact)  # [its blocks down, the matrix's across]
+    return jnp.dot(picked, _one_hot((C, cols), ld.cols[0] // gc, gc), **exact)
+
+
+def _one_hot(shape: tuple[int, int], first, per: int = 1):
+    """[N, n] float32: column j one at row ``first + j // per`` (``first`` may be traced)."""
+    iota = functools.partial(jax.lax.broadcasted_iota, jnp.int32, shape)
+    return (iota(0) == first + iota(1) // per).astype(jnp.float32)
 
 
 def widen(ld, buffers: dict, dtype):
@@ -89,13 +119,15 @@ def widen(ld, buffers: dict, dtype):
     rows, cols = ld.rows[1], ld.cols[1]
     (_, r), (_, c) = _stored(ld)
     codes = buffers[ld.buffer][ld.slot, :r, :c]
-    sr, sc = scales_shape((rows, cols), ld.grid)
-    scales = buffers[scale_buffer(ld.buffer)][ld.slot, :sr, :sc]
     if not ld.nibbles:
         vals = codes.astype(jnp.float32)
     else:
         q = nibbles(codes, packed_axis(get_format(ld.fmt), ld.grid), jnp).astype(jnp.int32)
         vals = fp4_value(q, jnp) if ld.fmt == MXFP4 else (q - INT4_ZERO).astype(jnp.float32)
-    s = e8m0_value(scales, jnp) if ld.fmt == MXFP4 else scales.astype(jnp.float32)
-    s = jnp.repeat(jnp.repeat(s, ld.grid[0], axis=0), ld.grid[1], axis=1)[:rows, :cols]
-    return (vals * s).astype(dtype)
+    s = _lane_scales(ld, buffers)
+    s = e8m0_value(s.astype(jnp.int32), jnp) if ld.fmt == MXFP4 else s
+    gr = ld.grid[0]
+    if rows % gr:  # a partial block of rows
+        return (vals * jnp.repeat(s, gr, axis=0)[:rows]).astype(dtype)
+    # each block of rows times its row of scales, broadcast down it (a split of the rows at whole sublane tiles)
+    return (vals.reshape(rows // gr, gr, cols) * s[:, None, :]).reshape(rows, cols).astype(dtype)

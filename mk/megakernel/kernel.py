@@ -393,10 +393,11 @@ def build_call(
 
 
 def check_heads_split(cfg: ModelConfig, setup) -> None:
-    """Refuse MLA's heads split other than by heads (its latent cache is whole on every chip)."""
-    if setup is None or not setup.sharded or not heads_split(cfg, setup.chips):
+    """Refuse MLA's attention split by users (its latent cache is whole on every chip). Split by positions it runs by
+    heads: MLA's heads are its KV heads, so where they divide the chips no chips share a head's positions."""
+    if setup is None or not setup.sharded or not heads_split(cfg, setup.chips) or cfg.latent_attention is None:
         return
-    if cfg.latent_attention is not None and setup.attention_split != AttentionSplit.HEADS:
+    if setup.attention_split == AttentionSplit.USERS:
         raise ValueError(
             f"{cfg.name}: the megakernel splits multi-head latent attention over chips by heads only (each chip its "
             f"heads, the latent cache on every chip), not by {setup.attention_split}; use attention_split='heads'"

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 
 from ..config import FULL, ModelConfig
 from ..plan import LANE, kv_tiles_read, type_index
-from ..plan.layout import head_lanes, latent_lanes, latent_shape
+from ..plan.layout import head_lanes, latent_lanes, latent_placement, latent_shape
 from . import mxu
 from .attention import fold_scores, next_tile, rope, rope_tables, sees, start_write_back, tile_copies
 from .dense import rms
@@ -33,42 +32,11 @@ CACHE = ("latent", "rope_k")  # the kernel's cache of an MLA layer type: {type}.
 
 
 # The layout ----------------------------------------------------------------------------------------
-def _rope_order(cfg: ModelConfig) -> np.ndarray:
-    """The RoPE dims in the order the kernel's rotate-half pairs them: evens then odds where they are interleaved."""
-    dr = cfg.latent_attention.qk_rope_head_dim
-    if cfg.latent_attention.rope_interleave:
-        return np.concatenate([np.arange(0, dr, 2), np.arange(1, dr, 2)])
-    return np.arange(dr)
-
-
-def _placement(cfg: ModelConfig, name: str, n: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """(source index, kernel index) of each of an MLA matrix's ``n`` entries along ``axis`` (the rest keep their
-    place)."""
-    mla, nh = cfg.latent_attention, cfg.num_heads
-    dn, dr, dv, lat = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank
-    D, Dr, Dv, L = latent_lanes(cfg)
-    heads = np.arange(nh)[:, None]
-    if axis == 1 and name in ("q", "q_b"):  # per head: its no-RoPE part, then its RoPE part
-        src = np.concatenate([heads * (dn + dr) + np.arange(dn), heads * (dn + dr) + dn + _rope_order(cfg)], 1)
-        dst = np.concatenate([heads * (D + Dr) + np.arange(dn), heads * (D + Dr) + D + head_lanes(dr, Dr)], 1)
-    elif axis == 1 and name == "kv_a":  # the latent, then the RoPE key
-        src = np.concatenate([np.arange(lat), lat + _rope_order(cfg)])
-        dst = np.concatenate([np.arange(lat), L + head_lanes(dr, Dr)])
-    elif axis == 1 and name == "kv_b":  # per head: its key columns, then its value columns
-        src = heads * (dn + dv) + np.arange(dn + dv)
-        dst = np.concatenate([heads * (D + Dv) + np.arange(dn), heads * (D + Dv) + D + np.arange(dv)], 1)
-    elif axis == 0 and name == "o":  # per head: its value rows
-        src, dst = heads * dv + np.arange(dv), heads * Dv + np.arange(dv)
-    else:
-        src = dst = np.arange(n)
-    return src.reshape(-1), dst.reshape(-1)
-
-
 def to_layout(a, cfg: ModelConfig, path: str, lay: ModelConfig):
     """An MLA matrix of the reference tree (``q``, ``q_a``, ``q_b``, ``kv_a``, ``kv_b``, ``o``) in the kernel's
     layout ``lay``, zeros elsewhere."""
     name = path.rsplit(".", 1)[-1]
-    (rs, rd), (cs, cd) = (_placement(cfg, name, n, axis) for axis, n in enumerate(a.shape))
+    (rs, rd), (cs, cd) = (latent_placement(cfg, name, n, axis) for axis, n in enumerate(a.shape))
     out = jnp.zeros(latent_shape(lay, name, a.shape), a.dtype)
     return out.at[rd[:, None], cd[None, :]].set(jnp.asarray(a)[rs[:, None], cs[None, :]])
 

@@ -168,20 +168,25 @@ def pack(params: dict, cfg: ModelConfig) -> dict:
     fmt = format_of(params)
     quantized = set(format_paths(cfg, fmt) if fmt else quantized_paths(cfg, scheme_of(params, cfg)))
     mla = cfg.latent_attention is not None
-    if mla and any(p.rsplit(".", 1)[-1] in LATENT_MATRICES for p in quantized):
-        raise ValueError(f"{cfg.name}: the megakernel runs MLA's projections unquantized (quantize the experts only)")
+    if mla and not fmt and any(p.rsplit(".", 1)[-1] in LATENT_MATRICES for p in quantized):
+        raise ValueError(
+            f"{cfg.name}: the megakernel streams MLA's projections as shipped (FP8 blocks) or unquantized, not as INT8 "
+            "(quantize the experts only: int8-experts)"
+        )
     stacks = _Stacks(cfg)
     for path, shape in matrix_shapes(cfg).items():
-        if mla and path.rsplit(".", 1)[-1] in LATENT_MATRICES:
-            stacks.put(path, latent.to_layout(params[path], cfg, path, lay))
-        elif path.rsplit(".", 1)[-1] in EXPERT_BIASES:
+        latent_matrix = mla and path.rsplit(".", 1)[-1] in LATENT_MATRICES
+        if path.rsplit(".", 1)[-1] in EXPERT_BIASES:
             stacks.put(path, expert_bias_to_layout(params[path], path, lay))
         elif fmt and path in quantized:
             codes, scales = format_to_layout(
-                params[path], params[fscale_path(path)], cfg, path, lay, get_format(fmt), to_layout
-            )
+                params[path], params[fscale_path(path)], cfg, path, lay, get_format(fmt),
+                latent.to_layout if latent_matrix else to_layout,
+            )  # fmt: skip
             stacks.put(path, jnp.asarray(codes))
             stacks.put(path, jnp.asarray(scales), fscale_path)
+        elif latent_matrix:
+            stacks.put(path, latent.to_layout(params[path], cfg, path, lay))
         else:
             stacks.put(path, to_layout(params[path], cfg, path, lay))
             if path in quantized:

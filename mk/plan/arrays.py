@@ -16,6 +16,7 @@ from ..units import round_up
 from .layout import (
     EXPERT_BIASES,
     ROWS,
+    format_scales_shape,
     freq_width,
     group_width,
     head_groups,
@@ -24,7 +25,6 @@ from .layout import (
     padded_shape,
     scale_rows,
     scale_width,
-    scales_shape,
     stacked,
     stored_shape,
     vector_table_shape,
@@ -77,7 +77,10 @@ def weight_shapes(cfg: ModelConfig, experts: int | None = None, quantize: str = 
         out[name] = padded if index is None else (index + 1, *padded)
         if path in quantized and fmt:  # its codes as stored, a scale a block (mk.megakernel.format_tiles)
             grid = layout_grid(cfg, path, fmt)
-            out[name], out[fscale_path(name)] = stored_shape(out[name], fmt, grid), scales_shape(out[name], grid)
+            out[name], out[fscale_path(name)] = (
+                stored_shape(out[name], fmt, grid),
+                format_scales_shape(out[name], grid, fmt),
+            )
         elif path in quantized:
             rows = scale_rows(padded[0] if len(padded) == 3 else 1)
             out[scale_path(name)] = (index + 1, rows, scale_width(cfg, path, padded))

@@ -9,6 +9,8 @@ plan's expected bytes use the expected number of distinct experts (exact under u
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..config import ModelConfig
@@ -33,6 +35,7 @@ from .layout import (
     BLOCK,
     LANE,
     ROWS,
+    format_scales_shape,
     group_width,
     heads_a_group,
     heads_lanes,
@@ -48,6 +51,7 @@ from .layout import (
     sublanes,
     type_index,
     vector_table_shape,
+    whole_scales,
 )
 from .records import (
     AllReduce,
@@ -73,6 +77,7 @@ from .records import (
     Route,
     Tiles,
     format_scale_bytes,
+    format_scales_buffer,
     scale_block_bytes,
     scale_lanes,
 )
@@ -252,21 +257,24 @@ class Builder:
                     f"a tile of {tensor}'s {what} {start}..{start + n} splits {fmt.name}'s blocks of {block}: "
                     "use tiles (mk.plan.Tiles) whose widths are multiples of the block"
                 )
-        codes, scales = stored_shape(slot_shape, fmt, grid), scales_shape(slot_shape, grid)
+        codes = stored_shape(slot_shape, fmt, grid)
+        whole = format_scales_shape(self.shapes[tensor][-2:], grid, fmt) if whole_scales(fmt) else None
         buffer = f"{codes[0]}x{codes[1]}{fmt.name}{grid[0]}.{grid[1]}"
         if buffer not in self.buffers:
             self.buffers[buffer] = Buffer(buffer, codes, 1, self.tiles.slots, np.dtype(fmt.codes).name)
-            sb = scale_buffer(buffer)
+        sb = format_scales_buffer(buffer, whole)
+        if sb not in self.buffers:
+            scales = whole or scales_shape(slot_shape, grid)
             self.buffers[sb] = Buffer(sb, scales, fmt.scale_itemsize, self.tiles.slots, np.dtype(fmt.scales).name)
         real_rows, real_cols = self._real_extent(tensor, rows, cols)
         per_code = 0.5 if fmt.nibbles else 1
         payload = real_rows * real_cols * per_code + format_scale_bytes(real_rows, real_cols, grid, fmt.name)
         name, index = stacked(self.layout, tensor)
         ld = FormatLoad(
-            len(self.loads), name, index, layer, component, buffer, self._next_slot(buffer), rows, cols,
-            int(rows[1] * cols[1] * per_code) + format_scale_bytes(rows[1], cols[1], grid, fmt.name),
-            int(payload), expert, fmt=fmt.name, grid=grid,
+            len(self.loads), name, index, layer, component, buffer, self._next_slot(buffer), rows, cols, 0,
+            int(payload), expert, fmt=fmt.name, grid=grid, matrix_scales=whole,
         )  # fmt: skip
+        ld = replace(ld, nbytes=int(rows[1] * cols[1] * per_code) + ld.scale_bytes)
         self.loads.append(ld)
         return ld.id
 

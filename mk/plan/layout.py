@@ -19,6 +19,7 @@ lanes (gate and up [H, I], padded to 128: 704 -> 768), as the kernel first did.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -111,9 +112,24 @@ def scale_width(cfg: ModelConfig, path: str, padded: tuple[int, ...]) -> int:
 
 # A shipped format's blocks in the layout (mk.megakernel.format_tiles) ---------------------------------------------
 def layout_grid(lay, path: str, fmt) -> tuple[int, int]:
-    """The (rows, lanes) one scale covers in the kernel's layout of matrix ``path``."""
-    gi, go = fmt.block
+    """The (rows, lanes) one scale covers in the kernel's layout of matrix ``path``: along each axis the format's
+    block, or where the matrix's length there is not a multiple of it (a chip's cut of an intermediate or a head,
+    which may start inside a block: mk.format_trees.format_cuts), the largest common divisor of the two; for an
+    MLA projection, cells of that whose weights come from one block of the source (``latent_grid``)."""
+    name = path.rsplit(".", 1)[-1]
+    if lay.latent_attention is not None and name in LATENT_MATRICES:
+        return latent_grid(lay, name, fmt.block)
+    gi, go = (math.gcd(b, n) for b, n in zip(fmt.block, _matrix_shape(lay, path)[-2:]))
     return (go, gi) if lay.outputs_on_rows(path) else (gi, go)
+
+
+@functools.lru_cache(maxsize=64)
+def _matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    return {s.path: s.shape for s in param_specs(cfg)}
+
+
+def _matrix_shape(cfg: ModelConfig, path: str) -> tuple[int, ...]:
+    return _matrix_shapes(cfg)[path]
 
 
 def packed_axis(fmt, grid: tuple[int, int]) -> int | None:
@@ -131,6 +147,22 @@ def stored_shape(shape: tuple[int, ...], fmt, grid: tuple[int, int]) -> tuple[in
 
 def scales_shape(shape: tuple[int, ...], grid: tuple[int, int]) -> tuple[int, ...]:
     return (*shape[:-2], math.ceil(shape[-2] / grid[0]), math.ceil(shape[-1] / grid[1]))
+
+
+def whole_scales(fmt) -> bool:
+    """Whether a tile of format ``fmt`` brings its matrix's whole scales: FP8's, a scale per 128 x 128 weights (a slice
+    of them a tile wide would not be whole (8, 128) tiles of HBM, which Mosaic's DMAs move); a 4-bit format's, one
+    per 32 inputs of each column, come a tile's columns at a time."""
+    return not fmt.nibbles
+
+
+def format_scales_shape(shape: tuple[int, ...], grid: tuple[int, int], fmt) -> tuple[int, ...]:
+    """The HBM shape of the scales of a format matrix of ``shape`` (its last two axes in the layout): a scale a block
+    of ``grid``; whole scales (:func:`whole_scales`) padded to whole (8, 128) tiles, so the compiler pads nothing."""
+    out = scales_shape(shape, grid)
+    if not whole_scales(fmt):
+        return out
+    return (*out[:-2], round_up(out[-2], sublanes(np.dtype(fmt.scales).itemsize)), round_up(out[-1], LANE))
 
 
 def scale_rows(rows: int) -> int:
@@ -188,6 +220,65 @@ def latent_lanes(cfg: ModelConfig) -> tuple[int, int, int, int]:
     mla = cfg.latent_attention
     dims = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank)
     return tuple(round_up(d, LANE) for d in dims)
+
+
+def latent_rope_order(cfg: ModelConfig) -> np.ndarray:
+    """The RoPE dims in the order the kernel's rotate-half pairs them: evens then odds where they are interleaved."""
+    dr = cfg.latent_attention.qk_rope_head_dim
+    if cfg.latent_attention.rope_interleave:
+        return np.concatenate([np.arange(0, dr, 2), np.arange(1, dr, 2)])
+    return np.arange(dr)
+
+
+def latent_placement(cfg: ModelConfig, name: str, n: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """(source index, kernel index) of each of an MLA matrix's ``n`` entries along ``axis`` (the rest keep their
+    place): each head's parts from a lane-tile edge (``latent_shape``), the RoPE dims in ``latent_rope_order``."""
+    mla, nh = cfg.latent_attention, cfg.num_heads
+    dn, dr, dv, lat = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank
+    D, Dr, Dv, L = latent_lanes(cfg)
+    heads = np.arange(nh)[:, None]
+    order = latent_rope_order(cfg)
+    if axis == 1 and name in ("q", "q_b"):  # per head: its no-RoPE part, then its RoPE part
+        src = np.concatenate([heads * (dn + dr) + np.arange(dn), heads * (dn + dr) + dn + order], 1)
+        dst = np.concatenate([heads * (D + Dr) + np.arange(dn), heads * (D + Dr) + D + head_lanes(dr, Dr)], 1)
+    elif axis == 1 and name == "kv_a":  # the latent, then the RoPE key
+        src = np.concatenate([np.arange(lat), lat + order])
+        dst = np.concatenate([np.arange(lat), L + head_lanes(dr, Dr)])
+    elif axis == 1 and name == "kv_b":  # per head: its key columns, then its value columns
+        src = heads * (dn + dv) + np.arange(dn + dv)
+        dst = np.concatenate([heads * (D + Dv) + np.arange(dn), heads * (D + Dv) + D + np.arange(dv)], 1)
+    elif axis == 0 and name == "o":  # per head: its value rows
+        src, dst = heads * dv + np.arange(dv), heads * Dv + np.arange(dv)
+    else:
+        src = dst = np.arange(n)
+    return src.reshape(-1), dst.reshape(-1)
+
+
+@functools.lru_cache(maxsize=256)
+def latent_grid(cfg: ModelConfig, name: str, block: tuple[int, int]) -> tuple[int, int]:
+    """The cells one scale covers in the kernel's layout of MLA matrix ``name`` stored in ``block``s: along each axis
+    the largest power of two dividing the block such that a cell's weights come from one block of the source, where
+    a chip's cut may start inside a block (mk.format_trees.cut_format: its blocks are then ``gcd(block, length)``):
+    DeepSeek-V3's q_b, each head's 192 columns from lane-tile edges, takes cells of 128 x 64."""
+    shape = _matrix_shape(cfg, f"layers.0.{name}")
+    laid_out = latent_shape(cfg, name, shape)
+    grid = []
+    for axis, (n, b) in enumerate(zip(shape, block)):
+        src, dst = latent_placement(cfg, name, n, axis)
+        of = np.full(round_up(laid_out[axis], b), -1)
+        of[dst] = src // math.gcd(b, n)  # each weight's block (-1: padding)
+        g = b
+        while g > 1 and not _cells_whole(of, g):
+            g //= 2
+        grid.append(g)
+    return tuple(grid)
+
+
+def _cells_whole(block_of: np.ndarray, g: int) -> bool:
+    """Whether each cell of ``g`` entries holds weights of one block (or padding, -1)."""
+    cells = block_of.reshape(-1, g)
+    top = cells.max(axis=1, keepdims=True)
+    return bool(np.all((cells == top) | (cells < 0)))
 
 
 def latent_shape(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from ..format_trees import get_format
 from ..units import LANE, MIB, round_up
-from .layout import ROWS, scales_shape
+from .layout import ROWS, scale_buffer, scales_shape
 
 
 @dataclass(frozen=True)
@@ -96,19 +96,33 @@ class Load:
 @dataclass(frozen=True)
 class FormatLoad(Load):
     """A tile of a matrix in a shipped format (mk.format_trees): its codes, then the scales of its blocks, into
-    ``scale_buffer(buffer)`` (a class of its own: a Load's fields, and so the plans' fingerprints, stay as they were
-    for float and INT8 models)."""
+    ``scales_buffer`` (a class of its own: a Load's fields, and so the plans' fingerprints, stay as they were for
+    float and INT8 models). An FP8 tile brings its matrix's whole scales (``matrix_scales``, a few KiB): a slice of
+    them a tile wide would not be whole (8, 128) tiles of HBM, which Mosaic's DMAs move."""
 
     fmt: str = ""
     grid: tuple[int, int] = (1, 1)  # the rows and lanes one of its scales covers (mk.megakernel.format_tiles)
+    matrix_scales: tuple[int, int] | None = None  # (rows, lanes) of its matrix's scales, where it brings them all
 
     @property
     def nibbles(self) -> bool:
         return get_format(self.fmt).nibbles
 
     @property
+    def scales_buffer(self) -> str:
+        return format_scales_buffer(self.buffer, self.matrix_scales)
+
+    @property
     def scale_bytes(self) -> int:
+        """The scale bytes its DMAs move."""
+        if self.matrix_scales is not None:
+            return math.prod(self.matrix_scales) * get_format(self.fmt).scale_itemsize
         return format_scale_bytes(self.rows[1], self.cols[1], self.grid, self.fmt)
+
+
+def format_scales_buffer(buffer: str, matrix_scales: tuple[int, int] | None) -> str:
+    """The VMEM buffer of a format tile's scales: beside its codes' ``buffer``, one a shape of whole scales."""
+    return scale_buffer(buffer) + ("" if matrix_scales is None else "{}x{}".format(*matrix_scales))
 
 
 def format_scale_bytes(rows: int, cols: int, grid: tuple[int, int], fmt: str) -> int:

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import LAYER_TYPES, ModelConfig
-from ..format_trees import FSCALE_SUFFIX, format_cut, fscale_path
+from ..format_trees import FSCALE_SUFFIX, format_cuts, fscale_path
 from ..kernel_setup import AttentionSplit, KernelSetup, Placement
 from ..params import SCALE_SUFFIX, scales_inputs, tile_rows_scaled
 from ..units import BLOCK, LANE, ceil_div, round_up
@@ -275,10 +275,9 @@ def chip_params(params: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -
             out[path] = _expert_bias_cut(a, cfg, setup, chip, path)
             continue
         matrix = path.removesuffix(FSCALE_SUFFIX)
-        if fscale_path(matrix) in params:  # a shipped format's codes or block scales (mk.format_trees)
-            for cut in _matrix_cuts(cfg, setup, chip, matrix):
-                a = _cut(a, *format_cut(params, path, cut))
-            out[path] = a
+        if fscale_path(matrix) in params:  # a shipped format's codes and block scales (mk.format_trees), together
+            if path == matrix:
+                out[path], out[fscale_path(path)] = _format_matrix_cut(params, cfg, setup, chip, path)
             continue
         matrix = path.removesuffix(SCALE_SUFFIX)
         for cut in _matrix_cuts(cfg, setup, chip, matrix):
@@ -291,6 +290,16 @@ def chip_params(params: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -
             a = _cut(a, *cut)
         out[path] = a
     return out
+
+
+def _format_matrix_cut(params: dict, cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> tuple:
+    """Chip ``chip``'s (codes, scales) of format matrix ``path``: a cut may split FP8 blocks, its scales then repeated
+    over the finer blocks it leaves (mk.format_trees.format_cuts)."""
+    codes, scales = params[path], params[fscale_path(path)]
+    for cut in _matrix_cuts(cfg, setup, chip, path):
+        scales, codes_cut, scales_cut = format_cuts(codes, scales, path, cut)
+        codes, scales = _cut(codes, *codes_cut), _cut(scales, *scales_cut)
+    return codes, scales
 
 
 def _expert_bias_cut(a, cfg: ModelConfig, setup: KernelSetup, chip: int, path: str):
