@@ -36,6 +36,7 @@ import numpy as np
 from ..chips import get_chip
 from ..config import ModelConfig, get_config, with_layers
 from ..files import append_csv_rows
+from ..format_trees import FORMAT_SCHEMES
 from ..generate import cache_multiple
 from ..kernel_setup import ONE_CHIP, SETUPS
 from ..megakernel import make_step, pack
@@ -173,7 +174,11 @@ def planned_bytes(case: Case, engine: str, cell: Cell) -> tuple[int, int]:
 
 
 def _scheme(dtype: str) -> str:
-    return dtype.split("+", 1)[1] if "+" in dtype else "none"
+    """The scheme the kernel streams for a case's ``dtype``: ``bf16+int8-experts``'s INT8, a shipped format as it is
+    (``fp8-block``), else none."""
+    if "+" in dtype:
+        return dtype.split("+", 1)[1]
+    return dtype if dtype in FORMAT_SCHEMES else "none"
 
 
 def in_use_bytes(device) -> float | None:
