@@ -244,21 +244,18 @@ def test_latent_attention_in_fp8_blocks_compiles_with_the_plans_bytes():
     assert compiled.memory_analysis().argument_size_in_bytes == sum(plan_bytes(plan).values())
 
 
-@pytest.mark.parametrize("setup", [None, KernelSetup(8, "whole")], ids=["one-chip", "8-chips-whole"])
-def test_kimi_k2_thinkings_int4_experts_on_deepseek_v3_in_the_kernel(hf_checkpoint, setup):
-    """Kimi K2 Thinking's release: the DeepSeek-V3 architecture (latent attention, in the kernel since the MLA work)
-    with INT4 routed experts; the tiny checkpoint's experts quantized, the rest as loaded. INT8 on the latent
-    projections is refused by name (no release ships them so)."""
+def test_kimi_k2_thinkings_int4_experts_on_deepseek_v3_over_8_chips(hf_checkpoint):
+    """Kimi K2 Thinking's release: the DeepSeek-V3 architecture with INT4 routed experts, whole a chip over 8 chips
+    (its latent attention on one chip and in FP8 blocks: the test below); the tiny checkpoint's experts quantized,
+    the rest as loaded. INT8 on the latent projections is refused by name (no release ships them so)."""
     from mk.megakernel.pack import pack
     from mk.weights import load_checkpoint
 
     cfg, params = load_checkpoint(hf_checkpoint("deepseek-v3")[0])
-    options = {} if setup is None else dict(setup=setup)
+    with pytest.raises(ValueError, match="MLA's projections as shipped .FP8 blocks. or unquantized, not as INT8"):
+        pack(quant.quantize(params, cfg, "int8"), cfg)
     int4 = format_trees.quantize(params, cfg, "int4")
-    _kernel_against_dequantized_reference(cfg, "int4", PROMPTS, params=int4, **options)
-    if setup is None:
-        with pytest.raises(ValueError, match="MLA's projections as shipped .FP8 blocks. or unquantized, not as INT8"):
-            pack(quant.quantize(params, cfg, "int8"), cfg)
+    _kernel_against_dequantized_reference(cfg, "int4", PROMPTS, params=int4, setup=KernelSetup(8, "whole"))
 
 
 def _fp8_128(name, a):
