@@ -66,6 +66,14 @@ def _tuple_table_bytes() -> int:
 
 
 @needs_libtpu
+def test_one_chip_compiles_with_its_plans_bytes(mk_json):
+    """``mk compile`` on one chip (no setup to split the step): the plan's bytes, the setup named one chip."""
+    d = mk_json("compile", "--model", "tiny-dense", "--chip", "tpu-v5e", "--no-vmem", "--json")
+    assert (d["chips"], d["mosaic_calls"], d["setup"]) == (1, 1, "one chip")
+    assert d["compiler_argument_bytes"] == d["plan_bytes"]
+
+
+@needs_libtpu
 def test_tiny_moe_compiles_over_a_two_host_slice_as_planned(mk_json):
     """tiny-moe over a v5e-16 (v5e:4x4, more than one host): one Mosaic call a chip, and each chip's arguments as the
     compiler lays them out are the plan's weights, cache and users block, byte for byte; the outputs are the cache

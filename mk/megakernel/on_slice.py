@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import jax
 
 from ..chips import get_chip, slice_shape
+from ..kernel_setup import ONE_CHIP
 from ..tpu import libtpu_version, topology
 from ..units import MIB
 from .aot import aot_target, compile_plan, refused_vmem_bytes
@@ -110,7 +111,7 @@ def compile_on_slice(plan, chip: str, vmem: bool = True) -> SliceCompile:
         documented_hosts=getattr(slice_shape(get_chip(name)), "hosts", None),
         batch=plan.batch,
         context=plan.max_len,
-        setup=plan.setup.name,
+        setup=(plan.setup or ONE_CHIP).name,
         plan_weight_bytes=b["weights"],
         plan_cache_bytes=b["cache"],
         plan_users_bytes=b["users"],
