@@ -200,3 +200,19 @@ def test_the_stand_ins_share_parts_add_up_to_its_step_past_its_bytes():
     assert t.loc["the experts' loads held back for their route", "share_of_past"] == pytest.approx(0.25)
     assert t.loc["writing the logits out", "ms"] == pytest.approx(-0.01)  # a probe that costs shows, placing nothing
     assert t.loc["not placed by these probes", "ms"] == pytest.approx(0.3)  # the router's knock-out is not a part
+
+
+def test_a_format_run_reads_as_its_kernel_against_the_same_kernel_on_bf16(tmp_path):
+    """Each cell: the kernel on the format and on bf16, XLA's step in the bf16 kernel's loop (not the format's), the
+    speed-up and the bytes ratio from the rows' own device times and bytes."""
+    cell = dict(date="2026-12-06T00:00:00Z", model="tiny-dense", context=64, batch=1)
+    rows = [("reference", "fp8-block", 3.0, 100, 0.5), ("megakernel", "fp8-block", 2.0, 60, 0.8),
+            ("reference", "bf16", 3.2, 110, 0.9), ("megakernel", "bf16", 3.0, 110, 0.95)]  # fmt: skip
+    pd.DataFrame([dict(cell, engine=e, dtype=d, device_step_ms=ms, device_step_low_ms=ms - 0.01,
+                       device_step_high_ms=ms + 0.01, bytes_per_token=b, device_fraction_of_limit=f)
+                  for e, d, ms, b, f in rows]).to_csv(tmp_path / "f.csv", index=False)  # fmt: skip
+    t = chip_checks.format_table(tmp_path, (("f.csv", "fp8-block"),))
+    r = t.iloc[0]
+    assert (r.format_ms, r.bf16_ms, r.xla_bf16_ms) == (2.0, 3.0, 3.2)
+    assert r.speedup_over_bf16 == pytest.approx(1.5) and r.bytes_over_bf16 == pytest.approx(60 / 110)
+    assert (r.format_fraction_of_limit, r.bf16_fraction_of_limit) == (0.8, 0.95)

@@ -10,7 +10,8 @@
 - **kernel revisions** (tpu_logs/, :data:`REVISION_RUNS`): a revision of the megakernel against the one before it,
   both interleaved with XLA's compiled reference in one run (data/kernel_revisions.csv says what each changed);
 - **probes** (tpu_logs/, :data:`PROBES`): a kernel built with one piece of its work left out or changed, timed
-  interleaved with the kernel it differs from (each CSV's script beside it says how it was built)."""
+  interleaved with the kernel it differs from (each CSV's script beside it says how it was built);
+- **formats** (tpu_logs/, :data:`FORMAT_RUNS`): the kernel streaming a shipped format against itself on bf16."""
 
 from __future__ import annotations
 
@@ -201,6 +202,34 @@ def probe_table(folder=None, probes=PROBES) -> pd.DataFrame:
                 beyond_both_intervals=bool(beyond), date=str(b.date)[:10], source=f"tpu_logs/{name}",
             ))  # fmt: skip
     return pd.DataFrame(rows).assign(kind="measured (TPU, device time), interleaved in one run")
+
+
+# Runs of the kernel streaming a shipped format on the chip, beside itself on bf16 (each kernel interleaved with XLA's
+# compiled reference on bf16 weights; the two kernels one after the other in the same run): (run, the format)
+FORMAT_RUNS = (("2026-12-06-fp8-block.csv", "fp8-block"),)
+
+
+def format_table(folder=None, runs=FORMAT_RUNS) -> pd.DataFrame:
+    """Each cell of each :data:`FORMAT_RUNS` run: the megakernel's device time on the format and on bf16 (medians of
+    steps back to back, 95% intervals), XLA's on bf16 in the bf16 kernel's loop, the format's speed-up over the
+    bf16 kernel beside its bytes a token over bf16's, and each kernel's fraction of the measured limit for its own
+    bytes."""
+    rows = []
+    for name, fmt in runs:
+        t = _read_run(name, folder)
+        for (model, context, batch), g in t.groupby(["model", "context", "batch"], sort=False):
+            by = {(r.engine, r.dtype): r for r in g.itertuples()}
+            f, b, xla = by[("megakernel", fmt)], by[("megakernel", "bf16")], by[("reference", "bf16")]
+            rows.append(dict(
+                what=model, context=int(context), batch=int(batch), format=fmt,
+                format_ms=f.device_step_ms, format_low_ms=f.device_step_low_ms, format_high_ms=f.device_step_high_ms,
+                bf16_ms=b.device_step_ms, bf16_low_ms=b.device_step_low_ms, bf16_high_ms=b.device_step_high_ms,
+                xla_bf16_ms=xla.device_step_ms, speedup_over_bf16=b.device_step_ms / f.device_step_ms,
+                bytes_over_bf16=f.bytes_per_token / b.bytes_per_token,
+                format_fraction_of_limit=f.device_fraction_of_limit, bf16_fraction_of_limit=b.device_fraction_of_limit,
+                date=str(f.date)[:10], source=f"tpu_logs/{name}",
+            ))  # fmt: skip
+    return pd.DataFrame(rows).assign(kind="measured (TPU, device time); each kernel interleaved with XLA's in one run")
 
 
 # The probes that each take one piece of the stand-in's one-user step away without changing its bytes: (probe, the
