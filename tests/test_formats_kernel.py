@@ -214,15 +214,17 @@ def test_cli_generate_mxfp4_megakernel_gives_the_dequantized_references_tokens(m
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="AOT compilation for TPU needs libtpu")
-@pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-v6e"])
-def test_fp8_block_step_compiles_for_tpu(chip):
-    """libtpu's Mosaic compiles the step that streams FP8 tiles and their block scales and widens them in VMEM (the
-    4-bit formats' nibble interleave does not lower in Mosaic yet: they run in interpret mode only)."""
+@pytest.mark.parametrize("scheme, chip", [("fp8-block", "tpu-v5e"), ("fp8-block", "tpu-v6e"), ("int4", "tpu-v5e"),
+                                          ("mxfp4", "tpu-v5e")])  # fmt: skip
+def test_each_formats_step_compiles_for_tpu(scheme, chip):
+    """libtpu's Mosaic compiles the step that streams each format's tiles and their scales and widens them in VMEM:
+    the 4-bit codes unpacked by whole tiles (mk.plan.layout.NIBBLE_CHUNK: a chunk's halves in the low and high
+    nibbles; the checkpoints' interleave does not lower)."""
     from mk.megakernel.aot import compile_for_tpu
 
-    plan, compiled = compile_for_tpu(TINY_MOE, chip, 4, 64, quantize="fp8-block")
+    plan, compiled = compile_for_tpu(TINY_MOE, chip, 4, 64, quantize=scheme)
     assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
-    assert any(getattr(ld, "fmt", None) == "fp8-block" for ld in plan.loads)
+    assert any(getattr(ld, "fmt", None) == scheme for ld in plan.loads)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="AOT compilation for TPU needs libtpu")

@@ -57,9 +57,9 @@ FAMILIES = (
     "tiny-gpt-oss",
     "tiny-deepseek-v3",
 )
-# the formats libtpu's Mosaic compiles today, each on a model it applies to (int4 and mxfp4 do not lower yet); FP8 on
-# MLA's latent projections too
-FORMATS = (("tiny-moe", "int8-experts"), ("tiny-dense", "fp8-block"), ("tiny-deepseek-v3", "fp8-block"))
+# every format, each on a model it applies to; FP8 on MLA's latent projections too
+FORMATS = (("tiny-moe", "int8-experts"), ("tiny-dense", "fp8-block"), ("tiny-deepseek-v3", "fp8-block"),
+           ("tiny-moe", "int4"), ("tiny-moe", "mxfp4"))  # fmt: skip
 PROMPTS = (7, 3, 12)  # the users' prompt lengths: ragged, each decoding from its own position
 STEPS = 4
 F32_LOGIT_ATOL = 1e-4

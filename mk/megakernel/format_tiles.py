@@ -2,9 +2,10 @@
 
 A format matrix is laid out as its float matrix would be (mk.megakernel.pack.to_layout: padded, heads spread,
 transposed where its outputs sit on rows), then stored as the format stores it: FP8 codes as they are, 4-bit codes
-two a byte along the input axis (rows, or lanes where transposed), and one scale per block of the layout in its
-own dtype, ``{name}_fscale [layers, (E,) ceil(rows / gr), ceil(cols / gc)]`` with (gr, gc) the format's block in
-the layout's orientation. A layout that would put one block's weights in two (a head dim that does not divide
+two a byte along the input axis (rows, or lanes where transposed) in chunks, a chunk's first half in the low nibbles
+and its second in the high ones (mk.plan.layout.NIBBLE_CHUNK: a tile unpacks by whole tiles, which Mosaic lowers), and
+one scale per block of the layout in its own dtype, ``{name}_fscale [layers, (E,) ceil(rows / gr), ceil(cols / gc)]``
+with (gr, gc) the format's block in the layout's orientation (FP8's padded to whole (8, 128) tiles). A layout that would put one block's weights in two (a head dim that does not divide
 the block, spread to whole lanes) is refused by name. A tile brings its codes and its blocks' scales; the kernel
 widens it in VMEM with mk.checkpoint_formats' arithmetic: codes to float32, times the scale repeated over its block,
 rounded to the compute dtype: the numbers mk.format_trees.dequantize gives the reference."""
@@ -20,9 +21,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ..checkpoint_formats import INT4_ZERO, e8m0_value, fp4_value, nibbles, pack_nibbles
+from ..checkpoint_formats import INT4_ZERO, e8m0_value, fp4_value, nibbles
 from ..format_trees import INT4, MXFP4, Format, fscale_path, get_format, matrix_block
-from ..plan.layout import format_scales_shape, layout_grid, packed_axis, scales_shape, stored_shape
+from ..plan.layout import NIBBLE_CHUNK, format_scales_shape, layout_grid, packed_axis, scales_shape, stored_shape
 
 
 def _zero(fmt: Format) -> int:
@@ -60,15 +61,37 @@ def to_layout(codes, scales, cfg, path: str, lay, fmt: Format, matrix_to_layout)
     lay_s = np.pad(lay_s, [(0, 0)] * (lay_s.ndim - 2) + [(0, n - k) for n, k in zip(stored, lay_s.shape[-2:])])
     axis = packed_axis(fmt, grid)
     if axis is not None:
-        lay_c = pack_nibbles((lay_c + _zero(fmt)).astype(np.uint8), lay_c.ndim - 2 + axis)
+        lay_c = pack_halves(lay_c, lay_c.ndim - 2 + axis, NIBBLE_CHUNK[axis], _zero(fmt))
     return lay_c, lay_s
 
 
+def pack_halves(codes: np.ndarray, axis: int, chunk: int, zero: int) -> np.ndarray:
+    """Signed 4-bit ``codes`` (offsets from the format's ``zero``) two a byte along ``axis``, padded with zero weights
+    to whole ``chunk``s: each chunk's first half in the low nibbles, its second half in the high ones."""
+    n = codes.shape[axis]
+    pad = [(0, 0)] * codes.ndim
+    pad[axis] = (0, -n % chunk)
+    c = np.moveaxis((np.pad(codes, pad) + zero).astype(np.uint8), axis, -1)
+    c = c.reshape(*c.shape[:-1], -1, 2, chunk // 2)
+    return np.ascontiguousarray(np.moveaxis((c[..., 0, :] | (c[..., 1, :] << 4)).reshape(*c.shape[:-3], -1), -1, axis))
+
+
+def unpack_halves(packed, axis: int, chunk: int):
+    """:func:`pack_halves`' codes (offsets plus the zero) from ``packed`` [rows, lanes] int32: each chunk's halves by
+    whole tiles, side by side."""
+    half, parts = chunk // 2, []
+    for k in range(packed.shape[axis] // half):
+        part = packed[k * half : (k + 1) * half] if axis == 0 else packed[:, k * half : (k + 1) * half]
+        parts += [part & 0x0F, part >> 4]
+    return jnp.concatenate(parts, axis=axis)
+
+
 def _stored(ld) -> list[tuple]:
-    """Tile ``ld``'s codes as stored: (first, size) of their rows and of their columns (halved along a 4-bit
-    format's input axis)."""
+    """Tile ``ld``'s codes as stored: (first, size) of their rows and of their columns (along a 4-bit format's input
+    axis halved, in whole chunks: a tile starts at a chunk's edge)."""
     sizes = stored_shape((ld.rows[1], ld.cols[1]), get_format(ld.fmt), ld.grid)
-    return [(first // (n // k), k) for (first, n), k in zip((ld.rows, ld.cols), sizes)]
+    axis = packed_axis(get_format(ld.fmt), ld.grid)
+    return [(first // 2 if a == axis else first, k) for a, ((first, _), k) in enumerate(zip((ld.rows, ld.cols), sizes))]
 
 
 def copies(ld, src, hbm: dict, buffers: dict, sems: dict, expert_row) -> list:
@@ -122,7 +145,8 @@ def widen(ld, buffers: dict, dtype):
     if not ld.nibbles:
         vals = codes.astype(jnp.float32)
     else:
-        q = nibbles(codes, packed_axis(get_format(ld.fmt), ld.grid), jnp).astype(jnp.int32)
+        axis = packed_axis(get_format(ld.fmt), ld.grid)
+        q = unpack_halves(codes.astype(jnp.int32), axis, NIBBLE_CHUNK[axis])[:rows, :cols]
         vals = fp4_value(q, jnp) if ld.fmt == MXFP4 else (q - INT4_ZERO).astype(jnp.float32)
     s = _lane_scales(ld, buffers)
     s = e8m0_value(s.astype(jnp.int32), jnp) if ld.fmt == MXFP4 else s

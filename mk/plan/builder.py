@@ -34,6 +34,7 @@ from .flops import (
 from .layout import (
     BLOCK,
     LANE,
+    NIBBLE_CHUNK,
     ROWS,
     format_scales_shape,
     group_width,
@@ -42,6 +43,7 @@ from .layout import (
     latent_lanes,
     layout_config,
     layout_grid,
+    packed_axis,
     padded_shape,
     round_up,
     scale_buffer,
@@ -251,7 +253,11 @@ class Builder:
         split a block is refused by name)."""
         fmt = self.fmt
         grid = layout_grid(self.layout, tensor, fmt)
-        for (start, n), block, total, what in zip((rows, cols), grid, self.shapes[tensor][-2:], ("rows", "columns")):
+        align = list(grid)  # a tile starts at a block's edge, and a 4-bit one at a chunk's (NIBBLE_CHUNK)
+        axis = packed_axis(fmt, grid)
+        if axis is not None:
+            align[axis] = max(align[axis], NIBBLE_CHUNK[axis])
+        for (start, n), block, total, what in zip((rows, cols), align, self.shapes[tensor][-2:], ("rows", "columns")):
             if start % block or (n % block and start + n != total):
                 raise ValueError(
                     f"a tile of {tensor}'s {what} {start}..{start + n} splits {fmt.name}'s blocks of {block}: "

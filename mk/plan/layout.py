@@ -137,12 +137,19 @@ def packed_axis(fmt, grid: tuple[int, int]) -> int | None:
     return None if not fmt.nibbles else 0 if grid[0] > 1 else 1
 
 
+# 4-bit codes in the kernel's HBM, two a byte in chunks along the packed axis: a chunk's first half in the low nibbles,
+# its second half in the high ones, so a tile unpacks by whole (sublane or lane) tiles, no interleave (which Mosaic
+# does not lower). A chunk: 64 rows (32 bytes' rows, 4 int32 sublane tiles a half) or 256 lanes (a lane tile a half).
+NIBBLE_CHUNK = (64, 256)
+
+
 def stored_shape(shape: tuple[int, ...], fmt, grid: tuple[int, int]) -> tuple[int, ...]:
-    """The codes' shape of a tile or matrix of ``shape`` (its last two axes in the layout)."""
+    """The codes' shape of a tile or matrix of ``shape`` (its last two axes in the layout): a 4-bit format's packed
+    axis in whole chunks (:data:`NIBBLE_CHUNK`), halved."""
     axis = packed_axis(fmt, grid)
     if axis is None:
         return tuple(shape)
-    return tuple(n // 2 if i == len(shape) - 2 + axis else n for i, n in enumerate(shape))
+    return tuple(round_up(n, NIBBLE_CHUNK[axis]) // 2 if i == len(shape) - 2 + axis else n for i, n in enumerate(shape))
 
 
 def scales_shape(shape: tuple[int, ...], grid: tuple[int, int]) -> tuple[int, ...]:
