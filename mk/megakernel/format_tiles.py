@@ -1,14 +1,15 @@
 """The shipped formats (mk.format_trees) in the kernel: their HBM layout, their tiles' DMAs, and widening in VMEM.
 
-A format matrix is laid out as its float matrix would be (mk.megakernel.pack.to_layout: padded, heads spread,
-transposed where its outputs sit on rows), then stored as the format stores it: FP8 codes as they are, 4-bit codes
-two a byte along the input axis (rows, or lanes where transposed) in chunks, a chunk's first half in the low nibbles
-and its second in the high ones (mk.plan.layout.NIBBLE_CHUNK: a tile unpacks by whole tiles, which Mosaic lowers), and
-one scale per block of the layout in its own dtype, ``{name}_fscale [layers, (E,) ceil(rows / gr), ceil(cols / gc)]``
-with (gr, gc) the format's block in the layout's orientation (FP8's padded to whole (8, 128) tiles). A layout that would put one block's weights in two (a head dim that does not divide
-the block, spread to whole lanes) is refused by name. A tile brings its codes and its blocks' scales; the kernel
-widens it in VMEM with mk.checkpoint_formats' arithmetic: codes to float32, times the scale repeated over its block,
-rounded to the compute dtype: the numbers mk.format_trees.dequantize gives the reference."""
+A format matrix is laid out as its float matrix would be (mk.megakernel.pack.to_layout: padded, heads spread, transposed
+where its outputs sit on rows), then stored as the format stores it: FP8 codes as they are, 4-bit codes two a byte along
+the input axis (rows, or lanes where transposed) in chunks, a chunk's first half in the low nibbles and its second in
+the high ones (mk.plan.layout.NIBBLE_CHUNK: a tile unpacks by whole tiles, which Mosaic lowers), and one scale per block
+of the layout in its own dtype, ``{name}_fscale [layers, (E,) ceil(rows / gr), ceil(cols / gc)]`` with (gr, gc) the
+format's block in the layout's orientation (FP8's padded to whole (8, 128) tiles). A layout that would put one block's
+weights in two (a head dim that does not divide the block, spread to whole lanes) is refused by name. A tile brings its
+codes and its blocks' scales; the kernel widens it in VMEM with mk.checkpoint_formats' arithmetic: codes to float32,
+times the scale repeated over its block, rounded to the compute dtype: the numbers mk.format_trees.dequantize gives the
+reference."""
 
 from __future__ import annotations
 
