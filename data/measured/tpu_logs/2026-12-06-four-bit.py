@@ -4,9 +4,9 @@ K2 Thinking's release) and MXFP4 (gpt-oss's), each tile widened to bf16 in VMEM.
 
 1. parity (mk.measure.chip_parity, f32 at HIGHEST): tiny-moe with INT4 experts and with MXFP4 experts against the
    reference on the dequantized weights;
-2. table (mk.measure.on_chip): gpt-oss-20b's first two layers (a sliding and a full one) at full width, the kernel on MXFP4 experts and on bf16
-   (two cases, one run), each interleaved with XLA's compiled reference on bf16 weights (random, seed 0), device time
-   beside the host's, medians with 95% intervals; context 1K, one user and eight.
+2. table (mk.measure.on_chip): gpt-oss-20b's first two layers (a sliding and a full one) at full width, the kernel
+   on MXFP4 experts and on bf16 (two cases, one run), each interleaved with XLA's compiled reference on bf16 weights
+   (random, seed 0), device time beside the host's, medians with 95% intervals; context 1K, one user and eight.
 
 Run on 2026-12-06 as ``python data/measured/tpu_logs/2026-12-06-four-bit.py OUT`` from the repository's root, OUT
 holding a copy of data/measured/tpu_hbm.csv; ``tiny`` as the second argument runs the same on the CPU (tiny-moe,
