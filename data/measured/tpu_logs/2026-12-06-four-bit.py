@@ -10,7 +10,8 @@ K2 Thinking's release) and MXFP4 (gpt-oss's), each tile widened to bf16 in VMEM.
 
 Run on 2026-12-06 as ``python data/measured/tpu_logs/2026-12-06-four-bit.py OUT`` from the repository's root, OUT
 holding a copy of data/measured/tpu_hbm.csv; ``tiny`` as the second argument runs the same on the CPU (tiny-moe,
-interpret mode) to check the script.
+interpret mode) to check the script. The first run on the chip ran its host out of memory (40 GiB) quantizing
+gpt-oss-20b's experts to MXFP4 on the host; ``parity`` as the second argument runs the parity part alone.
 """
 
 import sys
@@ -19,11 +20,12 @@ from pathlib import Path
 from mk.measure import tpu_runs
 from mk.measure.on_chip import Case, Cell
 
-out, tiny = Path(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "tiny"
+out, mode = Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "all"
+tiny = mode == "tiny"
 model, layers = ("tiny-moe", None) if tiny else ("gpt-oss-20b", 2)
 cells = (Cell(64, 1),) if tiny else (Cell(1024, 1), Cell(1024, 8))
 cases = (Case(model, layers, cells=cells, dtype="mxfp4"), Case(model, layers, cells=cells))
 parity = [("tiny-moe", "f32", "int4"), ("tiny-moe", "f32", "mxfp4")]
-done = tpu_runs.run(parts=("parity", "table"), out_dir=out, deadline_s=60 if tiny else 480, cases=cases,
+done = tpu_runs.run(parts=("parity",) if mode == "parity" else ("parity", "table"), out_dir=out, deadline_s=60 if tiny else 480, cases=cases,
                     parity_checks=parity[:1] if tiny else parity, require_tpu=not tiny)  # fmt: skip
 print(done)
