@@ -26,6 +26,7 @@ model, layers = ("tiny-moe", None) if tiny else ("gpt-oss-20b", 2)
 cells = (Cell(64, 1),) if tiny else (Cell(1024, 1), Cell(1024, 8))
 cases = (Case(model, layers, cells=cells, dtype="mxfp4"), Case(model, layers, cells=cells))
 parity = [("tiny-moe", "f32", "int4"), ("tiny-moe", "f32", "mxfp4")]
-done = tpu_runs.run(parts=("parity",) if mode == "parity" else ("parity", "table"), out_dir=out, deadline_s=60 if tiny else 480, cases=cases,
+parts = ("parity",) if mode == "parity" else ("parity", "table")
+done = tpu_runs.run(parts=parts, out_dir=out, deadline_s=60 if tiny else 480, cases=cases,
                     parity_checks=parity[:1] if tiny else parity, require_tpu=not tiny)  # fmt: skip
 print(done)
