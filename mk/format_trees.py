@@ -100,9 +100,10 @@ def encode_matrix(w, scheme: str) -> tuple[np.ndarray, np.ndarray]:
     fmt, w = get_format(scheme), np.asarray(w, np.float32)
     lead = w.shape[:-2]
     mats = w.reshape(-1, *w.shape[-2:])
-    if scheme == MXFP4:
-        blocks, scales = F.encode_mxfp4(_t(w))  # [..., out, G, 16], [..., out, G]
-        return _t(blocks.reshape(*lead, w.shape[-1], -1)), _t(scales)
+    if scheme == MXFP4:  # a matrix at a time: the rounding compares each value with all 16 codes (16x its bytes)
+        pairs = [F.encode_mxfp4(m.T) for m in mats]  # [out, G, 16], [out, G]
+        blocks, scales = np.stack([b for b, _ in pairs]), np.stack([s for _, s in pairs])
+        return _t(blocks.reshape(*lead, w.shape[-1], -1)), _t(scales.reshape(*lead, *scales.shape[1:]))
     codes, scales = [], []
     for m in mats:
         if scheme == FP8_BLOCK:
