@@ -97,12 +97,15 @@ def test_the_chip_a_device_is(platform, kind, chip):
     assert known_chip(SimpleNamespace(platform=platform, device_kind=kind)) == chip
 
 
-def test_documented_slice_shapes_multiply_out_and_v5e_hosts_hold_eight_chips():
+def test_documented_slice_shapes_multiply_out_and_v5e_and_v6e_hosts_hold_eight_chips():
     from mk.chips import slice_shapes
 
     shapes = slice_shapes()
-    assert [s.chips for s in shapes["tpu-v5e"]] == [1, 4, 8, 16, 32, 64, 128, 256]
-    assert all(s.hosts * 8 == s.chips for s in shapes["tpu-v5e"])  # 8 chips a host; the smaller slices share one
+    for base in ("tpu-v5e", "tpu-v6e"):  # both 256-chip pods on a 2D torus
+        assert [s.chips for s in shapes[base]] == [1, 4, 8, 16, 32, 64, 128, 256]
+        assert all(s.hosts * 8 == s.chips for s in shapes[base])  # 8 chips a host; the smaller slices share one
+    assert [s.torus for s in shapes["tpu-v6e"][-2:]] == [((8, False), (16, True)), ((16, True), (16, True))]
+    assert "tpu-v7x" not in shapes  # its topologies are listed publicly, not which dimensions wrap around
     assert all(len(s.dims) == 3 for s in shapes["tpu-v5p"]) and all(len(s.dims) == 2 for s in shapes["tpu-v5e"])
     assert all(get_chip(s.name).chips == s.chips for v in shapes.values() for s in v)
 
