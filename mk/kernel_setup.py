@@ -98,9 +98,14 @@ class KernelSetup:
     # (out of the repr, so a one-host plan's code fingerprint, mk.plan.StepPlan.code_fingerprint, stays what it was)
     torus: tuple[tuple[int, bool], ...] = field(default=(), repr=False)
     host_chips: int = field(default=0, repr=False)  # chips an expert is split over with placement HOSTS (a host's)
-    # past one host, timed, not run: heads that do not divide the chips split over the most chips D that take whole
-    # ones, each head's chips repeated C / D times (mk.sharding.attention_chips); the kernel replicates them instead
+    # past one host: heads that do not divide the chips split over the most chips D that take whole ones, each head's
+    # chips repeated C / D times (mk.sharding.attention_chips), the repeats' output projections zero
+    # (mk.sharding.repeated_copy)
     repeat_heads: bool = field(default=False, repr=False)
+    # each chip's slice of a split routed expert's intermediate rounded up to a multiple of this many rows, the experts
+    # zero-padded (mk.sharding.chip_config): a 4-bit format's group (32) where an even cut would split its groups
+    # (mk.sharding.pods.pod_setup); out of the repr, as the chip's config says the width
+    expert_rows: int = field(default=1, repr=False)
     # run, not timed: chip 0 of the slice alone on one device, each cross-chip exchange a local copy of the same bytes
     # into the same buffers (mk.megakernel.collective), so one real chip runs a chip-of-C step's own work; what it
     # receives is its own partial, not the other chips' (its values are not the slice's)
@@ -212,6 +217,7 @@ _CHANGE_WORDS = {
     "ffn_layout": "MLPs on {}",
     "draft_tokens": "{} drafts verified a step",
     "host_chips": "{} chips a host",
+    "expert_rows": "experts cut in whole groups of {} rows",
 }
 
 ONE_CHIP = KernelSetup(name="one chip")

@@ -42,12 +42,18 @@ def test_kernel_streams_4_bit_experts_and_gives_the_dequantized_references_token
 
 
 @pytest.mark.parametrize("scheme", ["mxfp4", "int4"])
-def test_kernel_over_8_chips_streams_4_bit_experts(scheme):
-    """4-bit experts over 8 simulated chips, each expert's intermediate split (256 / 8 = one group of 32 a chip: its
-    down projection's input groups, and their nibble pairs, cut whole). 4-bit experts whole a chip: Kimi K2
-    Thinking's INT4 experts over 8 chips, below (whole experts' codes and scales are cut as any format's)."""
-    cfg = TINY_MOE.replace(expert_intermediate=256)
-    _kernel_against_dequantized_reference(cfg, scheme, PROMPTS, setup=KernelSetup(8, "split"))
+def test_kernel_over_8_chips_streams_4_bit_experts_cut_in_whole_groups(scheme):
+    """4-bit experts over 8 simulated chips, each expert's intermediate split: 96 / 8 = 12 rows a chip would cut the
+    down projection's input groups of 32, so the setup the kernel runs (mk.sharding.pods.pod_setup, as for
+    gpt-oss-120b's 2,880 over 8 chips) rounds each chip's slice up to one whole group, the experts zero-padded (chips 3
+    to 7 hold zeros only). 4-bit experts whole a chip: Kimi K2 Thinking's INT4 experts over 8 chips, below."""
+    from mk.chips import get_chip
+    from mk.sharding.pods import pod_setup
+
+    cfg = TINY_MOE.replace(expert_intermediate=96)
+    setup = pod_setup(KernelSetup(8, "split"), get_chip("tpu-v5e-8"), cfg, dtype=scheme)
+    assert setup.expert_rows == 32 and build_plan(cfg, 1, 64, setup=setup).share.expert_intermediate == 32
+    _kernel_against_dequantized_reference(cfg, scheme, PROMPTS, setup=setup)
 
 
 def test_kernel_over_8_chips_streams_fp8_blocks():
@@ -271,17 +277,19 @@ def _fp8_128(name, a):
 
 @pytest.mark.parametrize(
     "source, setup",
-    [("deepseek-v3", None), ("deepseek-v3", KernelSetup(8, "whole")),
+    [("deepseek-v3", None), ("deepseek-v3", KernelSetup(8, "whole", repeat_heads=True)),
      ("kimi-k2", None), ("kimi-k2", KernelSetup(8, "split"))],
-    ids=["deepseek-v3-one-chip", "deepseek-v3-8-chips-whole", "kimi-k2-one-chip", "kimi-k2-8-chips-split"],
+    ids=["deepseek-v3-one-chip", "deepseek-v3-8-chips-whole-heads-repeated", "kimi-k2-one-chip",
+         "kimi-k2-8-chips-split"],
 )  # fmt: skip
 def test_deepseek_v3_and_kimi_k2_as_shipped_in_fp8_blocks(hf_checkpoint, tmp_path, source, setup):
     """The tiny checkpoints saved as the releases are (FP8 blocks of 128 x 128; Kimi K2's config names its own
     model type), loaded as shipped (``codes=True``): every projection streams as FP8 codes and block scales, MLA's
     latent ones too, and the kernel gives the dequantized reference's tokens. Over 8 chips the chips' cuts split
-    blocks: DeepSeek-V3's dense and shared MLPs' 96 and 32 columns are 12 and 4 a chip; Kimi K2's 8 query heads are
-    one a chip (24 q_b columns), its experts' 32 columns 4 a chip. The kernel's layout of MLA's projections spreads
-    each head's parts to lane-tile edges, its block scales with them."""
+    blocks: DeepSeek-V3's dense and shared MLPs' 96 and 32 columns are 12 and 4 a chip, its 4 heads one a chip over
+    chips 0-3 and repeated on 4-7 (as Kimi K2's 64 heads are over 128 chips: the repeats' o in FP8 zeros); Kimi K2's
+    8 query heads are one a chip (24 q_b columns), its experts' 32 columns 4 a chip. The kernel's layout of MLA's
+    projections spreads each head's parts to lane-tile edges, its block scales with them."""
     from test_formats import _rewrite
 
     from mk.weights import load_checkpoint

@@ -1,11 +1,11 @@
-"""gpt-oss in the megakernel: greedy tokens equal to the reference's (and so to transformers', tests/test_gpt_oss.py)
-on the tiny checkpoint, ragged prompts (one past the sliding window), the race detector on; one chip, and 2, 4 and 8
-simulated chips with its heads split over them (8 query heads; each chip its heads' biases and sinks) or, with 4
-query heads on 8 chips, attention on every chip; experts whole, split, or whole over groups of 2 chips and split
-within them (placement hosts). Sinks, the q/k/v/o biases, YaRN's cos/sin factor, the router's bias and
-top-k-then-softmax, the expert biases and the clamped SwiGLU all run in the kernel; dropping the sinks or an expert
-bias in the kernel, or giving every chip the first chip's heads' biases or sinks, changes its logits past the
-tolerance."""
+"""gpt-oss in the megakernel: greedy tokens equal to the reference's (and so to transformers', tests/test_gpt_oss.py) on
+the tiny checkpoint, ragged prompts (one past the sliding window), the race detector on; one chip, and 2, 4 and 8
+simulated chips with its heads split over them (8 query heads; each chip its heads' biases and sinks) or, with 4 query
+heads on 8 chips, split over 4 and repeated over the other 4 (as past one host); experts whole, split, or whole over
+groups of 2 chips and split within them (placement hosts). Sinks, the q/k/v/o biases, YaRN's cos/sin factor, the
+router's bias and top-k-then-softmax, the expert biases and the clamped SwiGLU all run in the kernel; dropping the sinks
+or an expert bias in the kernel, or giving every chip the first chip's heads' biases or sinks, changes its logits past
+the tolerance."""
 
 import numpy as np
 import pytest
@@ -59,29 +59,32 @@ def _run(params, cfg, setup=None, logits=False, new_tokens=NEW_TOKENS, max_len=N
 
 
 # Two kernel steps (the second reading the cache the first wrote) on one chip; over chips one step (the first token
-# is the prefill's, and an 8-chip step takes seconds interpreted): with 4 query heads on 8 chips attention runs on
-# every chip, its cache as one chip's; with 8 each chip runs its heads, their biases and sinks, and with attention
+# is the prefill's, and an 8-chip step takes seconds interpreted): 4 query heads on 8 chips split over chips 0-3 and
+# repeated on 4-7 (repeat_heads, as mk.sharding.pods places heads past one host: the repeats' output projections zero,
+# the o bias added once); with 8 each chip runs its heads, their biases and sinks, and with attention
 # split by positions 2 chips share each KV head (each head's sink added once, when their partial softmaxes merge).
 # Experts split, whole, and the hosts' groups: each group of 2 chips holds its half of the experts whole, each split
 # over its 2, so a chip's own expert rows of the bias tensors and the split's biases run together
 POSITIONS = KernelSetup(4, "split", attention_split=AttentionSplit.POSITIONS)
+REPEATED = KernelSetup(8, "split", repeat_heads=True)
 
 
 @pytest.mark.parametrize(
     "checkpoint, setup, max_len",
-    [("tiny", None, None), ("tiny", KernelSetup(8, "split"), None), ("eight_heads", KernelSetup(8, "split"), None),
+    [("tiny", None, None), ("tiny", REPEATED, None), ("eight_heads", KernelSetup(8, "split"), None),
      ("eight_heads", KernelSetup(4, "hosts", host_chips=2), None), ("eight_heads", KernelSetup(4, "whole"), None),
      ("eight_heads", KernelSetup(2, "split"), None), ("eight_heads", POSITIONS, 64)],
-    ids=["one-chip", "8-chips-split-heads-whole", "8-chips-split", "4-chips-hosts", "4-chips-whole", "2-chips-split",
+    ids=["one-chip", "8-chips-heads-repeated", "8-chips-split", "4-chips-hosts", "4-chips-whole", "2-chips-split",
          "4-chips-positions"],
 )  # fmt: skip
 def test_greedy_tokens_equal_the_references(checkpoint, setup, max_len, request):
-    from mk.sharding import heads_split, position_share
+    from mk.sharding import attention_chips, heads_split, position_share
 
     cfg, params = request.getfixturevalue(checkpoint)
     cfg.check_runnable("megakernel")
     assert setup is None or heads_split(cfg, setup.chips) == (checkpoint == "eight_heads")
     assert setup is not POSITIONS or {position_share(cfg, t, setup) for t in cfg.layer_types} == {2}
+    assert setup is not REPEATED or attention_chips(cfg, setup) == 4
     new_tokens = NEW_TOKENS if setup is None else 2
     want_tokens, want = generate(params, cfg, _prompts(cfg), new_tokens, return_logits=True, max_len=max_len)
     tokens, logits = _run(params, cfg, setup, logits=True, new_tokens=new_tokens, max_len=max_len)

@@ -59,6 +59,24 @@ def test_one_host_keeps_its_setup_and_a_pod_gets_the_torus_and_whole_experts_ove
     assert plan.share.num_heads == 1  # 64 heads over 64 of the 256 chips, each repeated 4 times
 
 
+def test_4_bit_experts_split_in_whole_groups_as_they_run():
+    """gpt-oss-120b's 2,880-wide experts split over 8 chips would leave 360 rows a chip, which cut MXFP4's groups of
+    32: the setup the timing model charges and the kernel runs rounds each chip's slice up to 384 (chip 7's last 192
+    zeros), in the 4-bit formats only; Kimi K2's INT4 experts over a host's 8 chips (256 rows) are whole groups. The
+    plan timed is the format's own, its bytes the codes' and scales'."""
+    from mk.config import get_config
+
+    oss, kimi, v5e8 = get_config("gpt-oss-120b"), get_config("kimi-k2"), get_chip("tpu-v5e-8")
+    for dtype, rows in (("mxfp4", 32), ("int4", 32), ("bf16", 1), ("fp8-block", 1)):
+        assert pod_setup(WORKBOOK_KERNEL, v5e8, oss, dtype=dtype).expert_rows == rows
+    bf16, mx = (named_plan("gpt-oss-120b", "tpu-v5e-8", 1024, 1, WORKBOOK_KERNEL, d) for d in ("bf16", "mxfp4"))
+    assert (bf16.share.expert_intermediate, mx.share.expert_intermediate, mx.quantize) == (360, 384, "mxfp4")
+    assert mx.setup.placement == Placement.SPLIT and "whole groups of 32 rows" in mx.setup.name
+    assert sum(ld.nbytes for ld in mx.loads) < 0.6 * sum(ld.nbytes for ld in bf16.loads)
+    s = pod_setup(WORKBOOK_KERNEL, get_chip("tpu-v5e-128"), kimi, dtype="int4")
+    assert s.placement == Placement.HOSTS and s.expert_rows == 1
+
+
 @pytest.mark.parametrize("batch", [1, 8])
 def test_kimi_k2_on_a_v5e_pod_pays_more_for_its_all_reduce_than_on_one_host(batch):
     one, pod = (predict("kimi-k2", c, 1024, batch) for c in ("tpu-v5e-8", "tpu-v5e-256"))

@@ -283,17 +283,18 @@ def test_peers_sharing_their_semaphores_give_transformers_greedy_tokens(
     [
         ("hf-eight-heads", KernelSetup(8, "split", torus=((2, False), (4, True)))),
         ("hf-eight-heads", KernelSetup(8, "whole", torus=((2, False), (2, False), (2, True)))),
-        ("hf-eight-heads", KernelSetup(8, "hosts", torus=((4, False), (2, True)), host_chips=4)),
+        ("hf-snippet-pair", KernelSetup(8, "hosts", torus=((4, False), (2, True)), host_chips=4, repeat_heads=True)),
     ],
-    ids=["2x4-split", "2x2x2-whole", "4x2-hosts"],
+    ids=["2x4-split", "2x2x2-whole", "4x2-hosts-heads-repeated"],
 )
 def test_the_all_reduce_over_a_torus_gives_transformers_greedy_tokens(hf_checkpoint, name, setup):
     """Past one host the kernel sums partials over the slice's torus one dimension at a time (reduce-scatter along
     each, all-gather back) and picks the greedy token the same way (mk.megakernel.collective): 8 simulated chips laid
     out as a 2x4 and a 2x2x2 torus, ragged prompts, the race detector on, give transformers' greedy tokens; the
     chips along a dimension's group are the ones the plan prices (mk.sharding.links.torus_all_reduce). With placement
-    ``hosts`` (what the timing model places past one host) each group of 4 chips holds half the experts whole, each
-    split over its 4 chips."""
+    ``hosts`` and 4 query heads repeated over the two groups of 4 chips (what mk.sharding.pods places past one host,
+    timed and run) each group of 4 chips holds half the experts whole, each split over its 4 chips, and computes every
+    head, the second group's output projection zero."""
     from mk.generate import generate
     from mk.tpu import races_detected
     from mk.weights import load_checkpoint

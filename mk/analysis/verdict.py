@@ -211,7 +211,7 @@ def points_table(validation: pd.DataFrame | None = None, verdicts: pd.DataFrame 
     d = verdict_table() if verdicts is None else verdicts
     cols = ["key", "quantity", "case", "component", "published", "modelled", "error", "role"]
     own = v[v.key == v.point][cols + ["op_costs", "error_assumed"]]
-    ratios = d.dropna(subset=["modelled"])
+    ratios = d.dropna(subset=["modelled", "published"])
     ratios = ratios[~ratios.role.str.startswith("derived")].assign(
         quantity="speedup", case=ratios.situation, component=""
     )[cols]
@@ -376,6 +376,11 @@ BIG_VERDICTS = (
 )
 BESIDE = "deepseek-v3"
 STAND_IN_ROLE = "stand-in (another model, on a slice the write-up does not name)"
+# Big models the write-up has no figure for, in the verdict as modelled only: (key, situation, model, users)
+UNPUBLISHED_VERDICTS = (
+    ("gpt_oss_120b_one_user", "MoE model in MXFP4 on one host, one user (gpt-oss-120b)", "gpt-oss-120b", 1),
+)
+UNPUBLISHED_ROLE = "modelled only (no published figure)"
 
 
 def big_model_cases(model: str, batch: int, context: int = 1024) -> tuple[Case, Case]:
@@ -399,7 +404,9 @@ def _tok_s(p: Prediction, case: Case) -> str:
 
 def big_verdicts() -> pd.DataFrame:
     """The write-up's Kimi rows: published (Inferact's, for Kimi K3), modelled with the stand-in (:data:`STAND_INS`)
-    by :func:`big_model_cases`, with the error; ``beside``: DeepSeek-V3's modelled speed-up the same way."""
+    by :func:`big_model_cases`, with the error; ``beside``: DeepSeek-V3's modelled speed-up the same way. Then the
+    big models the write-up has no figure for (:data:`UNPUBLISHED_VERDICTS`), modelled only. ``megakernel_setup``:
+    the setup charged, which is the one the kernel runs there (mk.sharding.pods.pod_setup)."""
     pub = published_table().set_index("key")
     rows = []
     for key, situation, batch in BIG_VERDICTS:
@@ -414,8 +421,16 @@ def big_verdicts() -> pd.DataFrame:
             key=key, situation=f"{situation}: {model} as the stand-in for {named}", published=value,
             modelled=modelled, error=modelled / value - 1, measured=math.nan,
             megakernel=_tok_s(m, mk_case), general=_tok_s(g, gen_case), role=STAND_IN_ROLE,
-            op_costs=m.op_costs or "-", megakernel_setup=mk_case.setup.name,
+            op_costs=m.op_costs or "-", megakernel_setup=m.setup,
             beside=f"{BESIDE}: {d_speedup:.2f}x ({_tok_s(dm, d_mk)})",
+        ))  # fmt: skip
+    for key, situation, model, batch in UNPUBLISHED_VERDICTS:
+        mk_case, gen_case = big_model_cases(model, batch)
+        modelled, m, g = _speedup(mk_case, gen_case)
+        rows.append(dict(
+            key=key, situation=situation, published=math.nan, modelled=modelled, error=math.nan, measured=math.nan,
+            megakernel=_tok_s(m, mk_case), general=_tok_s(g, gen_case), role=UNPUBLISHED_ROLE,
+            op_costs=m.op_costs or "-", megakernel_setup=m.setup, beside="",
         ))  # fmt: skip
     return pd.DataFrame(rows)
 

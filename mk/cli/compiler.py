@@ -28,7 +28,7 @@ def add_schedule(sub) -> None:
     p.add_argument("--chip", help="a TPU (tpu-v5e) or a slice of one (tpu-v5e-8) (not with --refresh, --missing)")
     p.add_argument("--context", type=positive, default=1024, help="positions in the KV cache (default 1024)")
     p.add_argument("--batch", type=positive, default=1, help="users decoded together (default 1)")
-    dtypes = [d for d in DTYPES if kernel_streams(d)]  # FP8 and the 4-bit formats are modelled by bytes: no schedule
+    dtypes = [d for d in DTYPES if kernel_streams(d)]  # per-tensor FP8 is modelled by bytes: no schedule
     p.add_argument("--dtype", default="bf16", choices=dtypes, help="the weights' data type as the kernel streams it")
     add_setup(p, "workbook")
     g = p.add_mutually_exclusive_group()
@@ -66,7 +66,6 @@ def _run_schedule(a) -> None:
 # compile -----------------------------------------------------------------------------------------
 def add_compile(sub) -> None:
     from ..dtypes import DTYPES
-    from ..format_trees import FORMAT_SCHEMES
     from ..timing.work import kernel_streams
 
     p = sub.add_parser(
@@ -82,7 +81,7 @@ def add_compile(sub) -> None:
     )  # fmt: skip
     p.add_argument("--context", type=positive, default=1024, help="positions in the KV cache (default 1024)")
     p.add_argument("--batch", type=positive, default=1, help="users decoded together (default 1)")
-    dtypes = [d for d in DTYPES if kernel_streams(d) or d in FORMAT_SCHEMES]
+    dtypes = [d for d in DTYPES if kernel_streams(d)]
     p.add_argument(
         "--dtype", default="bf16", choices=dtypes,
         help="the weights' data type as the kernel streams it (fp8-block, int4, mxfp4: as the releases ship them, "
@@ -101,22 +100,21 @@ def _run_compile(a) -> None:
     from ..chips import get_chip
     from ..config import get_config
     from ..dtypes import get_dtype
-    from ..format_trees import FORMAT_SCHEMES
     from ..megakernel.aot import aot_target
     from ..megakernel.on_slice import compile_on_slice, text
     from ..plan import build_plan
-    from ..sharding.pods import run_setup
+    from ..sharding.pods import pod_setup
     from ..timing.work import plan_quantize
 
     chip, _ = aot_target(a.chip)
     arrays = get_dtype(a.dtype).arrays
     # the kernel as it runs over every chip of the slice: past one host, round the slice's torus, a split MoE's experts
-    # whole over hosts (mk.sharding.pods.run_setup)
+    # whole over hosts (mk.sharding.pods.pod_setup)
     cfg = get_config(a.model)
-    setup = run_setup(setup_of(a), get_chip(chip), cfg)
+    setup = pod_setup(setup_of(a), get_chip(chip), cfg, dtype=a.dtype)
     plan = build_plan(
         cfg, a.batch, a.context, weight_dtype=arrays, kv_dtype=arrays, setup=setup,
-        quantize=a.dtype if a.dtype in FORMAT_SCHEMES else plan_quantize(a.dtype),
+        quantize=plan_quantize(a.dtype),
     )  # fmt: skip
     try:
         s = compile_on_slice(plan, a.chip, vmem=not a.no_vmem)

@@ -140,8 +140,8 @@ def _run_generate(a) -> None:
         cfg = get_config(a.model)
         params = random_params(cfg, a.seed, dtype or jnp.float32)
     params = quantized_as(params, cfg, a.quantize)
-    if a.multi_host and a.engine == "megakernel":  # the slice as `mk compile` compiles it (mk.sharding.pods.run_setup)
-        options["setup"] = _over_the_slice(setup, cfg)
+    if a.multi_host and a.engine == "megakernel":  # the slice as `mk compile` compiles it (mk.sharding.pods.pod_setup)
+        options["setup"] = _over_the_slice(setup, cfg, a.quantize)
     d = {"engine": a.engine, "model": cfg.name, "quantize": scheme_of(params, cfg), "batch": len(prompts),
          "prompt_ids": prompts}  # fmt: skip
     run = dict(engine=a.engine, max_len=a.max_len, progress=not a.json, engine_options=options)
@@ -164,16 +164,16 @@ def _run_generate(a) -> None:
     show(d, a.json, "\n".join(f"user {u}: {' '.join(map(str, t))}" for u, t in enumerate(d["tokens"])))
 
 
-def _over_the_slice(setup, cfg):
+def _over_the_slice(setup, cfg, quantize: str):
     """``setup`` over every chip of the slice JAX's runtime joined (``--chips`` must say all of them), past one
-    host round its torus, a split MoE's experts whole over hosts (mk.sharding.pods.run_setup)."""
+    host round its torus, a split MoE's experts whole over hosts (mk.sharding.pods.pod_setup)."""
     import jax
 
     from ..chips import known_chip, slice_of
-    from ..sharding.pods import run_setup
+    from ..sharding.pods import pod_setup
 
     devices = jax.devices()
     if setup.chips != len(devices):
         raise ValueError(f"--multi-host: the slice has {len(devices)} chips; give --chips {len(devices)}")
     kind = known_chip(devices[0])
-    return run_setup(setup, slice_of(kind, len(devices)), cfg) if kind else setup
+    return pod_setup(setup, slice_of(kind, len(devices)), cfg, dtype=quantize) if kind else setup

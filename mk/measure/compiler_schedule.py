@@ -26,6 +26,7 @@ import pandas as pd
 
 from ..chips import get_chip
 from ..files import git_commit
+from ..format_trees import FORMAT_SCHEMES
 from ..kernel_setup import SETUPS
 from ..megakernel.aot import program_digest
 from ..megakernel.kernel import kernel_name
@@ -167,8 +168,9 @@ def store(rows: pd.DataFrame, plan: StepPlan, folder: Path | None = None) -> Pat
 
 # The plans whose schedules are kept in data/schedule/ (python -m mk schedule --refresh compiles them all): a small
 # case a test compiles again, the published points the timing model is tested against (the write-up's kernel and its
-# fixes, its knock-outs, INT8 experts, eight users, 8K; the dense model; a small one) and the workbook's kernel at
-# the contexts and users its notebooks show. (model, chip, context, users, setup, dtype, components knocked out)
+# fixes, its knock-outs, INT8 experts, the shipped formats, eight users, 8K; the dense model; a small one) and the
+# workbook's kernel at the contexts and users its notebooks show. (model, chip, context, users, setup, dtype,
+# components knocked out)
 # The rows of an earlier kernel revision are kept only where notebooks 05 and 11 compare revisions: the tiny-moe
 # cases, and gemma4-26b-a4b's workbook kernel at 1K and 128K for 1 and 8 users and the write-up's at 1K.
 _MOE, _DENSE, _SLICE = "gemma4-26b-a4b", "gemma4-31b", "tpu-v5e-8"
@@ -182,6 +184,7 @@ STORED_CASES = (
     *((_MOE, _SLICE, 1024, 1, setup, "bf16", ()) for setup in FIX_NAMES),
     *((_MOE, _SLICE, 1024, 1, "write-up", "bf16", (c,)) for c in KNOCKOUTS if c != SHARED_MLP),
     (_MOE, _SLICE, 1024, 1, "write-up", "int8-experts", ()),
+    *((_MOE, _SLICE, 1024, 1, "write-up", fmt, ()) for fmt in FORMAT_SCHEMES),  # as big models ship (4-bit: whole)
     (_MOE, _SLICE, 1024, 8, "write-up", "bf16", ()),
     (_MOE, _SLICE, 8192, 1, "write-up", "bf16", ()),
     (_MOE, _SLICE, 1024, 8, "workbook", "bf16", ()),

@@ -46,9 +46,9 @@ from ..plan import (
     vector_stride,
 )
 from ..sharding import (
+    attention_chips,
     cache_split_axis,
     expert_group_member,
-    heads_split,
     split_axis,
     vectors_split,
 )
@@ -395,7 +395,7 @@ def build_call(
 def check_heads_split(cfg: ModelConfig, setup) -> None:
     """Refuse MLA's attention split by users (its latent cache is whole on every chip). Split by positions it runs by
     heads: MLA's heads are its KV heads, so where they divide the chips no chips share a head's positions."""
-    if setup is None or not setup.sharded or not heads_split(cfg, setup.chips) or cfg.latent_attention is None:
+    if setup is None or attention_chips(cfg, setup) == 1 or cfg.latent_attention is None:
         return
     if setup.attention_split == AttentionSplit.USERS:
         raise ValueError(

@@ -53,7 +53,7 @@ from ..plan.layout import (
 )
 from ..plan.step import check_slots_shared
 from ..quant import quantized_paths, scale_path, scheme_of
-from ..sharding import cache_split_axis, chip_cache, chip_config, first_kv_head, heads_split, position_share
+from ..sharding import attention_chips, cache_split_axis, chip_cache, chip_config, first_kv_head, position_share
 from . import latent
 from .format_tiles import to_layout as format_to_layout
 from .refs import struct
@@ -361,8 +361,9 @@ def adopt_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
 
 def reference_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     """The reference's cache from ``adopt_cache_chips``'s layout (a KV head kept on several chips is
-    the same on each: the first copy is taken)."""
-    if not setup.sharded or setup.users_split or not heads_split(cfg, setup.chips) or cfg.latent_attention is not None:
+    the same on each: the first copy is taken; heads repeated over groups of chips: the first group's)."""
+    D = attention_chips(cfg, setup)
+    if not setup.sharded or setup.users_split or D == 1 or cfg.latent_attention is not None:
         return reference_cache(cfg, cache)
     local, C = chip_config(cfg, setup), setup.chips
     out = {}
@@ -373,11 +374,11 @@ def reference_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
             a = _ungrouped(a.reshape(a.shape[0], C, -1, *a.shape[2:]), kv, cfg.head_dim(t))
             a = a.reshape(a.shape[0], C * kv, *a.shape[3:])  # [B, C * kv, S, hd]
             heads = {}
-            for c in range(0, C, g):  # where g chips share a head's positions: its g members' blocks, in order
+            for c in range(0, D, g):  # where g chips share a head's positions: its g members' blocks, in order
                 for h in range(kv):
                     members = [a[:, (c + j) * kv + h] for j in range(g)]
                     heads.setdefault(
-                        first_kv_head(cfg, t, C, c) + h, members[0] if g == 1 else _interleave_blocks(members)
+                        first_kv_head(cfg, t, D, c) + h, members[0] if g == 1 else _interleave_blocks(members)
                     )
             out[f"layers.{i}.{n}"] = jnp.stack([heads[h] for h in range(cfg.kv_heads(t))], axis=1)
     return out

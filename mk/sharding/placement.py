@@ -8,7 +8,10 @@ Every chip runs the same kernel on its own slice (tensor parallel):
   ``c * nh/C ..``; the KV heads those query heads read are the chip's own (a model with fewer KV heads
   than chips, e.g. 2 or 4 on 8 chips, keeps each KV head's projection and cache on C/kv chips: the
   replication ``kv_replication`` reports). Where heads do not divide the chips, attention is
-  replicated: every chip computes all heads and no all-reduce follows it;
+  replicated: every chip computes all heads and no all-reduce follows it; or, with ``repeat_heads`` (past one
+  host: mk.sharding.pods), split over the most chips D that take whole heads, chip c computing member c % D's heads,
+  each group of D chips all of them, and only the first group's output projection counting (the others' rows zero:
+  their partial sums would count each head C / D times in the all-reduce);
 - the shared MLP's intermediate is split in C equal parts (zero-padded to equal);
 - the routed experts: ``whole`` places E/C whole experts on each chip (a chip loads the distinct experts
   routed to it: the busiest chip is the straggler), ``split`` cuts every expert's intermediate over all
@@ -16,9 +19,9 @@ Every chip runs the same kernel on its own slice (tensor parallel):
 - the router, norms and scales are replicated (the routing is the same on every chip).
 
 Past one host mk.sharding.pods says what changes: placement ``hosts`` (whole experts over groups of a host's chips,
-each split within its group: ``experts_per_chip``, ``expert_groups``; the kernel runs it) and, where the heads do not
-divide the chips, heads split over the most chips that take whole ones (``attention_chips``; timed, not run: the
-kernel replicates them).
+each split within its group: ``experts_per_chip``, ``expert_groups``) and, where the heads do not divide the chips,
+heads split over the most chips that take whole ones, repeated over groups of chips (``attention_chips``); the kernel
+runs both as they are timed.
 
 Partial sums (after attention's output projection, after the FFN, and the embedding) are all-reduced
 inside the kernel (mk.megakernel.collective; its peers and bytes: mk.sharding.links). ``chip_config`` is the slice
@@ -55,8 +58,8 @@ def heads_split(cfg: ModelConfig, chips: int) -> bool:
 
 def attention_chips(cfg: ModelConfig, setup: KernelSetup | None) -> int:
     """The chips attention heads are split over: all C where ``heads_split``; where they are not, with
-    ``repeat_heads`` (past one host, timed: mk.sharding.pods), the most chips D dividing C that take whole heads (each
-    head's chips repeated C / D times); else 1 (attention replicated)."""
+    ``repeat_heads`` (past one host: mk.sharding.pods), the most chips D dividing C that take whole heads (each
+    head's chips repeated C / D times: chip c takes member c % D's heads); else 1 (attention replicated)."""
     if setup is None or not setup.sharded:
         return 1
     C = setup.chips
@@ -83,12 +86,10 @@ def expert_group_member(setup: KernelSetup, chip):
     return chip, chip
 
 
-def _check_runnable(setup: KernelSetup) -> None:
-    if setup.repeat_heads:
-        raise ValueError(
-            f"{setup.name}: heads repeated over groups of chips are planned and timed, not cut into chips' parameters "
-            "or run; the kernel replicates heads that do not divide the chips (mk.sharding.pods.run_setup)"
-        )
+def repeated_copy(cfg: ModelConfig, setup: KernelSetup, chip: int) -> bool:
+    """Whether chip ``chip`` computes a repeat of heads another chip computes too (``repeat_heads``: chips D and up),
+    whose output projection then holds zeros so that each head's partial sum counts once in the all-reduce."""
+    return setup.sharded and chip >= attention_chips(cfg, setup) > 1
 
 
 def position_share(cfg: ModelConfig, layer_type: str, setup: "KernelSetup | None") -> int:
@@ -182,10 +183,9 @@ def chip_config(cfg: ModelConfig, setup: KernelSetup) -> ModelConfig:
             sliding_kv_heads=kv_heads_per_chip(cfg, "sliding", D),
             full_kv_heads=kv_heads_per_chip(cfg, "full", D),
         )
-    if cfg.is_moe and setup.placement == Placement.SPLIT:
-        changes["expert_intermediate"] = ceil_div(cfg.expert_intermediate, C)
-    if cfg.is_moe and setup.placement == Placement.HOSTS:
-        changes["expert_intermediate"] = ceil_div(cfg.expert_intermediate, setup.host_chips)
+    if cfg.is_moe and setup.placement != Placement.WHOLE:  # each expert cut over all chips, or a host's
+        over = C if setup.placement == Placement.SPLIT else setup.host_chips
+        changes["expert_intermediate"] = round_up(ceil_div(cfg.expert_intermediate, over), setup.expert_rows)
     return cfg.replace(**changes)
 
 
@@ -229,26 +229,27 @@ def _matrix_cuts(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> 
 def _matrix_cut(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> tuple[int, int, int] | None:
     """The (axis, start, size) of matrix ``path`` of the reference tree chip ``chip`` takes (None: all of it); with
     placement ``hosts``, its group's experts (:func:`_matrix_cuts` adds its share of each)."""
-    _check_runnable(setup)
-    C, local = setup.chips, chip_config(cfg, setup)
+    local = chip_config(cfg, setup)
     name = path.rsplit(".", 1)[-1]
     if name in ("embed", "head"):
         return 0, chip * local.vocab_size, local.vocab_size
     if not path.startswith("layers."):
         return None
     t = cfg.layer_types[int(path.split(".")[1])]
+    D = attention_chips(cfg, setup)
+    member = chip % D  # the chip's place among the D its heads are cut over (repeated past them: repeat_heads)
     if cfg.latent_attention is not None and name in _LATENT_HEAD_AXIS:  # MLA: each chip its heads' columns or rows
-        if not heads_split(cfg, C):
+        if D == 1:
             return None
         mla = cfg.latent_attention
         width = mla.v_head_dim if name == "o" else mla.qk_nope_head_dim + mla.qk_rope_head_dim
         width = mla.qk_nope_head_dim + mla.v_head_dim if name == "kv_b" else width
-        return _LATENT_HEAD_AXIS[name], chip * local.num_heads * width, local.num_heads * width
-    if (name in _HEAD_AXIS or name in _HEAD_VECTORS) and heads_split(cfg, C):  # the chip's heads' (gpt-oss: vectors)
+        return _LATENT_HEAD_AXIS[name], member * local.num_heads * width, local.num_heads * width
+    if (name in _HEAD_AXIS or name in _HEAD_VECTORS) and D > 1:  # the chip's heads' (gpt-oss: vectors)
         if _HEAD_VECTORS.get(name, name) in ("q", "o"):
-            first, n = chip * local.num_heads, local.num_heads
+            first, n = member * local.num_heads, local.num_heads
         else:
-            first, n = first_kv_head(cfg, t, C, chip), local.kv_heads(t)
+            first, n = first_kv_head(cfg, t, D, member), local.kv_heads(t)
         width = 1 if name == "sinks" else cfg.head_dim(t)
         return _HEAD_AXIS.get(name, 0), first * width, n * width
     if name in _MLP_AXIS:  # the dense or shared MLP (an MoE model's dense layers: their own width)
@@ -266,7 +267,8 @@ def chip_params(params: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -
     """Chip ``chip``'s slice of the reference parameter tree: the parameters of ``chip_config`` (with
     E/C experts for a whole placement). An INT8 matrix's scales (mk.quant: [..., out], or [..., in] for a down
     projection) follow its cut: sliced with the channels they run along or its experts, whole where the other
-    axis is cut."""
+    axis is cut. A chip repeating heads another computes (:func:`repeated_copy`) holds its output projection as
+    zeros."""
     if not setup.sharded:
         return params
     out = {}
@@ -289,6 +291,10 @@ def chip_params(params: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -
                 cut = (axis, *cut[1:])
             a = _cut(a, *cut)
         out[path] = a
+    if repeated_copy(cfg, setup, chip):  # its heads' partial sums count on the first group of chips only
+        for path in out:
+            if path.startswith("layers.") and path.rsplit(".", 1)[-1] == "o":
+                out[path] = np.zeros_like(np.asarray(out[path]))
     return out
 
 
@@ -323,14 +329,14 @@ def _expert_bias_cut(a, cfg: ModelConfig, setup: KernelSetup, chip: int, path: s
 def chip_cache(cache: dict, cfg: ModelConfig, setup: KernelSetup, chip: int) -> dict:
     """Chip ``chip``'s KV heads of a reference cache (``layers.{i}.k|v`` [B, kv, slots, hd]); MLA's latent cache,
     which every head reads, whole."""
-    if not setup.sharded or not heads_split(cfg, setup.chips) or cfg.latent_attention is not None:
+    D = attention_chips(cfg, setup)
+    if D == 1 or cfg.latent_attention is not None:
         return cache
-    _check_runnable(setup)
     local = chip_config(cfg, setup)
     out = {}
     for path, a in cache.items():
         t = cfg.layer_types[int(path.split(".")[1])]
-        out[path] = _cut(a, 1, first_kv_head(cfg, t, setup.chips, chip), local.kv_heads(t))
+        out[path] = _cut(a, 1, first_kv_head(cfg, t, D, chip % D), local.kv_heads(t))
     return out
 
 
@@ -366,14 +372,14 @@ def cache_split_axis(cfg: ModelConfig, setup: KernelSetup) -> int | None:
         return None
     if setup.users_split:
         return 1
-    return 2 if heads_split(cfg, setup.chips) and cfg.latent_attention is None else None
+    return 2 if attention_chips(cfg, setup) > 1 and cfg.latent_attention is None else None
 
 
 def vectors_split(cfg: ModelConfig, setup: KernelSetup) -> bool:
     """Whether each chip's vector table (mk.megakernel.pack) is its own: where heads are split and the model has
     vectors a head owns (gpt-oss's q/k/v biases and sinks), each chip's holds its heads' (the tables stacked on their
     rows over the chips); elsewhere every chip's is the same, held whole on each."""
-    return setup.sharded and heads_split(cfg, setup.chips) and bool(cfg.sinks or cfg.attention_bias)
+    return attention_chips(cfg, setup) > 1 and bool(cfg.sinks or cfg.attention_bias)
 
 
 def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
@@ -382,7 +388,6 @@ def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
     tensors are layer-stacked (mk.plan.layout.stacked): matrices [layers, (E,) K, N]."""
     if not setup.sharded:
         return None
-    _check_runnable(setup)
     if tensor.endswith(FSCALE_SUFFIX):  # a shipped format's block scales, laid out as its codes (format_tiles)
         return split_axis(cfg, setup, tensor.removesuffix(FSCALE_SUFFIX))
     if tensor.endswith(SCALE_SUFFIX):  # an INT8 matrix's scales [layers, rows, N]: split as its N or experts
@@ -398,7 +403,7 @@ def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
     if "." not in tensor:
         return None
     _, name = tensor.split(".", 1)
-    heads = heads_split(cfg, setup.chips)
+    heads = attention_chips(cfg, setup) > 1
     if name in ("q", "k", "v", "q_b", "kv_b"):  # [layers, H, heads x hd] (MLA's: [layers, rank, heads x width])
         return 2 if heads else None
     if name == "o":

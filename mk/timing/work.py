@@ -10,6 +10,7 @@ from functools import lru_cache
 from ..chips import Chip, get_chip
 from ..config import get_config
 from ..dtypes import get_dtype
+from ..format_trees import FORMAT_SCHEMES
 from ..kernel_setup import SETUPS
 from ..params import EXPERTS, HEAD, SCHEMES
 from ..plan import Attend, HeadTile, Load, MatmulTile, Op, StepPlan, build_plan
@@ -20,9 +21,9 @@ from .constants import chip_constant, matching_rows
 
 def load_bytes(plan: StepPlan, dtype: str | None = None, attr: str = "nbytes") -> Callable[[Load], float]:
     """The bytes a weight tile of ``plan`` moves (``attr``: ``nbytes`` with the layout's padding, ``payload_bytes``
-    without): the plan's own, or under the policy ``dtype`` (mk.dtypes: FP8 and the 4-bit formats, which the plan
-    does not stream itself) the plan's bytes scaled by the component's bytes per element over the plan's."""
-    if dtype is None or plan_quantize(dtype) != "none":  # the plan streams the INT8 codes and their scales itself
+    without): the plan's own, or under the policy ``dtype`` (mk.dtypes: per-tensor FP8, which no kernel streams) the
+    plan's bytes scaled by the component's bytes per element over the plan's."""
+    if dtype is None or kernel_streams(dtype):  # the plan streams the codes and their scales itself
         return lambda ld: getattr(ld, attr)
     pol, own = get_dtype(dtype), plan.weight_itemsize
     per = {EXPERTS: pol.expert / own, HEAD: pol.head / own}
@@ -30,15 +31,17 @@ def load_bytes(plan: StepPlan, dtype: str | None = None, attr: str = "nbytes") -
 
 
 def kernel_streams(dtype: str) -> bool:
-    """Whether the kernel's plan streams ``dtype``'s weights as they are (BF16, F32 and the INT8 schemes): FP8 and
-    the 4-bit expert formats are modelled by their bytes only (:func:`load_bytes`), and so have no schedule."""
+    """Whether the kernel's plan streams ``dtype``'s weights as they are: BF16, F32, the INT8 schemes and the formats
+    big models ship in (fp8-block, int4, mxfp4: their codes and block scales, each tile planned in its own bytes).
+    Per-tensor FP8 is modelled by its bytes only (:func:`load_bytes`), and so has no schedule."""
     get_dtype(dtype)
     return dtype in ("bf16", "f32") or plan_quantize(dtype) != "none"
 
 
 def plan_quantize(dtype: str) -> str:
-    """The mk.quant scheme the plan for ``dtype`` streams (``none`` for BF16, F32 and FP8, modelled by bytes)."""
-    return dtype if dtype in SCHEMES else "none"
+    """The scheme the plan for ``dtype`` streams: an mk.quant INT8 scheme, or a shipped format (mk.format_trees);
+    ``none`` for BF16, F32 and per-tensor FP8."""
+    return dtype if dtype in SCHEMES or dtype in FORMAT_SCHEMES else "none"
 
 
 def compute_seconds(plan: StepPlan, chip: Chip) -> Callable[[Op], float]:
@@ -85,9 +88,10 @@ def link_latency(chip: Chip) -> float:
 def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> StepPlan:
     """The plan the model times for ``setup`` (mk.kernel_setup.KernelSetup) over ``chip``'s chips: chip 0's, in the
     plan's data type for ``dtype`` (mk.plan.build_plan); past one host, the setup mk.sharding.pods.pod_setup gives
-    (the slice's torus; whole experts over hosts, split within each)."""
+    (the slice's torus; whole experts over hosts, split within each; a 4-bit format's experts whole where a split
+    would cut its groups)."""
     arrays = get_dtype(dtype).arrays
-    setup = pod_setup(setup, chip, cfg)
+    setup = pod_setup(setup, chip, cfg, dtype=dtype)
     return build_plan(
         cfg,
         batch,

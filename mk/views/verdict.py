@@ -28,6 +28,7 @@ ROLES = {
     "same point as": ("#bab0ac", "circle-open", "same point as another row, said another way (not counted again)"),
     "derived": ("#bab0ac", "diamond-open", "derived: a ratio of two published points (not counted again)"),
     "stand-in": ("#edc948", "hexagon", "stand-in: another model, on a slice of our choosing (not a test)"),
+    "modelled only": ("#ff9da7", "hexagon-open", "modelled only: no published figure (not a test)"),
 }
 
 
@@ -87,7 +88,8 @@ def validation_figure(table: pd.DataFrame, verdicts: pd.DataFrame | None = None)
     the fitted baselines are visibly not tests. A ratio beyond the axis is drawn at its edge as a triangle."""
     fig = go.Figure()
     if verdicts is not None:
-        speedups = verdicts.dropna(subset=["modelled"]).assign(case=lambda d: d.situation, component="", unit="x")
+        speedups = verdicts.dropna(subset=["modelled", "published"])
+        speedups = speedups.assign(case=speedups.situation, component="", unit="x")
         table = pd.concat([table, speedups[["key", "case", "component", "published", "modelled", "unit", "role"]]])
     t = table.assign(label=human_labels(table))
     ratio = t.modelled / t.published
@@ -191,6 +193,7 @@ VERDICT_MODELLED = {  # the modelled bar of each role: its legend entry and its 
     "fitted (megakernel step)": ("modelled: its megakernel step is the GPU per-op cost's fitted point", "+"),
     "derived": ("modelled, where the published speed-up divides two published steps (each tested on its own)", "/"),
     "stand-in": ("modelled with a stand-in (Kimi K2 for the write-up's Kimi): a comparison, not a test", "."),
+    "modelled only": ("modelled only: a big model the write-up has no figure for", "-"),
 }
 
 
@@ -208,7 +211,7 @@ def verdict_figure(table: pd.DataFrame) -> go.Figure:
         name="published",
         marker_color="#f28e2b",
         offsetgroup="published",
-        text=t.published.map("{:.2g}x".format),
+        text=t.published.map(lambda v: "" if math.isnan(v) else f"{v:.2g}x"),
         textposition="outside",
     )
     groups = t.role.map(role_group)
