@@ -142,6 +142,30 @@ def quantize(params: dict, cfg: ModelConfig, scheme: str) -> dict:
     return out
 
 
+def random_codes(params: dict, cfg: ModelConfig, scheme: str, seed: int = 0) -> dict:
+    """``params`` (a float tree) with the matrices of ``scheme`` as random codes and scales of the shapes and dtypes
+    :func:`quantize` gives (a new dict): each matrix's codes drawn at random (FP8: normal values rounded to e4m3; the
+    4-bit formats: every code equally likely) under one scale, so its weights have the float matrix's RMS. For timing a
+    model whose encoding on the host takes minutes (gpt-oss-20b's experts); the weights the kernel then multiplies by
+    are :func:`dequantize`'s of this tree, as for any format tree."""
+    fmt, rng, out = get_format(scheme), np.random.default_rng(seed), dict(params)
+    for path in format_paths(cfg, scheme):
+        w = np.asarray(params[path], np.float32)
+        *lead, n_in, n_out = w.shape
+        rms = float(np.sqrt(np.mean(np.square(w)))) or 1.0
+        scales_shape = (*lead, math.ceil(n_in / fmt.block[0]), math.ceil(n_out / fmt.block[1]))
+        if fmt.nibbles:
+            codes = rng.integers(0, 256, (*lead, n_in // 2, n_out), dtype=np.uint8)
+            values = F.FP4_VALUES if scheme == MXFP4 else np.arange(16) - 8  # every code equally likely
+            scale = rms / float(np.sqrt(np.mean(np.square(values))))
+            scales = np.full(scales_shape, 127 + round(math.log2(scale)) if scheme == MXFP4 else scale)
+        else:
+            codes = rng.standard_normal(w.shape, np.float32).astype(fmt.codes)
+            scales = np.full(scales_shape, rms)
+        out[path], out[fscale_path(path)] = jnp.asarray(codes), jnp.asarray(scales.astype(fmt.scales))
+    return out
+
+
 def format_of(params: dict) -> str | None:
     """The format a tree's matrices are in (None: not one of these), told by its scales' dtype."""
     for k, v in params.items():

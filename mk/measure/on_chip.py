@@ -36,7 +36,7 @@ import numpy as np
 from ..chips import get_chip
 from ..config import ModelConfig, get_config, with_layers
 from ..files import append_csv_rows
-from ..format_trees import FORMAT_SCHEMES
+from ..format_trees import FORMAT_SCHEMES, random_codes
 from ..generate import cache_multiple
 from ..kernel_setup import ONE_CHIP, SETUPS
 from ..megakernel import make_step, pack
@@ -124,6 +124,9 @@ class Case:
     # greedy decode steps an engine runs in one compiled call, each a row, all interleaved: a row's times are a call's
     # over its steps (a token's), each step's picks the next one's tokens on the chip
     steps_a_call: tuple[int, ...] = (1,)
+    # a shipped format's codes drawn at random (mk.format_trees.random_codes) rather than encoded from the drawn floats
+    # on the host, which takes minutes for a big model's experts; what a step costs does not depend on the values
+    random_codes: bool = False
 
     def config(self) -> ModelConfig:
         return with_layers(self.model, self.layers)
@@ -214,9 +217,13 @@ class CaseEngines:
 
     def _kernel_tree(self) -> dict:
         """The model's weights drawn on the chip one tensor at a time and kept on the host (the kernel packs them on the
-        chip layer by layer), INT8 experts quantized on the host where the case asks."""
+        chip layer by layer), INT8 experts quantized on the host where the case asks, a shipped format's codes encoded
+        there or drawn at random (``Case.random_codes``)."""
         host = {p: np.asarray(x) for p, x in random_tensors(self.cfg, self.seed, jnp.bfloat16, self.device)}
-        return quantized_as(host, self.cfg, _scheme(self.case.dtype))
+        scheme = _scheme(self.case.dtype)
+        if self.case.random_codes and scheme in FORMAT_SCHEMES:
+            return random_codes(host, self.cfg, scheme, self.seed)
+        return quantized_as(host, self.cfg, scheme)
 
     def _stand_in_weights(self, step) -> dict:
         """Chip 0's slice of the model, drawn at its own shapes (the whole model need not fit the host), packed."""
