@@ -175,8 +175,10 @@ def test_each_published_point_counts_once(points, validation, verdicts):
     assert "verdict_moe_one_user" not in points.index
     # every modelled megakernel number names its setup: the write-up's kernel, and for Hazy's Llama the workbook's,
     # which the GPU per-op cost was fitted with (mk.timing.fitted), so its step is that fit's
-    hazy = d.index == "verdict_small_model"
-    assert (d.megakernel_setup[~hazy] == vd.WRITE_UP_KERNEL.name).all()
+    hazy, big = d.index == "verdict_small_model", d.role.str.startswith(("stand-in", "modelled only"))
+    assert (d.megakernel_setup[~hazy & ~big] == vd.WRITE_UP_KERNEL.name).all()
+    # the big models': the write-up's kernel as charged and run on their slices (torus, hosts, heads, 4-bit groups)
+    assert d.megakernel_setup[big].str.startswith(vd.WRITE_UP_KERNEL.name + "; ").all() and big.sum() == 3
     assert d.megakernel_setup["verdict_small_model"] == WORKBOOK_KERNEL.name
     assert d.role["verdict_small_model"] == "fitted (megakernel step)"
 

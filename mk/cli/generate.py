@@ -164,7 +164,7 @@ def _run_generate(a) -> None:
     show(d, a.json, "\n".join(f"user {u}: {' '.join(map(str, t))}" for u, t in enumerate(d["tokens"])))
 
 
-def _over_the_slice(setup, cfg, quantize: str):
+def _over_the_slice(setup, cfg, quantize: str = "none"):
     """``setup`` over every chip of the slice JAX's runtime joined (``--chips`` must say all of them), past one
     host round its torus, a split MoE's experts whole over hosts (mk.sharding.pods.pod_setup)."""
     import jax

@@ -28,13 +28,13 @@ ROLES = {
     "same point as": ("#bab0ac", "circle-open", "same point as another row, said another way (not counted again)"),
     "derived": ("#bab0ac", "diamond-open", "derived: a ratio of two published points (not counted again)"),
     "stand-in": ("#edc948", "hexagon", "stand-in: another model, on a slice of our choosing (not a test)"),
-    "modelled only": ("#ff9da7", "hexagon-open", "modelled only: no published figure (not a test)"),
 }
 
 
-def role_group(role: str) -> str:
-    """The key of ``ROLES`` a role falls under ("same point as mk_v5e8_moe_step" -> "same point as")."""
-    for key in sorted(ROLES, key=len, reverse=True):
+def role_group(role: str, keys=ROLES) -> str:
+    """The key of ``keys`` (default ``ROLES``) a role falls under ("same point as mk_v5e8_moe_step" -> "same point
+    as")."""
+    for key in sorted(keys, key=len, reverse=True):
         if role == key or role.startswith(key):
             return key
     return role
@@ -214,7 +214,7 @@ def verdict_figure(table: pd.DataFrame) -> go.Figure:
         text=t.published.map(lambda v: "" if math.isnan(v) else f"{v:.2g}x"),
         textposition="outside",
     )
-    groups = t.role.map(role_group)
+    groups = t.role.map(lambda r: role_group(r, VERDICT_MODELLED))
     for group, (name, pattern) in VERDICT_MODELLED.items():
         g = t[(groups == group) & t.modelled.notna()]
         if len(g):
