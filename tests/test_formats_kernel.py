@@ -16,7 +16,7 @@ from mk.config import GEMMA4_26B_A4B, TINY_DENSE, TINY_MOE
 from mk.generate import generate
 from mk.kernel_setup import KernelSetup
 from mk.params import EXPERTS
-from mk.plan import build_plan
+from mk.plan import Tiles, build_plan
 from mk.sol import bytes_per_token
 from mk.weights import random_params
 
@@ -35,10 +35,19 @@ def test_kernel_streams_fp8_blocks_and_gives_the_dequantized_references_tokens()
     _kernel_against_dequantized_reference(TINY_MOE, "fp8-block", PROMPTS)
 
 
+# gpt-oss-20b's 2,880-wide experts on one chip: its down projections' rows in tiles of 1,536 and 1,344, the last
+# tile's 42 rows of scales fewer than its slot's 48 (their own buffer: mk.plan.FormatLoad.tile_scales)
+WIDE_EXPERTS, NARROWER_LAST = TINY_MOE.replace(expert_intermediate=2880), Tiles(weight_tile_bytes=196608)
+
+
 @pytest.mark.parametrize("scheme", ["mxfp4", "int4"])
 def test_kernel_streams_4_bit_experts_and_gives_the_dequantized_references_tokens(scheme):
-    """The routed experts in MXFP4 (gpt-oss's) or INT4 groups of 32 (Kimi K2 Thinking's), two codes a byte."""
-    _kernel_against_dequantized_reference(TINY_MOE, scheme, PROMPTS)
+    """The routed experts in MXFP4 (gpt-oss's) or INT4 groups of 32 (Kimi K2 Thinking's), two codes a byte; MXFP4's
+    2,880 wide, a down projection's last tile of rows narrower than the others."""
+    if scheme == "int4":
+        _kernel_against_dequantized_reference(TINY_MOE, scheme, PROMPTS)
+    else:
+        _kernel_against_dequantized_reference(WIDE_EXPERTS, scheme, PROMPTS[:1], tiles=NARROWER_LAST)
 
 
 @pytest.mark.parametrize("scheme", ["mxfp4", "int4"])
@@ -225,12 +234,17 @@ def test_cli_generate_mxfp4_megakernel_gives_the_dequantized_references_tokens(m
 def test_each_formats_step_compiles_for_tpu(scheme, chip):
     """libtpu's Mosaic compiles the step that streams each format's tiles and their scales and widens them in VMEM:
     the 4-bit codes unpacked by whole tiles (mk.plan.layout.NIBBLE_CHUNK: a chunk's halves in the low and high
-    nibbles; the checkpoints' interleave does not lower)."""
+    nibbles; the checkpoints' interleave does not lower). MXFP4 on 2,880-wide experts: a narrower last tile's scales
+    (42 of 48 rows) fill a buffer of their own, as a slice of the slot's would split a sublane tile, which Mosaic
+    refuses (as it did on the v5e for gpt-oss-20b)."""
     from mk.megakernel.aot import compile_for_tpu
 
-    plan, compiled = compile_for_tpu(TINY_MOE, chip, 4, 64, quantize=scheme)
+    cfg, tiles = (WIDE_EXPERTS, NARROWER_LAST) if scheme == "mxfp4" else (TINY_MOE, Tiles())
+    plan, compiled = compile_for_tpu(cfg, chip, 4, 64, quantize=scheme, tiles=tiles)
     assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
     assert any(getattr(ld, "fmt", None) == scheme for ld in plan.loads)
+    narrower = {ld.tile_scales for ld in plan.loads if getattr(ld, "tile_scales", None)}
+    assert (scheme == "mxfp4") == ((42, 128) in narrower)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="AOT compilation for TPU needs libtpu")

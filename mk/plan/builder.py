@@ -268,9 +268,11 @@ class Builder:
         buffer = f"{codes[0]}x{codes[1]}{fmt.name}{grid[0]}.{grid[1]}"
         if buffer not in self.buffers:
             self.buffers[buffer] = Buffer(buffer, codes, 1, self.tiles.slots, np.dtype(fmt.codes).name)
-        sb = format_scales_buffer(buffer, whole)
+        own = scales_shape((rows[1], cols[1]), grid)
+        narrower = own if whole is None and own != scales_shape(slot_shape, grid) else None
+        sb = format_scales_buffer(buffer, whole or narrower)
         if sb not in self.buffers:
-            scales = whole or scales_shape(slot_shape, grid)
+            scales = whole or narrower or scales_shape(slot_shape, grid)
             self.buffers[sb] = Buffer(sb, scales, fmt.scale_itemsize, self.tiles.slots, np.dtype(fmt.scales).name)
         real_rows, real_cols = self._real_extent(tensor, rows, cols)
         per_code = 0.5 if fmt.nibbles else 1
@@ -278,7 +280,7 @@ class Builder:
         name, index = stacked(self.layout, tensor)
         ld = FormatLoad(
             len(self.loads), name, index, layer, component, buffer, self._next_slot(buffer), rows, cols, 0,
-            int(payload), expert, fmt=fmt.name, grid=grid, matrix_scales=whole,
+            int(payload), expert, fmt=fmt.name, grid=grid, matrix_scales=whole, tile_scales=narrower,
         )  # fmt: skip
         ld = replace(ld, nbytes=int(rows[1] * cols[1] * per_code) + ld.scale_bytes)
         self.loads.append(ld)

@@ -103,6 +103,11 @@ class FormatLoad(Load):
     fmt: str = ""
     grid: tuple[int, int] = (1, 1)  # the rows and lanes one of its scales covers (mk.megakernel.format_tiles)
     matrix_scales: tuple[int, int] | None = None  # (rows, lanes) of its matrix's scales, where it brings them all
+    # (rows, lanes) of its own scales where they are fewer than its slot's (a narrower last tile of a 4-bit matrix's
+    # rows): a buffer of their shape, so its DMA fills whole slots (Mosaic lowers no slice of a VMEM buffer that
+    # splits a sublane tile: gpt-oss-20b's down projections, 42 of 48 rows of scales); out of the repr, so plans
+    # without one keep their fingerprints (the buffer it names is in a plan's buffers)
+    tile_scales: tuple[int, int] | None = field(default=None, repr=False)
 
     @property
     def nibbles(self) -> bool:
@@ -110,7 +115,7 @@ class FormatLoad(Load):
 
     @property
     def scales_buffer(self) -> str:
-        return format_scales_buffer(self.buffer, self.matrix_scales)
+        return format_scales_buffer(self.buffer, self.matrix_scales or self.tile_scales)
 
     @property
     def scale_bytes(self) -> int:
@@ -121,7 +126,8 @@ class FormatLoad(Load):
 
 
 def format_scales_buffer(buffer: str, matrix_scales: tuple[int, int] | None) -> str:
-    """The VMEM buffer of a format tile's scales: beside its codes' ``buffer``, one a shape of whole scales."""
+    """The VMEM buffer of a format tile's scales: beside its codes' ``buffer``, one a shape of whole scales (or of a
+    narrower tile's own)."""
     return scale_buffer(buffer) + ("" if matrix_scales is None else "{}x{}".format(*matrix_scales))
 
 
