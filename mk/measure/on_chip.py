@@ -253,8 +253,11 @@ class CaseEngines:
         return settled(placed), time.perf_counter() - t
 
     def close(self) -> None:
+        """Let the case's weights go: its trees, its steps, and the compiled calls that hold them (JAX's caches keep
+        a failed cell's call, and with it its weights: a case after two failed ones on the v5e ran out of HBM)."""
         self.weights.clear()
         self.steps.clear()
+        jax.clear_caches()
         gc.collect()
 
 

@@ -8,6 +8,12 @@ matrix giving the float weights' RMS) rather than encoded from the drawn floats 
 minutes out on gpt-oss-20b's experts (tpu_logs/2026-12-06-four-bit-timed-out.txt); a step's cost does not depend on
 the values. Parity on these formats is in tpu_parity.csv (tpu_logs/2026-12-06-four-bit.*).
 
+Its one run on the v5e (at df92d25; log: 2026-12-06-four-bit-timed.txt) timed nothing: Mosaic refused the 4-bit
+steps (a narrower last tile's 42 rows of scales sliced from a 48-row buffer, fixed at 9af9873 and compiled here ahead of
+time since), and the bf16 case ran out of HBM beside the failed cases' weights, which JAX's caches held (released
+between cases since). Compiled here ahead of time with the fix, gpt-oss-20b's two layers in MXFP4 did not finish
+compiling in 15 minutes (4-bit tiles of 4.5 M weights widened in straight-line vector code): not run again.
+
 Run on 2026-12-06 as ``python data/measured/tpu_logs/2026-12-06-four-bit-timed.py OUT`` from the repository's root,
 OUT holding a copy of data/measured/tpu_hbm.csv; ``tiny`` as the second argument runs the same on the CPU (tiny-moe,
 interpret mode) to check the script.
