@@ -224,7 +224,7 @@ def format_cuts(codes, scales, path: str, cut: tuple[int, int, int]):
             what = ("input", "output")[along]
             raise ValueError(
                 f"a chip's {n} {what} channels of {path} from {first} split {scheme}'s blocks of {block} along its "
-                f"{what}: "
-                "use a placement or chip count whose slices are whole blocks (or int8 weights)"
+                f"{what}: use a placement or chip count whose slices are whole blocks (mk.sharding.pods.pod_setup "
+                "cuts a 4-bit format's experts in whole groups), or int8 weights"
             )
     return scales, (axis, first // unit, n // unit), (axis, first // block, n // block)

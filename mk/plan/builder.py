@@ -9,7 +9,7 @@ plan's expected bytes use the expected number of distinct experts (exact under u
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
 
 import numpy as np
 
@@ -277,12 +277,12 @@ class Builder:
         real_rows, real_cols = self._real_extent(tensor, rows, cols)
         per_code = 0.5 if fmt.nibbles else 1
         payload = real_rows * real_cols * per_code + format_scale_bytes(real_rows, real_cols, grid, fmt.name)
+        moved = int(rows[1] * cols[1] * per_code) + math.prod(whole or own) * fmt.scale_itemsize  # its DMAs' bytes
         name, index = stacked(self.layout, tensor)
         ld = FormatLoad(
-            len(self.loads), name, index, layer, component, buffer, self._next_slot(buffer), rows, cols, 0,
+            len(self.loads), name, index, layer, component, buffer, self._next_slot(buffer), rows, cols, moved,
             int(payload), expert, fmt=fmt.name, grid=grid, matrix_scales=whole, tile_scales=narrower,
         )  # fmt: skip
-        ld = replace(ld, nbytes=int(rows[1] * cols[1] * per_code) + ld.scale_bytes)
         self.loads.append(ld)
         return ld.id
 

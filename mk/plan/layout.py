@@ -119,17 +119,13 @@ def layout_grid(lay, path: str, fmt) -> tuple[int, int]:
     name = path.rsplit(".", 1)[-1]
     if lay.latent_attention is not None and name in LATENT_MATRICES:
         return latent_grid(lay, name, fmt.block)
-    gi, go = (math.gcd(b, n) for b, n in zip(fmt.block, _matrix_shape(lay, path)[-2:]))
+    gi, go = (math.gcd(b, n) for b, n in zip(fmt.block, _matrix_shapes(lay)[path][-2:]))
     return (go, gi) if lay.outputs_on_rows(path) else (gi, go)
 
 
 @functools.lru_cache(maxsize=64)
 def _matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {s.path: s.shape for s in param_specs(cfg)}
-
-
-def _matrix_shape(cfg: ModelConfig, path: str) -> tuple[int, ...]:
-    return _matrix_shapes(cfg)[path]
 
 
 def packed_axis(fmt, grid: tuple[int, int]) -> int | None:
@@ -265,9 +261,9 @@ def latent_placement(cfg: ModelConfig, name: str, n: int, axis: int) -> tuple[np
 def latent_grid(cfg: ModelConfig, name: str, block: tuple[int, int]) -> tuple[int, int]:
     """The cells one scale covers in the kernel's layout of MLA matrix ``name`` stored in ``block``s: along each axis
     the largest power of two dividing the block such that a cell's weights come from one block of the source, where
-    a chip's cut may start inside a block (mk.format_trees.cut_format: its blocks are then ``gcd(block, length)``):
+    a chip's cut may start inside a block (mk.format_trees.format_cuts: its blocks are then ``gcd(block, length)``):
     DeepSeek-V3's q_b, each head's 192 columns from lane-tile edges, takes cells of 128 x 64."""
-    shape = _matrix_shape(cfg, f"layers.0.{name}")
+    shape = _matrix_shapes(cfg)[f"layers.0.{name}"]
     laid_out = latent_shape(cfg, name, shape)
     grid = []
     for axis, (n, b) in enumerate(zip(shape, block)):
