@@ -197,6 +197,16 @@ VERDICT_MODELLED = {  # the modelled bar of each role: its legend entry and its 
 }
 
 
+def setups_words(names) -> str:
+    """The kernel setups a figure's rows were modelled with, by their own names; a setup a slice or a format added to
+    (mk.sharding.pods: its name goes on after "; ") under its base name, the additions left to the hover."""
+    bases = sorted({n.split("; ")[0] for n in names})
+    more = any("; " in n for n in names)
+    return "; ".join(bases) + (
+        " (on a slice past one host, or in a 4-bit format, with what that adds: see the hover)" if more else ""
+    )
+
+
 def verdict_figure(table: pd.DataFrame) -> go.Figure:
     """The verdict's speed-ups, published beside modelled (and measured where there is one), every row of the
     write-up's table: a modelled bar hatched by its role (a test, a test whose baseline was fitted, derived from
@@ -248,7 +258,7 @@ def verdict_figure(table: pd.DataFrame) -> go.Figure:
         barmode="group",
         title="When a megakernel pays off: its speed-up over a general stack"
         + (
-            f"<br><sup>megakernel modelled as {'; '.join(sorted(set(t.megakernel_setup)))}</sup>"
+            f"<br><sup>megakernel modelled as {setups_words(t.megakernel_setup)}</sup>"
             if "megakernel_setup" in t
             else ""
         ),
@@ -288,7 +298,7 @@ def rule_figure(table: pd.DataFrame) -> go.Figure:
     fig.update_layout(
         title="Speed-up against the general stack's fraction of the speed of light"
         + (
-            f"<br><sup>megakernel modelled as {'; '.join(sorted(set(table.megakernel_setup)))}</sup>"
+            f"<br><sup>megakernel modelled as {setups_words(table.megakernel_setup)}</sup>"
             if "megakernel_setup" in table
             else ""
         ),
