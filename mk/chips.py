@@ -94,7 +94,8 @@ def known_chip(device) -> str | None:
 def compile_target(device) -> str | None:
     """The chip Mosaic compiles a kernel for on ``device`` (its data/chips.csv name: ``tpu-v5e``), or None off a TPU,
     where the kernel runs in the interpreter. The engine's one way to its chip (an ahead-of-time compile names its
-    own); a TPU generation data/chips.csv lacks is refused, as its VMEM limit is unknown."""
+    own); a TPU generation data/chips.csv lacks is refused, as its VMEM limit is unknown, and so is a chip of several
+    devices (:func:`check_one_device`: TPU v7x, whose device is one of its two TensorCores)."""
     if device.platform != "tpu":
         return None
     chip = known_chip(device)
@@ -103,6 +104,7 @@ def compile_target(device) -> str | None:
             f"the megakernel has no VMEM budget for a {device.device_kind!r}: add its chip to data/chips.csv (VMEM "
             "from mk.tpu.probe_vmem) and its device kind to mk.tpu.DEVICE_KINDS"
         )
+    check_one_device(get_chip(chip))
     return chip
 
 
@@ -160,8 +162,8 @@ def check_one_device(chip: Chip) -> Chip:
     if chip.devices_per_chip != 1:
         raise ValueError(
             f"{chip.name}: each {chip.base} chip is {chip.devices_per_chip} devices (TensorCores, data/chips.csv "
-            "devices_per_chip) and mk's megakernel runs one program a chip, so its step is not modelled or compiled "
-            "there; its speed of light is (python -m mk sol), and the general stack's"
+            "devices_per_chip) and mk's megakernel runs one program a chip, so its step is not modelled, compiled or "
+            "run there; its speed of light is (python -m mk sol), and the general stack's"
         )
     return chip
 

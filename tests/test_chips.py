@@ -139,7 +139,7 @@ def test_kimi_k2_needs_a_v5e_pod_at_bf16_and_no_documented_v5e_slice_holds_it_in
 
 def test_the_engine_finds_the_chip_it_compiles_for_from_its_device():
     """mk.chips.compile_target: a TPU device's chip (its VMEM limit's), None off a TPU (the interpreter), and a TPU
-    generation data/chips.csv lacks refused by name."""
+    generation data/chips.csv lacks refused by name, as is a v7x TensorCore (two devices a chip: not one kernel's)."""
     import jax
 
     from mk.chips import compile_target
@@ -154,6 +154,8 @@ def test_the_engine_finds_the_chip_it_compiles_for_from_its_device():
     assert compile_target(jax.devices()[0]) is None
     with pytest.raises(ValueError, match="no VMEM budget for a 'TPU v9'"):
         compile_target(Device("TPU v9"))
+    with pytest.raises(ValueError, match="each tpu-v7x chip is 2 devices"):
+        compile_target(Device("TPU7x"))
 
 
 def test_a_compiled_kernel_gets_the_plans_vmem_limit_for_its_chip():
