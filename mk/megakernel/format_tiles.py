@@ -24,7 +24,16 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..checkpoint_formats import INT4_ZERO, e8m0_value, fp4_value, nibbles
 from ..format_trees import INT4, MXFP4, Format, fscale_path, get_format, matrix_block
-from ..plan.layout import NIBBLE_CHUNK, format_scales_shape, layout_grid, packed_axis, scales_shape, stored_shape
+from ..plan.layout import (
+    NIBBLE_CHUNK,
+    format_scales_shape,
+    layout_grid,
+    packed_axis,
+    scales_shape,
+    stored_shape,
+    widened_buffer,
+)
+from ..units import LANE
 
 
 def _zero(fmt: Format) -> int:
@@ -138,8 +147,16 @@ def _one_hot(shape: tuple[int, int], first, per: int = 1):
     return (iota(0) == first + iota(1) // per).astype(jnp.float32)
 
 
+# A 4-bit tile is widened a block at a time along the axis its codes are not packed on (lanes where they pack rows,
+# rows where they pack lanes), each block into the tile's widened buffer: the kernel holds one block's code, not the
+# tile's (a tile of 4.5 M weights widened in straight-line vector code kept libtpu compiling for over 15 minutes)
+WIDEN_BLOCK = (LANE, 32)  # lanes a block takes where the codes pack rows; rows (a uint8 sublane tile) where lanes
+
+
 def widen(ld, buffers: dict, dtype):
     """Tile ``ld`` from its slot, widened: codes to float32, times each block's scale, rounded to ``dtype``."""
+    if ld.nibbles and _blocked(ld):
+        return _widen_by_blocks(ld, buffers, dtype)
     rows, cols = ld.rows[1], ld.cols[1]
     (_, r), (_, c) = _stored(ld)
     codes = buffers[ld.buffer][ld.slot, :r, :c]
@@ -156,3 +173,43 @@ def widen(ld, buffers: dict, dtype):
         return (vals * jnp.repeat(s, gr, axis=0)[:rows]).astype(dtype)
     # each block of rows times its row of scales, broadcast down it (a split of the rows at whole sublane tiles)
     return (vals.reshape(rows // gr, gr, cols) * s[:, None, :]).reshape(rows, cols).astype(dtype)
+
+
+def _blocked(ld) -> bool:
+    """Whether 4-bit tile ``ld`` splits into whole blocks (:data:`WIDEN_BLOCK`) along the axis its codes do not pack
+    (its own scales, one per group of the packed axis)."""
+    axis = packed_axis(get_format(ld.fmt), ld.grid)
+    return ld.matrix_scales is None and (ld.cols[1] if axis == 0 else ld.rows[1]) % WIDEN_BLOCK[axis] == 0
+
+
+def _widen_by_blocks(ld, buffers: dict, dtype):
+    """:func:`widen` for a 4-bit tile, a block at a time in a loop (:data:`WIDEN_BLOCK`), into its widened buffer."""
+    rows, cols = ld.rows[1], ld.cols[1]
+    axis = packed_axis(get_format(ld.fmt), ld.grid)
+    (_, r), (_, c) = _stored(ld)
+    (gr, gc), step = ld.grid, WIDEN_BLOCK[axis]
+    sr, sc = scales_shape((rows, cols), ld.grid)
+    codes, scales = buffers[ld.buffer].at[ld.slot], buffers[ld.scales_buffer].at[ld.slot]
+    wide = buffers[widened_buffer(ld.buffer)].at[0]
+    exact = dict(precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+
+    def block(j, carry):
+        at = pl.multiple_of(j * step, step)
+        if axis == 0:  # codes packed along rows: all rows of ``step`` lanes, a scale per group of rows
+            q = unpack_halves(codes[:r, pl.ds(at, step)].astype(jnp.int32), 0, NIBBLE_CHUNK[0])[:rows]
+            s = scales[:sr, pl.ds(at, step)].astype(jnp.float32)
+            s = jnp.repeat(s, gr, axis=0)[:rows]
+        else:  # packed along lanes: ``step`` rows, a scale per group of lanes
+            q = unpack_halves(codes[pl.ds(at, step), :c].astype(jnp.int32), 1, NIBBLE_CHUNK[1])[:, :cols]
+            s = jnp.dot(scales[pl.ds(at, step), :sc].astype(jnp.float32), _one_hot((sc, cols), 0, gc), **exact)
+        vals = fp4_value(q, jnp) if ld.fmt == MXFP4 else (q - INT4_ZERO).astype(jnp.float32)
+        s = e8m0_value(s.astype(jnp.int32), jnp) if ld.fmt == MXFP4 else s
+        out = (vals * s).astype(dtype)
+        if axis == 0:
+            wide[:rows, pl.ds(at, step)] = out
+        else:
+            wide[pl.ds(at, step), :cols] = out
+        return carry
+
+    jax.lax.fori_loop(0, (cols if axis == 0 else rows) // step, block, 0)
+    return wide[:rows, :cols]

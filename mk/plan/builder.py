@@ -54,6 +54,7 @@ from .layout import (
     type_index,
     vector_table_shape,
     whole_scales,
+    widened_buffer,
 )
 from .records import (
     AllReduce,
@@ -268,6 +269,9 @@ class Builder:
         buffer = f"{codes[0]}x{codes[1]}{fmt.name}{grid[0]}.{grid[1]}"
         if buffer not in self.buffers:
             self.buffers[buffer] = Buffer(buffer, codes, 1, self.tiles.slots, np.dtype(fmt.codes).name)
+            if fmt.nibbles:  # the tile widened to the compute dtype, a block at a time, before its matmul
+                wide = widened_buffer(buffer)
+                self.buffers[wide] = Buffer(wide, tuple(slot_shape), self.weight_itemsize, 1)
         own = scales_shape((rows[1], cols[1]), grid)
         narrower = own if whole is None and own != scales_shape(slot_shape, grid) else None
         sb = format_scales_buffer(buffer, whole or narrower)

@@ -103,6 +103,11 @@ def scale_buffer(buffer: str) -> str:
     return buffer + ".scale"
 
 
+def widened_buffer(buffer: str) -> str:
+    """The VMEM buffer a 4-bit tile of ``buffer`` is widened into, a block at a time (mk.megakernel.format_tiles)."""
+    return buffer + ".widened"
+
+
 def scale_width(cfg: ModelConfig, path: str, padded: tuple[int, ...]) -> int:
     """Lanes of matrix ``path``'s scale rows, given its padded shape: its columns, or where a tile has one
     scale per row (mk.params.tile_rows_scaled) its rows, padded to whole lanes so a tile's scales
