@@ -14,7 +14,9 @@ time since), and the bf16 case ran out of HBM beside the failed cases' weights, 
 between cases since). Compiled here ahead of time with the fix, gpt-oss-20b's two layers in MXFP4 did not finish
 compiling in 15 minutes (4-bit tiles of 4.5 M weights widened in straight-line vector code); widened a block at a
 time in a loop since (mk.megakernel.format_tiles.WIDEN_BLOCK), they compile here in 65 s (MXFP4) and 51 s (INT4), and
-the script ran a second time (2026-12-06-four-bit-timed-2.*), its cases in the order MXFP4, bf16, INT4.
+the script ran a second time (at b734e2f; 2026-12-06-four-bit-timed-2.csv and -ops.csv), its cases in the order
+MXFP4, bf16, INT4: the call's ten minutes ran out after MXFP4 at one user (its log lost with the call). ``rest`` as
+the second argument runs the other two cases at one user only, to fit a call (2026-12-06-four-bit-timed-3.*).
 
 Run on 2026-12-06 as ``python data/measured/tpu_logs/2026-12-06-four-bit-timed.py OUT`` from the repository's root,
 OUT holding a copy of data/measured/tpu_hbm.csv; ``tiny`` as the second argument runs the same on the CPU (tiny-moe,
@@ -27,10 +29,12 @@ from pathlib import Path
 from mk.measure import tpu_runs
 from mk.measure.on_chip import Case, Cell
 
-out, tiny = Path(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "tiny"
+out, mode = Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "all"
+tiny, rest = mode == "tiny", mode == "rest"
 model, layers = ("tiny-moe", None) if tiny else ("gpt-oss-20b", 2)
-cells = (Cell(64, 1),) if tiny else (Cell(1024, 1), Cell(1024, 8))
-cases = tuple(Case(model, layers, cells=cells, dtype=d, random_codes=True) for d in ("mxfp4", "bf16", "int4"))
-done = tpu_runs.run(parts=("table",), out_dir=out, deadline_s=120 if tiny else 540, cases=cases,
+cells = (Cell(64, 1),) if tiny else (Cell(1024, 1),) if rest else (Cell(1024, 1), Cell(1024, 8))
+dtypes = ("bf16", "int4") if rest else ("mxfp4", "bf16", "int4")
+cases = tuple(Case(model, layers, cells=cells, dtype=d, random_codes=True) for d in dtypes)
+done = tpu_runs.run(parts=("table",), out_dir=out, deadline_s=120 if tiny else 400 if rest else 540, cases=cases,
                     require_tpu=not tiny)  # fmt: skip
 print(done)
