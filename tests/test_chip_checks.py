@@ -203,8 +203,8 @@ def test_the_stand_ins_share_parts_add_up_to_its_step_past_its_bytes():
 
 
 def test_a_format_run_reads_as_its_kernel_against_the_same_kernel_on_bf16(tmp_path):
-    """Each cell: the kernel on the format and on bf16, XLA's step in the bf16 kernel's loop (not the format's), the
-    speed-up and the bytes ratio from the rows' own device times and bytes."""
+    """Each cell: the kernel on the format and on bf16, XLA's step in each kernel's own loop, the speed-ups and the
+    bytes ratio from the rows' own device times and bytes."""
     cell = dict(date="2026-12-06T00:00:00Z", model="tiny-dense", context=64, batch=1)
     rows = [("reference", "fp8-block", 3.0, 100, 0.5), ("megakernel", "fp8-block", 2.0, 60, 0.8),
             ("reference", "bf16", 3.2, 110, 0.9), ("megakernel", "bf16", 3.0, 110, 0.95)]  # fmt: skip
@@ -216,3 +216,8 @@ def test_a_format_run_reads_as_its_kernel_against_the_same_kernel_on_bf16(tmp_pa
     assert (r.format_ms, r.bf16_ms, r.xla_bf16_ms) == (2.0, 3.0, 3.2)
     assert r.speedup_over_bf16 == pytest.approx(1.5) and r.bytes_over_bf16 == pytest.approx(60 / 110)
     assert (r.format_fraction_of_limit, r.bf16_fraction_of_limit) == (0.8, 0.95)
+    assert r.xla_ms == 3.0 and r.speedup_over_xla == pytest.approx(1.5)  # XLA in the format kernel's own loop
+    # a run that timed the format alone: against XLA only, the bf16 columns empty
+    pd.read_csv(tmp_path / "f.csv").iloc[:2].to_csv(tmp_path / "g.csv", index=False)
+    alone = chip_checks.format_table(tmp_path, (("g.csv", "fp8-block"),)).iloc[0]
+    assert alone.speedup_over_xla == pytest.approx(1.5) and pd.isna(alone.get("bf16_ms"))

@@ -204,32 +204,52 @@ def probe_table(folder=None, probes=PROBES) -> pd.DataFrame:
     return pd.DataFrame(rows).assign(kind="measured (TPU, device time), interleaved in one run")
 
 
-# Runs of the kernel streaming a shipped format on the chip, beside itself on bf16 (each kernel interleaved with XLA's
-# compiled reference on bf16 weights; the two kernels one after the other in the same run): (run, the format)
-FORMAT_RUNS = (("2026-12-06-fp8-block.csv", "fp8-block"),)
+# Runs of the kernel streaming a shipped format on the chip, beside itself on bf16 where the run timed it too (each
+# kernel interleaved with XLA's compiled reference on bf16 weights; the kernels one after the other in the same run):
+# (run, the format)
+FORMAT_RUNS = (
+    ("2026-12-06-fp8-block.csv", "fp8-block"),
+    ("2026-12-06-four-bit-timed-3.csv", "int4"),
+    ("2026-12-06-four-bit-timed-2.csv", "mxfp4"),  # its bf16 kernel not timed: the call ran out
+)
 
 
 def format_table(folder=None, runs=FORMAT_RUNS) -> pd.DataFrame:
-    """Each cell of each :data:`FORMAT_RUNS` run: the megakernel's device time on the format and on bf16 (medians of
-    steps back to back, 95% intervals), XLA's on bf16 in the bf16 kernel's loop, the format's speed-up over the
-    bf16 kernel beside its bytes a token over bf16's, and each kernel's fraction of the measured limit for its own
-    bytes."""
+    """Each cell of each :data:`FORMAT_RUNS` run: the megakernel's device time on the format (medians of steps back to
+    back, 95% intervals) against XLA's on bf16 in the same loop, and, where the run timed it, against the same kernel
+    on bf16 (with XLA's in that kernel's loop): the speed-ups, the format's bytes a token over bf16's, and each
+    kernel's fraction of the measured limit for its own bytes."""
     rows = []
     for name, fmt in runs:
         t = _read_run(name, folder)
         for (model, context, batch), g in t.groupby(["model", "context", "batch"], sort=False):
-            by = {(r.engine, r.dtype): r for r in g.itertuples()}
-            f, b, xla = by[("megakernel", fmt)], by[("megakernel", "bf16")], by[("reference", "bf16")]
+            kernels = _with_their_xla(g)
+            (f, xf), (b, xb) = kernels[fmt], kernels.get("bf16", (None, None))
+            bf16 = {} if b is None else dict(
+                bf16_ms=b.device_step_ms, bf16_low_ms=b.device_step_low_ms, bf16_high_ms=b.device_step_high_ms,
+                xla_bf16_ms=xb.device_step_ms, speedup_over_bf16=b.device_step_ms / f.device_step_ms,
+                bytes_over_bf16=f.bytes_per_token / b.bytes_per_token,
+                bf16_fraction_of_limit=b.device_fraction_of_limit,
+            )  # fmt: skip
             rows.append(dict(
                 what=model, context=int(context), batch=int(batch), format=fmt,
                 format_ms=f.device_step_ms, format_low_ms=f.device_step_low_ms, format_high_ms=f.device_step_high_ms,
-                bf16_ms=b.device_step_ms, bf16_low_ms=b.device_step_low_ms, bf16_high_ms=b.device_step_high_ms,
-                xla_bf16_ms=xla.device_step_ms, speedup_over_bf16=b.device_step_ms / f.device_step_ms,
-                bytes_over_bf16=f.bytes_per_token / b.bytes_per_token,
-                format_fraction_of_limit=f.device_fraction_of_limit, bf16_fraction_of_limit=b.device_fraction_of_limit,
-                date=str(f.date)[:10], source=f"tpu_logs/{name}",
+                xla_ms=xf.device_step_ms, speedup_over_xla=xf.device_step_ms / f.device_step_ms,
+                format_fraction_of_limit=f.device_fraction_of_limit, **bf16, date=str(f.date)[:10],
+                source=f"tpu_logs/{name}",
             ))  # fmt: skip
     return pd.DataFrame(rows).assign(kind="measured (TPU, device time); each kernel interleaved with XLA's in one run")
+
+
+def _with_their_xla(cell: pd.DataFrame) -> dict:
+    """A cell's kernels by data type, each with the XLA row timed in its loop (the reference row before it)."""
+    out, xla = {}, None
+    for r in cell.itertuples():
+        if r.engine == "reference":
+            xla = r
+        elif r.engine == "megakernel":
+            out[r.dtype] = (r, xla)
+    return out
 
 
 # The probes that each take one piece of the stand-in's one-user step away without changing its bytes: (probe, the
