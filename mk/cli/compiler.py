@@ -53,7 +53,8 @@ def _run_schedule(a) -> None:
     try:
         if whole:
             for case, bundles in cs.refresh(missing=a.missing):
-                print(f"{case}: {bundles:,.0f} bundles", flush=True)
+                model = case[0] if isinstance(case[0], str) else case[0].name  # a name, or a config (a cut model)
+                print(f"{(model, *case[1:])}: {bundles:,.0f} bundles", flush=True)
             return
         plan = named_plan(a.model, a.chip, a.context, a.batch, setup_of(a), a.dtype)
         s = cs.schedule_for(plan, a.chip, stored=a.stored, keep=a.store)
