@@ -412,27 +412,26 @@ def big_verdicts() -> pd.DataFrame:
     for key, situation, batch in BIG_VERDICTS:
         named = pub.loc[key, "model"]
         model = STAND_INS[named]
-        mk_case, gen_case = big_model_cases(model, batch)
-        modelled, m, g = _speedup(mk_case, gen_case)
         d_mk, d_gen = big_model_cases(BESIDE, batch)
         d_speedup, dm, _ = _speedup(d_mk, d_gen)
-        value = float(pub.loc[key, "value"])
-        rows.append(dict(
-            key=key, situation=f"{situation}: {model} as the stand-in for {named}", published=value,
-            modelled=modelled, error=modelled / value - 1, measured=math.nan,
-            megakernel=_tok_s(m, mk_case), general=_tok_s(g, gen_case), role=STAND_IN_ROLE,
-            op_costs=m.op_costs or "-", megakernel_setup=m.setup,
-            beside=f"{BESIDE}: {d_speedup:.2f}x ({_tok_s(dm, d_mk)})",
-        ))  # fmt: skip
+        rows.append(_big_row(key, f"{situation}: {model} as the stand-in for {named}", model, batch,
+                             float(pub.loc[key, "value"]), STAND_IN_ROLE,
+                             beside=f"{BESIDE}: {d_speedup:.2f}x ({_tok_s(dm, d_mk)})"))  # fmt: skip
     for key, situation, model, batch in UNPUBLISHED_VERDICTS:
-        mk_case, gen_case = big_model_cases(model, batch)
-        modelled, m, g = _speedup(mk_case, gen_case)
-        rows.append(dict(
-            key=key, situation=situation, published=math.nan, modelled=modelled, error=math.nan, measured=math.nan,
-            megakernel=_tok_s(m, mk_case), general=_tok_s(g, gen_case), role=UNPUBLISHED_ROLE,
-            op_costs=m.op_costs or "-", megakernel_setup=m.setup, beside="",
-        ))  # fmt: skip
+        rows.append(_big_row(key, situation, model, batch, math.nan, UNPUBLISHED_ROLE))
     return pd.DataFrame(rows)
+
+
+def _big_row(key: str, situation: str, model: str, batch: int, published: float, role: str, beside: str = "") -> dict:
+    """A big model's verdict row (:func:`big_model_cases`): its modelled speed-up against ``published`` (NaN: none),
+    the error, each engine's tokens/s and the setup charged."""
+    mk_case, gen_case = big_model_cases(model, batch)
+    modelled, m, g = _speedup(mk_case, gen_case)
+    return dict(
+        key=key, situation=situation, published=published, modelled=modelled, error=modelled / published - 1,
+        measured=math.nan, megakernel=_tok_s(m, mk_case), general=_tok_s(g, gen_case), role=role,
+        op_costs=m.op_costs or "-", megakernel_setup=m.setup, beside=beside,
+    )  # fmt: skip
 
 
 def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -164,10 +164,8 @@ def widen(ld, buffers: dict, dtype):
         vals = codes.astype(jnp.float32)
     else:
         axis = packed_axis(get_format(ld.fmt), ld.grid)
-        q = unpack_halves(codes.astype(jnp.int32), axis, NIBBLE_CHUNK[axis])[:rows, :cols]
-        vals = fp4_value(q, jnp) if ld.fmt == MXFP4 else (q - INT4_ZERO).astype(jnp.float32)
-    s = _lane_scales(ld, buffers)
-    s = e8m0_value(s.astype(jnp.int32), jnp) if ld.fmt == MXFP4 else s
+        vals = _four_bit_values(unpack_halves(codes.astype(jnp.int32), axis, NIBBLE_CHUNK[axis])[:rows, :cols], ld.fmt)
+    s = _scale_values(_lane_scales(ld, buffers), ld.fmt)
     gr = ld.grid[0]
     if rows % gr:  # a partial block of rows
         return (vals * jnp.repeat(s, gr, axis=0)[:rows]).astype(dtype)
@@ -175,11 +173,22 @@ def widen(ld, buffers: dict, dtype):
     return (vals.reshape(rows // gr, gr, cols) * s[:, None, :]).reshape(rows, cols).astype(dtype)
 
 
+def _four_bit_values(q, fmt: str):
+    """The float32 values of 4-bit codes ``q`` (int32): FP4's, or INT4's offsets from its zero."""
+    return fp4_value(q, jnp) if fmt == MXFP4 else (q - INT4_ZERO).astype(jnp.float32)
+
+
+def _scale_values(s, fmt: str):
+    """The float32 factors of a tile's scales ``s`` (float32): MXFP4's E8M0 exponents as powers of two, else as they
+    are."""
+    return e8m0_value(s.astype(jnp.int32), jnp) if fmt == MXFP4 else s
+
+
 def _blocked(ld) -> bool:
     """Whether 4-bit tile ``ld`` splits into whole blocks (:data:`WIDEN_BLOCK`) along the axis its codes do not pack
-    (its own scales, one per group of the packed axis)."""
+    (a 4-bit tile brings its own scales, one per group of the packed axis)."""
     axis = packed_axis(get_format(ld.fmt), ld.grid)
-    return ld.matrix_scales is None and (ld.cols[1] if axis == 0 else ld.rows[1]) % WIDEN_BLOCK[axis] == 0
+    return (ld.cols[1] if axis == 0 else ld.rows[1]) % WIDEN_BLOCK[axis] == 0
 
 
 def _widen_by_blocks(ld, buffers: dict, dtype):
@@ -202,9 +211,7 @@ def _widen_by_blocks(ld, buffers: dict, dtype):
         else:  # packed along lanes: ``step`` rows, a scale per group of lanes
             q = unpack_halves(codes[pl.ds(at, step), :c].astype(jnp.int32), 1, NIBBLE_CHUNK[1])[:, :cols]
             s = jnp.dot(scales[pl.ds(at, step), :sc].astype(jnp.float32), _one_hot((sc, cols), 0, gc), **exact)
-        vals = fp4_value(q, jnp) if ld.fmt == MXFP4 else (q - INT4_ZERO).astype(jnp.float32)
-        s = e8m0_value(s.astype(jnp.int32), jnp) if ld.fmt == MXFP4 else s
-        out = (vals * s).astype(dtype)
+        out = (_four_bit_values(q, ld.fmt) * _scale_values(s, ld.fmt)).astype(dtype)
         if axis == 0:
             wide[:rows, pl.ds(at, step)] = out
         else:

@@ -363,7 +363,7 @@ def reference_cache_chips(cfg: ModelConfig, cache: dict, setup) -> dict:
     """The reference's cache from ``adopt_cache_chips``'s layout (a KV head kept on several chips is
     the same on each: the first copy is taken; heads repeated over groups of chips: the first group's)."""
     D = attention_chips(cfg, setup)
-    if not setup.sharded or setup.users_split or D == 1 or cfg.latent_attention is not None:
+    if setup.users_split or D == 1 or cfg.latent_attention is not None:
         return reference_cache(cfg, cache)
     local, C = chip_config(cfg, setup), setup.chips
     out = {}

@@ -272,11 +272,11 @@ class Builder:
             if fmt.nibbles:  # the tile widened to the compute dtype, a block at a time, before its matmul
                 wide = widened_buffer(buffer)
                 self.buffers[wide] = Buffer(wide, tuple(slot_shape), self.weight_itemsize, 1)
-        own = scales_shape((rows[1], cols[1]), grid)
-        narrower = own if whole is None and own != scales_shape(slot_shape, grid) else None
+        own, slot = scales_shape((rows[1], cols[1]), grid), scales_shape(slot_shape, grid)
+        narrower = own if whole is None and own != slot else None
         sb = format_scales_buffer(buffer, whole or narrower)
         if sb not in self.buffers:
-            scales = whole or narrower or scales_shape(slot_shape, grid)
+            scales = whole or narrower or slot
             self.buffers[sb] = Buffer(sb, scales, fmt.scale_itemsize, self.tiles.slots, np.dtype(fmt.scales).name)
         real_rows, real_cols = self._real_extent(tensor, rows, cols)
         per_code = 0.5 if fmt.nibbles else 1

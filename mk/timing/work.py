@@ -88,8 +88,8 @@ def link_latency(chip: Chip) -> float:
 def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> StepPlan:
     """The plan the model times for ``setup`` (mk.kernel_setup.KernelSetup) over ``chip``'s chips: chip 0's, in the
     plan's data type for ``dtype`` (mk.plan.build_plan); past one host, the setup mk.sharding.pods.pod_setup gives
-    (the slice's torus; whole experts over hosts, split within each; a 4-bit format's experts whole where a split
-    would cut its groups)."""
+    (the slice's torus; whole experts over hosts, split within each; a 4-bit format's split experts cut in whole
+    groups)."""
     arrays = get_dtype(dtype).arrays
     setup = pod_setup(setup, chip, cfg, dtype=dtype)
     return build_plan(
