@@ -77,6 +77,9 @@ class Collective:
         return 2 if self.bf16_payload else 4
 
 
+LATENT_DOWN = ("split", "whole")  # MLA's down-projections over a slice's chips (KernelSetup.latent_down)
+
+
 @dataclass(frozen=True)
 class KernelSetup:
     """The megakernel's setup over ``chips`` chips (mesh axis ``axis``). ``KernelSetup()`` is one chip: nothing is
@@ -110,6 +113,9 @@ class KernelSetup:
     # into the same buffers (mk.megakernel.collective), so one real chip runs a chip-of-C step's own work; what it
     # receives is its own partial, not the other chips' (its values are not the slice's)
     loopback: bool = field(default=False, repr=False)
+    # MLA's down-projections (q_a, kv_a): "split" by rows over the chips where that reads fewer bytes a chip
+    # (mk.sharding.latent_down_rows: their partial sums add an all-reduce a layer), or "whole" on every chip
+    latent_down: str = field(default="split", repr=False)
 
     def __post_init__(self):
         positive_int("chips", self.chips)
@@ -134,6 +140,8 @@ class KernelSetup:
                 "loopback stands one chip in for the chips of one host: it needs chips > 1, no torus, and attention "
                 "split by heads or positions (a users split's chip holds its users' caches alone)"
             )
+        if self.latent_down not in LATENT_DOWN:
+            raise ValueError(f"unknown latent_down {self.latent_down!r}; use one of {list(LATENT_DOWN)}")
         if self.draft_tokens < 0:
             raise ValueError(f"draft_tokens={self.draft_tokens}: drafted tokens per user must be 0 or more")
 
@@ -214,6 +222,7 @@ _CHANGE_WORDS = {
     "chips": "{} chips",
     "placement": "{} experts",
     "attention_split": "attention split by {}",
+    "latent_down": "MLA's down-projections {}",
     "ffn_layout": "MLPs on {}",
     "draft_tokens": "{} drafts verified a step",
     "host_chips": "{} chips a host",

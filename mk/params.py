@@ -55,15 +55,16 @@ def _attention_specs(cfg: ModelConfig, i: int, p: str) -> list[ParamSpec]:
     mla = cfg.latent_attention
     if mla is not None:  # DeepSeek's MLA: a query bottleneck (or none), one latent and one RoPE key a position
         qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        down = mla.down_rows or H  # a chip's block of rows where they are split over chips
         q = [ParamSpec(p + "q", (H, nh * qk), att, True)]
         if mla.q_lora_rank:
             q = [
-                ParamSpec(p + "q_a", (H, mla.q_lora_rank), att, True),
+                ParamSpec(p + "q_a", (down, mla.q_lora_rank), att, True),
                 ParamSpec(p + "q_a_norm", (mla.q_lora_rank,), NORMS, False),
                 ParamSpec(p + "q_b", (mla.q_lora_rank, nh * qk), att, True),
             ]
         return q + [
-            ParamSpec(p + "kv_a", (H, mla.kv_lora_rank + mla.qk_rope_head_dim), att, True),
+            ParamSpec(p + "kv_a", (down, mla.kv_lora_rank + mla.qk_rope_head_dim), att, True),
             ParamSpec(p + "kv_a_norm", (mla.kv_lora_rank,), NORMS, False),
             ParamSpec(p + "kv_b", (mla.kv_lora_rank, nh * (mla.qk_nope_head_dim + mla.v_head_dim)), att, True),
             ParamSpec(p + "o", (nh * mla.v_head_dim, H), att, True),

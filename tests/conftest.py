@@ -183,12 +183,15 @@ HF_CONFIGS = {
     # layer then 8 routed experts in 2 groups (the best group's experts picked) beside a shared one
     "deepseek-v3": DEEPSEEK_V3,
     "deepseek-v3-no-q-lora": {**DEEPSEEK_V3, **DEEPSEEK_NO_Q_LORA},
-    # eight query heads: one a chip over 8 chips (the latent cache on every chip)
-    "deepseek-v3-eight-heads": {**DEEPSEEK_V3, "num_attention_heads": 8, "num_key_value_heads": 8},
+    # eight query heads: one a chip over 8 chips (the latent cache on every chip); 256 wide, so over 8 chips the
+    # down-projections' rows split in two blocks of 128 (chips 2-7 holding zeros)
+    "deepseek-v3-eight-heads": {**DEEPSEEK_V3, "num_attention_heads": 8, "num_key_value_heads": 8, "hidden_size": 256},
     # Kimi K2 at this size: DeepSeek-V3's architecture with one group of experts, its YaRN betas (1 / 1) and scaling
-    # factor, eight query heads (one a chip over 8)
+    # factor, eight query heads (one a chip over 8), 256 wide (over 8 chips its down-projections' rows split in two
+    # blocks of 128, chips 2-7 holding zeros)
     "kimi-k2": {
         **DEEPSEEK_V3,
+        "hidden_size": 256,
         "num_attention_heads": 8,
         "num_key_value_heads": 8,
         "n_group": 1,

@@ -292,9 +292,9 @@ def _fp8_128(name, a):
 @pytest.mark.parametrize(
     "source, setup",
     [("deepseek-v3", None), ("deepseek-v3", KernelSetup(8, "whole", repeat_heads=True)),
-     ("kimi-k2", None), ("kimi-k2", KernelSetup(8, "split"))],
+     ("kimi-k2", None), ("kimi-k2", KernelSetup(8, "split", torus=((2, False), (4, True))))],
     ids=["deepseek-v3-one-chip", "deepseek-v3-8-chips-whole-heads-repeated", "kimi-k2-one-chip",
-         "kimi-k2-8-chips-split"],
+         "kimi-k2-8-chips-split-over-a-torus"],
 )  # fmt: skip
 def test_deepseek_v3_and_kimi_k2_as_shipped_in_fp8_blocks(hf_checkpoint, tmp_path, source, setup):
     """The tiny checkpoints saved as the releases are (FP8 blocks of 128 x 128; Kimi K2's config names its own
@@ -302,8 +302,9 @@ def test_deepseek_v3_and_kimi_k2_as_shipped_in_fp8_blocks(hf_checkpoint, tmp_pat
     latent ones too, and the kernel gives the dequantized reference's tokens. Over 8 chips the chips' cuts split
     blocks: DeepSeek-V3's dense and shared MLPs' 96 and 32 columns are 12 and 4 a chip, its 4 heads one a chip over
     chips 0-3 and repeated on 4-7 (as Kimi K2's 64 heads are over 128 chips: the repeats' o in FP8 zeros); Kimi K2's
-    8 query heads are one a chip (24 q_b columns), its experts' 32 columns 4 a chip. The kernel's layout of MLA's
-    projections spreads each head's parts to lane-tile edges, its block scales with them."""
+    8 query heads are one a chip (24 q_b columns), its experts' 32 columns 4 a chip, its down-projections' 256 rows
+    a block of 128 on each of chips 0 and 1 (zeros on 2-7), their partial sums all-reduced over a 2 x 4 torus. The
+    kernel's layout of MLA's projections spreads each head's parts to lane-tile edges, its block scales with them."""
     from test_formats import _rewrite
 
     from mk.weights import load_checkpoint

@@ -2,7 +2,7 @@
 tests/test_mla.py) on the tiny checkpoints tests/conftest.py builds, ragged prompts, the race detector on; one chip
 (with the query bottleneck and interleaved RoPE; without it, rotate-half, and Kimi's YaRN) and 8 simulated chips (4
 query heads: attention on every chip, 8 experts whole or split; 8 query heads: one a chip, the latent cache on every
-chip). MLA decoded absorbed, the latent cache, YaRN's frequencies, cos/sin factor and softmax mscale, grouped sigmoid
+chip, the down-projections split by rows). MLA decoded absorbed, the latent cache, YaRN's frequencies, cos/sin factor and softmax mscale, grouped sigmoid
 routing with its correction bias, the routed scaling, the shared expert and the dense first layer all run in the
 kernel; dropping the correction bias or the mscale in the kernel changes its logits past the tolerance."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mk.generate import generate
-from mk.kernel_setup import KernelSetup
+from mk.kernel_setup import Collective, KernelSetup
 from mk.tpu import races_detected
 from mk.weights import load_checkpoint
 
@@ -38,8 +38,9 @@ CASES = [
     # Kimi K2's YaRN (cos and sin scaled too), a prompt past its original 64 positions
     ("deepseek-v3-no-q-lora-yarn", None, (70, 5), 3),
     ("deepseek-v3", KernelSetup(8, "split"), (13, 3), 2),
-    # 8 query heads: each chip its head's queries, kv_b columns and o rows, the latent cache on every chip
-    ("deepseek-v3-eight-heads", KernelSetup(8, "whole"), (13, 3), 2),
+    # 8 query heads: each chip its head's queries, kv_b columns and o rows, the latent cache on every chip; q_a's and
+    # kv_a's rows a block of 128 on chips 0 and 1, their partial sums reduce-scattered then gathered
+    ("deepseek-v3-eight-heads", KernelSetup(8, "whole", collective=Collective(reduce_scatter=True)), (13, 3), 2),
 ]
 
 

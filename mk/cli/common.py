@@ -52,7 +52,7 @@ PLANNED_HELP = " (those run; gpt-oss, DeepSeek-V3 / Kimi K2, Gemma 2/3 planned a
 def add_setup(p, default: str, chips: bool = False) -> None:
     """The megakernel's setup (mk.kernel_setup.KernelSetup): a named one, each of its switches changed by a flag."""
     from ..config import FFN_LAYOUTS
-    from ..kernel_setup import SETUPS, AttentionSplit, Placement
+    from ..kernel_setup import LATENT_DOWN, SETUPS, AttentionSplit, Placement
 
     g = p.add_argument_group(
         "megakernel setup (mk.kernel_setup; over several chips: simulated CPU devices off a TPU)"
@@ -80,6 +80,11 @@ def add_setup(p, default: str, chips: bool = False) -> None:
         "of the chips)",
     )  # fmt: skip
     g.add_argument(
+        "--latent-down", choices=LATENT_DOWN, default=None,
+        help="MLA's down-projections (q_a, kv_a) over the chips: split by rows where that reads fewer bytes a chip "
+        "(their partial sums add an all-reduce a layer; the default) or whole on every chip",
+    )  # fmt: skip
+    g.add_argument(
         "--ffn-layout", choices=FFN_LAYOUTS, default=None,
         help="the gated MLPs' intermediate on rows, padded to 8 (sublanes) or on lanes, padded to 128 (the first "
         "kernel's)",
@@ -89,7 +94,10 @@ def add_setup(p, default: str, chips: bool = False) -> None:
 def setup_flags(a) -> list[str]:
     """The setup flags given on the command line, as written."""
     named = ["--setup"] if a.setup != a.default_setup else []
-    switches = ("chips", "placement", "no_overlap", "bf16_payload", "reduce_scatter", "attention_split", "ffn_layout")
+    switches = (
+        "chips", "placement", "no_overlap", "bf16_payload", "reduce_scatter", "attention_split", "latent_down",
+        "ffn_layout",
+    )  # fmt: skip
     return named + [f"--{k.replace('_', '-')}" for k in switches if getattr(a, k, None) not in (None, False)]
 
 
@@ -111,6 +119,7 @@ def setup_of(a, draft_tokens: int = 0):
         chips=getattr(a, "chips", None),
         placement=a.placement,
         attention_split=a.attention_split,
+        latent_down=getattr(a, "latent_down", None),
         ffn_layout=a.ffn_layout,
         draft_tokens=draft_tokens or None,
     )

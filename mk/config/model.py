@@ -110,6 +110,9 @@ class LatentAttention:
     qk_nope_head_dim: int
     v_head_dim: int
     rope_interleave: bool = True  # the RoPE pairs are (0, 1), (2, 3) ... (transformers' rope_interleave), else halves
+    # rows of the down-projections (q_a, kv_a) held: a chip's block of the hidden size where they are split over chips
+    # (mk.sharding.latent_down_rows), 0 for all of them
+    down_rows: int = 0
 
 
 GEMMA4 = "gemma4_text"

@@ -152,6 +152,15 @@ def _zero_past(stage, width: int) -> None:
         stage[:, :, width:] = jnp.zeros((stage.shape[0], stage.shape[1], stage.shape[2] - width), stage.dtype)
 
 
+def _stage(stage, j: int, act, width: int) -> None:
+    """Partial ``j`` of ``stage``: ``act``'s first ``width`` lanes (zeros past a narrower act's: MLA's down-projections'
+    sums travel in the hidden size's lanes)."""
+    w = min(width, act.shape[1])
+    stage[j, :, :w] = act[:, :w].astype(stage.dtype)
+    if w < width:
+        stage[j, :, w:width] = jnp.zeros((stage.shape[1], width - w), stage.dtype)
+
+
 def _first_best(values, ids, count: int):
     """The largest of ``values[0..count)`` and its index, the first holding it winning: strictly greater replaces
     (an equal maximum on a later chip is a later token)."""
@@ -174,17 +183,20 @@ def emit_all_reduce(k, op):
     # only rows < R travel; the rest of each buffer holds whatever it held, and is never kept
     mine = jax.lax.broadcasted_iota(jnp.int32, stage.shape[1:], 0) < R
 
-    def keep(name, lanes, value):
-        acts[name][:, lanes] = jnp.where(mine[:, : value.shape[1]], value, acts[name][:, lanes])
+    def keep(name, lo, hi, value):  # lanes lo:hi of the sum, within the act's own
+        hi = min(hi, acts[name].shape[1])
+        if lo < hi:
+            part = value if value.shape[1] == hi - lo else value[:, : hi - lo]
+            acts[name][:, lo:hi] = jnp.where(mine[:, : hi - lo], part, acts[name][:, lo:hi])
 
     for j, name in enumerate(op.acts):
-        stage[j, :, :W] = acts[name][:, :W].astype(stage.dtype)
+        _stage(stage, j, acts[name], W)
     if not k.plan.setup.collective.reduce_scatter:
         for j in range(n):
             recv[k.chip_index, j] = stage[j]  # this chip's own partial, rounded as the others receive it
         _exchange(k, stage.at[pl.ds(0, n), pl.ds(0, R)], _rows(recv, n, R), 0, parity, ex)
         for j, name in enumerate(op.acts):
-            keep(name, slice(0, W), _total(recv, j))
+            keep(name, 0, W, _total(recv, j))
         return
     w = chunk_width(W, C)
     _zero_past(stage, W)
@@ -205,7 +217,7 @@ def emit_all_reduce(k, op):
         for p in range(C):
             lo, hi = p * w, min((p + 1) * w, W)
             if lo < W:
-                keep(name, slice(lo, hi), gathered[p, j, :, : hi - lo].astype(jnp.float32))
+                keep(name, lo, hi, gathered[p, j, :, : hi - lo].astype(jnp.float32))
 
 
 def _all_reduce_over_torus(k, op):
@@ -219,7 +231,7 @@ def _all_reduce_over_torus(k, op):
     groups = [(g, stride, _member(k, g, stride), ex) for (g, stride), ex in zip(k.plan.setup.torus_groups, exs)]
     first = exs[0].stage
     for j, name in enumerate(op.acts):
-        first[j, :, :W] = acts[name][:, :W].astype(first.dtype)
+        _stage(first, j, acts[name], W)
     _zero_past(first, W)
     # reduce-scatter, dimension by dimension
     for i, (g, stride, me, ex) in enumerate(groups):
@@ -247,8 +259,9 @@ def _all_reduce_over_torus(k, op):
         width = W if i == 0 else groups[i - 1][3].recv.shape[-1]
         for j, name in enumerate(op.acts):
             for p in range(g):
-                lo, hi = p * w, min((p + 1) * w, width)
-                if lo >= width:
+                # the first dimension's chunks land in the act's own lanes (a narrower act: its first ones)
+                lo, hi = p * w, min((p + 1) * w, width if i else min(width, acts[name].shape[1]))
+                if lo >= hi:
                     continue
                 part = gathered[p, j, :, : hi - lo]
                 if i == 0:

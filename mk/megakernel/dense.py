@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..params import EXPERTS, NORMS, SHARED_MLP
-from ..plan import BLOCK, MatmulMode
+from ..plan import BLOCK, LANE, MatmulMode
 from . import mxu
 
 NEG = -1e30  # a finite "minus infinity": exp(NEG - m) is exactly 0 and never NaN
@@ -114,7 +114,8 @@ def emit_matmul(k, op):
             y = mxu.dot(x, w, mxu.ROWS_BY_ROWS)
         a[op.dst][:, pl.ds(op.dst_off, op.n)] = y
         return
-    y = mxu.dot(a[op.src][:, pl.ds(op.src_off, op.n)].astype(w.dtype), w)
+    x = _chip_block(a[op.src], k.chip_index, op) if op.chip_rows else a[op.src][:, pl.ds(op.src_off, op.n)]
+    y = mxu.dot(x.astype(w.dtype), w)
     dst = a[op.dst]
     if op.accumulate is ADD:
         dst[...] += y
@@ -123,6 +124,17 @@ def emit_matmul(k, op):
     else:  # in a loop: the first repeat sets, the others add
         pl.when(op.accumulate)(lambda: dst.__setitem__(Ellipsis, dst[...] + y))
         pl.when(jnp.logical_not(op.accumulate))(lambda: dst.__setitem__(Ellipsis, y))
+
+
+def _chip_block(src, chip, op):
+    """Lanes ``op.src_off:+op.n`` of chip ``chip``'s block of ``op.chip_rows`` lanes of ``src`` (zeros past the last
+    block): the chip is traced, so each block is sliced where it lies and the chip's picked."""
+    x = jnp.zeros((src.shape[0], op.n), src.dtype)
+    for b in range(src.shape[1] // op.chip_rows):
+        start = b * op.chip_rows + op.src_off  # traced in a loop over tiles (whole lanes)
+        start = start if isinstance(start, int) else pl.multiple_of(start, LANE)
+        x = jnp.where(chip == b, src[:, pl.ds(start, op.n)], x)
+    return x
 
 
 def emit_attention_residual(k, op):

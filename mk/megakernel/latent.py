@@ -1,6 +1,8 @@
 """DeepSeek's multi-head latent attention (MLA; DeepSeek-V3, Kimi K2) inside the kernel, decoded absorbed as
 mk.mla.attend_absorbed does:
 
+- over a slice's chips, q_a and kv_a split by rows where that reads fewer bytes a chip (mk.sharding.latent_down_rows):
+  each chip multiplies its block of the normed input (MatmulTile ``chip_rows``), the partial sums all-reduced;
 - QKVNormRope: the position's latent (kv_a's first kv_lora_rank columns, RMSNormed) and its RoPE key, each query
   head's RoPE part rotated, the queries times the score scale (YaRN's mscale included: ``score_scale``);
 - MatmulTile ABSORB, ``kv_b`` in tiles of whole heads: each head's no-RoPE query through its key columns into the

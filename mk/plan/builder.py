@@ -291,9 +291,9 @@ class Builder:
         return ld.id
 
     # matmul helpers -----------------------------------------------------------------------------
-    def project(self, tensor, layer, component, src, dst, mode: MatmulMode, expert=None):
+    def project(self, tensor, layer, component, src, dst, mode: MatmulMode, expert=None, chip_rows=0):
         """dst = src @ W, W [K, N] streamed in tiles: column tiles (``COLS``: dst[:, c] = src @ W[:, c]) or row tiles
-        summed into dst (``ROWS``)."""
+        summed into dst (``ROWS``; ``chip_rows``: W is the chip's block of that many rows, src all of them)."""
         k, n = self.shapes[tensor][-2:]
         on_cols = mode == MatmulMode.COLS
         split, other = (n, k) if on_cols else (k, n)
@@ -304,7 +304,7 @@ class Builder:
                 at = dict(dst_off=start)
             else:
                 lid = self.load(tensor, layer, component, (start, width), (0, n), expert, (sp[0][1], n))
-                at = dict(src_off=start, accumulate=start > 0)
+                at = dict(src_off=start, accumulate=start > 0, chip_rows=chip_rows)
             flops = matmul_flops(self.batch, *((k, width) if on_cols else (width, n)))
             self.op(MatmulTile(layer, component, flops, load=lid, src=src, dst=dst, mode=mode, n=width, expert=expert,
                                **at))  # fmt: skip
@@ -434,16 +434,24 @@ class Builder:
         nh, att = layout.num_heads, attention_component(t)
         lat, rope = mla.kv_lora_rank, mla.qk_rope_head_dim
         D, Dr, Dv, L = latent_lanes(layout)
-        q = self.act("q", nh * (D + Dr))
+        q, kva = self.act("q", nh * (D + Dr)), self.act("kva", L + Dr)
+        # split over the chips, the down-projections' row blocks give partial sums, summed before the latent's norm
+        down = mla.down_rows
+        mode = MatmulMode.ROWS if down else MatmulMode.COLS
         if mla.q_lora_rank:
             qa = self.act("qa", round_up(mla.q_lora_rank, LANE))
-            self.project(p + "q_a", i, att, "xn", qa, MatmulMode.COLS)
+            self.project(p + "q_a", i, att, "xn", qa, mode, chip_rows=down)
+        else:
+            self.project(p + "q", i, att, "xn", q, MatmulMode.COLS)
+        if down:
+            self.project(p + "kv_a", i, att, "xn", kva, mode, chip_rows=down)
+            self.all_reduce(i, ["qa", kva] if mla.q_lora_rank else [kva], self.setup.collective.payload_itemsize())
+        if mla.q_lora_rank:
             r = mla.q_lora_rank
             self.op(Norm(i, NORMS, norm_flops(B, r), src=qa, dst=qa, vector="q_a_norm", width=r))
             self.project(p + "q_b", i, att, qa, q, MatmulMode.COLS)
-        else:
-            self.project(p + "q", i, att, "xn", q, MatmulMode.COLS)
-        self.project(p + "kv_a", i, att, "xn", self.act("kva", L + Dr), MatmulMode.COLS)
+        if not down:
+            self.project(p + "kv_a", i, att, "xn", kva, MatmulMode.COLS)
         self.act("latent", L)
         self.act("rope_k", Dr)
         self.op(QKVNormRope(i, att, norm_flops(B, lat) + qk_norm_rope_flops(B, nh + 1, rope), layer_type=t))

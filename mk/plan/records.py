@@ -225,7 +225,9 @@ class Norm(Op):
 
 @dataclass(frozen=True)
 class MatmulTile(Op):
-    """A weight tile times the activations (see MatmulMode); ``accumulate`` False sets dst."""
+    """A weight tile times the activations (see MatmulMode); ``accumulate`` False sets dst. ``chip_rows`` (ROWS): src
+    is cut in blocks of that many lanes, and the chip multiplies its own (block c on chip c: MLA's down-projections
+    split over the chips, mk.sharding.latent_down_rows); unset and out of the code fingerprint otherwise."""
 
     load: int = 0
     src: str = ""
@@ -236,6 +238,7 @@ class MatmulTile(Op):
     n: int = 0
     accumulate: bool = False
     expert: int | None = None
+    chip_rows: int = field(default=0, repr=False)
 
     STRIDED: ClassVar = ("src_off", "dst_off", "accumulate", "expert")
     LOOPABLE: ClassVar = True

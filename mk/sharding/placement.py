@@ -12,6 +12,8 @@ Every chip runs the same kernel on its own slice (tensor parallel):
   host: mk.sharding.pods), split over the most chips D that take whole heads, chip c computing member c % D's heads,
   each group of D chips all of them, and only the first group's output projection counting (the others' rows zero:
   their partial sums would count each head C / D times in the all-reduce);
+- MLA's down-projections (q_a, kv_a) by rows, in whole-lane blocks of the hidden size (``latent_down_rows``): each
+  chip multiplies its block of the normed input, and the partial sums meet in an all-reduce before the latent's norm;
 - the shared MLP's intermediate is split in C equal parts (zero-padded to equal);
 - the routed experts: ``whole`` places E/C whole experts on each chip (a chip loads the distinct experts
   routed to it: the busiest chip is the straggler), ``split`` cuts every expert's intermediate over all
@@ -23,13 +25,15 @@ each split within its group: ``experts_per_chip``, ``expert_groups``) and, where
 heads split over the most chips that take whole ones, repeated over groups of chips (``attention_chips``); the kernel
 runs both as they are timed.
 
-Partial sums (after attention's output projection, after the FFN, and the embedding) are all-reduced
+Partial sums (after MLA's down-projections, attention's output projection, the FFN, and the embedding) are all-reduced
 inside the kernel (mk.megakernel.collective; its peers and bytes: mk.sharding.links). ``chip_config`` is the slice
 one chip computes, as a config; ``chip_params`` cuts a parameter tree to it; ``SPLIT_AXES`` says which axis of each
 of the kernel's HBM tensors is split over the chips, so packing, ``shard_map`` specs and the AOT shapes agree.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -162,6 +166,23 @@ def experts_per_chip(cfg: ModelConfig, setup: KernelSetup) -> int:
     return cfg.num_experts // groups
 
 
+def latent_down_rows(cfg: ModelConfig, setup: KernelSetup) -> int:
+    """Rows of MLA's down-projections (q_a, kv_a) each chip holds, where splitting them reads fewer bytes a chip:
+    the hidden size's lanes cut in the fewest equal whole-lane blocks that are at most one a chip (chip c takes block
+    c, chips past the last hold zeros), each chip's partial sums meeting in an all-reduce in the hidden size's lanes;
+    0 (whole on every chip) on one chip, where one block is the whole, where the sums are wider than the hidden size,
+    or where the setup keeps them whole (``latent_down``)."""
+    mla = cfg.latent_attention
+    if mla is None or not setup.sharded or setup.latent_down == "whole":
+        return 0
+    lanes = round_up(cfg.hidden_size, LANE) // LANE
+    sums = max(round_up(mla.q_lora_rank, LANE), round_up(mla.kv_lora_rank, LANE) + round_up(mla.qk_rope_head_dim, LANE))
+    if sums > lanes * LANE:
+        return 0
+    block = min(d for d in range(1, lanes + 1) if lanes % d == 0 and lanes // d <= setup.chips)
+    return block * LANE if block < lanes else 0
+
+
 def chip_config(cfg: ModelConfig, setup: KernelSetup) -> ModelConfig:
     """The slice of ``cfg`` one chip computes, as a config (``cfg`` itself on one chip). Its expert count
     stays the model's (the router is replicated); ``experts_per_chip`` says how many a chip holds."""
@@ -183,6 +204,8 @@ def chip_config(cfg: ModelConfig, setup: KernelSetup) -> ModelConfig:
             sliding_kv_heads=kv_heads_per_chip(cfg, "sliding", D),
             full_kv_heads=kv_heads_per_chip(cfg, "full", D),
         )
+    if down := latent_down_rows(cfg, setup):
+        changes["latent_attention"] = dataclasses.replace(cfg.latent_attention, down_rows=down)
     if cfg.is_moe and setup.placement != Placement.WHOLE:  # each expert cut over all chips, or a host's
         over = C if setup.placement == Placement.SPLIT else setup.host_chips
         changes["expert_intermediate"] = round_up(ceil_div(cfg.expert_intermediate, over), setup.expert_rows)
@@ -206,6 +229,7 @@ def _cut(a, axis: int, start: int, size: int):
 # Which axis of a reference matrix (mk.params names) holds what a chip takes a slice of.
 _HEAD_AXIS = {"q": 1, "k": 1, "v": 1, "o": 0}
 _LATENT_HEAD_AXIS = {"q": 1, "q_b": 1, "kv_b": 1, "o": 0}  # MLA's per-head matrices (q_a and kv_a: every head's)
+_LATENT_DOWN = ("q_a", "kv_a")  # MLA's down-projections, split by rows (latent_down_rows)
 # A head's own vectors (axis 0), cut as the heads of the matrix named: the o bias, added once after the all-reduce,
 # stays whole
 _HEAD_VECTORS = {"q_bias": "q", "k_bias": "k", "v_bias": "v", "sinks": "q"}
@@ -236,6 +260,9 @@ def _matrix_cut(cfg: ModelConfig, setup: KernelSetup, chip: int, path: str) -> t
     if not path.startswith("layers."):
         return None
     t = cfg.layer_types[int(path.split(".")[1])]
+    if name in _LATENT_DOWN and local.latent_attention.down_rows:  # the chip's block of rows (zeros past the end)
+        rows = local.latent_attention.down_rows
+        return 0, chip * rows, rows
     D = attention_chips(cfg, setup)
     member = chip % D  # the chip's place among the D its heads are cut over (repeated past them: repeat_heads)
     if cfg.latent_attention is not None and name in _LATENT_HEAD_AXIS:  # MLA: each chip its heads' columns or rows
@@ -408,6 +435,8 @@ def split_axis(cfg: ModelConfig, setup: KernelSetup, tensor: str) -> int | None:
         return 2 if heads else None
     if name == "o":
         return 1 if heads else None
+    if name in _LATENT_DOWN:  # [layers, H, N]: each chip its block of rows
+        return 1 if latent_down_rows(cfg, setup) else None
     if name in ("expert_gate_up_bias", "expert_down_bias"):  # [layers, experts padded to 8, width]: each chip's own
         return 2 if setup.placement == Placement.SPLIT and name == "expert_gate_up_bias" else 1
     rows = cfg.ffn_layout == "sublanes"  # the intermediate on rows: [layers, (E,) I, H] (mk.plan.layout)

@@ -16,10 +16,10 @@ where it splits the routed experts, the placement a deployment over hosts would 
   heads on 256 chips), over the most chips D dividing C that take whole heads, each head's chips repeated C / D
   times (every group of D chips computes all heads; the copies' output projections hold zeros, so each head's
   partial sum counts once in the all-reduce: mk.sharding.repeated_copy).
-  Not split further because a head is the smallest piece the kernel's attention computes. MLA's down-projections
-  (q_a, kv_a) stay on every chip, as on one host;
-- the shared expert, dense layers' MLPs, the vocabulary: split over all C chips (whole rows of 8 on the
-  intermediate; no chip idles, and their bytes are the same at any split);
+  Not split further because a head is the smallest piece the kernel's attention computes;
+- MLA's down-projections (q_a, kv_a), the shared expert, dense layers' MLPs, the vocabulary: split over all C chips
+  (the down-projections in whole-lane blocks of rows, chips past the last block holding zeros; the rest in whole rows
+  of 8 on the intermediate: no chip idles, and their bytes are the same at any split);
 - the router, norms and scales: on every chip.
 
 One host (or a slice with no documented shape) keeps the setup as given: today's model, any chip reaching any over
