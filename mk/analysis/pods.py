@@ -6,10 +6,13 @@ stand-in's numbers."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 
 from ..chips import get_chip, slice_shape
+from ..config import get_config
+from ..kernel_setup import LATENT_DOWN
 from ..published import bound_words, published_table
 from ..timing import MODELLED
 from .claims import speculative_stand_in
@@ -37,6 +40,32 @@ def pod_table(models, batches=(1, 8), context: int = 1024) -> pd.DataFrame:
                     fraction_of_sol=m.fraction_of_sol, setup=m.setup, op_costs=m.op_costs,
                 )
             )  # fmt: skip
+    return pd.DataFrame(rows).assign(kind=MODELLED)
+
+
+def latent_down_table(models, batches=(1, 8), context: int = 1024) -> pd.DataFrame:
+    """MLA's down-projections (q_a, kv_a) over a big model's slice (:func:`pod_table`'s), split by rows where that
+    reads fewer bytes a chip (the default) or whole on every chip (``KernelSetup.latent_down``): the bytes a chip
+    reads a step, the time on the links between chips, the step and the speed-up over the general stack, each way;
+    a model without MLA is left out."""
+    rows = []
+    for model in models:
+        if get_config(model).latent_attention is None:
+            continue
+        for batch in batches:
+            mk_case, gen_case = big_model_cases(model, batch, context)
+            general = gen_case.predict().tokens_per_s
+            for down in LATENT_DOWN:
+                case = replace(mk_case, setup=mk_case.setup.but(latent_down=down))
+                m = case.predict()
+                links_s = m.pacing.ici_s if m.pacing else 0.0
+                rows.append(
+                    dict(
+                        model=model, format=case.dtype, chip=case.chip, users=batch, down_projections=down,
+                        weight_GB_per_chip=case.plan().weight_bytes / 1e9, links_ms=links_s * 1e3,
+                        step_ms=m.step_s * 1e3, speedup=m.tokens_per_s / general,
+                    )
+                )  # fmt: skip
     return pd.DataFrame(rows).assign(kind=MODELLED)
 
 
