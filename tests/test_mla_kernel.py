@@ -2,9 +2,10 @@
 tests/test_mla.py) on the tiny checkpoints tests/conftest.py builds, ragged prompts, the race detector on; one chip
 (with the query bottleneck and interleaved RoPE; without it, rotate-half, and Kimi's YaRN) and 8 simulated chips (4
 query heads: attention on every chip, 8 experts whole or split; 8 query heads: one a chip, the latent cache on every
-chip, the down-projections split by rows). MLA decoded absorbed, the latent cache, YaRN's frequencies, cos/sin factor and softmax mscale, grouped sigmoid
-routing with its correction bias, the routed scaling, the shared expert and the dense first layer all run in the
-kernel; dropping the correction bias or the mscale in the kernel changes its logits past the tolerance."""
+chip, the down-projections split by rows). MLA decoded absorbed, the latent cache, YaRN's frequencies, cos/sin factor
+and softmax mscale, grouped sigmoid routing with its correction bias, the routed scaling, the shared expert and the
+dense first layer all run in the kernel; dropping the correction bias or the mscale in the kernel changes its logits
+past the tolerance."""
 
 import numpy as np
 import pytest
