@@ -119,7 +119,7 @@ def setup_of(a, draft_tokens: int = 0):
         chips=getattr(a, "chips", None),
         placement=a.placement,
         attention_split=a.attention_split,
-        latent_down=getattr(a, "latent_down", None),
+        latent_down=a.latent_down,
         ffn_layout=a.ffn_layout,
         draft_tokens=draft_tokens or None,
     )

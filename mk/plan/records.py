@@ -227,7 +227,8 @@ class Norm(Op):
 class MatmulTile(Op):
     """A weight tile times the activations (see MatmulMode); ``accumulate`` False sets dst. ``chip_rows`` (ROWS): src
     is cut in blocks of that many lanes, and the chip multiplies its own (block c on chip c: MLA's down-projections
-    split over the chips, mk.sharding.latent_down_rows); unset and out of the code fingerprint otherwise."""
+    split over the chips, mk.sharding.latent_down_rows); 0 otherwise. Out of the code fingerprint: the chip's config
+    (its ``down_rows``) is in it."""
 
     load: int = 0
     src: str = ""

@@ -168,10 +168,10 @@ def experts_per_chip(cfg: ModelConfig, setup: KernelSetup) -> int:
 
 def latent_down_rows(cfg: ModelConfig, setup: KernelSetup) -> int:
     """Rows of MLA's down-projections (q_a, kv_a) each chip holds, where splitting them reads fewer bytes a chip:
-    the hidden size's lanes cut in the fewest equal whole-lane blocks that are at most one a chip (chip c takes block
-    c, chips past the last hold zeros), each chip's partial sums meeting in an all-reduce in the hidden size's lanes;
-    0 (whole on every chip) on one chip, where one block is the whole, where the sums are wider than the hidden size,
-    or where the setup keeps them whole (``latent_down``)."""
+    the hidden size's lanes cut in the smallest equal whole-lane blocks that are at most one a chip (chip c takes
+    block c, chips past the last hold zeros), each chip's partial sums meeting in an all-reduce in the hidden size's
+    lanes; 0 (whole on every chip) on one chip, where one block is the whole, where the sums are wider than the hidden
+    size, or where the setup keeps them whole (``latent_down``)."""
     mla = cfg.latent_attention
     if mla is None or not setup.sharded or setup.latent_down == "whole":
         return 0
