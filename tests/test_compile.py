@@ -91,6 +91,11 @@ def test_tiny_moe_compiles_over_a_two_host_slice_as_planned(mk_json):
     assert d["compiler_alias_bytes"] == d["plan_cache_bytes"]
     assert d["compiler_output_bytes"] == d["plan_cache_bytes"] + d["plan_users_bytes"] + _tuple_table_bytes()
     assert d["compiler_vmem_bytes"] < d["vmem_limit_bytes"]
+    # the plan's VMEM, its cross-chip buffers counted, is the compiler's figure within 5% (Mosaic adds a little)
+    assert (
+        d["plan_vmem_bytes"] <= d["compiler_vmem_bytes"] * 1.01
+        and d["compiler_vmem_bytes"] <= 1.05 * d["plan_vmem_bytes"]
+    )
     assert "all-reduce over the 4x4 torus" in d["setup"]  # past one host the kernel's all-reduce goes round the torus
 
 
@@ -99,12 +104,17 @@ def test_tiny_moe_compiles_over_a_two_host_slice_as_planned(mk_json):
 def test_tiny_moe_compiles_over_an_eight_host_torus_and_a_v5p_cube_as_planned(mk_json, chip, topology):
     """Past 16 chips the cross-chip ops' peers share their DMA semaphores (one a semaphore per peer overran libtpu's
     semaphore memory at 32 chips): tiny-moe compiles over a v5e 8x8 (64 chips) and a v5p 4x4x4 cube (64 chips, a 3D
-    torus), its all-reduce round the torus, one Mosaic call a chip, each chip's arguments the plan's byte for byte."""
-    d = mk_json("compile", "--model", "tiny-moe", "--chip", chip, "--no-vmem", "--json")
+    torus), its all-reduce round the torus, one Mosaic call a chip, each chip's arguments the plan's byte for byte,
+    its VMEM (the cross-chip buffers half of it) the compiler's figure within 5%."""
+    d = mk_json("compile", "--model", "tiny-moe", "--chip", chip, "--json")
     assert (d["chips"], d["topology"], d["mosaic_calls"]) == (64, topology, 1) and d["hosts"] > 1
     assert f"all-reduce over the {topology.split(':')[1]} torus" in d["setup"]
     assert d["compiler_argument_bytes"] == d["plan_bytes"]
     assert d["compiler_alias_bytes"] == d["plan_cache_bytes"]
+    assert (
+        d["plan_vmem_bytes"] <= d["compiler_vmem_bytes"] * 1.01
+        and d["compiler_vmem_bytes"] <= 1.05 * d["plan_vmem_bytes"]
+    )
 
 
 def test_a_chips_semaphores_stop_growing_with_the_slice_past_sixteen_chips():

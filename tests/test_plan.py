@@ -140,6 +140,18 @@ def test_vmem_overflow_is_a_clear_error():
         plan.check_vmem("tpu-v7x")
 
 
+def test_the_vmem_count_takes_in_the_cross_chip_buffers_and_the_limit_never_falls_below_it():
+    """Over chips the plan's VMEM counts the exchanges' buffers (none on one chip); the limit the compiler is given is
+    a setting of its own (the one the stored schedules were compiled under, mk.plan.vmem.vmem_limit), at least the
+    count and at most the core's VMEM."""
+    from mk.kernel_setup import WORKBOOK_KERNEL
+
+    one, eight = build_plan(TINY_MOE, 8, 64), build_plan(TINY_MOE, 8, 64, setup=WORKBOOK_KERNEL.on(8))
+    assert one.vmem_breakdown()["cross-chip buffers"] == 0 < eight.vmem_breakdown()["cross-chip buffers"]
+    for plan, chip in ((one, "tpu-v5e"), (eight, "tpu-v5e-8")):
+        assert plan.vmem_bytes <= plan.vmem_limit(chip) <= get_chip(chip).vmem_bytes
+
+
 def test_bad_sizes_are_refused():
     # caches are padded to whole 16-slot blocks; KV tiles divide the padded cache
     assert build_plan(TINY_DENSE, 1, 40).cache_len("full") == 48

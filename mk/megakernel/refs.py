@@ -11,10 +11,10 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
 from ..config import ModelConfig
-from ..plan import BLOCK, LANE, ROWS, AllReduce, Attend, StepPlan, round_up
+from ..plan import BLOCK, LANE, ROWS, Attend, StepPlan, round_up
 from ..plan.arrays import Array
-from ..plan.layout import EXPERT_BIASES, freq_width, group_width, heads_lanes, latent_lanes
-from ..sharding import chunk_width
+from ..plan.exchanges import all_reduce_buffers, best_shape, positions_shapes, users_shapes
+from ..plan.layout import EXPERT_BIASES, freq_width, group_width, latent_lanes
 
 TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
 
@@ -184,7 +184,6 @@ def scratch_shapes(plan: StepPlan, with_logits: bool) -> Scratch:
     for t in types:
         hd, T, g = cfg.head_dim(t), plan.kv_tile(t), plan.position_share(t)
         groups, W = plan.cache_groups(t), group_width(hd)
-        nh = cfg.num_heads
         if cfg.latent_attention is not None:
             kv[t] = latent_kv_shapes(plan, t, kv_dtype)
             continue
@@ -197,9 +196,7 @@ def scratch_shapes(plan: StepPlan, with_logits: bool) -> Scratch:
             pltpu.SemaphoreType.DMA((2, U)),
             *(
                 (
-                    pltpu.VMEM((g, rows, heads_lanes(nh, hd)), jnp.float32),
-                    pltpu.VMEM((g, B, nh, W + LANE), jnp.float32),
-                    pltpu.VMEM((g, B, nh, W + LANE), jnp.float32),
+                    *(pltpu.VMEM(shape, jnp.float32) for shape in positions_shapes(plan, t)),
                     pltpu.SemaphoreType.DMA((2, 2, min(g, plan.setup.peer_semaphores))),
                 )
                 if g > 1
@@ -277,70 +274,35 @@ def expert_bias_shapes(cfg: ModelConfig, weights: dict) -> dict:
 
 
 def users_split_shapes(plan: StepPlan, t: str) -> UsersSplit:
-    cfg, model, C = plan.layout, plan.model, plan.chips
-    hd, heads, kv, rows = cfg.head_dim(t), cfg.num_heads, cfg.kv_heads(t), round_up(plan.cache_users, ROWS)
-    width = heads_lanes(heads, hd) + 2 * heads_lanes(kv, hd)
-    return UsersSplit(
-        stage_in=pltpu.VMEM((C, rows, width), jnp.float32),
-        recv_in=pltpu.VMEM((C, rows, width), jnp.float32),
-        q=pltpu.VMEM((rows, heads_lanes(model.num_heads, hd)), jnp.float32),
-        k=pltpu.VMEM((rows, heads_lanes(model.kv_heads(t), hd)), jnp.float32),
-        v=pltpu.VMEM((rows, heads_lanes(model.kv_heads(t), hd)), jnp.float32),
-        out=pltpu.VMEM((rows, heads_lanes(model.num_heads, hd)), jnp.float32),
-        stage_out=pltpu.VMEM((C, rows, heads_lanes(heads, hd)), jnp.float32),
-        recv_out=pltpu.VMEM((C, rows, heads_lanes(heads, hd)), jnp.float32),
-        sems=pltpu.SemaphoreType.DMA((2, 2, plan.setup.peer_semaphores)),
-    )
+    buffers = {name: pltpu.VMEM(shape, jnp.float32) for name, shape in users_shapes(plan, t).items()}
+    return UsersSplit(**buffers, sems=pltpu.SemaphoreType.DMA((2, 2, plan.setup.peer_semaphores)))
+
+
+def _vmem(buffer):
+    """A (shape, dtype name) of mk.plan.exchanges as a VMEM buffer (None stays None)."""
+    return None if buffer is None else pltpu.VMEM(buffer[0], jnp.dtype(buffer[1]))
 
 
 def collective_shapes(plan: StepPlan) -> CollectiveScratch:
-    C, rows, width = plan.chips, plan.rows, plan.layout.hidden_size
-    peers = plan.setup.peer_semaphores
-    reduce_scatter = plan.setup.collective.reduce_scatter
-    chunk = chunk_width(width, C)
-    dims = [g for g, _ in plan.setup.torus_groups]
+    """The all-reduce's and the greedy pick's buffers (their shapes: mk.plan.exchanges), with their semaphores; over a
+    torus a TorusExchange a dimension, each cutting the last one's chunk into its chips' whole-lane chunks
+    (mk.sharding.links.torus_all_reduce prices them)."""
+    peers, dims = plan.setup.peer_semaphores, [g for g, _ in plan.setup.torus_groups]
     exchange = {}
-    for itemsize in sorted({op.itemsize for op in plan.ops if isinstance(op, AllReduce)}):
-        n = max(len(op.acts) for op in plan.ops if isinstance(op, AllReduce) and op.itemsize == itemsize)
-        dtype = {2: jnp.bfloat16, 4: jnp.float32}[itemsize]
+    for itemsize, buffers in all_reduce_buffers(plan).items():
         if dims:
-            exchange[str(itemsize)] = _torus_exchanges(dims, n, rows, width, dtype, peers)
+            sems = [pltpu.SemaphoreType.DMA((2, 2, 2, min(g, peers))) for g in dims]
+            exchange[itemsize] = tuple(
+                TorusExchange(**{k: _vmem(b) for k, b in per.items()}, sems=sem) for per, sem in zip(buffers, sems)
+            )
             continue
-        exchange[str(itemsize)] = Exchange(
-            stage=pltpu.VMEM((n, rows, C * chunk if reduce_scatter else width), dtype),
-            recv=pltpu.VMEM((2, C, n, rows, chunk if reduce_scatter else width), dtype),
-            gathered=pltpu.VMEM((2, C, n, rows, chunk), dtype) if reduce_scatter else None,
+        exchange[itemsize] = Exchange(
+            **{k: _vmem(b) for k, b in buffers.items()},
             send_sem=pltpu.SemaphoreType.DMA((2, peers)),
             recv_sem=pltpu.SemaphoreType.DMA((2, 2, peers)),
         )
-    if dims:  # the greedy pick's best, dimension by dimension
-        g = max(dims)
-        return CollectiveScratch(
-            exchange=exchange,
-            best=pltpu.VMEM((len(dims), g, rows, LANE), jnp.float32),
-            best_id=pltpu.VMEM((len(dims), g, rows, LANE), jnp.int32),
-            sems=pltpu.SemaphoreType.DMA((len(dims), 2, 2, min(g, peers))),
-        )
+    best = best_shape(plan)
+    sems = pltpu.SemaphoreType.DMA((len(dims), 2, 2, min(max(dims), peers)) if dims else (2, 2, peers))
     return CollectiveScratch(
-        exchange=exchange,
-        best=pltpu.VMEM((C, rows, LANE), jnp.float32),
-        best_id=pltpu.VMEM((C, rows, LANE), jnp.int32),
-        sems=pltpu.SemaphoreType.DMA((2, 2, peers)),
+        exchange=exchange, best=pltpu.VMEM(best, jnp.float32), best_id=pltpu.VMEM(best, jnp.int32), sems=sems
     )
-
-
-def _torus_exchanges(dims, n: int, rows: int, width: int, dtype, peers: int) -> tuple:
-    """A TorusExchange a dimension of ``dims`` chips: each cuts the last one's chunk (first: the ``width`` lanes)
-    into its chips' whole-lane chunks (mk.sharding.links.torus_all_reduce, which prices them)."""
-    out, w = [], width
-    for g in dims:
-        w = chunk_width(w, g)
-        out.append(
-            TorusExchange(
-                stage=pltpu.VMEM((n, rows, g * w), dtype),
-                recv=pltpu.VMEM((2, g, n, rows, w), dtype),
-                gathered=pltpu.VMEM((2, g, n, rows, w), dtype),
-                sems=pltpu.SemaphoreType.DMA((2, 2, 2, min(g, peers))),
-            )
-        )
-    return tuple(out)

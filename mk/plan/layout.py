@@ -30,7 +30,6 @@ from ..params import layer_param_specs, param_specs, tile_rows_scaled
 from ..units import BLOCK, LANE, round_up
 
 ROWS = 8  # users pad to one f32 sublane tile
-VREG_BYTES = 64 * 4096  # a TensorCore's vector register file: 64 registers of 8 x 128 x 4 bytes
 
 
 def layout_config(cfg: ModelConfig) -> ModelConfig:
