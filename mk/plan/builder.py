@@ -147,6 +147,7 @@ class Builder:
         self.route_of: dict[int, int] = {}
         self.acts: dict[str, tuple[int, int]] = {}
         self._slot_count: dict[str, int] = {}
+        self._stacked: dict[str, tuple[str, int | None]] = {}  # tensor -> its HBM tensor and index (_stacked_of)
         self._route: int | None = None
         self._all_reduces = 0  # emitted so far: the next one's ``seq``
 
@@ -192,6 +193,13 @@ class Builder:
         """Bytes per element of ``tensor``'s tiles: 1 for INT8 codes, else the plan's weight item size."""
         return 1 if tensor in self.quantized else self.weight_itemsize
 
+    def _stacked_of(self, tensor: str) -> tuple[str, int | None]:
+        """mk.plan.layout.stacked's answer for ``tensor``, worked out once (a full-size step loads a tensor many
+        times over)."""
+        if tensor not in self._stacked:
+            self._stacked[tensor] = stacked(self.layout, tensor)
+        return self._stacked[tensor]
+
     def load(self, tensor, layer, component, rows, cols, expert=None, slot_shape=None) -> int:
         shape = (rows[1], cols[1])
         slot_shape = slot_shape or shape
@@ -215,7 +223,7 @@ class Builder:
             payload += real_rows * 4 if cols[0] == 0 else 0
         elif scaled:  # a matrix's column scales are real bytes once, however many row tiles it has
             payload += real_cols * 4 if rows[0] == 0 else 0
-        name, index = stacked(self.layout, tensor)
+        name, index = self._stacked_of(tensor)
         ld = Load(
             len(self.loads),
             name,
@@ -282,7 +290,7 @@ class Builder:
         per_code = 0.5 if fmt.nibbles else 1
         payload = real_rows * real_cols * per_code + format_scale_bytes(real_rows, real_cols, grid, fmt.name)
         moved = int(rows[1] * cols[1] * per_code) + math.prod(whole or own) * fmt.scale_itemsize  # its DMAs' bytes
-        name, index = stacked(self.layout, tensor)
+        name, index = self._stacked_of(tensor)
         ld = FormatLoad(
             len(self.loads), name, index, layer, component, buffer, self._next_slot(buffer), rows, cols, moved,
             int(payload), expert, fmt=fmt.name, grid=grid, matrix_scales=whole, tile_scales=narrower,

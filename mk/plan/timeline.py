@@ -114,37 +114,40 @@ def _walk(plan, items, distinct=None, record=True) -> tuple[list[dict], float]:
             if slot is not None and slot >= distinct[layer]:  # expert slot j runs only when more than j were routed
                 continue
             issued_at += issue  # the core issuing the DMA
-            compute_free = max(compute_free, issued_at)
-            s = max(dma_free, issued_at)
+            # (conditionals, not max(): this loop runs once an item, hundreds of thousands a full-size step)
+            compute_free = issued_at if issued_at > compute_free else compute_free
+            s = issued_at if issued_at > dma_free else dma_free
             dma_free = s + transfer
             arrive[load] = dma_free
             if record:
                 row("dma", "weights", ld.tensor, ld, s, dma_free)
         elif it[0] == 1:
             if it[1] in arrive:
-                compute_free = max(compute_free, arrive[it[1]])
+                a = arrive[it[1]]
+                compute_free = a if a > compute_free else compute_free
         else:
             _, slot, layer, serial, kv, sent, latency, wire, c, tail, overhead, op = it
             if slot is not None and slot >= distinct[layer]:  # its tile (same slot) was not fetched either
                 continue
             s, streamed = compute_free, 0.0
             if serial:  # read while compute waits
-                ks = max(dma_free, s)
+                ks = s if s > dma_free else dma_free
                 dma_free = s = ks + serial
                 if record:
                     row("dma (serial)", "serial", f"{op.kind} {op.layer}", op, ks, dma_free)
             if kv:  # double-buffered tiles: each tile's compute runs while the next one streams
-                ks = max(dma_free, s)
+                ks = s if s > dma_free else dma_free
                 dma_free = streamed = ks + kv
                 if record:
                     row("dma", "kv cache", f"{op.kind} {op.layer}", op, ks, dma_free)
             if sent:  # what crosses the links waits for the whole cache read
-                s = max(s, streamed)
+                s = streamed if streamed > s else s
                 e = s + latency + wire
                 if record:
                     row("ici", "collective", f"{op.kind} {op.layer}", op, s, e)
                 s = e
-            compute_free = max(s + c, streamed + tail) + overhead
+            done, streamed_done = s + c, streamed + tail
+            compute_free = (streamed_done if streamed_done > done else done) + overhead
             issued_at = compute_free  # the next Start is issued after this op
             if record:
                 row("compute", "compute", op.kind, op, s, compute_free)
