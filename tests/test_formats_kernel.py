@@ -36,8 +36,10 @@ def test_kernel_streams_fp8_blocks_and_gives_the_dequantized_references_tokens()
 
 
 # gpt-oss-20b's 2,880-wide experts on one chip: its down projections' rows in tiles of 1,536 and 1,344, the last
-# tile's 42 rows of scales fewer than its slot's 48 (their own buffer: mk.plan.FormatLoad.tile_scales)
-WIDE_EXPERTS, NARROWER_LAST = TINY_MOE.replace(expert_intermediate=2880), Tiles(weight_tile_bytes=196608)
+# tile's 42 rows of scales fewer than its slot's 48 (their own buffer: mk.plan.FormatLoad.tile_scales). Two layers:
+# the experts' tiles are the point, and each layer of them is code of its own (a third of the compile a layer)
+WIDE_EXPERTS = TINY_MOE.replace(name="tiny-moe-wide-experts", expert_intermediate=2880).truncated(2)
+NARROWER_LAST = Tiles(weight_tile_bytes=196608)
 
 
 @pytest.mark.parametrize("scheme", ["mxfp4", "int4"])
@@ -55,11 +57,12 @@ def test_kernel_over_8_chips_streams_4_bit_experts_cut_in_whole_groups(scheme):
     """4-bit experts over 8 simulated chips, each expert's intermediate split: 96 / 8 = 12 rows a chip would cut the
     down projection's input groups of 32, so the setup the kernel runs (mk.sharding.pods.pod_setup, as for
     gpt-oss-120b's 2,880 over 8 chips) rounds each chip's slice up to one whole group, the experts zero-padded (chips 3
-    to 7 hold zeros only). 4-bit experts whole a chip: Kimi K2 Thinking's INT4 experts over 8 chips, below."""
+    to 7 hold zeros only). 4-bit experts whole a chip: Kimi K2 Thinking's INT4 experts over 8 chips, below. Two
+    layers, as over 8 chips below: the formats' tiles are the point."""
     from mk.chips import get_chip
     from mk.sharding.pods import pod_setup
 
-    cfg = TINY_MOE.replace(expert_intermediate=96)
+    cfg = TINY_MOE.replace(name="tiny-moe-experts-96", expert_intermediate=96).truncated(2)
     setup = pod_setup(KernelSetup(8, "split"), get_chip("tpu-v5e-8"), cfg, dtype=scheme)
     assert setup.expert_rows == 32 and build_plan(cfg, 1, 64, setup=setup).share.expert_intermediate == 32
     _kernel_against_dequantized_reference(cfg, scheme, PROMPTS, setup=setup)
@@ -67,7 +70,7 @@ def test_kernel_over_8_chips_streams_4_bit_experts_cut_in_whole_groups(scheme):
 
 def test_kernel_over_8_chips_streams_fp8_blocks():
     """FP8 blocks over 8 simulated chips, whole experts: each chip's 128 of the shared MLP's 1024 are one block."""
-    cfg = TINY_MOE.replace(mlp_intermediate=1024)
+    cfg = TINY_MOE.replace(name="tiny-moe-mlp-1024", mlp_intermediate=1024).truncated(2)
     _kernel_against_dequantized_reference(cfg, "fp8-block", PROMPTS[:1], setup=KernelSetup(8, "whole"))
 
 
