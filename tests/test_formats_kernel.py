@@ -77,7 +77,8 @@ def test_kernel_over_8_chips_streams_fp8_blocks():
 def test_int4_experts_with_the_intermediate_on_lanes():
     """The "lanes" layout of the gated MLPs: gate and up as they are, their input groups (and nibble pairs) on rows,
     the down projection's on rows too."""
-    _kernel_against_dequantized_reference(TINY_MOE, "int4", PROMPTS[:1], setup=KernelSetup(1, ffn_layout="lanes"))
+    cfg = TINY_MOE.truncated(2)  # two layers: the MLPs' layout is the point
+    _kernel_against_dequantized_reference(cfg, "int4", PROMPTS[:1], setup=KernelSetup(1, ffn_layout="lanes"))
 
 
 def test_a_layout_that_splits_a_block_is_refused():
@@ -116,10 +117,11 @@ def test_in_bf16_the_kernel_on_codes_is_the_kernel_on_their_float_tree(scheme):
     """In BF16 the widened tiles are the dequantized tree's weights exactly: the kernel streaming the codes gives the
     tokens and logits of the kernel streaming that BF16 tree, bit for bit (the reference in BF16 differs from
     both alike, by more than the F32 tests' tolerance, for these weights)."""
-    params = format_trees.quantize(random_params(TINY_MOE, 0, jnp.bfloat16), TINY_MOE, scheme)
-    floats = quant.dequantize(params, TINY_MOE)
-    want = generate(floats, TINY_MOE, PROMPTS, 2, engine="megakernel", return_logits=True)
-    got = generate(params, TINY_MOE, PROMPTS, 2, engine="megakernel", return_logits=True)
+    cfg = TINY_MOE.truncated(2)  # two layers: the widened tiles are the point (every layer's, the test above)
+    params = format_trees.quantize(random_params(cfg, 0, jnp.bfloat16), cfg, scheme)
+    floats = quant.dequantize(params, cfg)
+    want = generate(floats, cfg, PROMPTS, 2, engine="megakernel", return_logits=True)
+    got = generate(params, cfg, PROMPTS, 2, engine="megakernel", return_logits=True)
     np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
     for g, w in zip(got[1], want[1]):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
