@@ -91,12 +91,15 @@ def test_tiny_moe_compiles_over_a_two_host_slice_as_planned(mk_json):
     assert d["compiler_alias_bytes"] == d["plan_cache_bytes"]
     assert d["compiler_output_bytes"] == d["plan_cache_bytes"] + d["plan_users_bytes"] + _tuple_table_bytes()
     assert d["compiler_vmem_bytes"] < d["vmem_limit_bytes"]
-    # the plan's VMEM, its cross-chip buffers counted, is the compiler's figure within 5% (Mosaic adds a little)
-    assert (
-        d["plan_vmem_bytes"] <= d["compiler_vmem_bytes"] * 1.01
-        and d["compiler_vmem_bytes"] <= 1.05 * d["plan_vmem_bytes"]
-    )
+    _assert_plan_vmem_is_the_compilers(d)
     assert "all-reduce over the 4x4 torus" in d["setup"]  # past one host the kernel's all-reduce goes round the torus
+
+
+def _assert_plan_vmem_is_the_compilers(d: dict) -> None:
+    """The plan's VMEM, its cross-chip buffers counted, is the compiler's figure within 5% (Mosaic adds a little; the
+    compiler rounds its figure to three digits)."""
+    assert d["plan_vmem_bytes"] <= d["compiler_vmem_bytes"] * 1.01
+    assert d["compiler_vmem_bytes"] <= 1.05 * d["plan_vmem_bytes"], (d["plan_vmem_bytes"], d["compiler_vmem_bytes"])
 
 
 @needs_libtpu
@@ -111,10 +114,7 @@ def test_tiny_moe_compiles_over_an_eight_host_torus_and_a_v5p_cube_as_planned(mk
     assert f"all-reduce over the {topology.split(':')[1]} torus" in d["setup"]
     assert d["compiler_argument_bytes"] == d["plan_bytes"]
     assert d["compiler_alias_bytes"] == d["plan_cache_bytes"]
-    assert (
-        d["plan_vmem_bytes"] <= d["compiler_vmem_bytes"] * 1.01
-        and d["compiler_vmem_bytes"] <= 1.05 * d["plan_vmem_bytes"]
-    )
+    _assert_plan_vmem_is_the_compilers(d)
 
 
 def test_a_chips_semaphores_stop_growing_with_the_slice_past_sixteen_chips():

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 
+from ..dtypes import ARRAY_DTYPES
 from ..sharding import chunk_width
 from ..units import LANE, round_up
 from .layout import ROWS, group_width, heads_lanes
 from .records import AllReduce
 
-_PAYLOAD = {2: "bfloat16", 4: "float32"}  # an all-reduce's payload item size: its buffers' data type
-_ITEMSIZE = {"bfloat16": 2, "float32": 4, "int32": 4}
+_PAYLOAD = {size: name for name, size in ARRAY_DTYPES.items()}  # an all-reduce's payload item size: its data type
+_ITEMSIZE = dict(ARRAY_DTYPES, int32=4)  # and the greedy pick's indices
 
 
 def all_reduce_buffers(plan) -> dict:
