@@ -28,6 +28,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # XLA:CPU runs at most NPROC device programs at once (default: the cores); the 8-chip kernels' collectives
 # need all 8 in the kernel together (mk.sharding.simulate_chips)
 os.environ.setdefault("NPROC", "16")
+# Each test worker on cores of its own (xdist's gw0, gw1, ...: with as many workers as cores, one each), and the
+# processes it starts (the CLI's, the notebooks') with it. The 8-chip interpreted kernels run a thread a chip, all
+# contending for one interpreter lock; with both workers' threads free to move between the cores, their switching
+# cost the run a tenth or more (two workers on 2 cores, one run each way in a row: tests/test_formats_kernel.py 118 s
+# -> 97 s pinned, tests/test_sharding.py with test_gpt_oss_kernel.py 143 s -> 130 s; the CPU time spent in the operating
+# system halved).
+_worker, _workers = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _worker.startswith("gw") and hasattr(os, "sched_setaffinity"):
+    _cores = sorted(os.sched_getaffinity(0))
+    _n = int(_worker[2:])
+    os.sched_setaffinity(0, {c for i, c in enumerate(_cores) if i % _workers == _n} or {_cores[_n % len(_cores)]})
 
 # jsonschema (nbformat's validator) builds an RFC 3987 grammar at import where rfc3987_syntax is installed (jupyterlab's
 # dependencies bring it): 1.2 s a test process; a notebook's schema checks no IRI, so that format checker is left out
