@@ -224,6 +224,22 @@ def test_the_speed_of_light_of_a_known_chip_a_given_one_and_an_unknown_one():
     assert not unknown.known and unknown.fractions({"a": [1.0]}, "a") is None
 
 
+def test_device_memory_is_released_on_an_accelerator_and_left_alone_on_the_cpu(monkeypatch):
+    """Between cases a chip's memory is collected, and with ``caches`` JAX's compiled programs dropped; on the CPU
+    neither (a full collection, or clearing every cache, of a long-lived process costs seconds)."""
+    import gc
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)
+    monkeypatch.setattr(jax, "clear_caches", lambda: calls.append("clear_caches"))
+    harness.release_device_memory(jax.devices("cpu")[0], caches=True)
+    assert calls == []
+    harness.release_device_memory(SimpleNamespace(platform="tpu"))
+    assert calls == ["collect"]
+    harness.release_device_memory(SimpleNamespace(platform="gpu"), caches=True)
+    assert calls == ["collect", "clear_caches", "collect"]
+
+
 def test_steps_in_one_call_for_xla_pick_what_single_steps_pick():
     """mk.measure.steps.greedy_steps_call for the general stack: three greedy steps in one program (a fori_loop), each
     step's picks the next one's tokens, pick what three single steps pick from the same cache and positions."""

@@ -379,8 +379,8 @@ def start_transformers(
 
     def close():
         held.clear()
-        gc.collect()
-        if cuda:
+        if cuda:  # the GPU's memory back for the next engine (on a CPU, the host's: freed as its references go)
+            gc.collect()
             torch.cuda.empty_cache()
 
     return TimedStep(

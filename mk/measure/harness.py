@@ -19,6 +19,7 @@ versions collector, the speed of light a row is set against, and timing engines 
 from __future__ import annotations
 
 import datetime
+import gc
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -220,6 +221,20 @@ def usable_hbm(device, fraction: float) -> float | None:
     if limit is None and known_chip(device) is not None:
         limit = get_chip(known_chip(device)).hbm_bytes
     return None if limit is None else fraction * limit
+
+
+def release_device_memory(device, caches: bool = False) -> None:
+    """Between a measurement's cases on an accelerator: a full collection, so that arrays held only by reference
+    cycles leave its memory before the next case allocates; with ``caches``, JAX's compiled programs dropped too (they
+    hold their calls, and a failed call its weights: a case after two failed ones on the v5e ran out of HBM). On a
+    CPU, nothing: its arrays are the process's own memory, freed as their last reference goes, and a full collection
+    or a cleared cache in a long-lived process costs seconds (the test suite's: about 5 s each) and every later
+    program its compile."""
+    if device.platform == "cpu":
+        return
+    if caches:
+        jax.clear_caches()
+    gc.collect()
 
 
 # Timing engines into rows ---------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ Rows go to data/measured/tpu_hbm.csv (mk.paths.TPU_HBM_CSV) with mk.measure.harn
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from ..files import append_csv_rows
 from ..paths import TPU_HBM_CSV
 from ..profiling import Estimate, dma_stream_call, probe_calls
 from ..progress import Log
-from .harness import PROVENANCE, provenance
+from .harness import PROVENANCE, provenance, release_device_memory
 from .loop import back_to_back, interleaved
 
 SIZES = (GIB // 4, GIB // 2, GIB, 2 * GIB, 4 * GIB, 8 * GIB)
@@ -123,7 +122,7 @@ def probe_read_rate(
             f"({dev.low / 1e9:.1f}-{dev.high / 1e9:.1f}), host {host / 1e9:.1f}"
         )
         del call
-        gc.collect()
+        release_device_memory(device)
     if out is not None and rows:
         append_csv_rows(rows, Path(out), COLUMNS, "an HBM read-rate row")
     return pd.DataFrame(rows, columns=COLUMNS)

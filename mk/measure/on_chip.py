@@ -23,7 +23,6 @@ and truncations that fit the chip, at several contexts and batches; and chip 0 o
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ from .harness import (
     TimedStep,
     columns,
     provenance,
+    release_device_memory,
     spec_speed_of_light,
     time_engines,
     usable_hbm,
@@ -253,12 +253,11 @@ class CaseEngines:
         return settled(placed), time.perf_counter() - t
 
     def close(self) -> None:
-        """Let the case's weights go: its trees, its steps, and the compiled calls that hold them (JAX's caches keep
-        a failed cell's call, and with it its weights: a case after two failed ones on the v5e ran out of HBM)."""
+        """Let the case's weights go: its trees, its steps, and on a chip the compiled calls that hold them
+        (mk.measure.harness.release_device_memory)."""
         self.weights.clear()
         self.steps.clear()
-        jax.clear_caches()
-        gc.collect()
+        release_device_memory(self.device, caches=True)
 
 
 # Rows -----------------------------------------------------------------------------------------------------------
@@ -427,7 +426,7 @@ def measure_case(case: Case, out=None, seed: int = 0, budget_s: float = CELL_BUD
                 notes.append(f"{cfg.name} {case.dtype} context {c.context} batch {c.batch}: failed "
                              f"({type(e).__name__}: {first[0] if first else ''})"[:400])  # fmt: skip
                 log(notes[-1])
-                gc.collect()
+                release_device_memory(device)
                 continue
             rows += got
             if out is not None:

@@ -42,7 +42,6 @@ arrays of one group of engines are let go before the next group's are built.
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -78,6 +77,7 @@ from .harness import (
     TimedStep,
     array_dtype,
     provenance,
+    release_device_memory,
     spec_speed_of_light,
     time_engines,
     unknown_speed_of_light,
@@ -453,7 +453,7 @@ def _build_group(
             built[label] = builds.build(engine, row_columns)
         except Exception as e:
             failed_builds.add(label)
-            gc.collect()
+            release_device_memory(dev)
             if _out_of_memory(e):
                 notes.append(f"{label}: skipped, it ran out of memory ({_first_line(e)})")
             else:
@@ -479,7 +479,7 @@ def _time_groups(smoke: SmokeRun, timing: _Timing, mesh, dev, prov, deadline, no
     for i, group in enumerate(timing.groups):
         for label in [x for x in built if x not in group]:
             del built[label]
-        gc.collect()
+        release_device_memory(dev)
         if time.perf_counter() >= deadline:
             notes.append(
                 f"{', '.join(group)}: not timed, the {smoke.budget_s:.0f} s budget was spent (a larger --budget-s)"
