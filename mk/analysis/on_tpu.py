@@ -119,7 +119,7 @@ KNOWN_MISSES = {
 COLUMNS = [
     "engine", "what", "model", "base_model", "layers", "setup", "chip", "dtype", "context", "batch", "host_ms",
     "device_ms", "device_low_ms", "device_high_ms", "profiled_ms", "modelled_ms", "error", "host_over_device",
-    "device_fraction_of_spec", "device_fraction_of_limit", "date", "device", "commit",
+    "device_fraction_of_spec", "device_fraction_of_limit", "date", "device", "commit", "kernel_revision",
 ]  # fmt: skip
 
 
@@ -210,6 +210,7 @@ def tpu_steps(path=None) -> pd.DataFrame:
             modelled_ms=modelled * 1e3, error=modelled * 1e3 / r.device_step_ms - 1,
             host_over_device=r.step_ms / r.device_step_ms - 1, device_fraction_of_spec=r.device_fraction_of_spec,
             device_fraction_of_limit=r.device_fraction_of_limit, date=r.date, device=r.device, commit=r.commit,
+            kernel_revision=r.kernel_revision,
         ))  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS).assign(kind=f"measured (TPU, device time) vs {MODELLED}")
 

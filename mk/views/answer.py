@@ -1,0 +1,61 @@
+"""The measured answer, drawn (mk.analysis.answer): for every cell both engines ran on the chip, the megakernel's
+speed-up over XLA's compiled step beside each engine's fraction of the chip's measured read limit, a row a cell, so the
+gap shows at a glance (ratios and fractions, never absolute times from zero)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..figures import context_label, template_colours
+
+SPEEDUP_TICKS = (1, 1.1, 1.25, 1.5, 2, 2.5, 3, 4)
+ROW_PX = 22  # pixels a cell's row takes: labels of 11-13 px apart with room between
+
+
+def cell_label(r) -> str:
+    """A cell in words: its model, a data type other than bf16, its context and users."""
+    dtype = "" if r.dtype == "bf16" else f", {r.dtype.split('+')[-1].replace('-', ' ')}"
+    return f"{r.model}{dtype}, {context_label(int(r.context))}, {int(r.batch)} user{'s' * (r.batch > 1)}"
+
+
+def answer_figure(answer: pd.DataFrame, title: str) -> go.Figure:
+    """Left: each cell's speed-up (XLA's step over the megakernel's, with the interval of both engines' 95% intervals),
+    coloured by family, a line at 1 (no gain). Right: each engine's fraction of the measured limit, a line at 1. One
+    row a cell, in the table's order (family, users, context)."""
+    a = answer.assign(row=[cell_label(r) for r in answer.itertuples()])
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.05)
+    colours = template_colours()
+    for colour, (family, g) in zip(colours[2:], a.groupby("family", sort=False)):
+        fig.add_scatter(
+            x=g.speedup, y=g.row, mode="markers", marker=dict(color=colour, size=10), name=f"speed-up, {family}",
+            error_x=dict(type="data", symmetric=False, array=g.speedup_high - g.speedup,
+                         arrayminus=g.speedup - g.speedup_low),
+            hovertemplate="%{y}: %{x:.3f}x<extra></extra>", row=1, col=1,
+        )  # fmt: skip
+    engines = (
+        ("megakernel_fraction_of_limit", "megakernel", "circle"),
+        ("xla_fraction_of_limit", "XLA", "diamond-open"),
+    )
+    for colour, (col, words, symbol) in zip(colours, engines):
+        fig.add_scatter(
+            x=a[col], y=a.row, mode="markers", name=f"{words}, fraction of the limit",
+            marker=dict(color=colour, size=10, symbol=symbol, line=dict(width=2, color=colour)),
+            hovertemplate=f"{words}: %{{x:.3f}} of the limit<extra>%{{y}}</extra>", row=1, col=2,
+        )  # fmt: skip
+    for col in (1, 2):
+        fig.add_vline(x=1, line=dict(dash="dash", color="grey"), row=1, col=col)
+    top = max(a.speedup_high.max(), 1.1)
+    ticks = [t for t in SPEEDUP_TICKS if t <= top * 1.05]
+    fig.update_xaxes(title_text="speed-up over XLA (log)", type="log", tickvals=ticks,
+                     ticktext=[f"{t:g}x" for t in ticks], range=[math.log10(0.97), math.log10(top * 1.05)], row=1,
+                     col=1)  # fmt: skip
+    low = math.floor(20 * min(a.xla_fraction_of_limit.min(), a.megakernel_fraction_of_limit.min())) / 20
+    fig.update_xaxes(title_text=f"of the measured limit (from {low:g})", range=[low, 1.05], row=1, col=2)
+    fig.update_yaxes(autorange="reversed", ticksuffix="  ")
+    fig.update_layout(title=title, height=ROW_PX * len(a) + 330, margin=dict(l=330),
+                      legend=dict(orientation="h", y=1.0, yanchor="bottom"))  # fmt: skip
+    return fig
