@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .analysis.answer import answer_sentence
 from .analysis.claims import claims_table
 from .figures import FOOTER_NAME, KINDS
 from .files import git_commit, write_atomic
@@ -126,8 +127,10 @@ def export_table(
     check_kind(kind)
     if not isinstance(hardware, str) or not hardware.strip():
         raise ValueError(f"table {name!r} needs its hardware (a chip, a slice, this machine's device, or 'any chip')")
-    if not isinstance(df.index, pd.RangeIndex):
-        df = df.reset_index()  # a meaningful index becomes columns, as the notebook shows it
+    if isinstance(df.index, pd.MultiIndex) or df.index.name is not None:
+        df = df.reset_index()  # a meaningful (named) index becomes columns, as the notebook shows it
+    else:
+        df = df.reset_index(drop=True)  # a filtered table's row numbers are no column
     check_units(df, name)
     out = Path(out_dir) if out_dir is not None else figures_dir()
     df = df.assign(**{c: df[c].map(lambda x: _significant(x, significant)) for c in df.columns
@@ -284,19 +287,78 @@ def _claims_html(claims: pd.DataFrame, present: dict[str, str]) -> str:
     )
     return (
         "<h2 id=\"claims\">The write-up's claims against the workbook, and the workbook's own</h2>"
-        '<p class="meta">Each claim of the write-up (<code>data/published.csv</code>), its published value, the value '
-        "this workbook computes for it (mk.sol, mk.routing, the timing model through mk.analysis.verdict) and its "
-        "kind: "
-        "<b>modelled</b> is a test of the workbook; <b>fitted</b>, <b>input</b> and <b>by construction</b> are met by "
-        "design and test nothing; <b>derived</b> is a ratio of two other claims; error = workbook / published - 1. "
-        "Its role says the same for the row (a test, a fitted point, a bound: a published 'over' or 'under' figure, "
-        "compared as a bound), and its per-op costs where a timed step's core costs come from (compiler-scheduled: "
-        "libtpu's schedule of the kernel; assumed or fitted: data/timing.csv; '-': none enters). "
-        "Then the workbook's own claims, with no published value and so no error: their kind names the model, the "
-        "kernel setup and what they assume.</p>"
+        '<p class="meta">Each claim of the write-up (<code>data/published.csv</code>): its published value, the value '
+        "this workbook computes or measures for it, and the error workbook / published - 1. Where one TPU v5e measured "
+        "a claim, the measured row (key ending <code>_measured</code>) stands right below its modelled twin, its "
+        "scope and date in its kind. Then the workbook's own claims, with no published value and so no error.</p>"
+        f"{_definitions(claims)}"
         f'<div class="scroll"><table class="data claims"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
         "</table></div>"
     )
+
+
+# notebook 12's table of the measured answer (mk.analysis.answer), which the page opens with
+ANSWER = "12_measured_answer"
+ANSWER_SHOWN = ["model", "dtype", "context", "batch", "megakernel_ms", "xla_ms", "speedup",
+                "megakernel_fraction_of_limit", "xla_fraction_of_limit", "note", "date", "kernel_revision"]  # fmt: skip
+
+
+def _answer_html(folder: Path) -> str:
+    """The page's opening: the measured answer's sentence (mk.analysis.answer.answer_sentence, computed from the rows
+    notebook 12 exported) above those rows; a line saying where it would come from when notebook 12 has not run."""
+    path = folder / f"{ANSWER}.csv"
+    if not path.exists():
+        return (f'<h2 id="answer">The measured answer</h2><p class="meta">Not here: notebook 12 exports it '
+                f"(<code>{ANSWER}.csv</code>) from data/measured/tpu.csv.</p>")  # fmt: skip
+    t = pd.read_csv(path)
+    meta = json.loads((folder / f"{ANSWER}{META_SUFFIX}").read_text(encoding="utf-8"))
+    return (
+        '<h2 id="answer">The measured answer: what one kernel a step buys on a TPU</h2>'
+        f'<p class="answer">{_esc(answer_sentence(t))}</p>'
+        f'<p class="meta">A row a cell both engines ran on the chip ({len(t)}; every column in '
+        f'<a href="{ANSWER}.csv">{ANSWER}.csv</a>, drawn in <a href="#fig-{ANSWER}">its figure</a>): '
+        f'{_esc(meta.get("source") or "")}. <span class="kind measured">measured</span> on '
+        f"{_esc(meta['hardware'])}.</p>"
+        f'<div class="scroll">{html_table(t[[c for c in ANSWER_SHOWN if c in t]], 3)}</div>'
+    )
+
+
+# What each kind and role of a claims row means, as the table's legend (only those present are listed).
+KIND_WORDS = {
+    "modelled": "computed here from a model of the hardware (mk.sol, mk.routing, mk.timing); its kind names the model "
+    "and setup",
+    "measured": "timed on the chip named, on the date given (data/measured/); a measured + modelled row adds a "
+    "modelled part, named in it",
+    "fitted": "the model was fitted to this very number: met by design, a test of nothing",
+    "input": "the number is an input of the model: met by design",
+    "derived": "a ratio of two other claims, named in it",
+}
+ROLE_WORDS = {
+    "test": "a test of the workbook: the model against a published number it was not fitted to",
+    "test (baseline fitted)": "a test whose general-stack side is a fitted point",
+    "fitted": "a point the model was fitted to (data/timing.csv), not a test",
+    "fitted (megakernel step)": "its megakernel side is the point a GPU cost per op was fitted to, not a test",
+    "input": "an input of the model, not a test",
+    "derived": "a ratio of two other rows",
+    "bound": "a published 'over' or 'under' figure, compared as a bound: the error says how far past or short",
+    "measured": "measured on a chip: a check of the published number in the scope its kind states",
+    "measured, another comparison": "measured, against another baseline than the claim's (its kind says which): no "
+    "error",
+    "workbook's own": "the workbook's own claim: no published value, so no error",
+}
+
+
+def _definitions(claims: pd.DataFrame) -> str:
+    """The legend above the claims table: the kinds and roles its rows use, each in a line, and the per-op costs."""
+    kinds = [k for k in KIND_WORDS if claims.kind.astype(str).str.startswith(k).any()]
+    roles = [r for r in ROLE_WORDS if (claims.role == r).any()]
+    others = sorted(set(claims.role) - set(ROLE_WORDS))
+    items = [f"<li><b>{_esc(k)}</b>: {_esc(KIND_WORDS[k])}</li>" for k in kinds]
+    items += [f"<li>role <i>{_esc(r)}</i>: {_esc(ROLE_WORDS[r])}</li>" for r in roles]
+    items += [f"<li>role <i>{_esc(r)}</i>: as its kind says</li>" for r in others]
+    items.append("<li><i>per-op costs</i>: where a timed step's core costs come from (compiler-scheduled: libtpu's "
+                 "schedule of the kernel; assumed or fitted: data/timing.csv; '-': none enters)</li>")  # fmt: skip
+    return f'<ul class="meta definitions">{"".join(items)}</ul>'
 
 
 def _error_words(error: float, role: str) -> str:
@@ -329,6 +391,7 @@ img { max-width: 100%; border: 1px solid #ddd; }
 table.data { border-collapse: collapse; font-size: 0.85em; margin: 0.4em 0; }
 table.data th, table.data td { border-bottom: 1px solid #e4e4e4; padding: 0.2em 0.6em; vertical-align: top; }
 table.data th { background: #f4f4f4; }
+.answer { font-size: 1.1em; border-left: 4px solid #4c78a8; padding-left: 0.8em; }
 .num { text-align: right; white-space: nowrap; } .text { text-align: left; }
 table.data th, table.data th.num { white-space: normal; overflow-wrap: normal; }
 table.data td.text { min-width: 6em; max-width: 30em; overflow-wrap: anywhere; }
@@ -473,6 +536,7 @@ def write_report(
         f"(computed here from a model of the hardware) or {_kind('measured')} (timed by this code on the "
         "hardware named), on what hardware, and when it was written.</p>",
     ]
+    out.append(_answer_html(folder))
     if claims is not False:
         table = claims_table() if claims is True else claims
         present = {}

@@ -1,5 +1,6 @@
 """mk.report: tables exported with their provenance, and the one offline page gathering figures and tables."""
 
+import html
 import json
 import re
 
@@ -9,7 +10,8 @@ import pytest
 
 import mk.figures
 from mk.__main__ import main
-from mk.analysis.claims import CLAIMS, WORKBOOK_CLAIMS, claims_table
+from mk.analysis import on_tpu
+from mk.analysis.claims import CLAIMS, OTHER_COMPARISON, WORKBOOK_CLAIMS, claims_table
 from mk.analysis.verdict import STAND_IN_ROLE, is_test
 from mk.figures import provenance, save_figure
 from mk.notebook import Table, in_ms, show
@@ -148,11 +150,24 @@ def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(
     monkeypatch.setattr(mk.figures, "_exporter", False)
     claims = claims_table()
     measured = [k for k in claims.key if k.endswith("_measured")]  # what a TPU measured (data/measured/tpu.csv)
-    assert list(claims.key) == [*CLAIMS, *measured, *WORKBOOK_CLAIMS] and claims.key.is_unique
+    modelled = [k for k in claims.key if not k.endswith("_measured")]
+    assert modelled == [*CLAIMS, *WORKBOOK_CLAIMS] and claims.key.is_unique
+    keys = list(claims.key)
     c = claims.set_index("key")
-    assert {k.removesuffix("_measured") for k in measured} <= set(CLAIMS)
-    for k in measured:  # a measured value against its published one, the chip in its kind
-        assert c.kind[k].startswith("measured (") and "TPU v5e" in c.kind[k] and c.published[k] == c.published[k[:-9]]
+    assert {k.removesuffix("_measured") for k in measured} <= set(CLAIMS) | set(WORKBOOK_CLAIMS)
+    steps = on_tpu.tpu_steps()
+    for k in measured:  # right below its modelled twin, against the same published value, the chip and its own date
+        twin = k.removesuffix("_measured")
+        assert keys[keys.index(k) - 1] == twin, k
+        assert c.kind[k].startswith("measured") and "TPU v5e" in c.kind[k], k
+        assert c.published[k] == c.published[twin] or pd.isna(c.published[k]) and pd.isna(c.published[twin])
+        dates = set(re.findall(r"\d{4}-\d\d-\d\d", c.kind[k]))
+        assert len(dates) == 1 and dates <= set(steps.date.str[:10]), (k, c.kind[k])  # its own date, one
+    # the dense speed-up the chip measured is against XLA, not vLLM: its scope in its words, and no error against vLLM's
+    same_tpu = "verdict_dense_same_tpu_measured"
+    if same_tpu in c.index:
+        assert "XLA" in c.claim[same_tpu] and "not vLLM" in c.kind[same_tpu] and "tpu-v5e-8" not in c.claim[same_tpu]
+        assert pd.isna(c.error[same_tpu]) and c.role[same_tpu] == OTHER_COMPARISON
     assert c.published["mk_v5e8_moe_tps"] == published("mk_v5e8_moe_tps")  # read, never typed
     assert abs(c.error["sol_h100"]) < 0.01 and abs(c.error["bytes_per_token_moe"]) < 0.02  # mk.sol's count
     assert c.workbook["straggler_max_experts"] == pytest.approx(2.53, abs=0.005)  # exact, mk.routing
@@ -166,7 +181,7 @@ def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(
     )
     # every row says what it is and where a timed step's per-op costs come from
     roles = {"test", "test (baseline fitted)", "fitted", "fitted (megakernel step)", "input", "by construction",
-             "derived", "bound", "measured", "workbook's own", STAND_IN_ROLE}  # fmt: skip
+             "derived", "bound", "measured", OTHER_COMPARISON, "workbook's own", STAND_IN_ROLE}  # fmt: skip
     assert set(c.role) <= roles
     assert c.role["sol_h100"] == "test" and c.op_costs["sol_h100"] == "-"
     assert c.op_costs["mk_v5e8_moe_step"] in ("compiler-scheduled", "assumed")
@@ -189,6 +204,10 @@ def test_the_claims_table_holds_every_claim_computed_and_the_page_opens_with_it(
     bound = "meets the bound" if c.error["kimi_speculative_tps"] >= 0 else "short of the bound"
     assert page.count(bound) == 1
     assert 'href="#fig-07_validation"' in page and page.index('id="claims"') < page.index('id="nb-07"')
+    # the page opens with the measured answer (here: where notebook 12 would export it), then the claims with the
+    # legend of every role they use
+    assert page.index('id="answer"') < page.index('id="claims"') and "12_measured_answer.csv" in page
+    assert all(f"<i>{html.escape(r)}</i>" in page for r in set(c.role))
     ids = re.findall(r'\bid="([^"]+)"', page)
     assert len(ids) == len(set(ids)) and {"fig-07_validation", "table-07_validation"} <= set(ids)
 

@@ -19,8 +19,6 @@ import statistics
 
 import pandas as pd
 
-from ..chips import measured_limit
-from ..sol import speed_of_light
 from .on_tpu import STAND_IN, measured_config, tpu_steps
 
 ENGINES = ("megakernel", "reference")  # the reference runs as XLA compiles it
@@ -32,17 +30,9 @@ COLUMNS = [
     "model", "base_model", "layers", "family", "dtype", "setup", "chip", "context", "batch",
     "megakernel_ms", "megakernel_low_ms", "megakernel_high_ms", "xla_ms", "xla_low_ms", "xla_high_ms",
     "megakernel_GB", "xla_GB", "megakernel_fraction_of_limit", "xla_fraction_of_limit",
-    "speedup", "speedup_low", "speedup_high", "limit_GBps", "note", "date", "xla_date", "commit",
+    "speedup", "speedup_low", "speedup_high", "note", "date", "xla_date", "commit",
     "kernel_revision",
 ]  # fmt: skip
-
-
-def engine_bytes(row, engine: str) -> float:
-    """The bytes ``engine`` reads a step of a measured cell (mk.sol): the row's data type for the megakernel, its float
-    part for XLA's reference ("bf16+int8-experts" -> "bf16")."""
-    dtype = str(row["dtype"]) if engine == "megakernel" else str(row["dtype"]).split("+", 1)[0]
-    cfg = measured_config(row)
-    return speed_of_light(cfg, row["chip"], int(row["context"]), int(row["batch"]), dtype).bytes_per_token
 
 
 def measured_answer(steps: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -66,27 +56,23 @@ def measured_answer(steps: pd.DataFrame | None = None) -> pd.DataFrame:
 
 
 def _cell(cell: dict, mk, xla) -> dict:
-    limit = measured_limit(cell["chip"]).bandwidth
-    mk_bytes, xla_bytes = engine_bytes(mk, "megakernel"), engine_bytes(xla, "reference")
-    frac = {
-        e: b / (ms / 1e3) / limit for e, b, ms in (("mk", mk_bytes, mk.device_ms), ("xla", xla_bytes, xla.device_ms))
+    # an engine past 1 even at its interval's long end: a count or the limit is wrong, not noise
+    worst = {
+        e: r.device_fraction_of_limit * r.device_ms / r.device_high_ms for e, r in (("megakernel", mk), ("XLA", xla))
     }
-    # an engine's fraction at its interval's long end: past 1 there too means a count, not noise
-    worst = {"mk": mk_bytes / (mk.device_high_ms / 1e3) / limit, "xla": xla_bytes / (xla.device_high_ms / 1e3) / limit}
-    notes = [f"{w}: {PAST_LIMIT[worst[e] <= 1]}" for e, w in (("mk", "megakernel"), ("xla", "XLA")) if frac[e] > 1]
+    notes = [f"{e}: {PAST_LIMIT[worst[e] <= 1]}" for e, r in (("megakernel", mk), ("XLA", xla))
+             if r.device_fraction_of_limit > 1]  # fmt: skip
     if "+" in str(cell["dtype"]):
         notes.append(f"XLA computes with the {str(cell['dtype']).split('+')[0]} weights it dequantized once")
-    cfg = measured_config(mk)
     return dict(
-        cell, family="MoE" if cfg.num_experts else "dense",
+        cell, family="MoE" if measured_config(mk).num_experts else "dense",
         megakernel_ms=mk.device_ms, megakernel_low_ms=mk.device_low_ms, megakernel_high_ms=mk.device_high_ms,
         xla_ms=xla.device_ms, xla_low_ms=xla.device_low_ms, xla_high_ms=xla.device_high_ms,
-        megakernel_GB=mk_bytes / 1e9, xla_GB=xla_bytes / 1e9,
-        megakernel_fraction_of_limit=frac["mk"], xla_fraction_of_limit=frac["xla"],
-        speedup=xla.device_ms / mk.device_ms, speedup_low=xla.device_low_ms / mk.device_high_ms,
-        speedup_high=xla.device_high_ms / mk.device_low_ms, limit_GBps=limit / 1e9, note="; ".join(notes),
-        date=str(mk.date)[:10], xla_date=str(xla.date)[:10], commit=str(mk.commit).split(" ")[0],
-        kernel_revision=int(mk.kernel_revision),
+        megakernel_GB=mk.step_GB, xla_GB=xla.step_GB, megakernel_fraction_of_limit=mk.device_fraction_of_limit,
+        xla_fraction_of_limit=xla.device_fraction_of_limit, speedup=xla.device_ms / mk.device_ms,
+        speedup_low=xla.device_low_ms / mk.device_high_ms, speedup_high=xla.device_high_ms / mk.device_low_ms,
+        note="; ".join(notes), date=str(mk.date)[:10], xla_date=str(xla.date)[:10],
+        commit=str(mk.commit).split(" ")[0], kernel_revision=int(mk.kernel_revision),
     )  # fmt: skip
 
 
@@ -99,6 +85,8 @@ GROUPS = {
     "one user, 8K and longer": lambda t: (t.batch == 1) & (t.context > 1024),
     "MoE, one user, 1K": lambda t: (t.family == "MoE") & (t.batch == 1) & (t.context == 1024),
 }
+GROUP_COLUMNS = ["group", "cells", "median_speedup", "min_speedup", "max_speedup", "megakernel_min_fraction",
+                 "megakernel_max_fraction", "xla_min_fraction", "xla_max_fraction", "models"]  # fmt: skip
 SAME = 0.01  # two median speed-ups closer than this are "about the same" in the sentence
 
 
@@ -106,6 +94,14 @@ def answer_groups(answer: pd.DataFrame) -> pd.DataFrame:
     """Per group of :data:`GROUPS` (bf16 cells): how many cells, the median speed-up and its range, and each engine's
     range of fractions of the limit."""
     t = answer[answer.dtype == "bf16"]
+    # to the figures an exported table keeps (mk.report.SIGNIFICANT), so the sentence is the same from either
+    t = t.assign(
+        **{
+            c: t[c].map(lambda x: float(f"{x:.4g}"))
+            for c in t.columns
+            if c.startswith(("speedup", "megakernel_f", "xla_f"))
+        }
+    )
     rows = []
     for name, which in GROUPS.items():
         g = t[which(t)]
@@ -118,7 +114,7 @@ def answer_groups(answer: pd.DataFrame) -> pd.DataFrame:
             xla_min_fraction=g.xla_fraction_of_limit.min(), xla_max_fraction=g.xla_fraction_of_limit.max(),
             models=", ".join(sorted(set(g.model))),
         ))  # fmt: skip
-    return pd.DataFrame(rows).assign(kind=KIND)
+    return pd.DataFrame(rows, columns=GROUP_COLUMNS).assign(kind=KIND)
 
 
 def _range(lo: float, hi: float, fmt: str, unit: str = "") -> str:

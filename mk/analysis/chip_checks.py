@@ -229,13 +229,14 @@ def format_table(folder=None, runs=FORMAT_RUNS) -> pd.DataFrame:
                 bf16_ms=b.device_step_ms, bf16_low_ms=b.device_step_low_ms, bf16_high_ms=b.device_step_high_ms,
                 xla_bf16_ms=xb.device_step_ms, speedup_over_bf16=b.device_step_ms / f.device_step_ms,
                 bytes_over_bf16=f.bytes_per_token / b.bytes_per_token,
-                bf16_fraction_of_limit=b.device_fraction_of_limit,
+                bf16_fraction_of_limit=on_tpu.fraction_of_limit(b.bytes_per_token, b.device_step_ms / 1e3, b.chip),
             )  # fmt: skip
             rows.append(dict(
                 what=model, context=int(context), batch=int(batch), format=fmt,
                 format_ms=f.device_step_ms, format_low_ms=f.device_step_low_ms, format_high_ms=f.device_step_high_ms,
                 xla_ms=xf.device_step_ms, speedup_over_xla=xf.device_step_ms / f.device_step_ms,
-                format_fraction_of_limit=f.device_fraction_of_limit, **bf16, date=str(f.date)[:10],
+                format_fraction_of_limit=on_tpu.fraction_of_limit(f.bytes_per_token, f.device_step_ms / 1e3, f.chip),
+                **bf16, date=str(f.date)[:10],
                 source=f"tpu_logs/{name}",
             ))  # fmt: skip
     return pd.DataFrame(rows).assign(kind="measured (TPU, device time); each kernel interleaved with XLA's in one run")

@@ -9,13 +9,13 @@ import math
 import pandas as pd
 
 from ..chips import get_chip
-from ..config import get_config
+from ..config import LAYER_PAIR, get_config
 from ..kernel_setup import WORKBOOK_KERNEL, WRITE_UP_KERNEL
 from ..published import published_table
 from ..routing import busiest_chip_distribution
 from ..sol import bytes_per_token, speed_of_light
 from ..timing import op_costs_label, predict
-from .on_tpu import stand_in_headline, tpu_steps
+from .on_tpu import STAND_IN, stand_in_headline, tpu_steps
 from .sweeps import speculation_table
 from .verdict import MEGAKERNEL_SLICE, STAND_IN_ROLE, STAND_INS, big_model_cases, validation_table, verdict_table
 
@@ -69,6 +69,7 @@ POINT_KINDS = {
 # a ratio of two others, a bound (a published "over" or "under" figure, compared as a bound), a measurement, or the
 # workbook's own claim (no published value).
 TEST, BOUND, MEASURED, OWN = "test", "bound", "measured", "workbook's own"
+OTHER_COMPARISON = "measured, another comparison"  # measured, but not against what the claim compares with: no error
 NO_OP_COSTS = "-"  # a claim no per-op cost enters (bytes, the speed of light, routing, a measurement)
 
 
@@ -131,31 +132,52 @@ def workbook_claims(chip: str = MEGAKERNEL_SLICE) -> pd.DataFrame:
 
 
 def measured_claims(steps: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The write-up's claims that a measurement on one real TPU v5e speaks to (mk.analysis.on_tpu), each beside its
-    published value with the error: the MoE headline from chip 0 of the write-up's v5e-8 step measured on the chip
-    plus the links' modelled time, and the dense model's fraction of the speed of light and its speed-up over a
-    general stack on the same TPU from Gemma 4 31B at full width (its first sliding and full layer) on one chip,
-    XLA's compiled reference standing for the general stack. Empty where nothing was measured on a TPU."""
+    """The claims that a measurement on one real TPU v5e speaks to (mk.analysis.on_tpu), each in its real scope and
+    with its own date, to stand beside its modelled twin (the key without ``_measured``):
+
+    - the MoE headline (step, tokens/s, fraction of the speed of light) from chip 0 of the write-up's v5e-8 step
+      measured on the chip plus the links' modelled time on one link (partly modelled: the long end of the links);
+    - the workbook's own MoE claim (:data:`WORKBOOK_CLAIMS`) the same way, from chip 0 of the workbook's kernel;
+    - the dense model's fraction of the speed of light from Gemma 4 31B's first sliding and full layer on one chip;
+    - the dense speed-up on the same TPU from the same cut against XLA's compiled reference: another comparison than
+      the write-up's (vLLM on a v5e-8), so no error is given.
+
+    Empty where nothing was measured on a TPU."""
     s = tpu_steps() if steps is None else steps
     pub = published_table().set_index("key")
     rows = []
-    head = stand_in_headline(s)
-    head = head[head.setup == WRITE_UP_KERNEL.name]
-    for r in head.itertuples():
-        date = ", ".join(sorted(set(s.date.str[:10])))
-        kind = f"measured (chip 0 of the v5e-8 step on one TPU v5e, {date}) + modelled (its links, mk.timing)"
+    head = stand_in_headline(s).set_index("setup")
+    chip0 = s[s.setup.str.endswith(STAND_IN) & (s.context == 1024) & (s.batch == 1)].set_index("setup").date
+    scope = "chip 0 of the v5e-8 step measured on one TPU v5e, {}, + its links modelled on one link (mk.timing)"
+    if WRITE_UP_KERNEL.name in head.index:
+        r, date = head.loc[WRITE_UP_KERNEL.name], str(chip0[WRITE_UP_KERNEL.name + STAND_IN])[:10]
+        kind = "measured + modelled (" + scope.format(date) + ")"
         for key, ours in (("mk_v5e8_moe_step", r.step_ms / 1e3), ("mk_v5e8_moe_tps", r.tokens_per_s),
                           ("mk_v5e8_moe_sol_fraction", r.fraction_of_sol)):  # fmt: skip
             rows.append(_measured_row(pub.loc[key], key, ours, kind, ("12_headline",)))
+    if WORKBOOK_KERNEL.name in head.index:
+        r, date = head.loc[WORKBOOK_KERNEL.name], str(chip0[WORKBOOK_KERNEL.name + STAND_IN])[:10]
+        claim = (
+            f"fraction of the speed of light: {MOE}, the workbook's kernel, {MEGAKERNEL_SLICE}, bf16 (1024 positions, "
+        )
+        rows.append(dict(key="wb_moe_sol_fraction_measured", claim=claim + "1 user)", published=math.nan,
+                         workbook=r.fraction_of_sol, unit="", kind="measured + modelled (" + scope.format(date) + ")",
+                         role=MEASURED, op_costs=NO_OP_COSTS, error=math.nan, shown_in=["12_headline"]))  # fmt: skip
     dense = s[(s.base_model == DENSE) & (s.context == 1024) & (s.batch == 1) & (s.setup == "one chip")]
+    dense = dense[dense.layers == LAYER_PAIR]  # the cut measured at every context and batch
     if set(dense.engine) == {"megakernel", "reference"}:
         mk, xla = (dense[dense.engine == e].iloc[0] for e in ("megakernel", "reference"))
-        kind = (f"measured ({mk.model} on one TPU v5e, {mk.date[:10]}; the general stack: XLA's compiled reference, "
-                "not vLLM; a fraction of the data sheet's speed of light)")  # fmt: skip
-        rows.append(_measured_row(pub.loc["mk_v5e8_dense_sol_fraction"], "mk_v5e8_dense_sol_fraction",
-                                  mk.device_fraction_of_spec, kind, ("12_steps",)))  # fmt: skip
-        rows.append(_measured_row(pub.loc["verdict_dense_same_tpu"], "verdict_dense_same_tpu",
-                                  xla.device_ms / mk.device_ms, kind, ("12_steps",)))  # fmt: skip
+        where = f"{mk.model} (a cut of {DENSE}) on one TPU v5e, not a v5e-8, {str(mk.date)[:10]}"
+        kind = f"measured ({where}; a fraction of the speed of light at the data sheet's bandwidth)"
+        row = _measured_row(pub.loc["mk_v5e8_dense_sol_fraction"], "mk_v5e8_dense_sol_fraction",
+                            mk.device_fraction_of_spec, kind, ("12_measured_answer", "12_steps"))  # fmt: skip
+        claim = f"fraction of the speed of light: {mk.model}, megakernel, one TPU v5e, bf16 (1024 positions, 1 user)"
+        rows.append(dict(row, claim=claim))
+        kind = f"measured ({where}; the general stack: XLA's compiled reference, not vLLM)"
+        row = _measured_row(pub.loc["verdict_dense_same_tpu"], "verdict_dense_same_tpu", xla.device_ms / mk.device_ms,
+                            kind, ("12_measured_answer", "12_steps"))  # fmt: skip
+        claim = f"speed-up: {mk.model}, megakernel/XLA's compiled reference, one TPU v5e, bf16 (1024 positions, 1 user)"
+        rows.append(dict(row, claim=claim, role=OTHER_COMPARISON, error=math.nan))
     return pd.DataFrame(rows)
 
 
@@ -165,6 +187,19 @@ def _measured_row(r, key: str, ours: float, kind: str, shown) -> dict:
     return dict(key=f"{key}_measured", claim=claim, published=value, workbook=ours,
                 unit=r["unit"] if isinstance(r["unit"], str) else "", kind=kind, role=MEASURED, op_costs=NO_OP_COSTS,
                 error=ours / value - 1, shown_in=list(shown))  # fmt: skip
+
+
+def beside_twins(claims: pd.DataFrame) -> pd.DataFrame:
+    """``claims`` with each measured row (key ``K_measured``) moved to just after its modelled twin ``K``."""
+    measured = claims[claims.key.str.endswith("_measured")]
+    rest = claims[~claims.key.str.endswith("_measured")]
+    out = []
+    for _, r in rest.iterrows():
+        out.append(r)
+        out += [m for _, m in measured[measured.key == f"{r.key}_measured"].iterrows()]
+    placed = {r.key for r in out}
+    out += [m for _, m in measured.iterrows() if m.key not in placed]
+    return pd.DataFrame(out).reset_index(drop=True)
 
 
 def claims_table(
@@ -198,7 +233,7 @@ def claims_table(
             )
         )
     out = pd.concat([pd.DataFrame(rows), measured_claims()], ignore_index=True)
-    return pd.concat([out, workbook_claims()], ignore_index=True) if workbook else out
+    return beside_twins(pd.concat([out, workbook_claims()], ignore_index=True) if workbook else out)
 
 
 def _workbook_value(key: str, r, v: pd.DataFrame, d: pd.DataFrame) -> tuple[float, str, str, str]:

@@ -119,7 +119,7 @@ KNOWN_MISSES = {
 COLUMNS = [
     "engine", "what", "model", "base_model", "layers", "setup", "chip", "dtype", "context", "batch", "host_ms",
     "device_ms", "device_low_ms", "device_high_ms", "profiled_ms", "modelled_ms", "error", "host_over_device",
-    "device_fraction_of_spec", "device_fraction_of_limit", "date", "device", "commit", "kernel_revision",
+    "step_GB", "device_fraction_of_spec", "device_fraction_of_limit", "date", "device", "commit", "kernel_revision",
 ]  # fmt: skip
 
 
@@ -128,6 +128,25 @@ def measured_config(r):
     LAYER_PAIR)."""
     layers = r["layers"]
     return with_layers(r["base_model"], None if layers == "all" else int(layers) if str(layers).isdigit() else layers)
+
+
+def engine_bytes(r, engine: str | None = None) -> float:
+    """The bytes a measured row's engine reads a step (mk.sol's count, no padding), the one count every fraction of a
+    measured step is of: the row's data type for the megakernel, its float part for XLA's reference, which computes
+    with the float tree of a quantized one ("bf16+int8-experts" -> "bf16"); for a stand-in (chip 0 of a slice on one
+    chip), the slice's bytes over its chips."""
+    engine = r["engine"] if engine is None else engine
+    dtype = str(r["dtype"]) if engine == "megakernel" else str(r["dtype"]).split("+", 1)[0]
+    cfg, context, batch = measured_config(r), int(r["context"]), int(r["batch"])
+    if str(r["setup"]).endswith(STAND_IN):
+        return speed_of_light(cfg, SLICE, context, batch, dtype).bytes_per_token / get_chip(SLICE).chips
+    return speed_of_light(cfg, r["chip"], context, batch, dtype).bytes_per_token
+
+
+def fraction_of_limit(nbytes: float, seconds: float, chip: str) -> float:
+    """``nbytes`` read in ``seconds`` as a fraction of ``chip``'s measured read limit (mk.chips.measured_limit, the
+    best read rate observed on one such chip): every measured fraction of the limit the workbook shows is this."""
+    return nbytes / seconds / measured_limit(chip).bandwidth
 
 
 def _stand_in_setup(label: str):
@@ -192,7 +211,9 @@ def remeasured(path=None) -> pd.DataFrame:
 
 def tpu_steps(path=None) -> pd.DataFrame:
     """Every step measured on a TPU (rows from a CPU left out; of a cell measured more than once, the newest), with
-    the model's step and the error against the device's time; empty, with its columns, where none was measured."""
+    the model's step and the error against the device's time, the bytes its engine reads (:func:`engine_bytes`) and
+    its fractions of the data sheet's bandwidth and of the measured limit, computed now from those bytes (a row's own
+    stored fractions used the limit and the count of their day); empty, with its columns, where none was measured."""
     path = TPU_CSV if path is None else path
     if not path.exists():
         return pd.DataFrame(columns=COLUMNS)
@@ -201,6 +222,7 @@ def tpu_steps(path=None) -> pd.DataFrame:
     rows = []
     for _, r in t.iterrows():
         modelled, _ = modelled_seconds(r)
+        nbytes, seconds = engine_bytes(r), r.device_step_ms / 1e3
         rows.append(dict(
             engine=r.engine, what=cell_words(r.model, r.setup, r["dtype"]), model=r.model, base_model=r.base_model,
             layers=r.layers, setup=r.setup,
@@ -208,8 +230,10 @@ def tpu_steps(path=None) -> pd.DataFrame:
             device_ms=r.device_step_ms,
             device_low_ms=r.device_step_low_ms, device_high_ms=r.device_step_high_ms, profiled_ms=r.profiled_step_ms,
             modelled_ms=modelled * 1e3, error=modelled * 1e3 / r.device_step_ms - 1,
-            host_over_device=r.step_ms / r.device_step_ms - 1, device_fraction_of_spec=r.device_fraction_of_spec,
-            device_fraction_of_limit=r.device_fraction_of_limit, date=r.date, device=r.device, commit=r.commit,
+            host_over_device=r.step_ms / r.device_step_ms - 1, step_GB=nbytes / 1e9,
+            device_fraction_of_spec=nbytes / seconds / get_chip(r.chip).hbm_bandwidth,
+            device_fraction_of_limit=fraction_of_limit(nbytes, seconds, r.chip), date=r.date, device=r.device,
+            commit=r.commit,
             kernel_revision=r.kernel_revision,
         ))  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS).assign(kind=f"measured (TPU, device time) vs {MODELLED}")
@@ -310,9 +334,10 @@ def _cache_bytes(cfg, context: int, batch: int = 1) -> float:
 
 def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) -> pd.DataFrame:
     """The write-up's 26B-A4B step on a v5e-8 rebuilt, for each stand-in setup measured: chip 0's step measured on one
-    chip (its exchanges local copies) plus the links' time the model gives that setup, against the published step and
-    the model's own whole step. Tokens/s and the fraction of the speed of light at the data sheet's bandwidth (the
-    write-up's definition) and at the measured limit."""
+    chip (its exchanges local copies) plus the links' time the model gives that setup (on one link: the long end), and
+    chip 0's step alone (no link time: the short end), against the published step and the model's own whole step.
+    Tokens/s and the fraction of the speed of light at the data sheet's bandwidth (the write-up's definition) and at the
+    measured limit."""
     s = tpu_steps() if steps is None else steps
     s = s[s.setup.str.endswith(STAND_IN) & (s.context == context) & (s.batch == 1)]
     sol = speed_of_light("gemma4-26b-a4b", SLICE, context, 1, "bf16")
@@ -323,14 +348,16 @@ def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) ->
         p = predict("gemma4-26b-a4b", SLICE, context, 1, "megakernel", "bf16", setup=setup)
         step = r.device_ms / 1e3 + p.pacing.ici_s
         rows.append(dict(
-            setup=setup.name, chip0_measured_ms=r.device_ms, links_modelled_ms=p.pacing.ici_s * 1e3,
+            setup=setup.name, chip0_measured_ms=r.device_ms, chip0_tokens_per_s=1e3 / r.device_ms,
+            chip0_fraction_of_limit=r.device_fraction_of_limit, links_modelled_ms=p.pacing.ici_s * 1e3,
             step_ms=step * 1e3, tokens_per_s=1 / step, fraction_of_sol=sol.step_s / step,
             fraction_of_limit=sol.step_s * get_chip(SLICE).per_chip_bandwidth / limit.bandwidth / step,
             modelled_step_ms=p.step_s * 1e3, published_step_ms=published("mk_v5e8_moe_step") * 1e3,
             published_tokens_per_s=published("mk_v5e8_moe_tps"),
             published_fraction_of_sol=published("mk_v5e8_moe_sol_fraction"),
         ))  # fmt: skip
-    return pd.DataFrame(rows).assign(kind="measured (chip 0 on one TPU v5e) + modelled (links, mk.timing)")
+    kind = "measured (chip 0 on one TPU v5e) + modelled (links on one link, mk.timing)"
+    return pd.DataFrame(rows).assign(kind=kind)
 
 
 def op_profiles(path=None) -> pd.DataFrame:
@@ -382,9 +409,11 @@ def op_time(profiles: pd.DataFrame | None = None) -> pd.DataFrame:
 
 
 def op_time_by_part(parts: pd.DataFrame) -> pd.DataFrame:
-    """:func:`op_time`'s rows as a table, a row a profiled step, a column a part's milliseconds."""
-    wide = parts.pivot_table(index=["engine", "model", "context", "batch"], columns="part", values="ms", sort=False)
-    wide.columns = [f"{part.removeprefix('the ').replace(' ', '_').lower()}_ms" for part in wide.columns]
+    """:func:`op_time`'s rows as a table, a row a profiled step, a column a part's microseconds (a part can be a few
+    nanoseconds of a step of milliseconds)."""
+    wide = parts.assign(us=parts.ms * 1e3).pivot_table(index=["engine", "model", "context", "batch"], columns="part",
+                                                       values="us", sort=False)  # fmt: skip
+    wide.columns = [f"{part.removeprefix('the ').replace(' ', '_').lower()}_us" for part in wide.columns]
     return wide.reset_index().assign(kind=parts.kind.iloc[0])
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..figures import context_ticks, template_colours
+from ..figures import context_label, context_ticks, template_colours
 
 ENGINE_WORDS = {"megakernel": "megakernel", "reference": "XLA (the reference)"}
 
@@ -44,14 +44,16 @@ def read_rate_figure(t: pd.DataFrame, spec_GBps: float, limit_GBps: float, title
 
 
 def steps_figure(steps: pd.DataFrame, title: str) -> go.Figure:
-    """Each model's device time a step against context, one panel a model: the measured step (markers, with its 95%
-    interval) and the model's (dashes, joined by a dashed line), one colour per engine; one user."""
+    """Each model's device time a step against context, one panel a model measured at two contexts or more: the
+    measured step (markers, with its 95% interval) and the model's (dashes, joined by a dashed line), one colour per
+    engine; one user. Each panel's time axis spans its own steps, not from zero: the engines differ by a few percent."""
     s = steps[steps.batch == 1]
+    s = s[s.groupby("what").context.transform("nunique") > 1]
     models = list(dict.fromkeys(s.what))
-    cols = 2
+    cols = 3
     rows = -(-len(models) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=models, horizontal_spacing=0.1,
-                        vertical_spacing=0.3 / rows)  # fmt: skip
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[m.replace(", ", ",<br>", 1) for m in models],
+                        horizontal_spacing=0.08, vertical_spacing=0.4 / rows)  # fmt: skip
     colours = dict(zip(ENGINE_WORDS, template_colours()))
     ticks, labels = context_ticks(sorted(set(s.context)))  # every panel on the same axis, a model with one context too
     span = [math.log10(min(s.context)) - 0.15, math.log10(max(s.context)) + 0.15]
@@ -76,26 +78,30 @@ def steps_figure(steps: pd.DataFrame, title: str) -> go.Figure:
                 hovertemplate=f"{words}: %{{y:.4g}} ms modelled at %{{x}} positions<extra></extra>",
             )  # fmt: skip
         fig.update_xaxes(type="log", range=span, tickvals=ticks, ticktext=labels, title_text="positions", **at)
-        fig.update_yaxes(title_text="ms a step", rangemode="tozero", **at)
-    fig.update_layout(title=title, height=380 * rows + 200)
+        fig.update_yaxes(title_text="ms a step" if i % cols == 0 else None, **at)
+    fig.update_layout(title=title, height=330 * rows + 240, margin=dict(t=130))  # two-line panel titles under it
     return fig
 
 
 def error_figure(steps: pd.DataFrame, band: float, title: str) -> go.Figure:
-    """The model's error (modelled / measured - 1) on every measured row, one colour per engine, the band of +-``band``
-    shaded."""
+    """The model's error (modelled / measured - 1) on every measured cell, a row a cell with a marker per engine,
+    rows in order of the megakernel's error (a cell XLA alone ran, last), the band of +-``band`` shaded."""
+    s = steps.assign(row=[f"{m}, {context_label(c)}, {b} user{'s' * (b > 1)}"
+                          for m, c, b in zip(steps.what, steps.context, steps.batch)])  # fmt: skip
+    mk = s[s.engine == "megakernel"].set_index("row").error
+    order = list(mk.sort_values().index) + [r for r in dict.fromkeys(s.row) if r not in mk.index]
     fig = go.Figure()
-    labels = [f"{m}, {c:,} pos, {b} user{'s' * (b > 1)}" for m, c, b in zip(steps.what, steps.context, steps.batch)]
-    s = steps.assign(row=labels)
+    symbols = {"megakernel": "circle", "reference": "diamond-open"}
     for colour, (engine, g) in zip(template_colours(), s.groupby("engine")):
         fig.add_scatter(
-            x=g.error * 100, y=g.row, mode="markers", marker=dict(color=colour, size=9), name=ENGINE_WORDS[engine],
+            x=g.error * 100, y=g.row, mode="markers", name=ENGINE_WORDS[engine],
+            marker=dict(color=colour, size=10, symbol=symbols[engine], line=dict(width=2, color=colour)),
             hovertemplate="%{y}: %{x:+.3g}%<extra></extra>",
         )  # fmt: skip
     fig.add_vrect(x0=-band * 100, x1=band * 100, fillcolor="grey", opacity=0.12, line_width=0)
     fig.update_xaxes(title_text="modelled / measured - 1 (%)", zeroline=True)
-    fig.update_yaxes(autorange="reversed", ticksuffix="  ")
-    fig.update_layout(title=title, height=26 * len(s) + 300, margin=dict(l=330))
+    fig.update_yaxes(categoryorder="array", categoryarray=order, autorange="reversed", ticksuffix="  ")
+    fig.update_layout(title=title, height=20 * len(order) + 300, margin=dict(l=380))
     return fig
 
 
