@@ -430,6 +430,33 @@ def read_rates(path=None) -> pd.DataFrame:
     return t.assign(kind="measured (TPU, steps back to back)")
 
 
+def marginal_rates(rates: pd.DataFrame) -> pd.DataFrame:
+    """Per probe shape (``how``, :func:`read_rates`) read at two sizes or more: its best whole-call device rate, and the
+    rate between its two largest sizes (the extra bytes over the extra device time: a call's fixed cost cancels, so
+    this is what an ever longer read approaches), each GB/s."""
+    rows = []
+    for how, g in rates.groupby("how", sort=False):
+        g = g.sort_values("bytes")
+        if len(g) < 2:
+            continue
+        a, b = g.iloc[-2], g.iloc[-1]
+        ta, tb = a.bytes / (a.device_GBps * 1e9), b.bytes / (b.device_GBps * 1e9)
+        rows.append(dict(how=how, method=b.method, from_GiB=a.GiB, to_GiB=b.GiB, best_GBps=g.device_GBps.max(),
+                         marginal_GBps=(b.bytes - a.bytes) / (tb - ta) / 1e9,
+                         fixed_us=(ta - a.bytes * (tb - ta) / (b.bytes - a.bytes)) * 1e6))  # fmt: skip
+    return pd.DataFrame(rows).assign(kind="measured (TPU, steps back to back): differences of medians")
+
+
+def kernel_stream_rates(steps: pd.DataFrame, rows: int = 6) -> pd.DataFrame:
+    """The megakernel's own stream in its fastest measured steps: each step's bytes (:func:`engine_bytes`) over its
+    device time, as GB/s and as a fraction of the measured limit, with the fraction at its interval's long end."""
+    mk = steps[steps.engine == "megakernel"].assign(GBps=lambda t: t.step_GB / t.device_ms * 1e3)
+    mk = mk.assign(fraction_at_high_ms=mk.device_fraction_of_limit * mk.device_ms / mk.device_high_ms)
+    cols = ["what", "dtype", "context", "batch", "step_GB", "device_ms", "GBps", "device_fraction_of_limit",
+            "fraction_at_high_ms", "date"]  # fmt: skip
+    return mk.nlargest(rows, "GBps")[cols].reset_index(drop=True).assign(kind="measured (TPU, device time)")
+
+
 def parity(path=None) -> pd.DataFrame:
     """The kernel's parity on the chip (data/measured/tpu_parity.csv), one row a check: its newest run (a file keeps
     every run's rows, each with its date and commit)."""

@@ -429,7 +429,7 @@ def _big_row(key: str, situation: str, model: str, batch: int, published: float,
     modelled, m, g = _speedup(mk_case, gen_case)
     return dict(
         key=key, situation=situation, published=published, modelled=modelled, error=modelled / published - 1,
-        measured=math.nan, megakernel=_tok_s(m, mk_case), general=_tok_s(g, gen_case), role=role,
+        measured=math.nan, measured_against="", megakernel=_tok_s(m, mk_case), general=_tok_s(g, gen_case), role=role,
         op_costs=m.op_costs or "-", megakernel_setup=m.setup, beside=beside,
     )  # fmt: skip
 
@@ -437,13 +437,16 @@ def _big_row(key: str, situation: str, model: str, batch: int, published: float,
 def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
     """The write-up's verdict table: the published speed-up, the modelled one (megakernel tokens/s per user
     over the general stack's, each on the hardware the write-up used) with its error, and a measured one
-    where ``measured`` (rows with key and speedup) has it. A speed-up that is the ratio of two published points
-    (the write-up's 640 over 173 tok/s) is ``derived`` from them, not a point of its own."""
+    where ``measured`` (rows with key, speedup and what it was measured against: mk.analysis.stacks.measured_verdicts)
+    has it. A speed-up that is the ratio of two published points (the write-up's 640 over 173 tok/s) is ``derived``
+    from them, not a point of its own."""
     fitted, published = _fitted_cases(), _published_step_points()
+    got_rows = measured if measured is not None else pd.DataFrame(columns=["key", "speedup", "measured_against"])
+    got_rows = got_rows.set_index("key")
     rows = []
     for key, situation, mk_case, gen_case in VERDICTS:
         pub = float(published_table().set_index("key").loc[key, "value"])
-        got = measured.set_index("key")["speedup"].get(key, math.nan) if measured is not None else math.nan
+        got = got_rows.speedup.get(key, math.nan)
         modelled, m, g = _speedup(mk_case, gen_case)
         role = "test (baseline fitted)" if gen_case in fitted else "test"
         if mk_case in _fitted_megakernel_cases():  # its step is the one the GPU cost per op is fitted to
@@ -458,6 +461,7 @@ def verdict_table(measured: pd.DataFrame | None = None) -> pd.DataFrame:
                 modelled=modelled,
                 error=modelled / pub - 1,
                 measured=got,
+                measured_against=got_rows.measured_against.get(key, ""),
                 megakernel=f"{m.tokens_per_s:.0f} tok/s ({mk_case.chip}, {mk_case.dtype}, {mk_case.setup.name})",
                 general=f"{g.tokens_per_s:.0f} tok/s ({gen_case.chip}, {gen_case.dtype})",
                 role=role,

@@ -8,6 +8,8 @@ set against what the chip can do as well as against its data sheet.
   before the next.
 - **Times**: each probe timed alone in mk.measure.loop's one loop, a call waited on (the host's time) interleaved with
   ``steps`` calls dispatched back to back and waited on once (the device's), medians with 95% intervals.
+- **Further probes** (:func:`further_probes`): larger reads, several regions streamed at once, and the KV cache read
+  in the megakernel's own tiles, each a method of its own, so the limit is the best any of them reached.
 - **The limit**: the best sustained read rate, the largest device-time median over every method and size of at least
   1 GiB (mk.chips.measured_limit), kept with its method, size and date: a measurement, not a fitted constant.
 
@@ -24,7 +26,7 @@ import pandas as pd
 from ..chips import GIB, get_chip, known_chip
 from ..files import append_csv_rows
 from ..paths import TPU_HBM_CSV
-from ..profiling import Estimate, dma_stream_call, probe_calls
+from ..profiling import Estimate, cache_tiles_call, dma_stream_call, probe_calls
 from ..progress import Log
 from .harness import PROVENANCE, provenance, release_device_memory
 from .loop import back_to_back, interleaved
@@ -50,9 +52,18 @@ COLUMNS = PROVENANCE + (
 )
 
 
+# Further probes before the best of these is called the limit: larger reads (a call's fixed cost shrinks beside them),
+# several far-apart regions streamed at once, and the KV cache read as the megakernel's attention reads it (K and V
+# tiles of 8 head groups x 512 positions x 128 lanes, two deep). Each its own method, so tpu_hbm.csv's columns stay.
+LARGER = (12 * GIB,)
+REGIONS = 4
+CACHE_TILES = (8, 512)  # head groups, positions a tile (the kernel's KV tiles of a Qwen3 8B or a Llama 3)
+
+
 @dataclass(frozen=True)
 class Probe:
-    """One way to read ``nbytes``: ``method`` "xla matvec" or "pallas dma stream" (with its chunk and depth)."""
+    """One way to read ``nbytes``: ``method`` "xla matvec", "pallas dma stream" (with its chunk and depth; and
+    ", N regions" for N streams at once) or "pallas cache tiles (G groups x T positions)"."""
 
     method: str
     nbytes: int
@@ -60,8 +71,12 @@ class Probe:
     in_flight: int = 0
 
     def call(self, device, interpret=None):
-        if self.method == "pallas dma stream":
-            return dma_stream_call(self.nbytes, self.chunk_bytes, self.in_flight, device, interpret)
+        if self.method.startswith("pallas dma stream"):
+            regions = int(self.method.split(", ")[1].split(" ")[0]) if ", " in self.method else 1
+            return dma_stream_call(self.nbytes, self.chunk_bytes, self.in_flight, device, interpret, regions)
+        if self.method.startswith("pallas cache tiles"):
+            groups, tile = CACHE_TILES
+            return cache_tiles_call(self.nbytes, groups, tile, self.in_flight, device, interpret)
         import jax.numpy as jnp
 
         calls, size = probe_calls(self.nbytes, jnp.bfloat16, device)
@@ -74,6 +89,18 @@ def probes(sizes=SIZES, dma_sizes=DMA_SIZES, streams=DMA_STREAMS) -> list[Probe]
     return out + [Probe("pallas dma stream", n, c, d) for n in dma_sizes for c, d in streams]
 
 
+def further_probes(larger=LARGER) -> list[Probe]:
+    """:data:`LARGER` reads by each method (the DMA stream at 4 MiB x 4, the megakernel's tiles), at 8 GiB and
+    :data:`LARGER` the stream in :data:`REGIONS` regions at once, and the cache read in the kernel's tiles (8 GiB and
+    :data:`LARGER`): what a probe must beat before the best of :func:`probes` is called the limit."""
+    groups, tile = CACHE_TILES
+    cache = f"pallas cache tiles ({groups} groups x {tile} positions)"
+    out = [Probe("xla matvec", n) for n in larger]
+    out += [Probe("pallas dma stream", n, 4 * 2**20, 4) for n in (8 * GIB, *larger)]
+    out += [Probe(f"pallas dma stream, {REGIONS} regions", n, 4 * 2**20, 4) for n in (8 * GIB, *larger)]
+    return out + [Probe(cache, n, groups * tile * 128 * 2, 2) for n in (8 * GIB, *larger)]
+
+
 def probe_read_rate(
     device=None,
     chosen: list[Probe] | None = None,
@@ -84,15 +111,16 @@ def probe_read_rate(
     out: Path | str | None = TPU_HBM_CSV,
     quiet: bool = False,
 ) -> pd.DataFrame:
-    """Time each probe of ``chosen`` (default :func:`probes`) on ``device``: host and device read rates, each against
-    ``spec_bandwidth`` (bytes/s; the device's data sheet where known); rows appended to ``out`` (None: none)."""
+    """Time each probe of ``chosen`` (default :func:`probes` and :func:`further_probes`) on ``device``: host and
+    device read rates, each against ``spec_bandwidth`` (bytes/s; the device's data sheet where known); rows appended to
+    ``out`` (None: none)."""
     import jax
 
     device = device or jax.devices()[0]
     chip = known_chip(device)
     spec = spec_bandwidth or (get_chip(chip).hbm_bandwidth if chip else None)
     log, prov, rows = Log(quiet), provenance(device), []
-    for p in chosen or probes():
+    for p in chosen or probes() + further_probes():
         call, size = p.call(device, interpret)
         cmp = interleaved(
             {"host": call, "device": back_to_back(call, steps)}, "host", budget_s=budget_s, min_rounds=5, warmup=1

@@ -65,6 +65,8 @@ TABLE = (
     *(Case("qwen3-8b", 8, alone=e, cells=(Cell(131072, 1),)) for e in ("megakernel", "reference")),
     # the host's time a token with several greedy steps in one compiled call, beside one step a call, in one run
     Case("llama-3.2-1b", cells=(Cell(1024, 1), Cell(1024, 8)), steps_a_call=(1, 4, 16)),
+    # an MoE of many small experts (128, top 8, 768 wide) at full width: three layers hold both engines at once
+    Case("qwen3-30b-a3b", 3, cells=(Cell(1024, 1), Cell(1024, 8))),
 )
 CSVS = dict(parity="tpu_parity.csv", hbm="tpu_hbm.csv", table="tpu.csv", clock="tpu_clock.csv",
             knockouts="tpu_knockouts.csv", anchor="tpu_attention.csv")  # fmt: skip

@@ -12,6 +12,7 @@
 
 from .bandwidth import (
     DEFAULT_PROBE_BYTES,
+    cache_tiles_call,
     device_name,
     dma_stream_call,
     fraction_of_sol,
@@ -58,6 +59,7 @@ __all__ = [
     "gemv_probe",
     "probe_calls",
     "dma_stream_call",
+    "cache_tiles_call",
     "device_name",
     "fraction_of_sol",
 ]
