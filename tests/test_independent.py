@@ -219,9 +219,10 @@ PINS = {
     "yliu95_gemma4_31b_v5e8_bs1": Pin(-0.3323, PIN_STEP),
     "yliu95_gemma4_26b_a4b_v5e8_bs1_32k": Pin(-0.6391, PIN_STEP),
 }
-# The median |error| over every point predicted: at most 15%. The bands allow a quarter at a point; most points share a
-# model, a chip or a stack, so a change that moves them all a few percent past today's shows here first.
-MEDIAN_CEILING = 0.15
+# The median |error| over every point predicted: at most 14%. It moves half a point for each 1% of the read rate (the
+# GPUs' fraction of their spec is the v5e's measured one), so a change worth 4% at most points at once fails here,
+# where the bands (a quarter a point) would not.
+MEDIAN_CEILING = 0.14
 
 
 def test_every_predicted_point_is_banded_or_pinned(held):
