@@ -37,6 +37,12 @@ TIME_WORDS = {"time", "step", "seconds", "latency", "overhead", "elapsed", "dura
 # ... unless the column is a ratio of two times (a share, a speed-up, one over another)
 RATIO_WORDS = {"vs", "over", "share", "fraction", "speedup", "ratio", "change"}
 OTHER_UNITS = {"gb", "mb", "gib", "mib", "bytes", "gbps", "tbps", "gflop"}  # a size or a rate: no time
+# A time column's magnitudes that betray its unit: every value (zeros and missing ones aside) under a hundredth of it,
+# under 10 of the next smaller unit (microseconds shown in ms: 0.00480); or every value 100,000 of it or more, 100 of
+# the next larger or more (seconds shown in ms). The unit to show it in instead, each way:
+UNIT_TOO_SMALL, UNIT_TOO_LARGE = 0.01, 1e5
+SMALLER_UNIT = {"s": "ms", "ms": "us", "us": "ns"}
+LARGER_UNIT = {v: k for k, v in SMALLER_UNIT.items()}
 
 
 def _words(column) -> list[str]:
@@ -61,14 +67,67 @@ def unitless_time_columns(df: pd.DataFrame) -> list[str]:
     return bad
 
 
+def _time_unit(column) -> str | None:
+    """The time unit a column's name gives its values (``step_ms``, ``ici_ms_per_step``: ms); None for none, for a
+    rate's (``tokens_per_s``), for a ratio or a size, or for two units."""
+    words = _words(column)
+    if set(words) & (RATIO_WORDS | OTHER_UNITS):
+        return None
+    units = {w for i, w in enumerate(words) if w in TIME_UNITS and (i == 0 or words[i - 1] != "per")}
+    return units.pop() if len(units) == 1 else None
+
+
+def misunit_time_columns(df: pd.DataFrame) -> dict[str, tuple[str, str, float]]:
+    """The number columns of ``df`` whose magnitudes betray the time unit their name gives (:data:`UNIT_TOO_SMALL`,
+    :data:`UNIT_TOO_LARGE`): column -> (its unit, the unit to show it in, its largest or smallest |value|). A column
+    with no value but zeros says nothing of its unit."""
+    out = {}
+    for c in df.columns:
+        unit = _time_unit(c)
+        if unit is None or not pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_bool_dtype(df[c]):
+            continue
+        values = df[c].dropna().abs()
+        values = values[values > 0]
+        if values.empty:
+            continue
+        if unit in SMALLER_UNIT and values.max() < UNIT_TOO_SMALL:
+            out[str(c)] = (unit, SMALLER_UNIT[unit], float(values.max()))
+        elif unit in LARGER_UNIT and values.min() >= UNIT_TOO_LARGE:
+            out[str(c)] = (unit, LARGER_UNIT[unit], float(values.min()))
+    return out
+
+
+def _renamed(column: str, unit: str, shown: str) -> str:
+    """``column`` with its unit word ``unit`` (not a rate's) replaced by ``shown``: ``op_ms`` -> ``op_us``."""
+    words = re.split(r"([_\s=-]+)", column)
+    for i, w in enumerate(words):
+        if w.lower() == unit and (i < 2 or words[i - 2].lower() != "per"):
+            words[i] = shown
+            break
+    return "".join(words)
+
+
 def check_units(df: pd.DataFrame, name: str) -> None:
-    """Refuse a table whose time columns do not say their unit (:func:`unitless_time_columns`)."""
+    """Refuse a table whose time columns do not say their unit (:func:`unitless_time_columns`), or whose magnitudes
+    betray the unit they say (:func:`misunit_time_columns`)."""
     bad = unitless_time_columns(df)
     if bad:
         raise ValueError(
             f"table {name!r}: the time column(s) {bad} name no unit; put it in the name ({', '.join(TIME_UNITS)}: "
             "step_ms, overhead_ns), or give a table of several quantities a 'unit' column"
         )
+    wrong = misunit_time_columns(df)
+    if wrong:
+        said = []
+        for c, (unit, shown, x) in wrong.items():
+            if shown == SMALLER_UNIT.get(unit):
+                how = f"every value under {UNIT_TOO_SMALL:g} {unit} (the largest {x:.3g})"
+                fix = f"times 1,000 as `{_renamed(c, unit, shown)}`"
+            else:
+                how = f"every value {UNIT_TOO_LARGE:,.0f} {unit} or more (the smallest {x:.4g})"
+                fix = f"divided by 1,000 as `{_renamed(c, unit, shown)}`"
+            said.append(f"{c!r} has {how}: a quantity in {shown} shown in {unit}; show it {fix}")
+        raise ValueError(f"table {name!r}: " + "; ".join(said))
 
 
 def _significant(x: float, figures: int) -> float:

@@ -287,6 +287,35 @@ def test_an_exported_time_column_names_its_unit(tmp_path, columns, bad):
         export_table(df, "01_t", "modelled", "cpu", out_dir=tmp_path)
 
 
+@pytest.mark.parametrize(
+    "columns, bad",
+    [
+        # every value of a time column under a hundredth of its unit: a quantity in the next smaller unit
+        (dict(op_ms=[0.0042, 0.0011, float("nan")]), ("op_ms", "op_us", "times 1,000")),
+        (dict(ici_ms_per_step=[0.003]), ("ici_ms_per_step", "ici_us_per_step", "times 1,000")),
+        (dict(step_s=[0.0015, 0.0017]), ("step_s", "step_ms", "times 1,000")),
+        # every value 100,000 of it or more: a quantity in the next larger unit (an integer column too)
+        (dict(wait_us=[250_000, 120_000]), ("wait_us", "wait_ms", "divided by 1,000")),
+        (dict(compile_ms=[1.2e5]), ("compile_ms", "compile_s", "divided by 1,000")),
+        # one value in range is enough; zeros say nothing of the unit; no unit past ns or s; a rate's s is no time
+        (dict(op_ms=[0.004, 0.02], overhead_ms=[0.0, 0.0], wait_us=[99_999.0, 2e5]), None),
+        (dict(overhead_ns=[0.004], compile_s=[3e5], tokens_per_s=[2e5], GB_per_s=[0.001]), None),
+        (dict(step_vs_plain_ms=[0.001], label=["a"]), None),
+    ],
+)
+def test_an_exported_time_column_whose_magnitudes_betray_its_unit_is_refused(tmp_path, columns, bad):
+    """A column named in ms whose every value is under 0.01 (microseconds shown in ms) is refused, naming the column
+    and the name to show it under; so is the symmetric case, every value 100,000 of its unit or more."""
+    df = pd.DataFrame(columns)
+    if bad:
+        column, shown, how = bad
+        with pytest.raises(ValueError, match=rf"'01_t'.*'{column}' has every value.*show it {how} as `{shown}`"):
+            export_table(df, "01_t", "modelled", "cpu", out_dir=tmp_path)
+        assert not list(tmp_path.iterdir())
+    else:
+        export_table(df, "01_t", "modelled", "cpu", out_dir=tmp_path)
+
+
 def test_a_shown_number_keeps_three_significant_figures():
     from mk.report import number_format
 

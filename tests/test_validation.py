@@ -1,14 +1,15 @@
 """The timing model held to the published numbers it is tested against (mk.analysis.verdict.points_table): each tested
 point's error (modelled / published - 1) must fall in the band argued for it below, from what the model leaves out,
 tight enough that a model wrong about that point fails. A point the model cannot meet is a known miss
-(mk.analysis.verdict.KNOWN_MISSES, with its reason, which notebook 07 shows too): it is asserted to stay outside its
-band, so a change that fixes it is noticed, and its reason is checked against the numbers it rests on. Fitted points,
-inputs and what holds by construction are not tests; a step, its tokens/s and its fraction of the speed of light are
-one point."""
+(mk.analysis.verdict.KNOWN_MISSES, with its reason, which notebook 07 shows too): it is pinned to its error within a
+stated tolerance (conftest.Pin), so a change that fixes it, or makes it worse, is noticed, and its reason is checked
+against the numbers it rests on. Fitted points, inputs and what holds by construction are not tests; a step, its
+tokens/s and its fraction of the speed of light are one point."""
 
 import csv
 
 import pytest
+from conftest import PIN_STEP, Pin
 
 from mk.analysis import measured, verdict as vd
 from mk.kernel_setup import WORKBOOK_KERNEL
@@ -45,6 +46,31 @@ BANDS = {
 }
 
 
+# The known misses pinned: each one's error when pinned (the model's output then, to 4 figures) and its tolerance on
+# modelled / published (conftest.Pin), beside a word of its reason (mk.analysis.verdict.KNOWN_MISSES has it whole).
+# A whole step or its tokens/s: conftest.PIN_STEP (3%, a tenth of STEP's width).
+# A component's time, a knock-out's shrink (the difference of two steps) or a speed-up (two stacks' steps, one over the
+# other): 5%. Each moves with its parts, the read rate's 1% by up to 1%, and a shrink also with the issued bundles of
+# what it skips, which a schedule stored again moves by a few percent.
+PIN_PART = 0.05
+PINS = {
+    "mk_v5e8_moe_step": Pin(+0.2121, PIN_STEP),  # this workbook's kernel moves and issues more than the write-up's
+    "mk_v5e8_moe_int8_tps": Pin(-0.1714, PIN_STEP),  # the same kernel, INT8 experts
+    "mk_v5e8_moe_step_before": Pin(-0.2333, PIN_STEP),  # the un-fixed kernel's waits the model has no term for
+    "ko_vllm_shared_mlp": Pin(+1.045, PIN_PART),  # vLLM runs it in fewer kernels than the common ratio gives
+    "ko_vllm_router": Pin(+1.799, PIN_PART),  # as the shared MLP
+    "ko_vllm_head": Pin(-0.4510, PIN_PART),  # vLLM's FP8 leaves the head in BF16
+    "ko_vllm_full_attention": Pin(-0.3951, PIN_PART),  # vLLM's kernels for it take longer than bytes + mean cost
+    "ko_mk_experts": Pin(+0.6386, PIN_PART),  # the model pads expert tiles the write-up's kernel did not read
+    "ko_mk_sliding_attention": Pin(+3.542, PIN_PART),  # the write-up's knock-out kept most of the reads
+    "ko_mk_full_attention": Pin(+3.090, PIN_PART),  # as sliding attention
+    "ko_mk_head": Pin(+83.74, PIN_PART),  # the write-up's knock-out kept the head's reads
+    "ko_mk_norms": Pin(-0.3741, PIN_PART),  # the write-up's kernel paid a larger fixed cost for them
+    "ko_mk_router": Pin(-0.6396, PIN_PART),  # the model hides the router's reads behind the all-reduces
+    "verdict_long_prompt": Pin(-0.3351, PIN_PART),  # the general stack's attention grows faster than its bytes
+}
+
+
 # The tables the tests read, each computed once here (seconds each: the timing model over every published case and
 # every stored TPU row); the tests only read them.
 @pytest.fixture(scope="module")
@@ -78,10 +104,14 @@ def within(error: float, band: tuple[float, float]) -> bool:
     return band[0] <= error <= band[1]
 
 
-def test_every_tested_point_has_a_band(points):
+def test_every_tested_point_is_held_to_a_band_or_its_pin(points):
     tests = points[points.role.map(vd.is_test)]
     assert set(tests.index) == set(BANDS), "tested points changed: argue a band for each new one"
-    assert set(vd.KNOWN_MISSES) <= set(BANDS) and all(len(r) > 40 for r in vd.KNOWN_MISSES.values())
+    assert set(PINS) == set(vd.KNOWN_MISSES), "pin each known miss to its error (and no other point)"
+    assert all(len(r) > 40 for r in vd.KNOWN_MISSES.values())
+    # a pin is a miss: no error it allows meets the point's band
+    meets = {k: p.bounds for k, p in PINS.items() if p.bounds[1] >= BANDS[k][0] and p.bounds[0] <= BANDS[k][1]}
+    assert not meets, f"these pins allow errors inside their bands: {meets}"
 
 
 def test_each_tested_point_lands_in_its_band(points):
@@ -93,9 +123,14 @@ def test_each_tested_point_lands_in_its_band(points):
     assert not out, f"the model is off at these published points: {out}"
 
 
-def test_each_known_miss_is_still_a_miss(points):
-    fixed = {k: f"{points.loc[k, 'error']:+.1%}" for k in vd.KNOWN_MISSES if within(points.loc[k, "error"], BANDS[k])}
-    assert not fixed, f"now within their bands: take them out of mk.analysis.verdict.KNOWN_MISSES: {fixed}"
+def test_each_known_miss_holds_its_pinned_error(points):
+    moved = {}
+    for k, pin in PINS.items():
+        error = points.loc[k, "error"]
+        if not pin.holds(error):
+            fixed = " (now within its band: take it out of KNOWN_MISSES)" if within(error, BANDS[k]) else ""
+            moved[k] = pin.against(error) + fixed
+    assert not moved, f"known misses moved past their pins: re-check each reason, then pin it again: {moved}"
 
 
 def test_the_megakernel_knock_outs_miss_for_the_reasons_given(reads, validation):
