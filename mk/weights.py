@@ -33,7 +33,7 @@ import numpy as np
 
 from .assistant_config import AssistantConfig, check_pair, read_assistant_config
 from .checkpoint_formats import FORMATS, CheckpointFormat, DecodedCheckpoint
-from .config import ModelConfig, from_hf_dict, is_hub_id, to_hf_dict
+from .config import ModelConfig, from_hf_dict, is_hub_id, read_config_json, to_hf_dict
 from .files import write_atomic
 from .format_trees import format_of, format_paths, fscale_path, get_format
 from .hf_layout import from_hf_layout, hf_scale_shape, hf_shape, hf_tensor_map, interleaved, scale_from_hf
@@ -419,10 +419,7 @@ def load_checkpoint(
     cfg_file = folder / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"no config.json in {folder}: not a Hugging Face checkpoint folder")
-    try:
-        hf = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{cfg_file} is not valid JSON: {e}") from None
+    hf, _ = read_config_json(cfg_file)
     file_cfg = from_hf_dict(hf, name=folder.name or "hf")
     if cfg is None:
         cfg = file_cfg

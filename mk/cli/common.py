@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def positive(s: str) -> int:
@@ -38,6 +39,23 @@ def add_quantize(p, formats: bool = False) -> None:
         help="INT8 weights (mk.quant): quantize the float weights at load time, before any engine sees them "
         f"(default none); a quantized checkpoint is used as it is (give its own scheme or leave this out){shipped}",
     )
+
+
+def warn_past_max_positions(model, context: int) -> None:
+    """sol and predict: a ``context`` past the model's max_position_embeddings is said on stderr, in one line, and
+    computed all the same. A step's bytes and time at a context are well defined whatever the model was trained for,
+    and a what-if past it (what a longer-context variant of the model would cost) is a fair question to ask of a
+    model; generate refuses it (mk.cli.generate), its tokens there would be no model's."""
+    from ..config import get_config
+
+    cfg = get_config(model)
+    past = cfg.past_max_positions(context)
+    if past:
+        print(
+            f"warning: {past}: modelled all the same, as a what-if (a --context of at most "
+            f"{cfg.max_position_embeddings} is one the model was trained for)",
+            file=sys.stderr,
+        )
 
 
 # What --model takes, everywhere: mk.config.get_config resolves it (the engines refuse what they do not run).

@@ -133,6 +133,7 @@ def _run_generate(a) -> None:
 
         simulate_chips(setup.chips)  # off a TPU: the CPU's simulated devices (before JAX starts its backends)
     prompts = _prompts(a.prompt_ids, a.batch)
+    _check_positions(a, prompts)
     dtype = getattr(jnp, a.dtype) if a.dtype else None
     if a.checkpoint:
         cfg, params = load_checkpoint(a.checkpoint, dtype=dtype, codes=a.quantize in FORMAT_SCHEMES)
@@ -162,6 +163,25 @@ def _run_generate(a) -> None:
             show(d, a.json, "the race detector fired")
             raise SystemExit(1)
     show(d, a.json, "\n".join(f"user {u}: {' '.join(map(str, t))}" for u, t in enumerate(d["tokens"])))
+
+
+def _check_positions(a, prompts: list[list[int]]) -> None:
+    """Refuse, before any weights are read, tokens decoded past the model's max_position_embeddings: the model was
+    not trained at those positions (its RoPE, a scaled one the more so, was fitted to that length), so the tokens
+    there would be well-formed but no model's, and nothing in what generate prints would say so. (sol and predict
+    warn instead: a step's cost at a context is a fair what-if.) What counts is the positions the tokens are decoded
+    at, the longest prompt plus the new tokens less one; a larger --max-len only allocates cache positions unused."""
+    from ..config import get_config
+    from ..weights import checkpoint_folder
+
+    cfg = get_config(checkpoint_folder(a.checkpoint) if a.checkpoint else a.model)
+    longest = max(len(p) for p in prompts)
+    reached_by = f"the longest prompt, {longest} tokens, plus {a.new_tokens} new tokens, less one"
+    past = cfg.past_max_positions(longest + a.new_tokens - 1, reached_by)
+    if past:
+        most = cfg.max_position_embeddings
+        fix = f"--new-tokens {most - longest + 1} or fewer" if longest <= most else f"a prompt of {most} tokens at most"
+        raise ValueError(f"{past}: the model was not trained at those positions; give {fix}")
 
 
 def _over_the_slice(setup, cfg, quantize: str = "none"):

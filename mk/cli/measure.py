@@ -162,6 +162,7 @@ def _run_measure(a) -> None:
 
 # tpu-smoke ---------------------------------------------------------------------------------------
 def add_tpu_smoke(sub) -> None:
+    from ..measure.chip_parity import checks
     from ..measure.smoke import PLACEMENTS
     from ..paths import TPU_CSV
 
@@ -174,6 +175,12 @@ def add_tpu_smoke(sub) -> None:
     p.add_argument(
         "--parity-model", default="cpu-moe", help="the model the tokens are checked on, f32 (default cpu-moe)"
     )
+    p.add_argument(
+        "--family-parity",
+        action="store_true",
+        help=f"first check every family's tiny model and every format on one chip too ({len(checks())} checks, about "
+        "four minutes on a v5e; tpu-measure --parts parity keeps their rows)",
+    )
     p.add_argument("--context", type=positive, default=1024, help="positions in the KV cache (default 1024)")
     p.add_argument("--batch", type=positive, default=1, help="users decoded together (default 1)")
     p.add_argument(
@@ -183,7 +190,10 @@ def add_tpu_smoke(sub) -> None:
     )
     p.add_argument("--chips", type=positive, default=None, help="the first N chips (default: all found)")
     p.add_argument(
-        "--budget-s", type=float, default=300.0, help="seconds for the whole run, weights included (default 300)"
+        "--budget-s",
+        type=float,
+        default=300.0,
+        help="seconds for the engines' builds and timing, counted after the parity checks (default 300)",
     )
     p.add_argument(
         "--chip", default=None, help="the speed of light's chip (default: the device's, where data/chips.csv has it)"
@@ -210,6 +220,7 @@ def _run_tpu_smoke(a) -> None:
                 a.budget_s,
                 None if a.no_csv else a.out,
                 chip=a.chip,
+                **(smoke.FAMILY_PARITY if a.family_parity else {}),
             )
         )
     except smoke.NoTPU as e:

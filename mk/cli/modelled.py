@@ -10,6 +10,7 @@ from .common import (
     positive,
     setup_of,
     show,
+    warn_past_max_positions,
 )
 
 
@@ -30,6 +31,7 @@ def add_sol(sub) -> None:
 def _run_sol(a) -> None:
     from ..sol import smallest_slices, speed_of_light, text
 
+    warn_past_max_positions(a.model, a.context)
     if a.chip == "auto":  # the smallest documented slice of each TPU that holds the model
         t = smallest_slices(a.model, a.context, a.batch, a.dtype).drop(columns=["source"])
         return show({"slices": t.to_dict("records")}, a.json, t.to_string(index=False))
@@ -160,6 +162,7 @@ def _run_predict(a) -> None:
     from ..sol import auto_chip
     from ..timing import predict
 
+    warn_past_max_positions(a.model, a.context)
     assistant = read_assistant_config(a.assistant) if a.assistant else None
     chip, picked = a.chip, a.chip == "auto" or a.chip.startswith("auto:")
     if picked:

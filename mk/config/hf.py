@@ -147,14 +147,17 @@ def from_hf_dict(d: dict, name: str = "hf") -> ModelConfig:
     family = d.get("model_type")
     family = _FAMILY_OF.get(family, family)
     if family in (None, GEMMA4):
-        return _gemma4_from_hf(d, name)
-    if family not in CONFIG_FAMILIES:
+        cfg = _gemma4_from_hf(d, name)
+    elif family not in CONFIG_FAMILIES:
         raise ValueError(
             f"config model_type is {family!r}: mk runs {', '.join(RUNNABLE_FAMILIES)} and plans and times "
             f"{', '.join(PLANNED_FAMILIES)}"
         )
-    _check_fields(d, family)
-    return _ADAPTERS[family](d, name)
+    else:
+        _check_fields(d, family)
+        cfg = _ADAPTERS[family](d, name)
+    longest = d.get("max_position_embeddings")
+    return cfg.replace(max_position_embeddings=int(longest)) if longest else cfg
 
 
 def _layer_types(hf_types: list[str], n: int) -> tuple[str, ...]:

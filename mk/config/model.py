@@ -218,6 +218,10 @@ class ModelConfig:
     # the plan agree: "sublanes" holds the intermediate on rows (gate and up transposed), padded to 8 rows;
     # "lanes" (the first layout) on lanes, padded to 128. The reference ignores it.
     ffn_layout: str = "sublanes"
+    # The longest sequence the model was trained for: a config.json's max_position_embeddings (None where it gives
+    # none, and for the presets). What a step reads does not depend on it, so it is left out of the repr (the stored
+    # plans' fingerprints) and of equality (a preset is the same model as the config.json it was written from).
+    max_position_embeddings: int | None = field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         shown = (
@@ -397,6 +401,15 @@ class ModelConfig:
     def cache_positions(self, layer_type: str, context: int) -> int:
         """Positions of the KV cache read by one decode step at this context length."""
         return min(context, self.sliding_window) if layer_type == SLIDING else context
+
+    def past_max_positions(self, context: int, reached_by: str = "") -> str | None:
+        """``context`` positions past the model's ``max_position_embeddings``, in words (``reached_by``: how, said
+        beside the context); None within it, or where the model does not give it."""
+        longest = self.max_position_embeddings
+        if longest is None or context <= longest:
+            return None
+        how = f" ({reached_by})" if reached_by else ""
+        return f"context {context}{how} is past {self.name}'s max_position_embeddings ({longest})"
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)

@@ -68,7 +68,7 @@ def _hf_config_of(model: str | Path) -> tuple[dict, str] | None:
 
         cached = try_to_load_from_cache(s, "config.json")
         if isinstance(cached, str):
-            return json.loads(Path(cached).read_text()), s
+            return _config_object(Path(cached)), s
     return None
 
 
@@ -79,7 +79,19 @@ def read_config_json(path: str | Path) -> tuple[dict, str]:
         p = p / "config.json"
     if not p.exists():
         raise FileNotFoundError(f"no config.json at {p}")
-    return json.loads(p.read_text()), p.parent.name or "hf"
+    return _config_object(p), p.parent.name or "hf"
+
+
+def _config_object(p: Path) -> dict:
+    """The JSON object a config file holds; a file that holds none is refused in one line that names it."""
+    expected = "expected a model's config.json, one JSON object of its fields (data/configs/*/config.json are some)"
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{p} is not valid JSON ({e}): {expected}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{p} holds a JSON {type(d).__name__}, not an object: {expected}")
+    return d
 
 
 def is_hub_id(s: str) -> bool:

@@ -1,6 +1,7 @@
 """The megakernel against the reference on this machine's chip, for a tiny model of every family the kernel runs and
-each format libtpu compiles, in f32 and in bf16: one row a check (``python -m mk tpu-smoke``; off a TPU the kernel runs
-in Pallas's interpreter with its race detector on, and a race fails the check).
+each format libtpu compiles, in f32 and in bf16: one row a check (``python -m mk tpu-measure --parts parity``, and
+``tpu-smoke --family-parity``; off a TPU the kernel runs in Pallas's interpreter with its race detector on, and a race
+fails the check).
 
 Both engines decode greedily for three users with prompts of different lengths (mk.megakernel.parity: the same
 prefilled cache, the kernel from its own greedy picks). What must hold, and why:
