@@ -409,9 +409,10 @@ ROLE_WORDS = {
 
 def _definitions(claims: pd.DataFrame) -> str:
     """The legend above the claims table: the kinds and roles its rows use, each in a line, and the per-op costs."""
-    kinds = [k for k in KIND_WORDS if claims.kind.astype(str).str.startswith(k).any()]
-    roles = [r for r in ROLE_WORDS if (claims.role == r).any()]
-    others = sorted(set(claims.role) - set(ROLE_WORDS))
+    kind, role = (claims.get(c, pd.Series(dtype=str)).astype(str) for c in ("kind", "role"))
+    kinds = [k for k in KIND_WORDS if kind.str.startswith(k).any()]
+    roles = [r for r in ROLE_WORDS if (role == r).any()]
+    others = sorted(set(role) - set(ROLE_WORDS))
     items = [f"<li><b>{_esc(k)}</b>: {_esc(KIND_WORDS[k])}</li>" for k in kinds]
     items += [f"<li>role <i>{_esc(r)}</i>: {_esc(ROLE_WORDS[r])}</li>" for r in roles]
     items += [f"<li>role <i>{_esc(r)}</i>: as its kind says</li>" for r in others]

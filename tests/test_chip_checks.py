@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from mk.analysis import chip_checks
+from mk.chips import measured_limit
 from mk.config import get_config
 from mk.kernel_setup import SETUPS
 from mk.measure import attention_anchor, chip_clock, chip_knockouts
@@ -205,7 +206,7 @@ def test_the_stand_ins_share_parts_add_up_to_its_step_past_its_bytes():
 def test_a_format_run_reads_as_its_kernel_against_the_same_kernel_on_bf16(tmp_path):
     """Each cell: the kernel on the format and on bf16, XLA's step in each kernel's own loop, the speed-ups and the
     bytes ratio from the rows' own device times and bytes."""
-    cell = dict(date="2026-12-06T00:00:00Z", model="tiny-dense", context=64, batch=1)
+    cell = dict(date="2026-12-06T00:00:00Z", model="tiny-dense", context=64, batch=1, chip="tpu-v5e")
     rows = [("reference", "fp8-block", 3.0, 100, 0.5), ("megakernel", "fp8-block", 2.0, 60, 0.8),
             ("reference", "bf16", 3.2, 110, 0.9), ("megakernel", "bf16", 3.0, 110, 0.95)]  # fmt: skip
     pd.DataFrame([dict(cell, engine=e, dtype=d, device_step_ms=ms, device_step_low_ms=ms - 0.01,
@@ -215,7 +216,11 @@ def test_a_format_run_reads_as_its_kernel_against_the_same_kernel_on_bf16(tmp_pa
     r = t.iloc[0]
     assert (r.format_ms, r.bf16_ms, r.xla_bf16_ms) == (2.0, 3.0, 3.2)
     assert r.speedup_over_bf16 == pytest.approx(1.5) and r.bytes_over_bf16 == pytest.approx(60 / 110)
-    assert (r.format_fraction_of_limit, r.bf16_fraction_of_limit) == (0.8, 0.95)
+    # each kernel's fraction of the limit from its own bytes and time, over the chip's measured limit now (the rows'
+    # stored fractions were of their day's limit)
+    limit = measured_limit("tpu-v5e").bandwidth
+    assert r.format_fraction_of_limit == pytest.approx(60 / 2e-3 / limit)
+    assert r.bf16_fraction_of_limit == pytest.approx(110 / 3e-3 / limit)
     assert r.xla_ms == 3.0 and r.speedup_over_xla == pytest.approx(1.5)  # XLA in the format kernel's own loop
     # a run that timed the format alone: against XLA only, the bf16 columns empty
     pd.read_csv(tmp_path / "f.csv").iloc[:2].to_csv(tmp_path / "g.csv", index=False)

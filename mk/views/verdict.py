@@ -240,8 +240,13 @@ def verdict_figure(table: pd.DataFrame) -> go.Figure:
                 hoverinfo="text+y",
             )
     if t.measured.notna().any():
-        fig.add_bar(x=t.situation, y=t.measured, name="measured, against XLA on one TPU v5e", marker_color="#59a14f",
-                    offsetgroup="measured")
+        fig.add_bar(
+            x=t.situation,
+            y=t.measured,
+            name="measured, against XLA on one TPU v5e",
+            marker_color="#59a14f",
+            offsetgroup="measured",
+        )
     for r in t[t.modelled.isna()].itertuples():  # published, not modelled here: say so where its bar would be
         note = r.role.replace(" (", ": ").replace(")", "")  # "not modelled (why)" -> "not modelled: why"
         fig.add_annotation(
