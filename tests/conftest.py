@@ -2,6 +2,7 @@
 by transformers itself (an implementation we did not write) for the parity and loading tests."""
 
 import gc
+import itertools
 import json
 import os
 import sys
@@ -343,3 +344,28 @@ def mk_json(capsys):
         return json.loads(out.out.strip().splitlines()[-1])
 
     return run
+
+
+class FakeClock:
+    """A clock for mk.measure.loop.interleaved (its ``clock``) that moves only when a call moves it: ``step(s, ...)``
+    is a call that advances it by its next duration, in turn, round by round (each call runs once a round). A test
+    asserts the loop's statistics exactly, whatever else the machine is doing; a real stall cannot reach them."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, *seconds: float):
+        durations = itertools.cycle(seconds)
+
+        def call():
+            self.now += next(durations)
+
+        return call
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
