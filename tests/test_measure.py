@@ -13,11 +13,13 @@ import jax.numpy as jnp
 import pytest
 
 from mk.config import get_config
+from mk.files import source_digest
 from mk.measure import cpu, gpu, harness, knockouts, loop, smoke
 from mk.measure.steps import decode_call
-from mk.paths import BENCH_CSV, GPU_CSV, TPU_CSV
+from mk.paths import BENCH_CSV, GPU_CSV, TPU_CSV, TPU_OPS_CSV
 from mk.profiling import Estimate, compiled_kernels
 from mk.sol import bytes_per_token, speed_of_light
+from mk.timing.scheduled import kernel_digest
 
 
 def _sleeper(seconds):
@@ -193,6 +195,10 @@ def test_provenance_names_the_device_the_software_and_the_commit():
     assert p["jax_version"] == jax.__version__ and p["device"].startswith(jax.devices()[0].platform)
     assert re.fullmatch(r"[0-9a-f]{12}( \(with uncommitted changes\))?|unknown", p["commit"]), p["commit"]
     assert all(p[k] for k in harness.PROVENANCE), p  # "none" where a package is absent, never blank
+    # what ran, computed from the files here, whatever the commit says
+    assert (p["code_digest"], p["kernel_digest"]) == (source_digest(), kernel_digest())
+    chip = harness.chip_provenance()
+    assert tuple(chip) == harness.CHIP_PROVENANCE and chip["kernel_digest"] == p["kernel_digest"]
 
 
 def test_a_copy_inside_another_repository_has_no_commit_of_its_own_unless_its_sender_names_it(tmp_path, monkeypatch):
@@ -223,10 +229,16 @@ def test_every_driver_writes_the_shared_columns_first_each_named_once():
 
 def test_the_committed_rows_have_their_drivers_columns():
     """data/measured/'s CSVs are appended to by the drivers, which refuse a file with other columns."""
-    for path, driver in ((BENCH_CSV, cpu), (GPU_CSV, gpu), (TPU_CSV, smoke)):
+    from mk.measure import attention_anchor, chip_clock, chip_knockouts, hbm, on_chip, tpu_runs
+
+    written = {BENCH_CSV: cpu.COLUMNS, GPU_CSV: gpu.COLUMNS, TPU_CSV: smoke.COLUMNS, TPU_OPS_CSV: on_chip.OP_COLUMNS}
+    written.update({TPU_CSV.with_name(tpu_runs.CSVS[part]): columns for part, columns in (
+        ("parity", tpu_runs.PARITY_COLUMNS), ("hbm", hbm.COLUMNS), ("clock", chip_clock.COLUMNS),
+        ("knockouts", chip_knockouts.COLUMNS), ("anchor", attention_anchor.COLUMNS))})  # fmt: skip
+    for path, columns in written.items():
         if path.exists():
             with open(path, newline="") as f:
-                assert tuple(next(csv.reader(f))) == driver.COLUMNS, path
+                assert tuple(next(csv.reader(f))) == columns, path
 
 
 def test_the_speed_of_light_of_a_known_chip_a_given_one_and_an_unknown_one():
