@@ -67,11 +67,13 @@ def decode_call(
 
 
 def traced_digest(fn: Callable, *args) -> str:
-    """The digest of the program ``fn`` runs on ``args``: its jaxpr, traced at their shapes and printed (with every
-    kernel's body, a Pallas call's parameters, no source locations; mk.files.text_digest), the way
-    mk.megakernel.aot.program_digest digests a kernel traced for a topology. Nothing runs and nothing compiles; the
-    engines' own jitted steps are traced from JAX's cache (tiny-llama's kernel step: 0.06 s). Two rows with one digest
-    ran one program; the machine is in it (a kernel interpreted on a CPU has interpreter parameters a chip's lacks)."""
+    """The digest of the program ``fn`` runs on ``args``: ``fn`` traced as one program at their shapes and its jaxpr
+    printed (every kernel's body and a Pallas call's parameters in it, no source locations; mk.files.text_digest), the
+    way mk.megakernel.aot.program_digest digests a kernel traced for a topology. Nothing runs and nothing compiles; an
+    engine's jitted step is traced again from JAX's cache (tiny-llama's kernel step: 0.06 s; printing gemma4-26b-a4b's
+    whole kernel, 1.4 MB of text, 0.9 s). Two rows with one digest ran one program (code and shapes alike; a step that
+    lays out its weights on its first call, as plain mk.reference.decode_step does, has that layout traced in too); the
+    machine is in it (a kernel interpreted on a CPU has interpreter parameters a chip's lacks)."""
     return text_digest(str(jax.jit(fn).trace(*args).jaxpr))
 
 
