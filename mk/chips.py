@@ -281,8 +281,13 @@ def _device_names(base: str) -> set[str]:
     return {d for d, c in _MEASURED_DEVICES.items() if c == base}
 
 
-def measured_chip(device: str) -> str:
-    """The chip of data/chips.csv a measured CSV's ``device`` column names (``tpu: TPU v5 lite`` -> ``tpu-v5e``)."""
+def measured_chip(device: str) -> str | None:
+    """The TPU chip of data/chips.csv a measured CSV's ``device`` column names (``tpu: TPU v5 lite`` -> ``tpu-v5e``),
+    as :func:`known_chip` reads a JAX device (mk.tpu.DEVICE_KINDS): None for a device that is no TPU (a CPU's
+    interpreted rows, a GPU's); a TPU whose kind DEVICE_KINDS lacks is refused (its rows are some chip's, not to be
+    taken for another's)."""
+    if not str(device).startswith("tpu:"):
+        return None
     if device not in _MEASURED_DEVICES:
         raise ValueError(f"measured on {device!r}, a device mk.tpu.DEVICE_KINDS does not name; add its kind there")
     return _MEASURED_DEVICES[device]

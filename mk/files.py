@@ -1,14 +1,16 @@
-"""Writing files so that nothing half-written is ever left behind, and the commit they were written from."""
+"""Writing files so that nothing half-written is ever left behind, the commit they were written from, and the digest
+of the code that wrote them."""
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 import subprocess
 from pathlib import Path
 from typing import Callable
 
-from .paths import ROOT
+from .paths import MK_DIR, ROOT
 
 
 def write_atomic(dest: Path, write: Callable[[Path], None]) -> Path:
@@ -80,3 +82,51 @@ def git_commit(root: Path = ROOT) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{sha} (with uncommitted changes)" if dirty else sha
+
+
+DIGEST_HEX = 16  # hex digits a digest keeps: 64 bits, no collision among a project's trees and programs
+
+
+def text_digest(text: str) -> str:
+    """The first DIGEST_HEX hex digits of ``text``'s SHA-256: the one way mk digests a program's printed text."""
+    return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_HEX]
+
+
+def _digest_files(files: list[tuple[str, bytes]]) -> str:
+    """SHA-256 over (relative path, size, bytes) of each file, in the order of their paths: a file renamed, added or
+    removed changes it as an edit does."""
+    h = hashlib.sha256()
+    for rel, data in sorted(files):
+        h.update(f"{rel}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()[:DIGEST_HEX]
+
+
+def source_digest(folder: Path = MK_DIR, commit: str | None = None) -> str | None:
+    """The digest of every ``*.py`` file under ``folder`` (its path relative to ``folder`` and its bytes; caches and
+    other files left out), read from the disk: the code a process on this machine runs, whatever ``$MK_COMMIT`` says
+    and whether or not a .git came with the tree. A few milliseconds for mk/ (1.4 MB), so each run computes it where
+    it runs, never carries it from elsewhere.
+
+    With ``commit``, the same digest of the files git holds under ``folder`` at that commit (None where git or the
+    commit is not here): a row's recorded digest set against the commit it names says whether the tree that ran was
+    that commit's (a dirty or mislabelled copy is not)."""
+    folder = Path(folder)
+    if commit is None:
+        return _digest_files([(p.relative_to(folder).as_posix(), p.read_bytes()) for p in folder.rglob("*.py")])
+    try:
+        run = dict(cwd=folder, capture_output=True, timeout=60, check=True)
+        # paths relative to ``folder`` (ls-tree's own, from the directory it runs in)
+        listing = subprocess.run(["git", "ls-tree", "-r", "-z", commit, "--", "."], **run).stdout.decode()
+        blobs = [(line.split("\t", 1)[1], line.split()[2]) for line in listing.split("\0") if line]
+        blobs = [(path, sha) for path, sha in blobs if path.endswith(".py")]
+        batch = subprocess.run(["git", "cat-file", "--batch"], input="\n".join(s for _, s in blobs).encode(), **run)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    out, at, files = batch.stdout, 0, []
+    for rel, _ in blobs:  # each blob: "<sha> blob <size>\n<bytes>\n"
+        header_end = out.index(b"\n", at)
+        size = int(out[at:header_end].split()[2])
+        files.append((rel, out[header_end + 1 : header_end + 1 + size]))
+        at = header_end + 1 + size + 1
+    return _digest_files(files)

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MK_DIR = ROOT / "mk"  # the package's source: a measured row carries its digest (mk.files.source_digest)
+KERNEL_DIR = MK_DIR / "megakernel"  # the megakernel's code: each revision's digests in data/kernel_revisions.csv
 NOTEBOOKS_DIR = ROOT / "notebooks"
 FIGURES_DIR = ROOT / "figures"  # figures (HTML + PNG), exported tables, the report page
 BUILD_DIR = ROOT / "build"  # executed notebooks

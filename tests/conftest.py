@@ -4,6 +4,7 @@ point the timing model misses to its error (:class:`Pin`)."""
 
 import dataclasses
 import gc
+import itertools
 import json
 import os
 import sys
@@ -380,3 +381,28 @@ class Pin:
     def bounds(self) -> tuple[float, float]:
         """The errors the pin allows, lowest and highest."""
         return tuple((1 + self.error) * (1 + s * self.tolerance) - 1 for s in (-1, 1))
+
+
+class FakeClock:
+    """A clock for mk.measure.loop.interleaved (its ``clock``) that moves only when a call moves it: ``step(s, ...)``
+    is a call that advances it by its next duration, in turn, round by round (each call runs once a round). A test
+    asserts the loop's statistics exactly, whatever else the machine is doing; a real stall cannot reach them."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, *seconds: float):
+        durations = itertools.cycle(seconds)
+
+        def call():
+            self.now += next(durations)
+
+        return call
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()

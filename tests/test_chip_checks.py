@@ -1,7 +1,6 @@
 """The chip's own checks of the model (mk.measure.chip_knockouts, .chip_clock, .attention_anchor, several steps a
 call in mk.measure.on_chip) and their tables (mk.analysis.chip_checks), run on the CPU with calls of known times."""
 
-import time
 from types import SimpleNamespace
 
 import jax.numpy as jnp
@@ -28,24 +27,40 @@ def test_a_call_of_n_steps_reads_as_a_step():
     assert a_token(row, 1) is row
 
 
-class _SleepingEngines:
-    """Stands for mk.measure.on_chip.CaseEngines: a step sleeps 3 ms, 1.5 ms less with the MLP knocked out."""
+MS = 2.0**-10  # about a millisecond, in binary: a fake clock's sums of these are exact
+V5E, CPU = "tpu: TPU v5 lite", "cpu: a CPU"  # measured rows' devices
+
+
+class _TimedEngines:
+    """Stands for mk.measure.on_chip.CaseEngines: a step takes 3 ms on ``clock``, 1.5 ms less with the MLP knocked
+    out; each call names its program as a digest of what it knocks out."""
+
+    def __init__(self, clock):
+        self.clock = clock
 
     def call(self, engine, cell, knockout=frozenset()):
         assert engine == "megakernel" and cell == Cell(64, 1)
-        pause = 0.003 - (0.0015 if SHARED_MLP in knockout else 0.0)
-        return (lambda: time.sleep(pause)), 0.0
+        call = self.clock.step(3 * MS - (1.5 * MS if SHARED_MLP in knockout else 0.0))
+        call.program_digest = lambda: "program without " + ",".join(sorted(knockout))
+        return call, 0.0
 
 
-def test_knockouts_give_each_components_shrink_a_step_beside_its_bytes():
+def test_knockouts_give_each_components_shrink_a_step_beside_its_bytes(fake_clock):
+    """Each knock-out's shrink a step, exactly (a clock its calls advance), beside its bytes at the limit, each row
+    naming the program it timed."""
     case, cell = Case("tiny-llama", cells=(Cell(64, 1),)), Cell(64, 1)
     limit = SimpleNamespace(bandwidth=1e9)
-    rows = chip_knockouts.measure_knockouts(case, cell, _SleepingEngines(), limit, 0.5, lambda _: None)
+    rows = chip_knockouts.measure_knockouts(case, cell, _TimedEngines(fake_clock), limit, 0.5, lambda _: None,
+                                            clock=fake_clock)  # fmt: skip
     by = {r["component"]: r for r in rows}
     assert set(by) == {"(whole step)", FULL_ATTENTION, SHARED_MLP, NORMS, HEAD}
-    assert by[SHARED_MLP]["shrink_ms"] == pytest.approx(1.5, abs=0.5)
-    assert by[SHARED_MLP]["shrink_low_ms"] > 0.5 and by[HEAD]["shrink_low_ms"] < 0.5
-    assert by["(whole step)"]["whole_ms"] == pytest.approx(3.0, rel=0.4)  # a step's, not STEPS_BACK_TO_BACK's
+    ms = 1e3 * MS  # the rows' milliseconds of one MS
+    mlp = by[SHARED_MLP]
+    assert (mlp["shrink_low_ms"], mlp["shrink_ms"], mlp["shrink_high_ms"]) == (round(1.5 * ms, 4),) * 3
+    assert by[HEAD]["shrink_ms"] == by[HEAD]["shrink_high_ms"] == 0 and by[HEAD]["verdict"].startswith("noise")
+    assert by["(whole step)"]["whole_ms"] == round(3 * ms, 4)  # a step's, not STEPS_BACK_TO_BACK's
+    assert by[SHARED_MLP]["program_digest"] == "program without " + SHARED_MLP
+    assert by["(whole step)"]["program_digest"] == "program without "
     mlp_bytes = chip_knockouts.component_bytes(case, cell)[SHARED_MLP]
     assert by[SHARED_MLP]["bytes_at_limit_ms"] == pytest.approx(mlp_bytes / 1e9 * 1e3, rel=1e-3)
 
@@ -59,7 +74,7 @@ def test_a_stand_ins_modelled_knockout_is_its_chips_share_without_links(tmp_path
     one, stand_in = Case("tiny-moe"), Case("tiny-moe", setup="workbook")
     rows = [dict(model="tiny-moe", layers="all", setup=c.setup_label, dtype="bf16", context=64, batch=1,
                  component=comp, whole_ms=1.0, device_step_ms=0.5, shrink_ms=0.5, shrink_low_ms=0.4,
-                 shrink_high_ms=0.6, bytes_at_limit_ms=None, verdict="resolved", device="tpu: TPU v5 lite")
+                 shrink_high_ms=0.6, bytes_at_limit_ms=None, verdict="resolved", device=V5E)
             for c in (one, stand_in) for comp in ("(whole step)", EXPERTS)]  # fmt: skip
     pd.DataFrame(rows).to_csv(tmp_path / chip_checks.KNOCKOUTS_CSV, index=False)
     t = chip_checks.knockout_table(tmp_path).set_index("setup")
@@ -83,12 +98,15 @@ def test_the_resident_kernel_computes_its_chain_and_refuses_other_work():
 
 
 def test_the_clock_table_says_which_kernels_give_a_clock(tmp_path):
-    rows = [dict(date="d", kind=k, trips=n, bundles=b * n, device_us=us, clock_GHz=c, clock_low_GHz=c,
-                 clock_high_GHz=c, assumed_clock_GHz=1.5) for k, b, c, runs in
-            (("matmul", 150, 1.0, ((1000, 160.0), (10000, 1510.0))), ("elementwise", 8, 5.0, ((1000, 100.0),
-             (10000, 114.0)))) for n, us in runs]  # fmt: skip
+    """Each kind's clock from a chip's rows; an interpreted run's rows on a CPU (the tests' own) are no chip's."""
+    rows = [dict(date="d", device=device, kind=k, trips=n, bundles=b * n, device_us=us, clock_GHz=c, clock_low_GHz=c,
+                 clock_high_GHz=c, assumed_clock_GHz=1.5) for k, b, c, runs, device in
+            (("matmul", 150, 1.0, ((1000, 160.0), (10000, 1510.0)), V5E),
+             ("elementwise", 8, 5.0, ((1000, 100.0), (10000, 114.0)), V5E),
+             ("vector", 8, 0.001, ((1000, 1e6), (10000, 1e7)), CPU)) for n, us in runs]  # fmt: skip
     pd.DataFrame(rows).to_csv(tmp_path / chip_checks.CLOCK_CSV, index=False)
     t = chip_checks.clock_table(tmp_path).set_index("work")
+    assert sorted(t.index) == ["elementwise", "matmul"] and set(t.device) == {V5E}
     assert t.loc["matmul", "verdict"].startswith("issue-bound")
     assert t.loc["matmul", "device_ns_a_trip"] == pytest.approx(150.0)
     assert t.loc["matmul", "time_over_schedule"] == pytest.approx(1.5)
@@ -134,16 +152,17 @@ def test_a_resumed_knockout_run_skips_the_cells_this_kind_of_device_measured(tmp
     base = dict.fromkeys(chip_knockouts.COLUMNS, "") | dict(
         kernel_revision=kernel_revision(), model="tiny-llama", setup="one chip", dtype="bf16", context=64, batch=1
     )
-    rows = [base | dict(device="cpu: a CPU"), base | dict(device="tpu: TPU v5 lite", context=128)]
+    rows = [base | dict(device=CPU), base | dict(device=V5E, context=128)]
     pd.DataFrame(rows).to_csv(tmp_path / "k.csv", index=False)
     assert chip_knockouts._done(tmp_path / "k.csv", "tpu") == {("tiny-llama", "one chip", "bf16", 128, 1)}
 
 
 def test_a_revision_run_reads_as_the_change_between_its_kernels(tmp_path):
     ms = {"reference": 5.0, "megakernel[r2]": 4.0, "megakernel[r3]": 3.0}
-    rows = [dict(date="2026-12-05T00:00:00Z", model="tiny-llama", context=64, batch=1, variant=v, rounds=9,
+    rows = [dict(date="2026-12-05T00:00:00Z", device=V5E, model="tiny-llama", context=64, batch=1, variant=v, rounds=9,
                  device_step_ms=m, device_step_low_ms=m - 0.01, device_step_high_ms=m + 0.01)
             for v, m in ms.items()]  # fmt: skip
+    rows.append(dict(rows[-1], device=CPU, variant="megakernel[r4]", device_step_ms=900.0))  # interpreted: no chip's
     pd.DataFrame(rows).to_csv(tmp_path / "one.csv", index=False)
     stand_in = [dict(r, setup=Case("tiny-moe", setup="workbook").setup_label, model="tiny-moe") for r in rows[1:]]
     pd.DataFrame(stand_in).to_csv(tmp_path / "two.csv", index=False)
@@ -156,7 +175,7 @@ def test_a_revision_run_reads_as_the_change_between_its_kernels(tmp_path):
 def test_a_routed_models_router_and_norms_knockouts_are_not_like_for_like(tmp_path):
     rows = [dict(model=m, layers="all", setup="one chip", dtype="bf16", context=64, batch=1, component=c, whole_ms=1.0,
                  device_step_ms=0.5, shrink_ms=0.2, shrink_low_ms=0.1, shrink_high_ms=0.3, bytes_at_limit_ms=0.01,
-                 verdict="resolved", device="tpu: TPU v5 lite")
+                 verdict="resolved", device=V5E)
             for m in ("tiny-moe", "tiny-llama") for c in ("(whole step)", NORMS, SHARED_MLP)]  # fmt: skip
     pd.DataFrame(rows).to_csv(tmp_path / chip_checks.KNOCKOUTS_CSV, index=False)
     t = chip_checks.knockout_table(tmp_path).set_index(["model", "component"]).verdict
@@ -165,8 +184,8 @@ def test_a_routed_models_router_and_norms_knockouts_are_not_like_for_like(tmp_pa
 
 
 def _probe_rows(variants: dict, **cell):
-    return [dict(date="2026-12-06T00:00:00Z", model="tiny-moe", context=64, batch=1, variant=v, device_step_ms=m,
-                 device_step_low_ms=m - 0.001, device_step_high_ms=m + 0.001, **cell)
+    return [dict(date="2026-12-06T00:00:00Z", device=V5E, model="tiny-moe", context=64, batch=1, variant=v,
+                 device_step_ms=m, device_step_low_ms=m - 0.001, device_step_high_ms=m + 0.001, **cell)
             for v, m in variants.items()]  # fmt: skip
 
 
@@ -206,7 +225,7 @@ def test_the_stand_ins_share_parts_add_up_to_its_step_past_its_bytes():
 def test_a_format_run_reads_as_its_kernel_against_the_same_kernel_on_bf16(tmp_path):
     """Each cell: the kernel on the format and on bf16, XLA's step in each kernel's own loop, the speed-ups and the
     bytes ratio from the rows' own device times and bytes."""
-    cell = dict(date="2026-12-06T00:00:00Z", model="tiny-dense", context=64, batch=1, chip="tpu-v5e")
+    cell = dict(date="2026-12-06T00:00:00Z", device=V5E, model="tiny-dense", context=64, batch=1, chip="tpu-v5e")
     rows = [("reference", "fp8-block", 3.0, 100, 0.5), ("megakernel", "fp8-block", 2.0, 60, 0.8),
             ("reference", "bf16", 3.2, 110, 0.9), ("megakernel", "bf16", 3.0, 110, 0.95)]  # fmt: skip
     pd.DataFrame([dict(cell, engine=e, dtype=d, device_step_ms=ms, device_step_low_ms=ms - 0.01,

@@ -13,47 +13,67 @@ import jax.numpy as jnp
 import pytest
 
 from mk.config import get_config
+from mk.files import source_digest
 from mk.measure import cpu, gpu, harness, knockouts, loop, smoke
 from mk.measure.steps import decode_call
-from mk.paths import BENCH_CSV, GPU_CSV, TPU_CSV
+from mk.paths import BENCH_CSV, GPU_CSV, TPU_CSV, TPU_OPS_CSV
 from mk.profiling import Estimate, compiled_kernels
 from mk.sol import bytes_per_token, speed_of_light
+from mk.timing.scheduled import kernel_digest
 
 
 def _sleeper(seconds):
     return lambda: time.sleep(seconds)
 
 
-def test_interleaved_resolves_a_real_difference_and_bounds_a_null_one():
-    cmp = loop.interleaved(
-        {"a": _sleeper(0.010), "b": _sleeper(0.013), "a2": _sleeper(0.010)}, "a", precision=0.05, budget_s=10, warmup=1
-    )
-    assert cmp.rounds >= 7 and cmp.load[0] == cmp.load[0]
+MS = 2.0**-10  # about a millisecond, in binary: a fake clock's sums of these are exact
+
+
+def test_interleaved_resolves_a_difference_through_a_stall_and_stops_when_its_rule_holds(fake_clock):
+    """On a clock each call advances: 10 ms and 13 ms steps, every call 40 ms slower in one round of seven (a stall).
+    The paired differences are exact through it (the stall slows both in its round), the medians are the steps', and
+    the loop stops at the first round its stopping rule holds."""
+    a = [10 * MS] * 3 + [40 * MS] + [10 * MS] * 3
+    calls = {"a": fake_clock.step(*a), "b": fake_clock.step(*(t + 3 * MS for t in a)), "a2": fake_clock.step(*a)}
+    cmp = loop.interleaved(calls, "a", precision=0.05, budget_s=10, warmup=0, clock=fake_clock)
     d = cmp.differences["b"]
-    assert not d.holds_zero and 0.002 < d.median < 0.004 and d.low <= d.median <= d.high
-    assert abs(cmp.differences["a2"].median) < 0.001 and cmp.differences["a2"].halfwidth < 0.001
+    assert (d.median, d.low, d.high) == (3 * MS, 3 * MS, 3 * MS) and not d.holds_zero
+    assert cmp.differences["a2"].median == cmp.differences["a2"].halfwidth == 0 and cmp.differences["a2"].holds_zero
+    assert (cmp.times["a"].median, cmp.times["b"].median) == (10 * MS, 13 * MS)
+    assert cmp.raw["b"][3] == 43 * MS  # the stall is in the rounds, not in the statistics
+    assert loop.precise(cmp.raw, 0.05) and not loop.precise({k: v[:-1] for k, v in cmp.raw.items()}, 0.05)
+    assert cmp.rounds > loop.MIN_ROUNDS and cmp.elapsed_s == fake_clock.now
     table = cmp.table().set_index("variant")
-    assert table.loc["b", "resolved"] and table.loc["a", "diff_s"] == 0
+    assert table.loc["b", "resolved"] and not table.loc["a2", "resolved"] and table.loc["a", "diff_s"] == 0
     with pytest.raises(ValueError, match="baseline"):
-        loop.interleaved({"a": _sleeper(0)}, "z")
+        loop.interleaved({"a": fake_clock.step(0.0)}, "z")
 
 
-def test_knockout_table_reports_shrinks_with_intervals_and_seed_columns():
-    steps = {frozenset(): 0.012, frozenset({"experts"}): 0.006, frozenset({"router"}): 0.012}
+def test_interleaved_on_the_real_clock_tells_a_slower_sleep():
+    """The one test on the real clock (time.perf_counter, the default): a 3 ms longer sleep is told, loosely (a loaded
+    machine oversleeps both, and stalls some rounds)."""
+    cmp = loop.interleaved({"a": _sleeper(0.010), "b": _sleeper(0.013)}, "a", precision=0.05, budget_s=10, warmup=1)
+    assert cmp.rounds >= loop.MIN_ROUNDS and cmp.load[0] == cmp.load[0]
+    assert 0.001 < cmp.differences["b"].median < 0.010
+
+
+def test_knockout_table_reports_shrinks_with_intervals_and_seed_columns(fake_clock):
+    steps = {frozenset(): 12 * MS, frozenset({"experts"}): 6 * MS, frozenset({"router"}): 12 * MS}
     table = knockouts.knockout_table(
-        lambda ko: _sleeper(steps[ko]),
+        lambda ko: fake_clock.step(steps[ko]),
         ["experts", "router"],
-        bytes_time_s={"experts": 0.001, "router": 0.0},
+        bytes_time_s={"experts": 1 * MS, "router": 0.0},
         budget_s=10,
         warmup=1,
+        clock=fake_clock,
     )
     assert list(table["component"]) == ["(whole step)", "experts", "router"]
     experts = table.iloc[1]
-    assert experts.shrink_low_s <= experts.shrink_s <= experts.shrink_high_s
-    assert experts.shrink_s == pytest.approx(0.006, abs=0.001)
+    assert (experts.shrink_low_s, experts.shrink_s, experts.shrink_high_s) == (6 * MS, 6 * MS, 6 * MS)
     assert experts.verdict.startswith("above its bytes")  # 6 ms shrink against 1 ms of bytes
-    assert table.iloc[2].shrink_low_s < 0.001  # no change: a shrink about zero
-    assert table["shrink_fraction"].iloc[1] == pytest.approx(0.5, abs=0.1)
+    assert table.iloc[2].shrink_s == 0 and table.iloc[2].verdict.startswith("noise")  # no change: no shrink
+    assert table["shrink_fraction"].iloc[1] == 0.5
+    assert table.attrs["rounds"] == loop.MIN_ROUNDS  # every step the same each round: known at once
     seeded = knockouts.with_seed_columns(table)
     assert seeded["seed_vllm_h100_s"].iloc[1] == pytest.approx(1.76e-3)
     assert seeded["seed_megakernel_v5e8_s"].iloc[2] == pytest.approx(0.02e-3)
@@ -130,14 +150,17 @@ def test_the_stopping_rule_wants_every_watched_median_known_to_its_precision():
     assert not loop.precise({"a": tight}, 0)  # 0: never, the budget or max_rounds ends the run
 
 
-def test_interleaved_stops_on_the_watched_series_and_keeps_min_rounds():
-    calls = {"a": _sleeper(0.001), "b": _sleeper(0.002)}
+def test_interleaved_stops_on_the_watched_series_and_keeps_min_rounds(fake_clock):
+    calls = {"a": fake_clock.step(MS), "b": fake_clock.step(2 * MS)}
     never = loop.interleaved(
-        calls, "a", budget_s=30, min_rounds=3, max_rounds=9, warmup=0, watch=lambda t: {"x": [0, 1]}
+        calls, "a", budget_s=30, min_rounds=3, max_rounds=9, warmup=0, watch=lambda t: {"x": [0, 1]}, clock=fake_clock
     )
     assert never.rounds == 9  # a watched series whose median is never known: to max_rounds
-    once = loop.interleaved(calls, "a", precision=0.5, budget_s=1e-6, min_rounds=5, warmup=0)
+    once = loop.interleaved(calls, "a", precision=0.5, budget_s=1e-6, min_rounds=5, warmup=0, clock=fake_clock)
     assert once.rounds == 5  # the budget is spent at once, min_rounds still run
+    # precision 0: to the budget, read from the loop's clock; a round takes 3 ms, so the 34th is past 100 ms
+    spent = loop.interleaved(calls, "a", precision=0, budget_s=100 * MS, min_rounds=3, warmup=0, clock=fake_clock)
+    assert spent.rounds == 34 and spent.elapsed_s == 34 * 3 * MS
     with pytest.raises(ValueError, match="precision >= 0"):
         loop.interleaved(calls, "a", precision=-1)
 
@@ -172,6 +195,10 @@ def test_provenance_names_the_device_the_software_and_the_commit():
     assert p["jax_version"] == jax.__version__ and p["device"].startswith(jax.devices()[0].platform)
     assert re.fullmatch(r"[0-9a-f]{12}( \(with uncommitted changes\))?|unknown", p["commit"]), p["commit"]
     assert all(p[k] for k in harness.PROVENANCE), p  # "none" where a package is absent, never blank
+    # what ran, computed from the files here, whatever the commit says
+    assert (p["code_digest"], p["kernel_digest"]) == (source_digest(), kernel_digest())
+    chip = harness.chip_provenance()
+    assert tuple(chip) == harness.CHIP_PROVENANCE and chip["kernel_digest"] == p["kernel_digest"]
 
 
 def test_a_copy_inside_another_repository_has_no_commit_of_its_own_unless_its_sender_names_it(tmp_path, monkeypatch):
@@ -202,10 +229,16 @@ def test_every_driver_writes_the_shared_columns_first_each_named_once():
 
 def test_the_committed_rows_have_their_drivers_columns():
     """data/measured/'s CSVs are appended to by the drivers, which refuse a file with other columns."""
-    for path, driver in ((BENCH_CSV, cpu), (GPU_CSV, gpu), (TPU_CSV, smoke)):
+    from mk.measure import attention_anchor, chip_clock, chip_knockouts, hbm, on_chip, tpu_runs
+
+    written = {BENCH_CSV: cpu.COLUMNS, GPU_CSV: gpu.COLUMNS, TPU_CSV: smoke.COLUMNS, TPU_OPS_CSV: on_chip.OP_COLUMNS}
+    written.update({TPU_CSV.with_name(tpu_runs.CSVS[part]): columns for part, columns in (
+        ("parity", tpu_runs.PARITY_COLUMNS), ("hbm", hbm.COLUMNS), ("clock", chip_clock.COLUMNS),
+        ("knockouts", chip_knockouts.COLUMNS), ("anchor", attention_anchor.COLUMNS))})  # fmt: skip
+    for path, columns in written.items():
         if path.exists():
             with open(path, newline="") as f:
-                assert tuple(next(csv.reader(f))) == driver.COLUMNS, path
+                assert tuple(next(csv.reader(f))) == columns, path
 
 
 def test_the_speed_of_light_of_a_known_chip_a_given_one_and_an_unknown_one():

@@ -7,6 +7,7 @@ long before its budget, which is generous so that a slow machine never abandons 
 import csv
 import importlib.util
 import os
+import re
 import sys
 import types
 from types import SimpleNamespace
@@ -79,6 +80,7 @@ def test_reference_row(measured):
     _check_row(r, "reference")
     assert float(r["kernels_compiled"]) > 10 and float(r["compile_s"]) > 0
     assert r["kernels_counted_by"] in ("profiler trace", "compiled program")
+    assert re.fullmatch("[0-9a-f]{16}", r["program_digest"])  # the compiled step's program, named
 
 
 def test_transformers_row(measured):
@@ -88,6 +90,7 @@ def test_transformers_row(measured):
     r = rows["transformers"]
     _check_row(r, "transformers")
     assert r["kernels_counted_by"].startswith("torch.profiler") and r["transformers_version"]
+    assert r["program_digest"] == ""  # torch's step is no JAX program
     # measured in the same rounds, each beside the other
     assert r["rounds"] == rows["reference"]["rounds"]
     assert "reference" in r["interleaved_with"] and "transformers" in rows["reference"]["interleaved_with"]

@@ -9,9 +9,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 from mk.chips import measured_limit
 from mk.config import FULL, LAYER_PAIR, TINY_DENSE, with_layers
+from mk.files import source_digest
 from mk.measure import hbm, on_chip, tpu_runs
 from mk.measure.on_chip import Case, Cell
-from mk.timing.scheduled import kernel_revision
+from mk.timing.scheduled import kernel_digest, kernel_revision
 
 ONE_LAYER = TINY_DENSE.replace(name="tiny-dense-1", layer_types=(FULL,))
 
@@ -47,15 +48,25 @@ def test_a_run_writes_parity_read_rate_and_both_engines_rows_and_a_second_run_re
     for r in t.itertuples():
         assert r.backend == "cpu" and r.model == "tiny-dense-1" and r.layers == "all" and r.steps_back_to_back == 2
         assert 0 < r.device_step_low_ms <= r.device_step_ms <= r.device_step_high_ms
-        assert r.device_tokens_per_s == pytest.approx(1e3 / r.device_step_ms, rel=1e-3)
+        assert r.device_tokens_per_s == pytest.approx(1e3 / r.device_step_ms, abs=0.005)  # rounded to 2 decimals
         assert r.chip == "tpu-v5e" and r.device_fraction_of_spec > 0 and pd.isna(r.limit_GBps)  # no TPU limit
     mk = t[t.engine == "megakernel"].iloc[0]
     assert "interpret mode" in mk.runs_as and mk.interleaved_with == "reference, reference back to back"
+    # what ran, computed where it ran: the code's digests, the revision the kernel's digest is, each engine's program
+    for name, rows in (("tpu", t), ("parity", parity), ("hbm", rates)):
+        assert (rows.code_digest == source_digest()).all() and (rows.kernel_digest == kernel_digest()).all(), name
     assert (t.kernel_revision == kernel_revision()).all()
+    assert t.program_digest.str.fullmatch("[0-9a-f]{16}").all() and t.program_digest.nunique() == 2
     again = tpu_runs.run(parts=("table",), **kw)
     assert again["table"] == 0 and len(pd.read_csv(tmp_path / "tpu.csv")) == 2  # measured on this kind of device
-    t.assign(kernel_revision=kernel_revision() - 1).to_csv(tmp_path / "older.csv", index=False)
+    older = t.assign(kernel_revision=kernel_revision() - 1, kernel_digest="0123456789abcdef")
+    older.to_csv(tmp_path / "older.csv", index=False)
     assert on_chip.done_cells(tmp_path / "older.csv", "cpu") == set()  # an earlier kernel's rows: measured again
+    # rows from before rows carried a kernel's digest: by the revision they record
+    t.assign(kernel_digest=None).to_csv(tmp_path / "undigested.csv", index=False)
+    assert len(on_chip.done_cells(tmp_path / "undigested.csv", "cpu")) == 2
+    older.assign(kernel_digest=None).to_csv(tmp_path / "undigested.csv", index=False)
+    assert on_chip.done_cells(tmp_path / "undigested.csv", "cpu") == set()
 
 
 def test_the_table_can_be_cut_to_some_models_and_refuses_one_it_lacks():

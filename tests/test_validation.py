@@ -262,10 +262,11 @@ def _tpu_csv(folder, changes: list[dict]):
     with its ``changes``."""
     from mk.measure.on_chip import COLUMNS
 
-    base = dict.fromkeys(COLUMNS, "") | dict(backend="tpu", base_model="llama-3.2-1b", model="llama-3.2-1b",
-                                             layers="all", chip="tpu-v5e", dtype="bf16", context=1024, batch=1,
-                                             step_ms=5.0, device_step_ms=4.0, device_step_low_ms=3.9,
-                                             device_step_high_ms=4.1, setup="one chip", kernel_revision=2)  # fmt: skip
+    base = dict.fromkeys(COLUMNS, "") | dict(backend="tpu", device="tpu: TPU v5 lite", base_model="llama-3.2-1b",
+                                             model="llama-3.2-1b", layers="all", chip="tpu-v5e", dtype="bf16",
+                                             context=1024, batch=1, step_ms=5.0, device_step_ms=4.0,
+                                             device_step_low_ms=3.9, device_step_high_ms=4.1, setup="one chip",
+                                             kernel_revision=2)  # fmt: skip
     path = folder / "tpu.csv"
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
@@ -287,7 +288,7 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
         dict(engine="reference"),
         dict(engine="megakernel", base_model="gemma4-26b-a4b", model="gemma4-26b-a4b", chip="tpu-v5e-8",
              setup=stand_in),
-        dict(engine="megakernel", backend="cpu"),
+        dict(engine="megakernel", backend="cpu", device="cpu: a CPU"),
     ])  # fmt: skip
     t = on_tpu.tpu_steps(path)
     assert len(t) == 3 and (t.device_ms == 4.0).all()
@@ -358,9 +359,10 @@ def test_an_op_profile_is_read_newest_first_and_explains_the_many_user_cache_wri
     from mk.analysis import on_tpu
     from mk.measure.on_chip import OP_COLUMNS
 
-    cell = dict(device="TPU v5 lite", jax_version="0.10.2", libtpu_version="0.0.42.1", commit="c", engine="reference",
-                model="m", dtype="bf16", setup="one chip", context=1024, batch=8, what="category", hlo_category="",
-                tf_op="", runs=2, share=0.5)  # fmt: skip
+    cell = dict.fromkeys(OP_COLUMNS, "") | dict(
+        device="tpu: TPU v5 lite", jax_version="0.10.2", libtpu_version="0.0.42.1", commit="c", engine="reference",
+        model="m", dtype="bf16", setup="one chip", context=1024, batch=8, what="category", runs=2,
+        share=0.5)  # fmt: skip
     rows = [dict(cell, date=d, name=n, us=us) for d, n, us in
             (("2026-12-04T00:00:00Z", "while", 900.0), ("2026-12-05T00:00:00Z", "while", 300.0),
              ("2026-12-05T00:00:00Z", "copy-done", 200.0))]  # fmt: skip

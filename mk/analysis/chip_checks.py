@@ -11,7 +11,10 @@
   both interleaved with XLA's compiled reference in one run (data/kernel_revisions.csv says what each changed);
 - **probes** (tpu_logs/, :data:`PROBES`): a kernel built with one piece of its work left out or changed, timed
   interleaved with the kernel it differs from (each CSV's script beside it says how it was built);
-- **formats** (tpu_logs/, :data:`FORMAT_RUNS`): the kernel streaming a shipped format against itself on bf16."""
+- **formats** (tpu_logs/, :data:`FORMAT_RUNS`): the kernel streaming a shipped format against itself on bf16.
+
+Each reads only the rows taken on a TPU (mk.analysis.on_tpu.chip_rows, by each row's device), and a cell measured on
+two kinds of chip stays two cells, each set against its own chip's model."""
 
 from __future__ import annotations
 
@@ -63,13 +66,14 @@ PROBES = (
 
 
 def _read(name: str, folder) -> pd.DataFrame:
+    """A TPU table of data/measured/ (or ``folder``): its rows taken on a TPU."""
     path = Path(folder or MEASURED_DIR) / name
-    return pd.read_csv(path) if path.exists() else pd.DataFrame()
+    return on_tpu.chip_rows(pd.read_csv(path)) if path.exists() else pd.DataFrame()
 
 
 def _read_run(name: str, folder) -> pd.DataFrame:
-    """A run's CSV in tpu_logs/, each row's setup named ("one chip" where the run had none)."""
-    t = pd.read_csv(Path(folder or TPU_LOGS_DIR) / name)
+    """A run's CSV in tpu_logs/: its rows taken on a TPU, each row's setup named ("one chip" where the run had none)."""
+    t = on_tpu.chip_rows(pd.read_csv(Path(folder or TPU_LOGS_DIR) / name))
     setups = t["setup"] if "setup" in t else pd.Series("one chip", index=t.index)
     return t.assign(setup=setups.fillna("one chip"))
 
@@ -80,16 +84,16 @@ def knockout_table(folder=None) -> pd.DataFrame:
     t = _read(KNOCKOUTS_CSV, folder)
     if t.empty:
         return t
-    keys = ["model", "layers", "setup", "dtype", "context", "batch", "component"]
+    keys = ["device", "model", "layers", "setup", "dtype", "context", "batch", "component"]
     num = ["whole_ms", "device_step_ms", "shrink_ms", "shrink_low_ms", "shrink_high_ms", "bytes_at_limit_ms"]
     g = t.groupby(keys, sort=False, dropna=False)
-    out = g[num].median().join(g.size().rename("runs")).join(g.verdict.last()).join(g.device.last()).reset_index()
+    out = g[num].median().join(g.size().rename("runs")).join(g.verdict.last()).reset_index()
     out = out[out.component != WHOLE]
     modelled = []
-    for (model, layers, setup, dtype, context, batch), rows in out.groupby(keys[:-1], sort=False):  # a step's cell
+    for (device, model, layers, setup, dtype, context, batch), rows in out.groupby(keys[:-1], sort=False):  # a cell
         # the CSV names the cut model; a stand-in's step is modelled without its links (on_tpu.modelled_step)
         row = dict(base_model=model.partition("[")[0], layers=layers, setup=setup, dtype=dtype, context=context,
-                   batch=batch, engine="megakernel", chip=measured_chip(rows.device.iloc[0]))  # fmt: skip
+                   batch=batch, engine="megakernel", chip=measured_chip(device))  # fmt: skip
         whole = on_tpu.modelled_step(row, on_tpu.measured_prediction(row))
         modelled += [(whole - on_tpu.modelled_step(row, on_tpu.measured_prediction(row, knockout={c}))) * 1e3
                      for c in rows.component]  # fmt: skip
@@ -108,12 +112,12 @@ def clock_table(folder=None) -> pd.DataFrame:
     if t.empty:
         return t
     rows = []
-    for (date, kind), g in t.groupby(["date", "kind"], sort=False):
+    for (device, date, kind), g in t.groupby(["device", "date", "kind"], sort=False):
         lo, hi = g.iloc[0], g.iloc[-1]
         trip_bundles = (hi.bundles - lo.bundles) / (hi.trips - lo.trips)
         share = trips_share(lo, hi)
         rows.append(dict(
-            date=date, work=kind, trips=f"{lo.trips}-{hi.trips}", bundles_a_trip=trip_bundles,
+            device=device, date=date, work=kind, trips=f"{lo.trips}-{hi.trips}", bundles_a_trip=trip_bundles,
             device_ns_a_trip=(hi.device_us - lo.device_us) / (hi.trips - lo.trips) * 1e3,
             longest_call_us=hi.device_us, clock_GHz=hi.clock_GHz, clock_low_GHz=hi.clock_low_GHz,
             clock_high_GHz=hi.clock_high_GHz, assumed_clock_GHz=hi.assumed_clock_GHz,
@@ -129,9 +133,9 @@ def attention_table(folder=None) -> pd.DataFrame:
     t = _read(ATTENTION_CSV, folder)
     if t.empty:
         return t
-    t = t[t.date == t.date.max()]
+    t = t[t.date == t.groupby("device").date.transform("max")]  # each chip's newest run
     return t.assign(slope_fraction_of_limit=t.slope_GBps / t.limit_GBps)[
-        ["model", "batch", "engine", "context", "kv_bytes", "device_step_ms", "device_step_low_ms",
+        ["device", "model", "batch", "engine", "context", "kv_bytes", "device_step_ms", "device_step_low_ms",
          "device_step_high_ms", "slope_GBps", "slope_low_GBps", "slope_high_GBps", "slope_fraction_of_limit",
          "limit_GBps", "kernel_revision", "commit"]
     ].assign(kind="measured (TPU, device time)")  # fmt: skip

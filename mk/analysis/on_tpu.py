@@ -6,15 +6,23 @@ The model of a measured step is mk.timing's for the same model (or truncation), 
 the megakernel's for a megakernel row (one chip; or, for chip 0 of a v5e-8 stood in for by one chip, the v5e-8 step of
 that setup with its links' time taken out), the general stack's for XLA's row. Errors are modelled / measured - 1
 against the device's time (steps back to back), the time the model predicts: a host that waits on every step adds its
-own latency (``host_over_device``)."""
+own latency (``host_over_device``).
+
+Every table here reads only rows taken on a TPU, as each row's ``device`` names it (:func:`chip_rows`: a CPU's
+interpreted rows never stand for a chip's), and sets each against its own chip (a v6e's row against a v6e's model and
+limit); of a cell measured more than once, the newest row of that device. Each step says whether it ran the megakernel's
+code in this tree (``kernel_is_current``, mk.timing.scheduled.current_kernel: by the digest of mk/megakernel/ the chip
+computed, or, for rows from before rows carried one, by the revision they record), so an older kernel's row is
+told apart from the current kernel's."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pandas as pd
 
-from ..chips import get_chip, measured_limit
+from ..chips import get_chip, measured_chip, measured_limit, slice_of
 from ..config import with_layers
 from ..kernel_setup import SETUPS, WORKBOOK_KERNEL
 from ..paths import MEASURED_DIR, TPU_CSV, TPU_OPS_CSV
@@ -22,9 +30,10 @@ from ..published import published
 from ..routing import expected_distinct_experts
 from ..sol import kv_bytes_per_user, speed_of_light
 from ..timing import DEFAULT_COSTS, MODELLED, GivenCosts, Prediction, predict
+from ..timing.scheduled import current_kernel
 
 STAND_IN = "; loopback stand-in"  # how a stand-in row's setup ends (mk.measure.on_chip)
-SLICE = "tpu-v5e-8"
+SLICE = "tpu-v5e-8"  # the write-up's slice, whose chip 0 a stand-in row is (mk.measure.on_chip.SLICE chips)
 MISS = 0.15  # a row past this |error| is explained below or by a profile
 UNEXPLAINED = "not explained yet"  # how a reason that is not (yet) one begins
 
@@ -120,7 +129,23 @@ COLUMNS = [
     "engine", "what", "model", "base_model", "layers", "setup", "chip", "dtype", "context", "batch", "host_ms",
     "device_ms", "device_low_ms", "device_high_ms", "profiled_ms", "modelled_ms", "error", "host_over_device",
     "step_GB", "device_fraction_of_spec", "device_fraction_of_limit", "date", "device", "commit", "kernel_revision",
+    "kernel_digest", "kernel_is_current",
 ]  # fmt: skip
+
+
+def chip_rows(t: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a measured table ``t`` taken on a TPU, as each row's ``device`` names it (mk.chips.measured_chip, the
+    one reading of a row's device): a CPU's interpreted rows and any other device's left out, a TPU kind mk does not
+    know refused. Every reader of data/measured/'s TPU tables keeps these and no others."""
+    if t.empty:
+        return t
+    return t[t["device"].map(measured_chip).notna()]
+
+
+def stand_in_slice(chip: str) -> str:
+    """The slice a stand-in row's chip 0 is of: :data:`SLICE`'s size of the row's own chip (``tpu-v5e`` or
+    ``tpu-v5e-8`` -> ``tpu-v5e-8``)."""
+    return slice_of(get_chip(chip).base, get_chip(SLICE).chips).name
 
 
 def measured_config(r):
@@ -139,14 +164,17 @@ def engine_bytes(r, engine: str | None = None) -> float:
     dtype = str(r["dtype"]) if engine == "megakernel" else str(r["dtype"]).split("+", 1)[0]
     cfg, context, batch = measured_config(r), int(r["context"]), int(r["batch"])
     if str(r["setup"]).endswith(STAND_IN):
-        return speed_of_light(cfg, SLICE, context, batch, dtype).bytes_per_token / get_chip(SLICE).chips
+        whole = stand_in_slice(r["chip"])
+        return speed_of_light(cfg, whole, context, batch, dtype).bytes_per_token / get_chip(whole).chips
     return speed_of_light(cfg, r["chip"], context, batch, dtype).bytes_per_token
 
 
 def fraction_of_limit(nbytes: float, seconds: float, chip: str) -> float:
     """``nbytes`` read in ``seconds`` as a fraction of ``chip``'s measured read limit (mk.chips.measured_limit, the
-    best read rate observed on one such chip): every measured fraction of the limit the workbook shows is this."""
-    return nbytes / seconds / measured_limit(chip).bandwidth
+    best read rate observed on one such chip): every measured fraction of the limit the workbook shows is this; NaN
+    where no such chip's limit was measured."""
+    limit = measured_limit(chip)
+    return math.nan if limit is None else nbytes / seconds / limit.bandwidth
 
 
 def _stand_in_setup(label: str):
@@ -166,7 +194,8 @@ def measured_prediction(r, costs: GivenCosts = DEFAULT_COSTS, knockout=frozenset
         # mk.reference computes a quantized tree's float tree (dequantized once): XLA reads the float weights
         return predict(cfg, r["chip"], context, batch, "general", str(r["dtype"]).split("+", 1)[0], **kw)
     if str(r["setup"]).endswith(STAND_IN):
-        return predict(cfg, SLICE, context, batch, "megakernel", r["dtype"], setup=_stand_in_setup(r["setup"]), **kw)
+        chip = stand_in_slice(r["chip"])
+        return predict(cfg, chip, context, batch, "megakernel", r["dtype"], setup=_stand_in_setup(r["setup"]), **kw)
     return predict(cfg, r["chip"], context, batch, "megakernel", r["dtype"], setup=WORKBOOK_KERNEL, **kw)
 
 
@@ -187,15 +216,14 @@ def modelled_seconds(r, costs: GivenCosts = DEFAULT_COSTS) -> tuple[float, str]:
 
 STEPS = "steps_a_call"  # tpu.csv's greedy decode steps a call (mk.measure.on_chip: a row's times are a step's)
 CELL = ["engine", "model", "dtype", "setup", "chip", "context", "batch"]  # what one measured step is of
-OP_CELL = ["engine", "model", "dtype", "setup", "context", "batch"]  # what one op profile is of (tpu_ops.csv)
+OP_CELL = ["device", "engine", "model", "dtype", "setup", "context", "batch"]  # what one op profile is of (tpu_ops.csv)
 
 
 def remeasured(path=None) -> pd.DataFrame:
     """Every cell measured on a TPU more than once: its first and its newest device time, with their commits and the
     megakernel's revisions they ran (data/kernel_revisions.csv: what changed between them)."""
     path = TPU_CSV if path is None else path
-    t = _one_step_a_call(pd.read_csv(path))
-    t = t[t.backend == "tpu"].sort_values("date", kind="stable")
+    t = chip_rows(_one_step_a_call(pd.read_csv(path))).sort_values("date", kind="stable")
     rows = []
     for key, g in t.groupby(CELL, sort=False, dropna=False):
         if len(g) > 1:
@@ -213,12 +241,15 @@ def tpu_steps(path=None) -> pd.DataFrame:
     """Every step measured on a TPU (rows from a CPU left out; of a cell measured more than once, the newest), with
     the model's step and the error against the device's time, the bytes its engine reads (:func:`engine_bytes`) and
     its fractions of the data sheet's bandwidth and of the measured limit, computed now from those bytes (a row's own
-    stored fractions used the limit and the count of their day); empty, with its columns, where none was measured."""
+    stored fractions used the limit and the count of their day), and whether it ran this tree's kernel
+    (``kernel_is_current``; the module's docstring); empty, with its columns, where none was measured."""
     path = TPU_CSV if path is None else path
     if not path.exists():
         return pd.DataFrame(columns=COLUMNS)
-    t = _one_step_a_call(pd.read_csv(path))
-    t = _newest(t[t.backend == "tpu"], CELL)  # a cell measured again (at a later commit): its newest row
+    t = _newest(chip_rows(_one_step_a_call(pd.read_csv(path))), CELL)  # a cell measured again: its newest row
+    t = t.assign(kernel_is_current=current_kernel(t))
+    if "kernel_digest" not in t:  # a file from before rows carried it
+        t = t.assign(kernel_digest=float("nan"))
     rows = []
     for _, r in t.iterrows():
         modelled, _ = modelled_seconds(r)
@@ -233,8 +264,8 @@ def tpu_steps(path=None) -> pd.DataFrame:
             host_over_device=r.step_ms / r.device_step_ms - 1, step_GB=nbytes / 1e9,
             device_fraction_of_spec=nbytes / seconds / get_chip(r.chip).hbm_bandwidth,
             device_fraction_of_limit=fraction_of_limit(nbytes, seconds, r.chip), date=r.date, device=r.device,
-            commit=r.commit,
-            kernel_revision=r.kernel_revision,
+            commit=r.commit, kernel_revision=r.kernel_revision, kernel_digest=r.kernel_digest,
+            kernel_is_current=r.kernel_is_current,
         ))  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS).assign(kind=f"measured (TPU, device time) vs {MODELLED}")
 
@@ -248,10 +279,11 @@ def steps_a_call(path=None) -> pd.DataFrame:
     """Each engine's token with N greedy steps in one compiled call, timed in one run (the newest run of a cell): the
     host's time a token and the device's, and the host's over the device's; empty where none was measured."""
     path = TPU_CSV if path is None else path
-    t = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=[*CELL, STEPS])
-    t = t[(t.backend == "tpu") & t[STEPS].notna()]
+    t = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=[*CELL, STEPS, "device"])
+    t = chip_rows(t)
+    t = t[t[STEPS].notna()]
     runs = t[t.groupby(CELL, dropna=False)[STEPS].transform("nunique") > 1]  # cells timed at several N
-    runs = runs[runs.date == runs.groupby(["model", "context", "batch"]).date.transform("max")]
+    runs = runs[runs.date == runs.groupby(["chip", "model", "context", "batch"]).date.transform("max")]
     out = runs.assign(
         steps_a_call=runs[STEPS].astype(int),
         host_token_ms=runs.step_ms,
@@ -339,7 +371,7 @@ def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) ->
     Tokens/s and the fraction of the speed of light at the data sheet's bandwidth (the write-up's definition) and at the
     measured limit."""
     s = tpu_steps() if steps is None else steps
-    s = s[s.setup.str.endswith(STAND_IN) & (s.context == context) & (s.batch == 1)]
+    s = s[s.setup.str.endswith(STAND_IN) & (s.chip == SLICE) & (s.context == context) & (s.batch == 1)]  # a v5e's
     sol = speed_of_light("gemma4-26b-a4b", SLICE, context, 1, "bf16")
     limit = measured_limit(SLICE)
     rows = []
@@ -366,7 +398,7 @@ def op_profiles(path=None) -> pd.DataFrame:
     path = TPU_OPS_CSV if path is None else path
     if not path.exists():
         return pd.DataFrame()
-    t = pd.read_csv(path)
+    t = chip_rows(pd.read_csv(path))
     newest = t.groupby(OP_CELL, dropna=False).date.transform("max")
     return t[t.date == newest].reset_index(drop=True).assign(kind="measured (TPU, profiler trace)")
 
@@ -411,8 +443,8 @@ def op_time(profiles: pd.DataFrame | None = None) -> pd.DataFrame:
 def op_time_by_part(parts: pd.DataFrame) -> pd.DataFrame:
     """:func:`op_time`'s rows as a table, a row a profiled step, a column a part's microseconds (a part can be a few
     nanoseconds of a step of milliseconds)."""
-    wide = parts.assign(us=parts.ms * 1e3).pivot_table(index=["engine", "model", "context", "batch"], columns="part",
-                                                       values="us", sort=False)  # fmt: skip
+    index = ["device", "engine", "model", "context", "batch"]
+    wide = parts.assign(us=parts.ms * 1e3).pivot_table(index=index, columns="part", values="us", sort=False)
     wide.columns = [f"{part.removeprefix('the ').replace(' ', '_').lower()}_us" for part in wide.columns]
     return wide.reset_index().assign(kind=parts.kind.iloc[0])
 
@@ -422,7 +454,7 @@ def read_rates(path=None) -> pd.DataFrame:
     path = MEASURED_DIR / "tpu_hbm.csv" if path is None else path
     if not path.exists():
         return pd.DataFrame()
-    t = pd.read_csv(path)
+    t = chip_rows(pd.read_csv(path)).copy()
     t["GiB"] = t["bytes"] / 2**30
     t["how"] = t.method + [
         f" ({int(c) >> 20} MiB x {int(d)})" if c == c else "" for c, d in zip(t.chunk_bytes, t.in_flight)
@@ -458,13 +490,17 @@ def kernel_stream_rates(steps: pd.DataFrame, rows: int = 6) -> pd.DataFrame:
 
 
 def parity(path=None) -> pd.DataFrame:
-    """The kernel's parity on the chip (data/measured/tpu_parity.csv), one row a check: its newest run (a file keeps
-    every run's rows, each with its date and commit)."""
+    """The kernel's parity on the chip (data/measured/tpu_parity.csv), one row a check and chip: its newest run (a file
+    keeps every run's rows, each with its date and commit)."""
     path = MEASURED_DIR / "tpu_parity.csv" if path is None else path
     if not path.exists():
         return pd.DataFrame()
-    newest = _newest(pd.read_csv(path), ["model", "dtype", "quantize"])
-    return newest.reset_index(drop=True).assign(kind="measured (TPU)")
+    return _newest_parity(chip_rows(pd.read_csv(path))).assign(kind="measured (TPU)")
+
+
+def _newest_parity(t: pd.DataFrame) -> pd.DataFrame:
+    """Of a parity file's rows, each check's newest on each device."""
+    return _newest(t, ["device", "model", "dtype", "quantize"]).reset_index(drop=True)
 
 
 def _newest(t: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -478,12 +514,17 @@ def bf16_parity_chip_and_interpreter(chip_path=None, cpu_path=None) -> pd.DataFr
     routing as is and (a routed family, since that bound) fixed, so a near-tie the kernel settles alike on both machines
     and the chip's reference settles otherwise shows as such."""
     chip = parity(chip_path)
-    cpu = parity(MEASURED_DIR / "cpu_parity.csv" if cpu_path is None else cpu_path)
-    if chip.empty or cpu.empty:
+    cpu_path = MEASURED_DIR / "cpu_parity.csv" if cpu_path is None else cpu_path
+    if chip.empty or not cpu_path.exists():
+        return pd.DataFrame()
+    cpu = pd.read_csv(cpu_path)
+    cpu = _newest_parity(cpu[cpu.device.str.startswith("cpu:")])  # the interpreter's, on a CPU
+    if cpu.empty:
         return pd.DataFrame()
     keep = ["model", "max_logit_diff", "kernel_rounding_logit_diff", "rounding_logit_diff", "fixed_routing_logit_diff",
             "fixed_routing_kernel_rounding_logit_diff", "held"]  # fmt: skip
-    both = chip[chip.dtype == "bf16"][keep].merge(
+    both = chip[chip.dtype == "bf16"][keep + ["device"]].merge(
         cpu[cpu.dtype == "bf16"][keep], on="model", suffixes=("_chip", "_cpu")
-    )
-    return both.assign(kind="measured (TPU v5e; CPU, Pallas interpret mode)")
+    )  # each chip's check (its device) beside the interpreter's
+    chips = ", ".join(sorted({measured_chip(d) for d in chip.device}))
+    return both.assign(kind=f"measured ({chips}; CPU, Pallas interpret mode)")

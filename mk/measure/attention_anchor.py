@@ -22,10 +22,11 @@ from ..files import append_csv_rows
 from ..params import FULL_ATTENTION, KNOCKOUTS, SLIDING_ATTENTION, param_specs
 from ..progress import Log
 from ..sol import kv_bytes_per_user
-from ..timing.scheduled import kernel_revision
+from ..timing.scheduled import recorded_revision
 from .harness import CHIP_PROVENANCE, chip_provenance
 from .loop import back_to_back, interleaved
 from .on_chip import Case, CaseEngines, Cell
+from .steps import traced_digest
 
 PAGE = 128  # positions a page: the lane width, the anchor's own tuned tables' smallest for decode
 KV_PAGES_A_BLOCK, QUERIES_A_BLOCK = 8, 8
@@ -35,7 +36,7 @@ STEPS_BACK_TO_BACK = 10
 # lanes, so llama-3.2-1b's 64-wide heads do not run in it
 CASE = Case("qwen3-8b", 8, cells=tuple(Cell(c, 1) for c in CONTEXTS))
 ANCHOR, MEGAKERNEL = "ragged paged attention (JAX's Pallas TPU kernel)", "megakernel, attention only"
-COLUMNS = (*CHIP_PROVENANCE, "kernel_revision", "model", "batch", "engine", "context", "kv_bytes",
+COLUMNS = (*CHIP_PROVENANCE, "kernel_revision", "program_digest", "model", "batch", "engine", "context", "kv_bytes",
            "steps_back_to_back", "rounds", "device_step_ms", "device_step_low_ms", "device_step_high_ms", "slope_GBps",
            "slope_low_GBps", "slope_high_GBps", "limit_GBps")  # fmt: skip
 
@@ -86,22 +87,24 @@ def measure(case: Case = CASE, out: Path | str | None = None, limit=None, budget
     cfg, batch = case.config(), case.cells[0].batch
     engines = CaseEngines(case, device, 0, log)
     engines.build("megakernel")
-    step, calls, kv = anchor_step(cfg), {}, {}
+    step, calls, kv, programs = anchor_step(cfg), {}, {}, {}
     for cell in case.cells:
         args = paged_inputs(cfg, cell.context, batch)
         jax.block_until_ready(step(*args))
         calls[(ANCHOR, cell.context)] = back_to_back(lambda a=args: step(*a), STEPS_BACK_TO_BACK)
         mk_call, _ = engines.call("megakernel", cell, attention_only(cfg))
         calls[(MEGAKERNEL, cell.context)] = back_to_back(mk_call, STEPS_BACK_TO_BACK)
+        programs[(ANCHOR, cell.context)] = traced_digest(step, *args)
+        programs[(MEGAKERNEL, cell.context)] = mk_call.program_digest()
         kv[cell.context] = sum(kv_bytes_per_user(cfg, cell.context).values()) * batch  # bf16: 2 bytes
         log(f"context {cell.context}: both compiled")
     named = {f"{e} at {c}": f for (e, c), f in calls.items()}
     cmp = interleaved(named, next(iter(named)), budget_s=budget_s, min_rounds=5)
     engines.close()
-    return _rows(cmp, case, kv, limit, out, log)
+    return _rows(cmp, case, kv, programs, limit, out, log)
 
 
-def _rows(cmp, case: Case, kv: dict, limit, out, log) -> list[dict]:
+def _rows(cmp, case: Case, kv: dict, programs: dict, limit, out, log) -> list[dict]:
     keep = chip_provenance()
     lo, hi, rows = min(kv), max(kv), []
     for engine in (ANCHOR, MEGAKERNEL):
@@ -109,7 +112,8 @@ def _rows(cmp, case: Case, kv: dict, limit, out, log) -> list[dict]:
         for c in kv:
             t, ms = cmp.times[f"{engine} at {c}"], 1e3 / STEPS_BACK_TO_BACK
             rows.append(dict(
-                keep, kernel_revision=kernel_revision(), model=case.config().name, batch=case.cells[0].batch,
+                keep, kernel_revision=recorded_revision(), program_digest=programs[(engine, c)],
+                model=case.config().name, batch=case.cells[0].batch,
                 engine=engine, context=c, kv_bytes=int(kv[c]), steps_back_to_back=STEPS_BACK_TO_BACK,
                 rounds=cmp.rounds, device_step_ms=round(t.median * ms, 4), device_step_low_ms=round(t.low * ms, 4),
                 device_step_high_ms=round(t.high * ms, 4), slope_GBps=round(slope.median / 1e9, 2),

@@ -24,17 +24,18 @@ from ..tpu import interpret_params
 from .bundles import final_bundles, issued_bundles, parse_bundles
 from .harness import CHIP_PROVENANCE, chip_provenance
 from .loop import back_to_back, interleaved
+from .steps import traced_digest
 
 KINDS = ("matmul", "vector", "elementwise")
 TRIPS = (2_000, 20_000)
 ROWS, WIDTH = 8, 512
 STEPS_BACK_TO_BACK = 10
-COLUMNS = (*CHIP_PROVENANCE, "kind", "trips", "bundles", "steps_back_to_back", "rounds", "device_us", "device_low_us",
-           "device_high_us", "bundles_over_time_GHz", "clock_GHz", "clock_low_GHz", "clock_high_GHz",
+COLUMNS = (*CHIP_PROVENANCE, "program_digest", "kind", "trips", "bundles", "steps_back_to_back", "rounds", "device_us",
+           "device_low_us", "device_high_us", "bundles_over_time_GHz", "clock_GHz", "clock_low_GHz", "clock_high_GHz",
            "assumed_clock_GHz")  # fmt: skip
 _COMPILE = """
 from mk.measure.chip_clock import compile_resident
-compile_resident({kind!r}, {trips})
+compile_resident({kind!r}, {trips}, {chip!r})
 """
 
 
@@ -78,38 +79,40 @@ def compile_resident(kind: str, trips: int, chip: str = "tpu-v5e"):
     return aot_compile(resident_kernel(kind, trips), chip, *_shapes())
 
 
-def scheduled_bundles(kind: str, trips: int) -> float:
-    """Bundles one call of the kernel issues in libtpu's schedule (its loop at its constant bound)."""
-    text = final_bundles(_COMPILE.format(kind=kind, trips=trips), kernel_name(kind, trips))
+def scheduled_bundles(kind: str, trips: int, chip: str = "tpu-v5e") -> float:
+    """Bundles one call of the kernel issues in libtpu's schedule for ``chip`` (its loop at its constant bound)."""
+    text = final_bundles(_COMPILE.format(kind=kind, trips=trips, chip=chip), kernel_name(kind, trips))
     return issued_bundles(parse_bundles(text))
 
 
 def measure(kinds=KINDS, trips=TRIPS, out: Path | str | None = None, assumed_hz: float | None = None,
-            budget_s: float = 10.0, quiet: bool = False, interpret: bool = False) -> pd.DataFrame:  # fmt: skip
-    """Each kind at each trip count: scheduled bundles, device time, and the clock the two trip counts give (the
-    module's docstring); rows appended to ``out``. ``interpret``: the kernels in interpret mode (a CPU's check of
-    the rows, no TPU's clock)."""
+            budget_s: float = 10.0, quiet: bool = False, interpret: bool = False,
+            chip: str = "tpu-v5e") -> pd.DataFrame:  # fmt: skip
+    """Each kind at each trip count: scheduled bundles (libtpu's schedule for ``chip``, the chip the kernels run on),
+    device time, and the clock the two trip counts give (the module's docstring); rows appended to ``out``.
+    ``interpret``: the kernels in interpret mode (a CPU's check of the rows, no TPU's clock)."""
     log, device = Log(quiet), jax.devices()[0]
     keep = chip_provenance(device)
     rows = []
     for kind in kinds:
-        bundles = {n: scheduled_bundles(kind, n) for n in trips}
+        bundles = {n: scheduled_bundles(kind, n, chip) for n in trips}
         log(f"{kind}: scheduled bundles " + ", ".join(f"{n} trips {b:,.0f}" for n, b in bundles.items()))
         x = jnp.ones((ROWS, WIDTH), jnp.float32)
         w = (jnp.eye(WIDTH, dtype=jnp.float32) * 0.5).astype(jnp.bfloat16)
-        calls = {}
+        calls, programs = {}, {}
         for n in trips:
             f = jax.jit(resident_kernel(kind, n, interpret))
             jax.block_until_ready(f(x, w))
             calls[f"{n} trips"] = back_to_back(lambda f=f: f(x, w), STEPS_BACK_TO_BACK)
+            programs[n] = traced_digest(f, x, w)
         cmp = interleaved(calls, f"{trips[0]} trips", budget_s=budget_s, min_rounds=5)
         lo, hi = trips[0], trips[-1]
         clock = cmp.rate(f"{lo} trips", f"{hi} trips", bundles[hi] - bundles[lo], STEPS_BACK_TO_BACK)
         for n in trips:
             t = cmp.times[f"{n} trips"]
             rows.append(dict(
-                keep, kind=kind, trips=n, bundles=bundles[n], steps_back_to_back=STEPS_BACK_TO_BACK,
-                rounds=cmp.rounds, device_us=t.median / STEPS_BACK_TO_BACK * 1e6,
+                keep, program_digest=programs[n], kind=kind, trips=n, bundles=bundles[n],
+                steps_back_to_back=STEPS_BACK_TO_BACK, rounds=cmp.rounds, device_us=t.median / STEPS_BACK_TO_BACK * 1e6,
                 device_low_us=t.low / STEPS_BACK_TO_BACK * 1e6, device_high_us=t.high / STEPS_BACK_TO_BACK * 1e6,
                 bundles_over_time_GHz=bundles[n] / (t.median / STEPS_BACK_TO_BACK) / 1e9, clock_GHz=clock.median / 1e9,
                 clock_low_GHz=clock.low / 1e9, clock_high_GHz=clock.high / 1e9,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -19,7 +20,7 @@ from ..files import append_csv_rows
 from ..params import FULL_ATTENTION, KNOCKOUTS, SLIDING_ATTENTION, param_specs
 from ..progress import Log
 from ..sol import KV_FULL, KV_SLIDING, bytes_per_token
-from ..timing.scheduled import kernel_revision
+from ..timing.scheduled import current_kernel, recorded_revision
 from .harness import CHIP_PROVENANCE, chip_provenance
 from .knockouts import WHOLE, knockout_table
 from .loop import back_to_back
@@ -31,9 +32,9 @@ CASES = (
     Case("gemma4-26b-a4b", LAYER_PAIR, cells=(Cell(1024, 1), Cell(1024, 8))),
     Case("gemma4-26b-a4b", None, setup="workbook", cells=(Cell(1024, 1), Cell(1024, 8))),
 )
-COLUMNS = (*CHIP_PROVENANCE, "kernel_revision", "model", "layers", "setup", "dtype", "context", "batch", "component",
-           "steps_back_to_back", "rounds", "whole_ms", "device_step_ms", "shrink_ms", "shrink_low_ms",
-           "shrink_high_ms", "bytes_at_limit_ms", "limit_GBps", "verdict")  # fmt: skip
+COLUMNS = (*CHIP_PROVENANCE, "kernel_revision", "program_digest", "model", "layers", "setup", "dtype", "context",
+           "batch", "component", "steps_back_to_back", "rounds", "whole_ms", "device_step_ms", "shrink_ms",
+           "shrink_low_ms", "shrink_high_ms", "bytes_at_limit_ms", "limit_GBps", "verdict")  # fmt: skip
 _OWN_KV = {FULL_ATTENTION: KV_FULL, SLIDING_ATTENTION: KV_SLIDING}  # an attention type's knock-out skips its cache too
 
 
@@ -47,25 +48,31 @@ def component_bytes(case: Case, cell: Cell) -> dict[str, float] | None:
     return {c: b for c, b in got.items() if b > 0}
 
 
-def measure_knockouts(case: Case, cell: Cell, engines: CaseEngines, limit, budget_s: float, log) -> list[dict]:
-    """The rows of ``case`` at ``cell`` (the module's docstring), the megakernel built in ``engines``."""
+def measure_knockouts(case: Case, cell: Cell, engines: CaseEngines, limit, budget_s: float, log,
+                      clock: Callable[[], float] = time.perf_counter) -> list[dict]:  # fmt: skip
+    """The rows of ``case`` at ``cell`` (the module's docstring), the megakernel built in ``engines``; ``clock``: what
+    the timing loop reads the time from (mk.measure.loop.interleaved)."""
     by = component_bytes(case, cell)
     present = {s.component for s in param_specs(case.config())}
     components = [c for c in KNOCKOUTS if c in present]
     n = STEPS_BACK_TO_BACK
     t = time.perf_counter()
+    programs = {}  # each knock-out's program digest, by its row's component
 
     def call_for(knockout):
-        return back_to_back(engines.call("megakernel", cell, knockout)[0], n)
+        call = engines.call("megakernel", cell, knockout)[0]
+        programs[next(iter(knockout)) if knockout else WHOLE] = call.program_digest()
+        return back_to_back(call, n)
 
     bytes_time = None if by is None or limit is None else {c: n * b / limit.bandwidth for c, b in by.items()}
-    table = knockout_table(call_for, components, bytes_time_s=bytes_time, budget_s=budget_s, min_rounds=5)
+    table = knockout_table(call_for, components, bytes_time_s=bytes_time, budget_s=budget_s, min_rounds=5, clock=clock)
     log(f"{cell}: {len(components) + 1} steps compiled and timed in {time.perf_counter() - t:.0f} s")
     whole = table.loc[table.component == WHOLE, "step_s"].iloc[0]
     ms = 1e3 / n
     return [
         dict(
-            component=r.component, steps_back_to_back=n, rounds=table.attrs["rounds"], whole_ms=round(whole * ms, 4),
+            component=r.component, program_digest=programs[r.component], steps_back_to_back=n,
+            rounds=table.attrs["rounds"], whole_ms=round(whole * ms, 4),
             device_step_ms=round(r.step_s * ms, 4), shrink_ms=round(r.shrink_s * ms, 4),
             shrink_low_ms=round(r.shrink_low_s * ms, 4), shrink_high_ms=round(r.shrink_high_s * ms, 4),
             bytes_at_limit_ms=None if bytes_time is None or r.component == WHOLE else round(r.bytes_time_s * ms, 4),
@@ -80,12 +87,13 @@ def _key(case: Case, cell: Cell) -> tuple:
 
 
 def _done(out, backend: str) -> set[tuple]:
-    """The cells ``out`` holds rows of from a ``backend`` device at this tree's kernel revision (a resumed run skips
-    them; a CPU's interpreted rows never stand for a chip's)."""
+    """The cells ``out`` holds rows of from a ``backend`` device of this tree's kernel
+    (mk.timing.scheduled.current_kernel: a resumed run skips them; a CPU's interpreted rows never stand for a
+    chip's)."""
     if out is None or not Path(out).exists():
         return set()
     t = pd.read_csv(out)
-    t = t[(t.kernel_revision == kernel_revision()) & t.device.str.startswith(f"{backend}:")]
+    t = t[current_kernel(t) & t.device.str.startswith(f"{backend}:")]
     return set(zip(t.model, t.setup, t["dtype"], t.context.astype(int), t.batch.astype(int)))
 
 
@@ -111,8 +119,9 @@ def run(cases=CASES, out: Path | str | None = None, limit=None, device=None, dea
                 if deadline is not None and time.perf_counter() > deadline:
                     notes.append(f"knock-outs of {what}: not measured, out of time")
                     continue
-                got = [dict(keep, kernel_revision=kernel_revision(), model=case.config().name, layers=case.layers_label,
-                            setup=case.setup_label, dtype=case.dtype, context=cell.context, batch=cell.batch, **r)
+                got = [dict(keep, kernel_revision=recorded_revision(), model=case.config().name,
+                            layers=case.layers_label, setup=case.setup_label, dtype=case.dtype,
+                            context=cell.context, batch=cell.batch, **r)
                        for r in measure_knockouts(case, cell, engines, limit, budget_s, log)]  # fmt: skip
                 rows += got
                 if out is not None:

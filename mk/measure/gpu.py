@@ -82,7 +82,7 @@ from .harness import (
     spec_speed_of_light,
     time_engines,
 )
-from .steps import step_program
+from .steps import step_program, traced_digest
 
 ENGINES = ("reference", "transformers")
 DEVICES = ("gpu", "cpu")
@@ -255,6 +255,7 @@ def start_reference(cfg: ModelConfig, context: int, batch: int, dtype: str, dev,
         def close():
             state.clear()
 
+        call.program_digest = lambda: traced_digest(prog, state["params"], state["cache"], tokens, pos)  # its row's
         count = count_kernels(compiled.as_text())
         try:
             traced = trace_kernels(call, TRACE_CALLS, count.names)

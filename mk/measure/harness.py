@@ -9,6 +9,11 @@ versions collector, the speed of light a row is set against, and timing engines 
   appends its rows with mk.files.append_csv_rows, which refuses a file with other columns.
 - **Versions**: JAX, jaxlib, libtpu, torch and transformers as installed (read from their packages: nothing is
   imported; "none" where absent), CUDA as JAX's GPU client and torch (when the run used it) report it.
+- **Code**: the commit as git (or, in a copy without its .git, ``$MK_COMMIT``) states it, and what ran, computed from
+  the files where it runs: ``code_digest``, the digest of mk/'s source, and ``kernel_digest``, of mk/megakernel/'s
+  (mk.files.source_digest; data/kernel_revisions.csv names the revision a kernel digest is); and each engine's row
+  the digest of the program it timed (``program_digest``: mk.measure.steps.traced_digest; blank for a step that is
+  no JAX program, transformers').
 - **Speed of light**: ``mk.sol``'s bytes per step over the chips' spec bandwidth (data/chips.csv, where the
   device is a known chip or one is named), or over a GEMV probe's timed in the same rounds, round by round, or
   unknown (the row says so, and has no fraction).
@@ -29,8 +34,9 @@ import jax.numpy as jnp
 
 from ..chips import get_chip, known_chip, slice_of
 from ..dtypes import BASES, get_dtype
-from ..files import git_commit
+from ..files import git_commit, source_digest
 from ..profiling import Estimate, device_name, fraction_of_sol, gemv_probe
+from ..timing.scheduled import kernel_digest
 from ..tpu import libtpu_version
 from .loop import MIN_ROUNDS, PRECISION, Comparison, back_to_back, interleaved
 
@@ -61,8 +67,10 @@ PROVENANCE = (
     "transformers_version",
     "cuda_version",
     "commit",
+    "code_digest",
+    "kernel_digest",
 )
-RUN = ("engine", "model", "dtype", "context", "batch", "weights")
+RUN = ("engine", "program_digest", "model", "dtype", "context", "batch", "weights")
 TIMING = (
     "rounds",
     "interleaved_with",
@@ -98,7 +106,8 @@ def columns(*own: str) -> tuple[str, ...]:
 
 # Provenance -----------------------------------------------------------------------------------------------
 def versions(device=None) -> dict:
-    """The software a measurement ran on ("none" where not installed) and the commit (module docstring)."""
+    """The software a measurement ran on ("none" where not installed), the commit and the code's digests (module
+    docstring)."""
     from importlib import metadata
 
     def installed(name: str) -> str:
@@ -121,11 +130,15 @@ def versions(device=None) -> dict:
         transformers_version=installed("transformers"),
         cuda_version="; ".join(cuda) or "none",
         commit=git_commit() or "unknown",
+        code_digest=source_digest(),
+        kernel_digest=kernel_digest(),
     )
 
 
+# The first day every driver records the code's digests (the rows before it carry none: blank, not recorded)
+DIGESTS_FROM = "2026-12-07"
 # the columns a chip check's rows lead with
-CHIP_PROVENANCE = ("date", "device", "jax_version", "libtpu_version", "commit")
+CHIP_PROVENANCE = ("date", "device", "jax_version", "libtpu_version", "commit", "code_digest", "kernel_digest")
 
 
 def chip_provenance(device=None) -> dict:
@@ -254,6 +267,13 @@ class TimedStep:
         self.engine = self.engine or self.label
 
 
+def _program_digest(call) -> str | None:
+    """The digest of the program ``call`` runs where it names one (mk.measure.steps.decode_call's calls do); None for
+    a call that is no JAX program (transformers' torch step)."""
+    digest = getattr(call, "program_digest", None)
+    return None if digest is None else digest()
+
+
 def _significant(x: float | None) -> float | None:
     """``x`` to 4 significant digits: an interpreted kernel's tiny fraction of a TPU's speed of light stays
     readable, and above zero."""
@@ -275,6 +295,7 @@ def _timed_row(
     return {
         **run,
         "engine": e.engine,
+        "program_digest": _program_digest(e.call),
         **e.columns,
         "rounds": cmp.rounds,
         "interleaved_with": ", ".join(n for n in calls if n not in (e.label, e.label + BACK_TO_BACK)),

@@ -7,6 +7,10 @@ itself (its 95% interval's half-width), or ``budget_s`` has passed, or ``max_rou
 by round (the CPU bench: each round's fraction of the speed of light). Each time is reported as a median with
 a distribution-free interval (mk.profiling.stats), each difference from the baseline as the median of the
 per-round paired differences with its interval, and the machine's load beside them.
+
+The loop reads the time from one clock, ``time.perf_counter`` unless a caller gives another: a test gives a clock
+that each call advances by a set amount, and asserts the loop's statistics exactly rather than what a loaded machine's
+sleeps happen to take.
 """
 
 from __future__ import annotations
@@ -122,11 +126,12 @@ def interleaved(
     confidence: float = CONFIDENCE,
     seed: int = 0,
     watch: Callable[[dict[str, list[float]]], dict[str, list[float]]] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Comparison:
     """Time every call of ``calls`` once per round, in a shuffled order, until the stopping rule (the module's
     docstring) holds for the calls' times, or for ``watch(times so far)`` when given. ``max_rounds`` defaults
     to ``MAX_ROUNDS``. Each call is waited on with ``jax.block_until_ready``; a call that must thread state (a
-    donated cache) does so itself."""
+    donated cache) does so itself. ``clock()``: seconds, for the calls' times and the budget alike."""
     max_rounds = MAX_ROUNDS if max_rounds is None else max_rounds
     if baseline not in calls:
         raise ValueError(f"baseline {baseline!r} is not one of the variants {list(calls)}")
@@ -144,19 +149,19 @@ def interleaved(
     rng = random.Random(seed)
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
-    load0, t_start = _load(), time.perf_counter()
+    load0, t_start = _load(), clock()
     rounds = 0
     while rounds < max_rounds:
         order = names[:]
         rng.shuffle(order)
         for n in order:
-            t0 = time.perf_counter()
+            t0 = clock()
             jax.block_until_ready(calls[n]())
-            times[n].append(time.perf_counter() - t0)
+            times[n].append(clock() - t0)
         rounds += 1
         if rounds < min_rounds:
             continue
-        if precise(watch(times) if watch else times, precision, confidence) or time.perf_counter() - t_start > budget_s:
+        if precise(watch(times) if watch else times, precision, confidence) or clock() - t_start > budget_s:
             break
     diffs = {n: Estimate.of([a - b for a, b in zip(times[n], times[baseline])], confidence) for n in names}
     return Comparison(
@@ -165,7 +170,7 @@ def interleaved(
         differences=diffs,
         confidence=confidence,
         rounds=rounds,
-        elapsed_s=time.perf_counter() - t_start,
+        elapsed_s=clock() - t_start,
         load=(load0, _load()),
         raw=times,
     )

@@ -19,6 +19,9 @@ and truncations that fit the chip, at several contexts and batches; and chip 0 o
   and the longest ops, to ``tpu_ops.csv`` beside the rows).
 - **Limits**: each row's step against the speed of light at the chip's spec bandwidth and at its measured limit
   (mk.chips.measured_limit), for the host's and the device's times.
+- **Code**: each row's provenance (mk.measure.harness) with the digests of mk/ and mk/megakernel/ computed on the
+  machine that ran it, the kernel revision that digest is (data/kernel_revisions.csv; blank where none records it),
+  and the digest of the program the row timed (``program_digest``, mk.measure.steps.traced_digest).
 """
 
 from __future__ import annotations
@@ -50,9 +53,10 @@ from ..reference import init_cache
 from ..sharding import chip_config
 from ..sharding.mesh import make_mesh
 from ..sol import bytes_per_token
-from ..timing.scheduled import kernel_revision
+from ..timing.scheduled import current_kernel, recorded_revision
 from ..weights import device_params, random_tensors
 from .harness import (
+    CHIP_PROVENANCE,
     DEVICE_TIMING,
     HBM_USE,
     TimedStep,
@@ -95,8 +99,8 @@ COLUMNS = columns(
 # Where each measured step's device time went (tpu_ops.csv beside tpu.csv): each op category's total and the longest
 # TOP_OPS ops, from the same trace as profiled_step_ms.
 TOP_OPS = 12
-OP_COLUMNS = ("date", "device", "jax_version", "libtpu_version", "commit", "engine", "model", "dtype", "setup",
-              "context", "batch", "what", "name", "hlo_category", "tf_op", "runs", "us", "share")  # fmt: skip
+OP_COLUMNS = (*CHIP_PROVENANCE, "program_digest", "engine", "model", "dtype", "setup", "context", "batch", "what",
+              "name", "hlo_category", "tf_op", "runs", "us", "share")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -250,6 +254,7 @@ class CaseEngines:
             with jax.default_device(self.device):
                 return call()
 
+        placed.program_digest = call.program_digest
         return settled(placed), time.perf_counter() - t
 
     def close(self) -> None:
@@ -295,7 +300,7 @@ def complete(row: dict, limit, spec_bw: float | None, chips: int) -> dict:
     """A timed row (harness.time_engines's, with the device's times) with this table's other columns: its limits,
     and no profile or memory plan (a run that took neither)."""
     row = dict(row, profiled_step_ms=None, profile_source="not profiled", hbm_planned_GB=None, hbm_in_use_GB=None,
-               kernel_revision=kernel_revision())  # fmt: skip
+               kernel_revision=recorded_revision())  # fmt: skip
     row.update(limit_columns(row, limit, spec_bw, chips))
     return {k: row.get(k) for k in COLUMNS}
 
@@ -332,7 +337,7 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
                     for r in op_summary(list(profile.ops), TOP_OPS)]  # fmt: skip
         row.update(
             base_model=get_config(case.model).name, layers=case.layers_label, setup=case.setup_label,
-            kernel_revision=kernel_revision(),
+            kernel_revision=recorded_revision(),
             runs_as=runs_as(e.engine, case, device), compile_s=round(compile_s[e.label], 2), chip=sol.chip,
             profiled_step_ms=None if profiled is None else round(profiled * 1e3, 4), profile_source=source,
             hbm_planned_GB=round(planned / 1e9, 3), hbm_in_use_GB=None if in_use is None else round(in_use / 1e9, 3),
@@ -363,14 +368,15 @@ def a_token(row: dict, steps: int) -> dict:
 
 def done_cells(path: Path | str | None, backend: str) -> set[tuple]:
     """(model, dtype, setup, context, batch, engine, steps a call) of the rows ``path`` holds from a ``backend``
-    device for the kernel revision in this tree (a run resumed on one skips a cell every engine of whose case has a
-    row; a new revision of the kernel measures every cell again)."""
+    device for the kernel in this tree (mk.timing.scheduled.current_kernel: a run resumed on one skips a cell every
+    engine of whose case has a row; a new revision of the kernel, or code no revision records, measures every cell
+    again)."""
     import pandas as pd
 
     if path is None or not Path(path).exists():
         return set()
     t = pd.read_csv(path)
-    t = t[(t["backend"] == backend) & (t["kernel_revision"] == kernel_revision())]
+    t = t[(t["backend"] == backend) & current_kernel(t)]
     steps = t[STEPS].fillna(1).astype(int) if STEPS in t else [1] * len(t)
     keys = zip(t.model, t["dtype"], t.setup, t.context.astype(int), t.batch.astype(int), t.engine, steps)
     return set(keys)

@@ -6,6 +6,8 @@ The step is timed at position ``context - 1`` of a cache sized to ``context``, s
 and masked), so the cache is left zero rather than filled by a prefill. It does depend on the tokens where experts
 are routed: each user decodes a token of its own (users all given one token would all route to the same experts,
 and a kernel that fetches each distinct expert once would read less than ``mk.sol`` counts).
+
+Each call carries ``program_digest()``: the digest of the program it runs (:func:`traced_digest`), for its rows.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..config import ModelConfig
+from ..files import text_digest
 from ..reference import decode_step, init_cache, prepare
 from ..sharding.mesh import gspmd_sharding
 from .harness import array_dtype
@@ -40,7 +43,8 @@ def decode_call(
 
     ``program=True`` runs the step as :func:`step_program`, kept as ``call.program``: the program
     ``compiled_kernels(call.program, *call.args())`` counts (compiled once, shared with the calls),
-    and whose instruction names a profiler trace of the call shows.
+    and whose instruction names a profiler trace of the call shows. ``call.program_digest()``: the digest of the
+    step's program (:func:`traced_digest`).
     """
     params, tokens, cache = _inputs(step, params, cfg, context, batch, dtype, cache_multiple)
     prog = step_program(step, cfg, knockout) if program else None
@@ -58,7 +62,19 @@ def decode_call(
 
     call.args = lambda: (params, state["cache"], tokens, pos)  # for compiling the same step
     call.program = prog
+    call.program_digest = lambda: traced_digest(lambda p, c, t, i: step(p, cfg, c, t, i, knockout), *call.args())
     return call
+
+
+def traced_digest(fn: Callable, *args) -> str:
+    """The digest of the program ``fn`` runs on ``args``: ``fn`` traced as one program at their shapes and its jaxpr
+    printed (every kernel's body and a Pallas call's parameters in it, no source locations; mk.files.text_digest), the
+    way mk.megakernel.aot.program_digest digests a kernel traced for a topology. Nothing runs and nothing compiles; an
+    engine's jitted step is traced again from JAX's cache (tiny-llama's kernel step: 0.06 s; printing gemma4-26b-a4b's
+    whole kernel, 1.4 MB of text, 0.9 s). Two rows with one digest ran one program (code and shapes alike; a step that
+    lays out its weights on its first call, as plain mk.reference.decode_step does, has that layout traced in too); the
+    machine is in it (a kernel interpreted on a CPU has interpreter parameters a chip's lacks)."""
+    return text_digest(str(jax.jit(fn).trace(*args).jaxpr))
 
 
 def _inputs(step, params: dict, cfg: ModelConfig, context: int, batch: int, dtype: str, cache_multiple: int):
@@ -91,6 +107,9 @@ def greedy_steps_call(
         picks, state["cache"] = run(params, cfg, state["cache"], tokens, pos, steps)
         return picks
 
+    call.program_digest = lambda: traced_digest(
+        lambda p, c, t, i: run(p, cfg, c, t, i, steps), params, state["cache"], tokens, pos
+    )
     return call
 
 

@@ -18,7 +18,9 @@ In order, each part's rows appended to its CSV under ``out_dir`` (data/measured/
    attention, by context -> ``tpu_attention.csv``.
 
 A run stops starting work at its ``deadline_s`` (a call on a lent machine has ten minutes) and a later run skips the
-table's cells already measured on a TPU, so the parts can be spread over several calls (``--parts``).
+table's cells already measured on a TPU, so the parts can be spread over several calls (``--parts``). The chip is the
+device's (mk.chips.known_chip: its measured limit, its clock, the schedule its clock check compiles), never assumed;
+off a TPU (the tests' interpreted run) no limit, and the clock check's schedule a v5e's.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..chips import get_chip, measured_limit
+from ..chips import get_chip, known_chip, measured_limit
 from ..config import LAYER_PAIR, get_config
 from ..files import append_csv_rows
 from ..paths import MEASURED_DIR
@@ -119,7 +121,9 @@ def run(
     log, deadline = Log(quiet), time.perf_counter() + deadline_s
     device = jax.devices()[0]
     prov = provenance(device)
-    log(f"{device.device_kind}: JAX {prov['jax_version']}, libtpu {prov['libtpu_version']}, commit {prov['commit']}")
+    chip = known_chip(device) if device.platform == "tpu" else None
+    log(f"{device.device_kind}: JAX {prov['jax_version']}, libtpu {prov['libtpu_version']}, commit {prov['commit']}, "
+        f"code {prov['code_digest']}, kernel {prov['kernel_digest']}")  # fmt: skip
     done = dict(parity=0, hbm=0, table=0, clock=0, knockouts=0, anchor=0, notes=[], parity_held=None)
     if "parity" in parts:
         keep = {k: prov[k] for k in PARITY_COLUMNS if k in prov}
@@ -132,7 +136,7 @@ def run(
     if "hbm" in parts and time.perf_counter() < deadline:
         table = hbm.probe_read_rate(device, hbm_probes, budget_s=probe_budget_s, out=out_dir / CSVS["hbm"], quiet=quiet)
         done["hbm"] = len(table)
-    limit = measured_limit("tpu-v5e", out_dir / CSVS["hbm"]) if on_tpu() else None
+    limit = measured_limit(chip, out_dir / CSVS["hbm"]) if chip is not None else None
     if "table" in parts:
         for case in cases:
             if time.perf_counter() >= deadline:
@@ -145,8 +149,10 @@ def run(
             done["table"] += len(rows)
             done["notes"] += notes
     if "clock" in parts and time.perf_counter() < deadline:
-        done["clock"] = len(chip_clock.measure(out=out_dir / CSVS["clock"], assumed_hz=get_chip("tpu-v5e").clock_hz,
-                                               quiet=quiet, interpret=not on_tpu()))  # fmt: skip
+        clock_chip = chip or "tpu-v5e"  # off a TPU the interpreted kernels' rows check the run, not a chip
+        done["clock"] = len(chip_clock.measure(out=out_dir / CSVS["clock"], assumed_hz=get_chip(clock_chip).clock_hz,
+                                               quiet=quiet, interpret=device.platform != "tpu",
+                                               chip=clock_chip))  # fmt: skip
     if "knockouts" in parts:
         rows, notes = chip_knockouts.run(knockout_cases, out_dir / CSVS["knockouts"], limit, device, deadline,
                                          quiet=quiet)  # fmt: skip

@@ -3,7 +3,6 @@ compiler, see mk.tpu): the step, the compiler's VMEM figure, and compile time ag
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 import time
@@ -14,6 +13,7 @@ import pandas as pd
 
 from ..chips import check_one_device, get_chip, slice_of, slice_shape, slice_shapes
 from ..config import ModelConfig, get_config
+from ..files import text_digest
 from ..kernel_setup import ONE_CHIP, KernelSetup
 from ..plan import build_plan
 from ..plan.schedule import pattern_period
@@ -108,7 +108,7 @@ def program_digest(plan, chip: str) -> str:
     """A digest of the kernel of ``plan`` as traced for ``chip`` (its printed jaxpr, without source locations): two
     trees whose digests agree hand the compiler the same program (mk.measure.compiler_schedule carries a plan's schedule
     over to a new kernel revision on it)."""
-    return hashlib.sha256(str(traced_plan(plan, chip).jaxpr).encode()).hexdigest()[:16]
+    return text_digest(str(traced_plan(plan, chip).jaxpr))
 
 
 def _traced_sharded(plan, chip: str, shapes, build):

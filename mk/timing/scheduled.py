@@ -24,7 +24,8 @@ from typing import Callable
 import pandas as pd
 
 from ..chips import Chip, measured_issue_rates
-from ..paths import KERNEL_REVISIONS_CSV, SCHEDULE_DIR
+from ..files import source_digest
+from ..paths import KERNEL_DIR, KERNEL_REVISIONS_CSV, SCHEDULE_DIR
 from ..plan import ROUTED, Op, StepPlan, Wait, item_scope
 from .constants import assumed_costs, assumed_label, fitted_costs
 
@@ -57,15 +58,57 @@ COLUMNS = (
 @lru_cache(maxsize=None)
 def kernel_revisions() -> pd.DataFrame:
     """data/kernel_revisions.csv: each revision of the megakernel's code, the op kinds its change targets
-    (comma-separated) and what changed; the last row is the kernel in this tree (a change to the kernel's code adds a
+    (comma-separated), the digests of mk/megakernel/'s code that are that revision (``kernel_digests``, space-separated;
+    blank: not recorded) and what changed; the last row is the kernel in this tree (a change to the kernel's code adds a
     row and stores the schedules for it: python -m mk schedule --missing, which carries a plan's rows over where its
-    traced program is unchanged and compiles the rest)."""
+    traced program is unchanged and compiles the rest).
+
+    A revision is a number a person gives, so the file also records what it names: each revision's digests. A change
+    to mk/megakernel/ changes :func:`kernel_digest`, and tests/test_provenance.py fails until the file says what the
+    new code is: a new row where the kernel's programs changed, or the new digest appended to the last row's where
+    they did not (a comment, a rename; tests/test_compiler_schedule.py holds the stored programs to this tree's). A row
+    measured on a chip records the digest it computed there and the revision that digest is (:func:`recorded_revision`),
+    never a number the tree declares."""
     return pd.read_csv(KERNEL_REVISIONS_CSV, keep_default_na=False)
 
 
 def kernel_revision() -> int:
-    """The revision of the megakernel's code in this tree."""
+    """The revision of the megakernel's code in this tree (data/kernel_revisions.csv's last row)."""
     return int(kernel_revisions()["revision"].max())
+
+
+def kernel_digest() -> str:
+    """The digest of the megakernel's code in this tree: mk/megakernel/'s source as it is on the disk here
+    (mk.files.source_digest), computed where it runs."""
+    return source_digest(KERNEL_DIR)
+
+
+def revision_digests(revision: int | None = None) -> set[str]:
+    """The digests of mk/megakernel/'s code data/kernel_revisions.csv records for ``revision`` (default: the last)."""
+    revs = kernel_revisions()
+    rev = kernel_revision() if revision is None else revision
+    return {d for cell in revs.loc[revs["revision"] == rev, "kernel_digests"] for d in str(cell).split()}
+
+
+def recorded_revision(digest: str | None = None) -> int | None:
+    """The revision whose code has ``digest`` (default: this tree's, :func:`kernel_digest`) in
+    data/kernel_revisions.csv; None where no row records it (the kernel changed and the file does not say so yet): a
+    measured row's ``kernel_revision``, looked up from the code that ran rather than declared."""
+    digest = kernel_digest() if digest is None else digest
+    found = [int(r.revision) for r in kernel_revisions().itertuples() if digest in str(r.kernel_digests).split()]
+    return found[-1] if found else None
+
+
+def current_kernel(rows: pd.DataFrame) -> pd.Series:
+    """Which of ``rows`` (a measured CSV's) ran the megakernel's code in this tree: a row with a ``kernel_digest``
+    where it is this tree's or one the last revision records (:func:`revision_digests`); a row without one (measured
+    before rows carried it, blank) where its ``kernel_revision`` is the last revision. False for a row with neither."""
+    blank = pd.Series("", index=rows.index)
+    digest = rows["kernel_digest"] if "kernel_digest" in rows else blank
+    digest = digest.astype(object).fillna("").astype(str).str.strip()
+    revision = pd.to_numeric(rows["kernel_revision"] if "kernel_revision" in rows else blank, errors="coerce")
+    now = revision_digests() | {kernel_digest()}
+    return ((digest != "") & digest.isin(now)) | ((digest == "") & (revision == kernel_revision()))
 
 
 def schedule_file(plan: StepPlan, libtpu: str, folder: Path | None = None, revision: int | None = None) -> Path:
