@@ -86,7 +86,7 @@ GROUPS = {
     "MoE, one user, 1K": lambda t: (t.family == "MoE") & (t.batch == 1) & (t.context == 1024),
 }
 GROUP_COLUMNS = ["group", "cells", "median_speedup", "min_speedup", "max_speedup", "megakernel_min_fraction",
-                 "megakernel_max_fraction", "xla_min_fraction", "xla_max_fraction", "models"]  # fmt: skip
+                 "megakernel_max_fraction", "xla_min_fraction", "xla_max_fraction", "models", "slowest"]  # fmt: skip
 SAME = 0.01  # two median speed-ups closer than this are "about the same" in the sentence
 
 
@@ -112,7 +112,7 @@ def answer_groups(answer: pd.DataFrame) -> pd.DataFrame:
             max_speedup=g.speedup.max(), megakernel_min_fraction=g.megakernel_fraction_of_limit.min(),
             megakernel_max_fraction=g.megakernel_fraction_of_limit.max(),
             xla_min_fraction=g.xla_fraction_of_limit.min(), xla_max_fraction=g.xla_fraction_of_limit.max(),
-            models=", ".join(sorted(set(g.model))),
+            models=", ".join(sorted(set(g.model))), slowest=g.model[g.speedup.idxmin()],
         ))  # fmt: skip
     return pd.DataFrame(rows, columns=GROUP_COLUMNS).assign(kind=KIND)
 
@@ -166,8 +166,9 @@ def answer_sentence(answer: pd.DataFrame) -> str:
     if "MoE, one user, 1K" in g.index:
         moe, dense = g.median_speedup["MoE, one user, 1K"], g.median_speedup.get("dense, one user, 1K")
         than = "" if dense is None else f", {_compared(moe, dense, 'more than', 'less than')} on dense models"
-        parts.append(f"on MoE models at one user it is {said('MoE, one user, 1K')}{than}, "
-                     f"{reads('MoE, one user, 1K', 'the limit')}")  # fmt: skip
+        low = g.loc["MoE, one user, 1K"]
+        parts.append(f"on MoE models at one user it is {said('MoE, one user, 1K')}{than}, the least on {low.slowest} "
+                     f"({low.min_speedup:.2f}x), {reads('MoE, one user, 1K', 'the limit')}")  # fmt: skip
     chips = ", ".join(sorted(set(answer.chip)))
     dates = sorted(set(answer.date) | set(answer.xla_date))
     when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"

@@ -558,6 +558,19 @@ def _setup_word(engine: EngineChoice, chips: int) -> str:
     return f"{chips} chips" + ("" if engine.placement == NO_PLACEMENT else f", {engine.placement} experts")
 
 
+def _device_words(r: dict) -> str:
+    """A row's device time a step (steps back to back: what the chip takes, the host's wait left out) and its share of
+    the chip's measured limit, else of the speed of light at the data sheet's bandwidth; the host's share where no
+    device time was taken."""
+    if r.get("device_step_ms") is None:
+        return "" if r["fraction_of_sol"] is None else f"  {100 * r['fraction_of_sol']:.3g}% of the speed of light"
+    limit, spec = r.get("device_fraction_of_limit"), r.get("device_fraction_of_spec")
+    share = (f", {limit:.1%} of the measured limit" if limit is not None
+             else f", {spec:.1%} of the data sheet's bandwidth" if spec is not None else "")  # fmt: skip
+    return (f"; device {r['device_step_ms']:.3f} ms ({r['device_step_low_ms']:.3f}-{r['device_step_high_ms']:.3f})"
+            f"{share}")  # fmt: skip
+
+
 def text(result: Result) -> str:
     """The run as a few readable lines."""
     lines = []
@@ -569,11 +582,10 @@ def text(result: Result) -> str:
             f"commit {r0['commit']}; speed of light: {r0['sol_source']})"
         )
         for r in result.rows:
-            frac = "" if r["fraction_of_sol"] is None else f"  {100 * r['fraction_of_sol']:.3g}% of the speed of light"
             label = f"{r['engine']} ({r['setup']})"
             lines.append(
-                f"  {label:<19} {r['step_ms']:10.3f} ms ({r['step_low_ms']:.3f}-{r['step_high_ms']:.3f}, "
-                f"{r['rounds']} rounds)  {r['tokens_per_s']:9.1f} tok/s{frac}"
+                f"  {label:<19} host {r['step_ms']:.3f} ms ({r['step_low_ms']:.3f}-{r['step_high_ms']:.3f}, "
+                f"{r['rounds']} rounds, {r['tokens_per_s']:.1f} tok/s){_device_words(r)}"
             )
     else:
         lines.append("nothing was timed")
