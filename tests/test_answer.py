@@ -85,3 +85,17 @@ def test_the_sentence_compares_and_does_not_assert(table):
     grows = table.assign(speedup=[0.5 if b == 8 else s for b, s in zip(table.batch, table.speedup)])
     assert "with eight users it is 0.50x" in answer.answer_sentence(grows)
     assert "smaller than at one user and 1K" in answer.answer_sentence(grows)
+
+
+def test_several_steps_a_call_come_from_the_run_that_timed_several(tmp_path):
+    """A later run of the same cell at one step a call (the table's own grid) does not hide the run that timed it at
+    several N side by side."""
+    from mk.paths import TPU_CSV
+
+    t = pd.read_csv(TPU_CSV)
+    runs = on_tpu.steps_a_call()
+    assert runs.steps_a_call.nunique() > 1
+    later = t.loc[runs.index[:1]].assign(date="2099-01-01T00:00:00Z", steps_a_call=1)
+    pd.concat([t, later]).to_csv(tmp_path / "tpu.csv", index=False)
+    again = on_tpu.steps_a_call(tmp_path / "tpu.csv")
+    assert again[["engine", "batch", "steps_a_call", "date"]].equals(runs[["engine", "batch", "steps_a_call", "date"]])

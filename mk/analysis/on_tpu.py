@@ -282,7 +282,8 @@ def steps_a_call(path=None) -> pd.DataFrame:
     t = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=[*CELL, STEPS, "device"])
     t = chip_rows(t)
     t = t[t[STEPS].notna()]
-    runs = t[t.groupby(CELL, dropna=False)[STEPS].transform("nunique") > 1]  # cells timed at several N
+    # the runs that timed a cell at several N (a run: its rows share a date), then of a cell's such runs the newest
+    runs = t[t.groupby([*CELL, "date"], dropna=False)[STEPS].transform("nunique") > 1]
     runs = runs[runs.date == runs.groupby(["chip", "model", "context", "batch"]).date.transform("max")]
     out = runs.assign(
         steps_a_call=runs[STEPS].astype(int),
@@ -319,13 +320,18 @@ def _explained(reason: str | None) -> bool:
 
 
 def error_summary(steps: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per engine: rows, the median and worst |error|, the rows past MISS and how many of them are explained."""
+    """Per engine, and for the megakernel per kernel (this tree's, or an older revision's: ``kernel``): rows, the
+    median and worst |error|, the rows past MISS and how many of them are explained. The model is of this tree's
+    kernel, so its test is the current kernel's rows; an older kernel's rows say what that kernel measured."""
     s = tpu_steps() if steps is None else steps
+    kernel = ["this tree's" if ok else f"revision {int(r)}" if r == r else "not recorded"
+              for ok, r in zip(s.kernel_is_current.fillna(False), s.kernel_revision)]  # fmt: skip
+    s = s.assign(kernel=[k if e == "megakernel" else "-" for e, k in zip(s.engine, kernel)])
     rows = []
-    for engine, g in s.groupby("engine"):
+    for (engine, which), g in s.groupby(["engine", "kernel"]):
         past = g[g.error.abs() > MISS]
         rows.append(dict(
-            engine=engine, rows=len(g), median_abs_error=statistics.median(g.error.abs()),
+            engine=engine, kernel=which, rows=len(g), median_abs_error=statistics.median(g.error.abs()),
             worst_error=g.error.loc[g.error.abs().idxmax()], past_miss=len(past),
             explained=sum(_explained(known_miss(r)) for _, r in past.iterrows()),
         ))  # fmt: skip
