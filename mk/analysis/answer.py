@@ -31,14 +31,15 @@ COLUMNS = [
     "megakernel_ms", "megakernel_low_ms", "megakernel_high_ms", "xla_ms", "xla_low_ms", "xla_high_ms",
     "megakernel_GB", "xla_GB", "megakernel_fraction_of_limit", "xla_fraction_of_limit",
     "speedup", "speedup_low", "speedup_high", "note", "date", "xla_date", "commit",
-    "kernel_revision",
+    "kernel_revision", "kernel_digest",
 ]  # fmt: skip
 
 
 def measured_answer(steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row a cell measured with both engines (module docstring): each engine's device time with its 95% interval,
     the bytes it reads and its fraction of the measured limit, the speed-up (XLA over the megakernel, with the interval
-    of the two intervals' extremes), the dates and the code that ran (commit, kernel revision). Sorted by family,
+    of the two intervals' extremes), the dates and the code that ran (commit, kernel revision, and the digest of the
+    kernel's code where the run computed one). Sorted by family,
     users, context, model."""
     s = tpu_steps() if steps is None else steps
     s = s[~s.setup.str.endswith(STAND_IN) & s.engine.isin(ENGINES)]
@@ -73,6 +74,7 @@ def _cell(cell: dict, mk, xla) -> dict:
         speedup_low=xla.device_low_ms / mk.device_high_ms, speedup_high=xla.device_high_ms / mk.device_low_ms,
         note="; ".join(notes), date=str(mk.date)[:10], xla_date=str(xla.date)[:10],
         commit=str(mk.commit).split(" ")[0], kernel_revision=int(mk.kernel_revision),
+        kernel_digest=mk.kernel_digest if isinstance(mk.kernel_digest, str) else "not recorded",
     )  # fmt: skip
 
 
