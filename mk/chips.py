@@ -265,8 +265,9 @@ class MeasuredLimit:
 
     @property
     def source(self) -> str:
+        device = self.device.partition(": ")[2] or self.device  # "tpu: TPU v5 lite": the chip's own name
         return (
-            f"measured on {self.device} {self.date[:10]}: best sustained HBM read, {self.method} over "
+            f"measured on a {device}, {self.date[:10]}: best sustained HBM read, {self.method} over "
             f"{self.nbytes / GIB:.3g} GiB, steps back to back, {self.fraction_of_spec:.1%} of the "
             f"{self.spec / 1e9:.0f} GB/s spec (data/measured/tpu_hbm.csv)"
         )

@@ -353,3 +353,14 @@ def test_context_axes_are_ticked_at_the_data_contexts_in_k():
     ticks = dict(zip(axis.tickvals, axis.ticktext))
     assert {1024: "1K", 8192: "8K", 131072: "128K"}.items() <= ticks.items()
     assert all(t & (t - 1) == 0 for t in ticks) and ticks[32768] == "32K"
+
+
+def test_a_ratio_and_its_interval_keep_three_significant_figures():
+    """Notebook 02's slowdowns: an interval that rounds to its median is left out rather than written as '7x (7-7x)',
+    and a ratio keeps three significant figures whatever its size."""
+    from mk.views.general import times
+
+    assert times(7.3123, 6.93, 7.851, " slower") == "7.31x slower (6.93-7.85x)"
+    assert times(11.046, 7.351, 14.648) == "11.0x (7.35-14.6x)"
+    assert times(7.0001, 6.9999, 7.0003) == "7.00x"
+    assert times(0.01234, 0.01, 0.02) == "0.0123x (0.0100-0.0200x)"

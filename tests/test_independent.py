@@ -267,6 +267,16 @@ def test_at_least_fifteen_points_are_predicted_and_the_rest_say_why(held):
     assert "no config" in reasons and "nvfp4" in reasons and "link latency" in reasons
 
 
+def test_one_engines_points_are_those_rows_of_every_point(held):
+    """Notebook 11 predicts the megakernels' points alone: the same rows as among every point's."""
+    from mk.analysis import independent
+
+    mega = independent.predictions(engine="megakernel")
+    assert len(mega) and (mega.engine == "megakernel").all()
+    every = held[held.engine == "megakernel"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(mega.reset_index(drop=True), every)
+
+
 def test_the_implied_costs_meet_the_published_steps(held):
     """The cost per kernel (general stack) or per op (megakernel) a row reports, put into the model, gives the
     published step: what the model would have to charge, not a number fitted into it."""

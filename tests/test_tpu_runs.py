@@ -7,11 +7,12 @@ import pandas as pd
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from mk.chips import measured_limit
+from mk.chips import get_chip, measured_limit
 from mk.config import FULL, LAYER_PAIR, TINY_DENSE, with_layers
 from mk.files import source_digest
 from mk.measure import hbm, on_chip, tpu_runs
 from mk.measure.on_chip import Case, Cell
+from mk.timing import read_rate
 from mk.timing.scheduled import kernel_digest, kernel_revision
 
 ONE_LAYER = TINY_DENSE.replace(name="tiny-dense-1", layer_types=(FULL,))
@@ -92,7 +93,10 @@ def test_a_measured_limit_is_the_best_device_rate_of_a_gib_or_more(tmp_path):
     pd.DataFrame(rows, columns=hbm.COLUMNS).to_csv(tmp_path / "r.csv", index=False)
     limit = measured_limit("tpu-v5e", tmp_path / "r.csv")
     assert limit.bandwidth == 743e9 and limit.method == "pallas dma stream" and limit.nbytes == 2**32
-    assert "measured on tpu: TPU v5 lite 2026-12-04" in limit.source
+    assert limit.source.startswith("measured on a TPU v5 lite, 2026-12-04: ")
+    rate = read_rate(get_chip("tpu-v5e"))  # the stored file's: its label names the kind once
+    assert rate.kind == "measured" and "(measured on a TPU v5 lite" in rate.label
+    assert "measured: measured" not in rate.label
     assert measured_limit("tpu-v5p", tmp_path / "r.csv") is None
     assert (
         limit.fraction_of_spec == pytest.approx(743 / 819) and measured_limit("tpu-v5e-8", tmp_path / "r.csv") == limit

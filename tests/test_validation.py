@@ -301,6 +301,28 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
     assert on_tpu.tpu_steps(tmp_path / "none.csv").empty
 
 
+def test_the_megakernels_runs_on_a_tpu_are_summed_by_model_without_a_prediction(tmp_path, monkeypatch):
+    """What the kernel ran on a chip (notebook 03), read off tpu.csv alone: one row a model, its newest row of each
+    cell, its contexts, users and device times; XLA's rows and a CPU's left out, no prediction made."""
+    from mk.analysis import on_tpu
+
+    path = _tpu_csv(tmp_path, [
+        dict(engine="megakernel", date="2026-12-04T00:00:00Z", device_step_ms=5.0),
+        dict(engine="megakernel", date="2026-12-05T00:00:00Z", device_step_ms=4.0, device="tpu: TPU v5 lite"),  # again
+        dict(engine="megakernel", date="2026-12-05T00:00:00Z", context=8192, batch=4, device_step_ms=6.0),
+        dict(engine="reference", date="2026-12-05T00:00:00Z", device_step_ms=1.0),
+        dict(engine="megakernel", backend="cpu", date="2026-12-06T00:00:00Z", device_step_ms=0.5),
+    ])  # fmt: skip
+    monkeypatch.setattr(on_tpu, "predict", lambda *a, **k: pytest.fail("a summary of runs predicts nothing"))
+    t = on_tpu.megakernel_runs(path)
+    assert t.what.tolist() == ["llama-3.2-1b"] and t.cells.tolist() == [2]
+    assert (t.contexts.iloc[0], t.users.iloc[0]) == ("1024, 8192", "1, 4")
+    assert (t.fastest_device_ms.iloc[0], t.slowest_device_ms.iloc[0]) == (4.0, 6.0)
+    assert (t.first_date.iloc[0], t.last_date.iloc[0]) == ("2026-12-05", "2026-12-05")
+    assert t.device.iloc[0] == "tpu: TPU v5 lite"  # the newest row's (the other cell's row names none)
+    assert on_tpu.megakernel_runs(tmp_path / "none.csv").empty
+
+
 def test_a_cell_measured_again_shows_its_newest_row_and_every_stored_miss_has_its_reason(tmp_path, stored_steps):
     """A cell measured twice (a later commit) shows its newest row only, and its first beside it where cells measured
     again are listed; every step stored from the chip that the model

@@ -16,29 +16,32 @@ from ..timing.scheduled import KIND, OTHER, ScheduledStep, kernel_revisions, sch
 
 def scope_table(step: ScheduledStep) -> pd.DataFrame:
     """One row per scope of the step's code (mk.plan.item_scope: an op kind, a weight tile's start, wait or product by
-    component, ``other`` for loop control and set-up): items a step runs, bundles, bundles and ns each, share."""
+    component, ``other`` for loop control and set-up): items a step runs, bundles, bundles and ns each, ns a step and
+    its share of the step's issue time. The ns are the bundles as mk.timing charges them (``step.bundle_s``: the issue
+    rate measured for work that waits on a unit, the clock elsewhere)."""
     t = pd.DataFrame(step.ops())
     parts = t.kind.str.partition(".")
-    kind, detail = parts[0], parts[2]
+    ns = pd.Series([b * step.bundle_s(scope) * 1e9 for scope, b in zip(t.kind, t.bundles)], index=t.index)
     return t.assign(
-        op_kind=kind, detail=detail, share=t.bundles / step.bundles, ns=t.bundles / step.clock_hz * 1e9
-    ).assign(kind_of_number=KIND)[["kind", "op_kind", "detail", "count", "bundles", "bundles_each", "ns_each", "ns",
-                                   "share", "kind_of_number"]]  # fmt: skip
+        op_kind=parts[0], detail=parts[2], ns=ns, time_share=ns / (step.compute_s * 1e9), kind_of_number=KIND
+    )[["kind", "op_kind", "detail", "count", "bundles", "bundles_each", "ns_each", "ns", "time_share",
+       "kind_of_number"]]  # fmt: skip
 
 
 def op_kind_table(step: ScheduledStep) -> pd.DataFrame:
-    """:func:`scope_table` summed by op kind (a weight tile's DMA start and wait and every matrix product together)."""
+    """:func:`scope_table` summed by op kind (a weight tile's DMA start and wait and every matrix product together),
+    the longest issue time first."""
     t = scope_table(step)
     g = t.groupby("op_kind", sort=False).agg(count=("count", "sum"), bundles=("bundles", "sum"), ns=("ns", "sum"))
     g["ns_each"] = g.ns / g["count"].where(g["count"] > 0)
-    g["share"] = g.bundles / step.bundles
-    return g.sort_values("bundles", ascending=False).reset_index().assign(kind_of_number=KIND)
+    g["time_share"] = g.ns / (step.compute_s * 1e9)
+    return g.sort_values("ns", ascending=False).reset_index().assign(kind_of_number=KIND)
 
 
 def issue_against_hbm(model, chip: str, contexts, users, setup: KernelSetup) -> pd.DataFrame:
-    """For each context and users: the step's issued bundles and their time at the chip's clock (compute with every
-    wait taken out) beside the HBM time of the same step's bytes, from the stored schedule of the plan's code (rows
-    without one say so and carry no numbers)."""
+    """For each context and users: the step's issued bundles and their time as mk.timing charges them (compute with
+    every DMA and semaphore wait taken out: ScheduledStep.compute_s) beside the HBM time of the same step's bytes,
+    from the stored schedule of the plan's code (rows without one say so and carry no numbers)."""
     c = get_chip(chip)
     rows = []
     for b in users:
@@ -69,7 +72,7 @@ def per_op_costs(step: ScheduledStep) -> pd.DataFrame:
             dict(cost="every issued bundle, per op", ns_per_op=step.compute_s / ops * 1e9, kind=KIND),
             dict(
                 cost="bundles in no op's scope (loop control, set-up), per op",
-                ns_per_op=step.by_scope.get(OTHER, 0.0) / step.clock_hz / ops * 1e9,
+                ns_per_op=step.by_scope.get(OTHER, 0.0) * step.bundle_s(OTHER) / ops * 1e9,
                 kind=KIND,
             ),
             dict(cost="assumed per op (data/timing.csv)", ns_per_op=assumed * 1e9, kind="modelled (assumed)"),

@@ -61,8 +61,9 @@ def fitted_points() -> dict[str, str]:
     return {c.fit_to: f"{FITTED}: {c.name} ({c.applies_to})" for c in constants() if c.kind == "fitted" and c.fit_to}
 
 
-def predictions(path=None) -> pd.DataFrame:
-    """Every independent point (data/independent.csv, or a file laid out like it at ``path``) beside the model's
+def predictions(path=None, engine: str | None = None) -> pd.DataFrame:
+    """Every independent point (data/independent.csv, or a file laid out like it at ``path``; only ``engine``'s
+    points where it is given) beside the model's
     prediction: published and modelled time per output token per user (ms), the error (modelled / published - 1), the
     speed of light on that hardware and both fractions of it, and what the published time implies of the model's
     costs (:func:`_implied`). A megakernel point also has its step with no per-op or per-DMA-issue cost
@@ -70,6 +71,8 @@ def predictions(path=None) -> pd.DataFrame:
     modelled and why."""
     rows = []
     points = independent_table() if path is None else read_independent(path)
+    if engine is not None:
+        points = points[points["engine"] == engine]
     fitted = fitted_points()
     for _, r in points.iterrows():
         context, assumed = context_of(r)

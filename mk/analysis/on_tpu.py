@@ -271,6 +271,29 @@ def tpu_steps(path=None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS).assign(kind=f"measured (TPU, device time) vs {MODELLED}")
 
 
+def megakernel_runs(path=None) -> pd.DataFrame:
+    """What the megakernel itself ran on a TPU (data/measured/tpu.csv, the newest row of each cell; nothing modelled,
+    so no prediction is made): one row a measured model (its stand-ins and data types apart), with the contexts and
+    users measured, the device's step at the fastest and slowest cell, the kernel revisions, devices and dates."""
+    path = TPU_CSV if path is None else path
+    if not path.exists():
+        return pd.DataFrame()
+    t = _one_step_a_call(pd.read_csv(path))
+    t = _newest(t[(t.backend == "tpu") & (t.engine == "megakernel")], CELL)
+    t = t.assign(what=[cell_words(m, s, d) for m, s, d in zip(t.model, t.setup, t["dtype"])])
+    rows = []
+    for what, g in t.groupby("what", sort=False):
+        rows.append(dict(
+            what=what, cells=len(g), contexts=", ".join(map(str, sorted(set(g.context.astype(int))))),
+            users=", ".join(map(str, sorted(set(g.batch.astype(int))))), fastest_device_ms=g.device_step_ms.min(),
+            slowest_device_ms=g.device_step_ms.max(),
+            kernel_revisions=", ".join(map(str, sorted(set(g.kernel_revision.astype(int))))),
+            device=", ".join(sorted(set(g.device.dropna().astype(str)))), first_date=g.date.min()[:10],
+            last_date=g.date.max()[:10],
+        ))  # fmt: skip
+    return pd.DataFrame(rows).assign(kind="measured (TPU, device time: steps back to back)")
+
+
 def _one_step_a_call(t: pd.DataFrame) -> pd.DataFrame:
     """The rows of one decode step a call (those of several a call: :func:`steps_a_call`)."""
     return t[t[STEPS].fillna(1) == 1] if STEPS in t else t

@@ -235,7 +235,7 @@ def text(d: dict) -> str:
         f"{d['model']} on {d['chip']}, context {d['context']}, batch {d['batch']}: {d['kind']} (libtpu {d['libtpu']}, "
         f"plan {d['plan']})",
         f"  bundles/step  {d['bundles_per_step']:12,.0f}   at {d['clock_hz'] / 1e9:.3f} GHz (derived: data/chips.csv)",
-        f"  compute       {d['compute_ms']:12.4f} ms   issued bundles over the clock",
+        f"  compute       {d['compute_ms']:12.4f} ms   issued bundles at {d['bundle_rates']}",
         f"  HBM           {d['hbm_ms']:12.4f} ms   the step's bytes over the chip's bandwidth",
         f"  {'op kind (scope)':<30}{'count':>9}{'bundles':>12}{'each':>10}{'ns each':>10}",
     ]

@@ -12,6 +12,7 @@ Each call carries ``program_digest()``: the digest of the program it runs (:func
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
@@ -156,9 +157,32 @@ def op_by_op(call: Callable[[], jax.Array]) -> Callable[[], jax.Array]:
     return eager
 
 
-def step_program(step, cfg: ModelConfig, knockout=frozenset()):
-    """The decode step as one jitted program with the cache donated, as an engine runs it."""
-    return jax.jit(lambda p, c, t, i: step(p, cfg, c, t, i, knockout), donate_argnums=(1,))
+def step_program(step, cfg: ModelConfig, knockout=frozenset()) -> StepProgram:
+    """The decode step as one jitted program with the cache donated, as an engine runs it: ``program(params, cache,
+    tokens, pos)``, and ``program.lower(...)`` for the same program ahead of time."""
+    return StepProgram(step, cfg, frozenset(knockout))
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
+def _step_program(step, cfg: ModelConfig, knockout: frozenset, params, cache, tokens, pos):
+    return step(params, cfg, cache, tokens, pos, knockout)
+
+
+@dataclass(frozen=True)
+class StepProgram:
+    """``step`` for ``cfg`` with ``knockout``'s components off, as one program: every StepProgram of the same step,
+    model and knock-out is the same jitted program, compiled once a process for its shapes (a bench's step, a
+    notebook's call counting its kernels and the knock-outs' whole step: one compile, not one each)."""
+
+    step: Callable
+    cfg: ModelConfig
+    knockout: frozenset
+
+    def __call__(self, params, cache, tokens, pos):
+        return _step_program(self.step, self.cfg, self.knockout, params, cache, tokens, pos)
+
+    def lower(self, params, cache, tokens, pos):
+        return _step_program.lower(self.step, self.cfg, self.knockout, params, cache, tokens, pos)
 
 
 def reference_step(mesh):

@@ -208,14 +208,17 @@ def compile_times(
     dtype: str = "bfloat16",
     repeats: int = 3,
     confidence: float = 0.95,
+    warm_up: bool = True,
 ) -> pd.DataFrame:
     """Seconds libtpu takes to compile the step of ``cfg`` cut to each layer count, with the layer pattern
     emitted as one loop and with every layer's own code (``loop_layers``): every configuration compiled
-    ``repeats`` times, round by round (after one warm-up compile: the first pays for libtpu's start).
+    ``repeats`` times, round by round (after one warm-up compile: the first pays for libtpu's start; ``warm_up``
+    False where this process has compiled a kernel for a TPU already).
     Rows: layers, loop_layers, what the kernel writes code for (:func:`emitted_code`: the layers inside the loop over
     layers, the ops emitted inside and outside it, their sum ``emitted_ops``), compile_s (median) with its interval
     (mk.profiling.median_interval: with 3 repeats, the whole range)."""
-    compile_for_tpu(cfg.truncated(min(layer_counts)), chip, batch, max_len, weight_dtype=dtype, kv_dtype=dtype)
+    if warm_up:
+        compile_for_tpu(cfg.truncated(min(layer_counts)), chip, batch, max_len, weight_dtype=dtype, kv_dtype=dtype)
     configs = [(n, loop) for n in layer_counts for loop in (False, True)]
     times: dict = {c: [] for c in configs}
     ops: dict = {}

@@ -27,7 +27,9 @@ class ReadRate:
     @property
     def label(self) -> str:
         share = f"{self.fraction_of_spec:.1%} of its spec"
-        return f"{self.per_chip / 1e9:.4g} GB/s a chip, {share} ({self.kind}: {self.source})"
+        # a measured source says so itself ("measured on ..."): its kind is not written twice
+        where = self.source if self.source.startswith(self.kind) else f"{self.kind}: {self.source}"
+        return f"{self.per_chip / 1e9:.4g} GB/s a chip, {share} ({where})"
 
 
 def read_rate(chip: Chip) -> ReadRate:

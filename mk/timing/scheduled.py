@@ -9,8 +9,11 @@ item's kind, mk.plan.item_scope). Rows from the kernel as it runs (``plain``) co
 kernel compiled with its named scopes kept (``scoped``) say which items the bundles belong to. This module reads them
 and evaluates them for a plan at its own context: no compile, no libtpu.
 
-The core issues one bundle a cycle unless it waits for a DMA or a semaphore, so a step's issued bundles over the
-chip's clock (data/chips.csv ``clock_hz``, derived from cited figures) is its compute time with every wait taken out.
+The core issues one bundle a cycle unless it waits: for a DMA or a semaphore, or, as a v5e measured (notebook 12:
+data/measured/tpu_clock.csv), for a unit's result (a chain of matrix products, a norm's cross-lane sum and rsqrt), where
+it issues well under one a cycle. A step's compute time with the DMA and semaphore waits taken out is therefore each
+bundle at :func:`seconds_a_bundle`'s rate: the rate measured for its kind of work where one was measured on such a chip,
+one cycle of the chip's clock (data/chips.csv ``clock_hz``, derived from cited figures) elsewhere.
 """
 
 from __future__ import annotations
@@ -189,22 +192,36 @@ class ScheduledStep:
     counts: dict[str, float]
     scoped_overhead: float
     hbm_s: float = math.nan  # the HBM time of the step's bytes (mk.timing.pace.scheduled_pace gives it)
+    stalls: bool = True  # bundles waiting on a unit at their measured issue rate (seconds_a_bundle), else the clock
 
     @property
     def clock_hz(self) -> float:
         return self.chip.clock_hz
 
+    def bundle_s(self, scope: str) -> float:
+        """Seconds a bundle of ``scope`` issues in, as mk.timing charges it (:func:`seconds_a_bundle`)."""
+        return seconds_a_bundle(self.chip, self.stalls)(scope)
+
     @property
     def compute_s(self) -> float:
-        return self.bundles / self.clock_hz
+        """The step's issued bundles in seconds, every DMA and semaphore wait taken out: each scope's at
+        :meth:`bundle_s` (the scoped bundles sum to the step's)."""
+        return sum(b * self.bundle_s(scope) for scope, b in self.by_scope.items())
+
+    @property
+    def rates(self) -> str:
+        """How bundles become seconds here, in words: the clock, and the measured issue rates where they apply."""
+        words = f"{self.clock_hz / 1e9:.3f} GHz clock, derived (data/chips.csv)"
+        return words + stall_words(self.chip, seconds_a_bundle(self.chip, self.stalls))
 
     def ops(self) -> list[dict]:
-        """Per scope: items a step runs, bundles each, ns each (``other`` has no items)."""
+        """Per scope: items a step runs, bundles each, ns each (at :meth:`bundle_s`; ``other`` has no items)."""
         out = []
         for scope, b in sorted(self.by_scope.items(), key=lambda kv: -kv[1]):
             n = self.counts.get(scope)
             each = b / n if n else math.nan
-            out.append(dict(kind=scope, count=n, bundles=b, bundles_each=each, ns_each=each / self.clock_hz * 1e9))
+            ns_each = each * self.bundle_s(scope) * 1e9
+            out.append(dict(kind=scope, count=n, bundles=b, bundles_each=each, ns_each=ns_each))
         return out
 
     def to_dict(self) -> dict:
@@ -220,6 +237,7 @@ class ScheduledStep:
             bundles_per_step=self.bundles,
             clock_hz=self.clock_hz,
             clock_source=self.chip.clock_source,
+            bundle_rates=self.rates,
             compute_ms=self.compute_s * 1e3,
             hbm_ms=self.hbm_s * 1e3,
             scoped_overhead=self.scoped_overhead,

@@ -12,11 +12,18 @@ BAR_PX = 26  # pixels a bar takes
 ROOM = 1.25  # the axis runs to this multiple of the longest bar: room for its label
 
 
+def in_us(t: pd.DataFrame) -> pd.DataFrame:
+    """``t`` with every millisecond column (``*_ms``) in microseconds (``*_us``), in place: notebook 11's steps are
+    microseconds at its CPU defaults, as its figures draw them."""
+    ms = [c for c in t.columns if c.endswith("_ms")]
+    return t.assign(**{c: t[c] * 1e3 for c in ms}).rename(columns={c: c[:-3] + "_us" for c in ms})
+
+
 def op_kind_figure(t: pd.DataFrame, title: str) -> go.Figure:
     """Microseconds a step issues per op kind (mk.analysis.compiler_clock.op_kind_table), longest first, each bar's
-    time and share written beside it."""
+    time and its share of the step's issue time written beside it."""
     us = t.ns / 1e3
-    labels = [f"{u:.3g} µs ({s:.0%})" for u, s in zip(us, t.share)]
+    labels = [f"{u:.3g} µs ({s:.0%})" for u, s in zip(us, t.time_share)]
     fig = go.Figure(
         go.Bar(
             x=us, y=t.op_kind, orientation="h", text=labels, textposition="outside", cliponaxis=False,
@@ -25,7 +32,10 @@ def op_kind_figure(t: pd.DataFrame, title: str) -> go.Figure:
         )
     )  # fmt: skip
     fig.update_yaxes(autorange="reversed", ticksuffix="  ")
-    fig.update_xaxes(range=[0, float(us.max()) * ROOM], title_text="µs a step (issued bundles over the clock)")
+    fig.update_xaxes(
+        range=[0, float(us.max()) * ROOM],
+        title_text="µs a step (issued bundles: at the measured issue rate where work waits on a unit, else the clock)",
+    )
     fig.update_layout(title=title, height=len(t) * BAR_PX + 260, margin=dict(l=170, t=110, b=120), showlegend=False)
     return fig
 

@@ -39,6 +39,20 @@ def percent(x: float) -> str:
     return f"{x:.1%}" if abs(x) >= 0.01 else f"{x:.2%}"
 
 
+def _three_figures(x: float) -> str:
+    """``x`` to three significant figures, trailing zeros kept (11.0, 7.31, 123)."""
+    decimals = max(0, 2 - math.floor(math.log10(abs(x)))) if x else 2
+    return f"{x:.{decimals}f}"
+
+
+def times(median: float, low: float, high: float, what: str = "") -> str:
+    """A ratio, then ``what`` it is, then its 95% interval, as notebook 02 writes them in its sentences and on its
+    figure alike, to three significant figures ("7.31x slower (6.93-7.85x)"); the interval left out where it rounds to
+    the median itself."""
+    m, lo, hi = (_three_figures(x) for x in (median, low, high))
+    return f"{m}x{what}" if lo == m == hi else f"{m}x{what} ({lo}-{hi}x)"
+
+
 def bar_note(row) -> str:
     """What a summary row's bar says above it: its fraction of the speed of light (the median of the round-by-round
     fractions, with its 95% interval when it has one), else how many times slower than the compiled step it is
@@ -46,7 +60,7 @@ def bar_note(row) -> str:
     if pd.notna(row.fraction_of_sol):
         interval = "" if pd.isna(row.fraction_low) else f" ({percent(row.fraction_low)}-{percent(row.fraction_high)})"
         return f"{percent(row.fraction_of_sol)} of SoL{interval}"
-    return f"{row.slower_than_compiled:.0f}x slower than compiled ({row.slower_low:.0f}-{row.slower_high:.0f}x)"
+    return times(row.slower_than_compiled, row.slower_low, row.slower_high, " slower than compiled")
 
 
 def sol_fraction_figure(summary: pd.DataFrame, batch: int, title: str) -> go.Figure:

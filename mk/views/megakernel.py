@@ -8,10 +8,11 @@ import plotly.graph_objects as go
 
 def compile_time_figure(times: pd.DataFrame, model: str) -> go.Figure:
     """Compile time of the step against its layers, with the layers looped over and with every layer emitted
-    (bars: the repeats' range; the hover: the ops the kernel writes code for); the layer axis labelled at the layer
-    counts compiled."""
+    (bars: the repeats' range, none for one compile each; the hover: the ops the kernel writes code for); the layer
+    axis labelled at the layer counts compiled."""
     fig = go.Figure()
     layers = sorted(int(n) for n in set(times.layers))
+    ranged = bool((times.repeats > 1).any())
     for loop, g in times.groupby("loop_layers"):
         fig.add_scatter(
             x=g.layers,
@@ -22,6 +23,7 @@ def compile_time_figure(times: pd.DataFrame, model: str) -> go.Figure:
                 symmetric=False,
                 array=g.compile_high_s - g.compile_s,
                 arrayminus=g.compile_s - g.compile_low_s,
+                visible=ranged,
             ),
             name="one loop over the layer pattern (after)" if loop else "every layer emitted (before)",
             hovertext=[
