@@ -246,6 +246,8 @@ def verdict_figure(table: pd.DataFrame) -> go.Figure:
             name="measured, against XLA on one TPU v5e",
             marker_color="#59a14f",
             offsetgroup="measured",
+            text=[f"{v:.2f}x" if v == v else "" for v in t.measured],
+            textposition="outside",
         )
     for r in t[t.modelled.isna()].itertuples():  # published, not modelled here: say so where its bar would be
         note = r.role.replace(" (", ": ").replace(")", "")  # "not modelled (why)" -> "not modelled: why"
