@@ -57,7 +57,7 @@ def test_a_fraction_past_the_limit_says_whether_its_interval_reaches_below_it():
 
     def note(mk, xla):
         mk = pd.Series(dict(mk, device_low_ms=9.9, step_GB=1.0, date="2026-12-07", commit="x", kernel_revision=4,
-                            base_model="llama-3.2-1b", layers="all"))  # fmt: skip
+                            kernel_digest="0123456789abcdef", base_model="llama-3.2-1b", layers="all"))  # fmt: skip
         xla = pd.Series(dict(xla, device_low_ms=9.9, step_GB=1.0, date="2026-12-07"))
         return answer._cell(cell, mk, xla)["note"]
 
