@@ -17,10 +17,11 @@ In order, each part's rows appended to its CSV under ``out_dir`` (data/measured/
 6. **anchor** (mk.measure.attention_anchor): JAX's ragged paged attention over the same cache beside the megakernel's
    attention, by context -> ``tpu_attention.csv``.
 
-A run stops starting work at its ``deadline_s`` (a call on a lent machine has ten minutes) and a later run skips the
-table's cells already measured on a TPU, so the parts can be spread over several calls (``--parts``). The chip is the
-device's (mk.chips.known_chip: its measured limit, its clock, the schedule its clock check compiles), never assumed;
-off a TPU (the tests' interpreted run) no limit, and the clock check's schedule a v5e's.
+A run stops starting work at its ``deadline_s`` (540 s by default, for a session that holds the chip ten minutes at a
+time) and a later run skips the table's cells already measured on a TPU, so the parts can be spread over several calls
+(``--parts``). The chip is the device's (mk.chips.known_chip: its measured limit, its clock, the schedule its clock
+check compiles), never assumed; off a TPU (the tests' interpreted run) no limit, and the clock check's schedule a
+v5e's.
 """
 
 from __future__ import annotations
