@@ -211,13 +211,14 @@ BANDS = {
     ),
 }
 # The points the model misses (beyond mk.analysis.independent.MISS, mk.analysis.independent.misses says why in its
-# numbers), each pinned to its error when pinned, a whole step's tolerance (conftest.PIN_STEP), beside its reason.
+# numbers), each pinned to its error when pinned (again on 2026-12-07, the measured limit risen from 748.0 to 753.3
+# GB/s), a whole step's tolerance (conftest.PIN_STEP), beside its reason.
 PINS = {
     # the per-op cost fitted to the H100 is a fixed cost: a faster chip (the B200) feels it more
-    "hazy_llama_3_2_1b_b200_megakernel": Pin(+0.3025, PIN_STEP),
+    "hazy_llama_3_2_1b_b200_megakernel": Pin(+0.3044, PIN_STEP),
     # plain JAX/XLA on a v5e-8 at 16K and 32K: slower than its bytes and the per-kernel cost fitted to vLLM's TPU step
-    "yliu95_gemma4_31b_v5e8_bs1": Pin(-0.3323, PIN_STEP),
-    "yliu95_gemma4_26b_a4b_v5e8_bs1_32k": Pin(-0.6391, PIN_STEP),
+    "yliu95_gemma4_31b_v5e8_bs1": Pin(-0.3325, PIN_STEP),
+    "yliu95_gemma4_26b_a4b_v5e8_bs1_32k": Pin(-0.6346, PIN_STEP),
 }
 # The median |error| over every point predicted: at most 14%. It moves half a point for each 1% of the read rate (the
 # GPUs' fraction of their spec is the v5e's measured one), so a change worth 4% at most points at once fails here,
