@@ -24,11 +24,11 @@ from .figures import FOOTER_NAME, KINDS
 from .files import git_commit, write_atomic
 from .paths import NOTEBOOKS_DIR, figures_dir
 from .published import bound_words
+from .units import SIGNIFICANT, significant as significant_figures
 
 REPORT_NAME = "index.html"
 NAME = re.compile(r"(\d\d)_[A-Za-z0-9_-]+")  # NN_name: the notebook's number, then a plain file name
 META_SUFFIX = ".meta.json"
-SIGNIFICANT = 4  # figures an exported table's floats keep
 LONG_TABLE = 25  # rows beyond which the page folds a table away behind its row count (its CSV holds every row)
 # A time column names its unit: one of these among the words of its name (``step_ms``, ``ici_ms_per_step``).
 TIME_UNITS = ("s", "ms", "us", "ns")
@@ -130,11 +130,6 @@ def check_units(df: pd.DataFrame, name: str) -> None:
         raise ValueError(f"table {name!r}: " + "; ".join(said))
 
 
-def _significant(x: float, figures: int) -> float:
-    """``x`` rounded to ``figures`` significant figures (0.000123456 -> 0.0001235: never to 0)."""
-    return x if not math.isfinite(x) or x == 0 else float(f"{x:.{figures}g}")
-
-
 def check_name(name: str) -> str:
     """The notebook number of an export name (``"01"`` for ``01_sol_table``); a ValueError otherwise."""
     m = NAME.fullmatch(name) if isinstance(name, str) else None
@@ -192,7 +187,7 @@ def export_table(
         df = df.reset_index(drop=True)  # a filtered table's row numbers are no column
     check_units(df, name)
     out = Path(out_dir) if out_dir is not None else figures_dir()
-    df = df.assign(**{c: df[c].map(lambda x: _significant(x, significant)) for c in df.columns
+    df = df.assign(**{c: df[c].map(lambda x: significant_figures(x, significant)) for c in df.columns
                       if pd.api.types.is_float_dtype(df[c])})  # fmt: skip
     csv = write_atomic(out / f"{name}.csv", lambda tmp: df.to_csv(tmp, index=False))
     meta = {

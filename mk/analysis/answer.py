@@ -19,7 +19,8 @@ import statistics
 
 import pandas as pd
 
-from .on_tpu import STAND_IN, measured_config, tpu_steps
+from ..units import significant
+from .on_tpu import STAND_IN, fraction_at_long_end, measured_config, tpu_steps
 
 ENGINES = ("megakernel", "reference")  # the reference runs as XLA compiles it
 CELL = ["base_model", "layers", "model", "dtype", "setup", "chip", "context", "batch"]
@@ -39,8 +40,7 @@ def measured_answer(steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row a cell measured with both engines (module docstring): each engine's device time with its 95% interval,
     the bytes it reads and its fraction of the measured limit, the speed-up (XLA over the megakernel, with the interval
     of the two intervals' extremes), the dates and the code that ran (commit, kernel revision, and the digest of the
-    kernel's code where the run computed one). Sorted by family,
-    users, context, model."""
+    kernel's code where the run computed one). Sorted by family, users, context, model."""
     s = tpu_steps() if steps is None else steps
     s = s[~s.setup.str.endswith(STAND_IN) & s.engine.isin(ENGINES)]
     rows = []
@@ -57,11 +57,7 @@ def measured_answer(steps: pd.DataFrame | None = None) -> pd.DataFrame:
 
 
 def _cell(cell: dict, mk, xla) -> dict:
-    # an engine past 1 even at its interval's long end: a count or the limit is wrong, not noise
-    worst = {
-        e: r.device_fraction_of_limit * r.device_ms / r.device_high_ms for e, r in (("megakernel", mk), ("XLA", xla))
-    }
-    notes = [f"{e}: {PAST_LIMIT[worst[e] <= 1]}" for e, r in (("megakernel", mk), ("XLA", xla))
+    notes = [f"{e}: {PAST_LIMIT[fraction_at_long_end(r) <= 1]}" for e, r in (("megakernel", mk), ("XLA", xla))
              if r.device_fraction_of_limit > 1]  # fmt: skip
     if "+" in str(cell["dtype"]):
         notes.append(f"XLA computes with the {str(cell['dtype']).split('+')[0]} weights it dequantized once")
@@ -96,14 +92,8 @@ def answer_groups(answer: pd.DataFrame) -> pd.DataFrame:
     """Per group of :data:`GROUPS` (bf16 cells): how many cells, the median speed-up and its range, and each engine's
     range of fractions of the limit."""
     t = answer[answer.dtype == "bf16"]
-    # to the figures an exported table keeps (mk.report.SIGNIFICANT), so the sentence is the same from either
-    t = t.assign(
-        **{
-            c: t[c].map(lambda x: float(f"{x:.4g}"))
-            for c in t.columns
-            if c.startswith(("speedup", "megakernel_f", "xla_f"))
-        }
-    )
+    # to the figures an exported table keeps (mk.units.SIGNIFICANT), so the sentence is the same from either
+    t = t.assign(**{c: t[c].map(significant) for c in t.columns if c.startswith(("speedup", "megakernel_f", "xla_f"))})
     rows = []
     for name, which in GROUPS.items():
         g = t[which(t)]
@@ -119,7 +109,8 @@ def answer_groups(answer: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=GROUP_COLUMNS).assign(kind=KIND)
 
 
-def _range(lo: float, hi: float, fmt: str, unit: str = "") -> str:
+def value_range(lo: float, hi: float, fmt: str, unit: str = "") -> str:
+    """``lo``-``hi`` in ``fmt`` with ``unit``; one value where both read the same (never "1.03-1.03x")."""
     a, b = format(lo, fmt), format(hi, fmt)
     return f"{a}{unit}" if a == b else f"{a}-{b}{unit}"
 
@@ -147,11 +138,11 @@ def answer_sentence(answer: pd.DataFrame) -> str:
     def said(name: str) -> str:
         r = g.loc[name]
         cells = f"{r.cells} cell{'s' if r.cells > 1 else ''}"
-        return f"{r.median_speedup:.2f}x ({_range(r.min_speedup, r.max_speedup, '.2f', 'x')}, {cells})"
+        return f"{r.median_speedup:.2f}x ({value_range(r.min_speedup, r.max_speedup, '.2f', 'x')}, {cells})"
 
     def reads(name: str, limit: str = "the chip's measured read limit") -> str:
         r = g.loc[name]
-        mk, xla = (_range(lo, hi, ".2f") for lo, hi in ((r.megakernel_min_fraction, r.megakernel_max_fraction),
+        mk, xla = (value_range(lo, hi, ".2f") for lo, hi in ((r.megakernel_min_fraction, r.megakernel_max_fraction),
                                                         (r.xla_min_fraction, r.xla_max_fraction)))  # fmt: skip
         return f"the kernel reading {mk} of {limit} and XLA {xla}"
 

@@ -178,6 +178,12 @@ def fraction_of_limit(nbytes: float, seconds: float, chip: str) -> float:
     return math.nan if limit is None else nbytes / seconds / limit.bandwidth
 
 
+def fraction_at_long_end(steps):
+    """A measured step's fraction of the limit at its interval's long end (its bytes over its ``device_high_ms``):
+    past 1 even there, a count or the limit is wrong, not noise. ``steps``: a :func:`tpu_steps` row or table."""
+    return steps.device_fraction_of_limit * steps.device_ms / steps.device_high_ms
+
+
 def _stand_in_setup(label: str):
     name = label.removesuffix(STAND_IN)
     found = [s for s in SETUPS.values() if s.name == name]
@@ -403,7 +409,7 @@ def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) ->
     s = tpu_steps() if steps is None else steps
     s = s[s.setup.str.endswith(STAND_IN) & (s.chip == SLICE) & (s.context == context) & (s.batch == 1)]  # a v5e's
     sol = speed_of_light("gemma4-26b-a4b", SLICE, context, 1, "bf16")
-    limit = measured_limit(SLICE)
+    chip0_bytes = sol.bytes_per_token / get_chip(SLICE).chips
     rows = []
     for _, r in s.iterrows():
         setup = _stand_in_setup(r.setup)
@@ -413,7 +419,7 @@ def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) ->
             setup=setup.name, chip0_measured_ms=r.device_ms, chip0_tokens_per_s=1e3 / r.device_ms,
             chip0_fraction_of_limit=r.device_fraction_of_limit, links_modelled_ms=p.pacing.ici_s * 1e3,
             step_ms=step * 1e3, tokens_per_s=1 / step, fraction_of_sol=sol.step_s / step,
-            fraction_of_limit=sol.step_s * get_chip(SLICE).per_chip_bandwidth / limit.bandwidth / step,
+            fraction_of_limit=fraction_of_limit(chip0_bytes, step, SLICE), date=str(r.date)[:10],
             modelled_step_ms=p.step_s * 1e3, published_step_ms=published("mk_v5e8_moe_step") * 1e3,
             published_tokens_per_s=published("mk_v5e8_moe_tps"),
             published_fraction_of_sol=published("mk_v5e8_moe_sol_fraction"),
@@ -513,7 +519,7 @@ def kernel_stream_rates(steps: pd.DataFrame, rows: int = 6) -> pd.DataFrame:
     """The megakernel's own stream in its fastest measured steps: each step's bytes (:func:`engine_bytes`) over its
     device time, as GB/s and as a fraction of the measured limit, with the fraction at its interval's long end."""
     mk = steps[steps.engine == "megakernel"].assign(GBps=lambda t: t.step_GB / t.device_ms * 1e3)
-    mk = mk.assign(fraction_at_high_ms=mk.device_fraction_of_limit * mk.device_ms / mk.device_high_ms)
+    mk = mk.assign(fraction_at_high_ms=fraction_at_long_end(mk))
     cols = ["what", "dtype", "context", "batch", "step_GB", "device_ms", "GBps", "device_fraction_of_limit",
             "fraction_at_high_ms", "date"]  # fmt: skip
     return mk.nlargest(rows, "GBps")[cols].reset_index(drop=True).assign(kind="measured (TPU, device time)")

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..chips import get_chip, measured_limit
 from ..timing import constant, kernel_cost
-from .answer import measured_answer
+from .answer import measured_answer, value_range
 
 XLA_STACK = "XLA's compiled step (measured on one TPU v5e)"
 # The verdict rows one chip can measure: (key, the cell of the measured answer that speaks to it: base model, cut,
@@ -88,11 +88,14 @@ def stacks_sentence(t: pd.DataFrame) -> str:
         r = g.sort_values(["batch", "context"]).iloc[0]
         lo, hi = r.measured_min_speedup, r.measured_max_speedup
         where = "inside" if lo <= r.modelled_speedup <= hi else "above" if r.modelled_speedup > hi else "below"
-        measured = f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
+        measured, xla = (
+            value_range(lo, hi, ".2f", "x"),
+            value_range(r.xla_min_fraction_of_limit, r.xla_max_fraction_of_limit, ".2f"),
+        )
         out.append(
             f"{model} at {r.context:,} positions, {r.batch} user(s): the vLLM-like stack is modelled at "
             f"{r.vllm_like_fraction_of_limit:.2f} of the measured limit and the kernel {r.modelled_speedup:.2f}x "
-            f"faster; on the chip XLA reads {r.xla_min_fraction_of_limit:.2f}-{r.xla_max_fraction_of_limit:.2f} of it "
+            f"faster; on the chip XLA reads {xla} of it "
             f"and the kernel is {measured} faster ({r.measured_cuts}): the modelled win is {where} the measured range"
         )
     return "; ".join(out) + "."

@@ -38,6 +38,7 @@ from ..files import git_commit, source_digest
 from ..profiling import Estimate, device_name, fraction_of_sol, gemv_probe
 from ..timing.scheduled import kernel_digest
 from ..tpu import libtpu_version
+from ..units import significant
 from .loop import MIN_ROUNDS, PRECISION, Comparison, back_to_back, interleaved
 
 
@@ -277,7 +278,7 @@ def _program_digest(call) -> str | None:
 def _significant(x: float | None) -> float | None:
     """``x`` to 4 significant digits: an interpreted kernel's tiny fraction of a TPU's speed of light stays
     readable, and above zero."""
-    return None if x is None else float(f"{x:.4g}")
+    return None if x is None else significant(x)
 
 
 def _timed_row(

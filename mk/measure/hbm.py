@@ -60,21 +60,31 @@ REGIONS = 4
 CACHE_TILES = (8, 512)  # head groups, positions a tile (the kernel's KV tiles of a Qwen3 8B or a Llama 3)
 
 
+CACHE = "pallas cache tiles"
+
+
 @dataclass(frozen=True)
 class Probe:
-    """One way to read ``nbytes``: ``method`` "xla matvec", "pallas dma stream" (with its chunk and depth; and
-    ", N regions" for N streams at once) or "pallas cache tiles (G groups x T positions)"."""
+    """One way to read ``nbytes``: ``method`` "xla matvec", "pallas dma stream" (with its chunk and depth, from
+    ``regions`` far-apart regions at once) or :data:`CACHE` (the KV cache in :data:`CACHE_TILES`' tiles)."""
 
     method: str
     nbytes: int
     chunk_bytes: int = 0
     in_flight: int = 0
+    regions: int = 1
+
+    @property
+    def label(self) -> str:
+        """The method as tpu_hbm.csv's ``method`` column names it, its regions or its tiles said."""
+        if self.method == CACHE:
+            return f"{CACHE} ({CACHE_TILES[0]} groups x {CACHE_TILES[1]} positions)"
+        return self.method + (f", {self.regions} regions" if self.regions > 1 else "")
 
     def call(self, device, interpret=None):
-        if self.method.startswith("pallas dma stream"):
-            regions = int(self.method.split(", ")[1].split(" ")[0]) if ", " in self.method else 1
-            return dma_stream_call(self.nbytes, self.chunk_bytes, self.in_flight, device, interpret, regions)
-        if self.method.startswith("pallas cache tiles"):
+        if self.method == "pallas dma stream":
+            return dma_stream_call(self.nbytes, self.chunk_bytes, self.in_flight, device, interpret, self.regions)
+        if self.method == CACHE:
             groups, tile = CACHE_TILES
             return cache_tiles_call(self.nbytes, groups, tile, self.in_flight, device, interpret)
         import jax.numpy as jnp
@@ -94,11 +104,10 @@ def further_probes(larger=LARGER) -> list[Probe]:
     :data:`LARGER` the stream in :data:`REGIONS` regions at once, and the cache read in the kernel's tiles (8 GiB and
     :data:`LARGER`): what a probe must beat before the best of :func:`probes` is called the limit."""
     groups, tile = CACHE_TILES
-    cache = f"pallas cache tiles ({groups} groups x {tile} positions)"
     out = [Probe("xla matvec", n) for n in larger]
     out += [Probe("pallas dma stream", n, 4 * 2**20, 4) for n in (8 * GIB, *larger)]
-    out += [Probe(f"pallas dma stream, {REGIONS} regions", n, 4 * 2**20, 4) for n in (8 * GIB, *larger)]
-    return out + [Probe(cache, n, groups * tile * 128 * 2, 2) for n in (8 * GIB, *larger)]
+    out += [Probe("pallas dma stream", n, 4 * 2**20, 4, REGIONS) for n in (8 * GIB, *larger)]
+    return out + [Probe(CACHE, n, groups * tile * 128 * 2, 2) for n in (8 * GIB, *larger)]
 
 
 def probe_read_rate(
@@ -130,7 +139,7 @@ def probe_read_rate(
         rows.append(
             dict(
                 prov,
-                method=p.method,
+                method=p.label,
                 bytes=size,
                 chunk_bytes=p.chunk_bytes or None,
                 in_flight=p.in_flight or None,
@@ -146,7 +155,7 @@ def probe_read_rate(
         )
         how = f" ({p.chunk_bytes >> 20} MiB x {p.in_flight})" if p.in_flight else ""
         log(
-            f"{p.method} {size / GIB:.2f} GiB{how}: device {dev.median / 1e9:.1f} GB/s "
+            f"{p.label} {size / GIB:.2f} GiB{how}: device {dev.median / 1e9:.1f} GB/s "
             f"({dev.low / 1e9:.1f}-{dev.high / 1e9:.1f}), host {host / 1e9:.1f}"
         )
         del call
