@@ -45,7 +45,7 @@ from ..megakernel import make_step, pack
 from ..megakernel.refs import input_shapes
 from ..params import param_specs
 from ..paths import TPU_OPS_CSV
-from ..plan import build_plan, round_up
+from ..plan import Tiles, build_plan, round_up
 from ..profiling import device_profile, op_summary
 from ..progress import Log
 from ..quant import quantized_as
@@ -131,6 +131,9 @@ class Case:
     # a shipped format's codes drawn at random (mk.format_trees.random_codes) rather than encoded from the drawn floats
     # on the host, which takes minutes for a big model's experts; what a step costs does not depend on the values
     random_codes: bool = False
+    # the kernel's prefetch depths (mk.plan.Tiles.slots: slots a weight buffer), each built and timed interleaved with
+    # the rest; a depth other than the default is a kernel variant whose rows' setup says so
+    weight_slots: tuple[int, ...] = (Tiles().slots,)
 
     def config(self) -> ModelConfig:
         return with_layers(self.model, self.layers)
@@ -147,12 +150,29 @@ class Case:
 
     @property
     def setup_label(self) -> str:
-        return ONE_CHIP_SETUP if self.setup == ONE_CHIP_SETUP else SETUPS[self.setup].name + "; loopback stand-in"
+        return self.setup_label_at(Tiles().slots)
+
+    def setup_label_at(self, slots: int) -> str:
+        """The rows' setup for the kernel built with ``slots`` a weight buffer (the default depth says nothing)."""
+        depth = "" if slots == Tiles().slots else f"; {slots} slots a weight buffer"
+        if self.setup == ONE_CHIP_SETUP:
+            return ONE_CHIP_SETUP + depth
+        return SETUPS[self.setup].name + depth + "; loopback stand-in"
+
+    def timed(self) -> tuple[tuple[str, int], ...]:
+        """(engine, slots a weight buffer) of each engine build the case times: the reference once, the kernel at each
+        of its depths."""
+        return tuple((e, n) for e in self.engines for n in (self.weight_slots if e == "megakernel" else (0,)))
 
     def kernel_setup(self):
         if self.setup == ONE_CHIP_SETUP:
             return ONE_CHIP
         return SETUPS[self.setup].on(SLICE).replace(loopback=True)
+
+
+def variant(engine: str, slots: int) -> str:
+    """The key of ``engine``'s build at ``slots`` a weight buffer (0 or the default depth: the engine itself)."""
+    return engine if slots in (0, Tiles().slots) else f"{engine}[{slots} slots]"
 
 
 # Memory ---------------------------------------------------------------------------------------------------------
@@ -216,6 +236,11 @@ class CaseEngines:
                 step = make_step(self.cfg, self.setup)
                 tree = self._stand_in_weights(step) if self.setup.loopback else step.packed(self._kernel_tree())
                 self.weights[engine], self.steps[engine] = tree, step
+                for n in self.case.weight_slots:  # the other depths read the same packed weights
+                    if n != Tiles().slots:
+                        key = variant(engine, n)
+                        self.steps[key] = make_step(self.cfg, self.setup, tiles=Tiles(slots=n))
+                        self.weights[key] = tree
         jax.block_until_ready(self.weights[engine])
         self.log(f"{engine}: weights on the chip in {time.perf_counter() - t:.1f} s")
 
@@ -240,7 +265,8 @@ class CaseEngines:
         many greedy steps a call, ending there), ``knockout``'s components off, compiled and run twice: (the call,
         seconds to compile and run it)."""
         t = time.perf_counter()
-        step, weights, multiple = self.steps[engine], self.weights[engine], cache_multiple(engine)
+        step, weights = self.steps[engine], self.weights[engine]
+        multiple = cache_multiple(engine.split("[")[0])
         with jax.default_device(self.device):
             if steps > 1:
                 if knockout:
@@ -313,12 +339,14 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
     chips = SLICE if case.kernel_setup().loopback else 1
     per_token = bytes_per_token(engines.cfg, cell.context, cell.batch, case.dtype).total
     sol = spec_speed_of_light(per_token, device, chips, "tpu-v5e" if device.platform != "tpu" else None)
-    timed, compile_s = [], {}
-    for name in case.engines:
+    timed, compile_s, depth = [], {}, {}
+    for name, slots in case.timed():
+        key = variant(name, slots)
         for n in case.steps_a_call:
-            e = TimedStep(name if n == 1 else f"{name}[{n} steps a call]", None, engine=name, columns={STEPS: n})
-            e.call, compile_s[e.label] = engines.call(name, cell, steps=n)
+            e = TimedStep(key if n == 1 else f"{key}[{n} steps a call]", None, engine=name, columns={STEPS: n})
+            e.call, compile_s[e.label] = engines.call(key, cell, steps=n)
             timed.append(e)
+            depth[e.label] = slots or Tiles().slots
             log(f"{e.label}: compiled and run twice in {compile_s[e.label]:.1f} s")
     in_use = in_use_bytes(device)
     planned = sum(planned_bytes(case, e, cell)[0] for e in case.engines)
@@ -329,14 +357,15 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
     out, ops = [], []
     for e, row in zip(timed, rows):
         row, profiled, source = a_token(row, e.columns[STEPS]), None, "not profiled: several steps a call"
+        setup = case.setup_label_at(depth[e.label])
         if e.columns[STEPS] == 1:
             profile = device_profile(e.call, steps)
             profiled, source = profile.seconds, profile.source
-            cell_of = {k: row.get(k) for k in OP_COLUMNS} | dict(engine=e.label, setup=case.setup_label)
+            cell_of = {k: row.get(k) for k in OP_COLUMNS} | dict(engine=e.label, setup=setup)
             ops += [cell_of | {k: v for k, v in r.items() if k in OP_COLUMNS} | dict(us=round(r["seconds"] * 1e6, 3))
                     for r in op_summary(list(profile.ops), TOP_OPS)]  # fmt: skip
         row.update(
-            base_model=get_config(case.model).name, layers=case.layers_label, setup=case.setup_label,
+            base_model=get_config(case.model).name, layers=case.layers_label, setup=setup,
             kernel_revision=recorded_revision(),
             runs_as=runs_as(e.engine, case, device), compile_s=round(compile_s[e.label], 2), chip=sol.chip,
             profiled_step_ms=None if profiled is None else round(profiled * 1e3, 4), profile_source=source,
@@ -395,8 +424,9 @@ def measure_case(case: Case, out=None, seed: int = 0, budget_s: float = CELL_BUD
     setup_name = case.setup_label
     done = done_cells(out, device.platform)
     cells = [
-        c for c in case.cells if any((cfg.name, case.dtype, setup_name, c.context, c.batch, e, n) not in done
-                                     for e in case.engines for n in case.steps_a_call)
+        c for c in case.cells
+        if any((cfg.name, case.dtype, case.setup_label_at(slots or Tiles().slots), c.context, c.batch, e, n) not in done
+               for e, slots in case.timed() for n in case.steps_a_call)
     ]  # fmt: skip
     capacity = usable_hbm(device, HBM_USE)
     fitting = []

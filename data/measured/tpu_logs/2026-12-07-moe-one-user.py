@@ -1,0 +1,40 @@
+"""2026-12-07, one TPU v5e: the MoE one-user cells (context 1024, one user, bf16, random weights, seed 0), each engine
+at one and 16 greedy steps a call, the kernel also with 4 slots a weight buffer (mk.plan.Tiles.slots: a deeper
+prefetch, through mk.measure.on_chip.Case.weight_slots), all interleaved where both engines fit and each engine alone
+where they do not. Rows go to data/measured/ through mk's own drivers (no module patched).
+
+    python data/measured/tpu_logs/2026-12-07-moe-one-user.py OUT_DIR DEADLINE_S PART
+
+PART ``a``: Gemma 4 26B-A4B's sliding+full pair and its first 7 layers, Qwen3-30B-A3B's first 8; ``b``: chip 0 of
+the workbook's v5e-8 step (the stand-in), Mixtral 8x7B's and gpt-oss-20b's first 2 layers; ``tiny``: tiny-moe on the
+CPU (interpret mode) to check the script.
+"""
+
+import sys
+
+from mk.config import LAYER_PAIR
+from mk.measure import tpu_runs
+from mk.measure.on_chip import Case, Cell
+
+ONE = (Cell(1024, 1),)
+BOTH = dict(cells=ONE, steps_a_call=(1, 16), weight_slots=(2, 4))
+PARTS = {
+    "a": (
+        Case("gemma4-26b-a4b", LAYER_PAIR, **BOTH),
+        Case("gemma4-26b-a4b", 7, alone="megakernel", **BOTH),
+        Case("gemma4-26b-a4b", 7, alone="reference", **BOTH),
+        Case("qwen3-30b-a3b", 8, alone="megakernel", **BOTH),
+        Case("qwen3-30b-a3b", 8, alone="reference", **BOTH),
+    ),
+    "b": (
+        Case("gemma4-26b-a4b", None, setup="workbook", **BOTH),
+        Case("mixtral-8x7b", 2, **BOTH),
+        Case("gpt-oss-20b", 2, **BOTH),
+    ),
+    "tiny": (Case("tiny-moe", cells=(Cell(64, 1),), steps_a_call=(1, 2), weight_slots=(2, 3)),),
+}
+
+out, deadline, part = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+tiny = part == "tiny"
+print(tpu_runs.run(("table",), out, deadline, cases=PARTS[part], require_tpu=not tiny, steps=2 if tiny else 5,
+                   min_rounds=3 if tiny else 5, budget_s=1.0 if tiny else 8.0))  # fmt: skip
