@@ -5,9 +5,11 @@ where they do not. Rows go to data/measured/ through mk's own drivers (no module
 
     python data/measured/tpu_logs/2026-12-07-moe-one-user.py OUT_DIR DEADLINE_S PART
 
-PART ``a``: Gemma 4 26B-A4B's sliding+full pair and its first 7 layers, Qwen3-30B-A3B's first 8; ``b``: chip 0 of
-the workbook's v5e-8 step (the stand-in), Mixtral 8x7B's and gpt-oss-20b's first 2 layers; ``tiny``: tiny-moe on the
-CPU (interpret mode) to check the script.
+PART ``a``: Gemma 4 26B-A4B's sliding+full pair and its first 7 layers (each engine alone), 5 steps back to back for
+the device's time (its time ran out before the 7 layers' reference and Qwen3-30B-A3B's first 8); ``b``: Qwen3-30B-A3B's
+first 8 layers (each engine alone), chip 0 of the workbook's v5e-8 step (the stand-in); ``c``: the 7 layers'
+reference, Mixtral 8x7B's and gpt-oss-20b's first 2 layers; b and c with 20 steps back to back, as the table's rows
+before them. ``tiny``: tiny-moe on the CPU (interpret mode) to check the script.
 """
 
 import sys
@@ -18,6 +20,7 @@ from mk.measure.on_chip import Case, Cell
 
 ONE = (Cell(1024, 1),)
 BOTH = dict(cells=ONE, steps_a_call=(1, 16), weight_slots=(2, 4))
+ONE_DEPTH = dict(cells=ONE, steps_a_call=(1, 16))  # part a found 4 slots no faster: b and c time the default alone
 PARTS = {
     "a": (
         Case("gemma4-26b-a4b", LAYER_PAIR, **BOTH),
@@ -27,14 +30,20 @@ PARTS = {
         Case("qwen3-30b-a3b", 8, alone="reference", **BOTH),
     ),
     "b": (
-        Case("gemma4-26b-a4b", None, setup="workbook", **BOTH),
-        Case("mixtral-8x7b", 2, **BOTH),
-        Case("gpt-oss-20b", 2, **BOTH),
+        Case("qwen3-30b-a3b", 8, alone="megakernel", **ONE_DEPTH),
+        Case("qwen3-30b-a3b", 8, alone="reference", **ONE_DEPTH),
+        Case("gemma4-26b-a4b", None, setup="workbook", **ONE_DEPTH),
+    ),
+    "c": (
+        Case("gemma4-26b-a4b", 7, alone="reference", **ONE_DEPTH),
+        Case("mixtral-8x7b", 2, **ONE_DEPTH),
+        Case("gpt-oss-20b", 2, **ONE_DEPTH),
     ),
     "tiny": (Case("tiny-moe", cells=(Cell(64, 1),), steps_a_call=(1, 2), weight_slots=(2, 3)),),
 }
 
 out, deadline, part = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 tiny = part == "tiny"
-print(tpu_runs.run(("table",), out, deadline, cases=PARTS[part], require_tpu=not tiny, steps=2 if tiny else 5,
+back_to_back = 2 if tiny else (5 if part == "a" else 20)
+print(tpu_runs.run(("table",), out, deadline, cases=PARTS[part], require_tpu=not tiny, steps=back_to_back,
                    min_rounds=3 if tiny else 5, budget_s=1.0 if tiny else 8.0))  # fmt: skip
