@@ -8,7 +8,8 @@ where they do not. Rows go to data/measured/ through mk's own drivers (no module
 PART ``a``: Gemma 4 26B-A4B's sliding+full pair and its first 7 layers (each engine alone), 5 steps back to back for
 the device's time (its time ran out before the 7 layers' reference and Qwen3-30B-A3B's first 8); ``b``: Qwen3-30B-A3B's
 first 8 layers (each engine alone), chip 0 of the workbook's v5e-8 step (the stand-in); ``c``: the 7 layers'
-reference, Mixtral 8x7B's and gpt-oss-20b's first 2 layers; b and c with 20 steps back to back, as the table's rows
+reference, gpt-oss-20b's first 2 layers, the stand-in at 2 and 4 slots a weight buffer (16 steps a call), Mixtral
+8x7B's first 2 layers; b and c with 20 steps back to back, as the table's rows
 before them. ``tiny``: tiny-moe on the CPU (interpret mode) to check the script.
 """
 
@@ -36,8 +37,10 @@ PARTS = {
     ),
     "c": (
         Case("gemma4-26b-a4b", 7, alone="reference", **ONE_DEPTH),
-        Case("mixtral-8x7b", 2, **ONE_DEPTH),
         Case("gpt-oss-20b", 2, **ONE_DEPTH),
+        # the stand-in's expert tiles are small (88 rows a chip): does a deeper prefetch keep its stream fed?
+        Case("gemma4-26b-a4b", None, setup="workbook", cells=ONE, steps_a_call=(16,), weight_slots=(2, 4)),
+        Case("mixtral-8x7b", 2, **ONE_DEPTH),
     ),
     "tiny": (Case("tiny-moe", cells=(Cell(64, 1),), steps_a_call=(1, 2), weight_slots=(2, 3)),),
 }
