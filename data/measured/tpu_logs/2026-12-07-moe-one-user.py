@@ -11,6 +11,14 @@ first 8 layers (each engine alone), chip 0 of the workbook's v5e-8 step (the sta
 reference, gpt-oss-20b's first 2 layers, the stand-in at 2 and 4 slots a weight buffer (16 steps a call), Mixtral
 8x7B's first 2 layers; b and c with 20 steps back to back, as the table's rows
 before them. ``tiny``: tiny-moe on the CPU (interpret mode) to check the script.
+
+Run on 2026-12-07 as parts a, b and c, one device call each (logs: 2026-12-07-moe-one-user-{a,b,c}.txt). Every row they
+wrote is in 2026-12-07-moe-one-user.csv (column ``part``); the runs' output folders held no HBM rows, so each row's
+limit columns were filled afterwards by mk.measure.on_chip.limit_columns at data/measured/tpu_hbm.csv's measured limit
+(753.3 GB/s). data/measured/tpu.csv took every row but the 4-slot variants (their setup is not one the table's
+analysis knows; they stay in the log) and part a's one-step rows (5 steps back to back, where the table's one-step
+cells are timed 20: the first step's dispatch is spread over 5 and they read 0.2 ms slower than the table's 20; they
+too stay in the log). tpu_ops.csv took the profiles of the rows tpu.csv took.
 """
 
 import sys
