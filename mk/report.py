@@ -20,6 +20,7 @@ import pandas as pd
 
 from .analysis.answer import answer_sentence
 from .analysis.claims import claims_table
+from .analysis.moe_one_user import moe_one_user, moe_sentence, per_layer_past_bytes
 from .figures import FOOTER_NAME, KINDS
 from .files import git_commit, write_atomic
 from .paths import NOTEBOOKS_DIR, figures_dir
@@ -373,7 +374,25 @@ def _answer_html(folder: Path) -> str:
         f'<a href="{ANSWER}.csv">{ANSWER}.csv</a>, drawn in <a href="#fig-{ANSWER}">its figure</a>): '
         f'{_esc(meta.get("source") or "")}. <span class="kind measured">measured</span> on '
         f"{_esc(meta['hardware'])}.</p>"
-        f'<div class="scroll">{html_table(t[[c for c in ANSWER_SHOWN if c in t]], 3)}</div>'
+        f'<div class="scroll">{html_table(t[[c for c in ANSWER_SHOWN if c in t]], 3)}</div>' + _moe_html(folder)
+    )
+
+
+MOE = "12_moe_one_user"  # notebook 12's MoE cells at one user, at one and several steps a call
+
+
+def _moe_html(folder: Path) -> str:
+    """The MoE one-user gap (mk.analysis.moe_one_user.moe_sentence, computed from the rows notebook 12 exported), or
+    nothing where notebook 12 has not exported them."""
+    path = folder / f"{MOE}.csv"
+    if not path.exists():
+        return ""
+    rows = pd.read_csv(path)
+    sentence = moe_sentence(moe_one_user(rows), per_layer_past_bytes(rows, "gemma4-26b-a4b", 7))
+    return (
+        f'<p class="answer">{_esc(sentence)}</p>'
+        f'<p class="meta">Every row in <a href="{MOE}.csv">{MOE}.csv</a>, drawn in <a href="#fig-{MOE}">its '
+        "figure</a>.</p>"
     )
 
 

@@ -59,3 +59,33 @@ def answer_figure(answer: pd.DataFrame, title: str) -> go.Figure:
     fig.update_layout(title=title, height=ROW_PX * len(a) + 330, margin=dict(l=330),
                       legend=dict(orientation="h", y=1.0, yanchor="bottom"))  # fmt: skip
     return fig
+
+
+def moe_one_user_figure(table: pd.DataFrame, several: int, title: str) -> go.Figure:
+    """Each MoE cell at one user (mk.analysis.moe_one_user.moe_one_user, a row a cell): each engine's fraction of the
+    measured limit at one step a call (open) and at ``several`` (filled), joined, a line at 1."""
+    t = table.assign(
+        row=[m if s == "one chip" else f"{m}, chip 0 of a v5e-8" for m, s in zip(table.model, table.setup)]
+    )
+    fig = go.Figure()
+    engines = (("megakernel", "megakernel", "circle"), ("reference", "XLA", "diamond"))
+    for colour, (engine, words, symbol) in zip(template_colours(), engines):
+        for _, r in t.iterrows():
+            one, many = r[f"{engine}_fraction_1"], r[f"{engine}_fraction_{several}"]
+            if one == one and many == many:  # both measured (not NaN)
+                fig.add_scatter(x=[one, many], y=[r.row, r.row], mode="lines", line=dict(color=colour, width=2),
+                                showlegend=False, hoverinfo="skip")  # fmt: skip
+        for n, fill in ((1, "-open"), (several, "")):
+            fig.add_scatter(
+                x=t[f"{engine}_fraction_{n}"], y=t.row, mode="markers",
+                name=f"{words}, {n} step{'s' * (n > 1)} a call",
+                marker=dict(color=colour, size=11, symbol=symbol + fill, line=dict(width=2, color=colour)),
+                hovertemplate=f"{words}, {n} a call: %{{x:.3f}} of the limit<extra>%{{y}}</extra>",
+            )  # fmt: skip
+    fig.add_vline(x=1, line=dict(dash="dash", color="grey"))
+    low = math.floor(20 * t.filter(like="_fraction_").min().min()) / 20
+    fig.update_xaxes(title_text=f"of the chip's measured read limit (from {low:g})", range=[low, 1.02])
+    fig.update_yaxes(autorange="reversed", ticksuffix="  ")
+    fig.update_layout(title=title, height=ROW_PX * 2 * len(t) + 300, margin=dict(l=260),
+                      legend=dict(orientation="h", y=1.0, yanchor="bottom"))  # fmt: skip
+    return fig

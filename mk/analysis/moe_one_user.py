@@ -1,0 +1,120 @@
+"""The write-up's subject on the chip: a mixture-of-experts model decoding for one user, where the kernel stood
+furthest from the chip's read limit. Each MoE cell at one user and 1K positions (bf16) measured at one and at several
+greedy steps a call (mk.measure.on_chip.Case.steps_a_call), each engine's device time a token and its fraction of the
+measured limit, and what a step takes past its bytes at the limit.
+
+A step a call pays, on top of the kernel's own step, what the chip does between programs and the host's first
+dispatch spread over the steps timed back to back; 16 steps a call spread that over 16 tokens, so a row at 16 steps is
+close to the kernel's (or XLA's) own step. What is left past the bytes at 16 steps is the kernel's own: two cuts of
+one model (its first n layers and its sliding+full pair) give it per layer, the bytes each cut reads at the limit taken
+out.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..chips import measured_limit
+from ..config import LAYER_PAIR
+from ..paths import TPU_CSV
+from ..units import significant
+from .answer import value_range
+from .on_tpu import STEPS, chip_rows, engine_bytes, fraction_of_limit, measured_config
+
+KIND = "measured (TPU, device time a token; fractions of the measured limit from mk.sol's bytes)"
+SEVERAL = 16  # the steps a call the several-step rows were timed at
+COLUMNS = ["model", "setup", "engine", "steps_a_call", "device_ms", "device_low_ms", "device_high_ms", "step_GB",
+           "fraction_of_limit", "past_bytes_us", "date", "kernel_revision"]  # fmt: skip
+
+
+def moe_one_user_rows(path=None) -> pd.DataFrame:
+    """Every MoE cell's newest row at one user, 1K, bf16, per engine, setup and steps a call (one or
+    :data:`SEVERAL`): its device time a token with its interval, the bytes its engine reads, its fraction of the
+    measured limit and the microseconds it takes past those bytes at the limit."""
+    path = TPU_CSV if path is None else path
+    t = chip_rows(pd.read_csv(path)) if path.exists() else pd.DataFrame()
+    if t.empty or STEPS not in t:
+        return pd.DataFrame(columns=COLUMNS)
+    t = t.assign(steps_a_call=t[STEPS].fillna(1).astype(int))
+    t = t[(t.batch == 1) & (t.context == 1024) & (t["dtype"] == "bf16") & t.steps_a_call.isin([1, SEVERAL])]
+    t = t[[measured_config(r).num_experts > 0 for _, r in t.iterrows()]]
+    t = t.sort_values("date", kind="stable").groupby(["model", "setup", "engine", "steps_a_call"]).tail(1)
+    rows = []
+    for _, r in t.iterrows():
+        nbytes, seconds = engine_bytes(r), r.device_step_ms / 1e3
+        limit = measured_limit(r.chip)
+        rows.append(dict(
+            model=r.model, setup=r.setup, engine=r.engine, steps_a_call=r.steps_a_call, device_ms=r.device_step_ms,
+            device_low_ms=r.device_step_low_ms, device_high_ms=r.device_step_high_ms, step_GB=nbytes / 1e9,
+            fraction_of_limit=fraction_of_limit(nbytes, seconds, r.chip),
+            past_bytes_us=(seconds - nbytes / limit.bandwidth) * 1e6 if limit else float("nan"), date=str(r.date)[:10],
+            kernel_revision=int(r.kernel_revision),
+        ))  # fmt: skip
+    out = pd.DataFrame(rows, columns=COLUMNS).sort_values(["setup", "model", "engine", "steps_a_call"])
+    # to the figures an exported table keeps (mk.units.SIGNIFICANT): one sentence from the rows or from the export
+    floats = ["step_GB", "fraction_of_limit", "past_bytes_us"]  # (the times as measured)
+    out = out.assign(**{c: out[c].map(significant) for c in floats})
+    return out.reset_index(drop=True).assign(kind=KIND)
+
+
+def moe_one_user(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row a cell measured at both one and :data:`SEVERAL` steps a call: each engine's fraction of the limit at
+    each (NaN where an engine was not measured), the kernel's speed-up over XLA at each, and what one step a call adds
+    to the kernel's token where both were timed in one run (same date; NaN where the newest rows are of two runs)."""
+    out = []
+    for (model, setup), g in rows.groupby(["model", "setup"], sort=False):
+        at = {(r.engine, r.steps_a_call): r for r in g.itertuples()}
+        if ("megakernel", 1) not in at or ("megakernel", SEVERAL) not in at:
+            continue
+
+        def get(engine, n, col):
+            r = at.get((engine, n))
+            return float("nan") if r is None else getattr(r, col)
+
+        out.append(dict(
+            model=model, setup=setup,
+            **{f"{e}_fraction_{n}": get(e, n, "fraction_of_limit") for e in ("megakernel", "reference")
+               for n in (1, SEVERAL)},
+            megakernel_call_us=(get("megakernel", 1, "device_ms") - get("megakernel", SEVERAL, "device_ms")) * 1e3
+            if get("megakernel", 1, "date") == get("megakernel", SEVERAL, "date") else float("nan"),
+            megakernel_past_bytes_us=get("megakernel", SEVERAL, "past_bytes_us"),
+            **{f"speedup_{n}": get("reference", n, "device_ms") / get("megakernel", n, "device_ms")
+               for n in (1, SEVERAL)},
+        ))  # fmt: skip
+    return pd.DataFrame(out).assign(kind=KIND)
+
+
+def per_layer_past_bytes(rows: pd.DataFrame, base: str, layers: int) -> dict | None:
+    """What the kernel's step takes past its bytes at the limit for each layer ``base[:layers]`` has beyond
+    ``base``'s sliding+full pair (its other layers: sliding ones), at :data:`SEVERAL` steps a call: (the difference
+    of the two cuts' times past their bytes) / (the layers between them); None where either cut was not measured."""
+    k = rows[(rows.engine == "megakernel") & (rows.steps_a_call == SEVERAL) & (rows.setup == "one chip")]
+    pair, cut = (k[k.model == f"{base}[{c}]"] for c in (LAYER_PAIR, f":{layers}"))
+    if pair.empty or cut.empty:
+        return None
+    extra = layers - 2
+    us = (cut.past_bytes_us.iloc[0] - pair.past_bytes_us.iloc[0]) / extra
+    return dict(model=base, layers=extra, us_a_layer=us, pair_us=pair.past_bytes_us.iloc[0],
+                cut_us=cut.past_bytes_us.iloc[0])  # fmt: skip
+
+
+def moe_sentence(table: pd.DataFrame, layer: dict | None) -> str:
+    """The MoE one-user gap in one sentence, from :func:`moe_one_user`'s rows (one chip) and
+    :func:`per_layer_past_bytes`."""
+    one = table[table.setup == "one chip"]
+    if one.empty:
+        return "No MoE cell at one user has been measured at one and several steps a call on a TPU yet."
+    k1, k16 = (
+        value_range(one[c].min(), one[c].max(), ".3f") for c in ("megakernel_fraction_1", "megakernel_fraction_16")
+    )
+    both = one.dropna(subset=["speedup_1", "speedup_16"])
+    s1, s16 = (value_range(both[c].min(), both[c].max(), ".2f", "x") for c in ("speedup_1", "speedup_16"))
+    text = (f"On MoE models at one user and 1K ({len(one)} cells, one chip), the kernel reads {k1} of the measured "
+            f"limit at one step a call and {k16} at {SEVERAL} steps a call; its speed-up over XLA's compiled step is "
+            f"{s1} at one step and {s16} at {SEVERAL} ({len(both)} cells with both engines)")  # fmt: skip
+    if layer is not None:
+        text += (
+            f"; at {SEVERAL} steps a call, each of {layer['model']}'s layers past its sliding+full pair takes "
+            f"{layer['us_a_layer']:.1f} us past its bytes at the limit ({layer['layers']} layers)"
+        )
+    return text + "."

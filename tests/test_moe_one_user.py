@@ -1,0 +1,90 @@
+"""mk.analysis.moe_one_user: the MoE cells at one user on the chip, at one and at several steps a call, each engine's
+fraction of the measured limit from the bytes it reads, what a layer takes past its bytes, and the sentence the report
+gives; mk.measure.on_chip.Case.weight_slots, the kernel variant its probe rows came from."""
+
+import re
+
+import pandas as pd
+import pytest
+
+from mk.analysis import moe_one_user as moe
+from mk.analysis.on_tpu import measured_config
+from mk.chips import measured_limit
+from mk.measure.on_chip import Case, variant
+from mk.paths import TPU_CSV
+from mk.sol import speed_of_light
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return moe.moe_one_user_rows()
+
+
+def test_rows_are_the_moe_cells_at_one_user_and_their_fractions_are_of_their_bytes(rows):
+    assert {1, moe.SEVERAL} <= set(rows.steps_a_call) and len(rows) > 0
+    limit = measured_limit("tpu-v5e").bandwidth
+    for r in rows[rows.setup == "one chip"].itertuples():
+        layers = r.model.split("[")[1].rstrip("]").lstrip(":") if "[" in r.model else "all"
+        cfg = measured_config(dict(base_model=r.model.split("[")[0], layers=layers))
+        assert cfg.num_experts > 0
+        nbytes = speed_of_light(cfg, "tpu-v5e", 1024, 1, "bf16").bytes_per_token
+        seconds = r.device_ms / 1e3
+        assert r.step_GB == pytest.approx(nbytes / 1e9, rel=1e-3)
+        assert r.fraction_of_limit == pytest.approx(nbytes / seconds / limit, rel=1e-3)
+        assert r.past_bytes_us == pytest.approx((seconds - nbytes / limit) * 1e6, rel=1e-3, abs=0.05)
+
+
+def test_a_cell_is_its_newest_rows_and_the_call_cost_only_within_one_run(rows, tmp_path):
+    t = moe.moe_one_user(rows).set_index("model")
+    q = rows[(rows.model == "qwen3-30b-a3b[:8]") & (rows.engine == "megakernel")].set_index("steps_a_call")
+    assert t.loc["qwen3-30b-a3b[:8]", "megakernel_call_us"] == pytest.approx(
+        (q.device_ms[1] - q.device_ms[moe.SEVERAL]) * 1e3
+    )
+    assert t.loc["qwen3-30b-a3b[:8]", "speedup_16"] > 1  # measured: the kernel ahead of XLA at 16 steps a call
+    # a newer one-step row of the kernel, another day: it is the cell's, and the call's cost is no longer one run's
+    stored = pd.read_csv(TPU_CSV)
+    pick = (stored.model == "qwen3-30b-a3b[:8]") & (stored.engine == "megakernel") & (stored.steps_a_call == 1)
+    later = stored[pick].assign(date="2099-01-01T00:00:00Z", device_step_ms=9.0)
+    pd.concat([stored, later]).to_csv(tmp_path / "tpu.csv", index=False)
+    again = moe.moe_one_user(moe.moe_one_user_rows(tmp_path / "tpu.csv")).set_index("model")
+    assert again.loc["qwen3-30b-a3b[:8]", "megakernel_fraction_1"] < 0.5  # the newest row: 9 ms
+    assert again.loc["qwen3-30b-a3b[:8]"].isna()["megakernel_call_us"]
+
+
+def test_a_layer_past_its_bytes_is_the_difference_of_two_cuts(rows):
+    got = moe.per_layer_past_bytes(rows, "gemma4-26b-a4b", 7)
+    k = rows[(rows.engine == "megakernel") & (rows.steps_a_call == moe.SEVERAL)].set_index("model").past_bytes_us
+    assert got["us_a_layer"] == pytest.approx((k["gemma4-26b-a4b[:7]"] - k["gemma4-26b-a4b[sliding+full]"]) / 5)
+    assert moe.per_layer_past_bytes(rows, "gemma4-26b-a4b", 6) is None  # its first 6 were not timed at 16 a call
+
+
+def test_the_sentence_states_the_tables_own_ranges(rows):
+    table = moe.moe_one_user(rows)
+    text = moe.moe_sentence(table, moe.per_layer_past_bytes(rows, "gemma4-26b-a4b", 7))
+    one = table[table.setup == "one chip"]
+    said = re.search(r"reads ([\d.]+)-([\d.]+) of the measured limit at one step a call and ([\d.]+)-([\d.]+)", text)
+    assert said, text
+    lo1, hi1, lo16, hi16 = map(float, said.groups())
+    assert (lo1, hi1) == (round(one.megakernel_fraction_1.min(), 3), round(one.megakernel_fraction_1.max(), 3))
+    assert (lo16, hi16) == (round(one.megakernel_fraction_16.min(), 3), round(one.megakernel_fraction_16.max(), 3))
+    assert f"({len(one)} cells, one chip)" in text
+    assert "No MoE cell" in moe.moe_sentence(table.iloc[0:0], None)
+
+
+def test_the_report_gives_the_sentence_only_from_an_export(rows, tmp_path):
+    from mk.report import MOE, _moe_html
+
+    assert _moe_html(tmp_path) == ""
+    rows.to_csv(tmp_path / f"{MOE}.csv", index=False)
+    html = _moe_html(tmp_path)
+    assert "of the measured limit at one step a call" in html and f"{MOE}.csv" in html
+
+
+def test_a_kernel_variant_says_its_depth_and_the_default_says_nothing():
+    case = Case("tiny-moe", weight_slots=(2, 4))
+    assert case.setup_label == case.setup_label_at(2) == "one chip"
+    assert case.setup_label_at(4) == "one chip; 4 slots a weight buffer"
+    assert case.timed() == (("reference", 0), ("megakernel", 2), ("megakernel", 4))
+    assert (variant("megakernel", 2), variant("megakernel", 4)) == ("megakernel", "megakernel[4 slots]")
+    stand_in = Case("tiny-moe", setup="workbook")
+    assert stand_in.setup_label_at(4).endswith("; 4 slots a weight buffer; loopback stand-in")
