@@ -33,22 +33,24 @@ V5E, CPU = "tpu: TPU v5 lite", "cpu: a CPU"  # measured rows' devices
 
 class _TimedEngines:
     """Stands for mk.measure.on_chip.CaseEngines: a step takes 3 ms on ``clock``, 1.5 ms less with the MLP knocked
-    out; each call names its program as a digest of what it knocks out."""
+    out, a call of several steps that many times as long; each call names its program as a digest of what it knocks
+    out."""
 
     def __init__(self, clock):
         self.clock = clock
 
-    def call(self, engine, cell, knockout=frozenset()):
+    def call(self, engine, cell, knockout=frozenset(), steps=1):
         assert engine == "megakernel" and cell == Cell(64, 1)
-        call = self.clock.step(3 * MS - (1.5 * MS if SHARED_MLP in knockout else 0.0))
+        call = self.clock.step(steps * (3 * MS - (1.5 * MS if SHARED_MLP in knockout else 0.0)))
         call.program_digest = lambda: "program without " + ",".join(sorted(knockout))
         return call, 0.0
 
 
-def test_knockouts_give_each_components_shrink_a_step_beside_its_bytes(fake_clock):
+@pytest.mark.parametrize("steps", [1, 4])
+def test_knockouts_give_each_components_shrink_a_step_beside_its_bytes(fake_clock, steps):
     """Each knock-out's shrink a step, exactly (a clock its calls advance), beside its bytes at the limit, each row
-    naming the program it timed."""
-    case, cell = Case("tiny-llama", cells=(Cell(64, 1),)), Cell(64, 1)
+    naming the program it timed; a case timed at several steps a call has its knock-outs timed so, a token's."""
+    case, cell = Case("tiny-llama", cells=(Cell(64, 1),), steps_a_call=(1, steps)), Cell(64, 1)
     limit = SimpleNamespace(bandwidth=1e9)
     rows = chip_knockouts.measure_knockouts(case, cell, _TimedEngines(fake_clock), limit, 0.5, lambda _: None,
                                             clock=fake_clock)  # fmt: skip
@@ -59,6 +61,7 @@ def test_knockouts_give_each_components_shrink_a_step_beside_its_bytes(fake_cloc
     assert (mlp["shrink_low_ms"], mlp["shrink_ms"], mlp["shrink_high_ms"]) == (round(1.5 * ms, 4),) * 3
     assert by[HEAD]["shrink_ms"] == by[HEAD]["shrink_high_ms"] == 0 and by[HEAD]["verdict"].startswith("noise")
     assert by["(whole step)"]["whole_ms"] == round(3 * ms, 4)  # a step's, not STEPS_BACK_TO_BACK's
+    assert {r["steps_a_call"] for r in rows} == {steps}
     assert by[SHARED_MLP]["program_digest"] == "program without " + SHARED_MLP
     assert by["(whole step)"]["program_digest"] == "program without "
     mlp_bytes = chip_knockouts.component_bytes(case, cell)[SHARED_MLP]
@@ -152,9 +155,13 @@ def test_a_resumed_knockout_run_skips_the_cells_this_kind_of_device_measured(tmp
     base = dict.fromkeys(chip_knockouts.COLUMNS, "") | dict(
         kernel_revision=kernel_revision(), model="tiny-llama", setup="one chip", dtype="bf16", context=64, batch=1
     )
-    rows = [base | dict(device=CPU), base | dict(device=V5E, context=128)]
+    rows = [base | dict(device=CPU), base | dict(device=V5E, context=128), base | dict(device=V5E, steps_a_call=16)]
     pd.DataFrame(rows).to_csv(tmp_path / "k.csv", index=False)
-    assert chip_knockouts._done(tmp_path / "k.csv", "tpu") == {("tiny-llama", "one chip", "bf16", 128, 1)}
+    # a row without steps a call (before the column) was one step a call
+    assert chip_knockouts._done(tmp_path / "k.csv", "tpu") == {
+        ("tiny-llama", "one chip", "bf16", 128, 1, 1),
+        ("tiny-llama", "one chip", "bf16", 64, 1, 16),
+    }
 
 
 def test_a_revision_run_reads_as_the_change_between_its_kernels(tmp_path):

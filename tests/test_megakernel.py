@@ -298,26 +298,29 @@ def test_a_cache_of_narrow_heads_packs_into_groups_and_back():
         np.testing.assert_array_equal(back[name], x)
 
 
-def test_steps_in_one_call_give_the_tokens_of_single_steps():
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-moe"])
+def test_steps_in_one_call_give_the_tokens_of_single_steps(model):
     """``greedy_steps``: two greedy steps in one compiled call, each step's picks fed to the next on the chip, two
-    users at their own positions, give the tokens and cache of two single steps (races checked)."""
-    from mk.config import TINY_LLAMA
+    users at their own positions, give the tokens and cache of two single steps (races checked); an MoE's routing too,
+    each step's experts from its own tokens."""
+    from mk.config import get_config
     from mk.megakernel import make_step
     from mk.reference import init_cache
     from mk.weights import random_params
 
-    step = make_step(TINY_LLAMA, detect_races=True)
-    params = step.packed(random_params(TINY_LLAMA, 5))
+    cfg = get_config(model)
+    step = make_step(cfg, detect_races=True)
+    params = step.packed(random_params(cfg, 5))
     tokens, pos = jnp.asarray([3, 17]), jnp.asarray([4, 9])
-    cache = step.adopt_cache(init_cache(TINY_LLAMA, 2, 32, multiple=16))
-    picks, looped = step.greedy_steps(params, TINY_LLAMA, jax.tree.map(jnp.copy, cache), tokens, pos, 2)
+    cache = step.adopt_cache(init_cache(cfg, 2, 32, multiple=16))
+    picks, looped = step.greedy_steps(params, cfg, jax.tree.map(jnp.copy, cache), tokens, pos, 2)
     singles = []
     for i in range(2):
-        tokens, cache = step.greedy(params, TINY_LLAMA, cache, tokens, pos + i)
+        tokens, cache = step.greedy(params, cfg, cache, tokens, pos + i)
         singles.append(np.asarray(tokens))
     assert not races_detected()
     np.testing.assert_array_equal(np.asarray(picks), np.stack(singles))
     for name in cache:  # interpreted, the loop is one XLA program on the CPU: f32 sums fused in another order
         np.testing.assert_allclose(np.asarray(looped[name]), np.asarray(cache[name]), rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="steps must be at least 1"):
-        step.greedy_steps(params, TINY_LLAMA, cache, tokens, pos, 0)
+        step.greedy_steps(params, cfg, cache, tokens, pos, 0)

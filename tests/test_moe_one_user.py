@@ -12,7 +12,9 @@ from mk.analysis.on_tpu import measured_config
 from mk.chips import measured_limit
 from mk.measure.on_chip import Case, variant
 from mk.paths import TPU_CSV
+from mk.plan import Tiles
 from mk.sol import speed_of_light
+from mk.units import MIB
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +82,19 @@ def test_the_report_gives_the_sentence_only_from_an_export(rows, tmp_path):
     assert "of the measured limit at one step a call" in html and f"{MOE}.csv" in html
 
 
-def test_a_kernel_variant_says_its_depth_and_the_default_says_nothing():
-    case = Case("tiny-moe", weight_slots=(2, 4))
-    assert case.setup_label == case.setup_label_at(2) == "one chip"
-    assert case.setup_label_at(4) == "one chip; 4 slots a weight buffer"
-    assert case.timed() == (("reference", 0), ("megakernel", 2), ("megakernel", 4))
-    assert (variant("megakernel", 2), variant("megakernel", 4)) == ("megakernel", "megakernel[4 slots]")
+def test_a_kernel_variant_says_its_tiles_and_the_default_says_nothing():
+    deeper, smaller = Tiles(slots=4), Tiles(weight_tile_bytes=MIB, slots=3)
+    case = Case("tiny-moe", tiles=(Tiles(), deeper, smaller))
+    assert case.setup_label == case.setup_label_at(Tiles()) == case.setup_label_at(None) == "one chip"
+    assert case.setup_label_at(deeper) == "one chip; 4 slots a weight buffer"
+    assert case.setup_label_at(smaller) == "one chip; 3 slots a weight buffer; weight tiles of 1 MiB"
+    assert case.timed() == (
+        ("reference", None),
+        ("megakernel", Tiles()),
+        ("megakernel", deeper),
+        ("megakernel", smaller),
+    )
+    assert variant("megakernel", Tiles()) == variant("megakernel", None) == "megakernel"
+    assert variant("megakernel", deeper) == "megakernel[4 slots a weight buffer]"
     stand_in = Case("tiny-moe", setup="workbook")
-    assert stand_in.setup_label_at(4).endswith("; 4 slots a weight buffer; loopback stand-in")
+    assert stand_in.setup_label_at(deeper).endswith("; 4 slots a weight buffer; loopback stand-in")

@@ -79,18 +79,21 @@ def _read_run(name: str, folder) -> pd.DataFrame:
 
 
 def knockout_table(folder=None) -> pd.DataFrame:
-    """Each knock-out measured on the chip (of a cell measured more than once, the runs' median of each column) beside
-    its bytes at the limit and the timing model's shrink of the same step, ms."""
+    """Each knock-out measured on the chip (of a cell measured more than once at the same steps a call, the runs'
+    median of each column) beside its bytes at the limit and the timing model's shrink of the same step, ms."""
     t = _read(KNOCKOUTS_CSV, folder)
     if t.empty:
         return t
-    keys = ["device", "model", "layers", "setup", "dtype", "context", "batch", "component"]
+    # rows from before the column were timed one step a call
+    steps = t["steps_a_call"] if "steps_a_call" in t else pd.Series(float("nan"), index=t.index)
+    t = t.assign(steps_a_call=steps.fillna(1).astype(int))
+    keys = ["device", "model", "layers", "setup", "dtype", "context", "batch", "steps_a_call", "component"]
     num = ["whole_ms", "device_step_ms", "shrink_ms", "shrink_low_ms", "shrink_high_ms", "bytes_at_limit_ms"]
     g = t.groupby(keys, sort=False, dropna=False)
     out = g[num].median().join(g.size().rename("runs")).join(g.verdict.last()).reset_index()
     out = out[out.component != WHOLE]
     modelled = []
-    for (device, model, layers, setup, dtype, context, batch), rows in out.groupby(keys[:-1], sort=False):  # a cell
+    for (device, model, layers, setup, dtype, context, batch, _), rows in out.groupby(keys[:-1], sort=False):  # a cell
         # the CSV names the cut model; a stand-in's step is modelled without its links (on_tpu.modelled_step)
         row = dict(base_model=model.partition("[")[0], layers=layers, setup=setup, dtype=dtype, context=context,
                    batch=batch, engine="megakernel", chip=measured_chip(device))  # fmt: skip

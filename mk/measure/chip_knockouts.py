@@ -4,8 +4,11 @@ weight tiles, its KV reads and its ops), in device time (``STEPS_BACK_TO_BACK`` 
 once), all interleaved in one run (mk.measure.knockouts.knockout_table: the shrink is the median of the paired per-round
 differences, with its 95% interval). Beside each shrink: the time the component's bytes take at the chip's measured
 limit (one-chip cases), so a shrink reads as the component's bytes streamed at the limit, more (its ops' issue time
-showing) or less (hidden under other reads). Rows go to data/measured/tpu_knockouts.csv; notebook 12 sets them beside
-the timing model's knock-outs of the same steps (mk.analysis.knockouts)."""
+showing) or less (hidden under other reads). A case timed at several greedy steps a call (its largest
+``Case.steps_a_call``) has its knock-outs timed so too, every step of a call with the component off, its times a
+token's: what one step a call adds (the chip between programs, the host's first dispatch) spread over the steps.
+Rows go to data/measured/tpu_knockouts.csv; notebook 12 sets them beside the timing model's knock-outs of the same
+steps (mk.analysis.knockouts)."""
 
 from __future__ import annotations
 
@@ -31,10 +34,14 @@ CASES = (
     Case("llama-3.2-1b", cells=(Cell(1024, 1), Cell(32768, 1), Cell(1024, 8))),
     Case("gemma4-26b-a4b", LAYER_PAIR, cells=(Cell(1024, 1), Cell(1024, 8))),
     Case("gemma4-26b-a4b", None, setup="workbook", cells=(Cell(1024, 1), Cell(1024, 8))),
+    # MoE at one user, 16 steps a call: where a layer's time past its bytes goes (mk.analysis.moe_one_user)
+    Case("qwen3-30b-a3b", 8, alone="megakernel", cells=(Cell(1024, 1),), steps_a_call=(16,)),
+    Case("gemma4-26b-a4b", LAYER_PAIR, cells=(Cell(1024, 1),), steps_a_call=(16,)),
 )
 COLUMNS = (*CHIP_PROVENANCE, "kernel_revision", "program_digest", "model", "layers", "setup", "dtype", "context",
            "batch", "component", "steps_back_to_back", "rounds", "whole_ms", "device_step_ms", "shrink_ms",
-           "shrink_low_ms", "shrink_high_ms", "bytes_at_limit_ms", "limit_GBps", "verdict")  # fmt: skip
+           "shrink_low_ms", "shrink_high_ms", "bytes_at_limit_ms", "limit_GBps", "verdict",
+           "steps_a_call")  # fmt: skip
 _OWN_KV = {FULL_ATTENTION: KV_FULL, SLIDING_ATTENTION: KV_SLIDING}  # an attention type's knock-out skips its cache too
 
 
@@ -55,20 +62,21 @@ def measure_knockouts(case: Case, cell: Cell, engines: CaseEngines, limit, budge
     by = component_bytes(case, cell)
     present = {s.component for s in param_specs(case.config())}
     components = [c for c in KNOCKOUTS if c in present]
-    n = STEPS_BACK_TO_BACK
+    n, steps = STEPS_BACK_TO_BACK, max(case.steps_a_call)
     t = time.perf_counter()
     programs = {}  # each knock-out's program digest, by its row's component
 
     def call_for(knockout):
-        call = engines.call("megakernel", cell, knockout)[0]
+        call = engines.call("megakernel", cell, knockout, steps=steps)[0]
         programs[next(iter(knockout)) if knockout else WHOLE] = call.program_digest()
         return back_to_back(call, n)
 
-    bytes_time = None if by is None or limit is None else {c: n * b / limit.bandwidth for c, b in by.items()}
+    tokens = n * steps  # a timed call of back-to-back calls decodes this many tokens
+    bytes_time = None if by is None or limit is None else {c: tokens * b / limit.bandwidth for c, b in by.items()}
     table = knockout_table(call_for, components, bytes_time_s=bytes_time, budget_s=budget_s, min_rounds=5, clock=clock)
     log(f"{cell}: {len(components) + 1} steps compiled and timed in {time.perf_counter() - t:.0f} s")
     whole = table.loc[table.component == WHOLE, "step_s"].iloc[0]
-    ms = 1e3 / n
+    ms = 1e3 / tokens
     return [
         dict(
             component=r.component, program_digest=programs[r.component], steps_back_to_back=n,
@@ -77,13 +85,14 @@ def measure_knockouts(case: Case, cell: Cell, engines: CaseEngines, limit, budge
             shrink_low_ms=round(r.shrink_low_s * ms, 4), shrink_high_ms=round(r.shrink_high_s * ms, 4),
             bytes_at_limit_ms=None if bytes_time is None or r.component == WHOLE else round(r.bytes_time_s * ms, 4),
             limit_GBps=None if limit is None else round(limit.bandwidth / 1e9, 2), verdict=r.verdict,
+            steps_a_call=steps,
         )
         for r in table.itertuples()
     ]  # fmt: skip
 
 
 def _key(case: Case, cell: Cell) -> tuple:
-    return case.config().name, case.setup_label, case.dtype, cell.context, cell.batch
+    return case.config().name, case.setup_label, case.dtype, cell.context, cell.batch, max(case.steps_a_call)
 
 
 def _done(out, backend: str) -> set[tuple]:
@@ -94,7 +103,8 @@ def _done(out, backend: str) -> set[tuple]:
         return set()
     t = pd.read_csv(out)
     t = t[current_kernel(t) & t.device.str.startswith(f"{backend}:")]
-    return set(zip(t.model, t.setup, t["dtype"], t.context.astype(int), t.batch.astype(int)))
+    steps = t.steps_a_call.fillna(1).astype(int)  # rows from before the column: one step a call
+    return set(zip(t.model, t.setup, t["dtype"], t.context.astype(int), t.batch.astype(int), steps))
 
 
 def run(cases=CASES, out: Path | str | None = None, limit=None, device=None, deadline: float | None = None,

@@ -54,6 +54,7 @@ from ..sharding import chip_config
 from ..sharding.mesh import make_mesh
 from ..sol import bytes_per_token
 from ..timing.scheduled import current_kernel, recorded_revision
+from ..units import MIB
 from ..weights import device_params, random_tensors
 from .harness import (
     CHIP_PROVENANCE,
@@ -131,9 +132,9 @@ class Case:
     # a shipped format's codes drawn at random (mk.format_trees.random_codes) rather than encoded from the drawn floats
     # on the host, which takes minutes for a big model's experts; what a step costs does not depend on the values
     random_codes: bool = False
-    # the kernel's prefetch depths (mk.plan.Tiles.slots: slots a weight buffer), each built and timed interleaved with
-    # the rest; a depth other than the default is a kernel variant whose rows' setup says so
-    weight_slots: tuple[int, ...] = (Tiles().slots,)
+    # the kernel's tile sizes and prefetch depths (mk.plan.Tiles), each built and timed interleaved with the rest; tiles
+    # other than the default are a kernel variant whose rows' setup says how (:func:`tiles_words`)
+    tiles: tuple[Tiles, ...] = (Tiles(),)
 
     def config(self) -> ModelConfig:
         return with_layers(self.model, self.layers)
@@ -150,19 +151,19 @@ class Case:
 
     @property
     def setup_label(self) -> str:
-        return self.setup_label_at(Tiles().slots)
+        return self.setup_label_at(Tiles())
 
-    def setup_label_at(self, slots: int) -> str:
-        """The rows' setup for the kernel built with ``slots`` a weight buffer (the default depth says nothing)."""
-        depth = "" if slots == Tiles().slots else f"; {slots} slots a weight buffer"
+    def setup_label_at(self, tiles: Tiles | None) -> str:
+        """The rows' setup for the kernel built with ``tiles`` (None, the reference's, or the default: nothing said)."""
+        how = tiles_words(tiles or Tiles())
         if self.setup == ONE_CHIP_SETUP:
-            return ONE_CHIP_SETUP + depth
-        return SETUPS[self.setup].name + depth + "; loopback stand-in"
+            return ONE_CHIP_SETUP + how
+        return SETUPS[self.setup].name + how + "; loopback stand-in"
 
-    def timed(self) -> tuple[tuple[str, int], ...]:
-        """(engine, slots a weight buffer) of each engine build the case times: the reference once, the kernel at each
-        of its depths."""
-        return tuple((e, n) for e in self.engines for n in (self.weight_slots if e == "megakernel" else (0,)))
+    def timed(self) -> tuple[tuple[str, Tiles | None], ...]:
+        """(engine, its tiles) of each engine build the case times: the reference once (None), the kernel at each of its
+        tiles."""
+        return tuple((e, t) for e in self.engines for t in (self.tiles if e == "megakernel" else (None,)))
 
     def kernel_setup(self):
         if self.setup == ONE_CHIP_SETUP:
@@ -170,9 +171,24 @@ class Case:
         return SETUPS[self.setup].on(SLICE).replace(loopback=True)
 
 
-def variant(engine: str, slots: int) -> str:
-    """The key of ``engine``'s build at ``slots`` a weight buffer (0 or the default depth: the engine itself)."""
-    return engine if slots in (0, Tiles().slots) else f"{engine}[{slots} slots]"
+def tiles_words(tiles: Tiles) -> str:
+    """How ``tiles`` differ from the default, as a setup label's tail ("" for the default): "; 4 slots a weight buffer",
+    "; weight tiles of 1 MiB" and so on."""
+    default, said = Tiles(), []
+    if tiles.slots != default.slots:
+        said.append(f"{tiles.slots} slots a weight buffer")
+    for field_, words in (("weight_tile_bytes", "weight tiles"), ("head_tile_bytes", "head tiles")):
+        if getattr(tiles, field_) != getattr(default, field_):
+            said.append(f"{words} of {getattr(tiles, field_) / MIB:g} MiB")
+    if tiles.kv_tile != default.kv_tile:
+        said.append(f"KV tiles of {tiles.kv_tile} positions")
+    return "".join(f"; {w}" for w in said)
+
+
+def variant(engine: str, tiles: Tiles | None) -> str:
+    """The key of ``engine``'s build at ``tiles`` (None or the default: the engine itself)."""
+    how = tiles_words(tiles or Tiles())
+    return f"{engine}[{how[2:]}]" if how else engine
 
 
 # Memory ---------------------------------------------------------------------------------------------------------
@@ -236,10 +252,10 @@ class CaseEngines:
                 step = make_step(self.cfg, self.setup)
                 tree = self._stand_in_weights(step) if self.setup.loopback else step.packed(self._kernel_tree())
                 self.weights[engine], self.steps[engine] = tree, step
-                for n in self.case.weight_slots:  # the other depths read the same packed weights
-                    if n != Tiles().slots:
-                        key = variant(engine, n)
-                        self.steps[key] = make_step(self.cfg, self.setup, tiles=Tiles(slots=n))
+                for tiles in self.case.tiles:  # the other tiles read the same packed weights
+                    if tiles != Tiles():
+                        key = variant(engine, tiles)
+                        self.steps[key] = make_step(self.cfg, self.setup, tiles=tiles)
                         self.weights[key] = tree
         jax.block_until_ready(self.weights[engine])
         self.log(f"{engine}: weights on the chip in {time.perf_counter() - t:.1f} s")
@@ -269,9 +285,8 @@ class CaseEngines:
         multiple = cache_multiple(engine.split("[")[0])
         with jax.default_device(self.device):
             if steps > 1:
-                if knockout:
-                    raise ValueError("knock-outs are timed one step a call; several steps a call have none")
-                call = greedy_steps_call(step, weights, self.cfg, cell.context, cell.batch, "bf16", steps, multiple)
+                call = greedy_steps_call(step, weights, self.cfg, cell.context, cell.batch, "bf16", steps, multiple,
+                                         knockout)  # fmt: skip
             else:
                 call = decode_call(step, weights, self.cfg, cell.context, cell.batch, "bf16", knockout,
                                    cache_multiple=multiple)  # fmt: skip
@@ -339,14 +354,14 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
     chips = SLICE if case.kernel_setup().loopback else 1
     per_token = bytes_per_token(engines.cfg, cell.context, cell.batch, case.dtype).total
     sol = spec_speed_of_light(per_token, device, chips, "tpu-v5e" if device.platform != "tpu" else None)
-    timed, compile_s, depth = [], {}, {}
-    for name, slots in case.timed():
-        key = variant(name, slots)
+    timed, compile_s, built = [], {}, {}
+    for name, tiles in case.timed():
+        key = variant(name, tiles)
         for n in case.steps_a_call:
             e = TimedStep(key if n == 1 else f"{key}[{n} steps a call]", None, engine=name, columns={STEPS: n})
             e.call, compile_s[e.label] = engines.call(key, cell, steps=n)
             timed.append(e)
-            depth[e.label] = slots or Tiles().slots
+            built[e.label] = tiles
             log(f"{e.label}: compiled and run twice in {compile_s[e.label]:.1f} s")
     in_use = in_use_bytes(device)
     planned = sum(planned_bytes(case, e, cell)[0] for e in case.engines)
@@ -357,7 +372,7 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
     out, ops = [], []
     for e, row in zip(timed, rows):
         row, profiled, source = a_token(row, e.columns[STEPS]), None, "not profiled: several steps a call"
-        setup = case.setup_label_at(depth[e.label])
+        setup = case.setup_label_at(built[e.label])
         if e.columns[STEPS] == 1:
             profile = device_profile(e.call, steps)
             profiled, source = profile.seconds, profile.source
@@ -425,8 +440,8 @@ def measure_case(case: Case, out=None, seed: int = 0, budget_s: float = CELL_BUD
     done = done_cells(out, device.platform)
     cells = [
         c for c in case.cells
-        if any((cfg.name, case.dtype, case.setup_label_at(slots or Tiles().slots), c.context, c.batch, e, n) not in done
-               for e, slots in case.timed() for n in case.steps_a_call)
+        if any((cfg.name, case.dtype, case.setup_label_at(tiles), c.context, c.batch, e, n) not in done
+               for e, tiles in case.timed() for n in case.steps_a_call)
     ]  # fmt: skip
     capacity = usable_hbm(device, HBM_USE)
     fitting = []

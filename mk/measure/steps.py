@@ -93,15 +93,32 @@ def _inputs(step, params: dict, cfg: ModelConfig, context: int, batch: int, dtyp
 
 
 def greedy_steps_call(
-    step, params: dict, cfg: ModelConfig, context: int, batch: int, dtype: str, steps: int, cache_multiple: int = 1
+    step,
+    params: dict,
+    cfg: ModelConfig,
+    context: int,
+    batch: int,
+    dtype: str,
+    steps: int,
+    cache_multiple: int = 1,
+    knockout=frozenset(),
 ) -> Callable[[], jax.Array]:
     """A no-argument call that runs ``steps`` greedy decode steps of ``batch`` users in one compiled call, from
     position ``context - steps`` of a zero cache of ``context`` positions, each step's picks the next one's tokens on
     the device (the cache threaded from call to call); it returns the picks [steps, batch]. The megakernel runs them
-    as its ``greedy_steps``; any other step in a ``jax.lax.fori_loop`` of its steps (:func:`looped_greedy`)."""
+    as its ``greedy_steps``; any other step in a ``jax.lax.fori_loop`` of its steps (:func:`looped_greedy`).
+    ``knockout``: components switched off in every step (mk.params.KNOCKOUTS), the megakernel's steps alone."""
     params, tokens, cache = _inputs(step, params, cfg, context, batch, dtype, cache_multiple)
     pos = jnp.full((batch,), context - steps, jnp.int32)
-    run = getattr(step, "greedy_steps", None) or partial(looped_greedy, step)
+    run = getattr(step, "greedy_steps", None)
+    if run is None:
+        if knockout:
+            raise ValueError(
+                "knock-outs run one step a call on XLA's reference; several steps a call: the megakernel's"
+            )
+        run = partial(looped_greedy, step)
+    elif knockout:
+        run = partial(run, knockout=frozenset(knockout))
     state = {"cache": cache}
 
     def call():

@@ -70,7 +70,14 @@ TABLE = (
     Case("llama-3.2-1b", cells=(Cell(1024, 1), Cell(1024, 8)), steps_a_call=(1, 4, 16)),
     # an MoE of many small experts (128, top 8, 768 wide) at full width: three layers hold both engines at once
     Case("qwen3-30b-a3b", 3, cells=(Cell(1024, 1), Cell(1024, 8))),
-)
+    # the write-up's subject, MoE at one user, at one and 16 greedy steps a call (mk.analysis.moe_one_user): the deepest
+    # cuts one chip holds an engine of, each engine alone, then cuts both engines fit and chip 0 of the workbook's v5e-8
+    *(Case(m, n, alone=e, cells=ONE_USER[:1], steps_a_call=(1, 16))
+      for m, n in (("qwen3-30b-a3b", 8), ("gemma4-26b-a4b", 7)) for e in ("megakernel", "reference")),
+    *(Case(m, n, cells=ONE_USER[:1], steps_a_call=(1, 16))
+      for m, n in (("gemma4-26b-a4b", LAYER_PAIR), ("gpt-oss-20b", 2), ("mixtral-8x7b", 2))),
+    Case("gemma4-26b-a4b", None, setup="workbook", cells=ONE_USER[:1], steps_a_call=(1, 16)),
+)  # fmt: skip
 CSVS = dict(parity="tpu_parity.csv", hbm="tpu_hbm.csv", table="tpu.csv", clock="tpu_clock.csv",
             knockouts="tpu_knockouts.csv", anchor="tpu_attention.csv")  # fmt: skip
 PARITY_COLUMNS = CHIP_PROVENANCE + chip_parity.COLUMNS

@@ -1,7 +1,9 @@
 """2026-12-07, one TPU v5e: the MoE one-user cells (context 1024, one user, bf16, random weights, seed 0), each engine
 at one and 16 greedy steps a call, the kernel also with 4 slots a weight buffer (mk.plan.Tiles.slots: a deeper
-prefetch, through mk.measure.on_chip.Case.weight_slots), all interleaved where both engines fit and each engine alone
-where they do not. Rows go to data/measured/ through mk's own drivers (no module patched).
+prefetch, through mk.measure.on_chip.Case.tiles), all interleaved where both engines fit and each engine alone
+where they do not. Rows go to data/measured/ through mk's own drivers (no module patched). It ran at commits
+c145c92, f57eba5 and e927f8d, when the switch was ``Case.weight_slots=(2, 4)``; it is written here in today's terms
+(the same kernels, the same setup labels).
 
     python data/measured/tpu_logs/2026-12-07-moe-one-user.py OUT_DIR DEADLINE_S PART
 
@@ -26,9 +28,10 @@ import sys
 from mk.config import LAYER_PAIR
 from mk.measure import tpu_runs
 from mk.measure.on_chip import Case, Cell
+from mk.plan import Tiles
 
 ONE = (Cell(1024, 1),)
-BOTH = dict(cells=ONE, steps_a_call=(1, 16), weight_slots=(2, 4))
+BOTH = dict(cells=ONE, steps_a_call=(1, 16), tiles=(Tiles(), Tiles(slots=4)))
 ONE_DEPTH = dict(cells=ONE, steps_a_call=(1, 16))  # part a found 4 slots no faster: b and c time the default alone
 PARTS = {
     "a": (
@@ -47,10 +50,10 @@ PARTS = {
         Case("gemma4-26b-a4b", 7, alone="reference", **ONE_DEPTH),
         Case("gpt-oss-20b", 2, **ONE_DEPTH),
         # the stand-in's expert tiles are small (88 rows a chip): does a deeper prefetch keep its stream fed?
-        Case("gemma4-26b-a4b", None, setup="workbook", cells=ONE, steps_a_call=(16,), weight_slots=(2, 4)),
+        Case("gemma4-26b-a4b", None, setup="workbook", cells=ONE, steps_a_call=(16,), tiles=(Tiles(), Tiles(slots=4))),
         Case("mixtral-8x7b", 2, **ONE_DEPTH),
     ),
-    "tiny": (Case("tiny-moe", cells=(Cell(64, 1),), steps_a_call=(1, 2), weight_slots=(2, 3)),),
+    "tiny": (Case("tiny-moe", cells=(Cell(64, 1),), steps_a_call=(1, 2), tiles=(Tiles(), Tiles(slots=3))),),
 }
 
 out, deadline, part = sys.argv[1], float(sys.argv[2]), sys.argv[3]
