@@ -27,6 +27,16 @@ HEAD = "head"
 WEIGHT_COMPONENTS = (SLIDING_ATTENTION, FULL_ATTENTION, SHARED_MLP, EXPERTS, ROUTER, NORMS, HEAD)
 EMBED = "embed"  # an untied embedding: the lookup reads one row per user, not the matrix
 KNOCKOUTS = WEIGHT_COMPONENTS
+# Not a component but a probe a knock-out set may hold: with the router knocked out (every user takes experts 0..k-1),
+# the route known before the step where the chip holds every expert, so no expert tile waits for it
+# (mk.plan.builder.route_known). Knocked out with the router it times the router's work and the stream's wait for it.
+ROUTE_WAIT = "route_wait"
+PROBES = (ROUTE_WAIT,)
+
+
+def knocked_out(name: str) -> frozenset[str]:
+    """What knocking out ``name`` switches off: a component alone, or the route's wait with the router it needs."""
+    return frozenset({ROUTER, ROUTE_WAIT}) if name == ROUTE_WAIT else frozenset({name})
 
 
 def attention_component(layer_type: str) -> str:
@@ -181,9 +191,12 @@ def count_active_params(cfg: ModelConfig) -> int:
 def check_knockout(knockout) -> frozenset[str]:
     """Validate a set of component names to switch off."""
     knockout = frozenset(knockout or ())
-    bad = sorted(knockout - set(KNOCKOUTS))
+    bad = sorted(knockout - set(KNOCKOUTS) - set(PROBES))
     if bad:
-        raise ValueError(f"unknown component(s) to knock out {bad}; known: {', '.join(KNOCKOUTS)}")
+        raise ValueError(f"unknown component(s) to knock out {bad}; known: {', '.join(KNOCKOUTS + PROBES)}")
+    if ROUTE_WAIT in knockout and ROUTER not in knockout:
+        raise ValueError(f"{ROUTE_WAIT} needs the router knocked out too: only then are the experts known before the "
+                         f"step; knock out {{{ROUTER!r}, {ROUTE_WAIT!r}}}")  # fmt: skip
     return knockout
 
 

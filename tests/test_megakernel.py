@@ -171,6 +171,21 @@ def test_duplicate_experts_are_fetched_once():
         assert dmas % per_expert == 0 and cfg.num_layers * cfg.top_k <= dmas // per_expert <= slots
 
 
+def test_the_route_known_before_the_step_gives_the_fixed_routes_tokens():
+    """The route's wait knocked out with the router (mk.params.ROUTE_WAIT): slot j's expert is j with no table, its
+    tiles loaded before the route; two users, two steps against the reference with the router knocked out, races
+    checked, and exactly k experts' tiles fetched a layer."""
+    from mk.plan import build_plan
+
+    cfg = TINY_MOE.truncated(2)
+    plan = build_plan(cfg, 2, 32)
+    per_expert = sum(1 for ld in plan.loads if ld.expert == 0) // cfg.num_layers
+    r = run_both(cfg, 2, 2, knockout=frozenset({"router", "route_wait"}))
+    assert not r["races"] and r["diff"] < LOGIT_ATOL and r["cache_diff"] < LOGIT_ATOL
+    np.testing.assert_array_equal(np.stack(r["mk"]), np.stack(r["ref"]))
+    assert set(r["df"].expert_dmas) == {cfg.num_layers * cfg.top_k * per_expert}
+
+
 def test_a_layer_that_routes_to_no_expert_waits_on_every_tile_it_started(capfd):
     """Routing on non-finite logits picks no expert (as on a chip holding none of the routed experts whole): the
     count is 0, yet slot 0 always runs. Its index is traced where the expert slots run as a loop (16 experts, top

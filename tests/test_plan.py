@@ -96,6 +96,32 @@ def test_expert_dmas_start_right_after_routing_and_only_then():
     assert build_plan(TINY_MOE, 8, 64).expert_slots == TINY_MOE.num_experts
 
 
+def test_a_known_route_holds_no_experts_tile_back():
+    """The route's wait knocked out with the router on a chip that holds every expert: the experts (0..k-1) are known
+    before the step, so the first layer's expert tiles start before its route (as their slots allow) and no Route
+    lists a table; the router knocked out alone still routes (its experts' tiles wait, as the write-up's knock-out
+    table has it), and experts placed whole over chips are still routed to a chip, so there every expert tile waits
+    for its route. The route's wait alone is refused: without the router's knock-out the experts are not known."""
+    from mk.kernel_setup import KernelSetup, Placement
+    from mk.params import ROUTE_WAIT, ROUTER
+
+    probe = {ROUTER, ROUTE_WAIT}
+    known = build_plan(TINY_MOE, 1, 64, knockout=probe)
+    assert known.route_known and not build_plan(TINY_MOE, 1, 64, knockout={ROUTER}).route_known
+    with pytest.raises(ValueError, match="route_wait needs the router knocked out too"):
+        build_plan(TINY_MOE, 1, 64, knockout={ROUTE_WAIT})
+    route_at = {it.layer: n for n, it in enumerate(known.items) if isinstance(it, Route)}
+    start, _, _ = _positions(known)
+    first = min(start[ld.id] for ld in known.loads if ld.component == EXPERTS and ld.layer == 0)
+    assert first < route_at[0]
+    assert all(it.serial_bytes == 0 for it in known.items if isinstance(it, Route))
+    whole = build_plan(TINY_MOE, 1, 64, knockout=probe, setup=KernelSetup(2, placement=Placement.WHOLE))
+    assert not whole.route_known
+    route_at = {it.layer: n for n, it in enumerate(whole.items) if isinstance(it, Route)}
+    start, _, _ = _positions(whole)
+    assert all(start[ld.id] > route_at[ld.layer] for ld in whole.loads if ld.component == EXPERTS)
+
+
 def test_dense_plan_streams_every_matrix_once():
     plan = build_plan(TINY_DENSE, 1, 64, weight_dtype="bfloat16")
     matrices = sum(s.size for s in param_specs(TINY_DENSE) if len(s.shape) >= 2)

@@ -25,7 +25,7 @@ import pandas as pd
 from ..chips import ISSUE_BOUND, measured_chip, trips_share
 from ..config import get_config
 from ..kernel_setup import WORKBOOK_KERNEL
-from ..params import NORMS, ROUTER
+from ..params import NORMS, ROUTE_WAIT, ROUTER, knocked_out
 from ..paths import MEASURED_DIR, TPU_LOGS_DIR
 from ..timing import GivenCosts
 from . import on_tpu
@@ -45,6 +45,7 @@ REVISION_RUNS = (
 # and the norms' (the residual stream overflows and routing picks none): their shrinks are not those components' cost
 ROUTING_KNOCKOUTS = {
     ROUTER: "not like for like: every user takes the first experts, so other experts are read",
+    ROUTE_WAIT: "not like for like: as the router's, and the first experts' tiles load before the route",
     NORMS: "not like for like: routing then runs on un-normed activations (the 26B-A4B's overflow and its router picks "
     "no expert, so the experts' tiles are skipped)",
 }
@@ -98,7 +99,7 @@ def knockout_table(folder=None) -> pd.DataFrame:
         row = dict(base_model=model.partition("[")[0], layers=layers, setup=setup, dtype=dtype, context=context,
                    batch=batch, engine="megakernel", chip=measured_chip(device))  # fmt: skip
         whole = on_tpu.modelled_step(row, on_tpu.measured_prediction(row))
-        modelled += [(whole - on_tpu.modelled_step(row, on_tpu.measured_prediction(row, knockout={c}))) * 1e3
+        modelled += [(whole - on_tpu.modelled_step(row, on_tpu.measured_prediction(row, knockout=knocked_out(c)))) * 1e3
                      for c in rows.component]  # fmt: skip
     what = [on_tpu.cell_words(m, s, d) for m, s, d in zip(out.model, out.setup, out["dtype"])]
     routed = [get_config(m.partition("[")[0]).is_moe for m in out.model]

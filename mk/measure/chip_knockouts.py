@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..config import LAYER_PAIR
 from ..files import append_csv_rows
-from ..params import FULL_ATTENTION, KNOCKOUTS, SLIDING_ATTENTION, param_specs
+from ..params import FULL_ATTENTION, KNOCKOUTS, ROUTE_WAIT, ROUTER, SLIDING_ATTENTION, knocked_out, param_specs
 from ..progress import Log
 from ..sol import KV_FULL, KV_SLIDING, bytes_per_token
 from ..timing.scheduled import current_kernel, recorded_revision
@@ -52,6 +52,7 @@ def component_bytes(case: Case, cell: Cell) -> dict[str, float] | None:
         return None
     by = bytes_per_token(case.config(), cell.context, cell.batch, case.dtype).by_component
     got = {c: by.get(c, 0.0) + by.get(_OWN_KV.get(c, ""), 0.0) for c in KNOCKOUTS}
+    got[ROUTE_WAIT] = got[ROUTER]  # the route's wait goes with the router's knock-out, and its bytes
     return {c: b for c, b in got.items() if b > 0}
 
 
@@ -62,12 +63,14 @@ def measure_knockouts(case: Case, cell: Cell, engines: CaseEngines, limit, budge
     by = component_bytes(case, cell)
     present = {s.component for s in param_specs(case.config())}
     components = [c for c in KNOCKOUTS if c in present]
+    if ROUTER in components:  # and the probe of the stream's wait for the route (mk.params.ROUTE_WAIT)
+        components.append(ROUTE_WAIT)
     n, steps = STEPS_BACK_TO_BACK, max(case.steps_a_call)
     t = time.perf_counter()
     programs = {}  # each knock-out's program digest, by its row's component
 
     def call_for(knockout):
-        call = engines.call("megakernel", cell, knockout, steps=steps)[0]
+        call = engines.call("megakernel", cell, frozenset().union(*map(knocked_out, knockout)), steps=steps)[0]
         programs[next(iter(knockout)) if knockout else WHOLE] = call.program_digest()
         return back_to_back(call, n)
 

@@ -112,8 +112,9 @@ class EmitContext:
 
     def expert_id(self, slot):
         """The expert routed slot ``slot`` holds (the slot-th distinct expert of this chip's, in expert
-        order), as its index among this chip's experts (add ``expert_base`` for the model's index)."""
-        return self.scratch.experts[0, slot]
+        order), as its index among this chip's experts (add ``expert_base`` for the model's index); with the route
+        known before the step (the router knocked out, mk.plan.builder.route_known), expert ``slot`` itself."""
+        return slot if self.plan.route_known else self.scratch.experts[0, slot]
 
     def weight_tile(self):
         """The weight tile of the op being emitted, as a value (its load's offsets and slot may be traced)."""
@@ -126,6 +127,9 @@ class EmitContext:
         a tile's start and its wait, emitted in and out of a loop, agree."""
         if slot is None or (isinstance(slot, int) and slot == 0):
             return fn()
+        if self.plan.route_known:  # the experts 0..k-1: slots past them run for no user
+            k = self.layout.top_k
+            return (fn() if slot < k else None) if isinstance(slot, int) else pl.when(slot < k)(fn)
         with jax.named_scope(ROUTED):  # how often it runs follows from the routing (mk.timing.scheduled)
             pl.when(slot < jnp.maximum(self.scratch.experts[moe.COUNT, 0], 1))(fn)
 

@@ -71,6 +71,9 @@ def emit_route(k, op):
             gates = jnp.where(hit, w, gates)
             picked = picked | hit
     s.gates[...] = gates
+    if k.plan.route_known:  # the experts 0..k-1, known before the step: no table (mk.megakernel.kernel.expert_id)
+        s.acts["moe"][...] = jnp.zeros(s.acts["moe"].shape, jnp.float32)
+        return
     user = jax.lax.broadcasted_iota(jnp.int32, (rows, ep), 0) < B  # padding rows route too: ignore them
     used = jnp.max(jnp.where(picked & user, 1, 0), axis=0, keepdims=True)  # [1, ep]
     s.expert_table[...] = expert_table(used, k.expert_base, k.plan.experts_held, s.expert_table.shape)

@@ -15,7 +15,17 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..dtypes import array_itemsize
-from ..params import EXPERTS, HEAD, NORMS, ROUTER, SHARED_MLP, attention_component, param_specs, tile_rows_scaled
+from ..params import (
+    EXPERTS,
+    HEAD,
+    NORMS,
+    ROUTE_WAIT,
+    ROUTER,
+    SHARED_MLP,
+    attention_component,
+    param_specs,
+    tile_rows_scaled,
+)
 from ..sharding import one_link_all_reduce, torus_all_reduce, torus_best, users_per_chip
 from ..units import ceil_div, positive_int
 from .flops import (
@@ -105,6 +115,14 @@ def spans(total: int, other: int, itemsize: int, budget: int) -> list[tuple[int,
     return [(s, min(width, total - s)) for s in range(0, total, width)]
 
 
+def route_known(knockout, experts_held: int, layout: ModelConfig) -> bool:
+    """Whether a step's routed experts are known before it runs: the route's wait knocked out with the router
+    (mk.params.ROUTE_WAIT: every user takes experts 0..k-1, weight 1/k) on a chip that holds every expert (one chip,
+    or each expert split over the chips). Then no expert's tile waits for a route (mk.plan.schedule), and the kernel
+    names slot j's expert j without a table."""
+    return ROUTE_WAIT in knockout and layout.is_moe and experts_held == layout.num_experts
+
+
 def expert_slots(cfg: ModelConfig, batch: int, held: int | None = None) -> int:
     """Expert slots per layer: at most B x k distinct experts are routed, and never more than the
     ``held`` experts a chip holds (default all E)."""
@@ -185,7 +203,7 @@ class Builder:
         self._all_reduces += 1
 
     def op(self, op: Op) -> None:
-        if getattr(op, "expert", None) is not None:
+        if getattr(op, "expert", None) is not None and not route_known(self.knockout, self.experts_held, self.layout):
             self.route_of[len(self.ops)] = self._route
         self.ops.append(op)
 
@@ -512,14 +530,16 @@ class Builder:
             if ROUTER not in self.knockout:
                 self.project(p + "router_proj", i, ROUTER, rin, "router", MatmulMode.COLS)
             self._route = len(self.ops)
-            # with the router knocked out, Route only sets the fixed experts 0..k-1
+            # with the router knocked out, Route only sets the fixed experts 0..k-1 (and, with the route's wait knocked
+            # out too where the chip holds them all, lists nothing: they are known before the step, route_known)
+            known = route_known(self.knockout, self.experts_held, layout)
             self.op(
                 Route(
                     i,
                     ROUTER,
                     0 if ROUTER in self.knockout else route_flops(B, E, layout.top_k),
                     router_on=ROUTER not in self.knockout,
-                    serial_bytes=2 * ROWS * E * 4,
+                    serial_bytes=0 if known else 2 * ROWS * E * 4,
                 )
             )
         shared = layout.mlp_width(i) > 0 and SHARED_MLP not in self.knockout

@@ -21,7 +21,7 @@ from ..routing import busiest_chip_distribution, chip_distinct_experts_distribut
 from ..sharding import attention_chips, chip_config, expert_groups, experts_per_chip, position_share, users_per_chip
 from ..units import round_up
 from .arrays import Array, HbmArrays, cache_shapes, packed_arrays
-from .builder import Builder, check_shapes, even_width, expert_slots
+from .builder import Builder, check_shapes, even_width, expert_slots, route_known
 from .layout import BLOCK, ROWS, cache_slots, head_groups, heads_lanes, kv_tile, kv_tiles_read, layout_config
 from .records import AllReduce, Attend, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
@@ -104,6 +104,12 @@ class StepPlan:
     def expert_slots(self) -> int:
         on = self.share.is_moe and EXPERTS not in self.knockout
         return expert_slots(self.share, self.batch, self.experts_held) if on else 0
+
+    @property
+    def route_known(self) -> bool:
+        """The routed experts known before the step (mk.plan.builder.route_known): the router knocked out on a chip
+        that holds every expert."""
+        return route_known(self.knockout, self.experts_held, self.layout)
 
     @cached_property
     def folded(self) -> tuple[int | Loop | LayerLoop, ...]:
