@@ -34,6 +34,11 @@ def test_rows_are_the_moe_cells_at_one_user_and_their_fractions_are_of_their_byt
         assert r.step_GB == pytest.approx(nbytes / 1e9, rel=1e-3)
         assert r.fraction_of_limit == pytest.approx(nbytes / seconds / limit, rel=1e-3)
         assert r.past_bytes_us == pytest.approx((seconds - nbytes / limit) * 1e6, rel=1e-3, abs=0.05)
+        assert r.error == pytest.approx(r.modelled_ms / r.device_ms - 1, abs=2e-3)
+    # the model is of one step: a row at 16 steps a call (no call's floor in it) is nearer it than one step a call
+    k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip")].pivot(index="model", columns="steps_a_call")
+    both = k.error.dropna()
+    assert len(both) >= 3 and (both[moe.SEVERAL].abs() < both[1].abs()).all()
 
 
 def test_a_cell_is_its_newest_rows_and_the_call_cost_only_within_one_run(rows, tmp_path):

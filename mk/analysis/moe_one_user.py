@@ -19,18 +19,19 @@ from ..config import LAYER_PAIR
 from ..paths import TPU_CSV
 from ..units import significant
 from .answer import value_range
-from .on_tpu import STEPS, chip_rows, engine_bytes, fraction_of_limit, measured_config
+from .on_tpu import STEPS, chip_rows, engine_bytes, fraction_of_limit, measured_config, modelled_seconds
 
 KIND = "measured (TPU, device time a token; fractions of the measured limit from mk.sol's bytes)"
 SEVERAL = 16  # the steps a call the several-step rows were timed at
 COLUMNS = ["model", "setup", "engine", "steps_a_call", "device_ms", "device_low_ms", "device_high_ms", "step_GB",
-           "fraction_of_limit", "past_bytes_us", "date", "kernel_revision"]  # fmt: skip
+           "fraction_of_limit", "past_bytes_us", "modelled_ms", "error", "date", "kernel_revision"]  # fmt: skip
 
 
 def moe_one_user_rows(path=None) -> pd.DataFrame:
     """Every MoE cell's newest row at one user, 1K, bf16, per engine, setup and steps a call (one or
     :data:`SEVERAL`): its device time a token with its interval, the bytes its engine reads, its fraction of the
-    measured limit and the microseconds it takes past those bytes at the limit."""
+    measured limit, the microseconds it takes past those bytes at the limit, and the timing model's step
+    (mk.analysis.on_tpu.modelled_seconds: one step, no call's floor) with its error against the row."""
     path = TPU_CSV if path is None else path
     t = chip_rows(pd.read_csv(path)) if path.exists() else pd.DataFrame()
     if t.empty or STEPS not in t:
@@ -42,17 +43,18 @@ def moe_one_user_rows(path=None) -> pd.DataFrame:
     rows = []
     for _, r in t.iterrows():
         nbytes, seconds = engine_bytes(r), r.device_step_ms / 1e3
-        limit = measured_limit(r.chip)
+        limit, (modelled, _) = measured_limit(r.chip), modelled_seconds(r)
         rows.append(dict(
             model=r.model, setup=r.setup, engine=r.engine, steps_a_call=r.steps_a_call, device_ms=r.device_step_ms,
             device_low_ms=r.device_step_low_ms, device_high_ms=r.device_step_high_ms, step_GB=nbytes / 1e9,
             fraction_of_limit=fraction_of_limit(nbytes, seconds, r.chip),
-            past_bytes_us=(seconds - nbytes / limit.bandwidth) * 1e6 if limit else float("nan"), date=str(r.date)[:10],
+            past_bytes_us=(seconds - nbytes / limit.bandwidth) * 1e6 if limit else float("nan"),
+            modelled_ms=modelled * 1e3, error=modelled / seconds - 1, date=str(r.date)[:10],
             kernel_revision=int(r.kernel_revision),
         ))  # fmt: skip
     out = pd.DataFrame(rows, columns=COLUMNS).sort_values(["setup", "model", "engine", "steps_a_call"])
     # to the figures an exported table keeps (mk.units.SIGNIFICANT): one sentence from the rows or from the export
-    floats = ["step_GB", "fraction_of_limit", "past_bytes_us"]  # (the times as measured)
+    floats = ["step_GB", "fraction_of_limit", "past_bytes_us", "modelled_ms", "error"]  # (the times as measured)
     out = out.assign(**{c: out[c].map(significant) for c in floats})
     return out.reset_index(drop=True).assign(kind=KIND)
 
@@ -78,6 +80,7 @@ def moe_one_user(rows: pd.DataFrame) -> pd.DataFrame:
             megakernel_call_us=(get("megakernel", 1, "device_ms") - get("megakernel", SEVERAL, "device_ms")) * 1e3
             if get("megakernel", 1, "date") == get("megakernel", SEVERAL, "date") else float("nan"),
             megakernel_past_bytes_us=get("megakernel", SEVERAL, "past_bytes_us"),
+            **{f"model_error_{n}": get("megakernel", n, "error") for n in (1, SEVERAL)},
             **{f"speedup_{n}": get("reference", n, "device_ms") / get("megakernel", n, "device_ms")
                for n in (1, SEVERAL)},
         ))  # fmt: skip
@@ -112,6 +115,11 @@ def moe_sentence(table: pd.DataFrame, layer: dict | None) -> str:
     text = (f"On MoE models at one user and 1K ({len(one)} cells, one chip), the kernel reads {k1} of the measured "
             f"limit at one step a call and {k16} at {SEVERAL} steps a call; its speed-up over XLA's compiled step is "
             f"{s1} at one step and {s16} at {SEVERAL} ({len(both)} cells with both engines)")  # fmt: skip
+    e1, e16 = (f"{100 * one[c].min():+.1f}% to {100 * one[c].max():+.1f}%" for c in ("model_error_1", "model_error_16"))
+    text += (
+        f"; the timing model (one step, no call's floor) misses the kernel's rows by {e1} at one step a call and "
+        f"{e16} at {SEVERAL}"
+    )
     if layer is not None:
         text += (
             f"; at {SEVERAL} steps a call, each of {layer['model']}'s layers past its sliding+full pair takes "
