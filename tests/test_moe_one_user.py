@@ -58,16 +58,28 @@ def test_a_cell_is_its_newest_rows_and_the_call_cost_only_within_one_run(rows, t
     assert again.loc["qwen3-30b-a3b[:8]"].isna()["megakernel_call_us"]
 
 
-def test_a_layer_past_its_bytes_is_the_difference_of_two_cuts(rows):
-    got = moe.per_layer_past_bytes(rows, "gemma4-26b-a4b", 7)
-    k = rows[(rows.engine == "megakernel") & (rows.steps_a_call == moe.SEVERAL)].set_index("model").past_bytes_us
-    assert got["us_a_layer"] == pytest.approx((k["gemma4-26b-a4b[:7]"] - k["gemma4-26b-a4b[sliding+full]"]) / 5)
-    assert moe.per_layer_past_bytes(rows, "gemma4-26b-a4b", 6) is None  # its first 6 were not timed at 16 a call
+def test_a_layer_past_its_bytes_is_the_difference_of_two_cuts_and_the_call_cancels(rows):
+    got = moe.layers_past_bytes(rows).set_index(["model", "steps_a_call"])
+    k = rows[rows.engine == "megakernel"].set_index(["model", "steps_a_call"]).past_bytes_us
+    gemma = got.loc[("gemma4-26b-a4b", moe.SEVERAL)]
+    assert gemma.layers == 5
+    assert gemma.us_a_layer == pytest.approx(
+        (k[("gemma4-26b-a4b[:7]", moe.SEVERAL)] - k[("gemma4-26b-a4b[sliding+full]", moe.SEVERAL)]) / 5
+    )
+    # measured: the same layers at one step a call (another revision, days before) give nearly the same, what a call
+    # adds to a step cancelling in the difference; and a model whose cuts ran on two revisions gives none
+    assert got.loc[("gemma4-26b-a4b", 1)].us_a_layer == pytest.approx(gemma.us_a_layer, abs=1.0)
+    assert ("qwen3-30b-a3b", 1) in got.index and ("qwen3-30b-a3b", moe.SEVERAL) not in got.index  # [:3] not at 16
+    older = rows.assign(
+        kernel_revision=[3 if m == "qwen3-30b-a3b[:3]" else r for m, r in zip(rows.model, rows.kernel_revision)]
+    )
+    assert "qwen3-30b-a3b" not in set(moe.layers_past_bytes(older).model)
 
 
 def test_the_sentence_states_the_tables_own_ranges(rows):
     table = moe.moe_one_user(rows)
-    text = moe.moe_sentence(table, moe.per_layer_past_bytes(rows, "gemma4-26b-a4b", 7))
+    layers = moe.layers_past_bytes(rows)
+    text = moe.moe_sentence(table, layers)
     one = table[table.setup == "one chip"]
     said = re.search(r"reads ([\d.]+)-([\d.]+) of the measured limit at one step a call and ([\d.]+)-([\d.]+)", text)
     assert said, text
@@ -75,7 +87,9 @@ def test_the_sentence_states_the_tables_own_ranges(rows):
     assert (lo1, hi1) == (round(one.megakernel_fraction_1.min(), 3), round(one.megakernel_fraction_1.max(), 3))
     assert (lo16, hi16) == (round(one.megakernel_fraction_16.min(), 3), round(one.megakernel_fraction_16.max(), 3))
     assert f"({len(one)} cells, one chip)" in text
-    assert "No MoE cell" in moe.moe_sentence(table.iloc[0:0], None)
+    gemma = layers[(layers.model == "gemma4-26b-a4b") & (layers.steps_a_call == moe.SEVERAL)].us_a_layer.iloc[0]
+    assert f"gemma4-26b-a4b's {gemma:.1f} us (5 layers, 16 steps a call)" in text
+    assert "No MoE cell" in moe.moe_sentence(table.iloc[0:0], layers.iloc[0:0])
 
 
 def test_the_report_gives_the_sentence_only_from_an_export(rows, tmp_path):

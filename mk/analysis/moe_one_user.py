@@ -87,23 +87,40 @@ def moe_one_user(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out).assign(kind=KIND)
 
 
-def per_layer_past_bytes(rows: pd.DataFrame, base: str, layers: int) -> dict | None:
-    """What the kernel's step takes past its bytes at the limit for each layer ``base[:layers]`` has beyond
-    ``base``'s sliding+full pair (its other layers: sliding ones), at :data:`SEVERAL` steps a call: (the difference
-    of the two cuts' times past their bytes) / (the layers between them); None where either cut was not measured."""
-    k = rows[(rows.engine == "megakernel") & (rows.steps_a_call == SEVERAL) & (rows.setup == "one chip")]
-    pair, cut = (k[k.model == f"{base}[{c}]"] for c in (LAYER_PAIR, f":{layers}"))
-    if pair.empty or cut.empty:
-        return None
-    extra = layers - 2
-    us = (cut.past_bytes_us.iloc[0] - pair.past_bytes_us.iloc[0]) / extra
-    return dict(model=base, layers=extra, us_a_layer=us, pair_us=pair.past_bytes_us.iloc[0],
-                cut_us=cut.past_bytes_us.iloc[0])  # fmt: skip
+# Two cuts of each model whose difference is whole MoE layers: (the shorter, the longer), a count of layers or the
+# sliding+full pair (2 layers; 26B-A4B's first 7 are 5 sliding layers more).
+CUTS = {"gemma4-26b-a4b": (LAYER_PAIR, 7), "qwen3-30b-a3b": (3, 8)}
+LAYER_COLUMNS = ["model", "cuts", "steps_a_call", "layers", "us_a_layer", "kernel_revision", "dates"]
 
 
-def moe_sentence(table: pd.DataFrame, layer: dict | None) -> str:
+def _layers(cut) -> int:
+    return 2 if cut == LAYER_PAIR else int(cut)
+
+
+def layers_past_bytes(rows: pd.DataFrame) -> pd.DataFrame:
+    """What each MoE layer takes past its bytes at the limit in the kernel's step: for each model of :data:`CUTS` and
+    steps a call where both its cuts were timed by one kernel revision on one chip, (the longer cut's time past its
+    bytes - the shorter's) / (the layers between them). What a call adds to a step, and the head, cancel."""
+    k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip")]
+    out = []
+    for base, (short, long) in CUTS.items():
+        for n in (1, SEVERAL):
+            a, b = (k[(k.model == f"{base}[{c if c == LAYER_PAIR else f':{c}'}]") & (k.steps_a_call == n)]
+                    for c in (short, long))  # fmt: skip
+            if a.empty or b.empty or a.kernel_revision.iloc[0] != b.kernel_revision.iloc[0]:
+                continue
+            layers = _layers(long) - _layers(short)
+            out.append(dict(
+                model=base, cuts=f"{short} -> {long}", steps_a_call=n, layers=layers,
+                us_a_layer=(b.past_bytes_us.iloc[0] - a.past_bytes_us.iloc[0]) / layers,
+                kernel_revision=int(a.kernel_revision.iloc[0]), dates=", ".join(sorted({*a.date, *b.date})),
+            ))  # fmt: skip
+    return pd.DataFrame(out, columns=LAYER_COLUMNS).assign(kind=KIND)
+
+
+def moe_sentence(table: pd.DataFrame, layers: pd.DataFrame) -> str:
     """The MoE one-user gap in one sentence, from :func:`moe_one_user`'s rows (one chip) and
-    :func:`per_layer_past_bytes`."""
+    :func:`layers_past_bytes`'s (each model's at the most steps a call it has)."""
     one = table[table.setup == "one chip"]
     if one.empty:
         return "No MoE cell at one user has been measured at one and several steps a call on a TPU yet."
@@ -120,9 +137,9 @@ def moe_sentence(table: pd.DataFrame, layer: dict | None) -> str:
         f"; the timing model (one step, no call's floor) misses the kernel's rows by {e1} at one step a call and "
         f"{e16} at {SEVERAL}"
     )
-    if layer is not None:
-        text += (
-            f"; at {SEVERAL} steps a call, each of {layer['model']}'s layers past its sliding+full pair takes "
-            f"{layer['us_a_layer']:.1f} us past its bytes at the limit ({layer['layers']} layers)"
-        )
+    newest = layers.sort_values("steps_a_call").groupby("model").tail(1)
+    said = [f"{r.model}'s {r.us_a_layer:.1f} us ({r.layers} layers, {r.steps_a_call} step{'s' * (r.steps_a_call > 1)} "
+            "a call)" for r in newest.itertuples()]  # fmt: skip
+    if said:
+        text += "; each MoE layer takes past its bytes at the limit " + " and ".join(said)
     return text + "."
