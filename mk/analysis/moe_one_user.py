@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..chips import measured_limit
-from ..config import LAYER_PAIR
+from ..config import LAYER_PAIR, with_layers
 from ..paths import TPU_CSV
 from ..units import significant
 from .answer import value_range
@@ -87,14 +87,10 @@ def moe_one_user(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out).assign(kind=KIND)
 
 
-# Two cuts of each model whose difference is whole MoE layers: (the shorter, the longer), a count of layers or the
-# sliding+full pair (2 layers; 26B-A4B's first 7 are 5 sliding layers more).
+# Two cuts of each model whose difference is whole MoE layers (mk.config.with_layers): (the shorter, the longer), a
+# count of layers or the sliding+full pair (26B-A4B's first 7 are 5 sliding layers more).
 CUTS = {"gemma4-26b-a4b": (LAYER_PAIR, 7), "qwen3-30b-a3b": (3, 8)}
 LAYER_COLUMNS = ["model", "cuts", "steps_a_call", "layers", "us_a_layer", "kernel_revision", "dates"]
-
-
-def _layers(cut) -> int:
-    return 2 if cut == LAYER_PAIR else int(cut)
 
 
 def layers_past_bytes(rows: pd.DataFrame) -> pd.DataFrame:
@@ -104,12 +100,12 @@ def layers_past_bytes(rows: pd.DataFrame) -> pd.DataFrame:
     k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip")]
     out = []
     for base, (short, long) in CUTS.items():
+        cuts = [with_layers(base, c) for c in (short, long)]
         for n in (1, SEVERAL):
-            a, b = (k[(k.model == f"{base}[{c if c == LAYER_PAIR else f':{c}'}]") & (k.steps_a_call == n)]
-                    for c in (short, long))  # fmt: skip
+            a, b = (k[(k.model == cut.name) & (k.steps_a_call == n)] for cut in cuts)
             if a.empty or b.empty or a.kernel_revision.iloc[0] != b.kernel_revision.iloc[0]:
                 continue
-            layers = _layers(long) - _layers(short)
+            layers = cuts[1].num_layers - cuts[0].num_layers
             out.append(dict(
                 model=base, cuts=f"{short} -> {long}", steps_a_call=n, layers=layers,
                 us_a_layer=(b.past_bytes_us.iloc[0] - a.past_bytes_us.iloc[0]) / layers,

@@ -276,13 +276,13 @@ class CaseEngines:
         host = {p: np.asarray(x) for p, x in random_tensors(local, self.seed, jnp.bfloat16, self.device)}
         return pack(quantized_as(host, local, _scheme(self.case.dtype)), local)
 
-    def call(self, engine: str, cell: Cell, knockout=frozenset(), steps: int = 1):
+    def call(self, engine: str, cell: Cell, knockout=frozenset(), steps: int = 1, tiles: Tiles | None = None):
         """``engine``'s step for ``cell`` (a zero cache of its context, position context - 1; with ``steps`` > 1 that
-        many greedy steps a call, ending there), ``knockout``'s components off, compiled and run twice: (the call,
-        seconds to compile and run it)."""
+        many greedy steps a call, ending there), ``knockout``'s components off, built with ``tiles`` (the kernel's:
+        one of the case's, None its default), compiled and run twice: (the call, seconds to compile and run it)."""
         t = time.perf_counter()
-        step, weights = self.steps[engine], self.weights[engine]
-        multiple = cache_multiple(engine.split("[")[0])
+        key = variant(engine, tiles)
+        step, weights, multiple = self.steps[key], self.weights[key], cache_multiple(engine)
         with jax.default_device(self.device):
             if steps > 1:
                 call = greedy_steps_call(step, weights, self.cfg, cell.context, cell.batch, "bf16", steps, multiple,
@@ -359,7 +359,7 @@ def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: 
         key = variant(name, tiles)
         for n in case.steps_a_call:
             e = TimedStep(key if n == 1 else f"{key}[{n} steps a call]", None, engine=name, columns={STEPS: n})
-            e.call, compile_s[e.label] = engines.call(key, cell, steps=n)
+            e.call, compile_s[e.label] = engines.call(name, cell, steps=n, tiles=tiles)
             timed.append(e)
             built[e.label] = tiles
             log(f"{e.label}: compiled and run twice in {compile_s[e.label]:.1f} s")

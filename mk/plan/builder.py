@@ -157,6 +157,7 @@ class Builder:
         self.weight_itemsize = array_itemsize(request.weight_dtype)
         self.kv_itemsize = array_itemsize(request.kv_dtype)
         self.tiles, self.knockout = request.tiles, request.knockout
+        self.route_known = route_known(self.knockout, experts_held, self.layout)
         self.specs = {s.path: s for s in param_specs(share)}
         self.shapes = {s.path: padded_shape(self.layout, s.path, s.shape) for s in param_specs(self.layout)}
         self.buffers: dict[str, Buffer] = {}
@@ -203,7 +204,7 @@ class Builder:
         self._all_reduces += 1
 
     def op(self, op: Op) -> None:
-        if getattr(op, "expert", None) is not None and not route_known(self.knockout, self.experts_held, self.layout):
+        if getattr(op, "expert", None) is not None and not self.route_known:
             self.route_of[len(self.ops)] = self._route
         self.ops.append(op)
 
@@ -532,14 +533,13 @@ class Builder:
             self._route = len(self.ops)
             # with the router knocked out, Route only sets the fixed experts 0..k-1 (and, with the route's wait knocked
             # out too where the chip holds them all, lists nothing: they are known before the step, route_known)
-            known = route_known(self.knockout, self.experts_held, layout)
             self.op(
                 Route(
                     i,
                     ROUTER,
                     0 if ROUTER in self.knockout else route_flops(B, E, layout.top_k),
                     router_on=ROUTER not in self.knockout,
-                    serial_bytes=0 if known else 2 * ROWS * E * 4,
+                    serial_bytes=0 if self.route_known else 2 * ROWS * E * 4,
                 )
             )
         shared = layout.mlp_width(i) > 0 and SHARED_MLP not in self.knockout
