@@ -13,7 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 from mk.config import TINY_DENSE, TINY_MOE
 from mk.megakernel.parity import compare_with_reference
 from mk.params import KNOCKOUTS
-from mk.plan import Tiles
+from mk.plan import Tiles, build_plan
 from mk.tpu import races_detected, reset_interpreter
 
 PROMPT = 12  # the prompt fills positions 0..11; decode steps then run past the window of 16 at position 16
@@ -88,6 +88,19 @@ def test_small_tiles_many_dmas_per_tensor_and_a_looped_head(cfg, slots):
     (three slots per weight buffer for the MoE model, which lays out its MLPs the first way too: the intermediate
     on lanes)."""
     tiles = Tiles(weight_tile_bytes=128 * 128 * 4, head_tile_bytes=128 * 128 * 4, kv_tile=16, slots=slots)
+    df = compare_with_reference(cfg, 2, 3, prompt_len=PROMPT, max_len=32, tiles=tiles)
+    assert not df.races.any() and df.same_tokens.all()
+    assert df.max_logit_diff.max() < LOGIT_ATOL
+
+
+def test_a_head_with_a_narrower_last_tile():
+    """A vocabulary of 11 lanes (prime) under a head budget of 5: tiles of 640, 640 and 128 rows (mk.plan.builder.
+    head_spans), the last narrower than its slot; the logits of every tile reach HBM and the greedy picks are the
+    reference's."""
+    cfg = TINY_DENSE.replace(name="tiny-dense-v1408", vocab_size=11 * 128)
+    tiles = Tiles(head_tile_bytes=5 * 128 * cfg.hidden_size * 4)
+    plan = build_plan(cfg, 2, max_len=32, tiles=tiles)
+    assert plan.head_spans == [(0, 640), (640, 640), (1280, 128)]
     df = compare_with_reference(cfg, 2, 3, prompt_len=PROMPT, max_len=32, tiles=tiles)
     assert not df.races.any() and df.same_tokens.all()
     assert df.max_logit_diff.max() < LOGIT_ATOL

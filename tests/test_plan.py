@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from mk.chips import get_chip
-from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_DENSE, TINY_MOE, get_config
+from mk.config import GEMMA4_26B_A4B, GEMMA4_31B, TINY_DENSE, TINY_MOE, get_config, with_layers
 from mk.params import EXPERTS, KNOCKOUTS, param_specs
 from mk.plan import (
     OP_KINDS,
@@ -536,3 +536,17 @@ def test_narrow_heads_share_a_group_of_lanes_and_move_no_padding():
     plan = build_plan(odd, 1, 1024)
     assert plan.kv_payload_bytes == pytest.approx(3 * 48 / 256 * plan.kv_bytes)
     assert [head_groups(3, head_width(48)), heads_lanes(3, head_width(48))] == [2, 256]
+
+
+def test_head_tiles_are_equal_unless_they_would_be_small():
+    """Llama's 1,002 vocabulary lanes divide into equal 3 MiB tiles (kept: one loop); Qwen3's 1,187 lanes are prime,
+    so equal tiles would be 128 rows (0.5 MiB): its head takes the widest tiles under the budget, the last narrower."""
+    qwen = build_plan(with_layers("qwen3-30b-a3b", 1), 1, 1024, weight_dtype="bfloat16")
+    assert qwen.head_tile == 2048 and len(qwen.head_spans) == 75
+    assert qwen.head_spans[-1] == (74 * 2048, 151936 - 74 * 2048)
+    assert [r for r, _ in qwen.head_spans] == list(range(0, 151936, 2048))
+    llama = build_plan(with_layers("llama-3.2-1b", 1), 1, 1024, weight_dtype="bfloat16")
+    assert set(llama.head_spans) == {(r, 768) for r in range(0, 128256, 768)}
+    # the kernel's earlier head (revisions before 5): equal tiles at any size, a knob for timing one beside the other
+    old = build_plan(with_layers("qwen3-30b-a3b", 1), 1, 1024, weight_dtype="bfloat16", tiles=Tiles(head_equal_share=0))
+    assert set(old.head_spans) == {(r, 128) for r in range(0, 151936, 128)}

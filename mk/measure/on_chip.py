@@ -182,6 +182,9 @@ def tiles_words(tiles: Tiles) -> str:
             said.append(f"{words} of {getattr(tiles, field_) / MIB:g} MiB")
     if tiles.kv_tile != default.kv_tile:
         said.append(f"KV tiles of {tiles.kv_tile} positions")
+    if tiles.head_equal_share != default.head_equal_share:
+        share = tiles.head_equal_share
+        said.append("head tiles equal at any size" if share == 0 else f"head tiles equal down to {share:g} of their budget")
     return "".join(f"; {w}" for w in said)
 
 

@@ -24,7 +24,7 @@ def emit_head_tile(k, op):
     if layout.final_softcap:
         y = layout.final_softcap * jnp.tanh(y / layout.final_softcap)
     if k.outputs.logits is not None:
-        send_logits(k, y, op.row_off // op.n, op.n)
+        send_logits(k, y, op.row_off, op.n)
     ids = k.vocab_base + op.row_off + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
     if k.vocab != k.plan.chips * layout.vocab_size:  # padded vocabulary rows are no tokens
         y = jnp.where(ids < k.vocab, y, NEG)
@@ -39,9 +39,8 @@ def emit_no_head(k, op):
     """The head knocked out: every logit is zero, so every user's greedy pick is token 0."""
     k.scratch.best_id[...] = jnp.zeros(k.scratch.best_id.shape, jnp.int32)
     if k.outputs.logits is not None:
-        tv = k.plan.head_tile
-        for t in range(k.layout.vocab_size // tv):
-            send_logits(k, jnp.zeros((k.plan.rows, tv), jnp.float32), t, tv)
+        for row_off, n in k.plan.head_spans:
+            send_logits(k, jnp.zeros((k.plan.rows, n), jnp.float32), row_off, n)
 
 
 def emit_tokens(k, op):
@@ -61,38 +60,39 @@ def emit_tokens(k, op):
         c.wait()
 
 
-def _logits_copy(k, t, slot, b, tv):
-    s = k.scratch
+def _logits_copy(k, row_off, n, b):
+    """User ``b``'s logits of the ``n`` vocabulary rows from ``row_off`` (a head tile), from its stage to HBM; the stage's
+    slot alternates tile by tile (every tile but a narrower last one is ``plan.head_tile`` rows)."""
+    s, tv = k.scratch, k.plan.head_tile
+    slot = row_off // tv % 2
     return pltpu.make_async_copy(
-        s.logits_stage.at[slot, b],
-        k.outputs.logits.at[pl.ds(b, 1), pl.ds(pl.multiple_of(t * tv, LANE), tv)],
+        s.logits_stage.at[slot, b, :, pl.ds(0, n)],
+        k.outputs.logits.at[pl.ds(b, 1), pl.ds(pl.multiple_of(row_off, LANE), n)],
         s.logits_sem.at[slot],
     )
 
 
-def send_logits(k, y, t, tv):
-    """Logits [rows, tv] of head tile ``t`` to HBM through a double-buffered [1, tv] stage per user
-    (a DMA may not cut a sublane tile); waits for the DMAs that used the stage two tiles ago."""
-    stage, B = k.scratch.logits_stage, k.plan.batch
-    slot = t % 2
+def send_logits(k, y, row_off, n):
+    """Logits [rows, n] of the head tile from ``row_off`` to HBM through a double-buffered [1, head_tile] stage per
+    user (a DMA may not cut a sublane tile); waits for the DMAs that used the stage two tiles ago (full tiles)."""
+    stage, B, tv = k.scratch.logits_stage, k.plan.batch, k.plan.head_tile
+    slot = row_off // tv % 2
 
     def wait_previous():
         for b in range(B):
-            _logits_copy(k, t - 2, slot, b, tv).wait()
+            _logits_copy(k, row_off - 2 * tv, tv, b).wait()
 
-    if isinstance(t, int):
-        if t >= 2:
+    if isinstance(row_off, int):
+        if row_off >= 2 * tv:
             wait_previous()
     else:
-        pl.when(t >= 2)(wait_previous)
+        pl.when(row_off >= 2 * tv)(wait_previous)
     for b in range(B):
-        stage[slot, b] = y[b : b + 1]
-        _logits_copy(k, t, slot, b, tv).start()
+        stage[slot, b, :, pl.ds(0, n)] = y[b : b + 1]
+        _logits_copy(k, row_off, n, b).start()
 
 
 def drain_logits(k):
-    tv = k.plan.head_tile
-    n = k.layout.vocab_size // tv
-    for t in range(max(0, n - 2), n):
+    for row_off, n in k.plan.head_spans[-2:]:
         for b in range(k.plan.batch):
-            _logits_copy(k, t, t % 2, b, tv).wait()
+            _logits_copy(k, row_off, n, b).wait()

@@ -115,6 +115,19 @@ def spans(total: int, other: int, itemsize: int, budget: int) -> list[tuple[int,
     return [(s, min(width, total - s)) for s in range(0, total, width)]
 
 
+def head_spans(vocab: int, other: int, itemsize: int, budget: int, equal_share: float) -> list[tuple[int, int]]:
+    """The head's (start, rows) tiles: equal tiles of the widest multiple of 128 rows dividing ``vocab`` (one loop in
+    the kernel) while each is at least ``equal_share`` of ``budget`` (mk.plan.Tiles.head_equal_share); else tiles of
+    the widest that fits with a narrower last one. A vocabulary whose lane count is prime (Qwen3's 151,936 rows: 1,187 lanes; gpt-oss's 201,088: 1,571)
+    divides only into 128-row tiles, which the chip reads past their bytes where Llama's 3 MiB tiles hide under them
+    (the head's knock-outs in data/measured/tpu_knockouts.csv)."""
+    even = even_width(vocab, other, itemsize, budget)
+    if even * other * itemsize >= equal_share * budget or even == vocab:
+        return [(r, even) for r in range(0, vocab, even)]
+    widest = max(1, min(vocab // LANE, budget // (other * LANE * itemsize))) * LANE
+    return [(r, min(widest, vocab - r)) for r in range(0, vocab, widest)]
+
+
 def route_known(knockout, experts_held: int, layout: ModelConfig) -> bool:
     """Whether a step's routed experts are known before it runs: the route's wait knocked out with the router
     (mk.params.ROUTE_WAIT: every user takes experts 0..k-1, weight 1/k) on a chip that holds every expert (one chip,
@@ -382,13 +395,15 @@ class Builder:
         for i, t in enumerate(layout.layer_types):
             self.layer(i, t)
         self.op(Norm(-1, NORMS, norm_flops(B, H), src="x", dst="xn", vector="final_norm"))
-        # The head: equal tiles (one loop in the kernel), each softcapped and folded into the running argmax.
-        tv = even_width(layout.vocab_size, H, self.weight_itemsize, self.tiles.head_tile_bytes)
+        # The head: its tiles (one loop, and a narrower last one where equal tiles would be small), each softcapped and
+        # folded into the running argmax.
         if HEAD not in self.knockout:
             head = "embed" if layout.tied_embeddings else "head"  # [V, H] either way
-            for r in range(0, layout.vocab_size, tv):
-                lid = self.load(head, -1, HEAD, (r, tv), (0, H))
-                self.op(HeadTile(-1, HEAD, head_tile_flops(B, tv, H), load=lid, src="xn", row_off=r, n=tv))
+            for r, n in head_spans(
+                layout.vocab_size, H, self.weight_itemsize, self.tiles.head_tile_bytes, self.tiles.head_equal_share
+            ):
+                lid = self.load(head, -1, HEAD, (r, n), (0, H))
+                self.op(HeadTile(-1, HEAD, head_tile_flops(B, n, H), load=lid, src="xn", row_off=r, n=n))
         else:
             self.op(NoHead(-1, HEAD, 0))
         if self.setup.sharded:

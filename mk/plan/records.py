@@ -12,7 +12,7 @@ record here, its emit function, and its test.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import ClassVar
 
@@ -32,6 +32,9 @@ class Tiles:
     head_tile_bytes: int = 8 * MIB
     kv_tile: int = 512
     slots: int = 2
+    # the head's tiles are equal (one loop) while each is at least this share of head_tile_bytes, else the widest with
+    # a narrower last one (mk.plan.builder.head_spans); 0: always equal, as the kernel's revisions before 5 were
+    head_equal_share: float = 0.25
 
     def __post_init__(self):
         if self.weight_tile_bytes < LANE * 4 * 16:
@@ -40,8 +43,18 @@ class Tiles:
             raise ValueError(
                 f"kv_tile={self.kv_tile} must be a positive multiple of 8 (f32 sublanes; 16 for a bf16 cache)"
             )
+        if not 0 <= self.head_equal_share <= 1:
+            raise ValueError(f"head_equal_share={self.head_equal_share} must be a share of the head budget, 0 to 1")
         if self.slots < 2:
             raise ValueError(f"slots={self.slots}: the weight stream needs at least 2 (double buffering)")
+
+    def __repr__(self) -> str:
+        # the default head_equal_share unsaid: a plan's code fingerprint (mk.plan.StepPlan.code_fingerprint) keys the
+        # stored schedules as before the field was added; the head's tiles themselves are in the plan's loads
+        said = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)]
+        if self.head_equal_share == Tiles.head_equal_share:
+            said.pop()
+        return f"Tiles({', '.join(said)})"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from ..routing import busiest_chip_distribution, chip_distinct_experts_distribut
 from ..sharding import attention_chips, chip_config, expert_groups, experts_per_chip, position_share, users_per_chip
 from ..units import round_up
 from .arrays import Array, HbmArrays, cache_shapes, packed_arrays
-from .builder import Builder, check_shapes, even_width, expert_slots, route_known
+from .builder import Builder, check_shapes, expert_slots, head_spans, route_known
 from .layout import BLOCK, ROWS, cache_slots, head_groups, heads_lanes, kv_tile, kv_tiles_read, layout_config
 from .records import AllReduce, Attend, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
@@ -94,11 +94,17 @@ class StepPlan:
         return replace(packed, cache={name: Array(shape, self.kv_dtype) for name, shape in cache.items()})
 
     @property
-    def head_tile(self) -> int:
-        """Vocabulary rows per head tile (they divide the padded vocabulary: the head runs as one loop)."""
-        return even_width(
-            self.layout.vocab_size, self.layout.hidden_size, self.weight_itemsize, self.tiles.head_tile_bytes
+    def head_spans(self) -> list[tuple[int, int]]:
+        """The head's tiles as (first vocabulary row, rows) (mk.plan.builder.head_spans)."""
+        t = self.tiles
+        return head_spans(
+            self.layout.vocab_size, self.layout.hidden_size, self.weight_itemsize, t.head_tile_bytes, t.head_equal_share
         )
+
+    @property
+    def head_tile(self) -> int:
+        """Vocabulary rows of the head's widest tile (every tile but a narrower last one)."""
+        return self.head_spans[0][1]
 
     @property
     def expert_slots(self) -> int:
