@@ -184,7 +184,7 @@ def tiles_words(tiles: Tiles) -> str:
         said.append(f"KV tiles of {tiles.kv_tile} positions")
     if tiles.head_equal_share != default.head_equal_share:
         share = tiles.head_equal_share
-        said.append("head tiles equal at any size" if share == 0 else f"head tiles equal down to {share:g} of their budget")
+        said.append(f"head tiles equal down to {share:g} of their budget" if share else "head tiles equal at any size")
     return "".join(f"; {w}" for w in said)
 
 

@@ -61,8 +61,8 @@ def emit_tokens(k, op):
 
 
 def _logits_copy(k, row_off, n, b):
-    """User ``b``'s logits of the ``n`` vocabulary rows from ``row_off`` (a head tile), from its stage to HBM; the stage's
-    slot alternates tile by tile (every tile but a narrower last one is ``plan.head_tile`` rows)."""
+    """User ``b``'s logits of the ``n`` vocabulary rows from ``row_off`` (a head tile), from its stage to HBM; the
+    stage's slot alternates tile by tile (every tile but a narrower last one is ``plan.head_tile`` rows)."""
     s, tv = k.scratch, k.plan.head_tile
     slot = row_off // tv % 2
     return pltpu.make_async_copy(

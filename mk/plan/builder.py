@@ -118,9 +118,9 @@ def spans(total: int, other: int, itemsize: int, budget: int) -> list[tuple[int,
 def head_spans(vocab: int, other: int, itemsize: int, budget: int, equal_share: float) -> list[tuple[int, int]]:
     """The head's (start, rows) tiles: equal tiles of the widest multiple of 128 rows dividing ``vocab`` (one loop in
     the kernel) while each is at least ``equal_share`` of ``budget`` (mk.plan.Tiles.head_equal_share); else tiles of
-    the widest that fits with a narrower last one. A vocabulary whose lane count is prime (Qwen3's 151,936 rows: 1,187 lanes; gpt-oss's 201,088: 1,571)
-    divides only into 128-row tiles, which the chip reads past their bytes where Llama's 3 MiB tiles hide under them
-    (the head's knock-outs in data/measured/tpu_knockouts.csv)."""
+    the widest that fits with a narrower last one. A vocabulary whose lane count is prime (Qwen3's 151,936 rows:
+    1,187 lanes; gpt-oss's 201,088: 1,571) divides only into 128-row tiles, which the chip reads past their bytes
+    where Llama's 3 MiB tiles hide under them (the head's knock-outs in data/measured/tpu_knockouts.csv)."""
     even = even_width(vocab, other, itemsize, budget)
     if even * other * itemsize >= equal_share * budget or even == vocab:
         return [(r, even) for r in range(0, vocab, even)]
