@@ -20,7 +20,7 @@ import pandas as pd
 
 from .analysis.answer import answer_sentence
 from .analysis.claims import claims_table
-from .analysis.moe_one_user import layers_past_bytes, moe_one_user, moe_sentence
+from .analysis.moe_one_user import layers_past_bytes, moe_one_user, moe_sentence, revision_changes
 from .figures import FOOTER_NAME, KINDS
 from .files import git_commit, write_atomic
 from .paths import NOTEBOOKS_DIR, figures_dir
@@ -388,7 +388,7 @@ def _moe_html(folder: Path) -> str:
     if not path.exists():
         return ""
     rows = pd.read_csv(path)
-    sentence = moe_sentence(moe_one_user(rows), layers_past_bytes(rows))
+    sentence = moe_sentence(moe_one_user(rows), layers_past_bytes(rows), revision_changes(rows))
     return (
         f'<p class="answer">{_esc(sentence)}</p>'
         f'<p class="meta">Every row in <a href="{MOE}.csv">{MOE}.csv</a>, drawn in <a href="#fig-{MOE}">its '

@@ -22,6 +22,11 @@ def rows():
     return moe.moe_one_user_rows()
 
 
+def newest(rows):
+    """Each model's, setup's and engine's newest row at each steps a call (the rows keep older kernel revisions')."""
+    return rows.sort_values("date", kind="stable").groupby(["model", "setup", "engine", "steps_a_call"]).tail(1)
+
+
 def test_rows_are_the_moe_cells_at_one_user_and_their_fractions_are_of_their_bytes(rows):
     assert {1, moe.SEVERAL} <= set(rows.steps_a_call) and len(rows) > 0
     limit = measured_limit("tpu-v5e").bandwidth
@@ -36,14 +41,15 @@ def test_rows_are_the_moe_cells_at_one_user_and_their_fractions_are_of_their_byt
         assert r.past_bytes_us == pytest.approx((seconds - nbytes / limit) * 1e6, rel=1e-3, abs=0.05)
         assert r.error == pytest.approx(r.modelled_ms / r.device_ms - 1, abs=2e-3)
     # the model is of one step: a row at 16 steps a call (no call's floor in it) is nearer it than one step a call
-    k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip")].pivot(index="model", columns="steps_a_call")
+    k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip")]
+    k = newest(k).pivot(index="model", columns="steps_a_call")
     both = k.error.dropna()
     assert len(both) >= 3 and (both[moe.SEVERAL].abs() < both[1].abs()).all()
 
 
 def test_a_cell_is_its_newest_rows_and_the_call_cost_only_within_one_run(rows, tmp_path):
     t = moe.moe_one_user(rows).set_index("model")
-    q = rows[(rows.model == "qwen3-30b-a3b[:8]") & (rows.engine == "megakernel")].set_index("steps_a_call")
+    q = newest(rows[(rows.model == "qwen3-30b-a3b[:8]") & (rows.engine == "megakernel")]).set_index("steps_a_call")
     assert t.loc["qwen3-30b-a3b[:8]", "megakernel_call_us"] == pytest.approx(
         (q.device_ms[1] - q.device_ms[moe.SEVERAL]) * 1e3
     )
@@ -92,6 +98,23 @@ def test_the_sentence_states_the_tables_own_ranges(rows):
     assert "No MoE cell" in moe.moe_sentence(table.iloc[0:0], layers.iloc[0:0])
 
 
+def test_what_the_gap_was_and_is_sets_the_newest_revision_beside_the_one_before(rows):
+    changes = moe.revision_changes(rows).set_index("model")
+    k = rows[(rows.engine == "megakernel") & (rows.steps_a_call == moe.SEVERAL) & (rows.setup == "one chip")]
+    for model, r in changes.iterrows():
+        mine = k[k.model == model].set_index("kernel_revision").fraction_of_limit
+        assert r.revision_is == mine.index.max() and r.revision_was == sorted(mine.index)[-2]
+        assert (r.fraction_was, r.fraction_is) == (mine[r.revision_was], mine[r.revision_is])
+    # measured: revision 5's head (no 0.5 MiB tiles) took Qwen3-30B-A3B's first 8 layers past 0.97 of the limit
+    q = changes.loc["qwen3-30b-a3b[:8]"]
+    assert (q.revision_was, q.revision_is) == (4, 5) and q.fraction_was < 0.95 < 0.97 < q.fraction_is
+    text = moe.moe_sentence(moe.moe_one_user(rows), moe.layers_past_bytes(rows), moe.revision_changes(rows))
+    assert f"qwen3-30b-a3b[:8] from {q.fraction_was:.3f} (revision 4) to {q.fraction_is:.3f} (revision 5)" in text
+    # the cell's table takes its newest rows
+    t = moe.moe_one_user(rows).set_index("model")
+    assert t.loc["qwen3-30b-a3b[:8]", "megakernel_fraction_16"] == q.fraction_is
+
+
 def test_the_report_gives_the_sentence_only_from_an_export(rows, tmp_path):
     from mk.report import MOE, _moe_html
 
@@ -99,6 +122,7 @@ def test_the_report_gives_the_sentence_only_from_an_export(rows, tmp_path):
     rows.to_csv(tmp_path / f"{MOE}.csv", index=False)
     html = _moe_html(tmp_path)
     assert "of the measured limit at one step a call" in html and f"{MOE}.csv" in html
+    assert "newest revision moved gpt-oss-20b[:2] from" in html and "qwen3-30b-a3b[:8] from" in html
 
 
 def test_a_kernel_variant_says_its_tiles_and_the_default_says_nothing():

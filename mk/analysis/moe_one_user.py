@@ -28,10 +28,11 @@ COLUMNS = ["model", "setup", "engine", "steps_a_call", "device_ms", "device_low_
 
 
 def moe_one_user_rows(path=None) -> pd.DataFrame:
-    """Every MoE cell's newest row at one user, 1K, bf16, per engine, setup and steps a call (one or
-    :data:`SEVERAL`): its device time a token with its interval, the bytes its engine reads, its fraction of the
-    measured limit, the microseconds it takes past those bytes at the limit, and the timing model's step
-    (mk.analysis.on_tpu.modelled_seconds: one step, no call's floor) with its error against the row."""
+    """Every MoE cell's newest row at one user, 1K, bf16, per engine, setup, steps a call (one or :data:`SEVERAL`)
+    and kernel revision (what the gap was under an earlier kernel stays beside what it is): its device time a token
+    with its interval, the bytes its engine reads, its fraction of the measured limit, the microseconds it takes past
+    those bytes at the limit, and the timing model's step (mk.analysis.on_tpu.modelled_seconds: one step, no call's
+    floor) with its error against the row."""
     path = TPU_CSV if path is None else path
     t = chip_rows(pd.read_csv(path)) if path.exists() else pd.DataFrame()
     if t.empty or STEPS not in t:
@@ -39,7 +40,8 @@ def moe_one_user_rows(path=None) -> pd.DataFrame:
     t = t.assign(steps_a_call=t[STEPS].fillna(1).astype(int))
     t = t[(t.batch == 1) & (t.context == 1024) & (t["dtype"] == "bf16") & t.steps_a_call.isin([1, SEVERAL])]
     t = t[[measured_config(r).num_experts > 0 for _, r in t.iterrows()]]
-    t = t.sort_values("date", kind="stable").groupby(["model", "setup", "engine", "steps_a_call"]).tail(1)
+    t = t.sort_values("date", kind="stable").groupby(["model", "setup", "engine", "steps_a_call", "kernel_revision"])
+    t = t.tail(1)
     rows = []
     for _, r in t.iterrows():
         nbytes, seconds = engine_bytes(r), r.device_step_ms / 1e3
@@ -52,7 +54,7 @@ def moe_one_user_rows(path=None) -> pd.DataFrame:
             modelled_ms=modelled * 1e3, error=modelled / seconds - 1, date=str(r.date)[:10],
             kernel_revision=int(r.kernel_revision),
         ))  # fmt: skip
-    out = pd.DataFrame(rows, columns=COLUMNS).sort_values(["setup", "model", "engine", "steps_a_call"])
+    out = pd.DataFrame(rows, columns=COLUMNS).sort_values(["setup", "model", "engine", "steps_a_call", "date"])
     # to the figures an exported table keeps (mk.units.SIGNIFICANT): one sentence from the rows or from the export
     floats = ["step_GB", "fraction_of_limit", "past_bytes_us", "modelled_ms", "error"]  # (the times as measured)
     out = out.assign(**{c: out[c].map(significant) for c in floats})
@@ -62,9 +64,12 @@ def moe_one_user_rows(path=None) -> pd.DataFrame:
 def moe_one_user(rows: pd.DataFrame) -> pd.DataFrame:
     """One row a cell measured at both one and :data:`SEVERAL` steps a call: each engine's fraction of the limit at
     each (NaN where an engine was not measured), the kernel's speed-up over XLA at each, and what one step a call adds
-    to the kernel's token where both were timed in one run (same date; NaN where the newest rows are of two runs)."""
+    to the kernel's token where both were timed in one run (same date; NaN where the newest rows are of two runs).
+    Each engine's newest row at each steps a call stands for the cell (:func:`moe_one_user_rows` keeps older
+    revisions' too)."""
     out = []
-    for (model, setup), g in rows.groupby(["model", "setup"], sort=False):
+    newest = rows.sort_values("date", kind="stable").groupby(["model", "setup", "engine", "steps_a_call"]).tail(1)
+    for (model, setup), g in newest.groupby(["model", "setup"], sort=False):
         at = {(r.engine, r.steps_a_call): r for r in g.itertuples()}
         if ("megakernel", 1) not in at or ("megakernel", SEVERAL) not in at:
             continue
@@ -95,7 +100,7 @@ LAYER_COLUMNS = ["model", "cuts", "steps_a_call", "layers", "us_a_layer", "kerne
 
 def layers_past_bytes(rows: pd.DataFrame) -> pd.DataFrame:
     """What each MoE layer takes past its bytes at the limit in the kernel's step: for each model of :data:`CUTS` and
-    steps a call where both its cuts were timed by one kernel revision on one chip, (the longer cut's time past its
+    steps a call, from the newest kernel revision that timed both its cuts on one chip, (the longer cut's time past its
     bytes - the shorter's) / (the layers between them). What a call adds to a step, and the head, cancel."""
     k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip")]
     out = []
@@ -103,8 +108,10 @@ def layers_past_bytes(rows: pd.DataFrame) -> pd.DataFrame:
         cuts = [with_layers(base, c) for c in (short, long)]
         for n in (1, SEVERAL):
             a, b = (k[(k.model == cut.name) & (k.steps_a_call == n)] for cut in cuts)
-            if a.empty or b.empty or a.kernel_revision.iloc[0] != b.kernel_revision.iloc[0]:
+            both = sorted(set(a.kernel_revision) & set(b.kernel_revision))
+            if not both:
                 continue
+            a, b = (x[x.kernel_revision == both[-1]].tail(1) for x in (a, b))
             layers = cuts[1].num_layers - cuts[0].num_layers
             out.append(dict(
                 model=base, cuts=f"{short} -> {long}", steps_a_call=n, layers=layers,
@@ -114,9 +121,31 @@ def layers_past_bytes(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=LAYER_COLUMNS).assign(kind=KIND)
 
 
-def moe_sentence(table: pd.DataFrame, layers: pd.DataFrame) -> str:
-    """The MoE one-user gap in one sentence, from :func:`moe_one_user`'s rows (one chip) and
-    :func:`layers_past_bytes`'s (each model's at the most steps a call it has)."""
+CHANGE_COLUMNS = ["model", "steps_a_call", "revision_was", "fraction_was", "date_was", "revision_is", "fraction_is",
+                  "date_is"]  # fmt: skip
+
+
+def revision_changes(rows: pd.DataFrame) -> pd.DataFrame:
+    """What the gap was and is: each one-chip cell whose kernel was timed at :data:`SEVERAL` steps a call by more than
+    one kernel revision, its newest revision's fraction of the limit beside the one before's (rows of two runs)."""
+    k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip") & (rows.steps_a_call == SEVERAL)]
+    out = []
+    for model, g in k.groupby("model", sort=False):
+        g = g.sort_values(["kernel_revision", "date"]).groupby("kernel_revision").tail(1)
+        if len(g) < 2:
+            continue
+        was, now = g.iloc[-2], g.iloc[-1]
+        out.append(dict(
+            model=model, steps_a_call=SEVERAL, revision_was=int(was.kernel_revision),
+            fraction_was=was.fraction_of_limit, date_was=was.date, revision_is=int(now.kernel_revision),
+            fraction_is=now.fraction_of_limit, date_is=now.date,
+        ))  # fmt: skip
+    return pd.DataFrame(out, columns=CHANGE_COLUMNS).assign(kind=KIND)
+
+
+def moe_sentence(table: pd.DataFrame, layers: pd.DataFrame, changes: pd.DataFrame | None = None) -> str:
+    """The MoE one-user gap in one sentence, from :func:`moe_one_user`'s rows (one chip),
+    :func:`layers_past_bytes`'s (each model's at the most steps a call it has) and :func:`revision_changes`'s."""
     one = table[table.setup == "one chip"]
     if one.empty:
         return "No MoE cell at one user has been measured at one and several steps a call on a TPU yet."
@@ -138,4 +167,10 @@ def moe_sentence(table: pd.DataFrame, layers: pd.DataFrame) -> str:
             "a call)" for r in newest.itertuples()]  # fmt: skip
     if said:
         text += "; each MoE layer takes past its bytes at the limit " + " and ".join(said)
+    moved = [] if changes is None else [
+        f"{r.model} from {r.fraction_was:.3f} (revision {r.revision_was}) to {r.fraction_is:.3f} (revision "
+        f"{r.revision_is})" for r in changes.itertuples()
+    ]  # fmt: skip
+    if moved:
+        text += f"; at {SEVERAL} steps a call the kernel's newest revision moved " + " and ".join(moved)
     return text + "."

@@ -7,6 +7,13 @@ to back; both engines where both fit, each alone where not. Rows go to OUT_DIR t
     python data/measured/tpu_logs/2026-12-07-head-tiles.py OUT_DIR DEADLINE_S [tiny]
 
 ``tiny``: a tiny dense model with a vocabulary of 11 lanes on the CPU (interpret mode), to check the script.
+
+Run on 2026-12-07 at commit 7bb3179 (kernel revision 5; log: 2026-12-07-head-tiles.txt): its time ran out before
+Qwen3-8B's eight users and the last case, Qwen3-30B-A3B's first 3 layers at eight users, which ran right after in a
+call of its own with the same drivers (log: 2026-12-07-head-tiles-eight-users.txt). Every row is in
+2026-12-07-head-tiles.csv (column ``part``); data/measured/tpu.csv took the default kernel's and the reference's rows
+(the variant with revision 4's head stays in the log), with limit columns filled at data/measured/tpu_hbm.csv's
+measured limit by mk.measure.on_chip.limit_columns, and tpu_ops.csv their profiles.
 """
 
 import sys

@@ -8,6 +8,12 @@ call (mk.measure.chip_knockouts.CASES[3:]: every component, and the route's wait
 mk.params.ROUTE_WAIT). PART ``t``: Mixtral 8x7B's first 2 layers (both engines, 1 and 16 steps a call, 20 back to
 back), then Qwen3-30B-A3B's first 8 layers at 1 MiB weight tiles beside the default (mk.plan.Tiles, kernel alone, 16
 steps a call). ``tiny``: both on tiny-moe on the CPU (interpret mode) to check the script.
+
+Run on 2026-12-07 at commit dec1994 (kernel revision 4), one device call a part (logs: 2026-12-07-moe-placement-k.txt,
+-t.txt). The knock-out rows went to data/measured/tpu_knockouts.csv; part t's rows to 2026-12-07-moe-placement.csv
+(column ``part``), and its Mixtral rows to data/measured/tpu.csv (the 1 MiB variant stays in the log: no analysis
+reads its setup). The out folder held a copy of data/measured/tpu_hbm.csv, so each row's limit columns are at its
+measured limit.
 """
 
 import shutil
