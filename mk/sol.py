@@ -18,7 +18,20 @@ import pandas as pd
 from .chips import Chip, get_chip, slice_of, slice_shapes
 from .config import SLIDING, ModelConfig, get_config
 from .dtypes import get_dtype
-from .params import EMBED, EXPERTS, HEAD, ROUTER, SCALE_BYTES, SHARED_MLP, param_specs, quantized_in, scale_count
+from .params import (
+    EMBED,
+    EXPERTS,
+    FULL_ATTENTION,
+    HEAD,
+    KNOCKOUTS,
+    ROUTER,
+    SCALE_BYTES,
+    SHARED_MLP,
+    SLIDING_ATTENTION,
+    param_specs,
+    quantized_in,
+    scale_count,
+)
 from .published import published_table
 from .routing import expected_distinct_experts
 from .units import positive_int
@@ -58,6 +71,14 @@ class ByteCount:
     @property
     def kv(self) -> float:
         return self.by_component[KV_SLIDING] + self.by_component[KV_FULL]
+
+    @property
+    def by_knockout(self) -> dict[str, float]:
+        """Bytes by what a knock-out switches off (mk.params.KNOCKOUTS): an attention type's with its own KV cache,
+        the rest by component; only those with bytes."""
+        own_kv = {FULL_ATTENTION: KV_FULL, SLIDING_ATTENTION: KV_SLIDING}
+        got = {c: self.by_component.get(c, 0.0) + self.by_component.get(own_kv.get(c, ""), 0.0) for c in KNOCKOUTS}
+        return {c: b for c, b in got.items() if b > 0}
 
 
 ModelLike = ModelConfig | str | Path  # a config, or what mk.config.get_config reads into one (once a call)

@@ -15,6 +15,7 @@ from mk.measure import attention_anchor, chip_clock, chip_knockouts
 from mk.measure.on_chip import Case, Cell, a_token
 from mk.params import EXPERTS, FULL_ATTENTION, HEAD, NORMS, SHARED_MLP
 from mk.timing import predict
+from mk.timing.work import named_plan
 
 
 def test_a_call_of_n_steps_reads_as_a_step():
@@ -89,6 +90,14 @@ def test_a_stand_ins_modelled_knockout_is_its_chips_share_without_links(tmp_path
     assert t.loc[stand_in.setup_label, "modelled_shrink_ms"] == pytest.approx((whole - off) * 1e3)
     # chip 0 holds an eighth of the experts: knocking them out saves it less than it saves one chip holding all
     assert 0 < t.loc[stand_in.setup_label, "modelled_shrink_ms"] < t.loc[one.setup_label, "modelled_shrink_ms"]
+    # the stand-in's bytes, which its run could not count: what chip 0's plan streams of the experts at the limit
+    plan = named_plan("tiny-moe", "tpu-v5e-8", 64, 1, "workbook")
+    share = plan.bytes_by_component(payload=True)[EXPERTS]
+    assert share < named_plan("tiny-moe", "tpu-v5e", 64, 1, "workbook").bytes_by_component(payload=True)[EXPERTS]
+    assert t.loc[stand_in.setup_label, "bytes_at_limit_ms"] == pytest.approx(
+        share / measured_limit("tpu-v5e").bandwidth * 1e3
+    )
+    assert t.loc[one.setup_label].isna()["bytes_at_limit_ms"]  # a one-chip row's bytes: as its run wrote them
 
 
 def test_the_resident_kernel_computes_its_chain_and_refuses_other_work():

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..chips import ISSUE_BOUND, measured_chip, trips_share
+from ..chips import ISSUE_BOUND, measured_chip, measured_limit, trips_share
 from ..config import get_config
 from ..kernel_setup import WORKBOOK_KERNEL
 from ..params import NORMS, ROUTE_WAIT, ROUTER, knocked_out
@@ -93,6 +93,7 @@ def knockout_table(folder=None) -> pd.DataFrame:
     g = t.groupby(keys, sort=False, dropna=False)
     out = g[num].median().join(g.size().rename("runs")).join(g.verdict.last()).reset_index()
     out = out[out.component != WHOLE]
+    out = out.assign(bytes_at_limit_ms=[_at_limit(r) for _, r in out.iterrows()])
     modelled = []
     for (device, model, layers, setup, dtype, context, batch, _), rows in out.groupby(keys[:-1], sort=False):  # a cell
         # the CSV names the cut model; a stand-in's step is modelled without its links (on_tpu.modelled_step)
@@ -107,6 +108,19 @@ def knockout_table(folder=None) -> pd.DataFrame:
                for moe, c, v in zip(routed, out.component, out.verdict)]  # fmt: skip
     return out.assign(what=what, modelled_shrink_ms=modelled, verdict=verdict,
                       kind="measured (TPU, device time) beside modelled")  # fmt: skip
+
+
+def _at_limit(r) -> float:
+    """A knock-out row's bytes at the chip's measured limit, ms: as measured, or for a stand-in (whose run could not
+    count them) what chip 0 streams of the component (mk.analysis.on_tpu.stand_in_bytes)."""
+    if r.bytes_at_limit_ms == r.bytes_at_limit_ms or not str(r.setup).endswith(on_tpu.STAND_IN):
+        return r.bytes_at_limit_ms
+    row = dict(base_model=r.model.partition("[")[0], layers=r.layers, setup=r.setup, dtype=r["dtype"],
+               context=r.context, batch=r.batch, chip=measured_chip(r.device))  # fmt: skip
+    component = ROUTER if r.component == ROUTE_WAIT else r.component  # the route's wait: the router's bytes
+    limit = measured_limit(row["chip"])
+    nbytes = on_tpu.stand_in_bytes(row).get(component)
+    return float("nan") if limit is None or nbytes is None else nbytes / limit.bandwidth * 1e3
 
 
 def clock_table(folder=None) -> pd.DataFrame:

@@ -31,6 +31,7 @@ from ..routing import expected_distinct_experts
 from ..sol import kv_bytes_per_user, speed_of_light
 from ..timing import DEFAULT_COSTS, MODELLED, GivenCosts, Prediction, predict
 from ..timing.scheduled import current_kernel
+from ..timing.work import named_plan
 
 STAND_IN = "; loopback stand-in"  # how a stand-in row's setup ends (mk.measure.on_chip)
 SLICE = "tpu-v5e-8"  # the write-up's slice, whose chip 0 a stand-in row is (mk.measure.on_chip.SLICE chips)
@@ -190,6 +191,19 @@ def _stand_in_setup(label: str):
     if not found:
         raise ValueError(f"a stand-in row names the setup {name!r}, which mk.kernel_setup.SETUPS does not have")
     return found[0]
+
+
+def stand_in_bytes(r) -> dict[str, float]:
+    """What chip 0 of a stand-in row's slice streams a step, by what a knock-out switches off (mk.params.KNOCKOUTS):
+    its plan's weight bytes by component (the model's own, no padding: its share of a split component, the whole of one
+    every chip reads, as the router), an attention type's with the KV cache chip 0 reads."""
+    cfg, context, batch = measured_config(r), int(r["context"]), int(r["batch"])
+    plan = named_plan(cfg, stand_in_slice(r["chip"]), context, batch, _stand_in_setup(r["setup"]), r["dtype"])
+    got = plan.bytes_by_component(payload=True)
+    for op in plan.ops:
+        if op.kind == "Attend":
+            got[op.component] = got.get(op.component, 0.0) + plan.kv_payload(op)
+    return {c: b for c, b in got.items() if b > 0}
 
 
 def measured_prediction(r, costs: GivenCosts = DEFAULT_COSTS, knockout=frozenset()) -> Prediction:

@@ -20,9 +20,9 @@ import pandas as pd
 
 from ..config import LAYER_PAIR
 from ..files import append_csv_rows
-from ..params import FULL_ATTENTION, KNOCKOUTS, ROUTE_WAIT, ROUTER, SLIDING_ATTENTION, knocked_out, param_specs
+from ..params import KNOCKOUTS, ROUTE_WAIT, ROUTER, knocked_out, param_specs
 from ..progress import Log
-from ..sol import KV_FULL, KV_SLIDING, bytes_per_token
+from ..sol import bytes_per_token
 from ..timing.scheduled import current_kernel, recorded_revision
 from .harness import CHIP_PROVENANCE, chip_provenance
 from .knockouts import WHOLE, knockout_table
@@ -42,18 +42,18 @@ COLUMNS = (*CHIP_PROVENANCE, "kernel_revision", "program_digest", "model", "laye
            "batch", "component", "steps_back_to_back", "rounds", "whole_ms", "device_step_ms", "shrink_ms",
            "shrink_low_ms", "shrink_high_ms", "bytes_at_limit_ms", "limit_GBps", "verdict",
            "steps_a_call")  # fmt: skip
-_OWN_KV = {FULL_ATTENTION: KV_FULL, SLIDING_ATTENTION: KV_SLIDING}  # an attention type's knock-out skips its cache too
 
 
 def component_bytes(case: Case, cell: Cell) -> dict[str, float] | None:
-    """Bytes a step reads for each component it has (an attention type's with its KV cache); None for a stand-in
-    (chip 0 of a slice reads its own share, not the model's)."""
+    """Bytes a step reads for each component it has (mk.sol.ByteCount.by_knockout: an attention type's with its KV
+    cache); None for a stand-in (chip 0 of a slice reads its own share, not the model's: mk.analysis.chip_checks
+    counts it)."""
     if case.kernel_setup().loopback:
         return None
-    by = bytes_per_token(case.config(), cell.context, cell.batch, case.dtype).by_component
-    got = {c: by.get(c, 0.0) + by.get(_OWN_KV.get(c, ""), 0.0) for c in KNOCKOUTS}
-    got[ROUTE_WAIT] = got[ROUTER]  # the route's wait goes with the router's knock-out, and its bytes
-    return {c: b for c, b in got.items() if b > 0}
+    got = bytes_per_token(case.config(), cell.context, cell.batch, case.dtype).by_knockout
+    if ROUTER in got:  # the route's wait goes with the router's knock-out, and its bytes
+        got[ROUTE_WAIT] = got[ROUTER]
+    return got
 
 
 def measure_knockouts(case: Case, cell: Cell, engines: CaseEngines, limit, budget_s: float, log,
