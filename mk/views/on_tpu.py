@@ -122,14 +122,21 @@ def op_time_figure(parts: pd.DataFrame, title: str) -> go.Figure:
     return fig
 
 
+def _knockout_label(r, unlike: bool) -> str:
+    users = f"{r.batch} user{'s' * (r.batch > 1)}"
+    steps = getattr(r, "steps_a_call", 1)
+    return f"{r.what}, {r.context:,} pos, {users}{f', {steps} steps a call' * (steps > 1)}: {r.component}" + (
+        " \u2020" * unlike
+    )
+
+
 def knockout_figure(knocked: pd.DataFrame, title: str) -> go.Figure:
     """Each knock-out's shrink (mk.analysis.chip_checks.knockout_table) measured on the chip, with its 95% interval,
-    beside the timing model's and the component's bytes at the measured limit, one row per component and cell; a
-    knock-out that changes which experts are read (its verdict: not like for like) is marked with a dagger."""
+    beside the timing model's and the component's bytes at the measured limit, one row per component, cell and steps a
+    call (a token's shrink at several); a knock-out that changes which experts are read (its verdict: not like for
+    like) is marked with a dagger."""
     unlike = knocked.verdict.str.startswith("not like for like")
-    k = knocked.assign(row=[f"{w}, {c:,} pos, {b} user{'s' * (b > 1)}: {comp}" + (" \u2020" * u)
-                            for w, c, b, comp, u in zip(knocked.what, knocked.context, knocked.batch,
-                                                        knocked.component, unlike)])  # fmt: skip
+    k = knocked.assign(row=[_knockout_label(r, u) for r, u in zip(knocked.itertuples(), unlike)])
     colours = template_colours()
     fig = go.Figure()
     fig.add_bar(
