@@ -12,6 +12,7 @@ from mk.config import FULL, LAYER_PAIR, TINY_DENSE, with_layers
 from mk.files import source_digest
 from mk.measure import hbm, on_chip, tpu_runs
 from mk.measure.on_chip import Case, Cell
+from mk.profiling import dma_stream_call
 from mk.timing import read_rate
 from mk.timing.scheduled import kernel_digest, kernel_revision
 
@@ -137,3 +138,14 @@ def test_a_routed_familys_bf16_check_takes_its_logits_bound_with_routing_fixed(m
     fixed, like = row["fixed_routing_logit_diff"], row["fixed_routing_kernel_rounding_logit_diff"]
     assert 0 < fixed <= chip_parity.BF16_FACTOR * like, row
     assert row["criterion"].startswith("teacher-forced: routing fixed") and row["held"], row
+
+
+def test_the_tile_size_probes_stream_small_tiles_each_a_valid_stream():
+    """Chunks of 0.25-1 MiB, two and four deep, each a DMA stream the probe can build (whole 16-row tiles, more chunks
+    than copies in flight); the probe reads what it says, in interpret mode."""
+    chosen = hbm.tile_size_probes()
+    assert {(p.chunk_bytes, p.in_flight) for p in chosen} == {(c, d) for c in (2**18, 2**19, 2**20) for d in (2, 4)}
+    assert all(p.method == "pallas dma stream" and p.nbytes == 4 * 2**30 for p in chosen)
+    small = hbm.tile_size_probes(2**21, chunks=(2**18,), depths=(4,))[0]
+    call, size = dma_stream_call(small.nbytes, small.chunk_bytes, small.in_flight, None, pltpu.InterpretParams())
+    assert size == 2**21 and float(call()[0, 0]) == 8.0  # 8 chunks, each a tile of ones touched once

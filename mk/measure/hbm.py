@@ -61,6 +61,9 @@ CACHE_TILES = (8, 512)  # head groups, positions a tile (the kernel's KV tiles o
 
 
 CACHE = "pallas cache tiles"
+# What a tile's size costs the stream alone: the megakernel read Qwen3's head in 0.5 MiB tiles before kernel revision 5,
+# and the 26B-A4B stand-in's expert tiles are 0.47 MiB (each expert split over 8 chips); both read past their bytes.
+TILE_SIZES = (2**18, 2**19, 2**20)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,14 @@ def further_probes(larger=LARGER) -> list[Probe]:
     return out + [Probe(CACHE, n, groups * tile * 128 * 2, 2) for n in (8 * GIB, *larger)]
 
 
+def tile_size_probes(nbytes: int = 4 * GIB, chunks=TILE_SIZES, depths=(2, 4)) -> list[Probe]:
+    """The DMA stream of ``nbytes`` in each of ``chunks`` (bytes a copy) at each of ``depths`` (copies in flight): the
+    read rate of tiles as small as the kernel's smallest, beside :func:`probes`' 1-8 MiB (python -m mk tpu-measure
+    --parts hbm runs :func:`probes` and :func:`further_probes`; these are asked for by name, mk.measure.tpu_runs.run's
+    ``hbm_probes``)."""
+    return [Probe("pallas dma stream", nbytes, c, d) for c in chunks for d in depths]
+
+
 def probe_read_rate(
     device=None,
     chosen: list[Probe] | None = None,
@@ -153,7 +164,7 @@ def probe_read_rate(
                 device_fraction_of_spec=None if spec is None else round(dev.median / spec, 4),
             )
         )
-        how = f" ({p.chunk_bytes >> 20} MiB x {p.in_flight})" if p.in_flight else ""
+        how = f" ({p.chunk_bytes / 2**20:g} MiB x {p.in_flight})" if p.in_flight else ""
         log(
             f"{p.label} {size / GIB:.2f} GiB{how}: device {dev.median / 1e9:.1f} GB/s "
             f"({dev.low / 1e9:.1f}-{dev.high / 1e9:.1f}), host {host / 1e9:.1f}"
