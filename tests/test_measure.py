@@ -229,12 +229,13 @@ def test_every_driver_writes_the_shared_columns_first_each_named_once():
 
 def test_the_committed_rows_have_their_drivers_columns():
     """data/measured/'s CSVs are appended to by the drivers, which refuse a file with other columns."""
-    from mk.measure import attention_anchor, chip_clock, chip_knockouts, hbm, on_chip, tpu_runs
+    from mk.measure import attention_anchor, chip_clock, chip_knockouts, dma_latency, hbm, on_chip, tpu_runs
 
     written = {BENCH_CSV: cpu.COLUMNS, GPU_CSV: gpu.COLUMNS, TPU_CSV: smoke.COLUMNS, TPU_OPS_CSV: on_chip.OP_COLUMNS}
     written.update({TPU_CSV.with_name(tpu_runs.CSVS[part]): columns for part, columns in (
         ("parity", tpu_runs.PARITY_COLUMNS), ("hbm", hbm.COLUMNS), ("clock", chip_clock.COLUMNS),
-        ("knockouts", chip_knockouts.COLUMNS), ("anchor", attention_anchor.COLUMNS))})  # fmt: skip
+        ("knockouts", chip_knockouts.COLUMNS), ("anchor", attention_anchor.COLUMNS),
+        ("dma", dma_latency.COLUMNS))})  # fmt: skip
     for path, columns in written.items():
         if path.exists():
             with open(path, newline="") as f:

@@ -149,3 +149,19 @@ def test_the_tile_size_probes_stream_small_tiles_each_a_valid_stream():
     small = hbm.tile_size_probes(2**21, chunks=(2**18,), depths=(4,))[0]
     call, size = dma_stream_call(small.nbytes, small.chunk_bytes, small.in_flight, None, pltpu.InterpretParams())
     assert size == 2**21 and float(call()[0, 0]) == 8.0  # 8 chunks, each a tile of ones touched once
+
+
+def test_the_dma_probe_copies_what_it_says_and_times_one_copy_from_two_trip_counts(tmp_path):
+    """Each trip's copy lands (its first tile of ones summed once a trip), a size that is not whole bf16 tiles is
+    refused, and a run writes a row a trip count with one copy's time from their difference (interpreted: a CPU's
+    rows, the driver checked, no chip's time)."""
+    from mk.measure import dma_latency
+
+    x = jnp.ones((2 * 16, 128), jnp.bfloat16)
+    assert float(dma_latency.round_trip_kernel(4096, 3, interpret=True)(x)[0, 0]) == 3.0
+    with pytest.raises(ValueError, match="multiple of 4 KiB"):
+        dma_latency.round_trip_kernel(5000, 3)
+    t = dma_latency.measure(sizes=(4096,), trips=(2, 6), out=tmp_path / "dma.csv", budget_s=0.1, quiet=True,
+                            interpret=True)  # fmt: skip
+    assert list(t.trips) == [2, 6] and (t.copy_low_us <= t.copy_us).all() and (t.copy_us <= t.copy_high_us).all()
+    assert tuple(pd.read_csv(tmp_path / "dma.csv").columns) == dma_latency.COLUMNS

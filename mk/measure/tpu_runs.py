@@ -15,7 +15,9 @@ In order, each part's rows appended to its CSV under ``out_dir`` (data/measured/
 5. **knockouts** (mk.measure.chip_knockouts): each component of a step switched off in turn, in device time ->
    ``tpu_knockouts.csv``;
 6. **anchor** (mk.measure.attention_anchor): JAX's ragged paged attention over the same cache beside the megakernel's
-   attention, by context -> ``tpu_attention.csv``.
+   attention, by context -> ``tpu_attention.csv``;
+7. **dma** (mk.measure.dma_latency): one copy from HBM alone, start to wait, by size: the time a copy costs where
+   nothing else is in flight -> ``tpu_dma.csv``.
 
 A run stops starting work at its ``deadline_s`` (540 s by default, for a session that holds the chip ten minutes at a
 time) and a later run skips the table's cells already measured on a TPU, so the parts can be spread over several calls
@@ -35,11 +37,11 @@ from ..files import append_csv_rows
 from ..paths import MEASURED_DIR
 from ..progress import Log
 from ..tpu import on_tpu
-from . import attention_anchor, chip_clock, chip_knockouts, chip_parity, hbm, on_chip
+from . import attention_anchor, chip_clock, chip_knockouts, chip_parity, dma_latency, hbm, on_chip
 from .harness import CHIP_PROVENANCE, provenance
 from .on_chip import Case, Cell, grid
 
-PARTS = ("parity", "hbm", "table", "clock", "knockouts", "anchor")
+PARTS = ("parity", "hbm", "table", "clock", "knockouts", "anchor", "dma")
 CONTEXTS, BATCHES = (1024, 8192, 32768), (1, 4, 8)
 ONE_USER = tuple(Cell(c, 1) for c in CONTEXTS)
 # Every context for one user, every batch at the first context: the cells a chip's half hour holds for every case (a
@@ -79,7 +81,7 @@ TABLE = (
     Case("gemma4-26b-a4b", None, setup="workbook", cells=ONE_USER[:1], steps_a_call=(1, 16)),
 )  # fmt: skip
 CSVS = dict(parity="tpu_parity.csv", hbm="tpu_hbm.csv", table="tpu.csv", clock="tpu_clock.csv",
-            knockouts="tpu_knockouts.csv", anchor="tpu_attention.csv")  # fmt: skip
+            knockouts="tpu_knockouts.csv", anchor="tpu_attention.csv", dma="tpu_dma.csv")  # fmt: skip
 PARITY_COLUMNS = CHIP_PROVENANCE + chip_parity.COLUMNS
 
 
@@ -132,7 +134,7 @@ def run(
     chip = known_chip(device) if device.platform == "tpu" else None
     log(f"{device.device_kind}: JAX {prov['jax_version']}, libtpu {prov['libtpu_version']}, commit {prov['commit']}, "
         f"code {prov['code_digest']}, kernel {prov['kernel_digest']}")  # fmt: skip
-    done = dict(parity=0, hbm=0, table=0, clock=0, knockouts=0, anchor=0, notes=[], parity_held=None)
+    done = dict(parity=0, hbm=0, table=0, clock=0, knockouts=0, anchor=0, dma=0, notes=[], parity_held=None)
     if "parity" in parts:
         keep = {k: prov[k] for k in PARITY_COLUMNS if k in prov}
 
@@ -167,6 +169,9 @@ def run(
         done["knockouts"], done["notes"] = len(rows), done["notes"] + notes
     if "anchor" in parts and time.perf_counter() < deadline:
         done["anchor"] = len(attention_anchor.measure(out=out_dir / CSVS["anchor"], limit=limit, quiet=quiet))
+    if "dma" in parts and time.perf_counter() < deadline:
+        interpret = device.platform != "tpu"  # off a TPU the interpreted kernels' rows check the run, not a chip
+        done["dma"] = len(dma_latency.measure(out=out_dir / CSVS["dma"], quiet=quiet, interpret=interpret))
     for n in done["notes"]:
         log(n)
     return done
