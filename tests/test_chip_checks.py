@@ -186,6 +186,15 @@ def test_a_revision_run_reads_as_the_change_between_its_kernels(tmp_path):
     assert list(t.revisions) == ["2 -> 3", "2 -> 3"] and list(t.what)[0] == "tiny-llama"
     assert t.change.tolist() == pytest.approx([-0.25, -0.25]) and t.xla_over_after.iloc[0] == pytest.approx(5 / 3)
     assert t.what.iloc[1].startswith("tiny-moe, chip 0 of a v5e-8") and t.xla_ms.isna().iloc[1]
+    # a run at one and 16 steps a call: a cell each, its revisions compared within it
+    several = [dict(r, steps_a_call=n, device_step_ms=r["device_step_ms"] / n) for r in rows[:3] for n in (1, 16)]
+    pd.DataFrame(several).to_csv(tmp_path / "three.csv", index=False)
+    t = chip_checks.revision_table(tmp_path, ("three.csv",)).set_index("steps_a_call")
+    assert list(t.index) == [1, 16] and t.change.tolist() == pytest.approx([-0.25, -0.25])
+    assert (
+        t.after_ms[16] == pytest.approx(3.0 / 16)
+        and (chip_checks.revision_table(tmp_path, ("one.csv",)).steps_a_call == 1).all()
+    )
 
 
 def test_a_routed_models_router_and_norms_knockouts_are_not_like_for_like(tmp_path):

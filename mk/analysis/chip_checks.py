@@ -39,6 +39,7 @@ REVISION_RUNS = (
     "2026-12-06-slot-zero.csv",
     "2026-12-06-slot-zero-stand-in.csv",
     "2026-12-06-slot-zero-stand-in-8.csv",
+    "2026-12-07-head-tiles-r4-r5.csv",  # r4: revision 5's kernel building revision 4's head (its program, same digest)
 )
 
 # A routed model's knock-outs that change which experts are read: the router's (every user takes the first experts)
@@ -178,20 +179,24 @@ def stall_effect(steps: pd.DataFrame | None = None) -> pd.DataFrame:
 
 
 def revision_table(folder=None, runs=REVISION_RUNS) -> pd.DataFrame:
-    """Each cell of each :data:`REVISION_RUNS` run: the megakernel's device time at the revision before and after
-    (medians of steps back to back, 95% intervals), the change, and XLA's reference timed in the same loop where the
-    cell has one (a stand-in has none)."""
+    """Each cell of each :data:`REVISION_RUNS` run (and steps a call, where a run timed several): the megakernel's
+    device time a token at the revision before and after (medians of steps back to back, 95% intervals), the change,
+    and XLA's reference timed in the same loop where the cell has one (a stand-in, or a model too big for both, has
+    none)."""
     rows = []
     for name in runs:
         t = _read_run(name, folder)
-        t = t.assign(revision=t.variant.str.extract(r"\[r(\d+)\]")[0])
-        for (model, setup, context, batch), g in t.groupby(["model", "setup", "context", "batch"], sort=False):
+        steps = t["steps_a_call"] if "steps_a_call" in t else pd.Series(float("nan"), index=t.index)
+        t = t.assign(revision=t.variant.str.extract(r"\[r(\d+)\]")[0], steps_a_call=steps.fillna(1).astype(int))
+        cells = t.groupby(["model", "setup", "context", "batch", "steps_a_call"], sort=False)
+        for (model, setup, context, batch, steps_a_call), g in cells:
             kernels = g.dropna(subset=["revision"]).sort_values("revision", key=lambda r: r.astype(int))
             before, after = kernels.iloc[0], kernels.iloc[-1]
             xla = g[g.variant == "reference"].device_step_ms
             rows.append(dict(
                 what=on_tpu.cell_words(model, setup, "bf16"), context=int(context), batch=int(batch),
-                revisions=f"{before.revision} -> {after.revision}", before_ms=before.device_step_ms,
+                steps_a_call=int(steps_a_call), revisions=f"{before.revision} -> {after.revision}",
+                before_ms=before.device_step_ms,
                 before_low_ms=before.device_step_low_ms, before_high_ms=before.device_step_high_ms,
                 after_ms=after.device_step_ms, after_low_ms=after.device_step_low_ms,
                 after_high_ms=after.device_step_high_ms, change=after.device_step_ms / before.device_step_ms - 1,

@@ -13,7 +13,10 @@ Qwen3-8B's eight users and the last case, Qwen3-30B-A3B's first 3 layers at eigh
 call of its own with the same drivers (log: 2026-12-07-head-tiles-eight-users.txt). Every row is in
 2026-12-07-head-tiles.csv (column ``part``); data/measured/tpu.csv took the default kernel's and the reference's rows
 (the variant with revision 4's head stays in the log), with limit columns filled at data/measured/tpu_hbm.csv's
-measured limit by mk.measure.on_chip.limit_columns, and tpu_ops.csv their profiles.
+measured limit by mk.measure.on_chip.limit_columns, and tpu_ops.csv their profiles. 2026-12-07-head-tiles-r4-r5.csv
+holds the 16-step rows again as a revision run (mk.analysis.chip_checks.REVISION_RUNS): the variant with revision 4's
+head named ``megakernel[r4]``, checked to have the program digest revision 4's own 16-step rows in tpu.csv have, the
+default ``megakernel[r5]``, XLA's ``reference``; setup "one chip".
 """
 
 import sys
