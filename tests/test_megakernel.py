@@ -106,6 +106,16 @@ def test_a_head_with_a_narrower_last_tile():
     assert df.max_logit_diff.max() < LOGIT_ATOL
 
 
+def test_copies_held_to_a_lookahead_window_leave_the_kernel_exact():
+    """Tiles.lookahead_bytes holds weight copies back (mk.plan.schedule): the kernel starts them where the plan says,
+    in and out of its loops over tiles and layers, with the same tokens, logits and cache as the reference."""
+    tiles = Tiles(lookahead_bytes=round(build_plan(TINY_MOE, 2, max_len=32).weight_bytes_max / 8))
+    r = run_both(TINY_MOE, 2, 3, tiles=tiles)
+    assert not r["races"]
+    np.testing.assert_array_equal(np.stack(r["mk"]), np.stack(r["ref"]))
+    assert r["diff"] < LOGIT_ATOL and r["cache_diff"] < LOGIT_ATOL, (r["diff"], r["cache_diff"])
+
+
 # A window of 32 and KV tiles of 8 positions: sliding layers read 4 tiles, full layers up to 6.
 WIDE = {c.name: c.replace(name=c.name + "-w32", sliding_window=32) for c in (TINY_DENSE, TINY_MOE)}
 

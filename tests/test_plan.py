@@ -1,5 +1,6 @@
 """The step plan: order, slots, expert dependencies, bytes, TPU-legal tiles and the VMEM budget."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -550,3 +551,36 @@ def test_head_tiles_are_equal_unless_they_would_be_small():
     # the kernel's earlier head (revisions before 5): equal tiles at any size, a knob for timing one beside the other
     old = build_plan(with_layers("qwen3-30b-a3b", 1), 1, 1024, weight_dtype="bfloat16", tiles=Tiles(head_equal_share=0))
     assert set(old.head_spans) == {(r, 128) for r in range(0, 151936, 128)}
+
+
+def test_a_lookahead_window_holds_copies_back_to_within_its_bytes_and_never_past_their_use():
+    """With Tiles.lookahead_bytes a tile's copy starts no earlier than the default schedule's and no earlier than when
+    the tiles consumed before it come within the window of its first byte; it still starts before its wait, and a window
+    wider than the step's bytes is the default schedule."""
+    small = Tiles()  # each matrix a tile, in buffers by shape: most copies start a layer or more ahead
+    base = build_plan(TINY_MOE, 2, 64, tiles=small)
+    window = round(base.weight_bytes_max / 8)
+    held = build_plan(TINY_MOE, 2, 64, tiles=replace(small, lookahead_bytes=window))
+    assert [ld for ld in held.loads] == [ld for ld in base.loads]
+    s0, _, use0 = _positions(base)
+    s1, w1, use1 = _positions(held)
+    ops0 = [it for it in base.items if isinstance(it, Op)]
+    consumed, first, total = [], {}, 0  # the bytes the ops read before each tile, in order
+    for op in ops0:
+        if op.load is not None:
+            first[op.load] = total
+            total += next(ld.nbytes for ld in base.loads if ld.id == op.load)
+        consumed.append(total)
+    op_index = {n: k for k, n in enumerate(n for n, it in enumerate(held.items) if isinstance(it, Op))}
+    later = 0
+    for ld in held.loads:
+        assert s1[ld.id] < w1[ld.id] < use1[ld.id]
+        ops_before = sum(1 for n in range(s1[ld.id]) if n in op_index)  # ops run before the copy starts
+        ops_before_default = sum(1 for n in range(s0[ld.id]) if isinstance(base.items[n], Op))
+        assert ops_before >= ops_before_default
+        if first[ld.id] > window:  # not before the bytes consumed come within the window
+            assert ops_before >= 1 and consumed[ops_before - 1] >= first[ld.id] - window
+        later += ops_before > ops_before_default
+    assert later > 0, "a window of an eighth of the step holds some copies back"
+    wide = build_plan(TINY_MOE, 2, 64, tiles=replace(small, lookahead_bytes=10 * total))
+    assert wide.items == base.items

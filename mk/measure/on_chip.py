@@ -182,6 +182,8 @@ def tiles_words(tiles: Tiles) -> str:
             said.append(f"{words} of {getattr(tiles, field_) / MIB:g} MiB")
     if tiles.kv_tile != default.kv_tile:
         said.append(f"KV tiles of {tiles.kv_tile} positions")
+    if tiles.lookahead_bytes != default.lookahead_bytes:
+        said.append(f"copies held to a window of {tiles.lookahead_bytes / MIB:g} MiB")
     if tiles.head_equal_share != default.head_equal_share:
         share = tiles.head_equal_share
         said.append(f"head tiles equal down to {share:g} of their budget" if share else "head tiles equal at any size")

@@ -35,6 +35,10 @@ class Tiles:
     # the head's tiles are equal (one loop) while each is at least this share of head_tile_bytes, else the widest with
     # a narrower last one (mk.plan.builder.head_spans); 0: always equal, as the kernel's revisions before 5 were
     head_equal_share: float = 0.25
+    # 0: a weight tile's copy starts as early as its slot (and, for an expert, the route) allows; else no earlier than
+    # when the tiles consumed before it come within this many bytes of it (mk.plan.schedule): a window over the stream
+    # that holds copies back to be in flight where the stream would otherwise run dry (a layer's start, the route)
+    lookahead_bytes: int = 0
 
     def __post_init__(self):
         if self.weight_tile_bytes < LANE * 4 * 16:
@@ -47,14 +51,22 @@ class Tiles:
             raise ValueError(f"head_equal_share={self.head_equal_share} must be a share of the head budget, 0 to 1")
         if self.slots < 2:
             raise ValueError(f"slots={self.slots}: the weight stream needs at least 2 (double buffering)")
+        if self.lookahead_bytes < 0:
+            raise ValueError(f"lookahead_bytes={self.lookahead_bytes}: give 0 (as early as slots allow) or a window")
 
     def __repr__(self) -> str:
-        # the default head_equal_share unsaid: a plan's code fingerprint (mk.plan.StepPlan.code_fingerprint) keys the
-        # stored schedules as before the field was added; the head's tiles themselves are in the plan's loads
-        said = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)]
-        if self.head_equal_share == Tiles.head_equal_share:
-            said.pop()
+        # the fields added after the stored schedules were keyed (_LATER) unsaid at their defaults: a plan's code
+        # fingerprint (mk.plan.StepPlan.code_fingerprint) keys them as before; what they change is in the plan's loads
+        # and items
+        said = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if f.name not in _LATER or getattr(self, f.name) != f.default
+        ]
         return f"Tiles({', '.join(said)})"
+
+
+_LATER = ("head_equal_share", "lookahead_bytes")
 
 
 @dataclass(frozen=True)

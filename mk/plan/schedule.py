@@ -10,6 +10,7 @@ STRIDED fields, by a fixed stride.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import fields
 
 from .records import Item, LayerLoop, Load, Loop, Op, Start, Wait
@@ -18,12 +19,18 @@ MAX_PERIOD = 8  # longest body searched for, in groups (an expert slot is 5: gat
 
 
 def schedule(
-    ops: list[Op], loads: list[Load], route_of: dict[int, int], slots: int, fences: tuple[int, ...] = ()
+    ops: list[Op],
+    loads: list[Load],
+    route_of: dict[int, int],
+    slots: int,
+    fences: tuple[int, ...] = (),
+    lookahead: int = 0,
 ) -> list[Item]:
     """Place Start/Wait around the ops: every load starts as early as its slot (and, for experts, the
     route) allows; a compute waits for its own load just before it runs. No load an op after a fence
     (op index in ``fences``) reads starts before the fence has run (an all-reduce not overlapped with
-    the weight stream)."""
+    the weight stream). With a ``lookahead`` (bytes), no load starts either before the loads consumed ahead of it
+    come within that many bytes of it (mk.plan.Tiles.lookahead_bytes)."""
     consumer = {op.load: n for n, op in enumerate(ops) if op.load is not None}
     by_buffer: dict[str, list[int]] = {}
     for ld in loads:
@@ -39,9 +46,11 @@ def schedule(
         fence_before.append(last)
         if n in fences:
             last = n
+    window = _window(ops, loads, lookahead) if lookahead else {}
     for ld in loads:
         n = consumer[ld.id]
-        ready.setdefault(max(after_op[ld.id], route_of.get(n, -1), fence_before[n]), []).append(ld.id)
+        after = max(after_op[ld.id], route_of.get(n, -1), fence_before[n], window.get(ld.id, -1))
+        ready.setdefault(after, []).append(ld.id)
     items: list[Item] = [Start(lid) for lid in ready.get(-1, ())]
     for n, op in enumerate(ops):
         if op.load is not None:
@@ -49,6 +58,19 @@ def schedule(
         items.append(op)
         items += [Start(lid) for lid in ready.get(n, ())]
     return items
+
+
+def _window(ops: list[Op], loads: list[Load], lookahead: int) -> dict[int, int]:
+    """Each load's op after which the bytes consumed so far are within ``lookahead`` of its own first byte, in the
+    order the ops read their tiles (-1: before the first op)."""
+    nbytes = {ld.id: ld.nbytes for ld in loads}
+    consumed, first, total = [], {}, 0
+    for op in ops:
+        if op.load is not None:
+            first[op.load] = total
+            total += nbytes[op.load]
+        consumed.append(total)
+    return {lid: bisect_left(consumed, at - lookahead) if at > lookahead else -1 for lid, at in first.items()}
 
 
 def groups(items) -> tuple[tuple[int, int], ...]:

@@ -564,7 +564,7 @@ def _built_plan(request: PlanRequest) -> StepPlan:
     b.build()
     # without overlap, no weight DMA is in flight across an all-reduce
     fences = () if setup.collective.overlap else {n for n, op in enumerate(b.ops) if isinstance(op, AllReduce)}
-    items = schedule(b.ops, b.loads, b.route_of, r.tiles.slots, fences)
+    items = schedule(b.ops, b.loads, b.route_of, r.tiles.slots, fences, r.tiles.lookahead_bytes)
     return StepPlan(
         local, rows, r.max_len, r.context, r.weight_dtype, r.kv_dtype, r.tiles, r.knockout, dict(b.buffers),
         tuple(b.loads), tuple(items), dict(b.acts), r.loop_layers, cfg if setup.sharded else None,
