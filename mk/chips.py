@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .paths import CHIPS_CSV, SLICES_CSV, TPU_CLOCK_CSV, TPU_HBM_CSV
+from .paths import CHIPS_CSV, SLICES_CSV, TPU_CLOCK_CSV, TPU_DMA_CSV, TPU_HBM_CSV
 from .tpu import DEVICE_KINDS
 
 
@@ -316,6 +316,41 @@ def measured_limit(chip: str, path=TPU_HBM_CSV) -> MeasuredLimit | None:
     return MeasuredLimit(
         base, float(r["device_GBps"]) * 1e9, r["method"], int(r["bytes"]), r["date"], r["device"], spec
     )
+
+
+@dataclass(frozen=True)
+class CopyLatency:
+    """One copy's fixed time on a chip: the intercept of one copy's time alone against its size (mk.measure.dma_latency,
+    the newest run), with the rate one copy alone reaches (the slope), where and when it was measured."""
+
+    seconds: float
+    copy_rate: float  # bytes/s of one copy alone, past its fixed time
+    sizes: int
+    date: str
+    device: str
+
+
+def measured_copy_latency(chip: str, path=TPU_DMA_CSV) -> CopyLatency | None:
+    """``chip``'s (a chip or slice of data/chips.csv) fixed time a copy from HBM takes where nothing else is in flight,
+    from the newest run of mk.measure.dma_latency on one such chip (at least two sizes): a least-squares line of one
+    copy's time against its bytes, its intercept (never below 0); None where none was measured."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    devices = _device_names(get_chip(chip).base)
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["device"] in devices and int(r["chips"]) == 1]
+    if not rows:
+        return None
+    newest = max(r["date"] for r in rows)
+    by_size = {int(r["nbytes"]): float(r["copy_us"]) * 1e-6 for r in rows if r["date"] == newest}
+    if len(by_size) < 2:
+        return None
+    x, y = list(by_size), list(by_size.values())
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+    device = next(r["device"] for r in rows if r["date"] == newest)
+    return CopyLatency(max(0.0, my - slope * mx), 1 / slope, len(by_size), newest, device)
 
 
 # A core's measured issue rate ----------------------------------------------------------------------------------------

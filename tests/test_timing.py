@@ -1,6 +1,7 @@
 """The timing model: its constants, predictions below the speed of light for every chip and engine, the fits,
 knock-outs, data types and bad input."""
 
+import csv
 import json
 from pathlib import Path
 
@@ -321,3 +322,32 @@ def test_cli_unknown_model_type_exits_2_naming_the_families(tmp_path, capsys):
         assert main([command, "--model", str(tmp_path), "--chip", "h100", "--context", "64"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "'mamba'" in err and "llama" in err and "deepseek_v3" in err, err
+
+
+def test_a_copys_latency_is_paid_where_the_stream_runs_dry_and_measured_where_a_chip_measured_it(tmp_path):
+    """mk.plan.timeline charges ``dma_latency_s`` before a copy's first byte only where nothing is moving (the step's
+    first copy, a read the core waits on): the step grows by at least one latency and by less than one a copy. The
+    chip's latency is the intercept of one copy's time alone against its size, from the newest run on such a chip."""
+    from mk.chips import measured_copy_latency
+    from mk.plan import timeline
+    from mk.timing.bandwidth import copy_latency
+
+    plan = build_plan(get_config("tiny-moe"), 2, 64, weight_dtype="bfloat16", kv_dtype="bfloat16")
+    chip, bw = get_chip("tpu-v5e"), 700e9
+    end = [max(r["end_s"] for r in timeline(plan, chip, bandwidth=bw, dma_latency_s=s)) for s in (0.0, 1e-6)]
+    copies = len(plan.loads) + sum(1 for op in plan.ops if op.serial_bytes)
+    assert 1e-6 <= end[1] - end[0] < copies * 1e-6
+    assert copy_latency(chip).kind in ("assumed", "measured")
+    rows = [dict(date=d, device="tpu: TPU v5 lite", chips=1, nbytes=n, copy_us=us)
+            for d, runs in (("2026-01-01", ((4096, 9.0), (2**22, 20.0))),  # an older run
+                            ("2026-02-01", ((4096, 1.5 + 4096 / 800e3), (2**22, 1.5 + 2**22 / 800e3))))
+            for n, us in runs]  # fmt: skip
+    rows.append(dict(rows[-1], device="tpu: TPU v6 lite", copy_us=99.0))  # another kind of chip
+    path = tmp_path / "tpu_dma.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    got = measured_copy_latency("tpu-v5e-8", path)
+    assert got.seconds == pytest.approx(1.5e-6) and got.copy_rate == pytest.approx(800e9) and got.sizes == 2
+    assert measured_copy_latency("tpu-v5e", tmp_path / "none.csv") is None

@@ -18,6 +18,7 @@ def timeline(
     compute_s: Callable[[Op], float] | None = None,
     load_bytes: Callable[[Load], float] | None = None,
     bandwidth: float | None = None,
+    dma_latency_s: float = 0.0,
 ) -> list[dict]:
     """The DMA engine serves weight tiles in the order the plan issues them at ``bandwidth`` (bytes/s a chip, the HBM
     read rate mk.timing.bandwidth charges the chip: required); compute runs the ops in order, each waiting for its
@@ -32,19 +33,22 @@ def timeline(
     share where it spreads them over a torus) at the chip's ICI bandwidth plus ``ici_latency_s`` per round while
     compute waits (lane "ici"); the weight DMAs already issued go on meanwhile (an all-reduce without overlap has none
     issued: mk.plan.schedule). ``load_bytes(load)``: the bytes a weight DMA moves (default ``load.nbytes``; mk.timing
-    scales it for narrower weight types). ``distinct[layer]``: experts fetched per layer (default: the expected number
-    under uniform routing, rounded). Rows: lane, stream (weights, kv cache, serial, compute), what, layer, component,
-    start_s, end_s. A first-order model of one chip, not a measurement."""
+    scales it for narrower weight types). ``dma_latency_s``: the time a copy takes before its first byte, hidden behind
+    the copies already moving and paid where the engine has run dry (a weight copy issued then, each serial read).
+    ``distinct[layer]``: experts fetched per layer (default: the expected number under uniform routing, rounded).
+    Rows: lane, stream (weights, kv cache, serial, compute), what, layer, component, start_s, end_s. A first-order
+    model of one chip, not a measurement."""
     items = _resolved(plan, chip, op_overhead_s, dma_issue_s, ici_latency_s, compute_s, load_bytes, bandwidth)
-    return _walk(plan, items, distinct)[0]
+    return _walk(plan, items, distinct, dma_latency_s=dma_latency_s)[0]
 
 
 def step_ends(plan, chip, distincts: list[dict[int, int] | None], **costs) -> list[float]:
     """When :func:`timeline`'s step ends (seconds) for each of ``distincts`` (experts fetched per layer), without
     recording its rows: the plan's items and their costs resolved once, the walks that follow float arithmetic
     (mk.timing.pace walks one plan for several counts)."""
+    latency = costs.pop("dma_latency_s", 0.0)
     items = _resolved(plan, chip, **costs)
-    return [_walk(plan, items, distinct, record=False)[1] for distinct in distincts]
+    return [_walk(plan, items, distinct, record=False, dma_latency_s=latency)[1] for distinct in distincts]
 
 
 def _resolved(
@@ -88,7 +92,7 @@ def _resolved(
     return items
 
 
-def _walk(plan, items, distinct=None, record=True) -> tuple[list[dict], float]:
+def _walk(plan, items, distinct=None, record=True, dma_latency_s=0.0) -> tuple[list[dict], float]:
     if distinct is None:
         n = round(sum(k * p for k, p in plan.distinct_experts.items()))
         distinct = {i: n for i in range(plan.share.num_layers)}
@@ -116,7 +120,8 @@ def _walk(plan, items, distinct=None, record=True) -> tuple[list[dict], float]:
             issued_at += issue  # the core issuing the DMA
             # (conditionals, not max(): this loop runs once an item, hundreds of thousands a full-size step)
             compute_free = issued_at if issued_at > compute_free else compute_free
-            s = issued_at if issued_at > dma_free else dma_free
+            first = issued_at + dma_latency_s  # its first byte, if the engine is free by then
+            s = first if first > dma_free else dma_free
             dma_free = s + transfer
             arrive[load] = dma_free
             if record:
@@ -131,7 +136,8 @@ def _walk(plan, items, distinct=None, record=True) -> tuple[list[dict], float]:
                 continue
             s, streamed = compute_free, 0.0
             if serial:  # read while compute waits
-                ks = s if s > dma_free else dma_free
+                first = s + dma_latency_s
+                ks = first if first > dma_free else dma_free
                 dma_free = s = ks + serial
                 if record:
                     row("dma (serial)", "serial", f"{op.kind} {op.layer}", op, ks, dma_free)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..chips import Chip, measured_limit
+from ..chips import Chip, measured_copy_latency, measured_limit
 from .constants import chip_constant
 
 MEASURED_CHIP = "tpu-v5e"  # the chip whose measured fraction of its spec stands in for chips with none of their own
@@ -50,3 +50,28 @@ def read_rate(chip: Chip) -> ReadRate:
         )
     f = measured.fraction_of_spec
     return ReadRate(spec * f, f, "assumed", f"{c.source}: {measured.source}")
+
+
+@dataclass(frozen=True)
+class Latency:
+    """``seconds`` a weight copy takes before its first byte where nothing else is in flight, ``kind`` measured or
+    assumed, and where from."""
+
+    seconds: float
+    kind: str
+    source: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.seconds * 1e6:.3g} us a copy ({self.kind}: {self.source})"
+
+
+def copy_latency(chip: Chip) -> Latency:
+    """The time a copy takes before its first byte on ``chip``: measured on one such chip
+    (mk.chips.measured_copy_latency) where it was, else data/timing.csv's ``dma_latency_s`` (assumed)."""
+    m = measured_copy_latency(chip.base)
+    if m is not None:
+        return Latency(m.seconds, "measured", f"one copy alone at {m.sizes} sizes on {m.device}, {m.date[:10]} "
+                       "(data/measured/tpu_dma.csv)")  # fmt: skip
+    c = chip_constant("dma_latency_s", chip)
+    return Latency(c.value, c.kind, c.source)

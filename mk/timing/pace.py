@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from ..chips import Chip
 from ..plan import Load, StepPlan, step_ends, timeline
-from .bandwidth import read_rate
+from .bandwidth import copy_latency, read_rate
 from .constants import assumed_costs
 from .scheduled import ScheduledStep, scheduled_costs, scheduled_step
 from .work import compute_seconds, link_latency, load_bytes
@@ -52,6 +52,7 @@ def megakernel_costs(
     load_b = {id(ld): nbytes(ld) for ld in plan.loads}  # once: the pacing chip's variants walk the plan many times
     common = dict(
         ici_latency_s=link_latency(chip),
+        dma_latency_s=copy_latency(chip).seconds,
         load_bytes=lambda ld: load_b[id(ld)],
         bandwidth=read_rate(chip).per_chip if bandwidth is None else bandwidth,
     )

@@ -12,7 +12,7 @@ from ..dtypes import get_dtype
 from ..kernel_setup import WORKBOOK_KERNEL, AttentionSplit, KernelSetup, Placement
 from ..sol import speed_of_light
 from ..units import ms_entry, positive_int
-from .bandwidth import read_rate
+from .bandwidth import copy_latency, read_rate
 from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant, fitted_costs
 from .general_stack import GENERAL_STACK, general_step_of, kernel_cost, kernels_per_plan_kernel
 from .pace import Pace, op_costs, pace
@@ -311,7 +311,7 @@ def _megakernel_constants(
     fitted: dict[str, str],  # the costs that are data/timing.csv's fitted defaults, and their points
     hbm_read_Bps: float | None,
 ) -> dict[str, str]:
-    used = _shared_constants(chip, hbm_read_Bps)
+    used = _shared_constants(chip, hbm_read_Bps) | {"dma_latency_s": copy_latency(chip).label}
     if assumed is None:  # the core's time is the compiler's bundles, not FLOPs at a padded rate
         return used | {"op_costs": cost_words}
     used["matmul_rows"] = f"{chip_constant('matmul_rows', chip).value:g} (cited)"
