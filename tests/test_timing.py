@@ -284,7 +284,8 @@ def test_the_straggler_costs_the_busiest_chips_step_over_an_average_chips():
 
 def test_assumed_costs_come_from_the_data_file_and_a_given_one_is_said_so():
     rows = [c for c in timing.constants() if c.kind == "assumed"]
-    assert {c.name for c in rows} == set(timing.ASSUMED) and all(c.source for c in rows)
+    # the core's costs, and a copy's latency until a chip of the kind measures it (mk.timing.bandwidth.copy_latency)
+    assert {c.name for c in rows} == {*timing.ASSUMED, "dma_latency_s"} and all(c.source for c in rows)
     default = timing.predict(MOE, "tpu-v5e-8", 4096, 2)  # a plan data/schedule keeps no schedule of
     assert default.op_costs == "assumed" and default.constants["op_overhead_s"].endswith("(assumed, data/timing.csv)")
     more = timing.predict(MOE, "tpu-v5e-8", 4096, 2, costs=timing.GivenCosts(1e-6, 1e-6))

@@ -4,6 +4,7 @@ the general stack), beside the speed of light, with every constant it used and w
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
 from ..assistant_config import check_pair, source_layers
 from ..chips import Chip, check_one_device, get_chip
@@ -12,7 +13,7 @@ from ..dtypes import get_dtype
 from ..kernel_setup import WORKBOOK_KERNEL, AttentionSplit, KernelSetup, Placement
 from ..sol import speed_of_light
 from ..units import ms_entry, positive_int
-from .bandwidth import copy_latency, read_rate
+from .bandwidth import Latency, ReadRate, copy_latency, read_rate
 from .constants import MODELLED, assumed_costs, assumed_label, chip_constant, constant, fitted_costs
 from .general_stack import GENERAL_STACK, general_step_of, kernel_cost, kernels_per_plan_kernel
 from .pace import Pace, op_costs, pace
@@ -240,8 +241,49 @@ def predict(
     no weight reads: n-gram prompt lookup), emitting ``acceptance`` tokens per user on average
     (``check_speculation``); tokens/s and the fraction of the speed of light count emitted tokens. ``assistant``
     (mk.assistant_config.AssistantConfig): the drafts come from Gemma 4's assistant, whose K programs a round cost
-    :func:`drafter_seconds` (default: a drafter that reads nothing). A round is the drafter's time plus the step's."""
+    :func:`drafter_seconds` (default: a drafter that reads nothing). A round is the drafter's time plus the step's.
+
+    The last predictions made are kept and handed out again (the tables of a notebook, and the claims table, ask for
+    the same steps many times, a model named by its preset or given as its config alike): a prediction is a function
+    of its arguments, of data read once a process, and of the chip's HBM read rate and copy latency, read again at
+    every call (a limit or latency measured in this process, data/measured/tpu_hbm.csv or tpu_dma.csv, makes new
+    predictions)."""
     cfg, chip = _check(model, chip, context, batch, engine)
+    args = (cfg, chip, context, batch, engine, dtype, setup, frozenset(knockout), costs, acceptance, assistant)
+    args += (_charged_rate(chip), copy_latency(chip))
+    try:
+        hash(args)
+    except TypeError:  # an argument that cannot be a key (an assistant of one's own making): made afresh
+        return _prediction.__wrapped__(*args)
+    return _prediction(*args)
+
+
+def _charged_rate(chip: Chip) -> ReadRate | None:
+    """The HBM read rate ``chip`` is charged now (None where there is none: the prediction says why)."""
+    try:
+        return read_rate(chip)
+    except ValueError:
+        return None
+
+
+@lru_cache(maxsize=1024)
+def _prediction(
+    cfg: ModelConfig,
+    chip: Chip,
+    context: int,
+    batch: int,
+    engine: str,
+    dtype: str,
+    setup: KernelSetup,
+    knockout: frozenset,
+    costs: GivenCosts,
+    acceptance: float | None,
+    assistant,
+    rate: ReadRate | None,
+    latency: Latency,
+) -> Prediction:
+    """:func:`predict` of a checked config and chip, ``rate`` the read rate and ``latency`` the copy latency it is
+    charged (keys: the step reads them itself). A Prediction is frozen, and nothing changes its fields' dicts."""
     per_round = check_speculation(setup.draft_tokens, acceptance)
     _check_drafts(setup, chip, engine, assistant)
     k = setup.draft_tokens

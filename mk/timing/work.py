@@ -84,7 +84,9 @@ def link_latency(chip: Chip) -> float:
     return chip_constant("ici_hop_latency_s", chip).value
 
 
-@lru_cache(maxsize=32)  # the sweeps and the pacing chip's variants time the same plan many ways
+# the sweeps and the pacing chip's variants time the same plan many ways: a notebook's sweeps ask for up to ~200
+# plans (a full-size plan holds ~6 MB), asking again for some of them after 32 others
+@lru_cache(maxsize=128)
 def step_plan(cfg, chip, context, batch, dtype, setup, knockout=frozenset()) -> StepPlan:
     """The plan the model times for ``setup`` (mk.kernel_setup.KernelSetup) over ``chip``'s chips: chip 0's, in the
     plan's data type for ``dtype`` (mk.plan.build_plan); past one host, the setup mk.sharding.pods.pod_setup gives
