@@ -144,7 +144,8 @@ def run(
         rows = chip_parity.run_checks(parity_checks, quiet=quiet, on_row=write)
         done.update(parity=len(rows), parity_held=all(r["held"] for r in rows))
     if "hbm" in parts and time.perf_counter() < deadline:
-        table = hbm.probe_read_rate(device, hbm_probes, budget_s=probe_budget_s, out=out_dir / CSVS["hbm"], quiet=quiet)
+        table = hbm.probe_read_rate(device, hbm_probes, budget_s=probe_budget_s, out=out_dir / CSVS["hbm"], quiet=quiet,
+                                    interpret=device.platform != "tpu")  # fmt: skip
         done["hbm"] = len(table)
     limit = measured_limit(chip, out_dir / CSVS["hbm"]) if chip is not None else None
     if "table" in parts:
