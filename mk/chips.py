@@ -339,7 +339,7 @@ def measured_copy_latency(chip: str, path=TPU_DMA_CSV) -> CopyLatency | None:
         return None
     devices = _device_names(get_chip(chip).base)
     with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["device"] in devices and int(r["chips"]) == 1]
+        rows = [r for r in csv.DictReader(f) if r["device"] in devices]  # each copy timed on one chip
     if not rows:
         return None
     newest = max(r["date"] for r in rows)

@@ -66,11 +66,15 @@ def test_a_cell_is_its_newest_rows_and_the_call_cost_only_within_one_run(rows, t
 
 def test_a_layer_past_its_bytes_is_the_difference_of_two_cuts_and_the_call_cancels(rows):
     got = moe.layers_past_bytes(rows).set_index(["model", "steps_a_call"])
-    k = rows[rows.engine == "megakernel"].set_index(["model", "steps_a_call"]).past_bytes_us
+    one = rows[(rows.engine == "megakernel") & (rows.setup == "one chip")]
+    k = one.set_index(["model", "steps_a_call", "kernel_revision"]).past_bytes_us
     gemma = got.loc[("gemma4-26b-a4b", moe.SEVERAL)]
     assert gemma.layers == 5
+    r = gemma.kernel_revision  # the newest revision that timed both cuts, whichever timed one of them since
+    assert r == max(set(one[one.model == "gemma4-26b-a4b[:7]"].kernel_revision)
+                    & set(one[one.model == "gemma4-26b-a4b[sliding+full]"].kernel_revision))  # fmt: skip
     assert gemma.us_a_layer == pytest.approx(
-        (k[("gemma4-26b-a4b[:7]", moe.SEVERAL)] - k[("gemma4-26b-a4b[sliding+full]", moe.SEVERAL)]) / 5
+        (k[("gemma4-26b-a4b[:7]", moe.SEVERAL, r)] - k[("gemma4-26b-a4b[sliding+full]", moe.SEVERAL, r)]) / 5
     )
     # measured: the same layers at one step a call (another revision, days before) give nearly the same, what a call
     # adds to a step cancelling in the difference; and a model whose cuts ran on two revisions gives none
@@ -102,9 +106,14 @@ def test_what_the_gap_was_and_is_sets_the_newest_revision_beside_the_one_before(
     changes = moe.revision_changes(rows).set_index("model")
     k = rows[(rows.engine == "megakernel") & (rows.steps_a_call == moe.SEVERAL) & (rows.setup == "one chip")]
     for model, r in changes.iterrows():
-        mine = k[k.model == model].set_index("kernel_revision").fraction_of_limit
+        mine = k[k.model == model].set_index("kernel_revision")
         assert r.revision_is == mine.index.max() and r.revision_was == sorted(mine.index)[-2]
-        assert (r.fraction_was, r.fraction_is) == (mine[r.revision_was], mine[r.revision_is])
+        assert (r.fraction_was, r.fraction_is) == tuple(mine.fraction_of_limit[[r.revision_was, r.revision_is]])
+        assert mine.program_digest[r.revision_was] != mine.program_digest[r.revision_is]
+    # measured: revision 5 left the 26B-A4B's program as revision 4 built it; its rows under both are no change
+    same = k[k.model == "gemma4-26b-a4b[:7]"]
+    assert same.kernel_revision.nunique() > 1 == same.program_digest.nunique()
+    assert "gemma4-26b-a4b[:7]" not in changes.index
     # measured: revision 5's head (no 0.5 MiB tiles) took Qwen3-30B-A3B's first 8 layers past 0.97 of the limit
     q = changes.loc["qwen3-30b-a3b[:8]"]
     assert (q.revision_was, q.revision_is) == (4, 5) and q.fraction_was < 0.95 < 0.97 < q.fraction_is
@@ -122,7 +131,7 @@ def test_the_report_gives_the_sentence_only_from_an_export(rows, tmp_path):
     rows.to_csv(tmp_path / f"{MOE}.csv", index=False)
     html = _moe_html(tmp_path)
     assert "of the measured limit at one step a call" in html and f"{MOE}.csv" in html
-    assert "newest revision moved gpt-oss-20b[:2] from" in html and "qwen3-30b-a3b[:8] from" in html
+    assert "newest revision moved" in html and "gpt-oss-20b[:2] from" in html and "qwen3-30b-a3b[:8] from" in html
 
 
 def test_a_kernel_variant_says_its_tiles_and_the_default_says_nothing():

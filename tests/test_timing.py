@@ -330,6 +330,7 @@ def test_a_copys_latency_is_paid_where_the_stream_runs_dry_and_measured_where_a_
     first copy, a read the core waits on): the step grows by at least one latency and by less than one a copy. The
     chip's latency is the intercept of one copy's time alone against its size, from the newest run on such a chip."""
     from mk.chips import measured_copy_latency
+    from mk.measure import dma_latency
     from mk.plan import timeline
     from mk.timing.bandwidth import copy_latency
 
@@ -339,14 +340,14 @@ def test_a_copys_latency_is_paid_where_the_stream_runs_dry_and_measured_where_a_
     copies = len(plan.loads) + sum(1 for op in plan.ops if op.serial_bytes)
     assert 1e-6 <= end[1] - end[0] < copies * 1e-6
     assert copy_latency(chip).kind in ("assumed", "measured")
-    rows = [dict(date=d, device="tpu: TPU v5 lite", chips=1, nbytes=n, copy_us=us)
+    rows = [dict(dict.fromkeys(dma_latency.COLUMNS, ""), date=d, device="tpu: TPU v5 lite", nbytes=n, copy_us=us)
             for d, runs in (("2026-01-01", ((4096, 9.0), (2**22, 20.0))),  # an older run
                             ("2026-02-01", ((4096, 1.5 + 4096 / 800e3), (2**22, 1.5 + 2**22 / 800e3))))
             for n, us in runs]  # fmt: skip
     rows.append(dict(rows[-1], device="tpu: TPU v6 lite", copy_us=99.0))  # another kind of chip
     path = tmp_path / "tpu_dma.csv"
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, list(rows[0]))
+        w = csv.DictWriter(f, dma_latency.COLUMNS)  # the columns mk.measure.dma_latency writes
         w.writeheader()
         w.writerows(rows)
     got = measured_copy_latency("tpu-v5e-8", path)

@@ -24,7 +24,8 @@ from .on_tpu import STEPS, chip_rows, engine_bytes, fraction_of_limit, measured_
 KIND = "measured (TPU, device time a token; fractions of the measured limit from mk.sol's bytes)"
 SEVERAL = 16  # the steps a call the several-step rows were timed at
 COLUMNS = ["model", "setup", "engine", "steps_a_call", "device_ms", "device_low_ms", "device_high_ms", "step_GB",
-           "fraction_of_limit", "past_bytes_us", "modelled_ms", "error", "date", "kernel_revision"]  # fmt: skip
+           "fraction_of_limit", "past_bytes_us", "modelled_ms", "error", "date", "kernel_revision",
+           "program_digest"]  # fmt: skip
 
 
 def moe_one_user_rows(path=None) -> pd.DataFrame:
@@ -52,7 +53,7 @@ def moe_one_user_rows(path=None) -> pd.DataFrame:
             fraction_of_limit=fraction_of_limit(nbytes, seconds, r.chip),
             past_bytes_us=(seconds - nbytes / limit.bandwidth) * 1e6 if limit else float("nan"),
             modelled_ms=modelled * 1e3, error=modelled / seconds - 1, date=str(r.date)[:10],
-            kernel_revision=int(r.kernel_revision),
+            kernel_revision=int(r.kernel_revision), program_digest=r.program_digest,
         ))  # fmt: skip
     out = pd.DataFrame(rows, columns=COLUMNS).sort_values(["setup", "model", "engine", "steps_a_call", "date"])
     # to the figures an exported table keeps (mk.units.SIGNIFICANT): one sentence from the rows or from the export
@@ -126,12 +127,15 @@ CHANGE_COLUMNS = ["model", "steps_a_call", "revision_was", "fraction_was", "date
 
 
 def revision_changes(rows: pd.DataFrame) -> pd.DataFrame:
-    """What the gap was and is: each one-chip cell whose kernel was timed at :data:`SEVERAL` steps a call by more than
-    one kernel revision, its newest revision's fraction of the limit beside the one before's (rows of two runs)."""
+    """What the gap was and is: each one-chip cell whose kernel was timed at :data:`SEVERAL` steps a call in more than
+    one program, its newest revision's fraction of the limit beside the newest row of the program before (rows of two
+    runs). A revision that left a cell's program as it was (its ``program_digest`` the same) changed nothing there:
+    its rows are that program's again, not a change."""
     k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip") & (rows.steps_a_call == SEVERAL)]
     out = []
     for model, g in k.groupby("model", sort=False):
-        g = g.sort_values(["kernel_revision", "date"]).groupby("kernel_revision").tail(1)
+        g = g.sort_values(["kernel_revision", "date"])
+        g = g.groupby(g.program_digest.fillna(g.kernel_revision.astype(str)), sort=False).tail(1)
         if len(g) < 2:
             continue
         was, now = g.iloc[-2], g.iloc[-1]
