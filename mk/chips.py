@@ -321,13 +321,16 @@ def measured_limit(chip: str, path=TPU_HBM_CSV) -> MeasuredLimit | None:
 @dataclass(frozen=True)
 class CopyLatency:
     """One copy's fixed time on a chip: the intercept of one copy's time alone against its size (mk.measure.dma_latency,
-    the newest run), with the rate one copy alone reaches (the slope), where and when it was measured."""
+    the newest run), with the rate one copy alone reaches (the slope), where and when it was measured; and the fixed
+    time of the Pallas call that made them (``call_seconds``): each call's device time less its copies', the median
+    over the run's sizes."""
 
     seconds: float
     copy_rate: float  # bytes/s of one copy alone, past its fixed time
     sizes: int
     date: str
     device: str
+    call_seconds: float = 0.0
 
 
 def measured_copy_latency(chip: str, path=TPU_DMA_CSV) -> CopyLatency | None:
@@ -343,14 +346,18 @@ def measured_copy_latency(chip: str, path=TPU_DMA_CSV) -> CopyLatency | None:
     if not rows:
         return None
     newest = max(r["date"] for r in rows)
-    by_size = {int(r["nbytes"]): float(r["copy_us"]) * 1e-6 for r in rows if r["date"] == newest}
+    run = [r for r in rows if r["date"] == newest]
+    by_size = {int(r["nbytes"]): float(r["copy_us"]) * 1e-6 for r in run}
     if len(by_size) < 2:
         return None
+    calls = sorted(float(r["device_us"]) * 1e-6 - int(r["trips"]) * float(r["copy_us"]) * 1e-6 for r in run)
+    mid = len(calls) // 2
     x, y = list(by_size), list(by_size.values())
     mx, my = sum(x) / len(x), sum(y) / len(y)
     slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
     device = next(r["device"] for r in rows if r["date"] == newest)
-    return CopyLatency(max(0.0, my - slope * mx), 1 / slope, len(by_size), newest, device)
+    call = calls[mid] if len(calls) % 2 else (calls[mid - 1] + calls[mid]) / 2
+    return CopyLatency(max(0.0, my - slope * mx), 1 / slope, len(by_size), newest, device, max(0.0, call))
 
 
 # A core's measured issue rate ----------------------------------------------------------------------------------------

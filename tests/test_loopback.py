@@ -60,3 +60,21 @@ def test_the_stand_in_compiles_for_one_v5e_as_one_kernel_without_a_barrier():
     text = compile_plan(plan, "tpu-v5e").as_text()
     assert text.count('custom_call_target="tpu_custom_call"') == 1
     assert "all-reduce" not in text and "collective" not in text.replace("collective_id", "")
+
+
+def test_the_model_gives_a_stand_in_its_local_copies_in_place_of_the_links():
+    """mk.timing.Pace.stand_in_s: chip 0 exchanging with itself pays each round one copy's fixed time and its sent bytes
+    at the HBM rate, not the links' latency and bandwidth (mk.analysis.on_tpu.modelled_step of a stand-in's row)."""
+    from mk.chips import get_chip
+    from mk.timing import predict
+    from mk.timing.bandwidth import copy_latency, read_rate
+
+    p = predict(CFG8, "tpu-v5e-8", 256, 2, "megakernel", setup=WORKBOOK_KERNEL)
+    plan = build_plan(CFG8, 2, 256, setup=WORKBOOK_KERNEL)
+    cross = [op for op in plan.ops if op.sent_bytes]
+    chip = get_chip("tpu-v5e-8")
+    rounds, sent = sum(op.rounds for op in cross), sum(op.sent_bytes for op in cross)
+    assert rounds > len(cross) > 0  # reduce-scatter, then all-gather: two rounds an all-reduce
+    want = rounds * copy_latency(chip).seconds + sent / read_rate(chip).per_chip
+    assert p.pacing.loopback_s == pytest.approx(want) and 0 < p.pacing.loopback_s < p.pacing.ici_s
+    assert p.pacing.stand_in_s == pytest.approx(p.step_s - p.pacing.ici_s + want)

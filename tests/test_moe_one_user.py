@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from mk.analysis import moe_one_user as moe
+from mk.analysis import moe_one_user as moe, on_tpu
 from mk.analysis.on_tpu import measured_config
 from mk.chips import measured_limit
 from mk.measure.on_chip import Case, variant
@@ -24,7 +24,8 @@ def rows():
 
 def newest(rows):
     """Each model's, setup's and engine's newest row at each steps a call (the rows keep older kernel revisions')."""
-    return rows.sort_values("date", kind="stable").groupby(["model", "setup", "engine", "steps_a_call"]).tail(1)
+    newer = rows.sort_values(["date", "kernel_revision"], kind="stable")  # a day's rows: the later revision newer
+    return newer.groupby(["model", "setup", "engine", "steps_a_call"]).tail(1)
 
 
 def test_rows_are_the_moe_cells_at_one_user_and_their_fractions_are_of_their_bytes(rows):
@@ -40,11 +41,19 @@ def test_rows_are_the_moe_cells_at_one_user_and_their_fractions_are_of_their_byt
         assert r.fraction_of_limit == pytest.approx(nbytes / seconds / limit, rel=1e-3)
         assert r.past_bytes_us == pytest.approx((seconds - nbytes / limit) * 1e6, rel=1e-3, abs=0.05)
         assert r.error == pytest.approx(r.modelled_ms / r.device_ms - 1, abs=2e-3)
-    # the model is of one step: a row at 16 steps a call (no call's floor in it) is nearer it than one step a call
+    # the model charges a step its share of the call's measured fixed time: one step a call all of it, 16 a sixteenth
     k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip")]
     k = newest(k).pivot(index="model", columns="steps_a_call")
-    both = k.error.dropna()
-    assert len(both) >= 3 and (both[moe.SEVERAL].abs() < both[1].abs()).all()
+    floor = on_tpu.call_floor("tpu-v5e") * 1e3
+    assert floor > 0  # measured: data/measured/tpu_dma.csv
+    both = k.modelled_ms.dropna()
+    assert len(both) >= 3
+    share = floor * (1 - 1 / moe.SEVERAL)
+    assert (both[1] - both[moe.SEVERAL]).tolist() == pytest.approx([share] * len(both), abs=2e-3)
+    # measured: the newest kernel's MoE rows at one user land within 5% of the model, at one step a call and at 16
+    current = newest(rows[rows.engine == "megakernel"])
+    current = current[current.kernel_revision == current.kernel_revision.max()]
+    assert len(current) >= 5 and (current.error.abs() < 0.05).all(), current[["model", "steps_a_call", "error"]]
 
 
 def test_a_cell_is_its_newest_rows_and_the_call_cost_only_within_one_run(rows, tmp_path):

@@ -340,10 +340,12 @@ def test_a_copys_latency_is_paid_where_the_stream_runs_dry_and_measured_where_a_
     copies = len(plan.loads) + sum(1 for op in plan.ops if op.serial_bytes)
     assert 1e-6 <= end[1] - end[0] < copies * 1e-6
     assert copy_latency(chip).kind in ("assumed", "measured")
-    rows = [dict(dict.fromkeys(dma_latency.COLUMNS, ""), date=d, device="tpu: TPU v5 lite", nbytes=n, copy_us=us)
-            for d, runs in (("2026-01-01", ((4096, 9.0), (2**22, 20.0))),  # an older run
-                            ("2026-02-01", ((4096, 1.5 + 4096 / 800e3), (2**22, 1.5 + 2**22 / 800e3))))
-            for n, us in runs]  # fmt: skip
+    # each call: its copies and a fixed 60 us (the older run's 70 us), but for one call of 90 us (the median skips it)
+    rows = [dict(dict.fromkeys(dma_latency.COLUMNS, ""), date=d, device="tpu: TPU v5 lite", nbytes=n, copy_us=us,
+                 trips=trips, device_us=call + trips * us)
+            for d, runs in (("2026-01-01", ((4096, 9.0, 70), (2**22, 20.0, 70))),  # an older run
+                            ("2026-02-01", ((4096, 1.5 + 4096 / 800e3, 60), (2**22, 1.5 + 2**22 / 800e3, 60))))
+            for n, us, fixed in runs for trips, call in ((200, fixed), (2000, fixed if n > 4096 else 90))]  # fmt: skip
     rows.append(dict(rows[-1], device="tpu: TPU v6 lite", copy_us=99.0))  # another kind of chip
     path = tmp_path / "tpu_dma.csv"
     with open(path, "w", newline="") as f:
@@ -352,4 +354,5 @@ def test_a_copys_latency_is_paid_where_the_stream_runs_dry_and_measured_where_a_
         w.writerows(rows)
     got = measured_copy_latency("tpu-v5e-8", path)
     assert got.seconds == pytest.approx(1.5e-6) and got.copy_rate == pytest.approx(800e9) and got.sizes == 2
+    assert got.call_seconds == pytest.approx(60e-6)
     assert measured_copy_latency("tpu-v5e", tmp_path / "none.csv") is None

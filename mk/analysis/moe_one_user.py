@@ -32,8 +32,8 @@ def moe_one_user_rows(path=None) -> pd.DataFrame:
     """Every MoE cell's newest row at one user, 1K, bf16, per engine, setup, steps a call (one or :data:`SEVERAL`)
     and kernel revision (what the gap was under an earlier kernel stays beside what it is): its device time a token
     with its interval, the bytes its engine reads, its fraction of the measured limit, the microseconds it takes past
-    those bytes at the limit, and the timing model's step (mk.analysis.on_tpu.modelled_seconds: one step, no call's
-    floor) with its error against the row."""
+    those bytes at the limit, and the timing model's step (mk.analysis.on_tpu.modelled_seconds: a step and its share
+    of the call's fixed time) with its error against the row."""
     path = TPU_CSV if path is None else path
     t = chip_rows(pd.read_csv(path)) if path.exists() else pd.DataFrame()
     if t.empty or STEPS not in t:
@@ -69,7 +69,9 @@ def moe_one_user(rows: pd.DataFrame) -> pd.DataFrame:
     Each engine's newest row at each steps a call stands for the cell (:func:`moe_one_user_rows` keeps older
     revisions' too)."""
     out = []
-    newest = rows.sort_values("date", kind="stable").groupby(["model", "setup", "engine", "steps_a_call"]).tail(1)
+    # the rows' dates are days: within one, a later revision is the newer row (revisions only grow)
+    newest = rows.sort_values(["date", "kernel_revision"], kind="stable")
+    newest = newest.groupby(["model", "setup", "engine", "steps_a_call"]).tail(1)
     for (model, setup), g in newest.groupby(["model", "setup"], sort=False):
         at = {(r.engine, r.steps_a_call): r for r in g.itertuples()}
         if ("megakernel", 1) not in at or ("megakernel", SEVERAL) not in at:
@@ -163,7 +165,8 @@ def moe_sentence(table: pd.DataFrame, layers: pd.DataFrame, changes: pd.DataFram
             f"{s1} at one step and {s16} at {SEVERAL} ({len(both)} cells with both engines)")  # fmt: skip
     e1, e16 = (f"{100 * one[c].min():+.1f}% to {100 * one[c].max():+.1f}%" for c in ("model_error_1", "model_error_16"))
     text += (
-        f"; the timing model (one step, no call's floor) misses the kernel's rows by {e1} at one step a call and "
+        f"; the timing model (a step and its share of the call's measured fixed time) misses the kernel's rows by {e1} "
+        "at one step a call and "
         f"{e16} at {SEVERAL}"
     )
     newest = layers.sort_values("steps_a_call").groupby("model").tail(1)

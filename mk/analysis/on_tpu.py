@@ -4,9 +4,10 @@ headline rebuilt from the measured per-chip work plus the modelled links.
 
 The model of a measured step is mk.timing's for the same model (or truncation), chip, context, batch and data type:
 the megakernel's for a megakernel row (one chip; or, for chip 0 of a v5e-8 stood in for by one chip, the v5e-8 step of
-that setup with its links' time taken out), the general stack's for XLA's row. Errors are modelled / measured - 1
-against the device's time (steps back to back), the time the model predicts: a host that waits on every step adds its
-own latency (``host_over_device``).
+that setup with its exchanges as local copies in place of its links' time), with the row's share of a call's measured
+fixed time (:func:`call_floor`), the general stack's for XLA's row. Errors are modelled / measured - 1 against the
+device's time (steps back to back), the time the model predicts: a host that waits on every step adds its own latency
+(``host_over_device``).
 
 Every table here reads only rows taken on a TPU, as each row's ``device`` names it (:func:`chip_rows`: a CPU's
 interpreted rows never stand for a chip's), and sets each against its own chip (a v6e's row against a v6e's model and
@@ -22,7 +23,7 @@ import statistics
 
 import pandas as pd
 
-from ..chips import get_chip, measured_chip, measured_limit, slice_of
+from ..chips import get_chip, measured_chip, measured_copy_latency, measured_limit, slice_of
 from ..config import with_layers
 from ..kernel_setup import SETUPS, WORKBOOK_KERNEL
 from ..paths import MEASURED_DIR, TPU_CSV, TPU_OPS_CSV
@@ -221,18 +222,31 @@ def measured_prediction(r, costs: GivenCosts = DEFAULT_COSTS, knockout=frozenset
 
 
 def modelled_step(r, p: Prediction) -> float:
-    """A measured row's modelled step from its prediction ``p`` (:func:`measured_prediction`): a stand-in's without
-    its links' time (chip 0 alone exchanges with itself)."""
-    return p.step_s - p.pacing.ici_s if str(r["setup"]).endswith(STAND_IN) else p.step_s
+    """A measured row's modelled step from its prediction ``p`` (:func:`measured_prediction`): a stand-in's with its
+    exchanges as local copies in place of its links' time (chip 0 alone exchanges with itself: mk.timing.Pace)."""
+    return p.pacing.stand_in_s if str(r["setup"]).endswith(STAND_IN) else p.step_s
+
+
+def call_floor(chip: str) -> float:
+    """A kernel call's fixed time on ``chip`` (mk.chips.CopyLatency.call_seconds: measured on one such chip), 0 where
+    none was measured: a call of n steps pays it once, a step n-th of it."""
+    m = measured_copy_latency(get_chip(chip).base)
+    return 0.0 if m is None else m.call_seconds
 
 
 def modelled_seconds(r, costs: GivenCosts = DEFAULT_COSTS) -> tuple[float, str]:
-    """A measured row's modelled step (:func:`modelled_step`) and the setup it models."""
+    """A measured row's modelled step and the setup it models: the kernel's step (:func:`modelled_step`) and its
+    share of the call's fixed time (:func:`call_floor` over the row's steps a call); XLA's step as the general stack's
+    model gives it (its own fixed costs a kernel)."""
     p = measured_prediction(r, costs)
     if r["engine"] != "megakernel":
         return p.step_s, "general"
     stand_in = str(r["setup"]).endswith(STAND_IN)
-    return modelled_step(r, p), p.setup + ", its links' time taken out" if stand_in else "one chip"
+    steps = r.get(STEPS, 1)
+    steps = 1 if pd.isna(steps) else int(steps)
+    return modelled_step(r, p) + call_floor(r["chip"]) / steps, (
+        p.setup + ", its exchanges local copies" if stand_in else "one chip"
+    )
 
 
 STEPS = "steps_a_call"  # tpu.csv's greedy decode steps a call (mk.measure.on_chip: a row's times are a step's)
@@ -416,10 +430,10 @@ def _cache_bytes(cfg, context: int, batch: int = 1) -> float:
 
 def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) -> pd.DataFrame:
     """The write-up's 26B-A4B step on a v5e-8 rebuilt, for each stand-in setup measured: chip 0's step measured on one
-    chip (its exchanges local copies) plus the links' time the model gives that setup (on one link: the long end), and
-    chip 0's step alone (no link time: the short end), against the published step and the model's own whole step.
-    Tokens/s and the fraction of the speed of light at the data sheet's bandwidth (the write-up's definition) and at the
-    measured limit."""
+    chip (its exchanges local copies), the model's time of those copies (mk.timing.Pace.loopback_s) given over to the
+    links' time it gives that setup (on one link: the long end), and chip 0's step as measured (the short end), against
+    the published step and the model's own whole step. Tokens/s and the fraction of the speed of light at the data
+    sheet's bandwidth (the write-up's definition) and at the measured limit."""
     s = tpu_steps() if steps is None else steps
     s = s[s.setup.str.endswith(STAND_IN) & (s.chip == SLICE) & (s.context == context) & (s.batch == 1)]  # a v5e's
     sol = speed_of_light("gemma4-26b-a4b", SLICE, context, 1, "bf16")
@@ -428,7 +442,7 @@ def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) ->
     for _, r in s.iterrows():
         setup = _stand_in_setup(r.setup)
         p = predict("gemma4-26b-a4b", SLICE, context, 1, "megakernel", "bf16", setup=setup)
-        step = r.device_ms / 1e3 + p.pacing.ici_s
+        step = r.device_ms / 1e3 - p.pacing.loopback_s + p.pacing.ici_s  # its local copies' time for the links'
         rows.append(dict(
             setup=setup.name, chip0_measured_ms=r.device_ms, chip0_tokens_per_s=1e3 / r.device_ms,
             chip0_fraction_of_limit=r.device_fraction_of_limit, links_modelled_ms=p.pacing.ici_s * 1e3,

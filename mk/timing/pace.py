@@ -29,6 +29,14 @@ class Pace:
     payload_floor_s: float  # the payload's
     ici_s: float  # the links' time: bytes at a link's bandwidth plus the latency of every round
     step_s: float
+    # the same exchanges made by one chip with itself (a loopback stand-in for chip 0): each round a local copy's
+    # fixed time (mk.timing.bandwidth.copy_latency), the bytes it sends at the HBM read rate
+    loopback_s: float = 0.0
+
+    @property
+    def stand_in_s(self) -> float:
+        """Chip 0's step on one chip whose exchanges are local copies: the links' time out, the copies' in."""
+        return self.step_s - self.ici_s + self.loopback_s
 
 
 def megakernel_costs(
@@ -127,9 +135,10 @@ def pace(
     weights, real = expect(_loaded(plan, moved)), expect(_loaded(plan, payload))
     cross = [op for op in plan.ops if op.sent_bytes]
     ici_s = sum(op.wire_bytes / chip.ici_bandwidth + op.rounds * costs["ici_latency_s"] for op in cross)
+    bw = costs["bandwidth"]
+    loopback_s = sum(op.sent_bytes / bw + op.rounds * costs["dma_latency_s"] for op in cross)
     counts = [_every_layer(plan, m) for m in timed]
     ends = dict(zip(timed, step_ends(plan, chip, counts, **costs)))
-    bw = costs["bandwidth"]
     return Pace(
         experts_per_layer=expect(float, dist),
         expert_share=plan.expert_share,
@@ -141,6 +150,7 @@ def pace(
         payload_floor_s=(real + plan.kv_bytes) / bw,
         ici_s=ici_s,
         step_s=expect(ends.__getitem__),
+        loopback_s=loopback_s,
     )
 
 
