@@ -25,7 +25,7 @@ KIND = "measured (TPU, device time a token; fractions of the measured limit from
 SEVERAL = 16  # the steps a call the several-step rows were timed at
 COLUMNS = ["model", "setup", "engine", "steps_a_call", "device_ms", "device_low_ms", "device_high_ms", "step_GB",
            "fraction_of_limit", "past_bytes_us", "modelled_ms", "error", "date", "kernel_revision",
-           "program_digest"]  # fmt: skip
+           "program_digest", "base_model", "layers"]  # fmt: skip
 
 
 def moe_one_user_rows(path=None) -> pd.DataFrame:
@@ -53,7 +53,8 @@ def moe_one_user_rows(path=None) -> pd.DataFrame:
             fraction_of_limit=fraction_of_limit(nbytes, seconds, r.chip),
             past_bytes_us=(seconds - nbytes / limit.bandwidth) * 1e6 if limit else float("nan"),
             modelled_ms=modelled * 1e3, error=modelled / seconds - 1, date=str(r.date)[:10],
-            kernel_revision=int(r.kernel_revision), program_digest=r.program_digest,
+            kernel_revision=int(r.kernel_revision), program_digest=r.program_digest, base_model=r.base_model,
+            layers=str(r.layers),
         ))  # fmt: skip
     out = pd.DataFrame(rows, columns=COLUMNS).sort_values(["setup", "model", "engine", "steps_a_call", "date"])
     # to the figures an exported table keeps (mk.units.SIGNIFICANT): one sentence from the rows or from the export

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..chips import get_chip
-from ..config import with_layers
+from ..config import LAYER_PAIR, with_layers
 from ..files import git_commit
 from ..format_trees import FORMAT_SCHEMES
 from ..kernel_setup import SETUPS
@@ -176,6 +176,8 @@ def store(rows: pd.DataFrame, plan: StepPlan, folder: Path | None = None) -> Pat
 # cases, and gemma4-26b-a4b's workbook kernel at 1K and 128K for 1 and 8 users and the write-up's at 1K.
 _MOE, _DENSE, _SLICE = "gemma4-26b-a4b", "gemma4-31b", "tpu-v5e-8"
 _OSS_PAIR = with_layers("gpt-oss-20b", 2)
+_MOE_ONE_USER = tuple(with_layers(m, n) for m, n in ((_MOE, LAYER_PAIR), (_MOE, 7), ("qwen3-30b-a3b", 8),
+                                                     ("mixtral-8x7b", 2)))  # fmt: skip
 FIX_NAMES = [name for name in SETUPS if name != "users-split"]  # (a) .. (g), the write-up's fixes and the workbook's
 STORED_CASES = (
     ("tiny-moe", "tpu-v5e", 256, 1, "workbook", "bf16", ()),
@@ -189,6 +191,8 @@ STORED_CASES = (
     *((_MOE, _SLICE, 1024, 1, "write-up", fmt, ()) for fmt in FORMAT_SCHEMES),  # as big models ship
     # the formats' step the v5e timed (notebook 12): gpt-oss-20b's first two layers on one chip
     *((_OSS_PAIR, "tpu-v5e", 1024, 1, "workbook", dtype, ()) for dtype in ("bf16", "mxfp4", "int4")),
+    # the MoE cells timed at one user on one chip (notebook 12: where their stream waits, mk.analysis.stream_waits)
+    *((cfg, "tpu-v5e", 1024, 1, "workbook", "bf16", ()) for cfg in _MOE_ONE_USER),
     (_MOE, _SLICE, 1024, 8, "write-up", "bf16", ()),
     (_MOE, _SLICE, 8192, 1, "write-up", "bf16", ()),
     (_MOE, _SLICE, 1024, 8, "workbook", "bf16", ()),

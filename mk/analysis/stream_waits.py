@@ -1,0 +1,129 @@
+"""Where the modelled weight stream waits: the time in a megakernel step when the DMA engine moves nothing, placed on
+what the core is doing then.
+
+The timing model (mk.plan.timeline, with the costs mk.timing.pace charges: the compiler's schedule of the kernel where
+data/schedule keeps the plan's, the measured copy latency, the measured read rate) walks a step as one DMA engine and
+one core. The engine's busy time is the step's bytes at the charged rate; every other moment of the step it waits: for
+the core to free a slot, to compute a route, to issue the next copy. Each such moment is placed on the phase of the op
+the core is in (the op's component, as the knock-outs name them, with the experts' combine apart; the links for a
+slice's exchanges), or on ``between ops`` where the core is in none (issuing copies). The sum over phases is the
+modelled step less its bytes' time: what a kernel built as this one loses to the stream's waits, by phase, set beside
+what a measured row takes past its bytes (mk.analysis.moe_one_user) to say how much of that the model places.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..chips import get_chip, measured_limit
+from ..config import ModelConfig
+from ..sol import speed_of_light
+from ..timing.pace import pace_timeline
+from ..timing.work import named_plan
+from .on_tpu import call_floor, measured_config
+
+KIND = "modelled (mk.plan.timeline: the compiler's schedule where kept, measured copy latency and read rate)"
+COMBINE = "combine"  # the experts' weighted sum (ExpertCombine), apart from the expert stream
+EXCHANGES = "exchanges"  # a slice's cross-chip rounds (the links' lane)
+BETWEEN = "between ops"  # the core in no op: issuing the next copies
+COLUMNS = ["phase", "wait_us", "wait_us_a_layer", "share_of_step"]
+
+
+def _phase(row: dict) -> str:
+    if row["lane"] == "ici":
+        return EXCHANGES
+    return COMBINE if row["what"] == "ExpertCombine" else row["component"]
+
+
+def _busy(rows: list[dict]) -> list[tuple[float, float]]:
+    """The DMA engine's busy intervals, merged."""
+    merged: list[list[float]] = []
+    for s, e in sorted((r["start_s"], r["end_s"]) for r in rows if r["lane"].startswith("dma")):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return [(s, e) for s, e in merged]
+
+
+def _gaps(busy: list[tuple[float, float]], end: float) -> list[tuple[float, float]]:
+    edges = [0.0] + [t for iv in busy for t in iv] + [end]
+    return [(a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a]
+
+
+def waits_by_phase(rows: list[dict]) -> tuple[dict[str, float], float]:
+    """Seconds the DMA engine waits in a timeline's ``rows``, by the phase of the core's op at the time (where the
+    core and the links both run, the links'), and the step's end."""
+    end = max(r["end_s"] for r in rows)
+    gaps = _gaps(_busy(rows), end)
+    work = sorted((r for r in rows if r["lane"] in ("compute", "ici")), key=lambda r: r["start_s"])
+    out: dict[str, float] = {}
+    i = 0
+    for a, b in gaps:
+        while i < len(work) and work[i]["end_s"] <= a:
+            i += 1
+        placed, j = {}, i
+        while j < len(work) and work[j]["start_s"] < b:
+            r = work[j]
+            overlap = min(b, r["end_s"]) - max(a, r["start_s"])
+            if overlap > 0:
+                p = _phase(r)
+                placed[p] = max(placed.get(p, 0.0), overlap) if p == EXCHANGES else placed.get(p, 0.0) + overlap
+            j += 1
+        ici = placed.pop(EXCHANGES, 0.0)
+        core = sum(placed.values())
+        scale = min(1.0, max(0.0, (b - a) - ici) / core) if core else 0.0  # the links first, then the core's ops
+        for p, t in placed.items():
+            out[p] = out.get(p, 0.0) + t * scale
+        if ici:
+            out[EXCHANGES] = out.get(EXCHANGES, 0.0) + min(ici, b - a)
+        rest = (b - a) - min(ici, b - a) - core * scale
+        if rest > 1e-15:
+            out[BETWEEN] = out.get(BETWEEN, 0.0) + rest
+    return out, end
+
+
+def stream_waits(cfg: ModelConfig | str, chip: str = "tpu-v5e", context: int = 1024, batch: int = 1,
+                 setup: str = "workbook", dtype: str = "bf16") -> pd.DataFrame:  # fmt: skip
+    """The modelled step's stream waits by phase (the module's docstring) for ``cfg`` on ``chip``: microseconds a
+    step, a layer (over the model's layers) and their share of the step, largest first."""
+    plan = named_plan(cfg, chip, context, batch, setup, dtype, ())
+    waits, end = waits_by_phase(pace_timeline(plan, get_chip(chip)))
+    layers = plan.share.num_layers
+    rows = [dict(phase=p, wait_us=s * 1e6, wait_us_a_layer=s * 1e6 / layers, share_of_step=s / end)
+            for p, s in sorted(waits.items(), key=lambda kv: -kv[1])]  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS).assign(step_us=end * 1e6, kind=KIND)
+
+
+PLACED_COLUMNS = ["model", "steps_a_call", "device_ms", "past_bytes_us", "padding_us", "call_share_us", "waits_us",
+                  "unplaced_us", "kernel_revision", "date"]  # fmt: skip
+
+
+def gap_placed(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What each one-chip MoE cell's newest kernel row at its most steps a call (mk.analysis.moe_one_user's rows)
+    takes past its bytes at the limit (measured), placed: the layout's padding (the plan's moved bytes past mk.sol's
+    count, at the limit), the row's share of the call's fixed time (mk.analysis.on_tpu.call_floor), the modelled
+    stream's waits (:func:`stream_waits`); and what none of them holds (``unplaced_us``: measured less the three).
+    Returns the table, and the waits by phase of each cell (microseconds a step) beside it."""
+    k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip")]
+    k = k[k.steps_a_call == k.groupby("model").steps_a_call.transform("max")]
+    k = k.sort_values(["date", "kernel_revision"], kind="stable").groupby("model").tail(1)
+    out, phases = [], []
+    for r in k.itertuples():
+        cfg = measured_config(dict(base_model=r.base_model, layers=r.layers))
+        plan = named_plan(cfg, "tpu-v5e", 1024, 1, "workbook", "bf16", ())
+        limit = measured_limit("tpu-v5e").bandwidth
+        counted = speed_of_light(cfg, "tpu-v5e", 1024, 1, "bf16").bytes_per_token
+        padding = (sum(ld.nbytes for ld in plan.loads) + plan.kv_bytes - counted) / limit
+        waits = stream_waits(cfg)
+        call = call_floor("tpu-v5e") / r.steps_a_call
+        placed = padding * 1e6 + call * 1e6 + waits.wait_us.sum()
+        out.append(dict(
+            model=r.model, steps_a_call=r.steps_a_call, device_ms=r.device_ms, past_bytes_us=r.past_bytes_us,
+            padding_us=padding * 1e6, call_share_us=call * 1e6, waits_us=waits.wait_us.sum(),
+            unplaced_us=r.past_bytes_us - placed, kernel_revision=r.kernel_revision, date=r.date,
+        ))  # fmt: skip
+        phases.append(waits[["phase", "wait_us"]].assign(model=r.model))
+    table = pd.DataFrame(out, columns=PLACED_COLUMNS).assign(kind=f"measured (TPU) past its bytes; placed: {KIND}")
+    by_phase = pd.concat(phases).pivot(index="model", columns="phase", values="wait_us").fillna(0.0) if phases else None
+    return table, by_phase

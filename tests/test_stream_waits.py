@@ -1,0 +1,60 @@
+"""mk.analysis.stream_waits: the moments of a modelled step when the weight stream moves nothing, placed on what the
+core (or the links) does then, and a measured MoE row's time past its bytes placed on padding, the call's fixed time
+and those waits, with what none of them holds said."""
+
+import pytest
+
+from mk.analysis import moe_one_user as moe, stream_waits as sw
+from mk.chips import get_chip, measured_limit
+from mk.config import with_layers
+from mk.timing.pace import pace_timeline
+from mk.timing.work import named_plan
+
+
+def _row(lane, start, end, what="", component="", stream="weights"):
+    return dict(lane=lane, stream=stream, what=what, layer=0, component=component, start_s=start, end_s=end)
+
+
+def test_a_wait_goes_to_the_links_first_then_the_core_and_else_between_ops():
+    rows = [
+        _row("dma", 0.0, 1.0), _row("dma", 0.5, 1.0), _row("dma", 2.0, 3.0),  # busy 0-1 (overlapping copies), 2-3
+        _row("compute", 0.5, 2.5, "Attend", "sliding_attention"),
+        _row("compute", 0.9, 1.1, "ExpertCombine", "experts"),
+        _row("ici", 1.2, 1.6, "AllReduce", "collectives", "collective"),
+        _row("compute", 3.5, 3.6, "Route", "router"),
+    ]  # fmt: skip
+    waits, end = sw.waits_by_phase(rows)
+    assert end == 3.6 and sum(waits.values()) == pytest.approx(end - 2.0)  # the step less the engine's busy time
+    # 1-2: the links' 0.4 s, then the core's 1.1 s of ops scaled into the 0.6 s left; 3-3.6: 0.1 s routing, 0.5 none
+    assert waits[sw.EXCHANGES] == pytest.approx(0.4)
+    assert waits["sliding_attention"] == pytest.approx(0.6 * 1.0 / 1.1)
+    assert waits[sw.COMBINE] == pytest.approx(0.6 * 0.1 / 1.1)
+    assert waits["router"] == pytest.approx(0.1) and waits[sw.BETWEEN] == pytest.approx(0.5)
+
+
+def test_a_steps_waits_are_its_time_less_its_bytes_by_phase():
+    cfg = with_layers("gemma4-26b-a4b", 7)
+    t = sw.stream_waits(cfg)
+    plan = named_plan(cfg, "tpu-v5e", 1024, 1, "workbook", "bf16", ())
+    rows = pace_timeline(plan, get_chip("tpu-v5e"))
+    busy = sum(e - s for s, e in sw._busy(rows))
+    assert t.wait_us.sum() == pytest.approx(t.step_us.iloc[0] - busy * 1e6)
+    assert list(t.wait_us) == sorted(t.wait_us, reverse=True) and set(t.phase) <= {
+        "sliding_attention", "full_attention", "experts", "shared_mlp", "router", "norms", "head", sw.COMBINE,
+        sw.BETWEEN}  # fmt: skip
+    assert t.wait_us_a_layer.tolist() == pytest.approx((t.wait_us / 7).tolist())
+
+
+def test_a_measured_rows_time_past_its_bytes_is_placed_and_the_rest_said():
+    table, phases = sw.gap_placed(moe.moe_one_user_rows())
+    t = table.set_index("model")
+    assert t.unplaced_us.tolist() == pytest.approx(
+        (t.past_bytes_us - t.padding_us - t.call_share_us - t.waits_us).tolist()
+    )
+    assert phases.sum(axis=1).reindex(t.index).tolist() == pytest.approx(t.waits_us.tolist())
+    # measured: gpt-oss-20b's hidden size (2,880, laid out in 2,944 lanes) is most of what its padding costs
+    oss = t.loc["gpt-oss-20b[:2]"]
+    plan = named_plan(with_layers("gpt-oss-20b", 2), "tpu-v5e", 1024, 1, "workbook", "bf16", ())
+    pad = sum(ld.nbytes - ld.payload_bytes for ld in plan.loads) / measured_limit("tpu-v5e").bandwidth * 1e6
+    assert oss.padding_us == pytest.approx(pad, rel=0.05) and oss.padding_us > 40
+    assert oss.call_share_us == pytest.approx(t.loc["gemma4-26b-a4b[:7]"].call_share_us)  # both at 16 steps a call
