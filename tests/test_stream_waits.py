@@ -58,3 +58,15 @@ def test_a_measured_rows_time_past_its_bytes_is_placed_and_the_rest_said():
     pad = sum(ld.nbytes - ld.payload_bytes for ld in plan.loads) / measured_limit("tpu-v5e").bandwidth * 1e6
     assert oss.padding_us == pytest.approx(pad, rel=0.05) and oss.padding_us > 40
     assert oss.call_share_us == pytest.approx(t.loc["gemma4-26b-a4b[:7]"].call_share_us)  # both at 16 steps a call
+
+
+def test_the_figure_stacks_each_cells_parts_to_what_it_took_past_its_bytes():
+    from mk.views.answer import gap_placed_figure
+
+    table, phases = sw.gap_placed(moe.moe_one_user_rows())
+    fig = gap_placed_figure(table, phases, "placed")
+    bars = [tr for tr in fig.data if tr.type == "bar"]
+    totals = [sum(tr.x[i] for tr in bars) for i in range(len(table))]
+    assert totals == pytest.approx(table.past_bytes_us.tolist()) and fig.layout.barmode == "relative"
+    mark = next(tr for tr in fig.data if tr.type == "scatter")
+    assert list(mark.x) == pytest.approx(table.past_bytes_us.tolist())

@@ -20,6 +20,7 @@ from ..config import ModelConfig
 from ..sol import speed_of_light
 from ..timing.pace import pace_timeline
 from ..timing.work import named_plan
+from .moe_one_user import SEVERAL
 from .on_tpu import call_floor, measured_config
 
 KIND = "modelled (mk.plan.timeline: the compiler's schedule where kept, measured copy latency and read rate)"
@@ -100,13 +101,14 @@ PLACED_COLUMNS = ["model", "steps_a_call", "device_ms", "past_bytes_us", "paddin
 
 
 def gap_placed(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """What each one-chip MoE cell's newest kernel row at its most steps a call (mk.analysis.moe_one_user's rows)
-    takes past its bytes at the limit (measured), placed: the layout's padding (the plan's moved bytes past mk.sol's
+    """What each one-chip MoE cell's newest kernel row at :data:`~mk.analysis.moe_one_user.SEVERAL` steps a call
+    (mk.analysis.moe_one_user's rows: the kernel's own step, the call's cost spread thin) takes past its bytes at the
+    limit (measured), placed: the layout's padding (the plan's moved bytes past mk.sol's
     count, at the limit), the row's share of the call's fixed time (mk.analysis.on_tpu.call_floor), the modelled
     stream's waits (:func:`stream_waits`); and what none of them holds (``unplaced_us``: measured less the three).
     Returns the table, and the waits by phase of each cell (microseconds a step) beside it."""
     k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip")]
-    k = k[k.steps_a_call == k.groupby("model").steps_a_call.transform("max")]
+    k = k[k.steps_a_call == SEVERAL]
     k = k.sort_values(["date", "kernel_revision"], kind="stable").groupby("model").tail(1)
     out, phases = [], []
     for r in k.itertuples():
@@ -127,3 +129,23 @@ def gap_placed(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     table = pd.DataFrame(out, columns=PLACED_COLUMNS).assign(kind=f"measured (TPU) past its bytes; placed: {KIND}")
     by_phase = pd.concat(phases).pivot(index="model", columns="phase", values="wait_us").fillna(0.0) if phases else None
     return table, by_phase
+
+
+def placed_sentence(table: pd.DataFrame, phases: pd.DataFrame | None) -> str:
+    """What :func:`gap_placed` places, in one sentence: the share of each cell's time past its bytes the three parts
+    hold, the phase whose waits are largest, and what is left."""
+    t = table
+    if t.empty or phases is None:
+        return "No one-chip MoE cell at one user has a kernel row to place yet."
+    share = 1 - t.unplaced_us / t.past_bytes_us
+    top = phases.reindex(t.model).sum().sort_values(ascending=False)
+    worst = t.loc[t.unplaced_us.idxmax()]
+    return (
+        f"At {int(t.steps_a_call.iloc[0])} steps a call the model places {100 * share.min():.0f}-"
+        f"{100 * share.max():.0f}% of what each one-chip MoE cell takes past its bytes ({len(t)} cells): the layout's "
+        f"padding (up to {t.padding_us.max():.1f} us, {t.loc[t.padding_us.idxmax(), 'model']}), the call's fixed time "
+        f"over its steps ({t.call_share_us.iloc[0]:.1f} us) and the stream's waits, most while the core is in "
+        f"{top.index[0]} ({top.iloc[0]:.1f} us over the cells) and {top.index[1]} ({top.iloc[1]:.1f} us); the most "
+        f"left unplaced is {worst.model}'s {worst.unplaced_us:.1f} us of {worst.past_bytes_us:.1f}"
+        + (" (past 100%: the model's stream waits longer than the chip's)." if share.max() > 1 else ".")
+    )

@@ -89,3 +89,33 @@ def moe_one_user_figure(table: pd.DataFrame, several: int, title: str) -> go.Fig
     fig.update_layout(title=title, height=ROW_PX * 2 * len(t) + 300, margin=dict(l=260),
                       legend=dict(orientation="h", y=1.0, yanchor="bottom"))  # fmt: skip
     return fig
+
+
+def gap_placed_figure(table: pd.DataFrame, phases: pd.DataFrame, title: str) -> go.Figure:
+    """What each one-chip MoE cell takes past its bytes (mk.analysis.stream_waits.gap_placed), a bar a cell: the
+    layout's padding, the call's fixed time over its steps, the modelled stream's waits by phase, and what none of
+    them holds (hatched; left of zero where the model places more than the chip took)."""
+    t = table.set_index("model")
+    waits = phases.reindex(t.index).fillna(0.0)
+    waits = waits[waits.sum().sort_values(ascending=False).index]
+    # phases too small to see in any bar (under 2% of the widest) drawn as one
+    small = waits.columns[waits.max() < 0.02 * t.past_bytes_us.abs().max()]
+    parts = [("the layout's padding", t.padding_us), ("the call's fixed time over its steps", t.call_share_us)]
+    parts += [(f"waits: {phase}", waits[phase]) for phase in waits.columns if phase not in small]
+    if len(small):
+        parts.append((f"waits: {', '.join(small)}", waits[small].sum(axis=1)))
+    fig = go.Figure()
+    for colour, (name, x) in zip(template_colours() * 3, parts):
+        fig.add_bar(y=t.index, x=x, name=name, orientation="h", marker_color=colour,
+                    hovertemplate=f"{name}: %{{x:.1f}} us<extra>%{{y}}</extra>")  # fmt: skip
+    fig.add_bar(y=t.index, x=t.unplaced_us, name="unplaced", orientation="h",
+                marker=dict(color="white", line=dict(color="grey", width=1), pattern=dict(shape="/", fgcolor="grey")),
+                hovertemplate="unplaced: %{x:.1f} us<extra>%{y}</extra>")  # fmt: skip
+    fig.add_scatter(y=t.index, x=t.past_bytes_us, mode="markers", name="measured past its bytes",
+                    marker=dict(symbol="line-ns-open", size=22, line=dict(width=3, color="black")),
+                    hovertemplate="measured: %{x:.1f} us past its bytes<extra>%{y}</extra>")  # fmt: skip
+    fig.update_layout(barmode="relative", title=title, height=ROW_PX * 2 * len(t) + 420, margin=dict(l=260),
+                      legend=dict(orientation="h", y=1.0, yanchor="bottom"))  # fmt: skip
+    fig.update_xaxes(title_text="microseconds a token past the bytes at the measured limit")
+    fig.update_yaxes(autorange="reversed", ticksuffix="  ")
+    return fig
