@@ -6,6 +6,11 @@ no cell slower than its last row). Rows go to OUT_DIR through mk's own drivers.
     python data/measured/tpu_logs/2026-12-07-long-context.py OUT_DIR DEADLINE_S [tiny]
 
 ``tiny``: tiny-moe on the CPU (interpret mode) to check the script.
+
+Run on 2026-12-07 at commit 3600314 in one device call (log: 2026-12-07-long-context.txt; rows also in
+2026-12-07-long-context.csv). Every row went to data/measured/tpu.csv and its profiles to tpu_ops.csv. Against the
+same cells' bf16 rows of revision 2 (2026-12-04 13:12), the kernel's step moved +0.16% (8K), +0.11% (32K), +0.21%
+(128K) and XLA's +0.14%, -0.01%, +0.24%: both engines alike, the chip's own drift, no cell slower for the kernel.
 """
 
 import shutil

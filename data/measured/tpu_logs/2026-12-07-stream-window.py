@@ -10,6 +10,12 @@ PART ``m``: the copy and tile-size probes, then the 26B-A4B chip-of-8 stand-in (
 (written after ``m`` found the windows slower and 4 slots faster on the stand-in): Gemma 4 26B-A4B's first 7 layers at
 2, 3 and 4 slots a weight buffer, gpt-oss-20b's first 2 layers at 2 and 4 (the kernel alone in both).
 ``tiny``: tiny-moe on the CPU (interpret mode) to check the script.
+
+Run on 2026-12-07: part m at commit fea6f51, part s at 957a78c, one device call each (logs:
+2026-12-07-stream-window-{m,s}.txt; every table row in 2026-12-07-stream-window.csv, column ``part``). tpu_dma.csv took
+the copy rows, tpu_hbm.csv the nine tile-size probes, tpu.csv the default kernel's rows (the variants stay in the log:
+no analysis reads their setups). The out folder held a copy of data/measured/tpu_hbm.csv, so each row's limit columns
+are at its measured limit.
 """
 
 import shutil
