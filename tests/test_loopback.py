@@ -62,19 +62,30 @@ def test_the_stand_in_compiles_for_one_v5e_as_one_kernel_without_a_barrier():
     assert "all-reduce" not in text and "collective" not in text.replace("collective_id", "")
 
 
-def test_the_model_gives_a_stand_in_its_local_copies_in_place_of_the_links():
-    """mk.timing.Pace.stand_in_s: chip 0 exchanging with itself pays each round one copy's fixed time and its sent bytes
-    at the HBM rate, not the links' latency and bandwidth (mk.analysis.on_tpu.modelled_step of a stand-in's row)."""
+def test_the_model_walks_a_stand_in_with_its_exchanges_local_copies():
+    """A loopback setup's prediction (mk.timing.pace.loopback) is chip 0's step with no link: each exchange's rounds
+    one copy's fixed time each and its sent bytes at the HBM read rate, walked in the timeline where the slice's links
+    are; faster than the slice's step, slower than chip 0 with its exchanges free."""
+    from dataclasses import replace
+
     from mk.chips import get_chip
+    from mk.plan import step_ends
     from mk.timing import predict
     from mk.timing.bandwidth import copy_latency, read_rate
+    from mk.timing.pace import megakernel_costs
+    from mk.timing.work import named_plan
 
-    p = predict(CFG8, "tpu-v5e-8", 256, 2, "megakernel", setup=WORKBOOK_KERNEL)
-    plan = build_plan(CFG8, 2, 256, setup=WORKBOOK_KERNEL)
-    cross = [op for op in plan.ops if op.sent_bytes]
+    real, alone = (predict(CFG8, "tpu-v5e-8", 256, 1, "megakernel", setup=s)
+                   for s in (WORKBOOK_KERNEL, WORKBOOK_KERNEL.replace(loopback=True)))  # fmt: skip
+    assert alone.pacing.ici_s == 0 < real.pacing.ici_s and alone.step_s < real.step_s
+    plan, slice_plan = (named_plan(CFG8, "tpu-v5e-8", 256, 1, s) for s in (WORKBOOK_KERNEL.replace(loopback=True),
+                                                                              WORKBOOK_KERNEL))  # fmt: skip
+    assert plan.items == slice_plan.items  # the same step, only its links local
     chip = get_chip("tpu-v5e-8")
-    rounds, sent = sum(op.rounds for op in cross), sum(op.sent_bytes for op in cross)
-    assert rounds > len(cross) > 0  # reduce-scatter, then all-gather: two rounds an all-reduce
-    want = rounds * copy_latency(chip).seconds + sent / read_rate(chip).per_chip
-    assert p.pacing.loopback_s == pytest.approx(want) and 0 < p.pacing.loopback_s < p.pacing.ici_s
-    assert p.pacing.stand_in_s == pytest.approx(p.step_s - p.pacing.ici_s + want)
+    costs = megakernel_costs(plan, chip)
+    local = replace(chip, ici_bandwidth=read_rate(chip).per_chip)
+    (experts,) = plan.pacing_experts  # one user: its top-k, every layer
+    every = [{i: experts for i in range(CFG8.num_layers)}]
+    copies, free = (step_ends(plan, local, every, **dict(costs, ici_latency_s=s))[0]
+                    for s in (copy_latency(chip).seconds, 0.0))  # fmt: skip
+    assert alone.step_s == pytest.approx(copies) and free < copies

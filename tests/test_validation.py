@@ -278,8 +278,8 @@ def _tpu_csv(folder, changes: list[dict]):
 
 def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
     """A step measured on a TPU is set beside mk.timing's for the same model, chip, context and batch, against the
-    device's time: the megakernel's on one chip, the general stack's for XLA, chip 0 of a v5e-8 stand-in's with its
-    exchanges as local copies in place of its links' time; rows from a CPU are left out."""
+    device's time: the megakernel's on one chip, the general stack's for XLA, chip 0 of a v5e-8 stand-in's alone, its
+    exchanges local copies (a loopback setup); rows from a CPU are left out."""
     from mk import timing
     from mk.analysis import on_tpu
 
@@ -295,9 +295,9 @@ def test_measured_tpu_rows_are_shown_beside_the_model(tmp_path):
     assert len(t) == 3 and (t.device_ms == 4.0).all()
     mk = timing.predict("llama-3.2-1b", "tpu-v5e", 1024, 1).step_s * 1e3
     general = timing.predict("llama-3.2-1b", "tpu-v5e", 1024, 1, "general").step_s * 1e3
-    d8 = timing.predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1, setup=vd.WRITE_UP_KERNEL)
+    d8 = timing.predict("gemma4-26b-a4b", "tpu-v5e-8", 1024, 1, setup=vd.WRITE_UP_KERNEL.replace(loopback=True))
     floor = on_tpu.call_floor("tpu-v5e") * 1e3  # the kernel's rows: one step a call, its fixed time whole
-    assert t.modelled_ms.tolist() == pytest.approx([mk + floor, general, d8.pacing.stand_in_s * 1e3 + floor])
+    assert t.modelled_ms.tolist() == pytest.approx([mk + floor, general, d8.step_s * 1e3 + floor])
     assert t.error.iloc[0] == pytest.approx((mk + floor) / 4.0 - 1)
     assert t.host_over_device.iloc[0] == pytest.approx(0.25)
     assert t.what.iloc[2] == "gemma4-26b-a4b, chip 0 of a v5e-8, setup (d)"

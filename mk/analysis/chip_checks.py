@@ -97,11 +97,11 @@ def knockout_table(folder=None) -> pd.DataFrame:
     out = out.assign(bytes_at_limit_ms=[_at_limit(r) for _, r in out.iterrows()])
     modelled = []
     for (device, model, layers, setup, dtype, context, batch, _), rows in out.groupby(keys[:-1], sort=False):  # a cell
-        # the CSV names the cut model; a stand-in's step is modelled without its links (on_tpu.modelled_step)
+        # the CSV names the cut model; a stand-in's step is chip 0's alone, its exchanges local copies
         row = dict(base_model=model.partition("[")[0], layers=layers, setup=setup, dtype=dtype, context=context,
                    batch=batch, engine="megakernel", chip=measured_chip(device))  # fmt: skip
-        whole = on_tpu.modelled_step(row, on_tpu.measured_prediction(row))
-        modelled += [(whole - on_tpu.modelled_step(row, on_tpu.measured_prediction(row, knockout=knocked_out(c)))) * 1e3
+        whole = on_tpu.measured_prediction(row).step_s
+        modelled += [(whole - on_tpu.measured_prediction(row, knockout=knocked_out(c)).step_s) * 1e3
                      for c in rows.component]  # fmt: skip
     what = [on_tpu.cell_words(m, s, d) for m, s, d in zip(out.model, out.setup, out["dtype"])]
     routed = [get_config(m.partition("[")[0]).is_moe for m in out.model]
@@ -169,7 +169,7 @@ def stall_effect(steps: pd.DataFrame | None = None) -> pd.DataFrame:
     rows = []
     for _, r in t[t.engine == "megakernel"].iterrows():
         at_clock = on_tpu.measured_prediction(r, GivenCosts(stalls=False))  # its op costs' source is the default's
-        without = on_tpu.modelled_step(r, at_clock) * 1e3
+        without = at_clock.step_s * 1e3
         rows.append(dict(
             model=r.model, setup=r.setup, dtype=r["dtype"], context=r.context, batch=r.batch, device_ms=r.device_ms,
             modelled_ms=r.modelled_ms, error=r.error, at_clock_ms=without, error_at_clock=without / r.device_ms - 1,

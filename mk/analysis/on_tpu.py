@@ -186,7 +186,7 @@ def fraction_at_long_end(steps):
     return steps.device_fraction_of_limit * steps.device_ms / steps.device_high_ms
 
 
-def _stand_in_setup(label: str):
+def stand_in_setup(label: str):
     name = label.removesuffix(STAND_IN)
     found = [s for s in SETUPS.values() if s.name == name]
     if not found:
@@ -199,7 +199,7 @@ def stand_in_bytes(r) -> dict[str, float]:
     its plan's weight bytes by component (the model's own, no padding: its share of a split component, the whole of one
     every chip reads, as the router), an attention type's with the KV cache chip 0 reads."""
     cfg, context, batch = measured_config(r), int(r["context"]), int(r["batch"])
-    plan = named_plan(cfg, stand_in_slice(r["chip"]), context, batch, _stand_in_setup(r["setup"]), r["dtype"])
+    plan = named_plan(cfg, stand_in_slice(r["chip"]), context, batch, stand_in_setup(r["setup"]), r["dtype"])
     got = plan.bytes_by_component(payload=True)
     for op in plan.ops:
         if op.kind == "Attend":
@@ -217,14 +217,9 @@ def measured_prediction(r, costs: GivenCosts = DEFAULT_COSTS, knockout=frozenset
         return predict(cfg, r["chip"], context, batch, "general", str(r["dtype"]).split("+", 1)[0], **kw)
     if str(r["setup"]).endswith(STAND_IN):
         chip = stand_in_slice(r["chip"])
-        return predict(cfg, chip, context, batch, "megakernel", r["dtype"], setup=_stand_in_setup(r["setup"]), **kw)
+        setup = stand_in_setup(r["setup"]).replace(loopback=True)  # chip 0 alone, its exchanges local copies
+        return predict(cfg, chip, context, batch, "megakernel", r["dtype"], setup=setup, **kw)
     return predict(cfg, r["chip"], context, batch, "megakernel", r["dtype"], setup=WORKBOOK_KERNEL, **kw)
-
-
-def modelled_step(r, p: Prediction) -> float:
-    """A measured row's modelled step from its prediction ``p`` (:func:`measured_prediction`): a stand-in's with its
-    exchanges as local copies in place of its links' time (chip 0 alone exchanges with itself: mk.timing.Pace)."""
-    return p.pacing.stand_in_s if str(r["setup"]).endswith(STAND_IN) else p.step_s
 
 
 def call_floor(chip: str) -> float:
@@ -235,7 +230,7 @@ def call_floor(chip: str) -> float:
 
 
 def modelled_seconds(r, costs: GivenCosts = DEFAULT_COSTS) -> tuple[float, str]:
-    """A measured row's modelled step and the setup it models: the kernel's step (:func:`modelled_step`) and its
+    """A measured row's modelled step and the setup it models: the kernel's step (:func:`measured_prediction`) and its
     share of the call's fixed time (:func:`call_floor` over the row's steps a call); XLA's step as the general stack's
     model gives it (its own fixed costs a kernel)."""
     p = measured_prediction(r, costs)
@@ -244,7 +239,7 @@ def modelled_seconds(r, costs: GivenCosts = DEFAULT_COSTS) -> tuple[float, str]:
     stand_in = str(r["setup"]).endswith(STAND_IN)
     steps = r.get(STEPS, 1)
     steps = 1 if pd.isna(steps) else int(steps)
-    return modelled_step(r, p) + call_floor(r["chip"]) / steps, (
+    return p.step_s + call_floor(r["chip"]) / steps, (
         p.setup + ", its exchanges local copies" if stand_in else "one chip"
     )
 
@@ -430,19 +425,19 @@ def _cache_bytes(cfg, context: int, batch: int = 1) -> float:
 
 def stand_in_headline(steps: pd.DataFrame | None = None, context: int = 1024) -> pd.DataFrame:
     """The write-up's 26B-A4B step on a v5e-8 rebuilt, for each stand-in setup measured: chip 0's step measured on one
-    chip (its exchanges local copies), the model's time of those copies (mk.timing.Pace.loopback_s) given over to the
-    links' time it gives that setup (on one link: the long end), and chip 0's step as measured (the short end), against
-    the published step and the model's own whole step. Tokens/s and the fraction of the speed of light at the data
-    sheet's bandwidth (the write-up's definition) and at the measured limit."""
+    chip (its exchanges local copies) plus the links' time the model gives that setup (on one link: the long end), and
+    chip 0's step alone (no link time: the short end), against the published step and the model's own whole step.
+    Tokens/s and the fraction of the speed of light at the data sheet's bandwidth (the write-up's definition) and at the
+    measured limit."""
     s = tpu_steps() if steps is None else steps
     s = s[s.setup.str.endswith(STAND_IN) & (s.chip == SLICE) & (s.context == context) & (s.batch == 1)]  # a v5e's
     sol = speed_of_light("gemma4-26b-a4b", SLICE, context, 1, "bf16")
     chip0_bytes = sol.bytes_per_token / get_chip(SLICE).chips
     rows = []
     for _, r in s.iterrows():
-        setup = _stand_in_setup(r.setup)
+        setup = stand_in_setup(r.setup)
         p = predict("gemma4-26b-a4b", SLICE, context, 1, "megakernel", "bf16", setup=setup)
-        step = r.device_ms / 1e3 - p.pacing.loopback_s + p.pacing.ici_s  # its local copies' time for the links'
+        step = r.device_ms / 1e3 + p.pacing.ici_s
         rows.append(dict(
             setup=setup.name, chip0_measured_ms=r.device_ms, chip0_tokens_per_s=1e3 / r.device_ms,
             chip0_fraction_of_limit=r.device_fraction_of_limit, links_modelled_ms=p.pacing.ici_s * 1e3,

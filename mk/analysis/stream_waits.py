@@ -17,11 +17,10 @@ import pandas as pd
 
 from ..chips import get_chip, measured_limit
 from ..config import ModelConfig
-from ..sol import speed_of_light
 from ..timing.pace import pace_timeline
 from ..timing.work import named_plan
 from .moe_one_user import SEVERAL
-from .on_tpu import call_floor, measured_config
+from .on_tpu import STAND_IN, call_floor, cell_words, engine_bytes, measured_config, stand_in_setup, stand_in_slice
 
 KIND = "modelled (mk.plan.timeline: the compiler's schedule where kept, measured copy latency and read rate)"
 COMBINE = "combine"  # the experts' weighted sum (ExpertCombine), apart from the expert stream
@@ -84,11 +83,10 @@ def waits_by_phase(rows: list[dict]) -> tuple[dict[str, float], float]:
     return out, end
 
 
-def stream_waits(cfg: ModelConfig | str, chip: str = "tpu-v5e", context: int = 1024, batch: int = 1,
-                 setup: str = "workbook", dtype: str = "bf16") -> pd.DataFrame:  # fmt: skip
-    """The modelled step's stream waits by phase (the module's docstring) for ``cfg`` on ``chip``: microseconds a
-    step, a layer (over the model's layers) and their share of the step, largest first."""
-    plan = named_plan(cfg, chip, context, batch, setup, dtype, ())
+def plan_waits(plan, chip: str) -> pd.DataFrame:
+    """``plan``'s modelled step on ``chip`` (a loopback plan: chip 0 alone, its exchanges local copies), its stream
+    waits by phase (the module's docstring): microseconds a step, a layer (over the model's layers) and their share of
+    the step, largest first."""
     waits, end = waits_by_phase(pace_timeline(plan, get_chip(chip)))
     layers = plan.share.num_layers
     rows = [dict(phase=p, wait_us=s * 1e6, wait_us_a_layer=s * 1e6 / layers, share_of_step=s / end)
@@ -96,36 +94,55 @@ def stream_waits(cfg: ModelConfig | str, chip: str = "tpu-v5e", context: int = 1
     return pd.DataFrame(rows, columns=COLUMNS).assign(step_us=end * 1e6, kind=KIND)
 
 
-PLACED_COLUMNS = ["model", "steps_a_call", "device_ms", "past_bytes_us", "padding_us", "call_share_us", "waits_us",
+def stream_waits(cfg: ModelConfig | str, chip: str = "tpu-v5e", context: int = 1024, batch: int = 1,
+                 setup: str = "workbook", dtype: str = "bf16") -> pd.DataFrame:  # fmt: skip
+    """:func:`plan_waits` of the plan the timing model gives ``cfg`` on ``chip`` in ``setup``."""
+    return plan_waits(named_plan(cfg, chip, context, batch, setup, dtype, ()), chip)
+
+
+PLACED_COLUMNS = ["model", "steps_a_call", "device_ms", "past_bytes_us", "uncounted_us", "call_share_us", "waits_us",
                   "unplaced_us", "kernel_revision", "date"]  # fmt: skip
 
 
+def _measured_plan(r) -> tuple:
+    """The plan a measured MoE row (mk.analysis.moe_one_user's) ran, the chip the model times it on, and the bytes
+    its fraction of the limit is of (a stand-in's: chip 0's of its slice, alone; its share of the slice's bytes)."""
+    row = dict(base_model=r.base_model, layers=r.layers, setup=r.setup, chip="tpu-v5e", dtype="bf16", context=1024,
+               batch=1, engine="megakernel")  # fmt: skip
+    cfg = measured_config(row)
+    if str(r.setup).endswith(STAND_IN):
+        chip, setup = stand_in_slice("tpu-v5e"), stand_in_setup(r.setup).replace(loopback=True)
+    else:
+        chip, setup = "tpu-v5e", "workbook"
+    return named_plan(cfg, chip, 1024, 1, setup, "bf16", ()), chip, engine_bytes(row)
+
+
 def gap_placed(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """What each one-chip MoE cell's newest kernel row at :data:`~mk.analysis.moe_one_user.SEVERAL` steps a call
-    (mk.analysis.moe_one_user's rows: the kernel's own step, the call's cost spread thin) takes past its bytes at the
-    limit (measured), placed: the layout's padding (the plan's moved bytes past mk.sol's
-    count, at the limit), the row's share of the call's fixed time (mk.analysis.on_tpu.call_floor), the modelled
-    stream's waits (:func:`stream_waits`); and what none of them holds (``unplaced_us``: measured less the three).
-    Returns the table, and the waits by phase of each cell (microseconds a step) beside it."""
-    k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip")]
-    k = k[k.steps_a_call == SEVERAL]
-    k = k.sort_values(["date", "kernel_revision"], kind="stable").groupby("model").tail(1)
+    """What each MoE cell's newest kernel row at :data:`~mk.analysis.moe_one_user.SEVERAL` steps a call
+    (mk.analysis.moe_one_user's rows: the kernel's own step, the call's cost spread thin; one chip, and chip 0 of a
+    v5e-8 stood in for by one) takes past its bytes at the limit (measured), placed: the bytes the plan moves past
+    those its fraction is of, at the limit (``uncounted_us``: the layout's padding; for a stand-in also what chip 0
+    reads whole where its slice splits the rest, as the router), the row's share of the call's fixed time
+    (mk.analysis.on_tpu.call_floor), the modelled stream's waits (:func:`plan_waits`; a stand-in's exchanges as local
+    copies); and what none of them holds (``unplaced_us``: measured less the three). Returns the table, and the waits
+    by phase of each cell (microseconds a step) beside it."""
+    k = rows[(rows.engine == "megakernel") & (rows.steps_a_call == SEVERAL)]
+    k = k.sort_values(["date", "kernel_revision"], kind="stable").groupby(["model", "setup"]).tail(1)
+    limit = measured_limit("tpu-v5e").bandwidth
     out, phases = [], []
     for r in k.itertuples():
-        cfg = measured_config(dict(base_model=r.base_model, layers=r.layers))
-        plan = named_plan(cfg, "tpu-v5e", 1024, 1, "workbook", "bf16", ())
-        limit = measured_limit("tpu-v5e").bandwidth
-        counted = speed_of_light(cfg, "tpu-v5e", 1024, 1, "bf16").bytes_per_token
-        padding = (sum(ld.nbytes for ld in plan.loads) + plan.kv_bytes - counted) / limit
-        waits = stream_waits(cfg)
+        plan, chip, counted = _measured_plan(r)
+        uncounted = (sum(ld.nbytes for ld in plan.loads) + plan.kv_bytes - counted) / limit
+        waits = plan_waits(plan, chip)
         call = call_floor("tpu-v5e") / r.steps_a_call
-        placed = padding * 1e6 + call * 1e6 + waits.wait_us.sum()
+        placed = uncounted * 1e6 + call * 1e6 + waits.wait_us.sum()
+        what = cell_words(r.model, r.setup, "bf16")
         out.append(dict(
-            model=r.model, steps_a_call=r.steps_a_call, device_ms=r.device_ms, past_bytes_us=r.past_bytes_us,
-            padding_us=padding * 1e6, call_share_us=call * 1e6, waits_us=waits.wait_us.sum(),
+            model=what, steps_a_call=r.steps_a_call, device_ms=r.device_ms, past_bytes_us=r.past_bytes_us,
+            uncounted_us=uncounted * 1e6, call_share_us=call * 1e6, waits_us=waits.wait_us.sum(),
             unplaced_us=r.past_bytes_us - placed, kernel_revision=r.kernel_revision, date=r.date,
         ))  # fmt: skip
-        phases.append(waits[["phase", "wait_us"]].assign(model=r.model))
+        phases.append(waits[["phase", "wait_us"]].assign(model=what))
     table = pd.DataFrame(out, columns=PLACED_COLUMNS).assign(kind=f"measured (TPU) past its bytes; placed: {KIND}")
     by_phase = pd.concat(phases).pivot(index="model", columns="phase", values="wait_us").fillna(0.0) if phases else None
     return table, by_phase
@@ -136,16 +153,16 @@ def placed_sentence(table: pd.DataFrame, phases: pd.DataFrame | None) -> str:
     hold, the phase whose waits are largest, and what is left."""
     t = table
     if t.empty or phases is None:
-        return "No one-chip MoE cell at one user has a kernel row to place yet."
+        return "No MoE cell at one user has a kernel row to place yet."
     share = 1 - t.unplaced_us / t.past_bytes_us
     top = phases.reindex(t.model).sum().sort_values(ascending=False)
     worst = t.loc[t.unplaced_us.idxmax()]
     return (
         f"At {int(t.steps_a_call.iloc[0])} steps a call the model places {100 * share.min():.0f}-"
-        f"{100 * share.max():.0f}% of what each one-chip MoE cell takes past its bytes ({len(t)} cells): the layout's "
-        f"padding (up to {t.padding_us.max():.1f} us, {t.loc[t.padding_us.idxmax(), 'model']}), the call's fixed time "
-        f"over its steps ({t.call_share_us.iloc[0]:.1f} us) and the stream's waits, most while the core is in "
-        f"{top.index[0]} ({top.iloc[0]:.1f} us over the cells) and {top.index[1]} ({top.iloc[1]:.1f} us); the most "
-        f"left unplaced is {worst.model}'s {worst.unplaced_us:.1f} us of {worst.past_bytes_us:.1f}"
+        f"{100 * share.max():.0f}% of what each MoE cell takes past its bytes ({len(t)} cells): the bytes it moves "
+        f"past those counted (up to {t.uncounted_us.max():.1f} us, {t.loc[t.uncounted_us.idxmax(), 'model']}), the "
+        f"call's fixed time over its steps ({t.call_share_us.iloc[0]:.1f} us) and the stream's waits, most while the "
+        f"core is in {top.index[0]} ({top.iloc[0]:.1f} us over the cells) and {top.index[1]} ({top.iloc[1]:.1f} us); "
+        f"the most left unplaced is {worst.model}'s {worst.unplaced_us:.1f} us of {worst.past_bytes_us:.1f}"
         + (" (past 100%: the model's stream waits longer than the chip's)." if share.max() > 1 else ".")
     )

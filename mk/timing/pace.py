@@ -27,16 +27,8 @@ class Pace:
     sent_bytes: float  # the chip sends over the links a step
     hbm_floor_s: float  # the moved bytes at the HBM read rate charged
     payload_floor_s: float  # the payload's
-    ici_s: float  # the links' time: bytes at a link's bandwidth plus the latency of every round
+    ici_s: float  # the links' time: bytes at a link's bandwidth plus the latency of every round (0: a loopback's)
     step_s: float
-    # the same exchanges made by one chip with itself (a loopback stand-in for chip 0): each round a local copy's
-    # fixed time (mk.timing.bandwidth.copy_latency), the bytes it sends at the HBM read rate
-    loopback_s: float = 0.0
-
-    @property
-    def stand_in_s(self) -> float:
-        """Chip 0's step on one chip whose exchanges are local copies: the links' time out, the copies' in."""
-        return self.step_s - self.ici_s + self.loopback_s
 
 
 def megakernel_costs(
@@ -135,8 +127,9 @@ def pace(
     weights, real = expect(_loaded(plan, moved)), expect(_loaded(plan, payload))
     cross = [op for op in plan.ops if op.sent_bytes]
     ici_s = sum(op.wire_bytes / chip.ici_bandwidth + op.rounds * costs["ici_latency_s"] for op in cross)
+    if plan.setup is not None and plan.setup.loopback:  # chip 0 alone: no links, its exchanges local copies
+        chip, costs, ici_s = *loopback(chip, costs), 0.0
     bw = costs["bandwidth"]
-    loopback_s = sum(op.sent_bytes / bw + op.rounds * costs["dma_latency_s"] for op in cross)
     counts = [_every_layer(plan, m) for m in timed]
     ends = dict(zip(timed, step_ends(plan, chip, counts, **costs)))
     return Pace(
@@ -150,8 +143,15 @@ def pace(
         payload_floor_s=(real + plan.kv_bytes) / bw,
         ici_s=ici_s,
         step_s=expect(ends.__getitem__),
-        loopback_s=loopback_s,
     )
+
+
+def loopback(chip: Chip, costs: dict) -> tuple[Chip, dict]:
+    """``chip`` and the ``costs`` :func:`megakernel_costs` gives it, for chip 0 of its slice run alone with its
+    exchanges made local copies (mk.kernel_setup.KernelSetup.loopback, a stand-in): each round one copy's fixed time
+    (mk.timing.bandwidth.copy_latency) in place of a link's latency, its bytes at the HBM read rate in place of a
+    link's."""
+    return replace(chip, ici_bandwidth=costs["bandwidth"]), dict(costs, ici_latency_s=costs["dma_latency_s"])
 
 
 def pace_timeline(plan: StepPlan, chip: Chip, dtype: str | None = None, experts: int | None = None, **assumed):
@@ -159,7 +159,10 @@ def pace_timeline(plan: StepPlan, chip: Chip, dtype: str | None = None, experts:
     (default: the expected number, rounded), with the costs :func:`pace` charges."""
     dist = plan.pacing_experts
     n = round(sum(m * p for m, p in dist.items())) if experts is None else experts
-    return timeline(plan, chip, _every_layer(plan, n), **megakernel_costs(plan, chip, dtype, **assumed))
+    costs = megakernel_costs(plan, chip, dtype, **assumed)
+    if plan.setup is not None and plan.setup.loopback:
+        chip, costs = loopback(chip, costs)
+    return timeline(plan, chip, _every_layer(plan, n), **costs)
 
 
 def scheduled_pace(plan: StepPlan, chip: Chip, rows=None, folder=None) -> ScheduledStep:

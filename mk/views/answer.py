@@ -92,27 +92,30 @@ def moe_one_user_figure(table: pd.DataFrame, several: int, title: str) -> go.Fig
 
 
 def gap_placed_figure(table: pd.DataFrame, phases: pd.DataFrame, title: str) -> go.Figure:
-    """What each one-chip MoE cell takes past its bytes (mk.analysis.stream_waits.gap_placed), a bar a cell: the
-    layout's padding, the call's fixed time over its steps, the modelled stream's waits by phase, and what none of
-    them holds (hatched; left of zero where the model places more than the chip took)."""
+    """What each MoE cell takes past its bytes (mk.analysis.stream_waits.gap_placed), a bar a cell: the bytes it moves
+    past those counted (the layout's padding; a stand-in's whole router), the call's fixed time over its steps, the
+    modelled stream's waits by phase, and what none of them holds (hatched; left of zero where the model places more
+    than the chip took)."""
     t = table.set_index("model")
     waits = phases.reindex(t.index).fillna(0.0)
     waits = waits[waits.sum().sort_values(ascending=False).index]
-    # phases too small to see in any bar (under 2% of the widest) drawn as one
-    small = waits.columns[waits.max() < 0.02 * t.past_bytes_us.abs().max()]
-    parts = [("the layout's padding", t.padding_us), ("the call's fixed time over its steps", t.call_share_us)]
-    parts += [(f"waits: {phase}", waits[phase]) for phase in waits.columns if phase not in small]
-    if len(small):
-        parts.append((f"waits: {', '.join(small)}", waits[small].sum(axis=1)))
+    # one colour a part: the largest phases each their own, the rest (and any too small to see) drawn as one
+    colours = template_colours()
+    kept = [p for p in waits.columns[: len(colours) - 3] if waits[p].max() >= 0.02 * t.past_bytes_us.abs().max()]
+    rest = [p for p in waits.columns if p not in kept]
+    parts = [("bytes past those counted", t.uncounted_us), ("the call's fixed time over its steps", t.call_share_us)]
+    parts += [(f"waits: {phase}", waits[phase]) for phase in kept]
+    if rest:
+        parts.append((f"waits: the other {len(rest)} phases", waits[rest].sum(axis=1)))
     fig = go.Figure()
-    for colour, (name, x) in zip(template_colours() * 3, parts):
+    for colour, (name, x) in zip(colours, parts):
         fig.add_bar(y=t.index, x=x, name=name, orientation="h", marker_color=colour,
                     hovertemplate=f"{name}: %{{x:.1f}} us<extra>%{{y}}</extra>")  # fmt: skip
     fig.add_bar(y=t.index, x=t.unplaced_us, name="unplaced", orientation="h",
                 marker=dict(color="white", line=dict(color="grey", width=1), pattern=dict(shape="/", fgcolor="grey")),
                 hovertemplate="unplaced: %{x:.1f} us<extra>%{y}</extra>")  # fmt: skip
     fig.add_scatter(y=t.index, x=t.past_bytes_us, mode="markers", name="measured past its bytes",
-                    marker=dict(symbol="line-ns-open", size=22, line=dict(width=3, color="black")),
+                    marker=dict(symbol="line-ns-open", size=22, color="black", line=dict(width=3, color="black")),
                     hovertemplate="measured: %{x:.1f} us past its bytes<extra>%{y}</extra>")  # fmt: skip
     fig.update_layout(barmode="relative", title=title, height=ROW_PX * 2 * len(t) + 420, margin=dict(l=260),
                       legend=dict(orientation="h", y=1.0, yanchor="bottom"))  # fmt: skip
