@@ -407,3 +407,21 @@ def test_an_op_profile_is_read_newest_first_and_explains_the_many_user_cache_wri
         ms = on_tpu.profile_categories(steps.loc[r.name])
         assert ms["while"] + ms["copy-done"] >= r.device_ms - r.modelled_ms
         assert not r.reason.startswith(on_tpu.UNEXPLAINED), r.reason
+
+
+def test_read_rate_probes_name_tiles_under_a_mib_and_take_a_sizes_newest_row():
+    """mk.analysis.on_tpu.read_rates names each probe's tiles to the fraction of a MiB (0.25 and 0.5 MiB apart), and
+    marginal_rates takes a size read in two runs at its newest row: the rate between two sizes, never one size twice."""
+    import pandas as pd
+
+    from mk.analysis.on_tpu import marginal_rates, read_rates
+
+    rates = read_rates()
+    assert {"pallas dma stream (0.25 MiB x 2)", "pallas dma stream (0.5 MiB x 2)"} <= set(rates.how)
+    row = dict(method="pallas dma stream", how="x", GiB=1.0, bytes=2**30, device_GBps=700.0, date="2026-01-01")
+    t = pd.DataFrame([row, dict(row, GiB=4.0, bytes=2**32, device_GBps=730.0),
+                      dict(row, GiB=4.0, bytes=2**32, device_GBps=740.0, date="2026-02-01")])  # fmt: skip
+    m = marginal_rates(t).iloc[0]
+    ta, tb = 2**30 / 700e9, 2**32 / 740e9  # the newer 4 GiB row
+    assert (m.from_GiB, m.to_GiB) == (1.0, 4.0) and m.marginal_GBps == pytest.approx((2**32 - 2**30) / (tb - ta) / 1e9)
+    assert len(marginal_rates(t.iloc[1:])) == 0  # one size read twice is no line

@@ -516,7 +516,7 @@ def read_rates(path=None) -> pd.DataFrame:
     t = chip_rows(pd.read_csv(path)).copy()
     t["GiB"] = t["bytes"] / 2**30
     t["how"] = t.method + [
-        f" ({int(c) >> 20} MiB x {int(d)})" if c == c else "" for c, d in zip(t.chunk_bytes, t.in_flight)
+        f" ({c / 2**20:g} MiB x {int(d)})" if c == c else "" for c, d in zip(t.chunk_bytes, t.in_flight)
     ]
     return t.assign(kind="measured (TPU, steps back to back)")
 
@@ -524,13 +524,13 @@ def read_rates(path=None) -> pd.DataFrame:
 def marginal_rates(rates: pd.DataFrame) -> pd.DataFrame:
     """Per probe shape (``how``, :func:`read_rates`) read at two sizes or more: its best whole-call device rate, and the
     rate between its two largest sizes (the extra bytes over the extra device time: a call's fixed cost cancels, so
-    this is what an ever longer read approaches), each GB/s."""
+    this is what an ever longer read approaches; a size read in more than one run, its newest row), each GB/s."""
     rows = []
     for how, g in rates.groupby("how", sort=False):
-        g = g.sort_values("bytes")
-        if len(g) < 2:
+        at = g.sort_values(["bytes", "date"], kind="stable").groupby("bytes").tail(1)
+        if len(at) < 2:
             continue
-        a, b = g.iloc[-2], g.iloc[-1]
+        a, b = at.iloc[-2], at.iloc[-1]
         ta, tb = a.bytes / (a.device_GBps * 1e9), b.bytes / (b.device_GBps * 1e9)
         rows.append(dict(how=how, method=b.method, from_GiB=a.GiB, to_GiB=b.GiB, best_GBps=g.device_GBps.max(),
                          marginal_GBps=(b.bytes - a.bytes) / (tb - ta) / 1e9,
