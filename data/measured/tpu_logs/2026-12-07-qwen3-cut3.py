@@ -5,6 +5,9 @@ one-user rows were revision 4's (its head then read in 0.5 MiB tiles). Rows go t
     python data/measured/tpu_logs/2026-12-07-qwen3-cut3.py OUT_DIR DEADLINE_S [tiny]
 
 ``tiny``: tiny-moe on the CPU (interpret mode) to check the script.
+
+Run on 2026-12-07 at commit a3dfe07 in one device call (log: 2026-12-07-qwen3-cut3.txt; rows also in
+2026-12-07-qwen3-cut3.csv); every row went to data/measured/tpu.csv and the profiles to tpu_ops.csv.
 """
 
 import shutil
