@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -350,14 +351,11 @@ def measured_copy_latency(chip: str, path=TPU_DMA_CSV) -> CopyLatency | None:
     by_size = {int(r["nbytes"]): float(r["copy_us"]) * 1e-6 for r in run}
     if len(by_size) < 2:
         return None
-    calls = sorted(float(r["device_us"]) * 1e-6 - int(r["trips"]) * float(r["copy_us"]) * 1e-6 for r in run)
-    mid = len(calls) // 2
+    call = statistics.median(float(r["device_us"]) * 1e-6 - int(r["trips"]) * float(r["copy_us"]) * 1e-6 for r in run)
     x, y = list(by_size), list(by_size.values())
     mx, my = sum(x) / len(x), sum(y) / len(y)
     slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
-    device = next(r["device"] for r in rows if r["date"] == newest)
-    call = calls[mid] if len(calls) % 2 else (calls[mid - 1] + calls[mid]) / 2
-    return CopyLatency(max(0.0, my - slope * mx), 1 / slope, len(by_size), newest, device, max(0.0, call))
+    return CopyLatency(max(0.0, my - slope * mx), 1 / slope, len(by_size), newest, run[0]["device"], max(0.0, call))
 
 
 # A core's measured issue rate ----------------------------------------------------------------------------------------

@@ -63,6 +63,12 @@ def moe_one_user_rows(path=None) -> pd.DataFrame:
     return out.reset_index(drop=True).assign(kind=KIND)
 
 
+def newest_rows(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Of :func:`moe_one_user_rows`' rows, the newest of each ``keys``: their dates are days, and within one a later
+    kernel revision is the newer row (revisions only grow)."""
+    return rows.sort_values(["date", "kernel_revision"], kind="stable").groupby(keys).tail(1)
+
+
 def moe_one_user(rows: pd.DataFrame) -> pd.DataFrame:
     """One row a cell measured at both one and :data:`SEVERAL` steps a call: each engine's fraction of the limit at
     each (NaN where an engine was not measured), the kernel's speed-up over XLA at each, and what one step a call adds
@@ -70,9 +76,7 @@ def moe_one_user(rows: pd.DataFrame) -> pd.DataFrame:
     Each engine's newest row at each steps a call stands for the cell (:func:`moe_one_user_rows` keeps older
     revisions' too)."""
     out = []
-    # the rows' dates are days: within one, a later revision is the newer row (revisions only grow)
-    newest = rows.sort_values(["date", "kernel_revision"], kind="stable")
-    newest = newest.groupby(["model", "setup", "engine", "steps_a_call"]).tail(1)
+    newest = newest_rows(rows, ["model", "setup", "engine", "steps_a_call"])
     for (model, setup), g in newest.groupby(["model", "setup"], sort=False):
         at = {(r.engine, r.steps_a_call): r for r in g.itertuples()}
         if ("megakernel", 1) not in at or ("megakernel", SEVERAL) not in at:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from ..chips import get_chip, measured_chip, measured_copy_latency, measured_limit, slice_of
 from ..config import with_layers
-from ..kernel_setup import SETUPS, WORKBOOK_KERNEL
+from ..kernel_setup import SETUPS, WORKBOOK_KERNEL, KernelSetup
 from ..paths import MEASURED_DIR, TPU_CSV, TPU_OPS_CSV
 from ..published import published
 from ..routing import expected_distinct_experts
@@ -207,6 +207,14 @@ def stand_in_bytes(r) -> dict[str, float]:
     return {c: b for c, b in got.items() if b > 0}
 
 
+def kernel_setup_of(r) -> tuple[str, KernelSetup]:
+    """The chip and kernel setup the model times a measured megakernel row on: a stand-in's slice, chip 0 of it alone
+    (a loopback setup: its exchanges local copies); else its own chip, the workbook's kernel."""
+    if str(r["setup"]).endswith(STAND_IN):
+        return stand_in_slice(r["chip"]), stand_in_setup(r["setup"]).replace(loopback=True)
+    return r["chip"], WORKBOOK_KERNEL
+
+
 def measured_prediction(r, costs: GivenCosts = DEFAULT_COSTS, knockout=frozenset()) -> Prediction:
     """The model's prediction of a measured row's step (the module's docstring); ``costs``: a sensitivity
     (mk.timing.GivenCosts); ``knockout``: components switched off (mk.timing.predict's)."""
@@ -215,11 +223,8 @@ def measured_prediction(r, costs: GivenCosts = DEFAULT_COSTS, knockout=frozenset
     if r["engine"] != "megakernel":
         # mk.reference computes a quantized tree's float tree (dequantized once): XLA reads the float weights
         return predict(cfg, r["chip"], context, batch, "general", str(r["dtype"]).split("+", 1)[0], **kw)
-    if str(r["setup"]).endswith(STAND_IN):
-        chip = stand_in_slice(r["chip"])
-        setup = stand_in_setup(r["setup"]).replace(loopback=True)  # chip 0 alone, its exchanges local copies
-        return predict(cfg, chip, context, batch, "megakernel", r["dtype"], setup=setup, **kw)
-    return predict(cfg, r["chip"], context, batch, "megakernel", r["dtype"], setup=WORKBOOK_KERNEL, **kw)
+    chip, setup = kernel_setup_of(r)
+    return predict(cfg, chip, context, batch, "megakernel", r["dtype"], setup=setup, **kw)
 
 
 def call_floor(chip: str) -> float:

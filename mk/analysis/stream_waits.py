@@ -19,8 +19,8 @@ from ..chips import get_chip, measured_limit
 from ..config import ModelConfig
 from ..timing.pace import pace_timeline
 from ..timing.work import named_plan
-from .moe_one_user import SEVERAL
-from .on_tpu import STAND_IN, call_floor, cell_words, engine_bytes, measured_config, stand_in_setup, stand_in_slice
+from .moe_one_user import SEVERAL, newest_rows
+from .on_tpu import call_floor, cell_words, engine_bytes, kernel_setup_of, measured_config
 
 KIND = "modelled (mk.plan.timeline: the compiler's schedule where kept, measured copy latency and read rate)"
 COMBINE = "combine"  # the experts' weighted sum (ExpertCombine), apart from the expert stream
@@ -109,12 +109,8 @@ def _measured_plan(r) -> tuple:
     its fraction of the limit is of (a stand-in's: chip 0's of its slice, alone; its share of the slice's bytes)."""
     row = dict(base_model=r.base_model, layers=r.layers, setup=r.setup, chip="tpu-v5e", dtype="bf16", context=1024,
                batch=1, engine="megakernel")  # fmt: skip
-    cfg = measured_config(row)
-    if str(r.setup).endswith(STAND_IN):
-        chip, setup = stand_in_slice("tpu-v5e"), stand_in_setup(r.setup).replace(loopback=True)
-    else:
-        chip, setup = "tpu-v5e", "workbook"
-    return named_plan(cfg, chip, 1024, 1, setup, "bf16", ()), chip, engine_bytes(row)
+    chip, setup = kernel_setup_of(row)
+    return named_plan(measured_config(row), chip, 1024, 1, setup, "bf16", ()), chip, engine_bytes(row)
 
 
 def gap_placed(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -126,13 +122,12 @@ def gap_placed(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     (mk.analysis.on_tpu.call_floor), the modelled stream's waits (:func:`plan_waits`; a stand-in's exchanges as local
     copies); and what none of them holds (``unplaced_us``: measured less the three). Returns the table, and the waits
     by phase of each cell (microseconds a step) beside it."""
-    k = rows[(rows.engine == "megakernel") & (rows.steps_a_call == SEVERAL)]
-    k = k.sort_values(["date", "kernel_revision"], kind="stable").groupby(["model", "setup"]).tail(1)
+    k = newest_rows(rows[(rows.engine == "megakernel") & (rows.steps_a_call == SEVERAL)], ["model", "setup"])
     limit = measured_limit("tpu-v5e").bandwidth
     out, phases = [], []
     for r in k.itertuples():
         plan, chip, counted = _measured_plan(r)
-        uncounted = (sum(ld.nbytes for ld in plan.loads) + plan.kv_bytes - counted) / limit
+        uncounted = (plan.weight_bytes_max + plan.kv_bytes - counted) / limit
         waits = plan_waits(plan, chip)
         call = call_floor("tpu-v5e") / r.steps_a_call
         placed = uncounted * 1e6 + call * 1e6 + waits.wait_us.sum()
