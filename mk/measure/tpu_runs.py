@@ -17,7 +17,9 @@ In order, each part's rows appended to its CSV under ``out_dir`` (data/measured/
 6. **anchor** (mk.measure.attention_anchor): JAX's ragged paged attention over the same cache beside the megakernel's
    attention, by context -> ``tpu_attention.csv``;
 7. **dma** (mk.measure.dma_latency): one copy from HBM alone, start to wait, by size: the time a copy costs where
-   nothing else is in flight -> ``tpu_dma.csv``.
+   nothing else is in flight -> ``tpu_dma.csv``;
+8. **copies** (mk.measure.copies_alone): the MoE one-user cells' kernel beside its own copies alone (every tile and
+   KV tile it moves, no compute), interleaved on the same weights -> ``tpu_copies.csv``.
 
 A run stops starting work at its ``deadline_s`` (540 s by default, for a session that holds the chip ten minutes at a
 time) and a later run skips the table's cells already measured on a TPU, so the parts can be spread over several calls
@@ -37,11 +39,11 @@ from ..files import append_csv_rows
 from ..paths import MEASURED_DIR
 from ..progress import Log
 from ..tpu import on_tpu
-from . import attention_anchor, chip_clock, chip_knockouts, chip_parity, dma_latency, hbm, on_chip
+from . import attention_anchor, chip_clock, chip_knockouts, chip_parity, copies_alone, dma_latency, hbm, on_chip
 from .harness import CHIP_PROVENANCE, provenance
 from .on_chip import Case, Cell, grid
 
-PARTS = ("parity", "hbm", "table", "clock", "knockouts", "anchor", "dma")
+PARTS = ("parity", "hbm", "table", "clock", "knockouts", "anchor", "dma", "copies")
 CONTEXTS, BATCHES = (1024, 8192, 32768), (1, 4, 8)
 ONE_USER = tuple(Cell(c, 1) for c in CONTEXTS)
 # Every context for one user, every batch at the first context: the cells a chip's half hour holds for every case (a
@@ -80,8 +82,17 @@ TABLE = (
       for m, n in (("gemma4-26b-a4b", LAYER_PAIR), ("gpt-oss-20b", 2), ("mixtral-8x7b", 2))),
     Case("gemma4-26b-a4b", None, setup="workbook", cells=ONE_USER[:1], steps_a_call=(1, 16)),
 )  # fmt: skip
+# The kernel beside its copies alone: the MoE one-user cells at 16 steps a call (the deepest cuts one chip holds the
+# kernel of, the cuts both engines fit, chip 0 of the workbook's v5e-8), and a dense model's for the contrast.
+COPIES_CASES = tuple(
+    Case(m, n, alone="megakernel", cells=ONE_USER[:1], steps_a_call=(16,), setup=setup)
+    for m, n, setup in (("gemma4-26b-a4b", 7, "one chip"), ("gpt-oss-20b", 2, "one chip"),
+                        ("gemma4-26b-a4b", None, "workbook"), ("qwen3-30b-a3b", 8, "one chip"),
+                        ("gemma4-26b-a4b", LAYER_PAIR, "one chip"), ("llama-3.2-1b", None, "one chip"))
+)  # fmt: skip
 CSVS = dict(parity="tpu_parity.csv", hbm="tpu_hbm.csv", table="tpu.csv", clock="tpu_clock.csv",
-            knockouts="tpu_knockouts.csv", anchor="tpu_attention.csv", dma="tpu_dma.csv")  # fmt: skip
+            knockouts="tpu_knockouts.csv", anchor="tpu_attention.csv", dma="tpu_dma.csv",
+            copies="tpu_copies.csv")  # fmt: skip
 PARITY_COLUMNS = CHIP_PROVENANCE + chip_parity.COLUMNS
 
 
@@ -108,6 +119,7 @@ def run(
     deadline_s: float = 540.0,
     cases=TABLE,
     knockout_cases=chip_knockouts.CASES,
+    copies_cases=COPIES_CASES,
     parity_checks=None,
     hbm_probes=None,
     require_tpu: bool = True,
@@ -134,7 +146,7 @@ def run(
     chip = known_chip(device) if device.platform == "tpu" else None
     log(f"{device.device_kind}: JAX {prov['jax_version']}, libtpu {prov['libtpu_version']}, commit {prov['commit']}, "
         f"code {prov['code_digest']}, kernel {prov['kernel_digest']}")  # fmt: skip
-    done = dict(parity=0, hbm=0, table=0, clock=0, knockouts=0, anchor=0, dma=0, notes=[], parity_held=None)
+    done = dict(parity=0, hbm=0, table=0, clock=0, knockouts=0, anchor=0, dma=0, copies=0, notes=[], parity_held=None)
     if "parity" in parts:
         keep = {k: prov[k] for k in PARITY_COLUMNS if k in prov}
 
@@ -173,6 +185,16 @@ def run(
     if "dma" in parts and time.perf_counter() < deadline:
         interpret = device.platform != "tpu"  # off a TPU the interpreted kernels' rows check the run, not a chip
         done["dma"] = len(dma_latency.measure(out=out_dir / CSVS["dma"], quiet=quiet, interpret=interpret))
+    if "copies" in parts:
+        rows, notes = copies_alone.measure(copies_cases, out_dir / CSVS["copies"], limit, device, deadline, quiet=quiet,
+                                           **_copies_timing(timing))  # fmt: skip
+        done["copies"], done["notes"] = len(rows), done["notes"] + notes
     for n in done["notes"]:
         log(n)
     return done
+
+
+def _copies_timing(timing: dict) -> dict:
+    """The table's timing arguments as mk.measure.copies_alone.measure names them."""
+    names = dict(steps="steps_back_to_back", min_rounds="min_rounds", budget_s="budget_s")
+    return {names[k]: v for k, v in timing.items() if k in names}

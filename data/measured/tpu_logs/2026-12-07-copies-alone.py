@@ -1,0 +1,36 @@
+"""2026-12-07 (session 30), one TPU v5e: each MoE one-user cell's kernel beside its copies alone
+(mk.measure.copies_alone: every weight tile and KV tile the step moves, started and waited where the kernel does, no
+compute), interleaved on the same packed weights, 16 steps a call, context 1024, one user, bf16, random weights
+(seed 0); a dense model's for the contrast. Gemma 4 26B-A4B's first 7 layers also at 4 slots a weight buffer, kernel
+and copies. Rows go to OUT_DIR through mk's own driver (part ``copies`` of tpu-measure).
+
+    python data/measured/tpu_logs/2026-12-07-copies-alone.py OUT_DIR DEADLINE_S PART
+
+PART ``a``: 26B-A4B[:7] (2 and 4 slots), gpt-oss-20b[:2], the 26B-A4B chip-of-8 stand-in (setup g); ``b``:
+qwen3-30b-a3b[:8], the 26B-A4B sliding+full pair, llama-3.2-1b. ``tiny``: tiny-moe on the CPU (interpret mode) to
+check the script.
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+from mk.measure import tpu_runs
+from mk.measure.on_chip import Case, Cell
+from mk.plan import Tiles
+
+out, deadline, part = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+tiny = part == "tiny"
+out.mkdir(parents=True, exist_ok=True)
+shutil.copy("data/measured/tpu_hbm.csv", out / "tpu_hbm.csv")  # each row's limit columns at the measured limit
+cases = tpu_runs.COPIES_CASES
+if tiny:
+    cases = (Case("tiny-moe", cells=(Cell(64, 1),), steps_a_call=(2,), tiles=(Tiles(), Tiles(slots=4))),)
+elif part == "a":
+    first = cases[0]
+    cases = (Case(first.model, first.layers, alone="megakernel", cells=first.cells, steps_a_call=first.steps_a_call,
+                  tiles=(Tiles(), Tiles(slots=4))), *cases[1:3])  # fmt: skip
+else:
+    cases = cases[3:]
+print(tpu_runs.run(("copies",), out, deadline, copies_cases=cases, require_tpu=not tiny, steps=2 if tiny else 20,
+                   min_rounds=3 if tiny else 5, budget_s=1.0 if tiny else 8.0))  # fmt: skip

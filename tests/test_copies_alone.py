@@ -1,0 +1,67 @@
+"""A step's copies alone (mk.measure.copies_alone), run through on the CPU in interpret mode with races checked: it
+moves the plan's tiles into the plan's slots and the cache's tiles at the plan's context, and its driver times it
+beside the kernel on the same weights. The numbers it takes on a TPU are data/measured/tpu_copies.csv's."""
+
+import jax
+import numpy as np
+import pandas as pd
+import pytest
+
+from mk.config import get_config
+from mk.measure import copies_alone, tpu_runs
+from mk.measure.on_chip import Case, CaseEngines, Cell
+from mk.plan import Attend, build_plan
+from mk.tpu import interpret_params, races_detected, reset_interpreter
+
+CELL = Cell(64, 1)
+
+
+@pytest.fixture(scope="module", params=["one chip", "workbook"])
+def built(request):
+    """tiny-moe's kernel weights packed on one chip, and as chip 0 of a v5e-8 stood in for by one (a loopback)."""
+    case = Case("tiny-moe", cells=(CELL,), steps_a_call=(2,), setup=request.param)
+    engines = CaseEngines(case, jax.devices()[0], 0, lambda _: None)
+    engines.build("megakernel")
+    yield engines
+    engines.close()
+
+
+def _tile(weights: dict, ld) -> np.ndarray:
+    src = np.asarray(weights[ld.tensor], np.float32)
+    src = src if ld.index is None else src[ld.index]
+    src = src if ld.expert is None else src[ld.expert]  # routed slot j reads expert j
+    return src[ld.rows[0] : ld.rows[0] + ld.rows[1], ld.cols[0] : ld.cols[0] + ld.cols[1]]
+
+
+def test_the_copies_move_each_tile_into_its_slot_and_the_bytes_they_count(built):
+    plan = copies_alone.step_plan_of(built.steps["megakernel"], CELL, "bf16")
+    weights = built.weights["megakernel"]["weights"]
+    reset_interpreter()
+    call, moved = copies_alone.copies_alone_call(plan, weights, steps=3, interpret=interpret_params(True))
+    out = np.asarray(call())
+    assert not races_detected()
+    first = next(iter(plan.buffers))
+    last = [ld for ld in plan.loads if ld.buffer == first and ld.slot == 0][-1]  # what slot 0 holds at the end
+    np.testing.assert_array_equal(out, 3 * _tile(weights, last)[:8, :128])  # three calls, each adding it once
+    attends = [op for op in plan.ops if isinstance(op, Attend)]
+    kv = sum(2 * np.prod(plan.arrays.cache[f"{op.layer_type}.k"].shape[2::2]) * plan.kv_tile(op.layer_type) * 2
+             * plan.kv_tiles_read(op.layer_type) for op in attends)  # fmt: skip
+    assert attends and moved == sum(ld.nbytes for ld in plan.loads) + kv
+    assert moved > plan.weight_bytes_max  # what it moves covers every routed slot's tiles and the cache
+
+
+def test_a_latent_cache_is_refused_by_name():
+    plan = build_plan(get_config("tiny-deepseek-v3"), 1, 64, weight_dtype="bfloat16", kv_dtype="bfloat16")
+    with pytest.raises(ValueError, match="latent cache is not covered"):
+        copies_alone.copies_alone_call(plan, {}, interpret=interpret_params())
+
+
+def test_the_part_times_the_kernel_beside_its_copies_and_writes_a_row_each(tmp_path):
+    case = Case("tiny-moe", cells=(CELL,), steps_a_call=(2,))
+    done = tpu_runs.run(("copies",), tmp_path, 600, copies_cases=(case,), require_tpu=False, quiet=True,
+                        steps=2, min_rounds=3, budget_s=0.5)  # fmt: skip
+    rows = pd.read_csv(tmp_path / "tpu_copies.csv")
+    assert done["copies"] == 2 and list(rows.columns) == list(copies_alone.COLUMNS)
+    assert set(rows.engine) == {"megakernel", copies_alone.COPIES} and set(rows.steps_a_call) == {2}
+    assert rows.copies_bytes.nunique() == 1 and (rows.device_step_ms > 0).all()
+    assert set(rows.setup) == {"one chip"} and set(rows.base_model) == {"tiny-moe"}
