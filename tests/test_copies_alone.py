@@ -65,3 +65,12 @@ def test_the_part_times_the_kernel_beside_its_copies_and_writes_a_row_each(tmp_p
     assert set(rows.engine) == {"megakernel", copies_alone.COPIES} and set(rows.steps_a_call) == {2}
     assert rows.copies_bytes.nunique() == 1 and (rows.device_step_ms > 0).all()
     assert set(rows.setup) == {"one chip"} and set(rows.base_model) == {"tiny-moe"}
+
+
+def test_a_knocked_out_component_leaves_the_kernel_and_its_copies_alike(tmp_path):
+    case = Case("tiny-moe", cells=(CELL,), steps_a_call=(2,))
+    rows, _ = copies_alone.measure((case,), tmp_path / "c.csv", quiet=True, budget_s=0.5, min_rounds=3,
+                                   steps_back_to_back=2, knockouts=("experts",))  # fmt: skip
+    got = {(r["engine"], r["knockout"]): r["copies_bytes"] for r in rows}
+    assert len(got) == 4 and got["megakernel", "experts"] == got[copies_alone.COPIES, "experts"]
+    assert got[copies_alone.COPIES, "experts"] < got[copies_alone.COPIES, ""]  # the experts' tiles stay in HBM

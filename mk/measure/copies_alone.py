@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from ..config import get_config
 from ..files import append_csv_rows
 from ..generate import cache_multiple
+from ..params import knocked_out
 from ..plan import Attend, Start, Wait, build_plan
 from ..progress import Log
 from ..sol import bytes_per_token
@@ -38,16 +39,17 @@ from .harness import DEVICE_TIMING, TimedStep, columns, provenance, spec_speed_o
 from .on_chip import STEPS, Case, CaseEngines, Cell, _scheme, a_token, limit_columns, variant
 
 COPIES = "copies alone"  # the rows' engine for the copies (the kernel's: megakernel)
-COLUMNS = columns("base_model", "layers", "setup", "kernel_revision", STEPS, *DEVICE_TIMING, "copies_bytes",
-                  "limit_GBps", "limit_source", "device_fraction_of_limit")  # fmt: skip
+COLUMNS = columns("base_model", "layers", "setup", "kernel_revision", STEPS, "knockout", *DEVICE_TIMING,
+                  "copies_bytes", "limit_GBps", "limit_source", "device_fraction_of_limit")  # fmt: skip
 
 
-def step_plan_of(engine, cell: Cell, dtype: str):
-    """The plan the kernel ``engine`` (mk.megakernel.make_step's) runs for one step of ``cell`` in ``dtype`` (a case's),
-    with the context the copies read the KV cache to."""
+def step_plan_of(engine, cell: Cell, dtype: str, knockout=frozenset()):
+    """The plan the kernel ``engine`` (mk.megakernel.make_step's) runs for one step of ``cell`` in ``dtype`` (a case's)
+    with ``knockout``'s components off, with the context the copies read the KV cache to."""
     max_len = round_up(cell.context, cache_multiple("megakernel"))
     return build_plan(engine.cfg, cell.batch, max_len, cell.context, weight_dtype="bfloat16", kv_dtype="bfloat16",
-                      tiles=engine.tiles, setup=engine.setup, quantize=_scheme(dtype))  # fmt: skip
+                      tiles=engine.tiles, setup=engine.setup, quantize=_scheme(dtype),
+                      knockout=frozenset(knockout))  # fmt: skip
 
 
 def copies_bytes(plan) -> int:
@@ -170,44 +172,48 @@ def _read_cache(plan, op, caches: dict, buf: _Cache) -> None:
         jax.lax.fori_loop(0, n, body, 0)
 
 
-def measure_case(case: Case, limit, device, budget_s: float, log, min_rounds: int = 5,
-                 steps_back_to_back: int = 20) -> list[dict]:  # fmt: skip
-    """``case``'s kernel (each of its tiles, each of its steps a call) beside its copies alone at each cell, interleaved
-    in one loop, on the same packed weights: a row each."""
+def measure_case(case: Case, limit, device, budget_s: float, log, min_rounds: int = 5, steps_back_to_back: int = 20,
+                 knockouts: tuple[str, ...] = ()) -> list[dict]:  # fmt: skip
+    """``case``'s kernel (each of its tiles, each of its steps a call; whole, and with each of ``knockouts`` switched
+    off, mk.params.knocked_out) beside its copies alone at each cell, interleaved in one loop, on the same packed
+    weights: a row each. A component's kernel shrink less its copies' is what the core adds for it past its copies."""
     engines = CaseEngines(case, device, 0, log)
     rows = []
     try:
         engines.build("megakernel")
         for cell in case.cells:
-            rows += _measure_cell(engines, cell, limit, budget_s, log, min_rounds, steps_back_to_back)
+            rows += _measure_cell(engines, cell, limit, budget_s, log, min_rounds, steps_back_to_back, knockouts)
     finally:
         engines.close()
     return rows
 
 
-def _timed_pair(engines: CaseEngines, cell: Cell, tiles, steps: int, interpret, log) -> tuple[TimedStep, TimedStep]:
-    """The kernel built with ``tiles`` at ``steps`` a call, and its copies alone, compiled and run once."""
-    case, key = engines.case, variant("megakernel", tiles)
-    label = f"{case.setup_label_at(tiles)} [{steps} a call]"
-    kernel = TimedStep(label, engines.call("megakernel", cell, steps=steps, tiles=tiles)[0], engine="megakernel")
-    plan = step_plan_of(engines.steps[key], cell, case.dtype)
+def _timed_pair(engines: CaseEngines, cell: Cell, tiles, steps: int, name: str, interpret, log) -> tuple:
+    """The kernel built with ``tiles`` at ``steps`` a call, component ``name`` off ("": none), and its copies alone,
+    compiled and run once."""
+    case, key, knockout = engines.case, variant("megakernel", tiles), knocked_out(name) if name else frozenset()
+    label = f"{case.setup_label_at(tiles)} [{steps} a call{f'; {name} off' if name else ''}]"
+    call = engines.call("megakernel", cell, knockout, steps=steps, tiles=tiles)[0]
+    kernel = TimedStep(label, call, engine="megakernel")
+    plan = step_plan_of(engines.steps[key], cell, case.dtype, knockout)
     t = time.perf_counter()
     call, moved = copies_alone_call(plan, engines.weights[key]["weights"], steps, engines.device, interpret)
     jax.block_until_ready(call())
     log(f"{label}: its copies alone ({moved / MIB:.1f} MiB a step) compiled and run in {time.perf_counter() - t:.1f} s")
-    about = dict(setup=case.setup_label_at(tiles), copies_bytes=moved, **{STEPS: steps})
+    about = dict(setup=case.setup_label_at(tiles), copies_bytes=moved, knockout=name, **{STEPS: steps})
     kernel.columns = dict(about)
     return kernel, TimedStep(f"{label} {COPIES}", call, engine=COPIES, columns=dict(about))
 
 
-def _measure_cell(engines: CaseEngines, cell: Cell, limit, budget_s, log, min_rounds, steps_back_to_back) -> list:
+def _measure_cell(engines: CaseEngines, cell: Cell, limit, budget_s, log, min_rounds, steps_back_to_back,
+                  knockouts) -> list:  # fmt: skip
     case, device = engines.case, engines.device
     chips = 8 if case.kernel_setup().loopback else 1
     per_token = bytes_per_token(engines.cfg, cell.context, cell.batch, case.dtype).total
     sol = spec_speed_of_light(per_token, device, chips, "tpu-v5e" if device.platform != "tpu" else None)
     interpret = None if device.platform == "tpu" else interpret_params()
-    timed = [e for _, tiles in case.timed() if _ == "megakernel" for n in case.steps_a_call
-             for e in _timed_pair(engines, cell, tiles, n, interpret, log)]  # fmt: skip
+    timed = [e for _, tiles in case.timed() if _ == "megakernel" for n in case.steps_a_call for name in ("", *knockouts)
+             for e in _timed_pair(engines, cell, tiles, n, name, interpret, log)]  # fmt: skip
     run = dict(provenance(device), model=engines.cfg.name, dtype=case.dtype, context=cell.context, batch=cell.batch,
                weights="random (seed 0)")  # fmt: skip
     _, rows = time_engines(timed, sol, run, budget_s, min_rounds=min_rounds, steps_back_to_back=steps_back_to_back,
@@ -226,16 +232,17 @@ def _measure_cell(engines: CaseEngines, cell: Cell, limit, budget_s, log, min_ro
 
 def measure(cases, out: Path | str | None = None, limit=None, device=None, deadline: float | None = None,
             budget_s: float = 8.0, quiet: bool = False, min_rounds: int = 5,
-            steps_back_to_back: int = 20) -> tuple[list[dict], list[str]]:  # fmt: skip
-    """Every case of ``cases`` (the module's docstring), rows appended to ``out`` after each case; what is left at
-    ``deadline`` (time.perf_counter()) is not started, said so. Returns (rows, notes)."""
+            steps_back_to_back: int = 20, knockouts: tuple[str, ...] = ()) -> tuple[list[dict], list[str]]:  # fmt: skip
+    """Every case of ``cases`` (the module's docstring; each also with ``knockouts`` off in turn), rows appended to
+    ``out`` after each case; what is left at ``deadline`` (time.perf_counter()) is not started, said so. Returns (rows,
+    notes)."""
     device = device or jax.devices()[0]
     log, rows, notes = Log(quiet), [], []
     for case in cases:
         if deadline is not None and time.perf_counter() > deadline:
             notes.append(f"copies alone of {case.config().name} ({case.setup_label}): not measured, out of time")
             continue
-        got = measure_case(case, limit, device, budget_s, log, min_rounds, steps_back_to_back)
+        got = measure_case(case, limit, device, budget_s, log, min_rounds, steps_back_to_back, knockouts)
         rows += got
         if out is not None:
             append_csv_rows(got, Path(out), COLUMNS, "a copies-alone row")

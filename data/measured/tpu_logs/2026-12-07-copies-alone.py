@@ -7,15 +7,19 @@ and copies. Rows go to OUT_DIR through mk's own driver (part ``copies`` of tpu-m
     python data/measured/tpu_logs/2026-12-07-copies-alone.py OUT_DIR DEADLINE_S PART
 
 PART ``a``: 26B-A4B[:7] (2 and 4 slots), gpt-oss-20b[:2], the 26B-A4B chip-of-8 stand-in (setup g); ``b``:
-qwen3-30b-a3b[:8], the 26B-A4B sliding+full pair, llama-3.2-1b. ``tiny``: tiny-moe on the CPU (interpret mode) to
-check the script.
+qwen3-30b-a3b[:8], the 26B-A4B sliding+full pair, llama-3.2-1b; ``k`` (written after ``a`` found every cell's copies
+alone at the limit and the kernel 77-151 us a step above them): 26B-A4B[:7] whole and with its sliding attention,
+experts, shared MLP, head and the route's wait (router with it) off in turn, kernel and copies alike, 10 calls back
+to back. ``tiny``: tiny-moe on the CPU (interpret mode) to check the script.
 """
 
 import shutil
 import sys
+import time
 from pathlib import Path
 
-from mk.measure import tpu_runs
+from mk.chips import measured_limit
+from mk.measure import copies_alone, tpu_runs
 from mk.measure.on_chip import Case, Cell
 from mk.plan import Tiles
 
@@ -30,6 +34,13 @@ elif part == "a":
     first = cases[0]
     cases = (Case(first.model, first.layers, alone="megakernel", cells=first.cells, steps_a_call=first.steps_a_call,
                   tiles=(Tiles(), Tiles(slots=4))), *cases[1:3])  # fmt: skip
+elif part == "k":
+    limit = measured_limit("tpu-v5e", out / "tpu_hbm.csv")
+    components = ("sliding_attention", "experts", "shared_mlp", "head", "route_wait")
+    rows, notes = copies_alone.measure(cases[:1], out / "tpu_copies.csv", limit, deadline=time.perf_counter() + deadline,
+                                       steps_back_to_back=10, knockouts=components)  # fmt: skip
+    print(len(rows), notes)
+    sys.exit(0)
 else:
     cases = cases[3:]
 print(tpu_runs.run(("copies",), out, deadline, copies_cases=cases, require_tpu=not tiny, steps=2 if tiny else 20,
