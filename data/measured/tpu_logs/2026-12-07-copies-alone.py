@@ -37,8 +37,9 @@ elif part == "a":
 elif part == "k":
     limit = measured_limit("tpu-v5e", out / "tpu_hbm.csv")
     components = ("sliding_attention", "experts", "shared_mlp", "head", "route_wait")
-    rows, notes = copies_alone.measure(cases[:1], out / "tpu_copies.csv", limit, deadline=time.perf_counter() + deadline,
-                                       steps_back_to_back=10, knockouts=components)  # fmt: skip
+    ends = time.perf_counter() + deadline
+    rows, notes = copies_alone.measure(cases[:1], out / "tpu_copies.csv", limit, deadline=ends, steps_back_to_back=10,
+                                       knockouts=components)  # fmt: skip
     print(len(rows), notes)
     sys.exit(0)
 else:
