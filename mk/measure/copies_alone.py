@@ -29,7 +29,7 @@ from ..config import get_config
 from ..files import append_csv_rows
 from ..generate import cache_multiple
 from ..params import knocked_out
-from ..plan import Attend, Start, Wait, build_plan
+from ..plan import Attend, ReadAhead, Start, Wait, build_plan
 from ..progress import Log
 from ..sol import bytes_per_token
 from ..timing.scheduled import recorded_revision
@@ -123,7 +123,7 @@ def copies_alone_program(plan, names: list[str], steps: int = 1, interpret=None)
             if isinstance(it, Start | Wait):
                 for c in stream.copies(loads[it.load]):
                     c.start() if isinstance(it, Start) else c.wait()
-            elif isinstance(it, Attend):
+            elif isinstance(it, ReadAhead | Attend):
                 _read_cache(plan, it, caches, kv[it.layer_type])
         out[...] = acc_in[...] + bufs[buffers[0].name][0, :8, :128].astype(jnp.float32)
 
@@ -155,18 +155,29 @@ def copies_alone_program(plan, names: list[str], steps: int = 1, interpret=None)
 
 def _read_cache(plan, op, caches: dict, buf: _Cache) -> None:
     """Layer ``op``'s K and V tiles at the plan's context, one user at a time, two deep, as the kernel's attention
-    reads them (mk.megakernel.attention), with nothing folded."""
-    from ..megakernel.attention import next_tile, tile_copies
+    reads them (mk.megakernel.attention), with nothing folded: at a ReadAhead user 0's first ones started, at its
+    Attend the rest."""
+    from ..megakernel.attention import next_tile, refill, start_first_tiles, tile_copies, wait_tile
 
     t = op.layer_type
     kc, vc = caches[f"{t}.k"].at[op.index], caches[f"{t}.v"].at[op.index]
     T, n = plan.kv_tile(t), plan.kv_tiles_read(t)
+    if isinstance(op, ReadAhead):
+        return start_first_tiles(kc, vc, buf, T, 0, n)
+    ahead = plan.tiles.kv_ahead
     for b in range(plan.users):
-        for c in tile_copies(kc, vc, buf, T, b, 0, 0):
-            c.start()
+        if not ahead:
+            for c in tile_copies(kc, vc, buf, T, b, 0, 0):
+                c.start()
+        elif b:
+            start_first_tiles(kc, vc, buf, T, b, n)
 
         def body(tix, carry, b=b):
-            next_tile(kc, vc, buf, T, b, tix, n)
+            if ahead:
+                wait_tile(kc, vc, buf, T, b, tix)
+                refill(kc, vc, buf, T, b, tix, n)
+            else:
+                next_tile(kc, vc, buf, T, b, tix, n)
             return carry
 
         jax.lax.fori_loop(0, n, body, 0)

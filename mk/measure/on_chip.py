@@ -184,6 +184,8 @@ def tiles_words(tiles: Tiles) -> str:
         said.append(f"KV tiles of {tiles.kv_tile} positions")
     if tiles.lookahead_bytes != default.lookahead_bytes:
         said.append(f"copies held to a window of {tiles.lookahead_bytes / MIB:g} MiB")
+    if tiles.kv_ahead != default.kv_ahead:
+        said.append("KV tiles read ahead" if tiles.kv_ahead else "KV tiles read at attention")
     if tiles.head_equal_share != default.head_equal_share:
         share = tiles.head_equal_share
         said.append(f"head tiles equal down to {share:g} of their budget" if share else "head tiles equal at any size")

@@ -163,6 +163,49 @@ def next_tile(kc, vc, buf, T: int, b, tix, n_tiles):
     return slot
 
 
+def start_first_tiles(kc, vc, buf, T: int, b, n_tiles) -> None:
+    """Start user ``b``'s tiles 0 and, where it reads two or more, 1 into both slots: the loop that reads them two
+    ahead (:func:`wait_tile`, :func:`refill`) waits for them."""
+    for c in tile_copies(kc, vc, buf, T, b, 0, 0):
+        c.start()
+
+    @pl.when(n_tiles > 1)
+    def _():
+        for c in tile_copies(kc, vc, buf, T, b, 1, 1):
+            c.start()
+
+
+def wait_tile(kc, vc, buf, T: int, b, tix):
+    """Wait for tile ``tix``, started two ahead into slot ``tix % 2``; its slot."""
+    slot = tix % 2
+    for c in tile_copies(kc, vc, buf, T, b, tix, slot):
+        c.wait()
+    return slot
+
+
+def refill(kc, vc, buf, T: int, b, tix, n_tiles) -> None:
+    """Once tile ``tix`` is read, start tile ``tix`` + 2 (if there is one) into its slot."""
+
+    @pl.when(tix + 2 < n_tiles)
+    def _():
+        for c in tile_copies(kc, vc, buf, T, b, tix + 2, tix % 2):
+            c.start()
+
+
+def _cache_of(k, op):
+    """Layer ``op``'s K and V cache, its type's KV buffer, tile and slots."""
+    t = op.layer_type
+    kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
+    return kc, vc, k.scratch.kv[t], k.plan.kv_tile(t), k.plan.cache_len(t)
+
+
+def emit_read_ahead(k, op):
+    """User 0's first KV tiles of layer ``op`` started at the layer's start (mk.plan.ReadAhead): its attention waits for
+    them where it reads them."""
+    kc, vc, buf, T, S = _cache_of(k, op)
+    start_first_tiles(kc, vc, buf, T, 0, kv_tiles_read(k.position(0), T, S, xp=jnp))
+
+
 def _fold_tile(state, qg, kt, vt, valid, dtype):
     """One KV tile folded into an online softmax state (running max, sum, weighted values) of the query rows
     ``qg``: masked slots count for nothing, also in a state still empty (max NEG). ``dtype``: the cache's (its
@@ -233,7 +276,8 @@ def emit_attend(k, op):
         return emit_attend_users(k, op)
     a, t = k.scratch.acts, op.layer_type
     heads = (k.layout.kv_heads(t), k.layout.num_heads)
-    _attend(k, op, k.plan.users, k.position, a["q"], a["k"], a["v"], a["attn"], *heads, k.plan.draft_tokens + 1)
+    _attend(k, op, k.plan.users, k.position, a["q"], a["k"], a["v"], a["attn"], *heads, k.plan.draft_tokens + 1,
+            ahead=k.plan.tiles.kv_ahead)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -286,22 +330,22 @@ def _seeded(qg, k0, v0, causal, dtype):
     return _fold_tile((empty, jnp.zeros_like(empty), jnp.zeros_like(qg)), qg, k0, v0, causal, dtype)
 
 
-def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, per_user: int = 1):
+def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, per_user: int = 1, ahead=False):
     """Attention for ``users`` users (their rows of ``q``, ``knew``, ``vnew`` and ``out``, ``nh`` query and ``kv``
     KV heads, and their caches' rows; ``position(row)`` the position of a row) over layer ``op.layer``'s cache, in
     tiles; writes the new K/V. ``per_user`` rows a user (speculative verification: its last token and drafts, at
     consecutive positions; row j sees the rows before it and itself, and the cache's positions before the first).
     A head group's KV heads are read together: each of their query heads' rows holds the head in its KV head's lanes
-    and zeros elsewhere, so one product over the group's lanes gives every row its own head's scores."""
+    and zeros elsewhere, so one product over the group's lanes gives every row its own head's scores. ``ahead``: the
+    tiles are read two ahead, user 0's first ones started at the layer's start (:func:`emit_read_ahead`)."""
     layout, t = k.layout, op.layer_type
     hd = layout.head_dim(t)
     W, G, R = group_width(hd), head_groups(kv, hd), per_user
     qr = QueryRows(hd, kv, nh, R)
     rows = [qr.rows(j) for j in range(G)]
-    T, S = k.plan.kv_tile(t), k.plan.cache_len(t)
+    kc, vc, buf, T, S = _cache_of(k, op)
     window = layout.sliding_window if t == SLIDING else None
-    kc, vc = k.outputs.cache[f"{t}.k"].at[op.index], k.outputs.cache[f"{t}.v"].at[op.index]
-    buf, qblk = k.scratch.kv[t], k.scratch.qblk
+    qblk = k.scratch.qblk
     draft = jax.lax.broadcasted_iota(jnp.int32, (max(rows), 1), 0) % R  # each query row's place among the user's
     causal = jax.lax.broadcasted_iota(jnp.int32, (max(rows), R), 1) <= draft
 
@@ -310,8 +354,11 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
         first = b * R
         pos = position(first)
         n_tiles = kv_tiles_read(pos, T, S, xp=jnp)
-        for c in tile_copies(kc, vc, buf, T, b, 0, 0):
-            c.start()
+        if not ahead:
+            for c in tile_copies(kc, vc, buf, T, b, 0, 0):
+                c.start()
+        elif b:  # user 0's were started at the layer's start
+            start_first_tiles(kc, vc, buf, T, b, n_tiles)
         state = []
         for j in range(G):
             qr.fill(qblk, q, first, j)
@@ -320,14 +367,20 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
             state.append(_seeded(qg, *new, _first(causal, rows[j]), buf.k.dtype))
 
         def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles):
-            slot = next_tile(kc, vc, buf, T, b, tix, n_tiles)
+            if ahead:
+                slot = wait_tile(kc, vc, buf, T, b, tix)
+            else:
+                slot = next_tile(kc, vc, buf, T, b, tix, n_tiles)
             s_idx = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
             valid = sees(s_idx, pos, S, window, draft if R > 1 else 0)
-            return tuple(
+            folded = tuple(
                 _fold_tile(carry[j], qblk[j, : rows[j], :W], buf.k[slot, j].astype(jnp.float32),
                            buf.v[slot, j].astype(jnp.float32), _first(valid, rows[j]), buf.k.dtype)
                 for j in range(G)
             )  # fmt: skip
+            if ahead:  # the slot's tile is read: the one two ahead takes its place
+                refill(kc, vc, buf, T, b, tix, n_tiles)
+            return folded
 
         state = jax.lax.fori_loop(0, n_tiles, body, tuple(state))
         _store_outputs(k, op, qr, state, out, first)

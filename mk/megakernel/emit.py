@@ -21,6 +21,7 @@ from ..plan import (
     Norm,
     Prologue,
     QKVNormRope,
+    ReadAhead,
     Route,
 )
 from . import attention, collective, dense, head, latent, moe
@@ -33,6 +34,7 @@ EMIT = {
     MatmulTile: dense.emit_matmul,
     QKVNormRope: attention.emit_qkv_norm_rope,
     Attend: attention.emit_attend,
+    ReadAhead: attention.emit_read_ahead,
     AttentionResidual: dense.emit_attention_residual,
     Route: moe.emit_route,
     GatedAct: moe.emit_gated_act,

@@ -87,6 +87,7 @@ from .records import (
     Op,
     Prologue,
     QKVNormRope,
+    ReadAhead,
     Route,
     Tiles,
     format_scale_bytes,
@@ -427,14 +428,19 @@ class Builder:
             self.act("k", heads_lanes(kv, hd)),
             self.act("v", heads_lanes(kv, hd)),
         )
+        positions = layout.cache_positions(t, self.context)
+        T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
+        shared = self.position_shares.get(t, 1)  # chips that share this layer type's positions of a KV head
+        per_pos = 2 * heads_lanes(kv, hd) * self.kv_itemsize  # K and V, whole head groups (this chip's own heads)
+        if self.tiles.kv_ahead and shared == 1 and not self.setup.users_split:
+            first, ahead = (per_pos * min(n, positions - 1) for n in (T, 2 * T))
+            self.op(ReadAhead(i, att, 0, layer_type=t, index=type_index(layout, i), ahead_bytes=ahead,
+                              first_bytes=first))  # fmt: skip
         self.project(p + "q", i, att, "xn", q, MatmulMode.COLS)
         self.project(p + "k", i, att, "xn", k, MatmulMode.COLS)
         if layout.has_v_proj(t):
             self.project(p + "v", i, att, "xn", v, MatmulMode.COLS)
         self.op(QKVNormRope(i, att, qk_norm_rope_flops(B, nh + 2 * kv, hd), layer_type=t))
-        positions = layout.cache_positions(t, self.context)
-        T = min(self.tiles.kv_tile, round_up(positions, BLOCK))
-        shared = self.position_shares.get(t, 1)  # chips that share this layer type's positions of a KV head
         R = self.rows_per_user
         # whose caches, of how many query and KV heads, this chip attends over
         users, heads, cache_kv = users_per_chip(self.model, self.setup, B // R), nh, kv

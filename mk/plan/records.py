@@ -39,6 +39,11 @@ class Tiles:
     # when the tiles consumed before it come within this many bytes of it (mk.plan.schedule): a window over the stream
     # that holds copies back to be in flight where the stream would otherwise run dry (a layer's start, the route)
     lookahead_bytes: int = 0
+    # True: user 0's first two KV tiles of a layer (both slots of its type's KV buffer) start at the layer's start,
+    # before its q/k/v projections (mk.plan.records.ReadAhead), and its attention reads the rest two tiles ahead: the
+    # weight copies issued meanwhile queue behind them and stream while the core attends, where they had all landed
+    # before the cache's first tile and left the stream idle during attention's compute
+    kv_ahead: bool = False
 
     def __post_init__(self):
         if self.weight_tile_bytes < LANE * 4 * 16:
@@ -66,7 +71,7 @@ class Tiles:
         return f"Tiles({', '.join(said)})"
 
 
-_LATER = ("head_equal_share", "lookahead_bytes")
+_LATER = ("head_equal_share", "lookahead_bytes", "kv_ahead")
 
 
 @dataclass(frozen=True)
@@ -330,6 +335,19 @@ class Attend(Op):
     users_split: bool = False
     sent_bytes: int = 0
     rounds: int = 0
+
+
+@dataclass(frozen=True)
+class ReadAhead(Op):
+    """User 0's first KV tiles of layer ``index`` of ``layer_type`` (two where the context has two, into both slots of
+    the type's KV buffer) started at the layer's start, not waited for (mk.plan.Tiles.kv_ahead): its Attend waits for
+    them. ``ahead_bytes`` the tiles' bytes, ``first_bytes`` the first one's; the Attend's own bytes still count them
+    (the plan's KV bytes are its Attends'), the timeline moves them here."""
+
+    layer_type: str = ""
+    index: int = 0
+    ahead_bytes: int = 0
+    first_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..chips import get_chip
-from .records import Load, Op, Start, Wait
+from .records import Load, Op, ReadAhead, Start, Wait
 
 
 def timeline(
@@ -29,7 +29,9 @@ def timeline(
     weights and stream behind its compute (the kernel's double-buffered cache tiles: the op ends when its compute is
     done and, after the last tile arrives, a tile's share of it); its ``serial_bytes`` are read while compute waits
     (lane "dma (serial)": the prologue, the first KV tile of each user and layer, the router ids, the write-back block,
-    the token ids out). A cross-chip op's ``sent_bytes`` leave over one link (its ``wire_bytes``: the busiest link's
+    the token ids out). A ``ReadAhead`` issues its layer's first KV tiles into the engine's queue where it stands
+    (mk.plan.Tiles.kv_ahead); the layer's Attend reads the rest, waiting for the first tile's arrival. A cross-chip
+    op's ``sent_bytes`` leave over one link (its ``wire_bytes``: the busiest link's
     share where it spreads them over a torus) at the chip's ICI bandwidth plus ``ici_latency_s`` per round while
     compute waits (lane "ici"); the weight DMAs already issued go on meanwhile (an all-reduce without overlap has none
     issued: mk.plan.schedule). ``load_bytes(load)``: the bytes a weight DMA moves (default ``load.nbytes``; mk.timing
@@ -63,7 +65,8 @@ def _resolved(
 ) -> list[tuple]:
     """The plan's items with their costs in seconds, as :func:`_walk` reads them: a Start (0, load, slot, layer,
     issue, transfer, load), a Wait (1, load), an op (2, slot, layer, serial read, KV read, bytes sent, link latency,
-    wire time, compute, its last tile's share of it, overhead, op)."""
+    wire time, compute, its last tile's share of it, overhead, op), a ReadAhead (3, layer, its tiles' time, its
+    first tile's, op)."""
     chip = get_chip(chip)
     if bandwidth is None:
         raise ValueError(
@@ -81,6 +84,8 @@ def _resolved(
             items.append((0, it.load, ld.expert, ld.layer, issue_s(ld), load_bytes(ld) / bw, ld))
         elif isinstance(it, Wait):
             items.append((1, it.load))
+        elif isinstance(it, ReadAhead):
+            items.append((3, it.layer, it.ahead_bytes / bw, it.first_bytes / bw, it))
         else:
             c = compute_s(it)
             # a user's last tile is computed after it arrives (the next user's first tile is not read ahead): its share
@@ -111,7 +116,7 @@ def _walk(plan, items, distinct=None, record=True, dma_latency_s=0.0) -> tuple[l
             )
         )
 
-    dma_free, compute_free, issued_at, arrive = 0.0, 0.0, 0.0, {}
+    dma_free, compute_free, issued_at, arrive, ahead = 0.0, 0.0, 0.0, {}, {}
     for it in items:
         if it[0] == 0:
             _, load, slot, layer, issue, transfer, ld = it
@@ -130,11 +135,23 @@ def _walk(plan, items, distinct=None, record=True, dma_latency_s=0.0) -> tuple[l
             if it[1] in arrive:
                 a = arrive[it[1]]
                 compute_free = a if a > compute_free else compute_free
+        elif it[0] == 3:  # a layer's first KV tiles into the queue, not waited for here
+            _, layer, moved, first_s, op = it
+            first = compute_free + dma_latency_s
+            ks = first if first > dma_free else dma_free
+            dma_free = ks + moved
+            ahead[layer] = (ks + first_s, dma_free, first_s, moved - first_s)
+            if record:
+                row("dma", "kv cache", f"{op.kind} {op.layer}", op, ks, dma_free)
         else:
             _, slot, layer, serial, kv, sent, latency, wire, c, tail, overhead, op = it
             if slot is not None and slot >= distinct[layer]:  # its tile (same slot) was not fetched either
                 continue
             s, streamed = compute_free, 0.0
+            if ahead and layer in ahead and op.kind == "Attend":  # its first tiles were read ahead: wait for one
+                first_at, streamed, first_s, rest_s = ahead.pop(layer)
+                serial, kv = max(0.0, serial - first_s), max(0.0, kv - rest_s)
+                s = first_at if first_at > s else s
             if serial:  # read while compute waits
                 first = s + dma_latency_s
                 ks = first if first > dma_free else dma_free
@@ -143,7 +160,8 @@ def _walk(plan, items, distinct=None, record=True, dma_latency_s=0.0) -> tuple[l
                     row("dma (serial)", "serial", f"{op.kind} {op.layer}", op, ks, dma_free)
             if kv:  # double-buffered tiles: each tile's compute runs while the next one streams
                 ks = s if s > dma_free else dma_free
-                dma_free = streamed = ks + kv
+                dma_free = ks + kv
+                streamed = dma_free if dma_free > streamed else streamed
                 if record:
                     row("dma", "kv cache", f"{op.kind} {op.layer}", op, ks, dma_free)
             if sent:  # what crosses the links waits for the whole cache read
