@@ -35,6 +35,7 @@ TPU_HBM_CSV = MEASURED_DIR / "tpu_hbm.csv"  # a TPU chip's HBM read rate, by met
 TPU_LOGS_DIR = MEASURED_DIR / "tpu_logs"  # one-off runs on a TPU: each one's script, output and CSV side by side
 TPU_CLOCK_CSV = MEASURED_DIR / "tpu_clock.csv"  # a TPU core's bundles a second by kind of work (mk.measure.chip_clock)
 TPU_DMA_CSV = MEASURED_DIR / "tpu_dma.csv"  # one copy from HBM alone, start to wait, by size (mk.measure.dma_latency)
+TPU_COPIES_CSV = MEASURED_DIR / "tpu_copies.csv"  # a kernel beside its copies alone (mk.measure.copies_alone)
 KERNEL_REVISIONS_CSV = DATA_DIR / "kernel_revisions.csv"  # each revision of the megakernel's code, what changed
 SCHEDULE_DIR = DATA_DIR / "schedule"  # the TPU compiler's schedule of the megakernel, one CSV a plan and libtpu
 

@@ -74,3 +74,58 @@ def test_a_knocked_out_component_leaves_the_kernel_and_its_copies_alike(tmp_path
     got = {(r["engine"], r["knockout"]): r["copies_bytes"] for r in rows}
     assert len(got) == 4 and got["megakernel", "experts"] == got[copies_alone.COPIES, "experts"]
     assert got[copies_alone.COPIES, "experts"] < got[copies_alone.COPIES, ""]  # the experts' tiles stay in HBM
+
+
+def _row(engine, ms, knockout="", setup="one chip", date="2026-12-07T00:00:00Z", fraction=None):
+    return dict(date=date, device="tpu: TPU v5 lite", model="m[:2]", setup=setup, steps_a_call=16, engine=engine,
+                knockout=knockout, device_step_ms=ms, kernel_revision=6,
+                device_fraction_of_limit=fraction if engine == "megakernel" and not knockout else None)  # fmt: skip
+
+
+def test_the_floor_splits_a_step_past_its_bytes_into_its_copies_and_its_core(tmp_path):
+    from mk.analysis.copies_floor import copies_floor, copies_rows, core_by_component, floor_sentence
+
+    rows = [_row("megakernel", 2.0, fraction=0.9), _row(copies_alone.COPIES, 1.9),
+            _row("megakernel", 1.5, "experts"), _row(copies_alone.COPIES, 1.42, "experts"),
+            _row("megakernel", 2.2, date="2026-12-01T00:00:00Z", fraction=0.8),
+            _row(copies_alone.COPIES, 1.95, date="2026-12-01T00:00:00Z")]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "c.csv", index=False)
+    read = copies_rows(tmp_path / "c.csv")
+    floor = copies_floor(read)
+    assert len(floor) == 1  # the newest run of the cell
+    r = floor.iloc[0]
+    assert r.core_us == pytest.approx(100.0) and r.bytes_ms == pytest.approx(1.8)
+    assert r.copies_past_bytes_us == pytest.approx(100.0) and r.copies_fraction == pytest.approx(1.8 / 1.9)
+    parts = core_by_component(read)
+    assert len(parts) == 1 and parts.iloc[0].core_us == pytest.approx(20.0)  # 500 us shrink against 480 of copies
+    text = floor_sentence(floor, parts)
+    assert "0.947 of the limit" in text and "100.0 us past its copies" in text and "experts 20.0" in text
+
+
+def test_a_kernel_switch_is_set_against_the_default_kernel_of_its_run_and_left_out_of_the_cells(tmp_path):
+    from dataclasses import fields, replace
+
+    from mk.analysis.copies_floor import switch_effect
+    from mk.analysis.moe_one_user import moe_one_user_rows
+    from mk.measure.on_chip import is_variant, tiles_words
+    from mk.plan import Tiles
+
+    default = Tiles()
+    others = dict(weight_tile_bytes=2**20, head_tile_bytes=2**20, kv_tile=256, slots=4, lookahead_bytes=2**23,
+                  kv_ahead=True, head_equal_share=0.0)  # fmt: skip
+    assert set(others) == {f.name for f in fields(Tiles)}
+    for name, value in others.items():  # every way a kernel variant's row says so, and the default's none
+        assert is_variant("one chip" + tiles_words(replace(default, **{name: value}))), name
+    assert not is_variant("one chip") and not is_variant("(g) the workbook's kernel: (f); loopback stand-in")
+    base = dict(device="tpu: TPU v5 lite", model="gemma4-26b-a4b[:2]", engine="megakernel", steps_a_call=16,
+                kernel_revision=6, date="2026-12-07T00:00:00Z")  # fmt: skip
+    rows = [dict(base, setup="one chip", device_step_ms=2.0, device_fraction_of_limit=0.95),
+            dict(base, setup="one chip; KV tiles read ahead", device_step_ms=1.98, device_fraction_of_limit=0.96),
+            dict(base, setup="one chip; KV tiles read ahead", device_step_ms=1.9, device_fraction_of_limit=0.99,
+                 date="2026-12-08T00:00:00Z")]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "tpu.csv", index=False)
+    got = switch_effect("KV tiles read ahead", tmp_path / "tpu.csv")
+    assert len(got) == 1 and got.iloc[0].change_us == pytest.approx(-20.0)  # no default row in the other run
+    full = pd.read_csv("data/measured/tpu.csv")
+    assert full.setup.map(is_variant).any()  # the stored rows hold a variant, and the one-user cells leave it out
+    assert not moe_one_user_rows().setup.map(is_variant).any()

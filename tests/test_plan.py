@@ -584,3 +584,33 @@ def test_a_lookahead_window_holds_copies_back_to_within_its_bytes_and_never_past
     assert later > 0, "a window of an eighth of the step holds some copies back"
     wide = build_plan(TINY_MOE, 2, 64, tiles=replace(small, lookahead_bytes=10 * total))
     assert wide.items == base.items
+
+
+def test_kv_tiles_read_ahead_start_at_the_layers_start_and_the_timeline_queues_them_there():
+    """Tiles.kv_ahead: each layer's first KV tiles (two at 1K, of 512 positions each) are a ReadAhead before its q
+    projection; the plan's KV bytes stay its Attends'; the timeline moves the same bytes on the DMA lane, queued where
+    the layer starts, and the layer's Attend waits for them there rather than reading its first tile itself."""
+    from mk.plan import MatmulTile, ReadAhead
+    from mk.timing import pace_timeline
+
+    cfg = with_layers("gemma4-26b-a4b", 2)
+    plans = {on: build_plan(cfg, 1, 1024, weight_dtype="bfloat16", kv_dtype="bfloat16", tiles=Tiles(kv_ahead=on))
+             for on in (False, True)}  # fmt: skip
+    ahead = plans[True]
+    ops = list(ahead.ops)
+    reads = [n for n, op in enumerate(ops) if isinstance(op, ReadAhead)]
+    assert len(reads) == 2 and not any(isinstance(op, ReadAhead) for op in plans[False].ops)
+    for n in reads:  # right before the layer's first projection, both tiles of its cache at 1K
+        nxt = ops[n + 1]
+        assert isinstance(nxt, MatmulTile) and nxt.layer == ops[n].layer
+        assert 0 < ops[n].first_bytes < ops[n].ahead_bytes <= 2 * ops[n].first_bytes  # the positions before this one
+    assert ahead.kv_bytes == plans[False].kv_bytes
+    chip = get_chip("tpu-v5e")
+    rows = {on: pace_timeline(p, chip) for on, p in plans.items()}  # the costs the model charges (mk.timing.pace)
+    moved = {on: sum(r["end_s"] - r["start_s"] for r in t if r["lane"].startswith("dma")) for on, t in rows.items()}
+    assert moved[True] == pytest.approx(moved[False], rel=1e-9)
+    for layer in (0, 1):  # queued before the layer's projections ran, waited for by its Attend
+        read = next(r for r in rows[True] if r["what"] == f"ReadAhead {layer}")
+        qkv = next(r for r in rows[True] if r["what"] == "QKVNormRope" and r["layer"] == layer)
+        attend = next(r for r in rows[True] if r["what"] == "Attend" and r["layer"] == layer)
+        assert read["start_s"] < qkv["start_s"] and attend["start_s"] >= read["start_s"]

@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..chips import measured_limit
 from ..config import LAYER_PAIR, with_layers
+from ..measure.on_chip import is_variant
 from ..paths import TPU_CSV
 from ..units import significant
 from .answer import value_range
@@ -36,6 +37,8 @@ def moe_one_user_rows(path=None) -> pd.DataFrame:
     of the call's fixed time) with its error against the row."""
     path = TPU_CSV if path is None else path
     t = chip_rows(pd.read_csv(path)) if path.exists() else pd.DataFrame()
+    if not t.empty:  # the default kernel's rows: a variant's stand beside it in mk.analysis.copies_floor.switch_effect
+        t = t[[not is_variant(s) for s in t.setup]]
     if t.empty or STEPS not in t:
         return pd.DataFrame(columns=COLUMNS)
     t = t.assign(steps_a_call=t[STEPS].fillna(1).astype(int))

@@ -10,9 +10,9 @@ chip beside the kernel itself, interleaved, on the same weights (``python -m mk 
   the route, waits no copy needs), which a better schedule could remove; the copies' time less their bytes at the
   chip's measured limit is what the copy engine takes on these tiles (their shapes, their padding, a call's fixed
   time), which no kernel streaming these tiles goes below. The same split, modelled, is mk.analysis.stream_waits'.
-- **Rows** (:data:`COLUMNS`) go to data/measured/tpu_copies.csv, the kernel's and the copies' in one round each, with
-  the bytes the copies move (``copies_bytes``) and the bytes the step's fraction of the limit is of
-  (``bytes_per_token``).
+- **Rows** (:data:`COLUMNS`) go to data/measured/tpu_copies.csv (mk.paths.TPU_COPIES_CSV), the kernel's and the
+  copies' in one round each, with the bytes the copies move (``copies_bytes``) and the bytes the step's fraction of
+  the limit is of (``bytes_per_token``; a knocked-out step's rows take no fraction).
 """
 
 from __future__ import annotations
@@ -236,6 +236,8 @@ def _measure_cell(engines: CaseEngines, cell: Cell, limit, budget_s, log, min_ro
                    kernel_revision=recorded_revision())  # fmt: skip
         lim = limit_columns(row, limit, None, chips)
         row.update({k: lim[k] for k in ("limit_GBps", "limit_source", "device_fraction_of_limit")})
+        if row["knockout"]:  # the step's bytes are the whole step's: no fraction of a knocked-out one
+            row["device_fraction_of_limit"] = None
         out.append({k: row.get(k) for k in COLUMNS})
         log(f"{e.label}: device {row['device_step_ms']:.4f} ms a step")
     return out

@@ -192,6 +192,17 @@ def tiles_words(tiles: Tiles) -> str:
     return "".join(f"; {w}" for w in said)
 
 
+# what :func:`tiles_words` says of a kernel built with other tiles than the default, at the head of each "; " part
+VARIANT_PARTS = ("slots a weight buffer", "weight tiles of", "head tiles", "KV tiles", "copies held to a window")
+
+
+def is_variant(setup: str) -> bool:
+    """Whether a row's ``setup`` names a kernel built with other tiles than the default (:func:`tiles_words`): the rows
+    a cell's analyses leave to those that compare a variant with the default kernel."""
+    parts = [p.strip() for p in str(setup).split(";")[1:]]
+    return any(p.startswith(VARIANT_PARTS) or p.endswith(VARIANT_PARTS[0]) for p in parts)
+
+
 def variant(engine: str, tiles: Tiles | None) -> str:
     """The key of ``engine``'s build at ``tiles`` (None or the default: the engine itself)."""
     how = tiles_words(tiles or Tiles())

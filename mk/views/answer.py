@@ -122,3 +122,28 @@ def gap_placed_figure(table: pd.DataFrame, phases: pd.DataFrame, title: str) -> 
     fig.update_xaxes(title_text="microseconds a token past the bytes at the measured limit")
     fig.update_yaxes(autorange="reversed", ticksuffix="  ")
     return fig
+
+
+def copies_floor_figure(table: pd.DataFrame, components: pd.DataFrame, title: str) -> go.Figure:
+    """Each cell's kernel beside its copies alone (mk.analysis.copies_floor, a bar a cell): what the copies take past
+    the step's bytes at the limit, then what the kernel takes past its copies; below, a cell's core time past its
+    copies by component (each knocked out in the kernel and its copies alike), where measured."""
+    t = table
+    colours = template_colours()
+    rows = 2 if not components.empty else 1
+    fig = make_subplots(rows=rows, cols=1, vertical_spacing=0.18,
+                        row_heights=[len(t), max(len(components), 1)] if rows == 2 else None)  # fmt: skip
+    for colour, (name, x) in zip(colours, (("the copies past the bytes", t.copies_past_bytes_us),
+                                           ("the kernel past its copies (its core)", t.core_us))):  # fmt: skip
+        fig.add_bar(y=t.cell, x=x, name=name, orientation="h", marker_color=colour,
+                    hovertemplate=f"{name}: %{{x:.1f}} us<extra>%{{y}}</extra>", row=1, col=1)  # fmt: skip
+    if rows == 2:
+        c = components.assign(what=[f"{r.model}: {r.part}" for r in components.itertuples()])
+        fig.add_bar(y=c.what, x=c.core_us, name="a component's core time past its copies", orientation="h",
+                    marker_color=colours[2], hovertemplate="%{x:.1f} us<extra>%{y}</extra>", row=2, col=1)  # fmt: skip
+        fig.update_xaxes(title_text="microseconds a token the core adds past the component's copies", row=2, col=1)
+    fig.update_layout(barmode="relative", title=title, height=ROW_PX * 2 * (len(t) + len(components)) + 420,
+                      margin=dict(l=380, t=150), legend=dict(orientation="h", y=1.02, yanchor="bottom"))  # fmt: skip
+    fig.update_xaxes(title_text="microseconds a token past the step's bytes at the measured limit", row=1, col=1)
+    fig.update_yaxes(autorange="reversed", ticksuffix="  ")
+    return fig
