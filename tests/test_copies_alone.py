@@ -56,24 +56,19 @@ def test_a_latent_cache_is_refused_by_name():
         copies_alone.copies_alone_call(plan, {}, interpret=interpret_params())
 
 
-def test_the_part_times_the_kernel_beside_its_copies_and_writes_a_row_each(tmp_path):
+def test_the_part_times_the_kernel_beside_its_copies_whole_and_with_a_component_off(tmp_path):
     case = Case("tiny-moe", cells=(CELL,), steps_a_call=(2,))
-    done = tpu_runs.run(("copies",), tmp_path, 600, copies_cases=(case,), require_tpu=False, quiet=True,
-                        steps=2, min_rounds=3, budget_s=0.5)  # fmt: skip
-    rows = pd.read_csv(tmp_path / "tpu_copies.csv")
-    assert done["copies"] == 2 and list(rows.columns) == list(copies_alone.COLUMNS)
-    assert set(rows.engine) == {"megakernel", copies_alone.COPIES} and set(rows.steps_a_call) == {2}
-    assert rows.copies_bytes.nunique() == 1 and (rows.device_step_ms > 0).all()
-    assert set(rows.setup) == {"one chip"} and set(rows.base_model) == {"tiny-moe"}
-
-
-def test_a_knocked_out_component_leaves_the_kernel_and_its_copies_alike(tmp_path):
-    case = Case("tiny-moe", cells=(CELL,), steps_a_call=(2,))
-    rows, _ = copies_alone.measure((case,), tmp_path / "c.csv", quiet=True, budget_s=0.5, min_rounds=3,
-                                   steps_back_to_back=2, knockouts=("experts",))  # fmt: skip
-    got = {(r["engine"], r["knockout"]): r["copies_bytes"] for r in rows}
-    assert len(got) == 4 and got["megakernel", "experts"] == got[copies_alone.COPIES, "experts"]
-    assert got[copies_alone.COPIES, "experts"] < got[copies_alone.COPIES, ""]  # the experts' tiles stay in HBM
+    done = tpu_runs.run(("copies",), tmp_path, 600, copies_cases=(case,), copies_knockouts=("experts",),
+                        require_tpu=False, quiet=True, steps=2, min_rounds=3, budget_s=0.5)  # fmt: skip
+    rows = pd.read_csv(tmp_path / "tpu_copies.csv", keep_default_na=False)
+    assert done["copies"] == 4 and list(rows.columns) == list(copies_alone.COLUMNS)
+    assert set(rows.steps_a_call) == {2} and set(rows.setup) == {"one chip"} and set(rows.base_model) == {"tiny-moe"}
+    assert (rows.device_step_ms > 0).all() and (rows.program_digest.str.len() == 16).all()
+    got = {(r.engine, r.knockout): r for r in rows.itertuples()}
+    assert set(got) == {(e, k) for e in ("megakernel", copies_alone.COPIES) for k in ("", "experts")}
+    assert got["megakernel", "experts"].copies_bytes == got[copies_alone.COPIES, "experts"].copies_bytes
+    assert got[copies_alone.COPIES, "experts"].copies_bytes < got[copies_alone.COPIES, ""].copies_bytes  # in HBM
+    assert got["megakernel", ""].program_digest != got["megakernel", "experts"].program_digest
 
 
 def _row(engine, ms, knockout="", setup="one chip", date="2026-12-07T00:00:00Z", fraction=None):

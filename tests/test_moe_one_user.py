@@ -51,8 +51,9 @@ def test_rows_are_the_moe_cells_at_one_user_and_their_fractions_are_of_their_byt
     share = floor * (1 - 1 / moe.SEVERAL)
     assert (both[1] - both[moe.SEVERAL]).tolist() == pytest.approx([share] * len(both), abs=2e-3)
     # measured: the newest kernel's MoE rows at one user land within 5% of the model, at one step a call and at 16
+    # (revision 6 builds revision 5's default program: the rows of either are this kernel's)
     current = newest(rows[rows.engine == "megakernel"])
-    current = current[current.kernel_revision == current.kernel_revision.max()]
+    current = current[current.kernel_revision >= 5]
     assert len(current) >= 5 and (current.error.abs() < 0.05).all(), current[["model", "steps_a_call", "error"]]
 
 

@@ -346,11 +346,13 @@ def test_expert_bytes_count_the_distinct_experts_the_kernel_fetches():
 
 def test_every_op_kind_has_its_cost_and_an_emitter():
     from mk.megakernel.emit import EMIT
+    from mk.plan import ReadAhead
 
     assert set(EMIT) == set(OP_KINDS)
     plan = build_plan(TINY_MOE, 2, 64, context=40)
     kinds = {type(op) for op in plan.ops}
-    assert kinds == set(OP_KINDS) - {NoHead, AllReduce, GatherBest}  # the cross-chip ops: tests/test_sharding.py
+    # the cross-chip ops: tests/test_sharding.py; a layer's KV tiles read ahead: Tiles.kv_ahead's own test below
+    assert kinds == set(OP_KINDS) - {NoHead, AllReduce, GatherBest, ReadAhead}
     assert NoHead in {type(op) for op in build_plan(TINY_MOE, 2, 64, knockout={"head"}).ops}
     att = [op for op in plan.ops if isinstance(op, Attend)]
     assert all(op.kv_bytes + op.serial_bytes > 0 and op.flops > 0 for op in att)

@@ -37,6 +37,7 @@ from ..tpu import interpret_params
 from ..units import MIB, round_up
 from .harness import DEVICE_TIMING, TimedStep, columns, provenance, spec_speed_of_light, time_engines
 from .on_chip import STEPS, Case, CaseEngines, Cell, _scheme, a_token, limit_columns, variant
+from .steps import traced_digest
 
 COPIES = "copies alone"  # the rows' engine for the copies (the kernel's: megakernel)
 COLUMNS = columns("base_model", "layers", "setup", "kernel_revision", STEPS, "knockout", *DEVICE_TIMING,
@@ -91,7 +92,12 @@ def copies_alone_call(plan, weights: dict, steps: int = 1, device=None, interpre
     device = device or jax.devices()[0]
     ws = [weights[n] for n in sorted(weights)]
     cs = [jnp.zeros(s.shape, s.dtype, device=device) for s in cache_shapes]
-    return (lambda: run(ws, cs)), copies_bytes(plan)
+
+    def call():
+        return run(ws, cs)
+
+    call.program_digest = lambda: traced_digest(run, ws, cs)
+    return call, copies_bytes(plan)
 
 
 def copies_alone_program(plan, names: list[str], steps: int = 1, interpret=None):

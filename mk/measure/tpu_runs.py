@@ -120,6 +120,7 @@ def run(
     cases=TABLE,
     knockout_cases=chip_knockouts.CASES,
     copies_cases=COPIES_CASES,
+    copies_knockouts: tuple[str, ...] = (),
     parity_checks=None,
     hbm_probes=None,
     require_tpu: bool = True,
@@ -187,7 +188,7 @@ def run(
         done["dma"] = len(dma_latency.measure(out=out_dir / CSVS["dma"], quiet=quiet, interpret=interpret))
     if "copies" in parts:
         rows, notes = copies_alone.measure(copies_cases, out_dir / CSVS["copies"], limit, device, deadline, quiet=quiet,
-                                           **_copies_timing(timing))  # fmt: skip
+                                           knockouts=copies_knockouts, **_copies_timing(timing))  # fmt: skip
         done["copies"], done["notes"] = len(rows), done["notes"] + notes
     for n in done["notes"]:
         log(n)

@@ -438,6 +438,7 @@ OP_KINDS = (
     GatedAct,
     ExpertCombine,
     QKVNormRope,
+    ReadAhead,
     Attend,
     AttentionResidual,
     Route,
