@@ -32,8 +32,10 @@ from mk.plan import (
     Norm,
     Prologue,
     QKVNormRope,
+    ReadAhead,
     Route,
     Start,
+    Tiles,
     Wait,
     build_plan,
 )
@@ -61,10 +63,10 @@ def _rand(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def probe(ops, seeds, knockout=frozenset(), with_logits=False, cache=None):
+def probe(ops, seeds, knockout=frozenset(), with_logits=False, cache=None, tiles=Tiles()):
     """Run the prologue then ``ops`` (each after its weight tile's DMA) from the activations ``seeds``
     (name -> [B, width]; the rest zero). Returns the kernel's Outputs (acts: every activation after)."""
-    plan = build_plan(CFG, B, MAX_LEN, knockout=knockout)
+    plan = build_plan(CFG, B, MAX_LEN, knockout=knockout, tiles=tiles)
     ops = [ops] if not isinstance(ops, list) else ops
     items = [Start(op.load) for op in ops if op.load is not None] + [plan.ops[0]]
     for op in ops:
@@ -86,8 +88,8 @@ def probe(ops, seeds, knockout=frozenset(), with_logits=False, cache=None):
     return fn(pack(PARAMS, CFG), adopt_cache(CFG, cache), users_block(cut, TOKENS, POSITIONS), acts)
 
 
-def plan_ops(kind, knockout=frozenset(), **where):
-    plan = build_plan(CFG, B, MAX_LEN, knockout=knockout)
+def plan_ops(kind, knockout=frozenset(), tiles=Tiles(), **where):
+    plan = build_plan(CFG, B, MAX_LEN, knockout=knockout, tiles=tiles)
     return [op for op in plan.ops if isinstance(op, kind) and all(getattr(op, k) == v for k, v in where.items())]
 
 
@@ -139,12 +141,26 @@ def test_qkv_norm_rope():
 
 @pytest.mark.parametrize("layer", [0, 2], ids=["sliding", "full"])
 def test_attend(layer):
-    op = plan_ops(Attend, layer=layer)[0]
+    _attend_against_the_reference(layer)
+
+
+@pytest.mark.parametrize("layer", [0, 2], ids=["sliding", "full"])
+def test_read_ahead_then_attend(layer):
+    """Tiles.kv_ahead: user 0's first KV tiles started by ReadAhead, the rest read two ahead by Attend (KV tiles of 8
+    positions: user 0 at 21 reads three on a full layer, user 1 at 4 reads one)."""
+    tiles = Tiles(kv_tile=8, kv_ahead=True)
+    ahead = plan_ops(ReadAhead, tiles=tiles, layer=layer)
+    assert len(ahead) == 1
+    _attend_against_the_reference(layer, tiles, ahead)
+
+
+def _attend_against_the_reference(layer, tiles=Tiles(), before=()):
+    op = plan_ops(Attend, tiles=tiles, layer=layer)[0]
     t, hd, nh, kv = op.layer_type, CFG.head_dim(op.layer_type), CFG.num_heads, CFG.kv_heads(op.layer_type)
     cache = R.init_cache(CFG, B, MAX_LEN, multiple=16)
     cache = {n: jnp.asarray(_rand(c.shape, 6 + i)) for i, (n, c) in enumerate(cache.items())}
     q, k, v = _rand((B, nh * hd), 7), _rand((B, kv * hd), 8), _rand((B, kv * hd), 9)
-    out = probe(op, {"q": q, "k": k, "v": v}, cache=cache)
+    out = probe([*before, op], {"q": q, "k": k, "v": v}, cache=cache, tiles=tiles)
     # the reference: the new K/V written at each user's slot, then attention over slots <= position
     slot = POSITIONS % CFG.sliding_window if t == "sliding" else POSITIONS
     kc, vc = (np.array(cache[f"layers.{layer}.{n}"]) for n in ("k", "v"))
@@ -315,6 +331,7 @@ def test_every_op_kind_has_a_test_here():
         Norm,
         MatmulTile,
         QKVNormRope,
+        ReadAhead,
         Attend,
         AttentionResidual,
         Route,
