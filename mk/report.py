@@ -20,6 +20,7 @@ import pandas as pd
 
 from .analysis.answer import answer_sentence
 from .analysis.claims import claims_table
+from .analysis.copies_floor import floor_sentence
 from .analysis.moe_one_user import layers_past_bytes, moe_one_user, moe_sentence, revision_changes
 from .figures import FOOTER_NAME, KINDS
 from .files import git_commit, write_atomic
@@ -392,7 +393,26 @@ def _moe_html(folder: Path) -> str:
     return (
         f'<p class="answer">{_esc(sentence)}</p>'
         f'<p class="meta">Every row in <a href="{MOE}.csv">{MOE}.csv</a>, drawn in <a href="#fig-{MOE}">its '
-        "figure</a>.</p>"
+        "figure</a>.</p>" + _copies_html(folder)
+    )
+
+
+COPIES = ("12_copies_floor", "12_copies_by_component", "12_kernel_switch")  # notebook 12: the kernel beside its copies
+
+
+def _copies_html(folder: Path) -> str:
+    """What each MoE cell's kernel takes past its copies alone (mk.analysis.copies_floor.floor_sentence, computed from
+    the rows notebook 12 exported), or nothing where it has not exported them."""
+    paths = [folder / f"{name}.csv" for name in COPIES]
+    if not paths[0].exists():
+        return ""
+    floor, parts, switched = (pd.read_csv(p) if p.exists() else pd.DataFrame() for p in paths)
+    parts = parts if not parts.empty else pd.DataFrame(columns=["model", "part", "core_us"])
+    sentence = floor_sentence(floor, parts, switched)
+    return (
+        f'<p class="answer">{_esc(sentence)}</p>'
+        f'<p class="meta">Every row in <a href="{COPIES[0]}.csv">{COPIES[0]}.csv</a> and '
+        f'<a href="{COPIES[1]}.csv">{COPIES[1]}.csv</a>, drawn in <a href="#fig-{COPIES[0]}">its figure</a>.</p>'
     )
 
 
