@@ -11,6 +11,11 @@ qwen3-30b-a3b[:8], the 26B-A4B sliding+full pair, llama-3.2-1b; ``k`` (written a
 alone at the limit and the kernel 77-151 us a step above them): 26B-A4B[:7] whole and with its sliding attention,
 experts, shared MLP, head and the route's wait (router with it) off in turn, kernel and copies alike, 10 calls back
 to back. ``tiny``: tiny-moe on the CPU (interpret mode) to check the script.
+
+Run on 2026-12-07: part a at commit fc984d4, part k at 3a21391, one device call each (logs:
+2026-12-07-copies-alone-{a,k}.txt). Every row went to data/measured/tpu_copies.csv; part a's wrote no ``knockout``
+column (added after it ran: blank, the whole step), and a knocked-out step's fraction of the limit, of the whole step's
+bytes, was blanked there. Part b did not run (the session's device time went to 2026-12-07-kv-ahead).
 """
 
 import shutil

@@ -8,6 +8,10 @@ OUT_DIR through mk's own drivers (part ``table`` of tpu-measure).
     python data/measured/tpu_logs/2026-12-07-kv-ahead.py OUT_DIR DEADLINE_S PART
 
 PART ``r``: the three cells; ``tiny``: tiny-moe on the CPU (interpret mode) to check the script.
+
+Run on 2026-12-07 at commit 319d386, one device call (log: 2026-12-07-kv-ahead-r.txt). The call reached the end of
+the session's device time while gpt-oss-20b[:2]'s kernels compiled. Only 26B-A4B[:7]'s two rows were timed, and they
+went to data/measured/tpu.csv.
 """
 
 import shutil
