@@ -31,12 +31,11 @@ from ..generate import cache_multiple
 from ..params import knocked_out
 from ..plan import Attend, ReadAhead, Start, Wait, build_plan
 from ..progress import Log
-from ..sol import bytes_per_token
 from ..timing.scheduled import recorded_revision
 from ..tpu import interpret_params
 from ..units import MIB, round_up
-from .harness import DEVICE_TIMING, TimedStep, columns, provenance, spec_speed_of_light, time_engines
-from .on_chip import STEPS, Case, CaseEngines, Cell, _scheme, a_token, limit_columns, variant
+from .harness import DEVICE_TIMING, TimedStep, columns, provenance, time_engines
+from .on_chip import STEPS, Case, CaseEngines, Cell, _scheme, a_token, cell_speed_of_light, limit_columns, variant
 from .steps import traced_digest
 
 COPIES = "copies alone"  # the rows' engine for the copies (the kernel's: megakernel)
@@ -163,7 +162,7 @@ def _read_cache(plan, op, caches: dict, buf: _Cache) -> None:
     """Layer ``op``'s K and V tiles at the plan's context, one user at a time, two deep, as the kernel's attention
     reads them (mk.megakernel.attention), with nothing folded: at a ReadAhead user 0's first ones started, at its
     Attend the rest."""
-    from ..megakernel.attention import next_tile, refill, start_first_tiles, tile_copies, wait_tile
+    from ..megakernel.attention import read_tile, start_first_tiles, start_user_tiles
 
     t = op.layer_type
     kc, vc = caches[f"{t}.k"].at[op.index], caches[f"{t}.v"].at[op.index]
@@ -172,19 +171,10 @@ def _read_cache(plan, op, caches: dict, buf: _Cache) -> None:
         return start_first_tiles(kc, vc, buf, T, 0, n)
     ahead = plan.tiles.kv_ahead
     for b in range(plan.users):
-        if not ahead:
-            for c in tile_copies(kc, vc, buf, T, b, 0, 0):
-                c.start()
-        elif b:
-            start_first_tiles(kc, vc, buf, T, b, n)
+        start_user_tiles(kc, vc, buf, T, b, n, ahead)
 
         def body(tix, carry, b=b):
-            if ahead:
-                wait_tile(kc, vc, buf, T, b, tix)
-                refill(kc, vc, buf, T, b, tix, n)
-            else:
-                next_tile(kc, vc, buf, T, b, tix, n)
-            return carry
+            return read_tile(kc, vc, buf, T, b, tix, n, ahead, lambda slot: carry)
 
         jax.lax.fori_loop(0, n, body, 0)
 
@@ -225,9 +215,7 @@ def _timed_pair(engines: CaseEngines, cell: Cell, tiles, steps: int, name: str, 
 def _measure_cell(engines: CaseEngines, cell: Cell, limit, budget_s, log, min_rounds, steps_back_to_back,
                   knockouts) -> list:  # fmt: skip
     case, device = engines.case, engines.device
-    chips = 8 if case.kernel_setup().loopback else 1
-    per_token = bytes_per_token(engines.cfg, cell.context, cell.batch, case.dtype).total
-    sol = spec_speed_of_light(per_token, device, chips, "tpu-v5e" if device.platform != "tpu" else None)
+    sol, chips = cell_speed_of_light(engines, cell)
     interpret = None if device.platform == "tpu" else interpret_params()
     timed = [e for _, tiles in case.timed() if _ == "megakernel" for n in case.steps_a_call for name in ("", *knockouts)
              for e in _timed_pair(engines, cell, tiles, n, name, interpret, log)]  # fmt: skip

@@ -364,14 +364,21 @@ def complete(row: dict, limit, spec_bw: float | None, chips: int) -> dict:
     return {k: row.get(k) for k in COLUMNS}
 
 
+def cell_speed_of_light(engines: CaseEngines, cell: Cell):
+    """(the speed of light a case's step at ``cell`` is timed against: its bytes a token over the spec bandwidth of the
+    chips its step stands for, a v5e's off a TPU; those chips: a stand-in's slice, else one)."""
+    chips = SLICE if engines.case.kernel_setup().loopback else 1
+    per_token = bytes_per_token(engines.cfg, cell.context, cell.batch, engines.case.dtype).total
+    device = engines.device
+    return spec_speed_of_light(per_token, device, chips, "tpu-v5e" if device.platform != "tpu" else None), chips
+
+
 def measure_cell(engines: CaseEngines, cell: Cell, limit, prov: dict, budget_s: float, log, steps: int,
                  min_rounds: int) -> tuple[list[dict], list[dict]]:  # fmt: skip
     """Both engines of a case at ``cell``, each at each of the case's steps a call: compiled, timed interleaved (host
     and device), profiled (one step a call); (its rows, where each engine's device time went: OP_COLUMNS rows)."""
     case, device = engines.case, engines.device
-    chips = SLICE if case.kernel_setup().loopback else 1
-    per_token = bytes_per_token(engines.cfg, cell.context, cell.batch, case.dtype).total
-    sol = spec_speed_of_light(per_token, device, chips, "tpu-v5e" if device.platform != "tpu" else None)
+    sol, chips = cell_speed_of_light(engines, cell)
     timed, compile_s, built = [], {}, {}
     for name, tiles in case.timed():
         key = variant(name, tiles)

@@ -192,6 +192,26 @@ def refill(kc, vc, buf, T: int, b, tix, n_tiles) -> None:
             c.start()
 
 
+def start_user_tiles(kc, vc, buf, T: int, b, n_tiles, ahead: bool) -> None:
+    """Start user ``b``'s first tiles where its loop starts: tile 0 (each tile then starts the next), or, read two
+    ahead, tiles 0 and 1 (user 0's were started at the layer's start: :func:`emit_read_ahead`)."""
+    if not ahead:
+        for c in tile_copies(kc, vc, buf, T, b, 0, 0):
+            c.start()
+    elif b:
+        start_first_tiles(kc, vc, buf, T, b, n_tiles)
+
+
+def read_tile(kc, vc, buf, T: int, b, tix, n_tiles, ahead: bool, use):
+    """Tile ``tix`` of user ``b``'s loop, its slot given to ``use`` once it has landed: the next tile started before
+    the wait, or, read two ahead, the tile two on started into its slot once ``use`` has read it. ``use``'s result."""
+    if not ahead:
+        return use(next_tile(kc, vc, buf, T, b, tix, n_tiles))
+    out = use(wait_tile(kc, vc, buf, T, b, tix))
+    refill(kc, vc, buf, T, b, tix, n_tiles)  # the slot's tile is read: the one two ahead takes its place
+    return out
+
+
 def _cache_of(k, op):
     """Layer ``op``'s K and V cache, its type's KV buffer, tile and slots."""
     t = op.layer_type
@@ -354,11 +374,7 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
         first = b * R
         pos = position(first)
         n_tiles = kv_tiles_read(pos, T, S, xp=jnp)
-        if not ahead:
-            for c in tile_copies(kc, vc, buf, T, b, 0, 0):
-                c.start()
-        elif b:  # user 0's were started at the layer's start
-            start_first_tiles(kc, vc, buf, T, b, n_tiles)
+        start_user_tiles(kc, vc, buf, T, b, n_tiles, ahead)
         state = []
         for j in range(G):
             qr.fill(qblk, q, first, j)
@@ -367,20 +383,16 @@ def _attend(k, op, users: int, position, q, knew, vnew, out, kv: int, nh: int, p
             state.append(_seeded(qg, *new, _first(causal, rows[j]), buf.k.dtype))
 
         def body(tix, carry, b=b, pos=pos, n_tiles=n_tiles):
-            if ahead:
-                slot = wait_tile(kc, vc, buf, T, b, tix)
-            else:
-                slot = next_tile(kc, vc, buf, T, b, tix, n_tiles)
-            s_idx = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
-            valid = sees(s_idx, pos, S, window, draft if R > 1 else 0)
-            folded = tuple(
-                _fold_tile(carry[j], qblk[j, : rows[j], :W], buf.k[slot, j].astype(jnp.float32),
-                           buf.v[slot, j].astype(jnp.float32), _first(valid, rows[j]), buf.k.dtype)
-                for j in range(G)
-            )  # fmt: skip
-            if ahead:  # the slot's tile is read: the one two ahead takes its place
-                refill(kc, vc, buf, T, b, tix, n_tiles)
-            return folded
+            def fold(slot):
+                s_idx = tix * T + jax.lax.broadcasted_iota(jnp.int32, (1, T), 1)
+                valid = sees(s_idx, pos, S, window, draft if R > 1 else 0)
+                return tuple(
+                    _fold_tile(carry[j], qblk[j, : rows[j], :W], buf.k[slot, j].astype(jnp.float32),
+                               buf.v[slot, j].astype(jnp.float32), _first(valid, rows[j]), buf.k.dtype)
+                    for j in range(G)
+                )  # fmt: skip
+
+            return read_tile(kc, vc, buf, T, b, tix, n_tiles, ahead, fold)
 
         state = jax.lax.fori_loop(0, n_tiles, body, tuple(state))
         _store_outputs(k, op, qr, state, out, first)
