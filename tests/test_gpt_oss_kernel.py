@@ -13,6 +13,7 @@ from test_gpt_oss import TINY_GPT_OSS, init_gpt_oss
 
 from mk.generate import generate
 from mk.kernel_setup import AttentionSplit, KernelSetup
+from mk.plan import Tiles
 from mk.tpu import races_detected
 from mk.weights import load_checkpoint
 
@@ -109,6 +110,29 @@ def test_every_chip_needs_its_own_heads_vectors(eight_heads, vector, monkeypatch
 
 
 @pytest.fixture(scope="module")
+def four_a_token(tmp_path_factory):
+    """8 experts, 4 a token: two users route to up to 8 distinct experts, twice the ring of biases read ahead."""
+    return _checkpoint(tmp_path_factory.mktemp("tiny-gpt-oss-top4"), num_local_experts=8, num_experts_per_tok=4)
+
+
+@pytest.mark.parametrize("setup", [None, KernelSetup(2, "split")], ids=["one-chip", "2-chips-split"])
+def test_expert_biases_read_ahead_give_the_references_tokens(four_a_token, setup):
+    """Tiles.expert_bias_ahead: each routed slot's bias rows start at the route (the first 4 slots) or at the combine
+    of the slot 4 before it, into a ring of 4 places; greedy tokens the reference's, logits within 1e-4, no races."""
+    from mk.plan import BIAS_RING, build_plan
+
+    cfg, params = four_a_token
+    plan = build_plan(cfg, 2, 32, tiles=Tiles(expert_bias_ahead=True))
+    assert plan.expert_slots == 2 * BIAS_RING and plan.expert_bias_ring == BIAS_RING
+    new_tokens = NEW_TOKENS if setup is None else 2
+    want_tokens, want = generate(params, cfg, _prompts(cfg), new_tokens, return_logits=True)
+    tokens, logits = _run(params, cfg, setup, logits=True, new_tokens=new_tokens, tiles=Tiles(expert_bias_ahead=True))
+    assert not races_detected()
+    np.testing.assert_array_equal(tokens, want_tokens)
+    assert np.abs(logits - want).max() < LOGIT_ATOL
+
+
+@pytest.fixture(scope="module")
 def six_layers(tmp_path_factory):
     """Six layers: the sliding/full pair repeated, so the kernel runs its loop over layers (the layer, its place in
     the stacked tensors and the expert biases' rows traced)."""
@@ -116,18 +140,20 @@ def six_layers(tmp_path_factory):
 
 
 def test_logits_in_the_loop_over_layers_and_what_breaks_them(six_layers, monkeypatch):
-    """One chip, the loop over layers: the kernel's logits are the reference's within 1e-4 (f32); without the
-    sinks in its softmax, or without the experts' gate/up or down biases, they are not."""
+    """One chip, the loop over layers: the kernel's logits are the reference's within 1e-4 (f32), the experts'
+    biases read where used or ahead (their layer, slot and chunk traced); without the sinks in its softmax, or without
+    the experts' gate/up or down biases, they are not."""
     from mk.megakernel import attention, moe
     from mk.plan import LayerLoop, build_plan
 
     cfg, params = six_layers
     assert any(isinstance(s, LayerLoop) for s in build_plan(cfg, 2, 32).folded)
     want_tokens, want = generate(params, cfg, _prompts(cfg), NEW_TOKENS, return_logits=True)
-    tokens, logits = _run(params, cfg, logits=True)
-    assert not races_detected()
-    np.testing.assert_array_equal(tokens, want_tokens)
-    assert np.abs(logits - want).max() < LOGIT_ATOL
+    for tiles in (Tiles(), Tiles(expert_bias_ahead=True)):  # each chunk's biases read where used, or read ahead
+        tokens, logits = _run(params, cfg, logits=True, tiles=tiles)
+        assert not races_detected()
+        np.testing.assert_array_equal(tokens, want_tokens)
+        assert np.abs(logits - want).max() < LOGIT_ATOL
 
     def broken(module, name, fn):
         # the first kernel step's logits show a break; the race detector has run over the whole kernel above

@@ -186,6 +186,8 @@ def tiles_words(tiles: Tiles) -> str:
         said.append(f"copies held to a window of {tiles.lookahead_bytes / MIB:g} MiB")
     if tiles.kv_ahead != default.kv_ahead:
         said.append("KV tiles read ahead" if tiles.kv_ahead else "KV tiles read at attention")
+    if tiles.expert_bias_ahead != default.expert_bias_ahead:
+        said.append("expert biases read ahead" if tiles.expert_bias_ahead else "expert biases read where used")
     if tiles.head_equal_share != default.head_equal_share:
         share = tiles.head_equal_share
         said.append(f"head tiles equal down to {share:g} of their budget" if share else "head tiles equal at any size")
@@ -193,7 +195,14 @@ def tiles_words(tiles: Tiles) -> str:
 
 
 # what :func:`tiles_words` says of a kernel built with other tiles than the default, at the head of each "; " part
-VARIANT_PARTS = ("slots a weight buffer", "weight tiles of", "head tiles", "KV tiles", "copies held to a window")
+VARIANT_PARTS = (
+    "slots a weight buffer",
+    "weight tiles of",
+    "head tiles",
+    "KV tiles",
+    "copies held to a window",
+    "expert biases",
+)
 
 
 def is_variant(setup: str) -> bool:

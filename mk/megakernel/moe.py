@@ -1,5 +1,10 @@
 """Routing and the routed experts inside the kernel (Gemma 4's router, softmax-then-top-k, and gpt-oss's biased
-top-k-then-softmax; gpt-oss's expert biases, each a row read by a small DMA, and its clamped SwiGLU).
+top-k-then-softmax; gpt-oss's expert biases and its clamped SwiGLU).
+
+An expert's biases are a row of each bias tensor, read as the aligned block of 8 rows around it. Read where they are
+used, each chunk's read is a serial DMA queued behind the weight copies in flight; read ahead
+(mk.plan.Tiles.expert_bias_ahead), a routed slot's rows start as soon as the route has listed its expert and land
+in a ring of VMEM places while the weight stream runs.
 
 ``lax.top_k`` and sort have no Mosaic lowering, so top-k is k rounds of max + lowest index among the
 maxima (the tie-break ``lax.top_k`` uses) + mask. The experts any user routed to are flagged in a
@@ -16,12 +21,15 @@ shows the bundles each revision issues).
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..plan import LANE, ROWS
+from ..plan.layout import EXPERT_BIASES
 from . import mxu
 from .dense import NEG
 
@@ -71,15 +79,15 @@ def emit_route(k, op):
             gates = jnp.where(hit, w, gates)
             picked = picked | hit
     s.gates[...] = gates
-    if k.plan.route_known:  # the experts 0..k-1, known before the step: no table (mk.megakernel.kernel.expert_id)
-        s.acts["moe"][...] = jnp.zeros(s.acts["moe"].shape, jnp.float32)
-        return
-    user = jax.lax.broadcasted_iota(jnp.int32, (rows, ep), 0) < B  # padding rows route too: ignore them
-    used = jnp.max(jnp.where(picked & user, 1, 0), axis=0, keepdims=True)  # [1, ep]
-    s.expert_table[...] = expert_table(used, k.expert_base, k.plan.experts_held, s.expert_table.shape)
-    c = pltpu.make_async_copy(s.expert_table, s.experts, s.route_sem.at[0])
-    c.start()
-    c.wait()
+    if not k.plan.route_known:  # else the experts 0..k-1, known before the step: no table (kernel.expert_id)
+        user = jax.lax.broadcasted_iota(jnp.int32, (rows, ep), 0) < B  # padding rows route too: ignore them
+        used = jnp.max(jnp.where(picked & user, 1, 0), axis=0, keepdims=True)  # [1, ep]
+        s.expert_table[...] = expert_table(used, k.expert_base, k.plan.experts_held, s.expert_table.shape)
+        c = pltpu.make_async_copy(s.expert_table, s.experts, s.route_sem.at[0])
+        c.start()
+        c.wait()
+    for j in range(k.plan.expert_bias_ring):  # the first slots' biases, read ahead
+        k.guarded(j, partial(_start_biases, k, op, j))
     s.acts["moe"][...] = jnp.zeros(s.acts["moe"].shape, jnp.float32)
 
 
@@ -193,6 +201,8 @@ def emit_gated_act(k, op):
     g, u = a[op.src][:, : op.n], a[op.dst][:, : op.n]
     if layout.expert_bias and op.expert is not None:  # gpt-oss: the chunk's gate and up biases of the slot's expert
         half = k.inputs.weights[f"{op.layer_type}.expert_gate_up_bias"].shape[-1] // 2
+        if k.plan.expert_bias_ring:  # read ahead: the slot's first chunk waits for its rows
+            _in_first_chunk(op.off, partial(_wait_biases, k, op))
         g = g + _expert_bias(k, op, "expert_gate_up_bias", op.off, op.n)
         u = u + _expert_bias(k, op, "expert_gate_up_bias", half + op.off, op.n)
     if layout.activation == "swiglu_clamped":
@@ -202,28 +212,79 @@ def emit_gated_act(k, op):
     a[op.dst][:, : op.n] = act(g) * u
 
 
+def _bias_copies(k, op, slot) -> list:
+    """Read ahead (mk.plan.StepPlan.expert_bias_ring): the copies of routed slot ``slot``'s expert's bias rows, the
+    aligned block of 8 rows around them of each bias tensor, into its place in the ring (``slot`` mod its places)."""
+    s, ring = k.scratch, k.plan.expert_bias_ring
+    start = _aligned(k.expert_id(slot))
+    place = slot % ring
+    out = []
+    for n, name in enumerate(EXPERT_BIASES):
+        src = k.inputs.weights[f"{op.layer_type}.{name}"]
+        dst = s.expert_bias.at[place, n, :, pl.ds(0, src.shape[-1])]
+        out.append(pltpu.make_async_copy(src.at[op.index, pl.ds(start, ROWS), :], dst, s.expert_bias_sem.at[place, n]))
+    return out
+
+
+def _in_first_chunk(off, fn):
+    """Run ``fn`` in an expert's first chunk (``off`` 0, static or traced in a loop over its chunks)."""
+    if not isinstance(off, int):
+        pl.when(off == 0)(fn)
+    elif off == 0:
+        fn()
+
+
+def _start_biases(k, op, slot):
+    for c in _bias_copies(k, op, slot):
+        c.start()
+
+
+def _wait_biases(k, op):
+    for c in _bias_copies(k, op, op.expert):
+        c.wait()
+
+
+def _start_next_biases(k, op):
+    """After slot j's combine has read its biases: slot j + ring's into the place j leaves (if that slot runs)."""
+    nxt, slots = op.expert + k.plan.expert_bias_ring, k.plan.expert_slots
+    start = partial(k.guarded, nxt, partial(_start_biases, k, op, nxt))
+    if isinstance(nxt, int):
+        return start() if nxt < slots else None
+    pl.when(nxt < slots)(start)
+
+
+def _aligned(e):
+    """The first row of the aligned block of ``ROWS`` rows holding row ``e`` (a scalar, maybe traced)."""
+    start = e // ROWS * ROWS
+    return start if isinstance(start, int) else pl.multiple_of(start, ROWS)
+
+
 def _expert_bias(k, op, name: str, first, n: int):
     """[1, n] lanes ``first`` .. of the bias ``name`` of the expert in slot ``op.expert``, layer ``op.index`` of its
-    type: the aligned block of 8 rows holding the expert's row, HBM -> VMEM (a serial DMA), its row picked out."""
-    s, src = k.scratch, k.inputs.weights[f"{op.layer_type}.{name}"]
+    type: the aligned block of 8 rows holding the expert's row, in the ring where read ahead, else HBM -> VMEM now (a
+    serial DMA); its row picked out."""
+    s = k.scratch
     e = k.expert_id(op.expert)  # among this chip's experts: the rows of its bias tensors
-    start = e // ROWS * ROWS
-    start = start if isinstance(start, int) else pl.multiple_of(start, ROWS)
-    width = src.shape[-1]
-    c = pltpu.make_async_copy(
-        src.at[op.index, pl.ds(start, ROWS), :], s.expert_bias.at[:, pl.ds(0, width)], s.expert_bias_sem.at[0]
-    )
-    c.start()
-    c.wait()
     first = first if isinstance(first, int) else pl.multiple_of(first, LANE)
-    block = s.expert_bias[:, pl.ds(first, n)].astype(jnp.float32)
+    if k.plan.expert_bias_ring:
+        block = s.expert_bias[op.expert % k.plan.expert_bias_ring, EXPERT_BIASES.index(name), :, pl.ds(first, n)]
+    else:
+        src = k.inputs.weights[f"{op.layer_type}.{name}"]
+        width = src.shape[-1]
+        c = pltpu.make_async_copy(
+            src.at[op.index, pl.ds(_aligned(e), ROWS), :], s.expert_bias.at[:, pl.ds(0, width)], s.expert_bias_sem.at[0]
+        )
+        c.start()
+        c.wait()
+        block = s.expert_bias[:, pl.ds(first, n)]
+    block = block.astype(jnp.float32)
     pick = jax.lax.broadcasted_iota(jnp.int32, block.shape, 0) == e % ROWS
     return jnp.sum(jnp.where(pick, block, 0.0), axis=0, keepdims=True)
 
 
 def emit_expert_combine(k, op):
     """moe += gate[:, e] * (expert e's output (+ its down projection's bias, gpt-oss)), e the expert in slot
-    ``op.expert``."""
+    ``op.expert``; read ahead, then slot ``op.expert`` + the ring's places' biases start."""
     s = k.scratch
     e = k.expert_base + k.expert_id(op.expert)
     g = s.gates[...]
@@ -232,4 +293,6 @@ def emit_expert_combine(k, op):
     out = s.acts["eo"][...]
     if k.layout.expert_bias:
         out = out + _expert_bias(k, op, "expert_down_bias", 0, out.shape[1])
+        if k.plan.expert_bias_ring:
+            _start_next_biases(k, op)
     s.acts["moe"][...] += w * out

@@ -10,11 +10,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
-from ..config import ModelConfig
 from ..plan import BLOCK, LANE, ROWS, Attend, StepPlan, round_up
 from ..plan.arrays import Array
 from ..plan.exchanges import all_reduce_buffers, best_shape, positions_shapes, users_shapes
-from ..plan.layout import EXPERT_BIASES, freq_width, group_width, latent_lanes
+from ..plan.layout import freq_width, group_width, latent_lanes
 
 TOKEN, POSITION = 0, 1  # lanes of the users block: each user's token id and its position
 
@@ -96,8 +95,10 @@ class Scratch(NamedTuple):
     logits_stage: Any = None  # [2, B, 1, head_tile] f32: a head tile's logits on their way to HBM (if asked)
     logits_sem: Any = None  # DMA [2]
     collective: Any = None  # over several chips: CollectiveScratch scratch
-    expert_bias: Any = None  # gpt-oss: [8, width], the aligned block of rows around an expert's biases
-    expert_bias_sem: Any = None  # DMA [1]
+    # gpt-oss: the aligned block of rows around an expert's biases, [8, width]; read ahead, a ring of them for each
+    # bias tensor, [places, 2, 8, width] (mk.plan.StepPlan.expert_bias_buffer)
+    expert_bias: Any = None
+    expert_bias_sem: Any = None  # DMA [1]; read ahead, [places, 2]
     latent: Any = None  # MLA: LatentScratch
 
 
@@ -234,7 +235,7 @@ def scratch_shapes(plan: StepPlan, with_logits: bool) -> Scratch:
         logits_stage=pltpu.VMEM((2, B, 1, plan.head_tile), jnp.float32) if with_logits else None,
         logits_sem=pltpu.SemaphoreType.DMA((2,)) if with_logits else None,
         collective=collective_shapes(plan) if plan.chips > 1 else None,
-        **expert_bias_shapes(cfg, shapes.weights),
+        **expert_bias_shapes(plan),
         latent=latent_shapes(plan, weight_dtype) if cfg.latent_attention is not None else None,
     )
 
@@ -264,13 +265,15 @@ def latent_shapes(plan: StepPlan, weight_dtype) -> LatentScratch:
     )
 
 
-def expert_bias_shapes(cfg: ModelConfig, weights: dict) -> dict:
-    """gpt-oss's expert biases: one VMEM block wide enough for a block of rows of either bias tensor."""
-    if not cfg.expert_bias or not cfg.is_moe:
+def expert_bias_shapes(plan: StepPlan) -> dict:
+    """gpt-oss's expert biases: the VMEM they are read into (mk.plan.StepPlan.expert_bias_buffer), a DMA semaphore for
+    each block of it."""
+    buffer = plan.expert_bias_buffer
+    if buffer is None:
         return {}
-    biases = [x for name, x in weights.items() if name.rsplit(".", 1)[-1] in EXPERT_BIASES]
-    width = max(x.shape[-1] for x in biases)
-    return dict(expert_bias=pltpu.VMEM((ROWS, width), biases[0].dtype), expert_bias_sem=pltpu.SemaphoreType.DMA((1,)))
+    shape, dtype = buffer
+    sems = shape[:2] if plan.expert_bias_ring else (1,)
+    return dict(expert_bias=pltpu.VMEM(shape, jnp.dtype(dtype)), expert_bias_sem=pltpu.SemaphoreType.DMA(sems))
 
 
 def users_split_shapes(plan: StepPlan, t: str) -> UsersSplit:

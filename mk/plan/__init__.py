@@ -63,10 +63,11 @@ from .records import (
     item_scope,
 )
 from .schedule import fold, groups, start_runs
-from .step import StepPlan, build_plan
+from .step import BIAS_RING, StepPlan, build_plan
 from .timeline import memory_busy_fraction, step_ends, timeline
 
 __all__ = [
+    "BIAS_RING",
     "BLOCK",
     "LANE",
     "MIB",

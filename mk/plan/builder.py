@@ -561,6 +561,7 @@ class Builder:
                     0 if ROUTER in self.knockout else route_flops(B, E, layout.top_k),
                     router_on=ROUTER not in self.knockout,
                     serial_bytes=0 if self.route_known else 2 * ROWS * E * 4,
+                    **(dict(index=type_index(layout, i), layer_type=t) if layout.expert_bias else {}),
                 )
             )
         shared = layout.mlp_width(i) > 0 and SHARED_MLP not in self.knockout

@@ -44,6 +44,11 @@ class Tiles:
     # weight copies issued meanwhile queue behind them and stream while the core attends, where they had all landed
     # before the cache's first tile and left the stream idle during attention's compute
     kv_ahead: bool = False
+    # True (experts with biases, gpt-oss): each routed expert's bias rows start when the route has listed it (the first
+    # BIAS_RING slots at the route, slot j + BIAS_RING at slot j's combine) into a ring of VMEM blocks, waited at its
+    # first chunk; False: each chunk's and combine's biases read while the core waits, queued behind the weight copies
+    # in flight (mk.megakernel.moe)
+    expert_bias_ahead: bool = False
 
     def __post_init__(self):
         if self.weight_tile_bytes < LANE * 4 * 16:
@@ -71,7 +76,7 @@ class Tiles:
         return f"Tiles({', '.join(said)})"
 
 
-_LATER = ("head_equal_share", "lookahead_bytes", "kv_ahead")
+_LATER = ("head_equal_share", "lookahead_bytes", "kv_ahead", "expert_bias_ahead")
 
 
 @dataclass(frozen=True)
@@ -361,10 +366,13 @@ class AttentionResidual(Op):
 @dataclass(frozen=True)
 class Route(Op):
     """Router softmax and top-k in VMEM; ids to SMEM (a serial DMA: expert DMAs address by them); flags
-    for routed slots whose expert an earlier slot already holds (fetched once)."""
+    for routed slots whose expert an earlier slot already holds (fetched once). Where experts have biases, ``index``
+    and ``layer_type`` name the layer's bias rows (read ahead from here with mk.plan.Tiles.expert_bias_ahead)."""
 
     router_on: bool = True
     serial_bytes: int = 0
+    index: int = field(default=0, repr=False)
+    layer_type: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,22 @@ from ..sharding import attention_chips, chip_config, expert_groups, experts_per_
 from ..units import round_up
 from .arrays import Array, HbmArrays, cache_shapes, packed_arrays
 from .builder import Builder, check_shapes, expert_slots, head_spans, route_known
-from .layout import BLOCK, ROWS, cache_slots, head_groups, heads_lanes, kv_tile, kv_tiles_read, layout_config
+from .layout import (
+    BLOCK,
+    EXPERT_BIASES,
+    ROWS,
+    cache_slots,
+    head_groups,
+    heads_lanes,
+    kv_tile,
+    kv_tiles_read,
+    layout_config,
+)
 from .records import AllReduce, Attend, Buffer, Item, LayerLoop, Load, Loop, Op, Start, Tiles
 from .schedule import fold_step, groups, pattern_period, schedule
 from .vmem import check_vmem, vmem_breakdown, vmem_limit
+
+BIAS_RING = 4  # routed slots whose expert biases are in flight at once, read ahead (StepPlan.expert_bias_ring)
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,24 @@ class StepPlan:
     def expert_slots(self) -> int:
         on = self.share.is_moe and EXPERTS not in self.knockout
         return expert_slots(self.share, self.batch, self.experts_held) if on else 0
+
+    @property
+    def expert_bias_ring(self) -> int:
+        """Routed slots whose expert biases are in flight at once (mk.plan.Tiles.expert_bias_ahead); 0: each chunk's
+        read where it is used."""
+        on = self.tiles.expert_bias_ahead and self.layout.expert_bias
+        return min(self.expert_slots, BIAS_RING) if on else 0
+
+    @property
+    def expert_bias_buffer(self) -> tuple[tuple[int, ...], str] | None:
+        """The VMEM that experts' biases (gpt-oss's) are read into, as (shape, dtype); None without them. Read ahead, a
+        ring [places, 2 (gate and up, down), ROWS, width]; else one [ROWS, width] block either tensor's rows fit."""
+        if not (self.layout.expert_bias and self.layout.is_moe):
+            return None
+        biases = [a for name, a in self.arrays.weights.items() if name.rsplit(".", 1)[-1] in EXPERT_BIASES]
+        width = max(a.shape[-1] for a in biases)
+        ring = self.expert_bias_ring
+        return ((ring, len(EXPERT_BIASES), ROWS, width) if ring else (ROWS, width)), biases[0].dtype
 
     @property
     def route_known(self) -> bool:

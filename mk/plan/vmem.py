@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from ..chips import get_chip
+from ..dtypes import array_itemsize
 from ..units import LANE, MIB, round_up
 from .exchanges import exchange_bytes
 from .layout import (
@@ -46,10 +49,16 @@ def vmem_breakdown(plan, with_logits: bool = False) -> dict[str, int]:
         "greedy pick and users": 3 * r * LANE * 4,
         "logits staging": 2 * plan.batch * ROWS * plan.head_tile * 4 if with_logits else 0,
         "cross-chip buffers": exchange_bytes(plan),
+        "expert biases": _expert_bias_bytes(plan),
     }
     if cfg.latent_attention is not None:
         out.update(_latent_vmem(plan))
     return out
+
+
+def _expert_bias_bytes(plan) -> int:
+    buffer = plan.expert_bias_buffer
+    return 0 if buffer is None else math.prod(buffer[0]) * array_itemsize(buffer[1])
 
 
 def _groups(cfg, t: str) -> int:
@@ -122,12 +131,12 @@ def vmem_limit(plan, chip) -> int:
 
 def _limit_basis(plan) -> int:
     """The budget :func:`vmem_limit` is taken from: the plan's VMEM as it was counted when the stored schedules were
-    compiled. It differs from the count in three ways: the larger layer type's KV tiles and write-back staging in place
+    compiled. It differs from the count in four ways: the larger layer type's KV tiles and write-back staging in place
     of every type's, an f32 copy of the largest K or V tile (of the latent tile, MLA's) where it passes the vector
-    registers, and no cross-chip buffers."""
+    registers, no cross-chip buffers, and no block for experts' biases."""
     cfg, types = plan.layout, set(plan.layout.layer_types)
     parts = vmem_breakdown(plan)
-    parts["cross-chip buffers"] = 0
+    parts["cross-chip buffers"] = parts["expert biases"] = 0
     if cfg.latent_attention is None:
         parts["kv tiles"] = max(_kv_tiles(plan, t) for t in types)
         parts["new k/v staging"] = max(_staging(plan, t) for t in types)

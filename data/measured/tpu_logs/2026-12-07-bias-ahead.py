@@ -1,0 +1,40 @@
+"""2026-12-07 (session 31), one TPU v5e: kernel revision 8's switch mk.plan.Tiles.expert_bias_ahead (each routed
+expert's bias rows started as soon as the route lists it, into a ring the expert's first chunk waits for) beside the
+default kernel on gpt-oss-20b's first 2 layers, with revision 6's KV read-ahead on top; and revision 6's switch
+mk.plan.Tiles.kv_ahead beside the default kernel on the MoE one-user cells it was not timed on (the 26B-A4B chip-of-8
+stand-in, setup g; the 26B-A4B sliding+full pair; qwen3-30b-a3b's first 8 layers) and on a dense model
+(llama-3.2-1b). Each case's kernels interleaved, 16 steps a call, context 1024, one user, bf16, random weights (seed
+0). Rows go to OUT_DIR through mk's own driver (part ``table`` of tpu-measure).
+
+    python data/measured/tpu_logs/2026-12-07-bias-ahead.py OUT_DIR DEADLINE_S PART
+
+PART ``g``: gpt-oss-20b[:2] (three kernels) and the stand-in; ``p``: the pair and qwen3-30b-a3b[:8]; ``d``:
+llama-3.2-1b. ``tiny``: tiny-gpt-oss on the CPU (interpret mode) to check the script.
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+from mk.config import LAYER_PAIR
+from mk.measure import tpu_runs
+from mk.measure.on_chip import Case, Cell
+from mk.plan import Tiles
+
+out, deadline, part = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+tiny = part == "tiny"
+out.mkdir(parents=True, exist_ok=True)
+shutil.copy("data/measured/tpu_hbm.csv", out / "tpu_hbm.csv")  # each row's limit columns at the measured limit
+ONE = dict(steps_a_call=(16,), cells=(Cell(1024, 1),), alone="megakernel")
+KV = dict(ONE, tiles=(Tiles(), Tiles(kv_ahead=True)))
+BIASES = dict(ONE, tiles=(Tiles(), Tiles(expert_bias_ahead=True), Tiles(expert_bias_ahead=True, kv_ahead=True)))
+if tiny:
+    cases = (Case("tiny-gpt-oss", **(BIASES | dict(cells=(Cell(64, 1),), steps_a_call=(2,)))),)
+elif part == "g":
+    cases = (Case("gpt-oss-20b", 2, **BIASES), Case("gemma4-26b-a4b", None, setup="workbook", **KV))
+elif part == "p":
+    cases = (Case("gemma4-26b-a4b", LAYER_PAIR, **KV), Case("qwen3-30b-a3b", 8, **KV))
+else:
+    cases = (Case("llama-3.2-1b", None, **KV),)
+print(tpu_runs.run(("table",), out, deadline, cases=cases, require_tpu=not tiny, steps=2 if tiny else 20,
+                   min_rounds=3 if tiny else 5, budget_s=1.0 if tiny else 8.0))  # fmt: skip
