@@ -9,7 +9,9 @@ stand-in, setup g; the 26B-A4B sliding+full pair; qwen3-30b-a3b's first 8 layers
     python data/measured/tpu_logs/2026-12-07-bias-ahead.py OUT_DIR DEADLINE_S PART
 
 PART ``g``: gpt-oss-20b[:2] (three kernels) and the stand-in; ``p``: the pair and qwen3-30b-a3b[:8]; ``d``:
-llama-3.2-1b. ``tiny``: tiny-gpt-oss on the CPU (interpret mode) to check the script.
+llama-3.2-1b; ``e`` (written after g, p and d found every switch faster at one user, 1K): llama-3.2-1b at eight users
+and at 32K, gpt-oss-20b[:2] and qwen3-30b-a3b[:8] at eight users. ``tiny``: tiny-gpt-oss on the CPU (interpret
+mode) to check the script.
 """
 
 import shutil
@@ -32,6 +34,10 @@ if tiny:
     cases = (Case("tiny-gpt-oss", **(BIASES | dict(cells=(Cell(64, 1),), steps_a_call=(2,)))),)
 elif part == "g":
     cases = (Case("gpt-oss-20b", 2, **BIASES), Case("gemma4-26b-a4b", None, setup="workbook", **KV))
+elif part == "e":  # the switches at eight users and at a long context
+    eight = dict(cells=(Cell(1024, 8),))
+    cases = (Case("llama-3.2-1b", None, **(KV | dict(cells=(Cell(1024, 8), Cell(32768, 1))))),
+             Case("gpt-oss-20b", 2, **(BIASES | eight)), Case("qwen3-30b-a3b", 8, **(KV | eight)))  # fmt: skip
 elif part == "p":
     cases = (Case("gemma4-26b-a4b", LAYER_PAIR, **KV), Case("qwen3-30b-a3b", 8, **KV))
 else:
