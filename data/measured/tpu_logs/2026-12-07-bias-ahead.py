@@ -12,6 +12,12 @@ PART ``g``: gpt-oss-20b[:2] (three kernels) and the stand-in; ``p``: the pair an
 llama-3.2-1b; ``e`` (written after g, p and d found every switch faster at one user, 1K): llama-3.2-1b at eight users
 and at 32K, gpt-oss-20b[:2] and qwen3-30b-a3b[:8] at eight users. ``tiny``: tiny-gpt-oss on the CPU (interpret
 mode) to check the script.
+
+Run on 2026-12-07: parts g (commit ce4f8ec), p and d (ce4f8ec, one device call), e (f58f72b) and q (9c2bc65), four
+device calls, kernel revision 8 (logs: 2026-12-07-bias-ahead-{g,p,d,e,q}.txt). Part e timed llama-3.2-1b's two cells,
+then reached the end of its call while gpt-oss-20b[:2]'s eight-user kernels compiled (221 s and 158 s each), so
+gpt-oss at eight users was not timed; part q then timed qwen3-30b-a3b[:8] at eight users. Every timed row went to
+data/measured/tpu.csv.
 """
 
 import shutil
