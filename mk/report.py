@@ -412,7 +412,9 @@ def _copies_html(folder: Path) -> str:
     return (
         f'<p class="answer">{_esc(sentence)}</p>'
         f'<p class="meta">Every row in <a href="{COPIES[0]}.csv">{COPIES[0]}.csv</a> and '
-        f'<a href="{COPIES[1]}.csv">{COPIES[1]}.csv</a>, drawn in <a href="#fig-{COPIES[0]}">its figure</a>.</p>'
+        f'<a href="{COPIES[1]}.csv">{COPIES[1]}.csv</a>, drawn in <a href="#fig-{COPIES[0]}">its figure</a>; each '
+        f'kernel switch in <a href="{COPIES[2]}.csv">{COPIES[2]}.csv</a>, drawn in <a href="#fig-{COPIES[2]}">its '
+        "figure</a>.</p>"
     )
 
 

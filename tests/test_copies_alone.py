@@ -100,27 +100,56 @@ def test_the_floor_splits_a_step_past_its_bytes_into_its_copies_and_its_core(tmp
 def test_a_kernel_switch_is_set_against_the_default_kernel_of_its_run_and_left_out_of_the_cells(tmp_path):
     from dataclasses import fields, replace
 
-    from mk.analysis.copies_floor import switch_effect
+    from mk.analysis.copies_floor import switch_effect, switch_sentence
     from mk.analysis.moe_one_user import moe_one_user_rows
     from mk.measure.on_chip import is_variant, tiles_words
     from mk.plan import Tiles
+    from mk.views.answer import switch_figure
 
     default = Tiles()
     others = dict(weight_tile_bytes=2**20, head_tile_bytes=2**20, kv_tile=256, slots=4, lookahead_bytes=2**23,
-                  kv_ahead=True, head_equal_share=0.0)  # fmt: skip
+                  kv_ahead=True, expert_bias_ahead=True, head_equal_share=0.0)  # fmt: skip
     assert set(others) == {f.name for f in fields(Tiles)}
     for name, value in others.items():  # every way a kernel variant's row says so, and the default's none
         assert is_variant("one chip" + tiles_words(replace(default, **{name: value}))), name
     assert not is_variant("one chip") and not is_variant("(g) the workbook's kernel: (f); loopback stand-in")
     base = dict(device="tpu: TPU v5 lite", model="gemma4-26b-a4b[:2]", engine="megakernel", steps_a_call=16,
-                kernel_revision=6, date="2026-12-07T00:00:00Z")  # fmt: skip
+                kernel_revision=6, date="2026-12-07T00:00:00Z", context=1024, batch=1)  # fmt: skip
+    stand_in = dict(base, model="gemma4-26b-a4b")
     rows = [dict(base, setup="one chip", device_step_ms=2.0, device_fraction_of_limit=0.95),
             dict(base, setup="one chip; KV tiles read ahead", device_step_ms=1.98, device_fraction_of_limit=0.96),
             dict(base, setup="one chip; KV tiles read ahead", device_step_ms=1.9, device_fraction_of_limit=0.99,
-                 date="2026-12-08T00:00:00Z")]  # fmt: skip
+                 date="2026-12-08T00:00:00Z"),
+            dict(base, setup="one chip; KV tiles read ahead", device_step_ms=2.5, device_fraction_of_limit=0.9,
+                 batch=8),
+            dict(base, setup="one chip; expert biases read ahead", device_step_ms=1.95, device_fraction_of_limit=0.97),
+            dict(base, setup="one chip; KV tiles read ahead; expert biases read ahead", device_step_ms=1.94,
+                 device_fraction_of_limit=0.98),
+            dict(stand_in, setup="(g) kernel; loopback stand-in", device_step_ms=1.5, device_fraction_of_limit=0.86),
+            dict(stand_in, setup="(g) kernel; KV tiles read ahead; loopback stand-in", device_step_ms=1.46,
+                 device_fraction_of_limit=0.88)]  # fmt: skip
     pd.DataFrame(rows).to_csv(tmp_path / "tpu.csv", index=False)
-    got = switch_effect("KV tiles read ahead", tmp_path / "tpu.csv")
-    assert len(got) == 1 and got.iloc[0].change_us == pytest.approx(-20.0)  # no default row in the other run
+    got = switch_effect("KV tiles read ahead", tmp_path / "tpu.csv").set_index(["model", "setup"]).change_us
+    # no default row in the other run, nor at the other batch; a switch's part in the middle of its setup; each
+    # switch against the kernel with the other alone
+    assert got.to_dict() == pytest.approx({("gemma4-26b-a4b[:2]", "one chip"): -20.0,
+                                           ("gemma4-26b-a4b[:2]", "one chip; expert biases read ahead"): -10.0,
+                                           ("gemma4-26b-a4b", "(g) kernel; loopback stand-in"): -40.0})  # fmt: skip
+    both = switch_effect(path=tmp_path / "tpu.csv")
+    assert len(both) == 5 and set(both.switch) == {"KV tiles read ahead", "expert biases read ahead"}
+    biases = both[both.switch == "expert biases read ahead"].set_index("setup").change_us
+    assert biases.to_dict() == pytest.approx({"one chip": -50.0, "one chip; KV tiles read ahead": -40.0})
+    said = switch_sentence(both)  # each switch: how many cells it sped up, by how much, where most
+    assert (
+        "With KV tiles read ahead, the kernel was faster in 3 of the 3 cells" in said and "(-40.0 to -10.0 us" in said
+    )
+    assert "most in gemma4-26b-a4b ((g) kernel; loopback stand-in, 1 user at 1,024): 1.5 -> 1.46 ms" in said
+    assert "With expert biases read ahead, the kernel was faster in 2 of the 2 cells" in said
+    fig = switch_figure(both, "switches")  # a bar a switch row, the stand-in by its setup's name
+    assert (
+        sorted(len(b.y) for b in fig.data) == [2, 3]
+        and "gemma4-26b-a4b ((g) kernel, loopback stand-in), 1K, 1 user" in fig.data[0].y
+    )
     full = pd.read_csv("data/measured/tpu.csv")
     assert full.setup.map(is_variant).any()  # the stored rows hold a variant, and the one-user cells leave it out
     assert not moe_one_user_rows().setup.map(is_variant).any()

@@ -90,21 +90,31 @@ def core_by_component(rows: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(["model", "core_us"], ascending=[True, False]).reset_index(drop=True).assign(kind=KIND)
 
 
-def switch_effect(words: str, path=None) -> pd.DataFrame:
-    """Kernel rows of data/measured/tpu.csv (or ``path``) whose setup ends in ``; {words}`` (a kernel switch, as
-    mk.measure.on_chip.tiles_words says it) against the default kernel's row of the same run: each one's time a token,
-    the change in microseconds and its fraction of the limit each way."""
+SWITCHES = ("KV tiles read ahead", "expert biases read ahead")  # the kernel's switches, as tiles_words says them
+
+
+def switch_effect(words: str | tuple[str, ...] = SWITCHES, path=None) -> pd.DataFrame:
+    """Kernel rows of data/measured/tpu.csv (or ``path``) whose setup holds the part ``; {words}`` (a kernel switch,
+    as mk.measure.on_chip.tiles_words says it; a tuple: each switch in turn) against the row of the same run whose
+    setup is the same but for that part (the default kernel, or the kernel with the other switches alone): each
+    one's time a token, the change in microseconds and its fraction of the limit each way."""
+    if not isinstance(words, str):
+        return pd.concat([switch_effect(w, path) for w in words], ignore_index=True)
     path = Path(path or TPU_CSV)
     k = chip_rows(pd.read_csv(path)) if path.exists() else pd.DataFrame(columns=["engine", "setup"])
     k = k[k.engine == "megakernel"]
-    on = k[k.setup.str.endswith(f"; {words}")]
     out = []
-    for r in on.itertuples():
-        base = k[(k.setup == r.setup[: -len(words) - 2]) & (k.model == r.model) & (k.date == r.date)
-                 & (k.steps_a_call == r.steps_a_call)]  # fmt: skip
+    for r in k.itertuples():
+        parts = [p.strip() for p in r.setup.split(";")]
+        if words not in parts[1:]:
+            continue
+        without = "; ".join(p for p in parts if p != words)
+        base = k[(k.setup == without) & (k.model == r.model) & (k.date == r.date) & (k.context == r.context)
+                 & (k.batch == r.batch) & (k.steps_a_call == r.steps_a_call)]  # fmt: skip
         for b in base.itertuples():
-            out.append(dict(model=r.model, setup=b.setup, steps_a_call=r.steps_a_call, default_ms=b.device_step_ms,
-                            switched_ms=r.device_step_ms, change_us=(r.device_step_ms - b.device_step_ms) * 1e3,
+            out.append(dict(model=r.model, setup=b.setup, context=r.context, batch=r.batch, steps_a_call=r.steps_a_call,
+                            default_ms=b.device_step_ms, switched_ms=r.device_step_ms,
+                            change_us=(r.device_step_ms - b.device_step_ms) * 1e3,
                             fraction_was=b.device_fraction_of_limit, fraction_is=r.device_fraction_of_limit,
                             kernel_revision=r.kernel_revision, date=r.date))  # fmt: skip
     return pd.DataFrame(out).assign(switch=words, kind=f"measured (TPU): the kernel with {words} against without")
@@ -133,10 +143,23 @@ def floor_sentence(table: pd.DataFrame, components: pd.DataFrame, switched: pd.D
         parts = ", ".join(f"{r.part} {r.core_us:.1f}" for r in g.itertuples())
         text += f" Of {model}'s, each component's past its own copies (us a token): {parts}."
     if switched is not None and not switched.empty:
-        text += " " + " ".join(
-            f"{r.model} ({r.setup}) with {r.switch}, {int(r.steps_a_call)} steps a call: {r.switched_ms:.4f} ms "
-            f"against {r.default_ms:.4f} "
-            f"({r.change_us:+.1f} us, {r.fraction_was:.3f} -> {r.fraction_is:.3f} of the limit)."
-            for r in switched.itertuples()
-        )
+        text += " " + switch_sentence(switched)
     return text
+
+
+def switch_sentence(switched: pd.DataFrame) -> str:
+    """What each switch of :func:`switch_effect` did: in how many of the cells it was timed on the kernel was faster,
+    the range of the change, and the cell it changed most."""
+    out = []
+    for switch, g in switched.groupby("switch", sort=False):
+        most = g.loc[g.change_us.idxmin()]
+        users = f"{int(most.batch)} user{'s' if most.batch > 1 else ''} at {int(most.context):,}"
+        calls = f"{'/'.join(str(int(n)) for n in sorted(set(g.steps_a_call)))} steps a call"
+        change = f"{g.change_us.min():+.1f} to {g.change_us.max():+.1f}" if len(g) > 1 else f"{most.change_us:+.1f}"
+        out.append(
+            f"With {switch}, the kernel was faster in {int((g.change_us < 0).sum())} of the {len(g)} cell"
+            f"{'s' if len(g) > 1 else ''} timed against it without ({change} us a token, {calls}); most in "
+            f"{most.model} ({most.setup}, {users}): {most.default_ms:.4g} -> {most.switched_ms:.4g} ms, "
+            f"{most.fraction_was:.3f} -> {most.fraction_is:.3f} of the limit."
+        )
+    return " ".join(out)

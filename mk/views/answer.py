@@ -147,3 +147,31 @@ def copies_floor_figure(table: pd.DataFrame, components: pd.DataFrame, title: st
     fig.update_xaxes(title_text="microseconds a token past the step's bytes at the measured limit", row=1, col=1)
     fig.update_yaxes(autorange="reversed", ticksuffix="  ")
     return fig
+
+
+def switch_figure(switched: pd.DataFrame, title: str) -> go.Figure:
+    """Each kernel switch against the kernel without it in the same run (mk.analysis.copies_floor.switch_effect), a
+    bar a cell and switch: the change in microseconds a token (left of zero: faster), coloured by switch, with the
+    fractions of the limit before and after in the hover."""
+    s = switched.assign(row=[_switch_row(r) for r in switched.itertuples()])
+    fig = go.Figure()
+    for colour, (switch, g) in zip(template_colours(), s.groupby("switch", sort=False)):
+        fig.add_bar(y=g.row, x=g.change_us, name=f"with {switch}", orientation="h", marker_color=colour,
+                    customdata=g[["fraction_was", "fraction_is"]],
+                    hovertemplate="%{x:+.1f} us a token, %{customdata[0]:.3f} -> %{customdata[1]:.3f} of the limit"
+                                  "<extra>%{y}</extra>")  # fmt: skip
+    fig.add_vline(x=0, line_width=1, line_color="grey")
+    fig.update_layout(title=title, barmode="group", height=ROW_PX * 2 * len(s) + 300, margin=dict(l=460, r=40, t=130),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom"))  # fmt: skip
+    fig.update_xaxes(title_text="us a token against the kernel without it")
+    fig.update_yaxes(autorange="reversed", ticksuffix="  ")
+    return fig
+
+
+def _switch_row(r) -> str:
+    """A switch row's cell in words: its model, its setup where not one chip alone, its context and users."""
+    first, *rest = r.setup.split("; ")
+    parts = [first.split(":")[0], *rest]  # a lettered setup by its name, without what it is made of
+    setup = ", ".join(parts[1:] if first == "one chip" else parts)
+    setup = f" ({setup})" if setup else ""
+    return f"{r.model}{setup}, {context_label(int(r.context))}, {int(r.batch)} user{'s' * (r.batch > 1)}"
