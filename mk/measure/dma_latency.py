@@ -12,6 +12,7 @@ a copy's time is a latency plus its bytes at the rate one copy alone reaches. Ro
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import jax
@@ -72,6 +73,15 @@ def round_trip_kernel(nbytes: int, trips: int, interpret: bool = False):
     )
 
 
+def per_copy_us(per_s) -> list[float]:
+    """One copy's time in us (low, median, high) from copies a second (``per_s``: low, median, high). Where two trip
+    counts' times are too close to tell apart (a busy host's interpreted run), the rate's interval reaches zero or
+    below: the copy's time then has no upper bound (inf), and no value at all where the median rate is not positive."""
+    high = 1e6 / per_s.low if per_s.low > 0 else math.inf
+    median = 1e6 / per_s.median if per_s.median > 0 else math.nan
+    return [1e6 / per_s.high if per_s.high > 0 else math.nan, median, high]
+
+
 def measure(sizes=SIZES, trips=TRIPS, out: Path | str | None = None, budget_s: float = 5.0, quiet: bool = False,
             interpret: bool = False) -> pd.DataFrame:  # fmt: skip
     """Each size at each trip count: device time a call, and one copy's time from the two trip counts (the module's
@@ -90,7 +100,7 @@ def measure(sizes=SIZES, trips=TRIPS, out: Path | str | None = None, budget_s: f
             programs[n] = traced_digest(f, x)
         cmp = interleaved(calls, f"{lo} trips", budget_s=budget_s, min_rounds=5)
         per_s = cmp.rate(f"{lo} trips", f"{hi} trips", hi - lo, STEPS_BACK_TO_BACK)  # copies a second
-        copy = [1e6 / per_s.high, 1e6 / per_s.median, 1e6 / per_s.low]  # us a copy: low, median, high
+        copy = per_copy_us(per_s)
         for n in trips:
             t = cmp.times[f"{n} trips"]
             rows.append(dict(
