@@ -117,11 +117,19 @@ def test_the_sentence_states_the_tables_own_ranges(rows):
 def test_what_the_gap_was_and_is_sets_the_newest_revision_beside_the_one_before(rows):
     changes = moe.revision_changes(rows).set_index("model")
     k = rows[(rows.engine == "megakernel") & (rows.steps_a_call == moe.SEVERAL) & (rows.setup == "one chip")]
-    for model, r in changes.iterrows():
-        mine = k[k.model == model].set_index("kernel_revision")
-        assert r.revision_is == mine.index.max() and r.revision_was == sorted(mine.index)[-2]
-        assert (r.fraction_was, r.fraction_is) == tuple(mine.fraction_of_limit[[r.revision_was, r.revision_is]])
-        assert mine.program_digest[r.revision_was] != mine.program_digest[r.revision_is]
+    for model, r in changes.iterrows():  # the newest program beside the one before, each by the revision that built it
+        mine = k[k.model == model].sort_values(["kernel_revision", "date"])
+        now = mine.iloc[-1]
+        was = mine[mine.program_digest != now.program_digest].iloc[-1]
+
+        def built(row, mine=mine):
+            return mine[mine.program_digest == row.program_digest].kernel_revision.min()
+
+        assert (r.revision_was, r.revision_is, r.timed_under) == (built(was), built(now), now.kernel_revision)
+        assert (r.fraction_was, r.fraction_is) == (was.fraction_of_limit, now.fraction_of_limit)
+    # measured: revision 8 left qwen3-30b-a3b[:8]'s program as revision 5 built it, and timed it again
+    q = k[k.model == "qwen3-30b-a3b[:8]"].set_index("kernel_revision").program_digest
+    assert q[8] == q[5] != q[4] and changes.loc["qwen3-30b-a3b[:8]", "timed_under"] == 8
     # measured: revision 5 left the 26B-A4B's program as revision 4 built it; its rows under both are no change
     same = k[k.model == "gemma4-26b-a4b[:7]"]
     assert same.kernel_revision.nunique() > 1 == same.program_digest.nunique()
@@ -130,7 +138,8 @@ def test_what_the_gap_was_and_is_sets_the_newest_revision_beside_the_one_before(
     q = changes.loc["qwen3-30b-a3b[:8]"]
     assert (q.revision_was, q.revision_is) == (4, 5) and q.fraction_was < 0.95 < 0.97 < q.fraction_is
     text = moe.moe_sentence(moe.moe_one_user(rows), moe.layers_past_bytes(rows), moe.revision_changes(rows))
-    assert f"qwen3-30b-a3b[:8] from {q.fraction_was:.3f} (revision 4) to {q.fraction_is:.3f} (revision 5)" in text
+    said = f"qwen3-30b-a3b[:8] from {q.fraction_was:.3f} (revision 4) to {q.fraction_is:.3f} (revision 5, timed again"
+    assert said + " under 8)" in text
     # the cell's table takes its newest rows
     t = moe.moe_one_user(rows).set_index("model")
     assert t.loc["qwen3-30b-a3b[:8]", "megakernel_fraction_16"] == q.fraction_is

@@ -133,26 +133,29 @@ def layers_past_bytes(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 CHANGE_COLUMNS = ["model", "steps_a_call", "revision_was", "fraction_was", "date_was", "revision_is", "fraction_is",
-                  "date_is"]  # fmt: skip
+                  "date_is", "timed_under"]  # fmt: skip
 
 
 def revision_changes(rows: pd.DataFrame) -> pd.DataFrame:
     """What the gap was and is: each one-chip cell whose kernel was timed at :data:`SEVERAL` steps a call in more than
-    one program, its newest revision's fraction of the limit beside the newest row of the program before (rows of two
-    runs). A revision that left a cell's program as it was (its ``program_digest`` the same) changed nothing there:
-    its rows are that program's again, not a change."""
+    one program, its newest program's newest row beside the newest row of the program before (rows of two runs), each
+    program named by the revision that first built it (``revision_was``, ``revision_is``); ``timed_under``: the
+    revision the newest row ran under. A revision that left a cell's program as it was (its ``program_digest`` the
+    same) changed nothing there: its rows are that program's again, not a change."""
     k = rows[(rows.engine == "megakernel") & (rows.setup == "one chip") & (rows.steps_a_call == SEVERAL)]
     out = []
     for model, g in k.groupby("model", sort=False):
         g = g.sort_values(["kernel_revision", "date"])
-        g = g.groupby(g.program_digest.fillna(g.kernel_revision.astype(str)), sort=False).tail(1)
+        program = g.program_digest.fillna(g.kernel_revision.astype(str))
+        g = g.assign(built_by=g.groupby(program).kernel_revision.transform("min"))
+        g = g.groupby(program, sort=False).tail(1)
         if len(g) < 2:
             continue
         was, now = g.iloc[-2], g.iloc[-1]
         out.append(dict(
-            model=model, steps_a_call=SEVERAL, revision_was=int(was.kernel_revision),
-            fraction_was=was.fraction_of_limit, date_was=was.date, revision_is=int(now.kernel_revision),
-            fraction_is=now.fraction_of_limit, date_is=now.date,
+            model=model, steps_a_call=SEVERAL, revision_was=int(was.built_by), fraction_was=was.fraction_of_limit,
+            date_was=was.date, revision_is=int(now.built_by), fraction_is=now.fraction_of_limit, date_is=now.date,
+            timed_under=int(now.kernel_revision),
         ))  # fmt: skip
     return pd.DataFrame(out, columns=CHANGE_COLUMNS).assign(kind=KIND)
 
@@ -184,7 +187,8 @@ def moe_sentence(table: pd.DataFrame, layers: pd.DataFrame, changes: pd.DataFram
         text += "; each MoE layer takes past its bytes at the limit " + " and ".join(said)
     moved = [] if changes is None else [
         f"{r.model} from {r.fraction_was:.3f} (revision {r.revision_was}) to {r.fraction_is:.3f} (revision "
-        f"{r.revision_is})" for r in changes.itertuples()
+        f"{r.revision_is}{'' if r.timed_under == r.revision_is else f', timed again under {r.timed_under}'})"
+        for r in changes.itertuples()
     ]  # fmt: skip
     if moved:
         text += f"; at {SEVERAL} steps a call the kernel's newest revision moved " + " and ".join(moved)
