@@ -108,7 +108,7 @@ def test_a_kernel_switch_is_set_against_the_default_kernel_of_its_run_and_left_o
 
     default = Tiles()
     others = dict(weight_tile_bytes=2**20, head_tile_bytes=2**20, kv_tile=256, slots=4, lookahead_bytes=2**23,
-                  kv_ahead=True, expert_bias_ahead=True, head_equal_share=0.0)  # fmt: skip
+                  kv_ahead=True, expert_bias_ahead=True, weight_priority=1, head_equal_share=0.0)  # fmt: skip
     assert set(others) == {f.name for f in fields(Tiles)}
     for name, value in others.items():  # every way a kernel variant's row says so, and the default's none
         assert is_variant("one chip" + tiles_words(replace(default, **{name: value}))), name

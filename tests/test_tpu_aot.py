@@ -22,7 +22,7 @@ from mk.config import (
 )
 from mk.kernel_setup import Collective, KernelSetup
 from mk.megakernel.aot import compile_for_tpu
-from mk.plan import AllReduce, layers_in_hbm
+from mk.plan import AllReduce, Start, layers_in_hbm
 from mk.plan.schedule import pattern_period
 from mk.profiling import count_kernels
 
@@ -321,3 +321,18 @@ def test_emitted_code_splits_at_the_loop_over_layers_and_compile_times_count_it(
     times = compile_times(TINY_MOE, "tpu-v5e", [2], max_len=64, repeats=1)
     assert times.emitted_ops.tolist() == code.xs(2, level="layers").emitted_ops.tolist()
     assert (times.compile_s > 0).all()
+
+
+def test_weight_copies_at_priority_one_compile_apart_from_every_other_copy():
+    """Tiles.weight_priority=1: the weight tiles' copies start at DMA priority 1 and every other copy (KV tiles, the
+    route's table, the users block) at 0, and the step compiles for a v5e; by default every copy starts at 0."""
+    from mk.megakernel.aot import compile_plan, traced_plan
+    from mk.plan import Tiles, build_plan
+
+    plans = {p: build_plan(TINY_MOE, 2, 64, tiles=Tiles(weight_priority=p)) for p in (0, 1)}
+    text = {p: str(traced_plan(plan, "tpu-v5e").jaxpr) for p, plan in plans.items()}
+    assert "dma_start(p1" not in text[0] and "dma_start(p0" in text[0]
+    assert "dma_start(p1" in text[1] and "dma_start(p0" in text[1]
+    starts = sum(1 for it in plans[1].items if isinstance(it, Start))  # a weight tile's start, once or in a loop
+    assert 0 < text[1].count("dma_start(p1") <= starts
+    _check(plans[1], compile_plan(plans[1], "tpu-v5e"), "tpu-v5e")

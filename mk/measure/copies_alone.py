@@ -123,11 +123,10 @@ def copies_alone_program(plan, names: list[str], steps: int = 1, interpret=None)
         bufs = {b.name: refs.pop(0) for b in buffers}
         sems = {b.name: refs.pop(0) for b in buffers}
         kv = {t: _Cache(refs.pop(0), refs.pop(0), refs.pop(0)) for t in types}
-        stream = WeightStream(hbm, bufs, sems, expert_id=lambda j: j)
+        stream = WeightStream(hbm, bufs, sems, expert_id=lambda j: j, priority=plan.tiles.weight_priority)
         for it in plan.items:
             if isinstance(it, Start | Wait):
-                for c in stream.copies(loads[it.load]):
-                    c.start() if isinstance(it, Start) else c.wait()
+                (stream.start if isinstance(it, Start) else stream.wait)(loads[it.load])
             elif isinstance(it, ReadAhead | Attend):
                 _read_cache(plan, it, caches, kv[it.layer_type])
         out[...] = acc_in[...] + bufs[buffers[0].name][0, :8, :128].astype(jnp.float32)

@@ -188,6 +188,8 @@ def tiles_words(tiles: Tiles) -> str:
         said.append("KV tiles read ahead" if tiles.kv_ahead else "KV tiles read at attention")
     if tiles.expert_bias_ahead != default.expert_bias_ahead:
         said.append("expert biases read ahead" if tiles.expert_bias_ahead else "expert biases read where used")
+    if tiles.weight_priority != default.weight_priority:
+        said.append(f"weight copies at priority {tiles.weight_priority}")
     if tiles.head_equal_share != default.head_equal_share:
         share = tiles.head_equal_share
         said.append(f"head tiles equal down to {share:g} of their budget" if share else "head tiles equal at any size")
@@ -202,6 +204,7 @@ VARIANT_PARTS = (
     "KV tiles",
     "copies held to a window",
     "expert biases",
+    "weight copies at priority",
 )
 
 

@@ -86,7 +86,9 @@ class EmitContext:
         self.norms_on = NORMS not in plan.knockout
         self._vec_rows = vector_rows(plan.layout)
         self.loads = {ld.id: ld for ld in plan.loads}
-        self.stream = WeightStream(inputs.weights, scratch.weights, scratch.weight_sems, self.expert_id)
+        self.stream = WeightStream(
+            inputs.weights, scratch.weights, scratch.weight_sems, self.expert_id, plan.tiles.weight_priority
+        )
         self.current_load: Load | None = None  # the load of the op being emitted (offsets may be traced)
 
     def vec(self, path: str, width: int):
@@ -144,8 +146,7 @@ class EmitContext:
         if isinstance(item, Start):
 
             def start():
-                for c in self.stream.copies(ld):
-                    c.start()
+                self.stream.start(ld)
                 if self.outputs.dma_counts is not None and ld.expert is not None:
                     self.outputs.dma_counts[0, 0] += 1
 
@@ -153,8 +154,7 @@ class EmitContext:
         elif isinstance(item, Wait):
 
             def wait():
-                for c in self.stream.copies(ld):
-                    c.wait()
+                self.stream.wait(ld)
 
             self.guarded(ld.expert, wait)
         else:

@@ -25,10 +25,12 @@ from . import format_tiles
 
 
 class WeightStream:
-    def __init__(self, hbm: dict, buffers: dict, sems: dict, expert_id):
+    def __init__(self, hbm: dict, buffers: dict, sems: dict, expert_id, priority: int = 0):
         """``hbm``: tensor path -> HBM ref; ``buffers``/``sems``: buffer name -> VMEM slots / DMA
-        semaphores; ``expert_id(j)``: the expert routed slot j holds (a scalar)."""
+        semaphores; ``expert_id(j)``: the expert routed slot j holds (a scalar); ``priority``: the DMA priority its
+        copies start at (mk.plan.Tiles.weight_priority)."""
         self.hbm, self.buffers, self.sems, self.expert_id = hbm, buffers, sems, expert_id
+        self.priority = priority
         self.dtype = hbm["embed"].dtype  # the float weight dtype INT8 tiles are dequantized to
 
     def _row(self, ld: Load):
@@ -59,6 +61,14 @@ class WeightStream:
             dst = self.buffers[sb].at[ld.slot, :, pl.ds(0, n)]
             out.append(pltpu.make_async_copy(src, dst, self.sems[sb].at[ld.slot]))
         return out
+
+    def start(self, ld: Load):
+        for c in self.copies(ld):
+            c.start(priority=self.priority)
+
+    def wait(self, ld: Load):
+        for c in self.copies(ld):
+            c.wait()
 
     def tile(self, ld: Load):
         """The tile ``ld`` brought in, as a value (its slot may be larger than the tile); dequantized if INT8."""

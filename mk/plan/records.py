@@ -49,6 +49,10 @@ class Tiles:
     # first chunk; False: each chunk's and combine's biases read while the core waits, queued behind the weight copies
     # in flight (mk.megakernel.moe)
     expert_bias_ahead: bool = False
+    # the priority the weight tiles' copies start at (Mosaic's DMA priority; every other copy starts at 0): 1 sets the
+    # weight stream apart from the small copies the core waits for (the route's table, KV tiles, biases, exchanges),
+    # which may otherwise queue behind the weight tiles in flight. What a chip does with it is measured, not documented
+    weight_priority: int = 0
 
     def __post_init__(self):
         if self.weight_tile_bytes < LANE * 4 * 16:
@@ -61,6 +65,8 @@ class Tiles:
             raise ValueError(f"head_equal_share={self.head_equal_share} must be a share of the head budget, 0 to 1")
         if self.slots < 2:
             raise ValueError(f"slots={self.slots}: the weight stream needs at least 2 (double buffering)")
+        if self.weight_priority not in (0, 1):
+            raise ValueError(f"weight_priority={self.weight_priority}: give 0 (every copy's) or 1 (weight tiles apart)")
         if self.lookahead_bytes < 0:
             raise ValueError(f"lookahead_bytes={self.lookahead_bytes}: give 0 (as early as slots allow) or a window")
 
@@ -76,7 +82,7 @@ class Tiles:
         return f"Tiles({', '.join(said)})"
 
 
-_LATER = ("head_equal_share", "lookahead_bytes", "kv_ahead", "expert_bias_ahead")
+_LATER = ("head_equal_share", "lookahead_bytes", "kv_ahead", "expert_bias_ahead", "weight_priority")
 
 
 @dataclass(frozen=True)
