@@ -71,14 +71,17 @@ REPEATED = KernelSetup(8, "split", repeat_heads=True)
 
 
 @pytest.mark.parametrize(
-    "checkpoint, setup, max_len",
-    [("tiny", None, None), ("tiny", REPEATED, None), ("eight_heads", KernelSetup(8, "split"), None),
-     ("eight_heads", KernelSetup(4, "hosts", host_chips=2), None), ("eight_heads", KernelSetup(4, "whole"), None),
-     ("eight_heads", KernelSetup(2, "split"), None), ("eight_heads", POSITIONS, 64)],
-    ids=["one-chip", "8-chips-heads-repeated", "8-chips-split", "4-chips-hosts", "4-chips-whole", "2-chips-split",
-         "4-chips-positions"],
+    "checkpoint, setup, max_len, tiles",
+    [("tiny", None, None, Tiles()), ("tiny", REPEATED, None, Tiles()),
+     ("eight_heads", KernelSetup(8, "split"), None, Tiles()),
+     ("eight_heads", KernelSetup(4, "hosts", host_chips=2), None, Tiles()),
+     ("eight_heads", KernelSetup(4, "whole"), None, Tiles()),
+     ("eight_heads", KernelSetup(2, "split"), None, Tiles(expert_bias_ahead=True)),
+     ("eight_heads", POSITIONS, 64, Tiles())],
+    ids=["one-chip", "8-chips-heads-repeated", "8-chips-split", "4-chips-hosts", "4-chips-whole",
+         "2-chips-split-biases-read-ahead", "4-chips-positions"],
 )  # fmt: skip
-def test_greedy_tokens_equal_the_references(checkpoint, setup, max_len, request):
+def test_greedy_tokens_equal_the_references(checkpoint, setup, max_len, tiles, request):
     from mk.sharding import attention_chips, heads_split, position_share
 
     cfg, params = request.getfixturevalue(checkpoint)
@@ -88,7 +91,7 @@ def test_greedy_tokens_equal_the_references(checkpoint, setup, max_len, request)
     assert setup is not REPEATED or attention_chips(cfg, setup) == 4
     new_tokens = NEW_TOKENS if setup is None else 2
     want_tokens, want = generate(params, cfg, _prompts(cfg), new_tokens, return_logits=True, max_len=max_len)
-    tokens, logits = _run(params, cfg, setup, logits=True, new_tokens=new_tokens, max_len=max_len)
+    tokens, logits = _run(params, cfg, setup, logits=True, new_tokens=new_tokens, max_len=max_len, tiles=tiles)
     assert not races_detected()
     np.testing.assert_array_equal(tokens, want_tokens)
     assert np.abs(logits - want).max() < LOGIT_ATOL
@@ -115,18 +118,17 @@ def four_a_token(tmp_path_factory):
     return _checkpoint(tmp_path_factory.mktemp("tiny-gpt-oss-top4"), num_local_experts=8, num_experts_per_tok=4)
 
 
-@pytest.mark.parametrize("setup", [None, KernelSetup(2, "split")], ids=["one-chip", "2-chips-split"])
-def test_expert_biases_read_ahead_give_the_references_tokens(four_a_token, setup):
+def test_expert_biases_read_ahead_give_the_references_tokens(four_a_token):
     """Tiles.expert_bias_ahead: each routed slot's bias rows start at the route (the first 4 slots) or at the combine
-    of the slot 4 before it, into a ring of 4 places; greedy tokens the reference's, logits within 1e-4, no races."""
+    of the slot 4 before it, into a ring of 4 places; greedy tokens the reference's, logits within 1e-4, no races
+    (over 2 chips: test_greedy_tokens_equal_the_references)."""
     from mk.plan import BIAS_RING, build_plan
 
     cfg, params = four_a_token
     plan = build_plan(cfg, 2, 32, tiles=Tiles(expert_bias_ahead=True))
     assert plan.expert_slots == 2 * BIAS_RING and plan.expert_bias_ring == BIAS_RING
-    new_tokens = NEW_TOKENS if setup is None else 2
-    want_tokens, want = generate(params, cfg, _prompts(cfg), new_tokens, return_logits=True)
-    tokens, logits = _run(params, cfg, setup, logits=True, new_tokens=new_tokens, tiles=Tiles(expert_bias_ahead=True))
+    want_tokens, want = generate(params, cfg, _prompts(cfg), NEW_TOKENS, return_logits=True)
+    tokens, logits = _run(params, cfg, logits=True, tiles=Tiles(expert_bias_ahead=True))
     assert not races_detected()
     np.testing.assert_array_equal(tokens, want_tokens)
     assert np.abs(logits - want).max() < LOGIT_ATOL
