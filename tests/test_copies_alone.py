@@ -127,7 +127,9 @@ def test_a_kernel_switch_is_set_against_the_default_kernel_of_its_run_and_left_o
                  device_fraction_of_limit=0.98),
             dict(stand_in, setup="(g) kernel; loopback stand-in", device_step_ms=1.5, device_fraction_of_limit=0.86),
             dict(stand_in, setup="(g) kernel; KV tiles read ahead; loopback stand-in", device_step_ms=1.46,
-                 device_fraction_of_limit=0.88)]  # fmt: skip
+                 device_fraction_of_limit=0.88),
+            dict(base, setup="one chip" + tiles_words(Tiles(weight_priority=1)), device_step_ms=1.99,
+                 device_fraction_of_limit=0.955)]  # fmt: skip
     pd.DataFrame(rows).to_csv(tmp_path / "tpu.csv", index=False)
     got = switch_effect("KV tiles read ahead", tmp_path / "tpu.csv").set_index(["model", "setup"]).change_us
     # no default row in the other run, nor at the other batch; a switch's part in the middle of its setup; each
@@ -135,8 +137,9 @@ def test_a_kernel_switch_is_set_against_the_default_kernel_of_its_run_and_left_o
     assert got.to_dict() == pytest.approx({("gemma4-26b-a4b[:2]", "one chip"): -20.0,
                                            ("gemma4-26b-a4b[:2]", "one chip; expert biases read ahead"): -10.0,
                                            ("gemma4-26b-a4b", "(g) kernel; loopback stand-in"): -40.0})  # fmt: skip
-    both = switch_effect(path=tmp_path / "tpu.csv")
-    assert len(both) == 5 and set(both.switch) == {"KV tiles read ahead", "expert biases read ahead"}
+    both = switch_effect(path=tmp_path / "tpu.csv")  # every switch's rows, as tiles_words names each
+    assert len(both) == 6 and set(both.switch) == {"KV tiles read ahead", "expert biases read ahead",
+                                                   "weight copies at priority 1"}  # fmt: skip
     biases = both[both.switch == "expert biases read ahead"].set_index("setup").change_us
     assert biases.to_dict() == pytest.approx({"one chip": -50.0, "one chip; KV tiles read ahead": -40.0})
     said = switch_sentence(both)  # each switch: how many cells it sped up, by how much, where most
@@ -145,9 +148,13 @@ def test_a_kernel_switch_is_set_against_the_default_kernel_of_its_run_and_left_o
     )
     assert "most in gemma4-26b-a4b ((g) kernel; loopback stand-in, 1 user at 1,024): 1.5 -> 1.46 ms" in said
     assert "With expert biases read ahead, the kernel was faster in 2 of the 2 cells" in said
+    assert (
+        "With weight copies at priority 1, the kernel was faster in 1 of the 1 cell timed against it without (-10.0"
+        in said
+    )
     fig = switch_figure(both, "switches")  # a bar a switch row, the stand-in by its setup's name
     assert (
-        sorted(len(b.y) for b in fig.data) == [2, 3]
+        sorted(len(b.y) for b in fig.data) == [1, 2, 3]
         and "gemma4-26b-a4b ((g) kernel, loopback stand-in), 1K, 1 user" in fig.data[0].y
     )
     full = pd.read_csv("data/measured/tpu.csv")

@@ -20,7 +20,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..measure.copies_alone import COPIES
+from ..measure.on_chip import tiles_words
 from ..paths import TPU_COPIES_CSV, TPU_CSV
+from ..plan import Tiles
 from .on_tpu import cell_words, chip_rows
 
 KIND = "measured (TPU, device time a token: the kernel beside its copies alone, interleaved)"
@@ -90,7 +92,11 @@ def core_by_component(rows: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(["model", "core_us"], ascending=[True, False]).reset_index(drop=True).assign(kind=KIND)
 
 
-SWITCHES = ("KV tiles read ahead", "expert biases read ahead")  # the kernel's switches, as tiles_words says them
+# the kernel's switches as mk.measure.on_chip.tiles_words says each one on (a row's setup names it so)
+SWITCHES = tuple(
+    tiles_words(t).removeprefix("; ")
+    for t in (Tiles(kv_ahead=True), Tiles(expert_bias_ahead=True), Tiles(weight_priority=1))
+)
 
 
 def switch_effect(words: str | tuple[str, ...] = SWITCHES, path=None) -> pd.DataFrame:
