@@ -77,15 +77,15 @@ def test_revision_two_lists_the_routed_experts_in_fewer_bundles_and_a_shorter_st
     (heads under 128 lanes packed) leaves its 256- and 512-lane heads' kernel as it was: the same schedule. Revision 4
     (a routed slot 0 runs whatever its index) adds a few bundles to each guarded expert tile and moves the step by
     less than 0.1%. Revision 5 (a head in small equal tiles widened) leaves Gemma's head, in 5.5 MiB tiles, as it
-    was; revisions 6, 8 and 9 (switches, off by default) and 7 (code moved into helpers) leave the default kernel as
-    it was."""
+    was; revisions 6, 8 and 9 (switches, off by default) and 7 and 10 (code moved into helpers) leave the default
+    kernel as it was."""
     from mk.analysis.compiler_clock import revision_effect
     from mk.kernel_setup import WORKBOOK_KERNEL
 
     t = revision_effect("gemma4-26b-a4b", "tpu-v5e-8", [(1024, 1)], WORKBOOK_KERNEL).set_index("revision")
-    assert list(t.index) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert list(t.index) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     assert t.loc[5, "bundles_per_step"] == t.loc[4, "bundles_per_step"] and t.loc[5, "step_ms"] == t.loc[4, "step_ms"]
-    for r in (6, 7, 8, 9):  # the default kernel as revision 5 built it
+    for r in (6, 7, 8, 9, 10):  # the default kernel as revision 5 built it
         assert t.loc[r, "bundles_per_step"] == t.loc[5, "bundles_per_step"]
         assert t.loc[r, "step_ms"] == t.loc[5, "step_ms"]
     assert t.loc[3, "bundles_per_step"] == t.loc[2, "bundles_per_step"] and t.loc[3, "step_ms"] == t.loc[2, "step_ms"]

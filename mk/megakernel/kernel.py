@@ -64,7 +64,7 @@ from .refs import (
     output_shapes,
     scratch_shapes,
 )
-from .repeats import at_load, at_op, shift_op
+from .repeats import at_load, at_op, shift_op, when
 from .stream import WeightStream
 
 
@@ -131,7 +131,7 @@ class EmitContext:
             return fn()
         if self.plan.route_known:  # the experts 0..k-1: slots past them run for no user
             k = self.layout.top_k
-            return (fn() if slot < k else None) if isinstance(slot, int) else pl.when(slot < k)(fn)
+            return when(slot < k, fn)
         with jax.named_scope(ROUTED):  # how often it runs follows from the routing (mk.timing.scheduled)
             pl.when(slot < jnp.maximum(self.scratch.experts[moe.COUNT, 0], 1))(fn)
 

@@ -32,6 +32,7 @@ from ..plan import LANE, ROWS
 from ..plan.layout import EXPERT_BIASES
 from . import mxu
 from .dense import NEG
+from .repeats import when
 
 COUNT = 1  # row of Scratch.experts whose lane 0 holds how many distinct experts were routed
 
@@ -202,7 +203,7 @@ def emit_gated_act(k, op):
     if layout.expert_bias and op.expert is not None:  # gpt-oss: the chunk's gate and up biases of the slot's expert
         half = k.inputs.weights[f"{op.layer_type}.expert_gate_up_bias"].shape[-1] // 2
         if k.plan.expert_bias_ring:  # read ahead: the slot's first chunk waits for its rows
-            _in_first_chunk(op.off, partial(_wait_biases, k, op))
+            when(op.off == 0, partial(_wait_biases, k, op))
         g = g + _expert_bias(k, op, "expert_gate_up_bias", op.off, op.n)
         u = u + _expert_bias(k, op, "expert_gate_up_bias", half + op.off, op.n)
     if layout.activation == "swiglu_clamped":
@@ -215,23 +216,13 @@ def emit_gated_act(k, op):
 def _bias_copies(k, op, slot) -> list:
     """Read ahead (mk.plan.StepPlan.expert_bias_ring): the copies of routed slot ``slot``'s expert's bias rows, the
     aligned block of 8 rows around them of each bias tensor, into its place in the ring (``slot`` mod its places)."""
-    s, ring = k.scratch, k.plan.expert_bias_ring
-    start = _aligned(k.expert_id(slot))
-    place = slot % ring
+    s, place, start = k.scratch, slot % k.plan.expert_bias_ring, _aligned(k.expert_id(slot))
     out = []
     for n, name in enumerate(EXPERT_BIASES):
-        src = k.inputs.weights[f"{op.layer_type}.{name}"]
+        src = _bias_rows(k, op, name, start)
         dst = s.expert_bias.at[place, n, :, pl.ds(0, src.shape[-1])]
-        out.append(pltpu.make_async_copy(src.at[op.index, pl.ds(start, ROWS), :], dst, s.expert_bias_sem.at[place, n]))
+        out.append(pltpu.make_async_copy(src, dst, s.expert_bias_sem.at[place, n]))
     return out
-
-
-def _in_first_chunk(off, fn):
-    """Run ``fn`` in an expert's first chunk (``off`` 0, static or traced in a loop over its chunks)."""
-    if not isinstance(off, int):
-        pl.when(off == 0)(fn)
-    elif off == 0:
-        fn()
 
 
 def _start_biases(k, op, slot):
@@ -246,17 +237,19 @@ def _wait_biases(k, op):
 
 def _start_next_biases(k, op):
     """After slot j's combine has read its biases: slot j + ring's into the place j leaves (if that slot runs)."""
-    nxt, slots = op.expert + k.plan.expert_bias_ring, k.plan.expert_slots
-    start = partial(k.guarded, nxt, partial(_start_biases, k, op, nxt))
-    if isinstance(nxt, int):
-        return start() if nxt < slots else None
-    pl.when(nxt < slots)(start)
+    nxt = op.expert + k.plan.expert_bias_ring
+    when(nxt < k.plan.expert_slots, partial(k.guarded, nxt, partial(_start_biases, k, op, nxt)))
 
 
 def _aligned(e):
     """The first row of the aligned block of ``ROWS`` rows holding row ``e`` (a scalar, maybe traced)."""
     start = e // ROWS * ROWS
     return start if isinstance(start, int) else pl.multiple_of(start, ROWS)
+
+
+def _bias_rows(k, op, name: str, start):
+    """Bias ``name``'s block of ``ROWS`` rows from ``start`` (:func:`_aligned`), layer ``op.index`` of its type."""
+    return k.inputs.weights[f"{op.layer_type}.{name}"].at[op.index, pl.ds(start, ROWS), :]
 
 
 def _expert_bias(k, op, name: str, first, n: int):
@@ -269,11 +262,8 @@ def _expert_bias(k, op, name: str, first, n: int):
     if k.plan.expert_bias_ring:
         block = s.expert_bias[op.expert % k.plan.expert_bias_ring, EXPERT_BIASES.index(name), :, pl.ds(first, n)]
     else:
-        src = k.inputs.weights[f"{op.layer_type}.{name}"]
-        width = src.shape[-1]
-        c = pltpu.make_async_copy(
-            src.at[op.index, pl.ds(_aligned(e), ROWS), :], s.expert_bias.at[:, pl.ds(0, width)], s.expert_bias_sem.at[0]
-        )
+        src = _bias_rows(k, op, name, _aligned(e))
+        c = pltpu.make_async_copy(src, s.expert_bias.at[:, pl.ds(0, src.shape[-1])], s.expert_bias_sem.at[0])
         c.start()
         c.wait()
         block = s.expert_bias[:, pl.ds(first, n)]

@@ -11,6 +11,14 @@ from jax.experimental import pallas as pl
 from ..plan import BLOCK, LANE, Load, Op
 
 
+def when(cond, fn):
+    """Run ``fn`` where ``cond`` holds: now or not at all where it is a Python bool (made of fields the same in every
+    repeat), under ``pl.when`` where it is traced (a field stepped in a loop)."""
+    if isinstance(cond, bool):
+        return fn() if cond else None
+    pl.when(cond)(fn)
+
+
 def _static(*xs) -> bool:
     return all(isinstance(x, int) for x in xs)
 
